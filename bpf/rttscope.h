@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR MIT) */
+/*
+ * rttscope.h - the whole contract between the kernel programs (the .bpf.c files)
+ * and userspace (userspace/src). Only shared types and constants live here.
+ *
+ * Rules (see STYLE.md):
+ *  - constants are enums, so the object's BTF (and therefore the generated
+ *    Rust skeleton types) carries them;
+ *  - fixed-width types, explicit reserved padding, sizes asserted on both sides;
+ *  - the header compiles under vmlinux.h and on its own.
+ */
+#ifndef __RTTSCOPE_H
+#define __RTTSCOPE_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+enum rttscope_consts {
+	/* Log-linear histogram over microseconds: values 0..7 get a bucket
+	 * each, then every power of two [2^e, 2^(e+1)) is split into
+	 * RTTSCOPE_HIST_SUB linear sub-buckets (relative width <= 12.5%,
+	 * ~26 buckets per decade: finer than netperf's 10 per decade).
+	 * The last bucket is open ended (>= ~126 s). */
+	RTTSCOPE_HIST_SUB_BITS = 3,
+	RTTSCOPE_HIST_SUB = 8,
+	RTTSCOPE_HIST_MAX_EXP = 27,
+	RTTSCOPE_HIST_BUCKETS = 8 + (27 - 3) * 8, /* 200 */
+
+	RTTSCOPE_MAX_NETNS = 64,     /* --netns filter entries */
+	RTTSCOPE_MAX_PORTS = 64,     /* --port filter entries */
+	RTTSCOPE_MAX_CIDRS = 64,     /* --addr filter entries */
+	RTTSCOPE_MAX_LISTENERS = 4096,
+	RTTSCOPE_MAX_IFACES = 64,    /* sampler: observed interfaces */
+};
+
+/* Which end of the connection computed the sample (the data sender). */
+enum rttscope_side {
+	RTTSCOPE_SIDE_UNKNOWN = 0, /* found by the iterator: resolved in userspace */
+	RTTSCOPE_SIDE_CLIENT = 1,  /* actively opened (connect) */
+	RTTSCOPE_SIDE_SERVER = 2,  /* passively opened (accept) */
+};
+
+/* How a flow entry came to exist. */
+enum rttscope_origin {
+	RTTSCOPE_ORIGIN_ESTABLISHED = 1, /* sock_ops *_ESTABLISHED_CB after attach */
+	RTTSCOPE_ORIGIN_ITER = 2,        /* existed before attach: iter/tcp */
+	RTTSCOPE_ORIGIN_LATE = 3,        /* first seen at an RTT callback (evicted, or enabled by someone else) */
+};
+
+enum rttscope_flow_flags {
+	RTTSCOPE_FLOW_SRTT_FALLBACK = 1, /* kernel < 6.10: RTT_CB args empty, srtt field used */
+	RTTSCOPE_FLOW_CLOSED = 2,        /* state callback saw TCP_CLOSE */
+};
+
+enum rttscope_event_type {
+	RTTSCOPE_EV_TCP_RTT = 1,     /* one TCP RTT sample (sock_ops RTT_CB) */
+	RTTSCOPE_EV_SAMPLER_RTT = 2, /* one sampler RTT sample (tc programs) */
+	RTTSCOPE_EV_FLOW_END = 3,    /* TCP state went to CLOSE */
+};
+
+/* Per-CPU counters of the TCP view (index into the `tcp_counters` map). */
+enum rttscope_tcp_counter {
+	RTTSCOPE_TC_RTT_CB = 0,        /* RTT callbacks seen */
+	RTTSCOPE_TC_SAMPLES,           /* samples added to a histogram */
+	RTTSCOPE_TC_SRTT_FALLBACK,     /* samples taken from the srtt field (kernel < 6.10) */
+	RTTSCOPE_TC_FLOWS_CREATED,     /* flow entries created */
+	RTTSCOPE_TC_FLOW_MAP_FULL,     /* flow entry could not be created */
+	RTTSCOPE_TC_FILTERED,          /* connections skipped by --netns/--port/--addr */
+	RTTSCOPE_TC_ENABLED,           /* connections whose callbacks we turned on */
+	RTTSCOPE_TC_ITER_SOCKETS,      /* sockets walked by the iterator */
+	RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL, /* iterator could not set the callback flags */
+	RTTSCOPE_TC_RETRANS,           /* retransmit callbacks */
+	RTTSCOPE_TC_CLOSED,            /* state callbacks to TCP_CLOSE */
+	RTTSCOPE_TC_RAW_EVENTS,        /* raw events written */
+	RTTSCOPE_TC_RAW_DROPS,         /* raw events dropped: ring buffer full */
+	RTTSCOPE_TC_NO_SOCK,           /* callback without a full socket */
+	RTTSCOPE_TC_COUNTERS,          /* number of counters */
+};
+
+/* A flow as seen from one socket, in one network namespace.
+ * IPv4 addresses sit in the first 4 bytes of laddr/raddr (rest zero);
+ * IPv4-mapped IPv6 addresses are normalised to AF_INET. */
+struct rttscope_flow_key {
+	__u32 netns;   /* inode number of the network namespace */
+	__u16 family;  /* AF_INET or AF_INET6 */
+	__u16 lport;   /* host byte order */
+	__u16 rport;   /* host byte order */
+	__u16 reserved;
+	__u8 laddr[16];
+	__u8 raddr[16];
+};
+
+/* Per-flow state and in-kernel aggregate of the TCP view. */
+struct rttscope_tcp_flow {
+	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	__u64 last_ns;      /* time of the last sample */
+	__u64 samples;
+	__u64 sum_us;
+	__u32 min_us;       /* over the flow's life */
+	__u32 max_us;
+	__u32 win_epoch;    /* epoch the win_* fields belong to */
+	__u32 win_min_us;   /* min/max within the current report interval */
+	__u32 win_max_us;
+	__u32 srtt_us;      /* TCP's smoothed RTT after the last sample */
+	__u32 last_rtt_us;
+	__u32 retrans;      /* retransmit callbacks */
+	__u8 side;          /* enum rttscope_side */
+	__u8 origin;        /* enum rttscope_origin */
+	__u8 state;         /* last TCP state seen */
+	__u8 flags;         /* enum rttscope_flow_flags */
+	__u32 reserved;
+	__u32 hist[RTTSCOPE_HIST_BUCKETS];
+};
+
+/* Listening sockets found by the iterator (to tell server from client for
+ * connections that existed before attach). */
+struct rttscope_listener_key {
+	__u32 netns;
+	__u16 port;
+	__u16 reserved;
+};
+
+/* CIDR filter entry (LPM trie). IPv4 is stored IPv4-mapped (::ffff:a.b.c.d),
+ * so an IPv4 /24 has prefixlen 96 + 24. */
+struct rttscope_cidr_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* One raw sample (ring buffer, --raw). Every event starts with its type. */
+struct rttscope_event {
+	__u8 type;      /* enum rttscope_event_type */
+	__u8 side;      /* enum rttscope_side */
+	__u8 flags;
+	__u8 reserved;
+	__u32 rtt_us;
+	__u32 srtt_us;  /* TCP view: smoothed RTT after the sample */
+	__u32 reserved2;
+	__u64 ts_ns;    /* CLOCK_MONOTONIC */
+	struct rttscope_flow_key key;
+	__u32 reserved3;
+};
+
+_Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 72 + 4 * RTTSCOPE_HIST_BUCKETS, "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
+_Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");
+_Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");
+
+/* Histogram bucket of a value in microseconds (same formula in Rust: hist.rs). */
+static __inline __u32 rttscope_hist_bucket(__u32 v)
+{
+	__u32 e = 0, t = v;
+
+	if (v < RTTSCOPE_HIST_SUB)
+		return v;
+	/* e = floor(log2(v)), branch-light and verifier friendly */
+	if (t >> 16) { e += 16; t >>= 16; }
+	if (t >> 8) { e += 8; t >>= 8; }
+	if (t >> 4) { e += 4; t >>= 4; }
+	if (t >> 2) { e += 2; t >>= 2; }
+	if (t >> 1) { e += 1; }
+	if (e >= RTTSCOPE_HIST_MAX_EXP)
+		return RTTSCOPE_HIST_BUCKETS - 1;
+	return RTTSCOPE_HIST_SUB + (e - RTTSCOPE_HIST_SUB_BITS) * RTTSCOPE_HIST_SUB +
+	       ((v >> (e - RTTSCOPE_HIST_SUB_BITS)) & (RTTSCOPE_HIST_SUB - 1));
+}
+
+#endif /* __RTTSCOPE_H */

@@ -1,0 +1,432 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+/*
+ * tcp.bpf.c - the TCP view: RTT as the TCP stack computes it.
+ *
+ *  - rttscope_sockops (cgroup sock_ops): on every new connection turns on the
+ *    RTT, state and retransmit callbacks; BPF_SOCK_OPS_RTT_CB then delivers
+ *    each RTT sample (args[0], us) and the new srtt (args[1] = srtt x 8).
+ *  - rttscope_iter_tcp (iter/tcp): turns the same callbacks on for
+ *    connections that existed before attach, and records listening ports.
+ *
+ * Per-flow state lives in a bounded LRU hash; samples are aggregated here into
+ * a log-linear histogram per flow so userspace cost does not grow with the
+ * packet rate. A raw sample stream (ring buffer) is optional (cfg_raw).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "rttscope.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOL_TCP 6
+#define TCP_BPF_SOCK_OPS_CB_FLAGS 1008
+#define TCP_ESTABLISHED 1
+#define TCP_CLOSE 7
+#define TCP_LISTEN 10
+
+#define OUR_CB_FLAGS (BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RETRANS_CB_FLAG)
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Configuration, set by userspace before load (the verifier prunes what is off). */
+const volatile __u32 cfg_netns_filter = 0; /* restrict to netns in `netns_filter` */
+const volatile __u32 cfg_port_filter = 0;  /* restrict to ports in `port_filter` (local or remote) */
+const volatile __u32 cfg_addr_filter = 0;  /* restrict to CIDRs in `addr_filter` (local or remote) */
+const volatile __u32 cfg_raw = 0;          /* write every sample to the ring buffer */
+
+/* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
+__u32 epoch = 0;
+
+/* Make the ring-buffer record type and the enums reach the generated Rust types. */
+struct rttscope_event _event_type = {};
+enum rttscope_tcp_counter _tcp_counter_type = 0;
+enum rttscope_consts _consts_type = 0;
+enum rttscope_side _side_type = 0;
+enum rttscope_origin _origin_type = 0;
+enum rttscope_flow_flags _flow_flags_type = 0;
+enum rttscope_event_type _event_type_type = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* resized by userspace (--max-flows) */
+	__type(key, struct rttscope_flow_key);
+	__type(value, struct rttscope_tcp_flow);
+} tcp_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RTTSCOPE_TC_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} tcp_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} tcp_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RTTSCOPE_MAX_NETNS);
+	__type(key, __u32);
+	__type(value, __u8);
+} netns_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RTTSCOPE_MAX_PORTS);
+	__type(key, __u16);
+	__type(value, __u8);
+} port_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, RTTSCOPE_MAX_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct rttscope_cidr_key);
+	__type(value, __u8);
+} addr_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RTTSCOPE_MAX_LISTENERS);
+	__type(key, struct rttscope_listener_key);
+	__type(value, __u8);
+} tcp_listeners SEC(".maps");
+
+/* Scratch space for a new flow entry (too large for the 512-byte stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rttscope_tcp_flow);
+} tcp_flow_scratch SEC(".maps");
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&tcp_counters, &idx);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline int addr_match(__u16 family, const __u8 *addr)
+{
+	struct rttscope_cidr_key k = { .prefixlen = 128 };
+
+	if (family == AF_INET) {
+		k.addr[10] = 0xff;
+		k.addr[11] = 0xff;
+		__builtin_memcpy(&k.addr[12], addr, 4);
+	} else {
+		__builtin_memcpy(k.addr, addr, 16);
+	}
+	return bpf_map_lookup_elem(&addr_filter, &k) != NULL;
+}
+
+/* Does this connection pass --netns/--port/--addr? */
+static __always_inline int wanted(const struct rttscope_flow_key *key)
+{
+	if (cfg_netns_filter && !bpf_map_lookup_elem(&netns_filter, &key->netns))
+		return 0;
+	if (cfg_port_filter && !bpf_map_lookup_elem(&port_filter, &key->lport) &&
+	    !bpf_map_lookup_elem(&port_filter, &key->rport))
+		return 0;
+	if (cfg_addr_filter && !addr_match(key->family, key->laddr) &&
+	    !addr_match(key->family, key->raddr))
+		return 0;
+	return 1;
+}
+
+static __always_inline int v4mapped(const __u32 *a)
+{
+	return a[0] == 0 && a[1] == 0 && a[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline __u32 sock_netns(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp;
+
+	if (!sk)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	return BPF_CORE_READ(tp, inet_conn.icsk_inet.sk.__sk_common.skc_net.net, ns.inum);
+}
+
+/* Flow key of a sock_ops context. Returns 0 if the family is not IP. */
+static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope_flow_key *key)
+{
+	__u32 family = skops->family;
+
+	key->lport = (__u16)skops->local_port;
+	key->rport = bpf_ntohl(skops->remote_port) >> 16;
+	if (family == AF_INET) {
+		key->family = AF_INET;
+		__u32 l = skops->local_ip4, r = skops->remote_ip4;
+		__builtin_memcpy(key->laddr, &l, 4);
+		__builtin_memcpy(key->raddr, &r, 4);
+		return 1;
+	}
+	if (family == AF_INET6) {
+		__u32 l[4], r[4];
+
+		l[0] = skops->local_ip6[0];
+		l[1] = skops->local_ip6[1];
+		l[2] = skops->local_ip6[2];
+		l[3] = skops->local_ip6[3];
+		r[0] = skops->remote_ip6[0];
+		r[1] = skops->remote_ip6[1];
+		r[2] = skops->remote_ip6[2];
+		r[3] = skops->remote_ip6[3];
+		if (v4mapped(l) && v4mapped(r)) {
+			key->family = AF_INET;
+			__builtin_memcpy(key->laddr, &l[3], 4);
+			__builtin_memcpy(key->raddr, &r[3], 4);
+		} else {
+			key->family = AF_INET6;
+			__builtin_memcpy(key->laddr, l, 16);
+			__builtin_memcpy(key->raddr, r, 16);
+		}
+		return 1;
+	}
+	return 0;
+}
+
+static __always_inline struct rttscope_tcp_flow *
+new_flow(const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt_us, __u8 state)
+{
+	__u32 zero = 0;
+	struct rttscope_tcp_flow *init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
+
+	if (!init)
+		return NULL;
+	__builtin_memset(init, 0, sizeof(*init));
+	init->first_ns = bpf_ktime_get_ns();
+	init->min_us = 0xffffffff;
+	init->win_min_us = 0xffffffff;
+	init->win_epoch = epoch;
+	init->side = side;
+	init->origin = origin;
+	init->srtt_us = srtt_us;
+	init->state = state;
+	if (bpf_map_update_elem(&tcp_flows, key, init, BPF_NOEXIST)) {
+		struct rttscope_tcp_flow *f = bpf_map_lookup_elem(&tcp_flows, key);
+
+		if (!f)
+			count(RTTSCOPE_TC_FLOW_MAP_FULL);
+		return f; /* lost a race: someone created it */
+	}
+	count(RTTSCOPE_TC_FLOWS_CREATED);
+	return bpf_map_lookup_elem(&tcp_flows, key);
+}
+
+static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 type, __u8 side,
+				      __u32 rtt_us, __u32 srtt_us, __u64 now)
+{
+	struct rttscope_event *e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
+
+	if (!e) {
+		count(RTTSCOPE_TC_RAW_DROPS);
+		return;
+	}
+	e->type = type;
+	e->side = side;
+	e->flags = 0;
+	e->reserved = 0;
+	e->rtt_us = rtt_us;
+	e->srtt_us = srtt_us;
+	e->reserved2 = 0;
+	e->ts_ns = now;
+	e->key = *key;
+	e->reserved3 = 0;
+	bpf_ringbuf_submit(e, 0);
+	count(RTTSCOPE_TC_RAW_EVENTS);
+}
+
+static __always_inline void on_rtt(struct bpf_sock_ops *skops)
+{
+	struct rttscope_flow_key key = {};
+	struct rttscope_tcp_flow *f;
+	__u32 rtt = skops->args[0];
+	__u32 srtt = skops->args[1] >> 3;
+	__u64 now;
+	__u32 b, ep;
+
+	count(RTTSCOPE_TC_RTT_CB);
+	if (!skops_key(skops, &key))
+		return;
+	key.netns = sock_netns(skops->sk);
+	f = bpf_map_lookup_elem(&tcp_flows, &key);
+	if (!f) {
+		/* evicted, or callbacks enabled by another program */
+		if (!wanted(&key)) {
+			count(RTTSCOPE_TC_FILTERED);
+			return;
+		}
+		f = new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0, TCP_ESTABLISHED);
+		if (!f)
+			return;
+	}
+	if (rtt == 0 && skops->args[1] == 0) {
+		/* kernel < 6.10: RTT_CB carries no arguments */
+		srtt = skops->srtt_us >> 3;
+		rtt = srtt;
+		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
+		count(RTTSCOPE_TC_SRTT_FALLBACK);
+	}
+	now = bpf_ktime_get_ns();
+	ep = epoch;
+	if (f->win_epoch != ep) {
+		f->win_epoch = ep;
+		f->win_min_us = 0xffffffff;
+		f->win_max_us = 0;
+	}
+	f->samples++;
+	f->sum_us += rtt;
+	if (rtt < f->min_us)
+		f->min_us = rtt;
+	if (rtt > f->max_us)
+		f->max_us = rtt;
+	if (rtt < f->win_min_us)
+		f->win_min_us = rtt;
+	if (rtt > f->win_max_us)
+		f->win_max_us = rtt;
+	f->srtt_us = srtt;
+	f->last_rtt_us = rtt;
+	f->last_ns = now;
+	b = rttscope_hist_bucket(rtt);
+	if (b < RTTSCOPE_HIST_BUCKETS)
+		f->hist[b]++;
+	count(RTTSCOPE_TC_SAMPLES);
+	if (cfg_raw)
+		raw_event(&key, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
+}
+
+SEC("sockops")
+int rttscope_sockops(struct bpf_sock_ops *skops)
+{
+	struct rttscope_flow_key key = {};
+	struct rttscope_tcp_flow *f;
+	__u32 op = skops->op;
+	__u8 side;
+
+	switch (op) {
+	case BPF_SOCK_OPS_RTT_CB:
+		on_rtt(skops);
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		if (!skops_key(skops, &key))
+			break;
+		key.netns = sock_netns(skops->sk);
+		if (!wanted(&key)) {
+			count(RTTSCOPE_TC_FILTERED);
+			break;
+		}
+		side = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ? RTTSCOPE_SIDE_CLIENT : RTTSCOPE_SIDE_SERVER;
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
+		count(RTTSCOPE_TC_ENABLED);
+		/* a reused tuple replaces the old entry */
+		bpf_map_delete_elem(&tcp_flows, &key);
+		new_flow(&key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3, TCP_ESTABLISHED);
+		break;
+	case BPF_SOCK_OPS_RETRANS_CB:
+		count(RTTSCOPE_TC_RETRANS);
+		if (!skops_key(skops, &key))
+			break;
+		key.netns = sock_netns(skops->sk);
+		f = bpf_map_lookup_elem(&tcp_flows, &key);
+		if (f)
+			f->retrans++;
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (!skops_key(skops, &key))
+			break;
+		key.netns = sock_netns(skops->sk);
+		f = bpf_map_lookup_elem(&tcp_flows, &key);
+		if (!f)
+			break;
+		f->state = (__u8)skops->args[1];
+		if (skops->args[1] == TCP_CLOSE) {
+			f->flags |= RTTSCOPE_FLOW_CLOSED;
+			count(RTTSCOPE_TC_CLOSED);
+			if (cfg_raw)
+				raw_event(&key, RTTSCOPE_EV_FLOW_END, f->side, 0, f->srtt_us,
+					  bpf_ktime_get_ns());
+		}
+		break;
+	}
+	return 1;
+}
+
+/* Connections that existed before attach: turn on our callbacks, create
+ * their flow entry with the current srtt; record listening ports. */
+SEC("iter/tcp")
+int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	struct rttscope_flow_key key = {};
+	struct tcp_sock *tp;
+	__u32 netns, state;
+	int flags;
+
+	if (!skc)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0; /* request or time-wait socket */
+	count(RTTSCOPE_TC_ITER_SOCKETS);
+	netns = BPF_CORE_READ(skc, skc_net.net, ns.inum);
+	state = skc->skc_state;
+	if (state == TCP_LISTEN) {
+		struct rttscope_listener_key lk = { .netns = netns, .port = skc->skc_num };
+		__u8 one = 1;
+
+		bpf_map_update_elem(&tcp_listeners, &lk, &one, BPF_ANY);
+		return 0;
+	}
+	if (state == TCP_CLOSE)
+		return 0;
+
+	key.netns = netns;
+	key.lport = skc->skc_num;
+	key.rport = bpf_ntohs(skc->skc_dport);
+	if (skc->skc_family == AF_INET) {
+		key.family = AF_INET;
+		__builtin_memcpy(key.laddr, &skc->skc_rcv_saddr, 4);
+		__builtin_memcpy(key.raddr, &skc->skc_daddr, 4);
+	} else if (skc->skc_family == AF_INET6) {
+		__u32 l[4], r[4];
+
+		BPF_CORE_READ_INTO(&l, skc, skc_v6_rcv_saddr.in6_u.u6_addr32);
+		BPF_CORE_READ_INTO(&r, skc, skc_v6_daddr.in6_u.u6_addr32);
+		if (v4mapped(l) && v4mapped(r)) {
+			key.family = AF_INET;
+			__builtin_memcpy(key.laddr, &l[3], 4);
+			__builtin_memcpy(key.raddr, &r[3], 4);
+		} else {
+			key.family = AF_INET6;
+			__builtin_memcpy(key.laddr, l, 16);
+			__builtin_memcpy(key.raddr, r, 16);
+		}
+	} else {
+		return 0;
+	}
+	if (!wanted(&key)) {
+		count(RTTSCOPE_TC_FILTERED);
+		return 0;
+	}
+	flags = tp->bpf_sock_ops_cb_flags | OUR_CB_FLAGS;
+	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
+		count(RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL);
+		return 0;
+	}
+	count(RTTSCOPE_TC_ENABLED);
+	if (!bpf_map_lookup_elem(&tcp_flows, &key))
+		new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
+	return 0;
+}

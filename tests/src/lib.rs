@@ -1,0 +1,450 @@
+//! Shared harness for the privileged end-to-end tests.
+//!
+//! Every test builds its own network namespaces with unique names; the
+//! guards delete them on drop (also when a test panics). Traffic is real
+//! TCP/UDP/ICMP between those namespaces, created from threads that
+//! `setns()` into them. Nothing here touches the host's own namespace
+//! beyond creating and deleting the test's own namespaces.
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique short name: `<prefix><pid%10000>x<n>` (interface names are limited to 15 bytes).
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    format!("{prefix}{}x{n}", std::process::id() % 10000)
+}
+
+/// Run a command, fail with its output if it fails.
+pub fn sh(args: &[&str]) -> Result<Output> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .with_context(|| format!("running {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
+}
+
+/// Skip (by returning true) when not root: privileged tests need CAP_BPF/CAP_NET_ADMIN.
+pub fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    if std::env::var_os("RTTSCOPE_REQUIRE_PRIVILEGED").is_some() {
+        panic!("privileged tests must run as root (RTTSCOPE_REQUIRE_PRIVILEGED is set)");
+    }
+    eprintln!("skipping: needs root");
+    false
+}
+
+/// A named network namespace, deleted on drop.
+pub struct NetNs {
+    pub name: String,
+}
+
+impl NetNs {
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique(prefix);
+        sh(&["ip", "netns", "add", &name])?;
+        let ns = NetNs { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Run a command inside the namespace.
+    pub fn exec(&self, args: &[&str]) -> Result<Output> {
+        let mut v = vec!["ip", "netns", "exec", &self.name];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    /// A `Command` that runs inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Run `f` on a thread that has entered this namespace; sockets it
+    /// creates belong to the namespace.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> JoinHandle<T> {
+        let path = PathBuf::from("/var/run/netns").join(&self.name);
+        std::thread::spawn(move || {
+            let f0 = std::fs::File::open(&path).expect("open netns");
+            nix::sched::setns(f0.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+    }
+
+    /// Run `f` inside the namespace and wait for it.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn(f).join().expect("thread in netns panicked")
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Two namespaces joined by a veth pair: `a` has 10.77.0.1/24 and fd77::1/64
+/// on `a_if`, `b` has 10.77.0.2/24 and fd77::2/64 on `b_if`.
+pub struct Pair {
+    pub a: NetNs,
+    pub b: NetNs,
+    pub a_if: String,
+    pub b_if: String,
+}
+
+pub const A_ADDR: &str = "10.77.0.1";
+pub const B_ADDR: &str = "10.77.0.2";
+pub const A_ADDR6: &str = "fd77::1";
+pub const B_ADDR6: &str = "fd77::2";
+
+impl Pair {
+    pub fn new() -> Result<Self> {
+        let a = NetNs::new("rtsa")?;
+        let b = NetNs::new("rtsb")?;
+        let a_if = unique("va");
+        let b_if = unique("vb");
+        sh(&[
+            "ip", "link", "add", &a_if, "netns", &a.name, "type", "veth", "peer", "name", &b_if,
+            "netns", &b.name,
+        ])?;
+        a.exec(&["ip", "addr", "add", &format!("{A_ADDR}/24"), "dev", &a_if])?;
+        b.exec(&["ip", "addr", "add", &format!("{B_ADDR}/24"), "dev", &b_if])?;
+        a.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{A_ADDR6}/64"),
+            "dev",
+            &a_if,
+            "nodad",
+        ])?;
+        b.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{B_ADDR6}/64"),
+            "dev",
+            &b_if,
+            "nodad",
+        ])?;
+        a.exec(&["ip", "link", "set", &a_if, "up"])?;
+        b.exec(&["ip", "link", "set", &b_if, "up"])?;
+        Ok(Pair { a, b, a_if, b_if })
+    }
+}
+
+/// The rttscope binary under test: `RTTSCOPE_BIN`, else next to the test executable.
+pub fn rttscope_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RTTSCOPE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("rttscope");
+    assert!(
+        bin.exists(),
+        "{} not built: run `cargo build` first or set RTTSCOPE_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A child process killed (SIGKILL) and reaped on drop.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    pub fn spawn(cmd: &mut Command) -> Result<Self> {
+        let child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("spawning child")?;
+        Ok(ChildGuard(Some(child)))
+    }
+    pub fn pid(&self) -> u32 {
+        self.0.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+    /// Wait for the process to exit by itself (up to `timeout`), return its output.
+    pub fn wait_output(mut self, timeout: Duration) -> Result<Output> {
+        let mut child = self.0.take().unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if child.try_wait()?.is_some() {
+                return Ok(child.wait_with_output()?);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output()?;
+                bail!(
+                    "process did not exit within {timeout:?}; stdout: {} stderr: {}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A TCP request/response server (1-byte request, `resp` bytes response) on
+/// `addr`, running inside a namespace until the returned flag is set.
+pub struct RrServer {
+    pub stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl RrServer {
+    pub fn start(ns: &NetNs, addr: SocketAddr, resp: usize) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop2 = stop.clone();
+        let handle = ns.spawn(move || {
+            let l = match TcpListener::bind(addr) {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            l.set_nonblocking(true).unwrap();
+            let _ = tx.send(Ok(()));
+            let mut workers = Vec::new();
+            while !stop2.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut s, _)) => {
+                        let stop3 = stop2.clone();
+                        workers.push(std::thread::spawn(move || {
+                            s.set_nonblocking(false).unwrap();
+                            s.set_nodelay(true).unwrap();
+                            s.set_read_timeout(Some(Duration::from_millis(200)))
+                                .unwrap();
+                            let mut buf = [0u8; 1];
+                            let out = vec![b'r'; resp];
+                            while !stop3.load(Ordering::Relaxed) {
+                                match s.read(&mut buf) {
+                                    Ok(0) => break,
+                                    Ok(_) => {
+                                        if s.write_all(&out).is_err() {
+                                            break;
+                                        }
+                                    }
+                                    Err(e)
+                                        if matches!(
+                                            e.kind(),
+                                            std::io::ErrorKind::WouldBlock
+                                                | std::io::ErrorKind::TimedOut
+                                        ) => {}
+                                    Err(_) => break,
+                                }
+                            }
+                        }));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            for w in workers {
+                let _ = w.join();
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(())) => Ok(RrServer {
+                stop,
+                handle: Some(handle),
+            }),
+            Ok(Err(e)) => bail!("RR server bind {addr}: {e}"),
+            Err(_) => bail!("RR server did not start"),
+        }
+    }
+}
+
+impl Drop for RrServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A TCP RR client connection inside a namespace: it sends one byte, reads
+/// `resp` bytes, sleeps `think`, repeats until stopped. Returns the local port.
+pub struct RrClient {
+    pub stop: Arc<AtomicBool>,
+    pub local: SocketAddr,
+    pub transactions: Arc<AtomicU32>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl RrClient {
+    pub fn start(ns: &NetNs, server: SocketAddr, resp: usize, think: Duration) -> Result<Self> {
+        Self::start_paused(ns, server, resp, think, false)
+    }
+
+    /// With `paused`, the connection is opened but no request is sent until `resume()`.
+    pub fn start_paused(
+        ns: &NetNs,
+        server: SocketAddr,
+        resp: usize,
+        think: Duration,
+        paused: bool,
+    ) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(paused));
+        let transactions = Arc::new(AtomicU32::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop2, tr2) = (stop.clone(), transactions.clone());
+        let go = Arc::new(AtomicBool::new(!paused));
+        let go2 = go.clone();
+        let handle = ns.spawn(move || {
+            let mut s = match TcpStream::connect_timeout(&server, Duration::from_secs(3)) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            s.set_nodelay(true).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = tx.send(Ok(s.local_addr().unwrap()));
+            let mut buf = vec![0u8; resp];
+            loop {
+                if stop2.load(Ordering::Relaxed) {
+                    if go2.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                if s.write_all(b"q").is_err() || s.read_exact(&mut buf).is_err() {
+                    break;
+                }
+                tr2.fetch_add(1, Ordering::Relaxed);
+                if !think.is_zero() {
+                    std::thread::sleep(think);
+                }
+            }
+        });
+        let _ = go;
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Ok(local)) => Ok(RrClient {
+                stop,
+                local,
+                transactions,
+                handle: Some(handle),
+            }),
+            Ok(Err(e)) => bail!("RR client connect {server}: {e}"),
+            Err(_) => bail!("RR client did not connect"),
+        }
+    }
+
+    /// Start sending requests (for a client created with `start_paused`).
+    pub fn resume(&self) {
+        self.stop.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RrClient {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// `ss -tin` inside a namespace: the smoothed RTT (ms) of the connection
+/// whose local address ends with `:lport`.
+pub fn ss_rtt_ms(ns: &NetNs, lport: u16) -> Result<Option<f64>> {
+    let out = ns.exec(&["ss", "-tin", "state", "established"])?;
+    Ok(parse_ss_rtt(&String::from_utf8_lossy(&out.stdout), lport))
+}
+
+/// Parse `ss -ti` output: the `rtt:<srtt>/<rttvar>` of the socket with local port `lport`.
+pub fn parse_ss_rtt(text: &str, lport: u16) -> Option<f64> {
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let is_sock = fields.iter().any(|f| {
+            f.ends_with(&format!(":{lport}"))
+                && fields.iter().position(|x| x == f) == Some(fields.len().saturating_sub(2))
+        });
+        if !is_sock {
+            continue;
+        }
+        if let Some(info) = lines.peek() {
+            for tok in info.split_whitespace() {
+                if let Some(v) = tok.strip_prefix("rtt:") {
+                    return v.split('/').next().and_then(|x| x.parse().ok());
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Names of tc filters, bpf links and programs of ours that remain anywhere.
+pub fn leftover_bpf() -> Result<Vec<String>> {
+    let mut left = Vec::new();
+    let progs = sh(&["bpftool", "-j", "prog", "show"])?;
+    let v: serde_json::Value = serde_json::from_slice(&progs.stdout)?;
+    for p in v.as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("");
+        if name.starts_with("rttscope") {
+            left.push(format!("prog {} id {}", name, p["id"]));
+        }
+    }
+    Ok(left)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ss() {
+        let text = "State Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n\
+ESTAB 0 0 10.77.0.1:45678 10.77.0.2:5001\n\
+\t cubic wscale:7,7 rto:204 rtt:0.071/0.035 ato:40 mss:1448\n\
+ESTAB 0 0 10.77.0.1:45680 10.77.0.2:5001\n\
+\t cubic wscale:7,7 rto:220 rtt:20.5/3 ato:40 mss:1448\n";
+        assert_eq!(parse_ss_rtt(text, 45678), Some(0.071));
+        assert_eq!(parse_ss_rtt(text, 45680), Some(20.5));
+        assert_eq!(parse_ss_rtt(text, 5001), None);
+    }
+}

@@ -1,0 +1,104 @@
+//! Compiles the kernel programs in `bpf/` to CO-RE objects and generates
+//! their libbpf-rs skeletons (Rust types for every struct in `bpf/rttscope.h`).
+//!
+//! - clang: `BPF_CLANG` (default `clang-19`, then `clang`).
+//! - vmlinux.h: `RTTSCOPE_VMLINUX_H` (a file) if set, else generated from the
+//!   build machine's BTF (`bpftool btf dump file /sys/kernel/btf/vmlinux format c`).
+//!   The objects are CO-RE: field offsets are relocated at load time, so a
+//!   header from any recent kernel works on others.
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use libbpf_cargo::SkeletonBuilder;
+
+const OBJECTS: &[&str] = &["tcp", "sampler"];
+
+fn find_clang() -> String {
+    if let Ok(c) = env::var("BPF_CLANG") {
+        return c;
+    }
+    for c in ["clang-19", "clang"] {
+        if Command::new(c)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {
+            return c.to_string();
+        }
+    }
+    "clang-19".to_string()
+}
+
+fn vmlinux_h(out: &Path) -> Result<PathBuf> {
+    let dir = out.join("vmlinux");
+    std::fs::create_dir_all(&dir)?;
+    let dst = dir.join("vmlinux.h");
+    if let Ok(src) = env::var("RTTSCOPE_VMLINUX_H") {
+        std::fs::copy(&src, &dst).with_context(|| format!("copying RTTSCOPE_VMLINUX_H={src}"))?;
+        return Ok(dir);
+    }
+    if dst.exists() {
+        return Ok(dir);
+    }
+    let btf = "/sys/kernel/btf/vmlinux";
+    let o = Command::new("bpftool")
+        .args(["btf", "dump", "file", btf, "format", "c"])
+        .output()
+        .context("running bpftool to generate vmlinux.h (install bpftool: scripts/setup.sh, or set RTTSCOPE_VMLINUX_H)")?;
+    if !o.status.success() {
+        bail!(
+            "bpftool btf dump failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    std::fs::write(&dst, o.stdout)?;
+    Ok(dir)
+}
+
+fn main() -> Result<()> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let bpf_dir = manifest
+        .join("../bpf")
+        .canonicalize()
+        .context("bpf/ directory")?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    let vmlinux_dir = vmlinux_h(&out)?;
+    let clang = find_clang();
+
+    println!("cargo:rerun-if-env-changed=BPF_CLANG");
+    println!("cargo:rerun-if-env-changed=RTTSCOPE_VMLINUX_H");
+    println!(
+        "cargo:rerun-if-changed={}",
+        bpf_dir.join("rttscope.h").display()
+    );
+    for name in OBJECTS {
+        let src = bpf_dir.join(format!("{name}.bpf.c"));
+        if !src.exists() {
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", src.display());
+        let skel = out.join(format!("{name}.skel.rs"));
+        SkeletonBuilder::new()
+            .source(&src)
+            .obj(out.join(format!("{name}.bpf.o")))
+            .clang(&clang)
+            .clang_args([
+                "-I".as_ref(),
+                vmlinux_dir.as_os_str(),
+                "-I".as_ref(),
+                bpf_dir.as_os_str(),
+                "-O2".as_ref(),
+                "-g".as_ref(),
+                "-Wall".as_ref(),
+                "-Werror".as_ref(),
+            ])
+            .build_and_generate(&skel)
+            .with_context(|| format!("compiling {}", src.display()))?;
+        println!("cargo:rustc-cfg=has_{name}_skel");
+    }
+    println!("cargo::rustc-check-cfg=cfg(has_tcp_skel)");
+    println!("cargo::rustc-check-cfg=cfg(has_sampler_skel)");
+    Ok(())
+}

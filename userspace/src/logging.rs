@@ -1,0 +1,25 @@
+//! `tracing` set-up; libbpf's own messages are routed into it.
+use tracing_subscriber::EnvFilter;
+
+pub fn init(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, libbpf_print)));
+}
+
+fn libbpf_print(level: libbpf_rs::PrintLevel, msg: String) {
+    let msg = msg.trim_end();
+    match level {
+        libbpf_rs::PrintLevel::Warn => tracing::warn!(target: "libbpf", "{msg}"),
+        libbpf_rs::PrintLevel::Info => tracing::info!(target: "libbpf", "{msg}"),
+        libbpf_rs::PrintLevel::Debug => tracing::debug!(target: "libbpf", "{msg}"),
+    }
+}

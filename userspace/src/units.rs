@@ -1,0 +1,107 @@
+//! Durations and RTT values as users type and read them.
+//!
+//! Durations accept a number with a unit suffix `ns`, `us` (or `µs`), `ms`,
+//! `s`, `m`, `h`; a bare `0` means zero. Fractions are allowed (`1.5ms`).
+use std::time::Duration;
+
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum UnitError {
+    #[error("'{0}' is not a duration: use a number with a unit, e.g. 500ms, 20us, 1.5s, 2m")]
+    BadDuration(String),
+}
+
+/// Parse a duration such as `20ms`, `1.5s`, `100us`, `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
+    let t = s.trim();
+    let bad = || UnitError::BadDuration(s.to_string());
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(bad)?;
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(bad());
+    }
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let ns_per = match unit.trim() {
+        "ns" => 1.0,
+        "us" | "µs" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        "m" | "min" => 60e9,
+        "h" => 3600e9,
+        _ => return Err(bad()),
+    };
+    let ns = v * ns_per;
+    if !ns.is_finite() || ns < 0.0 || ns > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(Duration::from_nanos(ns.round() as u64))
+}
+
+/// clap value parser for durations.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// Microseconds as milliseconds with three decimals (the table's unit).
+pub fn fmt_ms(us: f64) -> String {
+    if us.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{:.3}", us / 1000.0)
+    }
+}
+
+/// A duration in the unit that reads best (`850us`, `20.1ms`, `3.2s`).
+pub fn fmt_duration_short(d: Duration) -> String {
+    let ns = d.as_nanos() as f64;
+    if ns < 1e3 {
+        format!("{ns}ns")
+    } else if ns < 1e6 {
+        format!("{}us", trim(ns / 1e3))
+    } else if ns < 1e9 {
+        format!("{}ms", trim(ns / 1e6))
+    } else {
+        format!("{}s", trim(ns / 1e9))
+    }
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!(parse_duration("20ms").unwrap(), Duration::from_millis(20));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
+        assert_eq!(parse_duration("100µs").unwrap(), Duration::from_micros(100));
+        assert_eq!(parse_duration("7ns").unwrap(), Duration::from_nanos(7));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for s in ["", "ms", "10", "10x", "-1s", "1..2s", "abc"] {
+            assert!(parse_duration(s).is_err(), "{s} should be rejected");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_duration_short(Duration::from_micros(850)), "850us");
+        assert_eq!(fmt_duration_short(Duration::from_micros(20100)), "20.1ms");
+        assert_eq!(fmt_ms(1234.0), "1.234");
+    }
+}
