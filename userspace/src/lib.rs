@@ -6,6 +6,9 @@
 pub mod bpf;
 pub mod cli;
 pub mod error;
+pub mod flow;
+pub mod hist;
 pub mod logging;
+pub mod netns;
 pub mod observe;
 pub mod units;

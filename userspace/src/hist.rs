@@ -1,0 +1,322 @@
+//! The kernel's per-flow log-linear histogram (see `rttscope_hist_bucket()`
+//! in `bpf/rttscope.h`): bucket bounds, percentiles and interval deltas.
+//!
+//! Layout: values 0..7 us get one bucket each; each power of two
+//! `[2^e, 2^(e+1))` for e = 3..26 is split into 8 linear sub-buckets
+//! (relative width <= 12.5%); the last bucket is open ended.
+use serde::{Deserialize, Serialize};
+
+use crate::bpf::consts;
+
+pub const BUCKETS: usize = consts::HIST_BUCKETS;
+const SUB: u32 = consts::HIST_SUB as u32;
+const SUB_BITS: u32 = consts::HIST_SUB_BITS as u32;
+const MAX_EXP: u32 = consts::HIST_MAX_EXP as u32;
+
+/// Bucket index of a value in microseconds (the same formula as the C side).
+pub fn bucket_of(v: u32) -> usize {
+    if v < SUB {
+        return v as usize;
+    }
+    let e = 31 - v.leading_zeros();
+    if e >= MAX_EXP {
+        return BUCKETS - 1;
+    }
+    (SUB + (e - SUB_BITS) * SUB + ((v >> (e - SUB_BITS)) & (SUB - 1))) as usize
+}
+
+/// `[lower, upper)` bounds of bucket `i` in microseconds; the last bucket's
+/// upper bound is `f64::INFINITY`.
+pub fn bucket_bounds(i: usize) -> (f64, f64) {
+    let i = i as u32;
+    if i < SUB {
+        return (i as f64, i as f64 + 1.0);
+    }
+    let e = (i - SUB) / SUB + SUB_BITS;
+    let sub = (i - SUB) % SUB;
+    let lo = ((SUB + sub) as u64) << (e - SUB_BITS);
+    let hi = ((SUB + sub + 1) as u64) << (e - SUB_BITS);
+    if i as usize == BUCKETS - 1 {
+        (lo as f64, f64::INFINITY)
+    } else {
+        (lo as f64, hi as f64)
+    }
+}
+
+/// A histogram of RTT samples in microseconds, with the exact min/max/sum
+/// the kernel tracked alongside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hist {
+    pub counts: Vec<u64>,
+    pub sum_us: u64,
+    /// Exact minimum and maximum, when known (else derived from bucket bounds).
+    pub min_us: Option<u32>,
+    pub max_us: Option<u32>,
+}
+
+impl Default for Hist {
+    fn default() -> Self {
+        Hist {
+            counts: vec![0; BUCKETS],
+            sum_us: 0,
+            min_us: None,
+            max_us: None,
+        }
+    }
+}
+
+/// Percentiles and moments of a histogram (microseconds).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HistSummary {
+    pub n: u64,
+    pub min_us: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Hist {
+    pub fn from_counts<T: Copy + Into<u64>>(
+        counts: &[T],
+        sum_us: u64,
+        min_us: Option<u32>,
+        max_us: Option<u32>,
+    ) -> Self {
+        let mut c: Vec<u64> = counts.iter().map(|&x| x.into()).collect();
+        c.resize(BUCKETS, 0);
+        Hist {
+            counts: c,
+            sum_us,
+            min_us,
+            max_us,
+        }
+    }
+
+    pub fn record(&mut self, us: u32) {
+        self.counts[bucket_of(us)] += 1;
+        self.sum_us += us as u64;
+        self.min_us = Some(self.min_us.map_or(us, |m| m.min(us)));
+        self.max_us = Some(self.max_us.map_or(us, |m| m.max(us)));
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Counts added since `earlier` (a previous snapshot of the same
+    /// cumulative histogram). min/max are left unknown: the caller supplies
+    /// the interval's own min/max when the kernel tracked them.
+    pub fn delta(&self, earlier: &Hist) -> Hist {
+        let counts = self
+            .counts
+            .iter()
+            .zip(&earlier.counts)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        Hist {
+            counts,
+            sum_us: self.sum_us.saturating_sub(earlier.sum_us),
+            min_us: None,
+            max_us: None,
+        }
+    }
+
+    /// Add another histogram into this one.
+    pub fn merge(&mut self, other: &Hist) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.sum_us += other.sum_us;
+        self.min_us = match (self.min_us, other.min_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.max_us = match (self.max_us, other.max_us) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// The p-th percentile (0..=100): find the bucket holding rank
+    /// `ceil(p/100 * n)` and interpolate linearly inside it, clamped to the
+    /// exact min/max when known.
+    pub fn percentile(&self, p: f64) -> f64 {
+        let n = self.count();
+        if n == 0 {
+            return f64::NAN;
+        }
+        let rank = ((p / 100.0) * n as f64).ceil().clamp(1.0, n as f64);
+        let mut seen = 0u64;
+        let (lo_clamp, hi_clamp) = self.range();
+        for (i, &c) in self.counts.iter().enumerate() {
+            if c == 0 {
+                continue;
+            }
+            if (seen + c) as f64 >= rank {
+                let (lo, hi) = bucket_bounds(i);
+                let lo = lo.max(lo_clamp);
+                let hi = if hi.is_finite() {
+                    hi.min(hi_clamp.max(lo))
+                } else {
+                    hi_clamp.max(lo)
+                };
+                let frac = (rank - seen as f64) / c as f64;
+                return lo + (hi - lo) * frac;
+            }
+            seen += c;
+        }
+        hi_clamp
+    }
+
+    /// (min, max) in us: exact when known, else bucket bounds.
+    pub fn range(&self) -> (f64, f64) {
+        let first = self.counts.iter().position(|&c| c > 0);
+        let last = self.counts.iter().rposition(|&c| c > 0);
+        let min = match (self.min_us, first) {
+            (Some(m), _) => m as f64,
+            (None, Some(i)) => bucket_bounds(i).0,
+            _ => f64::NAN,
+        };
+        let max = match (self.max_us, last) {
+            (Some(m), _) => m as f64,
+            (None, Some(i)) => {
+                let (lo, hi) = bucket_bounds(i);
+                if hi.is_finite() {
+                    hi
+                } else {
+                    lo
+                }
+            }
+            _ => f64::NAN,
+        };
+        (min, max)
+    }
+
+    pub fn summary(&self) -> HistSummary {
+        let n = self.count();
+        let (min, max) = self.range();
+        HistSummary {
+            n,
+            min_us: min,
+            mean_us: if n > 0 {
+                self.sum_us as f64 / n as f64
+            } else {
+                f64::NAN
+            },
+            p50_us: self.percentile(50.0),
+            p90_us: self.percentile(90.0),
+            p99_us: self.percentile(99.0),
+            max_us: max,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_contiguous_and_cover_values() {
+        let mut prev_hi = 0.0;
+        for i in 0..BUCKETS {
+            let (lo, hi) = bucket_bounds(i);
+            assert_eq!(
+                lo,
+                prev_hi,
+                "bucket {i} starts where {} ended",
+                i.saturating_sub(1)
+            );
+            assert!(hi > lo);
+            prev_hi = hi;
+        }
+        for v in [
+            0u32,
+            1,
+            7,
+            8,
+            9,
+            15,
+            16,
+            100,
+            999,
+            1000,
+            40_000,
+            1 << 20,
+            (1 << 27) - 1,
+            1 << 27,
+            u32::MAX,
+        ] {
+            let b = bucket_of(v);
+            let (lo, hi) = bucket_bounds(b);
+            assert!(
+                v as f64 >= lo && (v as f64) < hi,
+                "{v} in bucket {b} [{lo},{hi})"
+            );
+        }
+        assert_eq!(BUCKETS, 200);
+    }
+
+    #[test]
+    fn bucket_width_is_at_most_12_5_percent() {
+        for i in 8..BUCKETS - 1 {
+            let (lo, hi) = bucket_bounds(i);
+            assert!((hi - lo) / lo <= 0.125 + 1e-12);
+        }
+    }
+
+    #[test]
+    fn percentiles_close_to_exact() {
+        let mut h = Hist::default();
+        let mut v: Vec<u32> = (0..10_000).map(|i| 50 + (i * 37 % 20_000)).collect();
+        for &x in &v {
+            h.record(x);
+        }
+        v.sort();
+        for p in [50.0, 90.0, 99.0] {
+            let exact = v[((p / 100.0 * v.len() as f64).ceil() as usize) - 1] as f64;
+            let got = h.percentile(p);
+            assert!(
+                (got - exact).abs() / exact < 0.07,
+                "p{p}: hist {got} exact {exact}"
+            );
+        }
+        let s = h.summary();
+        assert_eq!(s.n, 10_000);
+        assert_eq!(s.min_us, 50.0);
+        assert!(
+            s.min_us <= s.p50_us
+                && s.p50_us <= s.p90_us
+                && s.p90_us <= s.p99_us
+                && s.p99_us <= s.max_us
+        );
+    }
+
+    #[test]
+    fn single_value_is_exact() {
+        let mut h = Hist::default();
+        for _ in 0..10 {
+            h.record(20_000);
+        }
+        assert_eq!(h.percentile(50.0), 20_000.0);
+        assert_eq!(h.summary().mean_us, 20_000.0);
+    }
+
+    #[test]
+    fn delta_and_merge() {
+        let mut a = Hist::default();
+        a.record(10);
+        let snap = a.clone();
+        a.record(100);
+        a.record(100);
+        let d = a.delta(&snap);
+        assert_eq!(d.count(), 2);
+        assert_eq!(d.sum_us, 200);
+        let mut m = Hist::default();
+        m.merge(&snap);
+        m.merge(&d);
+        assert_eq!(m.count(), 3);
+        assert!(Hist::default().percentile(50.0).is_nan());
+    }
+}
