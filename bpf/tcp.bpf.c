@@ -163,7 +163,8 @@ static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope
 	__u32 family = skops->family;
 
 	key->lport = (__u16)skops->local_port;
-	key->rport = bpf_ntohl(skops->remote_port) >> 16;
+	/* remote_port holds the network-order port in its upper 16 bits (LE) */
+	key->rport = (__u16)bpf_ntohl(skops->remote_port);
 	if (family == AF_INET) {
 		key->family = AF_INET;
 		__u32 l = skops->local_ip4, r = skops->remote_ip4;

@@ -11,4 +11,7 @@ pub mod hist;
 pub mod logging;
 pub mod netns;
 pub mod observe;
+pub mod preflight;
+pub mod report;
+pub mod tcp_view;
 pub mod units;

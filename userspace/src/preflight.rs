@@ -1,0 +1,119 @@
+//! Checks before loading anything, each failing with one clear sentence.
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capability set of this process.
+pub fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The passive views need CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN (or CAP_SYS_ADMIN).
+pub fn require_bpf_caps() -> Result<()> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    let missing: Vec<&str> = [
+        (CAP_BPF, "CAP_BPF"),
+        (CAP_PERFMON, "CAP_PERFMON"),
+        (CAP_NET_ADMIN, "CAP_NET_ADMIN"),
+    ]
+    .into_iter()
+    .filter(|(c, _)| !has(*c) && !has(CAP_SYS_ADMIN))
+    .map(|(_, n)| n)
+    .collect();
+    if !missing.is_empty() {
+        bail!(
+            "loading kernel programs needs root or the capabilities {} (missing: {}); run with sudo",
+            "CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Kernel BTF is needed for CO-RE relocations.
+pub fn require_btf() -> Result<()> {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): rttscope needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    Ok(())
+}
+
+/// Mount point of the cgroup v2 hierarchy (unified or hybrid layout).
+pub fn cgroup2_root() -> Result<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 3 && f[2] == "cgroup2" {
+            return Ok(PathBuf::from(f[1]));
+        }
+    }
+    bail!("no cgroup v2 hierarchy is mounted (looked for a cgroup2 entry in /proc/self/mounts): mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`")
+}
+
+/// A cgroup directory given by the user must be inside a cgroup v2 mount.
+pub fn check_cgroup(path: &Path) -> Result<PathBuf> {
+    let root = cgroup2_root()?;
+    let p = path
+        .canonicalize()
+        .map_err(|_| anyhow::anyhow!("cgroup '{}' does not exist", path.display()))?;
+    if !p.starts_with(&root) {
+        bail!(
+            "cgroup '{}' is not in the cgroup v2 hierarchy mounted at {}",
+            path.display(),
+            root.display()
+        );
+    }
+    Ok(p)
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// (major, minor) of the running kernel.
+pub fn kernel_version() -> (u32, u32) {
+    let r = kernel_release();
+    let mut it = r
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap_or(0));
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_version_parses() {
+        let (maj, _) = kernel_version();
+        assert!(maj >= 3);
+    }
+
+    #[test]
+    fn bad_cgroup_is_one_sentence() {
+        if cgroup2_root().is_err() {
+            return;
+        }
+        let e = check_cgroup(Path::new("/nonexistent/cg"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+    }
+}

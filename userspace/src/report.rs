@@ -1,0 +1,225 @@
+//! Per-interval reports of the passive views: one row per flow, columns per
+//! view, a totals row; as a table or as JSON Lines (schema: docs/observe.md).
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde::Serialize;
+
+use crate::flow::{Flow, Side};
+use crate::hist::{Hist, HistSummary};
+use crate::units::fmt_ms;
+
+/// Statistics of one view for one flow over one interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewStats {
+    #[serde(flatten)]
+    pub summary: HistSummary,
+    /// TCP view only: TCP's smoothed RTT after the last sample (us).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub srtt_us: Option<u32>,
+    /// TCP view only: retransmissions over the flow's life.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retrans: Option<u32>,
+}
+
+impl ViewStats {
+    pub fn from_hist(h: &Hist) -> Self {
+        ViewStats {
+            summary: h.summary(),
+            srtt_us: None,
+            retrans: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowRow {
+    pub netns: u32,
+    pub netns_name: String,
+    pub local: String,
+    pub remote: String,
+    pub side: Side,
+    /// How the TCP view found the flow: established (after attach), existing (iterator), late.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    pub closed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<ViewStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<ViewStats>,
+    #[serde(skip)]
+    pub flow: Option<Flow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Interval {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Seconds since the observer started (end of the interval).
+    pub t: f64,
+    /// Unix time (seconds) at the end of the interval.
+    pub ts: f64,
+    pub interval_s: f64,
+    pub flows: Vec<FlowRow>,
+    pub totals: BTreeMap<&'static str, ViewStats>,
+    pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+}
+
+/// Table output: a header line with the settings, then rows.
+pub fn print_table(
+    w: &mut impl Write,
+    header: &str,
+    iv: &Interval,
+    views: &[&str],
+) -> std::io::Result<()> {
+    writeln!(w, "{header} | t={:.1}s", iv.t)?;
+    let mut h = format!(
+        "{:<10} {:<22} {:<22} {:<6}",
+        "NETNS", "LOCAL", "REMOTE", "SIDE"
+    );
+    for v in views {
+        let v = v.to_uppercase();
+        h += &format!(
+            " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            format!("{v} N"),
+            "MIN",
+            "MEAN",
+            "P50",
+            "P90",
+            "P99",
+            "MAX"
+        );
+        if v == "TCP" {
+            h += &format!(" {:>8} {:>4}", "SRTT", "RETR");
+        }
+    }
+    writeln!(w, "{h}   (ms)")?;
+    for r in &iv.flows {
+        let mut line = format!(
+            "{:<10} {:<22} {:<22} {:<6}",
+            trunc(&r.netns_name, 10),
+            trunc(&r.local, 22),
+            trunc(&r.remote, 22),
+            if r.closed {
+                format!("{}*", r.side.as_str())
+            } else {
+                r.side.as_str().to_string()
+            }
+        );
+        for v in views {
+            let s = match *v {
+                "tcp" => r.tcp.as_ref(),
+                "sampler" => r.sampler.as_ref(),
+                _ => None,
+            };
+            line += &cols(s, *v == "tcp");
+        }
+        writeln!(w, "{line}")?;
+    }
+    let mut tot = format!(
+        "{:<10} {:<22} {:<22} {:<6}",
+        "TOTAL",
+        format!("{} flows", iv.flows.len()),
+        "",
+        ""
+    );
+    for v in views {
+        tot += &cols(iv.totals.get(v), *v == "tcp");
+    }
+    writeln!(w, "{tot}")?;
+    writeln!(w)?;
+    Ok(())
+}
+
+fn cols(s: Option<&ViewStats>, tcp: bool) -> String {
+    let mut out = match s {
+        Some(s) if s.summary.n > 0 => {
+            let m = &s.summary;
+            format!(
+                " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                m.n,
+                fmt_ms(m.min_us),
+                fmt_ms(m.mean_us),
+                fmt_ms(m.p50_us),
+                fmt_ms(m.p90_us),
+                fmt_ms(m.p99_us),
+                fmt_ms(m.max_us)
+            )
+        }
+        _ => format!(
+            " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            0, "-", "-", "-", "-", "-", "-"
+        ),
+    };
+    if tcp {
+        let srtt = s
+            .and_then(|s| s.srtt_us)
+            .map(|v| fmt_ms(v as f64))
+            .unwrap_or_else(|| "-".into());
+        let retr = s
+            .and_then(|s| s.retrans)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "-".into());
+        out += &format!(" {srtt:>8} {retr:>4}");
+    }
+    out
+}
+
+fn trunc(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).collect::<String>() + "~"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_has_header_rows_and_totals() {
+        let mut h = Hist::default();
+        for v in [100, 120, 140] {
+            h.record(v);
+        }
+        let mut vs = ViewStats::from_hist(&h);
+        vs.srtt_us = Some(120);
+        vs.retrans = Some(0);
+        let row = FlowRow {
+            netns: 1,
+            netns_name: "ns-a".into(),
+            local: "10.0.0.1:40000".into(),
+            remote: "10.0.0.2:5001".into(),
+            side: Side::Client,
+            origin: Some("established"),
+            state: Some("ESTABLISHED"),
+            closed: false,
+            tcp: Some(vs.clone()),
+            sampler: None,
+            flow: None,
+        };
+        let iv = Interval {
+            kind: "interval",
+            t: 1.0,
+            ts: 0.0,
+            interval_s: 1.0,
+            flows: vec![row],
+            totals: [("tcp", vs)].into_iter().collect(),
+            counters: BTreeMap::new(),
+        };
+        let mut out = Vec::new();
+        print_table(&mut out, "view tcp", &iv, &["tcp"]).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.contains("TCP N"), "{s}");
+        assert!(s.contains("10.0.0.1:40000"));
+        assert!(s.contains("0.120"), "{s}");
+        assert!(s.contains("TOTAL"));
+        let j = serde_json::to_value(&iv).unwrap();
+        assert_eq!(j["flows"][0]["tcp"]["n"], 3);
+        assert_eq!(j["flows"][0]["side"], "client");
+        assert_eq!(j["type"], "interval");
+    }
+}

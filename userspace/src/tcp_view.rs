@@ -1,0 +1,465 @@
+//! The TCP view: RTT as the TCP stack computes it, observed with a cgroup
+//! sock_ops program (BPF_SOCK_OPS_RTT_CB) and an iter/tcp program for
+//! connections that existed before attach. Loads `bpf/tcp.bpf.c`.
+//!
+//! Everything attached is a BPF link (cgroup link, iterator link): when the
+//! process exits, even by SIGKILL, the kernel detaches it.
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::io::Read;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags};
+use serde::Serialize;
+
+use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_listener_key, rttscope_tcp_counter as C};
+use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
+use crate::bpf::{self, FlowKey, TcpFlow};
+use crate::flow::{Flow, Side};
+use crate::hist::Hist;
+use crate::netns::NetNs;
+
+/// What to observe.
+#[derive(Debug, Clone, Default)]
+pub struct TcpViewConfig {
+    /// cgroup v2 directory for the sock_ops program (default: the root).
+    pub cgroup: Option<PathBuf>,
+    /// Restrict to these namespaces (empty: all).
+    pub netns_filter: Vec<NetNs>,
+    /// Namespaces whose existing connections the iterator enables.
+    pub iter_netns: Vec<NetNs>,
+    pub ports: Vec<u16>,
+    pub cidrs: Vec<ipnet::IpNet>,
+    pub raw: bool,
+    pub max_flows: u32,
+}
+
+/// How the view is hooked in, for report headers and JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct TcpHookInfo {
+    pub hook: String,
+    pub cgroup: String,
+    pub iter_netns: Vec<String>,
+    pub existing_enabled: u64,
+    pub rtt_source: String,
+    pub kernel: String,
+    pub max_flows: u32,
+}
+
+/// One flow's kernel state, decoded.
+#[derive(Debug, Clone)]
+pub struct TcpFlowState {
+    pub flow: Flow,
+    pub side: Side,
+    pub origin: &'static str,
+    pub state: u8,
+    pub closed: bool,
+    pub srtt_fallback: bool,
+    pub samples: u64,
+    /// Cumulative histogram over the flow's life (exact life min/max).
+    pub hist: Hist,
+    pub srtt_us: u32,
+    pub last_rtt_us: u32,
+    pub retrans: u32,
+    /// Report epoch the win_* values belong to, and the interval's min/max.
+    pub win_epoch: u32,
+    pub win_min_us: u32,
+    pub win_max_us: u32,
+}
+
+/// Counter names, in the order of `enum rttscope_tcp_counter`.
+pub const COUNTER_NAMES: &[(C, &str)] = &[
+    (C::RTTSCOPE_TC_RTT_CB, "rtt_callbacks"),
+    (C::RTTSCOPE_TC_SAMPLES, "samples"),
+    (C::RTTSCOPE_TC_SRTT_FALLBACK, "srtt_fallback_samples"),
+    (C::RTTSCOPE_TC_FLOWS_CREATED, "flows_created"),
+    (C::RTTSCOPE_TC_FLOW_MAP_FULL, "flow_map_full"),
+    (C::RTTSCOPE_TC_FILTERED, "connections_filtered"),
+    (C::RTTSCOPE_TC_ENABLED, "connections_enabled"),
+    (C::RTTSCOPE_TC_ITER_SOCKETS, "iter_sockets"),
+    (
+        C::RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL,
+        "iter_setsockopt_failed",
+    ),
+    (C::RTTSCOPE_TC_RETRANS, "retransmits"),
+    (C::RTTSCOPE_TC_CLOSED, "flows_closed"),
+    (C::RTTSCOPE_TC_RAW_EVENTS, "raw_events"),
+    (C::RTTSCOPE_TC_RAW_DROPS, "raw_events_dropped"),
+    (C::RTTSCOPE_TC_NO_SOCK, "no_socket"),
+];
+
+pub struct TcpView {
+    skel: TcpSkel<'static>,
+    _sockops_link: libbpf_rs::Link,
+    listeners: HashSet<(u32, u16)>,
+    pub info: TcpHookInfo,
+    epoch: u32,
+}
+
+fn origin_name(o: u8) -> &'static str {
+    match o {
+        1 => "established",
+        2 => "existing",
+        3 => "late",
+        _ => "?",
+    }
+}
+
+impl TcpView {
+    /// Load, configure and attach. Fails with one clear sentence.
+    pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
+        crate::preflight::require_bpf_caps()?;
+        crate::preflight::require_btf()?;
+        let cgroup = match &cfg.cgroup {
+            Some(p) => crate::preflight::check_cgroup(p)?,
+            None => crate::preflight::cgroup2_root()?,
+        };
+
+        // The skeleton borrows its open object for its whole life; a view lives
+        // as long as the command, so the (small) storage is leaked on purpose.
+        let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = TcpSkelBuilder::default()
+            .open(open_object)
+            .context("opening the TCP view's BPF object")?;
+        let max_flows = cfg.max_flows.max(16);
+        open.maps
+            .tcp_flows
+            .set_max_entries(max_flows)
+            .context("sizing the flow map")?;
+        {
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .context("TCP view object has no .rodata")?;
+            ro.cfg_netns_filter = !cfg.netns_filter.is_empty() as u32;
+            ro.cfg_port_filter = !cfg.ports.is_empty() as u32;
+            ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
+            ro.cfg_raw = cfg.raw as u32;
+        }
+        let skel = open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")?;
+
+        if cfg.netns_filter.len() > bpf::consts::MAX_NETNS as usize
+            || cfg.ports.len() > bpf::consts::MAX_PORTS as usize
+            || cfg.cidrs.len() > bpf::consts::MAX_CIDRS as usize
+        {
+            anyhow::bail!(
+                "too many filters: at most {} --netns, {} --port and {} --addr",
+                bpf::consts::MAX_NETNS,
+                bpf::consts::MAX_PORTS,
+                bpf::consts::MAX_CIDRS
+            );
+        }
+        for ns in &cfg.netns_filter {
+            skel.maps
+                .netns_filter
+                .update(&ns.inode.to_ne_bytes(), &[1], MapFlags::ANY)?;
+        }
+        for p in &cfg.ports {
+            skel.maps
+                .port_filter
+                .update(&p.to_ne_bytes(), &[1], MapFlags::ANY)?;
+        }
+        for c in &cfg.cidrs {
+            let k = cidr_key(c);
+            // SAFETY of layout: rttscope_cidr_key is a generated C struct (u32 + [u8;16]).
+            let bytes = unsafe {
+                std::slice::from_raw_parts(
+                    (&k as *const rttscope_cidr_key).cast::<u8>(),
+                    std::mem::size_of::<rttscope_cidr_key>(),
+                )
+            };
+            skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
+        }
+
+        let cg =
+            File::open(&cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+        let link = skel
+            .progs
+            .rttscope_sockops
+            .attach_cgroup(cg.as_raw_fd())
+            .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
+
+        let mut view = TcpView {
+            skel,
+            _sockops_link: link,
+            listeners: HashSet::new(),
+            info: TcpHookInfo {
+                hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)"
+                    .into(),
+                cgroup: cgroup.display().to_string(),
+                iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
+                existing_enabled: 0,
+                rtt_source: rtt_source(),
+                kernel: crate::preflight::kernel_release(),
+                max_flows,
+            },
+            epoch: 0,
+        };
+        for ns in &cfg.iter_netns {
+            view.enable_existing(ns)?;
+        }
+        view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
+        view.load_listeners();
+        Ok(view)
+    }
+
+    /// Run the iterator inside `ns`: an iterator only walks the namespace
+    /// of the thread that creates it.
+    fn enable_existing(&mut self, ns: &NetNs) -> Result<()> {
+        let link = self
+            .skel
+            .progs
+            .rttscope_iter_tcp
+            .attach()
+            .context("attaching the iter/tcp program")?;
+        let path = ns.path.clone();
+        let name = ns.name.clone();
+        // libbpf_rs::Link is not Send: create the iterator fd on a thread in
+        // the namespace from the link's raw fd.
+        let link_fd = link.as_fd().as_raw_fd();
+        std::thread::scope(|s| {
+            s.spawn(move || -> Result<()> {
+                let f = File::open(&path)
+                    .with_context(|| format!("opening network namespace '{name}'"))?;
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering network namespace '{name}'"))?;
+                // SAFETY: plain syscall wrapper on a valid link fd.
+                let fd = unsafe { libbpf_sys::bpf_iter_create(link_fd) };
+                if fd < 0 {
+                    anyhow::bail!(
+                        "creating the TCP iterator in '{name}': {}",
+                        std::io::Error::from_raw_os_error(-fd)
+                    );
+                }
+                // SAFETY: fd was just returned to us and is owned here.
+                let mut it = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                let mut sink = Vec::new();
+                it.read_to_end(&mut sink)
+                    .with_context(|| format!("walking TCP sockets in '{name}'"))?;
+                Ok(())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("iterator thread panicked"))?
+        })?;
+        drop(link);
+        Ok(())
+    }
+
+    fn load_listeners(&mut self) {
+        let m = &self.skel.maps.tcp_listeners;
+        for k in m.keys() {
+            if k.len() >= std::mem::size_of::<rttscope_listener_key>() {
+                let netns = u32::from_ne_bytes(k[0..4].try_into().unwrap());
+                let port = u16::from_ne_bytes(k[4..6].try_into().unwrap());
+                self.listeners.insert((netns, port));
+            }
+        }
+    }
+
+    /// Sum of one per-CPU counter.
+    pub fn counter(&self, c: C) -> u64 {
+        let key = c.0.to_ne_bytes();
+        match self
+            .skel
+            .maps
+            .tcp_counters
+            .lookup_percpu(&key, MapFlags::ANY)
+        {
+            Ok(Some(per_cpu)) => per_cpu
+                .iter()
+                .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8])))
+                .sum(),
+            _ => 0,
+        }
+    }
+
+    pub fn counters(&self) -> BTreeMap<&'static str, u64> {
+        COUNTER_NAMES
+            .iter()
+            .map(|(c, n)| (*n, self.counter(*c)))
+            .collect()
+    }
+
+    /// The current report epoch (win_* values of flows belong to it when equal).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Start a new report interval: flows' win_min/win_max restart.
+    pub fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.epoch = self.epoch;
+        }
+    }
+
+    /// Read every flow entry.
+    pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
+        let mut out = Vec::new();
+        let iter = self
+            .skel
+            .maps
+            .tcp_flows
+            .lookup_batch(256, MapFlags::ANY, MapFlags::ANY);
+        match iter {
+            Ok(it) => {
+                for (k, v) in it {
+                    if let Some(f) = self.decode_flow(&k, &v) {
+                        out.push(f);
+                    }
+                }
+            }
+            Err(_) => {
+                for k in self.skel.maps.tcp_flows.keys() {
+                    if let Ok(Some(v)) = self.skel.maps.tcp_flows.lookup(&k, MapFlags::ANY) {
+                        if let Some(f) = self.decode_flow(&k, &v) {
+                            out.push(f);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn decode_flow(&self, k: &[u8], v: &[u8]) -> Option<TcpFlowState> {
+        let key: FlowKey = bpf::decode(k).ok()?;
+        let val: TcpFlow = bpf::decode(v).ok()?;
+        let flow = Flow::from_key(&key)?;
+        let mut side = Side::from_raw(val.side);
+        if side == Side::Unknown {
+            side = if self.listeners.contains(&(key.netns, key.lport)) {
+                Side::Server
+            } else {
+                Side::Client
+            };
+        }
+        let (min, max) = if val.samples > 0 {
+            (Some(val.min_us), Some(val.max_us))
+        } else {
+            (None, None)
+        };
+        Some(TcpFlowState {
+            flow,
+            side,
+            origin: origin_name(val.origin),
+            state: val.state,
+            closed: val.flags & 2 != 0,
+            srtt_fallback: val.flags & 1 != 0,
+            samples: val.samples,
+            hist: Hist::from_counts(&val.hist, val.sum_us, min, max),
+            srtt_us: val.srtt_us,
+            last_rtt_us: val.last_rtt_us,
+            retrans: val.retrans,
+            win_epoch: val.win_epoch,
+            win_min_us: val.win_min_us,
+            win_max_us: val.win_max_us,
+        })
+    }
+
+    /// Forget a flow (after it was reported closed).
+    pub fn forget(&self, flow: &Flow) {
+        let k = flow.to_key();
+        let _ = self.skel.maps.tcp_flows.delete(bpf::as_bytes(&k));
+    }
+
+    /// The raw-sample ring buffer map (for `--raw`).
+    pub fn events_map(&self) -> &libbpf_rs::Map<'static> {
+        &self.skel.maps.tcp_events
+    }
+
+    /// IDs of the loaded programs (for run-time statistics).
+    pub fn prog_ids(&self) -> Vec<(&'static str, u32)> {
+        use libbpf_rs::AsRawLibbpf;
+        let id = |p: &libbpf_rs::Program| {
+            // SAFETY: valid program handle from the loaded skeleton.
+            let fd = unsafe { libbpf_sys::bpf_program__fd(p.as_libbpf_object().as_ptr()) };
+            let mut info = libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+            // SAFETY: info is a valid out-buffer of `len` bytes.
+            unsafe {
+                libbpf_sys::bpf_obj_get_info_by_fd(
+                    fd,
+                    (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
+                    &mut len,
+                )
+            };
+            info.id
+        };
+        vec![
+            ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
+            ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
+        ]
+    }
+}
+
+fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
+    let mut k = rttscope_cidr_key::default();
+    match c {
+        ipnet::IpNet::V4(n) => {
+            k.prefixlen = 96 + n.prefix_len() as u32;
+            k.addr = n.network().to_ipv6_mapped().octets();
+        }
+        ipnet::IpNet::V6(n) => {
+            k.prefixlen = n.prefix_len() as u32;
+            k.addr = n.network().octets();
+        }
+    }
+    k
+}
+
+fn rtt_source() -> String {
+    let (maj, min) = crate::preflight::kernel_version();
+    if (maj, min) >= (6, 10) {
+        "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
+    } else {
+        "srtt fallback: kernel < 6.10 passes no RTT_CB arguments, samples are TCP's previous srtt"
+            .into()
+    }
+}
+
+/// TCP state names (include/net/tcp_states.h).
+pub fn state_name(s: u8) -> &'static str {
+    match s {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        _ => "?",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_keys() {
+        let k = cidr_key(&"10.1.2.0/24".parse().unwrap());
+        assert_eq!(k.prefixlen, 120);
+        assert_eq!(&k.addr[10..], &[0xff, 0xff, 10, 1, 2, 0]);
+        let k = cidr_key(&"fd00::/8".parse().unwrap());
+        assert_eq!(k.prefixlen, 8);
+        assert_eq!(k.addr[0], 0xfd);
+    }
+
+    #[test]
+    fn counter_names_cover_all() {
+        assert_eq!(COUNTER_NAMES.len(), C::RTTSCOPE_TC_COUNTERS.0 as usize);
+        for (i, (c, _)) in COUNTER_NAMES.iter().enumerate() {
+            assert_eq!(c.0 as usize, i);
+        }
+    }
+}
