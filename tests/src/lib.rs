@@ -304,9 +304,11 @@ impl Drop for RrServer {
 }
 
 /// A TCP RR client connection inside a namespace: it sends one byte, reads
-/// `resp` bytes, sleeps `think`, repeats until stopped. Returns the local port.
+/// `resp` bytes, sleeps `think`, repeats until dropped. It can be paused
+/// (the connection stays open, idle) and resumed.
 pub struct RrClient {
-    pub stop: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    pause: Arc<AtomicBool>,
     pub local: SocketAddr,
     pub transactions: Arc<AtomicU32>,
     handle: Option<JoinHandle<()>>,
@@ -325,12 +327,11 @@ impl RrClient {
         think: Duration,
         paused: bool,
     ) -> Result<Self> {
-        let stop = Arc::new(AtomicBool::new(paused));
+        let stop = Arc::new(AtomicBool::new(false));
+        let pause = Arc::new(AtomicBool::new(paused));
         let transactions = Arc::new(AtomicU32::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
-        let (stop2, tr2) = (stop.clone(), transactions.clone());
-        let go = Arc::new(AtomicBool::new(!paused));
-        let go2 = go.clone();
+        let (stop2, pause2, tr2) = (stop.clone(), pause.clone(), transactions.clone());
         let handle = ns.spawn(move || {
             let mut s = match TcpStream::connect_timeout(&server, Duration::from_secs(3)) {
                 Ok(s) => s,
@@ -343,11 +344,8 @@ impl RrClient {
             s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
             let _ = tx.send(Ok(s.local_addr().unwrap()));
             let mut buf = vec![0u8; resp];
-            loop {
-                if stop2.load(Ordering::Relaxed) {
-                    if go2.load(Ordering::Relaxed) {
-                        break;
-                    }
+            while !stop2.load(Ordering::Relaxed) {
+                if pause2.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
@@ -360,10 +358,10 @@ impl RrClient {
                 }
             }
         });
-        let _ = go;
         match rx.recv_timeout(Duration::from_secs(5)) {
             Ok(Ok(local)) => Ok(RrClient {
                 stop,
+                pause,
                 local,
                 transactions,
                 handle: Some(handle),
@@ -373,9 +371,14 @@ impl RrClient {
         }
     }
 
-    /// Start sending requests (for a client created with `start_paused`).
+    /// Start (again) sending requests.
     pub fn resume(&self) {
-        self.stop.store(false, Ordering::Relaxed);
+        self.pause.store(false, Ordering::Relaxed);
+    }
+
+    /// Stop sending requests; the connection stays open.
+    pub fn pause(&self) {
+        self.pause.store(true, Ordering::Relaxed);
     }
 }
 
@@ -430,6 +433,42 @@ pub fn leftover_bpf() -> Result<Vec<String>> {
         }
     }
     Ok(left)
+}
+
+/// Run `rttscope observe --format json` with `args` to completion and return
+/// its JSON lines (start, intervals, end).
+pub fn observe_json(args: &[&str], timeout: Duration) -> Result<Vec<serde_json::Value>> {
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.arg("observe").arg("--format").arg("json").args(args);
+    let out = ChildGuard::spawn(&mut cmd)?.wait_output(timeout)?;
+    if !out.status.success() {
+        bail!(
+            "rttscope observe {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    parse_lines(&out.stdout)
+}
+
+pub fn parse_lines(stdout: &[u8]) -> Result<Vec<serde_json::Value>> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).with_context(|| format!("bad JSON line: {l}")))
+        .collect()
+}
+
+/// The `end` line's flow entry for (netns name, local address).
+pub fn end_flow<'a>(
+    lines: &'a [serde_json::Value],
+    netns: &str,
+    local: &str,
+) -> Option<&'a serde_json::Value> {
+    let end = lines.iter().find(|l| l["type"] == "end")?;
+    end["flows"]
+        .as_array()?
+        .iter()
+        .find(|f| f["netns_name"] == netns && f["local"] == local)
 }
 
 #[cfg(test)]

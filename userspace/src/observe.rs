@@ -465,6 +465,7 @@ mod tests {
     use clap::Parser;
 
     #[test]
+    #[allow(irrefutable_let_patterns)]
     fn parses_observe_options() {
         let c = Cli::try_parse_from([
             "rttscope",

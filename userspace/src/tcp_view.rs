@@ -48,6 +48,8 @@ pub struct TcpHookInfo {
     pub rtt_source: String,
     pub kernel: String,
     pub max_flows: u32,
+    /// Kernel IDs of our programs (bpftool prog show id N).
+    pub prog_ids: Vec<u32>,
 }
 
 /// One flow's kernel state, decoded.
@@ -197,9 +199,11 @@ impl TcpView {
                 rtt_source: rtt_source(),
                 kernel: crate::preflight::kernel_release(),
                 max_flows,
+                prog_ids: Vec::new(),
             },
             epoch: 0,
         };
+        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Install what a fresh Debian 12 machine lacks to build, test and run rttscope.
+# Idempotent: installs only what is missing. Needs root for apt.
+set -euo pipefail
+
+APT_PKGS=(
+  clang-19 llvm-19            # BPF C compiler (BPF_CLANG overrides)
+  libelf-dev zlib1g-dev pkg-config make gcc  # vendored libbpf (libbpf-sys)
+  bpftool                     # vmlinux.h generation, leftover checks, run-time stats
+  iproute2 iputils-ping       # namespaces, veth, tc, ping
+  nftables iptables           # lab: loss, NFQUEUE steering
+  irtt iperf3 tcpdump procps ethtool  # peers and tools for tests, lab and benchmarks
+  ca-certificates curl
+)
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  [[ "$p" == \#* ]] && continue
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Rust toolchain (stable) with rustfmt and clippy.
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "setup: installing rustup + stable toolchain"
+    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain stable >/dev/null
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+fi
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
+  done
+fi
+
+# BPF run-time statistics are off unless asked for; nothing else is changed on the host.
+echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Every test: unprivileged unit tests, then the privileged end-to-end tests
+# (real kernel programs, real traffic between network namespaces created by
+# each test). Usage: sudo scripts/test.sh [cargo test filter]
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+require_root
+cd "$ROOT"
+"$ROOT/scripts/setup.sh"
+
+echo "== build"
+cargo build --workspace --all-targets
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+echo "== unit tests (no privileges needed)"
+cargo test -p rttscope -- "$@"
+
+echo "== end-to-end tests (privileged, network namespaces)"
+export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
+export RTTSCOPE_REQUIRE_PRIVILEGED=1
+# Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
+cargo test -p rttscope-e2e -- --test-threads=2 "$@"
+
+echo "== leftovers"
+left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
+if [ -n "$left" ]; then echo "test namespaces left behind: $left" >&2; exit 1; fi
+if bpftool prog show 2>/dev/null | grep -q 'name rttscope'; then
+  echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep rttscope >&2; exit 1
+fi
+echo "all tests passed"

@@ -1,0 +1,314 @@
+//! The TCP view against real TCP flows between two network namespaces.
+//! Truths: `ss -ti` (the kernel's own srtt), the think time the test sets.
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rttscope_e2e::*;
+
+const PORT: u16 = 5001;
+
+fn server_addr() -> SocketAddr {
+    format!("{B_ADDR}:{PORT}").parse().unwrap()
+}
+
+/// Percentile field of a flow's cumulative summary in the `end` line.
+fn end_summary(lines: &[serde_json::Value], netns: &str, local: &str) -> serde_json::Value {
+    end_flow(lines, netns, local).unwrap_or_else(|| {
+        panic!("no flow {local} in {netns} in the observer's end line: {lines:#?}")
+    })["tcp"]
+        .clone()
+}
+
+#[test]
+fn srtt_matches_ss_for_both_ends() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let (a, b) = (p.a.name.clone(), p.b.name.clone());
+    let obs = std::thread::spawn(move || {
+        observe_json(
+            &[
+                "--netns",
+                &a,
+                "--netns",
+                &b,
+                "--interval",
+                "500ms",
+                "--duration",
+                "3s",
+            ],
+            Duration::from_secs(20),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    // Freeze srtt: no more traffic, the connection stays open.
+    cli.pause();
+    std::thread::sleep(Duration::from_millis(200));
+    let ss_client = ss_rtt_ms(&p.a, cli.local.port())
+        .unwrap()
+        .expect("ss shows the client socket");
+    let ss_server = ss_rtt_ms(&p.b, PORT)
+        .unwrap()
+        .expect("ss shows the server socket");
+    let lines = obs.join().unwrap().unwrap();
+    let local = cli.local.to_string();
+    let c = end_summary(&lines, &p.a.name, &local);
+    let s = end_summary(&lines, &p.b.name, &server_addr().to_string());
+    for (what, ours, ss) in [("client", &c, ss_client), ("server", &s, ss_server)] {
+        let ours_ms = ours["srtt_us"].as_f64().unwrap() / 1000.0;
+        let tol = (0.2 * ss).max(0.050);
+        assert!(
+            (ours_ms - ss).abs() <= tol,
+            "{what}: observer srtt {ours_ms:.3} ms vs ss rtt {ss:.3} ms (tolerance {tol:.3} ms); flow: {ours}"
+        );
+        assert!(
+            ours["summary"]["n"].as_u64().unwrap() > 20,
+            "{what}: too few samples: {ours}"
+        );
+    }
+    // Sides: the connecting end is the client, the accepting end the server.
+    assert_eq!(
+        end_flow(&lines, &p.a.name, &local).unwrap()["side"],
+        "client"
+    );
+    assert_eq!(
+        end_flow(&lines, &p.b.name, &server_addr().to_string()).unwrap()["side"],
+        "server"
+    );
+}
+
+#[test]
+fn connection_opened_before_start_is_reported() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cli.transactions.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        before > 10,
+        "traffic was flowing before the observer started ({before} transactions)"
+    );
+    let lines = observe_json(
+        &[
+            "--netns",
+            &p.a.name,
+            "--netns",
+            &p.b.name,
+            "--interval",
+            "500ms",
+            "--duration",
+            "2s",
+        ],
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let start = &lines[0];
+    assert!(
+        start["tcp"]["existing_enabled"].as_u64().unwrap() >= 2,
+        "iterator enabled both ends: {start}"
+    );
+    for (ns, local, side) in [
+        (&p.a.name, cli.local.to_string(), "client"),
+        (&p.b.name, server_addr().to_string(), "server"),
+    ] {
+        let f = end_flow(&lines, ns, &local).unwrap_or_else(|| {
+            panic!("pre-existing flow {local} in {ns} not reported: {lines:#?}")
+        });
+        assert_eq!(f["origin"], "existing", "{f}");
+        assert_eq!(f["side"], side, "{f}");
+        assert!(f["tcp"]["summary"]["n"].as_u64().unwrap() > 10, "{f}");
+    }
+}
+
+#[test]
+fn delayed_ack_inflates_server_side_only() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let (a, b) = (p.a.name.clone(), p.b.name.clone());
+    let obs = std::thread::spawn(move || {
+        observe_json(
+            &[
+                "--netns",
+                &a,
+                "--netns",
+                &b,
+                "--interval",
+                "1s",
+                "--duration",
+                "3s",
+            ],
+            Duration::from_secs(20),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(20)).unwrap();
+    let lines = obs.join().unwrap().unwrap();
+    let c = end_summary(&lines, &p.a.name, &cli.local.to_string());
+    let s = end_summary(&lines, &p.b.name, &server_addr().to_string());
+    let c50 = c["summary"]["p50_us"].as_f64().unwrap() / 1000.0;
+    let s50 = s["summary"]["p50_us"].as_f64().unwrap() / 1000.0;
+    assert!(
+        (15.0..=30.0).contains(&s50),
+        "server-side TCP RTT p50 {s50:.3} ms, expected 15-30 ms (20 ms think time): {s}"
+    );
+    assert!(
+        c50 < 2.0,
+        "client-side TCP RTT p50 {c50:.3} ms, expected < 2 ms: {c}"
+    );
+}
+
+#[test]
+fn kill_9_leaves_nothing_attached() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args([
+        "observe",
+        "--format",
+        "json",
+        "--netns",
+        &p.a.name,
+        "--interval",
+        "200ms",
+    ]);
+    let mut child = ChildGuard::spawn(&mut cmd).unwrap();
+    // Wait for the start line (attached), reading stdout.
+    let mut stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut byte = [0u8; 1];
+    while !buf.contains(&b'\n') {
+        assert!(Instant::now() < deadline, "observer did not start");
+        use std::io::Read;
+        if stdout.read(&mut byte).unwrap() == 0 {
+            let out = child.wait_output(Duration::from_secs(1));
+            panic!("observer exited early: {out:?}");
+        }
+        buf.push(byte[0]);
+    }
+    let start: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+    let ids: Vec<u64> = start["tcp"]["prog_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(
+        !ids.is_empty() && ids.iter().all(|&i| i > 0),
+        "start line has prog ids: {start}"
+    );
+    for id in &ids {
+        assert!(
+            sh(&["bpftool", "prog", "show", "id", &id.to_string()]).is_ok(),
+            "prog {id} loaded while running"
+        );
+    }
+    let pid = child.pid() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.0.as_mut().unwrap().wait();
+    // Programs are freed when the last link/fd goes (asynchronously: poll).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let alive: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| sh(&["bpftool", "prog", "show", "id", &id.to_string()]).is_ok())
+            .collect();
+        let links =
+            String::from_utf8(sh(&["bpftool", "-j", "link", "show"]).unwrap().stdout).unwrap();
+        let links: serde_json::Value =
+            serde_json::from_str(&links).unwrap_or(serde_json::Value::Null);
+        let linked: Vec<u64> = links
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l["prog_id"].as_u64())
+            .filter(|id| ids.contains(id))
+            .collect();
+        if alive.is_empty() && linked.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "after kill -9: programs {alive:?} still loaded, links to {linked:?} still present"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn bad_input_gets_one_sentence() {
+    if !require_root() {
+        return;
+    }
+    let bin = rttscope_bin();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "observe",
+                "--netns",
+                "no-such-netns-rts",
+                "--duration",
+                "1s",
+            ],
+            "unknown network namespace",
+        ),
+        (
+            &["observe", "--cgroup", "/no/such/cgroup", "--duration", "1s"],
+            "does not exist",
+        ),
+        (&["observe", "--addr", "10.0.0.0/40"], "invalid value"),
+        (&["observe", "--duration", "soon"], "not a duration"),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(&bin).args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr {err:?} should mention {want:?}"
+        );
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+    }
+    // Without capabilities: drop them all and run as nobody.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
+        .arg(&bin)
+        .args(["observe", "--duration", "1s"])
+        .output();
+    if let Ok(out) = out {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "unprivileged observe should fail");
+        assert!(
+            err.contains("needs root or the capabilities"),
+            "stderr: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
+    }
+}
