@@ -513,18 +513,20 @@ mod tests {
 
     #[test]
     fn raw_line_decodes_event_fixture() {
-        let mut ev = crate::bpf::Event::default();
-        ev.r#type = 1;
-        ev.side = 1;
-        ev.rtt_us = 150;
-        ev.srtt_us = 140;
-        ev.ts_ns = 2_000_000_000;
-        ev.key = Flow {
-            netns: 7,
-            local: "10.0.0.1:1000".parse().unwrap(),
-            remote: "10.0.0.2:80".parse().unwrap(),
-        }
-        .to_key();
+        let ev = crate::bpf::Event {
+            r#type: 1,
+            side: 1,
+            rtt_us: 150,
+            srtt_us: 140,
+            ts_ns: 2_000_000_000,
+            key: Flow {
+                netns: 7,
+                local: "10.0.0.1:1000".parse().unwrap(),
+                remote: "10.0.0.2:80".parse().unwrap(),
+            }
+            .to_key(),
+            ..Default::default()
+        };
         let bytes = crate::bpf::as_bytes(&ev).to_vec();
         let back: crate::bpf::Event = crate::bpf::decode(&bytes).unwrap();
         let line = raw_line(&back, 1_000_000_000, Format::Json);
