@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Benchmarks of the passive views (figures go to docs/PERFORMANCE.md):
+#  - ns per invocation of each kernel program (kernel BPF run-time statistics);
+#  - transactions/s of a full-speed loopback TCP request/response flow without
+#    and with the observer attached (alternating runs);
+#  - observer CPU (user+sys) and RSS while it runs, and RSS with 10,000 flows.
+# Everything runs in a namespace of its own. Usage: sudo scripts/bench.sh [SECONDS]
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+require_root
+cd "$ROOT"
+"$ROOT/scripts/setup.sh" >/dev/null
+SECS=${1:-5}
+cargo build --release -q --examples --bins
+BIN="$ROOT/target/release/rttscope"
+LOAD="$ROOT/target/release/examples/rr_load"
+NS="rtsbench$$"
+OUT=$(mktemp -d)
+old_stats=$(sysctl -n kernel.bpf_stats_enabled)
+cleanup() {
+  [ -n "${OBS:-}" ] && kill "$OBS" 2>/dev/null || true
+  [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
+  ip netns del "$NS" 2>/dev/null || true
+  sysctl -q -w kernel.bpf_stats_enabled="$old_stats"
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+ip netns add "$NS"
+ip -n "$NS" link set lo up
+ulimit -n "$(ulimit -Hn)"  # 10,000 connections need 10,000 fds per process
+ip netns exec "$NS" "$LOAD" server 127.0.0.1:7001 & SRV=$!
+sleep 0.3
+sysctl -q -w kernel.bpf_stats_enabled=1
+
+tps() { ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 "$SECS" "${1:-1}" | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
+cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+rss_kb() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
+hwm_kb() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
+start_obs() {
+  "$BIN" observe --netns "$NS" --format json --interval 1s --max-flows 16384 >"$OUT/obs.jsonl" 2>"$OUT/obs.err" & OBS=$!
+  for _ in $(seq 50); do [ -s "$OUT/obs.jsonl" ] && break; sleep 0.1; done
+}
+stop_obs() { kill -INT "$OBS"; wait "$OBS" || true; OBS=; }
+prog_stat() { # id -> "run_cnt run_time_ns" (bpftool omits both while zero)
+  local j c t
+  j=$(bpftool -j prog show id "$1")
+  c=$(grep -o '"run_cnt":[0-9]*' <<<"$j" | cut -d: -f2 || true); t=$(grep -o '"run_time_ns":[0-9]*' <<<"$j" | cut -d: -f2 || true)
+  echo "${c:-0} ${t:-0}"
+}
+
+echo "== TCP view: loopback TCP_RR, ${SECS}s per run, 3 runs each, alternating"
+base=(); with=(); ns_per=(); cpu=(); rss=()
+for i in 1 2 3; do
+  base+=("$(tps)")
+  start_obs
+  ids=$(head -1 "$OUT/obs.jsonl" | sed 's/.*"prog_ids":\[\([0-9,]*\)\].*/\1/')
+  sockops_id=${ids%%,*}
+  read -r c0 t0 < <(prog_stat "$sockops_id")
+  u0=$(cpu_ticks "$OBS")
+  with+=("$(tps)")
+  u1=$(cpu_ticks "$OBS")
+  read -r c1 t1 < <(prog_stat "$sockops_id")
+  rss+=("$(rss_kb "$OBS")")
+  stop_obs
+  ns_per+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
+  cpu+=("$(awk -v d=$((u1-u0)) -v s="$SECS" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", 100*d/hz/s}')")
+  echo "run $i: tps without ${base[-1]}, with ${with[-1]}; sock_ops $((c1-c0)) runs, ${ns_per[-1]} ns/run; observer CPU ${cpu[-1]}%, RSS ${rss[-1]} KiB"
+done
+med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+b=$(med "${base[@]}"); w=$(med "${with[@]}")
+echo "median tps without observer: $b; with: $w; change: $(awk -v b="$b" -v w="$w" 'BEGIN{printf "%+.2f%%", 100*(w-b)/b}')"
+echo "median sock_ops ns/invocation: $(med "${ns_per[@]}")  (target <= 150)"
+echo "median observer CPU: $(med "${cpu[@]}")% of one core; RSS $(med "${rss[@]}") KiB"
+
+echo "== TCP view: 10,000 flows"
+start_obs
+ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 3 10000 >/dev/null
+sleep 2
+echo "observer RSS with 20,000 tracked sockets (10,000 connections, both ends): $(rss_kb "$OBS") KiB (peak $(hwm_kb "$OBS") KiB; target < 32 MiB)"
+tracked=$(tail -1 "$OUT/obs.jsonl" | sed 's/.*"flows_tracked":\([0-9]*\).*/\1/')
+echo "flows tracked in the last interval: $tracked"
+stop_obs
