@@ -4,8 +4,12 @@
 //! - Active view: request/response and ICMP probes.
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
 pub mod bpf;
+pub mod bucket;
+pub mod chart;
 pub mod cli;
+pub mod dist;
 pub mod error;
 pub mod logging;
 pub mod observe;
+pub mod results;
 pub mod units;
