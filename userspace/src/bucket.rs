@@ -262,6 +262,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
             rtt_us: us,
         });
     }
+    anyhow::ensure!(!samples.is_empty(), "{name} contains no samples");
     Ok(SampleSet {
         name: name.to_string(),
         kind: None,
@@ -374,9 +375,10 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| fmt_in(v, unit));
     let _ = writeln!(
         o,
-        "{}: {} samples, min {}, mean {}, max {}",
+        "{}: {} sample{}, min {}, mean {}, max {}",
         r.name,
         r.count,
+        if r.count == 1 { "" } else { "s" },
         opt(r.min_us),
         opt(r.mean_us),
         opt(r.max_us)
@@ -558,6 +560,10 @@ mod tests {
         let s = parse_sample_list("# rtts\n0.1\n\n200us  # comment\n0.3ms\n", "f").unwrap();
         assert_eq!(s.samples.len(), 3);
         assert!(!s.timed);
+        assert!(parse_sample_list("# nothing\n\n", "e.txt")
+            .unwrap_err()
+            .to_string()
+            .contains("e.txt contains no samples"));
         let e = parse_sample_list("0.1\nfast\n", "f.txt").unwrap_err();
         let msg = crate::error::sentence(&e);
         assert!(msg.contains("f.txt line 2: 'fast' is not an RTT"), "{msg}");

@@ -128,8 +128,19 @@ pub fn run(args: ChartArgs) -> anyhow::Result<()> {
 /// Render `result` into a PNG or SVG file (format from the extension).
 pub fn render_file(result: &RunResult, opts: &ChartOptions, path: &Path) -> anyhow::Result<()> {
     let format = ImageFormat::from_path(path)?;
-    // Check what will be drawn before creating the file.
+    // Check what will be drawn, and where, before creating the file.
     plan(result, opts)?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "cannot write {}: directory {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
     let ctx = || format!("writing the chart to {}", path.display());
     match format {
         ImageFormat::Png => {
@@ -895,7 +906,8 @@ mod tests {
             .to_string()
             .contains("no samples"));
         assert!(ImageFormat::from_path(Path::new("a.jpg")).is_err());
-        assert!(render_file(&r, &small(), Path::new("/nonexistent-dir/a.png")).is_err());
+        let e = render_file(&r, &small(), Path::new("/nonexistent-dir/a.png")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
     }
 
     #[test]

@@ -616,6 +616,77 @@ pub fn align(
         .collect())
 }
 
+/// Alignment as samples arrive (for live views, e.g. `observe --cloud-buckets`): feed samples in
+/// time order; each time a sample opens a new period, the finished period is returned. A sample
+/// older than the open period cannot be placed any more: it is counted in `late` and dropped.
+#[derive(Debug, Clone)]
+pub struct LiveAligner {
+    options: BucketOptions,
+    unit: ValueUnit,
+    period_s: f64,
+    open: Option<(i64, Distribution)>,
+    /// Samples dropped because their period had already been closed.
+    pub late: u64,
+}
+
+impl LiveAligner {
+    pub fn new(options: BucketOptions, unit: ValueUnit, period_s: f64) -> Result<Self, DistError> {
+        if !(period_s.is_finite() && period_s > 0.0) {
+            return Err(DistError::BadPeriod(period_s));
+        }
+        Ok(LiveAligner {
+            options,
+            unit,
+            period_s,
+            open: None,
+            late: 0,
+        })
+    }
+
+    /// Add a sample taken at `t_s` (seconds since the start); returns the period it closed, if any.
+    pub fn add(&mut self, t_s: f64, rtt_us: f64) -> Option<AlignedPoint> {
+        if !t_s.is_finite() {
+            self.late += 1;
+            return None;
+        }
+        let k = (t_s / self.period_s).floor() as i64;
+        match &mut self.open {
+            Some((open_k, d)) if *open_k == k => {
+                d.add_us(rtt_us);
+                return None;
+            }
+            Some((open_k, _)) if k < *open_k => {
+                self.late += 1;
+                return None;
+            }
+            _ => {}
+        }
+        let closed = self.open.take().map(|(open_k, d)| self.point(open_k, d));
+        let mut d = Distribution::new(self.options.clone(), self.unit);
+        d.add_us(rtt_us);
+        self.open = Some((k, d));
+        closed
+    }
+
+    /// The samples of the open period so far.
+    pub fn current(&self) -> Option<&Distribution> {
+        self.open.as_ref().map(|(_, d)| d)
+    }
+
+    /// Close the open period (at the end of a run).
+    pub fn flush(&mut self) -> Option<AlignedPoint> {
+        self.open.take().map(|(k, d)| self.point(k, d))
+    }
+
+    fn point(&self, k: i64, distribution: Distribution) -> AlignedPoint {
+        AlignedPoint {
+            start_s: k as f64 * self.period_s,
+            end_s: (k + 1) as f64 * self.period_s,
+            distribution,
+        }
+    }
+}
+
 /// Parse a percentile list such as `50,95,99` or `p50,p99.9`.
 pub fn parse_percentiles(s: &str) -> Result<Vec<f64>, DistError> {
     let mut out = Vec::new();
@@ -873,6 +944,33 @@ mod tests {
             3.0
         );
         assert!(align(vec![], 0.0, &vm_flow_preset(), ValueUnit::Ms).is_err());
+    }
+
+    #[test]
+    fn live_alignment_matches_batch_alignment() {
+        let samples: Vec<(f64, f64)> = (0..500)
+            .map(|i| (i as f64 * 0.7, 100.0 + (i * 37 % 5000) as f64))
+            .collect();
+        let batch = align(samples.clone(), 60.0, &vm_flow_preset(), ValueUnit::Ms).unwrap();
+        let mut live = LiveAligner::new(vm_flow_preset(), ValueUnit::Ms, 60.0).unwrap();
+        let mut got: Vec<AlignedPoint> = samples
+            .iter()
+            .filter_map(|&(t, us)| live.add(t, us))
+            .collect();
+        assert_eq!(
+            live.current().unwrap().count,
+            batch.last().unwrap().distribution.count
+        );
+        got.extend(live.flush());
+        assert_eq!(got, batch);
+        // A sample for a closed period is counted, not silently merged.
+        let mut live = LiveAligner::new(vm_flow_preset(), ValueUnit::Ms, 1.0).unwrap();
+        assert!(live.add(5.5, 100.0).is_none());
+        assert!(live.add(2.0, 100.0).is_none());
+        assert_eq!(live.late, 1);
+        let p = live.add(6.0, 100.0).unwrap();
+        assert_eq!((p.start_s, p.end_s, p.distribution.count), (5.0, 6.0, 1));
+        assert!(LiveAligner::new(vm_flow_preset(), ValueUnit::Ms, -1.0).is_err());
     }
 
     #[test]
