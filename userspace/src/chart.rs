@@ -611,12 +611,46 @@ fn sweep<DB: DrawingBackend>(
         bail!("the sweep has no positive RTT percentiles to chart");
     }
     let y_range = (y0 / 1.5)..(y1.max(y0 * 1.5) * 1.5);
-    let floor = y_range.start;
     let x_desc = if sw.unit.is_empty() {
         sw.parameter.clone()
     } else {
         format!("{} ({})", sw.parameter, sw.unit)
     };
+    let colors: Vec<RGBColor> = names
+        .iter()
+        .enumerate()
+        .map(|(k, n)| color_of(n, k))
+        .collect();
+    // Parameters swept over decades (the seed's 100..5000 ms intervals) get a log axis too.
+    if x0 > 0.0 && x1 / x0 >= LOG_AXIS_RATIO {
+        let x = ((x0 / 1.2)..(x1 * 1.2)).log_scale();
+        let desc = format!("{x_desc}, log scale");
+        sweep_on(area, sw, &names, &colors, (x, desc, 5), y_range)
+    } else {
+        sweep_on(
+            area,
+            sw,
+            &names,
+            &colors,
+            (pad(x0, x1), x_desc, 10),
+            y_range,
+        )
+    }
+}
+
+fn sweep_on<DB: DrawingBackend, X>(
+    area: &DrawingArea<DB, Shift>,
+    sw: &crate::results::Sweep,
+    names: &[&str],
+    colors: &[RGBColor],
+    (x, x_desc, x_labels): (X, String, usize),
+    y_range: Range<f64>,
+) -> anyhow::Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let floor = y_range.start;
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!("RTT against {}: p50 line, p5-p95 band", sw.parameter),
@@ -625,20 +659,21 @@ fn sweep<DB: DrawingBackend>(
         .margin(12)
         .x_label_area_size(50)
         .y_label_area_size(80)
-        .build_cartesian_2d(pad(x0, x1), y_range.log_scale())
+        .build_cartesian_2d(x, y_range.log_scale())
         .map_err(derr)?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
+        .x_labels(x_labels)
         .y_desc("RTT (ms, log scale)")
         .axis_desc_style(font(16))
         .label_style(font(13))
+        .x_label_formatter(&|v| fmt_tick(*v))
         .y_label_formatter(&|v| fmt_tick(*v))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(derr)?;
-    for (k, name) in names.iter().enumerate() {
-        let c = color_of(name, k);
+    for (name, &c) in names.iter().zip(colors) {
         let mut rows: Vec<SweepRow> = sw
             .points
             .iter()
@@ -877,6 +912,42 @@ mod tests {
         let s = render_svg_string(&r, &one).unwrap();
         assert!(s.contains("RTT (ms)") && !s.contains("log scale"));
         assert!(!s.contains("sampler (sampler"), "filtered view drawn");
+    }
+
+    #[test]
+    fn sweeps_over_decades_get_a_log_axis_and_odd_inputs_still_draw() {
+        let mut r = result_with_sweep();
+        let sw = r.sweep.as_mut().unwrap();
+        for (p, x) in sw
+            .points
+            .iter_mut()
+            .zip([100.0, 300.0, 500.0, 1000.0, 3000.0, 5000.0])
+        {
+            p.x = x;
+        }
+        sw.points.truncate(6);
+        let s = render_svg_string(&r, &small()).unwrap();
+        assert!(s.contains("response/request interval (ms), log scale"));
+        assert_drawn(&render_rgb(&r, &small()).unwrap());
+        // One sweep point: a bar instead of a band.
+        r.sweep.as_mut().unwrap().points.truncate(1);
+        assert_drawn(&render_rgb(&r, &small()).unwrap());
+        // One sample, and a zero RTT, in the time series and the CDF.
+        let mut one = RunResult::new("x", json!({}));
+        let mut v = ViewSeries::new("only", ViewKind::Ping);
+        v.samples = vec![
+            Sample {
+                t_s: 3.0,
+                rtt_us: 0.0,
+            },
+            Sample {
+                t_s: 3.0,
+                rtt_us: 250.0,
+            },
+        ];
+        one.views.push(v);
+        let buf = render_rgb(&one, &small()).unwrap();
+        assert!(buf.chunks(3).any(|p| p == [0, 114, 178]));
     }
 
     #[test]
