@@ -414,6 +414,7 @@ where
     chart
         .configure_mesh()
         .x_desc("time since start (s)")
+        .x_label_formatter(&|v| fmt_tick(*v))
         .y_desc(y_desc)
         .axis_desc_style(font(16))
         .label_style(font(13))

@@ -74,6 +74,8 @@ pub enum DistError {
     BadLayout { spec: String, why: String },
     #[error("percentile {0} is outside 0..=100")]
     BadPercentile(f64),
+    #[error("cannot merge distributions with different layouts ({ours} and {theirs})")]
+    LayoutMismatch { ours: String, theirs: String },
     #[error("alignment period must be a positive number of seconds, not {0}")]
     BadPeriod(f64),
 }
@@ -545,14 +547,16 @@ impl Distribution {
     }
 
     /// Merge another distribution with the same layout (what alignment does to DELTA points).
-    pub fn merge(&mut self, other: &Distribution) {
-        assert_eq!(
-            self.bucket_options, other.bucket_options,
-            "merging distributions needs one layout"
-        );
+    pub fn merge(&mut self, other: &Distribution) -> Result<(), DistError> {
+        if self.bucket_options != other.bucket_options || self.unit != other.unit {
+            return Err(DistError::LayoutMismatch {
+                ours: format!("{} {}", self.bucket_options.spec(), self.unit),
+                theirs: format!("{} {}", other.bucket_options.spec(), other.unit),
+            });
+        }
         if other.count == 0 {
             self.rejected += other.rejected;
-            return;
+            return Ok(());
         }
         for (a, b) in self.bucket_counts.iter_mut().zip(&other.bucket_counts) {
             *a += b;
@@ -572,6 +576,7 @@ impl Distribution {
             (a, b) => a.or(b),
         };
         self.rejected += other.rejected;
+        Ok(())
     }
 }
 
@@ -919,12 +924,14 @@ mod tests {
             part.add(v);
             all.add(v);
         }
-        a.merge(&b);
+        a.merge(&b).unwrap();
         assert_eq!(a.bucket_counts, all.bucket_counts);
         assert_eq!(a.count, all.count);
         assert!((a.mean - all.mean).abs() < 1e-9);
         assert!((a.sum_of_squared_deviation - all.sum_of_squared_deviation).abs() < 1e-6);
         assert_eq!((a.min, a.max), (all.min, all.max));
+        let other = Distribution::new(BucketOptions::parse("explicit:1").unwrap(), ValueUnit::Ms);
+        assert!(a.merge(&other).is_err());
     }
 
     #[test]
