@@ -487,7 +487,16 @@ mod tests {
 
     #[test]
     fn round_trips_through_a_file() {
-        let r = sample_result();
+        let mut r = sample_result();
+        // Awkward floats: a saved result must load bit-exact (serde_json's float_roundtrip).
+        let mut awkward = ViewSeries::new("awkward", ViewKind::Probe);
+        awkward.samples = (1..2000)
+            .map(|i| Sample {
+                t_s: 1_795_241_473.0 + i as f64 / 7.0,
+                rtt_us: (i as f64).sqrt() * 1e-3 + 1.0 / 3.0,
+            })
+            .collect();
+        r.views.push(awkward);
         let dir = std::env::temp_dir().join(format!("rttscope-results-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("run.json");
