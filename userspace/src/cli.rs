@@ -20,6 +20,10 @@ pub struct Cli {
 pub enum Command {
     /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
     Observe(crate::observe::ObserveArgs),
+    /// Bucket RTT samples like the cloud metric (Cloud Monitoring distribution) and show its percentiles next to exact ones.
+    Bucket(crate::bucket::BucketArgs),
+    /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
+    Chart(crate::chart::ChartArgs),
 }
 
 #[cfg(test)]

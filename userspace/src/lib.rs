@@ -4,7 +4,10 @@
 //! - Active view: request/response and ICMP probes.
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
 pub mod bpf;
+pub mod bucket;
+pub mod chart;
 pub mod cli;
+pub mod dist;
 pub mod error;
 pub mod flow;
 pub mod hist;
@@ -13,5 +16,6 @@ pub mod netns;
 pub mod observe;
 pub mod preflight;
 pub mod report;
+pub mod results;
 pub mod tcp_view;
 pub mod units;

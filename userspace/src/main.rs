@@ -8,6 +8,8 @@ fn main() -> ExitCode {
     rttscope::logging::init(cli.verbose);
     let result = match cli.command {
         Command::Observe(args) => rttscope::observe::run(args),
+        Command::Bucket(args) => rttscope::bucket::run(args),
+        Command::Chart(args) => rttscope::chart::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,1001 @@
+//! `rttscope chart`: draw a saved result (no privileges needed) to PNG or SVG.
+//!
+//! Kinds: `timeseries` (RTT over time, one series per view), `cdf` (fraction of samples at or
+//! below an RTT, log RTT axis), `overview` (time series above CDF), `sweep` (RTT on a log axis
+//! against the swept parameter: p50 line and p5-p95 band per view, like the ACM Queue figure).
+//! `auto` picks `sweep` when the result has a sweep, `overview` otherwise.
+//!
+//! Text is drawn with DejaVu Sans embedded in the binary (`userspace/assets/`, Bitstream Vera
+//! license), so rendering needs no system font libraries.
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::results::{RunResult, ViewSeries};
+
+static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+static FONT_ONCE: Once = Once::new();
+
+/// Register the embedded font as plotters' `sans-serif` (idempotent).
+pub fn register_font() {
+    FONT_ONCE.call_once(|| {
+        // The font is compiled in; failing to parse it would be a build defect.
+        if plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_err() {
+            tracing::error!("the embedded chart font could not be parsed");
+        }
+    });
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ChartArgs {
+    /// A saved rttscope result (JSON).
+    #[arg(value_name = "RESULT.json")]
+    pub result: PathBuf,
+    /// Output file; the extension chooses the format: .png or .svg.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: PathBuf,
+    /// What to draw.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub kind: ChartKind,
+    /// Only these views (repeatable; default: all).
+    #[arg(long = "view", value_name = "NAME")]
+    pub views: Vec<String>,
+    /// Chart title (default: the result's title or command).
+    #[arg(long)]
+    pub title: Option<String>,
+    /// Image width in pixels.
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(200..=8000))]
+    pub width: u32,
+    /// Image height in pixels.
+    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(150..=8000))]
+    pub height: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChartKind {
+    Auto,
+    Timeseries,
+    Cdf,
+    Overview,
+    Sweep,
+}
+
+/// What to draw, independent of the output format.
+#[derive(Debug, Clone)]
+pub struct ChartOptions {
+    pub kind: ChartKind,
+    pub views: Vec<String>,
+    pub title: Option<String>,
+    pub size: (u32, u32),
+}
+
+impl Default for ChartOptions {
+    fn default() -> Self {
+        ChartOptions {
+            kind: ChartKind::Auto,
+            views: Vec::new(),
+            title: None,
+            size: (1200, 800),
+        }
+    }
+}
+
+/// Output format, from a file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Png,
+    Svg,
+}
+
+impl ImageFormat {
+    pub fn from_path(p: &Path) -> anyhow::Result<ImageFormat> {
+        match p
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(|e| e.to_ascii_lowercase())
+            .as_deref()
+        {
+            Some("png") => Ok(ImageFormat::Png),
+            Some("svg") => Ok(ImageFormat::Svg),
+            _ => bail!(
+                "cannot tell the image format of {}: name it .png or .svg",
+                p.display()
+            ),
+        }
+    }
+}
+
+pub fn run(args: ChartArgs) -> anyhow::Result<()> {
+    let result = RunResult::load(&args.result)?;
+    let opts = ChartOptions {
+        kind: args.kind,
+        views: args.views,
+        title: args.title,
+        size: (args.width, args.height),
+    };
+    render_file(&result, &opts, &args.output)?;
+    println!("wrote {}", args.output.display());
+    Ok(())
+}
+
+/// Render `result` into a PNG or SVG file (format from the extension).
+pub fn render_file(result: &RunResult, opts: &ChartOptions, path: &Path) -> anyhow::Result<()> {
+    let format = ImageFormat::from_path(path)?;
+    // Check what will be drawn, and where, before creating the file.
+    plan(result, opts)?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(
+            "cannot write {}: directory {} does not exist",
+            path.display(),
+            parent.display()
+        );
+    }
+    let ctx = || format!("writing the chart to {}", path.display());
+    match format {
+        ImageFormat::Png => {
+            let root = BitMapBackend::new(path, opts.size).into_drawing_area();
+            draw(&root, result, opts)?;
+            root.present()
+                .map_err(|e| anyhow!("{e}"))
+                .with_context(ctx)?;
+        }
+        ImageFormat::Svg => {
+            let root = SVGBackend::new(path, opts.size).into_drawing_area();
+            draw(&root, result, opts)?;
+            root.present()
+                .map_err(|e| anyhow!("{e}"))
+                .with_context(ctx)?;
+        }
+    }
+    Ok(())
+}
+
+/// Render into an SVG document in memory.
+pub fn render_svg_string(result: &RunResult, opts: &ChartOptions) -> anyhow::Result<String> {
+    let mut s = String::new();
+    {
+        let root = SVGBackend::with_string(&mut s, opts.size).into_drawing_area();
+        draw(&root, result, opts)?;
+        root.present().map_err(|e| anyhow!("rendering SVG: {e}"))?;
+    }
+    Ok(s)
+}
+
+/// Render into an RGB buffer of `size.0 * size.1 * 3` bytes.
+pub fn render_rgb(result: &RunResult, opts: &ChartOptions) -> anyhow::Result<Vec<u8>> {
+    let (w, h) = opts.size;
+    let mut buf = vec![0u8; w as usize * h as usize * 3];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        draw(&root, result, opts)?;
+        root.present()
+            .map_err(|e| anyhow!("rendering bitmap: {e}"))?;
+    }
+    Ok(buf)
+}
+
+/// The chart kind that will be drawn and the views in it.
+fn plan<'a>(
+    result: &'a RunResult,
+    opts: &ChartOptions,
+) -> anyhow::Result<(ChartKind, Vec<(usize, &'a ViewSeries)>)> {
+    for v in &opts.views {
+        let in_views = result.views.iter().any(|s| &s.name == v);
+        let in_sweep = result.sweep.as_ref().is_some_and(|sw| {
+            sw.points
+                .iter()
+                .any(|p| p.views.iter().any(|s| &s.view == v))
+        });
+        if !in_views && !in_sweep {
+            let names: Vec<&str> = result.views.iter().map(|s| s.name.as_str()).collect();
+            bail!("the result has no view '{v}' (views: {})", names.join(", "));
+        }
+    }
+    let views: Vec<(usize, &ViewSeries)> = result
+        .views
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| opts.views.is_empty() || opts.views.contains(&v.name))
+        .collect();
+    let has_sweep = result.sweep.as_ref().is_some_and(|s| !s.points.is_empty());
+    let kind = match opts.kind {
+        ChartKind::Auto if has_sweep => ChartKind::Sweep,
+        ChartKind::Auto => ChartKind::Overview,
+        k => k,
+    };
+    if kind == ChartKind::Sweep {
+        if !has_sweep {
+            bail!("the result has no sweep to chart (use --kind timeseries or cdf)");
+        }
+    } else if views.iter().all(|(_, v)| v.samples.is_empty()) {
+        bail!("the result has no samples to chart");
+    }
+    Ok((kind, views))
+}
+
+/// Colours that stay distinct for colour-blind readers (Okabe-Ito), then a fallback palette.
+fn color(i: usize) -> RGBColor {
+    const C: [RGBColor; 7] = [
+        RGBColor(0, 114, 178),
+        RGBColor(213, 94, 0),
+        RGBColor(0, 158, 115),
+        RGBColor(204, 121, 167),
+        RGBColor(230, 159, 0),
+        RGBColor(86, 180, 233),
+        RGBColor(0, 0, 0),
+    ];
+    if i < C.len() {
+        C[i]
+    } else {
+        let c = Palette99::pick(i).to_rgba();
+        RGBColor(c.0, c.1, c.2)
+    }
+}
+
+fn font(size: u32) -> TextStyle<'static> {
+    ("sans-serif", size).into_font().into()
+}
+
+fn derr<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
+    anyhow!("drawing the chart failed: {e}")
+}
+
+/// Draw `result` on any plotters drawing area.
+pub fn draw<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    result: &RunResult,
+    opts: &ChartOptions,
+) -> anyhow::Result<()> {
+    register_font();
+    let (kind, views) = plan(result, opts)?;
+    root.fill(&WHITE).map_err(derr)?;
+    let title = opts.title.clone().unwrap_or_else(|| result.display_title());
+    let mut subtitle = result.settings_line();
+    if subtitle.len() > 160 {
+        let mut cut = 157;
+        while !subtitle.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        subtitle.truncate(cut);
+        subtitle.push_str("...");
+    }
+    let (w, _) = root.dim_in_pixel();
+    let head = if subtitle.is_empty() { 44 } else { 68 };
+    let (top, body) = root.split_vertically(head);
+    let center = Pos::new(HPos::Center, VPos::Top);
+    top.draw(&Text::new(
+        title,
+        (w as i32 / 2, 8),
+        font(24).pos(center).color(&BLACK),
+    ))
+    .map_err(derr)?;
+    if !subtitle.is_empty() {
+        top.draw(&Text::new(
+            subtitle,
+            (w as i32 / 2, 40),
+            font(15).pos(center).color(&RGBColor(80, 80, 80)),
+        ))
+        .map_err(derr)?;
+    }
+    match kind {
+        ChartKind::Timeseries => timeseries(&body, &views),
+        ChartKind::Cdf => cdf(&body, &views),
+        ChartKind::Overview => {
+            let (a, b) = body.split_vertically(body.dim_in_pixel().1 / 2);
+            timeseries(&a, &views)?;
+            cdf(&b, &views)
+        }
+        ChartKind::Sweep => sweep(&body, result, opts),
+        ChartKind::Auto => unreachable!("plan resolves auto"),
+    }
+}
+
+fn label(v: &ViewSeries) -> String {
+    format!("{} ({}, n={})", v.name, v.kind.as_str(), v.samples.len())
+}
+
+/// Padded range for an axis; never empty.
+fn pad(lo: f64, hi: f64) -> Range<f64> {
+    if !(lo.is_finite() && hi.is_finite()) {
+        return 0.0..1.0;
+    }
+    let span = hi - lo;
+    if span <= 0.0 {
+        let d = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+        return (lo - d)..(hi + d);
+    }
+    (lo - span * 0.03)..(hi + span * 0.05)
+}
+
+/// A point of a series: (x, y).
+type Pt = (f64, f64);
+/// x, p5, p50, p95 (ms) of one view at one sweep point.
+type SweepRow = (f64, Option<f64>, Option<f64>, Option<f64>);
+
+/// At most ~2 points per bin: the min and max of each time bin, so spikes survive thinning.
+fn envelope(v: &ViewSeries, bins: usize) -> Vec<(f64, f64)> {
+    let pts: Vec<(f64, f64)> = v
+        .samples
+        .iter()
+        .map(|s| (s.t_s, s.rtt_us / 1000.0))
+        .collect();
+    if pts.len() <= bins * 2 {
+        return pts;
+    }
+    let (t0, t1) = pts
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.0), b.max(p.0))
+        });
+    let width = ((t1 - t0) / bins as f64).max(f64::MIN_POSITIVE);
+    let mut acc: Vec<Option<(Pt, Pt)>> = vec![None; bins];
+    for p in pts {
+        let k = (((p.0 - t0) / width) as usize).min(bins - 1);
+        acc[k] = Some(match acc[k] {
+            None => (p, p),
+            Some((lo, hi)) => (
+                if p.1 < lo.1 { p } else { lo },
+                if p.1 > hi.1 { p } else { hi },
+            ),
+        });
+    }
+    let mut out = Vec::with_capacity(bins * 2);
+    for (lo, hi) in acc.into_iter().flatten() {
+        if lo.0 <= hi.0 {
+            out.push(lo);
+            out.push(hi);
+        } else {
+            out.push(hi);
+            out.push(lo);
+        }
+    }
+    out
+}
+
+/// Views whose RTTs differ by more than this factor get a log RTT axis in the time series.
+const LOG_AXIS_RATIO: f64 = 30.0;
+
+fn timeseries<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    views: &[(usize, &ViewSeries)],
+) -> anyhow::Result<()> {
+    let all = views.iter().flat_map(|(_, v)| v.samples.iter());
+    let (mut t0, mut t1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
+    for s in all {
+        t0 = t0.min(s.t_s);
+        t1 = t1.max(s.t_s);
+        let ms = s.rtt_us / 1000.0;
+        if ms > 0.0 {
+            y0 = y0.min(ms);
+        }
+        y1 = y1.max(ms);
+    }
+    if y0.is_finite() && y1 / y0 > LOG_AXIS_RATIO {
+        let floor = y0 / 1.3;
+        let y = (floor..y1 * 1.3).log_scale();
+        timeseries_on(area, views, pad(t0, t1), y, "RTT (ms, log scale)", floor)
+    } else {
+        let y1 = if y1 > 0.0 { y1 * 1.08 } else { 1.0 };
+        timeseries_on(area, views, pad(t0, t1), 0.0..y1, "RTT (ms)", 0.0)
+    }
+}
+
+fn timeseries_on<DB: DrawingBackend, Y>(
+    area: &DrawingArea<DB, Shift>,
+    views: &[(usize, &ViewSeries)],
+    x: Range<f64>,
+    y: Y,
+    y_desc: &str,
+    floor: f64,
+) -> anyhow::Result<()>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption("RTT over time", font(18))
+        .margin(12)
+        .x_label_area_size(46)
+        .y_label_area_size(76)
+        .build_cartesian_2d(x, y)
+        .map_err(derr)?;
+    chart
+        .configure_mesh()
+        .x_desc("time since start (s)")
+        .x_label_formatter(&|v| fmt_tick(*v))
+        .y_desc(y_desc)
+        .axis_desc_style(font(16))
+        .label_style(font(13))
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(derr)?;
+    let bins = (area.dim_in_pixel().0 as usize).max(100);
+    for &(i, v) in views {
+        if v.samples.is_empty() {
+            continue;
+        }
+        let c = color(i);
+        let pts: Vec<Pt> = envelope(v, bins)
+            .into_iter()
+            .map(|(t, ms)| (t, ms.max(floor)))
+            .collect();
+        // Thin connecting lines for sparse series only; dense ones read better as dots.
+        if pts.len() <= 400 {
+            chart
+                .draw_series(LineSeries::new(
+                    pts.iter().copied(),
+                    c.mix(0.4).stroke_width(1),
+                ))
+                .map_err(derr)?;
+        }
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))
+            .map_err(derr)?
+            .label(label(v))
+            .legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
+                    + Circle::new((10, 0), 3, c.filled())
+            });
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pos: SeriesLabelPosition,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .label_font(font(14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(120, 120, 120))
+        .draw()
+        .map_err(derr)
+}
+
+/// The empirical CDF as at most `max` points (x in ms, y = fraction <= x).
+fn cdf_points(v: &ViewSeries, max: usize) -> Vec<(f64, f64)> {
+    let mut xs: Vec<f64> = v.samples.iter().map(|s| s.rtt_us / 1000.0).collect();
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let step = n.div_ceil(max).max(1);
+    let mut out: Vec<(f64, f64)> = (0..n)
+        .step_by(step)
+        .map(|i| (xs[i], (i + 1) as f64 / n as f64))
+        .collect();
+    if out.last().map(|p| p.1) != Some(1.0) {
+        out.push((xs[n - 1], 1.0));
+    }
+    out
+}
+
+fn cdf<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    views: &[(usize, &ViewSeries)],
+) -> anyhow::Result<()> {
+    let mut lo = f64::INFINITY;
+    let mut hi = 0.0f64;
+    for (_, v) in views {
+        for s in &v.samples {
+            let ms = s.rtt_us / 1000.0;
+            if ms > 0.0 {
+                lo = lo.min(ms);
+            }
+            hi = hi.max(ms);
+        }
+    }
+    if !lo.is_finite() {
+        lo = 0.001;
+    }
+    let hi = hi.max(lo * 1.5);
+    // A log RTT axis: views that differ by orders of magnitude stay readable.
+    let x_range = (lo / 1.3)..(hi * 1.3);
+    let mut chart = ChartBuilder::on(area)
+        .caption("CDF of RTT samples", font(18))
+        .margin(12)
+        .x_label_area_size(46)
+        .y_label_area_size(76)
+        .build_cartesian_2d(x_range.log_scale(), 0.0..1.02)
+        .map_err(derr)?;
+    chart
+        .configure_mesh()
+        .x_desc("RTT (ms, log scale)")
+        .y_desc("fraction of samples <= RTT")
+        .axis_desc_style(font(16))
+        .label_style(font(13))
+        .x_label_formatter(&|v| fmt_tick(*v))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(derr)?;
+    for &(i, v) in views {
+        let pts: Vec<(f64, f64)> = cdf_points(v, 2000)
+            .into_iter()
+            .map(|(x, y)| (x.max(lo / 1.3), y))
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        let c = color(i);
+        // Steps: the CDF jumps at each sample.
+        let mut stepped = Vec::with_capacity(pts.len() * 2 + 1);
+        stepped.push((pts[0].0, 0.0));
+        let mut prev = 0.0;
+        for (x, y) in pts {
+            stepped.push((x, prev));
+            stepped.push((x, y));
+            prev = y;
+        }
+        chart
+            .draw_series(LineSeries::new(stepped, c.stroke_width(2)))
+            .map_err(derr)?
+            .label(label(v))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
+fn fmt_tick(v: f64) -> String {
+    let s = if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else if v >= 0.01 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.4}")
+    };
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+fn sweep<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    result: &RunResult,
+    opts: &ChartOptions,
+) -> anyhow::Result<()> {
+    let sw = result.sweep.as_ref().expect("plan checked the sweep");
+    // The views in order of first appearance; colours follow the run's view order when it has one.
+    let mut names: Vec<&str> = Vec::new();
+    for p in &sw.points {
+        for s in &p.views {
+            if !names.contains(&s.view.as_str())
+                && (opts.views.is_empty() || opts.views.contains(&s.view))
+            {
+                names.push(&s.view);
+            }
+        }
+    }
+    let color_of = |name: &str, k: usize| {
+        result
+            .views
+            .iter()
+            .position(|v| v.name == name)
+            .map_or(color(k + result.views.len()), color)
+    };
+    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
+    for p in &sw.points {
+        x0 = x0.min(p.x);
+        x1 = x1.max(p.x);
+        for s in p.views.iter().filter(|s| names.contains(&s.view.as_str())) {
+            for v in [s.p5_us, s.p50_us, s.p95_us].into_iter().flatten() {
+                let ms = v / 1000.0;
+                if ms > 0.0 {
+                    y0 = y0.min(ms);
+                }
+                y1 = y1.max(ms);
+            }
+        }
+    }
+    if !y0.is_finite() {
+        bail!("the sweep has no positive RTT percentiles to chart");
+    }
+    let y_range = (y0 / 1.5)..(y1.max(y0 * 1.5) * 1.5);
+    let x_desc = if sw.unit.is_empty() {
+        sw.parameter.clone()
+    } else {
+        format!("{} ({})", sw.parameter, sw.unit)
+    };
+    let colors: Vec<RGBColor> = names
+        .iter()
+        .enumerate()
+        .map(|(k, n)| color_of(n, k))
+        .collect();
+    // Parameters swept over decades (the seed's 100..5000 ms intervals) get a log axis too.
+    if x0 > 0.0 && x1 / x0 >= LOG_AXIS_RATIO {
+        let x = ((x0 / 1.2)..(x1 * 1.2)).log_scale();
+        let desc = format!("{x_desc}, log scale");
+        sweep_on(area, sw, &names, &colors, (x, desc, 5), y_range)
+    } else {
+        sweep_on(
+            area,
+            sw,
+            &names,
+            &colors,
+            (pad(x0, x1), x_desc, 10),
+            y_range,
+        )
+    }
+}
+
+fn sweep_on<DB: DrawingBackend, X>(
+    area: &DrawingArea<DB, Shift>,
+    sw: &crate::results::Sweep,
+    names: &[&str],
+    colors: &[RGBColor],
+    (x, x_desc, x_labels): (X, String, usize),
+    y_range: Range<f64>,
+) -> anyhow::Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let floor = y_range.start;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("RTT against {}: p50 line, p5-p95 band", sw.parameter),
+            font(18),
+        )
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x, y_range.log_scale())
+        .map_err(derr)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .x_labels(x_labels)
+        .y_desc("RTT (ms, log scale)")
+        .axis_desc_style(font(16))
+        .label_style(font(13))
+        .x_label_formatter(&|v| fmt_tick(*v))
+        .y_label_formatter(&|v| fmt_tick(*v))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(derr)?;
+    for (name, &c) in names.iter().zip(colors) {
+        let mut rows: Vec<SweepRow> = sw
+            .points
+            .iter()
+            .filter_map(|p| {
+                p.views.iter().find(|s| s.view == *name).map(|s| {
+                    let ms = |v: Option<f64>| v.map(|v| (v / 1000.0).max(floor));
+                    (p.x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us))
+                })
+            })
+            .collect();
+        rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let band: Vec<(f64, f64, f64)> = rows
+            .iter()
+            .filter_map(|r| Some((r.0, r.1?, r.3?)))
+            .collect();
+        if band.len() >= 2 {
+            let mut poly: Vec<(f64, f64)> = band.iter().map(|b| (b.0, b.2)).collect();
+            poly.extend(band.iter().rev().map(|b| (b.0, b.1)));
+            chart
+                .draw_series(std::iter::once(Polygon::new(poly, c.mix(0.18).filled())))
+                .map_err(derr)?;
+        } else {
+            // A single point: draw the band as an error bar.
+            chart
+                .draw_series(band.iter().map(|b| {
+                    PathElement::new(vec![(b.0, b.1), (b.0, b.2)], c.mix(0.5).stroke_width(6))
+                }))
+                .map_err(derr)?;
+        }
+        let line: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.0, r.2?))).collect();
+        chart
+            .draw_series(LineSeries::new(line.iter().copied(), c.stroke_width(2)))
+            .map_err(derr)?;
+        chart
+            .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(derr)?
+            .label(format!("{name} p50 (band p5-p95)"))
+            .legend(move |(x, y)| {
+                EmptyElement::at((x, y))
+                    + Rectangle::new([(0, -6), (20, 6)], c.mix(0.18).filled())
+                    + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
+            });
+    }
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::{Sample, Sweep, SweepPoint, ViewKind, ViewSummary};
+    use serde_json::json;
+
+    fn result_with_views() -> RunResult {
+        let mut r = RunResult::new("compare", json!({"interval": "10ms", "duration": "5s"}));
+        r.title = Some("test run".into());
+        let mut tcp = ViewSeries::new("tcp client", ViewKind::Tcp);
+        tcp.samples = (0..500)
+            .map(|i| Sample {
+                t_s: i as f64 * 0.01,
+                rtt_us: 120.0 + (i % 17) as f64 * 5.0,
+            })
+            .collect();
+        let mut sampler = ViewSeries::new("sampler", ViewKind::Sampler);
+        sampler.samples = (0..50)
+            .map(|i| Sample {
+                t_s: i as f64 * 0.1,
+                rtt_us: 40_000.0 + (i % 5) as f64 * 300.0,
+            })
+            .collect();
+        r.views = vec![tcp, sampler];
+        r
+    }
+
+    fn result_with_sweep() -> RunResult {
+        let mut r = RunResult::new("compare", json!({"sweep": "interval"}));
+        let pts = [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 40.0, 41.0];
+        r.sweep = Some(Sweep {
+            parameter: "response/request interval".into(),
+            unit: "ms".into(),
+            points: pts
+                .iter()
+                .map(|&x| SweepPoint {
+                    x,
+                    settings: serde_json::Value::Null,
+                    views: vec![
+                        ViewSummary {
+                            view: "tcp server".into(),
+                            count: 100,
+                            p5_us: Some(100.0 + x * 900.0),
+                            p50_us: Some(150.0 + x * 1000.0),
+                            p95_us: Some(300.0 + x * 1100.0),
+                            ..Default::default()
+                        },
+                        ViewSummary {
+                            view: "probe".into(),
+                            count: 100,
+                            p5_us: Some(80.0),
+                            p50_us: Some(100.0 + x),
+                            p95_us: Some(200.0 + x),
+                            ..Default::default()
+                        },
+                    ],
+                })
+                .collect(),
+        });
+        r
+    }
+
+    fn small() -> ChartOptions {
+        ChartOptions {
+            size: (640, 480),
+            ..Default::default()
+        }
+    }
+
+    /// The buffer has ink: many distinct colours, not one uniform fill.
+    fn assert_drawn(buf: &[u8]) {
+        assert!(!buf.is_empty());
+        let white = buf.chunks(3).filter(|p| *p == [255, 255, 255]).count();
+        let total = buf.len() / 3;
+        assert!(white < total, "the image is uniformly white");
+        assert!(
+            white > total / 2,
+            "the background should be mostly white: {white}/{total}"
+        );
+        let mut colours: Vec<[u8; 3]> = buf.chunks(3).map(|p| [p[0], p[1], p[2]]).collect();
+        colours.sort();
+        colours.dedup();
+        assert!(colours.len() > 20, "only {} colours drawn", colours.len());
+        // The first view's colour is present (the series were drawn, not only axes).
+        let blue = buf.chunks(3).filter(|p| *p == [0, 114, 178]).count();
+        assert!(blue > 50, "series colour found on only {blue} pixels");
+    }
+
+    #[test]
+    fn renders_every_kind_into_a_buffer() {
+        let r = result_with_views();
+        for kind in [
+            ChartKind::Auto,
+            ChartKind::Timeseries,
+            ChartKind::Cdf,
+            ChartKind::Overview,
+        ] {
+            let buf = render_rgb(&r, &ChartOptions { kind, ..small() }).unwrap();
+            assert_eq!(buf.len(), 640 * 480 * 3);
+            assert_drawn(&buf);
+        }
+        let s = result_with_sweep();
+        let buf = render_rgb(&s, &small()).unwrap();
+        assert_drawn(&buf);
+    }
+
+    #[test]
+    fn writes_valid_png_and_svg_files() {
+        let dir = std::env::temp_dir().join(format!("rttscope-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let r = result_with_views();
+        let png = dir.join("run.png");
+        render_file(&r, &small(), &png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+        // IHDR: width and height, big-endian, at offsets 16 and 20.
+        let w = u32::from_be_bytes(bytes[16..20].try_into().unwrap());
+        let h = u32::from_be_bytes(bytes[20..24].try_into().unwrap());
+        assert_eq!((w, h), (640, 480));
+        assert_eq!(&bytes[12..16], b"IHDR");
+        assert_eq!(&bytes[bytes.len() - 8..bytes.len() - 4], b"IEND");
+
+        let svg = dir.join("sweep.svg");
+        render_file(&result_with_sweep(), &small(), &svg).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.trim_start().starts_with("<svg"), "{}", &text[..80]);
+        assert!(text.trim_end().ends_with("</svg>"));
+        assert!(
+            text.contains("response/request interval (ms)"),
+            "axis label"
+        );
+        assert!(text.contains("tcp server p50 (band p5-p95)"), "legend");
+        assert!(text.contains("<polygon"), "percentile band");
+        assert_well_nested(&text);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every element opened is closed in order (a small XML well-nestedness check).
+    fn assert_well_nested(text: &str) {
+        let mut stack: Vec<String> = Vec::new();
+        for chunk in text.split('<').skip(1) {
+            let tag = chunk.split('>').next().expect("tag");
+            if tag.starts_with('?') || tag.starts_with('!') {
+                continue;
+            }
+            let name: String = tag
+                .trim_start_matches('/')
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == ':')
+                .collect();
+            assert!(!name.is_empty(), "bad tag <{tag}>");
+            if tag.starts_with('/') {
+                assert_eq!(
+                    stack.pop().as_deref(),
+                    Some(name.as_str()),
+                    "mismatched </{name}>"
+                );
+            } else if !tag.ends_with('/') {
+                stack.push(name);
+            }
+        }
+        assert!(stack.is_empty(), "unclosed elements: {stack:?}");
+    }
+
+    #[test]
+    fn svg_carries_title_settings_labels_and_legend() {
+        let s = render_svg_string(&result_with_views(), &small()).unwrap();
+        for want in [
+            "test run",
+            "duration=5s, interval=10ms",
+            "RTT over time",
+            "CDF of RTT samples",
+            "RTT (ms, log scale)",
+            "time since start (s)",
+            "tcp client (tcp, n=500)",
+            "sampler (sampler, n=50)",
+        ] {
+            assert!(s.contains(want), "missing '{want}'");
+        }
+    }
+
+    #[test]
+    fn time_axis_is_linear_for_similar_rtts() {
+        let r = result_with_views();
+        let one = ChartOptions {
+            kind: ChartKind::Timeseries,
+            views: vec!["tcp client".into()],
+            ..small()
+        };
+        let s = render_svg_string(&r, &one).unwrap();
+        assert!(s.contains("RTT (ms)") && !s.contains("log scale"));
+        assert!(!s.contains("sampler (sampler"), "filtered view drawn");
+    }
+
+    #[test]
+    fn sweeps_over_decades_get_a_log_axis_and_odd_inputs_still_draw() {
+        let mut r = result_with_sweep();
+        let sw = r.sweep.as_mut().unwrap();
+        for (p, x) in sw
+            .points
+            .iter_mut()
+            .zip([100.0, 300.0, 500.0, 1000.0, 3000.0, 5000.0])
+        {
+            p.x = x;
+        }
+        sw.points.truncate(6);
+        let s = render_svg_string(&r, &small()).unwrap();
+        assert!(s.contains("response/request interval (ms), log scale"));
+        assert_drawn(&render_rgb(&r, &small()).unwrap());
+        // One sweep point: a bar instead of a band.
+        r.sweep.as_mut().unwrap().points.truncate(1);
+        assert_drawn(&render_rgb(&r, &small()).unwrap());
+        // One sample, and a zero RTT, in the time series and the CDF.
+        let mut one = RunResult::new("x", json!({}));
+        let mut v = ViewSeries::new("only", ViewKind::Ping);
+        v.samples = vec![
+            Sample {
+                t_s: 3.0,
+                rtt_us: 0.0,
+            },
+            Sample {
+                t_s: 3.0,
+                rtt_us: 250.0,
+            },
+        ];
+        one.views.push(v);
+        let buf = render_rgb(&one, &small()).unwrap();
+        assert!(buf.chunks(3).any(|p| p == [0, 114, 178]));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_draw() {
+        let r = result_with_views();
+        let e = render_rgb(
+            &r,
+            &ChartOptions {
+                kind: ChartKind::Sweep,
+                ..small()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no sweep"), "{e}");
+        let e = render_rgb(
+            &r,
+            &ChartOptions {
+                views: vec!["nope".into()],
+                ..small()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no view 'nope'"), "{e}");
+        let empty = RunResult::new("x", json!({}));
+        assert!(render_rgb(&empty, &small())
+            .unwrap_err()
+            .to_string()
+            .contains("no samples"));
+        assert!(ImageFormat::from_path(Path::new("a.jpg")).is_err());
+        let e = render_file(&r, &small(), Path::new("/nonexistent-dir/a.png")).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn thinning_keeps_extremes() {
+        let mut v = ViewSeries::new("x", ViewKind::Probe);
+        v.samples = (0..100_000)
+            .map(|i| Sample {
+                t_s: i as f64 * 1e-3,
+                rtt_us: if i == 54_321 { 99_000.0 } else { 100.0 },
+            })
+            .collect();
+        let pts = envelope(&v, 500);
+        assert!(pts.len() <= 1000);
+        assert!(pts.iter().any(|p| p.1 == 99.0), "the spike survives");
+        let c = cdf_points(&v, 2000);
+        assert!(c.len() <= 2001);
+        assert_eq!(c.last().unwrap().1, 1.0);
+    }
+}

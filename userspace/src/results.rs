@@ -1,0 +1,580 @@
+//! The saved-result format: one versioned JSON document per run (`RunResult`).
+//!
+//! Record and report are separate steps: a command that measures (`compare`, `observe`, a `lab`
+//! experiment) writes a `RunResult`; `bucket` and `chart` read it later without privileges. The
+//! document carries its own settings so a chart or a table can say how it was measured.
+//! `docs/results.md` describes the format field by field.
+//!
+//! Conventions: times are seconds since the start of the run (`t_s`, `start_unix_s` anchors them
+//! to the wall clock); RTTs are microseconds (`*_us`) as `f64`; missing statistics are `null`.
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The value of the `format` field.
+pub const FORMAT: &str = "rttscope-result";
+/// The format version this build writes; it reads this version and older ones.
+pub const VERSION: u32 = 1;
+/// Largest result file `load` accepts (bounded memory for a file that is charted later).
+pub const MAX_FILE_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Error)]
+pub enum ResultError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is larger than {MAX_FILE_BYTES} bytes")]
+    TooLarge { path: String },
+    #[error("{path} is not an rttscope result: {why}")]
+    NotAResult { path: String, why: String },
+    #[error("{path} is format version {found}, newer than this rttscope reads ({VERSION}); use a newer rttscope")]
+    TooNew { path: String, found: u32 },
+    #[error("{path}: {why}")]
+    Invalid { path: String, why: String },
+}
+
+/// One run: the views side by side, optionally a sweep over a parameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Always `"rttscope-result"`.
+    pub format: String,
+    /// Format version ([`VERSION`]).
+    pub version: u32,
+    /// The program that wrote the file.
+    pub tool: Tool,
+    /// When the file was written, RFC 3339 UTC (`2026-11-21T06:00:00Z`).
+    pub created: String,
+    /// Wall-clock time (Unix seconds) of `t_s = 0`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_unix_s: Option<f64>,
+    /// The machine the run was made on.
+    pub host: HostInfo,
+    /// The command that produced the result (`compare`, `observe`, `lab ack-delay`, ...).
+    pub command: String,
+    /// A human title for charts; charts fall back to `command`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The run's settings as the producing command records them (interval, burst, sizes, sampling,
+    /// netem delay, ...): a JSON object, keys chosen by the command.
+    #[serde(default)]
+    pub settings: serde_json::Value,
+    /// The measured series, one per view (and per flow or side where that matters).
+    #[serde(default)]
+    pub views: Vec<ViewSeries>,
+    /// Present when the run swept a parameter: per-point summaries of every view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<Sweep>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct HostInfo {
+    #[serde(default)]
+    pub hostname: String,
+    /// `uname -r`.
+    #[serde(default)]
+    pub kernel_release: String,
+    /// `uname -v`.
+    #[serde(default)]
+    pub kernel_version: String,
+    /// `uname -m` (the architecture rttscope was built for).
+    #[serde(default)]
+    pub machine: String,
+}
+
+impl HostInfo {
+    /// The running machine, read from /proc (empty strings where unreadable).
+    pub fn current() -> HostInfo {
+        let read = |p: &str| {
+            std::fs::read_to_string(p)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default()
+        };
+        HostInfo {
+            hostname: read("/proc/sys/kernel/hostname"),
+            kernel_release: read("/proc/sys/kernel/osrelease"),
+            kernel_version: read("/proc/sys/kernel/version"),
+            machine: std::env::consts::ARCH.to_string(),
+        }
+    }
+}
+
+/// Which way of measuring RTT a series comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ViewKind {
+    /// RTT as TCP computes it (sock_ops RTT callback, or `ss -ti`).
+    Tcp,
+    /// The cloud-style packet sampler (tc programs).
+    Sampler,
+    /// Active request/response probes (netperf TCP_RR / UDP_RR-like).
+    Probe,
+    /// ICMP echo.
+    Ping,
+    /// irtt.
+    Irtt,
+    /// Anything else; unknown kinds from newer files read as this.
+    #[serde(other)]
+    Other,
+}
+
+impl ViewKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViewKind::Tcp => "tcp",
+            ViewKind::Sampler => "sampler",
+            ViewKind::Probe => "probe",
+            ViewKind::Ping => "ping",
+            ViewKind::Irtt => "irtt",
+            ViewKind::Other => "other",
+        }
+    }
+}
+
+/// One RTT sample: seconds since the start of the run, and the RTT in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub t_s: f64,
+    pub rtt_us: f64,
+}
+
+/// The samples of one view (for one flow / one side).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ViewSeries {
+    /// Unique within the run; the legend label (`tcp client`, `sampler`, `probe tcp_rr`).
+    pub name: String,
+    pub kind: ViewKind,
+    /// Which end measured (`client`, `server`, `a`, `b`), when it matters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side: Option<String>,
+    /// The flow, e.g. `10.77.0.1:40000 -> 10.77.0.2:5001`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<String>,
+    /// View-specific settings (sampling rate, probe interval, request/response sizes, ...).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub settings: serde_json::Value,
+    /// Samples the view dropped or could not take (map full, ring buffer full, lost probes, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub dropped: BTreeMap<String, u64>,
+    pub samples: Vec<Sample>,
+}
+
+impl ViewSeries {
+    pub fn new(name: impl Into<String>, kind: ViewKind) -> ViewSeries {
+        ViewSeries {
+            name: name.into(),
+            kind,
+            side: None,
+            flow: None,
+            settings: serde_json::Value::Null,
+            dropped: BTreeMap::new(),
+            samples: Vec::new(),
+        }
+    }
+
+    /// The RTTs in microseconds, in recording order.
+    pub fn rtts_us(&self) -> Vec<f64> {
+        self.samples.iter().map(|s| s.rtt_us).collect()
+    }
+}
+
+/// A sweep: the same measurement repeated for several values of one parameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// The swept parameter (`response/request interval`, `netem delay`, `loss`).
+    pub parameter: String,
+    /// Its unit as printed on the axis (`ms`, `%`, `bytes`); empty for a pure number.
+    #[serde(default)]
+    pub unit: String,
+    pub points: Vec<SweepPoint>,
+}
+
+/// One value of the swept parameter, with a summary per view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    pub x: f64,
+    /// Per-point settings that differ from the run's (e.g. the number of parallel streams).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub settings: serde_json::Value,
+    pub views: Vec<ViewSummary>,
+}
+
+/// Summary statistics of one view at one sweep point. Percentiles are exact percentiles of the
+/// samples unless the producing command says otherwise in `extra`/settings; `null` when `count`
+/// is 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ViewSummary {
+    /// Name of the view (matches `ViewSeries::name` when the run also saved the samples).
+    pub view: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ViewKind>,
+    pub count: u64,
+    pub min_us: Option<f64>,
+    pub mean_us: Option<f64>,
+    pub p5_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p95_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub max_us: Option<f64>,
+    /// Further named values in microseconds (`cloud_p50_us`, `netperf_p90_us`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, f64>,
+}
+
+impl RunResult {
+    /// An empty result for `command`, stamped with this tool, the current time and host.
+    pub fn new(command: impl Into<String>, settings: serde_json::Value) -> RunResult {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        RunResult {
+            format: FORMAT.to_string(),
+            version: VERSION,
+            tool: Tool {
+                name: env!("CARGO_PKG_NAME").to_string(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+            created: rfc3339_utc(now),
+            start_unix_s: Some(now),
+            host: HostInfo::current(),
+            command: command.into(),
+            title: None,
+            settings,
+            views: Vec::new(),
+            sweep: None,
+        }
+    }
+
+    /// Parse and check a result document; `path` names it in errors.
+    pub fn from_json(text: &str, path: &str) -> Result<RunResult, ResultError> {
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ResultError::NotAResult {
+                path: path.to_string(),
+                why: e.to_string(),
+            })?;
+        match v.get("format").and_then(|f| f.as_str()) {
+            Some(FORMAT) => {}
+            Some(other) => {
+                return Err(ResultError::NotAResult {
+                    path: path.to_string(),
+                    why: format!("its format is '{other}', not '{FORMAT}'"),
+                })
+            }
+            None => {
+                return Err(ResultError::NotAResult {
+                    path: path.to_string(),
+                    why: format!("no \"format\": \"{FORMAT}\" field"),
+                })
+            }
+        }
+        if let Some(found) = v.get("version").and_then(|f| f.as_u64()) {
+            if found > VERSION as u64 {
+                return Err(ResultError::TooNew {
+                    path: path.to_string(),
+                    found: found.min(u32::MAX as u64) as u32,
+                });
+            }
+        }
+        let r: RunResult = serde_json::from_value(v).map_err(|e| ResultError::Invalid {
+            path: path.to_string(),
+            why: e.to_string(),
+        })?;
+        r.validate().map_err(|why| ResultError::Invalid {
+            path: path.to_string(),
+            why,
+        })?;
+        Ok(r)
+    }
+
+    /// Read a result file.
+    pub fn load(path: &Path) -> Result<RunResult, ResultError> {
+        let name = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|source| ResultError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        if meta.len() > MAX_FILE_BYTES {
+            return Err(ResultError::TooLarge { path: name });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ResultError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        RunResult::from_json(&text, &name)
+    }
+
+    /// Write the result as pretty JSON (to a temporary file renamed into place, so a reader never
+    /// sees half a file).
+    pub fn save(&self, path: &Path) -> Result<(), ResultError> {
+        let name = path.display().to_string();
+        let werr = |source| ResultError::Write {
+            path: name.clone(),
+            source,
+        };
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| werr(std::io::Error::other(e.to_string())))?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)
+        };
+        write().map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            werr(e)
+        })
+    }
+
+    /// The consistency rules `load` enforces.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = std::collections::HashSet::new();
+        for v in &self.views {
+            if v.name.is_empty() {
+                return Err("a view has an empty name".into());
+            }
+            if !names.insert(v.name.as_str()) {
+                return Err(format!("two views are named '{}'", v.name));
+            }
+            if let Some((i, s)) = v
+                .samples
+                .iter()
+                .enumerate()
+                .find(|(_, s)| !(s.t_s.is_finite() && s.rtt_us.is_finite() && s.rtt_us >= 0.0))
+            {
+                return Err(format!(
+                    "view '{}' sample {i} is not a time and a non-negative RTT: t_s={}, rtt_us={}",
+                    v.name, s.t_s, s.rtt_us
+                ));
+            }
+        }
+        if let Some(sw) = &self.sweep {
+            for (i, p) in sw.points.iter().enumerate() {
+                if !p.x.is_finite() {
+                    return Err(format!("sweep point {i} has a non-finite x"));
+                }
+                for s in &p.views {
+                    let vals = [
+                        s.min_us, s.mean_us, s.p5_us, s.p50_us, s.p95_us, s.p99_us, s.max_us,
+                    ];
+                    if vals.iter().flatten().any(|v| !v.is_finite() || *v < 0.0) {
+                        return Err(format!(
+                            "sweep point {i} view '{}' has a negative or non-finite statistic",
+                            s.view
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The title charts and tables show.
+    pub fn display_title(&self) -> String {
+        self.title.clone().unwrap_or_else(|| self.command.clone())
+    }
+
+    /// The run settings as a short `key=value, ...` line (scalars only, nested objects flattened
+    /// one level), for chart titles.
+    pub fn settings_line(&self) -> String {
+        settings_line(&self.settings)
+    }
+}
+
+/// `key=value, ...` for the scalar members of a JSON object (nested objects as `a.b=value`).
+pub fn settings_line(v: &serde_json::Value) -> String {
+    fn scalar(v: &serde_json::Value) -> Option<String> {
+        match v {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            serde_json::Value::Bool(b) => Some(b.to_string()),
+            serde_json::Value::Array(a) if a.iter().all(|x| !x.is_object() && !x.is_array()) => {
+                Some(a.iter().filter_map(scalar).collect::<Vec<_>>().join("/"))
+            }
+            _ => None,
+        }
+    }
+    let mut parts = Vec::new();
+    if let serde_json::Value::Object(m) = v {
+        for (k, x) in m {
+            if let serde_json::Value::Object(inner) = x {
+                for (k2, y) in inner {
+                    if let Some(s) = scalar(y) {
+                        parts.push(format!("{k}.{k2}={s}"));
+                    }
+                }
+            } else if let Some(s) = scalar(x) {
+                parts.push(format!("{k}={s}"));
+            }
+        }
+    }
+    parts.join(", ")
+}
+
+/// Unix seconds as RFC 3339 UTC with whole seconds (`1970-01-01T00:00:00Z`).
+pub fn rfc3339_utc(unix_s: f64) -> String {
+    let secs = unix_s.floor() as i64;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub(crate) fn sample_result() -> RunResult {
+        let mut r = RunResult::new(
+            "compare",
+            json!({"interval": "10ms", "netem": {"delay": "5ms"}}),
+        );
+        let mut tcp = ViewSeries::new("tcp client", ViewKind::Tcp);
+        tcp.side = Some("client".into());
+        tcp.samples = (0..10)
+            .map(|i| Sample {
+                t_s: i as f64 * 0.5,
+                rtt_us: 150.0 + i as f64,
+            })
+            .collect();
+        let mut sampler = ViewSeries::new("sampler", ViewKind::Sampler);
+        sampler.dropped.insert("map_full".into(), 2);
+        sampler.samples = vec![Sample {
+            t_s: 1.0,
+            rtt_us: 900.0,
+        }];
+        r.views = vec![tcp, sampler];
+        r
+    }
+
+    #[test]
+    fn round_trips_through_a_file() {
+        let mut r = sample_result();
+        // Awkward floats: a saved result must load bit-exact (serde_json's float_roundtrip).
+        let mut awkward = ViewSeries::new("awkward", ViewKind::Probe);
+        awkward.samples = (1..2000)
+            .map(|i| Sample {
+                t_s: 1_795_241_473.0 + i as f64 / 7.0,
+                rtt_us: (i as f64).sqrt() * 1e-3 + 1.0 / 3.0,
+            })
+            .collect();
+        r.views.push(awkward);
+        let dir = std::env::temp_dir().join(format!("rttscope-results-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.json");
+        r.save(&path).unwrap();
+        let back = RunResult::load(&path).unwrap();
+        assert_eq!(back, r);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"format\": \"rttscope-result\""), "{text}");
+        assert!(text.contains("\"kind\": \"sampler\""), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reads_a_hand_written_minimal_document() {
+        let text = r#"{"format":"rttscope-result","version":1,
+            "tool":{"name":"rttscope","version":"0.1.0"},"created":"2026-11-21T06:00:00Z",
+            "host":{},"command":"compare",
+            "views":[{"name":"ping","kind":"ping","samples":[{"t_s":0,"rtt_us":80.5}]},
+                     {"name":"x","kind":"quantum","samples":[]}],
+            "sweep":{"parameter":"interval","unit":"ms","points":[
+              {"x":0,"views":[{"view":"ping","count":1,"min_us":80.5,"mean_us":80.5,
+               "p5_us":80.5,"p50_us":80.5,"p95_us":80.5,"p99_us":80.5,"max_us":80.5}]}]}}"#;
+        let r = RunResult::from_json(text, "t.json").unwrap();
+        assert_eq!(r.views[0].kind, ViewKind::Ping);
+        assert_eq!(r.views[1].kind, ViewKind::Other);
+        assert_eq!(r.sweep.unwrap().points[0].views[0].p50_us, Some(80.5));
+        assert!(r.settings.is_null());
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_read() {
+        let cases = [
+            ("not json", "not an rttscope result"),
+            (r#"{"version":1}"#, "no \"format\""),
+            (r#"{"format":"pcap"}"#, "its format is 'pcap'"),
+            (
+                r#"{"format":"rttscope-result","version":99}"#,
+                "newer than this rttscope",
+            ),
+            (
+                r#"{"format":"rttscope-result","version":1}"#,
+                "missing field",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = RunResult::from_json(text, "f.json")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        let mut r = sample_result();
+        r.views[0].samples[3].rtt_us = -1.0;
+        let e = RunResult::from_json(&serde_json::to_string(&r).unwrap(), "f.json")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sample 3"), "{e}");
+        let mut r = sample_result();
+        r.views[1].name = "tcp client".into();
+        assert!(r.validate().unwrap_err().contains("two views"));
+        let e = RunResult::load(Path::new("/nonexistent/r.json")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("cannot read /nonexistent/r.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn settings_line_and_dates() {
+        let r = sample_result();
+        assert_eq!(r.settings_line(), "interval=10ms, netem.delay=5ms");
+        assert_eq!(rfc3339_utc(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(951_782_400.0), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_795_245_153.7), "2026-11-21T07:12:33Z");
+        assert!(
+            r.created.ends_with('Z') && r.created.len() == 20,
+            "{}",
+            r.created
+        );
+        assert!(!r.host.kernel_release.is_empty());
+    }
+}
