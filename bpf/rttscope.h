@@ -94,7 +94,7 @@ struct rttscope_flow_key {
 /* Per-flow state and in-kernel aggregate of the TCP view. */
 struct rttscope_tcp_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
-	__u64 last_ns;      /* time of the last sample */
+	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
 	__u64 samples;
 	__u64 sum_us;
 	__u32 min_us;       /* over the flow's life */

@@ -96,6 +96,16 @@ struct {
 	__type(value, __u8);
 } tcp_listeners SEC(".maps");
 
+/* The flow key of each enabled socket, computed once (ESTABLISHED callback or
+ * iterator) so the per-RTT path needs no key building and no netns lookup.
+ * Socket-local storage is freed with the socket. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct rttscope_flow_key);
+} tcp_sk_keys SEC(".maps");
+
 /* Scratch space for a new flow entry (too large for the 512-byte stack). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -251,19 +261,26 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
+	const struct rttscope_flow_key *kp;
 	struct rttscope_tcp_flow *f;
+	struct bpf_sock *sk = skops->sk;
 	__u32 rtt = skops->args[0];
 	__u32 srtt = skops->args[1] >> 3;
 	__u64 now;
 	__u32 b, ep;
 
 	count(RTTSCOPE_TC_RTT_CB);
-	if (!skops_key(skops, &key))
+	if (!sk) {
+		count(RTTSCOPE_TC_NO_SOCK);
 		return;
-	key.netns = sock_netns(skops->sk);
-	f = bpf_map_lookup_elem(&tcp_flows, &key);
+	}
+	kp = bpf_sk_storage_get(&tcp_sk_keys, sk, NULL, 0);
+	f = kp ? bpf_map_lookup_elem(&tcp_flows, kp) : NULL;
 	if (!f) {
-		/* evicted, or callbacks enabled by another program */
+		/* not cached (callbacks enabled by someone else) or flow evicted */
+		if (!skops_key(skops, &key))
+			return;
+		key.netns = sock_netns(sk);
 		if (!wanted(&key)) {
 			count(RTTSCOPE_TC_FILTERED);
 			return;
@@ -271,6 +288,8 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f = new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0, TCP_ESTABLISHED);
 		if (!f)
 			return;
+		bpf_sk_storage_get(&tcp_sk_keys, sk, &key, BPF_SK_STORAGE_GET_F_CREATE);
+		kp = &key;
 	}
 	if (rtt == 0 && skops->args[1] == 0) {
 		/* kernel < 6.10: RTT_CB carries no arguments */
@@ -279,7 +298,6 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
 		count(RTTSCOPE_TC_SRTT_FALLBACK);
 	}
-	now = bpf_ktime_get_ns();
 	ep = epoch;
 	if (f->win_epoch != ep) {
 		f->win_epoch = ep;
@@ -298,13 +316,33 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f->win_max_us = rtt;
 	f->srtt_us = srtt;
 	f->last_rtt_us = rtt;
-	f->last_ns = now;
 	b = rttscope_hist_bucket(rtt);
 	if (b < RTTSCOPE_HIST_BUCKETS)
 		f->hist[b]++;
 	count(RTTSCOPE_TC_SAMPLES);
-	if (cfg_raw)
-		raw_event(&key, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
+	if (cfg_raw) {
+		now = bpf_ktime_get_ns();
+		f->last_ns = now;
+		raw_event(kp, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
+	}
+}
+
+/* The cached key of a socket, or a freshly built one (0 if not IP). */
+static __always_inline int sock_key(struct bpf_sock_ops *skops, struct rttscope_flow_key *key)
+{
+	const struct rttscope_flow_key *kp = NULL;
+	struct bpf_sock *sk = skops->sk;
+
+	if (sk)
+		kp = bpf_sk_storage_get(&tcp_sk_keys, sk, NULL, 0);
+	if (kp) {
+		*key = *kp;
+		return 1;
+	}
+	if (!skops_key(skops, key))
+		return 0;
+	key->netns = sock_netns(sk);
+	return 1;
 }
 
 SEC("sockops")
@@ -312,6 +350,7 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
 	struct rttscope_tcp_flow *f;
+	struct bpf_sock *sk;
 	__u32 op = skops->op;
 	__u8 side;
 
@@ -334,20 +373,21 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		/* a reused tuple replaces the old entry */
 		bpf_map_delete_elem(&tcp_flows, &key);
 		new_flow(&key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3, TCP_ESTABLISHED);
+		sk = skops->sk;
+		if (sk)
+			bpf_sk_storage_get(&tcp_sk_keys, sk, &key, BPF_SK_STORAGE_GET_F_CREATE);
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
 		count(RTTSCOPE_TC_RETRANS);
-		if (!skops_key(skops, &key))
+		if (!sock_key(skops, &key))
 			break;
-		key.netns = sock_netns(skops->sk);
 		f = bpf_map_lookup_elem(&tcp_flows, &key);
 		if (f)
 			f->retrans++;
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		if (!skops_key(skops, &key))
+		if (!sock_key(skops, &key))
 			break;
-		key.netns = sock_netns(skops->sk);
 		f = bpf_map_lookup_elem(&tcp_flows, &key);
 		if (!f)
 			break;
@@ -429,5 +469,6 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 	count(RTTSCOPE_TC_ENABLED);
 	if (!bpf_map_lookup_elem(&tcp_flows, &key))
 		new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
+	bpf_sk_storage_get(&tcp_sk_keys, tp, &key, BPF_SK_STORAGE_GET_F_CREATE);
 	return 0;
 }

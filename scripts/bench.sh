@@ -74,9 +74,14 @@ echo "median observer CPU: $(med "${cpu[@]}")% of one core; RSS $(med "${rss[@]}
 
 echo "== TCP view: 10,000 flows"
 start_obs
-ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 3 10000 >/dev/null
-sleep 2
+ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 1 10000 8 >/dev/null & CLI=$!
+for _ in $(seq 60); do
+  n=$(ip netns exec "$NS" ss -Htn state established | wc -l)
+  [ "$n" -ge 20000 ] && break; sleep 0.5
+done
+sleep 2.5
 echo "observer RSS with 20,000 tracked sockets (10,000 connections, both ends): $(rss_kb "$OBS") KiB (peak $(hwm_kb "$OBS") KiB; target < 32 MiB)"
 tracked=$(tail -1 "$OUT/obs.jsonl" | sed 's/.*"flows_tracked":\([0-9]*\).*/\1/')
-echo "flows tracked in the last interval: $tracked"
+echo "flows tracked in the last interval: $tracked (established sockets: $n)"
 stop_obs
+wait "$CLI" || true

@@ -18,7 +18,9 @@ pub fn init(verbose: u8) {
 fn libbpf_print(level: libbpf_rs::PrintLevel, msg: String) {
     let msg = msg.trim_end();
     match level {
-        libbpf_rs::PrintLevel::Warn => tracing::warn!(target: "libbpf", "{msg}"),
+        // libbpf's warnings (a verifier log on a failed load, for example) are
+        // details behind the one-sentence error: shown with -v.
+        libbpf_rs::PrintLevel::Warn => tracing::info!(target: "libbpf", "{msg}"),
         libbpf_rs::PrintLevel::Info => tracing::info!(target: "libbpf", "{msg}"),
         libbpf_rs::PrintLevel::Debug => tracing::debug!(target: "libbpf", "{msg}"),
     }
