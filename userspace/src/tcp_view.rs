@@ -302,28 +302,22 @@ impl TcpView {
         }
     }
 
-    /// Read every flow entry.
+    /// Read every flow entry (batched: a few syscalls for thousands of flows).
     pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
         let mut out = Vec::new();
-        let iter = self
-            .skel
-            .maps
-            .tcp_flows
-            .lookup_batch(256, MapFlags::ANY, MapFlags::ANY);
-        match iter {
-            Ok(it) => {
-                for (k, v) in it {
+        let map = &self.skel.maps.tcp_flows;
+        let fallback = dump_map(map, |k, v| {
+            if let Some(f) = self.decode_flow(k, v) {
+                out.push(f);
+            }
+        })
+        .is_err();
+        if fallback {
+            out.clear();
+            for k in map.keys() {
+                if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
                     if let Some(f) = self.decode_flow(&k, &v) {
                         out.push(f);
-                    }
-                }
-            }
-            Err(_) => {
-                for k in self.skel.maps.tcp_flows.keys() {
-                    if let Ok(Some(v)) = self.skel.maps.tcp_flows.lookup(&k, MapFlags::ANY) {
-                        if let Some(f) = self.decode_flow(&k, &v) {
-                            out.push(f);
-                        }
                     }
                 }
             }
@@ -399,6 +393,52 @@ impl TcpView {
             ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
             ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
         ]
+    }
+}
+
+/// Walk a hash map with BPF_MAP_LOOKUP_BATCH. The kernel returns whole hash
+/// buckets per call (fewer than asked is normal) and ENOENT with the last
+/// entries when the walk is complete.
+pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
+    const BATCH: usize = 512;
+    let ks = map.key_size() as usize;
+    let vs = map.value_size() as usize;
+    let mut keys = vec![0u8; ks * BATCH];
+    let mut vals = vec![0u8; vs * BATCH];
+    // Opaque batch cursors: for hash maps a bucket index (4 bytes), sized for safety.
+    let mut cursor_in = vec![0u8; ks.max(8)];
+    let mut cursor_out = vec![0u8; ks.max(8)];
+    let opts = libbpf_sys::bpf_map_batch_opts { sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _, ..Default::default() };
+    let fd = map.as_fd().as_raw_fd();
+    let mut first = true;
+    loop {
+        let mut count = BATCH as u32;
+        // SAFETY: buffers are sized for BATCH keys/values and the cursors for a key.
+        let ret = unsafe {
+            libbpf_sys::bpf_map_lookup_batch(
+                fd,
+                if first { std::ptr::null_mut() } else { cursor_in.as_mut_ptr().cast() },
+                cursor_out.as_mut_ptr().cast(),
+                keys.as_mut_ptr().cast(),
+                vals.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        let err = if ret < 0 { Some(std::io::Error::last_os_error()) } else { None };
+        match &err {
+            Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+            _ => {}
+        }
+        for i in 0..count as usize {
+            f(&keys[i * ks..(i + 1) * ks], &vals[i * vs..(i + 1) * vs]);
+        }
+        if err.is_some() {
+            return Ok(()); // ENOENT: the walk is complete
+        }
+        std::mem::swap(&mut cursor_in, &mut cursor_out);
+        first = false;
     }
 }
 
