@@ -20,6 +20,9 @@ pub struct Cli {
 pub enum Command {
     /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
     Observe(crate::observe::ObserveArgs),
+    /// Isochronous UDP probe against an `irtt server` (to become `probe irtt`).
+    #[command(name = "probe-irtt", hide = true)]
+    ProbeIrtt(crate::irtt::IrttArgs),
 }
 
 #[cfg(test)]

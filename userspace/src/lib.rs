@@ -8,6 +8,7 @@ pub mod cli;
 pub mod error;
 pub mod flow;
 pub mod hist;
+pub mod irtt;
 pub mod logging;
 pub mod netns;
 pub mod observe;
