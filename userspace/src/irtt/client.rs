@@ -843,11 +843,19 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
             }
             Err(e) => {
                 let mut g = shared.lock().unwrap();
-                g.rts.pop();
+                let errno = e.raw_os_error().unwrap_or(0);
                 if e.kind() == ErrorKind::ConnectionRefused {
                     // an ICMP error from an earlier packet; this one was not sent
+                    g.rts.pop();
                     g.rejected.icmp_errors += 1;
+                } else if [libc::EPERM, libc::ENOBUFS, libc::EAGAIN].contains(&errno) {
+                    // dropped on this host (firewall, full queue): counted and
+                    // kept as a round trip lost upstream
+                    g.counters.send_failures += 1;
+                    g.counters.first_send_mono.get_or_insert(pre);
+                    g.counters.last_sent_mono = post;
                 } else {
+                    g.rts.pop();
                     run.send_error = Some(e.to_string());
                     break;
                 }

@@ -103,7 +103,7 @@ fn parse_byte(s: &str) -> Result<u8, String> {
 }
 
 fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
-    if s.is_empty() || s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if s.is_empty() || !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!("'{s}' is not an even number of hex digits"));
     }
     Ok((0..s.len())

@@ -184,6 +184,16 @@ pub fn text(r: &IrttResult) -> String {
         "timer error",
         format!("{:.2}% of the interval (mean)", s.timer_err_percent),
     );
+    if s.send_failures > 0 {
+        kv(
+            &mut o,
+            "local send failures",
+            format!(
+                "{} (refused by this host: firewall or full queue; counted as lost up)",
+                s.send_failures
+            ),
+        );
+    }
     let rej = &r.rejected;
     if rej.total() + rej.icmp_errors > 0 {
         kv(

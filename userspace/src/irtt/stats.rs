@@ -196,7 +196,7 @@ impl DurationStats {
         if !values.is_empty() {
             values.sort_unstable();
             let l = values.len();
-            s.median = Some(if l % 2 == 0 {
+            s.median = Some(if l.is_multiple_of(2) {
                 (values[l / 2 - 1] as f64 + values[l / 2] as f64) / 2.0
             } else {
                 values[l / 2] as f64
@@ -287,6 +287,8 @@ pub struct Stats {
     pub timer_err_percent: f64,
     /// Replies whose one-way delays came out negative: the clocks are not synchronised.
     pub negative_one_way_delays: u64,
+    /// Requests the local host refused to send (firewall EPERM, ENOBUFS); counted as sent and lost upstream.
+    pub send_failures: u64,
 }
 
 /// Counters the recorder keeps while the test runs.
@@ -299,6 +301,8 @@ pub struct RunCounters {
     pub duplicates: u64,
     pub late: u64,
     pub server_received_max: Option<u64>,
+    /// Sends the local host refused (EPERM from a firewall, ENOBUFS).
+    pub send_failures: u64,
     pub first_send_mono: Option<i64>,
     pub last_sent_mono: i64,
     pub first_recv_mono: Option<i64>,
@@ -315,6 +319,7 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
         duplicates: c.duplicates,
         late_packets: c.late,
         server_packets_received: c.server_received_max,
+        send_failures: c.send_failures,
         ..Default::default()
     };
     let collect =

@@ -1,0 +1,383 @@
+//! The irtt probe against Debian's `irtt server` (and `irtt client` as the
+//! reference), in a pair of namespaces joined by a veth.
+use std::net::UdpSocket;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rttscope_e2e::{require_root, rttscope_bin, ChildGuard, NetNs, Pair, B_ADDR};
+use serde_json::Value;
+
+/// The one place that knows how the probe is invoked (the lead moves it to `probe irtt`).
+fn probe_command(ns: &NetNs, args: &[&str]) -> Command {
+    let bin = rttscope_bin();
+    let mut c = ns.command(bin.to_str().expect("utf-8 path"));
+    c.arg("probe-irtt").args(args);
+    c
+}
+
+fn run_probe(ns: &NetNs, args: &[&str], timeout: Duration) -> Output {
+    let guard = ChildGuard::spawn(&mut probe_command(ns, args)).expect("spawn probe");
+    guard.wait_output(timeout).expect("probe finished")
+}
+
+/// Run the probe with `--json`, return the parsed result (panics with the output on failure).
+fn probe_json(ns: &NetNs, args: &[&str], timeout: Duration) -> Value {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let out = run_probe(ns, &a, timeout);
+    assert!(
+        out.status.success(),
+        "probe {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("probe JSON: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Start `irtt server` in `ns`, bound to `addr`, and wait until it listens.
+fn irtt_server(ns: &NetNs, addr: &str, extra: &[&str]) -> ChildGuard {
+    let mut c = ns.command("irtt");
+    c.args(["server", "-b", addr]).args(extra);
+    let g = ChildGuard::spawn(&mut c).expect("spawn irtt server (Debian package irtt)");
+    let port = addr.rsplit(':').next().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let out = ns.exec(&["ss", "-ulnH"]).expect("ss");
+        if String::from_utf8_lossy(&out.stdout).contains(&format!(":{port} ")) {
+            return g;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "irtt server did not start on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+fn f(v: &Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("{path} missing in {v}"))
+}
+
+#[test]
+fn irtt_probe_matches_irtt_client() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server = format!("{B_ADDR}:2112");
+    let _srv = irtt_server(&pair.b, &server, &[]);
+
+    let ours = probe_json(
+        &pair.a,
+        &[&server, "-i", "10ms", "-d", "5s"],
+        Duration::from_secs(20),
+    );
+    let out = pair
+        .a
+        .command("irtt")
+        .args(["client", "-i", "10ms", "-d", "5s", "-Q", "-o", "-", &server])
+        .output()
+        .expect("irtt client");
+    assert!(
+        out.status.success(),
+        "irtt client: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Value = serde_json::from_slice(&out.stdout).expect("irtt JSON");
+
+    let sent = u(&ours, "/stats/packets_sent");
+    let received = u(&ours, "/stats/replies_unique");
+    let our_median = f(&ours, "/stats/rtt/median");
+    let our_mean = f(&ours, "/stats/rtt/mean");
+    let their_median = f(&theirs, "/stats/rtt/median");
+    let their_mean = f(&theirs, "/stats/rtt/mean");
+    let their_sent = u(&theirs, "/stats/packets_sent");
+    eprintln!(
+        "ours: {sent} sent, {received} received, RTT median {our_median:.0} ns mean {our_mean:.0} ns; \
+         irtt client: {their_sent} sent, RTT median {their_median:.0} ns mean {their_mean:.0} ns"
+    );
+    // 5 s at 10 ms: irtt's schedule gives 1 + 500 send slots at most
+    assert!((490..=501).contains(&sent), "sent {sent}, expected ~500");
+    assert_eq!(received, sent, "loss on a clean veth: {ours}");
+    assert_eq!(f(&ours, "/stats/packet_loss_percent"), 0.0);
+    assert_eq!(u(&ours, "/stats/server_packets_received"), sent);
+    // Same path, same server: our RTT is within 20% of irtt's, or lower by at
+    // most 100 µs (irtt's Go client stamps in userspace, we take the kernel's
+    // receive timestamp, so ours reads lower by tens of microseconds).
+    assert!(
+        our_median <= their_median * 1.2,
+        "our median RTT {our_median:.0} ns > 120% of irtt's {their_median:.0} ns"
+    );
+    assert!(
+        their_median - our_median <= (0.2 * their_median).max(100_000.0),
+        "our median RTT {our_median:.0} ns is implausibly far below irtt's {their_median:.0} ns"
+    );
+    // every setting recorded
+    assert_eq!(u(&ours, "/settings/negotiated/interval_ns"), 10_000_000);
+    assert_eq!(u(&ours, "/settings/negotiated/duration_ns"), 5_000_000_000);
+    assert_eq!(u(&ours, "/settings/packet_length"), 60);
+    assert_eq!(ours["samples"].as_array().unwrap().len() as u64, sent);
+    // same-host clocks: one-way delays are positive and the caveat is printed
+    assert!(f(&ours, "/stats/send_delay/median") > 0.0);
+    assert!(ours["notes"].to_string().contains("synchronised"));
+}
+
+/// Drop `pct`% of the UDP packets leaving `ns` on `dev` (an nft netdev table
+/// on the egress hook, inside that namespace only; it goes away with the
+/// namespace). Egress drops happen after the socket's send succeeded, as on a
+/// lossy link (an `output` hook drop would fail the send with EPERM).
+fn inject_loss(ns: &NetNs, dev: &str, pct: u32) {
+    ns.exec(&["nft", "add", "table", "netdev", "rttl"]).unwrap();
+    ns.exec(&[
+        "nft",
+        "add",
+        "chain",
+        "netdev",
+        "rttl",
+        "out",
+        &format!("{{ type filter hook egress device {dev} priority 0 ; }}"),
+    ])
+    .unwrap();
+    let rule = format!("udp dport 1-65535 numgen random mod 100 < {pct} drop");
+    let mut args = vec!["nft", "add", "rule", "netdev", "rttl", "out"];
+    args.extend(rule.split_whitespace());
+    ns.exec(&args).unwrap();
+}
+
+fn loss_run(server_side: bool) -> (Value, f64, f64) {
+    let pair = Pair::new().unwrap();
+    let server = format!("{B_ADDR}:2112");
+    let _srv = irtt_server(&pair.b, &server, &[]);
+    if server_side {
+        inject_loss(&pair.b, &pair.b_if, 20); // replies: downstream
+    } else {
+        inject_loss(&pair.a, &pair.a_if, 20); // requests: upstream
+    }
+    let v = probe_json(
+        &pair.a,
+        &[
+            &server,
+            "-i",
+            "10ms",
+            "-d",
+            "4s",
+            "--timeouts",
+            "300ms,300ms,300ms,300ms,300ms",
+        ],
+        Duration::from_secs(20),
+    );
+    let sent = u(&v, "/stats/packets_sent") as f64;
+    let up = u(&v, "/stats/lost_up") as f64 * 100.0 / sent;
+    let down = u(&v, "/stats/lost_down") as f64 * 100.0 / sent;
+    eprintln!(
+        "loss on the {} side: sent {sent}, lost up {up:.1}% down {down:.1}% unknown {}, irtt-style up {:.1}% down {:.1}%",
+        if server_side { "server" } else { "client" },
+        u(&v, "/stats/lost_unknown"),
+        f(&v, "/stats/upstream_loss_percent"),
+        f(&v, "/stats/downstream_loss_percent")
+    );
+    (v, up, down)
+}
+
+// 400 packets at p = 0.2: standard deviation 2 points; 20 +- 7 is > 3 sigma.
+#[test]
+fn irtt_loss_downstream_is_attributed_down() {
+    if !require_root() {
+        return;
+    }
+    let (v, up, down) = loss_run(true);
+    assert!(
+        (13.0..=27.0).contains(&down),
+        "downstream loss {down:.1}% (20% injected): {}",
+        v["stats"]
+    );
+    assert_eq!(up, 0.0, "no upstream loss was injected: {}", v["stats"]);
+    let ds = f(&v, "/stats/downstream_loss_percent");
+    assert!(
+        (13.0..=27.0).contains(&ds),
+        "irtt-style downstream {ds:.1}%"
+    );
+    assert!(f(&v, "/stats/upstream_loss_percent") < 1.0);
+}
+
+#[test]
+fn irtt_loss_upstream_is_attributed_up() {
+    if !require_root() {
+        return;
+    }
+    let (v, up, down) = loss_run(false);
+    assert!(
+        (13.0..=27.0).contains(&up),
+        "upstream loss {up:.1}% (20% injected): {}",
+        v["stats"]
+    );
+    assert_eq!(down, 0.0, "no downstream loss was injected: {}", v["stats"]);
+    let us = f(&v, "/stats/upstream_loss_percent");
+    assert!((13.0..=27.0).contains(&us), "irtt-style upstream {us:.1}%");
+    assert!(f(&v, "/stats/downstream_loss_percent") < 1.0);
+}
+
+#[test]
+fn irtt_hmac_and_server_restrictions() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server = format!("{B_ADDR}:2112");
+    let _srv = irtt_server(&pair.b, &server, &["--hmac=s3cret", "-i", "20ms"]);
+    // right key, interval the server allows
+    let v = probe_json(
+        &pair.a,
+        &[&server, "-i", "20ms", "-d", "1s", "--hmac", "s3cret"],
+        Duration::from_secs(15),
+    );
+    let sent = u(&v, "/stats/packets_sent");
+    assert!(sent >= 45, "{sent}");
+    assert_eq!(u(&v, "/stats/replies_unique"), sent, "{}", v["stats"]);
+    assert_eq!(v["settings"]["supplied"]["hmac"], true);
+    assert_eq!(u(&v, "/settings/packet_length"), 76); // 60 + 16 bytes of HMAC
+
+    // a shorter interval than the server's minimum: a clear error naming it
+    let out = run_probe(
+        &pair.a,
+        &[&server, "-i", "10ms", "-d", "1s", "--hmac", "s3cret"],
+        Duration::from_secs(15),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("interval from 10ms to 20ms"),
+        "{err}"
+    );
+    assert!(err.contains("--loose"), "{err}");
+    // ... accepted with --loose, and recorded
+    let v = probe_json(
+        &pair.a,
+        &[
+            &server, "-i", "10ms", "-d", "1s", "--hmac", "s3cret", "--loose",
+        ],
+        Duration::from_secs(15),
+    );
+    assert_eq!(u(&v, "/settings/negotiated/interval_ns"), 20_000_000);
+    assert!(v["notes"].to_string().contains("--loose"));
+
+    // wrong key: the server drops everything, the open fails clearly
+    let out = run_probe(
+        &pair.a,
+        &[
+            &server,
+            "-d",
+            "1s",
+            "--hmac",
+            "wrong",
+            "--timeouts",
+            "200ms,200ms",
+        ],
+        Duration::from_secs(15),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no reply from the irtt server"),
+        "{err}"
+    );
+}
+
+/// A misbehaving server (our own, in the namespace): it answers the open
+/// correctly, then corrupts replies by seqno: 1 mod 4 wrong magic, 2 mod 4
+/// truncated, 3 mod 4 wrong HMAC. Each kind must be counted and rejected.
+#[test]
+fn irtt_bad_replies_are_counted_and_rejected() {
+    use rttscope::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = pair.b.spawn(move || {
+        let key = Key::new(b"k");
+        let s = UdpSocket::bind((B_ADDR, 2112)).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        let token: u64 = 0x1122_3344_5566_7788;
+        while !stop2.load(Ordering::Relaxed) {
+            let Ok((n, from)) = s.recv_from(&mut buf) else {
+                continue;
+            };
+            let req = &buf[..n];
+            let flags = req[3];
+            if flags & FL_OPEN != 0 {
+                // magic, flags, HMAC, token, then the params as asked
+                let mut r = req[..20].to_vec();
+                r[3] = FL_OPEN | FL_REPLY;
+                r.extend_from_slice(&token.to_le_bytes());
+                r.extend_from_slice(&req[20..]);
+                key.sign(&mut r);
+                s.send_to(&r, from).unwrap();
+                continue;
+            }
+            if flags & FL_CLOSE != 0 {
+                break;
+            }
+            let seq = u32::from_le_bytes(req[28..32].try_into().unwrap());
+            let mut r = req.to_vec();
+            r[3] = FL_REPLY;
+            key.sign(&mut r);
+            match seq % 4 {
+                1 => r[0] ^= 0xff,
+                2 => {
+                    // validly signed, but shorter than the request
+                    r.truncate(r.len() - 5);
+                    key.sign(&mut r);
+                }
+                3 => r[10] ^= 0x01,
+                _ => {}
+            }
+            s.send_to(&r, from).unwrap();
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let v = probe_json(
+        &pair.a,
+        &[
+            &format!("{B_ADDR}:2112"),
+            "-i",
+            "10ms",
+            "-d",
+            "1s",
+            "--hmac",
+            "k",
+            "--stats",
+            "none",
+            "--tstamp",
+            "none",
+            "--wait",
+            "200ms",
+        ],
+        Duration::from_secs(15),
+    );
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+    let sent = u(&v, "/stats/packets_sent");
+    let n = |m| (0..sent).filter(|s| s % 4 == m).count() as u64;
+    eprintln!("sent {sent}, rejected {}", v["rejected"]);
+    assert!(sent >= 90, "{sent}");
+    assert_eq!(u(&v, "/stats/replies_unique"), n(0), "{}", v["stats"]);
+    assert_eq!(u(&v, "/rejected/bad_magic"), n(1), "{}", v["rejected"]);
+    assert_eq!(u(&v, "/rejected/truncated"), n(2), "{}", v["rejected"]);
+    assert_eq!(u(&v, "/rejected/bad_hmac"), n(3), "{}", v["rejected"]);
+    // the RTT statistics only hold the good replies
+    assert_eq!(u(&v, "/stats/rtt/n"), n(0));
+}
