@@ -122,6 +122,16 @@ fn irtt_probe_matches_irtt_client() {
         their_median - our_median <= (0.2 * their_median).max(100_000.0),
         "our median RTT {our_median:.0} ns is implausibly far below irtt's {their_median:.0} ns"
     );
+    // the JSON is an IrttResult (what `compare` consumes in-process)
+    let r: rttscope::irtt::IrttResult = serde_json::from_value(ours.clone()).expect("IrttResult");
+    assert_eq!(r.rtt_samples().count() as u64, received);
+    // isochronous: the sends are 10 ms apart on average
+    let offs: Vec<i64> = r.samples.iter().map(|s| s.offset_ns).collect();
+    let mean_gap = (offs[offs.len() - 1] - offs[0]) as f64 / (offs.len() - 1) as f64;
+    assert!(
+        (mean_gap - 10e6).abs() < 0.2e6,
+        "mean send spacing {mean_gap:.0} ns"
+    );
     // every setting recorded
     assert_eq!(u(&ours, "/settings/negotiated/interval_ns"), 10_000_000);
     assert_eq!(u(&ours, "/settings/negotiated/duration_ns"), 5_000_000_000);
@@ -180,8 +190,9 @@ fn loss_run(server_side: bool) -> (Value, f64, f64) {
     let up = u(&v, "/stats/lost_up") as f64 * 100.0 / sent;
     let down = u(&v, "/stats/lost_down") as f64 * 100.0 / sent;
     eprintln!(
-        "loss on the {} side: sent {sent}, lost up {up:.1}% down {down:.1}% unknown {}, irtt-style up {:.1}% down {:.1}%",
+        "loss on the {} side: sent {sent} (timer misses {}), lost up {up:.1}% down {down:.1}% unknown {}, irtt-style up {:.1}% down {:.1}%",
         if server_side { "server" } else { "client" },
+        u(&v, "/stats/timer_misses"),
         u(&v, "/stats/lost_unknown"),
         f(&v, "/stats/upstream_loss_percent"),
         f(&v, "/stats/downstream_loss_percent")
@@ -207,7 +218,8 @@ fn irtt_loss_downstream_is_attributed_down() {
         (13.0..=27.0).contains(&ds),
         "irtt-style downstream {ds:.1}%"
     );
-    assert!(f(&v, "/stats/upstream_loss_percent") < 1.0);
+    // irtt-style count lags by the trailing replies lost downstream
+    assert!(f(&v, "/stats/upstream_loss_percent") < 2.0);
 }
 
 #[test]
@@ -224,7 +236,7 @@ fn irtt_loss_upstream_is_attributed_up() {
     assert_eq!(down, 0.0, "no downstream loss was injected: {}", v["stats"]);
     let us = f(&v, "/stats/upstream_loss_percent");
     assert!((13.0..=27.0).contains(&us), "irtt-style upstream {us:.1}%");
-    assert!(f(&v, "/stats/downstream_loss_percent") < 1.0);
+    assert!(f(&v, "/stats/downstream_loss_percent") < 2.0);
 }
 
 #[test]

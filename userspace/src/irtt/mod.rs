@@ -223,6 +223,16 @@ pub struct IrttResult {
     pub samples: Vec<IrttSample>,
 }
 
+impl IrttResult {
+    /// (send offset from the test start, RTT) in ns of every answered round
+    /// trip, in seqno order: what `compare` plots next to the other views.
+    pub fn rtt_samples(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
+        self.samples
+            .iter()
+            .filter_map(|s| s.rtt_ns.map(|r| (s.offset_ns, r)))
+    }
+}
+
 /// Run an irtt test. Setting `cancel` ends it early (partial results).
 pub async fn run_irtt(cfg: IrttConfig, cancel: Arc<AtomicBool>) -> Result<IrttResult> {
     tokio::task::spawn_blocking(move || {
