@@ -393,3 +393,42 @@ fn irtt_bad_replies_are_counted_and_rejected() {
     // the RTT statistics only hold the good replies
     assert_eq!(u(&v, "/stats/rtt/n"), n(0));
 }
+
+/// Ctrl-C ends the test at once with partial results, and the probe still
+/// closes its connection on the server (the server logs the close).
+#[test]
+fn irtt_interrupt_gives_partial_results_and_closes() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server = format!("{B_ADDR}:2112");
+    let srv = irtt_server(&pair.b, &server, &[]);
+    let probe = ChildGuard::spawn(&mut probe_command(
+        &pair.a,
+        &[&server, "-i", "10ms", "-d", "20s", "--json"],
+    ))
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    kill(Pid::from_raw(probe.pid() as i32), Signal::SIGINT).unwrap();
+    let out = probe.wait_output(Duration::from_secs(5)).unwrap();
+    let took = t0.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sent = u(&v, "/stats/packets_sent");
+    eprintln!("interrupted after {sent} packets, exit {took:?} after SIGINT");
+    assert_eq!(v["interrupted"], true);
+    assert!((50..=200).contains(&sent), "{sent} packets in ~1.5 s");
+    assert!(took < Duration::from_secs(2), "took {took:?} to stop");
+    kill(Pid::from_raw(srv.pid() as i32), Signal::SIGTERM).unwrap();
+    let log = srv.wait_output(Duration::from_secs(5)).unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(log.contains("[CloseConn]"), "server saw no close: {log}");
+}
