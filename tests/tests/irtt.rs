@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rttscope_e2e::{require_root, rttscope_bin, ChildGuard, NetNs, Pair, B_ADDR};
+use rttscope_e2e::{require_root, rttscope_bin, ChildGuard, NetNs, Pair, B_ADDR, B_ADDR6};
 use serde_json::Value;
 
 /// The one place that knows how the probe is invoked (the lead moves it to `probe irtt`).
@@ -121,6 +121,15 @@ fn irtt_probe_matches_irtt_client() {
     assert!(
         their_median - our_median <= (0.2 * their_median).max(100_000.0),
         "our median RTT {our_median:.0} ns is implausibly far below irtt's {their_median:.0} ns"
+    );
+    // replies stamped by the kernel on arrival
+    let rx = ours["settings"]["receive_timestamps"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        rx.contains(&format!("SO_TIMESTAMPNS for {received} of {received}")),
+        "{rx}"
     );
     // the JSON is an IrttResult (what `compare` consumes in-process)
     let r: rttscope::irtt::IrttResult = serde_json::from_value(ours.clone()).expect("IrttResult");
@@ -431,4 +440,33 @@ fn irtt_interrupt_gives_partial_results_and_closes() {
     let log = srv.wait_output(Duration::from_secs(5)).unwrap();
     let log = String::from_utf8_lossy(&log.stdout);
     assert!(log.contains("[CloseConn]"), "server saw no close: {log}");
+}
+
+/// IPv6, a padded length and a server fill (rand, which irtt servers allow by default).
+#[test]
+fn irtt_ipv6_length_and_server_fill() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server = format!("[{B_ADDR6}]:2112");
+    let _srv = irtt_server(&pair.b, &server, &[]);
+    let v = probe_json(
+        &pair.a,
+        &[
+            &server, "-6", "-i", "10ms", "-d", "1s", "-l", "172", "--fill", "rand", "--sfill",
+            "rand",
+        ],
+        Duration::from_secs(15),
+    );
+    let sent = u(&v, "/stats/packets_sent");
+    assert!(sent >= 90, "{sent}");
+    assert_eq!(u(&v, "/stats/replies_unique"), sent, "{}", v["stats"]);
+    assert_eq!(u(&v, "/settings/packet_length"), 172);
+    assert_eq!(u(&v, "/stats/bytes_received"), 172 * sent);
+    assert_eq!(v["settings"]["negotiated"]["server_fill"], "rand");
+    assert!(v["settings"]["remote_addr"]
+        .as_str()
+        .unwrap()
+        .starts_with("[fd77::2]"));
 }
