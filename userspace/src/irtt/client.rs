@@ -92,6 +92,18 @@ impl Wait {
     }
 }
 
+/// The do-not-fragment setting (irtt's `--df`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Df {
+    /// OS default (path MTU discovery as configured)
+    Default,
+    /// never set DF: the kernel fragments large packets
+    False,
+    /// always set DF: packets above the path MTU fail to send
+    True,
+}
+
 /// Which address family to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum IpVersion {
@@ -126,6 +138,7 @@ pub struct IrttConfig {
     pub wait: Wait,
     /// IP TTL / hop limit (0: OS default).
     pub ttl: u32,
+    pub df: Df,
     pub ip_version: IpVersion,
     pub local: Option<String>,
     /// Accept server restrictions instead of failing.
@@ -158,6 +171,7 @@ impl Default for IrttConfig {
             ],
             wait: Wait::MaxRtt(3.0, Duration::from_secs(4)),
             ttl: 0,
+            df: Df::Default,
             ip_version: IpVersion::Any,
             local: None,
             loose: false,
@@ -403,6 +417,43 @@ fn open_socket(cfg: &IrttConfig, remote: SocketAddr) -> Result<UdpSocket> {
             s.set_unicast_hops_v6(cfg.ttl)
         }
         .context("setting the TTL")?;
+    }
+    if cfg.df != Df::Default {
+        let (level, opt, val) = match (remote.is_ipv4(), cfg.df == Df::True) {
+            (true, true) => (
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            ),
+            (true, false) => (
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DONT,
+            ),
+            (false, true) => (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            ),
+            (false, false) => (
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DONT,
+            ),
+        };
+        // SAFETY: setsockopt with a c_int value we own, on a socket we own.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                level,
+                opt,
+                (&val as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("setting the do-not-fragment bit");
+        }
     }
     s.connect(&remote.into())
         .with_context(|| format!("connecting to {remote}"))?;

@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-pub use client::{Fill, IpVersion, IrttConfig, Rejected, Wait};
+pub use client::{Df, Fill, IpVersion, IrttConfig, Rejected, Wait};
 pub use params::{Clock, Params, ReceivedStats, StampAt};
 pub use stats::{Lost, Stats};
 
@@ -74,6 +74,9 @@ pub struct IrttArgs {
     /// IP TTL / hop limit (0: OS default).
     #[arg(long, default_value_t = 0)]
     pub ttl: u32,
+    /// Do-not-fragment bit: default (OS), false, true.
+    #[arg(long, value_enum, default_value = "default")]
+    pub df: Df,
     /// IPv4 only.
     #[arg(short = '4', conflicts_with = "ipv6")]
     pub ipv4: bool,
@@ -164,6 +167,7 @@ impl IrttArgs {
             open_timeouts,
             wait: self.wait,
             ttl: self.ttl,
+            df: self.df,
             ip_version: match (self.ipv4, self.ipv6) {
                 (true, _) => IpVersion::V4,
                 (_, true) => IpVersion::V6,
@@ -268,6 +272,12 @@ fn build_result(cfg: IrttConfig, raw: client::RawRun) -> IrttResult {
                 stats.negative_one_way_delays
             ));
         }
+    }
+    if raw.rejected.truncated > 0 {
+        notes.push(format!(
+            "{} replies were shorter than our {}-byte requests and were rejected (an irtt server answers at most its interface MTU: keep -l within the path MTU minus IP/UDP headers, e.g. 1472 for IPv4 on a 1500 MTU)",
+            raw.rejected.truncated, raw.packet_length
+        ));
     }
     if raw.negotiated.received_stats == ReceivedStats::None {
         notes.push("--stats none: loss cannot be split into upstream and downstream".to_string());
