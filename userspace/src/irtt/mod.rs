@@ -348,6 +348,21 @@ pub fn run(args: IrttArgs) -> Result<()> {
     } else {
         print!("{}", output::text(&result));
     }
+    // partial results are printed above; the exit status says the test broke
+    if let Some(e) = &result.send_error {
+        let hint = if e.contains("os error 90") {
+            format!(
+                " (the {}-byte packets exceed the path MTU with --df true)",
+                result.settings.packet_length
+            )
+        } else {
+            String::new()
+        };
+        bail!("the test stopped on a send error: {e}{hint}");
+    }
+    if let Some(e) = &result.receive_error {
+        bail!("the test stopped on a receive error: {e}");
+    }
     Ok(())
 }
 
