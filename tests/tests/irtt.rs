@@ -313,8 +313,10 @@ fn irtt_hmac_and_server_restrictions() {
 }
 
 /// A misbehaving server (our own, in the namespace): it answers the open
-/// correctly, then corrupts replies by seqno: 1 mod 4 wrong magic, 2 mod 4
-/// truncated, 3 mod 4 wrong HMAC. Each kind must be counted and rejected.
+/// correctly, then by seqno mod 8: 0 a good reply sent twice (duplicate),
+/// 1 wrong magic, 2 truncated (validly signed), 3 wrong HMAC, 4 held back and
+/// sent after the reply to 5 (late), 5-7 good. Each kind must be counted, and
+/// only good replies enter the statistics.
 #[test]
 fn irtt_bad_replies_are_counted_and_rejected() {
     use rttscope::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
@@ -333,6 +335,7 @@ fn irtt_bad_replies_are_counted_and_rejected() {
         tx.send(()).unwrap();
         let mut buf = [0u8; 2048];
         let token: u64 = 0x1122_3344_5566_7788;
+        let mut held: Option<Vec<u8>> = None;
         while !stop2.load(Ordering::Relaxed) {
             let Ok((n, from)) = s.recv_from(&mut buf) else {
                 continue;
@@ -356,17 +359,28 @@ fn irtt_bad_replies_are_counted_and_rejected() {
             let mut r = req.to_vec();
             r[3] = FL_REPLY;
             key.sign(&mut r);
-            match seq % 4 {
+            match seq % 8 {
+                0 => {
+                    s.send_to(&r, from).unwrap(); // and once more below
+                }
                 1 => r[0] ^= 0xff,
                 2 => {
-                    // validly signed, but shorter than the request
                     r.truncate(r.len() - 5);
                     key.sign(&mut r);
                 }
                 3 => r[10] ^= 0x01,
+                4 => {
+                    held = Some(r);
+                    continue;
+                }
                 _ => {}
             }
             s.send_to(&r, from).unwrap();
+            if seq % 8 == 5 {
+                if let Some(h) = held.take() {
+                    s.send_to(&h, from).unwrap();
+                }
+            }
         }
     });
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
@@ -392,15 +406,20 @@ fn irtt_bad_replies_are_counted_and_rejected() {
     stop.store(true, Ordering::Relaxed);
     server.join().unwrap();
     let sent = u(&v, "/stats/packets_sent");
-    let n = |m| (0..sent).filter(|s| s % 4 == m).count() as u64;
+    let n = |m: &[u64]| (0..sent).filter(|s| m.contains(&(s % 8))).count() as u64;
+    let late = (0..sent).filter(|s| s % 8 == 4 && s + 1 < sent).count() as u64;
     eprintln!("sent {sent}, rejected {}", v["rejected"]);
     assert!(sent >= 90, "{sent}");
-    assert_eq!(u(&v, "/stats/replies_unique"), n(0), "{}", v["stats"]);
-    assert_eq!(u(&v, "/rejected/bad_magic"), n(1), "{}", v["rejected"]);
-    assert_eq!(u(&v, "/rejected/truncated"), n(2), "{}", v["rejected"]);
-    assert_eq!(u(&v, "/rejected/bad_hmac"), n(3), "{}", v["rejected"]);
-    // the RTT statistics only hold the good replies
-    assert_eq!(u(&v, "/stats/rtt/n"), n(0));
+    let good = n(&[0, 5, 6, 7]) + late;
+    assert_eq!(u(&v, "/stats/replies_unique"), good, "{}", v["stats"]);
+    assert_eq!(u(&v, "/stats/duplicates"), n(&[0]), "{}", v["stats"]);
+    assert_eq!(u(&v, "/stats/late_packets"), late, "{}", v["stats"]);
+    assert_eq!(u(&v, "/rejected/bad_magic"), n(&[1]), "{}", v["rejected"]);
+    assert_eq!(u(&v, "/rejected/truncated"), n(&[2]), "{}", v["rejected"]);
+    assert_eq!(u(&v, "/rejected/bad_hmac"), n(&[3]), "{}", v["rejected"]);
+    // the RTT statistics only hold the good replies, once each
+    assert_eq!(u(&v, "/stats/rtt/n"), good);
+    assert_eq!(u(&v, "/stats/packets_received"), good + n(&[0]));
 }
 
 /// Ctrl-C ends the test at once with partial results, and the probe still
