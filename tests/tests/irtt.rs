@@ -38,9 +38,16 @@ fn probe_json(ns: &NetNs, args: &[&str], timeout: Duration) -> Value {
 }
 
 /// Start `irtt server` in `ns`, bound to `addr`, and wait until it listens.
+/// Without `-i` in `extra` it runs with `-i 0`: irtt's default 10 ms minimum
+/// interval (burst 5) drops requests that queued up while the server was not
+/// scheduled (seen here: a 90 ms stall on a loaded 2-core machine, then 6
+/// requests dropped as "short interval"), which would read as upstream loss.
 fn irtt_server(ns: &NetNs, addr: &str, extra: &[&str]) -> ChildGuard {
     let mut c = ns.command("irtt");
     c.args(["server", "-b", addr]).args(extra);
+    if !extra.contains(&"-i") {
+        c.args(["-i", "0"]);
+    }
     let g = ChildGuard::spawn(&mut c).expect("spawn irtt server (Debian package irtt)");
     let port = addr.rsplit(':').next().unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -103,11 +110,22 @@ fn irtt_probe_matches_irtt_client() {
     let their_mean = f(&theirs, "/stats/rtt/mean");
     let their_sent = u(&theirs, "/stats/packets_sent");
     eprintln!(
-        "ours: {sent} sent, {received} received, RTT median {our_median:.0} ns mean {our_mean:.0} ns; \
-         irtt client: {their_sent} sent, RTT median {their_median:.0} ns mean {their_mean:.0} ns"
+        "ours: {sent} sent ({} timer misses), {received} received, RTT median {our_median:.0} ns mean {our_mean:.0} ns; \
+         irtt client: {their_sent} sent, RTT median {their_median:.0} ns mean {their_mean:.0} ns",
+        u(&ours, "/stats/timer_misses")
     );
-    // 5 s at 10 ms: irtt's schedule gives 1 + 500 send slots at most
-    assert!((490..=501).contains(&sent), "sent {sent}, expected ~500");
+    // 5 s at 10 ms: irtt's schedule has 500 send slots; a slot is skipped
+    // (a timer miss) when the sender wakes more than half an interval late,
+    // which a loaded 2-core machine does now and then
+    let misses = u(&ours, "/stats/timer_misses");
+    assert!(
+        (495..=501).contains(&(sent + misses)),
+        "sent {sent} + missed {misses}, expected 500 slots"
+    );
+    assert!(
+        sent >= 450,
+        "sent {sent} ({misses} timer misses), expected ~500"
+    );
     assert_eq!(received, sent, "loss on a clean veth: {ours}");
     assert_eq!(f(&ours, "/stats/packet_loss_percent"), 0.0);
     assert_eq!(u(&ours, "/stats/server_packets_received"), sent);
@@ -134,12 +152,14 @@ fn irtt_probe_matches_irtt_client() {
     // the JSON is an IrttResult (what `compare` consumes in-process)
     let r: rttscope::irtt::IrttResult = serde_json::from_value(ours.clone()).expect("IrttResult");
     assert_eq!(r.rtt_samples().count() as u64, received);
-    // isochronous: the sends are 10 ms apart on average
-    let offs: Vec<i64> = r.samples.iter().map(|s| s.offset_ns).collect();
-    let mean_gap = (offs[offs.len() - 1] - offs[0]) as f64 / (offs.len() - 1) as f64;
+    // isochronous: sends sit on the 10 ms grid from the start (the median
+    // lateness against the grid is small, whatever the misses)
+    let mut phase: Vec<i64> = r.samples.iter().map(|s| s.offset_ns % 10_000_000).collect();
+    phase.sort_unstable();
+    let median_phase = phase[phase.len() / 2];
     assert!(
-        (mean_gap - 10e6).abs() < 0.2e6,
-        "mean send spacing {mean_gap:.0} ns"
+        median_phase < 2_000_000,
+        "median lateness against the 10 ms grid {median_phase} ns"
     );
     // every setting recorded
     assert_eq!(u(&ours, "/settings/negotiated/interval_ns"), 10_000_000);
@@ -255,7 +275,12 @@ fn irtt_hmac_and_server_restrictions() {
     }
     let pair = Pair::new().unwrap();
     let server = format!("{B_ADDR}:2112");
-    let _srv = irtt_server(&pair.b, &server, &["--hmac=s3cret", "-i", "20ms"]);
+    // --pburst 100: queued requests after a scheduling stall are not dropped
+    let _srv = irtt_server(
+        &pair.b,
+        &server,
+        &["--hmac=s3cret", "-i", "20ms", "--pburst", "100"],
+    );
     // right key, interval the server allows
     let v = probe_json(
         &pair.a,
