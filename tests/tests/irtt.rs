@@ -279,7 +279,7 @@ fn irtt_hmac_and_server_restrictions() {
     let _srv = irtt_server(
         &pair.b,
         &server,
-        &["--hmac=s3cret", "-i", "20ms", "--pburst", "100"],
+        &["--hmac=s3cret", "-i", "20ms", "--pburst=100"],
     );
     // right key, interval the server allows
     let v = probe_json(
