@@ -24,6 +24,9 @@ pub enum Command {
     Bucket(crate::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
     Chart(crate::chart::ChartArgs),
+    /// Isochronous UDP probe against an `irtt server` (to become `probe irtt`).
+    #[command(name = "probe-irtt", hide = true)]
+    ProbeIrtt(crate::irtt::IrttArgs),
 }
 
 #[cfg(test)]

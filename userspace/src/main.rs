@@ -10,6 +10,7 @@ fn main() -> ExitCode {
         Command::Observe(args) => rttscope::observe::run(args),
         Command::Bucket(args) => rttscope::bucket::run(args),
         Command::Chart(args) => rttscope::chart::run(args),
+        Command::ProbeIrtt(args) => rttscope::irtt::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
