@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::flow::Flow;
-use crate::hist::Hist;
+use crate::hist::{Hist, Snapshot};
 use crate::netns::{self, NetNs};
 use crate::report::{self, FlowRow, Interval, ViewStats};
 use crate::tcp_view::{self, TcpFlowState, TcpView, TcpViewConfig};
@@ -95,66 +95,75 @@ impl NsNames {
     }
 }
 
-/// Per-flow bookkeeping between intervals.
+/// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
+/// cumulative histogram (the interval's counts are the difference).
 #[derive(Default)]
 struct Tracker {
-    prev: HashMap<Flow, Hist>,
+    prev: HashMap<Flow, Snapshot>,
+    seen: std::collections::HashSet<Flow>,
     vanished: u64,
     closed_reported: u64,
+    tracked: u64,
 }
 
 impl Tracker {
-    /// Turn a read of the flow map into the interval's rows.
-    fn interval_rows(
+    fn begin(&mut self) {
+        self.seen.clear();
+        self.tracked = 0;
+    }
+
+    /// One flow of this interval's read: its row, if it had samples, is new, or closed.
+    fn flow_row(
         &mut self,
-        flows: &[TcpFlowState],
+        f: &TcpFlowState,
         epoch: u32,
         names: &mut NsNames,
-    ) -> (Vec<FlowRow>, Hist) {
-        let mut rows = Vec::new();
-        let mut total = Hist::default();
-        let mut seen = std::collections::HashSet::new();
-        for f in flows {
-            seen.insert(f.flow);
-            let first = !self.prev.contains_key(&f.flow);
-            let mut delta = match self.prev.get(&f.flow) {
-                Some(p) => f.hist.delta(p),
-                None => f.hist.clone(),
-            };
-            if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
-                delta.min_us = Some(f.win_min_us);
-                delta.max_us = Some(f.win_max_us);
-            } else if first && delta.count() > 0 {
-                delta.min_us = f.hist.min_us;
-                delta.max_us = f.hist.max_us;
-            }
-            self.prev.insert(f.flow, f.hist.clone());
-            if delta.count() == 0 && !first && !f.closed {
-                continue;
-            }
-            total.merge(&delta);
-            let mut vs = ViewStats::from_hist(&delta);
-            vs.srtt_us = Some(f.srtt_us);
-            vs.retrans = Some(f.retrans);
-            rows.push(FlowRow {
-                netns: f.flow.netns,
-                netns_name: names.get(f.flow.netns),
-                local: f.flow.local.to_string(),
-                remote: f.flow.remote.to_string(),
-                side: f.side,
-                origin: Some(f.origin),
-                state: Some(tcp_view::state_name(f.state)),
-                closed: f.closed,
-                tcp: Some(vs),
-                sampler: None,
-                flow: Some(f.flow),
-            });
+        total: &mut Hist,
+    ) -> Option<FlowRow> {
+        self.seen.insert(f.flow);
+        self.tracked += 1;
+        let first = !self.prev.contains_key(&f.flow);
+        let mut delta = self
+            .prev
+            .get(&f.flow)
+            .map_or_else(|| f.hist(), |p| p.delta(&f.counts, f.sum_us));
+        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
+            delta.min_us = Some(f.win_min_us);
+            delta.max_us = Some(f.win_max_us);
+        } else if first && delta.count() > 0 {
+            delta.min_us = f.life_min_us;
+            delta.max_us = f.life_max_us;
         }
+        self.prev
+            .insert(f.flow, Snapshot::of_counts(&f.counts, f.sum_us));
+        if delta.count() == 0 && !first && !f.closed {
+            return None;
+        }
+        total.merge(&delta);
+        let mut vs = ViewStats::from_hist(&delta);
+        vs.srtt_us = Some(f.srtt_us);
+        vs.retrans = Some(f.retrans);
+        Some(FlowRow {
+            netns: f.flow.netns,
+            netns_name: names.get(f.flow.netns),
+            local: f.flow.local.to_string(),
+            remote: f.flow.remote.to_string(),
+            side: f.side,
+            origin: Some(f.origin),
+            state: Some(tcp_view::state_name(f.state)),
+            closed: f.closed,
+            tcp: Some(vs),
+            sampler: None,
+            flow: Some(f.flow),
+        })
+    }
+
+    /// After a full read: flows that disappeared without a close were evicted.
+    fn end(&mut self) {
         let before = self.prev.len();
+        let seen = &self.seen;
         self.prev.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
-        rows.sort_by(|a, b| (a.netns, &a.local, &a.remote).cmp(&(b.netns, &b.local, &b.remote)));
-        (rows, total)
     }
 }
 
@@ -318,10 +327,18 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             break; // the last interval was just reported
         }
         // One interval: read, then start the next epoch.
-        let flows = view.read_flows()?;
         let epoch = view.epoch();
+        let mut rows = Vec::new();
+        let mut total = Hist::default();
+        tracker.begin();
+        view.for_each_flow(|f| {
+            if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
+                rows.push(r);
+            }
+        })?;
+        tracker.end();
         view.next_epoch();
-        let (rows, total) = tracker.interval_rows(&flows, epoch, &mut names);
+        rows.sort_by(|a, b| (a.netns, &a.local, &a.remote).cmp(&(b.netns, &b.local, &b.remote)));
         for r in rows.iter().filter(|r| r.closed) {
             if let Some(f) = &r.flow {
                 view.forget(f);
@@ -333,7 +350,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         let mut tc = view.counters();
         tc.insert("flows_vanished", tracker.vanished);
         tc.insert("flows_closed_reported", tracker.closed_reported);
-        tc.insert("flows_tracked", flows.len() as u64);
+        tc.insert("flows_tracked", tracker.tracked);
         counters.insert("tcp", tc);
         let iv = Interval {
             kind: "interval",
@@ -360,21 +377,19 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         }
     }
     // Cumulative summary since start, per flow still known.
-    let flows = view.read_flows()?;
-    let summary: Vec<serde_json::Value> = flows
-        .iter()
-        .map(|f| {
-            json!({
-                "netns": f.flow.netns,
-                "netns_name": names.get(f.flow.netns),
-                "local": f.flow.local.to_string(),
-                "remote": f.flow.remote.to_string(),
-                "side": f.side,
-                "origin": f.origin,
-                "tcp": { "summary": f.hist.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&f.hist) },
-            })
-        })
-        .collect();
+    let mut summary: Vec<serde_json::Value> = Vec::new();
+    view.for_each_flow(|f| {
+        let h = f.hist();
+        summary.push(json!({
+            "netns": f.flow.netns,
+            "netns_name": names.get(f.flow.netns),
+            "local": f.flow.local.to_string(),
+            "remote": f.flow.remote.to_string(),
+            "side": f.side,
+            "origin": f.origin,
+            "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
+        }));
+    })?;
     let mut out = stdout.lock();
     if args.format == Format::Json {
         let line = json!({ "type": "end", "t": start.elapsed().as_secs_f64(), "ts": unix_now(), "flows": summary, "counters": { "tcp": view.counters() } });

@@ -62,8 +62,11 @@ pub struct TcpFlowState {
     pub closed: bool,
     pub srtt_fallback: bool,
     pub samples: u64,
-    /// Cumulative histogram over the flow's life (exact life min/max).
-    pub hist: Hist,
+    /// Cumulative histogram counts over the flow's life, as the kernel keeps them.
+    pub counts: Box<[u32]>,
+    pub sum_us: u64,
+    pub life_min_us: Option<u32>,
+    pub life_max_us: Option<u32>,
     pub srtt_us: u32,
     pub last_rtt_us: u32,
     pub retrans: u32,
@@ -100,6 +103,18 @@ pub struct TcpView {
     listeners: HashSet<(u32, u16)>,
     pub info: TcpHookInfo,
     epoch: u32,
+}
+
+impl TcpFlowState {
+    /// The cumulative histogram (exact life min/max).
+    pub fn hist(&self) -> Hist {
+        Hist::from_counts(
+            &self.counts,
+            self.sum_us,
+            self.life_min_us,
+            self.life_max_us,
+        )
+    }
 }
 
 fn origin_name(o: u8) -> &'static str {
@@ -302,26 +317,36 @@ impl TcpView {
         }
     }
 
-    /// Read every flow entry (batched: a few syscalls for thousands of flows).
-    pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
-        let mut out = Vec::new();
+    /// Read every flow entry (batched: a few syscalls for thousands of
+    /// flows), handing each to `f` without keeping them all in memory.
+    pub fn for_each_flow(&self, mut f: impl FnMut(TcpFlowState)) -> Result<()> {
         let map = &self.skel.maps.tcp_flows;
-        let fallback = dump_map(map, |k, v| {
-            if let Some(f) = self.decode_flow(k, v) {
-                out.push(f);
+        let mut n = 0usize;
+        let res = dump_map(map, |k, v| {
+            if let Some(s) = self.decode_flow(k, v) {
+                n += 1;
+                f(s);
             }
-        })
-        .is_err();
-        if fallback {
-            out.clear();
+        });
+        if res.is_err() && n == 0 {
+            // Kernels without batch lookup for this map type: one key at a time.
             for k in map.keys() {
                 if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
-                    if let Some(f) = self.decode_flow(&k, &v) {
-                        out.push(f);
+                    if let Some(s) = self.decode_flow(&k, &v) {
+                        f(s);
                     }
                 }
             }
+        } else {
+            res.context("reading the TCP view's flow map")?;
         }
+        Ok(())
+    }
+
+    /// Read every flow entry.
+    pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
+        let mut out = Vec::new();
+        self.for_each_flow(|s| out.push(s))?;
         Ok(out)
     }
 
@@ -350,7 +375,10 @@ impl TcpView {
             closed: val.flags & 2 != 0,
             srtt_fallback: val.flags & 1 != 0,
             samples: val.samples,
-            hist: Hist::from_counts(&val.hist, val.sum_us, min, max),
+            counts: Box::new(val.hist),
+            sum_us: val.sum_us,
+            life_min_us: min,
+            life_max_us: max,
             srtt_us: val.srtt_us,
             last_rtt_us: val.last_rtt_us,
             retrans: val.retrans,
@@ -408,7 +436,10 @@ pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::
     // Opaque batch cursors: for hash maps a bucket index (4 bytes), sized for safety.
     let mut cursor_in = vec![0u8; ks.max(8)];
     let mut cursor_out = vec![0u8; ks.max(8)];
-    let opts = libbpf_sys::bpf_map_batch_opts { sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _, ..Default::default() };
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
     let fd = map.as_fd().as_raw_fd();
     let mut first = true;
     loop {
@@ -417,7 +448,11 @@ pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::
         let ret = unsafe {
             libbpf_sys::bpf_map_lookup_batch(
                 fd,
-                if first { std::ptr::null_mut() } else { cursor_in.as_mut_ptr().cast() },
+                if first {
+                    std::ptr::null_mut()
+                } else {
+                    cursor_in.as_mut_ptr().cast()
+                },
                 cursor_out.as_mut_ptr().cast(),
                 keys.as_mut_ptr().cast(),
                 vals.as_mut_ptr().cast(),
@@ -425,10 +460,16 @@ pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::
                 &opts,
             )
         };
-        let err = if ret < 0 { Some(std::io::Error::last_os_error()) } else { None };
+        let err = if ret < 0 {
+            Some(std::io::Error::last_os_error())
+        } else {
+            None
+        };
         match &err {
             Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(std::io::Error::new(e.kind(), e.to_string())),
+            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                return Err(std::io::Error::new(e.kind(), e.to_string()))
+            }
             _ => {}
         }
         for i in 0..count as usize {
