@@ -228,6 +228,7 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SC_SKIP_MALFORMED,    /* bad version, IHL, data offset or length */
 	RTTSCOPE_SC_RAW_EVENTS,        /* raw events written */
 	RTTSCOPE_SC_RAW_DROPS,         /* raw events dropped: ring buffer full */
+	RTTSCOPE_SC_ACKED_TOGETHER,    /* pending segments freed by an ACK that timed an older one */
 	RTTSCOPE_SC_COUNTERS,          /* number of counters */
 };
 

@@ -136,6 +136,14 @@ static __always_inline void count(__u32 idx)
 		*c += 1;
 }
 
+static __always_inline void count_n(__u32 idx, __u64 n)
+{
+	__u64 *c = bpf_map_lookup_elem(&sampler_counters, &idx);
+
+	if (c)
+		*c += n;
+}
+
 static __always_inline int sampled(void)
 {
 	if (cfg_sample_threshold == 0)
@@ -354,6 +362,13 @@ static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 	}
 }
 
+/* A reset: drop the flow's pending segments (they will never be acknowledged). */
+static __always_inline void forget(const struct rttscope_flow_key *key)
+{
+	if (bpf_map_delete_elem(&sampler_pending, key) == 0)
+		count(RTTSCOPE_SC_PENDING_DELETED);
+}
+
 static __always_inline struct rttscope_sampler_flow *get_flow(const struct rttscope_flow_key *key, __u64 now)
 {
 	struct rttscope_sampler_flow *f = bpf_map_lookup_elem(&sampler_flows, key);
@@ -450,8 +465,11 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	if (parse(skb, &s))
 		return PASS;
 	count(RTTSCOPE_SC_TCP_EGRESS);
-	if (s.flags & TH_RST)
+	if (s.flags & TH_RST) {
+		s.key.netns = cfg_netns;
+		forget(&s.key);
 		return PASS;
+	}
 	if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
 		count(RTTSCOPE_SC_NO_DATA);
 		return PASS;
@@ -536,7 +554,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	struct rttscope_sampler_pending *pd;
 	struct rttscope_sampler_flow *f = NULL;
 	struct seg s = {};
-	__u32 v, t, matched = 0;
+	__u32 v, t, matched = 0, oldest = 0;
 	__u64 now;
 	int i;
 
@@ -547,7 +565,15 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	if (parse(skb, &s))
 		return PASS;
 	count(RTTSCOPE_SC_TCP_INGRESS);
-	if (!(s.flags & TH_ACK) || (s.flags & TH_RST)) {
+	if (s.flags & TH_RST) {
+		/* the connection is gone: nothing pending will be acknowledged */
+		swap_key(&s.key);
+		s.key.netns = cfg_netns;
+		forget(&s.key);
+		count(RTTSCOPE_SC_NOT_ACK);
+		return PASS;
+	}
+	if (!(s.flags & TH_ACK)) {
 		count(RTTSCOPE_SC_NOT_ACK);
 		return PASS;
 	}
@@ -603,15 +629,20 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 			count(RTTSCOPE_SC_RACE);
 			continue;
 		}
-		if (!f) {
-			f = get_flow(&s.key, now);
-			if (!f)
-				return PASS;
-		}
-		add_sample(f, &s.key, age, now);
 		matched++;
+		if (age > oldest)
+			oldest = age;
 	}
-	if (!matched)
+	if (!matched) {
 		count(RTTSCOPE_SC_ACK_NO_MATCH);
+		return PASS;
+	}
+	/* one sample per ACK, from the oldest segment it covers (as TCP's
+	 * seq_rtt); the others are freed and counted */
+	if (matched > 1)
+		count_n(RTTSCOPE_SC_ACKED_TOGETHER, matched - 1);
+	f = get_flow(&s.key, now);
+	if (f)
+		add_sample(f, &s.key, oldest, now);
 	return PASS;
 }

@@ -20,6 +20,9 @@ pub struct Cli {
 pub enum Command {
     /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
     Observe(crate::observe::ObserveArgs),
+    /// The sampler view alone (testing; to be folded into `observe --view sampler`).
+    #[command(hide = true)]
+    Sample(crate::sampler_cmd::SampleArgs),
 }
 
 #[cfg(test)]

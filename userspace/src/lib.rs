@@ -11,4 +11,6 @@ pub mod hist;
 pub mod logging;
 pub mod netns;
 pub mod observe;
+pub mod sampler;
+pub mod sampler_cmd;
 pub mod units;
