@@ -660,3 +660,119 @@ fn bad_interface_is_one_clear_error() {
     assert!(err.contains("no-such-if0"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+// ---- benchmark (ignored; scripts/bench-sampler.sh runs it) -----------------
+
+/// BPF run-time statistics while the returned fd is open (BPF_ENABLE_STATS):
+/// nothing global is left changed when the benchmark ends.
+fn enable_bpf_stats() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const BPF_ENABLE_STATS: libc::c_long = 32;
+    let attr = [0u32; 4]; // enable_stats.type = BPF_STATS_RUN_TIME (0)
+    // SAFETY: bpf(2) with a zeroed attr of the size we pass.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_ptr(), 16usize) };
+    // SAFETY: a fresh fd we own.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn prog_stats(id: u64) -> (u64, u64) {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "prog", "show", "id", &id.to_string()])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (
+        v["run_time_ns"].as_u64().unwrap_or(0),
+        v["run_cnt"].as_u64().unwrap_or(0),
+    )
+}
+
+fn rr_tps(pair: &Pair, server: SocketAddr, secs: f64) -> f64 {
+    let c = RrClient::start(&pair.a, server, 1, Duration::ZERO).unwrap();
+    std::thread::sleep(Duration::from_millis(200)); // warm up
+    let t0 = Instant::now();
+    let n0 = c.transactions.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let n = c.transactions.load(Ordering::Relaxed) - n0;
+    let tps = n as f64 / t0.elapsed().as_secs_f64();
+    drop(c);
+    tps
+}
+
+/// ns per packet of each tc program and the transaction-rate drop of a
+/// full-speed TCP request/response flow with the sampler on both ends'
+/// interfaces at --sample-every 1. Rounds alternate off/on to spread the
+/// noise of a shared machine over both.
+#[test]
+#[ignore]
+fn bench_sampler_overhead() {
+    if !require_root() {
+        return;
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3.0);
+    let matching = std::env::var("BENCH_MATCH").unwrap_or_else(|_| "seq".into());
+    let every = std::env::var("BENCH_SAMPLE_EVERY").unwrap_or_else(|_| "1".into());
+    let _stats = enable_bpf_stats().expect("BPF_ENABLE_STATS");
+    let pair = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5009").parse().unwrap();
+    let _s = RrServer::start(&pair.b, server, 1).unwrap();
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    let mut per_prog: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for _ in 0..rounds {
+        off.push(rr_tps(&pair, server, secs));
+        let s = Sampler::start(&[
+            "--iface",
+            &iface(&pair.a, &pair.a_if),
+            "--iface",
+            &iface(&pair.b, &pair.b_if),
+            "--match",
+            &matching,
+            "--sample-every",
+            &every,
+            "--duration",
+            "600s",
+            "--interval",
+            "600s",
+        ]);
+        on.push(rr_tps(&pair, server, secs));
+        for p in s.start["progs"].as_array().unwrap() {
+            let (ns, cnt) = prog_stats(p["id"].as_u64().unwrap());
+            let e = per_prog
+                .entry(p["name"].as_str().unwrap().to_string())
+                .or_default();
+            e.0 += ns;
+            e.1 += cnt;
+        }
+        // SAFETY: end our own child (SIGTERM: it exits cleanly).
+        unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
+        let _ = s.child.wait_output(Duration::from_secs(10));
+    }
+    let med = |v: &mut Vec<f64>| median(v);
+    let (m_off, m_on) = (med(&mut off.clone()), med(&mut on.clone()));
+    let drop_pct = (m_off - m_on) / m_off * 100.0;
+    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s, sampler on both veth ends, --sample-every {every}");
+    println!("  TPS off: {off:.0?}  median {m_off:.0}");
+    println!("  TPS on : {on:.0?}  median {m_on:.0}");
+    println!("  TPS drop (medians): {drop_pct:.2} %");
+    for (name, (ns, cnt)) in &per_prog {
+        println!(
+            "  {name}: {:.1} ns/packet over {cnt} runs",
+            *ns as f64 / (*cnt).max(1) as f64
+        );
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds, "secs": secs,
+            "tps_off": off, "tps_on": on, "drop_pct": drop_pct,
+            "progs": per_prog.iter().map(|(n, (ns, c))| serde_json::json!({"name": n, "run_time_ns": ns, "run_cnt": c, "ns_per_packet": *ns as f64 / (*c).max(1) as f64})).collect::<Vec<_>>(),
+        })
+    );
+}
