@@ -82,7 +82,7 @@ impl Sampler {
     }
 }
 
-fn flow<'a>(report: &'a Value, local: SocketAddr, remote: SocketAddr) -> Option<&'a Value> {
+fn flow(report: &Value, local: SocketAddr, remote: SocketAddr) -> Option<&Value> {
     report["flows"].as_array()?.iter().find(|f| {
         f["local"].as_str() == Some(&local.to_string())
             && f["remote"].as_str() == Some(&remote.to_string())
@@ -557,11 +557,12 @@ fn garbage_is_counted_and_never_sampled() {
         payload: 0,
     };
     let good = frame(ack, 0, false, 5);
-    let mut bad: Vec<Vec<u8>> = Vec::new();
-    bad.push(frame(ack, 1, false, 5)); // IP options
-    bad.push(frame(ack, 0, true, 5)); // fragment
-    bad.push(frame(ack, 0, false, 3)); // TCP data offset < 5
-    bad.push(frame(ack, 0, false, 15)); // data offset past the packet
+    let mut bad: Vec<Vec<u8>> = vec![
+        frame(ack, 1, false, 5),  // IP options
+        frame(ack, 0, true, 5),   // fragment
+        frame(ack, 0, false, 3),  // TCP data offset < 5
+        frame(ack, 0, false, 15), // data offset past the packet
+    ];
     let mut trunc = good.clone();
     trunc.truncate(14 + 20 + 10); // TCP header cut short
     bad.push(trunc);
@@ -620,7 +621,7 @@ fn garbage_is_counted_and_never_sampled() {
     assert_eq!(flows.len(), 1, "{report}");
     let rtt = flows[0]["max_us"].as_f64().unwrap();
     assert!(
-        rtt >= 200_000.0 && rtt < 5_000_000.0,
+        (200_000.0..5_000_000.0).contains(&rtt),
         "the sample spans the 30+200 ms the test waited: {rtt} us"
     );
     assert_eq!(flows[0]["remote"], "10.77.0.99:42222");
