@@ -563,7 +563,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	struct rttscope_sampler_flow *f = NULL;
 	struct seg s = {};
 	__u32 v, t, matched = 0, oldest = 0;
-	__u64 now;
+	__u64 now, busy;
 	int i;
 
 	count(RTTSCOPE_SC_SEEN_INGRESS);
@@ -600,6 +600,14 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
 	if (!pd) {
 		count(RTTSCOPE_SC_ACK_NO_PENDING);
+		return PASS;
+	}
+	/* nothing pending: no clock read, nothing to expire */
+	busy = 0;
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++)
+		busy |= pd->slot[i];
+	if (!busy) {
+		count(RTTSCOPE_SC_ACK_NO_MATCH);
 		return PASS;
 	}
 	now = bpf_ktime_get_ns();

@@ -752,6 +752,71 @@ fn enable_bpf_stats() -> Option<std::os::fd::OwnedFd> {
     (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// ns per run of a loaded program on one frame, BPF_PROG_TEST_RUN with
+/// `repeat` (time while preempted is excluded by the kernel).
+fn test_run_ns(prog_id: u64, frame: &[u8], repeat: u32) -> Option<(f64, i32)> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct GetFd {
+        prog_id: u32,
+        next_id: u32,
+        open_flags: u32,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct TestRun {
+        prog_fd: u32,
+        retval: u32,
+        data_size_in: u32,
+        data_size_out: u32,
+        data_in: u64,
+        data_out: u64,
+        repeat: u32,
+        duration: u32,
+        ctx_size_in: u32,
+        ctx_size_out: u32,
+        ctx_in: u64,
+        ctx_out: u64,
+        flags: u32,
+        cpu: u32,
+        batch_size: u32,
+        _pad: u32,
+    }
+    const BPF_PROG_TEST_RUN: libc::c_long = 10;
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    let g = GetFd {
+        prog_id: prog_id as u32,
+        ..Default::default()
+    };
+    // SAFETY: bpf(2) with attrs of the sizes we pass.
+    unsafe {
+        let fd = libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_GET_FD_BY_ID,
+            &g as *const GetFd,
+            std::mem::size_of::<GetFd>(),
+        );
+        if fd < 0 {
+            return None;
+        }
+        let mut t = TestRun {
+            prog_fd: fd as u32,
+            data_size_in: frame.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            repeat,
+            ..Default::default()
+        };
+        let r = libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut t as *mut TestRun,
+            std::mem::size_of::<TestRun>(),
+        );
+        libc::close(fd as i32);
+        (r == 0).then_some((t.duration as f64, t.retval as i32))
+    }
+}
+
 fn prog_stats(id: u64) -> (u64, u64) {
     let out = std::process::Command::new("bpftool")
         .args(["-j", "prog", "show", "id", &id.to_string()])
@@ -802,6 +867,7 @@ fn bench_sampler_overhead() {
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
     let (mut off, mut on) = (Vec::new(), Vec::new());
     let mut per_prog: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let mut test_run: Vec<(String, f64)> = Vec::new();
     for _ in 0..rounds {
         off.push(rr_tps(&pair, server, secs));
         let s = Sampler::start(&[
@@ -827,6 +893,48 @@ fn bench_sampler_overhead() {
             e.0 += ns;
             e.1 += cnt;
         }
+        if test_run.is_empty() {
+            // one data segment out and its ACK in, run in a loop by the kernel
+            let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
+            let b_ip: [u8; 4] = B_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
+            let data = frame(
+                Tcp {
+                    src: a_ip,
+                    dst: b_ip,
+                    sport: 40000,
+                    dport: 5009,
+                    seq: 1,
+                    ack: 1,
+                    flags: 0x18,
+                    payload: 1,
+                },
+                0,
+                false,
+                5,
+            );
+            let ack = frame(
+                Tcp {
+                    src: b_ip,
+                    dst: a_ip,
+                    sport: 5009,
+                    dport: 40000,
+                    seq: 1,
+                    ack: 2,
+                    flags: 0x10,
+                    payload: 0,
+                },
+                0,
+                false,
+                5,
+            );
+            for p in s.start["progs"].as_array().unwrap().iter().take(2) {
+                let name = p["name"].as_str().unwrap().to_string();
+                let f = if name.ends_with("egr") { &data } else { &ack };
+                if let Some((ns, _)) = test_run_ns(p["id"].as_u64().unwrap(), f, 1_000_000) {
+                    test_run.push((name, ns));
+                }
+            }
+        }
         // SAFETY: end our own child (SIGTERM: it exits cleanly).
         unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
         let _ = s.child.wait_output(Duration::from_secs(10));
@@ -844,9 +952,13 @@ fn bench_sampler_overhead() {
             *ns as f64 / (*cnt).max(1) as f64
         );
     }
+    for (name, ns) in &test_run {
+        println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats; egress: a data segment, ingress: an ACK)");
+    }
     println!(
         "{}",
         serde_json::json!({
+            "test_run_ns": test_run.iter().map(|(n, ns)| serde_json::json!({"name": n, "ns_per_run": ns})).collect::<Vec<_>>(),
             "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds, "secs": secs,
             "tps_off": off, "tps_on": on, "drop_pct": drop_pct,
             "progs": per_prog.iter().map(|(n, (ns, c))| serde_json::json!({"name": n, "run_time_ns": ns, "run_cnt": c, "ns_per_packet": *ns as f64 / (*c).max(1) as f64})).collect::<Vec<_>>(),
