@@ -675,9 +675,14 @@ fn garbage_is_counted_and_never_sampled() {
     v6.extend(&good[34..54]);
     bad.push(v6);
 
+    // well formed, but one byte short of the data segment's end: covers nothing
+    let partial = frame(Tcp { ack: 1009, ..ack }, 0, false, 5);
     let b_if = pair.b_if.clone();
     let bad2 = bad.clone();
-    pair.b.run(move || send_frames(&b_if, &bad2));
+    pair.b.run(move || {
+        send_frames(&b_if, &bad2);
+        send_frames(&b_if, &[partial]);
+    });
     std::thread::sleep(Duration::from_millis(200));
     let b_if = pair.b_if.clone();
     pair.b.run(move || send_frames(&b_if, &[good]));
@@ -697,6 +702,7 @@ fn garbage_is_counted_and_never_sampled() {
     ] {
         assert!(c(name) >= 1, "{name} not counted: {}", report["counters"]);
     }
+    assert_eq!(c("ack_no_match"), 1, "the partial ACK covers nothing");
     // no bogus sample from the garbage; the one good ACK gives exactly one
     assert_eq!(c("samples"), 1, "{}", report["counters"]);
     let flows = report["flows"].as_array().unwrap();
