@@ -732,6 +732,23 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
             .unwrap_or_default();
         o
     };
+    let qdiscs = || -> String {
+        pair.a
+            .exec(&["tc", "qdisc", "show", "dev", &pair.a_if])
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    // a clean run leaves nothing: no filter, and not the clsact qdisc it created
+    let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "1s"]);
+    assert!(qdiscs().contains("clsact"), "{}", qdiscs());
+    s.finish(Duration::from_secs(20));
+    assert!(
+        !qdiscs().contains("clsact"),
+        "qdisc left behind: {}",
+        qdiscs()
+    );
+    assert!(!filters("egress").contains("rttscope"));
+
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "60s"]);
     assert_eq!(s.start["attach"][0]["how"], "clsact", "{}", s.start);
     assert!(

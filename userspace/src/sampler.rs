@@ -300,6 +300,8 @@ enum Attached {
         ns: NetNs,
         ifindex: u32,
         egress: bool,
+        /// We created the clsact qdisc: remove it after our filters.
+        created_qdisc: bool,
     },
 }
 
@@ -405,16 +407,49 @@ fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result
     }
 }
 
-fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<()> {
+fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
+    libbpf_rs::libbpf_sys::bpf_tc_hook {
+        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_tc_hook>() as _,
+        ifindex: ifindex as i32,
+        attach_point: libbpf_rs::libbpf_sys::BPF_TC_INGRESS | libbpf_rs::libbpf_sys::BPF_TC_EGRESS,
+        ..Default::default()
+    }
+}
+
+/// Create the clsact qdisc if missing; true if we created it.
+fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
+    let mut h = qdisc_hook(ifindex);
+    // SAFETY: a valid, fully initialised hook description.
+    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_create(&mut h) };
+    match -r {
+        0 => Ok(true),
+        libc::EEXIST => Ok(false),
+        e => Err(std::io::Error::from_raw_os_error(e)).context("creating the clsact qdisc"),
+    }
+}
+
+/// Remove the clsact qdisc we created (with it, any filter left on it).
+fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
+    let mut h = qdisc_hook(ifindex);
+    // SAFETY: as above.
+    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_destroy(&mut h) };
+    if r != 0 && -r != libc::ENOENT && -r != libc::EINVAL {
+        return Err(std::io::Error::from_raw_os_error(-r)).context("removing the clsact qdisc");
+    }
+    Ok(())
+}
+
+/// Returns true if this call created the clsact qdisc.
+fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
     // SAFETY: prog_fd belongs to a loaded Object that outlives this call.
     let fd = unsafe { BorrowedFd::borrow_raw(prog_fd) };
     if clsact_cleanup(fd, ifindex, egress)? {
         tracing::info!("removed a stale rttscope clsact filter (ifindex {ifindex})");
     }
+    let created = clsact_qdisc_create(ifindex)?;
     let mut hook = clsact_hook(fd, ifindex, egress);
-    hook.create().context("creating the clsact qdisc")?;
     hook.attach().context("attaching the clsact filter")?;
-    Ok(())
+    Ok(created)
 }
 
 fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
@@ -519,12 +554,14 @@ impl SamplerView {
                         how = Some("tcx");
                     }
                     None => {
-                        netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
-                            .with_context(|| format!("attaching a clsact filter to {spec}"))?;
+                        let created =
+                            netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
+                                .with_context(|| format!("attaching a clsact filter to {spec}"))?;
                         attached.push(Attached::Clsact {
                             ns: ns.clone(),
                             ifindex,
                             egress,
+                            created_qdisc: created,
                         });
                         // mixed only if tcx worked one way and not the other
                         how = Some(if how == Some("tcx") {
@@ -715,18 +752,29 @@ impl SamplerView {
 
 impl Drop for SamplerView {
     fn drop(&mut self) {
+        let mut qdiscs = Vec::new();
         for a in self.attached.drain(..) {
             if let Attached::Clsact {
                 ns,
                 ifindex,
                 egress,
+                created_qdisc,
             } = a
             {
-                if let Err(e) = netns::run_in(&ns, move || clsact_detach(ifindex, egress)) {
+                let ns2 = ns.clone();
+                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
                     tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
+                }
+                if created_qdisc {
+                    qdiscs.push((ns, ifindex));
                 }
             }
             // tcx: the link fd closes here
+        }
+        for (ns, ifindex) in qdiscs {
+            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
+                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+            }
         }
     }
 }
