@@ -57,12 +57,22 @@ impl Sampler {
 
     /// Wait for the final report (the sampler ends by itself: --duration).
     fn finish(self, timeout: Duration) -> Value {
+        self.finish_raw(timeout).0
+    }
+
+    /// The final report and the raw samples (--raw) printed before it.
+    fn finish_raw(self, timeout: Duration) -> (Value, Vec<Value>) {
         let deadline = Instant::now() + timeout;
         let mut last = None;
+        let mut raw = Vec::new();
         while Instant::now() < deadline {
             match self.lines.recv_timeout(Duration::from_millis(200)) {
                 Ok(l) => {
                     let v: Value = serde_json::from_str(&l).expect("report line is JSON");
+                    if v["type"] == "sampler_sample" {
+                        raw.push(v["sample"].clone());
+                        continue;
+                    }
                     if v["type"] == "sampler_report" && v["final"] == true {
                         last = Some(v);
                         break;
@@ -78,7 +88,7 @@ impl Sampler {
             "sampler failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        last.expect("no final sampler report")
+        (last.expect("no final sampler report"), raw)
     }
 }
 
@@ -184,7 +194,14 @@ fn server_side_sees_client_pause() {
     let pair = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5002").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 2).unwrap();
-    let sampler = Sampler::start(&["--iface", &iface(&pair.b, &pair.b_if), "--duration", "4s"]);
+    let sampler = Sampler::start(&[
+        "--iface",
+        &iface(&pair.b, &pair.b_if),
+        "--duration",
+        "4s",
+        "--raw",
+    ]);
+    assert_eq!(sampler.start["settings"]["raw"], true);
     let client = RrClient::start(&pair.a, server, 2, Duration::from_millis(20)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let poll = ss_poller(&pair.b, 5002, stop.clone());
@@ -193,7 +210,23 @@ fn server_side_sees_client_pause() {
     let mut ss = poll.join().unwrap();
     let local = client.local;
     drop(client);
-    let report = sampler.finish(Duration::from_secs(20));
+    let (report, raw) = sampler.finish_raw(Duration::from_secs(20));
+    // the raw stream carries every sample of the histograms
+    assert_eq!(
+        raw.len() as u64,
+        counter(&report, "samples"),
+        "{}",
+        report["counters"]
+    );
+    assert_eq!(
+        counter(&report, "raw_drops") + counter(&report, "raw_user_drops"),
+        0
+    );
+    let raw_here: Vec<f64> = raw
+        .iter()
+        .filter(|r| r["flow"]["local"].as_str() == Some(&server.to_string()))
+        .map(|r| r["rtt_us"].as_f64().unwrap() / 1000.0)
+        .collect();
     // the server is the data sender of the responses
     let f = flow(&report, server, local).unwrap_or_else(|| panic!("no server flow: {report}"));
     let n = f["samples"].as_u64().unwrap();
@@ -203,6 +236,12 @@ fn server_side_sees_client_pause() {
         "20 ms pause: server-side sampler n={n} p50={p50_ms:.2} ms; TCP srtt median {ss_ms:.2} ms"
     );
     assert!(n >= 50, "too few samples: {report}");
+    assert_eq!(raw_here.len() as u64, n, "raw samples of the server flow");
+    let raw_p50 = median(&mut raw_here.clone());
+    assert!(
+        (raw_p50 - p50_ms).abs() <= 0.125 * p50_ms,
+        "raw median {raw_p50:.2} ms vs histogram p50 {p50_ms:.2} ms (bucket width 12.5%)"
+    );
     assert!(
         (18.0..=30.0).contains(&p50_ms),
         "server-side sampler p50 {p50_ms:.2} ms is not the 20 ms pause"
