@@ -1109,3 +1109,42 @@ fn bench_sampler_overhead() {
         })
     );
 }
+
+/// A start that fails half-way (second interface missing) leaves nothing
+/// behind from the first one.
+#[test]
+fn failed_start_leaves_no_filter() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let out = std::process::Command::new(rttscope_bin())
+        .args([
+            "sample",
+            "--attach",
+            "clsact",
+            "--iface",
+            &iface(&pair.a, &pair.a_if),
+            "--iface",
+            &iface(&pair.a, "nope0"),
+            "--duration",
+            "1s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope0"), "{err}");
+    for what in [
+        vec!["tc", "filter", "show", "dev", &pair.a_if, "egress"],
+        vec!["tc", "filter", "show", "dev", &pair.a_if, "ingress"],
+        vec!["tc", "qdisc", "show", "dev", &pair.a_if],
+    ] {
+        let o = pair.a.exec(&what).unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !text.contains("rttscope") && !text.contains("clsact"),
+            "{what:?}: {text}"
+        );
+    }
+}

@@ -305,10 +305,45 @@ enum Attached {
     },
 }
 
+/// Our attachments; dropping them detaches (also on an error half-way
+/// through `attach`, so a failed start leaves no clsact filter behind).
+#[derive(Default)]
+struct Attachments(Vec<Attached>);
+
+impl Drop for Attachments {
+    fn drop(&mut self) {
+        let mut qdiscs = Vec::new();
+        for a in self.0.drain(..) {
+            if let Attached::Clsact {
+                ns,
+                ifindex,
+                egress,
+                created_qdisc,
+            } = a
+            {
+                let ns2 = ns.clone();
+                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
+                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
+                }
+                if created_qdisc {
+                    qdiscs.push((ns, ifindex));
+                }
+            }
+            // tcx: the link fd closes here
+        }
+        for (ns, ifindex) in qdiscs {
+            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
+                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+            }
+        }
+    }
+}
+
 /// The loaded and attached sampler view.
 pub struct SamplerView {
     cfg: SamplerConfig,
-    attached: Vec<Attached>,
+    #[allow(dead_code)] // held for its Drop: detaches
+    attached: Attachments,
     info: Vec<AttachInfo>,
     ring: Option<RingBuffer<'static>>,
     raw_queue: Arc<Mutex<VecDeque<SamplerSample>>>,
@@ -483,7 +518,7 @@ impl SamplerView {
         }
         let mut seen = std::collections::BTreeSet::new();
         let mut objects: Vec<Object> = Vec::new();
-        let mut attached = Vec::new();
+        let mut attached = Attachments::default();
         let mut info = Vec::new();
         let mut shared: Option<Vec<(String, MapHandle)>> = None;
         let mut view_maps = None;
@@ -550,14 +585,14 @@ impl SamplerView {
                 };
                 match tcx {
                     Some(fd) => {
-                        attached.push(Attached::Tcx(fd));
+                        attached.0.push(Attached::Tcx(fd));
                         how = Some("tcx");
                     }
                     None => {
                         let created =
                             netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
                                 .with_context(|| format!("attaching a clsact filter to {spec}"))?;
-                        attached.push(Attached::Clsact {
+                        attached.0.push(Attached::Clsact {
                             ns: ns.clone(),
                             ifindex,
                             egress,
@@ -747,35 +782,6 @@ impl SamplerView {
         }
         let mut q = self.raw_queue.lock().unwrap_or_else(|p| p.into_inner());
         Ok(q.drain(..).collect())
-    }
-}
-
-impl Drop for SamplerView {
-    fn drop(&mut self) {
-        let mut qdiscs = Vec::new();
-        for a in self.attached.drain(..) {
-            if let Attached::Clsact {
-                ns,
-                ifindex,
-                egress,
-                created_qdisc,
-            } = a
-            {
-                let ns2 = ns.clone();
-                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
-                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
-                }
-                if created_qdisc {
-                    qdiscs.push((ns, ifindex));
-                }
-            }
-            // tcx: the link fd closes here
-        }
-        for (ns, ifindex) in qdiscs {
-            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
-                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
-            }
-        }
     }
 }
 
