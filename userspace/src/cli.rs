@@ -27,6 +27,9 @@ pub enum Command {
     /// Isochronous UDP probe against an `irtt server` (to become `probe irtt`).
     #[command(name = "probe-irtt", hide = true)]
     ProbeIrtt(crate::irtt::IrttArgs),
+    /// The sampler view alone (testing; to be folded into `observe --view sampler`).
+    #[command(hide = true)]
+    Sample(crate::sampler_cmd::SampleArgs),
 }
 
 #[cfg(test)]

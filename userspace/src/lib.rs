@@ -18,5 +18,7 @@ pub mod observe;
 pub mod preflight;
 pub mod report;
 pub mod results;
+pub mod sampler;
+pub mod sampler_cmd;
 pub mod tcp_view;
 pub mod units;

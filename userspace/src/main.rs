@@ -11,6 +11,7 @@ fn main() -> ExitCode {
         Command::Bucket(args) => rttscope::bucket::run(args),
         Command::Chart(args) => rttscope::chart::run(args),
         Command::ProbeIrtt(args) => rttscope::irtt::run(args),
+        Command::Sample(args) => rttscope::sampler_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
