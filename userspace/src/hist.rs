@@ -98,6 +98,36 @@ impl Snapshot {
         Snapshot { buckets, sum_us }
     }
 
+    /// Snapshot of a cumulative histogram.
+    pub fn of_hist(h: &Hist) -> Self {
+        let buckets = h
+            .counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (i as u16, c.min(u32::MAX as u64) as u32))
+            .collect();
+        Snapshot {
+            buckets,
+            sum_us: h.sum_us,
+        }
+    }
+
+    /// Counts of the cumulative histogram `h` added since this snapshot.
+    pub fn delta_hist(&self, h: &Hist) -> Hist {
+        let mut d = Hist {
+            counts: h.counts.clone(),
+            sum_us: h.sum_us.saturating_sub(self.sum_us),
+            min_us: None,
+            max_us: None,
+        };
+        for &(i, c) in self.buckets.iter() {
+            let b = &mut d.counts[i as usize];
+            *b = b.saturating_sub(c as u64);
+        }
+        d
+    }
+
     /// Counts in `counts` (cumulative, raw) added since this snapshot.
     pub fn delta(&self, counts: &[u32], sum_us: u64) -> Hist {
         let mut h = Hist::from_counts(counts, sum_us.saturating_sub(self.sum_us), None, None);

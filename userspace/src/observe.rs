@@ -47,6 +47,62 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow map (LRU: the least recently used flow is evicted when full).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
+    /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub view: Option<Vec<View>>,
+    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
+    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
+    pub ifaces: Vec<crate::sampler::IfaceSpec>,
+    /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sample_every: u32,
+    /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
+    #[arg(long = "match", value_enum, default_value = "seq")]
+    pub matching: crate::sampler::Matching,
+    /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attach: crate::sampler::AttachMode,
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub pending_timeout: Duration,
+    /// Sampler view: capacity of the pending-segment map (LRU, one entry per flow).
+    #[arg(long, default_value_t = 16384)]
+    pub max_pending: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum View {
+    /// RTT as TCP computes it (sock_ops RTT callback).
+    Tcp,
+    /// The cloud-style packet sampler at interface ingress/egress (tc).
+    Sampler,
+}
+
+impl ObserveArgs {
+    /// The views this run shows.
+    pub fn views(&self) -> Vec<View> {
+        match &self.view {
+            Some(v) => {
+                let mut v = v.clone();
+                v.dedup();
+                v
+            }
+            None if self.ifaces.is_empty() => vec![View::Tcp],
+            None => vec![View::Tcp, View::Sampler],
+        }
+    }
+
+    pub fn sampler_config(&self) -> crate::sampler::SamplerConfig {
+        crate::sampler::SamplerConfig {
+            sample_every: self.sample_every,
+            matching: self.matching,
+            raw: self.raw,
+            max_flows: self.max_flows,
+            max_pending: self.max_pending,
+            pending_timeout: self.pending_timeout,
+            attach: self.attach,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -100,6 +156,7 @@ impl NsNames {
 #[derive(Default)]
 struct Tracker {
     prev: HashMap<Flow, Snapshot>,
+    sides: HashMap<Flow, crate::flow::Side>,
     seen: std::collections::HashSet<Flow>,
     vanished: u64,
     closed_reported: u64,
@@ -121,6 +178,7 @@ impl Tracker {
         total: &mut Hist,
     ) -> Option<FlowRow> {
         self.seen.insert(f.flow);
+        self.sides.insert(f.flow, f.side);
         self.tracked += 1;
         let first = !self.prev.contains_key(&f.flow);
         let mut delta = self
@@ -158,11 +216,20 @@ impl Tracker {
         })
     }
 
+    /// The side the TCP view found for a flow (for rows only the sampler saw).
+    fn side_of(&self, flow: &Flow) -> crate::flow::Side {
+        self.sides
+            .get(flow)
+            .copied()
+            .unwrap_or(crate::flow::Side::Unknown)
+    }
+
     /// After a full read: flows that disappeared without a close were evicted.
     fn end(&mut self) {
         let before = self.prev.len();
         let seen = &self.seen;
         self.prev.retain(|k, _| seen.contains(k));
+        self.sides.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
     }
 }
@@ -179,33 +246,64 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     if args.interval < Duration::from_millis(10) {
         anyhow::bail!("--interval must be at least 10ms");
     }
+    let views = args.views();
+    let want_tcp = views.contains(&View::Tcp);
+    let want_sampler = views.contains(&View::Sampler);
+    if want_sampler && args.ifaces.is_empty() {
+        anyhow::bail!(
+            "the sampler view needs at least one --iface NAME (or NETNS:NAME) to attach to"
+        );
+    }
+    if !want_sampler && !args.ifaces.is_empty() {
+        anyhow::bail!(
+            "--iface is for the sampler view: add sampler to --view (e.g. --view tcp,sampler)"
+        );
+    }
     let netns_filter: Vec<NetNs> = args
         .netns
         .iter()
         .map(|n| netns::resolve(n))
         .collect::<Result<_>>()?;
-    let iter_netns: Vec<NetNs> = if args.all_netns {
-        netns::all().into_values().collect()
-    } else if !netns_filter.is_empty() {
-        netns_filter.clone()
+    let mut tcp = if want_tcp {
+        let iter_netns: Vec<NetNs> = if args.all_netns {
+            netns::all().into_values().collect()
+        } else if !netns_filter.is_empty() {
+            netns_filter.clone()
+        } else {
+            vec![netns::resolve("self")?]
+        };
+        let cfg = TcpViewConfig {
+            cgroup: args.cgroup.clone(),
+            netns_filter: netns_filter.clone(),
+            iter_netns,
+            ports: args.ports.clone(),
+            cidrs: args.addrs.clone(),
+            raw: args.raw,
+            max_flows: args.max_flows,
+        };
+        Some(TcpView::attach(&cfg)?)
     } else {
-        vec![netns::resolve("self")?]
+        None
     };
-    let cfg = TcpViewConfig {
-        cgroup: args.cgroup.clone(),
-        netns_filter: netns_filter.clone(),
-        iter_netns,
-        ports: args.ports.clone(),
-        cidrs: args.addrs.clone(),
-        raw: args.raw,
-        max_flows: args.max_flows,
+    let mut sampler = if want_sampler {
+        crate::preflight::require_bpf_caps()?;
+        let cfg = args.sampler_config();
+        cfg.validate()?;
+        Some(crate::sampler::SamplerView::attach(&args.ifaces, cfg)?)
+    } else {
+        None
     };
-    let mut view = TcpView::attach(&cfg)?;
+    let view_names: Vec<&str> = views
+        .iter()
+        .map(|v| match v {
+            View::Tcp => "tcp",
+            View::Sampler => "sampler",
+        })
+        .collect();
     let mut names = NsNames::new();
     let start_mono = monotonic_ns();
     let start = Instant::now();
     let stdout = std::io::stdout();
-    let views = ["tcp"];
 
     let settings = json!({
         "interval_s": args.interval.as_secs_f64(),
@@ -215,25 +313,43 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         "ports": args.ports,
         "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "raw": args.raw,
-        "max_flows": view.info.max_flows,
+        "max_flows": args.max_flows,
         "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
     });
-    let header = format!(
-        "rttscope observe | view tcp: {} @ cgroup {} | rtt source: {} | interval {} | netns {}",
-        "sock_ops RTT_CB",
-        view.info.cgroup,
-        if view.info.rtt_source.starts_with("srtt") {
-            "srtt fallback (kernel < 6.10)"
-        } else {
-            "RTT_CB args"
-        },
-        fmt_duration_short(args.interval),
-        if args.netns.is_empty() {
-            "all".to_string()
-        } else {
-            args.netns.join(",")
-        }
+    let mut header = format!(
+        "rttscope observe | interval {}",
+        fmt_duration_short(args.interval)
     );
+    if let Some(v) = &tcp {
+        header += &format!(
+            " | view tcp: sock_ops RTT_CB @ cgroup {}, rtt source: {}, netns {}",
+            v.info.cgroup,
+            if v.info.rtt_source.starts_with("srtt") {
+                "srtt fallback (kernel < 6.10)"
+            } else {
+                "RTT_CB args"
+            },
+            if args.netns.is_empty() {
+                "all".to_string()
+            } else {
+                args.netns.join(",")
+            }
+        );
+    }
+    if let Some(s) = &sampler {
+        let c = s.config();
+        let ifs: Vec<String> = s
+            .attach_info()
+            .iter()
+            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
+            .collect();
+        header += &format!(
+            " | view sampler: 1/{} sampling, match {}, no Karn, on {}",
+            c.sample_every,
+            c.matching.as_str(),
+            ifs.join(" ")
+        );
+    }
     {
         let mut out = stdout.lock();
         match args.format {
@@ -242,41 +358,50 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     "type": "start",
                     "version": 1,
                     "ts": unix_now(),
-                    "views": views,
+                    "views": view_names,
                     "settings": settings,
-                    "tcp": view.info,
+                    "tcp": tcp.as_ref().map(|v| &v.info),
+                    "sampler": sampler.as_ref().map(|s| json!({
+                        "settings": s.config(),
+                        "attached": s.attach_info(),
+                        "prog_ids": s.prog_ids(),
+                    })),
                     "clock": "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start",
                 });
                 writeln!(out, "{line}")?;
             }
             Format::Table => {
                 writeln!(out, "{header}")?;
-                writeln!(
-                    out,
-                    "existing connections enabled: {} (in {}); waiting for samples...\n",
-                    view.info.existing_enabled,
-                    view.info.iter_netns.join(",")
-                )?;
+                if let Some(v) = &tcp {
+                    writeln!(
+                        out,
+                        "existing connections enabled: {} (in {})",
+                        v.info.existing_enabled,
+                        v.info.iter_netns.join(",")
+                    )?;
+                }
+                writeln!(out, "waiting for samples...\n")?;
             }
         }
         out.flush()?;
     }
 
-    // Raw samples: the ring buffer's epoll fd drives an AsyncFd.
+    // Raw samples of the TCP view: the ring buffer's epoll fd drives an AsyncFd.
     let raw_lines: std::rc::Rc<std::cell::RefCell<Vec<String>>> = Default::default();
-    let ringbuf = if args.raw {
-        let mut b = libbpf_rs::RingBufferBuilder::new();
-        let sink = raw_lines.clone();
-        let fmt = args.format;
-        b.add(view.events_map(), move |data: &[u8]| {
-            if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
-                sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
-            }
-            0
-        })?;
-        Some(b.build().context("setting up the raw-sample ring buffer")?)
-    } else {
-        None
+    let ringbuf = match (&tcp, args.raw) {
+        (Some(v), true) => {
+            let mut b = libbpf_rs::RingBufferBuilder::new();
+            let sink = raw_lines.clone();
+            let fmt = args.format;
+            b.add(v.events_map(), move |data: &[u8]| {
+                if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
+                    sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
+                }
+                0
+            })?;
+            Some(b.build().context("setting up the raw-sample ring buffer")?)
+        }
+        _ => None,
     };
     let rb_fd = match &ringbuf {
         // SAFETY: the epoll fd belongs to `ringbuf`, which is declared before
@@ -287,8 +412,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         ),
         None => None,
     };
+    // The sampler's raw samples are polled (its ring buffer lives inside the view).
+    let mut raw_poll = tokio::time::interval(Duration::from_millis(100));
 
     let mut tracker = Tracker::default();
+    let mut sampler_prev: HashMap<Flow, Snapshot> = HashMap::new();
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -308,10 +436,24 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 None => std::future::pending().await,
             }
         };
+        let sampler_raw = async {
+            if args.raw && sampler.is_some() {
+                raw_poll.tick().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let stop = tokio::select! {
             _ = ticker.tick() => false,
             _ = rb_ready => {
                 if let Some(rb) = &ringbuf { let _ = rb.consume(); }
+                flush_raw(&raw_lines, &stdout)?;
+                continue;
+            }
+            _ = sampler_raw => {
+                if let Some(s) = sampler.as_mut() {
+                    sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
+                }
                 flush_raw(&raw_lines, &stdout)?;
                 continue;
             }
@@ -321,46 +463,93 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         };
         if let Some(rb) = &ringbuf {
             let _ = rb.consume();
-            flush_raw(&raw_lines, &stdout)?;
         }
+        if args.raw {
+            if let Some(s) = sampler.as_mut() {
+                sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
+            }
+        }
+        flush_raw(&raw_lines, &stdout)?;
         if stop && last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }
-        // One interval: read, then start the next epoch.
-        let epoch = view.epoch();
-        let mut rows = Vec::new();
-        let mut total = Hist::default();
-        tracker.begin();
-        view.for_each_flow(|f| {
-            if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
-                rows.push(r);
-            }
-        })?;
-        tracker.end();
-        view.next_epoch();
-        rows.sort_by(|a, b| (a.netns, &a.local, &a.remote).cmp(&(b.netns, &b.local, &b.remote)));
-        for r in rows.iter().filter(|r| r.closed) {
-            if let Some(f) = &r.flow {
-                view.forget(f);
-                tracker.prev.remove(f);
-                tracker.closed_reported += 1;
-            }
-        }
+        // One interval: read each view, then start the next epoch.
+        let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
+        let mut totals = BTreeMap::new();
         let mut counters = BTreeMap::new();
-        let mut tc = view.counters();
-        tc.insert("flows_vanished", tracker.vanished);
-        tc.insert("flows_closed_reported", tracker.closed_reported);
-        tc.insert("flows_tracked", tracker.tracked);
-        counters.insert("tcp", tc);
+        if let Some(view) = tcp.as_mut() {
+            let epoch = view.epoch();
+            let mut total = Hist::default();
+            tracker.begin();
+            view.for_each_flow(|f| {
+                if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
+                    rows.insert(f.flow, r);
+                }
+            })?;
+            tracker.end();
+            view.next_epoch();
+            for r in rows.values().filter(|r| r.closed) {
+                if let Some(f) = &r.flow {
+                    view.forget(f);
+                    tracker.prev.remove(f);
+                    tracker.closed_reported += 1;
+                }
+            }
+            let mut tc = view.counters();
+            tc.insert("flows_vanished", tracker.vanished);
+            tc.insert("flows_closed_reported", tracker.closed_reported);
+            tc.insert("flows_tracked", tracker.tracked);
+            counters.insert("tcp", tc);
+            totals.insert("tcp", ViewStats::from_hist(&total));
+        }
+        if let Some(s) = sampler.as_mut() {
+            let mut total = Hist::default();
+            let flows = s.read_flows()?;
+            let mut seen = std::collections::HashSet::new();
+            for f in &flows {
+                seen.insert(f.flow);
+                let first = !sampler_prev.contains_key(&f.flow);
+                let mut delta = sampler_prev
+                    .get(&f.flow)
+                    .map_or_else(|| f.hist.clone(), |p| p.delta_hist(&f.hist));
+                sampler_prev.insert(f.flow, Snapshot::of_hist(&f.hist));
+                if delta.count() == 0 {
+                    continue;
+                }
+                delta.min_us = f
+                    .interval_min_us
+                    .or(if first { f.hist.min_us } else { None });
+                delta.max_us = f
+                    .interval_max_us
+                    .or(if first { f.hist.max_us } else { None });
+                total.merge(&delta);
+                let stats = ViewStats::from_hist(&delta);
+                let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
+                    netns: f.flow.netns,
+                    netns_name: names.get(f.flow.netns),
+                    local: f.flow.local.to_string(),
+                    remote: f.flow.remote.to_string(),
+                    side: tracker.side_of(&f.flow),
+                    origin: None,
+                    state: None,
+                    closed: false,
+                    tcp: None,
+                    sampler: None,
+                    flow: Some(f.flow),
+                });
+                row.sampler = Some(stats);
+            }
+            sampler_prev.retain(|k, _| seen.contains(k));
+            counters.insert("sampler", s.counters()?);
+            totals.insert("sampler", ViewStats::from_hist(&total));
+        }
         let iv = Interval {
             kind: "interval",
             t: start.elapsed().as_secs_f64(),
             ts: unix_now(),
             interval_s: last_tick.elapsed().as_secs_f64(),
-            flows: rows,
-            totals: [("tcp", ViewStats::from_hist(&total))]
-                .into_iter()
-                .collect(),
+            flows: rows.into_values().collect(),
+            totals,
             counters,
         };
         last_tick = Instant::now();
@@ -368,7 +557,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             let mut out = stdout.lock();
             match args.format {
                 Format::Json => writeln!(out, "{}", serde_json::to_string(&iv)?)?,
-                Format::Table => report::print_table(&mut out, &header, &iv, &views)?,
+                Format::Table => report::print_table(&mut out, &header, &iv, &view_names)?,
             }
             out.flush()?;
         }
@@ -377,36 +566,95 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         }
     }
     // Cumulative summary since start, per flow still known.
-    let mut summary: Vec<serde_json::Value> = Vec::new();
-    view.for_each_flow(|f| {
-        let h = f.hist();
-        summary.push(json!({
-            "netns": f.flow.netns,
-            "netns_name": names.get(f.flow.netns),
-            "local": f.flow.local.to_string(),
-            "remote": f.flow.remote.to_string(),
-            "side": f.side,
-            "origin": f.origin,
-            "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
-        }));
-    })?;
+    let mut summary: BTreeMap<Flow, serde_json::Value> = BTreeMap::new();
+    if let Some(view) = &tcp {
+        view.for_each_flow(|f| {
+            let h = f.hist();
+            summary.insert(
+                f.flow,
+                json!({
+                    "netns": f.flow.netns,
+                    "netns_name": names.get(f.flow.netns),
+                    "local": f.flow.local.to_string(),
+                    "remote": f.flow.remote.to_string(),
+                    "side": f.side,
+                    "origin": f.origin,
+                    "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
+                }),
+            );
+        })?;
+    }
+    if let Some(s) = sampler.as_mut() {
+        for f in s.read_flows()? {
+            let entry = summary.entry(f.flow).or_insert_with(|| {
+                json!({
+                    "netns": f.flow.netns,
+                    "netns_name": names.get(f.flow.netns),
+                    "local": f.flow.local.to_string(),
+                    "remote": f.flow.remote.to_string(),
+                    "side": tracker.side_of(&f.flow),
+                })
+            });
+            entry["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+        }
+    }
+    let mut counters = BTreeMap::new();
+    if let Some(v) = &tcp {
+        counters.insert("tcp", v.counters());
+    }
+    if let Some(s) = &sampler {
+        counters.insert("sampler", s.counters()?);
+    }
     let mut out = stdout.lock();
     if args.format == Format::Json {
-        let line = json!({ "type": "end", "t": start.elapsed().as_secs_f64(), "ts": unix_now(), "flows": summary, "counters": { "tcp": view.counters() } });
+        let flows: Vec<_> = summary.into_values().collect();
+        let line = json!({ "type": "end", "t": start.elapsed().as_secs_f64(), "ts": unix_now(), "flows": flows, "counters": counters });
         writeln!(out, "{line}")?;
     } else {
-        let c = view.counters();
-        writeln!(
-            out,
-            "done after {:.1}s: {} samples, {} flows created, {} flow-map-full, {} raw events dropped",
-            start.elapsed().as_secs_f64(),
-            c["samples"],
-            c["flows_created"],
-            c["flow_map_full"],
-            c["raw_events_dropped"]
-        )?;
+        write!(out, "done after {:.1}s", start.elapsed().as_secs_f64())?;
+        if let Some(c) = counters.get("tcp") {
+            write!(
+                out,
+                " | tcp: {} samples, {} flows created, {} flow-map-full, {} raw dropped",
+                c["samples"], c["flows_created"], c["flow_map_full"], c["raw_events_dropped"]
+            )?;
+        }
+        if let Some(c) = counters.get("sampler") {
+            let get = |k: &str| c.get(k).copied().unwrap_or(0);
+            write!(
+                out,
+                " | sampler: {} samples, {} packets skipped (see JSON counters), {} pending expired, {} flow-map-full",
+                get("samples"),
+                c.iter().filter(|(k, _)| k.starts_with("skip_")).map(|(_, v)| v).sum::<u64>(),
+                get("expired"),
+                get("flow_map_full") + get("pending_map_full")
+            )?;
+        }
+        writeln!(out)?;
     }
     out.flush()?;
+    Ok(())
+}
+
+fn sampler_raw_lines(
+    s: &mut crate::sampler::SamplerView,
+    start_mono: u64,
+    fmt: Format,
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) -> Result<()> {
+    for smp in s.raw_samples(Duration::ZERO)? {
+        let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+        let line = match fmt {
+            Format::Json => json!({
+                "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
+                "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
+                "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
+            })
+            .to_string(),
+            Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
+        };
+        lines.borrow_mut().push(line);
+    }
     Ok(())
 }
 
