@@ -20,6 +20,10 @@ pub struct Cli {
 pub enum Command {
     /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
     Observe(crate::observe::ObserveArgs),
+    /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
+    Serve(crate::active::ServeArgs),
+    /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
+    Probe(crate::active::ProbeArgs),
 }
 
 #[cfg(test)]

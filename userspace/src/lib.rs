@@ -3,9 +3,11 @@
 //! - TCP view (`tcp_view`): RTT as the TCP stack computes it (sock_ops RTT callback).
 //! - Active view: request/response and ICMP probes.
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
+pub mod active;
 pub mod bpf;
 pub mod cli;
 pub mod error;
 pub mod logging;
 pub mod observe;
+pub mod stats;
 pub mod units;

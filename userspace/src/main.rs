@@ -8,6 +8,8 @@ fn main() -> ExitCode {
     rttscope::logging::init(cli.verbose);
     let result = match cli.command {
         Command::Observe(args) => rttscope::observe::run(args),
+        Command::Serve(args) => rttscope::active::serve_main(args),
+        Command::Probe(args) => rttscope::active::probe_main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,758 @@
+//! The probe engine: TCP_RR, UDP_RR and ICMP echo transactions, paced, timed
+//! with CLOCK_MONOTONIC right around the send and receive system calls.
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
+use super::icmp::{IcmpSocket, MIN_PAYLOAD};
+use super::{cancelled, mono_ns, Cancel};
+use crate::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    TcpRr,
+    UdpRr,
+    Icmp,
+}
+
+impl Kind {
+    /// netperf's / ping's name for the test.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::TcpRr => "TCP_RR",
+            Kind::UdpRr => "UDP_RR",
+            Kind::Icmp => "ICMP_ECHO",
+        }
+    }
+}
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Start no transaction after this long.
+    Duration(Duration),
+    /// After this many transactions.
+    Count(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    pub kind: Kind,
+    /// Host name or address as given.
+    pub target: String,
+    /// The responder's port (TCP/UDP; ignored for ICMP).
+    pub port: u16,
+    /// Time between the starts of bursts; zero = back to back.
+    pub interval: Duration,
+    /// Transactions per interval (one after the other).
+    pub burst: u32,
+    pub req_size: u32,
+    pub resp_size: u32,
+    pub stop: Stop,
+    /// Wait for the next interval by spinning on the clock instead of sleeping.
+    pub spin: bool,
+    /// TCP_NODELAY on both ends (TCP).
+    pub nodelay: bool,
+    /// A reply not received within this long is lost (UDP, ICMP); a TCP
+    /// transaction taking longer fails the run.
+    pub timeout: Duration,
+    /// Keep at most this many per-transaction samples (the summary then comes
+    /// from the HDR histogram; counts and histograms still see every sample).
+    pub max_samples: usize,
+}
+
+impl ProbeConfig {
+    pub fn new(kind: Kind, target: &str) -> Self {
+        let (req, resp) = match kind {
+            Kind::Icmp => (
+                super::icmp::DEFAULT_PAYLOAD as u32,
+                super::icmp::DEFAULT_PAYLOAD as u32,
+            ),
+            _ => (1, 1),
+        };
+        ProbeConfig {
+            kind,
+            target: target.to_string(),
+            port: super::serve::DEFAULT_PORT,
+            interval: Duration::ZERO,
+            burst: 1,
+            req_size: req,
+            resp_size: resp,
+            stop: Stop::Duration(Duration::from_secs(10)),
+            spin: false,
+            nodelay: false,
+            timeout: Duration::from_secs(1),
+            max_samples: 1_000_000,
+        }
+    }
+}
+
+/// The settings of a run, recorded with its result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    pub kind: Kind,
+    pub target: String,
+    pub address: IpAddr,
+    pub port: u16,
+    pub interval_ns: u64,
+    pub burst: u32,
+    /// Bytes actually sent per request / expected per response (UDP and ICMP
+    /// raise small sizes to their 16-byte header; ICMP sizes are the echo payload).
+    pub req_size: u32,
+    pub resp_size: u32,
+    pub duration_s: Option<f64>,
+    pub count: Option<u64>,
+    pub spin: bool,
+    pub nodelay: bool,
+    pub timeout_ns: u64,
+    /// "sleep (timerfd)" or "spin".
+    pub pacing: String,
+    pub clock: String,
+    /// ICMP only: "dgram" or "raw".
+    pub icmp_socket: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counts {
+    pub sent: u64,
+    /// Replies received within the timeout (one per transaction).
+    pub received: u64,
+    /// Transactions without a reply within the timeout (includes those whose reply came late).
+    pub lost: u64,
+    /// Replies that arrived after their transaction had timed out.
+    pub late: u64,
+    /// Second and further replies to the same request.
+    pub duplicates: u64,
+    /// Replies older than the newest reply already received.
+    pub reordered: u64,
+    /// Send/receive errors (e.g. connection refused).
+    pub errors: u64,
+    /// Datagrams that were not replies to us (bad header, foreign ICMP).
+    pub foreign: u64,
+    /// Samples not kept in `samples` because of `max_samples`.
+    pub samples_dropped: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeResult {
+    pub settings: Settings,
+    /// Wall-clock start, seconds since the Unix epoch (for humans; every
+    /// duration is from CLOCK_MONOTONIC).
+    pub start_unix_s: f64,
+    /// From the first send to the end of the last transaction.
+    pub elapsed_s: f64,
+    pub counts: Counts,
+    /// RTT summary in microseconds.
+    pub summary: Summary,
+    /// "exact" (from every sample) or "hdr" (HDR histogram, when samples were dropped).
+    pub summary_source: String,
+    /// P50/P90/P99 from a netperf-style histogram, whole microseconds.
+    pub netperf: NetperfPercentiles,
+    /// Transactions (replies received) per second of elapsed time.
+    pub throughput: f64,
+    pub throughput_units: String,
+    /// Per transaction: (offset of the send from the start, RTT), nanoseconds.
+    pub samples: Vec<(u64, u64)>,
+    /// Last error seen, if any.
+    pub last_error: Option<String>,
+}
+
+struct Recorder {
+    start: u64,
+    samples: Vec<(u64, u64)>,
+    max_samples: usize,
+    hdr: HdrRecorder,
+    np: NetperfHist,
+    counts: Counts,
+    last_error: Option<String>,
+}
+
+impl Recorder {
+    fn sample(&mut self, t0: u64, t1: u64) {
+        let rtt = t1.saturating_sub(t0);
+        self.counts.received += 1;
+        self.hdr.record_ns(rtt);
+        self.np.record_ns(rtt);
+        if self.samples.len() < self.max_samples {
+            self.samples.push((t0 - self.start, rtt));
+        } else {
+            self.counts.samples_dropped += 1;
+        }
+    }
+    fn error(&mut self, e: impl std::fmt::Display) {
+        self.counts.errors += 1;
+        self.last_error = Some(e.to_string());
+    }
+}
+
+/// Paces transactions: bursts of `burst` transactions, bursts starting every
+/// `interval` on a fixed schedule (t0, t0+i, t0+2i, ...); a burst that starts
+/// late resets the schedule to "now" instead of catching up, as netperf does.
+struct Pacer {
+    interval: u64,
+    burst: u32,
+    in_burst: u32,
+    next: u64,
+    spin: bool,
+    timer: Option<tokio::io::unix::AsyncFd<OwnedFd>>,
+}
+
+impl Pacer {
+    fn new(cfg: &ProbeConfig) -> Result<Self> {
+        let timer = if cfg.interval.is_zero() || cfg.spin {
+            None
+        } else {
+            // SAFETY: plain syscall; the fd is checked and then owned.
+            let fd = unsafe {
+                libc::timerfd_create(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error()).context("creating a timerfd");
+            }
+            // SAFETY: fd is a freshly created, valid descriptor we own.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: the OwnedFd stays open for as long as the AsyncFd holds it.
+            let afd = unsafe { tokio::io::unix::AsyncFd::register(owned) }
+                .map_err(std::io::Error::from)
+                .context("registering the timerfd")?;
+            Some(afd)
+        };
+        Ok(Pacer {
+            interval: cfg.interval.as_nanos() as u64,
+            burst: cfg.burst.max(1),
+            in_burst: 0,
+            next: 0,
+            spin: cfg.spin,
+            timer,
+        })
+    }
+
+    /// When the next transaction may start (monotonic ns); 0 = now.
+    fn next_start(&self) -> u64 {
+        if self.interval == 0 || self.in_burst != 0 {
+            0
+        } else {
+            self.next
+        }
+    }
+
+    /// Wait until the next transaction may start. Returns false if cancelled.
+    async fn wait(&mut self, cancel: &mut Cancel) -> Result<bool> {
+        if self.interval == 0 {
+            return Ok(true);
+        }
+        if self.in_burst == 0 {
+            let now = mono_ns();
+            let start = if now < self.next {
+                if !self.wait_until(self.next, cancel).await? {
+                    return Ok(false);
+                }
+                self.next
+            } else {
+                now
+            };
+            self.next = start + self.interval;
+        }
+        self.in_burst = (self.in_burst + 1) % self.burst;
+        Ok(true)
+    }
+
+    async fn wait_until(&mut self, deadline: u64, cancel: &mut Cancel) -> Result<bool> {
+        if self.spin {
+            let mut i = 0u32;
+            while mono_ns() < deadline {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i % 4096 == 0 && *cancel.borrow() {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
+        let timer = self.timer.as_ref().expect("timer exists when sleeping");
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+                tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: valid fd and a fully initialised itimerspec.
+        let rc = unsafe {
+            libc::timerfd_settime(
+                timer.get_ref().as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("arming the timerfd");
+        }
+        loop {
+            tokio::select! {
+                _ = cancelled(cancel) => return Ok(false),
+                r = timer.readable() => {
+                    let mut g = r.context("waiting on the timerfd")?;
+                    let mut b = [0u8; 8];
+                    match nix::unistd::read(g.get_inner().as_raw_fd(), &mut b) {
+                        Ok(_) => return Ok(true),
+                        Err(nix::errno::Errno::EAGAIN) => g.clear_ready(),
+                        Err(e) => return Err(e).context("reading the timerfd"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn resolve(cfg: &ProbeConfig) -> Result<SocketAddr> {
+    if let Ok(ip) = cfg.target.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, cfg.port));
+    }
+    let host = cfg.target.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, cfg.port));
+    }
+    tokio::net::lookup_host((host, cfg.port))
+        .await
+        .with_context(|| format!("resolving {}", cfg.target))?
+        .next()
+        .with_context(|| format!("{} has no address", cfg.target))
+}
+
+/// Run one probe to completion (or until `cancel`), in-process.
+pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeResult> {
+    if cfg.burst == 0 {
+        bail!("burst must be at least 1");
+    }
+    if cfg.req_size == 0 || cfg.resp_size == 0 {
+        bail!("request and response sizes must be at least 1 byte");
+    }
+    if cfg.kind == Kind::UdpRr && (cfg.req_size > UDP_MAX || cfg.resp_size > UDP_MAX) {
+        bail!("UDP request and response sizes are limited to {UDP_MAX} bytes");
+    }
+    if cfg.kind == Kind::Icmp && cfg.req_size > 65000 {
+        bail!("ICMP payload is limited to 65000 bytes");
+    }
+    if cfg.timeout.is_zero() {
+        bail!("the reply timeout must be above zero");
+    }
+    // Precise wake-ups from the timerfd: 1 ns timer slack for this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
+    let addr = resolve(cfg).await?;
+    let (req_size, resp_size) = match cfg.kind {
+        Kind::TcpRr => (cfg.req_size, cfg.resp_size),
+        Kind::UdpRr => (
+            cfg.req_size.max(UDP_HEADER_LEN as u32),
+            cfg.resp_size.max(UDP_HEADER_LEN as u32),
+        ),
+        Kind::Icmp => {
+            let p = cfg.req_size.max(MIN_PAYLOAD as u32);
+            (p, p)
+        }
+    };
+    let mut settings = Settings {
+        kind: cfg.kind,
+        target: cfg.target.clone(),
+        address: addr.ip(),
+        port: if cfg.kind == Kind::Icmp { 0 } else { cfg.port },
+        interval_ns: cfg.interval.as_nanos() as u64,
+        burst: cfg.burst,
+        req_size,
+        resp_size,
+        duration_s: match cfg.stop {
+            Stop::Duration(d) => Some(d.as_secs_f64()),
+            Stop::Count(_) => None,
+        },
+        count: match cfg.stop {
+            Stop::Count(n) => Some(n),
+            Stop::Duration(_) => None,
+        },
+        spin: cfg.spin,
+        nodelay: cfg.nodelay,
+        timeout_ns: cfg.timeout.as_nanos() as u64,
+        pacing: if cfg.interval.is_zero() {
+            "none (back to back)".into()
+        } else if cfg.spin {
+            "spin".into()
+        } else {
+            "sleep (timerfd)".into()
+        },
+        clock: "CLOCK_MONOTONIC".into(),
+        icmp_socket: None,
+    };
+    let mut pacer = Pacer::new(cfg)?;
+    let mut rec = Recorder {
+        start: 0,
+        samples: Vec::with_capacity(cfg.max_samples.min(1 << 16)),
+        max_samples: cfg.max_samples,
+        hdr: HdrRecorder::new(),
+        np: NetperfHist::new(),
+        counts: Counts::default(),
+        last_error: None,
+    };
+    let start_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+
+    let end_ns = match cfg.kind {
+        Kind::TcpRr => {
+            let mut conn =
+                TcpConn::connect(addr, req_size, resp_size, cfg.nodelay, cfg.timeout).await?;
+            rec.start = mono_ns();
+            let stop = StopAt::new(cfg.stop, rec.start);
+            loop {
+                if stop.done(rec.counts.sent, pacer.next_start()) {
+                    break;
+                }
+                if !pacer.wait(&mut cancel).await? || *cancel.borrow() {
+                    break;
+                }
+                rec.counts.sent += 1;
+                let r = tokio::select! {
+                    r = tokio::time::timeout(cfg.timeout, conn.transaction()) => r,
+                    _ = cancelled(&mut cancel) => { rec.counts.sent -= 1; break; }
+                };
+                match r {
+                    Ok(Ok((t0, t1))) => rec.sample(t0, t1),
+                    Ok(Err(e)) => {
+                        rec.error(&e);
+                        return Err(e)
+                            .context(format!("TCP transaction {} with {addr}", rec.counts.sent));
+                    }
+                    Err(_) => bail!(
+                        "TCP transaction {} with {addr} took longer than {:?}",
+                        rec.counts.sent,
+                        cfg.timeout
+                    ),
+                }
+            }
+            mono_ns()
+        }
+        Kind::UdpRr | Kind::Icmp => {
+            let sock = if cfg.kind == Kind::UdpRr {
+                let bind: SocketAddr = if addr.is_ipv4() {
+                    "0.0.0.0:0".parse().unwrap()
+                } else {
+                    "[::]:0".parse().unwrap()
+                };
+                let u = UdpSocket::bind(bind)
+                    .await
+                    .context("binding a UDP socket")?;
+                u.connect(addr)
+                    .await
+                    .with_context(|| format!("connecting UDP to {addr}"))?;
+                DgramSock::Udp(u)
+            } else {
+                let s = IcmpSocket::open(addr.ip()).context("opening an ICMP socket")?;
+                settings.icmp_socket = Some(s.kind.name().to_string());
+                DgramSock::Icmp(s)
+            };
+            dgram_loop(
+                &sock,
+                cfg,
+                req_size,
+                resp_size,
+                &mut pacer,
+                &mut rec,
+                &mut cancel,
+            )
+            .await?
+        }
+    };
+    let elapsed_s = end_ns.saturating_sub(rec.start) as f64 / 1e9;
+    let (summary, source) = if rec.counts.samples_dropped == 0 {
+        let ns: Vec<u64> = rec.samples.iter().map(|s| s.1).collect();
+        (Summary::from_ns(&ns), "exact")
+    } else {
+        (rec.hdr.summary(), "hdr")
+    };
+    Ok(ProbeResult {
+        settings,
+        start_unix_s,
+        elapsed_s,
+        summary,
+        summary_source: source.into(),
+        netperf: NetperfPercentiles::of(&rec.np),
+        throughput: if elapsed_s > 0.0 {
+            rec.counts.received as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        throughput_units: "Trans/s".into(),
+        counts: rec.counts,
+        samples: rec.samples,
+        last_error: rec.last_error,
+    })
+}
+
+struct StopAt {
+    stop: Stop,
+    end: u64,
+}
+
+impl StopAt {
+    fn new(stop: Stop, start: u64) -> Self {
+        let end = match stop {
+            Stop::Duration(d) => start + d.as_nanos() as u64,
+            Stop::Count(_) => u64::MAX,
+        };
+        StopAt { stop, end }
+    }
+    /// Done when the count is reached, or when the next transaction would start at or after the end.
+    fn done(&self, sent: u64, next_start: u64) -> bool {
+        match self.stop {
+            Stop::Count(n) => sent >= n,
+            Stop::Duration(_) => mono_ns().max(next_start) >= self.end,
+        }
+    }
+}
+
+struct TcpConn {
+    s: TcpStream,
+    req: Vec<u8>,
+    resp: Vec<u8>,
+}
+
+impl TcpConn {
+    async fn connect(
+        addr: SocketAddr,
+        req: u32,
+        resp: u32,
+        nodelay: bool,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut s = tokio::time::timeout(
+            timeout.max(Duration::from_secs(3)),
+            TcpStream::connect(addr),
+        )
+        .await
+        .with_context(|| format!("connecting to {addr}: timed out"))?
+        .with_context(|| format!("connecting to {addr} (is `rttscope serve` running there?)"))?;
+        if nodelay {
+            s.set_nodelay(true)?;
+        }
+        let hello = Hello {
+            req,
+            resp,
+            flags: if nodelay { FLAG_NODELAY } else { 0 },
+        };
+        s.write_all(&hello.encode())
+            .await
+            .context("sending the hello")?;
+        let mut ack = [0u8; 4];
+        match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut ack)).await {
+            Ok(Ok(_)) if ack == HELLO_ACK => {}
+            Ok(Ok(_)) => bail!("{addr} is not an rttscope responder (bad hello reply)"),
+            Ok(Err(_)) => bail!(
+                "{addr} closed the connection after the hello (sizes over its limit, or its connection limit reached; see its log)"
+            ),
+            Err(_) => bail!("{addr} did not answer the hello within 5 s"),
+        }
+        Ok(TcpConn {
+            s,
+            req: vec![b'q'; req as usize],
+            resp: vec![0u8; resp as usize],
+        })
+    }
+
+    /// One transaction: (just before send, just after the last byte of the response).
+    async fn transaction(&mut self) -> Result<(u64, u64)> {
+        let t0 = mono_ns();
+        self.s
+            .write_all(&self.req)
+            .await
+            .context("sending a request")?;
+        self.s
+            .read_exact(&mut self.resp)
+            .await
+            .context("receiving a response")?;
+        Ok((t0, mono_ns()))
+    }
+}
+
+enum DgramSock {
+    Udp(UdpSocket),
+    Icmp(IcmpSocket),
+}
+
+impl DgramSock {
+    async fn send(&self, buf: &mut [u8], seq: u64, resp: u32) -> std::io::Result<()> {
+        match self {
+            DgramSock::Udp(u) => {
+                UdpHeader { resp, seq }.write(buf);
+                u.send(buf).await.map(|_| ())
+            }
+            DgramSock::Icmp(s) => s.send(seq, buf.len()).await,
+        }
+    }
+    /// The next reply's sequence number (None: a datagram that is not a reply to us).
+    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<u64>> {
+        match self {
+            DgramSock::Udp(u) => {
+                let n = u.recv(buf).await?;
+                Ok(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))
+            }
+            DgramSock::Icmp(s) => s.recv(buf, foreign).await.map(Some),
+        }
+    }
+}
+
+/// State of the last `WINDOW` sequence numbers, for late/duplicate accounting.
+const WINDOW: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SeqState {
+    Unknown,
+    Pending,
+    Answered,
+    TimedOut,
+}
+
+/// UDP and ICMP: transactions one after the other; each waits for its reply
+/// up to the timeout. Replies to older requests that arrive meanwhile are
+/// counted as late (or duplicate) and reordered.
+async fn dgram_loop(
+    sock: &DgramSock,
+    cfg: &ProbeConfig,
+    req_size: u32,
+    resp_size: u32,
+    pacer: &mut Pacer,
+    rec: &mut Recorder,
+    cancel: &mut Cancel,
+) -> Result<u64> {
+    let mut req = vec![b'q'; req_size as usize];
+    let mut buf = vec![0u8; 65536 + 64];
+    let mut states = vec![(u64::MAX, SeqState::Unknown); WINDOW];
+    let mut newest_answered: Option<u64> = None;
+    let mut seq: u64 = 0;
+    rec.start = mono_ns();
+    let stop = StopAt::new(cfg.stop, rec.start);
+    let mut consecutive_errors = 0u32;
+    loop {
+        if stop.done(rec.counts.sent, pacer.next_start()) {
+            break;
+        }
+        if !pacer.wait(cancel).await? || *cancel.borrow() {
+            break;
+        }
+        seq += 1;
+        states[(seq as usize) % WINDOW] = (seq, SeqState::Pending);
+        let t0 = mono_ns();
+        if let Err(e) = sock.send(&mut req, seq, resp_size).await {
+            rec.counts.sent += 1;
+            rec.error(format!("send: {e}"));
+            rec.counts.lost += 1;
+            states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+            consecutive_errors += 1;
+            if consecutive_errors >= 100 {
+                bail!("100 send errors in a row, last: {e}");
+            }
+            continue;
+        }
+        rec.counts.sent += 1;
+        let deadline = tokio::time::Instant::now() + cfg.timeout;
+        loop {
+            let r = tokio::select! {
+                r = tokio::time::timeout_at(deadline, sock.recv(&mut buf, &mut rec.counts.foreign)) => r,
+                _ = cancelled(cancel) => {
+                    // The run ends with this transaction unanswered: do not count it.
+                    rec.counts.sent -= 1;
+                    return Ok(mono_ns());
+                }
+            };
+            match r {
+                Err(_) => {
+                    rec.counts.lost += 1;
+                    states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                    break;
+                }
+                Ok(Err(e)) => {
+                    // E.g. ECONNREFUSED from an ICMP port unreachable: the request is lost.
+                    rec.error(format!("receive: {e}"));
+                    rec.counts.lost += 1;
+                    states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                    consecutive_errors += 1;
+                    if consecutive_errors >= 100 {
+                        bail!("100 receive errors in a row, last: {e}");
+                    }
+                    // Do not spin on a dead peer: honour the pacing and a small pause.
+                    tokio::time::sleep(Duration::from_millis(1).min(cfg.timeout)).await;
+                    break;
+                }
+                Ok(Ok(None)) => rec.counts.foreign += 1,
+                Ok(Ok(Some(got))) => {
+                    let t1 = mono_ns();
+                    let slot = &mut states[(got as usize) % WINDOW];
+                    if slot.0 != got {
+                        // Older than the window, or never sent.
+                        rec.counts.foreign += 1;
+                        continue;
+                    }
+                    match slot.1 {
+                        SeqState::Pending => {
+                            debug_assert_eq!(got, seq);
+                            slot.1 = SeqState::Answered;
+                            consecutive_errors = 0;
+                            rec.sample(t0, t1);
+                            newest_answered = Some(got);
+                            break;
+                        }
+                        SeqState::Answered => rec.counts.duplicates += 1,
+                        SeqState::TimedOut => {
+                            slot.1 = SeqState::Answered;
+                            rec.counts.late += 1;
+                            if newest_answered.is_some_and(|n| got < n) {
+                                rec.counts.reordered += 1;
+                            }
+                        }
+                        SeqState::Unknown => rec.counts.foreign += 1,
+                    }
+                }
+            }
+        }
+    }
+    let end = mono_ns();
+    // Collect stragglers (late replies, duplicates) for a short while without
+    // holding up the result: up to 10 ms, never more than the timeout.
+    let grace = Duration::from_millis(10).min(cfg.timeout);
+    let until = tokio::time::Instant::now() + grace;
+    while let Ok(Ok(Some(got))) =
+        tokio::time::timeout_at(until, sock.recv(&mut buf, &mut rec.counts.foreign)).await
+    {
+        let slot = &mut states[(got as usize) % WINDOW];
+        if slot.0 != got {
+            continue;
+        }
+        match slot.1 {
+            SeqState::Answered => rec.counts.duplicates += 1,
+            SeqState::TimedOut => {
+                slot.1 = SeqState::Answered;
+                rec.counts.late += 1;
+                if newest_answered.is_some_and(|n| got < n) {
+                    rec.counts.reordered += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(end)
+}
