@@ -90,6 +90,31 @@ impl IcmpSocket {
             .map(|_| ())
     }
 
+    /// One non-blocking receive straight to the syscall (busy polling).
+    /// Ok(None): nothing there; Ok(Some(None)): a packet that is not our reply.
+    pub fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Option<Option<u64>>> {
+        match (&*self.fd.get_ref()).read(buf) {
+            Ok(n) => {
+                let r = self.decode(&buf[..n]);
+                if r.is_none() {
+                    *foreign += 1;
+                }
+                Ok(Some(r))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn decode(&self, b: &[u8]) -> Option<u64> {
+        let id = match self.kind {
+            IcmpSocketKind::Raw => Some(self.id),
+            IcmpSocketKind::Dgram => None,
+        };
+        let ip_header = self.kind == IcmpSocketKind::Raw && !self.v6;
+        decode_echo_reply(b, self.v6, ip_header, id, self.cookie)
+    }
+
     /// Receive until one of our echo replies arrives; returns its sequence number.
     /// Packets that are not our replies are skipped (counted in `foreign`).
     pub async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<u64> {
@@ -98,12 +123,7 @@ impl IcmpSocket {
                 .fd
                 .async_io(Interest::READABLE, |mut s| s.read(buf))
                 .await?;
-            let id = match self.kind {
-                IcmpSocketKind::Raw => Some(self.id),
-                IcmpSocketKind::Dgram => None,
-            };
-            let ip_header = self.kind == IcmpSocketKind::Raw && !self.v6;
-            match decode_echo_reply(&buf[..n], self.v6, ip_header, id, self.cookie) {
+            match self.decode(&buf[..n]) {
                 Some(seq) => return Ok(seq),
                 None => *foreign += 1,
             }

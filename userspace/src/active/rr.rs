@@ -427,9 +427,17 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
                     break;
                 }
                 rec.counts.sent += 1;
-                let r = tokio::select! {
-                    r = tokio::time::timeout(cfg.timeout, conn.transaction()) => r,
-                    _ = cancelled(&mut cancel) => { rec.counts.sent -= 1; break; }
+                let r = if cfg.spin {
+                    match conn.transaction_spin(mono_ns() + cfg.timeout.as_nanos() as u64) {
+                        Ok(Some(t)) => Ok(Ok(t)),
+                        Ok(None) => Err(()),
+                        Err(e) => Ok(Err(e)),
+                    }
+                } else {
+                    tokio::select! {
+                        r = tokio::time::timeout(cfg.timeout, conn.transaction()) => r.map_err(|_| ()),
+                        _ = cancelled(&mut cancel) => { rec.counts.sent -= 1; break; }
+                    }
                 };
                 match r {
                     Ok(Ok((t0, t1))) => rec.sample(t0, t1),
@@ -587,6 +595,61 @@ impl TcpConn {
             .context("receiving a response")?;
         Ok((t0, mono_ns()))
     }
+
+    /// One transaction without ever sleeping (--spin): the response is
+    /// busy-polled with non-blocking recv() until complete or `deadline`.
+    fn transaction_spin(&mut self, deadline: u64) -> Result<Option<(u64, u64)>> {
+        let fd = self.s.as_raw_fd();
+        let t0 = mono_ns();
+        let mut off = 0;
+        while off < self.req.len() {
+            match sys_io(unsafe {
+                libc::send(
+                    fd,
+                    self.req[off..].as_ptr().cast(),
+                    self.req.len() - off,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            }) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e).context("sending a request"),
+            }
+        }
+        let mut got = 0;
+        let mut i = 0u32;
+        while got < self.resp.len() {
+            match sys_io(unsafe {
+                libc::recv(
+                    fd,
+                    self.resp[got..].as_mut_ptr().cast(),
+                    self.resp.len() - got,
+                    libc::MSG_DONTWAIT,
+                )
+            }) {
+                Ok(0) => bail!("the responder closed the connection"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::hint::spin_loop();
+                    i = i.wrapping_add(1);
+                    if i % 1024 == 0 && mono_ns() > deadline {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e).context("receiving a response"),
+            }
+        }
+        Ok(Some((t0, mono_ns())))
+    }
+}
+
+/// A raw syscall result as io::Result.
+fn sys_io(rc: isize) -> std::io::Result<usize> {
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
 }
 
 enum DgramSock {
@@ -595,6 +658,29 @@ enum DgramSock {
 }
 
 impl DgramSock {
+    /// Non-blocking receive straight to the syscall (for busy polling; bypasses
+    /// the reactor). Ok(None): nothing there.
+    fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Option<u64>>> {
+        match self {
+            DgramSock::Udp(u) => {
+                let r = sys_io(unsafe {
+                    libc::recv(
+                        u.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                });
+                match r {
+                    Ok(n) => Ok(Some(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            DgramSock::Icmp(s) => s.try_recv(buf, foreign),
+        }
+    }
+
     async fn send(&self, buf: &mut [u8], seq: u64, resp: u32) -> std::io::Result<()> {
         match self {
             DgramSock::Udp(u) => {
@@ -670,13 +756,37 @@ async fn dgram_loop(
         }
         rec.counts.sent += 1;
         let deadline = tokio::time::Instant::now() + cfg.timeout;
+        let deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
         loop {
-            let r = tokio::select! {
-                r = tokio::time::timeout_at(deadline, sock.recv(&mut buf, &mut rec.counts.foreign)) => r,
-                _ = cancelled(cancel) => {
-                    // The run ends with this transaction unanswered: do not count it.
-                    rec.counts.sent -= 1;
-                    return Ok(mono_ns());
+            let r = if cfg.spin {
+                // Busy-poll: never sleep, so no wake-up latency lands in the sample.
+                let mut i = 0u32;
+                loop {
+                    match sock.try_recv(&mut buf, &mut rec.counts.foreign) {
+                        Ok(Some(x)) => break Ok(Ok(x)),
+                        Ok(None) => {}
+                        Err(e) => break Ok(Err(e)),
+                    }
+                    std::hint::spin_loop();
+                    i = i.wrapping_add(1);
+                    if i % 1024 == 0 {
+                        if mono_ns() > deadline_ns {
+                            break Err(());
+                        }
+                        if *cancel.borrow() {
+                            rec.counts.sent -= 1;
+                            return Ok(mono_ns());
+                        }
+                    }
+                }
+            } else {
+                tokio::select! {
+                    r = tokio::time::timeout_at(deadline, sock.recv(&mut buf, &mut rec.counts.foreign)) => r.map_err(|_| ()),
+                    _ = cancelled(cancel) => {
+                        // The run ends with this transaction unanswered: do not count it.
+                        rec.counts.sent -= 1;
+                        return Ok(mono_ns());
+                    }
                 }
             };
             match r {
