@@ -194,8 +194,10 @@ impl Recorder {
 }
 
 /// Paces transactions: bursts of `burst` transactions, bursts starting every
-/// `interval` on a fixed schedule (t0, t0+i, t0+2i, ...); a burst that starts
-/// late resets the schedule to "now" instead of catching up, as netperf does.
+/// `interval` on a fixed grid (t0, t0+i, t0+2i, ...). A burst that could not
+/// start on time (the previous one ran long, or the process was not scheduled)
+/// starts at once; if it is late by an interval or more the grid restarts
+/// from now, so missed bursts are skipped rather than sent back to back.
 struct Pacer {
     interval: u64,
     burst: u32,
@@ -259,7 +261,11 @@ impl Pacer {
                     return Ok(false);
                 }
                 self.next
+            } else if self.next != 0 && now - self.next < self.interval {
+                // Late by less than an interval: start now but keep the grid.
+                self.next
             } else {
+                // First burst, or late by an interval or more: restart the grid.
                 now
             };
             self.next = start + self.interval;
