@@ -93,7 +93,7 @@ impl IcmpSocket {
     /// One non-blocking receive straight to the syscall (busy polling).
     /// Ok(None): nothing there; Ok(Some(None)): a packet that is not our reply.
     pub fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Option<Option<u64>>> {
-        match (&*self.fd.get_ref()).read(buf) {
+        match self.fd.get_ref().read(buf) {
             Ok(n) => {
                 let r = self.decode(&buf[..n]);
                 if r.is_none() {

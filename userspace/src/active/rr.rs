@@ -280,7 +280,7 @@ impl Pacer {
             while mono_ns() < deadline {
                 std::hint::spin_loop();
                 i = i.wrapping_add(1);
-                if i % 4096 == 0 && *cancel.borrow() {
+                if i.is_multiple_of(4096) && *cancel.borrow() {
                     return Ok(false);
                 }
             }
@@ -638,7 +638,7 @@ impl TcpConn {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     std::hint::spin_loop();
                     i = i.wrapping_add(1);
-                    if i % 1024 == 0 && mono_ns() > deadline {
+                    if i.is_multiple_of(1024) && mono_ns() > deadline {
                         return Ok(None);
                     }
                 }
@@ -775,7 +775,7 @@ async fn dgram_loop(
                     }
                     std::hint::spin_loop();
                     i = i.wrapping_add(1);
-                    if i % 1024 == 0 {
+                    if i.is_multiple_of(1024) {
                         if mono_ns() > deadline_ns {
                             break Err(());
                         }

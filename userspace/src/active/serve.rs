@@ -307,7 +307,7 @@ async fn udp_loop(u: UdpSocket, cfg: Arc<ServeConfig>, stats: Arc<ServeStats>) -
 
 /// Bad datagrams are logged for the first ten and then every thousandth, so a flood cannot flood the log.
 fn log_udp_bad(peer: SocketAddr, e: &FrameError, count: u64) {
-    if count <= 10 || count % 1000 == 0 {
+    if count <= 10 || count.is_multiple_of(1000) {
         warn!("{peer}: bad UDP request ({e}); dropped (bad datagrams so far: {count})");
     }
 }
