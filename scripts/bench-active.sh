@@ -5,6 +5,7 @@
 #   - bare blocking loop       -> rttscope serve   (examples/bare_rr.rs: the floor)
 #   - bare blocking loop       -> bare blocking server
 #   - rttscope probe tcp-rr    -> bare blocking server
+#   - rttscope probe --async-io and --spin -> rttscope serve (one run each)
 #   - ping -i 0.002 (median of per-reply times) and irtt -i 2ms (median RTT)
 # Criterion: the probe is not the bottleneck: its P50 within 10% of the bare
 # loop's, its transactions/s at least 90% of the bare loop's (same server).
@@ -44,12 +45,12 @@ ip -n "$NSA" link set "${TAG}va" up; ip -n "$NSB" link set "${TAG}vb" up
 start_servers() { # ns addr
     ip netns exec "$1" "$BIN" serve --listen "$2:7878" 2>/dev/null & PIDS+=($!)
     ip netns exec "$1" "$BARE" server "$2:7879" 2>/dev/null & PIDS+=($!)
-    ip netns exec "$1" irtt server -q -i 0 -b "$2:2112" >/dev/null 2>&1 & PIDS+=($!)
+    ip netns exec "$1" irtt server -i 0 -b "$2:2112" >/dev/null 2>&1 & PIDS+=($!)
     sleep 1
 }
 
-probe() { # ns addr port -> "p50 tps"
-    ip netns exec "$1" "$BIN" probe tcp-rr "$2" -p "$3" -l "$SECS" --nodelay \
+probe() { # ns addr port [extra probe option] -> "p50 tps"
+    ip netns exec "$1" "$BIN" probe tcp-rr "$2" -p "$3" -l "$SECS" --nodelay ${4:-} \
         -o P50_LATENCY,THROUGHPUT | tail -1 | awk -F, '{print $1, $2}'
 }
 bare() { # ns addr port -> "p50 tps"
@@ -87,6 +88,8 @@ for path in loopback veth; do
     done
     read -r a b < <(bare "$C" "$A" 7879); P50BB+=("$a"); TPSBB+=("$b")
     read -r a b < <(probe "$C" "$A" 7879); P50PB+=("$a"); TPSPB+=("$b")
+    read -r P50AS TPSAS < <(probe "$C" "$A" 7878 --async-io)
+    read -r P50SP TPSSP < <(probe "$C" "$A" 7878 --spin)
     PING=$(ping_med "$C" "$A")
     IRTT=$(irtt_med "$C" "$A")
     p50p=$(median "${P50P[@]}") tpsp=$(median "${TPSP[@]}")
@@ -98,6 +101,8 @@ for path in loopback veth; do
     echo "| bare loop -> rttscope serve | $p50b | $tpsb | ${P50B[*]} |"
     echo "| bare loop -> bare server | ${P50BB[0]} | ${TPSBB[0]} | 1 run |"
     echo "| rttscope probe -> bare server | ${P50PB[0]} | ${TPSPB[0]} | 1 run |"
+    echo "| rttscope probe --async-io (tokio reactor) -> rttscope serve | $P50AS | $TPSAS | 1 run |"
+    echo "| rttscope probe --spin (busy-poll) -> rttscope serve | $P50SP | $TPSSP | 1 run |"
     echo "| ping -i 0.002 (median time=) | $PING | - | 1000 echoes |"
     echo "| irtt -i 2ms (median RTT) | $IRTT | - | 3 s |"
     verdict=$(python3 -c "

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 
-pub use rr::{run_probe, Counts, Kind, ProbeConfig, ProbeResult, Settings, Stop};
+pub use rr::{run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, Settings, Stop};
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};
 
 use crate::units::duration_arg;
@@ -144,6 +144,10 @@ pub struct ProbeOpts {
     /// Print the whole result (settings, counts, summary, every sample) as JSON.
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
+    /// TCP: drive the transactions through the tokio reactor (non-blocking
+    /// sockets, epoll) instead of blocking send()/recv() on a dedicated thread.
+    #[arg(long)]
+    pub async_io: bool,
     /// Keep at most this many per-transaction samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
@@ -220,6 +224,11 @@ pub fn probe_config(kind: Kind, o: &ProbeOpts) -> Result<ProbeConfig> {
     c.nodelay = o.nodelay;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
+    c.io = if o.async_io {
+        IoMode::TokioReactor
+    } else {
+        IoMode::BlockingThread
+    };
     c.stop = match (o.length, o.count) {
         (_, Some(0)) => bail!("-n COUNT must be at least 1"),
         (_, Some(n)) => Stop::Count(n),

@@ -2,7 +2,7 @@
 //! selectors (`-o`), or JSON (in mod.rs).
 use std::fmt::Write;
 
-use super::rr::{Kind, ProbeResult};
+use super::rr::{IoMode, Kind, ProbeResult};
 use crate::units::fmt_duration_short;
 
 /// netperf's output selectors that rttscope understands.
@@ -250,13 +250,17 @@ pub fn human(r: &ProbeResult) -> String {
     }
     let _ = writeln!(
         o,
-        "settings: request {} B, response {} B, interval {}, burst {}, nodelay {}, timeout {}, clock {}",
+        "settings: request {} B, response {} B, interval {}, burst {}, nodelay {}, timeout {}, io {}, clock {}",
         st.req_size,
         st.resp_size,
         interval_text(r),
         st.burst,
         if st.nodelay { "on" } else { "off" },
         fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
+        match st.io {
+            IoMode::BlockingThread => "blocking thread",
+            IoMode::TokioReactor => "tokio reactor",
+        },
         st.clock
     );
     o
@@ -287,6 +291,7 @@ mod tests {
                 pacing: "sleep (timerfd)".into(),
                 clock: "CLOCK_MONOTONIC".into(),
                 icmp_socket: None,
+                io: IoMode::TokioReactor,
             },
             start_unix_s: 0.0,
             elapsed_s: 2.0,

@@ -2,6 +2,8 @@
 //! with CLOCK_MONOTONIC right around the send and receive system calls.
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -43,6 +45,17 @@ pub enum Stop {
     Count(u64),
 }
 
+/// How the TCP_RR hot loop does its I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IoMode {
+    /// Blocking send()/recv() on a dedicated thread (`spawn_blocking`), as
+    /// netperf does: the fewest system calls and wake-ups per transaction.
+    BlockingThread,
+    /// Non-blocking sockets driven by the tokio reactor (EAGAIN, epoll_wait, wake).
+    TokioReactor,
+}
+
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
     pub kind: Kind,
@@ -67,6 +80,8 @@ pub struct ProbeConfig {
     /// Keep at most this many per-transaction samples (the summary then comes
     /// from the HDR histogram; counts and histograms still see every sample).
     pub max_samples: usize,
+    /// TCP_RR only (UDP and ICMP always use the reactor). Default: blocking thread.
+    pub io: IoMode,
 }
 
 impl ProbeConfig {
@@ -91,6 +106,7 @@ impl ProbeConfig {
             nodelay: false,
             timeout: Duration::from_secs(1),
             max_samples: 1_000_000,
+            io: IoMode::BlockingThread,
         }
     }
 }
@@ -118,6 +134,8 @@ pub struct Settings {
     pub clock: String,
     /// ICMP only: "dgram" or "raw".
     pub icmp_socket: Option<String>,
+    /// How the transactions' I/O was done.
+    pub io: IoMode,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -209,7 +227,8 @@ struct Pacer {
 
 impl Pacer {
     fn new(cfg: &ProbeConfig) -> Result<Self> {
-        let timer = if cfg.interval.is_zero() || cfg.spin {
+        let blocking = cfg.kind == Kind::TcpRr && cfg.io == IoMode::BlockingThread;
+        let timer = if cfg.interval.is_zero() || cfg.spin || blocking {
             None
         } else {
             // SAFETY: plain syscall; the fd is checked and then owned.
@@ -250,16 +269,17 @@ impl Pacer {
     }
 
     /// Wait until the next transaction may start. Returns false if cancelled.
-    async fn wait(&mut self, cancel: &mut Cancel) -> Result<bool> {
+    /// Advance the schedule for the next transaction; returns the deadline
+    /// to wait for, if it may not start now.
+    fn plan(&mut self) -> Option<u64> {
         if self.interval == 0 {
-            return Ok(true);
+            return None;
         }
+        let mut wait = None;
         if self.in_burst == 0 {
             let now = mono_ns();
             let start = if now < self.next {
-                if !self.wait_until(self.next, cancel).await? {
-                    return Ok(false);
-                }
+                wait = Some(self.next);
                 self.next
             } else if self.next != 0 && now - self.next < self.interval {
                 // Late by less than an interval: start now but keep the grid.
@@ -271,7 +291,55 @@ impl Pacer {
             self.next = start + self.interval;
         }
         self.in_burst = (self.in_burst + 1) % self.burst;
-        Ok(true)
+        wait
+    }
+
+    /// Wait until the next transaction may start. Returns false if cancelled.
+    async fn wait(&mut self, cancel: &mut Cancel) -> Result<bool> {
+        match self.plan() {
+            Some(deadline) => self.wait_until(deadline, cancel).await,
+            None => Ok(true),
+        }
+    }
+
+    /// The same from a blocking thread: spin, or clock_nanosleep to the
+    /// absolute deadline in slices of at most 100 ms. False if `stop` is set.
+    fn wait_blocking(&mut self, stop: &AtomicBool) -> bool {
+        let Some(deadline) = self.plan() else {
+            return true;
+        };
+        let mut i = 0u32;
+        loop {
+            let now = mono_ns();
+            if now >= deadline {
+                return true;
+            }
+            if self.spin {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(4096) && stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+                continue;
+            }
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            let until = deadline.min(now + 100_000_000);
+            let ts = libc::timespec {
+                tv_sec: (until / 1_000_000_000) as libc::time_t,
+                tv_nsec: (until % 1_000_000_000) as libc::c_long,
+            };
+            // SAFETY: plain syscall with a valid timespec; EINTR just loops.
+            unsafe {
+                libc::clock_nanosleep(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TIMER_ABSTIME,
+                    &ts,
+                    std::ptr::null_mut(),
+                );
+            }
+        }
     }
 
     async fn wait_until(&mut self, deadline: u64, cancel: &mut Cancel) -> Result<bool> {
@@ -403,6 +471,11 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         },
         clock: "CLOCK_MONOTONIC".into(),
         icmp_socket: None,
+        io: if cfg.kind == Kind::TcpRr {
+            cfg.io
+        } else {
+            IoMode::TokioReactor
+        },
     };
     let mut pacer = Pacer::new(cfg)?;
     let mut rec = Recorder {
@@ -423,43 +496,13 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         Kind::TcpRr => {
             let mut conn =
                 TcpConn::connect(addr, req_size, resp_size, cfg.nodelay, cfg.timeout).await?;
-            rec.start = mono_ns();
-            let stop = StopAt::new(cfg.stop, rec.start);
-            loop {
-                if stop.done(rec.counts.sent, pacer.next_start()) {
-                    break;
-                }
-                if !pacer.wait(&mut cancel).await? || *cancel.borrow() {
-                    break;
-                }
-                rec.counts.sent += 1;
-                let r = if cfg.spin {
-                    match conn.transaction_spin(mono_ns() + cfg.timeout.as_nanos() as u64) {
-                        Ok(Some(t)) => Ok(Ok(t)),
-                        Ok(None) => Err(()),
-                        Err(e) => Ok(Err(e)),
-                    }
-                } else {
-                    tokio::select! {
-                        r = tokio::time::timeout(cfg.timeout, conn.transaction()) => r.map_err(|_| ()),
-                        _ = cancelled(&mut cancel) => { rec.counts.sent -= 1; break; }
-                    }
-                };
-                match r {
-                    Ok(Ok((t0, t1))) => rec.sample(t0, t1),
-                    Ok(Err(e)) => {
-                        rec.error(&e);
-                        return Err(e)
-                            .context(format!("TCP transaction {} with {addr}", rec.counts.sent));
-                    }
-                    Err(_) => bail!(
-                        "TCP transaction {} with {addr} took longer than {:?}",
-                        rec.counts.sent,
-                        cfg.timeout
-                    ),
-                }
+            if cfg.io == IoMode::BlockingThread {
+                let (r, end) = tcp_blocking(conn, cfg, addr, pacer, rec, &mut cancel).await?;
+                rec = r;
+                end
+            } else {
+                tcp_loop(&mut conn, cfg, addr, &mut pacer, &mut rec, &mut cancel).await?
             }
-            mono_ns()
         }
         Kind::UdpRr | Kind::Icmp => {
             let sock = if cfg.kind == Kind::UdpRr {
@@ -516,6 +559,210 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         samples: rec.samples,
         last_error: rec.last_error,
     })
+}
+
+/// TCP_RR on a dedicated blocking thread: the socket is switched to blocking
+/// mode with a 100 ms receive timeout (to notice cancellation and the
+/// transaction timeout), and every transaction is one send() and as many
+/// recv() as the response needs, exactly like netperf and the bare loop.
+async fn tcp_blocking(
+    conn: TcpConn,
+    cfg: &ProbeConfig,
+    addr: SocketAddr,
+    mut pacer: Pacer,
+    mut rec: Recorder,
+    cancel: &mut Cancel,
+) -> Result<(Recorder, u64)> {
+    let s = conn.s.into_std().context("detaching the socket")?;
+    // --spin busy-polls the reply: non-blocking reads in a loop.
+    s.set_nonblocking(cfg.spin)?;
+    s.set_read_timeout(Some(Duration::from_millis(100)))?;
+    s.set_write_timeout(Some(cfg.timeout))?;
+    let (req, mut resp) = (conn.req, conn.resp);
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let stop2 = stop_flag.clone();
+    let (stop_at, timeout, spin) = (cfg.stop, cfg.timeout, cfg.spin);
+    let mut handle = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64)> {
+        use std::io::{Read, Write};
+        // SAFETY: prctl on the calling thread only.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
+        let mut s = s;
+        rec.start = mono_ns();
+        let stop = StopAt::new(stop_at, rec.start);
+        let timeout_ns = timeout.as_nanos() as u64;
+        loop {
+            if stop.done(rec.counts.sent, pacer.next_start()) {
+                break;
+            }
+            if !pacer.wait_blocking(&stop2) || stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            rec.counts.sent += 1;
+            let t0 = mono_ns();
+            if let Err(e) = s.write_all(&req) {
+                rec.error(&e);
+                return Err(e).context(format!(
+                    "TCP transaction {} with {addr}: sending a request",
+                    rec.counts.sent
+                ));
+            }
+            let mut got = 0;
+            while got < resp.len() {
+                match s.read(&mut resp[got..]) {
+                    Ok(0) => bail!(
+                        "TCP transaction {} with {addr}: the responder closed the connection",
+                        rec.counts.sent
+                    ),
+                    Ok(n) => got += n,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock
+                                | std::io::ErrorKind::TimedOut
+                                | std::io::ErrorKind::Interrupted
+                        ) =>
+                    {
+                        if stop2.load(Ordering::Relaxed) {
+                            // Cancelled mid-transaction: it does not count.
+                            rec.counts.sent -= 1;
+                            return Ok((rec, mono_ns()));
+                        }
+                        if mono_ns() - t0 > timeout_ns {
+                            bail!(
+                                "TCP transaction {} with {addr} took longer than {timeout:?}",
+                                rec.counts.sent
+                            );
+                        }
+                        if spin {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    Err(e) => {
+                        rec.error(&e);
+                        return Err(e).context(format!(
+                            "TCP transaction {} with {addr}: receiving a response",
+                            rec.counts.sent
+                        ));
+                    }
+                }
+            }
+            rec.sample(t0, mono_ns());
+        }
+        Ok((rec, mono_ns()))
+    });
+    let r = tokio::select! {
+        r = &mut handle => r,
+        _ = cancelled(cancel) => {
+            stop_flag.store(true, Ordering::Relaxed);
+            handle.await
+        }
+    };
+    r.context("the probe thread panicked")?
+}
+
+/// TCP_RR transactions. The hot path has no per-transaction timer or
+/// cancellation future: a watchdog running beside it (same task) checks the
+/// in-flight transaction's age every `timeout / 4` (at most 100 ms) and on a
+/// timeout or a cancel shuts the socket down, which ends the pending read.
+async fn tcp_loop(
+    conn: &mut TcpConn,
+    cfg: &ProbeConfig,
+    addr: SocketAddr,
+    pacer: &mut Pacer,
+    rec: &mut Recorder,
+    cancel: &mut Cancel,
+) -> Result<u64> {
+    use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+    const TIMED_OUT: u8 = 1;
+    const CANCELLED: u8 = 2;
+    let inflight = AtomicU64::new(0);
+    let fired = AtomicU8::new(0);
+    let fd = conn.s.as_raw_fd();
+    let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let mut cancel2 = cancel.clone();
+    let watchdog = async {
+        let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let t = inflight.load(Relaxed);
+                    if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
+                        fired.store(TIMED_OUT, Relaxed);
+                        break;
+                    }
+                }
+                _ = cancelled(&mut cancel2) => {
+                    fired.store(CANCELLED, Relaxed);
+                    break;
+                }
+            }
+        }
+        // SAFETY: fd belongs to the connection, which outlives this future.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+        }
+        std::future::pending::<()>().await
+    };
+    let main = async {
+        rec.start = mono_ns();
+        let stop = StopAt::new(cfg.stop, rec.start);
+        loop {
+            if stop.done(rec.counts.sent, pacer.next_start()) {
+                break;
+            }
+            if !pacer.wait(cancel).await? || *cancel.borrow() {
+                break;
+            }
+            rec.counts.sent += 1;
+            if cfg.spin && rec.counts.sent.is_multiple_of(256) {
+                // Let the signal watcher (and the watchdog) run now and then.
+                tokio::task::yield_now().await;
+            }
+            let r = if cfg.spin {
+                match conn.transaction_spin(mono_ns() + timeout_ns) {
+                    Ok(Some(t)) => Ok(t),
+                    Ok(None) => bail!(
+                        "TCP transaction {} with {addr} took longer than {:?}",
+                        rec.counts.sent,
+                        cfg.timeout
+                    ),
+                    Err(e) => Err(e),
+                }
+            } else {
+                inflight.store(mono_ns(), Relaxed);
+                let r = conn.transaction().await;
+                inflight.store(0, Relaxed);
+                r
+            };
+            match r {
+                Ok((t0, t1)) => rec.sample(t0, t1),
+                Err(_) if fired.load(Relaxed) == CANCELLED => {
+                    rec.counts.sent -= 1;
+                    break;
+                }
+                Err(_) if fired.load(Relaxed) == TIMED_OUT => bail!(
+                    "TCP transaction {} with {addr} took longer than {:?}",
+                    rec.counts.sent,
+                    cfg.timeout
+                ),
+                Err(e) => {
+                    rec.error(&e);
+                    return Err(e)
+                        .context(format!("TCP transaction {} with {addr}", rec.counts.sent));
+                }
+            }
+        }
+        Ok(mono_ns())
+    };
+    tokio::select! {
+        biased;
+        r = main => r,
+        _ = watchdog => unreachable!("the watchdog never completes"),
+    }
 }
 
 struct StopAt {
@@ -747,6 +994,9 @@ async fn dgram_loop(
             break;
         }
         seq += 1;
+        if cfg.spin && seq.is_multiple_of(256) {
+            tokio::task::yield_now().await;
+        }
         states[(seq as usize) % WINDOW] = (seq, SeqState::Pending);
         let t0 = mono_ns();
         if let Err(e) = sock.send(&mut req, seq, resp_size).await {
