@@ -296,6 +296,53 @@ fn intervals_are_honoured() {
 }
 
 #[test]
+fn sigterm_ends_a_probe_with_its_result() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let p = Pair::new().unwrap();
+    let l4 = format!("{B_ADDR}:7878");
+    let _srv = start_server(&p.b, &[&l4], &[], 7878);
+    for extra in [&[][..], &["--async-io"][..], &["-w", "10ms"][..]] {
+        let path = std::env::temp_dir().join(rttscope_e2e::unique("rtsterm"));
+        let mut cmd = p.a.command(&bin());
+        cmd.args(["probe", "tcp-rr", B_ADDR, "-l", "60", "--json"])
+            .args(extra);
+        cmd.stdout(std::fs::File::create(&path).unwrap());
+        let mut g = ChildGuard(Some(cmd.spawn().unwrap()));
+        std::thread::sleep(Duration::from_millis(1500));
+        let pid = nix::unistd::Pid::from_raw(g.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = g.0.as_mut().unwrap().try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{extra:?}: probe ignored SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let out = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(st.success(), "{extra:?}: exit {st:?}");
+        let r: ProbeResult = serde_json::from_slice(&out).expect("result after SIGTERM");
+        assert!(
+            r.counts.received > 0 && r.counts.sent == r.counts.received,
+            "{:?}",
+            r.counts
+        );
+        assert!(
+            r.elapsed_s > 0.5 && r.elapsed_s < 3.0,
+            "{extra:?}: elapsed {}",
+            r.elapsed_s
+        );
+    }
+}
+
+#[test]
 fn loopback_probe_and_serve() {
     if !require_root() {
         return;
