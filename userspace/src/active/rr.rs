@@ -1122,3 +1122,101 @@ async fn dgram_loop(
     }
     Ok(end)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::active::{cancel_pair, serve};
+
+    /// In-process, no privileges: serve on 127.0.0.1 (port 0) and probe it.
+    #[test]
+    fn in_process_probe_against_in_process_serve() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let cfg = serve::ServeConfig {
+                listen: vec!["127.0.0.1:0".parse().unwrap()],
+                ..Default::default()
+            };
+            let server = serve::bind(cfg).await.unwrap();
+            let port = server.local_addrs()[0].port();
+            let (stop_srv, srv_cancel) = cancel_pair();
+            let srv = tokio::spawn(server.run(srv_cancel));
+            for (kind, io) in [
+                (Kind::TcpRr, IoMode::BlockingThread),
+                (Kind::TcpRr, IoMode::TokioReactor),
+                (Kind::UdpRr, IoMode::TokioReactor),
+            ] {
+                let mut c = ProbeConfig::new(kind, "127.0.0.1");
+                c.port = port;
+                c.io = io;
+                c.stop = Stop::Count(200);
+                c.req_size = 10;
+                c.resp_size = 300;
+                let (_keep, cancel) = cancel_pair();
+                let r = run_probe(&c, cancel).await.unwrap();
+                assert_eq!(r.counts.received, 200, "{kind:?} {io:?}: {:?}", r.counts);
+                assert_eq!(r.samples.len(), 200);
+                let s = r.summary;
+                assert!(s.min <= s.p50 && s.p50 <= s.p99 && s.p99 <= s.max, "{s:?}");
+                assert_eq!(r.settings.count, Some(200));
+                assert_eq!(r.settings.resp_size, 300);
+                // Samples are in send order, offsets increasing.
+                assert!(r.samples.windows(2).all(|w| w[0].0 < w[1].0));
+            }
+            // Cancelling a long run returns promptly with what was measured.
+            for io in [IoMode::BlockingThread, IoMode::TokioReactor] {
+                let mut c = ProbeConfig::new(Kind::TcpRr, "127.0.0.1");
+                c.port = port;
+                c.io = io;
+                c.stop = Stop::Duration(Duration::from_secs(60));
+                c.interval = Duration::from_millis(5);
+                let (tx, cancel) = cancel_pair();
+                let t = std::time::Instant::now();
+                let h = tokio::spawn(async move { run_probe(&c, cancel).await });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                tx.send(true).unwrap();
+                let r = h.await.unwrap().unwrap();
+                assert!(
+                    t.elapsed() < Duration::from_secs(3),
+                    "{io:?}: cancel took {:?}",
+                    t.elapsed()
+                );
+                assert!(r.counts.received > 10, "{io:?}: {:?}", r.counts);
+                assert_eq!(r.counts.sent, r.counts.received);
+            }
+            stop_srv.send(true).unwrap();
+            srv.await.unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn pacer_keeps_the_grid() {
+        let mut c = ProbeConfig::new(Kind::UdpRr, "x");
+        c.interval = Duration::from_millis(10);
+        c.burst = 2;
+        c.io = IoMode::BlockingThread;
+        c.kind = Kind::TcpRr;
+        let mut p = Pacer::new(&c).unwrap();
+        // First burst: starts now, the next one 10 ms later.
+        assert_eq!(p.plan(), None);
+        let first_next = p.next;
+        assert_eq!(p.plan(), None, "second transaction of the burst");
+        assert_eq!(p.plan(), Some(first_next), "next burst waits for the grid");
+        // Late by less than an interval: the grid is kept.
+        p.in_burst = 0;
+        p.next = mono_ns() - 3_000_000;
+        let late = p.next;
+        assert_eq!(p.plan(), None);
+        assert_eq!(p.next, late + 10_000_000);
+        // Late by more than an interval: the grid restarts from now.
+        p.in_burst = 0;
+        p.next = mono_ns() - 50_000_000;
+        let before = mono_ns();
+        assert_eq!(p.plan(), None);
+        assert!(p.next >= before + 10_000_000);
+    }
+}
