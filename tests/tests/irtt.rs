@@ -13,7 +13,7 @@ use serde_json::Value;
 fn probe_command(ns: &NetNs, args: &[&str]) -> Command {
     let bin = rttscope_bin();
     let mut c = ns.command(bin.to_str().expect("utf-8 path"));
-    c.arg("probe-irtt").args(args);
+    c.arg("probe").arg("irtt").args(args);
     c
 }
 

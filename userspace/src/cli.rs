@@ -24,12 +24,13 @@ pub enum Command {
     Bucket(crate::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
     Chart(crate::chart::ChartArgs),
-    /// Isochronous UDP probe against an `irtt server` (to become `probe irtt`).
-    #[command(name = "probe-irtt", hide = true)]
-    ProbeIrtt(crate::irtt::IrttArgs),
     /// The sampler view alone (testing; to be folded into `observe --view sampler`).
     #[command(hide = true)]
     Sample(crate::sampler_cmd::SampleArgs),
+    /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
+    Serve(crate::active::ServeArgs),
+    /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
+    Probe(crate::active::ProbeArgs),
 }
 
 #[cfg(test)]

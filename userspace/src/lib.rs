@@ -3,6 +3,7 @@
 //! - TCP view (`tcp_view`): RTT as the TCP stack computes it (sock_ops RTT callback).
 //! - Active view: request/response and ICMP probes.
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
+pub mod active;
 pub mod bpf;
 pub mod bucket;
 pub mod chart;
@@ -20,5 +21,6 @@ pub mod report;
 pub mod results;
 pub mod sampler;
 pub mod sampler_cmd;
+pub mod stats;
 pub mod tcp_view;
 pub mod units;

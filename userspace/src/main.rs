@@ -10,8 +10,9 @@ fn main() -> ExitCode {
         Command::Observe(args) => rttscope::observe::run(args),
         Command::Bucket(args) => rttscope::bucket::run(args),
         Command::Chart(args) => rttscope::chart::run(args),
-        Command::ProbeIrtt(args) => rttscope::irtt::run(args),
         Command::Sample(args) => rttscope::sampler_cmd::run(args),
+        Command::Serve(args) => rttscope::active::serve_main(args),
+        Command::Probe(args) => rttscope::active::probe_main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
