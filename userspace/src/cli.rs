@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
     Observe(crate::observe::ObserveArgs),
+    /// Run a scenario on a testbed of network namespaces (client, router, server) with link impairment.
+    Lab(crate::lab::LabArgs),
 }
 
 #[cfg(test)]

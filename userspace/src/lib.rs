@@ -6,6 +6,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod error;
+pub mod lab;
 pub mod logging;
 pub mod observe;
 pub mod units;

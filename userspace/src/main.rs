@@ -8,6 +8,7 @@ fn main() -> ExitCode {
     rttscope::logging::init(cli.verbose);
     let result = match cli.command {
         Command::Observe(args) => rttscope::observe::run(args),
+        Command::Lab(args) => rttscope::lab::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,534 @@
+//! The lab's testbed and link impairment, checked with real traffic.
+//!
+//! Truths used: the delay/loss/rate the test configures, ping through the
+//! router, the nftables rule counters, /proc (what processes and namespaces
+//! exist). The `bench_` tests are `#[ignore]`d measurements for
+//! scripts/bench-lab.sh (docs/perf-lab.md), not assertions of the suite.
+use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rttscope::lab::emulator::{Direction, Impairment, LinkConfig};
+use rttscope::lab::testbed::{self, Role, Testbed, SRV_ADDR, SRV_ADDR6};
+use rttscope_e2e::require_root;
+
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// Ping results: RTTs (ms) of the replies, and how many were sent.
+struct Ping {
+    rtts: Vec<f64>,
+    sent: usize,
+}
+
+impl Ping {
+    fn pct(&self, q: f64) -> f64 {
+        let mut v = self.rtts.clone();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    }
+    fn loss(&self) -> f64 {
+        1.0 - self.rtts.len() as f64 / self.sent as f64
+    }
+}
+
+/// ping from the client namespace to `dst`, `count` echo requests `interval` apart.
+fn ping(tb: &Testbed, dst: &str, count: usize, interval: &str) -> Ping {
+    let out = tb
+        .command(Role::Cli, "ping")
+        .args([
+            "-n",
+            "-c",
+            &count.to_string(),
+            "-i",
+            interval,
+            "-W",
+            "2",
+            dst,
+        ])
+        .output()
+        .expect("ping");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rtts = text
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next())
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    Ping { rtts, sent: count }
+}
+
+/// Network-namespace inode of each testbed namespace.
+fn ns_inodes(tb: &Testbed) -> Vec<u64> {
+    [Role::Cli, Role::Rtr, Role::Srv]
+        .iter()
+        .map(|r| std::fs::metadata(tb.ns_path(*r)).unwrap().ino())
+        .collect()
+}
+
+/// Threads anywhere on the host whose network namespace is one of `inodes`.
+fn threads_in(inodes: &[u64]) -> Vec<String> {
+    let mut found = Vec::new();
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
+                if inodes.contains(&m.ino()) {
+                    found.push(format!(
+                        "pid {pid} task {}",
+                        t.file_name().to_string_lossy()
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Everything a testbed leaves behind: its namespace names, and threads inside its namespaces.
+fn leftovers(prefix: &str, inodes: &[u64]) -> Vec<String> {
+    let mut left: Vec<String> = testbed::lab_namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("{prefix}-")))
+        .collect();
+    left.extend(threads_in(inodes));
+    if std::path::Path::new(&format!("/run/rttscope/lab/{prefix}.json")).exists() {
+        left.push("state file".into());
+    }
+    left
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A child reaped by the testbed is gone from /proc.
+    std::fs::metadata(format!("/proc/{pid}")).is_ok()
+}
+
+#[test]
+fn testbed_routes_and_leaves_nothing_behind() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let prefix = tb.prefix.clone();
+    let inodes = ns_inodes(&tb);
+    // Both address families go through the router.
+    let p4 = ping(&tb, &SRV_ADDR.to_string(), 3, "0.05");
+    let p6 = ping(&tb, &SRV_ADDR6.to_string(), 3, "0.05");
+    assert_eq!(p4.rtts.len(), 3, "IPv4 ping through the router");
+    assert_eq!(p6.rtts.len(), 3, "IPv6 ping through the router");
+    // Impairment (emulator thread, nft table, tbf) and a child process.
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig {
+        delay: MS(5),
+        loss_pct: 1.0,
+        rate_bps: Some(50_000_000),
+        queue_limit: Some(100_000),
+        ..Default::default()
+    })
+    .unwrap();
+    let nft = tb.exec(Role::Rtr, &["nft", "list", "ruleset"]).unwrap();
+    assert!(String::from_utf8_lossy(&nft.stdout).contains("rttscope_lab"));
+    let child = tb.spawn(Role::Srv, &["sleep", "600"]).unwrap();
+    assert!(pid_alive(child));
+    assert!(
+        !threads_in(&inodes).is_empty(),
+        "the emulator thread and the child are inside"
+    );
+    drop(imp);
+    drop(tb);
+    assert!(!pid_alive(child), "child {child} still alive after drop");
+    let left = leftovers(&prefix, &inodes);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn testbed_is_removed_when_the_test_panics() {
+    if !require_root() {
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let r = std::panic::catch_unwind(move || {
+        let tb = Testbed::new().unwrap();
+        let mut imp = Impairment::new(&tb).unwrap();
+        imp.set_both(LinkConfig::delay(MS(10))).unwrap();
+        let child = tb.spawn(Role::Cli, &["sleep", "600"]).unwrap();
+        tx.send((tb.prefix.clone(), ns_inodes(&tb), child)).unwrap();
+        panic!("deliberate panic inside the test");
+    });
+    assert!(r.is_err());
+    let (prefix, inodes, child) = rx.recv().unwrap();
+    assert!(!pid_alive(child), "child {child} survived the panic");
+    let left = leftovers(&prefix, &inodes);
+    assert!(left.is_empty(), "left behind after a panic: {left:?}");
+}
+
+#[test]
+fn stale_testbed_of_a_dead_owner_is_removed_at_next_start() {
+    if !require_root() {
+        return;
+    }
+    // A "crashed run": a namespace named after a pid that has exited, with a process inside.
+    let mut dead = std::process::Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    let stale = format!("rtlab{dead_pid}x0-rtr");
+    testbed::run(&["ip", "netns", "add", &stale]).unwrap();
+    let mut inside = std::process::Command::new("ip")
+        .args(["netns", "exec", &stale, "sleep", "600"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(MS(100));
+    let tb = Testbed::new().unwrap();
+    let gone = !testbed::lab_namespaces().contains(&stale);
+    // Reap the killed process (it was our child).
+    let status = inside.try_wait().ok().flatten().or_else(|| {
+        std::thread::sleep(MS(300));
+        inside.try_wait().ok().flatten()
+    });
+    if !gone {
+        let _ = testbed::run(&["ip", "netns", "del", &stale]);
+    }
+    let _ = inside.kill();
+    assert!(gone, "stale namespace {stale} was not removed");
+    assert!(
+        status.is_some(),
+        "the process inside the stale namespace was not killed"
+    );
+    // Our own (live) testbed is untouched by a second cleanup.
+    testbed::cleanup_stale();
+    assert!(testbed::lab_namespaces().contains(&tb.ns(Role::Rtr)));
+}
+
+#[test]
+fn delay_50ms_each_way_gives_100ms_rtt_within_10_percent() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let base = ping(&tb, &SRV_ADDR.to_string(), 10, "0.02");
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig::delay(MS(50))).unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), 40, "0.05");
+    let (p50, p99) = (p.pct(0.5), p.pct(0.99));
+    let added = p50 - base.pct(0.5);
+    eprintln!(
+        "base p50 {:.3} ms; with 50 ms each way: p50 {p50:.3} p99 {p99:.3} ms, added {added:.3} ms; {:?}",
+        base.pct(0.5),
+        imp.report()
+    );
+    assert_eq!(p.rtts.len(), 40, "no ping may be lost");
+    assert!(
+        (added - 100.0).abs() <= 10.0,
+        "added RTT {added:.3} ms, expected 100 ms +- 10%"
+    );
+    // p99: the emulator runs at real-time priority; allow 25 ms for a busy shared host.
+    assert!(p99 <= 125.0 + base.pct(0.99), "p99 {p99:.3} ms");
+    let st = imp.report().emulator;
+    assert!(st.up.released >= 40 && st.down.released >= 40, "{st:?}");
+    // One direction only: 50 ms up, 0 down -> 50 ms RTT.
+    imp.set(Direction::Down, LinkConfig::default()).unwrap();
+    let p = ping(&tb, &SRV_ADDR6.to_string(), 20, "0.05");
+    let added = p.pct(0.5) - base.pct(0.5);
+    assert!(
+        (added - 50.0).abs() <= 5.0,
+        "one-way 50 ms (IPv6): added {added:.3} ms"
+    );
+    // Run-time change back to a clean link.
+    imp.set(Direction::Up, LinkConfig::default()).unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), 10, "0.02");
+    assert!(
+        p.pct(0.5) < 5.0,
+        "clean link again: p50 {:.3} ms",
+        p.pct(0.5)
+    );
+}
+
+#[test]
+fn loss_20_percent_one_way() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    // 20 % on client->server only: each echo request is dropped with p = 0.2.
+    imp.set(
+        Direction::Up,
+        LinkConfig {
+            loss_pct: 20.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), 200, "0.01");
+    let lost = p.sent - p.rtts.len();
+    let rep = imp.report();
+    eprintln!(
+        "ping loss {:.1} % ({lost}/200); nft drops {:?}",
+        p.loss() * 100.0,
+        rep.loss_dropped
+    );
+    // Binomial(200, 0.2): sd 2.8 %; 8..35 % is more than 4 sd either side.
+    assert!(
+        (0.08..=0.35).contains(&p.loss()),
+        "loss {:.1} %",
+        p.loss() * 100.0
+    );
+    // Every lost ping is one the rule dropped (and nothing else was lost).
+    assert_eq!(
+        rep.loss_dropped[0] as usize, lost,
+        "nft drop counter vs ping"
+    );
+    assert_eq!(rep.loss_dropped[1], 0);
+}
+
+/// A bulk TCP flow server -> client (plain sockets on threads inside the namespaces).
+struct Bulk {
+    stop: Arc<AtomicBool>,
+    received: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Bulk {
+    fn start(tb: &Testbed) -> Bulk {
+        let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicU64::new(0));
+        let addr = SocketAddr::new(SRV_ADDR.into(), 5201);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let srv_path = tb.ns_path(Role::Srv);
+        let s2 = stop.clone();
+        let server = std::thread::spawn(move || {
+            testbed::enter_netns(&srv_path).unwrap();
+            let l = std::net::TcpListener::bind(addr).unwrap();
+            tx.send(()).unwrap();
+            let (mut c, _) = l.accept().unwrap();
+            // Loss-based (the host default here is BBR, which keeps the queue short).
+            testbed::set_tcp_congestion(&c, testbed::CONGESTION_CONTROL).unwrap();
+            c.set_write_timeout(Some(MS(200))).unwrap();
+            let buf = vec![0u8; 64 * 1024];
+            while !s2.load(Ordering::Relaxed) {
+                use std::io::Write;
+                if let Err(e) = c.write(&buf) {
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) {
+                        break;
+                    }
+                }
+            }
+        });
+        rx.recv().unwrap();
+        let cli_path = tb.ns_path(Role::Cli);
+        let (s3, r3) = (stop.clone(), received.clone());
+        let client = std::thread::spawn(move || {
+            testbed::enter_netns(&cli_path).unwrap();
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(MS(200))).unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            while !s3.load(Ordering::Relaxed) {
+                use std::io::Read;
+                match c.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        r3.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(_) => {}
+                }
+            }
+        });
+        Bulk {
+            stop,
+            received,
+            threads: vec![server, client],
+        }
+    }
+}
+
+impl Drop for Bulk {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn tbf_bottleneck_with_deep_queue_builds_a_standing_queue() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    // 10 Mbit/s server->client, 500 kB queue (400 ms at 10 Mbit/s), plus 5 ms each way.
+    imp.set(Direction::Up, LinkConfig::delay(MS(5))).unwrap();
+    imp.set(
+        Direction::Down,
+        LinkConfig {
+            delay: MS(5),
+            rate_bps: Some(10_000_000),
+            queue_limit: Some(500_000),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let idle = ping(&tb, &SRV_ADDR.to_string(), 10, "0.05");
+    let bulk = Bulk::start(&tb);
+    std::thread::sleep(MS(1500)); // let cubic fill the queue
+    let t0 = Instant::now();
+    let before = bulk.received.load(Ordering::Relaxed);
+    let loaded = ping(&tb, &SRV_ADDR.to_string(), 20, "0.1");
+    let secs = t0.elapsed().as_secs_f64();
+    let goodput = (bulk.received.load(Ordering::Relaxed) - before) as f64 * 8.0 / secs / 1e6;
+    drop(bulk);
+    let (i50, l50) = (idle.pct(0.5), loaded.pct(0.5));
+    eprintln!("idle p50 {i50:.2} ms; under bulk p50 {l50:.2} ms p99 {:.2} ms; goodput {goodput:.2} Mbit/s", loaded.pct(0.99));
+    assert!(
+        (9.0..=13.0).contains(&i50),
+        "idle RTT {i50:.2} ms (10 ms configured)"
+    );
+    assert!(
+        goodput > 7.0 && goodput < 10.5,
+        "goodput {goodput:.2} Mbit/s through a 10 Mbit/s bottleneck"
+    );
+    // A full 500 kB queue is 400 ms; demand at least 150 ms of standing queue.
+    assert!(l50 - i50 > 150.0, "standing queue only {:.1} ms", l50 - i50);
+}
+
+// ---------------------------------------------------------------------------
+// Measurements for docs/perf-lab.md (scripts/bench-lab.sh runs them).
+
+fn bench_delay(one_way: Duration, count: usize) {
+    let tb = Testbed::new().unwrap();
+    let base = ping(&tb, &SRV_ADDR.to_string(), 200, "0.005");
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set(Direction::Up, LinkConfig::delay(one_way)).unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), count, "0.01");
+    let cfg = one_way.as_secs_f64() * 1e3;
+    let b50 = base.pct(0.5);
+    println!(
+        "BENCH delay configured {cfg} ms one way (up only), {count} pings at 10 ms: base RTT p50 {b50:.3} p99 {:.3}; with delay p50 {:.3} p99 {:.3} max {:.3}; added-delay error p50 {:+.3} ms ({:+.2} %) p99 {:+.3} ms ({:+.2} %); emulator {:?}",
+        base.pct(0.99),
+        p.pct(0.5),
+        p.pct(0.99),
+        p.pct(1.0),
+        p.pct(0.5) - b50 - cfg,
+        (p.pct(0.5) - b50 - cfg) / cfg * 100.0,
+        p.pct(0.99) - b50 - cfg,
+        (p.pct(0.99) - b50 - cfg) / cfg * 100.0,
+        imp.report().emulator
+    );
+}
+
+#[test]
+#[ignore]
+fn bench_delay_accuracy() {
+    if !require_root() {
+        return;
+    }
+    bench_delay(MS(50), 500);
+    bench_delay(MS(1), 500);
+}
+
+/// UDP flood client->server at `pps` (64-byte payloads) for `dur` through a
+/// 1 ms up-direction delay; ping measures the delay error meanwhile.
+fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let got = Arc::new(AtomicU64::new(0));
+    let srv_path = tb.ns_path(Role::Srv);
+    let (s2, g2) = (stop.clone(), got.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let recv = std::thread::spawn(move || {
+        testbed::enter_netns(&srv_path).unwrap();
+        let s = UdpSocket::bind((SRV_ADDR, 9999)).unwrap();
+        s.set_read_timeout(Some(MS(100))).unwrap();
+        tx.send(()).unwrap();
+        let mut buf = [0u8; 2048];
+        while !s2.load(Ordering::Relaxed) {
+            if s.recv(&mut buf).is_ok() {
+                g2.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    rx.recv().unwrap();
+    let cli_path = tb.ns_path(Role::Cli);
+    let s3 = stop.clone();
+    let sent = Arc::new(AtomicU64::new(0));
+    let sent2 = sent.clone();
+    let send = std::thread::spawn(move || {
+        testbed::enter_netns(&cli_path).unwrap();
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect((SRV_ADDR, 9999)).unwrap();
+        let buf = [0u8; 64];
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        while !s3.load(Ordering::Relaxed) {
+            let due = (t0.elapsed().as_secs_f64() * pps as f64) as u64;
+            while n < due {
+                let _ = s.send(&buf);
+                n += 1;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        sent2.store(n, Ordering::Relaxed);
+    });
+    let before = imp.report();
+    std::thread::sleep(MS(300));
+    let p = ping(
+        tb,
+        &SRV_ADDR.to_string(),
+        ((dur.as_millis() - 300) / 20) as usize,
+        "0.02",
+    );
+    stop.store(true, Ordering::Relaxed);
+    send.join().unwrap();
+    std::thread::sleep(MS(50));
+    recv.join().unwrap();
+    let after = imp.report();
+    let (s, g) = (sent.load(Ordering::Relaxed), got.load(Ordering::Relaxed));
+    // The kernel's own queue counters (queue_total, queue_dropped, user_dropped ...).
+    let kernel = tb
+        .exec(Role::Rtr, &["cat", "/proc/net/netfilter/nfnetlink_queue"])
+        .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', "; "))
+        .unwrap_or_default();
+    println!(
+        "BENCH flood {pps} pps offered ({s} sent, {g} received, {:.1} % lost; emulator received {} released {} dropped_full {}); ping through 1 ms: p50 {:.3} p99 {:.3} ms, lost {}/{}; release lateness p50 {} us p99 {} us; kernel nfnetlink_queue: {kernel}",
+        (1.0 - g as f64 / s.max(1) as f64) * 100.0,
+        after.emulator.up.received - before.emulator.up.received,
+        after.emulator.up.released - before.emulator.up.released,
+        after.emulator.up.dropped_full - before.emulator.up.dropped_full,
+        p.pct(0.5),
+        p.pct(0.99),
+        p.sent - p.rtts.len(),
+        p.sent,
+        after.emulator.late_p50_us,
+        after.emulator.late_p99_us,
+    );
+}
+
+#[test]
+#[ignore]
+fn bench_packet_rate() {
+    if !require_root() {
+        return;
+    }
+    let rates: Vec<u64> = std::env::var("BENCH_RATES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_else(|| vec![10_000, 25_000, 50_000, 100_000, 200_000]);
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set(Direction::Up, LinkConfig::delay(MS(1))).unwrap();
+    for r in rates {
+        flood(&tb, &imp, r, Duration::from_secs(3));
+    }
+}
