@@ -439,6 +439,35 @@ fn bench_delay_accuracy() {
     bench_delay(MS(1), 500);
 }
 
+fn set_rcvbuf(s: &UdpSocket, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: valid fd and int for the call.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &bytes as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// `RcvbufErrors` of the UDP line in /proc/net/snmp of a namespace.
+fn udp_rcvbuf_errors(tb: &Testbed, role: Role) -> u64 {
+    let out = tb.exec(role, &["cat", "/proc/net/snmp"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (Some(h), Some(v)) = (lines.next(), lines.next()) else {
+        return 0;
+    };
+    h.split_whitespace()
+        .zip(v.split_whitespace())
+        .find(|(k, _)| *k == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// UDP flood client->server at `pps` (64-byte payloads) for `dur` through a
 /// 1 ms up-direction delay; ping measures the delay error meanwhile.
 fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
@@ -451,6 +480,7 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
         testbed::enter_netns(&srv_path).unwrap();
         let s = UdpSocket::bind((SRV_ADDR, 9999)).unwrap();
         s.set_read_timeout(Some(MS(100))).unwrap();
+        set_rcvbuf(&s, 16 << 20);
         tx.send(()).unwrap();
         let mut buf = [0u8; 2048];
         while !s2.load(Ordering::Relaxed) {
@@ -474,7 +504,9 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
         while !s3.load(Ordering::Relaxed) {
             let due = (t0.elapsed().as_secs_f64() * pps as f64) as u64;
             while n < due {
-                let _ = s.send(&buf);
+                if s.send(&buf).is_err() {
+                    break; // local queue full: the sender is the limit, retry later
+                }
                 n += 1;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -482,6 +514,8 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
         sent2.store(n, Ordering::Relaxed);
     });
     let before = imp.report();
+    let rcvbuf_before = udp_rcvbuf_errors(tb, Role::Srv);
+    let t_start = Instant::now();
     std::thread::sleep(MS(300));
     let p = ping(
         tb,
@@ -493,7 +527,9 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
     send.join().unwrap();
     std::thread::sleep(MS(50));
     recv.join().unwrap();
+    let secs = t_start.elapsed().as_secs_f64();
     let after = imp.report();
+    let rcvbuf = udp_rcvbuf_errors(tb, Role::Srv) - rcvbuf_before;
     let (s, g) = (sent.load(Ordering::Relaxed), got.load(Ordering::Relaxed));
     // The kernel's own queue counters (queue_total, queue_dropped, user_dropped ...).
     let kernel = tb
@@ -501,7 +537,9 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
         .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', "; "))
         .unwrap_or_default();
     println!(
-        "BENCH flood {pps} pps offered ({s} sent, {g} received, {:.1} % lost; emulator received {} released {} dropped_full {}); ping through 1 ms: p50 {:.3} p99 {:.3} ms, lost {}/{}; release lateness p50 {} us p99 {} us; kernel nfnetlink_queue: {kernel}",
+        "BENCH flood {pps} pps asked: sent {:.0} pps, received {:.0} pps ({:.1} % lost, of which {rcvbuf} at the receiver's socket); emulator received {} released {} dropped_full {}); ping through 1 ms: p50 {:.3} p99 {:.3} ms, lost {}/{}; release lateness p50 {} us p99 {} us; kernel nfnetlink_queue: {kernel}",
+        s as f64 / secs,
+        g as f64 / secs,
         (1.0 - g as f64 / s.max(1) as f64) * 100.0,
         after.emulator.up.received - before.emulator.up.received,
         after.emulator.up.released - before.emulator.up.released,
@@ -531,4 +569,159 @@ fn bench_packet_rate() {
     for r in rates {
         flood(&tb, &imp, r, Duration::from_secs(3));
     }
+}
+
+// ---------------------------------------------------------------------------
+// The `rttscope lab` command.
+
+/// Start `rttscope lab delayed-ack --hold` and wait for its "testbed up" line.
+fn start_hold() -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(rttscope_e2e::rttscope_bin())
+        .args(["lab", "delayed-ack", "--hold", "--hold-for", "60s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match rx.recv_timeout(MS(200)) {
+            Ok(l) if l.starts_with("testbed up") => break,
+            Ok(_) => {}
+            Err(_) if Instant::now() < deadline && child.try_wait().unwrap().is_none() => {}
+            Err(_) => {
+                let _ = child.kill();
+                let o = child.wait_with_output().unwrap();
+                panic!(
+                    "lab --hold did not come up: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+    }
+    let prefix = format!("rtlab{}x0", child.id());
+    (child, prefix)
+}
+
+fn inodes_of(prefix: &str) -> Vec<u64> {
+    ["cli", "rtr", "srv"]
+        .iter()
+        .map(|r| {
+            std::fs::metadata(format!("/run/netns/{prefix}-{r}"))
+                .unwrap()
+                .ino()
+        })
+        .collect()
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("rttscope lab did not exit within {within:?} after the signal");
+        }
+        std::thread::sleep(MS(20));
+    }
+}
+
+#[test]
+fn lab_command_removes_its_testbed_on_sigint_and_sigterm() {
+    if !require_root() {
+        return;
+    }
+    for sig in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+    ] {
+        let (mut child, prefix) = start_hold();
+        let inodes = inodes_of(&prefix);
+        // The binary's link: delayed-ack's 5 ms each way -> ~10 ms RTT.
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &format!("{prefix}-cli"),
+                "ping",
+                "-n",
+                "-c",
+                "5",
+                "-i",
+                "0.05",
+                "10.79.2.2",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rtts: Vec<f64> = text
+            .lines()
+            .filter_map(|l| l.split("time=").nth(1))
+            .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+            .collect();
+        assert_eq!(rtts.len(), 5, "{text}");
+        assert!(
+            rtts.iter().all(|r| (9.0..=15.0).contains(r)),
+            "RTTs {rtts:?} (10 ms configured)"
+        );
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+        let st = wait_exit(&mut child, Duration::from_secs(10));
+        assert!(st.success(), "exit after {sig}: {st}");
+        let left = leftovers(&prefix, &inodes);
+        assert!(left.is_empty(), "left behind after {sig}: {left:?}");
+    }
+}
+
+#[test]
+fn lab_command_killed_hard_is_cleaned_up_at_next_start() {
+    if !require_root() {
+        return;
+    }
+    let (mut child, prefix) = start_hold();
+    let inodes = inodes_of(&prefix);
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    // The next start's cleanup (a concurrent test's Testbed::new may get there first).
+    testbed::cleanup_stale();
+    let left = leftovers(&prefix, &inodes);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn lab_without_the_views_says_which_are_missing() {
+    let out = std::process::Command::new(rttscope_e2e::rttscope_bin())
+        .args([
+            "lab",
+            "loss",
+            "--quick",
+            "--no-progress",
+            "--out",
+            "/nonexistent-lab-out",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("rttscope: ") && err.contains("active view") && err.contains("not wired"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/nonexistent-lab-out").exists());
+    let plan = std::process::Command::new(rttscope_e2e::rttscope_bin())
+        .args(["lab", "bufferbloat", "--quick", "--plan"])
+        .output()
+        .unwrap();
+    assert!(plan.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(v["phases"].as_array().unwrap().len(), 3);
+    assert_eq!(v["scenario"], "bufferbloat");
 }

@@ -52,6 +52,14 @@ pub struct LabArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Build the testbed with the scenario's first link settings, print its
+    /// namespaces and addresses, and keep it until Ctrl-C / SIGTERM (or
+    /// --hold-for) — for experiments by hand (`ip netns exec <ns> ...`).
+    #[arg(long)]
+    pub hold: bool,
+    /// With --hold: remove the testbed after this long.
+    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg, requires = "hold")]
+    pub hold_for: Option<Duration>,
 }
 
 /// The traffic of one phase.
@@ -406,6 +414,9 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&plan)?);
         return Ok(());
     }
+    if args.hold {
+        return hold(&plan, args.hold_for);
+    }
     let missing = env.missing();
     if !missing.is_empty() {
         bail!(
@@ -504,6 +515,53 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
     Ok(())
 }
 
+/// `--hold`: the testbed with the first phase's link, until a signal.
+fn hold(plan: &Plan, hold_for: Option<Duration>) -> Result<()> {
+    use super::testbed::{Role, CLI_ADDR, CLI_ADDR6, SRV_ADDR, SRV_ADDR6};
+    signals::install()?;
+    let tb = Testbed::new()?;
+    let mut imp = Impairment::new(&tb)?;
+    let ph = &plan.phases[0];
+    imp.set(Direction::Up, ph.up)?;
+    imp.set(Direction::Down, ph.down)?;
+    println!(
+        "testbed up: client {} ({CLI_ADDR}, {CLI_ADDR6}), router {}, server {} ({SRV_ADDR}, {SRV_ADDR6})",
+        tb.ns(Role::Cli),
+        tb.ns(Role::Rtr),
+        tb.ns(Role::Srv)
+    );
+    println!(
+        "link up (client->server): {}",
+        serde_json::to_string(&ph.up)?
+    );
+    println!(
+        "link down (server->client): {}",
+        serde_json::to_string(&ph.down)?
+    );
+    println!(
+        "holding until Ctrl-C / SIGTERM{}",
+        match hold_for {
+            Some(d) => format!(" or {}", crate::units::fmt_duration_short(d)),
+            None => String::new(),
+        }
+    );
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let end = hold_for.map(|d| Instant::now() + d);
+    while !signals::cancelled() && end.is_none_or(|e| Instant::now() < e) {
+        if !imp.emulator().alive() {
+            bail!("the delay emulator stopped");
+        }
+        std::thread::sleep(MS(50));
+    }
+    let report = imp.report();
+    imp.shutdown()?;
+    drop(tb);
+    println!("counters: {}", serde_json::to_string(&report)?);
+    println!("testbed removed");
+    Ok(())
+}
+
 /// Apply a phase's link steps at their offsets until `done`.
 fn apply_steps(
     ph: &Phase,
@@ -584,6 +642,8 @@ mod tests {
             out: None,
             plan: false,
             no_progress: true,
+            hold: false,
+            hold_for: None,
         };
         let e = run_with(args, &mut Unwired).unwrap_err().to_string();
         assert!(
