@@ -176,6 +176,9 @@ pub struct EmulatorStats {
     pub bad_messages: u64,
     /// Whether the emulator thread got real-time priority (SCHED_FIFO).
     pub realtime: bool,
+    /// Packets whose arrival time came from the kernel's queue timestamp
+    /// (the others were stamped when the emulator read them).
+    pub kernel_stamped: u64,
     /// Lateness of releases (actual verdict time - due time), microseconds.
     pub late_p50_us: u64,
     pub late_p99_us: u64,
@@ -191,6 +194,7 @@ struct DelayCfg {
 struct Shared {
     stop: AtomicBool,
     realtime: AtomicBool,
+    stamped: AtomicU64,
     cfg: Mutex<[DelayCfg; 2]>,
     counters: [DirCounters; 2],
     bad: AtomicU64,
@@ -232,6 +236,7 @@ impl DelayEmulator {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             realtime: AtomicBool::new(false),
+            stamped: AtomicU64::new(0),
             cfg: Mutex::new([DelayCfg::default(); 2]),
             counters: Default::default(),
             bad: AtomicU64::new(0),
@@ -242,7 +247,7 @@ impl DelayEmulator {
         let thread = std::thread::Builder::new()
             .name("lab-emulator".into())
             .spawn(move || {
-                let q = (|| -> Result<NfQueue> {
+                let q = (|| -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
                     if let Some(p) = &netns {
                         testbed::enter_netns(p)?;
                     }
@@ -261,15 +266,16 @@ impl DelayEmulator {
                         libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param)
                     } == 0;
                     sh.realtime.store(rt, Ordering::Relaxed);
+                    let stamps = enable_rx_timestamps();
                     let mut q = NfQueue::open().context("opening an NFQUEUE netlink socket")?;
                     for qn in queues {
                         q.bind(qn, (max_held + 1024) as u32, NFQA_CFG_F_GSO)
                             .with_context(|| format!("binding NFQUEUE {qn}"))?;
                     }
-                    Ok(q)
+                    Ok((q, stamps))
                 })();
                 match q {
-                    Ok(q) => {
+                    Ok((q, _stamps)) => {
                         let _ = tx.send(Ok(()));
                         emulate(q, queues, max_held, &sh)
                     }
@@ -314,6 +320,7 @@ impl DelayEmulator {
             down: snap(&self.shared.counters[1]),
             bad_messages: self.shared.bad.load(Ordering::Relaxed),
             realtime: self.shared.realtime.load(Ordering::Relaxed),
+            kernel_stamped: self.shared.stamped.load(Ordering::Relaxed),
             late_p50_us: h.value_at_quantile(0.5),
             late_p99_us: h.value_at_quantile(0.99),
             late_max_us: h.max(),
@@ -343,6 +350,32 @@ impl Drop for DelayEmulator {
     }
 }
 
+/// Keep the kernel's receive timestamping on while the emulator runs: a
+/// socket with SO_TIMESTAMPNS enables it (a global switch that `ping` and
+/// many programs turn on too), and then nfnetlink_queue sends each packet's
+/// queueing time (NFQA_TIMESTAMP). Without it the emulator stamps packets
+/// when it reads them. Closing the socket turns it back off.
+fn enable_rx_timestamps() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket/setsockopt calls; the fd is owned at once.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        let r = libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        (r == 0).then_some(fd)
+    }
+}
+
 /// The emulator loop: receive, schedule, release when due.
 fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Result<()> {
     let mut heap: BinaryHeap<Held> = BinaryHeap::new();
@@ -363,7 +396,11 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
             batch.clear();
             let bad = q.recv_packets(&mut batch)?;
             sh.bad.fetch_add(bad as u64, Ordering::Relaxed);
-            let arrived = Instant::now();
+            let now = Instant::now();
+            let wall_us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0);
             let cfg = *sh.cfg.lock().unwrap();
             for p in &batch {
                 let Some(d) = queues.iter().position(|&x| x == p.queue) else {
@@ -378,6 +415,16 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
                     c.dropped_full.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                // Arrival: the kernel's queueing time when it sent one (so the
+                // wake-up latency of this thread is not added to the delay),
+                // else now. A stamp older than 100 ms or in the future is ignored.
+                let arrived = match p.tstamp_us.and_then(|t| wall_us.checked_sub(t)) {
+                    Some(age) if age <= 100_000 => {
+                        sh.stamped.fetch_add(1, Ordering::Relaxed);
+                        now - Duration::from_micros(age)
+                    }
+                    _ => now,
+                };
                 let DelayCfg { delay, jitter } = cfg[d];
                 let due = if jitter.is_zero() {
                     // Keep order: never earlier than the previous release.
@@ -409,6 +456,7 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
                 QueuedPacket {
                     queue: h.pkt.0,
                     id: h.pkt.1,
+                    tstamp_us: None,
                 },
                 NF_ACCEPT,
             );
@@ -432,6 +480,7 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
             QueuedPacket {
                 queue: h.pkt.0,
                 id: h.pkt.1,
+                tstamp_us: None,
             },
             NF_ACCEPT,
         );

@@ -23,6 +23,7 @@ const NFQNL_MSG_VERDICT: u16 = 1;
 const NFQNL_MSG_CONFIG: u16 = 2;
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
+const NFQA_TIMESTAMP: u16 = 4;
 const NFQA_CFG_CMD: u16 = 1;
 const NFQA_CFG_PARAMS: u16 = 2;
 const NFQA_CFG_QUEUE_MAXLEN: u16 = 3;
@@ -45,6 +46,9 @@ pub const NF_ACCEPT: u32 = 1;
 pub struct QueuedPacket {
     pub queue: u16,
     pub id: u32,
+    /// When the kernel queued it (NFQA_TIMESTAMP: wall clock, microseconds
+    /// since the epoch), if the kernel sent one.
+    pub tstamp_us: Option<u64>,
 }
 
 /// A netlink socket bound to one or more NFQUEUE numbers in the calling
@@ -122,6 +126,7 @@ pub fn parse_datagram(data: &[u8], out: &mut Vec<QueuedPacket>, errors: &mut Vec
                     let queue = u16::from_be_bytes(msg[18..20].try_into().unwrap());
                     let mut a = NLMSG_HDRLEN + NFGEN_HDRLEN;
                     let mut id = None;
+                    let mut tstamp_us = None;
                     while a + 4 <= msg.len() {
                         let alen = u16::from_ne_bytes(msg[a..a + 2].try_into().unwrap()) as usize;
                         let aty =
@@ -132,10 +137,20 @@ pub fn parse_datagram(data: &[u8], out: &mut Vec<QueuedPacket>, errors: &mut Vec
                         if aty == NFQA_PACKET_HDR && alen >= 8 {
                             id = Some(u32::from_be_bytes(msg[a + 4..a + 8].try_into().unwrap()));
                         }
+                        if aty == NFQA_TIMESTAMP && alen >= 20 {
+                            let sec = u64::from_be_bytes(msg[a + 4..a + 12].try_into().unwrap());
+                            let usec = u64::from_be_bytes(msg[a + 12..a + 20].try_into().unwrap());
+                            tstamp_us =
+                                sec.checked_mul(1_000_000).and_then(|x| x.checked_add(usec));
+                        }
                         a += align4(alen);
                     }
                     match id {
-                        Some(id) => out.push(QueuedPacket { queue, id }),
+                        Some(id) => out.push(QueuedPacket {
+                            queue,
+                            id,
+                            tstamp_us,
+                        }),
                         None => bad += 1,
                     }
                 }
@@ -417,7 +432,14 @@ mod tests {
             0,
             0,
             queue,
-            &[(NFQA_PACKET_HDR, hdr), (5, 7u32.to_be_bytes().to_vec())],
+            &[
+                (NFQA_PACKET_HDR, hdr),
+                (5, 7u32.to_be_bytes().to_vec()),
+                (
+                    NFQA_TIMESTAMP,
+                    [12u64.to_be_bytes(), (id as u64).to_be_bytes()].concat(),
+                ),
+            ],
         );
         b
     }
@@ -437,8 +459,16 @@ mod tests {
         assert_eq!(
             out,
             vec![
-                QueuedPacket { queue: 3, id: 77 },
-                QueuedPacket { queue: 4, id: 78 }
+                QueuedPacket {
+                    queue: 3,
+                    id: 77,
+                    tstamp_us: Some(12_000_077)
+                },
+                QueuedPacket {
+                    queue: 4,
+                    id: 78,
+                    tstamp_us: Some(12_000_078)
+                }
             ]
         );
         assert_eq!(errs, vec![0]);
