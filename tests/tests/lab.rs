@@ -417,10 +417,10 @@ fn bench_delay(one_way: Duration, count: usize) {
     // ping takes kernel receive timestamps (SO_TIMESTAMP), so busy-host
     // scheduling of ping itself does not enter its RTTs; it prints 0.001 ms
     // resolution below 10 ms and 0.1 ms from 10 to 100 ms.
-    for (what, base, p) in [("ping", &base, &p)] {
+    {
         let b50 = base.pct(0.5);
         println!(
-            "BENCH delay {what}: configured {cfg} ms one way (up only), {} probes at 10 ms: base RTT p50 {b50:.3} p99 {:.3}; with delay p50 {:.3} p99 {:.3} max {:.3}; added-delay error p50 {:+.3} ms ({:+.2} %) p99 {:+.3} ms ({:+.2} %)",
+            "BENCH delay ping: configured {cfg} ms one way (up only), {} probes at 10 ms: base RTT p50 {b50:.3} p99 {:.3}; with delay p50 {:.3} p99 {:.3} max {:.3}; added-delay error p50 {:+.3} ms ({:+.2} %) p99 {:+.3} ms ({:+.2} %)",
             p.rtts.len(),
             base.pct(0.99),
             p.pct(0.5),
