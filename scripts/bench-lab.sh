@@ -24,4 +24,4 @@ done
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# BENCH_RATES=${BENCH_RATES:-10000,25000,50000,100000,200000}"
 cargo test --release -q -p rttscope-e2e --test lab bench_ -- --ignored --nocapture --test-threads=1 2>&1 |
-    grep '^BENCH' | sed 's/^BENCH //'
+    sed -n 's/.*BENCH //p'

@@ -546,13 +546,16 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
         .map(|o| String::from_utf8_lossy(&o.stdout).replace('\n', "; "))
         .unwrap_or_default();
     println!(
-        "BENCH flood {pps} pps asked: sent {:.0} pps, received {:.0} pps ({:.1} % lost, of which {rcvbuf} at the receiver's socket); emulator received {} released {} dropped_full {}); ping through 1 ms: p50 {:.3} p99 {:.3} ms, lost {}/{}; release lateness p50 {} us p99 {} us; kernel nfnetlink_queue: {kernel}",
+        "BENCH flood {pps} pps asked: sent {:.0} pps, received {:.0} pps ({:.1} % lost, of which {rcvbuf} at the receiver's socket); emulator received {} released {} dropped_full {}, CPU {:.2} us/packet = {:.0} % of a CPU); ping through 1 ms: p50 {:.3} p99 {:.3} ms, lost {}/{}; release lateness p50 {} us p99 {} us; kernel nfnetlink_queue: {kernel}",
         s as f64 / secs,
         g as f64 / secs,
         (1.0 - g as f64 / s.max(1) as f64) * 100.0,
         after.emulator.up.received - before.emulator.up.received,
         after.emulator.up.released - before.emulator.up.released,
         after.emulator.up.dropped_full - before.emulator.up.dropped_full,
+        (after.emulator.cpu_us - before.emulator.cpu_us) as f64
+            / (after.emulator.up.received - before.emulator.up.received).max(1) as f64,
+        (after.emulator.cpu_us - before.emulator.cpu_us) as f64 / 1e4 / secs,
         p.pct(0.5),
         p.pct(0.99),
         p.sent - p.rtts.len(),

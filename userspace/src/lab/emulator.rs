@@ -176,6 +176,8 @@ pub struct EmulatorStats {
     pub bad_messages: u64,
     /// Whether the emulator thread got real-time priority (SCHED_FIFO).
     pub realtime: bool,
+    /// CPU time the emulator thread has used (user + system), microseconds.
+    pub cpu_us: u64,
     /// Packets whose arrival time came from the kernel's queue timestamp
     /// (the others were stamped when the emulator read them).
     pub kernel_stamped: u64,
@@ -193,6 +195,7 @@ struct DelayCfg {
 
 struct Shared {
     stop: AtomicBool,
+    cpu_ns: AtomicU64,
     realtime: AtomicBool,
     stamped: AtomicU64,
     cfg: Mutex<[DelayCfg; 2]>,
@@ -235,6 +238,7 @@ impl DelayEmulator {
     pub fn start(netns: Option<PathBuf>, queues: [u16; 2], max_held: usize) -> Result<Self> {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
             realtime: AtomicBool::new(false),
             stamped: AtomicU64::new(0),
             cfg: Mutex::new([DelayCfg::default(); 2]),
@@ -321,6 +325,7 @@ impl DelayEmulator {
             bad_messages: self.shared.bad.load(Ordering::Relaxed),
             realtime: self.shared.realtime.load(Ordering::Relaxed),
             kernel_stamped: self.shared.stamped.load(Ordering::Relaxed),
+            cpu_us: self.shared.cpu_ns.load(Ordering::Relaxed) / 1000,
             late_p50_us: h.value_at_quantile(0.5),
             late_p99_us: h.value_at_quantile(0.99),
             late_max_us: h.max(),
@@ -374,6 +379,17 @@ fn enable_rx_timestamps() -> Option<std::os::fd::OwnedFd> {
         );
         (r == 0).then_some(fd)
     }
+}
+
+/// CPU time of the calling thread in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The emulator loop: receive, schedule, release when due.
@@ -467,6 +483,7 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
             late.push(now.duration_since(h.due).as_micros() as u64);
         }
         q.flush_verdicts()?;
+        sh.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         if !late.is_empty() {
             let mut hist = sh.late.lock().unwrap();
             for l in late {
