@@ -737,3 +737,151 @@ fn lab_without_the_views_says_which_are_missing() {
     assert_eq!(v["phases"].as_array().unwrap().len(), 3);
     assert_eq!(v["scenario"], "bufferbloat");
 }
+
+// ---------------------------------------------------------------------------
+// Emulator properties: jitter, order, bound, bypass.
+
+/// Send `n` numbered UDP datagrams client -> server, `gap` apart (zero: as
+/// fast as possible), calling `during(i)` before datagram i; return the
+/// sequence numbers in the order the server received them (waits `settle`).
+fn udp_sequence(
+    tb: &Testbed,
+    port: u16,
+    n: u32,
+    gap: Duration,
+    settle: Duration,
+    mut during: impl FnMut(u32),
+) -> Vec<u32> {
+    let srv_path = tb.ns_path(Role::Srv);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let recv = std::thread::spawn(move || {
+        testbed::enter_netns(&srv_path).unwrap();
+        let s = UdpSocket::bind((SRV_ADDR, port)).unwrap();
+        set_rcvbuf(&s, 8 << 20);
+        s.set_read_timeout(Some(settle)).unwrap();
+        tx.send(()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16];
+        while let Ok(k) = s.recv(&mut buf) {
+            if k == 4 {
+                got.push(u32::from_be_bytes(buf[..4].try_into().unwrap()));
+            }
+        }
+        got
+    });
+    rx.recv().unwrap();
+    let cli_path = tb.ns_path(Role::Cli);
+    let (ctx, crx) = std::sync::mpsc::channel::<u32>();
+    let (atx, arx) = std::sync::mpsc::channel::<()>();
+    let send = std::thread::spawn(move || {
+        testbed::enter_netns(&cli_path).unwrap();
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect((SRV_ADDR, port)).unwrap();
+        for i in 0..n {
+            ctx.send(i).unwrap();
+            arx.recv().unwrap();
+            s.send(&i.to_be_bytes()).unwrap();
+            if !gap.is_zero() {
+                std::thread::sleep(gap);
+            }
+        }
+    });
+    for i in crx.iter() {
+        during(i);
+        atx.send(()).unwrap();
+    }
+    send.join().unwrap();
+    recv.join().unwrap()
+}
+
+#[test]
+fn order_is_kept_without_jitter_also_when_the_delay_drops() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set(Direction::Up, LinkConfig::delay(MS(50))).unwrap();
+    // 400 datagrams 0.5 ms apart; at #200 the delay drops 50 ms -> 1 ms, so
+    // later datagrams would overtake the 100 still held if order were not kept.
+    let got = udp_sequence(&tb, 9001, 400, Duration::from_micros(500), MS(500), |i| {
+        if i == 200 {
+            imp.set(Direction::Up, LinkConfig::delay(MS(1))).unwrap();
+        }
+    });
+    let inversions = got.windows(2).filter(|w| w[1] < w[0]).count();
+    assert_eq!(got.len(), 400, "all datagrams arrive");
+    assert_eq!(inversions, 0, "reordered: {got:?}");
+}
+
+#[test]
+fn jitter_spreads_the_delay_within_its_bounds() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    // 20 ms +- 10 ms on client->server only.
+    imp.set(
+        Direction::Up,
+        LinkConfig {
+            delay: MS(20),
+            jitter: MS(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), 100, "0.02");
+    let (min, p50, max) = (p.pct(0.0), p.pct(0.5), p.pct(1.0));
+    eprintln!("jitter 20+-10 ms: min {min:.3} p50 {p50:.3} max {max:.3} ms");
+    assert_eq!(p.rtts.len(), 100);
+    // uniform [10, 30] ms: 100 samples reach below 13 and above 27 ms with
+    // probability > 1 - 2 * 0.85^100; the median lies within 20 +- 4 ms.
+    assert!(min >= 9.9 && min < 13.0, "min {min:.3}");
+    assert!(max > 27.0 && max < 32.0, "max {max:.3}");
+    assert!((16.0..=24.0).contains(&p50), "p50 {p50:.3}");
+}
+
+#[test]
+fn full_emulator_drops_and_counts() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    // Room for 20 packets per direction.
+    let mut imp = Impairment::with_capacity(&tb, 20).unwrap();
+    imp.set(Direction::Up, LinkConfig::delay(MS(200))).unwrap();
+    // 100 datagrams in a burst (well within 200 ms): 20 held, 80 dropped.
+    let got = udp_sequence(&tb, 9002, 100, Duration::ZERO, MS(600), |_| {});
+    let st = imp.report().emulator.up;
+    eprintln!("received {} of 100; {st:?}", got.len());
+    assert_eq!(st.received, 100, "{st:?}");
+    assert_eq!(st.dropped_full, 80, "{st:?}");
+    assert_eq!(st.max_held, 20, "{st:?}");
+    assert_eq!(
+        got,
+        (0..20).collect::<Vec<_>>(),
+        "the first 20 pass, in order"
+    );
+}
+
+#[test]
+fn a_dead_emulator_does_not_black_hole_the_link() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig::delay(MS(30))).unwrap();
+    let p = ping(&tb, &SRV_ADDR.to_string(), 5, "0.05");
+    assert!(p.pct(0.5) > 55.0, "delayed first: {:.3}", p.pct(0.5));
+    imp.stop_emulator().unwrap();
+    // The NFQUEUE rules are still there; --queue-bypass accepts packets.
+    let rules = tb
+        .exec(Role::Rtr, &["iptables-save", "-t", "mangle"])
+        .unwrap();
+    assert!(String::from_utf8_lossy(&rules.stdout).contains("NFQUEUE"));
+    let p = ping(&tb, &SRV_ADDR.to_string(), 5, "0.05");
+    assert_eq!(p.rtts.len(), 5, "pings lost after the emulator stopped");
+    assert!(p.pct(0.5) < 5.0, "undelayed now: {:.3}", p.pct(0.5));
+}

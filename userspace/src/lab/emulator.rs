@@ -710,6 +710,12 @@ impl Impairment {
         &self.emu
     }
 
+    /// Stop only the emulator thread, leaving the steering rules in place
+    /// (what a crash does); `--queue-bypass` then passes packets undelayed.
+    pub fn stop_emulator(&mut self) -> Result<()> {
+        self.emu.stop()
+    }
+
     /// Read the rule counters: (loss drops, queued) per direction.
     fn nft_counters(&self) -> Result<([u64; 2], [u64; 2])> {
         let out = testbed::run_in(
