@@ -605,6 +605,7 @@ pub struct ImpairmentReport {
 /// All impairment of one testbed's router.
 pub struct Impairment {
     rtr_ns: String,
+    shut: bool,
     cfg: [LinkConfig; 2],
     emu: DelayEmulator,
 }
@@ -623,6 +624,7 @@ impl Impairment {
             .context("starting the delay emulator in the router namespace")?;
         let mut imp = Impairment {
             rtr_ns: tb.ns(Role::Rtr),
+            shut: false,
             cfg: Default::default(),
             emu,
         };
@@ -736,11 +738,16 @@ impl Impairment {
     /// Stop the emulator and remove the rules and qdiscs (the testbed's
     /// namespace removal would also remove them).
     pub fn shutdown(&mut self) -> Result<()> {
+        if self.shut {
+            return Ok(());
+        }
+        self.shut = true;
+        // Emulator last: until the steering rules are gone it keeps the delay.
         let _ = testbed::run_in(&self.rtr_ns, &["nft", "delete", "table", "inet", NFT_TABLE]);
-        self.cfg = Default::default();
+        let old = std::mem::take(&mut self.cfg);
         let _ = self.apply_queue_rules();
         for d in Direction::BOTH {
-            if self.cfg[d.idx()].rate_bps.is_some() {
+            if old[d.idx()].rate_bps.is_some() {
                 let _ = testbed::run_in(
                     &self.rtr_ns,
                     &["tc", "qdisc", "del", "dev", d.egress_if(), "root"],
