@@ -885,3 +885,172 @@ fn a_dead_emulator_does_not_black_hole_the_link() {
     assert_eq!(p.rtts.len(), 5, "pings lost after the emulator stopped");
     assert!(p.pct(0.5) < 5.0, "undelayed now: {:.3}", p.pct(0.5));
 }
+
+// ---------------------------------------------------------------------------
+// The scenario runner, with an environment whose "probe" is plain ping.
+
+struct PingEnv {
+    observed: usize,
+}
+
+impl rttscope::lab::scenarios::ScenarioEnv for PingEnv {
+    fn missing(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+    fn start_server(&mut self, tb: &Testbed) -> anyhow::Result<()> {
+        tb.spawn(Role::Srv, &["sleep", "600"])?;
+        Ok(())
+    }
+    fn observe_start(
+        &mut self,
+        _: &Testbed,
+        _: &rttscope::lab::scenarios::Phase,
+    ) -> anyhow::Result<()> {
+        self.observed += 1;
+        Ok(())
+    }
+    fn probe(
+        &mut self,
+        tb: &Testbed,
+        phase: &rttscope::lab::scenarios::Phase,
+        progress: &dyn rttscope::lab::scenarios::Progress,
+    ) -> anyhow::Result<serde_json::Value> {
+        // ping every 20 ms for the phase's length; (seq, rtt) pairs.
+        let count = (phase.duration.as_millis() / 20).to_string();
+        let out = tb
+            .command(Role::Cli, "ping")
+            .args(["-n", "-i", "0.02", "-c", &count, &SRV_ADDR.to_string()])
+            .output()?;
+        progress.at(phase.duration);
+        if !out.status.success() {
+            anyhow::bail!("ping failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let pairs: Vec<(u64, f64)> = text
+            .lines()
+            .filter_map(|l| {
+                let seq = l
+                    .split("icmp_seq=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let rtt = l
+                    .split("time=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((seq, rtt))
+            })
+            .collect();
+        Ok(serde_json::json!(pairs))
+    }
+    fn observe_stop(&mut self) -> anyhow::Result<serde_json::Value> {
+        Ok(serde_json::json!({ "observed": self.observed }))
+    }
+    fn report(
+        &mut self,
+        _: &rttscope::lab::scenarios::Plan,
+        records: &[rttscope::lab::scenarios::PhaseRecord],
+        out: &std::path::Path,
+    ) -> anyhow::Result<Vec<std::path::PathBuf>> {
+        let f = out.join("report.txt");
+        std::fs::write(&f, format!("{} phases\n", records.len()))?;
+        Ok(vec![f])
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+#[test]
+fn runner_sets_links_applies_steps_and_records() {
+    use rttscope::lab::scenarios::{run_plan, LinkStep, Phase, Plan, Scenario, Workload};
+    if !require_root() {
+        return;
+    }
+    let link = LinkConfig::delay(MS(5));
+    let phase = |label: &str, dur, steps| Phase {
+        label: label.into(),
+        up: link,
+        down: link,
+        workload: Workload::PingAndRr { interval: MS(20) },
+        duration: dur,
+        steps,
+    };
+    let plan = Plan {
+        scenario: Scenario::RttStep,
+        quick: true,
+        swept: "test",
+        expectation: "10 ms, then 10 ms stepping to 60 ms at 1.5 s",
+        phases: vec![
+            phase("flat", MS(1000), vec![]),
+            phase(
+                "step",
+                MS(3000),
+                vec![LinkStep {
+                    at: MS(1500),
+                    direction: Direction::Up,
+                    link: LinkConfig::delay(MS(55)),
+                }],
+            ),
+        ],
+    };
+    let out = std::env::temp_dir().join(format!("rttscope-lab-runner-{}", std::process::id()));
+    let files = run_plan(&plan, &out, false, &mut PingEnv { observed: 0 }).unwrap();
+    assert_eq!(files, vec![out.join("report.txt")]);
+    assert!(out.join("plan.json").exists());
+    let recs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("phases.json")).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    let recs = recs.as_array().unwrap();
+    assert_eq!(recs.len(), 2);
+    let rtts = |i: usize, from_ms: u64, to_ms: u64| -> Vec<f64> {
+        recs[i]["probe"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| {
+                let (seq, rtt) = (p[0].as_u64()?, p[1].as_f64()?);
+                // ping's icmp_seq starts at 1; 20 ms apart
+                ((seq - 1) * 20 >= from_ms && (seq - 1) * 20 < to_ms).then_some(rtt)
+            })
+            .collect()
+    };
+    let flat = median(&rtts(0, 0, 1000));
+    let before = median(&rtts(1, 0, 1300));
+    let after = median(&rtts(1, 1800, 3000));
+    eprintln!("flat {flat:.2} ms; step phase before {before:.2} after {after:.2} ms");
+    assert!(
+        (9.0..=14.0).contains(&flat),
+        "flat phase {flat:.2} ms (10 ms configured)"
+    );
+    assert!(
+        (9.0..=14.0).contains(&before),
+        "before the step {before:.2} ms"
+    );
+    assert!(
+        (57.0..=66.0).contains(&after),
+        "after the step {after:.2} ms (60 ms configured)"
+    );
+    // Settings and counters recorded with each phase.
+    assert_eq!(recs[0]["impairment"]["up"]["delay"], 5000);
+    assert_eq!(
+        recs[1]["impairment"]["up"]["delay"], 55000,
+        "the step's link at the phase's end"
+    );
+    assert!(
+        recs[1]["impairment"]["emulator"]["up"]["released"]
+            .as_u64()
+            .unwrap()
+            > 100
+    );
+    assert_eq!(recs[1]["observe"]["observed"], 2);
+    assert_eq!(recs[1]["phase"]["steps"][0]["at"], 1500.0);
+}

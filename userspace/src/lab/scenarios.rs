@@ -436,7 +436,24 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
             args.scenario.to_possible_value().unwrap().get_name()
         ))
     });
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let files = run_plan(&plan, &out, !args.no_progress, env)?;
+    println!("results in {}", out.display());
+    for f in files {
+        println!("  {}", f.display());
+    }
+    Ok(())
+}
+
+/// Run a plan (the scenario's, or any other) with `env`, writing
+/// `plan.json` and `phases.json` into `out`; returns the files the report wrote.
+/// Install the signal handlers (`signals::install`) first for Ctrl-C handling.
+pub fn run_plan(
+    plan: &Plan,
+    out: &Path,
+    progress: bool,
+    env: &mut dyn ScenarioEnv,
+) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     std::fs::write(out.join("plan.json"), serde_json::to_vec_pretty(&plan)?)
         .with_context(|| format!("writing {}", out.join("plan.json").display()))?;
 
@@ -446,7 +463,7 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
         .context("starting the responder in the server namespace")?;
 
     let bar = Bar {
-        bar: (!args.no_progress).then(|| {
+        bar: progress.then(|| {
             let b = indicatif::ProgressBar::new(plan.total().as_millis() as u64);
             b.set_style(
                 indicatif::ProgressStyle::with_template(
@@ -455,7 +472,7 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
                 .unwrap()
                 .progress_chars("=> "),
             );
-            b.set_prefix(format!("lab {:?}", args.scenario));
+            b.set_prefix(format!("lab {:?}", plan.scenario));
             b
         }),
         base: Mutex::new(Duration::ZERO),
@@ -507,12 +524,7 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
     }
     imp.shutdown()?;
     drop(tb);
-    let files = env.report(&plan, &records, &out)?;
-    println!("results in {}", out.display());
-    for f in files {
-        println!("  {}", f.display());
-    }
-    Ok(())
+    env.report(plan, &records, out)
 }
 
 /// `--hold`: the testbed with the first phase's link, until a signal.
