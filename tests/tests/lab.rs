@@ -1003,12 +1003,13 @@ fn runner_sets_links_applies_steps_and_records() {
         ],
     };
     let out = std::env::temp_dir().join(format!("rttscope-lab-runner-{}", std::process::id()));
-    let files = run_plan(&plan, &out, false, &mut PingEnv { observed: 0 }).unwrap();
-    assert_eq!(files, vec![out.join("report.txt")]);
-    assert!(out.join("plan.json").exists());
-    let recs: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("phases.json")).unwrap()).unwrap();
+    let res = run_plan(&plan, &out, false, &mut PingEnv { observed: 0 });
+    let plan_written = out.join("plan.json").exists();
+    let phases = std::fs::read(out.join("phases.json"));
     let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(res.unwrap(), vec![out.join("report.txt")]);
+    assert!(plan_written);
+    let recs: serde_json::Value = serde_json::from_slice(&phases.unwrap()).unwrap();
     let recs = recs.as_array().unwrap();
     assert_eq!(recs.len(), 2);
     let rtts = |i: usize, from_ms: u64, to_ms: u64| -> Vec<f64> {
