@@ -1041,9 +1041,9 @@ fn runner_sets_links_applies_steps_and_records() {
         "after the step {after:.2} ms (60 ms configured)"
     );
     // Settings and counters recorded with each phase.
-    assert_eq!(recs[0]["impairment"]["up"]["delay"], 5000);
+    assert_eq!(recs[0]["impairment"]["up"]["delay_us"], 5000);
     assert_eq!(
-        recs[1]["impairment"]["up"]["delay"], 55000,
+        recs[1]["impairment"]["up"]["delay_us"], 55000,
         "the step's link at the phase's end"
     );
     assert!(
@@ -1053,5 +1053,5 @@ fn runner_sets_links_applies_steps_and_records() {
             > 100
     );
     assert_eq!(recs[1]["observe"]["observed"], 2);
-    assert_eq!(recs[1]["phase"]["steps"][0]["at"], 1500.0);
+    assert_eq!(recs[1]["phase"]["steps"][0]["at_ms"], 1500.0);
 }

@@ -91,16 +91,17 @@ impl Direction {
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct LinkConfig {
     /// Added one-way delay.
-    #[serde(serialize_with = "ser_us")]
+    #[serde(serialize_with = "ser_us", rename = "delay_us")]
     pub delay: Duration,
     /// Jitter: each packet's delay is `delay` plus uniform in [-jitter, +jitter] (floored at 0).
-    #[serde(serialize_with = "ser_us")]
+    #[serde(serialize_with = "ser_us", rename = "jitter_us")]
     pub jitter: Duration,
     /// Random loss in percent (0..=100), resolution 0.01 %.
     pub loss_pct: f64,
     /// Bottleneck rate in bits per second (None: unlimited).
     pub rate_bps: Option<u64>,
     /// Bottleneck queue limit in bytes (tbf `limit`; only with a rate). Default 64 KiB.
+    #[serde(rename = "queue_limit_bytes")]
     pub queue_limit: Option<u64>,
 }
 

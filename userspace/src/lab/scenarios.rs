@@ -72,20 +72,20 @@ pub enum Workload {
     TcpRr {
         request: usize,
         response: usize,
-        #[serde(serialize_with = "ser_ms")]
+        #[serde(serialize_with = "ser_ms", rename = "interval_ms")]
         interval: Duration,
         sessions: u32,
     },
     /// ICMP echo and TCP request/response probes at the same interval.
     PingAndRr {
-        #[serde(serialize_with = "ser_ms")]
+        #[serde(serialize_with = "ser_ms", rename = "interval_ms")]
         interval: Duration,
     },
     /// A bulk TCP flow in direction `bulk` (down = server sends) while
     /// ping and request/response probes run at `probe_interval`.
     BulkWithProbes {
         bulk: Direction,
-        #[serde(serialize_with = "ser_ms")]
+        #[serde(serialize_with = "ser_ms", rename = "probe_interval_ms")]
         probe_interval: Duration,
     },
 }
@@ -97,7 +97,7 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok
 /// A link change at an offset into the phase (rtt-step).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LinkStep {
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "ser_ms", rename = "at_ms")]
     pub at: Duration,
     pub direction: Direction,
     pub link: LinkConfig,
@@ -111,7 +111,7 @@ pub struct Phase {
     pub up: LinkConfig,
     pub down: LinkConfig,
     pub workload: Workload,
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "ser_ms", rename = "duration_ms")]
     pub duration: Duration,
     /// Link changes during the phase, in time order.
     pub steps: Vec<LinkStep>,
@@ -321,7 +321,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
 #[derive(Debug, Clone, Serialize)]
 pub struct PhaseRecord {
     pub phase: Phase,
-    #[serde(serialize_with = "ser_ms")]
+    #[serde(serialize_with = "ser_ms", rename = "started_after_ms")]
     pub started_after: Duration,
     /// Link settings and emulator/loss counters at the end of the phase.
     pub impairment: ImpairmentReport,
@@ -411,8 +411,7 @@ pub fn run(args: LabArgs) -> Result<()> {
 pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
     let plan = plan(args.scenario, args.quick);
     if args.plan {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
-        return Ok(());
+        return print_ignoring_broken_pipe(&serde_json::to_string_pretty(&plan)?);
     }
     if args.hold {
         return hold(&plan, args.hold_for);
@@ -420,8 +419,8 @@ pub fn run_with(args: LabArgs, env: &mut dyn ScenarioEnv) -> Result<()> {
     let missing = env.missing();
     if !missing.is_empty() {
         bail!(
-            "the {:?} scenario cannot run yet: not wired into the lab: {} (try --plan to see what it would run)",
-            args.scenario,
+            "the {} scenario cannot run yet: not wired into the lab: {} (try --plan to see what it would run)",
+            args.scenario.to_possible_value().unwrap().get_name(),
             missing.join(", ")
         );
     }
@@ -472,7 +471,10 @@ pub fn run_plan(
                 .unwrap()
                 .progress_chars("=> "),
             );
-            b.set_prefix(format!("lab {:?}", plan.scenario));
+            b.set_prefix(format!(
+                "lab {}",
+                plan.scenario.to_possible_value().unwrap().get_name()
+            ));
             b
         }),
         base: Mutex::new(Duration::ZERO),
@@ -527,6 +529,16 @@ pub fn run_plan(
     env.report(plan, &records, out)
 }
 
+/// Print a line to stdout; a closed pipe (`| head`) is not an error.
+fn print_ignoring_broken_pipe(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing to stdout"),
+    }
+}
+
 /// `--hold`: the testbed with the first phase's link, until a signal.
 fn hold(plan: &Plan, hold_for: Option<Duration>) -> Result<()> {
     use super::testbed::{Role, CLI_ADDR, CLI_ADDR6, SRV_ADDR, SRV_ADDR6};
@@ -536,29 +548,26 @@ fn hold(plan: &Plan, hold_for: Option<Duration>) -> Result<()> {
     let ph = &plan.phases[0];
     imp.set(Direction::Up, ph.up)?;
     imp.set(Direction::Down, ph.down)?;
-    println!(
-        "testbed up: client {} ({CLI_ADDR}, {CLI_ADDR6}), router {}, server {} ({SRV_ADDR}, {SRV_ADDR6})",
+    print_ignoring_broken_pipe(&format!("testbed up: client {} ({CLI_ADDR}, {CLI_ADDR6}), router {}, server {} ({SRV_ADDR}, {SRV_ADDR6})",
         tb.ns(Role::Cli),
         tb.ns(Role::Rtr),
         tb.ns(Role::Srv)
-    );
-    println!(
+    ))?;
+    print_ignoring_broken_pipe(&format!(
         "link up (client->server): {}",
         serde_json::to_string(&ph.up)?
-    );
-    println!(
+    ))?;
+    print_ignoring_broken_pipe(&format!(
         "link down (server->client): {}",
         serde_json::to_string(&ph.down)?
-    );
-    println!(
+    ))?;
+    print_ignoring_broken_pipe(&format!(
         "holding until Ctrl-C / SIGTERM{}",
         match hold_for {
             Some(d) => format!(" or {}", crate::units::fmt_duration_short(d)),
             None => String::new(),
         }
-    );
-    use std::io::Write;
-    std::io::stdout().flush()?;
+    ))?;
     let end = hold_for.map(|d| Instant::now() + d);
     while !signals::cancelled() && end.is_none_or(|e| Instant::now() < e) {
         if !imp.emulator().alive() {
@@ -569,8 +578,8 @@ fn hold(plan: &Plan, hold_for: Option<Duration>) -> Result<()> {
     let report = imp.report();
     imp.shutdown()?;
     drop(tb);
-    println!("counters: {}", serde_json::to_string(&report)?);
-    println!("testbed removed");
+    print_ignoring_broken_pipe(&format!("counters: {}", serde_json::to_string(&report)?))?;
+    print_ignoring_broken_pipe("testbed removed")?;
     Ok(())
 }
 
@@ -668,9 +677,10 @@ mod tests {
     fn plan_serialises_settings() {
         let j = serde_json::to_value(plan(Scenario::Bufferbloat, true)).unwrap();
         let deep = &j["phases"][2];
-        assert_eq!(deep["down"]["queue_limit"], 1024 * 1024);
+        assert_eq!(deep["down"]["queue_limit_bytes"], 1024 * 1024);
         assert_eq!(deep["down"]["rate_bps"], 10_000_000);
         assert_eq!(deep["workload"]["kind"], "bulk-with-probes");
-        assert_eq!(deep["up"]["delay"], 5000);
+        assert_eq!(deep["up"]["delay_us"], 5000);
+        assert_eq!(deep["duration_ms"], 12000.0);
     }
 }
