@@ -508,6 +508,13 @@ pub fn run_plan(
             r
         })?;
         let observe = env.observe_stop()?;
+        if !imp.emulator().alive() {
+            bail!(
+                "the delay emulator stopped during phase {} ({}): the results would be without the configured delay",
+                i + 1,
+                ph.label
+            );
+        }
         records.push(PhaseRecord {
             phase: ph.clone(),
             started_after,
