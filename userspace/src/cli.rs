@@ -31,6 +31,8 @@ pub enum Command {
     Serve(crate::active::ServeArgs),
     /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
     Probe(crate::active::ProbeArgs),
+    /// Run a scenario on a testbed of network namespaces (client, router, server) with link impairment.
+    Lab(crate::lab::LabArgs),
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod error;
 pub mod flow;
 pub mod hist;
 pub mod irtt;
+pub mod lab;
 pub mod logging;
 pub mod netns;
 pub mod observe;
