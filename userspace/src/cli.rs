@@ -31,6 +31,8 @@ pub enum Command {
     Serve(crate::active::ServeArgs),
     /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
     Probe(crate::active::ProbeArgs),
+    /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
+    Compare(crate::compare::CompareArgs),
     /// Run a scenario on a testbed of network namespaces (client, router, server) with link impairment.
     Lab(crate::lab::LabArgs),
 }

@@ -8,6 +8,7 @@ pub mod bpf;
 pub mod bucket;
 pub mod chart;
 pub mod cli;
+pub mod compare;
 pub mod dist;
 pub mod error;
 pub mod flow;

@@ -131,10 +131,7 @@ impl TcpView {
     pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
         crate::preflight::require_bpf_caps()?;
         crate::preflight::require_btf()?;
-        let cgroup = match &cfg.cgroup {
-            Some(p) => crate::preflight::check_cgroup(p)?,
-            None => crate::preflight::cgroup2_root()?,
-        };
+        let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
 
         // The skeleton borrows its open object for its whole life; a view lives
         // as long as the command, so the (small) storage is leaked on purpose.
@@ -193,8 +190,6 @@ impl TcpView {
             skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
         }
 
-        let cg =
-            File::open(&cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
         let link = skel
             .progs
             .rttscope_sockops
