@@ -1193,6 +1193,74 @@ mod tests {
         });
     }
 
+    /// UDP accounting against a misbehaving responder whose behaviour per
+    /// sequence number the test decides: every 5th request answered twice,
+    /// every 7th answered 100 ms late (after the 30 ms timeout), every 11th
+    /// not at all; the counts must come out exactly.
+    #[test]
+    fn udp_counts_late_duplicate_lost_exactly() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let srv = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let port = srv.local_addr().unwrap().port();
+            let srv = std::sync::Arc::new(srv);
+            let s2 = srv.clone();
+            let responder = tokio::spawn(async move {
+                let mut buf = vec![0u8; 2048];
+                loop {
+                    let (n, peer) = s2.recv_from(&mut buf).await.unwrap();
+                    let h = UdpHeader::decode(&buf[..n]).unwrap();
+                    let reply = buf[..h.resp as usize].to_vec();
+                    let seq = h.seq;
+                    if seq % 11 == 0 {
+                        continue;
+                    }
+                    if seq % 7 == 0 {
+                        let s3 = s2.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let _ = s3.send_to(&reply, peer).await;
+                        });
+                        continue;
+                    }
+                    s2.send_to(&reply, peer).await.unwrap();
+                    if seq % 5 == 0 {
+                        s2.send_to(&reply, peer).await.unwrap();
+                    }
+                }
+            });
+            let mut c = ProbeConfig::new(Kind::UdpRr, "127.0.0.1");
+            c.port = port;
+            c.stop = Stop::Count(40);
+            c.timeout = Duration::from_millis(30);
+            c.interval = Duration::from_millis(40);
+            let (_keep, cancel) = cancel_pair();
+            let r = run_probe(&c, cancel).await.unwrap();
+            responder.abort();
+            let seqs = 1..=40u64;
+            let dropped = seqs.clone().filter(|s| s % 11 == 0).count() as u64;
+            let delayed = seqs.clone().filter(|s| s % 7 == 0 && s % 11 != 0).count() as u64;
+            let dups = seqs
+                .clone()
+                .filter(|s| s % 5 == 0 && s % 7 != 0 && s % 11 != 0)
+                .count() as u64;
+            let k = &r.counts;
+            assert_eq!(k.sent, 40, "{k:?}");
+            assert_eq!(k.lost, dropped + delayed, "{k:?}");
+            assert_eq!(k.received, 40 - dropped - delayed, "{k:?}");
+            // A late reply (100 ms) arrives two or three transactions later
+            // (40 ms interval): late, and older than the newest reply. The
+            // last delayed one (seq 35) arrives while seq 37 or 38 waits.
+            assert_eq!(k.late, delayed, "{k:?}");
+            assert_eq!(k.reordered, delayed, "{k:?}");
+            assert_eq!(k.duplicates, dups, "{k:?}");
+            assert_eq!(r.samples.len() as u64, k.received);
+        });
+    }
+
     #[test]
     fn pacer_keeps_the_grid() {
         let mut c = ProbeConfig::new(Kind::UdpRr, "x");
