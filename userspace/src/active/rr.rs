@@ -1215,10 +1215,10 @@ mod tests {
                     let h = UdpHeader::decode(&buf[..n]).unwrap();
                     let reply = buf[..h.resp as usize].to_vec();
                     let seq = h.seq;
-                    if seq % 11 == 0 {
+                    if seq.is_multiple_of(11) {
                         continue;
                     }
-                    if seq % 7 == 0 {
+                    if seq.is_multiple_of(7) {
                         let s3 = s2.clone();
                         tokio::spawn(async move {
                             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1227,7 +1227,7 @@ mod tests {
                         continue;
                     }
                     s2.send_to(&reply, peer).await.unwrap();
-                    if seq % 5 == 0 {
+                    if seq.is_multiple_of(5) {
                         s2.send_to(&reply, peer).await.unwrap();
                     }
                 }
