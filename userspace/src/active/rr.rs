@@ -573,14 +573,26 @@ async fn tcp_blocking(
     mut rec: Recorder,
     cancel: &mut Cancel,
 ) -> Result<(Recorder, u64)> {
+    use std::sync::atomic::AtomicU64;
     let s = conn.s.into_std().context("detaching the socket")?;
-    // --spin busy-polls the reply: non-blocking reads in a loop.
+    // --spin busy-polls the reply: non-blocking reads in a loop. Otherwise
+    // plain blocking calls without SO_RCVTIMEO (which would arm a kernel timer
+    // on every blocking recv); timeouts and cancel come from the watchdog below.
     s.set_nonblocking(cfg.spin)?;
-    s.set_read_timeout(Some(Duration::from_millis(100)))?;
     s.set_write_timeout(Some(cfg.timeout))?;
+    // Shared so the descriptor stays open until both sides are done with it.
+    let sock = Arc::new(s);
+    let fd = sock.as_raw_fd();
     let (req, mut resp) = (conn.req, conn.resp);
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let stop2 = stop_flag.clone();
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let inflight = Arc::new(AtomicU64::new(0));
+    let (stop2, timed_out2, inflight2, sock2) = (
+        stop_flag.clone(),
+        timed_out.clone(),
+        inflight.clone(),
+        sock.clone(),
+    );
     let (stop_at, timeout, spin) = (cfg.stop, cfg.timeout, cfg.spin);
     let mut handle = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64)> {
         use std::io::{Read, Write};
@@ -588,10 +600,38 @@ async fn tcp_blocking(
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
         }
-        let mut s = s;
+        let mut s: &std::net::TcpStream = &sock2;
         rec.start = mono_ns();
         let stop = StopAt::new(stop_at, rec.start);
         let timeout_ns = timeout.as_nanos() as u64;
+        // How a failed read or write ends the run.
+        let ended =
+            |rec: &mut Recorder, what: &str, e: Option<std::io::Error>| -> Result<Option<u64>> {
+                if stop2.load(Ordering::Relaxed) {
+                    // Cancelled mid-transaction: it does not count.
+                    rec.counts.sent -= 1;
+                    return Ok(Some(mono_ns()));
+                }
+                if timed_out2.load(Ordering::Relaxed) {
+                    bail!(
+                        "TCP transaction {} with {addr} took longer than {timeout:?}",
+                        rec.counts.sent
+                    );
+                }
+                match e {
+                    Some(e) => {
+                        rec.error(&e);
+                        Err(e).context(format!(
+                            "TCP transaction {} with {addr}: {what}",
+                            rec.counts.sent
+                        ))
+                    }
+                    None => bail!(
+                        "TCP transaction {} with {addr}: the responder closed the connection",
+                        rec.counts.sent
+                    ),
+                }
+            };
         loop {
             if stop.done(rec.counts.sent, pacer.next_start()) {
                 break;
@@ -601,31 +641,24 @@ async fn tcp_blocking(
             }
             rec.counts.sent += 1;
             let t0 = mono_ns();
+            inflight2.store(t0, Ordering::Relaxed);
             if let Err(e) = s.write_all(&req) {
-                rec.error(&e);
-                return Err(e).context(format!(
-                    "TCP transaction {} with {addr}: sending a request",
-                    rec.counts.sent
-                ));
+                if let Some(end) = ended(&mut rec, "sending a request", Some(e))? {
+                    return Ok((rec, end));
+                }
             }
             let mut got = 0;
             while got < resp.len() {
                 match s.read(&mut resp[got..]) {
-                    Ok(0) => bail!(
-                        "TCP transaction {} with {addr}: the responder closed the connection",
-                        rec.counts.sent
-                    ),
+                    Ok(0) => {
+                        if let Some(end) = ended(&mut rec, "receiving a response", None)? {
+                            return Ok((rec, end));
+                        }
+                    }
                     Ok(n) => got += n,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock
-                                | std::io::ErrorKind::TimedOut
-                                | std::io::ErrorKind::Interrupted
-                        ) =>
-                    {
+                    Err(e) if spin && e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::hint::spin_loop();
                         if stop2.load(Ordering::Relaxed) {
-                            // Cancelled mid-transaction: it does not count.
                             rec.counts.sent -= 1;
                             return Ok((rec, mono_ns()));
                         }
@@ -635,30 +668,51 @@ async fn tcp_blocking(
                                 rec.counts.sent
                             );
                         }
-                        if spin {
-                            std::hint::spin_loop();
-                        }
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        rec.error(&e);
-                        return Err(e).context(format!(
-                            "TCP transaction {} with {addr}: receiving a response",
-                            rec.counts.sent
-                        ));
+                        if let Some(end) = ended(&mut rec, "receiving a response", Some(e))? {
+                            return Ok((rec, end));
+                        }
                     }
                 }
             }
-            rec.sample(t0, mono_ns());
+            let t1 = mono_ns();
+            inflight2.store(0, Ordering::Relaxed);
+            rec.sample(t0, t1);
         }
         Ok((rec, mono_ns()))
     });
-    let r = tokio::select! {
-        r = &mut handle => r,
-        _ = cancelled(cancel) => {
-            stop_flag.store(true, Ordering::Relaxed);
-            handle.await
+    // The watchdog: on cancel, or a transaction older than the timeout, shut
+    // the socket down; the blocked recv() returns and the thread ends.
+    let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let mut fired = false;
+    let r = loop {
+        tokio::select! {
+            r = &mut handle => break r,
+            _ = cancelled(cancel), if !fired => {
+                stop_flag.store(true, Ordering::Relaxed);
+                fired = true;
+            }
+            _ = tick.tick(), if !fired => {
+                let t = inflight.load(Ordering::Relaxed);
+                if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
+                    timed_out.store(true, Ordering::Relaxed);
+                    fired = true;
+                }
+            }
+        }
+        if fired {
+            // SAFETY: `sock` keeps the descriptor open.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
         }
     };
+    drop(sock);
     r.context("the probe thread panicked")?
 }
 
