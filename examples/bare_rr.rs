@@ -46,12 +46,16 @@ fn client(addr: &str, secs: f64, req: u32, resp: u32) -> std::io::Result<()> {
     let elapsed = start.elapsed().as_secs_f64();
     rtts.sort_unstable();
     let p50 = rtts[rtts.len().div_ceil(2) - 1] as f64 / 1e3;
+    let mean = rtts.iter().sum::<u64>() as f64 / rtts.len() as f64 / 1e3;
+    let over_100us = rtts.iter().filter(|&&x| x > 100_000).count();
     println!(
-        "{{\"transactions\":{},\"elapsed_s\":{:.6},\"tps\":{:.2},\"p50_us\":{:.3}}}",
+        "{{\"transactions\":{},\"elapsed_s\":{:.6},\"tps\":{:.2},\"p50_us\":{:.3},\"mean_us\":{:.3},\"over_100us\":{}}}",
         rtts.len(),
         elapsed,
         rtts.len() as f64 / elapsed,
-        p50
+        p50,
+        mean,
+        over_100us
     );
     Ok(())
 }

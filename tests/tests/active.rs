@@ -422,7 +422,34 @@ fn icmp_probe_agrees_with_ping() {
                 Duration::from_secs(10),
             );
             assert_sane(&r6, 5000.0);
-            assert_eq!(r6.counts.received, 50);
+            // A reply slower than the 1 s timeout on this shared machine is
+            // possible (load spikes); a lost echo or two is not a failure here.
+            let c6 = &r6.counts;
+            assert!(
+                c6.received >= 45 && c6.received + c6.lost == c6.sent,
+                "{c6:?} {:?}",
+                r6.last_error
+            );
+            // New namespaces allow no group to open datagram ICMP sockets, so
+            // the probe used raw ones; allowing every group in this (the
+            // test's own) namespace makes it use the unprivileged kind.
+            assert_eq!(r.settings.icmp_socket.as_deref(), Some("raw"));
+            p.a.exec(&["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"])
+                .unwrap();
+            for host in [B_ADDR, B_ADDR6] {
+                let d = probe_json(
+                    &p.a,
+                    &["icmp", host, "-n", "50", "-w", "2ms"],
+                    Duration::from_secs(10),
+                );
+                assert_sane(&d, 5000.0);
+                let c = &d.counts;
+                assert!(
+                    c.received >= 45 && c.received + c.lost == c.sent,
+                    "{host}: {c:?}"
+                );
+                assert_eq!(d.settings.icmp_socket.as_deref(), Some("dgram"), "{host}");
+            }
             return;
         }
     }

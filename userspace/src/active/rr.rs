@@ -573,14 +573,26 @@ async fn tcp_blocking(
     mut rec: Recorder,
     cancel: &mut Cancel,
 ) -> Result<(Recorder, u64)> {
+    use std::sync::atomic::AtomicU64;
     let s = conn.s.into_std().context("detaching the socket")?;
-    // --spin busy-polls the reply: non-blocking reads in a loop.
+    // --spin busy-polls the reply: non-blocking reads in a loop. Otherwise
+    // plain blocking calls without SO_RCVTIMEO (which would arm a kernel timer
+    // on every blocking recv); timeouts and cancel come from the watchdog below.
     s.set_nonblocking(cfg.spin)?;
-    s.set_read_timeout(Some(Duration::from_millis(100)))?;
     s.set_write_timeout(Some(cfg.timeout))?;
+    // Shared so the descriptor stays open until both sides are done with it.
+    let sock = Arc::new(s);
+    let fd = sock.as_raw_fd();
     let (req, mut resp) = (conn.req, conn.resp);
     let stop_flag = Arc::new(AtomicBool::new(false));
-    let stop2 = stop_flag.clone();
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let inflight = Arc::new(AtomicU64::new(0));
+    let (stop2, timed_out2, inflight2, sock2) = (
+        stop_flag.clone(),
+        timed_out.clone(),
+        inflight.clone(),
+        sock.clone(),
+    );
     let (stop_at, timeout, spin) = (cfg.stop, cfg.timeout, cfg.spin);
     let mut handle = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64)> {
         use std::io::{Read, Write};
@@ -588,10 +600,38 @@ async fn tcp_blocking(
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
         }
-        let mut s = s;
+        let mut s: &std::net::TcpStream = &sock2;
         rec.start = mono_ns();
         let stop = StopAt::new(stop_at, rec.start);
         let timeout_ns = timeout.as_nanos() as u64;
+        // How a failed read or write ends the run.
+        let ended =
+            |rec: &mut Recorder, what: &str, e: Option<std::io::Error>| -> Result<Option<u64>> {
+                if stop2.load(Ordering::Relaxed) {
+                    // Cancelled mid-transaction: it does not count.
+                    rec.counts.sent -= 1;
+                    return Ok(Some(mono_ns()));
+                }
+                if timed_out2.load(Ordering::Relaxed) {
+                    bail!(
+                        "TCP transaction {} with {addr} took longer than {timeout:?}",
+                        rec.counts.sent
+                    );
+                }
+                match e {
+                    Some(e) => {
+                        rec.error(&e);
+                        Err(e).context(format!(
+                            "TCP transaction {} with {addr}: {what}",
+                            rec.counts.sent
+                        ))
+                    }
+                    None => bail!(
+                        "TCP transaction {} with {addr}: the responder closed the connection",
+                        rec.counts.sent
+                    ),
+                }
+            };
         loop {
             if stop.done(rec.counts.sent, pacer.next_start()) {
                 break;
@@ -601,31 +641,24 @@ async fn tcp_blocking(
             }
             rec.counts.sent += 1;
             let t0 = mono_ns();
+            inflight2.store(t0, Ordering::Relaxed);
             if let Err(e) = s.write_all(&req) {
-                rec.error(&e);
-                return Err(e).context(format!(
-                    "TCP transaction {} with {addr}: sending a request",
-                    rec.counts.sent
-                ));
+                if let Some(end) = ended(&mut rec, "sending a request", Some(e))? {
+                    return Ok((rec, end));
+                }
             }
             let mut got = 0;
             while got < resp.len() {
                 match s.read(&mut resp[got..]) {
-                    Ok(0) => bail!(
-                        "TCP transaction {} with {addr}: the responder closed the connection",
-                        rec.counts.sent
-                    ),
+                    Ok(0) => {
+                        if let Some(end) = ended(&mut rec, "receiving a response", None)? {
+                            return Ok((rec, end));
+                        }
+                    }
                     Ok(n) => got += n,
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            std::io::ErrorKind::WouldBlock
-                                | std::io::ErrorKind::TimedOut
-                                | std::io::ErrorKind::Interrupted
-                        ) =>
-                    {
+                    Err(e) if spin && e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::hint::spin_loop();
                         if stop2.load(Ordering::Relaxed) {
-                            // Cancelled mid-transaction: it does not count.
                             rec.counts.sent -= 1;
                             return Ok((rec, mono_ns()));
                         }
@@ -635,30 +668,51 @@ async fn tcp_blocking(
                                 rec.counts.sent
                             );
                         }
-                        if spin {
-                            std::hint::spin_loop();
-                        }
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        rec.error(&e);
-                        return Err(e).context(format!(
-                            "TCP transaction {} with {addr}: receiving a response",
-                            rec.counts.sent
-                        ));
+                        if let Some(end) = ended(&mut rec, "receiving a response", Some(e))? {
+                            return Ok((rec, end));
+                        }
                     }
                 }
             }
-            rec.sample(t0, mono_ns());
+            let t1 = mono_ns();
+            inflight2.store(0, Ordering::Relaxed);
+            rec.sample(t0, t1);
         }
         Ok((rec, mono_ns()))
     });
-    let r = tokio::select! {
-        r = &mut handle => r,
-        _ = cancelled(cancel) => {
-            stop_flag.store(true, Ordering::Relaxed);
-            handle.await
+    // The watchdog: on cancel, or a transaction older than the timeout, shut
+    // the socket down; the blocked recv() returns and the thread ends.
+    let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let mut fired = false;
+    let r = loop {
+        tokio::select! {
+            r = &mut handle => break r,
+            _ = cancelled(cancel), if !fired => {
+                stop_flag.store(true, Ordering::Relaxed);
+                fired = true;
+            }
+            _ = tick.tick(), if !fired => {
+                let t = inflight.load(Ordering::Relaxed);
+                if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
+                    timed_out.store(true, Ordering::Relaxed);
+                    fired = true;
+                }
+            }
+        }
+        if fired {
+            // SAFETY: `sock` keeps the descriptor open.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
         }
     };
+    drop(sock);
     r.context("the probe thread panicked")?
 }
 
@@ -1190,6 +1244,74 @@ mod tests {
             }
             stop_srv.send(true).unwrap();
             srv.await.unwrap().unwrap();
+        });
+    }
+
+    /// UDP accounting against a misbehaving responder whose behaviour per
+    /// sequence number the test decides: every 5th request answered twice,
+    /// every 7th answered 100 ms late (after the 30 ms timeout), every 11th
+    /// not at all; the counts must come out exactly.
+    #[test]
+    fn udp_counts_late_duplicate_lost_exactly() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let srv = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let port = srv.local_addr().unwrap().port();
+            let srv = std::sync::Arc::new(srv);
+            let s2 = srv.clone();
+            let responder = tokio::spawn(async move {
+                let mut buf = vec![0u8; 2048];
+                loop {
+                    let (n, peer) = s2.recv_from(&mut buf).await.unwrap();
+                    let h = UdpHeader::decode(&buf[..n]).unwrap();
+                    let reply = buf[..h.resp as usize].to_vec();
+                    let seq = h.seq;
+                    if seq.is_multiple_of(11) {
+                        continue;
+                    }
+                    if seq.is_multiple_of(7) {
+                        let s3 = s2.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let _ = s3.send_to(&reply, peer).await;
+                        });
+                        continue;
+                    }
+                    s2.send_to(&reply, peer).await.unwrap();
+                    if seq.is_multiple_of(5) {
+                        s2.send_to(&reply, peer).await.unwrap();
+                    }
+                }
+            });
+            let mut c = ProbeConfig::new(Kind::UdpRr, "127.0.0.1");
+            c.port = port;
+            c.stop = Stop::Count(40);
+            c.timeout = Duration::from_millis(30);
+            c.interval = Duration::from_millis(40);
+            let (_keep, cancel) = cancel_pair();
+            let r = run_probe(&c, cancel).await.unwrap();
+            responder.abort();
+            let seqs = 1..=40u64;
+            let dropped = seqs.clone().filter(|s| s % 11 == 0).count() as u64;
+            let delayed = seqs.clone().filter(|s| s % 7 == 0 && s % 11 != 0).count() as u64;
+            let dups = seqs
+                .clone()
+                .filter(|s| s % 5 == 0 && s % 7 != 0 && s % 11 != 0)
+                .count() as u64;
+            let k = &r.counts;
+            assert_eq!(k.sent, 40, "{k:?}");
+            assert_eq!(k.lost, dropped + delayed, "{k:?}");
+            assert_eq!(k.received, 40 - dropped - delayed, "{k:?}");
+            // A late reply (100 ms) arrives two or three transactions later
+            // (40 ms interval): late, and older than the newest reply. The
+            // last delayed one (seq 35) arrives while seq 37 or 38 waits.
+            assert_eq!(k.late, delayed, "{k:?}");
+            assert_eq!(k.reordered, delayed, "{k:?}");
+            assert_eq!(k.duplicates, dups, "{k:?}");
+            assert_eq!(r.samples.len() as u64, k.received);
         });
     }
 
