@@ -68,6 +68,84 @@ pub struct ObserveArgs {
     /// Sampler view: capacity of the pending-segment map (LRU, one entry per flow).
     #[arg(long, default_value_t = 16384)]
     pub max_pending: u32,
+    /// Also aggregate each view like the cloud metric: a distribution per alignment period with
+    /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
+    #[arg(long)]
+    pub cloud_buckets: bool,
+    /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
+    #[arg(long, default_value = "vm_flow", value_parser = crate::dist::layout_arg)]
+    pub cloud_layout: crate::dist::BucketOptions,
+    /// Alignment period for --cloud-buckets (the metric API's default: 60s).
+    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    pub cloud_period: Duration,
+}
+
+/// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
+/// histograms' interval deltas go into a Cloud Monitoring distribution, each
+/// kernel bucket at its midpoint (kernel buckets are <= 12.5% wide, far
+/// narrower than the cloud's 0-1, 1-2, 2-4 ms buckets).
+struct CloudAgg {
+    layout: crate::dist::BucketOptions,
+    period: Duration,
+    dist: crate::dist::Distribution,
+    period_start: f64,
+}
+
+impl CloudAgg {
+    fn new(layout: crate::dist::BucketOptions, period: Duration) -> Self {
+        let dist = crate::dist::Distribution::new(layout.clone(), crate::dist::ValueUnit::Ms);
+        CloudAgg {
+            layout,
+            period,
+            dist,
+            period_start: 0.0,
+        }
+    }
+
+    fn add(&mut self, h: &Hist) {
+        for (i, &c) in h.counts.iter().enumerate() {
+            if c > 0 {
+                let (lo, hi) = crate::hist::bucket_bounds(i);
+                let mid = if hi.is_finite() { (lo + hi) / 2.0 } else { lo };
+                let v = match (h.min_us, h.max_us) {
+                    (Some(mn), Some(mx)) => mid.clamp(mn as f64, mx as f64),
+                    _ => mid,
+                };
+                self.dist.add_n(v / 1000.0, c);
+            }
+        }
+    }
+
+    /// The period so far (or the completed one) as JSON.
+    fn point(&self, t: f64, complete: bool) -> serde_json::Value {
+        let p = |q: f64| {
+            self.dist
+                .percentile(q)
+                .ok()
+                .flatten()
+                .map(|x| x.value * 1000.0)
+        };
+        json!({
+            "period_start_s": self.period_start,
+            "period_s": self.period.as_secs_f64(),
+            "complete": complete,
+            "t": t,
+            "count": self.dist.count,
+            "layout": self.layout.spec(),
+            "p50_us": p(50.0), "p95_us": p(95.0), "p99_us": p(99.0),
+        })
+    }
+
+    /// Close the period if it is over: returns the completed point.
+    fn roll(&mut self, t: f64) -> Option<serde_json::Value> {
+        if t - self.period_start + 1e-6 < self.period.as_secs_f64() {
+            return None;
+        }
+        let done = self.point(t, true);
+        self.dist = crate::dist::Distribution::new(self.layout.clone(), crate::dist::ValueUnit::Ms);
+        self.period_start = t;
+        Some(done)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -417,6 +495,16 @@ async fn observe(args: ObserveArgs) -> Result<()> {
 
     let mut tracker = Tracker::default();
     let mut sampler_prev: HashMap<Flow, Snapshot> = HashMap::new();
+    let mut cloud: BTreeMap<&'static str, CloudAgg> = BTreeMap::new();
+    if args.cloud_buckets {
+        for v in &view_names {
+            let name: &'static str = if *v == "tcp" { "tcp" } else { "sampler" };
+            cloud.insert(
+                name,
+                CloudAgg::new(args.cloud_layout.clone(), args.cloud_period),
+            );
+        }
+    }
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -476,6 +564,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         // One interval: read each view, then start the next epoch.
         let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
         let mut totals = BTreeMap::new();
+        let mut totals_hist: BTreeMap<&'static str, Hist> = BTreeMap::new();
         let mut counters = BTreeMap::new();
         if let Some(view) = tcp.as_mut() {
             let epoch = view.epoch();
@@ -501,6 +590,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             tc.insert("flows_tracked", tracker.tracked);
             counters.insert("tcp", tc);
             totals.insert("tcp", ViewStats::from_hist(&total));
+            totals_hist.insert("tcp", total);
         }
         if let Some(s) = sampler.as_mut() {
             let mut total = Hist::default();
@@ -542,10 +632,21 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             sampler_prev.retain(|k, _| seen.contains(k));
             counters.insert("sampler", s.counters()?);
             totals.insert("sampler", ViewStats::from_hist(&total));
+            totals_hist.insert("sampler", total);
+        }
+        let now_t = start.elapsed().as_secs_f64();
+        let mut cloud_lines = Vec::new();
+        for (name, agg) in cloud.iter_mut() {
+            if let Some(h) = totals_hist.get(name) {
+                agg.add(h);
+            }
+            let completed = agg.roll(now_t);
+            let current = completed.unwrap_or_else(|| agg.point(now_t, false));
+            cloud_lines.push((*name, current));
         }
         let iv = Interval {
             kind: "interval",
-            t: start.elapsed().as_secs_f64(),
+            t: now_t,
             ts: unix_now(),
             interval_s: last_tick.elapsed().as_secs_f64(),
             flows: rows.into_values().collect(),
@@ -556,8 +657,41 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         {
             let mut out = stdout.lock();
             match args.format {
-                Format::Json => writeln!(out, "{}", serde_json::to_string(&iv)?)?,
-                Format::Table => report::print_table(&mut out, &header, &iv, &view_names)?,
+                Format::Json => {
+                    writeln!(out, "{}", serde_json::to_string(&iv)?)?;
+                    for (name, p) in &cloud_lines {
+                        writeln!(
+                            out,
+                            "{}",
+                            json!({"type": "cloud", "view": name, "point": p})
+                        )?;
+                    }
+                }
+                Format::Table => {
+                    report::print_table(&mut out, &header, &iv, &view_names)?;
+                    for (name, p) in &cloud_lines {
+                        let f = |k: &str| {
+                            p[k].as_f64()
+                                .map(crate::units::fmt_ms)
+                                .unwrap_or_else(|| "-".into())
+                        };
+                        writeln!(
+                            out,
+                            "cloud buckets {name}: {} period from t={:.1}s ({:.0}s): n {} p50 {} p95 {} p99 {} ms ({})",
+                            if p["complete"] == true { "completed" } else { "so far," },
+                            p["period_start_s"].as_f64().unwrap_or(0.0),
+                            p["period_s"].as_f64().unwrap_or(0.0),
+                            p["count"],
+                            f("p50_us"),
+                            f("p95_us"),
+                            f("p99_us"),
+                            args.cloud_layout.spec()
+                        )?;
+                    }
+                    if !cloud_lines.is_empty() {
+                        writeln!(out)?;
+                    }
+                }
             }
             out.flush()?;
         }
