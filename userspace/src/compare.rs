@@ -250,46 +250,54 @@ async fn compare(args: CompareArgs) -> Result<()> {
         }
     }
 
-    // Retransmissions of the probe's connections (TCP view).
-    let mut retrans = 0u64;
-    tcp.for_each_flow(|f| {
-        if f.flow.remote.port() == args.port || f.flow.local.port() == args.port {
-            retrans += f.retrans as u64;
-        }
-    })?;
     let tcp_counters = tcp.counters();
     let sampler_counters = match &sampler {
         Some(s) => Some(s.counters()?),
         None => None,
     };
 
-    // Sort samples into views.
-    let side_by_port = |f: &Flow| {
-        if f.remote.port() == args.port {
-            Side::Client
-        } else {
-            Side::Server
-        }
+    // Sort samples into views. Only this run's connections count: on the
+    // client side, flows in this namespace to the target's address and port;
+    // on the server side (when visible), the reverse of those tuples.
+    let my_netns = crate::netns::current_inode()?;
+    let target_ip = rr_results
+        .iter()
+        .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
+    let is_client = |f: &Flow| {
+        f.netns == my_netns && f.remote.port() == args.port && Some(f.remote.ip()) == target_ip
     };
+    let client_tuples: std::collections::HashSet<(std::net::SocketAddr, std::net::SocketAddr)> =
+        tcp_samples
+            .borrow()
+            .iter()
+            .map(|s| s.0)
+            .chain(sampler_samples.iter().map(|s| s.0))
+            .filter(|f| is_client(f))
+            .map(|f| (f.local, f.remote))
+            .collect();
+    let is_server = |f: &Flow| client_tuples.contains(&(f.remote, f.local));
+    // Retransmissions of this run's connections (TCP view).
+    let mut retrans = 0u64;
+    tcp.for_each_flow(|f| {
+        if is_client(&f.flow) || is_server(&f.flow) {
+            retrans += f.retrans as u64;
+        }
+    })?;
     let mut tcp_client: Series = Vec::new();
     let mut tcp_server: Series = Vec::new();
-    for (f, side, t, rtt) in tcp_samples.borrow().iter() {
-        let side = if *side == Side::Unknown {
-            side_by_port(f)
-        } else {
-            *side
-        };
-        match side {
-            Side::Server => tcp_server.push((*t, *rtt)),
-            _ => tcp_client.push((*t, *rtt)),
+    for (f, _, t, rtt) in tcp_samples.borrow().iter() {
+        if is_client(f) {
+            tcp_client.push((*t, *rtt));
+        } else if is_server(f) {
+            tcp_server.push((*t, *rtt));
         }
     }
     let mut smp_client: Series = Vec::new();
     let mut smp_server: Series = Vec::new();
     for (f, t, rtt) in &sampler_samples {
-        if f.remote.port() == args.port {
+        if is_client(f) {
             smp_client.push((*t, *rtt));
-        } else if f.local.port() == args.port {
+        } else if is_server(f) {
             smp_server.push((*t, *rtt));
         }
     }

@@ -569,20 +569,23 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         if let Some(view) = tcp.as_mut() {
             let epoch = view.epoch();
             let mut total = Hist::default();
+            let mut closed = Vec::new();
             tracker.begin();
             view.for_each_flow(|f| {
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
+                    if f.closed {
+                        closed.push((f.cookie, f.flow));
+                    }
                     rows.insert(f.flow, r);
                 }
             })?;
             tracker.end();
             view.next_epoch();
-            for r in rows.values().filter(|r| r.closed) {
-                if let Some(f) = &r.flow {
-                    view.forget(f);
-                    tracker.prev.remove(f);
-                    tracker.closed_reported += 1;
-                }
+            // Closed flows are reported once (this interval), then forgotten.
+            for (cookie, flow) in closed {
+                view.forget(cookie);
+                tracker.prev.remove(&flow);
+                tracker.closed_reported += 1;
             }
             let mut tc = view.counters();
             tc.insert("flows_vanished", tracker.vanished);

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
-use crate::bpf::{self, FlowKey, TcpFlow};
+use crate::bpf::{self, TcpFlow};
 use crate::flow::{Flow, Side};
 use crate::hist::Hist;
 use crate::netns::NetNs;
@@ -55,6 +55,8 @@ pub struct TcpHookInfo {
 /// One flow's kernel state, decoded.
 #[derive(Debug, Clone)]
 pub struct TcpFlowState {
+    /// The socket cookie (the flow map's key).
+    pub cookie: u64,
     pub flow: Flow,
     pub side: Side,
     pub origin: &'static str,
@@ -346,8 +348,9 @@ impl TcpView {
     }
 
     fn decode_flow(&self, k: &[u8], v: &[u8]) -> Option<TcpFlowState> {
-        let key: FlowKey = bpf::decode(k).ok()?;
+        let cookie = u64::from_ne_bytes(k.get(..8)?.try_into().ok()?);
         let val: TcpFlow = bpf::decode(v).ok()?;
+        let key = val.key;
         let flow = Flow::from_key(&key)?;
         let mut side = Side::from_raw(val.side);
         if side == Side::Unknown {
@@ -363,6 +366,7 @@ impl TcpView {
             (None, None)
         };
         Some(TcpFlowState {
+            cookie,
             flow,
             side,
             origin: origin_name(val.origin),
@@ -383,10 +387,9 @@ impl TcpView {
         })
     }
 
-    /// Forget a flow (after it was reported closed).
-    pub fn forget(&self, flow: &Flow) {
-        let k = flow.to_key();
-        let _ = self.skel.maps.tcp_flows.delete(bpf::as_bytes(&k));
+    /// Forget a flow (after it was reported closed), by its socket cookie.
+    pub fn forget(&self, cookie: u64) {
+        let _ = self.skel.maps.tcp_flows.delete(&cookie.to_ne_bytes());
     }
 
     /// The raw-sample ring buffer map (for `--raw`).
