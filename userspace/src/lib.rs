@@ -11,6 +11,7 @@ pub mod dist;
 pub mod error;
 pub mod flow;
 pub mod hist;
+pub mod loader;
 pub mod logging;
 pub mod netns;
 pub mod observe;

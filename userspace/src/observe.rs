@@ -10,9 +10,10 @@ use serde_json::json;
 
 use crate::flow::Flow;
 use crate::hist::Hist;
+use crate::loader::{self, LoaderKind};
 use crate::netns::{self, NetNs};
 use crate::report::{self, FlowRow, Interval, ViewStats};
-use crate::tcp_view::{self, TcpFlowState, TcpView, TcpViewConfig};
+use crate::tcp_view::{self, TcpFlowState, TcpViewConfig};
 use crate::units::{duration_arg, fmt_duration_short};
 
 #[derive(Debug, Clone, Args)]
@@ -47,6 +48,9 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow map (LRU: the least recently used flow is evicted when full).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
+    /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
+    #[arg(long, value_enum, default_value_t = LoaderKind::DEFAULT)]
+    pub loader: LoaderKind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -191,7 +195,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         raw: args.raw,
         max_flows: args.max_flows,
     };
-    let mut view = TcpView::attach(&cfg)?;
+    let mut view = loader::attach_tcp(args.loader, &cfg)?;
     let mut names = NsNames::new();
     let start_mono = monotonic_ns();
     let start = Instant::now();
@@ -206,14 +210,15 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         "ports": args.ports,
         "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "raw": args.raw,
-        "max_flows": view.info.max_flows,
+        "max_flows": view.info().max_flows,
+        "loader": args.loader,
         "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
     });
     let header = format!(
         "rttscope observe | view tcp: {} @ cgroup {} | rtt source: {} | interval {} | netns {}",
         "sock_ops RTT_CB",
-        view.info.cgroup,
-        if view.info.rtt_source.starts_with("srtt") {
+        view.info().cgroup,
+        if view.info().rtt_source.starts_with("srtt") {
             "srtt fallback (kernel < 6.10)"
         } else {
             "RTT_CB args"
@@ -235,7 +240,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     "ts": unix_now(),
                     "views": views,
                     "settings": settings,
-                    "tcp": view.info,
+                    "tcp": view.info(),
                     "clock": "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start",
                 });
                 writeln!(out, "{line}")?;
@@ -245,39 +250,21 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 writeln!(
                     out,
                     "existing connections enabled: {} (in {}); waiting for samples...\n",
-                    view.info.existing_enabled,
-                    view.info.iter_netns.join(",")
+                    view.info().existing_enabled,
+                    view.info().iter_netns.join(",")
                 )?;
             }
         }
         out.flush()?;
     }
 
-    // Raw samples: the ring buffer's epoll fd drives an AsyncFd.
-    let raw_lines: std::rc::Rc<std::cell::RefCell<Vec<String>>> = Default::default();
-    let ringbuf = if args.raw {
-        let mut b = libbpf_rs::RingBufferBuilder::new();
-        let sink = raw_lines.clone();
-        let fmt = args.format;
-        b.add(view.events_map(), move |data: &[u8]| {
-            if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
-                sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
-            }
-            0
-        })?;
-        Some(b.build().context("setting up the raw-sample ring buffer")?)
+    // Raw samples: the loader's ring buffer, driven by tokio (AsyncFd).
+    let mut raw = if args.raw {
+        Some(view.raw_samples()?)
     } else {
         None
     };
-    let rb_fd = match &ringbuf {
-        // SAFETY: the epoll fd belongs to `ringbuf`, which is declared before
-        // `rb_fd` and therefore dropped after it.
-        Some(rb) => Some(
-            unsafe { tokio::io::unix::AsyncFd::register(RawFdWrap(rb.epoll_fd())) }
-                .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?,
-        ),
-        None => None,
-    };
+    let mut raw_buf: Vec<crate::bpf::Event> = Vec::new();
 
     let mut tracker = Tracker::default();
     let mut ticker =
@@ -294,26 +281,24 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             }
         };
         let rb_ready = async {
-            match &rb_fd {
-                Some(fd) => fd.readable().await.map(|mut g| g.clear_ready()),
+            match raw.as_mut() {
+                Some(r) => r.next_batch(&mut raw_buf).await,
                 None => std::future::pending().await,
             }
         };
+        // None: raw samples arrived (printed below), then wait again.
         let stop = tokio::select! {
-            _ = ticker.tick() => false,
-            _ = rb_ready => {
-                if let Some(rb) = &ringbuf { let _ = rb.consume(); }
-                flush_raw(&raw_lines, &stdout)?;
-                continue;
-            }
-            _ = until_deadline => true,
-            _ = tokio::signal::ctrl_c() => true,
-            _ = sigterm.recv() => true,
+            _ = ticker.tick() => Some(false),
+            r = rb_ready => { r?; None }
+            _ = until_deadline => Some(true),
+            _ = tokio::signal::ctrl_c() => Some(true),
+            _ = sigterm.recv() => Some(true),
         };
-        if let Some(rb) = &ringbuf {
-            let _ = rb.consume();
-            flush_raw(&raw_lines, &stdout)?;
+        if let Some(r) = raw.as_mut() {
+            r.drain_now(&mut raw_buf)?;
         }
+        flush_raw(&mut raw_buf, start_mono, args.format, &stdout)?;
+        let Some(stop) = stop else { continue };
         if stop && last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }
@@ -334,6 +319,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         tc.insert("flows_vanished", tracker.vanished);
         tc.insert("flows_closed_reported", tracker.closed_reported);
         tc.insert("flows_tracked", flows.len() as u64);
+        if let Some(r) = &raw {
+            tc.insert("raw_records_bad", r.bad_records);
+        }
         counters.insert("tcp", tc);
         let iv = Interval {
             kind: "interval",
@@ -436,26 +424,23 @@ fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> String {
 }
 
 fn flush_raw(
-    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    events: &mut Vec<crate::bpf::Event>,
+    start_mono: u64,
+    fmt: Format,
     stdout: &std::io::Stdout,
 ) -> Result<()> {
-    let mut v = lines.borrow_mut();
-    if v.is_empty() {
+    if events.is_empty() {
         return Ok(());
     }
     let mut out = stdout.lock();
-    for l in v.drain(..).filter(|l| !l.is_empty()) {
-        writeln!(out, "{l}")?;
+    for ev in events.drain(..) {
+        let l = raw_line(&ev, start_mono, fmt);
+        if !l.is_empty() {
+            writeln!(out, "{l}")?;
+        }
     }
     out.flush()?;
     Ok(())
-}
-
-struct RawFdWrap(i32);
-impl std::os::fd::AsRawFd for RawFdWrap {
-    fn as_raw_fd(&self) -> i32 {
-        self.0
-    }
 }
 
 #[cfg(test)]
