@@ -49,7 +49,7 @@ pub struct ObserveArgs {
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
     /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
-    #[arg(long, value_enum, default_value_t = LoaderKind::DEFAULT)]
+    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
 }
 
