@@ -26,7 +26,7 @@ struct Observer {
 }
 
 impl Observer {
-    fn start(loader: &str, p: &Pair, duration: &str) -> Observer {
+    fn start(loader: &str, p: &Pair, duration: &str, extra: &[&str]) -> Observer {
         let mut cmd = Command::new(rttscope_bin());
         cmd.args([
             "observe",
@@ -43,6 +43,7 @@ impl Observer {
             "--duration",
             duration,
         ])
+        .args(extra)
         .env_remove("RTTSCOPE_LOADER")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -124,6 +125,16 @@ fn p50(lines: &[serde_json::Value], ns: &str, local: &str) -> f64 {
         .unwrap()
 }
 
+/// Raw TCP sample lines of one flow (same netns inode as in the end line).
+fn raw_samples(lines: &[serde_json::Value], ns: &str, local: &str) -> u64 {
+    let netns = end_flow(lines, ns, local).map(|f| f["netns"].clone());
+    lines
+        .iter()
+        .filter(|l| l["type"] == "sample" && l["view"] == "tcp" && l["local"] == local)
+        .filter(|l| netns.as_ref() == Some(&l["netns"]))
+        .count() as u64
+}
+
 /// Sum over buckets of |a - b|.
 fn hist_distance(a: &[(f64, u64)], b: &[(f64, u64)]) -> u64 {
     let mut m: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
@@ -146,8 +157,8 @@ fn both_loaders_see_the_same_samples() {
     }
     let p = Pair::new().unwrap();
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
-    let mut lb = Observer::start("libbpf", &p, "5s");
-    let mut ay = Observer::start("aya", &p, "5s");
+    let mut lb = Observer::start("libbpf", &p, "5s", &["--raw"]);
+    let mut ay = Observer::start("aya", &p, "5s", &["--raw"]);
     lb.wait_attached("libbpf");
     ay.wait_attached("aya");
     let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(2)).unwrap();
@@ -178,6 +189,14 @@ fn both_loaders_see_the_same_samples() {
             d <= 4,
             "{side}: histograms differ by {d} samples: libbpf {h_l:?} aya {h_a:?}"
         );
+        // The raw stream (ring buffer through AsyncFd) carries every sample.
+        for (loader, lines, n) in [("libbpf", &lb_lines, n_l), ("aya", &ay_lines, n_a)] {
+            let raw = raw_samples(lines, ns, addr);
+            assert_eq!(
+                raw, n,
+                "{loader} {side}: {raw} raw samples, {n} in the histogram"
+            );
+        }
         // One RTT sample per transaction on each end (request acked by the
         // response; response acked by the next request or a delayed ACK).
         let lo = transactions * 9 / 10;
@@ -200,7 +219,7 @@ fn each_loader_alone_measures_the_same_workload() {
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
     let mut results = Vec::new();
     for loader in ["libbpf", "aya"] {
-        let mut obs = Observer::start(loader, &p, "3s");
+        let mut obs = Observer::start(loader, &p, "3s", &[]);
         obs.wait_attached(loader);
         let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(2)).unwrap();
         std::thread::sleep(Duration::from_millis(1500));
