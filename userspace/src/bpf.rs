@@ -20,6 +20,7 @@ pub mod tcp {
     clippy::all,
     non_camel_case_types,
     non_upper_case_globals,
+    non_snake_case,
     dead_code,
     unsafe_op_in_unsafe_fn
 )]
