@@ -250,19 +250,33 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 }
 
 /// An error and its causes on one line (aya's errors keep the errno and the
-/// verifier log in their sources).
+/// verifier log in their sources). Multi-line parts (a verifier log) are cut
+/// to their first line here and logged whole, shown with -v (as libbpf's log).
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
     while let Some(c) = cur {
         let cs = c.to_string();
-        if !s.contains(&cs) {
-            s.push_str(": ");
-            s.push_str(&cs);
+        if !parts.iter().any(|p| p.contains(&cs)) {
+            parts.push(cs);
         }
         cur = c.source();
     }
-    s
+    let full = parts.join(": ");
+    if !full.contains('\n') {
+        return full;
+    }
+    tracing::info!(target: "aya", "{full}");
+    let short: Vec<&str> = parts
+        .iter()
+        .map(|p| {
+            p.lines()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches(['.', ':', ' '])
+        })
+        .collect();
+    format!("{} (details with -v)", short.join(": "))
 }
 
 impl TcpLoader for AyaTcp {
@@ -346,5 +360,38 @@ impl RingSource for AyaRing {
             n += 1;
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the BPF_PROG_LOAD syscall failed. Verifier output: 0: (b7) r0 = 0\n1: (95) exit\nR0 !read_ok")]
+    struct Verifier;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading program")]
+    struct Outer(#[source] Verifier);
+
+    #[test]
+    fn verifier_log_is_cut_to_one_line() {
+        let s = chain(&Outer(Verifier));
+        assert!(!s.contains('\n'), "{s}");
+        assert!(
+            s.starts_with("loading program: the BPF_PROG_LOAD syscall failed"),
+            "{s}"
+        );
+        assert!(s.ends_with("(details with -v)"), "{s}");
+        let plain = chain(&std::io::Error::from_raw_os_error(libc::EPERM));
+        assert!(plain.contains("Operation not permitted"), "{plain}");
+    }
+
+    #[test]
+    fn embedded_object_is_the_tcp_view() {
+        // The object aya loads is the one build.rs compiled (ELF, BPF machine).
+        assert_eq!(&TCP_OBJ[..4], b"\x7fELF");
+        assert_eq!(u16::from_le_bytes([TCP_OBJ[18], TCP_OBJ[19]]), 247); // EM_BPF
     }
 }
