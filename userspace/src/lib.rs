@@ -15,6 +15,7 @@ pub mod flow;
 pub mod hist;
 pub mod irtt;
 pub mod lab;
+pub mod loader;
 pub mod logging;
 pub mod netns;
 pub mod observe;
