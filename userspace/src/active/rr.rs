@@ -1,5 +1,7 @@
 //! The probe engine: TCP_RR, UDP_RR and ICMP echo transactions, paced, timed
-//! with CLOCK_MONOTONIC right around the send and receive system calls.
+//! with CLOCK_MONOTONIC right around the send and receive system calls (TCP,
+//! UDP), or from the kernel's receive timestamp as ping does (ICMP, see
+//! `icmp.rs`).
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -173,7 +175,7 @@ pub struct Counts {
 pub struct ProbeResult {
     pub settings: Settings,
     /// Wall-clock start, seconds since the Unix epoch (for humans; every
-    /// duration is from CLOCK_MONOTONIC).
+    /// duration is from CLOCK_MONOTONIC, except ICMP RTTs: `settings.clock`).
     pub start_unix_s: f64,
     /// From the first send to the end of the last transaction.
     pub elapsed_s: f64,
