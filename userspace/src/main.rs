@@ -13,7 +13,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => rttscope::sampler_cmd::run(args),
         Command::Serve(args) => rttscope::active::serve_main(args),
         Command::Probe(args) => rttscope::active::probe_main(args),
-        Command::Lab(args) => rttscope::lab::run(args),
+        Command::Lab(args) => rttscope::lab::env::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
