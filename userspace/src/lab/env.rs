@@ -543,7 +543,7 @@ impl ScenarioEnv for LabEnv {
                         "-C",
                         super::testbed::CONGESTION_CONTROL,
                         "-t",
-                        &format!("{}", secs.ceil() as u64 + 1),
+                        &format!("{}", secs.ceil() as u64),
                         "-J",
                     ]
                     .iter()
@@ -642,6 +642,11 @@ impl ScenarioEnv for LabEnv {
             results.push(v);
         }
         if let Some(mut b) = bulk {
+            // iperf3 prints its JSON when its -t ends (about now); then stop it
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && b.child.try_wait()?.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = b.child.kill();
             let _ = b.child.wait();
             let (so, _) = b.out.join().unwrap_or_default();
@@ -1131,13 +1136,14 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
         Scenario::Loss => {
             for i in 0..points.len() {
                 s.push(format!(
-                    "At {} % loss: request/response p50 {} / p95 {}, TCP client p50 {} / p95 {}, ping p50 {}.",
+                    "At {} % loss: request/response p50 {} / p95 {}, TCP client p50 {} / p95 {}, TCP server p50 {} / p95 {}.",
                     lab(i),
                     fmt_ms(pct(points, i, "rr", 50)),
                     f(pct(points, i, "rr", 95)),
                     fmt_ms(pct(points, i, "tcp client", 50)),
                     f(pct(points, i, "tcp client", 95)),
-                    f(pct(points, i, "ping", 50)),
+                    fmt_ms(pct(points, i, "tcp server", 50)),
+                    f(pct(points, i, "tcp server", 95)),
                 ));
             }
         }

@@ -250,7 +250,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
         }
         Scenario::Loss => {
             let (levels, len): (&[f64], u64) = if quick {
-                (&[0.0, 5.0, 10.0, 20.0], 10)
+                (&[0.0, 5.0, 10.0, 20.0], 8)
             } else {
                 (&[0.0, 5.0, 10.0, 15.0, 20.0], 60)
             };
@@ -261,7 +261,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
                     .iter()
                     .map(|&l| {
                         let link = LinkConfig { loss_pct: l, ..base(50) };
-                        phase(format!("{l}"), link, rr(1, MS(10), 2), Duration::from_secs(len))
+                        phase(format!("{l}"), link, rr(1, MS(10), 3), Duration::from_secs(len))
                     })
                     .collect(),
             )
@@ -312,11 +312,11 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
             };
             (
                 "probe interval (ms)",
-                "the same 10 ms path measured with ping and request/response at different intervals: the numbers differ with the interval (idle hosts, delayed ACKs), so the interval must be recorded with every result",
+                "the same undelayed path measured with ping and request/response at different intervals: the sparser the probes, the higher the latency (idle CPUs wake up, caches are cold), so the interval must be recorded with every result",
                 ints.iter()
                     .map(|&(i, len)| {
                         let label = if i == 0 { "back-to-back".to_string() } else { format!("{i}") };
-                        phase(label, base(5), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
+                        phase(label, LinkConfig::default(), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
                     })
                     .collect(),
             )
