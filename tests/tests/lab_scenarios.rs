@@ -27,7 +27,9 @@ struct Run {
 impl Run {
     /// Summary of `view` at the phase labelled `label` (sweep point).
     fn point(&self, label: &str, view: &str) -> Value {
-        let pts = self.result["sweep"]["points"].as_array().expect("sweep points");
+        let pts = self.result["sweep"]["points"]
+            .as_array()
+            .expect("sweep points");
         let p = pts
             .iter()
             .find(|p| p["settings"]["label"] == label)
@@ -64,7 +66,12 @@ impl Run {
             .as_array()
             .unwrap()
             .iter()
-            .map(|s| (s["t_s"].as_f64().unwrap(), s["rtt_us"].as_f64().unwrap() / 1e3))
+            .map(|s| {
+                (
+                    s["t_s"].as_f64().unwrap(),
+                    s["rtt_us"].as_f64().unwrap() / 1e3,
+                )
+            })
             .collect()
     }
 }
@@ -90,7 +97,10 @@ fn processes_left(prefix: &str, inodes: &[u64]) -> Vec<String> {
                 let p = t.path().join("ns/net");
                 if let Ok(m) = std::fs::metadata(&p) {
                     if inodes.contains(&m.ino()) {
-                        left.push(format!("task {} in a testbed namespace", t.path().display()));
+                        left.push(format!(
+                            "task {} in a testbed namespace",
+                            t.path().display()
+                        ));
                     }
                 }
             }
@@ -166,7 +176,10 @@ fn run(scenario: &str) -> Run {
     let stderr = stderr_h.join().unwrap();
     let took = t0.elapsed();
     eprintln!("lab {scenario} --quick: {took:?}\n{stdout}");
-    assert!(status.success(), "lab {scenario} failed ({status}): {stderr}\n{stdout}");
+    assert!(
+        status.success(),
+        "lab {scenario} failed ({status}): {stderr}\n{stdout}"
+    );
     assert_eq!(inodes.len(), 3, "never saw the testbed {prefix}");
     // Nothing left behind.
     let inodes: Vec<u64> = inodes.values().copied().collect();
@@ -198,11 +211,23 @@ fn run(scenario: &str) -> Run {
             .flatten()
             .filter_map(|v| v[1].as_u64()),
     );
-    assert!(!ids.is_empty(), "observer's program ids not recorded: {start}");
+    assert!(
+        !ids.is_empty(),
+        "observer's program ids not recorded: {start}"
+    );
     let alive: Vec<u64> = ids.into_iter().filter(|&i| prog_exists(i)).collect();
-    assert!(alive.is_empty(), "observer programs still loaded: {alive:?}");
+    assert!(
+        alive.is_empty(),
+        "observer programs still loaded: {alive:?}"
+    );
     // The files of the results directory.
-    for f in ["result.json", "summary.csv", "SUMMARY.md", "plan.json", "phases.json"] {
+    for f in [
+        "result.json",
+        "summary.csv",
+        "SUMMARY.md",
+        "plan.json",
+        "phases.json",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing in {}", out.display());
     }
     let run = Run {
@@ -231,7 +256,10 @@ fn delayed_ack_server_tcp_rtt_follows_the_interval() {
     let t = r.table();
     let srv16 = r.ms("16", "tcp server", "p50");
     let cli16 = r.ms("16", "tcp client", "p50");
-    assert!((10.0..=30.0).contains(&srv16), "server TCP p50 at 16 ms: {srv16}\n{t}");
+    assert!(
+        (10.0..=30.0).contains(&srv16),
+        "server TCP p50 at 16 ms: {srv16}\n{t}"
+    );
     assert!(cli16 < 2.0, "client TCP p50 at 16 ms: {cli16}\n{t}");
     // RR latency stays small at every interval; server TCP grows.
     for l in ["0", "1", "2", "4", "8", "16", "32", "39", "40", "41"] {
@@ -245,15 +273,33 @@ fn delayed_ack_server_tcp_rtt_follows_the_interval() {
     let s32 = r.ms("32", "tcp server", "p50");
     let s41 = r.ms("41", "tcp server", "p50");
     assert!(s0 < 2.0, "server TCP p50 back to back: {s0}\n{t}");
-    assert!((5.0..=12.0).contains(&s8), "server TCP p50 at 8 ms: {s8}\n{t}");
-    assert!((25.0..=40.0).contains(&s32), "server TCP p50 at 32 ms: {s32}\n{t}");
-    assert!((30.0..=50.0).contains(&s41), "server TCP p50 at 41 ms: {s41}\n{t}");
+    assert!(
+        (5.0..=12.0).contains(&s8),
+        "server TCP p50 at 8 ms: {s8}\n{t}"
+    );
+    assert!(
+        (25.0..=40.0).contains(&s32),
+        "server TCP p50 at 32 ms: {s32}\n{t}"
+    );
+    assert!(
+        (30.0..=50.0).contains(&s41),
+        "server TCP p50 at 41 ms: {s41}\n{t}"
+    );
     // The sampler on the server's interface sees the same as the server's TCP.
     let m16 = r.ms("16", "sampler server", "p50");
-    assert!((m16 - srv16).abs() < 3.0, "sampler server {m16} vs TCP {srv16}\n{t}");
-    assert!(r.point("16", "sampler server")["extra"]["cloud_p50_us"].as_f64().is_some());
+    assert!(
+        (m16 - srv16).abs() < 3.0,
+        "sampler server {m16} vs TCP {srv16}\n{t}"
+    );
+    assert!(r.point("16", "sampler server")["extra"]["cloud_p50_us"]
+        .as_f64()
+        .is_some());
     assert!(r.out.join("sweep.png").is_file() && r.out.join("sweep.svg").is_file());
-    assert!(r.stdout.contains("sweep.png"), "chart path printed: {}", r.stdout);
+    assert!(
+        r.stdout.contains("sweep.png"),
+        "chart path printed: {}",
+        r.stdout
+    );
     cleanup(r);
 }
 
@@ -267,14 +313,24 @@ fn beyond_ack_timer_sampler_sees_the_think_time_tcp_does_not() {
     for l in ["100", "300", "1000"] {
         for v in ["tcp client", "tcp server"] {
             let x = r.ms(l, v, "p50");
-            assert!((9.0..=20.0).contains(&x), "{v} p50 at {l} ms: {x} (path 10 ms)\n{t}");
+            assert!(
+                (9.0..=20.0).contains(&x),
+                "{v} p50 at {l} ms: {x} (path 10 ms)\n{t}"
+            );
         }
     }
     // At 1 s, a good part of the server-side sampler's samples (1 in 4
     // packets) pair a response with the next request: near the interval.
     let smp: Vec<(f64, f64)> = r.series("sampler server");
-    let near = smp.iter().filter(|s| (800.0..=1300.0).contains(&s.1)).count();
-    assert!(near >= 3, "sampler samples near 1000 ms: {near} of {}\n{t}", smp.len());
+    let near = smp
+        .iter()
+        .filter(|s| (800.0..=1300.0).contains(&s.1))
+        .count();
+    assert!(
+        near >= 3,
+        "sampler samples near 1000 ms: {near} of {}\n{t}",
+        smp.len()
+    );
     let p95 = r.ms("1000", "sampler server", "p95");
     assert!(p95 > 500.0, "server sampler p95 at 1000 ms: {p95}\n{t}");
     cleanup(r);
@@ -310,11 +366,19 @@ fn rtt_step_every_view_follows_the_added_50ms() {
                 .map(|s| s.1)
                 .collect();
             x.sort_by(|a, b| a.total_cmp(b));
-            assert!(x.len() >= 5, "{v}: {} samples in the {} halves\n{t}", x.len(), if high { "high" } else { "low" });
+            assert!(
+                x.len() >= 5,
+                "{v}: {} samples in the {} halves\n{t}",
+                x.len(),
+                if high { "high" } else { "low" }
+            );
             x[x.len() / 2]
         };
         let (lo, hi) = (med(false), med(true));
-        assert!((95.0..=110.0).contains(&lo), "{v} low median {lo} (100 ms path)\n{t}");
+        assert!(
+            (95.0..=110.0).contains(&lo),
+            "{v} low median {lo} (100 ms path)\n{t}"
+        );
         assert!(
             (40.0..=60.0).contains(&(hi - lo)),
             "{v}: high {hi} - low {lo} should be ~50 ms\n{t}"
@@ -335,10 +399,84 @@ fn loss_inflates_the_application_tail_not_tcp_rtt() {
     assert!(rr0 < 130.0, "RR p95 without loss: {rr0}\n{t}");
     let rr10 = r.ms("10", "rr", "p95");
     let tcp10 = r.ms("10", "tcp client", "p95");
-    assert!(rr10 > 250.0, "RR p95 at 10% loss: {rr10} (RTO >= 200 ms + RTT)\n{t}");
-    assert!(rr10 > tcp10 + 100.0, "RR p95 {rr10} vs TCP p95 {tcp10} at 10%\n{t}");
+    assert!(
+        rr10 > 250.0,
+        "RR p95 at 10% loss: {rr10} (RTO >= 200 ms + RTT)\n{t}"
+    );
+    assert!(
+        rr10 > tcp10 + 100.0,
+        "RR p95 {rr10} vs TCP p95 {tcp10} at 10%\n{t}"
+    );
     let tcp10_50 = r.ms("10", "tcp client", "p50");
-    assert!((95.0..=130.0).contains(&tcp10_50), "TCP p50 at 10% loss: {tcp10_50}\n{t}");
+    assert!(
+        (95.0..=130.0).contains(&tcp10_50),
+        "TCP p50 at 10% loss: {tcp10_50}\n{t}"
+    );
     assert!(r.out.join("sweep.png").is_file());
+    cleanup(r);
+}
+
+#[test]
+fn bufferbloat_every_view_rises_with_the_deep_queue() {
+    if !require_root() {
+        return;
+    }
+    let r = run("bufferbloat");
+    let t = r.table();
+    for v in ["rr", "ping", "tcp client", "sampler client"] {
+        let idle = r.ms("idle", v, "p50");
+        let deep = r.ms("deep 1MiB", v, "p50");
+        assert!(idle < 25.0, "{v} idle p50 {idle} (10 ms path)\n{t}");
+        assert!(
+            deep > idle + 100.0,
+            "{v}: deep-queue p50 {deep} vs idle {idle}\n{t}"
+        );
+    }
+    // The bulk flow ran near the bottleneck's rate.
+    let pts = r.result["sweep"]["points"].as_array().unwrap();
+    let deep = pts
+        .iter()
+        .find(|p| p["settings"]["label"] == "deep 1MiB")
+        .unwrap();
+    let bps = deep["settings"]["bulk"]["received_bps"].as_f64();
+    assert!(
+        bps.is_some_and(|b| (5e6..=10.5e6).contains(&b)),
+        "bulk goodput {bps:?} through 10 Mbit/s\n{t}"
+    );
+    cleanup(r);
+}
+
+#[test]
+fn probe_interval_sparse_probes_see_more_latency() {
+    if !require_root() {
+        return;
+    }
+    let r = run("probe-interval");
+    let t = r.table();
+    // Undelayed path: back-to-back request/response keeps both ends busy
+    // and their caches warm; probes 10 ms to 1 s apart find them idle.
+    let b2b = r.ms("back-to-back", "rr", "p50");
+    assert!(b2b < 0.5, "back-to-back RR p50 {b2b}\n{t}");
+    for l in ["10", "100", "1000"] {
+        let x = r.ms(l, "rr", "p50");
+        assert!(
+            x > 2.0 * b2b,
+            "RR p50 at {l} ms {x} vs back-to-back {b2b}\n{t}"
+        );
+    }
+    let pb = r.ms("back-to-back", "ping", "p50");
+    let ps = r.ms("1000", "ping", "p50");
+    assert!(ps > pb, "ping p50 at 1 s {ps} vs back-to-back {pb}\n{t}");
+    let n = r.point("1000", "rr")["count"].as_u64().unwrap();
+    assert!(
+        (10..=16).contains(&n),
+        "RR samples at 1 s over 15 s: {n}\n{t}"
+    );
+    // At a 10 ms interval the server's TCP RTT is the interval (delayed ACK).
+    let s10 = r.ms("10", "tcp server", "p50");
+    assert!(
+        (7.0..=13.0).contains(&s10),
+        "server TCP p50 at 10 ms: {s10}\n{t}"
+    );
     cleanup(r);
 }

@@ -1166,6 +1166,15 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
             }
         }
         Scenario::ProbeInterval => {
+            if let (Some(b), Some(x)) = (p50(points, 0, "rr"), p50(points, last, "rr")) {
+                s.push(format!(
+                    "Request/response p50 was {:.1} times higher with one probe every {} ms than back to back ({} vs {}).",
+                    x / b,
+                    lab(last),
+                    f(Some(x)),
+                    f(Some(b))
+                ));
+            }
             for i in 0..points.len() {
                 s.push(format!(
                     "Interval {}: RR p50 {} (p99 {}), ping p50 {} (p99 {}), server TCP p50 {}.",

@@ -43,7 +43,7 @@ pub struct LabArgs {
     /// Short form (under about a minute) instead of the full length.
     #[arg(long)]
     pub quick: bool,
-    /// Results directory (default: lab-results/<scenario>-<unix time>).
+    /// Results directory (default: results/<scenario>-<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the scenario's phase plan (JSON) and exit, without building anything.
@@ -306,7 +306,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
         }
         Scenario::ProbeInterval => {
             let ints: &[(u64, u64)] = if quick {
-                &[(0, 5), (10, 5), (100, 8), (1000, 15)]
+                &[(0, 2), (10, 5), (100, 8), (1000, 15)]
             } else {
                 &[(0, 30), (10, 30), (100, 60), (1000, 120)]
             };
