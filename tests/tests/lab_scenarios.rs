@@ -271,7 +271,6 @@ fn delayed_ack_server_tcp_rtt_follows_the_interval() {
     let s0 = r.ms("0", "tcp server", "p50");
     let s8 = r.ms("8", "tcp server", "p50");
     let s32 = r.ms("32", "tcp server", "p50");
-    let s41 = r.ms("41", "tcp server", "p50");
     assert!(s0 < 2.0, "server TCP p50 back to back: {s0}\n{t}");
     assert!(
         (5.0..=12.0).contains(&s8),
@@ -281,10 +280,17 @@ fn delayed_ack_server_tcp_rtt_follows_the_interval() {
         (25.0..=40.0).contains(&s32),
         "server TCP p50 at 32 ms: {s32}\n{t}"
     );
-    assert!(
-        (30.0..=50.0).contains(&s41),
-        "server TCP p50 at 41 ms: {s41}\n{t}"
-    );
+    // Past ~40 ms the client's delayed-ACK timer fires before the next
+    // request: either the timer's ACK (~40 ms) or, once that took the socket
+    // out of ping-pong mode, immediate ACKs (both seen at 41 ms here). Never
+    // the interval beyond the timer.
+    for l in ["39", "40", "41"] {
+        let x = r.ms(l, "tcp server", "p50");
+        assert!(
+            x <= 45.0,
+            "server TCP p50 at {l} ms: {x} (delayed-ACK timer ~40 ms)\n{t}"
+        );
+    }
     // The sampler on the server's interface sees the same as the server's TCP.
     let m16 = r.ms("16", "sampler server", "p50");
     assert!(

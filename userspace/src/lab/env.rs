@@ -1070,11 +1070,21 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
         Scenario::DelayedAck => {
             let i16 = idx(plan, "16").unwrap_or(0);
             s.push(format!(
-                "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms and {} at 41 ms — the client holds its ACK until the next request carries it, or its delayed-ACK timer (~40 ms) fires.",
+                "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms — the client holds its ACK until the next request carries it.",
                 f(p50(points, 0, "tcp server")),
                 f(p50(points, i16, "tcp server")),
                 f(idx(plan, "32").and_then(|i| p50(points, i, "tcp server"))),
-                f(p50(points, last, "tcp server")),
+            ));
+            let s32 = idx(plan, "32").and_then(|i| p50(points, i, "tcp server"));
+            let s41 = p50(points, last, "tcp server");
+            s.push(format!(
+                "At {} ms it was {}: {}.",
+                lab(last),
+                f(s41),
+                match (s41, s32) {
+                    (Some(a), Some(b)) if a < 0.5 * b => "the client's delayed-ACK timer (~40 ms) had fired and taken the socket out of ping-pong mode, so the client ACKed each response at once",
+                    _ => "capped near the client's delayed-ACK timer (~40 ms), whose ACK now comes before the next request",
+                }
             ));
             s.push(format!(
                 "The client's TCP RTT p50 stayed at {} and the request/response p50 at {} over all intervals: the server answers at once, so its ACK rides on the response.",
