@@ -801,14 +801,10 @@ fn summary_json(s: &[(f64, f64)]) -> Value {
 // ---------------------------------------------------------------- report
 
 /// The views of a phase, in table order: (name, kind, side, samples).
-fn views_of(
-    d: &PhaseData,
-) -> Vec<(
-    &'static str,
-    ViewKind,
-    Option<&'static str>,
-    &Vec<(f64, f64)>,
-)> {
+type Series = Vec<(f64, f64)>;
+type ViewRef<'a> = (&'static str, ViewKind, Option<&'static str>, &'a Series);
+
+fn views_of(d: &PhaseData) -> Vec<ViewRef<'_>> {
     vec![
         ("rr", ViewKind::Probe, Some("client"), &d.rr),
         ("ping", ViewKind::Ping, Some("client"), &d.ping),
@@ -1105,9 +1101,9 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
                 range(points, "tcp server"),
                 range(points, "tcp client")
             ));
-            for i in 0..points.len() {
+            for (i, d) in data.iter().enumerate().take(points.len()) {
                 let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
-                let smp: Vec<f64> = rtts(&data[i].smp_srv);
+                let smp: Vec<f64> = rtts(&d.smp_srv);
                 let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
                 s.push(format!(
                     "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
@@ -1158,11 +1154,8 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
             }
         }
         Scenario::Bufferbloat => {
-            for i in 0..points.len() {
-                let bw = data[i]
-                    .bulk
-                    .as_ref()
-                    .and_then(|b| b["received_bps"].as_f64());
+            for (i, d) in data.iter().enumerate().take(points.len()) {
+                let bw = d.bulk.as_ref().and_then(|b| b["received_bps"].as_f64());
                 s.push(format!(
                     "{}: RR p50 {}, ping p50 {}, TCP client p50 {}, sampler client p50 {}{}.",
                     lab(i),
@@ -1202,7 +1195,7 @@ fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) ->
 }
 
 /// rtt-step: the low and high windows (s since phase start), skipping 1 s after each step.
-fn split_step(d: &PhaseData, half: f64) -> (Vec<(f64, f64)>, Vec<(f64, f64)>) {
+fn split_step(d: &PhaseData, half: f64) -> (Series, Series) {
     let len = d.end_unix - d.start_unix;
     let mut lo = Vec::new();
     let mut hi = Vec::new();
