@@ -857,8 +857,10 @@ fn x_of(plan: &Plan, i: usize) -> f64 {
         return x;
     }
     match (&ph.workload, ph.down.queue_limit) {
-        (Workload::PingAndRr { interval }, _) => ms(*interval),
+        // bufferbloat: the queue in KiB with a bulk flow, 0 for the idle phase
         (Workload::BulkWithProbes { .. }, Some(q)) => q as f64 / 1024.0,
+        _ if plan.scenario == Scenario::Bufferbloat => 0.0,
+        (Workload::PingAndRr { interval }, _) => ms(*interval),
         _ => i as f64,
     }
 }
@@ -1281,7 +1283,7 @@ fn write_report(
             parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
             unit: match plan.scenario {
                 Scenario::Loss => "%".into(),
-                Scenario::Bufferbloat => "KiB queue".into(),
+                Scenario::Bufferbloat => "KiB queue, 0 = idle".into(),
                 _ => "ms".into(),
             },
             points: points
