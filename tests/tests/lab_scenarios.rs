@@ -193,7 +193,15 @@ fn run(scenario: &str) -> Run {
         !Path::new(&format!("/run/rttscope/lab/{prefix}.json")).exists(),
         "state file left"
     );
-    let left = processes_left(&prefix, &inodes);
+    // Processes the testbed killed may take a moment to be reaped: poll briefly.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let left = loop {
+        let left = processes_left(&prefix, &inodes);
+        if left.is_empty() || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(left.is_empty(), "left behind: {left:?}");
     let result: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
