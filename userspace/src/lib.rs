@@ -12,6 +12,7 @@ pub mod error;
 pub mod flow;
 pub mod hist;
 pub mod logging;
+pub mod metrics;
 pub mod netns;
 pub mod observe;
 pub mod preflight;
