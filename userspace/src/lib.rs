@@ -5,8 +5,10 @@
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
 pub mod bpf;
 pub mod bucket;
+pub mod caps;
 pub mod chart;
 pub mod cli;
+pub mod config;
 pub mod dist;
 pub mod error;
 pub mod flow;

@@ -406,8 +406,9 @@ impl ProgStats {
                         let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
                         if dup >= 0 {
                             // SAFETY: dup is a fresh fd owned by nobody else.
-                            let owned =
-                                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup) };
+                            let owned = unsafe {
+                                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup)
+                            };
                             out.push((name.to_string(), id, owned));
                         }
                     }
@@ -529,7 +530,11 @@ impl Exporter {
             rtt.clone(),
         );
         let samples = Family::<ViewLabel, Counter>::default();
-        r.register("rttscope_samples", "RTT samples taken by a view (kernel counter)", samples.clone());
+        r.register(
+            "rttscope_samples",
+            "RTT samples taken by a view (kernel counter)",
+            samples.clone(),
+        );
         let drops = Family::<DropLabels, Counter>::default();
         r.register(
             "rttscope_drops",
@@ -537,11 +542,23 @@ impl Exporter {
             drops.clone(),
         );
         let events = Family::<EventLabels, Counter>::default();
-        r.register("rttscope_view_events", "Every counter of a view, by name", events.clone());
+        r.register(
+            "rttscope_view_events",
+            "Every counter of a view, by name",
+            events.clone(),
+        );
         let levels = Family::<EventLabels, Gauge>::default();
-        r.register("rttscope_view_level", "Level-type figures of a view, by name", levels.clone());
+        r.register(
+            "rttscope_view_level",
+            "Level-type figures of a view, by name",
+            levels.clone(),
+        );
         let flows_tracked = Family::<ViewLabel, Gauge>::default();
-        r.register("rttscope_flows_tracked", "Flows in the view's flow map at the last read", flows_tracked.clone());
+        r.register(
+            "rttscope_flows_tracked",
+            "Flows in the view's flow map at the last read",
+            flows_tracked.clone(),
+        );
         let prog_time = Family::<ProgLabels, Counter<f64, AtomicU64>>::default();
         r.register_with_unit(
             "rttscope_bpf_prog_run_time",
@@ -570,7 +587,11 @@ impl Exporter {
             overflow.clone(),
         );
         let scrapes = Counter::default();
-        r.register("rttscope_scrapes", "Scrapes of /metrics served", scrapes.clone());
+        r.register(
+            "rttscope_scrapes",
+            "Scrapes of /metrics served",
+            scrapes.clone(),
+        );
         Ok(Exporter {
             registry: Arc::new(r),
             policy,
@@ -634,7 +655,10 @@ impl Exporter {
             self.series_gauge.set(self.series.len() as i64);
             labels
         } else {
-            let n = self.rtt.get_or_create(&RttLabels::overflow(view)).add_delta(cur, prev);
+            let n = self
+                .rtt
+                .get_or_create(&RttLabels::overflow(view))
+                .add_delta(cur, prev);
             self.overflow
                 .get_or_create(&ViewLabel {
                     view: view.as_str().into(),
@@ -833,12 +857,20 @@ pub fn respond(head: &str, handle: Option<&MetricsHandle>) -> (u16, &'static str
         return (400, "text/plain; charset=utf-8", "bad request\n".into());
     }
     if method != "GET" && method != "HEAD" {
-        return (405, "text/plain; charset=utf-8", "only GET and HEAD\n".into());
+        return (
+            405,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD\n".into(),
+        );
     }
     match (path, handle) {
         ("/metrics", Some(h)) => (200, CONTENT_TYPE, h.encode()),
         ("/metrics", None) => (200, CONTENT_TYPE, "# EOF\n".into()),
-        _ => (404, "text/plain; charset=utf-8", "not found: try /metrics\n".into()),
+        _ => (
+            404,
+            "text/plain; charset=utf-8",
+            "not found: try /metrics\n".into(),
+        ),
     }
 }
 
@@ -885,6 +917,133 @@ async fn answer(mut sock: tokio::net::TcpStream, h: &MetricsHandle) -> std::io::
     sock.shutdown().await
 }
 
+/// Daemon mode inside `observe`: the exporter, the `/metrics` server task and
+/// the program statistics. Started after attach (it drops capabilities).
+pub struct Daemon {
+    pub exporter: Exporter,
+    progs: ProgStats,
+    server: tokio::task::JoinHandle<()>,
+    /// Namespace names known at start (with full privileges: the host's
+    /// namespace is named through /proc/1, which needs CAP_SYS_PTRACE later).
+    start_names: BTreeMap<u32, String>,
+}
+
+impl Daemon {
+    /// Start serving on `listener` (bound before attach), enable program
+    /// statistics if asked, print what was attached, then drop capabilities.
+    /// Needs a tokio runtime (the server is a task on it).
+    pub fn start(
+        listener: tokio::net::TcpListener,
+        args: &crate::observe::ObserveArgs,
+        tcp: &crate::tcp_view::TcpView,
+    ) -> Result<Daemon> {
+        let policy = crate::config::label_policy(args)?;
+        let exporter = Exporter::new(policy)?;
+        let mut progs = ProgStats::from_ids(&tcp.prog_ids());
+        let mut notes = Vec::new();
+        if args.bpf_stats {
+            if let Err(e) = progs.enable_kernel_stats() {
+                notes.push(("bpf run-time statistics", crate::error::sentence(&e)));
+            }
+        } else if !progs.kernel_stats_enabled() {
+            notes.push((
+                "bpf run-time statistics",
+                "off (kernel.bpf_stats_enabled=0; use --bpf-stats or set the sysctl): run time/count read 0".to_string(),
+            ));
+        }
+        if progs.programs().len() < tcp.prog_ids().len() {
+            notes.push((
+                "program statistics",
+                format!(
+                    "found {} of {} programs among our file descriptors",
+                    progs.programs().len(),
+                    tcp.prog_ids().len()
+                ),
+            ));
+        }
+        notes.push((
+            "sampler view",
+            "not attached by this observe build (TCP view only)".to_string(),
+        ));
+        let addr = listener.local_addr().ok();
+        let start_names = crate::netns::names();
+        for l in crate::caps::hooks_report(Some(&tcp.info), &notes) {
+            eprintln!("rttscope: {l}");
+        }
+        let state = crate::caps::drop_to_needed()?;
+        eprintln!("rttscope: {}", crate::caps::describe(&state));
+        let more = crate::caps::threads_holding_more(crate::caps::mask(&crate::caps::KEEP));
+        if !more.is_empty() {
+            eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
+        }
+        if let Some(a) = addr {
+            let note = if a.ip().is_loopback() {
+                ""
+            } else {
+                " (not loopback: reachable from other hosts)"
+            };
+            eprintln!("rttscope: serving /metrics on http://{a}/metrics{note}");
+        }
+        let server = tokio::spawn(serve(listener, exporter.handle()));
+        Ok(Daemon {
+            exporter,
+            progs,
+            server,
+            start_names,
+        })
+    }
+
+    fn ns_label(&self, inode: u32, name: String) -> String {
+        if name.starts_with("net:") {
+            if let Some(n) = self.start_names.get(&inode) {
+                return n.clone();
+            }
+        }
+        name
+    }
+
+    /// One read of the TCP view's flow map: `prev` holds each flow's
+    /// cumulative histogram at the previous read (observe's tracker).
+    pub fn tcp_flows(
+        &mut self,
+        flows: &[crate::tcp_view::TcpFlowState],
+        prev: &HashMap<Flow, Hist>,
+        mut netns_name: impl FnMut(u32) -> String,
+    ) {
+        for f in flows {
+            let p = prev.get(&f.flow);
+            if p.is_some_and(|p| p.counts == f.hist.counts) {
+                continue;
+            }
+            let ns = netns_name(f.flow.netns);
+            let ns = self.ns_label(f.flow.netns, ns);
+            self.exporter
+                .observe_flow(View::Tcp, &f.flow, f.side, &ns, &f.hist, p);
+        }
+    }
+
+    /// The interval's counters of every view (observe's `counters` map), and
+    /// the program statistics; expire idle series.
+    pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
+        for (view, c) in counters {
+            let v = match *view {
+                "tcp" => View::Tcp,
+                "sampler" => View::Sampler,
+                _ => continue,
+            };
+            self.exporter.set_counters(v, c);
+        }
+        self.exporter.set_prog_stats(&self.progs);
+        self.exporter.expire_idle();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -922,7 +1081,10 @@ mod tests {
             .map(|i| hist::bucket_bounds(i).0 as u64)
             .collect();
         for b in bounds {
-            assert!(lows.contains(&(b as u64)), "{b} us is not a kernel bucket boundary");
+            assert!(
+                lows.contains(&(b as u64)),
+                "{b} us is not a kernel bucket boundary"
+            );
         }
     }
 
@@ -972,7 +1134,10 @@ mod tests {
             ports: vec![443],
             ..Default::default()
         };
-        assert_eq!(p.remote_prefix("192.0.2.77".parse().unwrap()), "192.0.2.0/24");
+        assert_eq!(
+            p.remote_prefix("192.0.2.77".parse().unwrap()),
+            "192.0.2.0/24"
+        );
         assert_eq!(
             p.remote_prefix("2001:db8:1234:5678::9".parse().unwrap()),
             "2001:db8:1234::/48"
@@ -986,7 +1151,10 @@ mod tests {
             v6_prefix: 64,
             ..Default::default()
         };
-        assert_eq!(q.remote_prefix("192.0.2.77".parse().unwrap()), "192.0.0.0/16");
+        assert_eq!(
+            q.remote_prefix("192.0.2.77".parse().unwrap()),
+            "192.0.0.0/16"
+        );
         assert_eq!(
             q.remote_prefix("2001:db8:1:2:3::9".parse().unwrap()),
             "2001:db8:1:2::/64"
@@ -995,12 +1163,19 @@ mod tests {
         assert_eq!(l.local_port, "443");
         assert_eq!(l.side, "server");
         assert_eq!(l.view, "tcp");
-        let l = p.labels(View::Sampler, &flow("192.0.2.5:443", 40000), Side::Client, "ns1");
+        let l = p.labels(
+            View::Sampler,
+            &flow("192.0.2.5:443", 40000),
+            Side::Client,
+            "ns1",
+        );
         assert_eq!(l.local_port, "other");
         assert_eq!(l.view, "sampler");
         assert_eq!(
-            p.labels(View::Tcp, &flow("192.0.2.200:1", 1), Side::Client, "x").remote_prefix,
-            p.labels(View::Tcp, &flow("192.0.2.3:2", 2), Side::Client, "x").remote_prefix
+            p.labels(View::Tcp, &flow("192.0.2.200:1", 1), Side::Client, "x")
+                .remote_prefix,
+            p.labels(View::Tcp, &flow("192.0.2.3:2", 2), Side::Client, "x")
+                .remote_prefix
         );
     }
 
@@ -1066,21 +1241,34 @@ mod tests {
         assert!(
             text.contains("rttscope_series_overflow_total{view=\"tcp\"} 14700"),
             "{}",
-            text.lines().filter(|l| l.contains("overflow_total")).collect::<Vec<_>>().join("\n")
+            text.lines()
+                .filter(|l| l.contains("overflow_total"))
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         assert!(text.contains("rttscope_series 100"));
         // A known label set still updates its own series when the cap is full.
         let f = flow("10.16.0.0:80", 40000);
         let mut h2 = h.clone();
         h2.record(1000);
-        assert_eq!(ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h2, Some(&h)), 1);
+        assert_eq!(
+            ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h2, Some(&h)),
+            1
+        );
         let text = ex.encode();
         assert!(text.contains("rttscope_series_overflow_total{view=\"tcp\"} 14700"));
         // The /24 default aggregates the same 5,000 remotes into 20 series.
         let mut ex = Exporter::new(LabelPolicy::default()).unwrap();
         for i in 0..5000u32 {
             let ip = std::net::Ipv4Addr::from(0x0a10_0000 + i);
-            ex.observe_flow(View::Tcp, &flow(&format!("{ip}:80"), 40000), Side::Client, "ns", &h, None);
+            ex.observe_flow(
+                View::Tcp,
+                &flow(&format!("{ip}:80"), 40000),
+                Side::Client,
+                "ns",
+                &h,
+                None,
+            );
         }
         assert_eq!(ex.series_count(), 20);
     }
@@ -1093,7 +1281,14 @@ mod tests {
         })
         .unwrap();
         let h = hist_of(&[100]);
-        ex.observe_flow(View::Tcp, &flow("10.1.1.1:80", 1), Side::Client, "n", &h, None);
+        ex.observe_flow(
+            View::Tcp,
+            &flow("10.1.1.1:80", 1),
+            Side::Client,
+            "n",
+            &h,
+            None,
+        );
         ex.last_expiry = Instant::now() - Duration::from_secs(2);
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(ex.expire_idle(), 1);
@@ -1114,7 +1309,10 @@ mod tests {
         c.insert("flows_tracked", 5);
         ex.set_counters(View::Tcp, &c);
         let t = ex.encode();
-        assert!(t.contains("rttscope_samples_total{view=\"tcp\"} 250"), "{t}");
+        assert!(
+            t.contains("rttscope_samples_total{view=\"tcp\"} 250"),
+            "{t}"
+        );
         assert!(t.contains("rttscope_drops_total{view=\"tcp\",reason=\"raw_events_dropped\"} 3"));
         assert!(t.contains("rttscope_drops_total{view=\"tcp\",reason=\"flow_map_full\"} 0"));
         assert!(t.contains("rttscope_flows_tracked{view=\"tcp\"} 5"));
@@ -1129,7 +1327,10 @@ mod tests {
         let (c, t, b) = respond("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", Some(&h));
         assert_eq!((c, t), (200, CONTENT_TYPE));
         assert!(b.contains("# TYPE rttscope_rtt_seconds histogram"), "{b}");
-        assert_eq!(respond("GET /metrics?x=1 HTTP/1.0\r\n\r\n", Some(&h)).0, 200);
+        assert_eq!(
+            respond("GET /metrics?x=1 HTTP/1.0\r\n\r\n", Some(&h)).0,
+            200
+        );
         assert_eq!(respond("GET / HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
         assert_eq!(respond("GET /metricsx HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
         assert_eq!(respond("POST /metrics HTTP/1.1\r\n\r\n", Some(&h)).0, 405);
@@ -1138,8 +1339,14 @@ mod tests {
 
     #[test]
     fn listen_addresses() {
-        assert_eq!(parse_listen("9464").unwrap(), "127.0.0.1:9464".parse().unwrap());
-        assert_eq!(parse_listen("[::1]:9464").unwrap(), "[::1]:9464".parse().unwrap());
+        assert_eq!(
+            parse_listen("9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:9464").unwrap(),
+            "[::1]:9464".parse().unwrap()
+        );
         let e = parse_listen("localhost").unwrap_err();
         assert!(e.contains("not a listen address"), "{e}");
     }

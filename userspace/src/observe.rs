@@ -47,6 +47,37 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow map (LRU: the least recently used flow is evicted when full).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
+    // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
+    /// Read options from this TOML file (flags given on the command line win).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Validate --config FILE, print the result and exit.
+    #[arg(long, requires = "config")]
+    pub check_config: bool,
+    /// Serve Prometheus/OpenMetrics /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics::DEFAULT_LISTEN, value_parser = crate::metrics::parse_listen)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Metrics labels: remote IPv4 addresses aggregated to this prefix length (default 24).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub v4_prefix: Option<u8>,
+    /// Metrics labels: remote IPv6 addresses aggregated to this prefix length (default 48).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub v6_prefix: Option<u8>,
+    /// Metrics labels: keep this local port as a label value (others: "other"); repeatable.
+    #[arg(long = "label-port", value_name = "N")]
+    pub label_ports: Vec<u16>,
+    /// Metrics labels: at most this many RTT label sets (default 1000); more go to an overflow series.
+    #[arg(long, value_name = "N")]
+    pub max_series: Option<usize>,
+    /// Metrics labels: remove a label set idle for this long (default 10m).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub series_idle: Option<Duration>,
+    /// No per-interval output (daemon mode: metrics only).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Turn on kernel BPF run-time statistics while running (needs CAP_SYS_ADMIN; else set sysctl kernel.bpf_stats_enabled=1).
+    #[arg(long)]
+    pub bpf_stats: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -159,6 +190,10 @@ impl Tracker {
 }
 
 pub fn run(args: ObserveArgs) -> Result<()> {
+    // daemon mode: --config / --check-config (config.rs)
+    let Some(args) = crate::config::resolve(args)? else {
+        return Ok(());
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -191,7 +226,17 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         raw: args.raw,
         max_flows: args.max_flows,
     };
+    // daemon mode: bind /metrics before attaching, so a bad address fails early.
+    let listener = match args.listen {
+        Some(a) => Some(crate::metrics::bind(a).await?),
+        None => None,
+    };
     let mut view = TcpView::attach(&cfg)?;
+    // daemon mode: serve /metrics, report hooks, drop capabilities (metrics.rs).
+    let mut daemon = match listener {
+        Some(l) => Some(crate::metrics::Daemon::start(l, &args, &view)?),
+        None => None,
+    };
     let mut names = NsNames::new();
     let start_mono = monotonic_ns();
     let start = Instant::now();
@@ -321,6 +366,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         let flows = view.read_flows()?;
         let epoch = view.epoch();
         view.next_epoch();
+        // daemon mode: histogram deltas, before the tracker moves on.
+        if let Some(d) = daemon.as_mut() {
+            d.tcp_flows(&flows, &tracker.prev, |ns| names.get(ns));
+        }
         let (rows, total) = tracker.interval_rows(&flows, epoch, &mut names);
         for r in rows.iter().filter(|r| r.closed) {
             if let Some(f) = &r.flow {
@@ -335,6 +384,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         tc.insert("flows_closed_reported", tracker.closed_reported);
         tc.insert("flows_tracked", flows.len() as u64);
         counters.insert("tcp", tc);
+        // daemon mode: counters, program statistics.
+        if let Some(d) = daemon.as_mut() {
+            d.counters(&counters);
+        }
         let iv = Interval {
             kind: "interval",
             t: start.elapsed().as_secs_f64(),
@@ -347,7 +400,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             counters,
         };
         last_tick = Instant::now();
-        {
+        if !args.quiet {
             let mut out = stdout.lock();
             match args.format {
                 Format::Json => writeln!(out, "{}", serde_json::to_string(&iv)?)?,
