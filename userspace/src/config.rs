@@ -404,6 +404,27 @@ series_idle = "5m"
     }
 
     #[test]
+    fn shipped_example_configs_are_valid() {
+        let c = parse(include_str!("../../examples/deploy/rttscope.toml")).unwrap();
+        assert_eq!(
+            c.listen,
+            Some("127.0.0.1:9464".parse().unwrap()),
+            "loopback by default"
+        );
+        // The Kubernetes ConfigMap's embedded file.
+        let yaml = include_str!("../../examples/deploy/rttscope-daemonset.yaml");
+        let start = yaml.find("rttscope.toml: |").unwrap();
+        let body: String = yaml[start..]
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("    ") || l.is_empty())
+            .map(|l| format!("{}\n", l.trim_start()))
+            .collect();
+        let c = parse(&body).unwrap();
+        assert_eq!(c.listen, Some("0.0.0.0:9464".parse().unwrap()));
+    }
+
+    #[test]
     fn bad_toml_is_one_sentence_with_line() {
         let e = err("interval = \"1s\"\nnetns = [\"a\"\n");
         assert!(e.starts_with("line 2") || e.starts_with("line 3"), "{e}");
