@@ -252,6 +252,11 @@ struct EventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabel {
+    mode: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProgLabels {
     prog: String,
     id: String,
@@ -513,6 +518,9 @@ pub struct Exporter {
     prog_cnt: Family<ProgLabels, Counter>,
     stats_enabled: Gauge,
     scrapes: Counter,
+    cpu: Family<ModeLabel, Counter<f64, AtomicU64>>,
+    rss: Gauge,
+    last_cpu: (u64, u64),
     last_counters: HashMap<(View, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
@@ -592,6 +600,20 @@ impl Exporter {
             "Scrapes of /metrics served",
             scrapes.clone(),
         );
+        let cpu = Family::<ModeLabel, Counter<f64, AtomicU64>>::default();
+        r.register_with_unit(
+            "rttscope_process_cpu",
+            "CPU time of the rttscope process (user, system), from /proc/self/stat",
+            Unit::Seconds,
+            cpu.clone(),
+        );
+        let rss = Gauge::default();
+        r.register_with_unit(
+            "rttscope_process_resident_memory",
+            "Resident set size of the rttscope process",
+            Unit::Bytes,
+            rss.clone(),
+        );
         Ok(Exporter {
             registry: Arc::new(r),
             policy,
@@ -608,6 +630,9 @@ impl Exporter {
             prog_cnt,
             stats_enabled,
             scrapes,
+            cpu,
+            rss,
+            last_cpu: (0, 0),
             last_counters: HashMap::new(),
             last_prog: HashMap::new(),
             last_expiry: Instant::now(),
@@ -758,6 +783,39 @@ impl Exporter {
             let dc = run.run_cnt.saturating_sub(last.run_cnt);
             self.prog_time.get_or_create(&l).inc_by(dt as f64 / 1e9);
             self.prog_cnt.get_or_create(&l).inc_by(dc);
+        }
+    }
+
+    /// CPU time and RSS of this process.
+    pub fn set_process_stats(&mut self) {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may contain spaces) start at state.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11) // state .. cmajflt: utime is field 14, i.e. the 12th after ')'
+            .take(2)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        if f.len() == 2 {
+            // SAFETY: sysconf has no side effects.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+            let (u0, s0) = self.last_cpu;
+            for (mode, now, before) in [("user", f[0], u0), ("system", f[1], s0)] {
+                self.cpu
+                    .get_or_create(&ModeLabel { mode: mode.into() })
+                    .inc_by(now.saturating_sub(before) as f64 / hz);
+            }
+            self.last_cpu = (f[0], f[1]);
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        if let Some(kb) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            self.rss.set(kb * 1024);
         }
     }
 
@@ -1034,6 +1092,7 @@ impl Daemon {
             self.exporter.set_counters(v, c);
         }
         self.exporter.set_prog_stats(&self.progs);
+        self.exporter.set_process_stats();
         self.exporter.expire_idle();
     }
 }
@@ -1318,6 +1377,18 @@ mod tests {
         assert!(t.contains("rttscope_flows_tracked{view=\"tcp\"} 5"));
         assert!(t.contains("rttscope_view_events_total{view=\"tcp\",event=\"samples\"} 250"));
         assert!(t.trim_end().ends_with("# EOF"));
+        ex.set_process_stats();
+        let t = ex.encode();
+        let rss_line = t
+            .lines()
+            .find(|l| l.starts_with("rttscope_process_resident_memory_bytes "))
+            .unwrap();
+        let rss: f64 = rss_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(rss > 1e5 && rss < 1e10, "{rss_line}");
+        assert!(
+            t.contains("rttscope_process_cpu_seconds_total{mode=\"user\"}"),
+            "{t}"
+        );
     }
 
     #[test]
