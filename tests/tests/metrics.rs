@@ -400,3 +400,63 @@ fn series_cap_holds_under_5000_remote_addresses() {
     );
     drop(obs);
 }
+
+/// `--check-config`: a good file prints OK and exits 0; each kind of bad file
+/// is one line on stderr and exit status 1 (no privileges needed).
+#[test]
+fn check_config_one_sentence_each() {
+    let dir = std::env::temp_dir().join(unique("rtscfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "good",
+            "interval = \"2s\"\nlisten = \"127.0.0.1:9464\"\n[labels]\nports = [443]\n",
+            None,
+        ),
+        ("syntax", "interval = \"2s\nlisten = 1\n", Some("line 1")),
+        (
+            "unknown",
+            "[labels]\nv4prefix = 24\n",
+            Some("unknown field `v4prefix`"),
+        ),
+        (
+            "prefix",
+            "[labels]\nv6_prefix = 129\n",
+            Some("IPv6 label prefix must be 0..128 bits, not 129"),
+        ),
+        (
+            "interval",
+            "interval = \"0\"\n",
+            Some("interval must be at least 10ms"),
+        ),
+        (
+            "listen",
+            "listen = \"everywhere\"\n",
+            Some("'everywhere' is not a listen address"),
+        ),
+    ];
+    for (name, text, want) in cases {
+        let f = dir.join(format!("{name}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(rttscope_bin())
+            .args(["observe", "--config", f.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match want {
+            None => {
+                assert!(out.status.success(), "{name}: {err}");
+                assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+            }
+            Some(w) => {
+                assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+                assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+                assert!(
+                    err.starts_with("rttscope: config file ") && err.contains(w),
+                    "{name}: {err}"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
