@@ -221,7 +221,8 @@ fn scraped_histograms_grow_with_traffic() {
     );
     assert_eq!(
         untyped(&s2, "rttscope_series_overflow_total", &[("view", "tcp")]),
-        None
+        Some(0.0),
+        "no overflow below the cap"
     );
     // Program statistics are exported per program.
     assert!(

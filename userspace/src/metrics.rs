@@ -725,6 +725,8 @@ impl Exporter {
     /// kernel's per-CPU sums and observe's own running totals).
     pub fn set_counters(&mut self, view: View, counters: &BTreeMap<&str, u64>) {
         let v = view.as_str().to_string();
+        // Present from the first scrape, so that rate() and alerts see a 0.
+        self.overflow.get_or_create(&ViewLabel { view: v.clone() });
         for (&name, &value) in counters {
             if is_gauge(name) {
                 let g = value.min(i64::MAX as u64) as i64;
@@ -1377,8 +1379,20 @@ mod tests {
         assert!(t.contains("rttscope_flows_tracked{view=\"tcp\"} 5"));
         assert!(t.contains("rttscope_view_events_total{view=\"tcp\",event=\"samples\"} 250"));
         assert!(t.trim_end().ends_with("# EOF"));
+        assert!(t.contains("rttscope_series_overflow_total{view=\"tcp\"} 0"));
         ex.set_process_stats();
+        ex.observe_flow(
+            View::Tcp,
+            &flow("10.1.1.1:80", 1),
+            Side::Client,
+            "n",
+            &hist_of(&[5, 100]),
+            None,
+        );
         let t = ex.encode();
+        for le in ["0.00001", "0.000014", "0.01024", "10.48576", "+Inf"] {
+            assert!(t.contains(&format!("le=\"{le}\"")), "bucket le={le} in {t}");
+        }
         let rss_line = t
             .lines()
             .find(|l| l.starts_with("rttscope_process_resident_memory_bytes "))
