@@ -726,7 +726,7 @@ impl Exporter {
     pub fn set_counters(&mut self, view: View, counters: &BTreeMap<&str, u64>) {
         let v = view.as_str().to_string();
         // Present from the first scrape, so that rate() and alerts see a 0.
-        self.overflow.get_or_create(&ViewLabel { view: v.clone() });
+        let _ = self.overflow.get_or_create(&ViewLabel { view: v.clone() });
         for (&name, &value) in counters {
             if is_gauge(name) {
                 let g = value.min(i64::MAX as u64) as i64;
