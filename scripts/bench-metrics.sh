@@ -46,6 +46,7 @@ sleep 0.3
 
 clk=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+cpu_ns() { awk '{print $1}' "/proc/$1/schedstat"; }  # user+sys, ns resolution
 rss_kb() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 scrape() { curl -s --max-time 5 "http://127.0.0.1:$PORT/metrics"; }
 metric() { # name [label filter regex] -> sum of matching values
@@ -65,40 +66,49 @@ echo "== settings: veth between two namespaces, TCP RR 1-byte/1-byte, $CONNS con
 echo "   observer: observe --listen --netns A --netns B --quiet --interval 1s --bpf-stats (TCP view; the sampler view is not wired into observe in this build)"
 echo "   machine: $(nproc) cores, $(uname -r); load from other processes on the machine is not controlled"
 echo "== 1. cost at a fixed rate of $RATE transactions/s ($((2 * RATE)) packets/s)"
-ucpu=(); scpu=(); kcpu=(); got=(); base=(); with=()
+ucpu=(); scpu=(); kcpu=(); tcpu=(); got=(); base=(); with=()
 for i in 1 2 3; do
   base+=("$(tps 0)")
   start_obs
   sleep 1
-  read -r u0 s0 < <(cpu_ticks "$OBS"); k0=$(metric rttscope_bpf_prog_run_time_seconds_total); t0=$(date +%s.%N)
+  read -r u0 s0 < <(cpu_ticks "$OBS"); n0=$(cpu_ns "$OBS"); k0=$(metric rttscope_bpf_prog_run_time_seconds_total); t0=$(date +%s.%N)
   got+=("$(tps "$RATE")")
-  read -r u1 s1 < <(cpu_ticks "$OBS"); k1=$(metric rttscope_bpf_prog_run_time_seconds_total); t1=$(date +%s.%N)
+  read -r u1 s1 < <(cpu_ticks "$OBS"); n1=$(cpu_ns "$OBS"); k1=$(metric rttscope_bpf_prog_run_time_seconds_total); t1=$(date +%s.%N)
   with+=("$(tps 0)")
   stop_obs
   el=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b-a}')
   ucpu+=("$(awk -v d=$((u1-u0)) -v e="$el" -v hz="$clk" 'BEGIN{printf "%.2f", 100*d/hz/e}')")
   scpu+=("$(awk -v d=$((s1-s0)) -v e="$el" -v hz="$clk" 'BEGIN{printf "%.2f", 100*d/hz/e}')")
+  tcpu+=("$(awk -v a="$n0" -v b="$n1" -v e="$el" 'BEGIN{printf "%.3f", 100*(b-a)/1e9/e}')")
   kcpu+=("$(awk -v a="$k0" -v b="$k1" -v e="$el" 'BEGIN{printf "%.2f", 100*(b-a)/e}')")
-  echo "run $i: paced ${got[-1]} tps; observer user ${ucpu[-1]}% sys ${scpu[-1]}% of one core; kernel programs ${kcpu[-1]}% of one core; max tps without ${base[-1]}, with ${with[-1]}"
+  echo "run $i: paced ${got[-1]} tps; observer ${tcpu[-1]}% of one core (user ${ucpu[-1]}%, sys ${scpu[-1]}% at 1/${clk} s resolution); kernel programs ${kcpu[-1]}% of one core; max tps without ${base[-1]}, with ${with[-1]}"
 done
 b=$(med "${base[@]}"); w=$(med "${with[@]}")
-echo "median: paced $(med "${got[@]}") tps; observer user $(med "${ucpu[@]}")%, sys $(med "${scpu[@]}")%, kernel programs $(med "${kcpu[@]}")% of one core"
+echo "median: paced $(med "${got[@]}") tps; observer $(med "${tcpu[@]}")% (user $(med "${ucpu[@]}")%, sys $(med "${scpu[@]}")%), kernel programs $(med "${kcpu[@]}")% of one core"
 echo "median max throughput without observer $b tps, with $w tps: change $(awk -v b="$b" -v w="$w" 'BEGIN{printf "%+.2f%%", 100*(w-b)/b}')"
 
 echo "== 2. soak: ${SOAK}s of short connections (connect, 1-byte RR, close), 4 threads"
 start_obs
+# Independent occupancy figure: the flow map's entries as bpftool dumps them.
+prog=$(scrape | grep -o 'prog="tcp_sockops",id="[0-9]*"' | head -1 | grep -o '[0-9]*$' || true)
+MAPID=$(bpftool -j prog show id "$prog" 2>/dev/null | python3 -c '
+import json, subprocess, sys
+for i in json.load(sys.stdin).get("map_ids", []):
+    m = json.loads(subprocess.check_output(["bpftool", "-j", "map", "show", "id", str(i)]))
+    if m.get("name") == "tcp_flows": print(i)' 2>/dev/null || true)
+map_entries() { [ -n "$MAPID" ] && bpftool -j map dump id "$MAPID" 2>/dev/null | python3 -c 'import json,sys; print(len(json.load(sys.stdin) or []))' || echo -1; }
 ip netns exec "$A" "$LOAD" churn 10.79.0.2:7001 "$SOAK" 4 >"$OUT/churn.json" & CH=$!
-printf "%6s %10s %14s %8s %12s %10s\n" t_s rss_kib flows_tracked series samples drops
+printf "%6s %10s %11s %14s %8s %12s %10s\n" t_s rss_kib map_entries flows_tracked series samples drops
 t=0
 while kill -0 "$CH" 2>/dev/null; do
-  printf "%6d %10d %14.0f %8.0f %12.0f %10.0f\n" "$t" "$(rss_kb "$OBS")" "$(metric rttscope_flows_tracked)" \
+  printf "%6d %10d %11d %14.0f %8.0f %12.0f %10.0f\n" "$t" "$(rss_kb "$OBS")" "$(map_entries)" "$(metric rttscope_flows_tracked)" \
     "$(metric rttscope_series)" "$(metric rttscope_samples_total)" "$(metric rttscope_drops_total)" | tee -a "$OUT/soak.txt"
   sleep 10; t=$((t + 10))
 done
 wait "$CH" || true
 echo "load: $(cat "$OUT/churn.json")"
 sleep 2
-echo "after the load: RSS $(rss_kb "$OBS") KiB, flows tracked $(metric rttscope_flows_tracked), drops by reason:"
+echo "after the load: RSS $(rss_kb "$OBS") KiB, map entries $(map_entries), flows tracked $(metric rttscope_flows_tracked), drops by reason:"
 scrape | grep '^rttscope_drops_total' | sed 's/^/  /'
 awk 'NR > 1 {r[NR] = $2} END {n = NR; if (n < 3) exit; lo = r[2]; hi = r[2]; for (i = 2; i <= n; i++) {if (r[i] < lo) lo = r[i]; if (r[i] > hi) hi = r[i]}
   printf "RSS over the soak (after the first sample): min %d KiB, max %d KiB, last %d KiB\n", lo, hi, r[n]}' "$OUT/soak.txt"
