@@ -90,6 +90,7 @@ echo "median max throughput without observer $b tps, with $w tps: change $(awk -
 echo "== 2. soak: ${SOAK}s of short connections (connect, 1-byte RR, close), 4 threads"
 start_obs
 # Independent occupancy figure: the flow map's entries as bpftool dumps them.
+for _ in $(seq 30); do scrape | grep -q 'prog="tcp_sockops"' && break; sleep 0.1; done  # after the first read
 prog=$(scrape | grep -o 'prog="tcp_sockops",id="[0-9]*' | head -1 | grep -o '[0-9]*$' || true)
 MAPID=$(bpftool -j prog show id "$prog" 2>/dev/null | python3 -c '
 import json, subprocess, sys
