@@ -167,4 +167,103 @@ static __inline __u32 rttscope_hist_bucket(__u32 v)
 	       ((v >> (e - RTTSCOPE_HIST_SUB_BITS)) & (RTTSCOPE_HIST_SUB - 1));
 }
 
+/* ======================================================================
+ * Sampler view (bpf/sampler.bpf.c, userspace/src/sampler.rs).
+ * A cloud-style packet sampler at tc ingress/egress: a sampled outgoing
+ * data segment is recorded per flow (end sequence or TSval, time); a
+ * sampled incoming ACK that covers it (or a TSecr that echoes it)
+ * produces an RTT sample. No Karn filtering.
+ * ====================================================================== */
+
+enum rttscope_sampler_consts {
+	RTTSCOPE_SAMPLER_SLOTS = 8,      /* pending segments per flow */
+	RTTSCOPE_SAMPLER_MAX_ACK_AHEAD = 1 << 30, /* an ACK further ahead than this covers nothing */
+};
+
+/* How an outgoing segment and an incoming packet are paired. */
+enum rttscope_sampler_match {
+	RTTSCOPE_MATCH_SEQ = 1,   /* end sequence out, cumulative ACK in */
+	RTTSCOPE_MATCH_TSVAL = 2, /* TCP timestamp: TSval out, TSecr in (pping) */
+};
+
+/* Link layer of an attached interface (per-attachment .rodata). */
+enum rttscope_sampler_link {
+	RTTSCOPE_LINK_ETHER = 0, /* 14-byte Ethernet header (also loopback) */
+	RTTSCOPE_LINK_NONE = 1,  /* packet starts at the IP header (tun, wireguard) */
+};
+
+/* Per-CPU counters of the sampler view (index into `sampler_counters`). */
+enum rttscope_sampler_counter {
+	RTTSCOPE_SC_SEEN_EGRESS = 0,   /* packets seen at egress */
+	RTTSCOPE_SC_SEEN_INGRESS,      /* packets seen at ingress */
+	RTTSCOPE_SC_SAMPLED_EGRESS,    /* egress packets picked by the 1/N sampler */
+	RTTSCOPE_SC_SAMPLED_INGRESS,   /* ingress packets picked by the 1/N sampler */
+	RTTSCOPE_SC_TCP_EGRESS,        /* sampled egress packets parsed as TCP */
+	RTTSCOPE_SC_TCP_INGRESS,       /* sampled ingress packets parsed as TCP */
+	RTTSCOPE_SC_RECORDED,          /* outgoing segments recorded (pending) */
+	RTTSCOPE_SC_SAMPLES,           /* RTT samples produced */
+	RTTSCOPE_SC_NO_DATA,           /* egress segment without payload/SYN/FIN: nothing to time */
+	RTTSCOPE_SC_DUPLICATE,         /* egress segment already pending (retransmission, same TSval) */
+	RTTSCOPE_SC_SLOTS_FULL,        /* flow already has RTTSCOPE_SAMPLER_SLOTS pending segments */
+	RTTSCOPE_SC_EXPIRED,           /* pending segments dropped after the timeout */
+	RTTSCOPE_SC_SUPERSEDED,        /* tsval: pending TSval older than an echoed one, dropped */
+	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow with nothing pending */
+	RTTSCOPE_SC_ACK_NO_MATCH,      /* ingress packet that covered nothing pending */
+	RTTSCOPE_SC_NOT_ACK,           /* ingress packet without ACK flag, or with RST */
+	RTTSCOPE_SC_NO_TIMESTAMP,      /* tsval: no TCP timestamp option */
+	RTTSCOPE_SC_RACE,              /* a pending slot changed under us (other CPU) */
+	RTTSCOPE_SC_PENDING_CREATED,   /* pending entries created */
+	RTTSCOPE_SC_PENDING_DELETED,   /* pending entries deleted by us (flow closed) */
+	RTTSCOPE_SC_PENDING_MAP_FULL,  /* pending entry could not be created */
+	RTTSCOPE_SC_FLOWS_CREATED,     /* flow entries created */
+	RTTSCOPE_SC_FLOW_MAP_FULL,     /* flow entry could not be created: sample lost */
+	RTTSCOPE_SC_SKIP_NON_IP,       /* not IPv4/IPv6 */
+	RTTSCOPE_SC_SKIP_VLAN,         /* VLAN tag (in the packet or in skb metadata) */
+	RTTSCOPE_SC_SKIP_NON_TCP,      /* IP, not TCP */
+	RTTSCOPE_SC_SKIP_IP_OPTIONS,   /* IPv4 header with options */
+	RTTSCOPE_SC_SKIP_FRAGMENT,     /* IPv4 fragment */
+	RTTSCOPE_SC_SKIP_IPV6_EXT,     /* IPv6 extension header (incl. fragment header) */
+	RTTSCOPE_SC_SKIP_TRUNCATED,    /* packet shorter than its headers say */
+	RTTSCOPE_SC_SKIP_NONLINEAR,    /* headers not in the linear part of the skb */
+	RTTSCOPE_SC_SKIP_MALFORMED,    /* bad version, IHL, data offset or length */
+	RTTSCOPE_SC_RAW_EVENTS,        /* raw events written */
+	RTTSCOPE_SC_RAW_DROPS,         /* raw events dropped: ring buffer full */
+	RTTSCOPE_SC_ACKED_TOGETHER,    /* pending segments freed by an ACK that timed an older one */
+	RTTSCOPE_SC_COUNTERS,          /* number of counters */
+};
+
+/* Per-flow aggregate of the sampler view; key: struct rttscope_flow_key of
+ * the DATA SENDER (netns of the interface, local = source of the outgoing
+ * data segment). */
+struct rttscope_sampler_flow {
+	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	__u64 last_ns;      /* time of the last sample */
+	__u64 samples;
+	__u64 sum_us;
+	__u32 min_us;       /* over the flow's life */
+	__u32 max_us;
+	__u32 win_epoch;    /* epoch the win_* fields belong to */
+	__u32 win_min_us;   /* min/max within the current report interval */
+	__u32 win_max_us;
+	__u32 last_rtt_us;
+	__u32 ifindex;      /* interface of the last sample (in its netns) */
+	__u32 reserved;
+	__u32 hist[RTTSCOPE_HIST_BUCKETS];
+};
+
+/* Pending outgoing segments of one flow (same key as the flow).
+ * slot = (end_seq or TSval) << 32 | (send time in us, low 32 bits, never 0);
+ * 0 = free. One 64-bit word, so both CPUs claim/free it with cmpxchg. */
+struct rttscope_sampler_pending {
+	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
+	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
+	__u32 last_tsval;   /* tsval: last TSval recorded (record each TSval once) */
+	__u32 flags;        /* 1: last_tsval valid */
+};
+
+_Static_assert(sizeof(struct rttscope_sampler_flow) == 64 + 4 * RTTSCOPE_HIST_BUCKETS, "sampler flow layout");
+_Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
+
+/* ==================== end of the sampler view section ==================== */
+
 #endif /* __RTTSCOPE_H */

@@ -50,7 +50,11 @@ fn client(addr: &str, secs: f64, conns: usize, hold: f64) {
         n += 1;
     }
     let el = start.elapsed().as_secs_f64();
-    println!("{{\"transactions\":{n},\"seconds\":{el:.3},\"tps\":{:.1},\"connections\":{}}}", n as f64 / el, all.len());
+    println!(
+        "{{\"transactions\":{n},\"seconds\":{el:.3},\"tps\":{:.1},\"connections\":{}}}",
+        n as f64 / el,
+        all.len()
+    );
     std::thread::sleep(Duration::from_secs_f64(hold));
 }
 

@@ -37,7 +37,7 @@ cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 rss_kb() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 hwm_kb() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
 start_obs() {
-  "$BIN" observe --netns "$NS" --format json --interval 1s --max-flows 16384 >"$OUT/obs.jsonl" 2>"$OUT/obs.err" & OBS=$!
+  "$BIN" observe --netns "$NS" --format json --interval 1s --max-flows 32768 >"$OUT/obs.jsonl" 2>"$OUT/obs.err" & OBS=$!
   for _ in $(seq 50); do [ -s "$OUT/obs.jsonl" ] && break; sleep 0.1; done
 }
 stop_obs() { kill -INT "$OBS"; wait "$OBS" || true; OBS=; }

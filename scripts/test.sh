@@ -22,7 +22,7 @@ echo "== end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
-cargo test -p rttscope-e2e -- --test-threads=2 "$@"
+cargo test -p rttscope-e2e --no-fail-fast -- --test-threads=2 "$@"
 
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)

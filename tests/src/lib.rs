@@ -192,25 +192,57 @@ impl ChildGuard {
     pub fn pid(&self) -> u32 {
         self.0.as_ref().map(|c| c.id()).unwrap_or(0)
     }
-    /// Wait for the process to exit by itself (up to `timeout`), return its output.
+    /// Wait for the process to exit by itself (up to `timeout`), return its
+    /// output. The pipes are drained while waiting, so a child writing more
+    /// than a pipe's worth of output does not block.
     pub fn wait_output(mut self, timeout: Duration) -> Result<Output> {
         let mut child = self.0.take().unwrap();
+        let drain = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out_t = drain(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let err_t = drain(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
         let deadline = Instant::now() + timeout;
-        loop {
-            if child.try_wait()?.is_some() {
-                return Ok(child.wait_with_output()?);
+        let status = loop {
+            if let Some(st) = child.try_wait()? {
+                break st;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                let out = child.wait_with_output()?;
+                let _ = child.wait();
+                let (o, e) = (
+                    out_t.join().unwrap_or_default(),
+                    err_t.join().unwrap_or_default(),
+                );
                 bail!(
                     "process did not exit within {timeout:?}; stdout: {} stderr: {}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
+                    String::from_utf8_lossy(&o),
+                    String::from_utf8_lossy(&e)
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
-        }
+        };
+        Ok(Output {
+            status,
+            stdout: out_t.join().unwrap_or_default(),
+            stderr: err_t.join().unwrap_or_default(),
+        })
     }
 }
 

@@ -144,6 +144,10 @@ fn scraped_histograms_grow_with_traffic() {
             &p.b.name,
             "--label-port",
             "5001",
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &format!("{}:{}", p.b.name, p.b_if),
         ],
     );
     let (code, _) = http_get(port, "/nothing").unwrap();
@@ -197,6 +201,13 @@ fn scraped_histograms_grow_with_traffic() {
         (c2 - transactions).abs() <= tol,
         "client samples {c2} vs transactions {transactions} (tolerance {tol})"
     );
+    // The sampler view is exported next to the TCP view.
+    let sampled: f64 = rtt_series(&s2, &[("view", "sampler")])
+        .iter()
+        .map(|x| hist_total(x))
+        .sum();
+    eprintln!("sampler samples {sampled}");
+    assert!(sampled > 20.0, "sampler series in:\n{body}");
     // The kernel's own sample counter covers both ends.
     let samples = untyped(&s2, "rttscope_samples_total", &[("view", "tcp")]).unwrap();
     assert!(
@@ -261,8 +272,8 @@ fn scraped_histograms_grow_with_traffic() {
         "startup lists hooks: {err}"
     );
     assert!(
-        err.contains("unavailable: "),
-        "startup lists what is unavailable: {err}"
+        err.contains("attached: sampler view: "),
+        "startup lists the sampler's hooks: {err}"
     );
 }
 

@@ -14,6 +14,25 @@ pub mod tcp {
     include!(concat!(env!("OUT_DIR"), "/tcp.skel.rs"));
 }
 
+/// The sampler view's object (bpf/sampler.bpf.c).
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    dead_code,
+    unsafe_op_in_unsafe_fn
+)]
+pub mod sampler {
+    include!(concat!(env!("OUT_DIR"), "/sampler.skel.rs"));
+    /// The compiled object, loaded once per attached interface (see sampler.rs).
+    pub const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
+}
+
+pub use sampler::types::{
+    rodata as SamplerRodata, rttscope_sampler_flow as SamplerFlow,
+    rttscope_sampler_pending as SamplerPending,
+};
+
 pub use tcp::types::{
     rttscope_event as Event, rttscope_flow_key as FlowKey, rttscope_tcp_flow as TcpFlow,
 };
@@ -39,6 +58,15 @@ const _: () = assert!(std::mem::size_of::<Event>() == 72);
 unsafe impl plain::Plain for FlowKey {}
 unsafe impl plain::Plain for TcpFlow {}
 unsafe impl plain::Plain for Event {}
+unsafe impl plain::Plain for SamplerFlow {}
+unsafe impl plain::Plain for SamplerPending {}
+unsafe impl plain::Plain for SamplerRodata {}
+
+const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 64 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(
+    std::mem::size_of::<SamplerPending>()
+        == 8 * sampler::types::rttscope_sampler_consts::RTTSCOPE_SAMPLER_SLOTS.0 as usize + 16
+);
 
 /// Errors decoding bytes that came from the kernel.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

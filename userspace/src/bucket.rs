@@ -127,9 +127,7 @@ pub struct BucketReport {
 /// less than or equal to it (rank = ceil(p/100 * n), at least 1). Always an observed value.
 /// `sorted` must be sorted ascending and non-empty.
 fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    let n = sorted.len();
-    let rank = ((p / 100.0) * n as f64).ceil() as usize;
-    sorted[rank.clamp(1, n) - 1]
+    crate::stats::percentile_sorted(sorted, p)
 }
 
 /// The lenses for one sample set.
@@ -175,9 +173,17 @@ pub fn analyze(
             .collect(),
     };
 
-    // LEAD: wire NetperfHist from crate::stats here — push a `LensValues { lens: Lens::Netperf,
-    // method: "netperf log-linear histogram, walk buckets", .. }` between exact and cloud.
-    let lenses = vec![exact, cloud];
+    let mut np = crate::stats::NetperfHist::new();
+    for s in &set.samples {
+        np.record_us(s.rtt_us.max(0.0) as u64);
+    }
+    let netperf = LensValues {
+        lens: Lens::Netperf,
+        method: "netperf's log-linear histogram (100 buckets per decade from 1 us), HIST_get_percentile walk; whole microseconds".into(),
+        values_us: percentiles.iter().map(|&p| (count > 0).then(|| np.percentile_us(p / 100.0) as f64)).collect(),
+        open_above: vec![false; percentiles.len()],
+    };
+    let lenses = vec![exact, netperf, cloud];
 
     let aligned = if set.timed {
         align(
@@ -586,8 +592,13 @@ mod tests {
         assert_eq!(exact.lens, Lens::Exact);
         let e50 = exact.values_us[0].unwrap();
         assert!((e50 - 200.0).abs() < 0.2, "exact p50 {e50}");
-        let cloud = &r.lenses[1];
-        assert_eq!(cloud.lens, Lens::Cloud);
+        let netperf = r.lenses.iter().find(|l| l.lens == Lens::Netperf).unwrap();
+        let n50 = netperf.values_us[0].unwrap();
+        assert!(
+            (n50 - 200.0).abs() <= 3.0,
+            "netperf p50 {n50} (whole us, 1 us buckets here)"
+        );
+        let cloud = r.lenses.iter().find(|l| l.lens == Lens::Cloud).unwrap();
         assert!((cloud.values_us[0].unwrap() - 500.0).abs() < 1e-9);
         assert!((cloud.values_us[1].unwrap() - 950.0).abs() < 1e-9);
         assert!((cloud.values_us[2].unwrap() - 990.0).abs() < 1e-9);
@@ -622,7 +633,7 @@ mod tests {
             60.0,
         )
         .unwrap();
-        let cloud = &r.lenses[1];
+        let cloud = r.lenses.iter().find(|l| l.lens == Lens::Cloud).unwrap();
         assert_eq!(cloud.open_above, vec![true, true]);
         assert_eq!(cloud.values_us[1], Some(2000.0));
         let t = render_table(&r, false);

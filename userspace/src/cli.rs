@@ -24,6 +24,17 @@ pub enum Command {
     Bucket(crate::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
     Chart(crate::chart::ChartArgs),
+    /// The sampler view alone (testing; to be folded into `observe --view sampler`).
+    #[command(hide = true)]
+    Sample(crate::sampler_cmd::SampleArgs),
+    /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
+    Serve(crate::active::ServeArgs),
+    /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
+    Probe(crate::active::ProbeArgs),
+    /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
+    Compare(crate::compare::CompareArgs),
+    /// Run a scenario on a testbed of network namespaces (client, router, server) with link impairment.
+    Lab(crate::lab::LabArgs),
 }
 
 #[cfg(test)]

@@ -199,6 +199,10 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
             bail!("max_flows must be between 16 and 16777216, not {m}");
         }
     }
+    for i in file.ifaces.iter().flatten() {
+        i.parse::<crate::sampler::IfaceSpec>()
+            .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
+    }
     let listen = match &file.listen {
         Some(l) => Some(parse_listen(l).map_err(|e| anyhow::anyhow!("listen: {e}"))?),
         None => None,
@@ -262,6 +266,34 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &HashSet<Str
     }
     if !args.raw {
         args.raw = f.raw.unwrap_or(false);
+    }
+    if args.view.is_none() {
+        if let Some(v) = &f.views {
+            use crate::observe::View;
+            args.view = Some(
+                v.iter()
+                    .map(|n| {
+                        if n == "sampler" {
+                            View::Sampler
+                        } else {
+                            View::Tcp
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    if args.ifaces.is_empty() {
+        // Validated in `validate`.
+        args.ifaces = f
+            .ifaces
+            .iter()
+            .flatten()
+            .filter_map(|i| i.parse().ok())
+            .collect();
+    }
+    if let (false, Some(n)) = (given("sample_every"), f.sample_every) {
+        args.sample_every = n;
     }
     if let (false, Some(m)) = (given("max_flows"), f.max_flows) {
         args.max_flows = m;
@@ -523,6 +555,31 @@ series_idle = "5m"
         assert_eq!(p.v4_prefix, 20);
         assert_eq!(p.max_series, 7);
         assert_eq!(p.v6_prefix, 48);
+    }
+
+    #[test]
+    fn sampler_options_merge() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let cfg =
+            parse("views = [\"tcp\", \"sampler\"]\nifaces = [\"ns1:eth0\"]\nsample_every = 8\n")
+                .unwrap();
+        let Command::Observe(mut a) = Cli::try_parse_from(["rttscope", "observe"])
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        merge(&cfg, &mut a, &HashSet::new());
+        assert_eq!(a.sample_every, 8);
+        assert_eq!(a.ifaces.len(), 1);
+        assert_eq!(
+            a.view,
+            Some(vec![
+                crate::observe::View::Tcp,
+                crate::observe::View::Sampler
+            ])
+        );
     }
 
     #[test]

@@ -77,6 +77,68 @@ pub struct HistSummary {
     pub max_us: f64,
 }
 
+/// A compact snapshot of a cumulative histogram: only non-empty buckets.
+/// Flows usually fill a handful of buckets, so keeping the previous
+/// interval's snapshot per flow costs tens of bytes instead of 1.6 KB.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    buckets: Box<[(u16, u32)]>,
+    sum_us: u64,
+}
+
+impl Snapshot {
+    /// Snapshot of a kernel histogram given as raw counts.
+    pub fn of_counts(counts: &[u32], sum_us: u64) -> Self {
+        let buckets = counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (i as u16, c))
+            .collect();
+        Snapshot { buckets, sum_us }
+    }
+
+    /// Snapshot of a cumulative histogram.
+    pub fn of_hist(h: &Hist) -> Self {
+        let buckets = h
+            .counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (i as u16, c.min(u32::MAX as u64) as u32))
+            .collect();
+        Snapshot {
+            buckets,
+            sum_us: h.sum_us,
+        }
+    }
+
+    /// Counts of the cumulative histogram `h` added since this snapshot.
+    pub fn delta_hist(&self, h: &Hist) -> Hist {
+        let mut d = Hist {
+            counts: h.counts.clone(),
+            sum_us: h.sum_us.saturating_sub(self.sum_us),
+            min_us: None,
+            max_us: None,
+        };
+        for &(i, c) in self.buckets.iter() {
+            let b = &mut d.counts[i as usize];
+            *b = b.saturating_sub(c as u64);
+        }
+        d
+    }
+
+    /// Counts in `counts` (cumulative, raw) added since this snapshot.
+    pub fn delta(&self, counts: &[u32], sum_us: u64) -> Hist {
+        let mut h = Hist::from_counts(counts, sum_us.saturating_sub(self.sum_us), None, None);
+        for &(i, c) in self.buckets.iter() {
+            let b = &mut h.counts[i as usize];
+            *b = b.saturating_sub(c as u64);
+        }
+        h
+    }
+}
+
 impl Hist {
     pub fn from_counts<T: Copy + Into<u64>>(
         counts: &[T],
@@ -301,6 +363,20 @@ mod tests {
         }
         assert_eq!(h.percentile(50.0), 20_000.0);
         assert_eq!(h.summary().mean_us, 20_000.0);
+    }
+
+    #[test]
+    fn snapshot_delta_matches_dense_delta() {
+        let mut raw = vec![0u32; BUCKETS];
+        raw[bucket_of(10)] = 1;
+        let snap = Snapshot::of_counts(&raw, 10);
+        raw[bucket_of(100)] += 2;
+        raw[bucket_of(10)] += 1;
+        let d = snap.delta(&raw, 10 + 200 + 10);
+        assert_eq!(d.count(), 3);
+        assert_eq!(d.sum_us, 210);
+        assert_eq!(d.counts[bucket_of(100)], 2);
+        assert_eq!(Snapshot::default().delta(&raw, 0).count(), 4);
     }
 
     #[test]

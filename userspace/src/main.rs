@@ -10,6 +10,11 @@ fn main() -> ExitCode {
         Command::Observe(args) => rttscope::observe::run(args),
         Command::Bucket(args) => rttscope::bucket::run(args),
         Command::Chart(args) => rttscope::chart::run(args),
+        Command::Sample(args) => rttscope::sampler_cmd::run(args),
+        Command::Serve(args) => rttscope::active::serve_main(args),
+        Command::Probe(args) => rttscope::active::probe_main(args),
+        Command::Compare(args) => rttscope::compare::run(args),
+        Command::Lab(args) => rttscope::lab::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

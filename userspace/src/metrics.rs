@@ -995,12 +995,21 @@ impl Daemon {
     pub fn start(
         listener: tokio::net::TcpListener,
         args: &crate::observe::ObserveArgs,
-        tcp: &crate::tcp_view::TcpView,
+        tcp: Option<&crate::tcp_view::TcpView>,
+        sampler: Option<&crate::sampler::SamplerView>,
     ) -> Result<Daemon> {
         let policy = crate::config::label_policy(args)?;
         let exporter = Exporter::new(policy)?;
-        let mut progs = ProgStats::from_ids(&tcp.prog_ids());
-        let mut notes = Vec::new();
+        let mut ids: Vec<(String, u32)> = Vec::new();
+        if let Some(t) = tcp {
+            ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
+        }
+        if let Some(s) = sampler {
+            ids.extend(s.prog_ids());
+        }
+        let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+        let mut progs = ProgStats::from_ids(&id_refs);
+        let mut notes: Vec<(&str, String)> = Vec::new();
         if args.bpf_stats {
             if let Err(e) = progs.enable_kernel_stats() {
                 notes.push(("bpf run-time statistics", crate::error::sentence(&e)));
@@ -1011,23 +1020,44 @@ impl Daemon {
                 "off (kernel.bpf_stats_enabled=0; use --bpf-stats or set the sysctl): run time/count read 0".to_string(),
             ));
         }
-        if progs.programs().len() < tcp.prog_ids().len() {
+        if progs.programs().len() < ids.len() {
             notes.push((
                 "program statistics",
                 format!(
                     "found {} of {} programs among our file descriptors",
                     progs.programs().len(),
-                    tcp.prog_ids().len()
+                    ids.len()
                 ),
             ));
         }
-        notes.push((
-            "sampler view",
-            "not attached by this observe build (TCP view only)".to_string(),
-        ));
+        let mut lines = crate::caps::hooks_report(tcp.map(|t| &t.info), &notes);
+        match sampler {
+            Some(s) => {
+                for a in s.attach_info() {
+                    lines.insert(
+                        lines.len() - notes.len(),
+                        format!(
+                            "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
+                            a.how, a.iface, a.netns, a.link
+                        ),
+                    );
+                }
+            }
+            None => lines.push(
+                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)".into(),
+            ),
+        }
+        if tcp.is_none() {
+            if let Some(l) = lines
+                .iter_mut()
+                .find(|l| l.starts_with("unavailable: tcp view"))
+            {
+                *l = "unavailable: tcp view: not requested (--view)".into();
+            }
+        }
         let addr = listener.local_addr().ok();
         let start_names = crate::netns::names();
-        for l in crate::caps::hooks_report(Some(&tcp.info), &notes) {
+        for l in lines {
             eprintln!("rttscope: {l}");
         }
         let state = crate::caps::drop_to_needed()?;
@@ -1062,24 +1092,32 @@ impl Daemon {
         name
     }
 
-    /// One read of the TCP view's flow map: `prev` holds each flow's
-    /// cumulative histogram at the previous read (observe's tracker).
-    pub fn tcp_flows(
+    /// One TCP flow of this read: `prev` is observe's snapshot of the flow's
+    /// cumulative histogram at the previous read (None: a new flow).
+    pub fn tcp_flow(
         &mut self,
-        flows: &[crate::tcp_view::TcpFlowState],
-        prev: &HashMap<Flow, Hist>,
+        f: &crate::tcp_view::TcpFlowState,
+        prev: Option<&crate::hist::Snapshot>,
         mut netns_name: impl FnMut(u32) -> String,
     ) {
-        for f in flows {
-            let p = prev.get(&f.flow);
-            if p.is_some_and(|p| p.counts == f.hist.counts) {
-                continue;
-            }
-            let ns = netns_name(f.flow.netns);
-            let ns = self.ns_label(f.flow.netns, ns);
-            self.exporter
-                .observe_flow(View::Tcp, &f.flow, f.side, &ns, &f.hist, p);
+        let delta = match prev {
+            Some(p) => p.delta(&f.counts, f.sum_us),
+            None => f.hist(),
+        };
+        if delta.count() == 0 {
+            return;
         }
+        let ns = netns_name(f.flow.netns);
+        let ns = self.ns_label(f.flow.netns, ns);
+        self.exporter
+            .observe_flow(View::Tcp, &f.flow, f.side, &ns, &delta, None);
+    }
+
+    /// One sampler flow's samples since the previous read.
+    pub fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+        let ns = self.ns_label(flow.netns, netns_name.to_string());
+        self.exporter
+            .observe_flow(View::Sampler, flow, side, &ns, delta, None);
     }
 
     /// The interval's counters of every view (observe's `counters` map), and

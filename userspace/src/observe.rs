@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::flow::Flow;
-use crate::hist::Hist;
+use crate::hist::{Hist, Snapshot};
 use crate::netns::{self, NetNs};
 use crate::report::{self, FlowRow, Interval, ViewStats};
 use crate::tcp_view::{self, TcpFlowState, TcpView, TcpViewConfig};
@@ -47,6 +47,37 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow map (LRU: the least recently used flow is evicted when full).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
+    /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub view: Option<Vec<View>>,
+    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
+    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
+    pub ifaces: Vec<crate::sampler::IfaceSpec>,
+    /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sample_every: u32,
+    /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
+    #[arg(long = "match", value_enum, default_value = "seq")]
+    pub matching: crate::sampler::Matching,
+    /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attach: crate::sampler::AttachMode,
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub pending_timeout: Duration,
+    /// Sampler view: capacity of the pending-segment map (LRU, one entry per flow).
+    #[arg(long, default_value_t = 16384)]
+    pub max_pending: u32,
+    /// Also aggregate each view like the cloud metric: a distribution per alignment period with
+    /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
+    #[arg(long)]
+    pub cloud_buckets: bool,
+    /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
+    #[arg(long, default_value = "vm_flow", value_parser = crate::dist::layout_arg)]
+    pub cloud_layout: crate::dist::BucketOptions,
+    /// Alignment period for --cloud-buckets (the metric API's default: 60s).
+    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    pub cloud_period: Duration,
     // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
     /// Read options from this TOML file (flags given on the command line win).
     #[arg(long, value_name = "FILE")]
@@ -78,6 +109,109 @@ pub struct ObserveArgs {
     /// Turn on kernel BPF run-time statistics while running (needs CAP_SYS_ADMIN; else set sysctl kernel.bpf_stats_enabled=1).
     #[arg(long)]
     pub bpf_stats: bool,
+}
+
+/// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
+/// histograms' interval deltas go into a Cloud Monitoring distribution, each
+/// kernel bucket at its midpoint (kernel buckets are <= 12.5% wide, far
+/// narrower than the cloud's 0-1, 1-2, 2-4 ms buckets).
+struct CloudAgg {
+    layout: crate::dist::BucketOptions,
+    period: Duration,
+    dist: crate::dist::Distribution,
+    period_start: f64,
+}
+
+impl CloudAgg {
+    fn new(layout: crate::dist::BucketOptions, period: Duration) -> Self {
+        let dist = crate::dist::Distribution::new(layout.clone(), crate::dist::ValueUnit::Ms);
+        CloudAgg {
+            layout,
+            period,
+            dist,
+            period_start: 0.0,
+        }
+    }
+
+    fn add(&mut self, h: &Hist) {
+        for (i, &c) in h.counts.iter().enumerate() {
+            if c > 0 {
+                let (lo, hi) = crate::hist::bucket_bounds(i);
+                let mid = if hi.is_finite() { (lo + hi) / 2.0 } else { lo };
+                let v = match (h.min_us, h.max_us) {
+                    (Some(mn), Some(mx)) => mid.clamp(mn as f64, mx as f64),
+                    _ => mid,
+                };
+                self.dist.add_n(v / 1000.0, c);
+            }
+        }
+    }
+
+    /// The period so far (or the completed one) as JSON.
+    fn point(&self, t: f64, complete: bool) -> serde_json::Value {
+        let p = |q: f64| {
+            self.dist
+                .percentile(q)
+                .ok()
+                .flatten()
+                .map(|x| x.value * 1000.0)
+        };
+        json!({
+            "period_start_s": self.period_start,
+            "period_s": self.period.as_secs_f64(),
+            "complete": complete,
+            "t": t,
+            "count": self.dist.count,
+            "layout": self.layout.spec(),
+            "p50_us": p(50.0), "p95_us": p(95.0), "p99_us": p(99.0),
+        })
+    }
+
+    /// Close the period if it is over: returns the completed point.
+    fn roll(&mut self, t: f64) -> Option<serde_json::Value> {
+        if t - self.period_start + 1e-6 < self.period.as_secs_f64() {
+            return None;
+        }
+        let done = self.point(t, true);
+        self.dist = crate::dist::Distribution::new(self.layout.clone(), crate::dist::ValueUnit::Ms);
+        self.period_start = t;
+        Some(done)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum View {
+    /// RTT as TCP computes it (sock_ops RTT callback).
+    Tcp,
+    /// The cloud-style packet sampler at interface ingress/egress (tc).
+    Sampler,
+}
+
+impl ObserveArgs {
+    /// The views this run shows.
+    pub fn views(&self) -> Vec<View> {
+        match &self.view {
+            Some(v) => {
+                let mut v = v.clone();
+                v.dedup();
+                v
+            }
+            None if self.ifaces.is_empty() => vec![View::Tcp],
+            None => vec![View::Tcp, View::Sampler],
+        }
+    }
+
+    pub fn sampler_config(&self) -> crate::sampler::SamplerConfig {
+        crate::sampler::SamplerConfig {
+            sample_every: self.sample_every,
+            matching: self.matching,
+            raw: self.raw,
+            max_flows: self.max_flows,
+            max_pending: self.max_pending,
+            pending_timeout: self.pending_timeout,
+            attach: self.attach,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -126,66 +260,86 @@ impl NsNames {
     }
 }
 
-/// Per-flow bookkeeping between intervals.
+/// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
+/// cumulative histogram (the interval's counts are the difference).
 #[derive(Default)]
 struct Tracker {
-    prev: HashMap<Flow, Hist>,
+    prev: HashMap<Flow, Snapshot>,
+    sides: HashMap<Flow, crate::flow::Side>,
+    seen: std::collections::HashSet<Flow>,
     vanished: u64,
     closed_reported: u64,
+    tracked: u64,
 }
 
 impl Tracker {
-    /// Turn a read of the flow map into the interval's rows.
-    fn interval_rows(
+    fn begin(&mut self) {
+        self.seen.clear();
+        self.tracked = 0;
+    }
+
+    /// One flow of this interval's read: its row, if it had samples, is new, or closed.
+    fn flow_row(
         &mut self,
-        flows: &[TcpFlowState],
+        f: &TcpFlowState,
         epoch: u32,
         names: &mut NsNames,
-    ) -> (Vec<FlowRow>, Hist) {
-        let mut rows = Vec::new();
-        let mut total = Hist::default();
-        let mut seen = std::collections::HashSet::new();
-        for f in flows {
-            seen.insert(f.flow);
-            let first = !self.prev.contains_key(&f.flow);
-            let mut delta = match self.prev.get(&f.flow) {
-                Some(p) => f.hist.delta(p),
-                None => f.hist.clone(),
-            };
-            if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
-                delta.min_us = Some(f.win_min_us);
-                delta.max_us = Some(f.win_max_us);
-            } else if first && delta.count() > 0 {
-                delta.min_us = f.hist.min_us;
-                delta.max_us = f.hist.max_us;
-            }
-            self.prev.insert(f.flow, f.hist.clone());
-            if delta.count() == 0 && !first && !f.closed {
-                continue;
-            }
-            total.merge(&delta);
-            let mut vs = ViewStats::from_hist(&delta);
-            vs.srtt_us = Some(f.srtt_us);
-            vs.retrans = Some(f.retrans);
-            rows.push(FlowRow {
-                netns: f.flow.netns,
-                netns_name: names.get(f.flow.netns),
-                local: f.flow.local.to_string(),
-                remote: f.flow.remote.to_string(),
-                side: f.side,
-                origin: Some(f.origin),
-                state: Some(tcp_view::state_name(f.state)),
-                closed: f.closed,
-                tcp: Some(vs),
-                sampler: None,
-                flow: Some(f.flow),
-            });
+        total: &mut Hist,
+    ) -> Option<FlowRow> {
+        self.seen.insert(f.flow);
+        self.sides.insert(f.flow, f.side);
+        self.tracked += 1;
+        let first = !self.prev.contains_key(&f.flow);
+        let mut delta = self
+            .prev
+            .get(&f.flow)
+            .map_or_else(|| f.hist(), |p| p.delta(&f.counts, f.sum_us));
+        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
+            delta.min_us = Some(f.win_min_us);
+            delta.max_us = Some(f.win_max_us);
+        } else if first && delta.count() > 0 {
+            delta.min_us = f.life_min_us;
+            delta.max_us = f.life_max_us;
         }
+        self.prev
+            .insert(f.flow, Snapshot::of_counts(&f.counts, f.sum_us));
+        if delta.count() == 0 && !first && !f.closed {
+            return None;
+        }
+        total.merge(&delta);
+        let mut vs = ViewStats::from_hist(&delta);
+        vs.srtt_us = Some(f.srtt_us);
+        vs.retrans = Some(f.retrans);
+        Some(FlowRow {
+            netns: f.flow.netns,
+            netns_name: names.get(f.flow.netns),
+            local: f.flow.local.to_string(),
+            remote: f.flow.remote.to_string(),
+            side: f.side,
+            origin: Some(f.origin),
+            state: Some(tcp_view::state_name(f.state)),
+            closed: f.closed,
+            tcp: Some(vs),
+            sampler: None,
+            flow: Some(f.flow),
+        })
+    }
+
+    /// The side the TCP view found for a flow (for rows only the sampler saw).
+    fn side_of(&self, flow: &Flow) -> crate::flow::Side {
+        self.sides
+            .get(flow)
+            .copied()
+            .unwrap_or(crate::flow::Side::Unknown)
+    }
+
+    /// After a full read: flows that disappeared without a close were evicted.
+    fn end(&mut self) {
         let before = self.prev.len();
+        let seen = &self.seen;
         self.prev.retain(|k, _| seen.contains(k));
+        self.sides.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
-        rows.sort_by(|a, b| (a.netns, &a.local, &a.remote).cmp(&(b.netns, &b.local, &b.remote)));
-        (rows, total)
     }
 }
 
@@ -205,43 +359,79 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     if args.interval < Duration::from_millis(10) {
         anyhow::bail!("--interval must be at least 10ms");
     }
+    let views = args.views();
+    let want_tcp = views.contains(&View::Tcp);
+    let want_sampler = views.contains(&View::Sampler);
+    if want_sampler && args.ifaces.is_empty() {
+        anyhow::bail!(
+            "the sampler view needs at least one --iface NAME (or NETNS:NAME) to attach to"
+        );
+    }
+    if !want_sampler && !args.ifaces.is_empty() {
+        anyhow::bail!(
+            "--iface is for the sampler view: add sampler to --view (e.g. --view tcp,sampler)"
+        );
+    }
     let netns_filter: Vec<NetNs> = args
         .netns
         .iter()
         .map(|n| netns::resolve(n))
         .collect::<Result<_>>()?;
-    let iter_netns: Vec<NetNs> = if args.all_netns {
-        netns::all().into_values().collect()
-    } else if !netns_filter.is_empty() {
-        netns_filter.clone()
-    } else {
-        vec![netns::resolve("self")?]
-    };
-    let cfg = TcpViewConfig {
-        cgroup: args.cgroup.clone(),
-        netns_filter: netns_filter.clone(),
-        iter_netns,
-        ports: args.ports.clone(),
-        cidrs: args.addrs.clone(),
-        raw: args.raw,
-        max_flows: args.max_flows,
-    };
     // daemon mode: bind /metrics before attaching, so a bad address fails early.
     let listener = match args.listen {
         Some(a) => Some(crate::metrics::bind(a).await?),
         None => None,
     };
-    let mut view = TcpView::attach(&cfg)?;
+    let mut tcp = if want_tcp {
+        let iter_netns: Vec<NetNs> = if args.all_netns {
+            netns::all().into_values().collect()
+        } else if !netns_filter.is_empty() {
+            netns_filter.clone()
+        } else {
+            vec![netns::resolve("self")?]
+        };
+        let cfg = TcpViewConfig {
+            cgroup: args.cgroup.clone(),
+            netns_filter: netns_filter.clone(),
+            iter_netns,
+            ports: args.ports.clone(),
+            cidrs: args.addrs.clone(),
+            raw: args.raw,
+            max_flows: args.max_flows,
+        };
+        Some(TcpView::attach(&cfg)?)
+    } else {
+        None
+    };
+    let mut sampler = if want_sampler {
+        crate::preflight::require_bpf_caps()?;
+        let cfg = args.sampler_config();
+        cfg.validate()?;
+        Some(crate::sampler::SamplerView::attach(&args.ifaces, cfg)?)
+    } else {
+        None
+    };
     // daemon mode: serve /metrics, report hooks, drop capabilities (metrics.rs).
     let mut daemon = match listener {
-        Some(l) => Some(crate::metrics::Daemon::start(l, &args, &view)?),
+        Some(l) => Some(crate::metrics::Daemon::start(
+            l,
+            &args,
+            tcp.as_ref(),
+            sampler.as_ref(),
+        )?),
         None => None,
     };
+    let view_names: Vec<&str> = views
+        .iter()
+        .map(|v| match v {
+            View::Tcp => "tcp",
+            View::Sampler => "sampler",
+        })
+        .collect();
     let mut names = NsNames::new();
     let start_mono = monotonic_ns();
     let start = Instant::now();
     let stdout = std::io::stdout();
-    let views = ["tcp"];
 
     let settings = json!({
         "interval_s": args.interval.as_secs_f64(),
@@ -251,25 +441,43 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         "ports": args.ports,
         "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "raw": args.raw,
-        "max_flows": view.info.max_flows,
+        "max_flows": args.max_flows,
         "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
     });
-    let header = format!(
-        "rttscope observe | view tcp: {} @ cgroup {} | rtt source: {} | interval {} | netns {}",
-        "sock_ops RTT_CB",
-        view.info.cgroup,
-        if view.info.rtt_source.starts_with("srtt") {
-            "srtt fallback (kernel < 6.10)"
-        } else {
-            "RTT_CB args"
-        },
-        fmt_duration_short(args.interval),
-        if args.netns.is_empty() {
-            "all".to_string()
-        } else {
-            args.netns.join(",")
-        }
+    let mut header = format!(
+        "rttscope observe | interval {}",
+        fmt_duration_short(args.interval)
     );
+    if let Some(v) = &tcp {
+        header += &format!(
+            " | view tcp: sock_ops RTT_CB @ cgroup {}, rtt source: {}, netns {}",
+            v.info.cgroup,
+            if v.info.rtt_source.starts_with("srtt") {
+                "srtt fallback (kernel < 6.10)"
+            } else {
+                "RTT_CB args"
+            },
+            if args.netns.is_empty() {
+                "all".to_string()
+            } else {
+                args.netns.join(",")
+            }
+        );
+    }
+    if let Some(s) = &sampler {
+        let c = s.config();
+        let ifs: Vec<String> = s
+            .attach_info()
+            .iter()
+            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
+            .collect();
+        header += &format!(
+            " | view sampler: 1/{} sampling, match {}, no Karn, on {}",
+            c.sample_every,
+            c.matching.as_str(),
+            ifs.join(" ")
+        );
+    }
     {
         let mut out = stdout.lock();
         match args.format {
@@ -278,41 +486,50 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     "type": "start",
                     "version": 1,
                     "ts": unix_now(),
-                    "views": views,
+                    "views": view_names,
                     "settings": settings,
-                    "tcp": view.info,
+                    "tcp": tcp.as_ref().map(|v| &v.info),
+                    "sampler": sampler.as_ref().map(|s| json!({
+                        "settings": s.config(),
+                        "attached": s.attach_info(),
+                        "prog_ids": s.prog_ids(),
+                    })),
                     "clock": "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start",
                 });
                 writeln!(out, "{line}")?;
             }
             Format::Table => {
                 writeln!(out, "{header}")?;
-                writeln!(
-                    out,
-                    "existing connections enabled: {} (in {}); waiting for samples...\n",
-                    view.info.existing_enabled,
-                    view.info.iter_netns.join(",")
-                )?;
+                if let Some(v) = &tcp {
+                    writeln!(
+                        out,
+                        "existing connections enabled: {} (in {})",
+                        v.info.existing_enabled,
+                        v.info.iter_netns.join(",")
+                    )?;
+                }
+                writeln!(out, "waiting for samples...\n")?;
             }
         }
         out.flush()?;
     }
 
-    // Raw samples: the ring buffer's epoll fd drives an AsyncFd.
+    // Raw samples of the TCP view: the ring buffer's epoll fd drives an AsyncFd.
     let raw_lines: std::rc::Rc<std::cell::RefCell<Vec<String>>> = Default::default();
-    let ringbuf = if args.raw {
-        let mut b = libbpf_rs::RingBufferBuilder::new();
-        let sink = raw_lines.clone();
-        let fmt = args.format;
-        b.add(view.events_map(), move |data: &[u8]| {
-            if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
-                sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
-            }
-            0
-        })?;
-        Some(b.build().context("setting up the raw-sample ring buffer")?)
-    } else {
-        None
+    let ringbuf = match (&tcp, args.raw) {
+        (Some(v), true) => {
+            let mut b = libbpf_rs::RingBufferBuilder::new();
+            let sink = raw_lines.clone();
+            let fmt = args.format;
+            b.add(v.events_map(), move |data: &[u8]| {
+                if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
+                    sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
+                }
+                0
+            })?;
+            Some(b.build().context("setting up the raw-sample ring buffer")?)
+        }
+        _ => None,
     };
     let rb_fd = match &ringbuf {
         // SAFETY: the epoll fd belongs to `ringbuf`, which is declared before
@@ -323,8 +540,21 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         ),
         None => None,
     };
+    // The sampler's raw samples are polled (its ring buffer lives inside the view).
+    let mut raw_poll = tokio::time::interval(Duration::from_millis(100));
 
     let mut tracker = Tracker::default();
+    let mut sampler_prev: HashMap<Flow, Snapshot> = HashMap::new();
+    let mut cloud: BTreeMap<&'static str, CloudAgg> = BTreeMap::new();
+    if args.cloud_buckets {
+        for v in &view_names {
+            let name: &'static str = if *v == "tcp" { "tcp" } else { "sampler" };
+            cloud.insert(
+                name,
+                CloudAgg::new(args.cloud_layout.clone(), args.cloud_period),
+            );
+        }
+    }
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -344,10 +574,24 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 None => std::future::pending().await,
             }
         };
+        let sampler_raw = async {
+            if args.raw && sampler.is_some() {
+                raw_poll.tick().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let stop = tokio::select! {
             _ = ticker.tick() => false,
             _ = rb_ready => {
                 if let Some(rb) = &ringbuf { let _ = rb.consume(); }
+                flush_raw(&raw_lines, &stdout)?;
+                continue;
+            }
+            _ = sampler_raw => {
+                if let Some(s) = sampler.as_mut() {
+                    sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
+                }
                 flush_raw(&raw_lines, &stdout)?;
                 continue;
             }
@@ -357,54 +601,160 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         };
         if let Some(rb) = &ringbuf {
             let _ = rb.consume();
-            flush_raw(&raw_lines, &stdout)?;
         }
+        if args.raw {
+            if let Some(s) = sampler.as_mut() {
+                sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
+            }
+        }
+        flush_raw(&raw_lines, &stdout)?;
         if stop && last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }
-        // One interval: read, then start the next epoch.
-        let flows = view.read_flows()?;
-        let epoch = view.epoch();
-        view.next_epoch();
-        // daemon mode: histogram deltas, before the tracker moves on.
-        if let Some(d) = daemon.as_mut() {
-            d.tcp_flows(&flows, &tracker.prev, |ns| names.get(ns));
-        }
-        let (rows, total) = tracker.interval_rows(&flows, epoch, &mut names);
-        for r in rows.iter().filter(|r| r.closed) {
-            if let Some(f) = &r.flow {
-                view.forget(f);
-                tracker.prev.remove(f);
-                tracker.closed_reported += 1;
-            }
-        }
+        // One interval: read each view, then start the next epoch.
+        let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
+        let mut totals = BTreeMap::new();
+        let mut totals_hist: BTreeMap<&'static str, Hist> = BTreeMap::new();
         let mut counters = BTreeMap::new();
-        let mut tc = view.counters();
-        tc.insert("flows_vanished", tracker.vanished);
-        tc.insert("flows_closed_reported", tracker.closed_reported);
-        tc.insert("flows_tracked", flows.len() as u64);
-        counters.insert("tcp", tc);
+        if let Some(view) = tcp.as_mut() {
+            let epoch = view.epoch();
+            let mut total = Hist::default();
+            tracker.begin();
+            view.for_each_flow(|f| {
+                // daemon mode: this flow's samples since the last read.
+                if let Some(d) = daemon.as_mut() {
+                    d.tcp_flow(&f, tracker.prev.get(&f.flow), |ns| names.get(ns));
+                }
+                if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
+                    rows.insert(f.flow, r);
+                }
+            })?;
+            tracker.end();
+            view.next_epoch();
+            for r in rows.values().filter(|r| r.closed) {
+                if let Some(f) = &r.flow {
+                    view.forget(f);
+                    tracker.prev.remove(f);
+                    tracker.closed_reported += 1;
+                }
+            }
+            let mut tc = view.counters();
+            tc.insert("flows_vanished", tracker.vanished);
+            tc.insert("flows_closed_reported", tracker.closed_reported);
+            tc.insert("flows_tracked", tracker.tracked);
+            counters.insert("tcp", tc);
+            totals.insert("tcp", ViewStats::from_hist(&total));
+            totals_hist.insert("tcp", total);
+        }
+        if let Some(s) = sampler.as_mut() {
+            let mut total = Hist::default();
+            let flows = s.read_flows()?;
+            let mut seen = std::collections::HashSet::new();
+            for f in &flows {
+                seen.insert(f.flow);
+                let first = !sampler_prev.contains_key(&f.flow);
+                let mut delta = sampler_prev
+                    .get(&f.flow)
+                    .map_or_else(|| f.hist.clone(), |p| p.delta_hist(&f.hist));
+                sampler_prev.insert(f.flow, Snapshot::of_hist(&f.hist));
+                if delta.count() == 0 {
+                    continue;
+                }
+                // daemon mode: the sampler's samples since the last read.
+                if let Some(d) = daemon.as_mut() {
+                    let ns = names.get(f.flow.netns);
+                    d.sampler_delta(&f.flow, tracker.side_of(&f.flow), &ns, &delta);
+                }
+                delta.min_us = f
+                    .interval_min_us
+                    .or(if first { f.hist.min_us } else { None });
+                delta.max_us = f
+                    .interval_max_us
+                    .or(if first { f.hist.max_us } else { None });
+                total.merge(&delta);
+                let stats = ViewStats::from_hist(&delta);
+                let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
+                    netns: f.flow.netns,
+                    netns_name: names.get(f.flow.netns),
+                    local: f.flow.local.to_string(),
+                    remote: f.flow.remote.to_string(),
+                    side: tracker.side_of(&f.flow),
+                    origin: None,
+                    state: None,
+                    closed: false,
+                    tcp: None,
+                    sampler: None,
+                    flow: Some(f.flow),
+                });
+                row.sampler = Some(stats);
+            }
+            sampler_prev.retain(|k, _| seen.contains(k));
+            counters.insert("sampler", s.counters()?);
+            totals.insert("sampler", ViewStats::from_hist(&total));
+            totals_hist.insert("sampler", total);
+        }
         // daemon mode: counters, program statistics.
         if let Some(d) = daemon.as_mut() {
             d.counters(&counters);
         }
+        let now_t = start.elapsed().as_secs_f64();
+        let mut cloud_lines = Vec::new();
+        for (name, agg) in cloud.iter_mut() {
+            if let Some(h) = totals_hist.get(name) {
+                agg.add(h);
+            }
+            let completed = agg.roll(now_t);
+            let current = completed.unwrap_or_else(|| agg.point(now_t, false));
+            cloud_lines.push((*name, current));
+        }
         let iv = Interval {
             kind: "interval",
-            t: start.elapsed().as_secs_f64(),
+            t: now_t,
             ts: unix_now(),
             interval_s: last_tick.elapsed().as_secs_f64(),
-            flows: rows,
-            totals: [("tcp", ViewStats::from_hist(&total))]
-                .into_iter()
-                .collect(),
+            flows: rows.into_values().collect(),
+            totals,
             counters,
         };
         last_tick = Instant::now();
         if !args.quiet {
             let mut out = stdout.lock();
             match args.format {
-                Format::Json => writeln!(out, "{}", serde_json::to_string(&iv)?)?,
-                Format::Table => report::print_table(&mut out, &header, &iv, &views)?,
+                Format::Json => {
+                    writeln!(out, "{}", serde_json::to_string(&iv)?)?;
+                    for (name, p) in &cloud_lines {
+                        writeln!(
+                            out,
+                            "{}",
+                            json!({"type": "cloud", "view": name, "point": p})
+                        )?;
+                    }
+                }
+                Format::Table => {
+                    report::print_table(&mut out, &header, &iv, &view_names)?;
+                    for (name, p) in &cloud_lines {
+                        let f = |k: &str| {
+                            p[k].as_f64()
+                                .map(crate::units::fmt_ms)
+                                .unwrap_or_else(|| "-".into())
+                        };
+                        writeln!(
+                            out,
+                            "cloud buckets {name}: {} period from t={:.1}s ({:.0}s): n {} p50 {} p95 {} p99 {} ms ({})",
+                            if p["complete"] == true { "completed" } else { "so far," },
+                            p["period_start_s"].as_f64().unwrap_or(0.0),
+                            p["period_s"].as_f64().unwrap_or(0.0),
+                            p["count"],
+                            f("p50_us"),
+                            f("p95_us"),
+                            f("p99_us"),
+                            args.cloud_layout.spec()
+                        )?;
+                    }
+                    if !cloud_lines.is_empty() {
+                        writeln!(out)?;
+                    }
+                }
             }
             out.flush()?;
         }
@@ -413,38 +763,95 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         }
     }
     // Cumulative summary since start, per flow still known.
-    let flows = view.read_flows()?;
-    let summary: Vec<serde_json::Value> = flows
-        .iter()
-        .map(|f| {
-            json!({
-                "netns": f.flow.netns,
-                "netns_name": names.get(f.flow.netns),
-                "local": f.flow.local.to_string(),
-                "remote": f.flow.remote.to_string(),
-                "side": f.side,
-                "origin": f.origin,
-                "tcp": { "summary": f.hist.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&f.hist) },
-            })
-        })
-        .collect();
+    let mut summary: BTreeMap<Flow, serde_json::Value> = BTreeMap::new();
+    if let Some(view) = &tcp {
+        view.for_each_flow(|f| {
+            let h = f.hist();
+            summary.insert(
+                f.flow,
+                json!({
+                    "netns": f.flow.netns,
+                    "netns_name": names.get(f.flow.netns),
+                    "local": f.flow.local.to_string(),
+                    "remote": f.flow.remote.to_string(),
+                    "side": f.side,
+                    "origin": f.origin,
+                    "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
+                }),
+            );
+        })?;
+    }
+    if let Some(s) = sampler.as_mut() {
+        for f in s.read_flows()? {
+            let entry = summary.entry(f.flow).or_insert_with(|| {
+                json!({
+                    "netns": f.flow.netns,
+                    "netns_name": names.get(f.flow.netns),
+                    "local": f.flow.local.to_string(),
+                    "remote": f.flow.remote.to_string(),
+                    "side": tracker.side_of(&f.flow),
+                })
+            });
+            entry["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+        }
+    }
+    let mut counters = BTreeMap::new();
+    if let Some(v) = &tcp {
+        counters.insert("tcp", v.counters());
+    }
+    if let Some(s) = &sampler {
+        counters.insert("sampler", s.counters()?);
+    }
     let mut out = stdout.lock();
     if args.format == Format::Json {
-        let line = json!({ "type": "end", "t": start.elapsed().as_secs_f64(), "ts": unix_now(), "flows": summary, "counters": { "tcp": view.counters() } });
+        let flows: Vec<_> = summary.into_values().collect();
+        let line = json!({ "type": "end", "t": start.elapsed().as_secs_f64(), "ts": unix_now(), "flows": flows, "counters": counters });
         writeln!(out, "{line}")?;
     } else {
-        let c = view.counters();
-        writeln!(
-            out,
-            "done after {:.1}s: {} samples, {} flows created, {} flow-map-full, {} raw events dropped",
-            start.elapsed().as_secs_f64(),
-            c["samples"],
-            c["flows_created"],
-            c["flow_map_full"],
-            c["raw_events_dropped"]
-        )?;
+        write!(out, "done after {:.1}s", start.elapsed().as_secs_f64())?;
+        if let Some(c) = counters.get("tcp") {
+            write!(
+                out,
+                " | tcp: {} samples, {} flows created, {} flow-map-full, {} raw dropped",
+                c["samples"], c["flows_created"], c["flow_map_full"], c["raw_events_dropped"]
+            )?;
+        }
+        if let Some(c) = counters.get("sampler") {
+            let get = |k: &str| c.get(k).copied().unwrap_or(0);
+            write!(
+                out,
+                " | sampler: {} samples, {} packets skipped (see JSON counters), {} pending expired, {} flow-map-full",
+                get("samples"),
+                c.iter().filter(|(k, _)| k.starts_with("skip_")).map(|(_, v)| v).sum::<u64>(),
+                get("expired"),
+                get("flow_map_full") + get("pending_map_full")
+            )?;
+        }
+        writeln!(out)?;
     }
     out.flush()?;
+    Ok(())
+}
+
+fn sampler_raw_lines(
+    s: &mut crate::sampler::SamplerView,
+    start_mono: u64,
+    fmt: Format,
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) -> Result<()> {
+    for smp in s.raw_samples(Duration::ZERO)? {
+        let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+        let line = match fmt {
+            Format::Json => json!({
+                "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
+                "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
+                "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
+            })
+            .to_string(),
+            Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
+        };
+        lines.borrow_mut().push(line);
+    }
     Ok(())
 }
 

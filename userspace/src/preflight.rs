@@ -51,21 +51,78 @@ pub fn require_btf() -> Result<()> {
     Ok(())
 }
 
-/// Mount point of the cgroup v2 hierarchy (unified or hybrid layout).
-pub fn cgroup2_root() -> Result<PathBuf> {
+/// Mount point of the cgroup v2 hierarchy (unified or hybrid layout) in
+/// this mount namespace, if any.
+pub fn cgroup2_mount() -> Option<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    for line in mounts.lines() {
+    mounts.lines().find_map(|line| {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 3 && f[2] == "cgroup2" {
-            return Ok(PathBuf::from(f[1]));
-        }
+        (f.len() >= 3 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
+    })
+}
+
+/// The cgroup v2 root, or an error sentence if the kernel has none.
+pub fn cgroup2_root() -> Result<PathBuf> {
+    if let Some(p) = cgroup2_mount() {
+        return Ok(p);
     }
-    bail!("no cgroup v2 hierarchy is mounted (looked for a cgroup2 entry in /proc/self/mounts): mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`")
+    if !std::fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .contains("cgroup2")
+    {
+        bail!("this kernel has no cgroup v2 (no cgroup2 in /proc/filesystems): the TCP view's sock_ops program attaches to a cgroup v2 directory");
+    }
+    // A private mount namespace without it (`ip netns exec` remounts /sys):
+    // open_cgroup() mounts the hierarchy briefly to get a directory fd.
+    Ok(PathBuf::from("(cgroup2 root, mounted privately)"))
+}
+
+/// Open the cgroup directory to attach to: `path` or the cgroup v2 root.
+/// Without a cgroup2 mount in this mount namespace, the (single, shared)
+/// cgroup v2 hierarchy is mounted on a private temporary directory, opened,
+/// and lazily unmounted at once: the open fd is all the attach needs.
+pub fn open_cgroup(path: Option<&Path>) -> Result<(std::fs::File, PathBuf)> {
+    if let Some(p) = path {
+        let p = check_cgroup(p)?;
+        let f = std::fs::File::open(&p)
+            .map_err(|e| anyhow::anyhow!("opening cgroup {}: {e}", p.display()))?;
+        return Ok((f, p));
+    }
+    if let Some(root) = cgroup2_mount() {
+        let f = std::fs::File::open(&root)
+            .map_err(|e| anyhow::anyhow!("opening cgroup {}: {e}", root.display()))?;
+        return Ok((f, root));
+    }
+    cgroup2_root()?; // the kernel-has-no-cgroup2 sentence
+    let dir = std::env::temp_dir().join(format!("rttscope-cgroup2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let mounted = nix::mount::mount(
+        Some("cgroup2"),
+        &dir,
+        Some("cgroup2"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    );
+    let opened = mounted
+        .map_err(anyhow::Error::from)
+        .and_then(|_| Ok(std::fs::File::open(&dir)?));
+    let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir(&dir);
+    let f = opened.map_err(|e| anyhow::anyhow!("no cgroup v2 hierarchy is mounted here and mounting one privately failed ({e}): mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`"))?;
+    Ok((
+        f,
+        PathBuf::from("cgroup2 root (mounted privately: not mounted in this mount namespace)"),
+    ))
 }
 
 /// A cgroup directory given by the user must be inside a cgroup v2 mount.
 pub fn check_cgroup(path: &Path) -> Result<PathBuf> {
-    let root = cgroup2_root()?;
+    let root = cgroup2_mount().ok_or_else(|| {
+        anyhow::anyhow!(
+            "--cgroup {}: no cgroup v2 hierarchy is mounted in this mount namespace",
+            path.display()
+        )
+    })?;
     let p = path
         .canonicalize()
         .map_err(|_| anyhow::anyhow!("cgroup '{}' does not exist", path.display()))?;
@@ -108,7 +165,7 @@ mod tests {
 
     #[test]
     fn bad_cgroup_is_one_sentence() {
-        if cgroup2_root().is_err() {
+        if cgroup2_mount().is_none() {
             return;
         }
         let e = check_cgroup(Path::new("/nonexistent/cg"))

@@ -62,8 +62,11 @@ pub struct TcpFlowState {
     pub closed: bool,
     pub srtt_fallback: bool,
     pub samples: u64,
-    /// Cumulative histogram over the flow's life (exact life min/max).
-    pub hist: Hist,
+    /// Cumulative histogram counts over the flow's life, as the kernel keeps them.
+    pub counts: Box<[u32]>,
+    pub sum_us: u64,
+    pub life_min_us: Option<u32>,
+    pub life_max_us: Option<u32>,
     pub srtt_us: u32,
     pub last_rtt_us: u32,
     pub retrans: u32,
@@ -102,6 +105,18 @@ pub struct TcpView {
     epoch: u32,
 }
 
+impl TcpFlowState {
+    /// The cumulative histogram (exact life min/max).
+    pub fn hist(&self) -> Hist {
+        Hist::from_counts(
+            &self.counts,
+            self.sum_us,
+            self.life_min_us,
+            self.life_max_us,
+        )
+    }
+}
+
 fn origin_name(o: u8) -> &'static str {
     match o {
         1 => "established",
@@ -116,10 +131,7 @@ impl TcpView {
     pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
         crate::preflight::require_bpf_caps()?;
         crate::preflight::require_btf()?;
-        let cgroup = match &cfg.cgroup {
-            Some(p) => crate::preflight::check_cgroup(p)?,
-            None => crate::preflight::cgroup2_root()?,
-        };
+        let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
 
         // The skeleton borrows its open object for its whole life; a view lives
         // as long as the command, so the (small) storage is leaked on purpose.
@@ -178,8 +190,6 @@ impl TcpView {
             skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
         }
 
-        let cg =
-            File::open(&cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
         let link = skel
             .progs
             .rttscope_sockops
@@ -302,32 +312,36 @@ impl TcpView {
         }
     }
 
+    /// Read every flow entry (batched: a few syscalls for thousands of
+    /// flows), handing each to `f` without keeping them all in memory.
+    pub fn for_each_flow(&self, mut f: impl FnMut(TcpFlowState)) -> Result<()> {
+        let map = &self.skel.maps.tcp_flows;
+        let mut n = 0usize;
+        let res = dump_map(map, |k, v| {
+            if let Some(s) = self.decode_flow(k, v) {
+                n += 1;
+                f(s);
+            }
+        });
+        if res.is_err() && n == 0 {
+            // Kernels without batch lookup for this map type: one key at a time.
+            for k in map.keys() {
+                if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
+                    if let Some(s) = self.decode_flow(&k, &v) {
+                        f(s);
+                    }
+                }
+            }
+        } else {
+            res.context("reading the TCP view's flow map")?;
+        }
+        Ok(())
+    }
+
     /// Read every flow entry.
     pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
         let mut out = Vec::new();
-        let iter = self
-            .skel
-            .maps
-            .tcp_flows
-            .lookup_batch(256, MapFlags::ANY, MapFlags::ANY);
-        match iter {
-            Ok(it) => {
-                for (k, v) in it {
-                    if let Some(f) = self.decode_flow(&k, &v) {
-                        out.push(f);
-                    }
-                }
-            }
-            Err(_) => {
-                for k in self.skel.maps.tcp_flows.keys() {
-                    if let Ok(Some(v)) = self.skel.maps.tcp_flows.lookup(&k, MapFlags::ANY) {
-                        if let Some(f) = self.decode_flow(&k, &v) {
-                            out.push(f);
-                        }
-                    }
-                }
-            }
-        }
+        self.for_each_flow(|s| out.push(s))?;
         Ok(out)
     }
 
@@ -356,7 +370,10 @@ impl TcpView {
             closed: val.flags & 2 != 0,
             srtt_fallback: val.flags & 1 != 0,
             samples: val.samples,
-            hist: Hist::from_counts(&val.hist, val.sum_us, min, max),
+            counts: Box::new(val.hist),
+            sum_us: val.sum_us,
+            life_min_us: min,
+            life_max_us: max,
             srtt_us: val.srtt_us,
             last_rtt_us: val.last_rtt_us,
             retrans: val.retrans,
@@ -399,6 +416,65 @@ impl TcpView {
             ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
             ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
         ]
+    }
+}
+
+/// Walk a hash map with BPF_MAP_LOOKUP_BATCH. The kernel returns whole hash
+/// buckets per call (fewer than asked is normal) and ENOENT with the last
+/// entries when the walk is complete.
+pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
+    const BATCH: usize = 512;
+    let ks = map.key_size() as usize;
+    let vs = map.value_size() as usize;
+    let mut keys = vec![0u8; ks * BATCH];
+    let mut vals = vec![0u8; vs * BATCH];
+    // Opaque batch cursors: for hash maps a bucket index (4 bytes), sized for safety.
+    let mut cursor_in = vec![0u8; ks.max(8)];
+    let mut cursor_out = vec![0u8; ks.max(8)];
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
+    let fd = map.as_fd().as_raw_fd();
+    let mut first = true;
+    loop {
+        let mut count = BATCH as u32;
+        // SAFETY: buffers are sized for BATCH keys/values and the cursors for a key.
+        let ret = unsafe {
+            libbpf_sys::bpf_map_lookup_batch(
+                fd,
+                if first {
+                    std::ptr::null_mut()
+                } else {
+                    cursor_in.as_mut_ptr().cast()
+                },
+                cursor_out.as_mut_ptr().cast(),
+                keys.as_mut_ptr().cast(),
+                vals.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        let err = if ret < 0 {
+            Some(std::io::Error::last_os_error())
+        } else {
+            None
+        };
+        match &err {
+            Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                return Err(std::io::Error::new(e.kind(), e.to_string()))
+            }
+            _ => {}
+        }
+        for i in 0..count as usize {
+            f(&keys[i * ks..(i + 1) * ks], &vals[i * vs..(i + 1) * vs]);
+        }
+        if err.is_some() {
+            return Ok(()); // ENOENT: the walk is complete
+        }
+        std::mem::swap(&mut cursor_in, &mut cursor_out);
+        first = false;
     }
 }
 

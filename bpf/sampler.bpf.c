@@ -1,0 +1,664 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR MIT)
+/*
+ * sampler.bpf.c - the sampler view: a cloud-style (`vm_flow/rtt`) packet
+ * sampler at tc egress and ingress of chosen interfaces.
+ *
+ *  - Every packet, in each direction, is sampled independently with
+ *    probability 1/N (cfg_sample_threshold; N = 1: every packet).
+ *  - rttscope_sm_egr: a sampled outgoing TCP segment that occupies sequence
+ *    space (payload, SYN or FIN) is recorded in its flow's pending entry:
+ *    (end sequence, time), or (TSval, time) with --match tsval.
+ *  - rttscope_sm_ing: a sampled incoming packet whose cumulative ACK covers
+ *    a recorded end sequence (or whose TSecr echoes a recorded TSval)
+ *    produces an RTT sample (now - recorded time) and frees the slot.
+ *    There is no Karn filtering: an ACK of retransmitted data still
+ *    produces a sample, as in the cloud metric.
+ *
+ * The flow key is the DATA SENDER's (netns of the interface, local = source
+ * of the egress segment); the ingress packet is matched by its reversed tuple.
+ *
+ * One copy of this object is loaded per attached interface, with its own
+ * .rodata (cfg_netns, cfg_ifindex, cfg_link); every copy after the first
+ * reuses the first copy's maps, so flows, pending segments, counters and
+ * the ring buffer are shared. That is how an interface's network namespace
+ * reaches the kernel side without kfuncs and without an ifindex lookup
+ * (ifindexes collide across namespaces).
+ *
+ * Pending segments: a bounded LRU hash keyed by flow, each value holding
+ * RTTSCOPE_SAMPLER_SLOTS slots of one 64-bit word each, claimed and freed
+ * with cmpxchg so egress and ingress on different CPUs cannot tear a slot.
+ * Slots older than cfg_timeout_ns are freed when the entry is visited and
+ * counted as expired.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "rttscope.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define ETH_P_8021Q 0x8100
+#define ETH_P_8021AD 0x88A8
+#define IPPROTO_TCP 6
+#define ETH_HLEN 14
+/* tcx: TCX_NEXT; clsact: TC_ACT_UNSPEC. Both are -1: let the packet go on
+ * to the next program or filter untouched. */
+#define PASS (-1)
+
+#define TH_FIN 0x01
+#define TH_SYN 0x02
+#define TH_RST 0x04
+#define TH_ACK 0x10
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+/* Per attachment (each interface gets its own copy of the programs). */
+const volatile __u32 cfg_netns = 0;   /* inode of the interface's network namespace */
+const volatile __u32 cfg_ifindex = 0; /* the interface (in its namespace) */
+const volatile __u32 cfg_link = RTTSCOPE_LINK_ETHER;
+/* The same for every attachment. */
+const volatile __u32 cfg_sample_threshold = 0; /* 0: every packet; else prandom < threshold */
+const volatile __u32 cfg_match = RTTSCOPE_MATCH_SEQ;
+const volatile __u32 cfg_raw = 0;
+const volatile __u64 cfg_timeout_ns = 10000000000ULL;
+
+/* Make the types reach the generated Rust. */
+struct rttscope_event _sm_event_type = {};
+struct rttscope_sampler_pending _sm_pending_type = {};
+enum rttscope_sampler_counter _sm_counter_type = 0;
+enum rttscope_sampler_consts _sm_consts_type = 0;
+enum rttscope_sampler_match _sm_match_type = 0;
+enum rttscope_sampler_link _sm_link_type = 0;
+enum rttscope_consts _consts_type = 0;
+enum rttscope_event_type _event_type_type = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* resized by userspace (max_flows) */
+	__type(key, struct rttscope_flow_key);
+	__type(value, struct rttscope_sampler_flow);
+} sampler_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* resized by userspace (max_pending) */
+	__type(key, struct rttscope_flow_key);
+	__type(value, struct rttscope_sampler_pending);
+} sampler_pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RTTSCOPE_SC_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sampler_counters SEC(".maps");
+
+/* [0] = report epoch: userspace bumps it after each read (win_min/win_max restart). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sampler_epoch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} sampler_events SEC(".maps");
+
+/* Scratch space for a new flow entry (too large for the 512-byte stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rttscope_sampler_flow);
+} sampler_flow_scratch SEC(".maps");
+
+/* A parsed TCP segment, oriented as on the wire (l = source). */
+struct seg {
+	struct rttscope_flow_key key;
+	__u32 seq;
+	__u32 ack;
+	__u32 payload;
+	__u32 tsval;
+	__u32 tsecr;
+	__u8 flags;
+	__u8 has_ts;
+};
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&sampler_counters, &idx);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline void count_n(__u32 idx, __u64 n)
+{
+	__u64 *c = bpf_map_lookup_elem(&sampler_counters, &idx);
+
+	if (c)
+		*c += n;
+}
+
+static __always_inline int sampled(void)
+{
+	if (cfg_sample_threshold == 0)
+		return 1;
+	return bpf_get_prandom_u32() < cfg_sample_threshold;
+}
+
+/* Headers end past data_end: a short packet, or headers outside the linear part. */
+static __always_inline int short_hdr(struct __sk_buff *skb, __u32 need)
+{
+	count(skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR);
+	return -1;
+}
+
+/* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. Otherwise
+ * the options (at most 40 bytes) are copied to the stack and walked there:
+ * a bounded loop over a stack buffer keeps the verifier's work small. */
+static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, void *end, __u32 opt_off,
+				     __u32 optlen, struct seg *s)
+{
+	__u8 *opt = (__u8 *)(th + 1);
+	__u8 buf[64] = {}; /* indexes masked with 63: always inside */
+	__u32 pos = 0;
+	int i;
+
+	if (optlen >= 12 && (void *)(opt + 12) <= end && *(__u32 *)opt == bpf_htonl(0x0101080a)) {
+		s->tsval = bpf_ntohl(*(__u32 *)(opt + 4));
+		s->tsecr = bpf_ntohl(*(__u32 *)(opt + 8));
+		s->has_ts = 1;
+		return;
+	}
+	if (optlen < 10 || optlen > 40)
+		return;
+	if (bpf_skb_load_bytes(skb, opt_off, buf, optlen))
+		return;
+	for (i = 0; i < 10; i++) {
+		__u8 kind, len;
+		__u32 p;
+
+		if (pos >= optlen || pos > 38)
+			return;
+		p = pos;
+		barrier_var(p); /* keep the masks below: the verifier needs them */
+		kind = buf[p & 63];
+		if (kind == 0) /* end of options */
+			return;
+		if (kind == 1) { /* NOP */
+			pos++;
+			continue;
+		}
+		len = buf[(p + 1) & 63];
+		if (len < 2 || pos + len > optlen)
+			return; /* malformed option list: no timestamp */
+		if (kind == 8 && len == 10) {
+			if (pos > 30)
+				return;
+			s->tsval = ((__u32)buf[(p + 2) & 63] << 24) | ((__u32)buf[(p + 3) & 63] << 16) |
+				   ((__u32)buf[(p + 4) & 63] << 8) | buf[(p + 5) & 63];
+			s->tsecr = ((__u32)buf[(p + 6) & 63] << 24) | ((__u32)buf[(p + 7) & 63] << 16) |
+				   ((__u32)buf[(p + 8) & 63] << 8) | buf[(p + 9) & 63];
+			s->has_ts = 1;
+			return;
+		}
+		pos += len;
+	}
+}
+
+/* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
+ * Returns 0 for a plain TCP segment, -1 (after counting why) otherwise. */
+static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 off = 0, l4len, hl;
+	__u16 proto;
+	struct tcphdr *th;
+
+	if (skb->vlan_present) {
+		count(RTTSCOPE_SC_SKIP_VLAN);
+		return -1;
+	}
+	if (cfg_link == RTTSCOPE_LINK_ETHER) {
+		struct ethhdr *eth = data;
+
+		if ((void *)(eth + 1) > end)
+			return short_hdr(skb, ETH_HLEN);
+		proto = eth->h_proto;
+		off = ETH_HLEN;
+	} else {
+		proto = (__u16)skb->protocol;
+	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		count(RTTSCOPE_SC_SKIP_VLAN);
+		return -1;
+	}
+	if (proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + off;
+		__u32 tot;
+
+		if ((void *)(ip + 1) > end)
+			return short_hdr(skb, off + sizeof(*ip));
+		if (ip->version != 4 || ip->ihl < 5) {
+			count(RTTSCOPE_SC_SKIP_MALFORMED);
+			return -1;
+		}
+		if (ip->ihl != 5) {
+			count(RTTSCOPE_SC_SKIP_IP_OPTIONS);
+			return -1;
+		}
+		if (ip->frag_off & bpf_htons(0x3fff)) {
+			count(RTTSCOPE_SC_SKIP_FRAGMENT);
+			return -1;
+		}
+		if (ip->protocol != IPPROTO_TCP) {
+			count(RTTSCOPE_SC_SKIP_NON_TCP);
+			return -1;
+		}
+		tot = bpf_ntohs(ip->tot_len);
+		if (tot == 0) /* BIG TCP (GSO > 64 KiB): length from the skb */
+			tot = skb->len - off;
+		if (tot < sizeof(*ip) + sizeof(*th)) {
+			count(RTTSCOPE_SC_SKIP_MALFORMED);
+			return -1;
+		}
+		if (tot > skb->len - off) {
+			count(RTTSCOPE_SC_SKIP_TRUNCATED);
+			return -1;
+		}
+		l4len = tot - sizeof(*ip);
+		s->key.family = AF_INET;
+		__builtin_memcpy(s->key.laddr, &ip->saddr, 4);
+		__builtin_memcpy(s->key.raddr, &ip->daddr, 4);
+		off += sizeof(*ip);
+	} else if (proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + off;
+		__u32 plen;
+		__u8 nh;
+
+		if ((void *)(ip6 + 1) > end)
+			return short_hdr(skb, off + sizeof(*ip6));
+		if (ip6->version != 6) {
+			count(RTTSCOPE_SC_SKIP_MALFORMED);
+			return -1;
+		}
+		nh = ip6->nexthdr;
+		if (nh != IPPROTO_TCP) {
+			/* hop-by-hop, routing, fragment, ESP, AH, dest opts, mobility, HIP, shim6 */
+			if (nh == 0 || nh == 43 || nh == 44 || nh == 50 || nh == 51 || nh == 60 ||
+			    nh == 135 || nh == 139 || nh == 140)
+				count(RTTSCOPE_SC_SKIP_IPV6_EXT);
+			else
+				count(RTTSCOPE_SC_SKIP_NON_TCP);
+			return -1;
+		}
+		plen = bpf_ntohs(ip6->payload_len);
+		if (plen == 0) /* BIG TCP / jumbogram: length from the skb */
+			plen = skb->len - off - sizeof(*ip6);
+		if (plen < sizeof(*th)) {
+			count(RTTSCOPE_SC_SKIP_MALFORMED);
+			return -1;
+		}
+		if (plen > skb->len - off - sizeof(*ip6)) {
+			count(RTTSCOPE_SC_SKIP_TRUNCATED);
+			return -1;
+		}
+		l4len = plen;
+		s->key.family = AF_INET6;
+		__builtin_memcpy(s->key.laddr, &ip6->saddr, 16);
+		__builtin_memcpy(s->key.raddr, &ip6->daddr, 16);
+		off += sizeof(*ip6);
+	} else {
+		count(RTTSCOPE_SC_SKIP_NON_IP);
+		return -1;
+	}
+
+	th = data + off;
+	if ((void *)(th + 1) > end)
+		return short_hdr(skb, off + sizeof(*th));
+	hl = th->doff * 4;
+	if (hl < sizeof(*th) || hl > l4len) {
+		count(RTTSCOPE_SC_SKIP_MALFORMED);
+		return -1;
+	}
+	s->key.lport = bpf_ntohs(th->source);
+	s->key.rport = bpf_ntohs(th->dest);
+	s->seq = bpf_ntohl(th->seq);
+	s->ack = bpf_ntohl(th->ack_seq);
+	s->flags = ((__u8 *)th)[13];
+	s->payload = l4len - hl;
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL && hl > sizeof(*th))
+		parse_ts(skb, th, end, off + sizeof(*th), hl - sizeof(*th), s);
+	return 0;
+}
+
+static __always_inline void swap_key(struct rttscope_flow_key *k)
+{
+	__u8 tmp[16];
+	__u16 p = k->lport;
+
+	k->lport = k->rport;
+	k->rport = p;
+	__builtin_memcpy(tmp, k->laddr, 16);
+	__builtin_memcpy(k->laddr, k->raddr, 16);
+	__builtin_memcpy(k->raddr, tmp, 16);
+}
+
+static __always_inline __u32 now_us32(__u64 now)
+{
+	__u32 t = (__u32)(now / 1000);
+
+	return t ? t : 1;
+}
+
+/* Free every slot: the entry was not visited for longer than the timeout. */
+static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
+{
+	int i;
+
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 s = pd->slot[i];
+
+		if (s && __sync_val_compare_and_swap(&pd->slot[i], s, 0) == s)
+			count(RTTSCOPE_SC_EXPIRED);
+	}
+}
+
+/* A reset: drop the flow's pending segments (they will never be acknowledged). */
+static __always_inline void forget(const struct rttscope_flow_key *key)
+{
+	if (bpf_map_delete_elem(&sampler_pending, key) == 0)
+		count(RTTSCOPE_SC_PENDING_DELETED);
+}
+
+static __always_inline struct rttscope_sampler_flow *get_flow(const struct rttscope_flow_key *key, __u64 now)
+{
+	struct rttscope_sampler_flow *f = bpf_map_lookup_elem(&sampler_flows, key);
+	struct rttscope_sampler_flow *init;
+	__u32 zero = 0, *ep;
+
+	if (f)
+		return f;
+	init = bpf_map_lookup_elem(&sampler_flow_scratch, &zero);
+	if (!init)
+		return NULL;
+	__builtin_memset(init, 0, sizeof(*init));
+	init->first_ns = now;
+	init->min_us = 0xffffffff;
+	init->win_min_us = 0xffffffff;
+	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
+	init->win_epoch = ep ? *ep : 0;
+	init->ifindex = cfg_ifindex;
+	if (bpf_map_update_elem(&sampler_flows, key, init, BPF_NOEXIST)) {
+		f = bpf_map_lookup_elem(&sampler_flows, key);
+		if (!f)
+			count(RTTSCOPE_SC_FLOW_MAP_FULL);
+		return f; /* lost a race: another CPU created it */
+	}
+	count(RTTSCOPE_SC_FLOWS_CREATED);
+	return bpf_map_lookup_elem(&sampler_flows, key);
+}
+
+static __always_inline void add_sample(struct rttscope_sampler_flow *f, const struct rttscope_flow_key *key,
+				       __u32 rtt, __u64 now)
+{
+	__u32 zero = 0, *ep, e, b;
+
+	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
+	e = ep ? *ep : 0;
+	if (f->win_epoch != e) {
+		f->win_epoch = e;
+		f->win_min_us = 0xffffffff;
+		f->win_max_us = 0;
+	}
+	f->samples++;
+	f->sum_us += rtt;
+	if (rtt < f->min_us)
+		f->min_us = rtt;
+	if (rtt > f->max_us)
+		f->max_us = rtt;
+	if (rtt < f->win_min_us)
+		f->win_min_us = rtt;
+	if (rtt > f->win_max_us)
+		f->win_max_us = rtt;
+	f->last_rtt_us = rtt;
+	f->last_ns = now;
+	f->ifindex = cfg_ifindex;
+	b = rttscope_hist_bucket(rtt);
+	barrier_var(b); /* keep the bounds check clang would prove redundant */
+	if (b < RTTSCOPE_HIST_BUCKETS)
+		f->hist[b]++;
+	count(RTTSCOPE_SC_SAMPLES);
+	if (cfg_raw) {
+		struct rttscope_event *ev = bpf_ringbuf_reserve(&sampler_events, sizeof(*ev), 0);
+
+		if (!ev) {
+			count(RTTSCOPE_SC_RAW_DROPS);
+			return;
+		}
+		ev->type = RTTSCOPE_EV_SAMPLER_RTT;
+		ev->side = RTTSCOPE_SIDE_UNKNOWN;
+		ev->flags = (__u8)cfg_match;
+		ev->reserved = 0;
+		ev->rtt_us = rtt;
+		ev->srtt_us = 0;
+		ev->reserved2 = cfg_ifindex;
+		ev->ts_ns = now;
+		ev->key = *key;
+		ev->reserved3 = 0;
+		bpf_ringbuf_submit(ev, 0);
+		count(RTTSCOPE_SC_RAW_EVENTS);
+	}
+}
+
+SEC("classifier")
+int rttscope_sm_egr(struct __sk_buff *skb)
+{
+	struct rttscope_sampler_pending *pd;
+	struct seg s = {};
+	__u32 v, t, free_i = RTTSCOPE_SAMPLER_SLOTS;
+	__u64 now, nv;
+	int i;
+
+	count(RTTSCOPE_SC_SEEN_EGRESS);
+	if (!sampled())
+		return PASS;
+	count(RTTSCOPE_SC_SAMPLED_EGRESS);
+	if (parse(skb, &s))
+		return PASS;
+	count(RTTSCOPE_SC_TCP_EGRESS);
+	if (s.flags & TH_RST) {
+		s.key.netns = cfg_netns;
+		forget(&s.key);
+		return PASS;
+	}
+	if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
+		count(RTTSCOPE_SC_NO_DATA);
+		return PASS;
+	}
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
+		if (!s.has_ts) {
+			count(RTTSCOPE_SC_NO_TIMESTAMP);
+			return PASS;
+		}
+		v = s.tsval;
+	} else {
+		/* end sequence: from the payload length, so a GSO/TSO skb
+		 * carrying many segments is timed by its last byte */
+		v = s.seq + s.payload + ((s.flags & TH_SYN) ? 1 : 0) + ((s.flags & TH_FIN) ? 1 : 0);
+	}
+	s.key.netns = cfg_netns;
+	now = bpf_ktime_get_ns();
+	pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
+	if (!pd) {
+		struct rttscope_sampler_pending init = {};
+
+		init.touched_ns = now;
+		if (bpf_map_update_elem(&sampler_pending, &s.key, &init, BPF_NOEXIST) == 0)
+			count(RTTSCOPE_SC_PENDING_CREATED);
+		pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
+		if (!pd) {
+			count(RTTSCOPE_SC_PENDING_MAP_FULL);
+			return PASS;
+		}
+	}
+	if (now - pd->touched_ns > cfg_timeout_ns)
+		expire_all(pd);
+	pd->touched_ns = now;
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
+		/* pping: time only the first packet that carries a TSval */
+		if ((pd->flags & 1) && pd->last_tsval == v) {
+			count(RTTSCOPE_SC_DUPLICATE);
+			return PASS;
+		}
+		pd->last_tsval = v;
+		pd->flags |= 1;
+	}
+	t = now_us32(now);
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 sl = pd->slot[i];
+
+		if (!sl) {
+			if (free_i == RTTSCOPE_SAMPLER_SLOTS)
+				free_i = i;
+			continue;
+		}
+		if ((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns) {
+			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
+				count(RTTSCOPE_SC_EXPIRED);
+				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
+					free_i = i;
+			}
+			continue;
+		}
+		if ((__u32)(sl >> 32) == v) {
+			/* a retransmission of a pending segment: keep the first time */
+			count(RTTSCOPE_SC_DUPLICATE);
+			return PASS;
+		}
+	}
+	if (free_i >= RTTSCOPE_SAMPLER_SLOTS) {
+		count(RTTSCOPE_SC_SLOTS_FULL);
+		return PASS;
+	}
+	nv = ((__u64)v << 32) | t;
+	if (__sync_val_compare_and_swap(&pd->slot[free_i], 0, nv) != 0) {
+		count(RTTSCOPE_SC_RACE);
+		return PASS;
+	}
+	count(RTTSCOPE_SC_RECORDED);
+	return PASS;
+}
+
+SEC("classifier")
+int rttscope_sm_ing(struct __sk_buff *skb)
+{
+	struct rttscope_sampler_pending *pd;
+	struct rttscope_sampler_flow *f = NULL;
+	struct seg s = {};
+	__u32 v, t, matched = 0, oldest = 0;
+	__u64 now, busy;
+	int i;
+
+	count(RTTSCOPE_SC_SEEN_INGRESS);
+	if (!sampled())
+		return PASS;
+	count(RTTSCOPE_SC_SAMPLED_INGRESS);
+	if (parse(skb, &s))
+		return PASS;
+	count(RTTSCOPE_SC_TCP_INGRESS);
+	if (s.flags & TH_RST) {
+		/* the connection is gone: nothing pending will be acknowledged */
+		swap_key(&s.key);
+		s.key.netns = cfg_netns;
+		forget(&s.key);
+		count(RTTSCOPE_SC_NOT_ACK);
+		return PASS;
+	}
+	if (!(s.flags & TH_ACK)) {
+		count(RTTSCOPE_SC_NOT_ACK);
+		return PASS;
+	}
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
+		if (!s.has_ts || s.tsecr == 0) {
+			count(RTTSCOPE_SC_NO_TIMESTAMP);
+			return PASS;
+		}
+		v = s.tsecr;
+	} else {
+		v = s.ack;
+	}
+	/* the data sender's key: local = our end = the packet's destination */
+	swap_key(&s.key);
+	s.key.netns = cfg_netns;
+	pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
+	if (!pd) {
+		count(RTTSCOPE_SC_ACK_NO_PENDING);
+		return PASS;
+	}
+	/* nothing pending: no clock read, nothing to expire */
+	busy = 0;
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++)
+		busy |= pd->slot[i];
+	if (!busy) {
+		count(RTTSCOPE_SC_ACK_NO_MATCH);
+		return PASS;
+	}
+	now = bpf_ktime_get_ns();
+	if (now - pd->touched_ns > cfg_timeout_ns)
+		expire_all(pd);
+	pd->touched_ns = now;
+	t = now_us32(now);
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 sl = pd->slot[i];
+		__u32 sv, age;
+
+		if (!sl)
+			continue;
+		sv = (__u32)(sl >> 32);
+		age = t - (__u32)sl;
+		if ((__u64)age * 1000 > cfg_timeout_ns) {
+			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
+				count(RTTSCOPE_SC_EXPIRED);
+			continue;
+		}
+		if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
+			if (sv != v) {
+				/* an older TSval than the one echoed will never be echoed */
+				if ((__s32)(v - sv) > 0 &&
+				    __sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
+					count(RTTSCOPE_SC_SUPERSEDED);
+				continue;
+			}
+		} else {
+			/* cumulative ACK covers end_seq: 0 <= ack - end_seq < 2^30 */
+			if (v - sv >= RTTSCOPE_SAMPLER_MAX_ACK_AHEAD)
+				continue;
+		}
+		if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl) {
+			count(RTTSCOPE_SC_RACE);
+			continue;
+		}
+		matched++;
+		if (age > oldest)
+			oldest = age;
+	}
+	if (!matched) {
+		count(RTTSCOPE_SC_ACK_NO_MATCH);
+		return PASS;
+	}
+	/* one sample per ACK, from the oldest segment it covers (as TCP's
+	 * seq_rtt); the others are freed and counted */
+	if (matched > 1)
+		count_n(RTTSCOPE_SC_ACKED_TOGETHER, matched - 1);
+	f = get_flow(&s.key, now);
+	if (f)
+		add_sample(f, &s.key, oldest, now);
+	return PASS;
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Benchmark of the sampler view (needs root): ns per packet of each tc program
+# (BPF run-time statistics, enabled through BPF_ENABLE_STATS for the run only)
+# and the transactions-per-second drop of a full-speed TCP request/response
+# flow between two namespaces with the sampler on both veth ends at
+# --sample-every 1. Rounds alternate sampler off/on; medians are compared.
+#
+#   scripts/bench-sampler.sh                 # 5 rounds x 3 s, --match seq
+#   BENCH_MATCH=tsval BENCH_ROUNDS=7 BENCH_SECS=5 scripts/bench-sampler.sh
+#   RELEASE=1 scripts/bench-sampler.sh       # release build of the RR client
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=()
+if [[ "${RELEASE:-0}" == 1 ]]; then profile=(--release); fi
+cargo build -q -p rttscope "${profile[@]}"
+exec cargo test -q -p rttscope-e2e "${profile[@]}" --test sampler bench_sampler_overhead \
+    -- --ignored --nocapture --test-threads=1

@@ -1,0 +1,244 @@
+//! ICMP echo: the socket (unprivileged datagram ICMP where allowed, raw
+//! otherwise) and the packet codec.
+//!
+//! Datagram ICMP sockets (`SOCK_DGRAM`, `IPPROTO_ICMP`/`IPPROTO_ICMPV6`) need
+//! the caller's group in `net.ipv4.ping_group_range`; the kernel then owns the
+//! echo identifier (it is the socket's "port") and delivers only our replies.
+//! Raw sockets need CAP_NET_RAW and see every ICMP packet of the namespace, so
+//! replies are matched on type, identifier and a per-run cookie in the payload.
+//!
+//! Payload: 8-byte cookie (random per run), 8-byte sequence number (the 16-bit
+//! ICMP sequence wraps; this one does not), then padding up to the size asked.
+use std::io::{self, Read};
+use std::net::{IpAddr, SocketAddr};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// Smallest echo payload: cookie + sequence.
+pub const MIN_PAYLOAD: usize = 16;
+/// ping's default payload size.
+pub const DEFAULT_PAYLOAD: usize = 56;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcmpSocketKind {
+    Dgram,
+    Raw,
+}
+
+impl IcmpSocketKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            IcmpSocketKind::Dgram => "dgram",
+            IcmpSocketKind::Raw => "raw",
+        }
+    }
+}
+
+pub struct IcmpSocket {
+    fd: AsyncFd<Socket>,
+    pub kind: IcmpSocketKind,
+    v6: bool,
+    dest: SockAddr,
+    id: u16,
+    cookie: u64,
+}
+
+impl IcmpSocket {
+    /// Open a datagram ICMP socket, or a raw one if that is refused.
+    pub fn open(target: IpAddr) -> io::Result<Self> {
+        let (domain, proto) = match target {
+            IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4),
+            IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6),
+        };
+        let (sock, kind) = match Socket::new(domain, Type::DGRAM, Some(proto)) {
+            Ok(s) => (s, IcmpSocketKind::Dgram),
+            Err(e) => {
+                tracing::debug!("datagram ICMP socket refused ({e}); trying a raw socket");
+                let s = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e2| {
+                    io::Error::new(
+                        e2.kind(),
+                        format!(
+                            "no ICMP socket: datagram refused ({e}; see net.ipv4.ping_group_range), raw refused ({e2}; needs CAP_NET_RAW)"
+                        ),
+                    )
+                })?;
+                (s, IcmpSocketKind::Raw)
+            }
+        };
+        sock.set_nonblocking(true)?;
+        let dest = SockAddr::from(SocketAddr::new(target, 0));
+        Ok(IcmpSocket {
+            // SAFETY: the socket stays open for as long as the AsyncFd owns it.
+            fd: unsafe { AsyncFd::register(sock) }.map_err(io::Error::from)?,
+            kind,
+            v6: target.is_ipv6(),
+            dest,
+            id: rand::random(),
+            cookie: rand::random(),
+        })
+    }
+
+    /// Build and send echo request `seq` with `payload` bytes of payload.
+    pub async fn send(&self, seq: u64, payload: usize) -> io::Result<()> {
+        let pkt = encode_echo(self.v6, self.id, seq, self.cookie, payload);
+        let dest = &self.dest;
+        self.fd
+            .async_io(Interest::WRITABLE, |s| s.send_to(&pkt, dest))
+            .await
+            .map(|_| ())
+    }
+
+    /// One non-blocking receive straight to the syscall (busy polling).
+    /// Ok(None): nothing there; Ok(Some(None)): a packet that is not our reply.
+    pub fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Option<Option<u64>>> {
+        match self.fd.get_ref().read(buf) {
+            Ok(n) => {
+                let r = self.decode(&buf[..n]);
+                if r.is_none() {
+                    *foreign += 1;
+                }
+                Ok(Some(r))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn decode(&self, b: &[u8]) -> Option<u64> {
+        let id = match self.kind {
+            IcmpSocketKind::Raw => Some(self.id),
+            IcmpSocketKind::Dgram => None,
+        };
+        let ip_header = self.kind == IcmpSocketKind::Raw && !self.v6;
+        decode_echo_reply(b, self.v6, ip_header, id, self.cookie)
+    }
+
+    /// Receive until one of our echo replies arrives; returns its sequence number.
+    /// Packets that are not our replies are skipped (counted in `foreign`).
+    pub async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<u64> {
+        loop {
+            let n = self
+                .fd
+                .async_io(Interest::READABLE, |mut s| s.read(buf))
+                .await?;
+            match self.decode(&buf[..n]) {
+                Some(seq) => return Ok(seq),
+                None => *foreign += 1,
+            }
+        }
+    }
+}
+
+/// The Internet checksum (RFC 1071).
+pub fn checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in b.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
+        sum += w as u32;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// An echo request: type, code, checksum (IPv4 only; the kernel fills it for
+/// ICMPv6), identifier, 16-bit sequence, payload (cookie, seq, padding).
+pub fn encode_echo(v6: bool, id: u16, seq: u64, cookie: u64, payload: usize) -> Vec<u8> {
+    let payload = payload.max(MIN_PAYLOAD);
+    let mut p = vec![0u8; 8 + payload];
+    p[0] = if v6 { 128 } else { 8 };
+    p[4..6].copy_from_slice(&id.to_be_bytes());
+    p[6..8].copy_from_slice(&(seq as u16).to_be_bytes());
+    p[8..16].copy_from_slice(&cookie.to_be_bytes());
+    p[16..24].copy_from_slice(&seq.to_be_bytes());
+    for (i, b) in p[24..].iter_mut().enumerate() {
+        *b = (i & 0xff) as u8;
+    }
+    if !v6 {
+        let c = checksum(&p);
+        p[2..4].copy_from_slice(&c.to_be_bytes());
+    }
+    p
+}
+
+/// Our echo reply's sequence number, or None for anything else. `ip_header`:
+/// the buffer starts with an IPv4 header (raw IPv4 sockets). `id`: the
+/// identifier to require (raw sockets; datagram sockets are filtered by the kernel).
+pub fn decode_echo_reply(
+    b: &[u8],
+    v6: bool,
+    ip_header: bool,
+    id: Option<u16>,
+    cookie: u64,
+) -> Option<u64> {
+    let b = if ip_header {
+        let ihl = (*b.first()? & 0x0f) as usize * 4;
+        if ihl < 20 {
+            return None;
+        }
+        b.get(ihl..)?
+    } else {
+        b
+    };
+    if b.len() < 8 + MIN_PAYLOAD {
+        return None;
+    }
+    let want_type = if v6 { 129 } else { 0 };
+    if b[0] != want_type || b[1] != 0 {
+        return None;
+    }
+    if let Some(id) = id {
+        if u16::from_be_bytes([b[4], b[5]]) != id {
+            return None;
+        }
+    }
+    if u64::from_be_bytes(b[8..16].try_into().ok()?) != cookie {
+        return None;
+    }
+    let seq = u64::from_be_bytes(b[16..24].try_into().ok()?);
+    if seq as u16 != u16::from_be_bytes([b[6], b[7]]) {
+        return None;
+    }
+    Some(seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_of_request_verifies() {
+        let p = encode_echo(false, 0x1234, 7, 99, 56);
+        assert_eq!(p.len(), 64);
+        assert_eq!(checksum(&p), 0, "a packet with its checksum sums to zero");
+        assert_eq!(checksum(&[0x45, 0x00, 0x00, 0x1c]), !(0x451c_u16));
+    }
+
+    #[test]
+    fn reply_roundtrip() {
+        let mut p = encode_echo(false, 5, 300, 42, 20);
+        p[0] = 0; // the peer turns a request into a reply
+        assert_eq!(decode_echo_reply(&p, false, false, Some(5), 42), Some(300));
+        assert_eq!(decode_echo_reply(&p, false, false, Some(6), 42), None);
+        assert_eq!(decode_echo_reply(&p, false, false, None, 43), None);
+        // Our own request seen on a raw socket is not a reply.
+        let req = encode_echo(false, 5, 300, 42, 20);
+        assert_eq!(decode_echo_reply(&req, false, false, Some(5), 42), None);
+        // With an IPv4 header in front.
+        let mut ip = vec![0x45u8; 20];
+        ip.extend_from_slice(&p);
+        assert_eq!(decode_echo_reply(&ip, false, true, Some(5), 42), Some(300));
+        assert_eq!(decode_echo_reply(&ip[..30], false, true, Some(5), 42), None);
+        assert_eq!(decode_echo_reply(&[], false, true, None, 42), None);
+        let mut r6 = encode_echo(true, 5, 1, 42, 16);
+        r6[0] = 129;
+        assert_eq!(decode_echo_reply(&r6, true, false, None, 42), Some(1));
+    }
+}

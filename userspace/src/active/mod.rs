@@ -1,0 +1,416 @@
+//! The active view: what an application measures. `rttscope serve` answers
+//! request/response probes; `rttscope probe tcp-rr|udp-rr|icmp HOST` times
+//! transactions from just before the request's send() to just after the
+//! response's last recv() (netperf TCP_RR/UDP_RR), or ICMP echoes (ping).
+//!
+//! Library use (no CLI): [`run_probe`] with a [`ProbeConfig`] returns a
+//! [`ProbeResult`] that records every setting; [`serve`] (or [`serve::bind`]
+//! then [`serve::Server::run`]) runs the responder in-process. Both stop when
+//! their [`Cancel`] receiver sees `true`.
+pub mod framing;
+pub mod icmp;
+pub mod output;
+pub mod rr;
+pub mod serve;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+
+pub use rr::{run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, Settings, Stop};
+pub use serve::{serve, ServeConfig, DEFAULT_PORT};
+
+use crate::units::duration_arg;
+
+/// Cancellation: a run stops when the value becomes `true`. Dropping the
+/// sender does not cancel.
+pub type Cancel = tokio::sync::watch::Receiver<bool>;
+
+/// A (sender, receiver) pair for [`Cancel`].
+pub fn cancel_pair() -> (tokio::sync::watch::Sender<bool>, Cancel) {
+    tokio::sync::watch::channel(false)
+}
+
+/// Resolves when cancelled; never if the sender is gone without cancelling.
+pub async fn cancelled(c: &mut Cancel) {
+    if c.wait_for(|v| *v).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (what `Instant` uses, as a plain number
+/// that can be handed to timerfd).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on, TCP and UDP (repeatable). Default: 127.0.0.1:7878 and [::1]:7878.
+    #[arg(long = "listen", value_name = "ADDR:PORT")]
+    pub listen: Vec<SocketAddr>,
+    /// Largest request or response size in bytes; a client asking for more is disconnected.
+    #[arg(long, default_value_t = 1 << 20, value_name = "BYTES")]
+    pub max_size: u32,
+    /// Largest number of concurrent TCP connections; more are closed on accept.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pub max_conns: usize,
+    /// Close a TCP connection that sends nothing (or reads nothing) for this long.
+    #[arg(long, default_value = "30s", value_parser = duration_arg, value_name = "DURATION")]
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    #[command(subcommand)]
+    pub kind: ProbeKind,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ProbeKind {
+    /// TCP request/response (netperf TCP_RR) against `rttscope serve`.
+    TcpRr {
+        #[command(flatten)]
+        common: ProbeOpts,
+    },
+    /// UDP request/response (netperf UDP_RR) against `rttscope serve`; lost requests time out (-W).
+    UdpRr {
+        #[command(flatten)]
+        common: ProbeOpts,
+    },
+    /// ICMP echo (ping): datagram ICMP socket where allowed, raw socket otherwise.
+    Icmp {
+        #[command(flatten)]
+        common: ProbeOpts,
+    },
+    /// Isochronous UDP probe speaking irtt's protocol, against any `irtt server`: RTT, one-way delays, IPDV, up/down loss.
+    Irtt(crate::irtt::IrttArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeOpts {
+    /// Target host name or address.
+    #[arg(value_name = "HOST")]
+    pub host: String,
+    /// Run for this many seconds (default 10, as netperf).
+    #[arg(
+        short = 'l',
+        long = "length",
+        value_name = "SECONDS",
+        conflicts_with = "count"
+    )]
+    pub length: Option<f64>,
+    /// Run this many transactions instead.
+    #[arg(short = 'n', long = "count", value_name = "COUNT")]
+    pub count: Option<u64>,
+    /// Interval between bursts: 0 = back to back (default); 10ms, 250us, 1s; a bare
+    /// number is milliseconds and netperf's `10m`/`50u` suffixes are accepted.
+    #[arg(short = 'w', long = "interval", default_value = "0", value_parser = interval_arg, value_name = "INTERVAL")]
+    pub interval: Duration,
+    /// Transactions per interval, one after the other.
+    #[arg(short = 'b', long = "burst", default_value_t = 1, value_name = "BURST")]
+    pub burst: u32,
+    /// Wait for the next interval by spinning on the clock (netperf --enable-spin) instead of sleeping.
+    #[arg(long)]
+    pub spin: bool,
+    /// Request and response sizes in bytes (default 1,1; ICMP: payload size, default 56).
+    #[arg(short = 'r', long = "sizes", value_parser = sizes_arg, value_name = "REQ,RESP")]
+    pub sizes: Option<(u32, u32)>,
+    /// Set TCP_NODELAY on both ends (TCP).
+    #[arg(long)]
+    pub nodelay: bool,
+    /// The responder's port (rttscope serve's default: 7878).
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// A reply not received within this long counts as lost (UDP, ICMP); a TCP transaction taking longer fails.
+    #[arg(short = 'W', long = "timeout", default_value = "1s", value_parser = duration_arg, value_name = "DURATION")]
+    pub timeout: Duration,
+    /// netperf output selectors, comma-separated: MIN_LATENCY, MAX_LATENCY, MEAN_LATENCY,
+    /// P50_LATENCY, P90_LATENCY, P99_LATENCY, STDDEV_LATENCY, THROUGHPUT, THROUGHPUT_UNITS
+    /// (microseconds, transactions/s); prints a header line and a value line.
+    #[arg(short = 'o', long = "output", value_name = "SELECTORS", value_parser = output::parse_selectors)]
+    pub output: Option<output::Selectors>,
+    /// With -o: P50/P90/P99 from the netperf-style histogram (whole us, as netperf prints) instead of exact.
+    #[arg(long)]
+    pub netperf_percentiles: bool,
+    /// Print the whole result (settings, counts, summary, every sample) as JSON.
+    #[arg(long, conflicts_with = "output")]
+    pub json: bool,
+    /// TCP: drive the transactions through the tokio reactor (non-blocking
+    /// sockets, epoll) instead of blocking send()/recv() on a dedicated thread.
+    #[arg(long)]
+    pub async_io: bool,
+    /// Keep at most this many per-transaction samples in the result.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub max_samples: usize,
+}
+
+/// `-w`: our durations, plus netperf's habits (bare number = ms, `m` = ms, `u` = us, -1 = none).
+pub fn interval_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "-1" {
+        return Ok(Duration::ZERO);
+    }
+    if let Ok(ms) = t.parse::<f64>() {
+        if ms >= 0.0 && ms.is_finite() {
+            return Ok(Duration::from_nanos((ms * 1e6).round() as u64));
+        }
+    }
+    if let Some(n) = t.strip_suffix('u') {
+        return crate::units::parse_duration(&format!("{n}us")).map_err(|e| e.to_string());
+    }
+    if let Some(n) = t.strip_suffix('m') {
+        if !n.ends_with('m') {
+            return crate::units::parse_duration(&format!("{n}ms")).map_err(|e| e.to_string());
+        }
+    }
+    duration_arg(t)
+}
+
+/// `-r REQ,RESP` (or one number for both).
+pub fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("'{s}' is not REQ,RESP: two byte counts such as 1,1 or 64,1024");
+    let parts: Vec<&str> = s.split(',').map(|p| p.trim()).collect();
+    let num = |p: &str| p.parse::<u32>().map_err(|_| bad());
+    match parts.as_slice() {
+        [one] => {
+            let v = num(one)?;
+            Ok((v, v))
+        }
+        [a, b] => {
+            let a = if a.is_empty() { 1 } else { num(a)? };
+            let b = if b.is_empty() { 1 } else { num(b)? };
+            if a == 0 || b == 0 {
+                return Err(bad());
+            }
+            Ok((a, b))
+        }
+        _ => Err(bad()),
+    }
+}
+
+impl ProbeKind {
+    /// Kind and options of the request/response and ICMP probes (None for irtt,
+    /// which has options of its own).
+    pub fn parts(&self) -> Option<(Kind, &ProbeOpts)> {
+        match self {
+            ProbeKind::TcpRr { common } => Some((Kind::TcpRr, common)),
+            ProbeKind::UdpRr { common } => Some((Kind::UdpRr, common)),
+            ProbeKind::Icmp { common } => Some((Kind::Icmp, common)),
+            ProbeKind::Irtt(_) => None,
+        }
+    }
+}
+
+/// The library configuration for parsed options.
+pub fn probe_config(kind: Kind, o: &ProbeOpts) -> Result<ProbeConfig> {
+    let mut c = ProbeConfig::new(kind, &o.host);
+    if let Some((req, resp)) = o.sizes {
+        c.req_size = req;
+        c.resp_size = resp;
+    }
+    c.port = o.port;
+    c.interval = o.interval;
+    if o.burst == 0 {
+        bail!("-b BURST must be at least 1");
+    }
+    c.burst = o.burst;
+    c.spin = o.spin;
+    c.nodelay = o.nodelay;
+    c.timeout = o.timeout;
+    c.max_samples = o.max_samples;
+    c.io = if o.async_io {
+        IoMode::TokioReactor
+    } else {
+        IoMode::BlockingThread
+    };
+    c.stop = match (o.length, o.count) {
+        (_, Some(0)) => bail!("-n COUNT must be at least 1"),
+        (_, Some(n)) => Stop::Count(n),
+        (Some(l), None) if !(l.is_finite() && l > 0.0) => bail!("-l SECONDS must be above zero"),
+        (Some(l), None) => Stop::Duration(Duration::from_secs_f64(l)),
+        (None, None) => Stop::Duration(Duration::from_secs(10)),
+    };
+    Ok(c)
+}
+
+/// Cancel on Ctrl-C or SIGTERM.
+fn spawn_signal_watch(tx: tokio::sync::watch::Sender<bool>) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = tx.send(true);
+    });
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    // One thread: the probe's transactions are sequential, and a single
+    // thread keeps wake-ups on the syscall path (no cross-thread hand-off).
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `rttscope probe ...`
+pub fn probe_main(args: ProbeArgs) -> Result<()> {
+    let (kind, o) = match &args.kind {
+        ProbeKind::Irtt(a) => return crate::irtt::run(a.clone()),
+        k => k.parts().expect("request/response or ICMP probe"),
+    };
+    let cfg = probe_config(kind, o)?;
+    let rt = runtime()?;
+    let result = rt.block_on(async {
+        let (tx, rx) = cancel_pair();
+        spawn_signal_watch(tx);
+        run_probe(&cfg, rx).await
+    })?;
+    let text = if o.json {
+        serde_json::to_string(&result)? + "\n"
+    } else if let Some(sel) = &o.output {
+        output::selectors(&result, &sel.0, o.netperf_percentiles)
+    } else {
+        output::human(&result)
+    };
+    use std::io::Write;
+    std::io::stdout().write_all(text.as_bytes())?;
+    if result.counts.received == 0 && result.counts.sent > 0 {
+        bail!(
+            "no replies from {} ({} sent{})",
+            result.settings.address,
+            result.counts.sent,
+            result
+                .last_error
+                .as_ref()
+                .map(|e| format!(", last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `rttscope serve ...`
+pub fn serve_main(args: ServeArgs) -> Result<()> {
+    let cfg = ServeConfig {
+        listen: if args.listen.is_empty() {
+            serve::default_listen()
+        } else {
+            args.listen
+        },
+        max_size: args.max_size,
+        max_conns: args.max_conns.max(1),
+        idle_timeout: args.idle_timeout,
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let (tx, rx) = cancel_pair();
+        spawn_signal_watch(tx);
+        let server = serve::bind(cfg).await?;
+        let addrs: Vec<String> = server.local_addrs().iter().map(|a| a.to_string()).collect();
+        eprintln!(
+            "rttscope serve: listening on {} (TCP and UDP)",
+            addrs.join(", ")
+        );
+        let stats = server.stats.clone();
+        let r = server.run(rx).await;
+        eprintln!(
+            "rttscope serve: stopped; {}",
+            serde_json::to_string(&*stats).unwrap_or_default()
+        );
+        r
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(subcommand)]
+        kind: ProbeKind,
+    }
+
+    #[test]
+    fn interval_parsing() {
+        assert_eq!(interval_arg("0").unwrap(), Duration::ZERO);
+        assert_eq!(interval_arg("-1").unwrap(), Duration::ZERO);
+        assert_eq!(interval_arg("10ms").unwrap(), Duration::from_millis(10));
+        assert_eq!(interval_arg("10m").unwrap(), Duration::from_millis(10));
+        assert_eq!(interval_arg("10").unwrap(), Duration::from_millis(10));
+        assert_eq!(interval_arg("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(interval_arg("50u").unwrap(), Duration::from_micros(50));
+        assert_eq!(interval_arg("1s").unwrap(), Duration::from_secs(1));
+        assert!(interval_arg("fast").is_err());
+        assert!(interval_arg("-5").is_err());
+    }
+
+    #[test]
+    fn sizes_parsing() {
+        assert_eq!(sizes_arg("1,1").unwrap(), (1, 1));
+        assert_eq!(sizes_arg("1409, 2").unwrap(), (1409, 2));
+        assert_eq!(sizes_arg("64").unwrap(), (64, 64));
+        assert_eq!(sizes_arg(",2").unwrap(), (1, 2));
+        assert!(sizes_arg("0,1").is_err());
+        assert!(sizes_arg("a,b").is_err());
+        assert!(sizes_arg("1,2,3").is_err());
+    }
+
+    #[test]
+    fn probe_cli() {
+        let t = T::try_parse_from([
+            "probe",
+            "tcp-rr",
+            "10.0.0.1",
+            "-w",
+            "10ms",
+            "-b",
+            "2",
+            "-l",
+            "2",
+            "-r",
+            "1,2",
+            "--nodelay",
+            "-o",
+            "min_latency, P99_LATENCY,THROUGHPUT",
+        ])
+        .unwrap();
+        let (kind, o) = t.kind.parts().unwrap();
+        assert_eq!(kind, Kind::TcpRr);
+        let c = probe_config(kind, o).unwrap();
+        assert_eq!(c.interval, Duration::from_millis(10));
+        assert_eq!(c.burst, 2);
+        assert_eq!((c.req_size, c.resp_size), (1, 2));
+        assert_eq!(c.stop, Stop::Duration(Duration::from_secs(2)));
+        assert!(c.nodelay);
+        assert_eq!(o.output.as_ref().unwrap().0.len(), 3);
+        let t = T::try_parse_from(["probe", "icmp", "::1", "-n", "5"]).unwrap();
+        let (kind, o) = t.kind.parts().unwrap();
+        let c = probe_config(kind, o).unwrap();
+        assert_eq!(c.req_size, 56);
+        assert_eq!(c.stop, Stop::Count(5));
+        assert!(T::try_parse_from(["probe", "udp-rr", "h", "-l", "1", "-n", "3"]).is_err());
+        assert!(T::try_parse_from(["probe", "udp-rr", "h", "-o", "BOGUS"]).is_err());
+        let t = T::try_parse_from(["probe", "udp-rr", "h", "-b", "0"]).unwrap();
+        let (kind, o) = t.kind.parts().unwrap();
+        assert!(probe_config(kind, o).is_err());
+    }
+}

@@ -1,0 +1,362 @@
+//! Printing a probe result: a ping- or netperf-like summary, netperf output
+//! selectors (`-o`), or JSON (in mod.rs).
+use std::fmt::Write;
+
+use super::rr::{IoMode, Kind, ProbeResult};
+use crate::units::fmt_duration_short;
+
+/// netperf's output selectors that rttscope understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selector {
+    MinLatency,
+    MaxLatency,
+    MeanLatency,
+    P50Latency,
+    P90Latency,
+    P99Latency,
+    StddevLatency,
+    Throughput,
+    ThroughputUnits,
+}
+
+/// A parsed `-o` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selectors(pub Vec<Selector>);
+
+impl Selector {
+    const ALL: [(&'static str, Selector, &'static str); 9] = [
+        (
+            "MIN_LATENCY",
+            Selector::MinLatency,
+            "Minimum Latency Microseconds",
+        ),
+        (
+            "MAX_LATENCY",
+            Selector::MaxLatency,
+            "Maximum Latency Microseconds",
+        ),
+        (
+            "MEAN_LATENCY",
+            Selector::MeanLatency,
+            "Mean Latency Microseconds",
+        ),
+        (
+            "P50_LATENCY",
+            Selector::P50Latency,
+            "50th Percentile Latency Microseconds",
+        ),
+        (
+            "P90_LATENCY",
+            Selector::P90Latency,
+            "90th Percentile Latency Microseconds",
+        ),
+        (
+            "P99_LATENCY",
+            Selector::P99Latency,
+            "99th Percentile Latency Microseconds",
+        ),
+        (
+            "STDDEV_LATENCY",
+            Selector::StddevLatency,
+            "Stddev Latency Microseconds",
+        ),
+        ("THROUGHPUT", Selector::Throughput, "Throughput"),
+        (
+            "THROUGHPUT_UNITS",
+            Selector::ThroughputUnits,
+            "Throughput Units",
+        ),
+    ];
+
+    /// netperf's column header for this selector.
+    pub fn header(self) -> &'static str {
+        Self::ALL.iter().find(|x| x.1 == self).map(|x| x.2).unwrap()
+    }
+}
+
+/// Parse `MIN_LATENCY,P99_LATENCY,...` (case-insensitive, spaces allowed).
+pub fn parse_selectors(s: &str) -> Result<Selectors, String> {
+    let mut v = Vec::new();
+    for name in s.split(',').map(|x| x.trim()).filter(|x| !x.is_empty()) {
+        let up = name.to_ascii_uppercase();
+        match Selector::ALL.iter().find(|x| x.0 == up) {
+            Some(x) => v.push(x.1),
+            None => {
+                let known: Vec<&str> = Selector::ALL.iter().map(|x| x.0).collect();
+                return Err(format!(
+                    "unknown output selector '{name}': use {}",
+                    known.join(", ")
+                ));
+            }
+        }
+    }
+    if v.is_empty() {
+        return Err("no output selector given".into());
+    }
+    Ok(Selectors(v))
+}
+
+fn us(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// netperf style: a header line and a value line, comma-separated.
+pub fn selectors(r: &ProbeResult, sel: &[Selector], netperf_pct: bool) -> String {
+    let s = &r.summary;
+    let np = &r.netperf;
+    let pct = |exact: f64, hist: u64| {
+        if netperf_pct {
+            hist.to_string()
+        } else {
+            us(exact)
+        }
+    };
+    let vals: Vec<String> = sel
+        .iter()
+        .map(|x| match x {
+            Selector::MinLatency => us(s.min),
+            Selector::MaxLatency => us(s.max),
+            Selector::MeanLatency => us(s.mean),
+            Selector::P50Latency => pct(s.p50, np.p50),
+            Selector::P90Latency => pct(s.p90, np.p90),
+            Selector::P99Latency => pct(s.p99, np.p99),
+            Selector::StddevLatency => us(s.stddev),
+            Selector::Throughput => format!("{:.2}", r.throughput),
+            Selector::ThroughputUnits => r.throughput_units.clone(),
+        })
+        .collect();
+    let headers: Vec<&str> = sel.iter().map(|x| x.header()).collect();
+    format!("{}\n{}\n", headers.join(","), vals.join(","))
+}
+
+fn interval_text(r: &ProbeResult) -> String {
+    let st = &r.settings;
+    if st.interval_ns == 0 {
+        "0 (back to back)".into()
+    } else {
+        format!(
+            "{} ({})",
+            fmt_duration_short(std::time::Duration::from_nanos(st.interval_ns)),
+            st.pacing
+        )
+    }
+}
+
+/// The human summary: ping-like for ICMP, netperf-like for TCP/UDP.
+pub fn human(r: &ProbeResult) -> String {
+    let st = &r.settings;
+    let c = &r.counts;
+    let s = &r.summary;
+    let mut o = String::new();
+    let ms = |v: f64| {
+        if v.is_nan() {
+            "-".to_string()
+        } else {
+            format!("{:.3}", v / 1000.0)
+        }
+    };
+    if st.kind == Kind::Icmp {
+        let loss = if c.sent > 0 {
+            100.0 * c.lost as f64 / c.sent as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            o,
+            "--- {} ({}) rttscope icmp statistics ---",
+            st.target, st.address
+        );
+        let _ = writeln!(
+            o,
+            "{} packets transmitted, {} received, {} duplicates, {} late, {} reordered, {:.1}% packet loss, time {:.0}ms",
+            c.sent,
+            c.received,
+            c.duplicates,
+            c.late,
+            c.reordered,
+            loss,
+            r.elapsed_s * 1000.0
+        );
+        let _ = writeln!(
+            o,
+            "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
+            ms(s.min),
+            ms(s.mean),
+            ms(s.max),
+            ms(s.stddev)
+        );
+        let _ = writeln!(
+            o,
+            "rtt p50/p90/p99 = {}/{}/{} ms (netperf histogram: {}/{}/{} us)",
+            ms(s.p50),
+            ms(s.p90),
+            ms(s.p99),
+            r.netperf.p50,
+            r.netperf.p90,
+            r.netperf.p99
+        );
+        let _ = writeln!(
+            o,
+            "settings: payload {} B, interval {}, burst {}, timeout {}, {} socket, clock {}",
+            st.req_size,
+            interval_text(r),
+            st.burst,
+            fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
+            st.icmp_socket.as_deref().unwrap_or("?"),
+            st.clock
+        );
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "{} to {} ({}) port {}: {} transactions in {:.2} s, {:.2} {}",
+        st.kind.label(),
+        st.target,
+        st.address,
+        st.port,
+        c.received,
+        r.elapsed_s,
+        r.throughput,
+        r.throughput_units
+    );
+    let _ = writeln!(
+        o,
+        "latency us: min {} mean {} p50 {} p90 {} p99 {} max {} stddev {} ({}, {} samples)",
+        us(s.min),
+        us(s.mean),
+        us(s.p50),
+        us(s.p90),
+        us(s.p99),
+        us(s.max),
+        us(s.stddev),
+        r.summary_source,
+        s.n
+    );
+    let _ = writeln!(
+        o,
+        "netperf histogram us: p50 {} p90 {} p99 {}",
+        r.netperf.p50, r.netperf.p90, r.netperf.p99
+    );
+    if st.kind == Kind::UdpRr || c.errors > 0 {
+        let _ = writeln!(
+            o,
+            "sent {} received {} lost {} late {} duplicates {} reordered {} errors {}",
+            c.sent, c.received, c.lost, c.late, c.duplicates, c.reordered, c.errors
+        );
+    }
+    let _ = writeln!(
+        o,
+        "settings: request {} B, response {} B, interval {}, burst {}, nodelay {}, timeout {}, io {}, clock {}",
+        st.req_size,
+        st.resp_size,
+        interval_text(r),
+        st.burst,
+        if st.nodelay { "on" } else { "off" },
+        fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
+        match st.io {
+            IoMode::BlockingThread => "blocking thread",
+            IoMode::TokioReactor => "tokio reactor",
+        },
+        st.clock
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::active::rr::{Counts, Settings};
+    use crate::stats::{NetperfPercentiles, Summary};
+
+    fn result(kind: Kind) -> ProbeResult {
+        ProbeResult {
+            settings: Settings {
+                kind,
+                target: "h".into(),
+                address: "10.0.0.1".parse().unwrap(),
+                port: 7878,
+                interval_ns: 10_000_000,
+                burst: 1,
+                req_size: 1,
+                resp_size: 1,
+                duration_s: Some(2.0),
+                count: None,
+                spin: false,
+                nodelay: false,
+                timeout_ns: 1_000_000_000,
+                pacing: "sleep (timerfd)".into(),
+                clock: "CLOCK_MONOTONIC".into(),
+                icmp_socket: None,
+                io: IoMode::TokioReactor,
+            },
+            start_unix_s: 0.0,
+            elapsed_s: 2.0,
+            counts: Counts {
+                sent: 4,
+                received: 4,
+                ..Default::default()
+            },
+            summary: Summary::from_us(&[10.0, 20.0, 30.0, 40.0]),
+            summary_source: "exact".into(),
+            netperf: NetperfPercentiles {
+                p50: 20,
+                p90: 40,
+                p99: 40,
+            },
+            throughput: 2.0,
+            throughput_units: "Trans/s".into(),
+            samples: vec![(0, 10_000), (1, 20_000), (2, 30_000), (3, 40_000)],
+            last_error: None,
+        }
+    }
+
+    #[test]
+    fn selector_output() {
+        let r = result(Kind::TcpRr);
+        let sel = parse_selectors("min_latency,P50_LATENCY, throughput,THROUGHPUT_UNITS").unwrap();
+        assert_eq!(
+            selectors(&r, &sel.0, false),
+            "Minimum Latency Microseconds,50th Percentile Latency Microseconds,Throughput,Throughput Units\n10.00,20.00,2.00,Trans/s\n"
+        );
+        let sel = parse_selectors("P99_LATENCY").unwrap();
+        assert_eq!(
+            selectors(&r, &sel.0, true),
+            "99th Percentile Latency Microseconds\n40\n"
+        );
+        assert!(parse_selectors("FOO").is_err());
+        assert!(parse_selectors(" , ").is_err());
+    }
+
+    #[test]
+    fn human_output() {
+        let t = human(&result(Kind::TcpRr));
+        assert!(
+            t.contains("TCP_RR to h (10.0.0.1) port 7878: 4 transactions"),
+            "{t}"
+        );
+        assert!(t.contains("interval 10ms (sleep (timerfd))"), "{t}");
+        let t = human(&result(Kind::Icmp));
+        assert!(t.contains("4 packets transmitted, 4 received"), "{t}");
+        assert!(
+            t.contains("rtt min/avg/max/mdev = 0.010/0.025/0.040/"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn json_roundtrip() {
+        let r = result(Kind::UdpRr);
+        let j = serde_json::to_string(&r).unwrap();
+        let back: ProbeResult = serde_json::from_str(&j).unwrap();
+        // serde_json's default float parsing may differ in the last bit.
+        assert_eq!(back.samples, r.samples);
+        assert_eq!(back.settings, r.settings);
+        assert!((back.summary.stddev - r.summary.stddev).abs() < 1e-9);
+        assert!(j.contains("\"clock\":\"CLOCK_MONOTONIC\""));
+        assert!(j.contains("\"kind\":\"udp-rr\""));
+    }
+}

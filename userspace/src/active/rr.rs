@@ -1,0 +1,1344 @@
+//! The probe engine: TCP_RR, UDP_RR and ICMP echo transactions, paced, timed
+//! with CLOCK_MONOTONIC right around the send and receive system calls.
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+
+use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
+use super::icmp::{IcmpSocket, MIN_PAYLOAD};
+use super::{cancelled, mono_ns, Cancel};
+use crate::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    TcpRr,
+    UdpRr,
+    Icmp,
+}
+
+impl Kind {
+    /// netperf's / ping's name for the test.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::TcpRr => "TCP_RR",
+            Kind::UdpRr => "UDP_RR",
+            Kind::Icmp => "ICMP_ECHO",
+        }
+    }
+}
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Start no transaction after this long.
+    Duration(Duration),
+    /// After this many transactions.
+    Count(u64),
+}
+
+/// How the TCP_RR hot loop does its I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IoMode {
+    /// Blocking send()/recv() on a dedicated thread (`spawn_blocking`), as
+    /// netperf does: the fewest system calls and wake-ups per transaction.
+    BlockingThread,
+    /// Non-blocking sockets driven by the tokio reactor (EAGAIN, epoll_wait, wake).
+    TokioReactor,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    pub kind: Kind,
+    /// Host name or address as given.
+    pub target: String,
+    /// The responder's port (TCP/UDP; ignored for ICMP).
+    pub port: u16,
+    /// Time between the starts of bursts; zero = back to back.
+    pub interval: Duration,
+    /// Transactions per interval (one after the other).
+    pub burst: u32,
+    pub req_size: u32,
+    pub resp_size: u32,
+    pub stop: Stop,
+    /// Wait for the next interval by spinning on the clock instead of sleeping.
+    pub spin: bool,
+    /// TCP_NODELAY on both ends (TCP).
+    pub nodelay: bool,
+    /// A reply not received within this long is lost (UDP, ICMP); a TCP
+    /// transaction taking longer fails the run.
+    pub timeout: Duration,
+    /// Keep at most this many per-transaction samples (the summary then comes
+    /// from the HDR histogram; counts and histograms still see every sample).
+    pub max_samples: usize,
+    /// TCP_RR only (UDP and ICMP always use the reactor). Default: blocking thread.
+    pub io: IoMode,
+}
+
+impl ProbeConfig {
+    pub fn new(kind: Kind, target: &str) -> Self {
+        let (req, resp) = match kind {
+            Kind::Icmp => (
+                super::icmp::DEFAULT_PAYLOAD as u32,
+                super::icmp::DEFAULT_PAYLOAD as u32,
+            ),
+            _ => (1, 1),
+        };
+        ProbeConfig {
+            kind,
+            target: target.to_string(),
+            port: super::serve::DEFAULT_PORT,
+            interval: Duration::ZERO,
+            burst: 1,
+            req_size: req,
+            resp_size: resp,
+            stop: Stop::Duration(Duration::from_secs(10)),
+            spin: false,
+            nodelay: false,
+            timeout: Duration::from_secs(1),
+            max_samples: 1_000_000,
+            io: IoMode::BlockingThread,
+        }
+    }
+}
+
+/// The settings of a run, recorded with its result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    pub kind: Kind,
+    pub target: String,
+    pub address: IpAddr,
+    pub port: u16,
+    pub interval_ns: u64,
+    pub burst: u32,
+    /// Bytes actually sent per request / expected per response (UDP and ICMP
+    /// raise small sizes to their 16-byte header; ICMP sizes are the echo payload).
+    pub req_size: u32,
+    pub resp_size: u32,
+    pub duration_s: Option<f64>,
+    pub count: Option<u64>,
+    pub spin: bool,
+    pub nodelay: bool,
+    pub timeout_ns: u64,
+    /// "sleep (timerfd)" or "spin".
+    pub pacing: String,
+    pub clock: String,
+    /// ICMP only: "dgram" or "raw".
+    pub icmp_socket: Option<String>,
+    /// How the transactions' I/O was done.
+    pub io: IoMode,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counts {
+    pub sent: u64,
+    /// Replies received within the timeout (one per transaction).
+    pub received: u64,
+    /// Transactions without a reply within the timeout (includes those whose reply came late).
+    pub lost: u64,
+    /// Replies that arrived after their transaction had timed out.
+    pub late: u64,
+    /// Second and further replies to the same request.
+    pub duplicates: u64,
+    /// Replies older than the newest reply already received.
+    pub reordered: u64,
+    /// Send/receive errors (e.g. connection refused).
+    pub errors: u64,
+    /// Datagrams that were not replies to us (bad header, foreign ICMP).
+    pub foreign: u64,
+    /// Samples not kept in `samples` because of `max_samples`.
+    pub samples_dropped: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeResult {
+    pub settings: Settings,
+    /// Wall-clock start, seconds since the Unix epoch (for humans; every
+    /// duration is from CLOCK_MONOTONIC).
+    pub start_unix_s: f64,
+    /// From the first send to the end of the last transaction.
+    pub elapsed_s: f64,
+    pub counts: Counts,
+    /// RTT summary in microseconds.
+    pub summary: Summary,
+    /// "exact" (from every sample) or "hdr" (HDR histogram, when samples were dropped).
+    pub summary_source: String,
+    /// P50/P90/P99 from a netperf-style histogram, whole microseconds.
+    pub netperf: NetperfPercentiles,
+    /// Transactions (replies received) per second of elapsed time.
+    pub throughput: f64,
+    pub throughput_units: String,
+    /// Per transaction: (offset of the send from the start, RTT), nanoseconds.
+    pub samples: Vec<(u64, u64)>,
+    /// Last error seen, if any.
+    pub last_error: Option<String>,
+}
+
+struct Recorder {
+    start: u64,
+    samples: Vec<(u64, u64)>,
+    max_samples: usize,
+    hdr: HdrRecorder,
+    np: NetperfHist,
+    counts: Counts,
+    last_error: Option<String>,
+}
+
+impl Recorder {
+    fn sample(&mut self, t0: u64, t1: u64) {
+        let rtt = t1.saturating_sub(t0);
+        self.counts.received += 1;
+        self.hdr.record_ns(rtt);
+        self.np.record_ns(rtt);
+        if self.samples.len() < self.max_samples {
+            self.samples.push((t0 - self.start, rtt));
+        } else {
+            self.counts.samples_dropped += 1;
+        }
+    }
+    fn error(&mut self, e: impl std::fmt::Display) {
+        self.counts.errors += 1;
+        self.last_error = Some(e.to_string());
+    }
+}
+
+/// Paces transactions: bursts of `burst` transactions, bursts starting every
+/// `interval` on a fixed grid (t0, t0+i, t0+2i, ...). A burst that could not
+/// start on time (the previous one ran long, or the process was not scheduled)
+/// starts at once; if it is late by an interval or more the grid restarts
+/// from now, so missed bursts are skipped rather than sent back to back.
+struct Pacer {
+    interval: u64,
+    burst: u32,
+    in_burst: u32,
+    next: u64,
+    spin: bool,
+    timer: Option<tokio::io::unix::AsyncFd<OwnedFd>>,
+}
+
+impl Pacer {
+    fn new(cfg: &ProbeConfig) -> Result<Self> {
+        let blocking = cfg.kind == Kind::TcpRr && cfg.io == IoMode::BlockingThread;
+        let timer = if cfg.interval.is_zero() || cfg.spin || blocking {
+            None
+        } else {
+            // SAFETY: plain syscall; the fd is checked and then owned.
+            let fd = unsafe {
+                libc::timerfd_create(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error()).context("creating a timerfd");
+            }
+            // SAFETY: fd is a freshly created, valid descriptor we own.
+            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: the OwnedFd stays open for as long as the AsyncFd holds it.
+            let afd = unsafe { tokio::io::unix::AsyncFd::register(owned) }
+                .map_err(std::io::Error::from)
+                .context("registering the timerfd")?;
+            Some(afd)
+        };
+        Ok(Pacer {
+            interval: cfg.interval.as_nanos() as u64,
+            burst: cfg.burst.max(1),
+            in_burst: 0,
+            next: 0,
+            spin: cfg.spin,
+            timer,
+        })
+    }
+
+    /// When the next transaction may start (monotonic ns); 0 = now.
+    fn next_start(&self) -> u64 {
+        if self.interval == 0 || self.in_burst != 0 {
+            0
+        } else {
+            self.next
+        }
+    }
+
+    /// Wait until the next transaction may start. Returns false if cancelled.
+    /// Advance the schedule for the next transaction; returns the deadline
+    /// to wait for, if it may not start now.
+    fn plan(&mut self) -> Option<u64> {
+        if self.interval == 0 {
+            return None;
+        }
+        let mut wait = None;
+        if self.in_burst == 0 {
+            let now = mono_ns();
+            let start = if now < self.next {
+                wait = Some(self.next);
+                self.next
+            } else if self.next != 0 && now - self.next < self.interval {
+                // Late by less than an interval: start now but keep the grid.
+                self.next
+            } else {
+                // First burst, or late by an interval or more: restart the grid.
+                now
+            };
+            self.next = start + self.interval;
+        }
+        self.in_burst = (self.in_burst + 1) % self.burst;
+        wait
+    }
+
+    /// Wait until the next transaction may start. Returns false if cancelled.
+    async fn wait(&mut self, cancel: &mut Cancel) -> Result<bool> {
+        match self.plan() {
+            Some(deadline) => self.wait_until(deadline, cancel).await,
+            None => Ok(true),
+        }
+    }
+
+    /// The same from a blocking thread: spin, or clock_nanosleep to the
+    /// absolute deadline in slices of at most 100 ms. False if `stop` is set.
+    fn wait_blocking(&mut self, stop: &AtomicBool) -> bool {
+        let Some(deadline) = self.plan() else {
+            return true;
+        };
+        let mut i = 0u32;
+        loop {
+            let now = mono_ns();
+            if now >= deadline {
+                return true;
+            }
+            if self.spin {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(4096) && stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+                continue;
+            }
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            let until = deadline.min(now + 100_000_000);
+            let ts = libc::timespec {
+                tv_sec: (until / 1_000_000_000) as libc::time_t,
+                tv_nsec: (until % 1_000_000_000) as libc::c_long,
+            };
+            // SAFETY: plain syscall with a valid timespec; EINTR just loops.
+            unsafe {
+                libc::clock_nanosleep(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TIMER_ABSTIME,
+                    &ts,
+                    std::ptr::null_mut(),
+                );
+            }
+        }
+    }
+
+    async fn wait_until(&mut self, deadline: u64, cancel: &mut Cancel) -> Result<bool> {
+        if self.spin {
+            let mut i = 0u32;
+            while mono_ns() < deadline {
+                std::hint::spin_loop();
+                i = i.wrapping_add(1);
+                if i.is_multiple_of(4096) && *cancel.borrow() {
+                    return Ok(false);
+                }
+            }
+            return Ok(true);
+        }
+        let timer = self.timer.as_ref().expect("timer exists when sleeping");
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (deadline / 1_000_000_000) as libc::time_t,
+                tv_nsec: (deadline % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: valid fd and a fully initialised itimerspec.
+        let rc = unsafe {
+            libc::timerfd_settime(
+                timer.get_ref().as_raw_fd(),
+                libc::TFD_TIMER_ABSTIME,
+                &spec,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("arming the timerfd");
+        }
+        loop {
+            tokio::select! {
+                _ = cancelled(cancel) => return Ok(false),
+                r = timer.readable() => {
+                    let mut g = r.context("waiting on the timerfd")?;
+                    let mut b = [0u8; 8];
+                    match nix::unistd::read(g.get_inner().as_raw_fd(), &mut b) {
+                        Ok(_) => return Ok(true),
+                        Err(nix::errno::Errno::EAGAIN) => g.clear_ready(),
+                        Err(e) => return Err(e).context("reading the timerfd"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn resolve(cfg: &ProbeConfig) -> Result<SocketAddr> {
+    if let Ok(ip) = cfg.target.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, cfg.port));
+    }
+    let host = cfg.target.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, cfg.port));
+    }
+    tokio::net::lookup_host((host, cfg.port))
+        .await
+        .with_context(|| format!("resolving {}", cfg.target))?
+        .next()
+        .with_context(|| format!("{} has no address", cfg.target))
+}
+
+/// Run one probe to completion (or until `cancel`), in-process.
+pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeResult> {
+    if cfg.burst == 0 {
+        bail!("burst must be at least 1");
+    }
+    if cfg.req_size == 0 || cfg.resp_size == 0 {
+        bail!("request and response sizes must be at least 1 byte");
+    }
+    if cfg.kind == Kind::UdpRr && (cfg.req_size > UDP_MAX || cfg.resp_size > UDP_MAX) {
+        bail!("UDP request and response sizes are limited to {UDP_MAX} bytes");
+    }
+    if cfg.kind == Kind::Icmp && cfg.req_size > 65000 {
+        bail!("ICMP payload is limited to 65000 bytes");
+    }
+    if cfg.timeout.is_zero() {
+        bail!("the reply timeout must be above zero");
+    }
+    // Precise wake-ups from the timerfd: 1 ns timer slack for this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+    }
+    let addr = resolve(cfg).await?;
+    let (req_size, resp_size) = match cfg.kind {
+        Kind::TcpRr => (cfg.req_size, cfg.resp_size),
+        Kind::UdpRr => (
+            cfg.req_size.max(UDP_HEADER_LEN as u32),
+            cfg.resp_size.max(UDP_HEADER_LEN as u32),
+        ),
+        Kind::Icmp => {
+            let p = cfg.req_size.max(MIN_PAYLOAD as u32);
+            (p, p)
+        }
+    };
+    let mut settings = Settings {
+        kind: cfg.kind,
+        target: cfg.target.clone(),
+        address: addr.ip(),
+        port: if cfg.kind == Kind::Icmp { 0 } else { cfg.port },
+        interval_ns: cfg.interval.as_nanos() as u64,
+        burst: cfg.burst,
+        req_size,
+        resp_size,
+        duration_s: match cfg.stop {
+            Stop::Duration(d) => Some(d.as_secs_f64()),
+            Stop::Count(_) => None,
+        },
+        count: match cfg.stop {
+            Stop::Count(n) => Some(n),
+            Stop::Duration(_) => None,
+        },
+        spin: cfg.spin,
+        nodelay: cfg.nodelay,
+        timeout_ns: cfg.timeout.as_nanos() as u64,
+        pacing: if cfg.interval.is_zero() {
+            "none (back to back)".into()
+        } else if cfg.spin {
+            "spin".into()
+        } else {
+            "sleep (timerfd)".into()
+        },
+        clock: "CLOCK_MONOTONIC".into(),
+        icmp_socket: None,
+        io: if cfg.kind == Kind::TcpRr {
+            cfg.io
+        } else {
+            IoMode::TokioReactor
+        },
+    };
+    let mut pacer = Pacer::new(cfg)?;
+    let mut rec = Recorder {
+        start: 0,
+        samples: Vec::with_capacity(cfg.max_samples.min(1 << 16)),
+        max_samples: cfg.max_samples,
+        hdr: HdrRecorder::new(),
+        np: NetperfHist::new(),
+        counts: Counts::default(),
+        last_error: None,
+    };
+    let start_unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+
+    let end_ns = match cfg.kind {
+        Kind::TcpRr => {
+            let mut conn =
+                TcpConn::connect(addr, req_size, resp_size, cfg.nodelay, cfg.timeout).await?;
+            if cfg.io == IoMode::BlockingThread {
+                let (r, end) = tcp_blocking(conn, cfg, addr, pacer, rec, &mut cancel).await?;
+                rec = r;
+                end
+            } else {
+                tcp_loop(&mut conn, cfg, addr, &mut pacer, &mut rec, &mut cancel).await?
+            }
+        }
+        Kind::UdpRr | Kind::Icmp => {
+            let sock = if cfg.kind == Kind::UdpRr {
+                let bind: SocketAddr = if addr.is_ipv4() {
+                    "0.0.0.0:0".parse().unwrap()
+                } else {
+                    "[::]:0".parse().unwrap()
+                };
+                let u = UdpSocket::bind(bind)
+                    .await
+                    .context("binding a UDP socket")?;
+                u.connect(addr)
+                    .await
+                    .with_context(|| format!("connecting UDP to {addr}"))?;
+                DgramSock::Udp(u)
+            } else {
+                let s = IcmpSocket::open(addr.ip()).context("opening an ICMP socket")?;
+                settings.icmp_socket = Some(s.kind.name().to_string());
+                DgramSock::Icmp(s)
+            };
+            dgram_loop(
+                &sock,
+                cfg,
+                req_size,
+                resp_size,
+                &mut pacer,
+                &mut rec,
+                &mut cancel,
+            )
+            .await?
+        }
+    };
+    let elapsed_s = end_ns.saturating_sub(rec.start) as f64 / 1e9;
+    let (summary, source) = if rec.counts.samples_dropped == 0 {
+        let ns: Vec<u64> = rec.samples.iter().map(|s| s.1).collect();
+        (Summary::from_ns(&ns), "exact")
+    } else {
+        (rec.hdr.summary(), "hdr")
+    };
+    Ok(ProbeResult {
+        settings,
+        start_unix_s,
+        elapsed_s,
+        summary,
+        summary_source: source.into(),
+        netperf: NetperfPercentiles::of(&rec.np),
+        throughput: if elapsed_s > 0.0 {
+            rec.counts.received as f64 / elapsed_s
+        } else {
+            0.0
+        },
+        throughput_units: "Trans/s".into(),
+        counts: rec.counts,
+        samples: rec.samples,
+        last_error: rec.last_error,
+    })
+}
+
+/// TCP_RR on a dedicated blocking thread: the socket is switched to blocking
+/// mode with a 100 ms receive timeout (to notice cancellation and the
+/// transaction timeout), and every transaction is one send() and as many
+/// recv() as the response needs, exactly like netperf and the bare loop.
+async fn tcp_blocking(
+    conn: TcpConn,
+    cfg: &ProbeConfig,
+    addr: SocketAddr,
+    mut pacer: Pacer,
+    mut rec: Recorder,
+    cancel: &mut Cancel,
+) -> Result<(Recorder, u64)> {
+    use std::sync::atomic::AtomicU64;
+    let s = conn.s.into_std().context("detaching the socket")?;
+    // --spin busy-polls the reply: non-blocking reads in a loop. Otherwise
+    // plain blocking calls without SO_RCVTIMEO (which would arm a kernel timer
+    // on every blocking recv); timeouts and cancel come from the watchdog below.
+    s.set_nonblocking(cfg.spin)?;
+    s.set_write_timeout(Some(cfg.timeout))?;
+    // Shared so the descriptor stays open until both sides are done with it.
+    let sock = Arc::new(s);
+    let fd = sock.as_raw_fd();
+    let (req, mut resp) = (conn.req, conn.resp);
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let inflight = Arc::new(AtomicU64::new(0));
+    let (stop2, timed_out2, inflight2, sock2) = (
+        stop_flag.clone(),
+        timed_out.clone(),
+        inflight.clone(),
+        sock.clone(),
+    );
+    let (stop_at, timeout, spin) = (cfg.stop, cfg.timeout, cfg.spin);
+    let mut handle = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64)> {
+        use std::io::{Read, Write};
+        // SAFETY: prctl on the calling thread only.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
+        let mut s: &std::net::TcpStream = &sock2;
+        rec.start = mono_ns();
+        let stop = StopAt::new(stop_at, rec.start);
+        let timeout_ns = timeout.as_nanos() as u64;
+        // How a failed read or write ends the run.
+        let ended =
+            |rec: &mut Recorder, what: &str, e: Option<std::io::Error>| -> Result<Option<u64>> {
+                if stop2.load(Ordering::Relaxed) {
+                    // Cancelled mid-transaction: it does not count.
+                    rec.counts.sent -= 1;
+                    return Ok(Some(mono_ns()));
+                }
+                if timed_out2.load(Ordering::Relaxed) {
+                    bail!(
+                        "TCP transaction {} with {addr} took longer than {timeout:?}",
+                        rec.counts.sent
+                    );
+                }
+                match e {
+                    Some(e) => {
+                        rec.error(&e);
+                        Err(e).context(format!(
+                            "TCP transaction {} with {addr}: {what}",
+                            rec.counts.sent
+                        ))
+                    }
+                    None => bail!(
+                        "TCP transaction {} with {addr}: the responder closed the connection",
+                        rec.counts.sent
+                    ),
+                }
+            };
+        loop {
+            if stop.done(rec.counts.sent, pacer.next_start()) {
+                break;
+            }
+            if !pacer.wait_blocking(&stop2) || stop2.load(Ordering::Relaxed) {
+                break;
+            }
+            rec.counts.sent += 1;
+            let t0 = mono_ns();
+            inflight2.store(t0, Ordering::Relaxed);
+            if let Err(e) = s.write_all(&req) {
+                if let Some(end) = ended(&mut rec, "sending a request", Some(e))? {
+                    return Ok((rec, end));
+                }
+            }
+            let mut got = 0;
+            while got < resp.len() {
+                match s.read(&mut resp[got..]) {
+                    Ok(0) => {
+                        if let Some(end) = ended(&mut rec, "receiving a response", None)? {
+                            return Ok((rec, end));
+                        }
+                    }
+                    Ok(n) => got += n,
+                    Err(e) if spin && e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::hint::spin_loop();
+                        if stop2.load(Ordering::Relaxed) {
+                            rec.counts.sent -= 1;
+                            return Ok((rec, mono_ns()));
+                        }
+                        if mono_ns() - t0 > timeout_ns {
+                            bail!(
+                                "TCP transaction {} with {addr} took longer than {timeout:?}",
+                                rec.counts.sent
+                            );
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        if let Some(end) = ended(&mut rec, "receiving a response", Some(e))? {
+                            return Ok((rec, end));
+                        }
+                    }
+                }
+            }
+            let t1 = mono_ns();
+            inflight2.store(0, Ordering::Relaxed);
+            rec.sample(t0, t1);
+        }
+        Ok((rec, mono_ns()))
+    });
+    // The watchdog: on cancel, or a transaction older than the timeout, shut
+    // the socket down; the blocked recv() returns and the thread ends.
+    let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let mut fired = false;
+    let r = loop {
+        tokio::select! {
+            r = &mut handle => break r,
+            _ = cancelled(cancel), if !fired => {
+                stop_flag.store(true, Ordering::Relaxed);
+                fired = true;
+            }
+            _ = tick.tick(), if !fired => {
+                let t = inflight.load(Ordering::Relaxed);
+                if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
+                    timed_out.store(true, Ordering::Relaxed);
+                    fired = true;
+                }
+            }
+        }
+        if fired {
+            // SAFETY: `sock` keeps the descriptor open.
+            unsafe {
+                libc::shutdown(fd, libc::SHUT_RDWR);
+            }
+        }
+    };
+    drop(sock);
+    r.context("the probe thread panicked")?
+}
+
+/// TCP_RR transactions. The hot path has no per-transaction timer or
+/// cancellation future: a watchdog running beside it (same task) checks the
+/// in-flight transaction's age every `timeout / 4` (at most 100 ms) and on a
+/// timeout or a cancel shuts the socket down, which ends the pending read.
+async fn tcp_loop(
+    conn: &mut TcpConn,
+    cfg: &ProbeConfig,
+    addr: SocketAddr,
+    pacer: &mut Pacer,
+    rec: &mut Recorder,
+    cancel: &mut Cancel,
+) -> Result<u64> {
+    use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+    const TIMED_OUT: u8 = 1;
+    const CANCELLED: u8 = 2;
+    let inflight = AtomicU64::new(0);
+    let fired = AtomicU8::new(0);
+    let fd = conn.s.as_raw_fd();
+    let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let mut cancel2 = cancel.clone();
+    let watchdog = async {
+        let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let t = inflight.load(Relaxed);
+                    if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
+                        fired.store(TIMED_OUT, Relaxed);
+                        break;
+                    }
+                }
+                _ = cancelled(&mut cancel2) => {
+                    fired.store(CANCELLED, Relaxed);
+                    break;
+                }
+            }
+        }
+        // SAFETY: fd belongs to the connection, which outlives this future.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+        }
+        std::future::pending::<()>().await
+    };
+    let main = async {
+        rec.start = mono_ns();
+        let stop = StopAt::new(cfg.stop, rec.start);
+        loop {
+            if stop.done(rec.counts.sent, pacer.next_start()) {
+                break;
+            }
+            if !pacer.wait(cancel).await? || *cancel.borrow() {
+                break;
+            }
+            rec.counts.sent += 1;
+            if cfg.spin && rec.counts.sent.is_multiple_of(256) {
+                // Let the signal watcher (and the watchdog) run now and then.
+                tokio::task::yield_now().await;
+            }
+            let r = if cfg.spin {
+                match conn.transaction_spin(mono_ns() + timeout_ns) {
+                    Ok(Some(t)) => Ok(t),
+                    Ok(None) => bail!(
+                        "TCP transaction {} with {addr} took longer than {:?}",
+                        rec.counts.sent,
+                        cfg.timeout
+                    ),
+                    Err(e) => Err(e),
+                }
+            } else {
+                inflight.store(mono_ns(), Relaxed);
+                let r = conn.transaction().await;
+                inflight.store(0, Relaxed);
+                r
+            };
+            match r {
+                Ok((t0, t1)) => rec.sample(t0, t1),
+                Err(_) if fired.load(Relaxed) == CANCELLED => {
+                    rec.counts.sent -= 1;
+                    break;
+                }
+                Err(_) if fired.load(Relaxed) == TIMED_OUT => bail!(
+                    "TCP transaction {} with {addr} took longer than {:?}",
+                    rec.counts.sent,
+                    cfg.timeout
+                ),
+                Err(e) => {
+                    rec.error(&e);
+                    return Err(e)
+                        .context(format!("TCP transaction {} with {addr}", rec.counts.sent));
+                }
+            }
+        }
+        Ok(mono_ns())
+    };
+    tokio::select! {
+        biased;
+        r = main => r,
+        _ = watchdog => unreachable!("the watchdog never completes"),
+    }
+}
+
+struct StopAt {
+    stop: Stop,
+    end: u64,
+}
+
+impl StopAt {
+    fn new(stop: Stop, start: u64) -> Self {
+        let end = match stop {
+            Stop::Duration(d) => start + d.as_nanos() as u64,
+            Stop::Count(_) => u64::MAX,
+        };
+        StopAt { stop, end }
+    }
+    /// Done when the count is reached, or when the next transaction would start at or after the end.
+    fn done(&self, sent: u64, next_start: u64) -> bool {
+        match self.stop {
+            Stop::Count(n) => sent >= n,
+            Stop::Duration(_) => mono_ns().max(next_start) >= self.end,
+        }
+    }
+}
+
+struct TcpConn {
+    s: TcpStream,
+    req: Vec<u8>,
+    resp: Vec<u8>,
+}
+
+impl TcpConn {
+    async fn connect(
+        addr: SocketAddr,
+        req: u32,
+        resp: u32,
+        nodelay: bool,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut s = tokio::time::timeout(
+            timeout.max(Duration::from_secs(3)),
+            TcpStream::connect(addr),
+        )
+        .await
+        .with_context(|| format!("connecting to {addr}: timed out"))?
+        .with_context(|| format!("connecting to {addr} (is `rttscope serve` running there?)"))?;
+        if nodelay {
+            s.set_nodelay(true)?;
+        }
+        let hello = Hello {
+            req,
+            resp,
+            flags: if nodelay { FLAG_NODELAY } else { 0 },
+        };
+        s.write_all(&hello.encode())
+            .await
+            .context("sending the hello")?;
+        let mut ack = [0u8; 4];
+        match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut ack)).await {
+            Ok(Ok(_)) if ack == HELLO_ACK => {}
+            Ok(Ok(_)) => bail!("{addr} is not an rttscope responder (bad hello reply)"),
+            Ok(Err(_)) => bail!(
+                "{addr} closed the connection after the hello (sizes over its limit, or its connection limit reached; see its log)"
+            ),
+            Err(_) => bail!("{addr} did not answer the hello within 5 s"),
+        }
+        Ok(TcpConn {
+            s,
+            req: vec![b'q'; req as usize],
+            resp: vec![0u8; resp as usize],
+        })
+    }
+
+    /// One transaction: (just before send, just after the last byte of the response).
+    async fn transaction(&mut self) -> Result<(u64, u64)> {
+        let t0 = mono_ns();
+        self.s
+            .write_all(&self.req)
+            .await
+            .context("sending a request")?;
+        self.s
+            .read_exact(&mut self.resp)
+            .await
+            .context("receiving a response")?;
+        Ok((t0, mono_ns()))
+    }
+
+    /// One transaction without ever sleeping (--spin): the response is
+    /// busy-polled with non-blocking recv() until complete or `deadline`.
+    fn transaction_spin(&mut self, deadline: u64) -> Result<Option<(u64, u64)>> {
+        let fd = self.s.as_raw_fd();
+        let t0 = mono_ns();
+        let mut off = 0;
+        while off < self.req.len() {
+            match sys_io(unsafe {
+                libc::send(
+                    fd,
+                    self.req[off..].as_ptr().cast(),
+                    self.req.len() - off,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                )
+            }) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e).context("sending a request"),
+            }
+        }
+        let mut got = 0;
+        let mut i = 0u32;
+        while got < self.resp.len() {
+            match sys_io(unsafe {
+                libc::recv(
+                    fd,
+                    self.resp[got..].as_mut_ptr().cast(),
+                    self.resp.len() - got,
+                    libc::MSG_DONTWAIT,
+                )
+            }) {
+                Ok(0) => bail!("the responder closed the connection"),
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::hint::spin_loop();
+                    i = i.wrapping_add(1);
+                    if i.is_multiple_of(1024) && mono_ns() > deadline {
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e).context("receiving a response"),
+            }
+        }
+        Ok(Some((t0, mono_ns())))
+    }
+}
+
+/// A raw syscall result as io::Result.
+fn sys_io(rc: isize) -> std::io::Result<usize> {
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
+}
+
+enum DgramSock {
+    Udp(UdpSocket),
+    Icmp(IcmpSocket),
+}
+
+impl DgramSock {
+    /// Non-blocking receive straight to the syscall (for busy polling; bypasses
+    /// the reactor). Ok(None): nothing there.
+    fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Option<u64>>> {
+        match self {
+            DgramSock::Udp(u) => {
+                let r = sys_io(unsafe {
+                    libc::recv(
+                        u.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT,
+                    )
+                });
+                match r {
+                    Ok(n) => Ok(Some(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            DgramSock::Icmp(s) => s.try_recv(buf, foreign),
+        }
+    }
+
+    async fn send(&self, buf: &mut [u8], seq: u64, resp: u32) -> std::io::Result<()> {
+        match self {
+            DgramSock::Udp(u) => {
+                UdpHeader { resp, seq }.write(buf);
+                u.send(buf).await.map(|_| ())
+            }
+            DgramSock::Icmp(s) => s.send(seq, buf.len()).await,
+        }
+    }
+    /// The next reply's sequence number (None: a datagram that is not a reply to us).
+    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<u64>> {
+        match self {
+            DgramSock::Udp(u) => {
+                let n = u.recv(buf).await?;
+                Ok(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))
+            }
+            DgramSock::Icmp(s) => s.recv(buf, foreign).await.map(Some),
+        }
+    }
+}
+
+/// State of the last `WINDOW` sequence numbers, for late/duplicate accounting.
+const WINDOW: usize = 4096;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SeqState {
+    Unknown,
+    Pending,
+    Answered,
+    TimedOut,
+}
+
+/// UDP and ICMP: transactions one after the other; each waits for its reply
+/// up to the timeout. Replies to older requests that arrive meanwhile are
+/// counted as late (or duplicate) and reordered.
+async fn dgram_loop(
+    sock: &DgramSock,
+    cfg: &ProbeConfig,
+    req_size: u32,
+    resp_size: u32,
+    pacer: &mut Pacer,
+    rec: &mut Recorder,
+    cancel: &mut Cancel,
+) -> Result<u64> {
+    let mut req = vec![b'q'; req_size as usize];
+    let mut buf = vec![0u8; 65536 + 64];
+    let mut states = vec![(u64::MAX, SeqState::Unknown); WINDOW];
+    let mut newest_answered: Option<u64> = None;
+    let mut seq: u64 = 0;
+    rec.start = mono_ns();
+    let stop = StopAt::new(cfg.stop, rec.start);
+    let mut consecutive_errors = 0u32;
+    loop {
+        if stop.done(rec.counts.sent, pacer.next_start()) {
+            break;
+        }
+        if !pacer.wait(cancel).await? || *cancel.borrow() {
+            break;
+        }
+        seq += 1;
+        if cfg.spin && seq.is_multiple_of(256) {
+            tokio::task::yield_now().await;
+        }
+        states[(seq as usize) % WINDOW] = (seq, SeqState::Pending);
+        let t0 = mono_ns();
+        if let Err(e) = sock.send(&mut req, seq, resp_size).await {
+            rec.counts.sent += 1;
+            rec.error(format!("send: {e}"));
+            rec.counts.lost += 1;
+            states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+            consecutive_errors += 1;
+            if consecutive_errors >= 100 {
+                bail!("100 send errors in a row, last: {e}");
+            }
+            continue;
+        }
+        rec.counts.sent += 1;
+        let deadline = tokio::time::Instant::now() + cfg.timeout;
+        let deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
+        loop {
+            let r = if cfg.spin {
+                // Busy-poll: never sleep, so no wake-up latency lands in the sample.
+                let mut i = 0u32;
+                loop {
+                    match sock.try_recv(&mut buf, &mut rec.counts.foreign) {
+                        Ok(Some(x)) => break Ok(Ok(x)),
+                        Ok(None) => {}
+                        Err(e) => break Ok(Err(e)),
+                    }
+                    std::hint::spin_loop();
+                    i = i.wrapping_add(1);
+                    if i.is_multiple_of(1024) {
+                        if mono_ns() > deadline_ns {
+                            break Err(());
+                        }
+                        if *cancel.borrow() {
+                            rec.counts.sent -= 1;
+                            return Ok(mono_ns());
+                        }
+                    }
+                }
+            } else {
+                tokio::select! {
+                    r = tokio::time::timeout_at(deadline, sock.recv(&mut buf, &mut rec.counts.foreign)) => r.map_err(|_| ()),
+                    _ = cancelled(cancel) => {
+                        // The run ends with this transaction unanswered: do not count it.
+                        rec.counts.sent -= 1;
+                        return Ok(mono_ns());
+                    }
+                }
+            };
+            match r {
+                Err(_) => {
+                    rec.counts.lost += 1;
+                    states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                    break;
+                }
+                Ok(Err(e)) => {
+                    // E.g. ECONNREFUSED from an ICMP port unreachable: the request is lost.
+                    rec.error(format!("receive: {e}"));
+                    rec.counts.lost += 1;
+                    states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                    consecutive_errors += 1;
+                    if consecutive_errors >= 100 {
+                        bail!("100 receive errors in a row, last: {e}");
+                    }
+                    // Do not spin on a dead peer: honour the pacing and a small pause.
+                    tokio::time::sleep(Duration::from_millis(1).min(cfg.timeout)).await;
+                    break;
+                }
+                Ok(Ok(None)) => rec.counts.foreign += 1,
+                Ok(Ok(Some(got))) => {
+                    let t1 = mono_ns();
+                    let slot = &mut states[(got as usize) % WINDOW];
+                    if slot.0 != got {
+                        // Older than the window, or never sent.
+                        rec.counts.foreign += 1;
+                        continue;
+                    }
+                    match slot.1 {
+                        SeqState::Pending => {
+                            debug_assert_eq!(got, seq);
+                            slot.1 = SeqState::Answered;
+                            consecutive_errors = 0;
+                            rec.sample(t0, t1);
+                            newest_answered = Some(got);
+                            break;
+                        }
+                        SeqState::Answered => rec.counts.duplicates += 1,
+                        SeqState::TimedOut => {
+                            slot.1 = SeqState::Answered;
+                            rec.counts.late += 1;
+                            if newest_answered.is_some_and(|n| got < n) {
+                                rec.counts.reordered += 1;
+                            }
+                        }
+                        SeqState::Unknown => rec.counts.foreign += 1,
+                    }
+                }
+            }
+        }
+    }
+    let end = mono_ns();
+    // Collect stragglers (late replies, duplicates) for a short while without
+    // holding up the result: up to 10 ms, never more than the timeout.
+    let grace = Duration::from_millis(10).min(cfg.timeout);
+    let until = tokio::time::Instant::now() + grace;
+    while let Ok(Ok(Some(got))) =
+        tokio::time::timeout_at(until, sock.recv(&mut buf, &mut rec.counts.foreign)).await
+    {
+        let slot = &mut states[(got as usize) % WINDOW];
+        if slot.0 != got {
+            continue;
+        }
+        match slot.1 {
+            SeqState::Answered => rec.counts.duplicates += 1,
+            SeqState::TimedOut => {
+                slot.1 = SeqState::Answered;
+                rec.counts.late += 1;
+                if newest_answered.is_some_and(|n| got < n) {
+                    rec.counts.reordered += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::active::{cancel_pair, serve};
+
+    /// In-process, no privileges: serve on 127.0.0.1 (port 0) and probe it.
+    #[test]
+    fn in_process_probe_against_in_process_serve() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let cfg = serve::ServeConfig {
+                listen: vec!["127.0.0.1:0".parse().unwrap()],
+                ..Default::default()
+            };
+            let server = serve::bind(cfg).await.unwrap();
+            let port = server.local_addrs()[0].port();
+            let (stop_srv, srv_cancel) = cancel_pair();
+            let srv = tokio::spawn(server.run(srv_cancel));
+            for (kind, io) in [
+                (Kind::TcpRr, IoMode::BlockingThread),
+                (Kind::TcpRr, IoMode::TokioReactor),
+                (Kind::UdpRr, IoMode::TokioReactor),
+            ] {
+                let mut c = ProbeConfig::new(kind, "127.0.0.1");
+                c.port = port;
+                c.io = io;
+                c.stop = Stop::Count(200);
+                c.req_size = 10;
+                c.resp_size = 300;
+                let (_keep, cancel) = cancel_pair();
+                let r = run_probe(&c, cancel).await.unwrap();
+                assert_eq!(r.counts.received, 200, "{kind:?} {io:?}: {:?}", r.counts);
+                assert_eq!(r.samples.len(), 200);
+                let s = r.summary;
+                assert!(s.min <= s.p50 && s.p50 <= s.p99 && s.p99 <= s.max, "{s:?}");
+                assert_eq!(r.settings.count, Some(200));
+                assert_eq!(r.settings.resp_size, 300);
+                // Samples are in send order, offsets increasing.
+                assert!(r.samples.windows(2).all(|w| w[0].0 < w[1].0));
+            }
+            // Cancelling a long run returns promptly with what was measured.
+            for io in [IoMode::BlockingThread, IoMode::TokioReactor] {
+                let mut c = ProbeConfig::new(Kind::TcpRr, "127.0.0.1");
+                c.port = port;
+                c.io = io;
+                c.stop = Stop::Duration(Duration::from_secs(60));
+                c.interval = Duration::from_millis(5);
+                let (tx, cancel) = cancel_pair();
+                let t = std::time::Instant::now();
+                let h = tokio::spawn(async move { run_probe(&c, cancel).await });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                tx.send(true).unwrap();
+                let r = h.await.unwrap().unwrap();
+                assert!(
+                    t.elapsed() < Duration::from_secs(3),
+                    "{io:?}: cancel took {:?}",
+                    t.elapsed()
+                );
+                assert!(r.counts.received > 10, "{io:?}: {:?}", r.counts);
+                assert_eq!(r.counts.sent, r.counts.received);
+            }
+            stop_srv.send(true).unwrap();
+            srv.await.unwrap().unwrap();
+        });
+    }
+
+    /// UDP accounting against a misbehaving responder whose behaviour per
+    /// sequence number the test decides: every 5th request answered twice,
+    /// every 7th answered 100 ms late (after the 30 ms timeout), every 11th
+    /// not at all; the counts must come out exactly.
+    #[test]
+    fn udp_counts_late_duplicate_lost_exactly() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let srv = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let port = srv.local_addr().unwrap().port();
+            let srv = std::sync::Arc::new(srv);
+            let s2 = srv.clone();
+            let responder = tokio::spawn(async move {
+                let mut buf = vec![0u8; 2048];
+                loop {
+                    let (n, peer) = s2.recv_from(&mut buf).await.unwrap();
+                    let h = UdpHeader::decode(&buf[..n]).unwrap();
+                    let reply = buf[..h.resp as usize].to_vec();
+                    let seq = h.seq;
+                    if seq.is_multiple_of(11) {
+                        continue;
+                    }
+                    if seq.is_multiple_of(7) {
+                        let s3 = s2.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            let _ = s3.send_to(&reply, peer).await;
+                        });
+                        continue;
+                    }
+                    s2.send_to(&reply, peer).await.unwrap();
+                    if seq.is_multiple_of(5) {
+                        s2.send_to(&reply, peer).await.unwrap();
+                    }
+                }
+            });
+            let mut c = ProbeConfig::new(Kind::UdpRr, "127.0.0.1");
+            c.port = port;
+            c.stop = Stop::Count(40);
+            c.timeout = Duration::from_millis(30);
+            c.interval = Duration::from_millis(40);
+            let (_keep, cancel) = cancel_pair();
+            let r = run_probe(&c, cancel).await.unwrap();
+            responder.abort();
+            let seqs = 1..=40u64;
+            let dropped = seqs.clone().filter(|s| s % 11 == 0).count() as u64;
+            let delayed = seqs.clone().filter(|s| s % 7 == 0 && s % 11 != 0).count() as u64;
+            let dups = seqs
+                .clone()
+                .filter(|s| s % 5 == 0 && s % 7 != 0 && s % 11 != 0)
+                .count() as u64;
+            let k = &r.counts;
+            assert_eq!(k.sent, 40, "{k:?}");
+            assert_eq!(k.lost, dropped + delayed, "{k:?}");
+            assert_eq!(k.received, 40 - dropped - delayed, "{k:?}");
+            // A late reply (100 ms) arrives two or three transactions later
+            // (40 ms interval): late, and older than the newest reply. The
+            // last delayed one (seq 35) arrives while seq 37 or 38 waits.
+            assert_eq!(k.late, delayed, "{k:?}");
+            assert_eq!(k.reordered, delayed, "{k:?}");
+            assert_eq!(k.duplicates, dups, "{k:?}");
+            assert_eq!(r.samples.len() as u64, k.received);
+        });
+    }
+
+    #[test]
+    fn pacer_keeps_the_grid() {
+        let mut c = ProbeConfig::new(Kind::UdpRr, "x");
+        c.interval = Duration::from_millis(10);
+        c.burst = 2;
+        c.io = IoMode::BlockingThread;
+        c.kind = Kind::TcpRr;
+        let mut p = Pacer::new(&c).unwrap();
+        // First burst: starts now, the next one 10 ms later.
+        assert_eq!(p.plan(), None);
+        let first_next = p.next;
+        assert_eq!(p.plan(), None, "second transaction of the burst");
+        assert_eq!(p.plan(), Some(first_next), "next burst waits for the grid");
+        // Late by less than an interval: the grid is kept.
+        p.in_burst = 0;
+        p.next = mono_ns() - 3_000_000;
+        let late = p.next;
+        assert_eq!(p.plan(), None);
+        assert_eq!(p.next, late + 10_000_000);
+        // Late by more than an interval: the grid restarts from now.
+        p.in_burst = 0;
+        p.next = mono_ns() - 50_000_000;
+        let before = mono_ns();
+        assert_eq!(p.plan(), None);
+        assert!(p.next >= before + 10_000_000);
+    }
+}

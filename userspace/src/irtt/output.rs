@@ -1,0 +1,242 @@
+//! The text summary, laid out like `irtt client`'s.
+use std::fmt::Write;
+
+use super::stats::DurationStats;
+use super::IrttResult;
+
+/// A duration in ns, irtt-style: ns, µs, ms or s with 3 significant digits.
+pub fn fmt_dur(ns: f64) -> String {
+    let a = ns.abs();
+    if a < 1e3 {
+        format!("{ns:.0}ns")
+    } else if a < 1e6 {
+        format!("{:.3}µs", ns / 1e3)
+    } else if a < 1e9 {
+        format!("{:.3}ms", ns / 1e6)
+    } else {
+        format!("{:.3}s", ns / 1e9)
+    }
+}
+
+fn fmt_rate(bps: f64) -> String {
+    if bps >= 1e6 {
+        format!("{:.1} Mbps", bps / 1e6)
+    } else if bps >= 1e3 {
+        format!("{:.1} Kbps", bps / 1e3)
+    } else {
+        format!("{bps:.0} bps")
+    }
+}
+
+fn row(out: &mut String, name: &str, s: &DurationStats, median: bool) {
+    if s.n == 0 {
+        return;
+    }
+    let med = match (median, s.median) {
+        (true, Some(m)) => fmt_dur(m),
+        _ => String::new(),
+    };
+    let _ = writeln!(
+        out,
+        "{name:>20}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+        fmt_dur(s.min as f64),
+        fmt_dur(s.mean),
+        med,
+        fmt_dur(s.max as f64),
+        fmt_dur(s.stddev)
+    );
+}
+
+fn pct(n: u64, d: u64) -> f64 {
+    if d == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / d as f64
+    }
+}
+
+pub fn text(r: &IrttResult) -> String {
+    let s = &r.stats;
+    let set = &r.settings;
+    let p = &set.negotiated;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "irtt probe {} -> {}: interval {}, duration {}, length {} bytes, stats {}, timestamps {}{}, dscp {}, hmac {}",
+        set.local_addr,
+        set.remote_addr,
+        fmt_dur(p.interval_ns as f64),
+        fmt_dur(p.duration_ns as f64),
+        set.packet_length,
+        p.received_stats.name(),
+        p.stamp_at.name(),
+        p.clock.map(|c| format!(" ({} clock)", c.name())).unwrap_or_default(),
+        p.dscp,
+        if set.supplied.hmac { "on" } else { "off" },
+    );
+    if set.supplied.no_test {
+        let _ = writeln!(o, "parameters accepted by the server (no test run, -n)");
+        return o;
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:>20}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
+        "", "Min", "Mean", "Median", "Max", "Stddev"
+    );
+    row(&mut o, "RTT", &s.rtt, true);
+    row(&mut o, "send delay", &s.send_delay, true);
+    row(&mut o, "receive delay", &s.receive_delay, true);
+    let _ = writeln!(o);
+    row(&mut o, "IPDV (jitter)", &s.ipdv_round_trip, true);
+    row(&mut o, "send IPDV", &s.ipdv_send, true);
+    row(&mut o, "receive IPDV", &s.ipdv_receive, true);
+    let _ = writeln!(o);
+    row(&mut o, "send call time", &s.send_call, false);
+    row(&mut o, "timer error", &s.timer_error, false);
+    row(
+        &mut o,
+        "server proc. time",
+        &s.server_processing_time,
+        false,
+    );
+    let _ = writeln!(o);
+    let kv = |o: &mut String, k: &str, v: String| {
+        let _ = writeln!(o, "{k:>26}: {v}");
+    };
+    kv(
+        &mut o,
+        "duration",
+        format!(
+            "{} (wait {})",
+            fmt_dur(r.duration_ns as f64),
+            fmt_dur(r.wait_ns as f64)
+        ),
+    );
+    kv(
+        &mut o,
+        "packets sent/received",
+        format!(
+            "{}/{} ({:.2}% loss)",
+            s.packets_sent, s.replies_unique, s.packet_loss_percent
+        ),
+    );
+    if let (Some(srv), Some(up), Some(down)) = (
+        s.server_packets_received,
+        s.upstream_loss_percent,
+        s.downstream_loss_percent,
+    ) {
+        kv(
+            &mut o,
+            "server packets received",
+            format!(
+                "{srv}/{} ({up:.2}%/{down:.2}% loss up/down)",
+                s.packets_sent
+            ),
+        );
+    }
+    if p.received_stats.window() {
+        kv(
+            &mut o,
+            "lost up/down/unknown",
+            format!(
+                "{}/{}/{} (per packet, from the server's received window)",
+                s.lost_up, s.lost_down, s.lost_unknown
+            ),
+        );
+    }
+    kv(
+        &mut o,
+        "late (out-of-order) pkts",
+        format!("{} ({:.2}%)", s.late_packets, s.late_packets_percent),
+    );
+    kv(
+        &mut o,
+        "duplicates",
+        format!("{} ({:.2}%)", s.duplicates, s.duplicate_percent),
+    );
+    kv(
+        &mut o,
+        "bytes sent/received",
+        format!("{}/{}", s.bytes_sent, s.bytes_received),
+    );
+    kv(
+        &mut o,
+        "send/receive rate",
+        format!(
+            "{} / {}",
+            fmt_rate(s.send_rate_bps),
+            fmt_rate(s.receive_rate_bps)
+        ),
+    );
+    kv(
+        &mut o,
+        "timer misses",
+        format!(
+            "{}/{} ({:.2}% missed)",
+            s.timer_misses,
+            s.packets_sent + s.timer_misses,
+            pct(s.timer_misses, s.packets_sent + s.timer_misses)
+        ),
+    );
+    kv(
+        &mut o,
+        "timer error",
+        format!("{:.2}% of the interval (mean)", s.timer_err_percent),
+    );
+    if s.send_failures > 0 {
+        kv(
+            &mut o,
+            "local send failures",
+            format!(
+                "{} (refused by this host: firewall or full queue; counted as lost up)",
+                s.send_failures
+            ),
+        );
+    }
+    let rej = &r.rejected;
+    if rej.total() + rej.icmp_errors > 0 {
+        kv(
+            &mut o,
+            "rejected replies",
+            format!(
+                "{} (bad magic {}, truncated {}, bad HMAC {}, missing HMAC {}, unexpected HMAC {}, bad flags {}, not reply {}, wrong token {}, unknown seqno {}), ICMP errors {}",
+                rej.total(),
+                rej.bad_magic,
+                rej.truncated,
+                rej.bad_hmac,
+                rej.no_hmac,
+                rej.unexpected_hmac,
+                rej.invalid_flags + rej.unexpected_open,
+                rej.not_reply,
+                rej.wrong_token,
+                rej.unknown_seqno,
+                rej.icmp_errors
+            ),
+        );
+    }
+    if r.interrupted {
+        let _ = writeln!(o, "interrupted: partial results");
+    }
+    for e in r.send_error.iter().chain(&r.receive_error) {
+        let _ = writeln!(o, "error during the test: {e}");
+    }
+    for n in &r.notes {
+        let _ = writeln!(o, "note: {n}");
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(fmt_dur(512.0), "512ns");
+        assert_eq!(fmt_dur(61_234.0), "61.234µs");
+        assert_eq!(fmt_dur(1_500_000.0), "1.500ms");
+        assert_eq!(fmt_dur(-2_000.0), "-2.000µs");
+        assert_eq!(fmt_rate(28_800.0), "28.8 Kbps");
+    }
+}

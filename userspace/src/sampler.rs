@@ -1,0 +1,917 @@
+//! The sampler view: loader and reader for `bpf/sampler.bpf.c`, a
+//! cloud-style (`vm_flow/rtt`) packet sampler at tc ingress/egress.
+//!
+//! Attachment. One copy of the object is loaded per interface, with that
+//! interface's network-namespace inode, ifindex and link type in its
+//! `.rodata`; every copy after the first reuses the first copy's maps
+//! (`bpf_map__reuse_fd`), so flows, pending segments, counters and the ring
+//! buffer are shared. This is how the namespace reaches the kernel side:
+//! ifindexes collide across namespaces (both ends of a veth pair between two
+//! fresh namespaces are often ifindex 2), `skb->sk` is absent at ingress and
+//! for forwarded traffic, and kfuncs (`bpf_cast_to_kern_ctx`) are off limits
+//! for a later aya loader.
+//!
+//! The programs are `SEC("classifier")` (type SCHED_CLS, no expected attach
+//! type), the only tc section aya 0.14 accepts. They are attached as tcx links
+//! with `bpf_link_create(prog_fd, ifindex, BPF_TCX_INGRESS/EGRESS)` called
+//! from a thread inside the interface's namespace: the kernel accepts tcx
+//! attach types for any SCHED_CLS program, so no expected attach type is
+//! needed. A link detaches when its fd closes (also when the process dies).
+//! When tcx is unavailable (kernel < 6.6) or `AttachMode::Clsact` is asked
+//! for, a clsact filter with our handle/priority is used instead; filters of
+//! ours left by a crashed run are removed before attaching, and ours are
+//! removed on drop.
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder, RingBuffer};
+use serde::{Deserialize, Serialize};
+
+use crate::bpf::{self, sampler::types as t, Event, FlowKey, SamplerFlow, SamplerRodata};
+use crate::flow::Flow;
+use crate::hist::Hist;
+use crate::netns::{self, NetNs};
+
+/// tc filter handle and priority of our clsact filters ("rs").
+pub const CLSACT_HANDLE: u32 = 0x7273;
+pub const CLSACT_PRIORITY: u32 = 0x7273;
+/// Names of our programs (the kernel keeps 15 characters).
+pub const PROG_EGRESS: &str = "rttscope_sm_egr";
+pub const PROG_INGRESS: &str = "rttscope_sm_ing";
+/// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
+const RAW_QUEUE_MAX: usize = 1 << 16;
+const ARPHRD_ETHER: u16 = 1;
+const ARPHRD_LOOPBACK: u16 = 772;
+const ARPHRD_NONE: u16 = 0xfffe;
+
+/// How an outgoing segment and an incoming packet are paired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Matching {
+    /// End sequence of a data segment out, a cumulative ACK covering it in (the cloud sampler).
+    Seq,
+    /// TCP timestamps: TSval out, the TSecr echoing it in (pping/ePPing); works on forwarded traffic.
+    Tsval,
+}
+
+impl Matching {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Matching::Seq => "seq",
+            Matching::Tsval => "tsval",
+        }
+    }
+    fn raw(&self) -> u32 {
+        match self {
+            Matching::Seq => t::rttscope_sampler_match::RTTSCOPE_MATCH_SEQ.0,
+            Matching::Tsval => t::rttscope_sampler_match::RTTSCOPE_MATCH_TSVAL.0,
+        }
+    }
+}
+
+/// How the programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// tcx links when the kernel has them (>= 6.6), else clsact filters.
+    Auto,
+    /// tcx links only.
+    Tcx,
+    /// clsact filters only (legacy tc; cleaned up at start and on exit).
+    Clsact,
+}
+
+/// Settings of the sampler view (all recorded with every report).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Each packet in each direction is sampled with probability 1/sample_every.
+    pub sample_every: u32,
+    pub matching: Matching,
+    /// Stream every sample through the ring buffer too.
+    pub raw: bool,
+    /// Capacity of the per-flow histogram map (LRU).
+    pub max_flows: u32,
+    /// Capacity of the pending-segment map (LRU, one entry per flow with 8 slots).
+    pub max_pending: u32,
+    /// A pending segment older than this is dropped (counted as expired).
+    #[serde(with = "duration_ms")]
+    pub pending_timeout: Duration,
+    pub attach: AttachMode,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            sample_every: 1,
+            matching: Matching::Seq,
+            raw: false,
+            max_flows: 16384,
+            max_pending: 16384,
+            pending_timeout: Duration::from_secs(10),
+            attach: AttachMode::Auto,
+        }
+    }
+}
+
+mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1000.0)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs_f64(f64::deserialize(d)? / 1000.0))
+    }
+}
+
+impl SamplerConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.sample_every == 0 {
+            bail!("--sample-every must be at least 1");
+        }
+        if self.max_flows == 0 || self.max_pending == 0 {
+            bail!("--max-flows and --max-pending must be at least 1");
+        }
+        if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
+            bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
+        }
+        Ok(())
+    }
+
+    /// `bpf_get_prandom_u32() < threshold` samples with probability 1/N; 0 = every packet.
+    pub fn threshold(&self) -> u32 {
+        if self.sample_every <= 1 {
+            0
+        } else {
+            ((1u64 << 32) / self.sample_every as u64) as u32
+        }
+    }
+}
+
+/// `--iface NAME` (current namespace) or `--iface NETNS:NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfaceSpec {
+    pub netns: Option<String>,
+    pub name: String,
+}
+
+impl FromStr for IfaceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ns, name) = match s.split_once(':') {
+            Some((ns, name)) => (Some(ns.to_string()), name),
+            None => (None, s),
+        };
+        if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
+            return Err(format!(
+                "'{s}' is not an interface (NAME or NETNS:NAME, NAME at most 15 characters)"
+            ));
+        }
+        if ns.as_deref() == Some("") {
+            return Err(format!("'{s}': empty namespace before ':'"));
+        }
+        Ok(IfaceSpec {
+            netns: ns,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for IfaceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.netns {
+            Some(ns) => write!(f, "{ns}:{}", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
+/// How one interface is attached (for the report header).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AttachInfo {
+    pub iface: String,
+    pub netns: String,
+    pub netns_inode: u32,
+    pub ifindex: u32,
+    /// "tcx" or "clsact".
+    pub how: String,
+    /// Link layer: "ether" or "none".
+    pub link: String,
+}
+
+/// One flow's sampler statistics.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SamplerFlowStats {
+    pub flow: Flow,
+    /// Interface of the last sample (name, as attached).
+    pub iface: String,
+    /// Cumulative histogram since the flow was first sampled.
+    pub hist: Hist,
+    pub samples: u64,
+    pub last_rtt_us: u32,
+    /// Min/max of samples since the previous `read_flows()` (None: no sample in it).
+    pub interval_min_us: Option<u32>,
+    pub interval_max_us: Option<u32>,
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+/// One raw sample (ring buffer).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SamplerSample {
+    pub flow: Flow,
+    pub rtt_us: u32,
+    pub ts_ns: u64,
+    pub ifindex: u32,
+    pub matching: Matching,
+}
+
+impl SamplerSample {
+    pub fn from_event(e: &Event) -> Option<SamplerSample> {
+        if e.r#type as u32 != t::rttscope_event_type::RTTSCOPE_EV_SAMPLER_RTT.0 {
+            return None;
+        }
+        Some(SamplerSample {
+            flow: Flow::from_key(&e.key)?,
+            rtt_us: e.rtt_us,
+            ts_ns: e.ts_ns,
+            ifindex: e.reserved2,
+            matching: if e.flags as u32 == Matching::Tsval.raw() {
+                Matching::Tsval
+            } else {
+                Matching::Seq
+            },
+        })
+    }
+}
+
+use t::rttscope_sampler_counter as C;
+/// Counter names, in the kernel's index order.
+pub const COUNTERS: &[(&str, C)] = &[
+    ("seen_egress", C::RTTSCOPE_SC_SEEN_EGRESS),
+    ("seen_ingress", C::RTTSCOPE_SC_SEEN_INGRESS),
+    ("sampled_egress", C::RTTSCOPE_SC_SAMPLED_EGRESS),
+    ("sampled_ingress", C::RTTSCOPE_SC_SAMPLED_INGRESS),
+    ("tcp_egress", C::RTTSCOPE_SC_TCP_EGRESS),
+    ("tcp_ingress", C::RTTSCOPE_SC_TCP_INGRESS),
+    ("recorded", C::RTTSCOPE_SC_RECORDED),
+    ("samples", C::RTTSCOPE_SC_SAMPLES),
+    ("no_data", C::RTTSCOPE_SC_NO_DATA),
+    ("duplicate", C::RTTSCOPE_SC_DUPLICATE),
+    ("slots_full", C::RTTSCOPE_SC_SLOTS_FULL),
+    ("expired", C::RTTSCOPE_SC_EXPIRED),
+    ("superseded", C::RTTSCOPE_SC_SUPERSEDED),
+    ("ack_no_pending", C::RTTSCOPE_SC_ACK_NO_PENDING),
+    ("ack_no_match", C::RTTSCOPE_SC_ACK_NO_MATCH),
+    ("not_ack", C::RTTSCOPE_SC_NOT_ACK),
+    ("no_timestamp", C::RTTSCOPE_SC_NO_TIMESTAMP),
+    ("race", C::RTTSCOPE_SC_RACE),
+    ("pending_created", C::RTTSCOPE_SC_PENDING_CREATED),
+    ("pending_deleted", C::RTTSCOPE_SC_PENDING_DELETED),
+    ("pending_map_full", C::RTTSCOPE_SC_PENDING_MAP_FULL),
+    ("flows_created", C::RTTSCOPE_SC_FLOWS_CREATED),
+    ("flow_map_full", C::RTTSCOPE_SC_FLOW_MAP_FULL),
+    ("skip_non_ip", C::RTTSCOPE_SC_SKIP_NON_IP),
+    ("skip_vlan", C::RTTSCOPE_SC_SKIP_VLAN),
+    ("skip_non_tcp", C::RTTSCOPE_SC_SKIP_NON_TCP),
+    ("skip_ip_options", C::RTTSCOPE_SC_SKIP_IP_OPTIONS),
+    ("skip_fragment", C::RTTSCOPE_SC_SKIP_FRAGMENT),
+    ("skip_ipv6_ext", C::RTTSCOPE_SC_SKIP_IPV6_EXT),
+    ("skip_truncated", C::RTTSCOPE_SC_SKIP_TRUNCATED),
+    ("skip_nonlinear", C::RTTSCOPE_SC_SKIP_NONLINEAR),
+    ("skip_malformed", C::RTTSCOPE_SC_SKIP_MALFORMED),
+    ("raw_events", C::RTTSCOPE_SC_RAW_EVENTS),
+    ("raw_drops", C::RTTSCOPE_SC_RAW_DROPS),
+    ("acked_together", C::RTTSCOPE_SC_ACKED_TOGETHER),
+];
+const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
+
+enum Attached {
+    /// A tcx link: closing the fd detaches it.
+    Tcx(#[allow(dead_code)] OwnedFd),
+    /// A clsact filter: removed explicitly on drop.
+    Clsact {
+        ns: NetNs,
+        ifindex: u32,
+        egress: bool,
+        /// We created the clsact qdisc: remove it after our filters.
+        created_qdisc: bool,
+    },
+}
+
+/// Our attachments; dropping them detaches (also on an error half-way
+/// through `attach`, so a failed start leaves no clsact filter behind).
+#[derive(Default)]
+struct Attachments(Vec<Attached>);
+
+impl Drop for Attachments {
+    fn drop(&mut self) {
+        let mut qdiscs = Vec::new();
+        for a in self.0.drain(..) {
+            if let Attached::Clsact {
+                ns,
+                ifindex,
+                egress,
+                created_qdisc,
+            } = a
+            {
+                let ns2 = ns.clone();
+                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
+                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
+                }
+                if created_qdisc {
+                    qdiscs.push((ns, ifindex));
+                }
+            }
+            // tcx: the link fd closes here
+        }
+        for (ns, ifindex) in qdiscs {
+            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
+                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+            }
+        }
+    }
+}
+
+/// The loaded and attached sampler view.
+pub struct SamplerView {
+    cfg: SamplerConfig,
+    #[allow(dead_code)] // held for its Drop: detaches
+    attached: Attachments,
+    info: Vec<AttachInfo>,
+    ring: Option<RingBuffer<'static>>,
+    raw_queue: Arc<Mutex<VecDeque<SamplerSample>>>,
+    raw_user_drops: Arc<AtomicU64>,
+    flows: MapHandle,
+    pending: MapHandle,
+    counters: MapHandle,
+    epoch_map: MapHandle,
+    epoch: u32,
+    // the objects last: their programs must outlive the attachments above
+    objects: Vec<Object>,
+}
+
+struct IfaceMeta {
+    ifindex: u32,
+    arphrd: u16,
+}
+
+/// ifindex and ARPHRD type of `name` in the calling thread's namespace.
+fn iface_meta(name: &str) -> Result<IfaceMeta> {
+    let cname = std::ffi::CString::new(name).context("interface name")?;
+    // SAFETY: if_nametoindex reads a NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if ifindex == 0 {
+        bail!("no interface '{name}' in that network namespace");
+    }
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)
+        .context("socket for SIOCGIFHWADDR")?;
+    // SAFETY: ifreq is plain old data; the kernel fills ifr_hwaddr.
+    let arphrd = unsafe {
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(cname.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) != 0 {
+            return Err(std::io::Error::last_os_error()).context("SIOCGIFHWADDR");
+        }
+        ifr.ifr_ifru.ifru_hwaddr.sa_family
+    };
+    Ok(IfaceMeta { ifindex, arphrd })
+}
+
+fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
+    let at = if egress {
+        libbpf_rs::libbpf_sys::BPF_TCX_EGRESS
+    } else {
+        libbpf_rs::libbpf_sys::BPF_TCX_INGRESS
+    };
+    // SAFETY: plain syscall wrapper; NULL opts = append after existing programs.
+    let fd = unsafe {
+        libbpf_rs::libbpf_sys::bpf_link_create(prog_fd, ifindex as i32, at, std::ptr::null())
+    };
+    if fd < 0 {
+        return Err(std::io::Error::from_raw_os_error(-fd).into());
+    }
+    // SAFETY: a fresh fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn clsact_hook(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> libbpf_rs::TcHook {
+    let mut b = libbpf_rs::TcHookBuilder::new(prog_fd);
+    b.ifindex(ifindex as i32)
+        .replace(true)
+        .handle(CLSACT_HANDLE)
+        .priority(CLSACT_PRIORITY);
+    b.hook(if egress {
+        libbpf_rs::TC_EGRESS
+    } else {
+        libbpf_rs::TC_INGRESS
+    })
+}
+
+/// Name of a loaded program, by id.
+fn prog_name(id: u32) -> Option<String> {
+    libbpf_rs::query::ProgInfoIter::default()
+        .find(|p| p.id == id)
+        .map(|p| p.name.to_string_lossy().into_owned())
+}
+
+/// Remove a clsact filter of ours (handle/priority, program name rttscope_sm_*)
+/// left by an earlier run on this hook. Runs inside the interface's namespace.
+fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<bool> {
+    let mut hook = clsact_hook(prog_fd, ifindex, egress);
+    let Ok(id) = hook.query() else {
+        return Ok(false); // no clsact qdisc, or no filter at our handle
+    };
+    match prog_name(id) {
+        Some(n) if n.starts_with("rttscope_sm") => {
+            hook.detach().context("removing a stale rttscope clsact filter")?;
+            Ok(true)
+        }
+        Some(n) => bail!(
+            "a foreign tc filter ({n}) sits at our handle {CLSACT_HANDLE:#x} priority {CLSACT_PRIORITY:#x}"
+        ),
+        None => Ok(false),
+    }
+}
+
+fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
+    libbpf_rs::libbpf_sys::bpf_tc_hook {
+        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_tc_hook>() as _,
+        ifindex: ifindex as i32,
+        attach_point: libbpf_rs::libbpf_sys::BPF_TC_INGRESS | libbpf_rs::libbpf_sys::BPF_TC_EGRESS,
+        ..Default::default()
+    }
+}
+
+/// Create the clsact qdisc if missing; true if we created it.
+fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
+    let mut h = qdisc_hook(ifindex);
+    // SAFETY: a valid, fully initialised hook description.
+    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_create(&mut h) };
+    match -r {
+        0 => Ok(true),
+        libc::EEXIST => Ok(false),
+        e => Err(std::io::Error::from_raw_os_error(e)).context("creating the clsact qdisc"),
+    }
+}
+
+/// Remove the clsact qdisc we created (with it, any filter left on it).
+fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
+    let mut h = qdisc_hook(ifindex);
+    // SAFETY: as above.
+    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_destroy(&mut h) };
+    if r != 0 && -r != libc::ENOENT && -r != libc::EINVAL {
+        return Err(std::io::Error::from_raw_os_error(-r)).context("removing the clsact qdisc");
+    }
+    Ok(())
+}
+
+/// Returns true if this call created the clsact qdisc.
+fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
+    // SAFETY: prog_fd belongs to a loaded Object that outlives this call.
+    let fd = unsafe { BorrowedFd::borrow_raw(prog_fd) };
+    if clsact_cleanup(fd, ifindex, egress)? {
+        tracing::info!("removed a stale rttscope clsact filter (ifindex {ifindex})");
+    }
+    let created = clsact_qdisc_create(ifindex)?;
+    let mut hook = clsact_hook(fd, ifindex, egress);
+    hook.attach().context("attaching the clsact filter")?;
+    Ok(created)
+}
+
+fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
+    // the fd is not used by detach (handle/priority identify the filter)
+    let devnull = std::fs::File::open("/dev/null")?;
+    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress);
+    hook.detach().map_err(anyhow::Error::from)
+}
+
+fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
+    let m = obj
+        .maps()
+        .find(|m| m.name() == name)
+        .with_context(|| format!("map {name} missing from the sampler object"))?;
+    MapHandle::try_from(&m).with_context(|| format!("duplicating map {name}"))
+}
+
+impl SamplerView {
+    /// Load one copy of the programs per interface and attach them at
+    /// ingress and egress.
+    pub fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<SamplerView> {
+        cfg.validate()?;
+        if ifaces.is_empty() {
+            bail!("the sampler view needs at least one --iface");
+        }
+        if ifaces.len() > bpf::sampler::types::rttscope_consts::RTTSCOPE_MAX_IFACES.0 as usize {
+            bail!(
+                "at most {} interfaces",
+                bpf::sampler::types::rttscope_consts::RTTSCOPE_MAX_IFACES.0
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut objects: Vec<Object> = Vec::new();
+        let mut attached = Attachments::default();
+        let mut info = Vec::new();
+        let mut shared: Option<Vec<(String, MapHandle)>> = None;
+        let mut view_maps = None;
+        for spec in ifaces {
+            let ns = netns::resolve(spec.netns.as_deref().unwrap_or("self"))
+                .with_context(|| format!("interface {spec}"))?;
+            let name = spec.name.clone();
+            let meta = netns::run_in(&ns, move || iface_meta(&name))
+                .with_context(|| format!("interface {spec}"))?;
+            if !seen.insert((ns.inode, meta.ifindex)) {
+                bail!("interface {spec} is given twice");
+            }
+            let link = match meta.arphrd {
+                ARPHRD_ETHER | ARPHRD_LOOPBACK => t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER,
+                ARPHRD_NONE => t::rttscope_sampler_link::RTTSCOPE_LINK_NONE,
+                other => bail!(
+                    "interface {spec} has link type {other}: only Ethernet, loopback and raw-IP interfaces are supported"
+                ),
+            };
+            let obj = load_copy(&cfg, ns.inode, meta.ifindex, link.0, shared.as_ref())
+                .with_context(|| format!("loading the sampler programs for {spec}"))?;
+            if shared.is_none() {
+                let names = [
+                    "sampler_flows",
+                    "sampler_pending",
+                    "sampler_counters",
+                    "sampler_epoch",
+                    "sampler_events",
+                ];
+                let mut v = Vec::new();
+                for n in names {
+                    v.push((n.to_string(), map_handle(&obj, n)?));
+                }
+                view_maps = Some((
+                    map_handle(&obj, "sampler_flows")?,
+                    map_handle(&obj, "sampler_pending")?,
+                    map_handle(&obj, "sampler_counters")?,
+                    map_handle(&obj, "sampler_epoch")?,
+                    map_handle(&obj, "sampler_events")?,
+                ));
+                shared = Some(v);
+            }
+            let mut how = None;
+            for egress in [true, false] {
+                let pname = if egress { PROG_EGRESS } else { PROG_INGRESS };
+                let prog = obj
+                    .progs()
+                    .find(|p| p.name() == pname)
+                    .with_context(|| format!("program {pname} missing"))?;
+                let prog_fd = prog.as_fd().as_raw_fd();
+                let ifindex = meta.ifindex;
+                let mode = cfg.attach;
+                let tcx = if mode != AttachMode::Clsact {
+                    match netns::run_in(&ns, move || tcx_attach(prog_fd, ifindex, egress)) {
+                        Ok(fd) => Some(fd),
+                        Err(e) if mode == AttachMode::Auto => {
+                            tracing::info!("tcx attach on {spec} failed ({e:#}); using clsact");
+                            None
+                        }
+                        Err(e) => return Err(e.context(format!("attaching a tcx link to {spec}"))),
+                    }
+                } else {
+                    None
+                };
+                match tcx {
+                    Some(fd) => {
+                        attached.0.push(Attached::Tcx(fd));
+                        how = Some("tcx");
+                    }
+                    None => {
+                        let created =
+                            netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
+                                .with_context(|| format!("attaching a clsact filter to {spec}"))?;
+                        attached.0.push(Attached::Clsact {
+                            ns: ns.clone(),
+                            ifindex,
+                            egress,
+                            created_qdisc: created,
+                        });
+                        // mixed only if tcx worked one way and not the other
+                        how = Some(if how == Some("tcx") {
+                            "tcx+clsact"
+                        } else {
+                            "clsact"
+                        });
+                    }
+                }
+            }
+            info.push(AttachInfo {
+                iface: spec.name.clone(),
+                netns: ns.name.clone(),
+                netns_inode: ns.inode,
+                ifindex: meta.ifindex,
+                how: how.unwrap_or("?").to_string(),
+                link: if link == t::rttscope_sampler_link::RTTSCOPE_LINK_NONE {
+                    "none".into()
+                } else {
+                    "ether".into()
+                },
+            });
+            objects.push(obj);
+        }
+        let (flows, pending, counters, epoch_map, events) =
+            view_maps.context("no sampler object loaded")?;
+        let raw_queue = Arc::new(Mutex::new(VecDeque::new()));
+        let raw_user_drops = Arc::new(AtomicU64::new(0));
+        let ring = if cfg.raw {
+            let q = raw_queue.clone();
+            let drops = raw_user_drops.clone();
+            let mut b = libbpf_rs::RingBufferBuilder::new();
+            b.add(&events, move |data: &[u8]| {
+                if let Ok(e) = bpf::decode::<Event>(data) {
+                    if let Some(s) = SamplerSample::from_event(&e) {
+                        let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+                        if q.len() >= RAW_QUEUE_MAX {
+                            drops.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            q.push_back(s);
+                        }
+                    }
+                }
+                0
+            })?;
+            Some(b.build().context("ring buffer")?)
+        } else {
+            None
+        };
+        // `events` may be dropped: the ring buffer holds its own mapping and fd
+        drop(events);
+        drop(shared);
+        Ok(SamplerView {
+            cfg,
+            attached,
+            info,
+            ring,
+            raw_queue,
+            raw_user_drops,
+            flows,
+            pending,
+            counters,
+            epoch_map,
+            epoch: 0,
+            objects,
+        })
+    }
+
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// How each interface is attached.
+    pub fn attach_info(&self) -> &[AttachInfo] {
+        &self.info
+    }
+
+    /// Ids of the loaded programs (for run-time statistics: bpftool prog show id N).
+    pub fn prog_ids(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for o in &self.objects {
+            for p in o.progs() {
+                if let Ok(id) = libbpf_rs::Program::id_from_fd(p.as_fd()) {
+                    out.push((p.name().to_string_lossy().into_owned(), id));
+                }
+            }
+        }
+        out
+    }
+
+    fn iface_name(&self, ifindex: u32, netns: u32) -> String {
+        self.info
+            .iter()
+            .find(|i| i.ifindex == ifindex && i.netns_inode == netns)
+            .map(|i| i.iface.clone())
+            .unwrap_or_else(|| format!("if{ifindex}"))
+    }
+
+    /// Every flow's cumulative histogram, plus min/max since the previous
+    /// call (the kernel's per-flow window restarts when the epoch moves on).
+    pub fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let mut out = Vec::new();
+        let keys: Vec<Vec<u8>> = self.flows.keys().collect();
+        for k in keys {
+            let Some(v) = self.flows.lookup(&k, MapFlags::ANY)? else {
+                continue; // evicted meanwhile
+            };
+            let key: FlowKey = bpf::decode(&k)?;
+            let f: SamplerFlow = bpf::decode(&v)?;
+            let Some(flow) = Flow::from_key(&key) else {
+                continue;
+            };
+            let (min, max) = if f.samples > 0 {
+                (Some(f.min_us), Some(f.max_us))
+            } else {
+                (None, None)
+            };
+            let in_window = f.win_epoch == self.epoch && f.win_max_us >= f.win_min_us;
+            out.push(SamplerFlowStats {
+                flow,
+                iface: self.iface_name(f.ifindex, key.netns),
+                hist: Hist::from_counts(&f.hist, f.sum_us, min, max),
+                samples: f.samples,
+                last_rtt_us: f.last_rtt_us,
+                interval_min_us: in_window.then_some(f.win_min_us),
+                interval_max_us: in_window.then_some(f.win_max_us),
+                first_ns: f.first_ns,
+                last_ns: f.last_ns,
+            });
+        }
+        out.sort_by_key(|s| s.flow);
+        self.epoch = self.epoch.wrapping_add(1);
+        self.epoch_map.update(
+            &0u32.to_ne_bytes(),
+            &self.epoch.to_ne_bytes(),
+            MapFlags::ANY,
+        )?;
+        Ok(out)
+    }
+
+    /// Kernel counters summed over CPUs, plus what userspace derives:
+    /// live entries and LRU evictions of both maps, raw samples dropped here.
+    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        let mut out = BTreeMap::new();
+        for (name, idx) in COUNTERS {
+            let vals = self
+                .counters
+                .lookup_percpu(&idx.0.to_ne_bytes(), MapFlags::ANY)?
+                .unwrap_or_default();
+            let sum: u64 = vals
+                .iter()
+                .map(|b| u64::from_ne_bytes(b[..8].try_into().unwrap_or([0; 8])))
+                .sum();
+            out.insert(*name, sum);
+        }
+        let flows_live = self.flows.keys().count() as u64;
+        let pending_live = self.pending.keys().count() as u64;
+        out.insert("flows_live", flows_live);
+        out.insert("pending_live", pending_live);
+        // LRU evictions are silent in the kernel: created - deleted - live.
+        out.insert(
+            "flows_evicted",
+            out["flows_created"].saturating_sub(flows_live),
+        );
+        out.insert(
+            "pending_evicted",
+            out["pending_created"]
+                .saturating_sub(out["pending_deleted"])
+                .saturating_sub(pending_live),
+        );
+        out.insert(
+            "raw_user_drops",
+            self.raw_user_drops.load(Ordering::Relaxed),
+        );
+        Ok(out)
+    }
+
+    /// Raw samples that arrived since the last call (needs `raw`), waiting
+    /// up to `timeout` for the first.
+    pub fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
+        if let Some(r) = &self.ring {
+            r.poll(timeout).context("polling the sampler ring buffer")?;
+        }
+        let mut q = self.raw_queue.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(q.drain(..).collect())
+    }
+}
+
+/// Open one copy of the object, configure it, reuse the shared maps, load.
+fn load_copy(
+    cfg: &SamplerConfig,
+    netns_inode: u32,
+    ifindex: u32,
+    link: u32,
+    shared: Option<&Vec<(String, MapHandle)>>,
+) -> Result<Object> {
+    let mut open = ObjectBuilder::default()
+        .open_memory(bpf::sampler::OBJECT)
+        .context("opening the sampler object")?;
+    for mut m in open.maps_mut() {
+        let name = m.name().to_string_lossy().into_owned();
+        if name.ends_with(".rodata") {
+            let bytes = m
+                .initial_value_mut()
+                .context("sampler .rodata not mapped")?;
+            let ro: &mut SamplerRodata = plain::from_mut_bytes(bytes)
+                .map_err(|e| anyhow::anyhow!("sampler .rodata layout: {e:?}"))?;
+            ro.cfg_netns = netns_inode;
+            ro.cfg_ifindex = ifindex;
+            ro.cfg_link = link;
+            ro.cfg_sample_threshold = cfg.threshold();
+            ro.cfg_match = cfg.matching.raw();
+            ro.cfg_raw = cfg.raw as u32;
+            ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+            continue;
+        }
+        if let Some(sh) = shared {
+            if let Some((_, h)) = sh.iter().find(|(n, _)| *n == name) {
+                m.reuse_fd(h.as_fd())
+                    .with_context(|| format!("reusing map {name}"))?;
+                continue;
+            }
+        }
+        match name.as_str() {
+            "sampler_flows" => m.set_max_entries(cfg.max_flows)?,
+            "sampler_pending" => m.set_max_entries(cfg.max_pending)?,
+            _ => {}
+        }
+    }
+    let obj = open.load().context("loading the sampler programs")?;
+    // sanity: the ring buffer is what we think it is
+    if let Some(m) = obj.maps().find(|m| m.name() == "sampler_events") {
+        if m.map_type() != MapType::RingBuf {
+            bail!("sampler_events is not a ring buffer");
+        }
+    }
+    Ok(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_iface_specs() {
+        assert_eq!(
+            "veth0".parse::<IfaceSpec>().unwrap(),
+            IfaceSpec {
+                netns: None,
+                name: "veth0".into()
+            }
+        );
+        assert_eq!(
+            "ns1:eth0".parse::<IfaceSpec>().unwrap(),
+            IfaceSpec {
+                netns: Some("ns1".into()),
+                name: "eth0".into()
+            }
+        );
+        assert!(":eth0".parse::<IfaceSpec>().is_err());
+        assert!("ns:".parse::<IfaceSpec>().is_err());
+        assert!("a-very-long-interface-name".parse::<IfaceSpec>().is_err());
+        assert_eq!(
+            "ns1:eth0".parse::<IfaceSpec>().unwrap().to_string(),
+            "ns1:eth0"
+        );
+    }
+
+    #[test]
+    fn sampling_threshold() {
+        let mut c = SamplerConfig::default();
+        assert_eq!(c.threshold(), 0);
+        c.sample_every = 4;
+        assert_eq!(c.threshold(), 1 << 30);
+        c.sample_every = 3;
+        let p = c.threshold() as f64 / 4294967296.0;
+        assert!((p - 1.0 / 3.0).abs() < 1e-9);
+        c.sample_every = 0;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn counter_names_are_unique_and_ordered() {
+        for (i, (_, c)) in COUNTERS.iter().enumerate() {
+            assert_eq!(c.0 as usize, i);
+        }
+        let names: std::collections::BTreeSet<_> = COUNTERS.iter().map(|c| c.0).collect();
+        assert_eq!(names.len(), COUNTERS.len());
+    }
+
+    #[test]
+    fn decodes_sampler_event_fixture() {
+        let mut e = Event {
+            r#type: 2,
+            flags: 2,
+            rtt_us: 1234,
+            ts_ns: 99,
+            reserved2: 7,
+            ..Default::default()
+        };
+        e.key = Flow {
+            netns: 5,
+            local: "10.0.0.1:80".parse().unwrap(),
+            remote: "10.0.0.2:9".parse().unwrap(),
+        }
+        .to_key();
+        let bytes = bpf::as_bytes(&e).to_vec();
+        let d: Event = bpf::decode(&bytes).unwrap();
+        let s = SamplerSample::from_event(&d).unwrap();
+        assert_eq!(s.rtt_us, 1234);
+        assert_eq!(s.ifindex, 7);
+        assert_eq!(s.matching, Matching::Tsval);
+        assert_eq!(s.flow.local.port(), 80);
+        let mut tcp = d;
+        tcp.r#type = 1;
+        assert!(SamplerSample::from_event(&tcp).is_none());
+    }
+}
