@@ -54,7 +54,7 @@ metric() { # name [label filter regex] -> sum of matching values
 }
 start_obs() {
   "$BIN" observe --listen "127.0.0.1:$PORT" --netns "$A" --netns "$B" --quiet \
-    --interval 1s --bpf-stats --max-flows 16384 "$@" >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
+    --interval 1s --bpf-stats --max-flows 16384 --view tcp,sampler --iface "$B:vb$$" "$@" >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
   for _ in $(seq 100); do scrape >/dev/null 2>&1 && return; sleep 0.1; done
   echo "observer did not start:"; cat "$OUT/obs.err"; exit 1
 }
@@ -63,7 +63,7 @@ tps() { ip netns exec "$A" "$LOAD" rr 10.79.0.2:7001 "$SECS" "$CONNS" "$1" | sed
 med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
 echo "== settings: veth between two namespaces, TCP RR 1-byte/1-byte, $CONNS connections, ${SECS}s per run;"
-echo "   observer: observe --listen --netns A --netns B --quiet --interval 1s --bpf-stats (TCP view; the sampler view is not wired into observe in this build)"
+echo "   observer: observe --listen --netns A --netns B --quiet --interval 1s --bpf-stats --view tcp,sampler --iface B:vb (both passive views)"
 echo "   machine: $(nproc) cores, $(uname -r); load from other processes on the machine is not controlled"
 echo "== 1. cost at a fixed rate of $RATE transactions/s ($((2 * RATE)) packets/s)"
 ucpu=(); scpu=(); kcpu=(); tcpu=(); got=(); base=(); with=()
