@@ -91,7 +91,9 @@ struct rttscope_flow_key {
 	__u8 raddr[16];
 };
 
-/* Per-flow state and in-kernel aggregate of the TCP view. */
+/* Per-flow state and in-kernel aggregate of the TCP view; the `tcp_flows`
+ * map is keyed by the socket cookie (8 bytes to hash per RTT sample instead
+ * of the 44-byte tuple). */
 struct rttscope_tcp_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
@@ -110,6 +112,8 @@ struct rttscope_tcp_flow {
 	__u8 state;         /* last TCP state seen */
 	__u8 flags;         /* enum rttscope_flow_flags */
 	__u32 reserved;
+	struct rttscope_flow_key key; /* the flow (the map is keyed by socket cookie) */
+	__u32 reserved2;
 	__u32 hist[RTTSCOPE_HIST_BUCKETS];
 };
 
@@ -143,7 +147,7 @@ struct rttscope_event {
 };
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
-_Static_assert(sizeof(struct rttscope_tcp_flow) == 72 + 4 * RTTSCOPE_HIST_BUCKETS, "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 120 + 4 * RTTSCOPE_HIST_BUCKETS, "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
 _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");
 _Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");

@@ -51,7 +51,7 @@ enum rttscope_event_type _event_type_type = 0;
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384); /* resized by userspace (--max-flows) */
-	__type(key, struct rttscope_flow_key);
+	__type(key, __u64);         /* socket cookie */
 	__type(value, struct rttscope_tcp_flow);
 } tcp_flows SEC(".maps");
 
@@ -95,16 +95,6 @@ struct {
 	__type(key, struct rttscope_listener_key);
 	__type(value, __u8);
 } tcp_listeners SEC(".maps");
-
-/* The flow key of each enabled socket, computed once (ESTABLISHED callback or
- * iterator) so the per-RTT path needs no key building and no netns lookup.
- * Socket-local storage is freed with the socket. */
-struct {
-	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct rttscope_flow_key);
-} tcp_sk_keys SEC(".maps");
 
 /* Scratch space for a new flow entry (too large for the 512-byte stack). */
 struct {
@@ -208,7 +198,7 @@ static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope
 }
 
 static __always_inline struct rttscope_tcp_flow *
-new_flow(const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt_us, __u8 state)
+new_flow(__u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt_us, __u8 state)
 {
 	__u32 zero = 0;
 	struct rttscope_tcp_flow *init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
@@ -224,15 +214,16 @@ new_flow(const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt
 	init->origin = origin;
 	init->srtt_us = srtt_us;
 	init->state = state;
-	if (bpf_map_update_elem(&tcp_flows, key, init, BPF_NOEXIST)) {
-		struct rttscope_tcp_flow *f = bpf_map_lookup_elem(&tcp_flows, key);
+	init->key = *key;
+	if (bpf_map_update_elem(&tcp_flows, &cookie, init, BPF_NOEXIST)) {
+		struct rttscope_tcp_flow *f = bpf_map_lookup_elem(&tcp_flows, &cookie);
 
 		if (!f)
 			count(RTTSCOPE_TC_FLOW_MAP_FULL);
 		return f; /* lost a race: someone created it */
 	}
 	count(RTTSCOPE_TC_FLOWS_CREATED);
-	return bpf_map_lookup_elem(&tcp_flows, key);
+	return bpf_map_lookup_elem(&tcp_flows, &cookie);
 }
 
 static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 type, __u8 side,
@@ -261,35 +252,27 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
-	const struct rttscope_flow_key *kp;
 	struct rttscope_tcp_flow *f;
-	struct bpf_sock *sk = skops->sk;
+	__u64 cookie = bpf_get_socket_cookie(skops);
 	__u32 rtt = skops->args[0];
 	__u32 srtt = skops->args[1] >> 3;
 	__u64 now;
 	__u32 b, ep;
 
 	count(RTTSCOPE_TC_RTT_CB);
-	if (!sk) {
-		count(RTTSCOPE_TC_NO_SOCK);
-		return;
-	}
-	kp = bpf_sk_storage_get(&tcp_sk_keys, sk, NULL, 0);
-	f = kp ? bpf_map_lookup_elem(&tcp_flows, kp) : NULL;
+	f = bpf_map_lookup_elem(&tcp_flows, &cookie);
 	if (!f) {
-		/* not cached (callbacks enabled by someone else) or flow evicted */
+		/* callbacks enabled by someone else, or the flow was evicted */
 		if (!skops_key(skops, &key))
 			return;
-		key.netns = sock_netns(sk);
+		key.netns = sock_netns(skops->sk);
 		if (!wanted(&key)) {
 			count(RTTSCOPE_TC_FILTERED);
 			return;
 		}
-		f = new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0, TCP_ESTABLISHED);
+		f = new_flow(cookie, &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0, TCP_ESTABLISHED);
 		if (!f)
 			return;
-		bpf_sk_storage_get(&tcp_sk_keys, sk, &key, BPF_SK_STORAGE_GET_F_CREATE);
-		kp = &key;
 	}
 	if (rtt == 0 && skops->args[1] == 0) {
 		/* kernel < 6.10: RTT_CB carries no arguments */
@@ -323,26 +306,8 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	if (cfg_raw) {
 		now = bpf_ktime_get_ns();
 		f->last_ns = now;
-		raw_event(kp, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
+		raw_event(&f->key, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
 	}
-}
-
-/* The cached key of a socket, or a freshly built one (0 if not IP). */
-static __always_inline int sock_key(struct bpf_sock_ops *skops, struct rttscope_flow_key *key)
-{
-	const struct rttscope_flow_key *kp = NULL;
-	struct bpf_sock *sk = skops->sk;
-
-	if (sk)
-		kp = bpf_sk_storage_get(&tcp_sk_keys, sk, NULL, 0);
-	if (kp) {
-		*key = *kp;
-		return 1;
-	}
-	if (!skops_key(skops, key))
-		return 0;
-	key->netns = sock_netns(sk);
-	return 1;
 }
 
 SEC("sockops")
@@ -350,8 +315,8 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
 	struct rttscope_tcp_flow *f;
-	struct bpf_sock *sk;
 	__u32 op = skops->op;
+	__u64 cookie;
 	__u8 side;
 
 	switch (op) {
@@ -370,25 +335,19 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		side = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ? RTTSCOPE_SIDE_CLIENT : RTTSCOPE_SIDE_SERVER;
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
 		count(RTTSCOPE_TC_ENABLED);
-		/* a reused tuple replaces the old entry */
-		bpf_map_delete_elem(&tcp_flows, &key);
-		new_flow(&key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3, TCP_ESTABLISHED);
-		sk = skops->sk;
-		if (sk)
-			bpf_sk_storage_get(&tcp_sk_keys, sk, &key, BPF_SK_STORAGE_GET_F_CREATE);
+		cookie = bpf_get_socket_cookie(skops);
+		new_flow(cookie, &key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3, TCP_ESTABLISHED);
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
 		count(RTTSCOPE_TC_RETRANS);
-		if (!sock_key(skops, &key))
-			break;
-		f = bpf_map_lookup_elem(&tcp_flows, &key);
+		cookie = bpf_get_socket_cookie(skops);
+		f = bpf_map_lookup_elem(&tcp_flows, &cookie);
 		if (f)
 			f->retrans++;
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		if (!sock_key(skops, &key))
-			break;
-		f = bpf_map_lookup_elem(&tcp_flows, &key);
+		cookie = bpf_get_socket_cookie(skops);
+		f = bpf_map_lookup_elem(&tcp_flows, &cookie);
 		if (!f)
 			break;
 		f->state = (__u8)skops->args[1];
@@ -396,7 +355,7 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 			f->flags |= RTTSCOPE_FLOW_CLOSED;
 			count(RTTSCOPE_TC_CLOSED);
 			if (cfg_raw)
-				raw_event(&key, RTTSCOPE_EV_FLOW_END, f->side, 0, f->srtt_us,
+				raw_event(&f->key, RTTSCOPE_EV_FLOW_END, f->side, 0, f->srtt_us,
 					  bpf_ktime_get_ns());
 		}
 		break;
@@ -413,6 +372,7 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 	struct rttscope_flow_key key = {};
 	struct tcp_sock *tp;
 	__u32 netns, state;
+	__u64 cookie;
 	int flags;
 
 	if (!skc)
@@ -467,8 +427,8 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 		return 0;
 	}
 	count(RTTSCOPE_TC_ENABLED);
-	if (!bpf_map_lookup_elem(&tcp_flows, &key))
-		new_flow(&key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
-	bpf_sk_storage_get(&tcp_sk_keys, tp, &key, BPF_SK_STORAGE_GET_F_CREATE);
+	cookie = bpf_get_socket_cookie(tp);
+	if (!bpf_map_lookup_elem(&tcp_flows, &cookie))
+		new_flow(cookie, &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
 	return 0;
 }

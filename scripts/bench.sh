@@ -17,8 +17,24 @@ LOAD="$ROOT/target/release/examples/rr_load"
 NS="rtsbench$$"
 OUT=$(mktemp -d)
 old_stats=$(sysctl -n kernel.bpf_stats_enabled)
+FLOOR_CG="/sys/fs/cgroup/unified/rtsbench$$"
+FLOOR_PIN="/sys/fs/bpf/rtsfloor$$"
 cleanup() {
   [ -n "${OBS:-}" ] && kill "$OBS" 2>/dev/null || true
+  [ -n "${FSRV:-}" ] && kill "$FSRV" 2>/dev/null || true
+  if [ -e "$FLOOR_PIN" ]; then
+    bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" 2>/dev/null || true
+    rm -f "$FLOOR_PIN"
+  fi
+  if [ -d "$FLOOR_CG" ]; then
+    echo 1 > "$FLOOR_CG/cgroup.kill" 2>/dev/null || true   # every process of the cgroup (kernel >= 5.14)
+    for _ in $(seq 100); do
+      procs=$(cat "$FLOOR_CG/cgroup.procs" 2>/dev/null)
+      [ -z "$procs" ] && break
+      kill -9 $procs 2>/dev/null || true; sleep 0.1
+    done
+    rmdir "$FLOOR_CG" 2>/dev/null || echo "bench: could not remove $FLOOR_CG" >&2
+  fi
   [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
   sysctl -q -w kernel.bpf_stats_enabled="$old_stats"
@@ -28,17 +44,24 @@ trap cleanup EXIT
 ip netns add "$NS"
 ip -n "$NS" link set lo up
 ulimit -n "$(ulimit -Hn)"  # 10,000 connections need 10,000 fds per process
-ip netns exec "$NS" "$LOAD" server 127.0.0.1:7001 & SRV=$!
+# The load runs in a cgroup of its own, and the observer attaches there
+# (--cgroup): its programs then see exactly the benchmark's sockets, as the
+# floor program does, whatever else runs on the machine.
+mkdir "$FLOOR_CG"
+in_cg() { sh -c 'echo $$ > "$0/cgroup.procs"; shift; exec "$@"' "$FLOOR_CG" x "$@"; }
+in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7001 & SRV=$!
 sleep 0.3
 sysctl -q -w kernel.bpf_stats_enabled=1
 
-tps() { ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 "$SECS" "${1:-1}" | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
+tps() { in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 "$SECS" "${1:-1}" | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 rss_kb() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 hwm_kb() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
 start_obs() {
-  "$BIN" observe --netns "$NS" --format json --interval 1s --max-flows 32768 >"$OUT/obs.jsonl" 2>"$OUT/obs.err" & OBS=$!
+  : >"$OUT/obs.jsonl"
+  "$BIN" observe --cgroup "$FLOOR_CG" --netns "$NS" --format json --interval 1s --max-flows 32768 >"$OUT/obs.jsonl" 2>"$OUT/obs.err" & OBS=$!
   for _ in $(seq 50); do [ -s "$OUT/obs.jsonl" ] && break; sleep 0.1; done
+  kill -0 "$OBS" 2>/dev/null || { echo "observer failed to start: $(cat "$OUT/obs.err")" >&2; exit 1; }
 }
 stop_obs() { kill -INT "$OBS"; wait "$OBS" || true; OBS=; }
 prog_stat() { # id -> "run_cnt run_time_ns" (bpftool omits both while zero)
@@ -72,9 +95,25 @@ echo "median tps without observer: $b; with: $w; change: $(awk -v b="$b" -v w="$
 echo "median sock_ops ns/invocation: $(med "${ns_per[@]}")  (target <= 150)"
 echo "median observer CPU: $(med "${cpu[@]}")% of one core; RSS $(med "${rss[@]}") KiB"
 
+echo "== floor: a sock_ops program that only turns on RTT_CB (scripts/bench/sockops_floor.bpf.c)"
+# Same measurement, same flow, in a cgroup of its own (the program is attached
+# there, not at the root; removed by the trap on any exit).
+clang-19 -target bpf -O2 -g -I"/usr/include/$(gcc -dumpmachine)" -c "$ROOT/scripts/bench/sockops_floor.bpf.c" -o "$OUT/floor.o"
+bpftool prog load "$OUT/floor.o" "$FLOOR_PIN" type sockops
+bpftool cgroup attach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" multi
+floor_id=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7002 & FSRV=$!
+sleep 0.3
+read -r c0 t0 < <(prog_stat "$floor_id")
+in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7002 "$SECS" >/dev/null
+read -r c1 t1 < <(prog_stat "$floor_id")
+bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
+kill "$FSRV" 2>/dev/null || true; FSRV=
+echo "floor: $((c1-c0)) runs, $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }') ns/run (the cost of being called + the statistics themselves, on this machine now)"
+
 echo "== TCP view: 10,000 flows"
 start_obs
-ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 1 10000 8 >/dev/null & CLI=$!
+in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 1 10000 8 >/dev/null & CLI=$!
 for _ in $(seq 60); do
   n=$(ip netns exec "$NS" ss -Htn state established | wc -l)
   [ "$n" -ge 20000 ] && break; sleep 0.5

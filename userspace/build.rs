@@ -1,6 +1,14 @@
 //! Compiles the kernel programs in `bpf/` to CO-RE objects and generates
 //! their libbpf-rs skeletons (Rust types for every struct in `bpf/rttscope.h`).
 //!
+//! Outputs per object `<name>`: `<name>.bpf.o` (loaded by either loader),
+//! `<name>.skel.rs` (the libbpf-rs skeleton, used with the `libbpf` feature)
+//! and `<name>.types.rs` (the skeleton's `types` module alone: the Rust types
+//! generated from the object's BTF, which need no libbpf at run time; the
+//! aya-only build decodes with these, so both loaders use one generator's
+//! types). libbpf-cargo runs only here, in the build script: an aya-only
+//! binary links no libbpf (scripts/check-aya-build.sh proves it).
+//!
 //! - clang: `BPF_CLANG` (default `clang-19`, then `clang`).
 //! - vmlinux.h: `RTTSCOPE_VMLINUX_H` (a file) if set, else generated from the
 //!   build machine's BTF (`bpftool btf dump file /sys/kernel/btf/vmlinux format c`).
@@ -57,6 +65,43 @@ fn vmlinux_h(out: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Copy the skeleton's `pub mod types { ... }` block (the Rust types of the
+/// object's BTF: structs, enums, `.rodata`/`.bss` layouts) into its own file.
+/// The block uses nothing from libbpf-rs; if a libbpf-cargo upgrade changes
+/// the skeleton's layout, this fails the build rather than guessing.
+fn extract_types(skel: &Path, dst: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(skel)?;
+    let start = "    pub mod types {";
+    let mut lines = text.lines().skip_while(|l| *l != start);
+    let mut block = Vec::new();
+    for l in lines.by_ref() {
+        block.push(l.strip_prefix("    ").unwrap_or(l));
+        if l == "    }" {
+            break;
+        }
+    }
+    if block.len() < 2 || block.last() != Some(&"}") {
+        bail!(
+            "{}: no `pub mod types` block found (libbpf-cargo output changed?)",
+            skel.display()
+        );
+    }
+    if block.iter().any(|l| l.contains("libbpf")) {
+        bail!(
+            "{}: the generated types mention libbpf; the aya build cannot use them",
+            skel.display()
+        );
+    }
+    let mut s =
+        String::from("// Extracted by build.rs from the libbpf-cargo skeleton's `types` module.\n");
+    for l in block {
+        s.push_str(l);
+        s.push('\n');
+    }
+    std::fs::write(dst, s)?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let bpf_dir = manifest
@@ -96,6 +141,8 @@ fn main() -> Result<()> {
             ])
             .build_and_generate(&skel)
             .with_context(|| format!("compiling {}", src.display()))?;
+        let types = out.join(format!("{name}.types.rs"));
+        extract_types(&skel, &types)?;
         println!("cargo:rustc-cfg=has_{name}_skel");
     }
     println!("cargo::rustc-check-cfg=cfg(has_tcp_skel)");

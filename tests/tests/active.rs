@@ -8,7 +8,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use rttscope::active::framing::{Hello, HELLO_ACK};
-use rttscope::active::ProbeResult;
+use rttscope::active::icmp::CLOCK_KERNEL_RX;
+use rttscope::active::{Kind, ProbeResult};
 use rttscope_e2e::{require_root, rttscope_bin, ChildGuard, NetNs, Pair, B_ADDR, B_ADDR6};
 
 fn bin() -> String {
@@ -129,7 +130,16 @@ fn assert_sane(r: &ProbeResult, max_us: f64) {
         np.p50,
         s.p50
     );
-    assert_eq!(r.settings.clock, "CLOCK_MONOTONIC");
+    if r.settings.kind == Kind::Icmp {
+        // ICMP is timed like ping: the kernel's receive stamp on every reply
+        // (a fallback would mean a reply without SCM_TIMESTAMPNS, or a
+        // realtime clock step during the run).
+        assert_eq!(r.settings.clock, CLOCK_KERNEL_RX);
+        assert_eq!(r.counts.rx_timestamp_fallbacks, 0, "{:?}", r.counts);
+    } else {
+        assert_eq!(r.settings.clock, "CLOCK_MONOTONIC");
+        assert_eq!(r.counts.rx_timestamp_fallbacks, 0);
+    }
 }
 
 #[test]
@@ -267,8 +277,14 @@ fn intervals_are_honoured() {
         );
     }
     // Spinning instead of sleeping, 5 ms. A spinning process is CPU-bound and on
-    // a loaded machine gets only its share of a CPU, so it can miss slots; the
-    // median gap between transactions still has to be the interval.
+    // a loaded machine gets only its share of a CPU: the scheduler preempts it
+    // for whole slices (ms), so starts come late and, late by an interval or
+    // more, restart the grid (a longer gap with no shorter one to match). On
+    // this shared 2-core machine the median gap was seen at 5.43 ms. The
+    // median gap must still be the interval within 10% (0.5 ms); a pacer that
+    // ignored the interval (back to back: ~0.05 ms) or doubled it fails, and
+    // so does a machine with more CPU hogs than cores, where the spinner
+    // really misses most slots (3 extra busy loops here: median 10 ms).
     let r = probe_json(
         &p.a,
         &[
@@ -280,10 +296,15 @@ fn intervals_are_honoured() {
     assert!(r.settings.spin);
     let mut gaps: Vec<u64> = r.samples.windows(2).map(|w| w[1].0 - w[0].0).collect();
     gaps.sort();
-    let med = gaps[gaps.len() / 2] as f64 / 1e6;
+    let q = |f: f64| gaps[((gaps.len() - 1) as f64 * f) as usize] as f64 / 1e6;
+    let med = q(0.5);
     assert!(
-        (med - 5.0).abs() < 0.25,
-        "spin: median gap {med} ms, want 5 ms"
+        (med - 5.0).abs() <= 0.5,
+        "spin: median gap {med} ms, want 5 ms +- 0.5 ms (gaps ms: min {} p25 {} p75 {} max {})",
+        q(0.0),
+        q(0.25),
+        q(0.75),
+        q(1.0)
     );
     // Count instead of duration.
     let r = probe_json(
@@ -390,70 +411,102 @@ fn icmp_probe_agrees_with_ping() {
     }
     let _serial = serial();
     let p = Pair::new().unwrap();
-    // ping times the reply with the kernel's receive timestamp (SO_TIMESTAMP),
-    // so the wake-up of the process is not in its number. Our probe times in
-    // user space; with --spin it never sleeps and so has no wake-up to add,
-    // which makes the two comparable. Tolerance: 20% of ping's median, or
-    // 15 us on these ~20 us veth RTTs, whichever is larger; up to 3 attempts
-    // because the machine is shared and a burst of load moves medians.
+    // ping times the reply with the kernel's receive timestamp (SO_TIMESTAMP)
+    // against a realtime reading just before sendto(), so the wake-up of the
+    // process is not in its number. The probe now does the same
+    // (SO_TIMESTAMPNS), so it is compared without --spin. What is left is
+    // the path itself, and on this machine that depends on whether the sender
+    // slept: right after a sleep the kernel's send path is slower (cold CPU).
+    // Below ~10 ms intervals ping busy-polls between echoes (non-blocking
+    // recvmsg and sched_yield); at 20 ms it sleeps in a blocking recvmsg, as
+    // the probe sleeps on its timerfd. So: ping -i 0.02 and the probe at
+    // 20 ms, both at the same time so that both see the same load (the
+    // medians of sleeping senders move with it; at 20 ms intervals and
+    // ~50 us per echo the two rarely meet). Tolerance: 20% of ping's median,
+    // or 15 us on these ~30-50 us veth RTTs, whichever is larger; up to 3
+    // attempts because the machine is shared and a burst of load moves medians.
+    let mut agreed = None;
     let mut seen = Vec::new();
     for _ in 0..3 {
-        let ping =
-            p.a.exec(&["ping", "-n", "-c", "200", "-i", "0.002", B_ADDR])
-                .expect("ping");
+        let (ping, r) = std::thread::scope(|sc| {
+            let t = sc.spawn(|| {
+                p.a.exec(&["ping", "-n", "-c", "100", "-i", "0.02", B_ADDR])
+                    .expect("ping")
+            });
+            let r = probe_json(
+                &p.a,
+                &["icmp", B_ADDR, "-n", "100", "-w", "20ms"],
+                Duration::from_secs(20),
+            );
+            (t.join().expect("ping thread"), r)
+        });
         let (ping_med, ping_n) = ping_median_us(&String::from_utf8_lossy(&ping.stdout));
-        assert!(ping_n >= 190, "ping got {ping_n} replies");
-        let r = probe_json(
-            &p.a,
-            &["icmp", B_ADDR, "-n", "200", "-w", "2ms", "--spin"],
-            Duration::from_secs(20),
-        );
+        assert!(ping_n >= 95, "ping got {ping_n} replies");
         assert_sane(&r, 5000.0);
-        assert!(r.counts.received >= 190, "{:?}", r.counts);
+        assert!(r.counts.received >= 95, "{:?}", r.counts);
         assert_eq!(r.counts.duplicates, 0);
+        assert!(!r.settings.spin);
         let ours = r.summary.p50;
         let tol = (0.2 * ping_med).max(15.0);
         seen.push((ours, ping_med));
+        eprintln!("icmp p50 {ours} us, ping median {ping_med} us, tolerance {tol} us");
         if (ours - ping_med).abs() <= tol {
-            // Also IPv6 runs and is sane (no ping6 comparison needed for agreement).
-            let r6 = probe_json(
-                &p.a,
-                &["icmp", B_ADDR6, "-n", "50", "-w", "2ms"],
-                Duration::from_secs(10),
-            );
-            assert_sane(&r6, 5000.0);
-            // A reply slower than the 1 s timeout on this shared machine is
-            // possible (load spikes); a lost echo or two is not a failure here.
-            let c6 = &r6.counts;
-            assert!(
-                c6.received >= 45 && c6.received + c6.lost == c6.sent,
-                "{c6:?} {:?}",
-                r6.last_error
-            );
-            // New namespaces allow no group to open datagram ICMP sockets, so
-            // the probe used raw ones; allowing every group in this (the
-            // test's own) namespace makes it use the unprivileged kind.
-            assert_eq!(r.settings.icmp_socket.as_deref(), Some("raw"));
-            p.a.exec(&["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"])
-                .unwrap();
-            for host in [B_ADDR, B_ADDR6] {
-                let d = probe_json(
-                    &p.a,
-                    &["icmp", host, "-n", "50", "-w", "2ms"],
-                    Duration::from_secs(10),
-                );
-                assert_sane(&d, 5000.0);
-                let c = &d.counts;
-                assert!(
-                    c.received >= 45 && c.received + c.lost == c.sent,
-                    "{host}: {c:?}"
-                );
-                assert_eq!(d.settings.icmp_socket.as_deref(), Some("dgram"), "{host}");
-            }
-            return;
+            agreed = Some(r);
+            break;
         }
     }
-    panic!("rttscope icmp p50 vs ping median (us), per attempt: {seen:?}");
+    let Some(r) = agreed else {
+        panic!(
+            "rttscope icmp p50 vs ping median (us), per attempt: {seen:?} (tolerance: 20% of ping's or 15 us)"
+        );
+    };
+    // --spin reads replies with non-blocking recvmsg in a loop: also kernel
+    // stamps (assert_sane). Not compared with ping: at -i 0.002 ping
+    // busy-polls too, but it yields the CPU (sched_yield) each turn, so under
+    // contention it is not like --spin (seen with 3 extra CPU hogs: ping 33-47
+    // us, --spin 8 us; without them 8-11 vs 8-9).
+    let s = probe_json(
+        &p.a,
+        &["icmp", B_ADDR, "-n", "50", "-w", "2ms", "--spin"],
+        Duration::from_secs(10),
+    );
+    assert_sane(&s, 5000.0);
+    eprintln!("--spin: icmp p50 {} us", s.summary.p50);
+    // Also IPv6 runs and is sane (no ping6 comparison needed for agreement).
+    let r6 = probe_json(
+        &p.a,
+        &["icmp", B_ADDR6, "-n", "50", "-w", "2ms"],
+        Duration::from_secs(10),
+    );
+    assert_sane(&r6, 5000.0);
+    // A reply slower than the 1 s timeout on this shared machine is
+    // possible (load spikes); a lost echo or two is not a failure here.
+    let c6 = &r6.counts;
+    assert!(
+        c6.received >= 45 && c6.received + c6.lost == c6.sent,
+        "{c6:?} {:?}",
+        r6.last_error
+    );
+    // New namespaces allow no group to open datagram ICMP sockets, so
+    // the probe used raw ones; allowing every group in this (the
+    // test's own) namespace makes it use the unprivileged kind.
+    assert_eq!(r.settings.icmp_socket.as_deref(), Some("raw"));
+    p.a.exec(&["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"])
+        .unwrap();
+    for host in [B_ADDR, B_ADDR6] {
+        let d = probe_json(
+            &p.a,
+            &["icmp", host, "-n", "50", "-w", "2ms"],
+            Duration::from_secs(10),
+        );
+        assert_sane(&d, 5000.0);
+        let c = &d.counts;
+        assert!(
+            c.received >= 45 && c.received + c.lost == c.sent,
+            "{host}: {c:?}"
+        );
+        assert_eq!(d.settings.icmp_socket.as_deref(), Some("dgram"), "{host}");
+    }
 }
 
 #[test]

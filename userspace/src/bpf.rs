@@ -10,8 +10,23 @@
     dead_code,
     unsafe_op_in_unsafe_fn
 )]
+#[cfg(feature = "libbpf")]
 pub mod tcp {
     include!(concat!(env!("OUT_DIR"), "/tcp.skel.rs"));
+}
+/// Without libbpf-rs: the same generated `types` module, extracted from the
+/// skeleton by build.rs (the skeleton's other parts need libbpf-rs).
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unsafe_op_in_unsafe_fn
+)]
+#[cfg(not(feature = "libbpf"))]
+pub mod tcp {
+    include!(concat!(env!("OUT_DIR"), "/tcp.types.rs"));
 }
 
 /// The sampler view's object (bpf/sampler.bpf.c).
@@ -51,7 +66,7 @@ pub mod consts {
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 44);
-const _: () = assert!(std::mem::size_of::<TcpFlow>() == 72 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 120 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
 
 // SAFETY: the generated types are plain C structs of integers and arrays.

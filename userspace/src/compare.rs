@@ -20,10 +20,11 @@ use serde_json::json;
 use crate::active::rr::{run_probe, Kind, ProbeConfig, ProbeResult, Stop};
 use crate::dist::{BucketOptions, Distribution, ValueUnit};
 use crate::flow::{Flow, Side};
+use crate::loader::{self, LoaderKind};
 use crate::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
 use crate::stats::Summary;
-use crate::tcp_view::{TcpView, TcpViewConfig};
+use crate::tcp_view::TcpViewConfig;
 use crate::units::{duration_arg, fmt_duration_short, fmt_ms};
 
 #[derive(Debug, Clone, Args)]
@@ -75,6 +76,9 @@ pub struct CompareArgs {
     /// Save every sample set and setting (a result `rttscope chart` draws).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
+    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    pub loader: LoaderKind,
 }
 
 fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
@@ -138,7 +142,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
         max_flows: 4096,
         ..Default::default()
     };
-    let tcp = TcpView::attach(&tcp_cfg)?;
+    let mut tcp = loader::attach_tcp(args.loader, &tcp_cfg)?;
     let mut sampler = if args.ifaces.is_empty() {
         None
     } else {
@@ -157,24 +161,19 @@ async fn compare(args: CompareArgs) -> Result<()> {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
 
-    // TCP raw samples through the ring buffer.
-    let tcp_samples: std::rc::Rc<std::cell::RefCell<Vec<TcpSample>>> = Default::default();
-    let rb = {
-        let mut b = libbpf_rs::RingBufferBuilder::new();
-        let sink = tcp_samples.clone();
-        b.add(tcp.events_map(), move |data: &[u8]| {
-            if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
-                if ev.r#type == 1 {
-                    if let Some(f) = Flow::from_key(&ev.key) {
-                        let t = (ev.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
-                        sink.borrow_mut()
-                            .push((f, Side::from_raw(ev.side), t, ev.rtt_us as f64));
-                    }
+    // TCP raw samples through the loader's ring buffer.
+    let mut tcp_raw = tcp.raw_samples()?;
+    let mut tcp_events: Vec<crate::bpf::Event> = Vec::new();
+    let mut tcp_samples: Vec<TcpSample> = Vec::new();
+    let take_tcp = |evs: &mut Vec<crate::bpf::Event>, out: &mut Vec<TcpSample>| {
+        for ev in evs.drain(..) {
+            if ev.r#type == 1 {
+                if let Some(f) = Flow::from_key(&ev.key) {
+                    let t = (ev.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+                    out.push((f, Side::from_raw(ev.side), t, ev.rtt_us as f64));
                 }
             }
-            0
-        })?;
-        b.build().context("setting up the TCP view's ring buffer")?
+        }
     };
     let mut sampler_samples: Vec<(Flow, f64, f64)> = Vec::new();
 
@@ -226,7 +225,8 @@ async fn compare(args: CompareArgs) -> Result<()> {
         tokio::select! {
             r = &mut probes => break r,
             _ = poll.tick() => {
-                let _ = rb.consume();
+                tcp_raw.drain_now(&mut tcp_events)?;
+                take_tcp(&mut tcp_events, &mut tcp_samples);
                 if let Some(s) = sampler.as_mut() {
                     for x in s.raw_samples(Duration::ZERO)? {
                         sampler_samples.push((x.flow, (x.ts_ns as i64 - start_mono as i64) as f64 / 1e9, x.rtt_us as f64));
@@ -239,7 +239,8 @@ async fn compare(args: CompareArgs) -> Result<()> {
     };
     // Late samples of the last transactions.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let _ = rb.consume();
+    tcp_raw.drain_now(&mut tcp_events)?;
+    take_tcp(&mut tcp_events, &mut tcp_samples);
     if let Some(s) = sampler.as_mut() {
         for x in s.raw_samples(Duration::from_millis(10))? {
             sampler_samples.push((
@@ -250,46 +251,53 @@ async fn compare(args: CompareArgs) -> Result<()> {
         }
     }
 
-    // Retransmissions of the probe's connections (TCP view).
-    let mut retrans = 0u64;
-    tcp.for_each_flow(|f| {
-        if f.flow.remote.port() == args.port || f.flow.local.port() == args.port {
-            retrans += f.retrans as u64;
-        }
-    })?;
     let tcp_counters = tcp.counters();
     let sampler_counters = match &sampler {
         Some(s) => Some(s.counters()?),
         None => None,
     };
 
-    // Sort samples into views.
-    let side_by_port = |f: &Flow| {
-        if f.remote.port() == args.port {
-            Side::Client
-        } else {
-            Side::Server
-        }
+    // Sort samples into views. Only this run's connections count: on the
+    // client side, flows in this namespace to the target's address and port;
+    // on the server side (when visible), the reverse of those tuples.
+    let my_netns = crate::netns::current_inode()?;
+    let target_ip = rr_results
+        .iter()
+        .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
+    let is_client = |f: &Flow| {
+        f.netns == my_netns && f.remote.port() == args.port && Some(f.remote.ip()) == target_ip
     };
+    let client_tuples: std::collections::HashSet<(std::net::SocketAddr, std::net::SocketAddr)> =
+        tcp_samples
+            .iter()
+            .map(|s| s.0)
+            .chain(sampler_samples.iter().map(|s| s.0))
+            .filter(|f| is_client(f))
+            .map(|f| (f.local, f.remote))
+            .collect();
+    let is_server = |f: &Flow| client_tuples.contains(&(f.remote, f.local));
+    // Retransmissions of this run's connections (TCP view).
+    let mut retrans = 0u64;
+    tcp.for_each_flow(&mut |f| {
+        if is_client(&f.flow) || is_server(&f.flow) {
+            retrans += f.retrans as u64;
+        }
+    })?;
     let mut tcp_client: Series = Vec::new();
     let mut tcp_server: Series = Vec::new();
-    for (f, side, t, rtt) in tcp_samples.borrow().iter() {
-        let side = if *side == Side::Unknown {
-            side_by_port(f)
-        } else {
-            *side
-        };
-        match side {
-            Side::Server => tcp_server.push((*t, *rtt)),
-            _ => tcp_client.push((*t, *rtt)),
+    for (f, _, t, rtt) in tcp_samples.iter() {
+        if is_client(f) {
+            tcp_client.push((*t, *rtt));
+        } else if is_server(f) {
+            tcp_server.push((*t, *rtt));
         }
     }
     let mut smp_client: Series = Vec::new();
     let mut smp_server: Series = Vec::new();
     for (f, t, rtt) in &sampler_samples {
-        if f.remote.port() == args.port {
+        if is_client(f) {
             smp_client.push((*t, *rtt));
-        } else if f.local.port() == args.port {
+        } else if is_server(f) {
             smp_server.push((*t, *rtt));
         }
     }
@@ -305,7 +313,8 @@ async fn compare(args: CompareArgs) -> Result<()> {
             "sizes": [args.sizes.0, args.sizes.1],
             "nodelay": args.nodelay,
             "probes": kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
-            "tcp_view": tcp.info,
+            "tcp_view": tcp.info(),
+            "loader": args.loader,
             "sampler": sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
             "cloud_layout": args.layout.spec(),
             "tcp_counters": tcp_counters,
@@ -538,8 +547,10 @@ async fn compare(args: CompareArgs) -> Result<()> {
     }
     writeln!(
         out,
-        "TCP view: {} retransmissions on the probe's connections; hook: {}",
-        retrans, tcp.info.hook
+        "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
+        retrans,
+        tcp.info().hook,
+        args.loader
     )?;
 
     if args.explain {

@@ -17,6 +17,7 @@ pub mod flow;
 pub mod hist;
 pub mod irtt;
 pub mod lab;
+pub mod loader;
 pub mod logging;
 pub mod metrics;
 pub mod netns;

@@ -12,9 +12,11 @@ pub fn init(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+    #[cfg(feature = "libbpf")]
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, libbpf_print)));
 }
 
+#[cfg(feature = "libbpf")]
 fn libbpf_print(level: libbpf_rs::PrintLevel, msg: String) {
     let msg = msg.trim_end();
     match level {

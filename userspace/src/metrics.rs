@@ -995,7 +995,7 @@ impl Daemon {
     pub fn start(
         listener: tokio::net::TcpListener,
         args: &crate::observe::ObserveArgs,
-        tcp: Option<&crate::tcp_view::TcpView>,
+        tcp: Option<&dyn crate::loader::TcpLoader>,
         sampler: Option<&crate::sampler::SamplerView>,
     ) -> Result<Daemon> {
         let policy = crate::config::label_policy(args)?;
@@ -1030,7 +1030,7 @@ impl Daemon {
                 ),
             ));
         }
-        let mut lines = crate::caps::hooks_report(tcp.map(|t| &t.info), &notes);
+        let mut lines = crate::caps::hooks_report(tcp.map(|t| t.info()), &notes);
         match sampler {
             Some(s) => {
                 for a in s.attach_info() {

@@ -10,9 +10,10 @@ use serde_json::json;
 
 use crate::flow::Flow;
 use crate::hist::{Hist, Snapshot};
+use crate::loader::{self, LoaderKind};
 use crate::netns::{self, NetNs};
 use crate::report::{self, FlowRow, Interval, ViewStats};
-use crate::tcp_view::{self, TcpFlowState, TcpView, TcpViewConfig};
+use crate::tcp_view::{self, TcpFlowState, TcpViewConfig};
 use crate::units::{duration_arg, fmt_duration_short};
 
 #[derive(Debug, Clone, Args)]
@@ -78,6 +79,9 @@ pub struct ObserveArgs {
     /// Alignment period for --cloud-buckets (the metric API's default: 60s).
     #[arg(long, default_value = "60s", value_parser = duration_arg)]
     pub cloud_period: Duration,
+    /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
+    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    pub loader: LoaderKind,
     // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
     /// Read options from this TOML file (flags given on the command line win).
     #[arg(long, value_name = "FILE")]
@@ -399,7 +403,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             raw: args.raw,
             max_flows: args.max_flows,
         };
-        Some(TcpView::attach(&cfg)?)
+        Some(loader::attach_tcp(args.loader, &cfg)?)
     } else {
         None
     };
@@ -416,7 +420,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         Some(l) => Some(crate::metrics::Daemon::start(
             l,
             &args,
-            tcp.as_ref(),
+            tcp.as_deref(),
             sampler.as_ref(),
         )?),
         None => None,
@@ -442,6 +446,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "raw": args.raw,
         "max_flows": args.max_flows,
+        "loader": args.loader,
         "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
     });
     let mut header = format!(
@@ -451,8 +456,8 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     if let Some(v) = &tcp {
         header += &format!(
             " | view tcp: sock_ops RTT_CB @ cgroup {}, rtt source: {}, netns {}",
-            v.info.cgroup,
-            if v.info.rtt_source.starts_with("srtt") {
+            v.info().cgroup,
+            if v.info().rtt_source.starts_with("srtt") {
                 "srtt fallback (kernel < 6.10)"
             } else {
                 "RTT_CB args"
@@ -488,7 +493,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     "ts": unix_now(),
                     "views": view_names,
                     "settings": settings,
-                    "tcp": tcp.as_ref().map(|v| &v.info),
+                    "tcp": tcp.as_ref().map(|v| v.info()),
                     "sampler": sampler.as_ref().map(|s| json!({
                         "settings": s.config(),
                         "attached": s.attach_info(),
@@ -504,8 +509,8 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     writeln!(
                         out,
                         "existing connections enabled: {} (in {})",
-                        v.info.existing_enabled,
-                        v.info.iter_netns.join(",")
+                        v.info().existing_enabled,
+                        v.info().iter_netns.join(",")
                     )?;
                 }
                 writeln!(out, "waiting for samples...\n")?;
@@ -514,32 +519,13 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         out.flush()?;
     }
 
-    // Raw samples of the TCP view: the ring buffer's epoll fd drives an AsyncFd.
+    // Raw samples of the TCP view: the loader's ring buffer, driven by tokio (AsyncFd).
     let raw_lines: std::rc::Rc<std::cell::RefCell<Vec<String>>> = Default::default();
-    let ringbuf = match (&tcp, args.raw) {
-        (Some(v), true) => {
-            let mut b = libbpf_rs::RingBufferBuilder::new();
-            let sink = raw_lines.clone();
-            let fmt = args.format;
-            b.add(v.events_map(), move |data: &[u8]| {
-                if let Ok(ev) = crate::bpf::decode::<crate::bpf::Event>(data) {
-                    sink.borrow_mut().push(raw_line(&ev, start_mono, fmt));
-                }
-                0
-            })?;
-            Some(b.build().context("setting up the raw-sample ring buffer")?)
-        }
+    let mut tcp_raw = match (tcp.as_mut(), args.raw) {
+        (Some(v), true) => Some(v.raw_samples()?),
         _ => None,
     };
-    let rb_fd = match &ringbuf {
-        // SAFETY: the epoll fd belongs to `ringbuf`, which is declared before
-        // `rb_fd` and therefore dropped after it.
-        Some(rb) => Some(
-            unsafe { tokio::io::unix::AsyncFd::register(RawFdWrap(rb.epoll_fd())) }
-                .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?,
-        ),
-        None => None,
-    };
+    let mut raw_events: Vec<crate::bpf::Event> = Vec::new();
     // The sampler's raw samples are polled (its ring buffer lives inside the view).
     let mut raw_poll = tokio::time::interval(Duration::from_millis(100));
 
@@ -569,8 +555,8 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             }
         };
         let rb_ready = async {
-            match &rb_fd {
-                Some(fd) => fd.readable().await.map(|mut g| g.clear_ready()),
+            match tcp_raw.as_mut() {
+                Some(r) => r.next_batch(&mut raw_events).await,
                 None => std::future::pending().await,
             }
         };
@@ -583,8 +569,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         };
         let stop = tokio::select! {
             _ = ticker.tick() => false,
-            _ = rb_ready => {
-                if let Some(rb) = &ringbuf { let _ = rb.consume(); }
+            r = rb_ready => {
+                r?;
+                tcp_raw_lines(&mut raw_events, start_mono, args.format, &raw_lines);
                 flush_raw(&raw_lines, &stdout)?;
                 continue;
             }
@@ -599,8 +586,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             _ = tokio::signal::ctrl_c() => true,
             _ = sigterm.recv() => true,
         };
-        if let Some(rb) = &ringbuf {
-            let _ = rb.consume();
+        if let Some(r) = tcp_raw.as_mut() {
+            r.drain_now(&mut raw_events)?;
+            tcp_raw_lines(&mut raw_events, start_mono, args.format, &raw_lines);
         }
         if args.raw {
             if let Some(s) = sampler.as_mut() {
@@ -619,29 +607,35 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         if let Some(view) = tcp.as_mut() {
             let epoch = view.epoch();
             let mut total = Hist::default();
+            let mut closed = Vec::new();
             tracker.begin();
-            view.for_each_flow(|f| {
+            view.for_each_flow(&mut |f| {
                 // daemon mode: this flow's samples since the last read.
                 if let Some(d) = daemon.as_mut() {
                     d.tcp_flow(&f, tracker.prev.get(&f.flow), |ns| names.get(ns));
                 }
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
+                    if f.closed {
+                        closed.push((f.cookie, f.flow));
+                    }
                     rows.insert(f.flow, r);
                 }
             })?;
             tracker.end();
             view.next_epoch();
-            for r in rows.values().filter(|r| r.closed) {
-                if let Some(f) = &r.flow {
-                    view.forget(f);
-                    tracker.prev.remove(f);
-                    tracker.closed_reported += 1;
-                }
+            // Closed flows are reported once (this interval), then forgotten.
+            for (cookie, flow) in closed {
+                view.forget(cookie);
+                tracker.prev.remove(&flow);
+                tracker.closed_reported += 1;
             }
             let mut tc = view.counters();
             tc.insert("flows_vanished", tracker.vanished);
             tc.insert("flows_closed_reported", tracker.closed_reported);
             tc.insert("flows_tracked", tracker.tracked);
+            if let Some(r) = &tcp_raw {
+                tc.insert("raw_records_bad", r.bad_records);
+            }
             counters.insert("tcp", tc);
             totals.insert("tcp", ViewStats::from_hist(&total));
             totals_hist.insert("tcp", total);
@@ -765,7 +759,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     // Cumulative summary since start, per flow still known.
     let mut summary: BTreeMap<Flow, serde_json::Value> = BTreeMap::new();
     if let Some(view) = &tcp {
-        view.for_each_flow(|f| {
+        view.for_each_flow(&mut |f| {
             let h = f.hist();
             summary.insert(
                 f.flow,
@@ -911,10 +905,16 @@ fn flush_raw(
     Ok(())
 }
 
-struct RawFdWrap(i32);
-impl std::os::fd::AsRawFd for RawFdWrap {
-    fn as_raw_fd(&self) -> i32 {
-        self.0
+/// Raw TCP-view events to output lines.
+fn tcp_raw_lines(
+    events: &mut Vec<crate::bpf::Event>,
+    start_mono: u64,
+    fmt: Format,
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) {
+    let mut l = lines.borrow_mut();
+    for ev in events.drain(..) {
+        l.push(raw_line(&ev, start_mono, fmt));
     }
 }
 

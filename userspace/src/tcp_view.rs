@@ -4,21 +4,37 @@
 //!
 //! Everything attached is a BPF link (cgroup link, iterator link): when the
 //! process exits, even by SIGKILL, the kernel detaches it.
-use std::collections::{BTreeMap, HashSet};
+//!
+//! The libbpf-rs loader (`TcpView`) is built with the `libbpf` feature; the
+//! configuration, the decoded flow state and the decoding itself
+//! (`decode_flow`) are shared with the aya loader (`crate::loader`).
+#[cfg(feature = "libbpf")]
+use std::collections::BTreeMap;
+use std::collections::HashSet;
+#[cfg(feature = "libbpf")]
 use std::fs::File;
+#[cfg(feature = "libbpf")]
 use std::io::Read;
+#[cfg(feature = "libbpf")]
 use std::mem::MaybeUninit;
+#[cfg(feature = "libbpf")]
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
+#[cfg(feature = "libbpf")]
 use anyhow::{Context, Result};
+#[cfg(feature = "libbpf")]
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+#[cfg(feature = "libbpf")]
 use libbpf_rs::{MapCore, MapFlags};
 use serde::Serialize;
 
-use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_listener_key, rttscope_tcp_counter as C};
+#[cfg(feature = "libbpf")]
+use crate::bpf::tcp::types::rttscope_listener_key;
+use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_tcp_counter as C};
+#[cfg(feature = "libbpf")]
 use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
-use crate::bpf::{self, FlowKey, TcpFlow};
+use crate::bpf::{self, TcpFlow};
 use crate::flow::{Flow, Side};
 use crate::hist::Hist;
 use crate::netns::NetNs;
@@ -55,6 +71,8 @@ pub struct TcpHookInfo {
 /// One flow's kernel state, decoded.
 #[derive(Debug, Clone)]
 pub struct TcpFlowState {
+    /// The socket cookie (the flow map's key).
+    pub cookie: u64,
     pub flow: Flow,
     pub side: Side,
     pub origin: &'static str,
@@ -97,6 +115,7 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TC_NO_SOCK, "no_socket"),
 ];
 
+#[cfg(feature = "libbpf")]
 pub struct TcpView {
     skel: TcpSkel<'static>,
     _sockops_link: libbpf_rs::Link,
@@ -117,7 +136,7 @@ impl TcpFlowState {
     }
 }
 
-fn origin_name(o: u8) -> &'static str {
+pub(crate) fn origin_name(o: u8) -> &'static str {
     match o {
         1 => "established",
         2 => "existing",
@@ -126,6 +145,7 @@ fn origin_name(o: u8) -> &'static str {
     }
 }
 
+#[cfg(feature = "libbpf")]
 impl TcpView {
     /// Load, configure and attach. Fails with one clear sentence.
     pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
@@ -346,47 +366,12 @@ impl TcpView {
     }
 
     fn decode_flow(&self, k: &[u8], v: &[u8]) -> Option<TcpFlowState> {
-        let key: FlowKey = bpf::decode(k).ok()?;
-        let val: TcpFlow = bpf::decode(v).ok()?;
-        let flow = Flow::from_key(&key)?;
-        let mut side = Side::from_raw(val.side);
-        if side == Side::Unknown {
-            side = if self.listeners.contains(&(key.netns, key.lport)) {
-                Side::Server
-            } else {
-                Side::Client
-            };
-        }
-        let (min, max) = if val.samples > 0 {
-            (Some(val.min_us), Some(val.max_us))
-        } else {
-            (None, None)
-        };
-        Some(TcpFlowState {
-            flow,
-            side,
-            origin: origin_name(val.origin),
-            state: val.state,
-            closed: val.flags & 2 != 0,
-            srtt_fallback: val.flags & 1 != 0,
-            samples: val.samples,
-            counts: Box::new(val.hist),
-            sum_us: val.sum_us,
-            life_min_us: min,
-            life_max_us: max,
-            srtt_us: val.srtt_us,
-            last_rtt_us: val.last_rtt_us,
-            retrans: val.retrans,
-            win_epoch: val.win_epoch,
-            win_min_us: val.win_min_us,
-            win_max_us: val.win_max_us,
-        })
+        decode_flow(k, v, &self.listeners)
     }
 
-    /// Forget a flow (after it was reported closed).
-    pub fn forget(&self, flow: &Flow) {
-        let k = flow.to_key();
-        let _ = self.skel.maps.tcp_flows.delete(bpf::as_bytes(&k));
+    /// Forget a flow (after it was reported closed), by its socket cookie.
+    pub fn forget(&self, cookie: u64) {
+        let _ = self.skel.maps.tcp_flows.delete(&cookie.to_ne_bytes());
     }
 
     /// The raw-sample ring buffer map (for `--raw`).
@@ -419,9 +404,54 @@ impl TcpView {
     }
 }
 
+/// Decode one `tcp_flows` entry (socket-cookie key and value bytes as read
+/// from the map). Flows whose side the kernel could not tell (found by the
+/// iterator) are servers if their local port was listening in their
+/// namespace. Shared by both loaders.
+pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Option<TcpFlowState> {
+    let cookie = u64::from_ne_bytes(k.get(..8)?.try_into().ok()?);
+    let val: TcpFlow = bpf::decode(v).ok()?;
+    let key = val.key;
+    let flow = Flow::from_key(&key)?;
+    let mut side = Side::from_raw(val.side);
+    if side == Side::Unknown {
+        side = if listeners.contains(&(key.netns, key.lport)) {
+            Side::Server
+        } else {
+            Side::Client
+        };
+    }
+    let (min, max) = if val.samples > 0 {
+        (Some(val.min_us), Some(val.max_us))
+    } else {
+        (None, None)
+    };
+    Some(TcpFlowState {
+        cookie,
+        flow,
+        side,
+        origin: origin_name(val.origin),
+        state: val.state,
+        closed: val.flags & 2 != 0,
+        srtt_fallback: val.flags & 1 != 0,
+        samples: val.samples,
+        counts: Box::new(val.hist),
+        sum_us: val.sum_us,
+        life_min_us: min,
+        life_max_us: max,
+        srtt_us: val.srtt_us,
+        last_rtt_us: val.last_rtt_us,
+        retrans: val.retrans,
+        win_epoch: val.win_epoch,
+        win_min_us: val.win_min_us,
+        win_max_us: val.win_max_us,
+    })
+}
+
 /// Walk a hash map with BPF_MAP_LOOKUP_BATCH. The kernel returns whole hash
 /// buckets per call (fewer than asked is normal) and ENOENT with the last
 /// entries when the walk is complete.
+#[cfg(feature = "libbpf")]
 pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
     const BATCH: usize = 512;
     let ks = map.key_size() as usize;
@@ -478,7 +508,7 @@ pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::
     }
 }
 
-fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
+pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
     let mut k = rttscope_cidr_key::default();
     match c {
         ipnet::IpNet::V4(n) => {
@@ -493,7 +523,7 @@ fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
     k
 }
 
-fn rtt_source() -> String {
+pub(crate) fn rtt_source() -> String {
     let (maj, min) = crate::preflight::kernel_version();
     if (maj, min) >= (6, 10) {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()

@@ -9,8 +9,17 @@
 //!
 //! Payload: 8-byte cookie (random per run), 8-byte sequence number (the 16-bit
 //! ICMP sequence wraps; this one does not), then padding up to the size asked.
-use std::io::{self, Read};
+//!
+//! Timing, as ping does it: the socket has SO_TIMESTAMPNS on, so every reply
+//! comes with the kernel's receive time (CLOCK_REALTIME, taken when the packet
+//! entered the stack) in a control message; the request's send time is a
+//! CLOCK_REALTIME reading taken immediately before `sendto()`. The process's
+//! own wake-up and scheduling latency is then not in the RTT.
+use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use tokio::io::unix::AsyncFd;
@@ -36,9 +45,57 @@ impl IcmpSocketKind {
     }
 }
 
+/// What `settings.clock` says when the kernel's receive timestamps were used.
+pub const CLOCK_KERNEL_RX: &str = "kernel rx timestamp (SO_TIMESTAMPNS), realtime send stamp";
+/// What `settings.clock` says when they were not (no reply carried one).
+pub const CLOCK_USERSPACE: &str = "userspace monotonic";
+
+/// When a request left: both clocks, read immediately before `sendto()`.
+#[derive(Debug, Clone, Copy)]
+pub struct SendStamp {
+    /// CLOCK_MONOTONIC, ns: pacing, timeouts, the sample's offset from the start.
+    pub mono_ns: u64,
+    /// CLOCK_REALTIME, ns: the same clock as the kernel's receive timestamp.
+    pub real_ns: u64,
+}
+
+/// One of our echo replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply {
+    pub seq: u64,
+    /// The kernel's receive time (CLOCK_REALTIME, ns), when a
+    /// SCM_TIMESTAMPNS control message came with the reply.
+    pub rx_real_ns: Option<u64>,
+}
+
+/// CLOCK_REALTIME in nanoseconds.
+pub fn real_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The RTT from the kernel's receive timestamp, if it is consistent with the
+/// userspace bounds: the reply cannot have arrived before the request left,
+/// nor after the process saw it (`user_rtt_ns`, on CLOCK_MONOTONIC). A
+/// CLOCK_REALTIME step between send and receive (NTP, settimeofday) breaks
+/// one of the two; the caller then falls back to the userspace time.
+pub fn kernel_rtt(send_real_ns: u64, rx_real_ns: u64, user_rtt_ns: u64) -> Option<u64> {
+    let rtt = rx_real_ns.checked_sub(send_real_ns)?;
+    (rtt <= user_rtt_ns).then_some(rtt)
+}
+
 pub struct IcmpSocket {
     fd: AsyncFd<Socket>,
     pub kind: IcmpSocketKind,
+    /// SO_TIMESTAMPNS is on: replies should carry the kernel's receive time.
+    pub rx_timestamps: bool,
     v6: bool,
     dest: SockAddr,
     id: u16,
@@ -68,11 +125,20 @@ impl IcmpSocket {
             }
         };
         sock.set_nonblocking(true)?;
+        // Same option for datagram and raw, IPv4 and IPv6 (SOL_SOCKET level).
+        let rx_timestamps = match setsockopt(&sock, sockopt::ReceiveTimestampns, &true) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("SO_TIMESTAMPNS refused ({e}); ICMP RTTs will be userspace times");
+                false
+            }
+        };
         let dest = SockAddr::from(SocketAddr::new(target, 0));
         Ok(IcmpSocket {
             // SAFETY: the socket stays open for as long as the AsyncFd owns it.
             fd: unsafe { AsyncFd::register(sock) }.map_err(io::Error::from)?,
             kind,
+            rx_timestamps,
             v6: target.is_ipv6(),
             dest,
             id: rand::random(),
@@ -81,25 +147,57 @@ impl IcmpSocket {
     }
 
     /// Build and send echo request `seq` with `payload` bytes of payload.
-    pub async fn send(&self, seq: u64, payload: usize) -> io::Result<()> {
+    /// Returns the send time, read on both clocks immediately before `sendto()`
+    /// (again on each retry, should the socket not be writable at once).
+    pub async fn send(&self, seq: u64, payload: usize) -> io::Result<SendStamp> {
         let pkt = encode_echo(self.v6, self.id, seq, self.cookie, payload);
         let dest = &self.dest;
         self.fd
-            .async_io(Interest::WRITABLE, |s| s.send_to(&pkt, dest))
+            .async_io(Interest::WRITABLE, |s| {
+                let mono_ns = super::mono_ns();
+                let real_ns = real_ns();
+                s.send_to(&pkt, dest)
+                    .map(|_| SendStamp { mono_ns, real_ns })
+            })
             .await
-            .map(|_| ())
+    }
+
+    /// One non-blocking `recvmsg()`: the datagram's length and the kernel's
+    /// receive timestamp, if a SCM_TIMESTAMPNS control message came with it.
+    fn recv_stamped(&self, buf: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
+        // Room for one timespec message and a spare one.
+        let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec, nix::sys::time::TimeSpec);
+        let mut iov = [IoSliceMut::new(buf)];
+        let m = recvmsg::<()>(
+            self.fd.get_ref().as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_DONTWAIT,
+        )
+        .map_err(io::Error::from)?;
+        let mut stamp = None;
+        if let Ok(cmsgs) = m.cmsgs() {
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmTimestampns(ts) = c {
+                    if ts.tv_sec() > 0 && ts.tv_nsec() >= 0 {
+                        stamp = Some(ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64);
+                    }
+                }
+            }
+        }
+        Ok((m.bytes, stamp))
     }
 
     /// One non-blocking receive straight to the syscall (busy polling).
     /// Ok(None): nothing there; Ok(Some(None)): a packet that is not our reply.
-    pub fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Option<Option<u64>>> {
-        match self.fd.get_ref().read(buf) {
-            Ok(n) => {
+    pub fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Option<Option<Reply>>> {
+        match self.recv_stamped(buf) {
+            Ok((n, rx_real_ns)) => {
                 let r = self.decode(&buf[..n]);
                 if r.is_none() {
                     *foreign += 1;
                 }
-                Ok(Some(r))
+                Ok(Some(r.map(|seq| Reply { seq, rx_real_ns })))
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
             Err(e) => Err(e),
@@ -115,16 +213,16 @@ impl IcmpSocket {
         decode_echo_reply(b, self.v6, ip_header, id, self.cookie)
     }
 
-    /// Receive until one of our echo replies arrives; returns its sequence number.
+    /// Receive until one of our echo replies arrives.
     /// Packets that are not our replies are skipped (counted in `foreign`).
-    pub async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<u64> {
+    pub async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> io::Result<Reply> {
         loop {
-            let n = self
+            let (n, rx_real_ns) = self
                 .fd
-                .async_io(Interest::READABLE, |mut s| s.read(buf))
+                .async_io(Interest::READABLE, |_| self.recv_stamped(buf))
                 .await?;
             match self.decode(&buf[..n]) {
-                Some(seq) => return Ok(seq),
+                Some(seq) => return Ok(Reply { seq, rx_real_ns }),
                 None => *foreign += 1,
             }
         }
@@ -240,5 +338,25 @@ mod tests {
         let mut r6 = encode_echo(true, 5, 1, 42, 16);
         r6[0] = 129;
         assert_eq!(decode_echo_reply(&r6, true, false, None, 42), Some(1));
+    }
+
+    #[test]
+    fn kernel_rtt_must_fit_the_userspace_bounds() {
+        let t = 1_700_000_000_000_000_000u64;
+        // Kernel stamp 20 us after the send, process saw it 70 us after.
+        assert_eq!(kernel_rtt(t, t + 20_000, 70_000), Some(20_000));
+        assert_eq!(kernel_rtt(t, t + 70_000, 70_000), Some(70_000));
+        // Realtime stepped back or forward between send and receive.
+        assert_eq!(kernel_rtt(t, t - 1, 70_000), None);
+        assert_eq!(kernel_rtt(t, t + 70_001, 70_000), None);
+    }
+
+    #[test]
+    fn realtime_is_epoch_nanoseconds() {
+        let sys = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        assert!(real_ns().abs_diff(sys) < 1_000_000_000);
     }
 }

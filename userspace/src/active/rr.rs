@@ -1,5 +1,7 @@
 //! The probe engine: TCP_RR, UDP_RR and ICMP echo transactions, paced, timed
-//! with CLOCK_MONOTONIC right around the send and receive system calls.
+//! with CLOCK_MONOTONIC right around the send and receive system calls (TCP,
+//! UDP), or from the kernel's receive timestamp as ping does (ICMP, see
+//! `icmp.rs`).
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
 use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
-use super::icmp::{IcmpSocket, MIN_PAYLOAD};
+use super::icmp::{IcmpSocket, Reply, SendStamp, MIN_PAYLOAD};
 use super::{cancelled, mono_ns, Cancel};
 use crate::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
 
@@ -131,6 +133,11 @@ pub struct Settings {
     pub timeout_ns: u64,
     /// "sleep (timerfd)" or "spin".
     pub pacing: String,
+    /// How the RTT is timed. TCP_RR and UDP_RR: "CLOCK_MONOTONIC" (userspace,
+    /// around the send and receive calls). ICMP: "kernel rx timestamp
+    /// (SO_TIMESTAMPNS), realtime send stamp" when replies carried the kernel's
+    /// receive time (as in ping), "userspace monotonic" when none did
+    /// (see `counts.rx_timestamp_fallbacks`).
     pub clock: String,
     /// ICMP only: "dgram" or "raw".
     pub icmp_socket: Option<String>,
@@ -157,13 +164,18 @@ pub struct Counts {
     pub foreign: u64,
     /// Samples not kept in `samples` because of `max_samples`.
     pub samples_dropped: u64,
+    /// ICMP: replies timed in userspace (CLOCK_MONOTONIC) because no kernel
+    /// receive timestamp came with them, or it was inconsistent (a realtime
+    /// clock step between send and receive).
+    #[serde(default)]
+    pub rx_timestamp_fallbacks: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProbeResult {
     pub settings: Settings,
     /// Wall-clock start, seconds since the Unix epoch (for humans; every
-    /// duration is from CLOCK_MONOTONIC).
+    /// duration is from CLOCK_MONOTONIC, except ICMP RTTs: `settings.clock`).
     pub start_unix_s: f64,
     /// From the first send to the end of the last transaction.
     pub elapsed_s: f64,
@@ -195,7 +207,10 @@ struct Recorder {
 
 impl Recorder {
     fn sample(&mut self, t0: u64, t1: u64) {
-        let rtt = t1.saturating_sub(t0);
+        self.sample_rtt(t0, t1.saturating_sub(t0));
+    }
+    /// A sample sent at `t0` (CLOCK_MONOTONIC) whose RTT was measured otherwise.
+    fn sample_rtt(&mut self, t0: u64, rtt: u64) {
         self.counts.received += 1;
         self.hdr.record_ns(rtt);
         self.np.record_ns(rtt);
@@ -523,7 +538,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
                 settings.icmp_socket = Some(s.kind.name().to_string());
                 DgramSock::Icmp(s)
             };
-            dgram_loop(
+            let end = dgram_loop(
                 &sock,
                 cfg,
                 req_size,
@@ -532,7 +547,17 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
                 &mut rec,
                 &mut cancel,
             )
-            .await?
+            .await?;
+            if let DgramSock::Icmp(s) = &sock {
+                let stamped = rec.counts.received - rec.counts.rx_timestamp_fallbacks;
+                settings.clock = if s.rx_timestamps && stamped > 0 {
+                    super::icmp::CLOCK_KERNEL_RX
+                } else {
+                    super::icmp::CLOCK_USERSPACE
+                }
+                .into();
+            }
+            end
         }
     };
     let elapsed_s = end_ns.saturating_sub(rec.start) as f64 / 1e9;
@@ -967,7 +992,11 @@ enum DgramSock {
 impl DgramSock {
     /// Non-blocking receive straight to the syscall (for busy polling; bypasses
     /// the reactor). Ok(None): nothing there.
-    fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Option<u64>>> {
+    fn try_recv(
+        &self,
+        buf: &mut [u8],
+        foreign: &mut u64,
+    ) -> std::io::Result<Option<Option<Reply>>> {
         match self {
             DgramSock::Udp(u) => {
                 let r = sys_io(unsafe {
@@ -979,7 +1008,7 @@ impl DgramSock {
                     )
                 });
                 match r {
-                    Ok(n) => Ok(Some(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))),
+                    Ok(n) => Ok(Some(UdpHeader::decode(&buf[..n]).ok().map(udp_reply))),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
                     Err(e) => Err(e),
                 }
@@ -988,24 +1017,39 @@ impl DgramSock {
         }
     }
 
-    async fn send(&self, buf: &mut [u8], seq: u64, resp: u32) -> std::io::Result<()> {
+    /// Send request `seq`. ICMP returns its send time on both clocks, read
+    /// immediately before `sendto()`; UDP keeps the caller's monotonic `t0`.
+    async fn send(
+        &self,
+        buf: &mut [u8],
+        seq: u64,
+        resp: u32,
+    ) -> std::io::Result<Option<SendStamp>> {
         match self {
             DgramSock::Udp(u) => {
                 UdpHeader { resp, seq }.write(buf);
-                u.send(buf).await.map(|_| ())
+                u.send(buf).await.map(|_| None)
             }
-            DgramSock::Icmp(s) => s.send(seq, buf.len()).await,
+            DgramSock::Icmp(s) => s.send(seq, buf.len()).await.map(Some),
         }
     }
-    /// The next reply's sequence number (None: a datagram that is not a reply to us).
-    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<u64>> {
+    /// The next reply (None: a datagram that is not a reply to us).
+    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Reply>> {
         match self {
             DgramSock::Udp(u) => {
                 let n = u.recv(buf).await?;
-                Ok(UdpHeader::decode(&buf[..n]).ok().map(|h| h.seq))
+                Ok(UdpHeader::decode(&buf[..n]).ok().map(udp_reply))
             }
             DgramSock::Icmp(s) => s.recv(buf, foreign).await.map(Some),
         }
+    }
+}
+
+/// UDP_RR replies are timed in userspace (like netperf): no kernel stamp.
+fn udp_reply(h: UdpHeader) -> Reply {
+    Reply {
+        seq: h.seq,
+        rx_real_ns: None,
     }
 }
 
@@ -1052,17 +1096,26 @@ async fn dgram_loop(
             tokio::task::yield_now().await;
         }
         states[(seq as usize) % WINDOW] = (seq, SeqState::Pending);
-        let t0 = mono_ns();
-        if let Err(e) = sock.send(&mut req, seq, resp_size).await {
-            rec.counts.sent += 1;
-            rec.error(format!("send: {e}"));
-            rec.counts.lost += 1;
-            states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
-            consecutive_errors += 1;
-            if consecutive_errors >= 100 {
-                bail!("100 send errors in a row, last: {e}");
+        let mut t0 = mono_ns();
+        // ICMP: CLOCK_REALTIME send time, to pair with the kernel's receive stamp.
+        let mut t0_real = None;
+        match sock.send(&mut req, seq, resp_size).await {
+            Ok(Some(SendStamp { mono_ns, real_ns })) => {
+                t0 = mono_ns;
+                t0_real = Some(real_ns);
             }
-            continue;
+            Ok(None) => {}
+            Err(e) => {
+                rec.counts.sent += 1;
+                rec.error(format!("send: {e}"));
+                rec.counts.lost += 1;
+                states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                consecutive_errors += 1;
+                if consecutive_errors >= 100 {
+                    bail!("100 send errors in a row, last: {e}");
+                }
+                continue;
+            }
         }
         rec.counts.sent += 1;
         let deadline = tokio::time::Instant::now() + cfg.timeout;
@@ -1119,7 +1172,10 @@ async fn dgram_loop(
                     break;
                 }
                 Ok(Ok(None)) => rec.counts.foreign += 1,
-                Ok(Ok(Some(got))) => {
+                Ok(Ok(Some(Reply {
+                    seq: got,
+                    rx_real_ns,
+                }))) => {
                     let t1 = mono_ns();
                     let slot = &mut states[(got as usize) % WINDOW];
                     if slot.0 != got {
@@ -1132,7 +1188,20 @@ async fn dgram_loop(
                             debug_assert_eq!(got, seq);
                             slot.1 = SeqState::Answered;
                             consecutive_errors = 0;
-                            rec.sample(t0, t1);
+                            match t0_real {
+                                // UDP_RR: userspace times, as netperf.
+                                None => rec.sample(t0, t1),
+                                // ICMP: the kernel's receive time, as ping.
+                                Some(sent) => match rx_real_ns
+                                    .and_then(|rx| super::icmp::kernel_rtt(sent, rx, t1 - t0))
+                                {
+                                    Some(rtt) => rec.sample_rtt(t0, rtt),
+                                    None => {
+                                        rec.counts.rx_timestamp_fallbacks += 1;
+                                        rec.sample(t0, t1);
+                                    }
+                                },
+                            }
                             newest_answered = Some(got);
                             break;
                         }
@@ -1155,7 +1224,7 @@ async fn dgram_loop(
     // holding up the result: up to 10 ms, never more than the timeout.
     let grace = Duration::from_millis(10).min(cfg.timeout);
     let until = tokio::time::Instant::now() + grace;
-    while let Ok(Ok(Some(got))) =
+    while let Ok(Ok(Some(Reply { seq: got, .. }))) =
         tokio::time::timeout_at(until, sock.recv(&mut buf, &mut rec.counts.foreign)).await
     {
         let slot = &mut states[(got as usize) % WINDOW];

@@ -1,0 +1,390 @@
+//! The aya loader: the same `tcp.bpf.o` as the libbpf loader, loaded by
+//! aya 0.14 (pure Rust: ELF, BTF and CO-RE relocation in Rust, no C libbpf).
+//!
+//! Mapping of what the libbpf skeleton does to aya:
+//! - `.rodata` config (`cfg_*`): `EbpfLoader::override_global` before load;
+//! - `tcp_flows` capacity (--max-flows): `EbpfLoader::map_max_entries`;
+//! - `.bss` `epoch`: the `.bss` array map, value type = the generated `bss`
+//!   layout struct, read-modify-written each interval;
+//! - sock_ops: `SockOps::attach`, which creates a BPF link (kernel >= 5.7),
+//!   so SIGKILL leaves nothing attached, as with libbpf;
+//! - iter/tcp: `Iter::load("tcp")`, one link per namespace, turned into an
+//!   iterator fd on a thread that entered that namespace;
+//! - ring buffer: `aya::maps::RingBuf`, polled through tokio's `AsyncFd`.
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
+
+use anyhow::{Context, Result};
+use aya::maps::lpm_trie::Key as LpmKey;
+use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, RingBuf};
+use aya::programs::{CgroupAttachMode, Iter, SockOps};
+use aya::{Btf, Ebpf, EbpfLoader, Pod};
+
+use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
+use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
+use crate::bpf::{self, FlowKey, TcpFlow};
+use crate::netns::NetNs;
+use crate::tcp_view::{
+    cidr_key, decode_flow, rtt_source, TcpFlowState, TcpHookInfo, TcpViewConfig,
+};
+
+/// The compiled TCP view (the very object the libbpf skeleton embeds).
+static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
+
+// SAFETY: generated `#[repr(C)]` structs of integers and arrays of integers
+// (Copy, no pointers, no invariants): any bit pattern is a valid value.
+unsafe impl Pod for FlowKey {}
+// SAFETY: as above.
+unsafe impl Pod for TcpFlow {}
+// SAFETY: as above.
+unsafe impl Pod for rttscope_listener_key {}
+// SAFETY: as above; the `.bss` layout struct generated from the object's BTF.
+unsafe impl Pod for bss {}
+
+const SOCKOPS: &str = "rttscope_sockops";
+const ITER: &str = "rttscope_iter_tcp";
+
+pub struct AyaTcp {
+    ebpf: Ebpf,
+    flows: HashMap<MapData, u64, TcpFlow>,
+    counters: PerCpuArray<MapData, u64>,
+    bss: Array<MapData, bss>,
+    events: Option<RingBuf<MapData>>,
+    listeners: HashSet<(u32, u16)>,
+    info: TcpHookInfo,
+    epoch: u32,
+}
+
+fn map_err(what: &str, e: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {e}")
+}
+
+impl AyaTcp {
+    /// Load, configure and attach. Fails with one clear sentence.
+    pub fn attach(cfg: &TcpViewConfig) -> Result<Self> {
+        crate::preflight::require_bpf_caps()?;
+        crate::preflight::require_btf()?;
+        let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
+        if cfg.netns_filter.len() > bpf::consts::MAX_NETNS as usize
+            || cfg.ports.len() > bpf::consts::MAX_PORTS as usize
+            || cfg.cidrs.len() > bpf::consts::MAX_CIDRS as usize
+        {
+            anyhow::bail!(
+                "too many filters: at most {} --netns, {} --port and {} --addr",
+                bpf::consts::MAX_NETNS,
+                bpf::consts::MAX_PORTS,
+                bpf::consts::MAX_CIDRS
+            );
+        }
+
+        let btf =
+            Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
+        let max_flows = cfg.max_flows.max(16);
+        let netns_on = u32::from(!cfg.netns_filter.is_empty());
+        let port_on = u32::from(!cfg.ports.is_empty());
+        let addr_on = u32::from(!cfg.cidrs.is_empty());
+        let raw_on = u32::from(cfg.raw);
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .map_max_entries("tcp_flows", max_flows)
+            .override_global("cfg_netns_filter", &netns_on, true)
+            .override_global("cfg_port_filter", &port_on, true)
+            .override_global("cfg_addr_filter", &addr_on, true)
+            .override_global("cfg_raw", &raw_on, true)
+            .load(TCP_OBJ)
+            .map_err(|e| map_err("opening the TCP view's BPF object with aya", chain(&e)))?;
+
+        // Filters go in before the program is attached.
+        {
+            let mut m: HashMap<_, u32, u8> = HashMap::try_from(map(&mut ebpf, "netns_filter")?)?;
+            for ns in &cfg.netns_filter {
+                m.insert(ns.inode, 1, 0)
+                    .map_err(|e| map_err("filling the netns filter", e))?;
+            }
+        }
+        {
+            let mut m: HashMap<_, u16, u8> = HashMap::try_from(map(&mut ebpf, "port_filter")?)?;
+            for p in &cfg.ports {
+                m.insert(p, 1, 0)
+                    .map_err(|e| map_err("filling the port filter", e))?;
+            }
+        }
+        {
+            let mut m: LpmTrie<_, [u8; 16], u8> =
+                LpmTrie::try_from(map(&mut ebpf, "addr_filter")?)?;
+            for c in &cfg.cidrs {
+                // Same key as the libbpf loader (shared `cidr_key`); aya's LPM
+                // key is the same layout (u32 prefix length, then the data).
+                let k = cidr_key(c);
+                m.insert(&LpmKey::new(k.prefixlen, k.addr), 1, 0)
+                    .map_err(|e| map_err("filling the address filter", e))?;
+            }
+        }
+
+        let prog: &mut SockOps = ebpf
+            .program_mut(SOCKOPS)
+            .context("the TCP view object has no sock_ops program")?
+            .try_into()?;
+        prog.load().map_err(|e| {
+            map_err(
+                "loading the TCP view's sock_ops program with aya (verifier or BTF problem; run with -vv)",
+                chain(&e),
+            )
+        })?;
+        prog.attach(&cg, CgroupAttachMode::Single).map_err(|e| {
+            map_err(
+                &format!("attaching sock_ops to cgroup {}", cgroup.display()),
+                chain(&e),
+            )
+        })?;
+
+        let it: &mut Iter = ebpf
+            .program_mut(ITER)
+            .context("the TCP view object has no iter/tcp program")?
+            .try_into()?;
+        it.load("tcp", &btf).map_err(|e| {
+            map_err(
+                "loading the TCP view's iter/tcp program with aya",
+                chain(&e),
+            )
+        })?;
+
+        let flows = HashMap::try_from(take(&mut ebpf, "tcp_flows")?)?;
+        let counters = PerCpuArray::try_from(take(&mut ebpf, "tcp_counters")?)?;
+        let bss = Array::try_from(take(&mut ebpf, ".bss")?)?;
+        let events = if cfg.raw {
+            Some(RingBuf::try_from(take(&mut ebpf, "tcp_events")?)?)
+        } else {
+            None
+        };
+        let mut view = AyaTcp {
+            ebpf,
+            flows,
+            counters,
+            bss,
+            events,
+            listeners: HashSet::new(),
+            info: TcpHookInfo {
+                hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)"
+                    .into(),
+                cgroup: cgroup.display().to_string(),
+                iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
+                existing_enabled: 0,
+                rtt_source: rtt_source(),
+                kernel: crate::preflight::kernel_release(),
+                max_flows,
+                prog_ids: Vec::new(),
+            },
+            epoch: 0,
+        };
+        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
+        for ns in &cfg.iter_netns {
+            view.enable_existing(ns)?;
+        }
+        view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
+        view.load_listeners()?;
+        Ok(view)
+    }
+
+    /// Run the iterator inside `ns` (an iterator walks only the namespace of
+    /// the thread that creates it).
+    fn enable_existing(&mut self, ns: &NetNs) -> Result<()> {
+        let it: &mut Iter = self
+            .ebpf
+            .program_mut(ITER)
+            .context("the TCP view object has no iter/tcp program")?
+            .try_into()?;
+        let id = it
+            .attach()
+            .map_err(|e| map_err("attaching the iter/tcp program", chain(&e)))?;
+        let link = it
+            .take_link(id)
+            .map_err(|e| map_err("taking the iterator link", chain(&e)))?;
+        let path = ns.path.clone();
+        let name = ns.name.clone();
+        std::thread::scope(|s| {
+            s.spawn(move || -> Result<()> {
+                let f = File::open(&path)
+                    .with_context(|| format!("opening network namespace '{name}'"))?;
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering network namespace '{name}'"))?;
+                let mut it = link.into_file().map_err(|e| {
+                    map_err(&format!("creating the TCP iterator in '{name}'"), chain(&e))
+                })?;
+                let mut sink = Vec::new();
+                it.read_to_end(&mut sink)
+                    .with_context(|| format!("walking TCP sockets in '{name}'"))?;
+                Ok(())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("iterator thread panicked"))?
+        })
+    }
+
+    fn load_listeners(&mut self) -> Result<()> {
+        let m: HashMap<_, rttscope_listener_key, u8> =
+            HashMap::try_from(map(&mut self.ebpf, "tcp_listeners")?)?;
+        for k in m.keys().flatten() {
+            self.listeners.insert((k.netns, k.port));
+        }
+        Ok(())
+    }
+}
+
+fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
+    ebpf.map_mut(name)
+        .with_context(|| format!("the TCP view object has no map `{name}`"))
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name)
+        .with_context(|| format!("the TCP view object has no map `{name}`"))
+}
+
+/// An error and its causes on one line (aya's errors keep the errno and the
+/// verifier log in their sources). Multi-line parts (a verifier log) are cut
+/// to their first line here and logged whole, shown with -v (as libbpf's log).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cur {
+        let cs = c.to_string();
+        if !parts.iter().any(|p| p.contains(&cs)) {
+            parts.push(cs);
+        }
+        cur = c.source();
+    }
+    let full = parts.join(": ");
+    if !full.contains('\n') {
+        return full;
+    }
+    tracing::info!(target: "aya", "{full}");
+    let short: Vec<&str> = parts
+        .iter()
+        .map(|p| {
+            p.lines()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches(['.', ':', ' '])
+        })
+        .collect();
+    format!("{} (details with -v)", short.join(": "))
+}
+
+impl TcpLoader for AyaTcp {
+    fn kind(&self) -> LoaderKind {
+        LoaderKind::Aya
+    }
+
+    fn info(&self) -> &TcpHookInfo {
+        &self.info
+    }
+
+    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
+        // Entries deleted while walking are skipped by aya's iterator; other
+        // errors end the walk (the next interval reads again).
+        for (k, v) in self.flows.iter().map_while(|r| r.ok()) {
+            if let Some(s) = decode_flow(&k.to_ne_bytes(), bpf::as_bytes(&v), &self.listeners) {
+                f(s);
+            }
+        }
+        Ok(())
+    }
+
+    fn counter(&self, c: C) -> u64 {
+        match self.counters.get(&c.0, 0) {
+            Ok(per_cpu) => per_cpu.iter().sum(),
+            Err(_) => 0,
+        }
+    }
+
+    fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        // Only userspace writes `.bss` (the kernel programs read `epoch`).
+        if let Ok(mut v) = self.bss.get(&0, 0) {
+            v.epoch = self.epoch;
+            if let Err(e) = self.bss.set(0, v, 0) {
+                tracing::warn!("aya: writing the report epoch: {e}");
+            }
+        }
+    }
+
+    fn forget(&mut self, cookie: u64) {
+        let _ = self.flows.remove(&cookie);
+    }
+
+    fn prog_ids(&self) -> Vec<(&'static str, u32)> {
+        let id = |name: &str| {
+            self.ebpf
+                .program(name)
+                .and_then(|p| p.info().ok())
+                .map(|i| i.id())
+                .unwrap_or(0)
+        };
+        vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))]
+    }
+
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        match self.events.take() {
+            Some(rb) => RawSamples::new(Box::new(AyaRing(rb))),
+            None => anyhow::bail!(
+                "raw samples were not enabled when the TCP view was loaded, or were already taken"
+            ),
+        }
+    }
+}
+
+struct AyaRing(RingBuf<MapData>);
+
+impl RingSource for AyaRing {
+    fn poll_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+    fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        let mut n = 0;
+        while let Some(item) = self.0.next() {
+            f(&item);
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the BPF_PROG_LOAD syscall failed. Verifier output: 0: (b7) r0 = 0\n1: (95) exit\nR0 !read_ok")]
+    struct Verifier;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("loading program")]
+    struct Outer(#[source] Verifier);
+
+    #[test]
+    fn verifier_log_is_cut_to_one_line() {
+        let s = chain(&Outer(Verifier));
+        assert!(!s.contains('\n'), "{s}");
+        assert!(
+            s.starts_with("loading program: the BPF_PROG_LOAD syscall failed"),
+            "{s}"
+        );
+        assert!(s.ends_with("(details with -v)"), "{s}");
+        let plain = chain(&std::io::Error::from_raw_os_error(libc::EPERM));
+        assert!(plain.contains("Operation not permitted"), "{plain}");
+    }
+
+    #[test]
+    fn embedded_object_is_the_tcp_view() {
+        // The object aya loads is the one build.rs compiled (ELF, BPF machine).
+        assert_eq!(&TCP_OBJ[..4], b"\x7fELF");
+        assert_eq!(u16::from_le_bytes([TCP_OBJ[18], TCP_OBJ[19]]), 247); // EM_BPF
+    }
+}
