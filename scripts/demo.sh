@@ -10,4 +10,4 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh"
 cargo build --release -q
 BIN="$ROOT/target/release/rttscope"
-exec "$BIN" demo "$@"
+exec "$BIN" lab delayed-ack --quick "$@"

@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => rttscope::active::serve_main(args),
         Command::Probe(args) => rttscope::active::probe_main(args),
         Command::Compare(args) => rttscope::compare::run(args),
-        Command::Lab(args) => rttscope::lab::run(args),
+        Command::Lab(args) => rttscope::lab::env::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

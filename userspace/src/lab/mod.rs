@@ -9,6 +9,7 @@
 //! - [`scenarios`]: the six scenarios as data, and the runner.
 //! - [`signals`]: Ctrl-C / SIGTERM cancel the run so guards can clean up.
 pub mod emulator;
+pub mod env;
 pub mod nfqueue;
 pub mod scenarios;
 pub mod signals;

@@ -43,7 +43,7 @@ pub struct LabArgs {
     /// Short form (under about a minute) instead of the full length.
     #[arg(long)]
     pub quick: bool,
-    /// Results directory (default: lab-results/<scenario>-<unix time>).
+    /// Results directory (default: results/<scenario>-<UTC time>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the scenario's phase plan (JSON) and exit, without building anything.
@@ -162,37 +162,51 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
     };
     let (swept, expectation, phases): (&str, &str, Vec<Phase>) = match scenario {
         Scenario::DelayedAck => {
-            let (intervals, len): (&[u64], u64) = if quick {
-                (&[0, 10, 20, 35, 45], 6)
-            } else {
-                (&[0, 5, 10, 15, 20, 25, 30, 35, 38, 40, 41, 45, 50], 30)
-            };
+            // The Google note's sweep (netperf -w -1,1,2,..,41 ms -r 1,2) on an
+            // undelayed path (its VMs were ~0.1 ms apart): with a path RTT far
+            // below the interval, the probe's pacing period is the idle time.
+            let len = if quick { MS(1_800) } else { MS(30_000) };
             (
                 "request/response interval (ms)",
-                "path RTT 10 ms; the server's TCP RTT grows by about the interval until the delayed-ACK timer (~40 ms) caps it; the client's TCP RTT and the probes' RTT stay near 10 ms",
-                intervals
+                "undelayed path (~0.1 ms); the server's TCP RTT grows with the interval until the client's delayed-ACK timer (~40 ms) caps it; the client's TCP RTT and the request/response latency stay small",
+                [0u64, 1, 2, 4, 8, 16, 32, 39, 40, 41]
                     .iter()
-                    .map(|&i| phase(format!("{i}"), base(5), rr(1, MS(i), 1), Duration::from_secs(len)))
+                    .map(|&i| {
+                        let w = Workload::TcpRr { request: 1, response: 2, interval: MS(i), sessions: 1 };
+                        phase(format!("{i}"), LinkConfig::default(), w, len)
+                    })
                     .collect(),
             )
         }
         Scenario::BeyondAckTimer => {
-            let ints: &[u64] = if quick {
-                &[100, 300, 1000]
+            // (interval ms, phase length s); sessions grow with the interval
+            // (1 per 100 ms) to keep the packet rate similar, as in the note.
+            let ints: &[(u64, u64)] = if quick {
+                &[(100, 6), (300, 6), (1000, 8)]
             } else {
-                &[100, 300, 500, 1000, 3000, 5000]
+                &[
+                    (100, 60),
+                    (300, 60),
+                    (500, 60),
+                    (1000, 60),
+                    (3000, 90),
+                    (5000, 120),
+                ]
             };
             (
                 "request/response interval (ms)",
-                "beyond the delayed-ACK timer the ACK goes out on its own: TCP RTT stays at the path RTT (10 ms) at every interval, while a sampler that pairs data with the next data segment sees the interval",
+                "beyond the delayed-ACK timer the client ACKs a response at once: TCP RTT stays at the path RTT (10 ms) at every interval, while a sampler that misses that ACK pairs the response with the next request and sees the interval",
                 ints.iter()
-                    .map(|&i| {
-                        // at least 8 transactions (quick) / 20 (full) per phase
-                        let min_tx = if quick { 8 } else { 20 };
-                        let floor = if quick { 5_000 } else { 30_000 };
-                        let len = MS((i * min_tx).max(floor));
-                        // two-segment requests (2 x 1448 bytes), as in the seed's second run
-                        phase(format!("{i}"), base(5), rr(2 * 1448, MS(i), 1), len)
+                    .map(|&(i, len)| {
+                        // 1449-byte requests: two segments at MSS 1448, as
+                        // the note's 1409 bytes were at GCE's MSS 1408.
+                        let w = Workload::TcpRr {
+                            request: 1449,
+                            response: 2,
+                            interval: MS(i),
+                            sessions: (i / 100).max(1) as u32,
+                        };
+                        phase(format!("{i}"), base(5), w, Duration::from_secs(len))
                     })
                     .collect(),
             )
@@ -203,8 +217,8 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
             } else {
                 (MS(30_000), 5)
             };
-            let low = base(5);
-            let high = LinkConfig::delay(MS(55));
+            let low = base(50);
+            let high = LinkConfig::delay(MS(100));
             let mut steps = Vec::new();
             for c in 0..cycles {
                 let t0 = half * 2 * c;
@@ -223,7 +237,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
             steps.retain(|s| s.at < dur);
             (
                 "time (s)",
-                "the path RTT steps between 10 ms and 60 ms (50 ms added on the client->server direction); probes follow at once, TCP's smoothed RTT within a few round trips, a windowed metric only at its next window",
+                "the path RTT steps between 100 ms and 150 ms (50 ms added on the client->server direction); probes follow at once, TCP's smoothed RTT within a few round trips, a windowed metric only at its next window",
                 vec![Phase {
                     label: "step".into(),
                     up: low,
@@ -236,18 +250,18 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
         }
         Scenario::Loss => {
             let (levels, len): (&[f64], u64) = if quick {
-                (&[0.0, 1.0, 5.0, 10.0], 10)
+                (&[0.0, 5.0, 10.0, 20.0], 8)
             } else {
-                (&[0.0, 0.5, 1.0, 2.0, 5.0, 10.0], 60)
+                (&[0.0, 5.0, 10.0, 15.0, 20.0], 60)
             };
             (
                 "random loss each way (%)",
-                "path RTT 20 ms; with loss the request/response tail (p99) jumps by retransmission timeouts (>= 200 ms) while TCP's RTT (Karn: no samples from retransmitted data) and ping's successful replies stay near 20 ms",
+                "path RTT 100 ms; with loss the request/response tail (p95) jumps by retransmission timeouts (>= 200 ms) while TCP's RTT (Karn: no samples from retransmitted data) stays near 100 ms",
                 levels
                     .iter()
                     .map(|&l| {
-                        let link = LinkConfig { loss_pct: l, ..base(10) };
-                        phase(format!("{l}"), link, rr(1, MS(10), 1), Duration::from_secs(len))
+                        let link = LinkConfig { loss_pct: l, ..base(50) };
+                        phase(format!("{l}"), link, rr(1, MS(10), 3), Duration::from_secs(len))
                     })
                     .collect(),
             )
@@ -292,17 +306,17 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
         }
         Scenario::ProbeInterval => {
             let ints: &[(u64, u64)] = if quick {
-                &[(0, 5), (10, 5), (100, 8), (1000, 15)]
+                &[(0, 2), (10, 5), (100, 8), (1000, 15)]
             } else {
                 &[(0, 30), (10, 30), (100, 60), (1000, 120)]
             };
             (
                 "probe interval (ms)",
-                "the same 10 ms path measured with ping and request/response at different intervals: the numbers differ with the interval (idle hosts, delayed ACKs), so the interval must be recorded with every result",
+                "the same undelayed path measured with ping and request/response at different intervals: the sparser the probes, the higher the latency (idle CPUs wake up, caches are cold), so the interval must be recorded with every result",
                 ints.iter()
                     .map(|&(i, len)| {
                         let label = if i == 0 { "back-to-back".to_string() } else { format!("{i}") };
-                        phase(label, base(5), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
+                        phase(label, LinkConfig::default(), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
                     })
                     .collect(),
             )
@@ -643,8 +657,8 @@ mod tests {
         let p = plan(Scenario::RttStep, true);
         let steps = &p.phases[0].steps;
         assert_eq!(steps.len(), 3);
-        assert_eq!(steps[0].link.delay, MS(55));
-        assert_eq!(steps[1].link.delay, MS(5));
+        assert_eq!(steps[0].link.delay, MS(100));
+        assert_eq!(steps[1].link.delay, MS(50));
         assert_eq!(steps[2].at, MS(15_000));
     }
 
@@ -659,7 +673,7 @@ mod tests {
                 _ => panic!("not RR"),
             })
             .collect();
-        assert!(ints.contains(&MS(0)) && ints.contains(&MS(41)) && ints.contains(&MS(50)));
+        assert!(ints.contains(&MS(0)) && ints.contains(&MS(16)) && ints.contains(&MS(41)));
     }
 
     #[test]

@@ -1,0 +1,488 @@
+//! Every lab scenario in its `--quick` form through the built binary: the
+//! direction and rough size of each effect, and nothing left behind
+//! (namespaces, state file, processes or threads in the testbed's
+//! namespaces, the observer's kernel programs).
+//!
+//! The scenarios run one at a time (a lock): each measures timing on a
+//! 2-CPU machine, and two at once would disturb each other.
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rttscope_e2e::{require_root, rttscope_bin, unique};
+use serde_json::Value;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// What a scenario run produced.
+struct Run {
+    out: PathBuf,
+    result: Value,
+    stdout: String,
+}
+
+impl Run {
+    /// Summary of `view` at the phase labelled `label` (sweep point).
+    fn point(&self, label: &str, view: &str) -> Value {
+        let pts = self.result["sweep"]["points"]
+            .as_array()
+            .expect("sweep points");
+        let p = pts
+            .iter()
+            .find(|p| p["settings"]["label"] == label)
+            .unwrap_or_else(|| panic!("no point {label} in {}", self.table()));
+        p["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["view"] == view)
+            .cloned()
+            .unwrap_or_else(|| panic!("no view {view} at {label}; table:\n{}", self.table()))
+    }
+    /// A statistic in ms (`p50`, `p95`, `p90` ...).
+    fn ms(&self, label: &str, view: &str, stat: &str) -> f64 {
+        let v = self.point(label, view);
+        let x = if stat == "p90" {
+            v["extra"]["p90_us"].as_f64()
+        } else {
+            v[format!("{stat}_us")].as_f64()
+        };
+        x.unwrap_or_else(|| panic!("{stat} of {view} at {label} missing: {v}")) / 1e3
+    }
+    fn table(&self) -> String {
+        std::fs::read_to_string(self.out.join("SUMMARY.md")).unwrap_or_else(|_| self.stdout.clone())
+    }
+    /// Samples (t_s, rtt ms) of a saved view series.
+    fn series(&self, view: &str) -> Vec<(f64, f64)> {
+        self.result["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == view)
+            .unwrap_or_else(|| panic!("no series {view}"))["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["t_s"].as_f64().unwrap(),
+                    s["rtt_us"].as_f64().unwrap() / 1e3,
+                )
+            })
+            .collect()
+    }
+}
+
+fn ns_inode(path: &str) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Processes (and threads) whose network namespace is one of `inodes`, and
+/// processes whose command line names the testbed.
+fn processes_left(prefix: &str, inodes: &[u64]) -> Vec<String> {
+    let mut left = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return left;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{name}/task")) {
+            for t in tasks.flatten() {
+                let p = t.path().join("ns/net");
+                if let Ok(m) = std::fs::metadata(&p) {
+                    if inodes.contains(&m.ino()) {
+                        left.push(format!(
+                            "task {} in a testbed namespace",
+                            t.path().display()
+                        ));
+                    }
+                }
+            }
+        }
+        if let Ok(c) = std::fs::read(format!("/proc/{name}/cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(prefix) {
+                left.push(format!("pid {name}: {c}"));
+            }
+        }
+    }
+    left
+}
+
+fn prog_exists(id: u64) -> bool {
+    Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Run `rttscope lab SCENARIO --quick --out <tmp>`, check it leaves nothing
+/// behind, and return its result.
+fn run(scenario: &str) -> Run {
+    let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let out = std::env::temp_dir().join(unique(&format!("labsc-{scenario}")));
+    let t0 = Instant::now();
+    let mut child = Command::new(rttscope_bin())
+        .args(["lab", scenario, "--quick", "--no-progress", "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let prefix = format!("rtlab{}x0", child.id());
+    // Note the testbed's namespaces (by inode) while it runs.
+    let mut inodes = BTreeMap::new();
+    let stdout_h = {
+        let mut so = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut so, &mut s).ok();
+            s
+        })
+    };
+    let stderr_h = {
+        let mut se = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut se, &mut s).ok();
+            s
+        })
+    };
+    let status = loop {
+        for r in ["cli", "rtr", "srv"] {
+            if let Some(i) = ns_inode(&format!("/run/netns/{prefix}-{r}")) {
+                inodes.insert(r, i);
+            }
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(150) {
+            let _ = child.kill();
+            panic!("lab {scenario} --quick did not finish within 150 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = stdout_h.join().unwrap();
+    let stderr = stderr_h.join().unwrap();
+    let took = t0.elapsed();
+    eprintln!("lab {scenario} --quick: {took:?}\n{stdout}");
+    assert!(
+        status.success(),
+        "lab {scenario} failed ({status}): {stderr}\n{stdout}"
+    );
+    assert_eq!(inodes.len(), 3, "never saw the testbed {prefix}");
+    // Nothing left behind.
+    let inodes: Vec<u64> = inodes.values().copied().collect();
+    for r in ["cli", "rtr", "srv"] {
+        assert!(
+            !Path::new(&format!("/run/netns/{prefix}-{r}")).exists(),
+            "namespace {prefix}-{r} left"
+        );
+    }
+    assert!(
+        !Path::new(&format!("/run/rttscope/lab/{prefix}.json")).exists(),
+        "state file left"
+    );
+    let left = processes_left(&prefix, &inodes);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let result: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    let start = &result["settings"]["passive"]["start"];
+    let mut ids: Vec<u64> = start["tcp"]["prog_ids"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_u64())
+        .collect();
+    ids.extend(
+        start["sampler"]["prog_ids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v[1].as_u64()),
+    );
+    assert!(
+        !ids.is_empty(),
+        "observer's program ids not recorded: {start}"
+    );
+    let alive: Vec<u64> = ids.into_iter().filter(|&i| prog_exists(i)).collect();
+    assert!(
+        alive.is_empty(),
+        "observer programs still loaded: {alive:?}"
+    );
+    // The files of the results directory.
+    for f in [
+        "result.json",
+        "summary.csv",
+        "SUMMARY.md",
+        "plan.json",
+        "phases.json",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing in {}", out.display());
+    }
+    let run = Run {
+        out,
+        result,
+        stdout,
+    };
+    assert!(
+        took < Duration::from_secs(90),
+        "quick form took {took:?}\n{}",
+        run.table()
+    );
+    run
+}
+
+fn cleanup(r: Run) {
+    let _ = std::fs::remove_dir_all(&r.out);
+}
+
+#[test]
+fn delayed_ack_server_tcp_rtt_follows_the_interval() {
+    if !require_root() {
+        return;
+    }
+    let r = run("delayed-ack");
+    let t = r.table();
+    let srv16 = r.ms("16", "tcp server", "p50");
+    let cli16 = r.ms("16", "tcp client", "p50");
+    assert!(
+        (10.0..=30.0).contains(&srv16),
+        "server TCP p50 at 16 ms: {srv16}\n{t}"
+    );
+    assert!(cli16 < 2.0, "client TCP p50 at 16 ms: {cli16}\n{t}");
+    // RR latency stays small at every interval; server TCP grows.
+    for l in ["0", "1", "2", "4", "8", "16", "32", "39", "40", "41"] {
+        let rr = r.ms(l, "rr", "p50");
+        assert!(rr < 3.0, "RR p50 at {l} ms: {rr}\n{t}");
+        let c = r.ms(l, "tcp client", "p50");
+        assert!(c < 2.0, "client TCP p50 at {l} ms: {c}\n{t}");
+    }
+    let s0 = r.ms("0", "tcp server", "p50");
+    let s8 = r.ms("8", "tcp server", "p50");
+    let s32 = r.ms("32", "tcp server", "p50");
+    assert!(s0 < 2.0, "server TCP p50 back to back: {s0}\n{t}");
+    assert!(
+        (5.0..=12.0).contains(&s8),
+        "server TCP p50 at 8 ms: {s8}\n{t}"
+    );
+    assert!(
+        (25.0..=40.0).contains(&s32),
+        "server TCP p50 at 32 ms: {s32}\n{t}"
+    );
+    // Past ~40 ms the client's delayed-ACK timer fires before the next
+    // request: either the timer's ACK (~40 ms) or, once that took the socket
+    // out of ping-pong mode, immediate ACKs (both seen at 41 ms here). Never
+    // the interval beyond the timer.
+    for l in ["39", "40", "41"] {
+        let x = r.ms(l, "tcp server", "p50");
+        assert!(
+            x <= 45.0,
+            "server TCP p50 at {l} ms: {x} (delayed-ACK timer ~40 ms)\n{t}"
+        );
+    }
+    // The sampler on the server's interface sees the same as the server's TCP.
+    let m16 = r.ms("16", "sampler server", "p50");
+    assert!(
+        (m16 - srv16).abs() < 3.0,
+        "sampler server {m16} vs TCP {srv16}\n{t}"
+    );
+    assert!(r.point("16", "sampler server")["extra"]["cloud_p50_us"]
+        .as_f64()
+        .is_some());
+    assert!(r.out.join("sweep.png").is_file() && r.out.join("sweep.svg").is_file());
+    assert!(
+        r.stdout.contains("sweep.png"),
+        "chart path printed: {}",
+        r.stdout
+    );
+    cleanup(r);
+}
+
+#[test]
+fn beyond_ack_timer_sampler_sees_the_think_time_tcp_does_not() {
+    if !require_root() {
+        return;
+    }
+    let r = run("beyond-ack-timer");
+    let t = r.table();
+    for l in ["100", "300", "1000"] {
+        for v in ["tcp client", "tcp server"] {
+            let x = r.ms(l, v, "p50");
+            assert!(
+                (9.0..=20.0).contains(&x),
+                "{v} p50 at {l} ms: {x} (path 10 ms)\n{t}"
+            );
+        }
+    }
+    // At 1 s, a good part of the server-side sampler's samples (1 in 4
+    // packets) pair a response with the next request: near the interval.
+    let smp: Vec<(f64, f64)> = r.series("sampler server");
+    let near = smp
+        .iter()
+        .filter(|s| (800.0..=1300.0).contains(&s.1))
+        .count();
+    assert!(
+        near >= 3,
+        "sampler samples near 1000 ms: {near} of {}\n{t}",
+        smp.len()
+    );
+    let p95 = r.ms("1000", "sampler server", "p95");
+    assert!(p95 > 500.0, "server sampler p95 at 1000 ms: {p95}\n{t}");
+    cleanup(r);
+}
+
+#[test]
+fn rtt_step_every_view_follows_the_added_50ms() {
+    if !require_root() {
+        return;
+    }
+    let r = run("rtt-step");
+    let t = r.table();
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(r.out.join("plan.json")).unwrap()).unwrap();
+    let steps: Vec<f64> = plan["phases"][0]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["at_ms"].as_f64().unwrap() / 1e3)
+        .collect();
+    let half = steps[0];
+    // t_s of the series counts from the phase's start (one phase).
+    for v in ["rr", "ping", "tcp client", "sampler client"] {
+        let s = r.series(v);
+        let med = |high: bool| {
+            let mut x: Vec<f64> = s
+                .iter()
+                .filter(|(ts, _)| {
+                    let k = (ts / half).floor() as i64;
+                    let into = ts - k as f64 * half;
+                    into > 1.0 && ((k % 2 == 1) == high)
+                })
+                .map(|s| s.1)
+                .collect();
+            x.sort_by(|a, b| a.total_cmp(b));
+            assert!(
+                x.len() >= 5,
+                "{v}: {} samples in the {} halves\n{t}",
+                x.len(),
+                if high { "high" } else { "low" }
+            );
+            x[x.len() / 2]
+        };
+        let (lo, hi) = (med(false), med(true));
+        assert!(
+            (95.0..=110.0).contains(&lo),
+            "{v} low median {lo} (100 ms path)\n{t}"
+        );
+        assert!(
+            (40.0..=60.0).contains(&(hi - lo)),
+            "{v}: high {hi} - low {lo} should be ~50 ms\n{t}"
+        );
+    }
+    assert!(r.out.join("timeseries.png").is_file());
+    cleanup(r);
+}
+
+#[test]
+fn loss_inflates_the_application_tail_not_tcp_rtt() {
+    if !require_root() {
+        return;
+    }
+    let r = run("loss");
+    let t = r.table();
+    let rr0 = r.ms("0", "rr", "p95");
+    assert!(rr0 < 130.0, "RR p95 without loss: {rr0}\n{t}");
+    let rr10 = r.ms("10", "rr", "p95");
+    let tcp10 = r.ms("10", "tcp client", "p95");
+    assert!(
+        rr10 > 250.0,
+        "RR p95 at 10% loss: {rr10} (RTO >= 200 ms + RTT)\n{t}"
+    );
+    assert!(
+        rr10 > tcp10 + 100.0,
+        "RR p95 {rr10} vs TCP p95 {tcp10} at 10%\n{t}"
+    );
+    let tcp10_50 = r.ms("10", "tcp client", "p50");
+    assert!(
+        (95.0..=130.0).contains(&tcp10_50),
+        "TCP p50 at 10% loss: {tcp10_50}\n{t}"
+    );
+    assert!(r.out.join("sweep.png").is_file());
+    cleanup(r);
+}
+
+#[test]
+fn bufferbloat_every_view_rises_with_the_deep_queue() {
+    if !require_root() {
+        return;
+    }
+    let r = run("bufferbloat");
+    let t = r.table();
+    for v in ["rr", "ping", "tcp client", "sampler client"] {
+        let idle = r.ms("idle", v, "p50");
+        let deep = r.ms("deep 1MiB", v, "p50");
+        assert!(idle < 25.0, "{v} idle p50 {idle} (10 ms path)\n{t}");
+        assert!(
+            deep > idle + 100.0,
+            "{v}: deep-queue p50 {deep} vs idle {idle}\n{t}"
+        );
+    }
+    // The bulk flow ran near the bottleneck's rate.
+    let pts = r.result["sweep"]["points"].as_array().unwrap();
+    let deep = pts
+        .iter()
+        .find(|p| p["settings"]["label"] == "deep 1MiB")
+        .unwrap();
+    let bps = deep["settings"]["bulk"]["received_bps"].as_f64();
+    assert!(
+        bps.is_some_and(|b| (5e6..=10.5e6).contains(&b)),
+        "bulk goodput {bps:?} through 10 Mbit/s\n{t}"
+    );
+    cleanup(r);
+}
+
+#[test]
+fn probe_interval_sparse_probes_see_more_latency() {
+    if !require_root() {
+        return;
+    }
+    let r = run("probe-interval");
+    let t = r.table();
+    // Undelayed path: back-to-back request/response keeps both ends busy
+    // and their caches warm; probes 10 ms to 1 s apart find them idle.
+    let b2b = r.ms("back-to-back", "rr", "p50");
+    assert!(b2b < 0.5, "back-to-back RR p50 {b2b}\n{t}");
+    for l in ["10", "100", "1000"] {
+        let x = r.ms(l, "rr", "p50");
+        assert!(
+            x > 2.0 * b2b,
+            "RR p50 at {l} ms {x} vs back-to-back {b2b}\n{t}"
+        );
+    }
+    let pb = r.ms("back-to-back", "ping", "p50");
+    let ps = r.ms("1000", "ping", "p50");
+    assert!(ps > pb, "ping p50 at 1 s {ps} vs back-to-back {pb}\n{t}");
+    let n = r.point("1000", "rr")["count"].as_u64().unwrap();
+    assert!(
+        (10..=16).contains(&n),
+        "RR samples at 1 s over 15 s: {n}\n{t}"
+    );
+    // At a 10 ms interval the server's TCP RTT is the interval (delayed ACK).
+    let s10 = r.ms("10", "tcp server", "p50");
+    assert!(
+        (7.0..=13.0).contains(&s10),
+        "server TCP p50 at 10 ms: {s10}\n{t}"
+    );
+    cleanup(r);
+}

@@ -1,0 +1,1447 @@
+//! The lab's real environment: `rttscope serve` in the server namespace,
+//! `rttscope probe` in the client namespace (active view), one `rttscope
+//! observe --view tcp,sampler --raw` from the host namespace for the whole
+//! run (TCP view on both ends, sampler on both ends' veths), and the report
+//! (result.json, summary.csv, charts, SUMMARY.md).
+//!
+//! Every process is a child of this one, started with PR_SET_PDEATHSIG from
+//! the thread that runs the scenario (it outlives them all), and stopped
+//! when its phase (probes) or the run (observer, responder) ends.
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
+use serde_json::{json, Value};
+
+use super::scenarios::{
+    self, LabArgs, Phase, PhaseRecord, Plan, Progress, Scenario, ScenarioEnv, Workload,
+};
+use super::signals;
+use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
+use crate::results::{RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary};
+
+/// The responder's port; the observer only follows flows to it.
+pub const PORT: u16 = 7878;
+/// The bulk flow's port (bufferbloat), not observed.
+pub const BULK_PORT: u16 = 5201;
+
+/// `rttscope lab` with the real views.
+pub fn run(mut args: LabArgs) -> Result<()> {
+    let name = args
+        .scenario
+        .to_possible_value()
+        .unwrap()
+        .get_name()
+        .to_string();
+    if args.out.is_none() {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let stamp = crate::results::rfc3339_utc(t).replace(':', "");
+        args.out = Some(PathBuf::from("results").join(format!("{name}-{stamp}")));
+    }
+    let mut env = LabEnv::new(&args)?;
+    scenarios::run_with(args, &mut env)
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Which end of the connection a passive sample was taken at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Side {
+    Client,
+    Server,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PView {
+    Tcp,
+    Sampler,
+}
+
+/// One raw sample from the observer: unix time, RTT, and the flow's client port.
+#[derive(Debug, Clone, Copy)]
+struct RawSample {
+    view: PView,
+    side: Side,
+    t_unix: f64,
+    rtt_us: f64,
+    client_port: u16,
+}
+
+#[derive(Default)]
+struct ObsShared {
+    start_ts: Option<f64>,
+    start_line: Option<Value>,
+    samples: Vec<RawSample>,
+    /// First time each flow (by client port) was seen.
+    first_seen: HashMap<u16, f64>,
+    counters: Value,
+    end_line: Option<Value>,
+    bad_lines: u64,
+    other_port: u64,
+}
+
+struct Observer {
+    child: Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Mutex<ObsShared>>,
+    stderr_path: PathBuf,
+    args: Vec<String>,
+}
+
+impl Observer {
+    fn start(
+        exe: &Path,
+        tb: &Testbed,
+        sample_every: u32,
+        stderr_path: PathBuf,
+    ) -> Result<Observer> {
+        let cli = tb.ns(Role::Cli);
+        let srv = tb.ns(Role::Srv);
+        let args: Vec<String> = [
+            "observe",
+            "--format",
+            "json",
+            "--netns",
+            &cli,
+            "--netns",
+            &srv,
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &format!("{cli}:{HOST_IF}"),
+            "--iface",
+            &format!("{srv}:{HOST_IF}"),
+            "--port",
+            &PORT.to_string(),
+            "--sample-every",
+            &sample_every.to_string(),
+            "--raw",
+            "--interval",
+            "1s",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let err = std::fs::File::create(&stderr_path)
+            .with_context(|| format!("creating {}", stderr_path.display()))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err);
+        pdeathsig(&mut cmd);
+        let mut child = cmd.spawn().context("starting rttscope observe")?;
+        let stdout = child.stdout.take().unwrap();
+        let shared = Arc::new(Mutex::new(ObsShared::default()));
+        let sh = shared.clone();
+        let reader = std::thread::spawn(move || read_observer(BufReader::new(stdout), &sh));
+        let mut obs = Observer {
+            child,
+            reader: Some(reader),
+            shared,
+            stderr_path,
+            args,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if obs.shared.lock().unwrap().start_ts.is_some() {
+                break;
+            }
+            if let Some(st) = obs.child.try_wait()? {
+                let msg = std::fs::read_to_string(&obs.stderr_path).unwrap_or_default();
+                bail!(
+                    "rttscope observe exited ({st}) before starting: {}",
+                    msg.trim()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("rttscope observe did not start within 60 s");
+            }
+            signals::check()?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(obs)
+    }
+
+    /// SIGINT, wait for its end line (up to 10 s), then SIGKILL.
+    fn stop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn side_of_local(local: &str) -> Option<Side> {
+    if local.starts_with("10.79.1.")
+        || local.starts_with("[fd79:1:")
+        || local.starts_with("fd79:1:")
+    {
+        Some(Side::Client)
+    } else if local.starts_with("10.79.2.")
+        || local.starts_with("[fd79:2:")
+        || local.starts_with("fd79:2:")
+    {
+        Some(Side::Server)
+    } else {
+        None
+    }
+}
+
+fn port_of(addr: &str) -> Option<u16> {
+    addr.rsplit(':').next()?.parse().ok()
+}
+
+fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
+    for line in r.lines() {
+        let Ok(line) = line else { break };
+        let v: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(_) => {
+                sh.lock().unwrap().bad_lines += 1;
+                continue;
+            }
+        };
+        let mut s = sh.lock().unwrap();
+        match v["type"].as_str() {
+            Some("start") => {
+                s.start_ts = v["ts"].as_f64();
+                s.start_line = Some(v);
+            }
+            Some("sample") => {
+                let view = match v["view"].as_str() {
+                    Some("tcp") => PView::Tcp,
+                    Some("sampler") => PView::Sampler,
+                    _ => continue,
+                };
+                let (Some(local), Some(remote), Some(t), Some(rtt)) = (
+                    v["local"].as_str(),
+                    v["remote"].as_str(),
+                    v["t"].as_f64(),
+                    v["rtt_us"].as_f64(),
+                ) else {
+                    s.bad_lines += 1;
+                    continue;
+                };
+                let Some(side) = side_of_local(local) else {
+                    s.other_port += 1;
+                    continue;
+                };
+                let (lp, rp) = (port_of(local), port_of(remote));
+                let client_port = match side {
+                    Side::Client if rp == Some(PORT) => lp,
+                    Side::Server if lp == Some(PORT) => rp,
+                    _ => None,
+                };
+                let Some(client_port) = client_port else {
+                    s.other_port += 1;
+                    continue;
+                };
+                let t_unix = s.start_ts.unwrap_or(0.0) + t;
+                s.first_seen.entry(client_port).or_insert(t_unix);
+                s.samples.push(RawSample {
+                    view,
+                    side,
+                    t_unix,
+                    rtt_us: rtt,
+                    client_port,
+                });
+            }
+            Some("interval") => {
+                s.counters = v["counters"].clone();
+            }
+            Some("end") => {
+                s.counters = v["counters"].clone();
+                s.end_line = Some(v);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn pdeathsig(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+/// What one phase measured: samples as (unix time, RTT us).
+#[derive(Debug, Default, Clone)]
+struct PhaseData {
+    start_unix: f64,
+    end_unix: f64,
+    rr: Vec<(f64, f64)>,
+    ping: Vec<(f64, f64)>,
+    tcp_cli: Vec<(f64, f64)>,
+    tcp_srv: Vec<(f64, f64)>,
+    smp_cli: Vec<(f64, f64)>,
+    smp_srv: Vec<(f64, f64)>,
+    rr_failed: u64,
+    ping_lost: u64,
+    bulk: Option<Value>,
+    flows: usize,
+}
+
+/// The real lab environment.
+pub struct LabEnv {
+    exe: PathBuf,
+    out: PathBuf,
+    scenario: Scenario,
+    phases_total: usize,
+    phase_idx: usize,
+    sample_every: u32,
+    observer: Option<Observer>,
+    obs_start_line: Option<Value>,
+    obs_counters: Value,
+    obs_bad: (u64, u64),
+    current: PhaseData,
+    data: Vec<PhaseData>,
+    run_start_unix: Option<f64>,
+}
+
+impl LabEnv {
+    pub fn new(args: &LabArgs) -> Result<LabEnv> {
+        let exe = std::env::current_exe().context("finding the rttscope binary")?;
+        let plan = scenarios::plan(args.scenario, args.quick);
+        // beyond-ack-timer: a low sampling rate, so the sampler misses most
+        // immediate ACKs (the note's point); elsewhere every packet.
+        let sample_every = match args.scenario {
+            Scenario::BeyondAckTimer => 4,
+            _ => 1,
+        };
+        Ok(LabEnv {
+            exe,
+            out: args.out.clone().unwrap_or_else(|| PathBuf::from(".")),
+            scenario: args.scenario,
+            phases_total: plan.phases.len(),
+            phase_idx: 0,
+            sample_every,
+            observer: None,
+            obs_start_line: None,
+            obs_counters: Value::Null,
+            obs_bad: (0, 0),
+            current: PhaseData::default(),
+            data: Vec::new(),
+            run_start_unix: None,
+        })
+    }
+
+    fn exe_str(&self) -> &str {
+        self.exe.to_str().unwrap_or("rttscope")
+    }
+
+    /// Start `rttscope probe ...` (or another program) in the client namespace, stdout piped.
+    fn spawn_cli(&self, tb: &Testbed, program: &str, args: &[String]) -> Result<Child> {
+        let mut cmd = tb.command(Role::Cli, program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        pdeathsig(&mut cmd);
+        cmd.spawn()
+            .with_context(|| format!("starting {program} in {}", tb.ns(Role::Cli)))
+    }
+}
+
+/// A probe child and the thread collecting its output.
+struct Running {
+    what: String,
+    child: Child,
+    out: std::thread::JoinHandle<(String, String)>,
+}
+
+fn collect(mut child: Child, what: String) -> Running {
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut a = String::new();
+        let mut b = String::new();
+        let h = std::thread::spawn(move || {
+            let _ = se.read_to_string(&mut b);
+            b
+        });
+        let _ = so.read_to_string(&mut a);
+        (a, h.join().unwrap_or_default())
+    });
+    Running { what, child, out }
+}
+
+fn kill_all(kids: &mut [Running]) {
+    for k in kids.iter_mut() {
+        let _ = k.child.kill();
+        let _ = k.child.wait();
+    }
+}
+
+impl ScenarioEnv for LabEnv {
+    fn missing(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    fn start_server(&mut self, tb: &Testbed) -> Result<()> {
+        let exe = self.exe_str().to_string();
+        tb.spawn(
+            Role::Srv,
+            &[&exe, "serve", "--listen", &format!("0.0.0.0:{PORT}")],
+        )?;
+        if self.scenario == Scenario::Bufferbloat {
+            tb.spawn(Role::Srv, &["iperf3", "-s", "-p", &BULK_PORT.to_string()])?;
+        }
+        // Wait until the responder accepts (TCP connect from the client namespace).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = tb
+                .run_in(Role::Cli, || {
+                    std::net::TcpStream::connect_timeout(
+                        &std::net::SocketAddr::from((SRV_ADDR, PORT)),
+                        Duration::from_millis(300),
+                    )
+                    .is_ok()
+                })
+                .unwrap_or(false);
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("rttscope serve did not accept connections within 20 s");
+            }
+            signals::check()?;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
+    }
+
+    fn observe_start(&mut self, tb: &Testbed, phase: &Phase) -> Result<()> {
+        if self.observer.is_none() {
+            let p = self.out.join("observe.stderr");
+            let obs = Observer::start(&self.exe, tb, self.sample_every, p)?;
+            self.obs_start_line = obs.shared.lock().unwrap().start_line.clone();
+            self.observer = Some(obs);
+        }
+        let now = unix_now();
+        self.run_start_unix.get_or_insert(now);
+        let _ = phase;
+        self.current = PhaseData {
+            start_unix: now,
+            ..Default::default()
+        };
+        Ok(())
+    }
+
+    fn probe(&mut self, tb: &Testbed, phase: &Phase, progress: &dyn Progress) -> Result<Value> {
+        let secs = phase.duration.as_secs_f64();
+        let srv = SRV_ADDR.to_string();
+        let exe = self.exe_str().to_string();
+        let rr_args = |req: usize, resp: usize, interval: Duration, len: f64| -> Vec<String> {
+            vec![
+                "probe".into(),
+                "tcp-rr".into(),
+                srv.clone(),
+                "-p".into(),
+                PORT.to_string(),
+                "-l".into(),
+                format!("{len:.3}"),
+                "-w".into(),
+                format!("{}us", interval.as_micros()),
+                "-r".into(),
+                format!("{req},{resp}"),
+                "--nodelay".into(),
+                "-W".into(),
+                "10s".into(),
+                "--json".into(),
+            ]
+        };
+        let ping_args = |interval: Duration, len: f64| -> Vec<String> {
+            vec![
+                "probe".into(),
+                "icmp".into(),
+                srv.clone(),
+                "-l".into(),
+                format!("{len:.3}"),
+                "-w".into(),
+                format!("{}us", interval.as_micros()),
+                "-W".into(),
+                "5s".into(),
+                "--json".into(),
+            ]
+        };
+        let mut kids: Vec<Running> = Vec::new();
+        let mut bulk: Option<Running> = None;
+        let spawn = |me: &LabEnv, what: &str, prog: &str, a: Vec<String>| -> Result<Running> {
+            Ok(collect(me.spawn_cli(tb, prog, &a)?, what.to_string()))
+        };
+        let started = Instant::now();
+        let res = (|| -> Result<()> {
+            match &phase.workload {
+                Workload::TcpRr {
+                    request,
+                    response,
+                    interval,
+                    sessions,
+                } => {
+                    for s in 0..*sessions {
+                        // stagger parallel sessions over the interval
+                        let a = rr_args(*request, *response, *interval, secs);
+                        kids.push(spawn(self, &format!("rr{s}"), &exe, a)?);
+                        if *sessions > 1 {
+                            std::thread::sleep(
+                                (*interval / *sessions).min(Duration::from_millis(50)),
+                            );
+                        }
+                    }
+                }
+                Workload::PingAndRr { interval } => {
+                    kids.push(spawn(self, "rr", &exe, rr_args(1, 1, *interval, secs))?);
+                    kids.push(spawn(self, "ping", &exe, ping_args(*interval, secs))?);
+                }
+                Workload::BulkWithProbes { probe_interval, .. } => {
+                    let a: Vec<String> = [
+                        "-c",
+                        &srv,
+                        "-p",
+                        &BULK_PORT.to_string(),
+                        "-R",
+                        "-C",
+                        super::testbed::CONGESTION_CONTROL,
+                        "-t",
+                        &format!("{}", secs.ceil() as u64),
+                        "-J",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                    bulk = Some(spawn(self, "bulk", "iperf3", a)?);
+                    // let the bulk flow fill the queue before probing
+                    let warm = Duration::from_millis(1500).min(phase.duration / 4);
+                    std::thread::sleep(warm);
+                    let len = secs - warm.as_secs_f64();
+                    kids.push(spawn(
+                        self,
+                        "rr",
+                        &exe,
+                        rr_args(1, 1, *probe_interval, len),
+                    )?);
+                    kids.push(spawn(self, "ping", &exe, ping_args(*probe_interval, len))?);
+                }
+            }
+            // wait for the probes, reporting progress, honouring Ctrl-C
+            loop {
+                progress.at(started.elapsed().min(phase.duration));
+                signals::check()?;
+                let mut all = true;
+                for k in kids.iter_mut() {
+                    if k.child.try_wait()?.is_none() {
+                        all = false;
+                    }
+                }
+                if all {
+                    break;
+                }
+                if started.elapsed() > phase.duration + Duration::from_secs(30) {
+                    bail!(
+                        "the probes of phase {} did not end 30 s after its length",
+                        phase.label
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            kill_all(&mut kids);
+            if let Some(b) = bulk.as_mut() {
+                let _ = b.child.kill();
+                let _ = b.child.wait();
+            }
+            return Err(e);
+        }
+        let mut results = Vec::new();
+        for k in kids {
+            let Running {
+                what,
+                mut child,
+                out,
+            } = k;
+            let st = child.wait()?;
+            let (so, se) = out
+                .join()
+                .map_err(|_| anyhow!("probe output thread panicked"))?;
+            if !st.success() {
+                bail!(
+                    "probe {what} in phase {} failed ({st}): {}",
+                    phase.label,
+                    se.trim()
+                );
+            }
+            let v: Value = serde_json::from_str(so.trim())
+                .with_context(|| format!("reading the {what} probe's JSON: {}", se.trim()))?;
+            let start = v["start_unix_s"]
+                .as_f64()
+                .unwrap_or(self.current.start_unix);
+            let samples: Vec<(f64, f64)> = v["samples"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| Some((start + s[0].as_f64()? / 1e9, s[1].as_f64()? / 1e3)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let lost = v["counts"]["lost"].as_u64().unwrap_or(0)
+                + v["counts"]["errors"].as_u64().unwrap_or(0);
+            if what == "ping" {
+                self.current.ping.extend(samples);
+                self.current.ping_lost += lost;
+            } else {
+                self.current.rr.extend(samples);
+                self.current.rr_failed += lost;
+            }
+            let mut v = v;
+            if let Some(o) = v.as_object_mut() {
+                o.remove("samples");
+                o.insert("probe".into(), json!(what));
+            }
+            results.push(v);
+        }
+        if let Some(mut b) = bulk {
+            // iperf3 prints its JSON when its -t ends (about now); then stop it
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && b.child.try_wait()?.is_none() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = b.child.kill();
+            let _ = b.child.wait();
+            let (so, _) = b.out.join().unwrap_or_default();
+            let v: Value = serde_json::from_str(so.trim()).unwrap_or(Value::Null);
+            let bps = v["end"]["sum_received"]["bits_per_second"].as_f64();
+            let cc = v["end"]["sender_tcp_congestion"].clone();
+            self.current.bulk = Some(
+                json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": bps, "sender_congestion": cc}),
+            );
+        }
+        self.current.rr.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(json!({ "probes": results, "bulk": self.current.bulk }))
+    }
+
+    fn observe_stop(&mut self) -> Result<Value> {
+        // let the last ACKs and closes reach the observer
+        std::thread::sleep(Duration::from_millis(300));
+        let end = unix_now();
+        self.current.end_unix = end;
+        self.phase_idx += 1;
+        let last = self.phase_idx >= self.phases_total;
+        let obs = self
+            .observer
+            .as_mut()
+            .ok_or_else(|| anyhow!("the observer is not running"))?;
+        if last {
+            obs.stop();
+        } else if let Some(st) = obs.child.try_wait()? {
+            let msg = std::fs::read_to_string(&obs.stderr_path).unwrap_or_default();
+            bail!(
+                "rttscope observe exited ({st}) during the run: {}",
+                msg.trim()
+            );
+        }
+        let (ws, we) = (self.current.start_unix, end);
+        {
+            let s = obs.shared.lock().unwrap();
+            let mine: std::collections::HashSet<u16> = s
+                .first_seen
+                .iter()
+                .filter(|(_, &t)| t >= ws - 0.05 && t < we)
+                .map(|(&p, _)| p)
+                .collect();
+            self.current.flows = mine.len();
+            for r in s.samples.iter().filter(|r| mine.contains(&r.client_port)) {
+                let v = (r.t_unix, r.rtt_us);
+                match (r.view, r.side) {
+                    (PView::Tcp, Side::Client) => self.current.tcp_cli.push(v),
+                    (PView::Tcp, Side::Server) => self.current.tcp_srv.push(v),
+                    (PView::Sampler, Side::Client) => self.current.smp_cli.push(v),
+                    (PView::Sampler, Side::Server) => self.current.smp_srv.push(v),
+                }
+            }
+            self.obs_counters = s.counters.clone();
+            self.obs_bad = (s.bad_lines, s.other_port);
+        }
+        let d = &self.current;
+        let v = json!({
+            "observer": obs.args,
+            "flows": d.flows,
+            "tcp_client": summary_json(&d.tcp_cli),
+            "tcp_server": summary_json(&d.tcp_srv),
+            "sampler_client": summary_json(&d.smp_cli),
+            "sampler_server": summary_json(&d.smp_srv),
+            "counters_so_far": self.obs_counters,
+        });
+        self.data.push(std::mem::take(&mut self.current));
+        Ok(v)
+    }
+
+    fn report(&mut self, plan: &Plan, records: &[PhaseRecord], out: &Path) -> Result<Vec<PathBuf>> {
+        if let Some(mut o) = self.observer.take() {
+            o.stop();
+        }
+        write_report(self, plan, records, out)
+    }
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Summary of one view in one phase.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Stats {
+    pub n: usize,
+    pub min: f64,
+    pub mean: f64,
+    pub p5: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// Exact percentile (linear interpolation between closest ranks) of sorted values.
+pub fn percentile_sorted(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let r = (p / 100.0) * (v.len() - 1) as f64;
+    let lo = r.floor() as usize;
+    let hi = r.ceil() as usize;
+    v[lo] + (v[hi] - v[lo]) * (r - lo as f64)
+}
+
+/// n, min, mean, p5, p50, p90, p95, p99, max of RTTs in us; None when empty.
+pub fn stats(values: &[f64]) -> Option<Stats> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let p = |q| percentile_sorted(&v, q);
+    Some(Stats {
+        n: v.len(),
+        min: v[0],
+        mean: v.iter().sum::<f64>() / v.len() as f64,
+        p5: p(5.0),
+        p50: p(50.0),
+        p90: p(90.0),
+        p95: p(95.0),
+        p99: p(99.0),
+        max: v[v.len() - 1],
+    })
+}
+
+/// The cloud metric's bucketed median (vm_flow/rtt layout) of RTTs in us.
+pub fn cloud_p50_us(values: &[f64]) -> Option<f64> {
+    use crate::dist::{vm_flow_preset, Distribution, ValueUnit};
+    let mut d = Distribution::new(vm_flow_preset(), ValueUnit::Ms);
+    for &x in values {
+        d.add_us(x);
+    }
+    let p = d.percentile(50.0).ok()??;
+    Some(ValueUnit::Ms.to_us(p.value))
+}
+
+fn rtts(s: &[(f64, f64)]) -> Vec<f64> {
+    s.iter().map(|x| x.1).collect()
+}
+
+fn summary_json(s: &[(f64, f64)]) -> Value {
+    match stats(&rtts(s)) {
+        Some(st) => serde_json::to_value(st).unwrap_or(Value::Null),
+        None => json!({"n": 0}),
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+/// The views of a phase, in table order: (name, kind, side, samples).
+type Series = Vec<(f64, f64)>;
+type ViewRef<'a> = (&'static str, ViewKind, Option<&'static str>, &'a Series);
+
+fn views_of(d: &PhaseData) -> Vec<ViewRef<'_>> {
+    vec![
+        ("rr", ViewKind::Probe, Some("client"), &d.rr),
+        ("ping", ViewKind::Ping, Some("client"), &d.ping),
+        ("tcp client", ViewKind::Tcp, Some("client"), &d.tcp_cli),
+        ("tcp server", ViewKind::Tcp, Some("server"), &d.tcp_srv),
+        (
+            "sampler client",
+            ViewKind::Sampler,
+            Some("client"),
+            &d.smp_cli,
+        ),
+        (
+            "sampler server",
+            ViewKind::Sampler,
+            Some("server"),
+            &d.smp_srv,
+        ),
+    ]
+}
+
+fn view_summary(name: &str, kind: ViewKind, s: &[(f64, f64)]) -> ViewSummary {
+    let mut vs = ViewSummary {
+        view: name.to_string(),
+        kind: Some(kind),
+        ..Default::default()
+    };
+    if let Some(st) = stats(&rtts(s)) {
+        vs.count = st.n as u64;
+        vs.min_us = Some(st.min);
+        vs.mean_us = Some(st.mean);
+        vs.p5_us = Some(st.p5);
+        vs.p50_us = Some(st.p50);
+        vs.p95_us = Some(st.p95);
+        vs.p99_us = Some(st.p99);
+        vs.max_us = Some(st.max);
+        vs.extra.insert("p90_us".into(), st.p90);
+        if kind == ViewKind::Sampler {
+            if let Some(c) = cloud_p50_us(&rtts(s)) {
+                vs.extra.insert("cloud_p50_us".into(), c);
+            }
+        }
+    }
+    vs
+}
+
+/// The swept value of a phase as a number (labels that are not numbers: their index).
+fn x_of(plan: &Plan, i: usize) -> f64 {
+    let ph = &plan.phases[i];
+    if let Ok(x) = ph.label.parse::<f64>() {
+        return x;
+    }
+    match (&ph.workload, ph.down.queue_limit) {
+        // bufferbloat: the queue in KiB with a bulk flow, 0 for the idle phase
+        (Workload::BulkWithProbes { .. }, Some(q)) => q as f64 / 1024.0,
+        _ if plan.scenario == Scenario::Bufferbloat => 0.0,
+        (Workload::PingAndRr { interval }, _) => ms(*interval),
+        _ => i as f64,
+    }
+}
+
+fn fmt_ms(us: Option<f64>) -> String {
+    match us {
+        None => "-".into(),
+        Some(x) if !x.is_finite() => "-".into(),
+        Some(x) => {
+            let m = x / 1e3;
+            if m < 10.0 {
+                format!("{m:.3}")
+            } else if m < 1000.0 {
+                format!("{m:.1}")
+            } else {
+                format!("{m:.0}")
+            }
+        }
+    }
+}
+
+struct Table {
+    head: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn markdown(&self) -> String {
+        let mut s = format!("| {} |\n", self.head.join(" | "));
+        s += &format!(
+            "|{}\n",
+            self.head.iter().map(|_| "---:|").collect::<String>()
+        );
+        for r in &self.rows {
+            s += &format!("| {} |\n", r.join(" | "));
+        }
+        s
+    }
+    fn text(&self) -> String {
+        let mut w: Vec<usize> = self.head.iter().map(|h| h.len()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.len());
+            }
+        }
+        let line = |r: &Vec<String>| {
+            r.iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:>w$}", w = w[i]))
+                .collect::<Vec<_>>()
+                .join("  ")
+        };
+        let mut s = line(&self.head) + "\n";
+        for r in &self.rows {
+            s += &(line(r) + "\n");
+        }
+        s
+    }
+    fn csv(&self) -> String {
+        let mut s = self.head.join(",") + "\n";
+        for r in &self.rows {
+            s += &(r
+                .iter()
+                .map(|c| c.replace(',', ";"))
+                .collect::<Vec<_>>()
+                .join(",")
+                + "\n");
+        }
+        s
+    }
+}
+
+/// Short column header of a view.
+fn short(name: &str) -> &'static str {
+    match name {
+        "rr" => "RR",
+        "ping" => "PING",
+        "tcp client" => "TCP_CLI",
+        "tcp server" => "TCP_SRV",
+        "sampler client" => "SMP_CLI",
+        "sampler server" => "SMP_SRV",
+        _ => "?",
+    }
+}
+
+fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Table {
+    let has = |name: &str| {
+        points
+            .iter()
+            .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
+    };
+    let mut head = vec![
+        plan.swept.split(" (").next().unwrap_or("phase").to_string(),
+        "RR_N".into(),
+        "RR_MIN".into(),
+        "RR_MEAN".into(),
+        "RR_P50".into(),
+        "RR_P90".into(),
+    ];
+    if with_p95 {
+        head.push("RR_P95".into());
+    }
+    head.push("RR_P99".into());
+    let others: Vec<&str> = [
+        "ping",
+        "tcp client",
+        "tcp server",
+        "sampler client",
+        "sampler server",
+    ]
+    .into_iter()
+    .filter(|n| has(n))
+    .collect();
+    for n in &others {
+        head.push(format!("{}_P50", short(n)));
+        if with_p95 {
+            head.push(format!("{}_P95", short(n)));
+        }
+    }
+    for n in others.iter().filter(|n| n.starts_with("sampler")) {
+        head.push(format!("{}_CLOUD_P50", short(n)));
+    }
+    let mut rows = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        let get = |name: &str| {
+            p.iter()
+                .find(|v| v.view == name)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let rr = get("rr");
+        let mut r = vec![
+            plan.phases[i].label.clone(),
+            rr.count.to_string(),
+            fmt_ms(rr.min_us),
+            fmt_ms(rr.mean_us),
+            fmt_ms(rr.p50_us),
+            fmt_ms(rr.extra.get("p90_us").copied()),
+        ];
+        if with_p95 {
+            r.push(fmt_ms(rr.p95_us));
+        }
+        r.push(fmt_ms(rr.p99_us));
+        for n in &others {
+            let v = get(n);
+            r.push(fmt_ms(v.p50_us));
+            if with_p95 {
+                r.push(fmt_ms(v.p95_us));
+            }
+        }
+        for n in others.iter().filter(|n| n.starts_with("sampler")) {
+            r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
+        }
+        rows.push(r);
+    }
+    Table { head, rows }
+}
+
+fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
+    points.get(i)?.iter().find(|v| v.view == view)?.p50_us
+}
+
+fn pct(points: &[Vec<ViewSummary>], i: usize, view: &str, q: u32) -> Option<f64> {
+    let v = points.get(i)?.iter().find(|v| v.view == view)?;
+    match q {
+        5 => v.p5_us,
+        50 => v.p50_us,
+        95 => v.p95_us,
+        99 => v.p99_us,
+        _ => None,
+    }
+}
+
+fn f(us: Option<f64>) -> String {
+    format!("{} ms", fmt_ms(us))
+}
+
+fn range(points: &[Vec<ViewSummary>], view: &str) -> String {
+    let v: Vec<f64> = (0..points.len())
+        .filter_map(|i| p50(points, i, view))
+        .collect();
+    if v.is_empty() {
+        return "- ms".into();
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{}–{} ms", fmt_ms(Some(lo)), fmt_ms(Some(hi)))
+}
+
+fn idx(plan: &Plan, label: &str) -> Option<usize> {
+    plan.phases.iter().position(|p| p.label == label)
+}
+
+/// 2–4 sentences on what the run showed, with its numbers.
+fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Vec<String> {
+    let last = points.len().saturating_sub(1);
+    let lab = |i: usize| {
+        plan.phases
+            .get(i)
+            .map(|p| p.label.clone())
+            .unwrap_or_default()
+    };
+    let mut s = Vec::new();
+    match plan.scenario {
+        Scenario::DelayedAck => {
+            let i16 = idx(plan, "16").unwrap_or(0);
+            s.push(format!(
+                "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms — the client holds its ACK until the next request carries it.",
+                f(p50(points, 0, "tcp server")),
+                f(p50(points, i16, "tcp server")),
+                f(idx(plan, "32").and_then(|i| p50(points, i, "tcp server"))),
+            ));
+            let s32 = idx(plan, "32").and_then(|i| p50(points, i, "tcp server"));
+            let s41 = p50(points, last, "tcp server");
+            s.push(format!(
+                "At {} ms it was {}: {}.",
+                lab(last),
+                f(s41),
+                match (s41, s32) {
+                    (Some(a), Some(b)) if a < 0.5 * b => "the client's delayed-ACK timer (~40 ms) had fired and taken the socket out of ping-pong mode, so the client ACKed each response at once",
+                    _ => "capped near the client's delayed-ACK timer (~40 ms), whose ACK now comes before the next request",
+                }
+            ));
+            s.push(format!(
+                "The client's TCP RTT p50 stayed at {} and the request/response p50 at {} over all intervals: the server answers at once, so its ACK rides on the response.",
+                range(points, "tcp client"),
+                range(points, "rr"),
+            ));
+            s.push(format!(
+                "The sampler agreed with TCP on each side: server {} at 16 ms (cloud-bucket median {}), client {} (cloud-bucket median {}).",
+                f(p50(points, i16, "sampler server")),
+                f(points[i16].iter().find(|v| v.view == "sampler server").and_then(|v| v.extra.get("cloud_p50_us").copied())),
+                f(p50(points, i16, "sampler client")),
+                f(points[i16].iter().find(|v| v.view == "sampler client").and_then(|v| v.extra.get("cloud_p50_us").copied())),
+            ));
+        }
+        Scenario::BeyondAckTimer => {
+            s.push(format!(
+                "TCP's RTT on the server stayed at {} (p50 per interval) and on the client at {}.",
+                range(points, "tcp server"),
+                range(points, "tcp client")
+            ));
+            for (i, d) in data.iter().enumerate().take(points.len()) {
+                let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
+                let smp: Vec<f64> = rtts(&d.smp_srv);
+                let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
+                s.push(format!(
+                    "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
+                    lab(i),
+                    4,
+                    smp.len(),
+                    near,
+                    f(p50(points, i, "sampler server")),
+                    f(pct(points, i, "sampler server", 95)),
+                ));
+            }
+        }
+        Scenario::RttStep => {
+            let d = &data[0];
+            let half = plan.phases[0]
+                .steps
+                .first()
+                .map(|s| s.at.as_secs_f64())
+                .unwrap_or(0.0);
+            let (lo, hi) = split_step(d, half);
+            for (name, v) in [
+                ("RR", &d.rr),
+                ("ping", &d.ping),
+                ("TCP client", &d.tcp_cli),
+                ("sampler client", &d.smp_cli),
+            ] {
+                let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
+                s.push(format!(
+                    "{name}: p50 {} in the low halves, {} in the high halves (+{}).",
+                    f(a),
+                    f(b),
+                    f(b.zip(a).map(|(b, a)| b - a))
+                ));
+            }
+        }
+        Scenario::Loss => {
+            for i in 0..points.len() {
+                s.push(format!(
+                    "At {} % loss: request/response p50 {} / p95 {}, TCP client p50 {} / p95 {}, TCP server p50 {} / p95 {}.",
+                    lab(i),
+                    fmt_ms(pct(points, i, "rr", 50)),
+                    f(pct(points, i, "rr", 95)),
+                    fmt_ms(pct(points, i, "tcp client", 50)),
+                    f(pct(points, i, "tcp client", 95)),
+                    fmt_ms(pct(points, i, "tcp server", 50)),
+                    f(pct(points, i, "tcp server", 95)),
+                ));
+            }
+        }
+        Scenario::Bufferbloat => {
+            for (i, d) in data.iter().enumerate().take(points.len()) {
+                let bw = d.bulk.as_ref().and_then(|b| b["received_bps"].as_f64());
+                s.push(format!(
+                    "{}: RR p50 {}, ping p50 {}, TCP client p50 {}, sampler client p50 {}{}.",
+                    lab(i),
+                    f(p50(points, i, "rr")),
+                    f(p50(points, i, "ping")),
+                    f(p50(points, i, "tcp client")),
+                    f(p50(points, i, "sampler client")),
+                    bw.map(|b| format!(", bulk {:.1} Mbit/s", b / 1e6))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        Scenario::ProbeInterval => {
+            if let (Some(b), Some(x)) = (p50(points, 0, "rr"), p50(points, last, "rr")) {
+                s.push(format!(
+                    "Request/response p50 was {:.1} times higher with one probe every {} ms than back to back ({} vs {}).",
+                    x / b,
+                    lab(last),
+                    f(Some(x)),
+                    f(Some(b))
+                ));
+            }
+            for i in 0..points.len() {
+                s.push(format!(
+                    "Interval {}: RR p50 {} (p99 {}), ping p50 {} (p99 {}), server TCP p50 {}.",
+                    lab(i),
+                    f(p50(points, i, "rr")),
+                    f(pct(points, i, "rr", 99)),
+                    f(p50(points, i, "ping")),
+                    f(pct(points, i, "ping", 99)),
+                    f(p50(points, i, "tcp server")),
+                ));
+            }
+        }
+    }
+    s
+}
+
+/// rtt-step: the low and high windows (s since phase start), skipping 1 s after each step.
+fn split_step(d: &PhaseData, half: f64) -> (Series, Series) {
+    let len = d.end_unix - d.start_unix;
+    let mut lo = Vec::new();
+    let mut hi = Vec::new();
+    if half <= 0.0 {
+        return (lo, hi);
+    }
+    let mut t = 0.0;
+    let mut high = false;
+    while t < len {
+        let w = (t + 1.0, (t + half).min(len));
+        if high {
+            hi.push(w)
+        } else {
+            lo.push(w)
+        }
+        high = !high;
+        t += half;
+    }
+    (lo, hi)
+}
+
+fn med_in(v: &[(f64, f64)], t0: f64, wins: &[(f64, f64)]) -> Option<f64> {
+    let x: Vec<f64> = v
+        .iter()
+        .filter(|(t, _)| wins.iter().any(|w| t - t0 >= w.0 && t - t0 < w.1))
+        .map(|s| s.1)
+        .collect();
+    stats(&x).map(|s| s.p50)
+}
+
+fn write_report(
+    env: &LabEnv,
+    plan: &Plan,
+    records: &[PhaseRecord],
+    out: &Path,
+) -> Result<Vec<PathBuf>> {
+    let name = plan
+        .scenario
+        .to_possible_value()
+        .unwrap()
+        .get_name()
+        .to_string();
+    let data = &env.data;
+    let t0 = env.run_start_unix.unwrap_or(0.0);
+    let points: Vec<Vec<ViewSummary>> = data
+        .iter()
+        .map(|d| {
+            views_of(d)
+                .into_iter()
+                .map(|(n, k, _, s)| view_summary(n, k, s))
+                .collect()
+        })
+        .collect();
+    let settings = json!({
+        "scenario": name,
+        "quick": plan.quick,
+        "swept": plan.swept,
+        "expectation": plan.expectation,
+        "phases": plan.phases,
+        "responder": {"command": "rttscope serve", "port": PORT},
+        "active": "rttscope probe tcp-rr --nodelay (and probe icmp where the workload pings); request/response sizes and interval per phase",
+        "passive": {
+            "observer": env.observer.as_ref().map(|o| o.args.clone()),
+            "start": env.obs_start_line,
+            "hooks": {"tcp": "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends", "sampler": format!("tc ingress+egress on {HOST_IF} of the client and of the server namespace")},
+            "sample_every": env.sample_every,
+            "counters": env.obs_counters,
+            "unparsed_lines": env.obs_bad.0,
+            "samples_of_other_flows": env.obs_bad.1,
+        },
+        "emulator": records.iter().map(|r| json!({"phase": r.phase.label, "impairment": r.impairment})).collect::<Vec<_>>(),
+        "cloud_buckets": crate::dist::vm_flow_preset().spec(),
+    });
+    let mut rr = RunResult::new(format!("lab {name}"), settings);
+    rr.title = Some(format!(
+        "lab {name}{}",
+        if plan.quick { " (quick)" } else { "" }
+    ));
+    rr.start_unix_s = Some(t0);
+    let sweep_kind = plan.phases.len() > 1;
+    if sweep_kind {
+        rr.sweep = Some(Sweep {
+            parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
+            unit: match plan.scenario {
+                Scenario::Loss => "%".into(),
+                Scenario::Bufferbloat => "KiB queue, 0 = idle".into(),
+                _ => "ms".into(),
+            },
+            points: points
+                .iter()
+                .enumerate()
+                .map(|(i, v)| SweepPoint {
+                    x: x_of(plan, i),
+                    settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
+                    views: v.iter().filter(|s| s.count > 0).cloned().collect(),
+                })
+                .collect(),
+        });
+    }
+    // samples as series (capped per view so the file stays small)
+    const CAP: usize = 20_000;
+    for (vi, (n, k, side)) in [
+        ("rr", ViewKind::Probe, "client"),
+        ("ping", ViewKind::Ping, "client"),
+        ("tcp client", ViewKind::Tcp, "client"),
+        ("tcp server", ViewKind::Tcp, "server"),
+        ("sampler client", ViewKind::Sampler, "client"),
+        ("sampler server", ViewKind::Sampler, "server"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut all: Vec<(f64, f64)> = data
+            .iter()
+            .flat_map(|d| views_of(d)[vi].3.clone())
+            .collect();
+        if all.is_empty() {
+            continue;
+        }
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let step = all.len().div_ceil(CAP).max(1);
+        let mut vs = ViewSeries::new(n, k);
+        vs.side = Some(side.into());
+        if step > 1 {
+            vs.dropped.insert(
+                "thinned_for_file".into(),
+                (all.len() - all.len().div_ceil(step)) as u64,
+            );
+        }
+        vs.samples = all
+            .iter()
+            .step_by(step)
+            .map(|&(t, r)| Sample {
+                t_s: (t - t0).max(0.0),
+                rtt_us: r,
+            })
+            .collect();
+        rr.views.push(vs);
+    }
+    let mut files = Vec::new();
+    let p = out.join("result.json");
+    rr.save(&p).map_err(|e| anyhow!("{e}"))?;
+    files.push(p);
+
+    let table = build_table(
+        plan,
+        &points,
+        matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
+    );
+    let p = out.join("summary.csv");
+    std::fs::write(&p, table.csv()).with_context(|| format!("writing {}", p.display()))?;
+    files.push(p);
+
+    let mut charts = Vec::new();
+    let opts = |kind| crate::chart::ChartOptions {
+        kind,
+        ..Default::default()
+    };
+    if sweep_kind {
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("sweep.{ext}"));
+            match crate::chart::render_file(&rr, &opts(crate::chart::ChartKind::Sweep), &p) {
+                Ok(()) => charts.push(p),
+                Err(e) => eprintln!("rttscope: sweep chart not drawn: {e:#}"),
+            }
+        }
+    }
+    if plan.scenario == Scenario::RttStep || !sweep_kind {
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("timeseries.{ext}"));
+            match crate::chart::render_file(&rr, &opts(crate::chart::ChartKind::Timeseries), &p) {
+                Ok(()) => charts.push(p),
+                Err(e) => eprintln!("rttscope: time-series chart not drawn: {e:#}"),
+            }
+        }
+    }
+
+    let obs = observations(plan, &points, data);
+    let mut md = format!(
+        "# lab {name}{}\n\n{}\n\nExpected: {}.\n\nRTTs in ms; RR = `rttscope probe tcp-rr` (request/response, per transaction), TCP = the TCP stack's RTT samples (sock_ops) on each end, SMP = the packet sampler at each end's interface{}, CLOUD_P50 = the sampler's median read from the vm_flow/rtt bucket layout.\n\n",
+        if plan.quick { " (quick)" } else { "" },
+        crate::results::rfc3339_utc(t0),
+        plan.expectation,
+        if env.sample_every > 1 { format!(" (1 in {} packets per direction)", env.sample_every) } else { String::new() },
+    );
+    md += &table.markdown();
+    md += "\n";
+    for o in &obs {
+        md += &format!("- {o}\n");
+    }
+    md += "\nFiles: `result.json` (settings, per-phase summaries, samples), `summary.csv`, `plan.json`, `phases.json` (link settings and emulator counters per phase)";
+    for c in &charts {
+        md += &format!(
+            ", `{}`",
+            c.file_name().unwrap_or_default().to_string_lossy()
+        );
+    }
+    md += ".\n";
+    let p = out.join("SUMMARY.md");
+    std::fs::write(&p, &md).with_context(|| format!("writing {}", p.display()))?;
+    files.push(p);
+
+    println!("{}", table.text());
+    for o in &obs {
+        println!("{o}");
+    }
+    for c in &charts {
+        println!("chart: {}", c.display());
+    }
+    files.extend(charts);
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate() {
+        let v: Vec<f64> = (1..=101).map(|x| x as f64).collect();
+        let s = stats(&v).unwrap();
+        assert_eq!(s.n, 101);
+        assert_eq!(s.p50, 51.0);
+        assert_eq!(s.p5, 6.0);
+        assert_eq!(s.p95, 96.0);
+        assert_eq!(s.min, 1.0);
+        assert_eq!(s.max, 101.0);
+        assert!((s.mean - 51.0).abs() < 1e-9);
+        assert!(stats(&[]).is_none());
+    }
+
+    #[test]
+    fn cloud_median_is_bucketed() {
+        // 0.1 ms samples land in the 0..1 ms bucket: the bucketed median is within it, above the true median
+        let c = cloud_p50_us(&[100.0; 50]).unwrap();
+        assert!(c > 100.0 && c <= 1000.0, "{c}");
+    }
+
+    #[test]
+    fn sides_and_ports() {
+        assert_eq!(side_of_local("10.79.1.2:4000"), Some(Side::Client));
+        assert_eq!(side_of_local("10.79.2.2:7878"), Some(Side::Server));
+        assert_eq!(side_of_local("10.77.0.1:1"), None);
+        assert_eq!(port_of("10.79.2.2:7878"), Some(7878));
+        assert_eq!(port_of("[fd79:2::2]:7878"), Some(7878));
+    }
+}
