@@ -8,21 +8,28 @@ require_root
 cd "$ROOT"
 "$ROOT/scripts/setup.sh"
 
+# Both loaders built in (libbpf, the default, and aya): the differential test
+# and the second pass below need them.
+FEATURES=(--features rttscope/aya)
+
 echo "== build"
-cargo build --workspace --all-targets
+cargo build --workspace --all-targets "${FEATURES[@]}"
 
 echo "== format and lints"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy --workspace --all-targets "${FEATURES[@]}" -q -- -D warnings
 
 echo "== unit tests (no privileges needed)"
-cargo test -p rttscope -- "$@"
+cargo test -p rttscope "${FEATURES[@]}" -- "$@"
 
 echo "== end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
-cargo test -p rttscope-e2e --no-fail-fast -- --test-threads=2 "$@"
+cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
+
+echo "== the TCP view's end-to-end tests again, loaded by aya"
+RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test compare -- --test-threads=2 "$@"
 
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)

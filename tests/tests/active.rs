@@ -551,7 +551,15 @@ fn udp_loss_is_counted_and_timed_out() {
         (0.2..=0.4).contains(&frac),
         "lost {frac:.3} of requests, nft drops 0.30: {c:?}"
     );
-    assert_eq!(c.late + c.duplicates, 0, "{c:?}");
+    assert_eq!(c.duplicates, 0, "{c:?}");
+    // A reply that misses the 20 ms timeout on a loaded machine is counted as
+    // late (and its transaction as lost): allow a few, not a pattern.
+    assert!(
+        c.late <= c.sent / 50,
+        "{} late replies of {}: {c:?}",
+        c.late,
+        c.sent
+    );
     // Each loss costs one 20 ms timeout, not forever.
     assert!(
         took < Duration::from_secs(8),

@@ -37,10 +37,24 @@ pub mod tcp {
     dead_code,
     unsafe_op_in_unsafe_fn
 )]
+#[cfg(feature = "libbpf")]
 pub mod sampler {
     include!(concat!(env!("OUT_DIR"), "/sampler.skel.rs"));
     /// The compiled object, loaded once per attached interface (see sampler.rs).
     pub const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
+}
+/// Without libbpf-rs: the sampler object's generated types only.
+#[allow(
+    clippy::all,
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unsafe_op_in_unsafe_fn
+)]
+#[cfg(not(feature = "libbpf"))]
+pub mod sampler {
+    include!(concat!(env!("OUT_DIR"), "/sampler.types.rs"));
 }
 
 pub use sampler::types::{

@@ -21,6 +21,9 @@
 //! for, a clsact filter with our handle/priority is used instead; filters of
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
+// The aya-only build keeps the types and counters but not the libbpf loader.
+#![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
+
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -30,6 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+#[cfg(feature = "libbpf")]
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder, RingBuffer};
 use serde::{Deserialize, Serialize};
 
@@ -292,6 +296,7 @@ pub const COUNTERS: &[(&str, C)] = &[
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
 
+#[cfg(feature = "libbpf")]
 enum Attached {
     /// A tcx link: closing the fd detaches it.
     Tcx(#[allow(dead_code)] OwnedFd),
@@ -305,11 +310,13 @@ enum Attached {
     },
 }
 
+#[cfg(feature = "libbpf")]
 /// Our attachments; dropping them detaches (also on an error half-way
 /// through `attach`, so a failed start leaves no clsact filter behind).
 #[derive(Default)]
 struct Attachments(Vec<Attached>);
 
+#[cfg(feature = "libbpf")]
 impl Drop for Attachments {
     fn drop(&mut self) {
         let mut qdiscs = Vec::new();
@@ -339,6 +346,7 @@ impl Drop for Attachments {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// The loaded and attached sampler view.
 pub struct SamplerView {
     cfg: SamplerConfig,
@@ -357,11 +365,13 @@ pub struct SamplerView {
     objects: Vec<Object>,
 }
 
+#[cfg(feature = "libbpf")]
 struct IfaceMeta {
     ifindex: u32,
     arphrd: u16,
 }
 
+#[cfg(feature = "libbpf")]
 /// ifindex and ARPHRD type of `name` in the calling thread's namespace.
 fn iface_meta(name: &str) -> Result<IfaceMeta> {
     let cname = std::ffi::CString::new(name).context("interface name")?;
@@ -386,6 +396,7 @@ fn iface_meta(name: &str) -> Result<IfaceMeta> {
     Ok(IfaceMeta { ifindex, arphrd })
 }
 
+#[cfg(feature = "libbpf")]
 fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
     let at = if egress {
         libbpf_rs::libbpf_sys::BPF_TCX_EGRESS
@@ -403,6 +414,7 @@ fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+#[cfg(feature = "libbpf")]
 fn clsact_hook(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> libbpf_rs::TcHook {
     let mut b = libbpf_rs::TcHookBuilder::new(prog_fd);
     b.ifindex(ifindex as i32)
@@ -416,6 +428,7 @@ fn clsact_hook(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> libbpf_rs
     })
 }
 
+#[cfg(feature = "libbpf")]
 /// Name of a loaded program, by id.
 fn prog_name(id: u32) -> Option<String> {
     libbpf_rs::query::ProgInfoIter::default()
@@ -423,6 +436,7 @@ fn prog_name(id: u32) -> Option<String> {
         .map(|p| p.name.to_string_lossy().into_owned())
 }
 
+#[cfg(feature = "libbpf")]
 /// Remove a clsact filter of ours (handle/priority, program name rttscope_sm_*)
 /// left by an earlier run on this hook. Runs inside the interface's namespace.
 fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<bool> {
@@ -442,6 +456,7 @@ fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result
     }
 }
 
+#[cfg(feature = "libbpf")]
 fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
     libbpf_rs::libbpf_sys::bpf_tc_hook {
         sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_tc_hook>() as _,
@@ -451,6 +466,7 @@ fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// Create the clsact qdisc if missing; true if we created it.
 fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
     let mut h = qdisc_hook(ifindex);
@@ -463,6 +479,7 @@ fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// Remove the clsact qdisc we created (with it, any filter left on it).
 fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     let mut h = qdisc_hook(ifindex);
@@ -474,6 +491,7 @@ fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "libbpf")]
 /// Returns true if this call created the clsact qdisc.
 fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
     // SAFETY: prog_fd belongs to a loaded Object that outlives this call.
@@ -487,6 +505,7 @@ fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
     Ok(created)
 }
 
+#[cfg(feature = "libbpf")]
 fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
     // the fd is not used by detach (handle/priority identify the filter)
     let devnull = std::fs::File::open("/dev/null")?;
@@ -494,6 +513,7 @@ fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
     hook.detach().map_err(anyhow::Error::from)
 }
 
+#[cfg(feature = "libbpf")]
 fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
     let m = obj
         .maps()
@@ -502,6 +522,7 @@ fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
     MapHandle::try_from(&m).with_context(|| format!("duplicating map {name}"))
 }
 
+#[cfg(feature = "libbpf")]
 impl SamplerView {
     /// Load one copy of the programs per interface and attach them at
     /// ingress and egress.
@@ -785,6 +806,7 @@ impl SamplerView {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// Open one copy of the object, configure it, reuse the shared maps, load.
 fn load_copy(
     cfg: &SamplerConfig,
@@ -836,7 +858,39 @@ fn load_copy(
     Ok(obj)
 }
 
-#[cfg(test)]
+/// An aya-only build has no sampler loader yet: the view cannot be created,
+/// and asking for it says so in one sentence.
+#[cfg(not(feature = "libbpf"))]
+pub struct SamplerView {
+    never: std::convert::Infallible,
+}
+
+#[cfg(not(feature = "libbpf"))]
+impl SamplerView {
+    pub fn attach(_: &[IfaceSpec], _: SamplerConfig) -> Result<SamplerView> {
+        bail!("the sampler view needs the libbpf loader and this rttscope was built with aya only (rebuild with the default features)")
+    }
+    pub fn config(&self) -> &SamplerConfig {
+        match self.never {}
+    }
+    pub fn attach_info(&self) -> &[AttachInfo] {
+        match self.never {}
+    }
+    pub fn prog_ids(&self) -> Vec<(String, u32)> {
+        match self.never {}
+    }
+    pub fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        match self.never {}
+    }
+    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        match self.never {}
+    }
+    pub fn raw_samples(&mut self, _: Duration) -> Result<Vec<SamplerSample>> {
+        match self.never {}
+    }
+}
+
+#[cfg(all(test, feature = "libbpf"))]
 mod tests {
     use super::*;
 
