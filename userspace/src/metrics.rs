@@ -435,12 +435,16 @@ impl ProgStats {
     /// Turn on kernel run-time statistics for as long as this lives
     /// (BPF_ENABLE_STATS: needs CAP_SYS_ADMIN; nothing remains after exit).
     pub fn enable_kernel_stats(&mut self) -> Result<()> {
-        // SAFETY: plain syscall wrapper.
-        let fd = unsafe { libbpf_sys::bpf_enable_stats(libbpf_sys::BPF_STATS_RUN_TIME) };
+        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type } (BPF_STATS_RUN_TIME = 0).
+        let mut attr = [0u64; 2];
+        // SAFETY: bpf(2) with a zeroed attr buffer of the size given.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), 16usize) }
+                as i32;
         if fd < 0 {
             anyhow::bail!(
                 "turning on BPF run-time statistics (BPF_ENABLE_STATS needs CAP_SYS_ADMIN, or set sysctl kernel.bpf_stats_enabled=1): {}",
-                std::io::Error::from_raw_os_error(-fd)
+                std::io::Error::last_os_error()
             );
         }
         // SAFETY: fd is fresh and ours.
@@ -463,28 +467,46 @@ impl ProgStats {
         self.progs
             .iter()
             .map(|(n, id, fd)| {
-                let mut info = libbpf_sys::bpf_prog_info::default();
-                let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-                // SAFETY: info is a valid out-buffer of `len` bytes; fd is ours.
-                let rc = unsafe {
-                    libbpf_sys::bpf_obj_get_info_by_fd(
-                        fd.as_raw_fd(),
-                        (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
-                        &mut len,
-                    )
-                };
-                let run = if rc == 0 {
-                    ProgRun {
-                        run_time_ns: info.run_time_ns,
-                        run_cnt: info.run_cnt,
-                    }
-                } else {
-                    ProgRun::default()
-                };
+                let run = prog_run(fd.as_raw_fd()).unwrap_or_default();
                 (n.clone(), *id, run)
             })
             .collect()
     }
+}
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_ENABLE_STATS: libc::c_long = 32;
+/// Byte offsets of `run_time_ns` and `run_cnt` in the uapi `struct
+/// bpf_prog_info` (checked against libbpf-sys's binding in a test). Raw bpf(2)
+/// calls instead of libbpf, so that an aya-only build has the figures too.
+const INFO_RUN_TIME_NS: usize = 192;
+const INFO_RUN_CNT: usize = 200;
+
+/// run_time_ns / run_cnt of the program behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
+fn prog_run(fd: i32) -> Option<ProgRun> {
+    // Zeroed and larger than the kernel's struct: the kernel fills what it
+    // knows and checks that the rest is zero.
+    let mut info = [0u64; 64];
+    // union bpf_attr, info: { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
+    let mut attr = [0u64; 2];
+    attr[0] = (fd as u32 as u64) | ((std::mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: bpf(2) with a valid attr and an out-buffer of the size given in it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(ProgRun {
+        run_time_ns: info[INFO_RUN_TIME_NS / 8],
+        run_cnt: info[INFO_RUN_CNT / 8],
+    })
 }
 
 /// Counter names that are drops (something not recorded), by view counter name.
@@ -1458,6 +1480,20 @@ mod tests {
         assert_eq!(respond("GET /metricsx HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
         assert_eq!(respond("POST /metrics HTTP/1.1\r\n\r\n", Some(&h)).0, 405);
         assert_eq!(respond("garbage\r\n\r\n", Some(&h)).0, 400);
+    }
+
+    #[cfg(feature = "libbpf")]
+    #[test]
+    fn prog_info_offsets_match_the_uapi_struct() {
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_time_ns),
+            INFO_RUN_TIME_NS
+        );
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_cnt),
+            INFO_RUN_CNT
+        );
+        assert!(std::mem::size_of::<libbpf_sys::bpf_prog_info>() <= 64 * 8);
     }
 
     #[test]
