@@ -82,6 +82,37 @@ pub struct ObserveArgs {
     /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
+    // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
+    /// Read options from this TOML file (flags given on the command line win).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Validate --config FILE, print the result and exit.
+    #[arg(long, requires = "config")]
+    pub check_config: bool,
+    /// Serve Prometheus/OpenMetrics /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics::DEFAULT_LISTEN, value_parser = crate::metrics::parse_listen)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Metrics labels: remote IPv4 addresses aggregated to this prefix length (default 24).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub v4_prefix: Option<u8>,
+    /// Metrics labels: remote IPv6 addresses aggregated to this prefix length (default 48).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub v6_prefix: Option<u8>,
+    /// Metrics labels: keep this local port as a label value (others: "other"); repeatable.
+    #[arg(long = "label-port", value_name = "N")]
+    pub label_ports: Vec<u16>,
+    /// Metrics labels: at most this many RTT label sets (default 1000); more go to an overflow series.
+    #[arg(long, value_name = "N")]
+    pub max_series: Option<usize>,
+    /// Metrics labels: remove a label set idle for this long (default 10m).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub series_idle: Option<Duration>,
+    /// No per-interval output (daemon mode: metrics only).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Turn on kernel BPF run-time statistics while running (needs CAP_SYS_ADMIN; else set sysctl kernel.bpf_stats_enabled=1).
+    #[arg(long)]
+    pub bpf_stats: bool,
 }
 
 /// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
@@ -317,6 +348,10 @@ impl Tracker {
 }
 
 pub fn run(args: ObserveArgs) -> Result<()> {
+    // daemon mode: --config / --check-config (config.rs)
+    let Some(args) = crate::config::resolve(args)? else {
+        return Ok(());
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -346,6 +381,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         .iter()
         .map(|n| netns::resolve(n))
         .collect::<Result<_>>()?;
+    // daemon mode: bind /metrics before attaching, so a bad address fails early.
+    let listener = match args.listen {
+        Some(a) => Some(crate::metrics::bind(a).await?),
+        None => None,
+    };
     let mut tcp = if want_tcp {
         let iter_netns: Vec<NetNs> = if args.all_netns {
             netns::all().into_values().collect()
@@ -374,6 +414,16 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         Some(crate::sampler::SamplerView::attach(&args.ifaces, cfg)?)
     } else {
         None
+    };
+    // daemon mode: serve /metrics, report hooks, drop capabilities (metrics.rs).
+    let mut daemon = match listener {
+        Some(l) => Some(crate::metrics::Daemon::start(
+            l,
+            &args,
+            tcp.as_deref(),
+            sampler.as_ref(),
+        )?),
+        None => None,
     };
     let view_names: Vec<&str> = views
         .iter()
@@ -560,6 +610,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             let mut closed = Vec::new();
             tracker.begin();
             view.for_each_flow(&mut |f| {
+                // daemon mode: this flow's samples since the last read.
+                if let Some(d) = daemon.as_mut() {
+                    d.tcp_flow(&f, tracker.prev.get(&f.flow), |ns| names.get(ns));
+                }
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
                     if f.closed {
                         closed.push((f.cookie, f.flow));
@@ -600,6 +654,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 if delta.count() == 0 {
                     continue;
                 }
+                // daemon mode: the sampler's samples since the last read.
+                if let Some(d) = daemon.as_mut() {
+                    let ns = names.get(f.flow.netns);
+                    d.sampler_delta(&f.flow, tracker.side_of(&f.flow), &ns, &delta);
+                }
                 delta.min_us = f
                     .interval_min_us
                     .or(if first { f.hist.min_us } else { None });
@@ -628,6 +687,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             totals.insert("sampler", ViewStats::from_hist(&total));
             totals_hist.insert("sampler", total);
         }
+        // daemon mode: counters, program statistics.
+        if let Some(d) = daemon.as_mut() {
+            d.counters(&counters);
+        }
         let now_t = start.elapsed().as_secs_f64();
         let mut cloud_lines = Vec::new();
         for (name, agg) in cloud.iter_mut() {
@@ -648,7 +711,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             counters,
         };
         last_tick = Instant::now();
-        {
+        if !args.quiet {
             let mut out = stdout.lock();
             match args.format {
                 Format::Json => {

@@ -1,0 +1,474 @@
+//! Daemon mode: `rttscope observe --listen` against real TCP traffic between
+//! two namespaces, scraped over HTTP and read with a Prometheus text-format
+//! parser (prometheus-parse). Truths: the transactions the test's own client
+//! completed, the kernel's sample counter, the addresses the test created.
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use prometheus_parse::{Sample, Scrape, Value};
+use rttscope_e2e::*;
+
+const PORT: u16 = 5001;
+
+fn server_addr() -> SocketAddr {
+    format!("{B_ADDR}:{PORT}").parse().unwrap()
+}
+
+/// A free loopback port (the observer binds it right after).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET `path`: (status, body).
+fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        code != 200 || head.contains("Content-Type: application/openmetrics-text"),
+        "{head}"
+    );
+    Ok((code, body.to_string()))
+}
+
+/// Scrape and parse; every data line must have been understood by the parser.
+fn scrape(port: u16) -> (Scrape, String) {
+    let (code, body) = http_get(port, "/metrics").expect("scrape");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
+    let parsed = Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse");
+    let data_lines = body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .count();
+    let parsed_points: usize = parsed
+        .samples
+        .iter()
+        .map(|s| match &s.value {
+            Value::Histogram(h) => h.len(),
+            _ => 1,
+        })
+        .sum();
+    assert_eq!(
+        data_lines, parsed_points,
+        "the parser understood every line of the exposition"
+    );
+    (parsed, body)
+}
+
+fn start_observer(port: u16, extra: &[&str]) -> ChildGuard {
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.arg("observe")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--quiet", "--interval", "300ms", "--duration", "60s"])
+        .args(extra);
+    let g = ChildGuard::spawn(&mut cmd).unwrap();
+    let t0 = Instant::now();
+    while http_get(port, "/metrics").is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "observer did not serve /metrics within 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    g
+}
+
+/// The RTT histogram series with these label values: (count, sum, buckets).
+fn rtt_series<'a>(s: &'a Scrape, want: &[(&str, &str)]) -> Vec<&'a Sample> {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == "rttscope_rtt_seconds")
+        .filter(|x| want.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .collect()
+}
+
+fn hist_total(x: &Sample) -> f64 {
+    match &x.value {
+        Value::Histogram(h) => {
+            // Cumulative and monotone; +Inf holds the total.
+            assert!(
+                h.windows(2)
+                    .all(|w| w[0].count <= w[1].count && w[0].less_than < w[1].less_than),
+                "buckets cumulative: {h:?}"
+            );
+            let inf = h.last().unwrap();
+            assert!(inf.less_than.is_infinite());
+            inf.count
+        }
+        v => panic!("not a histogram: {v:?}"),
+    }
+}
+
+fn untyped(s: &Scrape, metric: &str, want: &[(&str, &str)]) -> Option<f64> {
+    s.samples
+        .iter()
+        .filter(|x| x.metric == metric)
+        .find(|x| want.iter().all(|(k, v)| x.labels.get(k) == Some(*v)))
+        .map(|x| match x.value {
+            Value::Untyped(v) | Value::Counter(v) | Value::Gauge(v) => v,
+            _ => f64::NAN,
+        })
+}
+
+#[test]
+fn scraped_histograms_grow_with_traffic() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let port = free_port();
+    let obs = start_observer(
+        port,
+        &[
+            "--netns",
+            &p.a.name,
+            "--netns",
+            &p.b.name,
+            "--label-port",
+            "5001",
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &format!("{}:{}", p.b.name, p.b_if),
+        ],
+    );
+    let (code, _) = http_get(port, "/nothing").unwrap();
+    assert_eq!(code, 404);
+
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let (s1, _) = scrape(port);
+    std::thread::sleep(Duration::from_millis(800));
+    cli.pause();
+    // Two read intervals after the last transaction: everything is exported.
+    std::thread::sleep(Duration::from_millis(800));
+    let transactions = cli.transactions.load(Ordering::Relaxed) as f64;
+    let (s2, body) = scrape(port);
+
+    let client = [
+        ("view", "tcp"),
+        ("side", "client"),
+        ("netns", p.a.name.as_str()),
+        ("remote_prefix", "10.77.0.0/24"),
+        ("local_port", "other"),
+    ];
+    let server = [
+        ("view", "tcp"),
+        ("side", "server"),
+        ("netns", p.b.name.as_str()),
+        ("remote_prefix", "10.77.0.0/24"),
+        ("local_port", "5001"),
+    ];
+    let get = |s: &Scrape, l: &[(&str, &str)]| {
+        let v = rtt_series(s, l);
+        assert_eq!(v.len(), 1, "one series for {l:?} in:\n{body}");
+        hist_total(v[0])
+    };
+    let (c1, c2) = (get(&s1, &client), get(&s2, &client));
+    let (v1, v2) = (get(&s1, &server), get(&s2, &server));
+    eprintln!("scrapes: client {c1} -> {c2}, server {v1} -> {v2}; transactions {transactions}");
+    assert!(
+        c1 > 20.0 && v1 > 20.0,
+        "first scrape has samples: client {c1}, server {v1}"
+    );
+    assert!(
+        c2 > c1 + 20.0 && v2 > v1 + 20.0,
+        "counts grow with traffic: client {c1} -> {c2}, server {v1} -> {v2}"
+    );
+    // Independent truth: one RTT sample per completed transaction on the
+    // client (its request is acknowledged by the response), +-3% and a
+    // couple for the handshake and the last, unanswered ACK.
+    let tol = (0.03 * transactions).max(3.0);
+    assert!(
+        (c2 - transactions).abs() <= tol,
+        "client samples {c2} vs transactions {transactions} (tolerance {tol})"
+    );
+    // The sampler view is exported next to the TCP view.
+    let sampled: f64 = rtt_series(&s2, &[("view", "sampler")])
+        .iter()
+        .map(|x| hist_total(x))
+        .sum();
+    eprintln!("sampler samples {sampled}");
+    assert!(sampled > 20.0, "sampler series in:\n{body}");
+    // The kernel's own sample counter covers both ends.
+    let samples = untyped(&s2, "rttscope_samples_total", &[("view", "tcp")]).unwrap();
+    assert!(
+        samples >= c2 + v2,
+        "samples_total {samples} >= client {c2} + server {v2}"
+    );
+    // The client's mean RTT is that of a veth in one host: well below 5 ms.
+    let csum = untyped(&s2, "rttscope_rtt_seconds_sum", &client).unwrap();
+    assert!(
+        csum / c2 > 0.0 && csum / c2 < 0.005,
+        "client mean {} s",
+        csum / c2
+    );
+    assert!(untyped(&s2, "rttscope_flows_tracked", &[("view", "tcp")]).unwrap() >= 2.0);
+    assert_eq!(
+        untyped(
+            &s2,
+            "rttscope_drops_total",
+            &[("view", "tcp"), ("reason", "flow_map_full")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        untyped(&s2, "rttscope_series_overflow_total", &[("view", "tcp")]),
+        Some(0.0),
+        "no overflow below the cap"
+    );
+    // Program statistics are exported per program.
+    assert!(
+        body.contains("rttscope_bpf_prog_run_count_total{prog=\"tcp_sockops\""),
+        "{body}"
+    );
+
+    // Capabilities were dropped to the three after attach.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", obs.pid())).unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        eff,
+        (1 << 12) | (1 << 38) | (1 << 39),
+        "CapEff {eff:x}: only CAP_NET_ADMIN, CAP_PERFMON, CAP_BPF"
+    );
+    assert!(status.contains("NoNewPrivs:\t1"));
+    // SIGTERM: clean exit.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(obs.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = obs.wait_output(Duration::from_secs(10)).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("attached: tcp view"),
+        "startup lists hooks: {err}"
+    );
+    assert!(
+        err.contains("attached: sampler view: "),
+        "startup lists the sampler's hooks: {err}"
+    );
+}
+
+/// 5,000 distinct client addresses connect to one server: with /32 labels
+/// and a cap of 100 series, the exporter must keep 100 series plus the
+/// overflow series, count the overflow, and lose no sample.
+#[test]
+fn series_cap_holds_under_5000_remote_addresses() {
+    if !require_root() {
+        return;
+    }
+    const N: u32 = 5000;
+    let p = Pair::new().unwrap();
+    // 5,000 addresses 10.88.x.y on a's interface; b routes them back via a.
+    let mut batch = String::new();
+    for i in 0..N {
+        batch += &format!(
+            "addr add 10.88.{}.{}/32 dev {}\n",
+            i / 250,
+            1 + i % 250,
+            p.a_if
+        );
+    }
+    let file = std::env::temp_dir().join(format!("{}.ipbatch", p.a.name));
+    std::fs::write(&file, batch).unwrap();
+    p.a.exec(&["ip", "-b", file.to_str().unwrap()]).unwrap();
+    let _ = std::fs::remove_file(&file);
+    p.b.exec(&["ip", "route", "add", "10.88.0.0/16", "via", A_ADDR])
+        .unwrap();
+
+    let port = free_port();
+    let obs = start_observer(
+        port,
+        &[
+            "--netns",
+            &p.b.name,
+            "--v4-prefix",
+            "32",
+            "--max-series",
+            "100",
+            "--label-port",
+            "5001",
+        ],
+    );
+    // A server that answers one byte per connection, then closes.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let srv = p.b.spawn(move || {
+        let l = TcpListener::bind(server_addr()).unwrap();
+        l.set_nonblocking(true).unwrap();
+        let mut served = 0u32;
+        while !stop2.load(Ordering::Relaxed) {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                    let mut b = [0u8; 1];
+                    if s.read_exact(&mut b).is_ok() && s.write_all(b"r").is_ok() {
+                        served += 1;
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
+        served
+    });
+    let t0 = Instant::now();
+    let done = p.a.run(move || {
+        let mut ok = 0u32;
+        for i in 0..N {
+            let src: SocketAddr = format!("10.88.{}.{}:0", i / 250, 1 + i % 250)
+                .parse()
+                .unwrap();
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&src.into()).unwrap();
+            if s.connect_timeout(&server_addr().into(), Duration::from_secs(2))
+                .is_err()
+            {
+                continue;
+            }
+            let mut s: TcpStream = s.into();
+            let mut b = [0u8; 1];
+            if s.write_all(b"q").is_ok() && s.read_exact(&mut b).is_ok() {
+                ok += 1;
+            }
+        }
+        ok
+    });
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let served = srv.join().unwrap();
+    assert!(
+        done >= N * 99 / 100,
+        "{done} of {N} connections completed ({served} served) in {took:?}"
+    );
+    // Let the observer read the last closes (several intervals).
+    std::thread::sleep(Duration::from_millis(1500));
+    let (s, body) = scrape(port);
+    let series = rtt_series(&s, &[("view", "tcp")]);
+    let overflow: Vec<_> = series
+        .iter()
+        .filter(|x| x.labels.get("remote_prefix") == Some("overflow"))
+        .collect();
+    let normal = series.len() - overflow.len();
+    assert_eq!(normal, 100, "series capped at 100 (got {normal})");
+    assert_eq!(overflow.len(), 1, "one overflow series");
+    assert_eq!(untyped(&s, "rttscope_series", &[]), Some(100.0));
+    let total: f64 = series.iter().map(|x| hist_total(x)).sum();
+    let in_overflow = hist_total(overflow[0]);
+    let counted = untyped(&s, "rttscope_series_overflow_total", &[("view", "tcp")]).unwrap();
+    assert_eq!(
+        counted, in_overflow,
+        "overflow counter = samples in the overflow series"
+    );
+    assert!(
+        in_overflow > total * 0.9,
+        "most of {N} remotes went to overflow: {in_overflow} of {total}"
+    );
+    // Conservation: every sample the kernel counted is in some series.
+    let samples = untyped(&s, "rttscope_samples_total", &[("view", "tcp")]).unwrap();
+    assert_eq!(
+        total, samples,
+        "histogram counts over all series {total} vs samples_total {samples}"
+    );
+    // Closed flows were reported and forgotten: the map is (nearly) empty again.
+    let tracked = untyped(&s, "rttscope_flows_tracked", &[("view", "tcp")]).unwrap();
+    assert!(tracked < 100.0, "flows still tracked: {tracked}");
+    let lines = body.lines().count();
+    eprintln!(
+        "{done} connections in {took:?}: {normal} series + overflow {in_overflow} of {total} samples, samples_total {samples}, tracked {tracked}, {lines} lines"
+    );
+    assert!(
+        lines < 101 * 50 + 200,
+        "exposition stays bounded: {lines} lines"
+    );
+    drop(obs);
+}
+
+/// `--check-config`: a good file prints OK and exits 0; each kind of bad file
+/// is one line on stderr and exit status 1 (no privileges needed).
+#[test]
+fn check_config_one_sentence_each() {
+    let dir = std::env::temp_dir().join(unique("rtscfg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = [
+        (
+            "good",
+            "interval = \"2s\"\nlisten = \"127.0.0.1:9464\"\n[labels]\nports = [443]\n",
+            None,
+        ),
+        ("syntax", "interval = \"2s\nlisten = 1\n", Some("line 1")),
+        (
+            "unknown",
+            "[labels]\nv4prefix = 24\n",
+            Some("unknown field `v4prefix`"),
+        ),
+        (
+            "prefix",
+            "[labels]\nv6_prefix = 129\n",
+            Some("IPv6 label prefix must be 0..128 bits, not 129"),
+        ),
+        (
+            "interval",
+            "interval = \"0\"\n",
+            Some("interval must be at least 10ms"),
+        ),
+        (
+            "listen",
+            "listen = \"everywhere\"\n",
+            Some("'everywhere' is not a listen address"),
+        ),
+    ];
+    for (name, text, want) in cases {
+        let f = dir.join(format!("{name}.toml"));
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(rttscope_bin())
+            .args(["observe", "--config", f.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match want {
+            None => {
+                assert!(out.status.success(), "{name}: {err}");
+                assert!(String::from_utf8_lossy(&out.stdout).contains(": OK"));
+            }
+            Some(w) => {
+                assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+                assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+                assert!(
+                    err.starts_with("rttscope: config file ") && err.contains(w),
+                    "{name}: {err}"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

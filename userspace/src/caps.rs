@@ -1,0 +1,360 @@
+//! Least privilege for daemon mode: after the kernel programs are attached,
+//! keep only CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON, empty the bounding and
+//! ambient sets of everything else, and set no_new_privs, so that nothing this
+//! process runs later can regain privileges. Plus the startup message that
+//! says which hooks were attached and which were unavailable, and why.
+//!
+//! Done with four raw calls (prctl PR_CAPBSET_DROP, PR_CAP_AMBIENT,
+//! capset v3, PR_SET_NO_NEW_PRIVS) through `libc`: the `caps` crate would
+//! wrap the same calls and add a dependency for ~40 lines.
+//!
+//! Capabilities are per thread: the calls act on the calling thread, which
+//! must be the only thread (observe's runtime is current-thread). `current()`
+//! reads every thread's set, so a thread that kept more is visible.
+use anyhow::{bail, Result};
+
+pub const CAP_NET_ADMIN: u32 = 12;
+pub const CAP_SETPCAP: u32 = 8;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// What daemon mode keeps.
+pub const KEEP: [u32; 3] = [CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON];
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Capability sets of one thread, from /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapState {
+    pub effective: u64,
+    pub permitted: u64,
+    pub bounding: u64,
+    pub ambient: u64,
+    pub no_new_privs: bool,
+}
+
+impl CapState {
+    fn parse(status: &str) -> CapState {
+        let hex = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .unwrap_or(0)
+        };
+        CapState {
+            effective: hex("CapEff:"),
+            permitted: hex("CapPrm:"),
+            bounding: hex("CapBnd:"),
+            ambient: hex("CapAmb:"),
+            no_new_privs: status
+                .lines()
+                .find_map(|l| l.strip_prefix("NoNewPrivs:"))
+                .is_some_and(|v| v.trim() == "1"),
+        }
+    }
+}
+
+/// The state of the calling thread.
+pub fn thread_state() -> CapState {
+    CapState::parse(&std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default())
+}
+
+/// The state of every thread of the process (tid, state).
+pub fn process_state() -> Vec<(u32, CapState)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc/self/task") {
+        for e in rd.flatten() {
+            let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            if let Ok(s) = std::fs::read_to_string(e.path().join("status")) {
+                out.push((tid, CapState::parse(&s)));
+            }
+        }
+    }
+    out
+}
+
+pub fn mask(caps: &[u32]) -> u64 {
+    caps.iter().fold(0, |m, c| m | (1u64 << c))
+}
+
+/// Names of the capabilities in a mask (CAP_BPF, ...; unknown ones by number).
+pub fn names(mask: u64) -> Vec<String> {
+    const N: &[(u32, &str)] = &[
+        (0, "CAP_CHOWN"),
+        (1, "CAP_DAC_OVERRIDE"),
+        (2, "CAP_DAC_READ_SEARCH"),
+        (3, "CAP_FOWNER"),
+        (4, "CAP_FSETID"),
+        (5, "CAP_KILL"),
+        (6, "CAP_SETGID"),
+        (7, "CAP_SETUID"),
+        (8, "CAP_SETPCAP"),
+        (10, "CAP_NET_BIND_SERVICE"),
+        (12, "CAP_NET_ADMIN"),
+        (13, "CAP_NET_RAW"),
+        (19, "CAP_SYS_PTRACE"),
+        (21, "CAP_SYS_ADMIN"),
+        (24, "CAP_SYS_RESOURCE"),
+        (38, "CAP_PERFMON"),
+        (39, "CAP_BPF"),
+        (40, "CAP_CHECKPOINT_RESTORE"),
+    ];
+    (0..64)
+        .filter(|c| mask & (1u64 << c) != 0)
+        .map(|c| {
+            N.iter()
+                .find(|(n, _)| *n == c)
+                .map(|(_, s)| s.to_string())
+                .unwrap_or_else(|| format!("cap{c}"))
+        })
+        .collect()
+}
+
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+fn prctl(op: i32, a: u64) -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            op,
+            a as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Keep only `KEEP` (those of them we have) in the calling thread: bounding
+/// set, ambient set, permitted/effective/inheritable, then no_new_privs.
+/// Returns the state afterwards. Fails with one sentence if a step fails.
+pub fn drop_to_needed() -> Result<CapState> {
+    drop_to(&KEEP)
+}
+
+/// As `drop_to_needed`, for any set of capabilities to keep.
+pub fn drop_to(keep: &[u32]) -> Result<CapState> {
+    let keep_mask = mask(keep);
+    let before = thread_state();
+    // 1. Bounding set (needs CAP_SETPCAP, so before it is dropped below).
+    if before.effective & (1 << CAP_SETPCAP) != 0 {
+        for c in 0..=last_cap() {
+            if keep_mask & (1u64 << c) == 0 && before.bounding & (1u64 << c) != 0 {
+                prctl(libc::PR_CAPBSET_DROP, c as u64).map_err(|e| {
+                    anyhow::anyhow!("dropping capability {c} from the bounding set: {e}")
+                })?;
+            }
+        }
+    }
+    // 2. Ambient set: nothing survives an exec.
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    if rc < 0 {
+        bail!(
+            "clearing the ambient capability set: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    // 3. Permitted and effective: only what we keep (and have).
+    let new = before.permitted & keep_mask;
+    let mut data = [CapData::default(); 2];
+    data[0].permitted = new as u32;
+    data[0].effective = new as u32;
+    data[1].permitted = (new >> 32) as u32;
+    data[1].effective = (new >> 32) as u32;
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: header and two data structs as capset(2) v3 expects.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
+    if rc < 0 {
+        bail!(
+            "dropping capabilities (capset): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    // 4. No privilege gain through exec (setuid, file capabilities).
+    prctl(libc::PR_SET_NO_NEW_PRIVS, 1)
+        .map_err(|e| anyhow::anyhow!("setting no_new_privs: {e}"))?;
+    Ok(thread_state())
+}
+
+/// One line: what the process now holds.
+pub fn describe(s: &CapState) -> String {
+    let eff = names(s.effective);
+    format!(
+        "capabilities: {} (bounding set: {}), no_new_privs={}",
+        if eff.is_empty() {
+            "none".to_string()
+        } else {
+            eff.join(", ")
+        },
+        if s.bounding == s.effective {
+            "the same".to_string()
+        } else {
+            names(s.bounding).join(", ")
+        },
+        s.no_new_privs as u8
+    )
+}
+
+/// Threads that hold more than `allowed` (after a drop; should be none).
+pub fn threads_holding_more(allowed: u64) -> Vec<u32> {
+    process_state()
+        .into_iter()
+        .filter(|(_, s)| s.effective & !allowed != 0 || s.permitted & !allowed != 0)
+        .map(|(t, _)| t)
+        .collect()
+}
+
+/// Startup lines: hooks attached and unavailable (with the reason), for
+/// daemon mode's log.
+pub fn hooks_report(
+    tcp: Option<&crate::tcp_view::TcpHookInfo>,
+    unavailable: &[(&str, String)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(i) = tcp {
+        out.push(format!(
+            "attached: tcp view: {} at cgroup {} (programs {:?}, flow map {} entries)",
+            i.hook, i.cgroup, i.prog_ids, i.max_flows
+        ));
+        out.push(format!(
+            "attached: tcp view: iter/tcp enabled {} existing connections in {}",
+            i.existing_enabled,
+            if i.iter_netns.is_empty() {
+                "no namespace".to_string()
+            } else {
+                i.iter_netns.join(",")
+            }
+        ));
+        if i.rtt_source.starts_with("srtt") {
+            out.push(format!("degraded: tcp view: {}", i.rtt_source));
+        }
+    } else {
+        out.push("unavailable: tcp view: not attached".into());
+    }
+    for (what, why) in unavailable {
+        out.push(format!("unavailable: {what}: {why}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_proc_status() {
+        let s = CapState::parse(
+            "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t000000c000001000\nCapEff:\t000000c000001000\nCapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n",
+        );
+        assert_eq!(s.effective, mask(&KEEP));
+        assert!(s.no_new_privs);
+        assert_eq!(
+            names(s.effective),
+            vec!["CAP_NET_ADMIN", "CAP_PERFMON", "CAP_BPF"]
+        );
+        assert!(describe(&s).contains("no_new_privs=1"));
+    }
+
+    #[test]
+    fn drop_on_a_thread_keeps_exactly_the_three() {
+        // Capabilities are per thread: drop on a thread of our own, so the
+        // test process (and other tests) keep theirs.
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let (before, after) = std::thread::spawn(|| {
+            let before = thread_state();
+            let after = drop_to_needed().unwrap();
+            (before, after)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            after.effective,
+            before.permitted & mask(&KEEP),
+            "{}",
+            describe(&after)
+        );
+        assert_eq!(after.permitted, after.effective);
+        assert!(after.no_new_privs);
+        assert_eq!(after.ambient, 0);
+        if before.effective & (1 << CAP_SETPCAP) != 0 {
+            assert_eq!(
+                after.bounding,
+                before.bounding & mask(&KEEP),
+                "{}",
+                describe(&after)
+            );
+        }
+        // The rest of the process is untouched.
+        assert_eq!(thread_state().effective, before.effective);
+        // What a dropped thread can no longer do: unshare(CLONE_NEWUTS) needs
+        // CAP_SYS_ADMIN. Control: the same call on an undropped thread works.
+        // (A UTS namespace of a thread that then exits changes nothing else.)
+        // SAFETY: unshare with a flag only.
+        let control = std::thread::spawn(|| unsafe { libc::unshare(libc::CLONE_NEWUTS) })
+            .join()
+            .unwrap();
+        let dropped = std::thread::spawn(|| {
+            drop_to_needed().unwrap();
+            // SAFETY: unshare with a flag only.
+            unsafe { libc::unshare(libc::CLONE_NEWUTS) }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            (control, dropped),
+            (0, -1),
+            "unshare(CLONE_NEWUTS) before/after the drop"
+        );
+    }
+
+    #[test]
+    fn hooks_report_lists_unavailable() {
+        let lines = hooks_report(
+            None,
+            &[("sampler view", "not requested (--view sampler)".into())],
+        );
+        assert!(lines[0].contains("unavailable: tcp view"));
+        assert!(lines[1].contains("sampler view: not requested"));
+    }
+}

@@ -1,0 +1,1512 @@
+//! Daemon mode: the passive views exported as Prometheus/OpenMetrics text on
+//! `/metrics` (`rttscope observe --listen ADDR`).
+//!
+//! What is exported (names as scraped):
+//! - `rttscope_rtt_seconds` (histogram) per view, side, netns, remote prefix
+//!   and local port: every RTT sample the views took;
+//! - `rttscope_samples_total{view}`, `rttscope_drops_total{view,reason}`,
+//!   `rttscope_view_events_total{view,event}` (every kernel/userspace counter
+//!   of the view), `rttscope_flows_tracked{view}`;
+//! - `rttscope_bpf_prog_run_time_seconds_total{prog}`,
+//!   `rttscope_bpf_prog_run_count_total{prog}`, `rttscope_bpf_stats_enabled`;
+//! - `rttscope_series{}` (label sets in use), `rttscope_series_overflow_total{view}`.
+//!
+//! Labels are bounded ([`LabelPolicy`]): the remote address is cut to a
+//! prefix (/24, /48 by default, like ePPing's subnet aggregation), the local
+//! port is kept only for listed ports ("other" otherwise), and at most
+//! `max_series` RTT label sets exist; past that, samples go to one overflow
+//! series per view (all other labels `"overflow"`) and
+//! `rttscope_series_overflow_total` counts them. Label sets idle for
+//! `series_idle` are removed, so churn does not fill the cap for good.
+//!
+//! Histogram conversion: the kernel's histogram is log-linear in integer
+//! microseconds (`hist::bucket_bounds`). The Prometheus bucket bounds
+//! ([`RTT_BOUNDS_US`]) are 10 us x 2^k and 14 us x 2^k, 10 us .. 10.5 s: every
+//! one of them is a kernel bucket boundary, so each kernel bucket falls
+//! entirely inside one Prometheus bucket and counts are moved over exactly
+//! (no midpoint guessing). The only departure from Prometheus' `le`
+//! (less-or-equal) is at the bound itself: a sample of exactly B us sits in
+//! the kernel bucket starting at B and is counted in the next Prometheus
+//! bucket; `le=B` therefore counts samples < B us (<= B - 1 us). `_sum` is the
+//! kernel's exact sum of samples; `_count` is exact.
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use parking_lot_free::Mutex;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::flow::{Flow, Side};
+use crate::hist::{self, Hist};
+
+/// A std Mutex that shrugs off poisoning (a panicked scrape must not stop the exporter).
+mod parking_lot_free {
+    pub struct Mutex<T>(std::sync::Mutex<T>);
+    impl<T> Mutex<T> {
+        pub fn new(v: T) -> Self {
+            Mutex(std::sync::Mutex::new(v))
+        }
+        pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+    impl<T: std::fmt::Debug> std::fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.lock().fmt(f)
+        }
+    }
+}
+
+/// Default `/metrics` address: loopback only. Anything else must be asked for.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
+
+/// The OpenMetrics text content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prometheus bucket upper bounds in microseconds: 10 and 14 x 2^k, k = 0..=20
+/// (10 us .. 10.49 s, ratio ~1.4 per bucket), all kernel bucket boundaries.
+pub const RTT_BOUNDS_US: [u32; 42] = {
+    let mut b = [0u32; 42];
+    let mut k = 0;
+    while k <= 20 {
+        b[2 * k] = 10 << k;
+        b[2 * k + 1] = 14 << k;
+        k += 1;
+    }
+    b
+};
+
+/// Number of Prometheus buckets used (bounds up to 10 x 2^20 us; the 14 x 2^20
+/// entry is past 10 s and dropped), plus +Inf.
+const N_BOUNDS: usize = 41;
+
+/// Which view a series belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum View {
+    Tcp,
+    Sampler,
+}
+
+impl View {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            View::Tcp => "tcp",
+            View::Sampler => "sampler",
+        }
+    }
+}
+
+/// How flows are turned into bounded label sets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelPolicy {
+    /// Remote IPv4 addresses are cut to this prefix length (0..=32).
+    pub v4_prefix: u8,
+    /// Remote IPv6 addresses are cut to this prefix length (0..=128).
+    pub v6_prefix: u8,
+    /// Local ports kept as label values; every other port becomes "other".
+    pub ports: Vec<u16>,
+    /// At most this many RTT label sets; more go to the overflow series.
+    pub max_series: usize,
+    /// A label set without samples for this long is removed.
+    pub series_idle: Duration,
+}
+
+impl Default for LabelPolicy {
+    fn default() -> Self {
+        LabelPolicy {
+            v4_prefix: 24,
+            v6_prefix: 48,
+            ports: Vec::new(),
+            max_series: 1000,
+            series_idle: Duration::from_secs(600),
+        }
+    }
+}
+
+impl LabelPolicy {
+    /// One clear sentence for an impossible policy.
+    pub fn validate(&self) -> Result<()> {
+        if self.v4_prefix > 32 {
+            anyhow::bail!(
+                "the IPv4 label prefix must be 0..32 bits, not {}",
+                self.v4_prefix
+            );
+        }
+        if self.v6_prefix > 128 {
+            anyhow::bail!(
+                "the IPv6 label prefix must be 0..128 bits, not {}",
+                self.v6_prefix
+            );
+        }
+        if self.max_series == 0 {
+            anyhow::bail!("the series cap (max_series) must be at least 1");
+        }
+        if self.max_series > 1_000_000 {
+            anyhow::bail!(
+                "the series cap (max_series) must be at most 1000000, not {}",
+                self.max_series
+            );
+        }
+        if self.ports.len() > 1024 {
+            anyhow::bail!(
+                "at most 1024 label ports may be listed, not {}",
+                self.ports.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The remote address cut to the policy's prefix, as CIDR text.
+    pub fn remote_prefix(&self, ip: IpAddr) -> String {
+        let net: ipnet::IpNet = match ip {
+            IpAddr::V4(a) => ipnet::Ipv4Net::new(a, self.v4_prefix.min(32))
+                .map(|n| n.trunc().into())
+                .unwrap_or_else(|_| ipnet::Ipv4Net::from(a).into()),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => return self.remote_prefix(IpAddr::V4(v4)),
+                None => ipnet::Ipv6Net::new(a, self.v6_prefix.min(128))
+                    .map(|n| n.trunc().into())
+                    .unwrap_or_else(|_| ipnet::Ipv6Net::from(a).into()),
+            },
+        };
+        net.to_string()
+    }
+
+    /// The local port label: the port when listed, else "other".
+    pub fn local_port(&self, port: u16) -> String {
+        if self.ports.contains(&port) {
+            port.to_string()
+        } else {
+            "other".to_string()
+        }
+    }
+
+    /// The label set of a flow's samples.
+    pub fn labels(&self, view: View, flow: &Flow, side: Side, netns: &str) -> RttLabels {
+        RttLabels {
+            view: view.as_str().to_string(),
+            side: side_label(side).to_string(),
+            netns: netns.to_string(),
+            remote_prefix: self.remote_prefix(flow.remote.ip()),
+            local_port: self.local_port(flow.local.port()),
+        }
+    }
+}
+
+fn side_label(s: Side) -> &'static str {
+    match s {
+        Side::Client => "client",
+        Side::Server => "server",
+        Side::Unknown => "unknown",
+    }
+}
+
+/// Labels of an RTT histogram series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct RttLabels {
+    pub view: String,
+    pub side: String,
+    pub netns: String,
+    pub remote_prefix: String,
+    pub local_port: String,
+}
+
+impl RttLabels {
+    /// The one overflow series of a view.
+    pub fn overflow(view: View) -> RttLabels {
+        let o = "overflow".to_string();
+        RttLabels {
+            view: view.as_str().to_string(),
+            side: o.clone(),
+            netns: o.clone(),
+            remote_prefix: o.clone(),
+            local_port: o,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ViewLabel {
+    view: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    view: String,
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    view: String,
+    event: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabel {
+    mode: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProgLabels {
+    prog: String,
+    id: String,
+}
+
+/// A Prometheus histogram fed with whole kernel histograms at once
+/// (prometheus-client's own `Histogram` takes one observation at a time).
+#[derive(Debug, Clone)]
+pub struct RttHist {
+    inner: Arc<Mutex<RttHistInner>>,
+}
+
+#[derive(Debug)]
+struct RttHistInner {
+    sum_s: f64,
+    count: u64,
+    /// Per-bucket (not cumulative) counts; the last one is +Inf.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Default for RttHist {
+    fn default() -> Self {
+        let buckets = RTT_BOUNDS_US[..N_BOUNDS]
+            .iter()
+            .map(|&b| (b as f64 / 1e6, 0))
+            .chain(std::iter::once((f64::MAX, 0)))
+            .collect();
+        RttHist {
+            inner: Arc::new(Mutex::new(RttHistInner {
+                sum_s: 0.0,
+                count: 0,
+                buckets,
+            })),
+        }
+    }
+}
+
+/// For each kernel bucket, the index of the Prometheus bucket that holds it.
+fn kernel_to_prom() -> &'static [u8; hist::BUCKETS] {
+    static MAP: std::sync::OnceLock<[u8; hist::BUCKETS]> = std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut m = [0u8; hist::BUCKETS];
+        for (i, slot) in m.iter_mut().enumerate() {
+            let (_, hi) = hist::bucket_bounds(i);
+            // All values in [lo, hi) are <= hi - 1 < bound when hi <= bound.
+            let idx = RTT_BOUNDS_US[..N_BOUNDS]
+                .iter()
+                .position(|&b| hi.is_finite() && hi <= b as f64)
+                .unwrap_or(N_BOUNDS);
+            *slot = idx as u8;
+        }
+        m
+    })
+}
+
+impl RttHist {
+    /// Add `cur - prev` (cumulative kernel histograms of one flow; `prev`
+    /// None: all of `cur`). Returns the number of samples added.
+    pub fn add_delta(&self, cur: &Hist, prev: Option<&Hist>) -> u64 {
+        let map = kernel_to_prom();
+        let mut g = self.inner.lock();
+        let mut n = 0u64;
+        for (i, &c) in cur.counts.iter().enumerate() {
+            let d = match prev {
+                Some(p) => c.saturating_sub(p.counts.get(i).copied().unwrap_or(0)),
+                None => c,
+            };
+            if d > 0 {
+                g.buckets[map[i.min(hist::BUCKETS - 1)] as usize].1 += d;
+                n += d;
+            }
+        }
+        if n > 0 {
+            let sum_us = cur.sum_us.saturating_sub(prev.map_or(0, |p| p.sum_us));
+            g.sum_s += sum_us as f64 / 1e6;
+            g.count += n;
+        }
+        n
+    }
+
+    /// (sum in seconds, count, cumulative counts per bound) for tests and docs.
+    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let g = self.inner.lock();
+        let mut acc = 0;
+        let cum = g
+            .buckets
+            .iter()
+            .map(|&(b, c)| {
+                acc += c;
+                (b, acc)
+            })
+            .collect();
+        (g.sum_s, g.count, cum)
+    }
+}
+
+impl TypedMetric for RttHist {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for RttHist {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let g = self.inner.lock();
+        encoder.encode_histogram::<()>(g.sum_s, g.count, &g.buckets, None)
+    }
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Program run-time statistics source: our own program fds (found through
+/// /proc/self/fdinfo by program id, so no CAP_SYS_ADMIN is needed, unlike
+/// BPF_PROG_GET_FD_BY_ID).
+#[derive(Debug)]
+pub struct ProgStats {
+    progs: Vec<(String, u32, std::os::fd::OwnedFd)>,
+    /// Held open while we enabled run-time statistics ourselves (BPF_ENABLE_STATS).
+    stats_fd: Option<std::os::fd::OwnedFd>,
+}
+
+/// Kernel run-time statistics of one program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProgRun {
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+}
+
+impl ProgStats {
+    /// Find the fds of the programs with these ids among our own open fds.
+    pub fn from_ids(progs: &[(&str, u32)]) -> ProgStats {
+        let mut out = Vec::new();
+        let ids: HashMap<u32, &str> = progs.iter().map(|(n, id)| (*id, *n)).collect();
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fdinfo") {
+            for e in rd.flatten() {
+                let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let Ok(text) = std::fs::read_to_string(e.path()) else {
+                    continue;
+                };
+                let id = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("prog_id:"))
+                    .and_then(|v| v.trim().parse::<u32>().ok());
+                if let Some(id) = id {
+                    if let Some(name) = ids.get(&id) {
+                        if out.iter().any(|(_, i, _)| *i == id) {
+                            continue;
+                        }
+                        // SAFETY: fcntl on an fd number we just listed; the
+                        // duplicate is ours.
+                        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                        if dup >= 0 {
+                            // SAFETY: dup is a fresh fd owned by nobody else.
+                            let owned = unsafe {
+                                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup)
+                            };
+                            out.push((name.to_string(), id, owned));
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|(_, id, _)| *id);
+        ProgStats {
+            progs: out,
+            stats_fd: None,
+        }
+    }
+
+    /// Programs found, as (name, id).
+    pub fn programs(&self) -> Vec<(String, u32)> {
+        self.progs.iter().map(|(n, i, _)| (n.clone(), *i)).collect()
+    }
+
+    /// Turn on kernel run-time statistics for as long as this lives
+    /// (BPF_ENABLE_STATS: needs CAP_SYS_ADMIN; nothing remains after exit).
+    pub fn enable_kernel_stats(&mut self) -> Result<()> {
+        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type } (BPF_STATS_RUN_TIME = 0).
+        let mut attr = [0u64; 2];
+        // SAFETY: bpf(2) with a zeroed attr buffer of the size given.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), 16usize) }
+                as i32;
+        if fd < 0 {
+            anyhow::bail!(
+                "turning on BPF run-time statistics (BPF_ENABLE_STATS needs CAP_SYS_ADMIN, or set sysctl kernel.bpf_stats_enabled=1): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: fd is fresh and ours.
+        self.stats_fd =
+            Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        Ok(())
+    }
+
+    /// Whether run-time statistics are being collected now.
+    pub fn kernel_stats_enabled(&self) -> bool {
+        self.stats_fd.is_some()
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .map(|s| s.trim() != "0")
+                .unwrap_or(false)
+    }
+
+    /// Read each program's run_time_ns / run_cnt.
+    pub fn read(&self) -> Vec<(String, u32, ProgRun)> {
+        use std::os::fd::AsRawFd;
+        self.progs
+            .iter()
+            .map(|(n, id, fd)| {
+                let run = prog_run(fd.as_raw_fd()).unwrap_or_default();
+                (n.clone(), *id, run)
+            })
+            .collect()
+    }
+}
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_ENABLE_STATS: libc::c_long = 32;
+/// Byte offsets of `run_time_ns` and `run_cnt` in the uapi `struct
+/// bpf_prog_info` (checked against libbpf-sys's binding in a test). Raw bpf(2)
+/// calls instead of libbpf, so that an aya-only build has the figures too.
+const INFO_RUN_TIME_NS: usize = 192;
+const INFO_RUN_CNT: usize = 200;
+
+/// run_time_ns / run_cnt of the program behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
+fn prog_run(fd: i32) -> Option<ProgRun> {
+    // Zeroed and larger than the kernel's struct: the kernel fills what it
+    // knows and checks that the rest is zero.
+    let mut info = [0u64; 64];
+    // union bpf_attr, info: { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
+    let mut attr = [0u64; 2];
+    attr[0] = (fd as u32 as u64) | ((std::mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: bpf(2) with a valid attr and an out-buffer of the size given in it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(ProgRun {
+        run_time_ns: info[INFO_RUN_TIME_NS / 8],
+        run_cnt: info[INFO_RUN_CNT / 8],
+    })
+}
+
+/// Counter names that are drops (something not recorded), by view counter name.
+fn is_drop(name: &str) -> bool {
+    name.contains("drop")
+        || name.ends_with("_full")
+        || name.contains("vanished")
+        || name.contains("evict")
+        || name.contains("overrun")
+}
+
+/// Counter names that are levels, not event counts.
+fn is_gauge(name: &str) -> bool {
+    name == "flows_tracked" || name.ends_with("_current")
+}
+
+/// The exporter: metric families, the label policy, the series cap.
+pub struct Exporter {
+    registry: Arc<Registry>,
+    policy: LabelPolicy,
+    rtt: Family<RttLabels, RttHist>,
+    series: HashMap<RttLabels, Instant>,
+    series_gauge: Gauge,
+    overflow: Family<ViewLabel, Counter>,
+    samples: Family<ViewLabel, Counter>,
+    drops: Family<DropLabels, Counter>,
+    events: Family<EventLabels, Counter>,
+    levels: Family<EventLabels, Gauge>,
+    flows_tracked: Family<ViewLabel, Gauge>,
+    prog_time: Family<ProgLabels, Counter<f64, AtomicU64>>,
+    prog_cnt: Family<ProgLabels, Counter>,
+    stats_enabled: Gauge,
+    scrapes: Counter,
+    cpu: Family<ModeLabel, Counter<f64, AtomicU64>>,
+    rss: Gauge,
+    last_cpu: (u64, u64),
+    last_counters: HashMap<(View, String), u64>,
+    last_prog: HashMap<u32, ProgRun>,
+    last_expiry: Instant,
+}
+
+impl Exporter {
+    pub fn new(policy: LabelPolicy) -> Result<Exporter> {
+        policy.validate()?;
+        let mut r = Registry::default();
+        let rtt = Family::<RttLabels, RttHist>::default();
+        r.register_with_unit(
+            "rttscope_rtt",
+            "RTT samples per view (tcp: TCP's own RTT samples; sampler: packet-sampler RTT); le=B counts samples < B us (integer microseconds)",
+            Unit::Seconds,
+            rtt.clone(),
+        );
+        let samples = Family::<ViewLabel, Counter>::default();
+        r.register(
+            "rttscope_samples",
+            "RTT samples taken by a view (kernel counter)",
+            samples.clone(),
+        );
+        let drops = Family::<DropLabels, Counter>::default();
+        r.register(
+            "rttscope_drops",
+            "Things a view could not record: ring-buffer overruns, flow-map-full, LRU evictions (flows_vanished)",
+            drops.clone(),
+        );
+        let events = Family::<EventLabels, Counter>::default();
+        r.register(
+            "rttscope_view_events",
+            "Every counter of a view, by name",
+            events.clone(),
+        );
+        let levels = Family::<EventLabels, Gauge>::default();
+        r.register(
+            "rttscope_view_level",
+            "Level-type figures of a view, by name",
+            levels.clone(),
+        );
+        let flows_tracked = Family::<ViewLabel, Gauge>::default();
+        r.register(
+            "rttscope_flows_tracked",
+            "Flows in the view's flow map at the last read",
+            flows_tracked.clone(),
+        );
+        let prog_time = Family::<ProgLabels, Counter<f64, AtomicU64>>::default();
+        r.register_with_unit(
+            "rttscope_bpf_prog_run_time",
+            "Time spent in our kernel programs (kernel run-time statistics; 0 unless enabled)",
+            Unit::Seconds,
+            prog_time.clone(),
+        );
+        let prog_cnt = Family::<ProgLabels, Counter>::default();
+        r.register(
+            "rttscope_bpf_prog_run_count",
+            "Invocations of our kernel programs (kernel run-time statistics; 0 unless enabled)",
+            prog_cnt.clone(),
+        );
+        let stats_enabled = Gauge::default();
+        r.register(
+            "rttscope_bpf_stats_enabled",
+            "1 when kernel BPF run-time statistics are being collected",
+            stats_enabled.clone(),
+        );
+        let series_gauge = Gauge::default();
+        r.register("rttscope_series", "RTT histogram label sets in use (the cap is max_series, plus one overflow set per view)", series_gauge.clone());
+        let overflow = Family::<ViewLabel, Counter>::default();
+        r.register(
+            "rttscope_series_overflow",
+            "Samples recorded into the overflow series because the series cap was reached",
+            overflow.clone(),
+        );
+        let scrapes = Counter::default();
+        r.register(
+            "rttscope_scrapes",
+            "Scrapes of /metrics served",
+            scrapes.clone(),
+        );
+        let cpu = Family::<ModeLabel, Counter<f64, AtomicU64>>::default();
+        r.register_with_unit(
+            "rttscope_process_cpu",
+            "CPU time of the rttscope process (user, system), from /proc/self/stat",
+            Unit::Seconds,
+            cpu.clone(),
+        );
+        let rss = Gauge::default();
+        r.register_with_unit(
+            "rttscope_process_resident_memory",
+            "Resident set size of the rttscope process",
+            Unit::Bytes,
+            rss.clone(),
+        );
+        Ok(Exporter {
+            registry: Arc::new(r),
+            policy,
+            rtt,
+            series: HashMap::new(),
+            series_gauge,
+            overflow,
+            samples,
+            drops,
+            events,
+            levels,
+            flows_tracked,
+            prog_time,
+            prog_cnt,
+            stats_enabled,
+            scrapes,
+            cpu,
+            rss,
+            last_cpu: (0, 0),
+            last_counters: HashMap::new(),
+            last_prog: HashMap::new(),
+            last_expiry: Instant::now(),
+        })
+    }
+
+    pub fn policy(&self) -> &LabelPolicy {
+        &self.policy
+    }
+
+    /// Record one flow's samples since the previous read (`cur` and `prev`
+    /// are the flow's cumulative kernel histograms; `prev` None for a new
+    /// flow). Returns the samples added.
+    pub fn observe_flow(
+        &mut self,
+        view: View,
+        flow: &Flow,
+        side: Side,
+        netns: &str,
+        cur: &Hist,
+        prev: Option<&Hist>,
+    ) -> u64 {
+        // Cheap check first: most flows in a busy host have nothing new.
+        if prev.is_some_and(|p| p.counts == cur.counts) {
+            return 0;
+        }
+        let labels = self.policy.labels(view, flow, side, netns);
+        self.observe_labels(view, labels, cur, prev)
+    }
+
+    /// Record a histogram delta under `labels`, applying the series cap.
+    pub fn observe_labels(
+        &mut self,
+        view: View,
+        labels: RttLabels,
+        cur: &Hist,
+        prev: Option<&Hist>,
+    ) -> u64 {
+        let now = Instant::now();
+        let labels = if let Some(t) = self.series.get_mut(&labels) {
+            *t = now;
+            labels
+        } else if self.series.len() < self.policy.max_series {
+            self.series.insert(labels.clone(), now);
+            self.series_gauge.set(self.series.len() as i64);
+            labels
+        } else {
+            let n = self
+                .rtt
+                .get_or_create(&RttLabels::overflow(view))
+                .add_delta(cur, prev);
+            self.overflow
+                .get_or_create(&ViewLabel {
+                    view: view.as_str().into(),
+                })
+                .inc_by(n);
+            return n;
+        };
+        self.rtt.get_or_create(&labels).add_delta(cur, prev)
+    }
+
+    /// Remove label sets idle for longer than the policy allows (call once per interval).
+    pub fn expire_idle(&mut self) -> usize {
+        let now = Instant::now();
+        if now.duration_since(self.last_expiry) < Duration::from_secs(1) {
+            return 0;
+        }
+        self.last_expiry = now;
+        let idle = self.policy.series_idle;
+        let old: Vec<RttLabels> = self
+            .series
+            .iter()
+            .filter(|(_, t)| now.duration_since(**t) > idle)
+            .map(|(l, _)| l.clone())
+            .collect();
+        for l in &old {
+            self.series.remove(l);
+            self.rtt.remove(l);
+        }
+        self.series_gauge.set(self.series.len() as i64);
+        old.len()
+    }
+
+    /// Label sets in use (not counting overflow series).
+    pub fn series_count(&self) -> usize {
+        self.series.len()
+    }
+
+    /// A view's counters as read this interval (cumulative values: the
+    /// kernel's per-CPU sums and observe's own running totals).
+    pub fn set_counters(&mut self, view: View, counters: &BTreeMap<&str, u64>) {
+        let v = view.as_str().to_string();
+        // Present from the first scrape, so that rate() and alerts see a 0.
+        let _ = self.overflow.get_or_create(&ViewLabel { view: v.clone() });
+        for (&name, &value) in counters {
+            if is_gauge(name) {
+                let g = value.min(i64::MAX as u64) as i64;
+                if name == "flows_tracked" {
+                    self.flows_tracked
+                        .get_or_create(&ViewLabel { view: v.clone() })
+                        .set(g);
+                } else {
+                    self.levels
+                        .get_or_create(&EventLabels {
+                            view: v.clone(),
+                            event: name.into(),
+                        })
+                        .set(g);
+                }
+                continue;
+            }
+            let last = self
+                .last_counters
+                .insert((view, name.to_string()), value)
+                .unwrap_or(0);
+            // A counter that went down was reset (a view reloaded): count from 0.
+            let d = if value >= last { value - last } else { value };
+            let ev = EventLabels {
+                view: v.clone(),
+                event: name.into(),
+            };
+            // Create the series even at 0 so that rate() works from the first scrape.
+            self.events.get_or_create(&ev).inc_by(d);
+            if name == "samples" {
+                self.samples
+                    .get_or_create(&ViewLabel { view: v.clone() })
+                    .inc_by(d);
+            }
+            if is_drop(name) {
+                self.drops
+                    .get_or_create(&DropLabels {
+                        view: v.clone(),
+                        reason: name.into(),
+                    })
+                    .inc_by(d);
+            }
+        }
+    }
+
+    /// Export program run-time statistics.
+    pub fn set_prog_stats(&mut self, stats: &ProgStats) {
+        self.stats_enabled.set(stats.kernel_stats_enabled() as i64);
+        for (name, id, run) in stats.read() {
+            let last = self.last_prog.insert(id, run).unwrap_or_default();
+            let l = ProgLabels {
+                prog: name,
+                id: id.to_string(),
+            };
+            let dt = run.run_time_ns.saturating_sub(last.run_time_ns);
+            let dc = run.run_cnt.saturating_sub(last.run_cnt);
+            self.prog_time.get_or_create(&l).inc_by(dt as f64 / 1e9);
+            self.prog_cnt.get_or_create(&l).inc_by(dc);
+        }
+    }
+
+    /// CPU time and RSS of this process.
+    pub fn set_process_stats(&mut self) {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may contain spaces) start at state.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11) // state .. cmajflt: utime is field 14, i.e. the 12th after ')'
+            .take(2)
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        if f.len() == 2 {
+            // SAFETY: sysconf has no side effects.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+            let (u0, s0) = self.last_cpu;
+            for (mode, now, before) in [("user", f[0], u0), ("system", f[1], s0)] {
+                self.cpu
+                    .get_or_create(&ModeLabel { mode: mode.into() })
+                    .inc_by(now.saturating_sub(before) as f64 / hz);
+            }
+            self.last_cpu = (f[0], f[1]);
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        if let Some(kb) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            self.rss.set(kb * 1024);
+        }
+    }
+
+    /// The OpenMetrics text of everything registered.
+    pub fn encode(&self) -> String {
+        encode_registry(&self.registry, &self.scrapes)
+    }
+
+    /// What the HTTP server needs: registry and scrape counter.
+    pub fn handle(&self) -> MetricsHandle {
+        MetricsHandle {
+            registry: self.registry.clone(),
+            scrapes: self.scrapes.clone(),
+        }
+    }
+}
+
+fn encode_registry(r: &Registry, scrapes: &Counter) -> String {
+    scrapes.inc();
+    let mut s = String::with_capacity(64 * 1024);
+    // Encoding into a String cannot fail except on a formatting bug.
+    let _ = prometheus_client::encoding::text::encode(&mut s, r);
+    s
+}
+
+/// A cheap, cloneable reference for the HTTP server.
+#[derive(Clone)]
+pub struct MetricsHandle {
+    registry: Arc<Registry>,
+    scrapes: Counter,
+}
+
+impl MetricsHandle {
+    pub fn encode(&self) -> String {
+        encode_registry(&self.registry, &self.scrapes)
+    }
+}
+
+/// Parse a listen address; a bare port means loopback.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(p) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], p)));
+    }
+    s.parse::<SocketAddr>().map_err(|_| {
+        format!("'{s}' is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
+    })
+}
+
+/// Bind the `/metrics` listener (before capabilities are dropped).
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for /metrics on {addr}"))
+}
+
+/// Connections served at once; more wait in the kernel's accept queue.
+const MAX_CONNS: usize = 16;
+/// Largest request head accepted.
+const MAX_REQUEST: usize = 8192;
+/// A client must send its request and take the answer within this time.
+const CONN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serve `/metrics` until the task is dropped. A minimal HTTP/1.1 responder:
+/// GET/HEAD only, one request per connection (Connection: close), bounded
+/// request size, time and concurrency. Enough for Prometheus, curl and
+/// kubelet probes, without an HTTP stack dependency.
+pub async fn serve(listener: tokio::net::TcpListener, handle: MetricsHandle) {
+    let sem = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS));
+    loop {
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            return;
+        };
+        let (sock, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("accepting a /metrics connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let h = handle.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CONN_TIMEOUT, answer(sock, &h)).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The status, content type and body for a request head.
+pub fn respond(head: &str, handle: Option<&MetricsHandle>) -> (u16, &'static str, String) {
+    let line = head.lines().next().unwrap_or("");
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    if !parts.next().is_some_and(|v| v.starts_with("HTTP/1.")) {
+        return (400, "text/plain; charset=utf-8", "bad request\n".into());
+    }
+    if method != "GET" && method != "HEAD" {
+        return (
+            405,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD\n".into(),
+        );
+    }
+    match (path, handle) {
+        ("/metrics", Some(h)) => (200, CONTENT_TYPE, h.encode()),
+        ("/metrics", None) => (200, CONTENT_TYPE, "# EOF\n".into()),
+        _ => (
+            404,
+            "text/plain; charset=utf-8",
+            "not found: try /metrics\n".into(),
+        ),
+    }
+}
+
+async fn answer(mut sock: tokio::net::TcpStream, h: &MetricsHandle) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = sock.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
+            break;
+        }
+        if buf.len() > MAX_REQUEST {
+            let _ = sock
+                .write_all(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                .await;
+            return Ok(());
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let (code, ctype, body) = respond(&head, Some(h));
+    let reason = match code {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        _ => "Method Not Allowed",
+    };
+    let is_head = head.starts_with("HEAD ");
+    let mut out = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if code == 405 {
+        out.push_str("Allow: GET, HEAD\r\n");
+    }
+    out.push_str("\r\n");
+    sock.write_all(out.as_bytes()).await?;
+    if !is_head {
+        sock.write_all(body.as_bytes()).await?;
+    }
+    sock.shutdown().await
+}
+
+/// Daemon mode inside `observe`: the exporter, the `/metrics` server task and
+/// the program statistics. Started after attach (it drops capabilities).
+pub struct Daemon {
+    pub exporter: Exporter,
+    progs: ProgStats,
+    server: tokio::task::JoinHandle<()>,
+    /// Namespace names known at start (with full privileges: the host's
+    /// namespace is named through /proc/1, which needs CAP_SYS_PTRACE later).
+    start_names: BTreeMap<u32, String>,
+}
+
+impl Daemon {
+    /// Start serving on `listener` (bound before attach), enable program
+    /// statistics if asked, print what was attached, then drop capabilities.
+    /// Needs a tokio runtime (the server is a task on it).
+    pub fn start(
+        listener: tokio::net::TcpListener,
+        args: &crate::observe::ObserveArgs,
+        tcp: Option<&dyn crate::loader::TcpLoader>,
+        sampler: Option<&crate::sampler::SamplerView>,
+    ) -> Result<Daemon> {
+        let policy = crate::config::label_policy(args)?;
+        let exporter = Exporter::new(policy)?;
+        let mut ids: Vec<(String, u32)> = Vec::new();
+        if let Some(t) = tcp {
+            ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
+        }
+        if let Some(s) = sampler {
+            ids.extend(s.prog_ids());
+        }
+        let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+        let mut progs = ProgStats::from_ids(&id_refs);
+        let mut notes: Vec<(&str, String)> = Vec::new();
+        if args.bpf_stats {
+            if let Err(e) = progs.enable_kernel_stats() {
+                notes.push(("bpf run-time statistics", crate::error::sentence(&e)));
+            }
+        } else if !progs.kernel_stats_enabled() {
+            notes.push((
+                "bpf run-time statistics",
+                "off (kernel.bpf_stats_enabled=0; use --bpf-stats or set the sysctl): run time/count read 0".to_string(),
+            ));
+        }
+        if progs.programs().len() < ids.len() {
+            notes.push((
+                "program statistics",
+                format!(
+                    "found {} of {} programs among our file descriptors",
+                    progs.programs().len(),
+                    ids.len()
+                ),
+            ));
+        }
+        let mut lines = crate::caps::hooks_report(tcp.map(|t| t.info()), &notes);
+        match sampler {
+            Some(s) => {
+                for a in s.attach_info() {
+                    lines.insert(
+                        lines.len() - notes.len(),
+                        format!(
+                            "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
+                            a.how, a.iface, a.netns, a.link
+                        ),
+                    );
+                }
+            }
+            None => lines.push(
+                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)".into(),
+            ),
+        }
+        if tcp.is_none() {
+            if let Some(l) = lines
+                .iter_mut()
+                .find(|l| l.starts_with("unavailable: tcp view"))
+            {
+                *l = "unavailable: tcp view: not requested (--view)".into();
+            }
+        }
+        let addr = listener.local_addr().ok();
+        let start_names = crate::netns::names();
+        for l in lines {
+            eprintln!("rttscope: {l}");
+        }
+        let state = crate::caps::drop_to_needed()?;
+        eprintln!("rttscope: {}", crate::caps::describe(&state));
+        let more = crate::caps::threads_holding_more(crate::caps::mask(&crate::caps::KEEP));
+        if !more.is_empty() {
+            eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
+        }
+        if let Some(a) = addr {
+            let note = if a.ip().is_loopback() {
+                ""
+            } else {
+                " (not loopback: reachable from other hosts)"
+            };
+            eprintln!("rttscope: serving /metrics on http://{a}/metrics{note}");
+        }
+        let server = tokio::spawn(serve(listener, exporter.handle()));
+        Ok(Daemon {
+            exporter,
+            progs,
+            server,
+            start_names,
+        })
+    }
+
+    fn ns_label(&self, inode: u32, name: String) -> String {
+        if name.starts_with("net:") {
+            if let Some(n) = self.start_names.get(&inode) {
+                return n.clone();
+            }
+        }
+        name
+    }
+
+    /// One TCP flow of this read: `prev` is observe's snapshot of the flow's
+    /// cumulative histogram at the previous read (None: a new flow).
+    pub fn tcp_flow(
+        &mut self,
+        f: &crate::tcp_view::TcpFlowState,
+        prev: Option<&crate::hist::Snapshot>,
+        mut netns_name: impl FnMut(u32) -> String,
+    ) {
+        let delta = match prev {
+            Some(p) => p.delta(&f.counts, f.sum_us),
+            None => f.hist(),
+        };
+        if delta.count() == 0 {
+            return;
+        }
+        let ns = netns_name(f.flow.netns);
+        let ns = self.ns_label(f.flow.netns, ns);
+        self.exporter
+            .observe_flow(View::Tcp, &f.flow, f.side, &ns, &delta, None);
+    }
+
+    /// One sampler flow's samples since the previous read.
+    pub fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+        let ns = self.ns_label(flow.netns, netns_name.to_string());
+        self.exporter
+            .observe_flow(View::Sampler, flow, side, &ns, delta, None);
+    }
+
+    /// The interval's counters of every view (observe's `counters` map), and
+    /// the program statistics; expire idle series.
+    pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
+        for (view, c) in counters {
+            let v = match *view {
+                "tcp" => View::Tcp,
+                "sampler" => View::Sampler,
+                _ => continue,
+            };
+            self.exporter.set_counters(v, c);
+        }
+        self.exporter.set_prog_stats(&self.progs);
+        self.exporter.set_process_stats();
+        self.exporter.expire_idle();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(remote: &str, lport: u16) -> Flow {
+        Flow {
+            netns: 1,
+            local: SocketAddr::new(
+                if remote.contains(':') && remote.starts_with('[') {
+                    "fd00::1".parse().unwrap()
+                } else {
+                    "10.0.0.1".parse().unwrap()
+                },
+                lport,
+            ),
+            remote: remote.parse().unwrap(),
+        }
+    }
+
+    fn hist_of(vals: &[u32]) -> Hist {
+        let mut h = Hist::default();
+        for &v in vals {
+            h.record(v);
+        }
+        h
+    }
+
+    #[test]
+    fn bounds_are_kernel_boundaries_10us_to_10s() {
+        let bounds: Vec<u32> = RTT_BOUNDS_US[..N_BOUNDS].to_vec();
+        assert_eq!(bounds[0], 10);
+        assert!(bounds[N_BOUNDS - 1] >= 10_000_000 && bounds[N_BOUNDS - 1] < 11_000_000);
+        assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+        let lows: std::collections::HashSet<u64> = (0..hist::BUCKETS)
+            .map(|i| hist::bucket_bounds(i).0 as u64)
+            .collect();
+        for b in bounds {
+            assert!(
+                lows.contains(&(b as u64)),
+                "{b} us is not a kernel bucket boundary"
+            );
+        }
+    }
+
+    #[test]
+    fn conversion_is_exact_below_each_bound() {
+        // Samples spread over 1 us .. 20 s; for every bound B the exported
+        // cumulative count must equal the number of samples < B.
+        let mut vals = Vec::new();
+        let mut v = 1u32;
+        while v < 20_000_000 {
+            vals.push(v);
+            vals.push(v + 1);
+            v = v * 11 / 10 + 1;
+        }
+        let h = hist_of(&vals);
+        let ph = RttHist::default();
+        assert_eq!(ph.add_delta(&h, None), vals.len() as u64);
+        let (sum, count, cum) = ph.snapshot();
+        assert_eq!(count, vals.len() as u64);
+        let exact_sum: u64 = vals.iter().map(|&v| v as u64).sum();
+        assert!((sum - exact_sum as f64 / 1e6).abs() < 1e-6);
+        for &(b, c) in &cum[..N_BOUNDS] {
+            let bound_us = (b * 1e6).round() as u32;
+            let exact = vals.iter().filter(|&&v| v < bound_us).count() as u64;
+            assert_eq!(c, exact, "le={b}");
+        }
+        assert_eq!(cum[N_BOUNDS].1, count, "+Inf holds everything");
+    }
+
+    #[test]
+    fn delta_adds_only_new_samples() {
+        let a = hist_of(&[100, 200]);
+        let mut b = a.clone();
+        b.record(5000);
+        let ph = RttHist::default();
+        ph.add_delta(&a, None);
+        assert_eq!(ph.add_delta(&b, Some(&a)), 1);
+        let (sum, count, _) = ph.snapshot();
+        assert_eq!(count, 3);
+        assert!((sum - 0.0053).abs() < 1e-9);
+        assert_eq!(ph.add_delta(&b, Some(&b)), 0);
+    }
+
+    #[test]
+    fn prefixes_v4_v6_and_ports() {
+        let p = LabelPolicy {
+            ports: vec![443],
+            ..Default::default()
+        };
+        assert_eq!(
+            p.remote_prefix("192.0.2.77".parse().unwrap()),
+            "192.0.2.0/24"
+        );
+        assert_eq!(
+            p.remote_prefix("2001:db8:1234:5678::9".parse().unwrap()),
+            "2001:db8:1234::/48"
+        );
+        assert_eq!(
+            p.remote_prefix("::ffff:198.51.100.9".parse().unwrap()),
+            "198.51.100.0/24"
+        );
+        let q = LabelPolicy {
+            v4_prefix: 16,
+            v6_prefix: 64,
+            ..Default::default()
+        };
+        assert_eq!(
+            q.remote_prefix("192.0.2.77".parse().unwrap()),
+            "192.0.0.0/16"
+        );
+        assert_eq!(
+            q.remote_prefix("2001:db8:1:2:3::9".parse().unwrap()),
+            "2001:db8:1:2::/64"
+        );
+        let l = p.labels(View::Tcp, &flow("192.0.2.5:5555", 443), Side::Server, "ns1");
+        assert_eq!(l.local_port, "443");
+        assert_eq!(l.side, "server");
+        assert_eq!(l.view, "tcp");
+        let l = p.labels(
+            View::Sampler,
+            &flow("192.0.2.5:443", 40000),
+            Side::Client,
+            "ns1",
+        );
+        assert_eq!(l.local_port, "other");
+        assert_eq!(l.view, "sampler");
+        assert_eq!(
+            p.labels(View::Tcp, &flow("192.0.2.200:1", 1), Side::Client, "x")
+                .remote_prefix,
+            p.labels(View::Tcp, &flow("192.0.2.3:2", 2), Side::Client, "x")
+                .remote_prefix
+        );
+    }
+
+    #[test]
+    fn policy_validation_sentences() {
+        for (p, want) in [
+            (
+                LabelPolicy {
+                    v4_prefix: 33,
+                    ..Default::default()
+                },
+                "IPv4 label prefix",
+            ),
+            (
+                LabelPolicy {
+                    v6_prefix: 129,
+                    ..Default::default()
+                },
+                "IPv6 label prefix",
+            ),
+            (
+                LabelPolicy {
+                    max_series: 0,
+                    ..Default::default()
+                },
+                "at least 1",
+            ),
+        ] {
+            let e = p.validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn series_cap_holds_for_5000_remotes() {
+        let policy = LabelPolicy {
+            v4_prefix: 32, // every remote address its own label value
+            max_series: 100,
+            ..Default::default()
+        };
+        let mut ex = Exporter::new(policy).unwrap();
+        let h = hist_of(&[150, 250, 350]);
+        let mut total = 0;
+        for i in 0..5000u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a10_0000 + i);
+            let f = flow(&format!("{ip}:80"), 40000);
+            total += ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h, None);
+        }
+        assert_eq!(total, 15_000);
+        assert_eq!(ex.series_count(), 100);
+        let text = ex.encode();
+        let count_lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("rttscope_rtt_seconds_count{"))
+            .collect();
+        assert_eq!(count_lines.len(), 101, "100 series + 1 overflow");
+        let of = count_lines
+            .iter()
+            .find(|l| l.contains("remote_prefix=\"overflow\""))
+            .expect("overflow series present");
+        assert!(of.ends_with(" 14700"), "{of}");
+        assert!(
+            text.contains("rttscope_series_overflow_total{view=\"tcp\"} 14700"),
+            "{}",
+            text.lines()
+                .filter(|l| l.contains("overflow_total"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(text.contains("rttscope_series 100"));
+        // A known label set still updates its own series when the cap is full.
+        let f = flow("10.16.0.0:80", 40000);
+        let mut h2 = h.clone();
+        h2.record(1000);
+        assert_eq!(
+            ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h2, Some(&h)),
+            1
+        );
+        let text = ex.encode();
+        assert!(text.contains("rttscope_series_overflow_total{view=\"tcp\"} 14700"));
+        // The /24 default aggregates the same 5,000 remotes into 20 series.
+        let mut ex = Exporter::new(LabelPolicy::default()).unwrap();
+        for i in 0..5000u32 {
+            let ip = std::net::Ipv4Addr::from(0x0a10_0000 + i);
+            ex.observe_flow(
+                View::Tcp,
+                &flow(&format!("{ip}:80"), 40000),
+                Side::Client,
+                "ns",
+                &h,
+                None,
+            );
+        }
+        assert_eq!(ex.series_count(), 20);
+    }
+
+    #[test]
+    fn idle_series_expire() {
+        let mut ex = Exporter::new(LabelPolicy {
+            series_idle: Duration::from_millis(0),
+            ..Default::default()
+        })
+        .unwrap();
+        let h = hist_of(&[100]);
+        ex.observe_flow(
+            View::Tcp,
+            &flow("10.1.1.1:80", 1),
+            Side::Client,
+            "n",
+            &h,
+            None,
+        );
+        ex.last_expiry = Instant::now() - Duration::from_secs(2);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(ex.expire_idle(), 1);
+        assert_eq!(ex.series_count(), 0);
+        assert!(!ex.encode().contains("rttscope_rtt_seconds_count{"));
+    }
+
+    #[test]
+    fn counters_are_deltas_of_cumulative_values() {
+        let mut ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let mut c = BTreeMap::new();
+        c.insert("samples", 100u64);
+        c.insert("raw_events_dropped", 3);
+        c.insert("flow_map_full", 0);
+        c.insert("flows_tracked", 7);
+        ex.set_counters(View::Tcp, &c);
+        c.insert("samples", 250);
+        c.insert("flows_tracked", 5);
+        ex.set_counters(View::Tcp, &c);
+        let t = ex.encode();
+        assert!(
+            t.contains("rttscope_samples_total{view=\"tcp\"} 250"),
+            "{t}"
+        );
+        assert!(t.contains("rttscope_drops_total{view=\"tcp\",reason=\"raw_events_dropped\"} 3"));
+        assert!(t.contains("rttscope_drops_total{view=\"tcp\",reason=\"flow_map_full\"} 0"));
+        assert!(t.contains("rttscope_flows_tracked{view=\"tcp\"} 5"));
+        assert!(t.contains("rttscope_view_events_total{view=\"tcp\",event=\"samples\"} 250"));
+        assert!(t.trim_end().ends_with("# EOF"));
+        assert!(t.contains("rttscope_series_overflow_total{view=\"tcp\"} 0"));
+        ex.set_process_stats();
+        ex.observe_flow(
+            View::Tcp,
+            &flow("10.1.1.1:80", 1),
+            Side::Client,
+            "n",
+            &hist_of(&[5, 100]),
+            None,
+        );
+        let t = ex.encode();
+        for le in ["0.00001", "0.000014", "0.01024", "10.48576", "+Inf"] {
+            assert!(t.contains(&format!("le=\"{le}\"")), "bucket le={le} in {t}");
+        }
+        let rss_line = t
+            .lines()
+            .find(|l| l.starts_with("rttscope_process_resident_memory_bytes "))
+            .unwrap();
+        let rss: f64 = rss_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(rss > 1e5 && rss < 1e10, "{rss_line}");
+        assert!(
+            t.contains("rttscope_process_cpu_seconds_total{mode=\"user\"}"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn http_responses() {
+        let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let h = ex.handle();
+        let (c, t, b) = respond("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", Some(&h));
+        assert_eq!((c, t), (200, CONTENT_TYPE));
+        assert!(b.contains("# TYPE rttscope_rtt_seconds histogram"), "{b}");
+        assert_eq!(
+            respond("GET /metrics?x=1 HTTP/1.0\r\n\r\n", Some(&h)).0,
+            200
+        );
+        assert_eq!(respond("GET / HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
+        assert_eq!(respond("GET /metricsx HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
+        assert_eq!(respond("POST /metrics HTTP/1.1\r\n\r\n", Some(&h)).0, 405);
+        assert_eq!(respond("garbage\r\n\r\n", Some(&h)).0, 400);
+    }
+
+    #[cfg(feature = "libbpf")]
+    #[test]
+    fn prog_info_offsets_match_the_uapi_struct() {
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_time_ns),
+            INFO_RUN_TIME_NS
+        );
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_cnt),
+            INFO_RUN_CNT
+        );
+        assert!(std::mem::size_of::<libbpf_sys::bpf_prog_info>() <= 64 * 8);
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen("9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:9464").unwrap(),
+            "[::1]:9464".parse().unwrap()
+        );
+        let e = parse_listen("localhost").unwrap_err();
+        assert!(e.contains("not a listen address"), "{e}");
+    }
+}
