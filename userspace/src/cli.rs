@@ -18,7 +18,7 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Observe RTT passively (TCP view; sampler view with --view sampler), without generating traffic.
+    /// Observe RTT passively, generating no traffic: TCP view, sampler view (--iface), cloud buckets, Prometheus daemon (--listen).
     Observe(crate::observe::ObserveArgs),
     /// Bucket RTT samples like the cloud metric (Cloud Monitoring distribution) and show its percentiles next to exact ones.
     Bucket(crate::bucket::BucketArgs),
@@ -29,11 +29,11 @@ pub enum Command {
     Sample(crate::sampler_cmd::SampleArgs),
     /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
     Serve(crate::active::ServeArgs),
-    /// Active probes: time request/response transactions (netperf TCP_RR/UDP_RR) or ICMP echoes.
+    /// Active probes: request/response (netperf TCP_RR/UDP_RR), ICMP echo (ping), irtt.
     Probe(crate::active::ProbeArgs),
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
     Compare(crate::compare::CompareArgs),
-    /// Run a scenario on a testbed of network namespaces (client, router, server) with link impairment.
+    /// Rebuild the seeds' experiments on a testbed of namespaces (delay, loss, bottleneck) and record every view.
     Lab(crate::lab::LabArgs),
 }
 
