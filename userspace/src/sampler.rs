@@ -21,7 +21,13 @@
 //! for, a clsact filter with our handle/priority is used instead; filters of
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
-// The aya-only build keeps the types and counters but not the libbpf loader.
+//!
+//! Two loaders sit behind [`SamplerView`], chosen by [`LoaderKind`]:
+//! `LibbpfSampler` here (libbpf-rs, tcx or clsact) and
+//! `loader::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
+//! pins in a private bpffs directory). Both decode with the shared
+//! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`]).
+// The aya-only build keeps everything but the libbpf loader.
 #![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -1021,7 +1027,7 @@ impl SamplerView {
     }
 }
 
-#[cfg(all(test, feature = "libbpf"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1070,6 +1076,59 @@ mod tests {
         }
         let names: std::collections::BTreeSet<_> = COUNTERS.iter().map(|c| c.0).collect();
         assert_eq!(names.len(), COUNTERS.len());
+    }
+
+    #[test]
+    fn flow_entry_and_counters_decode_once_for_both_loaders() {
+        let key = Flow {
+            netns: 5,
+            local: "10.0.0.1:80".parse().unwrap(),
+            remote: "10.0.0.2:9".parse().unwrap(),
+        }
+        .to_key();
+        let mut f = SamplerFlow {
+            samples: 2,
+            min_us: 10,
+            max_us: 30,
+            sum_us: 40,
+            ifindex: 3,
+            win_epoch: 7,
+            win_min_us: 10,
+            win_max_us: 30,
+            ..Default::default()
+        };
+        f.hist[1] = 2;
+        let info = [AttachInfo {
+            iface: "veth0".into(),
+            netns: "a".into(),
+            netns_inode: 5,
+            ifindex: 3,
+            how: "tcx".into(),
+            link: "ether".into(),
+        }];
+        let s = flow_stats(&info, 7, &key, &f).unwrap();
+        assert_eq!(s.iface, "veth0");
+        assert_eq!(s.samples, 2);
+        assert_eq!(s.interval_max_us, Some(30));
+        // another epoch: the window belongs to an earlier interval
+        let s = flow_stats(&info, 8, &key, &f).unwrap();
+        assert_eq!(s.interval_min_us, None);
+        f.ifindex = 4;
+        assert_eq!(flow_stats(&info, 7, &key, &f).unwrap().iface, "if4");
+
+        let mut c = BTreeMap::new();
+        c.insert("flows_created", 10);
+        c.insert("pending_created", 9);
+        c.insert("pending_deleted", 5);
+        derived_counters(&mut c, 4, 1, 2);
+        assert_eq!(c["flows_evicted"], 6);
+        assert_eq!(c["pending_evicted"], 3);
+        assert_eq!(c["raw_user_drops"], 2);
+
+        let q = Mutex::new(VecDeque::new());
+        let drops = AtomicU64::new(0);
+        assert!(!queue_raw(&q, &drops, &[1, 2, 3]));
+        assert!(q.lock().unwrap().is_empty());
     }
 
     #[test]
