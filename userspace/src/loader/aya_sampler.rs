@@ -9,10 +9,12 @@
 //!   aya 0.14 has no "reuse this fd" call, but `EbpfLoader::map_pin_path`
 //!   opens a map already pinned at that path instead of creating one. The
 //!   first copy creates and pins the five shared maps (flows, pending,
-//!   counters, epoch, ring buffer) in a private directory under
-//!   `/sys/fs/bpf`, the next copies open them from there, and the directory
-//!   is removed as soon as every copy is loaded (also on error): the maps
-//!   then live on through the loaded programs and our fds, as with libbpf;
+//!   counters, epoch, ring buffer), the next copies open them. The pins go
+//!   on a bpffs instance mounted by a thread in a mount namespace of its own
+//!   (gone with the thread, seen by nobody else; works under `ip netns exec`
+//!   where /sys/fs/bpf is not bpffs), else in a private directory under
+//!   `/sys/fs/bpf` removed right after loading. The maps then live on
+//!   through the loaded programs and our fds, as with libbpf;
 //! - `--max-flows`/`--max-pending`: `EbpfLoader::map_max_entries`;
 //! - tcx links: `SchedClassifier::attach_with_options(iface,
 //!   TcAttachType::Egress/Ingress, TcAttachOptions::TcxOrder(..))` called on
@@ -137,43 +139,54 @@ impl AyaSampler {
         crate::preflight::require_bpf_caps()?;
         let btf =
             Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
-        let pins = PinDir::create()?;
-        let pin_paths: Vec<PathBuf> = SHARED_MAPS.iter().map(|m| pins.path(m)).collect();
         let threshold = cfg.threshold();
         let matching = cfg.matching.raw();
         let raw = u32::from(cfg.raw);
         let timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        // Create the maps of every copy (EbpfLoader::load), sharing them
+        // through pins; the programs are loaded and attached afterwards.
+        let loaded = with_pins(|pins: &dyn Fn(&str) -> PathBuf| {
+            let pin_paths: Vec<PathBuf> = SHARED_MAPS.iter().map(|m| pins(m)).collect();
+            let mut copies = Vec::new();
+            for r in &resolved {
+                let mut loader = EbpfLoader::new();
+                loader
+                    .btf(Some(&btf))
+                    .map_max_entries("sampler_flows", cfg.max_flows)
+                    .map_max_entries("sampler_pending", cfg.max_pending)
+                    .override_global("cfg_netns", &r.ns.inode, true)
+                    .override_global("cfg_ifindex", &r.meta.ifindex, true)
+                    .override_global("cfg_link", &r.link.0, true)
+                    .override_global("cfg_sample_threshold", &threshold, true)
+                    .override_global("cfg_match", &matching, true)
+                    .override_global("cfg_raw", &raw, true)
+                    .override_global("cfg_timeout_ns", &timeout_ns, true);
+                for (m, p) in SHARED_MAPS.iter().zip(&pin_paths) {
+                    loader.map_pin_path(m, p.as_path());
+                }
+                let ebpf = loader.load(SAMPLER_OBJ).map_err(|e| {
+                    err(
+                        &format!("loading the sampler object with aya for {}", r.spec),
+                        e,
+                    )
+                })?;
+                copies.push(ebpf);
+            }
+            Ok(copies)
+        })?;
         let mut copies = Vec::new();
         let mut info = Vec::new();
         let mut prog_ids = Vec::new();
-        for ResolvedIface {
-            spec,
-            ns,
-            meta,
-            link,
-        } in resolved
+        for (
+            mut ebpf,
+            ResolvedIface {
+                spec,
+                ns,
+                meta,
+                link,
+            },
+        ) in loaded.into_iter().zip(resolved)
         {
-            let mut loader = EbpfLoader::new();
-            loader
-                .btf(Some(&btf))
-                .map_max_entries("sampler_flows", cfg.max_flows)
-                .map_max_entries("sampler_pending", cfg.max_pending)
-                .override_global("cfg_netns", &ns.inode, true)
-                .override_global("cfg_ifindex", &meta.ifindex, true)
-                .override_global("cfg_link", &link.0, true)
-                .override_global("cfg_sample_threshold", &threshold, true)
-                .override_global("cfg_match", &matching, true)
-                .override_global("cfg_raw", &raw, true)
-                .override_global("cfg_timeout_ns", &timeout_ns, true);
-            for (m, p) in SHARED_MAPS.iter().zip(&pin_paths) {
-                loader.map_pin_path(m, p.as_path());
-            }
-            let mut ebpf = loader.load(SAMPLER_OBJ).map_err(|e| {
-                err(
-                    &format!("loading the sampler object with aya for {spec}"),
-                    e,
-                )
-            })?;
             for (egress, pname) in [(true, PROG_EGRESS), (false, PROG_INGRESS)] {
                 let prog: &mut SchedClassifier = ebpf
                     .program_mut(pname)
@@ -195,8 +208,6 @@ impl AyaSampler {
             info.push(attach_info(&spec, &ns, meta.ifindex, "tcx", link));
             copies.push(ebpf);
         }
-        // Every copy is loaded: the pins have done their job.
-        drop(pins);
         let first = copies.first_mut().context("no sampler object loaded")?;
         let mut take = |name: &str| {
             first
@@ -238,6 +249,56 @@ impl AyaSampler {
         }
         Ok(())
     }
+}
+
+/// Run `f` with a place to pin the shared maps, on a thread of its own.
+///
+/// First choice: the thread unshares its mount namespace (private
+/// propagation) and mounts a fresh bpffs instance over the temporary
+/// directory there: nobody else sees it and it vanishes with the thread,
+/// even if the process is killed. This also works where /sys/fs/bpf is not
+/// bpffs (under `ip netns exec`, which remounts /sys). Without
+/// CAP_SYS_ADMIN: a private directory in /sys/fs/bpf, removed afterwards.
+fn with_pins<T: Send>(f: impl FnOnce(&dyn Fn(&str) -> PathBuf) -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            match private_bpffs() {
+                Ok(dir) => f(&|m: &str| dir.join(m)),
+                Err(e) => {
+                    tracing::debug!("private bpffs: {e:#}; pinning in /sys/fs/bpf");
+                    let pins = PinDir::create()?;
+                    f(&|m: &str| pins.path(m))
+                }
+            }
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("map-pinning thread panicked"))?
+    })
+}
+
+/// A bpffs visible to the calling thread only (see [`with_pins`]).
+fn private_bpffs() -> Result<PathBuf> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_FS)
+        .context("unshare(CLONE_NEWNS)")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making mounts private")?;
+    let dir = std::env::temp_dir();
+    mount(
+        Some("bpf"),
+        &dir,
+        Some("bpf"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("mounting bpffs on {}", dir.display()))?;
+    Ok(dir)
 }
 
 /// Attach `prog` as a tcx link on `iface` from a thread inside `ns` (the
