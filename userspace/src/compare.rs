@@ -153,7 +153,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
             ..Default::default()
         };
         cfg.validate()?;
-        Some(SamplerView::attach(&args.ifaces, cfg)?)
+        Some(SamplerView::attach_with(args.loader, &args.ifaces, cfg)?)
     };
     let start_mono = crate::observe::monotonic_ns();
     let start_unix = std::time::SystemTime::now()

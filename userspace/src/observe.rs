@@ -411,7 +411,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         crate::preflight::require_bpf_caps()?;
         let cfg = args.sampler_config();
         cfg.validate()?;
-        Some(crate::sampler::SamplerView::attach(&args.ifaces, cfg)?)
+        Some(crate::sampler::SamplerView::attach_with(
+            args.loader,
+            &args.ifaces,
+            cfg,
+        )?)
     } else {
         None
     };

@@ -21,7 +21,13 @@
 //! for, a clsact filter with our handle/priority is used instead; filters of
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
-// The aya-only build keeps the types and counters but not the libbpf loader.
+//!
+//! Two loaders sit behind [`SamplerView`], chosen by [`LoaderKind`]:
+//! `LibbpfSampler` here (libbpf-rs, tcx or clsact) and
+//! `loader::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
+//! pins in a private bpffs directory). Both decode with the shared
+//! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`]).
+// The aya-only build keeps everything but the libbpf loader.
 #![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -40,6 +46,7 @@ use serde::{Deserialize, Serialize};
 use crate::bpf::{self, sampler::types as t, Event, FlowKey, SamplerFlow, SamplerRodata};
 use crate::flow::Flow;
 use crate::hist::Hist;
+use crate::loader::LoaderKind;
 use crate::netns::{self, NetNs};
 
 /// tc filter handle and priority of our clsact filters ("rs").
@@ -71,7 +78,7 @@ impl Matching {
             Matching::Tsval => "tsval",
         }
     }
-    fn raw(&self) -> u32 {
+    pub(crate) fn raw(&self) -> u32 {
         match self {
             Matching::Seq => t::rttscope_sampler_match::RTTSCOPE_MATCH_SEQ.0,
             Matching::Tsval => t::rttscope_sampler_match::RTTSCOPE_MATCH_TSVAL.0,
@@ -347,8 +354,8 @@ impl Drop for Attachments {
 }
 
 #[cfg(feature = "libbpf")]
-/// The loaded and attached sampler view.
-pub struct SamplerView {
+/// The sampler view loaded by libbpf-rs.
+pub(crate) struct LibbpfSampler {
     cfg: SamplerConfig,
     #[allow(dead_code)] // held for its Drop: detaches
     attached: Attachments,
@@ -365,13 +372,11 @@ pub struct SamplerView {
     objects: Vec<Object>,
 }
 
-#[cfg(feature = "libbpf")]
-struct IfaceMeta {
-    ifindex: u32,
-    arphrd: u16,
+pub(crate) struct IfaceMeta {
+    pub ifindex: u32,
+    pub arphrd: u16,
 }
 
-#[cfg(feature = "libbpf")]
 /// ifindex and ARPHRD type of `name` in the calling thread's namespace.
 fn iface_meta(name: &str) -> Result<IfaceMeta> {
     let cname = std::ffi::CString::new(name).context("interface name")?;
@@ -394,6 +399,159 @@ fn iface_meta(name: &str) -> Result<IfaceMeta> {
         ifr.ifr_ifru.ifru_hwaddr.sa_family
     };
     Ok(IfaceMeta { ifindex, arphrd })
+}
+
+/// One `--iface`, resolved: its namespace, ifindex and link type there.
+pub(crate) struct ResolvedIface {
+    pub spec: IfaceSpec,
+    pub ns: NetNs,
+    pub meta: IfaceMeta,
+    pub link: t::rttscope_sampler_link,
+}
+
+/// Check the settings and the interface list and resolve every interface
+/// (both loaders): one clear sentence on bad input.
+pub(crate) fn resolve_ifaces(
+    ifaces: &[IfaceSpec],
+    cfg: &SamplerConfig,
+) -> Result<Vec<ResolvedIface>> {
+    cfg.validate()?;
+    if ifaces.is_empty() {
+        bail!("the sampler view needs at least one --iface");
+    }
+    let max = t::rttscope_consts::RTTSCOPE_MAX_IFACES.0 as usize;
+    if ifaces.len() > max {
+        bail!("at most {max} interfaces");
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for spec in ifaces {
+        let ns = netns::resolve(spec.netns.as_deref().unwrap_or("self"))
+            .with_context(|| format!("interface {spec}"))?;
+        let name = spec.name.clone();
+        let meta = netns::run_in(&ns, move || iface_meta(&name))
+            .with_context(|| format!("interface {spec}"))?;
+        if !seen.insert((ns.inode, meta.ifindex)) {
+            bail!("interface {spec} is given twice");
+        }
+        let link = match meta.arphrd {
+            ARPHRD_ETHER | ARPHRD_LOOPBACK => t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER,
+            ARPHRD_NONE => t::rttscope_sampler_link::RTTSCOPE_LINK_NONE,
+            other => bail!(
+                "interface {spec} has link type {other}: only Ethernet, loopback and raw-IP interfaces are supported"
+            ),
+        };
+        out.push(ResolvedIface {
+            spec: spec.clone(),
+            ns,
+            meta,
+            link,
+        });
+    }
+    Ok(out)
+}
+
+/// The report header entry of one attached interface.
+pub(crate) fn attach_info(
+    spec: &IfaceSpec,
+    ns: &NetNs,
+    ifindex: u32,
+    how: &str,
+    link: t::rttscope_sampler_link,
+) -> AttachInfo {
+    AttachInfo {
+        iface: spec.name.clone(),
+        netns: ns.name.clone(),
+        netns_inode: ns.inode,
+        ifindex,
+        how: how.to_string(),
+        link: if link == t::rttscope_sampler_link::RTTSCOPE_LINK_NONE {
+            "none".into()
+        } else {
+            "ether".into()
+        },
+    }
+}
+
+/// Decode one `sampler_flows` entry (both loaders). `epoch` is the current
+/// report epoch: the entry's window min/max belong to this interval only
+/// when its `win_epoch` equals it. None: not an IPv4/IPv6 flow key.
+pub(crate) fn flow_stats(
+    info: &[AttachInfo],
+    epoch: u32,
+    key: &FlowKey,
+    f: &SamplerFlow,
+) -> Option<SamplerFlowStats> {
+    let flow = Flow::from_key(key)?;
+    let (min, max) = if f.samples > 0 {
+        (Some(f.min_us), Some(f.max_us))
+    } else {
+        (None, None)
+    };
+    let in_window = f.win_epoch == epoch && f.win_max_us >= f.win_min_us;
+    let iface = info
+        .iter()
+        .find(|i| i.ifindex == f.ifindex && i.netns_inode == key.netns)
+        .map(|i| i.iface.clone())
+        .unwrap_or_else(|| format!("if{}", f.ifindex));
+    Some(SamplerFlowStats {
+        flow,
+        iface,
+        hist: Hist::from_counts(&f.hist, f.sum_us, min, max),
+        samples: f.samples,
+        last_rtt_us: f.last_rtt_us,
+        interval_min_us: in_window.then_some(f.win_min_us),
+        interval_max_us: in_window.then_some(f.win_max_us),
+        first_ns: f.first_ns,
+        last_ns: f.last_ns,
+    })
+}
+
+/// Add what userspace derives to the kernel counters (both loaders): live
+/// entries and LRU evictions of both maps, raw samples dropped here.
+pub(crate) fn derived_counters(
+    out: &mut BTreeMap<&'static str, u64>,
+    flows_live: u64,
+    pending_live: u64,
+    raw_user_drops: u64,
+) {
+    out.insert("flows_live", flows_live);
+    out.insert("pending_live", pending_live);
+    // LRU evictions are silent in the kernel: created - deleted - live.
+    let created = out.get("flows_created").copied().unwrap_or(0);
+    out.insert("flows_evicted", created.saturating_sub(flows_live));
+    let p_created = out.get("pending_created").copied().unwrap_or(0);
+    let p_deleted = out.get("pending_deleted").copied().unwrap_or(0);
+    out.insert(
+        "pending_evicted",
+        p_created
+            .saturating_sub(p_deleted)
+            .saturating_sub(pending_live),
+    );
+    out.insert("raw_user_drops", raw_user_drops);
+}
+
+/// Decode one ring-buffer record and queue it (both loaders); beyond
+/// `RAW_QUEUE_MAX` waiting samples it is counted in `drops` and dropped.
+/// Returns false if the record is not a sampler event.
+pub(crate) fn queue_raw(
+    q: &Mutex<VecDeque<SamplerSample>>,
+    drops: &AtomicU64,
+    data: &[u8],
+) -> bool {
+    let Some(s) = bpf::decode::<Event>(data)
+        .ok()
+        .and_then(|e| SamplerSample::from_event(&e))
+    else {
+        return false;
+    };
+    let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
+    if q.len() >= RAW_QUEUE_MAX {
+        drops.fetch_add(1, Ordering::Relaxed);
+    } else {
+        q.push_back(s);
+    }
+    true
 }
 
 #[cfg(feature = "libbpf")]
@@ -523,42 +681,23 @@ fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
 }
 
 #[cfg(feature = "libbpf")]
-impl SamplerView {
+impl LibbpfSampler {
     /// Load one copy of the programs per interface and attach them at
     /// ingress and egress.
-    pub fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<SamplerView> {
-        cfg.validate()?;
-        if ifaces.is_empty() {
-            bail!("the sampler view needs at least one --iface");
-        }
-        if ifaces.len() > bpf::sampler::types::rttscope_consts::RTTSCOPE_MAX_IFACES.0 as usize {
-            bail!(
-                "at most {} interfaces",
-                bpf::sampler::types::rttscope_consts::RTTSCOPE_MAX_IFACES.0
-            );
-        }
-        let mut seen = std::collections::BTreeSet::new();
+    fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<LibbpfSampler> {
+        let resolved = resolve_ifaces(ifaces, &cfg)?;
         let mut objects: Vec<Object> = Vec::new();
         let mut attached = Attachments::default();
         let mut info = Vec::new();
         let mut shared: Option<Vec<(String, MapHandle)>> = None;
         let mut view_maps = None;
-        for spec in ifaces {
-            let ns = netns::resolve(spec.netns.as_deref().unwrap_or("self"))
-                .with_context(|| format!("interface {spec}"))?;
-            let name = spec.name.clone();
-            let meta = netns::run_in(&ns, move || iface_meta(&name))
-                .with_context(|| format!("interface {spec}"))?;
-            if !seen.insert((ns.inode, meta.ifindex)) {
-                bail!("interface {spec} is given twice");
-            }
-            let link = match meta.arphrd {
-                ARPHRD_ETHER | ARPHRD_LOOPBACK => t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER,
-                ARPHRD_NONE => t::rttscope_sampler_link::RTTSCOPE_LINK_NONE,
-                other => bail!(
-                    "interface {spec} has link type {other}: only Ethernet, loopback and raw-IP interfaces are supported"
-                ),
-            };
+        for ResolvedIface {
+            spec,
+            ns,
+            meta,
+            link,
+        } in resolved
+        {
             let obj = load_copy(&cfg, ns.inode, meta.ifindex, link.0, shared.as_ref())
                 .with_context(|| format!("loading the sampler programs for {spec}"))?;
             if shared.is_none() {
@@ -628,18 +767,13 @@ impl SamplerView {
                     }
                 }
             }
-            info.push(AttachInfo {
-                iface: spec.name.clone(),
-                netns: ns.name.clone(),
-                netns_inode: ns.inode,
-                ifindex: meta.ifindex,
-                how: how.unwrap_or("?").to_string(),
-                link: if link == t::rttscope_sampler_link::RTTSCOPE_LINK_NONE {
-                    "none".into()
-                } else {
-                    "ether".into()
-                },
-            });
+            info.push(attach_info(
+                &spec,
+                &ns,
+                meta.ifindex,
+                how.unwrap_or("?"),
+                link,
+            ));
             objects.push(obj);
         }
         let (flows, pending, counters, epoch_map, events) =
@@ -651,16 +785,7 @@ impl SamplerView {
             let drops = raw_user_drops.clone();
             let mut b = libbpf_rs::RingBufferBuilder::new();
             b.add(&events, move |data: &[u8]| {
-                if let Ok(e) = bpf::decode::<Event>(data) {
-                    if let Some(s) = SamplerSample::from_event(&e) {
-                        let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
-                        if q.len() >= RAW_QUEUE_MAX {
-                            drops.fetch_add(1, Ordering::Relaxed);
-                        } else {
-                            q.push_back(s);
-                        }
-                    }
-                }
+                queue_raw(&q, &drops, data);
                 0
             })?;
             Some(b.build().context("ring buffer")?)
@@ -670,7 +795,7 @@ impl SamplerView {
         // `events` may be dropped: the ring buffer holds its own mapping and fd
         drop(events);
         drop(shared);
-        Ok(SamplerView {
+        Ok(LibbpfSampler {
             cfg,
             attached,
             info,
@@ -685,18 +810,19 @@ impl SamplerView {
             objects,
         })
     }
+}
 
-    pub fn config(&self) -> &SamplerConfig {
+#[cfg(feature = "libbpf")]
+impl SamplerBackend for LibbpfSampler {
+    fn config(&self) -> &SamplerConfig {
         &self.cfg
     }
 
-    /// How each interface is attached.
-    pub fn attach_info(&self) -> &[AttachInfo] {
+    fn attach_info(&self) -> &[AttachInfo] {
         &self.info
     }
 
-    /// Ids of the loaded programs (for run-time statistics: bpftool prog show id N).
-    pub fn prog_ids(&self) -> Vec<(String, u32)> {
+    fn prog_ids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         for o in &self.objects {
             for p in o.progs() {
@@ -708,17 +834,7 @@ impl SamplerView {
         out
     }
 
-    fn iface_name(&self, ifindex: u32, netns: u32) -> String {
-        self.info
-            .iter()
-            .find(|i| i.ifindex == ifindex && i.netns_inode == netns)
-            .map(|i| i.iface.clone())
-            .unwrap_or_else(|| format!("if{ifindex}"))
-    }
-
-    /// Every flow's cumulative histogram, plus min/max since the previous
-    /// call (the kernel's per-flow window restarts when the epoch moves on).
-    pub fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
         let mut out = Vec::new();
         let keys: Vec<Vec<u8>> = self.flows.keys().collect();
         for k in keys {
@@ -727,26 +843,7 @@ impl SamplerView {
             };
             let key: FlowKey = bpf::decode(&k)?;
             let f: SamplerFlow = bpf::decode(&v)?;
-            let Some(flow) = Flow::from_key(&key) else {
-                continue;
-            };
-            let (min, max) = if f.samples > 0 {
-                (Some(f.min_us), Some(f.max_us))
-            } else {
-                (None, None)
-            };
-            let in_window = f.win_epoch == self.epoch && f.win_max_us >= f.win_min_us;
-            out.push(SamplerFlowStats {
-                flow,
-                iface: self.iface_name(f.ifindex, key.netns),
-                hist: Hist::from_counts(&f.hist, f.sum_us, min, max),
-                samples: f.samples,
-                last_rtt_us: f.last_rtt_us,
-                interval_min_us: in_window.then_some(f.win_min_us),
-                interval_max_us: in_window.then_some(f.win_max_us),
-                first_ns: f.first_ns,
-                last_ns: f.last_ns,
-            });
+            out.extend(flow_stats(&self.info, self.epoch, &key, &f));
         }
         out.sort_by_key(|s| s.flow);
         self.epoch = self.epoch.wrapping_add(1);
@@ -758,9 +855,7 @@ impl SamplerView {
         Ok(out)
     }
 
-    /// Kernel counters summed over CPUs, plus what userspace derives:
-    /// live entries and LRU evictions of both maps, raw samples dropped here.
-    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
         let mut out = BTreeMap::new();
         for (name, idx) in COUNTERS {
             let vals = self
@@ -773,31 +868,16 @@ impl SamplerView {
                 .sum();
             out.insert(*name, sum);
         }
-        let flows_live = self.flows.keys().count() as u64;
-        let pending_live = self.pending.keys().count() as u64;
-        out.insert("flows_live", flows_live);
-        out.insert("pending_live", pending_live);
-        // LRU evictions are silent in the kernel: created - deleted - live.
-        out.insert(
-            "flows_evicted",
-            out["flows_created"].saturating_sub(flows_live),
-        );
-        out.insert(
-            "pending_evicted",
-            out["pending_created"]
-                .saturating_sub(out["pending_deleted"])
-                .saturating_sub(pending_live),
-        );
-        out.insert(
-            "raw_user_drops",
+        derived_counters(
+            &mut out,
+            self.flows.keys().count() as u64,
+            self.pending.keys().count() as u64,
             self.raw_user_drops.load(Ordering::Relaxed),
         );
         Ok(out)
     }
 
-    /// Raw samples that arrived since the last call (needs `raw`), waiting
-    /// up to `timeout` for the first.
-    pub fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
+    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
         if let Some(r) = &self.ring {
             r.poll(timeout).context("polling the sampler ring buffer")?;
         }
@@ -858,39 +938,96 @@ fn load_copy(
     Ok(obj)
 }
 
-/// An aya-only build has no sampler loader yet: the view cannot be created,
-/// and asking for it says so in one sentence.
-#[cfg(not(feature = "libbpf"))]
+/// What every sampler loader provides once the programs are attached
+/// (libbpf-rs: [`LibbpfSampler`]; aya: `loader::aya_sampler::AyaSampler`).
+pub(crate) trait SamplerBackend {
+    fn config(&self) -> &SamplerConfig;
+    fn attach_info(&self) -> &[AttachInfo];
+    fn prog_ids(&self) -> Vec<(String, u32)>;
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>>;
+    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>>;
+}
+
+/// The loaded and attached sampler view, whichever loader did it.
 pub struct SamplerView {
-    never: std::convert::Infallible,
+    kind: LoaderKind,
+    inner: Box<dyn SamplerBackend>,
 }
 
-#[cfg(not(feature = "libbpf"))]
 impl SamplerView {
-    pub fn attach(_: &[IfaceSpec], _: SamplerConfig) -> Result<SamplerView> {
-        bail!("the sampler view needs the libbpf loader and this rttscope was built with aya only (rebuild with the default features)")
+    /// Load and attach with the default loader (libbpf if built in).
+    pub fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<SamplerView> {
+        Self::attach_with(LoaderKind::DEFAULT, ifaces, cfg)
     }
+
+    /// Load one copy of the programs per interface with the chosen loader and
+    /// attach them at ingress and egress. Fails with one clear sentence (also
+    /// when that loader is not built into this binary).
+    pub fn attach_with(
+        kind: LoaderKind,
+        ifaces: &[IfaceSpec],
+        cfg: SamplerConfig,
+    ) -> Result<SamplerView> {
+        let inner: Box<dyn SamplerBackend> = match kind {
+            #[cfg(feature = "libbpf")]
+            LoaderKind::Libbpf => Box::new(LibbpfSampler::attach(ifaces, cfg)?),
+            #[cfg(feature = "aya")]
+            LoaderKind::Aya => Box::new(crate::loader::aya_sampler::AyaSampler::attach(
+                ifaces, cfg,
+            )?),
+            #[allow(unreachable_patterns)]
+            other => bail!(
+                "this rttscope was built without the {other} loader (built in: {}); rebuild with `--features {other}`",
+                LoaderKind::available()
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        Ok(SamplerView { kind, inner })
+    }
+
+    /// Which loader loaded the programs.
+    pub fn loader(&self) -> LoaderKind {
+        self.kind
+    }
+
     pub fn config(&self) -> &SamplerConfig {
-        match self.never {}
+        self.inner.config()
     }
+
+    /// How each interface is attached.
     pub fn attach_info(&self) -> &[AttachInfo] {
-        match self.never {}
+        self.inner.attach_info()
     }
+
+    /// Ids of the loaded programs (for run-time statistics: bpftool prog show id N).
     pub fn prog_ids(&self) -> Vec<(String, u32)> {
-        match self.never {}
+        self.inner.prog_ids()
     }
+
+    /// Every flow's cumulative histogram, plus min/max since the previous
+    /// call (the kernel's per-flow window restarts when the epoch moves on).
     pub fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        match self.never {}
+        self.inner.read_flows()
     }
+
+    /// Kernel counters summed over CPUs, plus what userspace derives:
+    /// live entries and LRU evictions of both maps, raw samples dropped here.
     pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
-        match self.never {}
+        self.inner.counters()
     }
-    pub fn raw_samples(&mut self, _: Duration) -> Result<Vec<SamplerSample>> {
-        match self.never {}
+
+    /// Raw samples that arrived since the last call (needs `raw`), waiting
+    /// up to `timeout` for the first.
+    pub fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
+        self.inner.raw_samples(timeout)
     }
 }
 
-#[cfg(all(test, feature = "libbpf"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -939,6 +1076,59 @@ mod tests {
         }
         let names: std::collections::BTreeSet<_> = COUNTERS.iter().map(|c| c.0).collect();
         assert_eq!(names.len(), COUNTERS.len());
+    }
+
+    #[test]
+    fn flow_entry_and_counters_decode_once_for_both_loaders() {
+        let key = Flow {
+            netns: 5,
+            local: "10.0.0.1:80".parse().unwrap(),
+            remote: "10.0.0.2:9".parse().unwrap(),
+        }
+        .to_key();
+        let mut f = SamplerFlow {
+            samples: 2,
+            min_us: 10,
+            max_us: 30,
+            sum_us: 40,
+            ifindex: 3,
+            win_epoch: 7,
+            win_min_us: 10,
+            win_max_us: 30,
+            ..Default::default()
+        };
+        f.hist[1] = 2;
+        let info = [AttachInfo {
+            iface: "veth0".into(),
+            netns: "a".into(),
+            netns_inode: 5,
+            ifindex: 3,
+            how: "tcx".into(),
+            link: "ether".into(),
+        }];
+        let s = flow_stats(&info, 7, &key, &f).unwrap();
+        assert_eq!(s.iface, "veth0");
+        assert_eq!(s.samples, 2);
+        assert_eq!(s.interval_max_us, Some(30));
+        // another epoch: the window belongs to an earlier interval
+        let s = flow_stats(&info, 8, &key, &f).unwrap();
+        assert_eq!(s.interval_min_us, None);
+        f.ifindex = 4;
+        assert_eq!(flow_stats(&info, 7, &key, &f).unwrap().iface, "if4");
+
+        let mut c = BTreeMap::new();
+        c.insert("flows_created", 10);
+        c.insert("pending_created", 9);
+        c.insert("pending_deleted", 5);
+        derived_counters(&mut c, 4, 1, 2);
+        assert_eq!(c["flows_evicted"], 6);
+        assert_eq!(c["pending_evicted"], 3);
+        assert_eq!(c["raw_user_drops"], 2);
+
+        let q = Mutex::new(VecDeque::new());
+        let drops = AtomicU64::new(0);
+        assert!(!queue_raw(&q, &drops, &[1, 2, 3]));
+        assert!(q.lock().unwrap().is_empty());
     }
 
     #[test]

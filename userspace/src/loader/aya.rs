@@ -246,7 +246,7 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 /// An error and its causes on one line (aya's errors keep the errno and the
 /// verifier log in their sources). Multi-line parts (a verifier log) are cut
 /// to their first line here and logged whole, shown with -v (as libbpf's log).
-fn chain(e: &dyn std::error::Error) -> String {
+pub(super) fn chain(e: &dyn std::error::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut cur: Option<&dyn std::error::Error> = Some(e);
     while let Some(c) = cur {
@@ -340,7 +340,8 @@ impl TcpLoader for AyaTcp {
     }
 }
 
-struct AyaRing(RingBuf<MapData>);
+/// A ring buffer loaded by aya (TCP view and sampler).
+pub(super) struct AyaRing(pub(super) RingBuf<MapData>);
 
 impl RingSource for AyaRing {
     fn poll_fd(&self) -> RawFd {

@@ -23,6 +23,8 @@ use crate::tcp_view::{TcpFlowState, TcpHookInfo, TcpViewConfig, COUNTER_NAMES};
 
 #[cfg(feature = "aya")]
 pub mod aya;
+#[cfg(feature = "aya")]
+pub(crate) mod aya_sampler;
 #[cfg(feature = "libbpf")]
 pub mod libbpf;
 

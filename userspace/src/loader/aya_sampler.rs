@@ -1,0 +1,437 @@
+//! The sampler view loaded by aya 0.14: the same `sampler.bpf.o` as the
+//! libbpf loader (`crate::sampler::LibbpfSampler`), the same behaviour.
+//!
+//! Mapping of what the libbpf loader does to aya:
+//! - one copy of the object per interface, with that interface's namespace
+//!   inode, ifindex, link type, sampling threshold, matching rule, raw switch
+//!   and pending timeout in `.rodata`: `EbpfLoader::override_global`;
+//! - later copies share the first copy's maps (libbpf: `bpf_map__reuse_fd`):
+//!   aya 0.14 has no "reuse this fd" call, but `EbpfLoader::map_pin_path`
+//!   opens a map already pinned at that path instead of creating one. The
+//!   first copy creates and pins the five shared maps (flows, pending,
+//!   counters, epoch, ring buffer), the next copies open them. The pins go
+//!   on a bpffs instance mounted by a thread in a mount namespace of its own
+//!   (gone with the thread, seen by nobody else; works under `ip netns exec`
+//!   where /sys/fs/bpf is not bpffs), else in a private directory under
+//!   `/sys/fs/bpf` removed right after loading. The maps then live on
+//!   through the loaded programs and our fds, as with libbpf;
+//! - `--max-flows`/`--max-pending`: `EbpfLoader::map_max_entries`;
+//! - tcx links: `SchedClassifier::attach_with_options(iface,
+//!   TcAttachType::Egress/Ingress, TcAttachOptions::TcxOrder(..))` called on
+//!   a thread that entered the interface's namespace (the interface is
+//!   looked up by name there); a link detaches when its fd closes, i.e. when
+//!   the `Ebpf` is dropped or the process dies;
+//! - clsact filters (kernels < 6.6, or `--attach clsact`) are not done here:
+//!   they need netlink calls inside the namespace on drop and a stale-filter
+//!   cleanup, which the libbpf loader has; aya refuses them in one sentence;
+//! - decoding (flows, counters, raw samples) is shared with the libbpf
+//!   loader: `sampler::{flow_stats, derived_counters, queue_raw}`.
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::{Btf, Ebpf, EbpfLoader, Pod};
+
+use super::aya::{chain, AyaRing};
+use super::RingSource;
+use crate::bpf::{FlowKey, SamplerFlow, SamplerPending};
+use crate::sampler::{
+    attach_info, derived_counters, flow_stats, queue_raw, resolve_ifaces, AttachInfo, AttachMode,
+    IfaceSpec, ResolvedIface, SamplerBackend, SamplerConfig, SamplerFlowStats, SamplerSample,
+    COUNTERS, PROG_EGRESS, PROG_INGRESS,
+};
+
+/// The compiled sampler (the very object the libbpf skeleton embeds).
+static SAMPLER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
+
+// SAFETY: generated `#[repr(C)]` structs of integers and arrays of integers
+// (Copy, no pointers, no invariants): any bit pattern is a valid value.
+unsafe impl Pod for SamplerFlow {}
+// SAFETY: as above.
+unsafe impl Pod for SamplerPending {}
+
+/// The maps every copy shares (the rest, `.rodata` and the per-CPU scratch
+/// entry, are per copy, as with the libbpf loader).
+const SHARED_MAPS: [&str; 5] = [
+    "sampler_flows",
+    "sampler_pending",
+    "sampler_counters",
+    "sampler_epoch",
+    "sampler_events",
+];
+
+/// A private bpffs directory for the shared maps' pins; removed (with the
+/// pins: the maps themselves stay alive through their fds) on drop.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn create() -> Result<PinDir> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = PathBuf::from(format!(
+            "/sys/fs/bpf/rttscope-sampler-{}-{n}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir(&dir).with_context(|| {
+            format!(
+                "creating {} to share the sampler's maps between interfaces (is bpffs mounted on /sys/fs/bpf?)",
+                dir.display()
+            )
+        })?;
+        Ok(PinDir(dir))
+    }
+
+    fn path(&self, map: &str) -> PathBuf {
+        self.0.join(map)
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        for m in SHARED_MAPS {
+            let _ = std::fs::remove_file(self.path(m));
+        }
+        if let Err(e) = std::fs::remove_dir(&self.0) {
+            tracing::warn!("removing {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// The sampler view loaded by aya.
+pub(crate) struct AyaSampler {
+    cfg: SamplerConfig,
+    info: Vec<AttachInfo>,
+    flows: HashMap<MapData, FlowKey, SamplerFlow>,
+    pending: HashMap<MapData, FlowKey, SamplerPending>,
+    counters: PerCpuArray<MapData, u64>,
+    epoch_map: Array<MapData, u32>,
+    ring: Option<AyaRing>,
+    raw_queue: Mutex<VecDeque<SamplerSample>>,
+    raw_user_drops: AtomicU64,
+    epoch: u32,
+    prog_ids: Vec<(String, u32)>,
+    // last: dropping a copy closes its tcx links (detach) and unloads it
+    #[allow(dead_code)] // held for its Drop
+    copies: Vec<Ebpf>,
+}
+
+fn err(what: &str, e: impl std::error::Error) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {}", chain(&e))
+}
+
+impl AyaSampler {
+    pub(crate) fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<AyaSampler> {
+        let resolved = resolve_ifaces(ifaces, &cfg)?;
+        if cfg.attach == AttachMode::Clsact {
+            bail!("clsact filters need the libbpf loader: under aya the sampler attaches through tcx links only (kernel 6.6 or later)");
+        }
+        crate::preflight::require_bpf_caps()?;
+        let btf =
+            Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
+        let threshold = cfg.threshold();
+        let matching = cfg.matching.raw();
+        let raw = u32::from(cfg.raw);
+        let timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        // Create the maps of every copy (EbpfLoader::load), sharing them
+        // through pins; the programs are loaded and attached afterwards.
+        let loaded = with_pins(|pins: &dyn Fn(&str) -> PathBuf| {
+            let pin_paths: Vec<PathBuf> = SHARED_MAPS.iter().map(|m| pins(m)).collect();
+            let mut copies = Vec::new();
+            for r in &resolved {
+                let mut loader = EbpfLoader::new();
+                loader
+                    .btf(Some(&btf))
+                    .map_max_entries("sampler_flows", cfg.max_flows)
+                    .map_max_entries("sampler_pending", cfg.max_pending)
+                    .override_global("cfg_netns", &r.ns.inode, true)
+                    .override_global("cfg_ifindex", &r.meta.ifindex, true)
+                    .override_global("cfg_link", &r.link.0, true)
+                    .override_global("cfg_sample_threshold", &threshold, true)
+                    .override_global("cfg_match", &matching, true)
+                    .override_global("cfg_raw", &raw, true)
+                    .override_global("cfg_timeout_ns", &timeout_ns, true);
+                for (m, p) in SHARED_MAPS.iter().zip(&pin_paths) {
+                    loader.map_pin_path(m, p.as_path());
+                }
+                let ebpf = loader.load(SAMPLER_OBJ).map_err(|e| {
+                    err(
+                        &format!("loading the sampler object with aya for {}", r.spec),
+                        e,
+                    )
+                })?;
+                copies.push(ebpf);
+            }
+            Ok(copies)
+        })?;
+        let mut copies = Vec::new();
+        let mut info = Vec::new();
+        let mut prog_ids = Vec::new();
+        for (
+            mut ebpf,
+            ResolvedIface {
+                spec,
+                ns,
+                meta,
+                link,
+            },
+        ) in loaded.into_iter().zip(resolved)
+        {
+            for (egress, pname) in [(true, PROG_EGRESS), (false, PROG_INGRESS)] {
+                let prog: &mut SchedClassifier = ebpf
+                    .program_mut(pname)
+                    .with_context(|| format!("program {pname} missing"))?
+                    .try_into()
+                    .map_err(|e| err(&format!("program {pname}"), e))?;
+                prog.load().map_err(|e| {
+                    err(
+                        &format!("loading the sampler program {pname} with aya (verifier or BTF problem; run with -vv)"),
+                        e,
+                    )
+                })?;
+                if let Ok(i) = prog.info() {
+                    prog_ids.push((pname.to_string(), i.id()));
+                }
+                tcx_attach_in(&ns, prog, &spec.name, egress)
+                    .with_context(|| format!("attaching a tcx link to {spec}"))?;
+            }
+            info.push(attach_info(&spec, &ns, meta.ifindex, "tcx", link));
+            copies.push(ebpf);
+        }
+        let first = copies.first_mut().context("no sampler object loaded")?;
+        let mut take = |name: &str| {
+            first
+                .take_map(name)
+                .with_context(|| format!("map {name} missing from the sampler object"))
+        };
+        let flows = HashMap::try_from(take("sampler_flows")?)?;
+        let pending = HashMap::try_from(take("sampler_pending")?)?;
+        let counters = PerCpuArray::try_from(take("sampler_counters")?)?;
+        let epoch_map = Array::try_from(take("sampler_epoch")?)?;
+        let ring = if cfg.raw {
+            Some(AyaRing(RingBuf::try_from(take("sampler_events")?)?))
+        } else {
+            None
+        };
+        Ok(AyaSampler {
+            cfg,
+            info,
+            flows,
+            pending,
+            counters,
+            epoch_map,
+            ring,
+            raw_queue: Mutex::new(VecDeque::new()),
+            raw_user_drops: AtomicU64::new(0),
+            epoch: 0,
+            prog_ids,
+            copies,
+        })
+    }
+
+    /// Move every record now in the ring buffer to the queue.
+    fn drain_ring(&mut self) -> Result<()> {
+        if let Some(r) = &mut self.ring {
+            let (q, d) = (&self.raw_queue, &self.raw_user_drops);
+            r.drain(&mut |data| {
+                queue_raw(q, d, data);
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// Run `f` with a place to pin the shared maps, on a thread of its own.
+///
+/// First choice: the thread unshares its mount namespace (private
+/// propagation) and mounts a fresh bpffs instance over the temporary
+/// directory there: nobody else sees it and it vanishes with the thread,
+/// even if the process is killed. This also works where /sys/fs/bpf is not
+/// bpffs (under `ip netns exec`, which remounts /sys). Without
+/// CAP_SYS_ADMIN: a private directory in /sys/fs/bpf, removed afterwards.
+fn with_pins<T: Send>(f: impl FnOnce(&dyn Fn(&str) -> PathBuf) -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            match private_bpffs() {
+                Ok(dir) => f(&|m: &str| dir.join(m)),
+                Err(e) => {
+                    tracing::debug!("private bpffs: {e:#}; pinning in /sys/fs/bpf");
+                    let pins = PinDir::create()?;
+                    f(&|m: &str| pins.path(m))
+                }
+            }
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("map-pinning thread panicked"))?
+    })
+}
+
+/// A bpffs visible to the calling thread only (see [`with_pins`]).
+fn private_bpffs() -> Result<PathBuf> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_FS)
+        .context("unshare(CLONE_NEWNS)")?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("making mounts private")?;
+    let dir = std::env::temp_dir();
+    mount(
+        Some("bpf"),
+        &dir,
+        Some("bpf"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("mounting bpffs on {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Attach `prog` as a tcx link on `iface` from a thread inside `ns` (the
+/// interface name and the link's ifindex are resolved in that namespace).
+fn tcx_attach_in(
+    ns: &crate::netns::NetNs,
+    prog: &mut SchedClassifier,
+    iface: &str,
+    egress: bool,
+) -> Result<()> {
+    let path = ns.path.clone();
+    let name = ns.name.clone();
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<()> {
+            let f = std::fs::File::open(&path)
+                .with_context(|| format!("opening network namespace '{name}'"))?;
+            nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("entering network namespace '{name}'"))?;
+            let at = if egress {
+                TcAttachType::Egress
+            } else {
+                TcAttachType::Ingress
+            };
+            // Appended after programs already there, like libbpf's NULL opts.
+            prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
+                .map_err(|e| err("tcx attach", e))?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in network namespace panicked"))?
+    })
+}
+
+impl SamplerBackend for AyaSampler {
+    fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    fn attach_info(&self) -> &[AttachInfo] {
+        &self.info
+    }
+
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        self.prog_ids.clone()
+    }
+
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let mut out = Vec::new();
+        // Entries evicted while walking are skipped by aya's iterator; other
+        // errors end the walk (the next interval reads again).
+        for (key, f) in self.flows.iter().map_while(|r| r.ok()) {
+            out.extend(flow_stats(&self.info, self.epoch, &key, &f));
+        }
+        out.sort_by_key(|s| s.flow);
+        self.epoch = self.epoch.wrapping_add(1);
+        self.epoch_map
+            .set(0, self.epoch, 0)
+            .map_err(|e| err("writing the sampler's report epoch", e))?;
+        Ok(out)
+    }
+
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        let mut out = BTreeMap::new();
+        for (name, idx) in COUNTERS {
+            let v = self
+                .counters
+                .get(&idx.0, 0)
+                .map_err(|e| err(&format!("reading sampler counter {name}"), e))?;
+            out.insert(*name, v.iter().sum());
+        }
+        derived_counters(
+            &mut out,
+            self.flows.keys().filter(|k| k.is_ok()).count() as u64,
+            self.pending.keys().filter(|k| k.is_ok()).count() as u64,
+            self.raw_user_drops
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        Ok(out)
+    }
+
+    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
+        self.drain_ring()?;
+        let empty = self
+            .raw_queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if empty && !timeout.is_zero() {
+            if let Some(r) = &self.ring {
+                let mut pfd = libc::pollfd {
+                    fd: r.poll_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+                // SAFETY: one valid pollfd for the duration of the call.
+                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if rc < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e).context("polling the sampler ring buffer");
+                    }
+                }
+                self.drain_ring()?;
+            }
+        }
+        let mut q = self.raw_queue.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(q.drain(..).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_object_is_the_sampler() {
+        assert_eq!(&SAMPLER_OBJ[..4], b"\x7fELF");
+        assert_eq!(u16::from_le_bytes([SAMPLER_OBJ[18], SAMPLER_OBJ[19]]), 247);
+        // EM_BPF
+    }
+
+    #[test]
+    fn clsact_is_refused_in_one_sentence() {
+        // Resolving the interface comes first; "lo" exists in every namespace.
+        let cfg = SamplerConfig {
+            attach: AttachMode::Clsact,
+            ..Default::default()
+        };
+        let Err(e) = AyaSampler::attach(&["lo".parse().unwrap()], cfg) else {
+            panic!("clsact accepted under aya");
+        };
+        let s = format!("{e:#}");
+        assert!(s.contains("libbpf") && !s.contains('\n'), "{s}");
+    }
+}
