@@ -28,8 +28,8 @@ export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
-echo "== the TCP view's end-to-end tests again, loaded by aya"
-RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test compare -- --test-threads=2 "$@"
+echo "== the passive views' end-to-end tests again, loaded by aya"
+RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare -- --test-threads=2 "$@"
 
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
