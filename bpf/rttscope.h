@@ -91,21 +91,29 @@ struct rttscope_flow_key {
 	__u8 raddr[16];
 };
 
+/* The RTT aggregate of one flow, the same in every view: exact moments,
+ * min/max over the flow's life and over the current report interval (the
+ * interval restarts when userspace moves the report epoch on), and the
+ * log-linear histogram. Updated by rttscope_agg_add() below. */
+struct rttscope_rtt_agg {
+	__u64 samples;
+	__u64 sum_us;
+	__u32 min_us;       /* over the flow's life */
+	__u32 max_us;
+	__u32 win_epoch;    /* report epoch the win_* fields belong to */
+	__u32 win_min_us;   /* min/max within the current report interval */
+	__u32 win_max_us;
+	__u32 last_rtt_us;
+	__u32 hist[RTTSCOPE_HIST_BUCKETS];
+};
+
 /* Per-flow state and in-kernel aggregate of the TCP view; the `tcp_flows`
  * map is keyed by the socket cookie (8 bytes to hash per RTT sample instead
  * of the 44-byte tuple). */
 struct rttscope_tcp_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
-	__u64 samples;
-	__u64 sum_us;
-	__u32 min_us;       /* over the flow's life */
-	__u32 max_us;
-	__u32 win_epoch;    /* epoch the win_* fields belong to */
-	__u32 win_min_us;   /* min/max within the current report interval */
-	__u32 win_max_us;
 	__u32 srtt_us;      /* TCP's smoothed RTT after the last sample */
-	__u32 last_rtt_us;
 	__u32 retrans;      /* retransmit callbacks */
 	__u8 side;          /* enum rttscope_side */
 	__u8 origin;        /* enum rttscope_origin */
@@ -114,7 +122,7 @@ struct rttscope_tcp_flow {
 	__u32 reserved;
 	struct rttscope_flow_key key; /* the flow (the map is keyed by socket cookie) */
 	__u32 reserved2;
-	__u32 hist[RTTSCOPE_HIST_BUCKETS];
+	struct rttscope_rtt_agg agg;
 };
 
 /* Listening sockets found by the iterator (to tell server from client for
@@ -147,7 +155,8 @@ struct rttscope_event {
 };
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
-_Static_assert(sizeof(struct rttscope_tcp_flow) == 120 + 4 * RTTSCOPE_HIST_BUCKETS, "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 80 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
 _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");
 _Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");
@@ -169,6 +178,44 @@ static __inline __u32 rttscope_hist_bucket(__u32 v)
 		return RTTSCOPE_HIST_BUCKETS - 1;
 	return RTTSCOPE_HIST_SUB + (e - RTTSCOPE_HIST_SUB_BITS) * RTTSCOPE_HIST_SUB +
 	       ((v >> (e - RTTSCOPE_HIST_SUB_BITS)) & (RTTSCOPE_HIST_SUB - 1));
+}
+
+/* A new, empty aggregate (the rest of the entry is zeroed by the caller). */
+static __inline void rttscope_agg_init(struct rttscope_rtt_agg *a, __u32 epoch)
+{
+	a->min_us = 0xffffffff;
+	a->win_min_us = 0xffffffff;
+	a->win_epoch = epoch;
+}
+
+/* Add one RTT sample (us) in report epoch `epoch`. Callers hold the only
+ * writer for the flow (TCP: the socket lock; sampler: one flow's samples come
+ * from its ingress program), so plain stores suffice. */
+static __inline void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
+{
+	__u32 b;
+
+	if (a->win_epoch != epoch) {
+		a->win_epoch = epoch;
+		a->win_min_us = 0xffffffff;
+		a->win_max_us = 0;
+	}
+	a->samples++;
+	a->sum_us += rtt;
+	if (rtt < a->min_us)
+		a->min_us = rtt;
+	if (rtt > a->max_us)
+		a->max_us = rtt;
+	if (rtt < a->win_min_us)
+		a->win_min_us = rtt;
+	if (rtt > a->win_max_us)
+		a->win_max_us = rtt;
+	a->last_rtt_us = rtt;
+	b = rttscope_hist_bucket(rtt);
+	/* keep the bounds check: clang can prove it redundant, the verifier cannot */
+	__asm__ __volatile__("" : "+r"(b));
+	if (b < RTTSCOPE_HIST_BUCKETS)
+		a->hist[b]++;
 }
 
 /* ======================================================================
@@ -242,17 +289,9 @@ enum rttscope_sampler_counter {
 struct rttscope_sampler_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample */
-	__u64 samples;
-	__u64 sum_us;
-	__u32 min_us;       /* over the flow's life */
-	__u32 max_us;
-	__u32 win_epoch;    /* epoch the win_* fields belong to */
-	__u32 win_min_us;   /* min/max within the current report interval */
-	__u32 win_max_us;
-	__u32 last_rtt_us;
 	__u32 ifindex;      /* interface of the last sample (in its netns) */
 	__u32 reserved;
-	__u32 hist[RTTSCOPE_HIST_BUCKETS];
+	struct rttscope_rtt_agg agg;
 };
 
 /* Pending outgoing segments of one flow (same key as the flow).
@@ -265,7 +304,7 @@ struct rttscope_sampler_pending {
 	__u32 flags;        /* 1: last_tsval valid */
 };
 
-_Static_assert(sizeof(struct rttscope_sampler_flow) == 64 + 4 * RTTSCOPE_HIST_BUCKETS, "sampler flow layout");
+_Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
 
 /* ==================== end of the sampler view section ==================== */

@@ -390,10 +390,8 @@ static __always_inline struct rttscope_sampler_flow *get_flow(const struct rttsc
 		return NULL;
 	__builtin_memset(init, 0, sizeof(*init));
 	init->first_ns = now;
-	init->min_us = 0xffffffff;
-	init->win_min_us = 0xffffffff;
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	init->win_epoch = ep ? *ep : 0;
+	rttscope_agg_init(&init->agg, ep ? *ep : 0);
 	init->ifindex = cfg_ifindex;
 	if (bpf_map_update_elem(&sampler_flows, key, init, BPF_NOEXIST)) {
 		f = bpf_map_lookup_elem(&sampler_flows, key);
@@ -408,32 +406,12 @@ static __always_inline struct rttscope_sampler_flow *get_flow(const struct rttsc
 static __always_inline void add_sample(struct rttscope_sampler_flow *f, const struct rttscope_flow_key *key,
 				       __u32 rtt, __u64 now)
 {
-	__u32 zero = 0, *ep, e, b;
+	__u32 zero = 0, *ep;
 
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	e = ep ? *ep : 0;
-	if (f->win_epoch != e) {
-		f->win_epoch = e;
-		f->win_min_us = 0xffffffff;
-		f->win_max_us = 0;
-	}
-	f->samples++;
-	f->sum_us += rtt;
-	if (rtt < f->min_us)
-		f->min_us = rtt;
-	if (rtt > f->max_us)
-		f->max_us = rtt;
-	if (rtt < f->win_min_us)
-		f->win_min_us = rtt;
-	if (rtt > f->win_max_us)
-		f->win_max_us = rtt;
-	f->last_rtt_us = rtt;
+	rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
-	b = rttscope_hist_bucket(rtt);
-	barrier_var(b); /* keep the bounds check clang would prove redundant */
-	if (b < RTTSCOPE_HIST_BUCKETS)
-		f->hist[b]++;
 	count(RTTSCOPE_SC_SAMPLES);
 	if (cfg_raw) {
 		struct rttscope_event *ev = bpf_ringbuf_reserve(&sampler_events, sizeof(*ev), 0);

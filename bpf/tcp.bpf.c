@@ -207,9 +207,7 @@ new_flow(__u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 orig
 		return NULL;
 	__builtin_memset(init, 0, sizeof(*init));
 	init->first_ns = bpf_ktime_get_ns();
-	init->min_us = 0xffffffff;
-	init->win_min_us = 0xffffffff;
-	init->win_epoch = epoch;
+	rttscope_agg_init(&init->agg, epoch);
 	init->side = side;
 	init->origin = origin;
 	init->srtt_us = srtt_us;
@@ -257,7 +255,6 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	__u32 rtt = skops->args[0];
 	__u32 srtt = skops->args[1] >> 3;
 	__u64 now;
-	__u32 b, ep;
 
 	count(RTTSCOPE_TC_RTT_CB);
 	f = bpf_map_lookup_elem(&tcp_flows, &cookie);
@@ -281,27 +278,8 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
 		count(RTTSCOPE_TC_SRTT_FALLBACK);
 	}
-	ep = epoch;
-	if (f->win_epoch != ep) {
-		f->win_epoch = ep;
-		f->win_min_us = 0xffffffff;
-		f->win_max_us = 0;
-	}
-	f->samples++;
-	f->sum_us += rtt;
-	if (rtt < f->min_us)
-		f->min_us = rtt;
-	if (rtt > f->max_us)
-		f->max_us = rtt;
-	if (rtt < f->win_min_us)
-		f->win_min_us = rtt;
-	if (rtt > f->win_max_us)
-		f->win_max_us = rtt;
+	rttscope_agg_add(&f->agg, rtt, epoch);
 	f->srtt_us = srtt;
-	f->last_rtt_us = rtt;
-	b = rttscope_hist_bucket(rtt);
-	if (b < RTTSCOPE_HIST_BUCKETS)
-		f->hist[b]++;
 	count(RTTSCOPE_TC_SAMPLES);
 	if (cfg_raw) {
 		now = bpf_ktime_get_ns();

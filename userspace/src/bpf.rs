@@ -80,7 +80,7 @@ pub mod consts {
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 44);
-const _: () = assert!(std::mem::size_of::<TcpFlow>() == 120 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 80 + 40 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
 
 // SAFETY: the generated types are plain C structs of integers and arrays.
@@ -91,7 +91,7 @@ unsafe impl plain::Plain for SamplerFlow {}
 unsafe impl plain::Plain for SamplerPending {}
 unsafe impl plain::Plain for SamplerRodata {}
 
-const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 64 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 24 + 40 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(
     std::mem::size_of::<SamplerPending>()
         == 8 * sampler::types::rttscope_sampler_consts::RTTSCOPE_SAMPLER_SLOTS.0 as usize + 16

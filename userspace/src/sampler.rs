@@ -483,12 +483,13 @@ pub(crate) fn flow_stats(
     f: &SamplerFlow,
 ) -> Option<SamplerFlowStats> {
     let flow = Flow::from_key(key)?;
-    let (min, max) = if f.samples > 0 {
-        (Some(f.min_us), Some(f.max_us))
+    let a = &f.agg;
+    let (min, max) = if a.samples > 0 {
+        (Some(a.min_us), Some(a.max_us))
     } else {
         (None, None)
     };
-    let in_window = f.win_epoch == epoch && f.win_max_us >= f.win_min_us;
+    let in_window = a.win_epoch == epoch && a.win_max_us >= a.win_min_us;
     let iface = info
         .iter()
         .find(|i| i.ifindex == f.ifindex && i.netns_inode == key.netns)
@@ -497,11 +498,11 @@ pub(crate) fn flow_stats(
     Some(SamplerFlowStats {
         flow,
         iface,
-        hist: Hist::from_counts(&f.hist, f.sum_us, min, max),
-        samples: f.samples,
-        last_rtt_us: f.last_rtt_us,
-        interval_min_us: in_window.then_some(f.win_min_us),
-        interval_max_us: in_window.then_some(f.win_max_us),
+        hist: Hist::from_counts(&a.hist, a.sum_us, min, max),
+        samples: a.samples,
+        last_rtt_us: a.last_rtt_us,
+        interval_min_us: in_window.then_some(a.win_min_us),
+        interval_max_us: in_window.then_some(a.win_max_us),
         first_ns: f.first_ns,
         last_ns: f.last_ns,
     })
@@ -1087,17 +1088,20 @@ mod tests {
         }
         .to_key();
         let mut f = SamplerFlow {
-            samples: 2,
-            min_us: 10,
-            max_us: 30,
-            sum_us: 40,
             ifindex: 3,
-            win_epoch: 7,
-            win_min_us: 10,
-            win_max_us: 30,
+            agg: t::rttscope_rtt_agg {
+                samples: 2,
+                min_us: 10,
+                max_us: 30,
+                sum_us: 40,
+                win_epoch: 7,
+                win_min_us: 10,
+                win_max_us: 30,
+                ..Default::default()
+            },
             ..Default::default()
         };
-        f.hist[1] = 2;
+        f.agg.hist[1] = 2;
         let info = [AttachInfo {
             iface: "veth0".into(),
             netns: "a".into(),

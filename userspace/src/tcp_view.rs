@@ -68,6 +68,24 @@ pub struct TcpHookInfo {
     pub prog_ids: Vec<u32>,
 }
 
+impl TcpHookInfo {
+    /// The hook information of a view just attached (both loaders); the
+    /// program ids and the count of enabled existing connections are filled
+    /// in after attach.
+    pub(crate) fn new(cfg: &TcpViewConfig, cgroup: &std::path::Path, max_flows: u32) -> Self {
+        TcpHookInfo {
+            hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)".into(),
+            cgroup: cgroup.display().to_string(),
+            iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
+            existing_enabled: 0,
+            rtt_source: rtt_source(),
+            kernel: crate::preflight::kernel_release(),
+            max_flows,
+            prog_ids: Vec::new(),
+        }
+    }
+}
+
 /// One flow's kernel state, decoded.
 #[derive(Debug, Clone)]
 pub struct TcpFlowState {
@@ -220,17 +238,7 @@ impl TcpView {
             skel,
             _sockops_link: link,
             listeners: HashSet::new(),
-            info: TcpHookInfo {
-                hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)"
-                    .into(),
-                cgroup: cgroup.display().to_string(),
-                iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
-                existing_enabled: 0,
-                rtt_source: rtt_source(),
-                kernel: crate::preflight::kernel_release(),
-                max_flows,
-                prog_ids: Vec::new(),
-            },
+            info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
         };
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
@@ -421,8 +429,9 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
             Side::Client
         };
     }
-    let (min, max) = if val.samples > 0 {
-        (Some(val.min_us), Some(val.max_us))
+    let agg = &val.agg;
+    let (min, max) = if agg.samples > 0 {
+        (Some(agg.min_us), Some(agg.max_us))
     } else {
         (None, None)
     };
@@ -434,17 +443,17 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         state: val.state,
         closed: val.flags & 2 != 0,
         srtt_fallback: val.flags & 1 != 0,
-        samples: val.samples,
-        counts: Box::new(val.hist),
-        sum_us: val.sum_us,
+        samples: agg.samples,
+        counts: Box::new(agg.hist),
+        sum_us: agg.sum_us,
         life_min_us: min,
         life_max_us: max,
         srtt_us: val.srtt_us,
-        last_rtt_us: val.last_rtt_us,
+        last_rtt_us: agg.last_rtt_us,
         retrans: val.retrans,
-        win_epoch: val.win_epoch,
-        win_min_us: val.win_min_us,
-        win_max_us: val.win_max_us,
+        win_epoch: agg.win_epoch,
+        win_min_us: agg.win_min_us,
+        win_max_us: agg.win_max_us,
     })
 }
 

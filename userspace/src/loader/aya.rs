@@ -166,17 +166,7 @@ impl AyaTcp {
             bss,
             events,
             listeners: HashSet::new(),
-            info: TcpHookInfo {
-                hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)"
-                    .into(),
-                cgroup: cgroup.display().to_string(),
-                iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
-                existing_enabled: 0,
-                rtt_source: rtt_source(),
-                kernel: crate::preflight::kernel_release(),
-                max_flows,
-                prog_ids: Vec::new(),
-            },
+            info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
         };
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
