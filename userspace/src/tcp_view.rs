@@ -74,7 +74,8 @@ impl TcpHookInfo {
     /// in after attach.
     pub(crate) fn new(cfg: &TcpViewConfig, cgroup: &std::path::Path, max_flows: u32) -> Self {
         TcpHookInfo {
-            hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)".into(),
+            hook: "cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections)"
+                .into(),
             cgroup: cgroup.display().to_string(),
             iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
             existing_enabled: 0,

@@ -26,9 +26,7 @@ use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
 use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::{self, FlowKey, TcpFlow};
 use crate::netns::NetNs;
-use crate::tcp_view::{
-    cidr_key, decode_flow, rtt_source, TcpFlowState, TcpHookInfo, TcpViewConfig,
-};
+use crate::tcp_view::{cidr_key, decode_flow, TcpFlowState, TcpHookInfo, TcpViewConfig};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
