@@ -645,12 +645,12 @@ pub fn explain(
             && (s.p50 - iv_us).abs() <= 0.3 * iv_us + 2_000.0
         {
             notes.push(format!(
-                "server-side TCP RTT p50 {} ms is close to the probe interval {} ms (below the 40 ms delayed-ACK timer) while the client side's is {} ms: the server's TCP holds the ACK of each response until the next request carries it.",
+                "server-side TCP RTT p50 {} ms is close to the probe interval {} ms (below the 40 ms delayed-ACK timer) while the client side's is {} ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",
                 fmt_ms(s.p50), fmt_ms(iv_us), fmt_ms(c.p50)
             ));
         } else if s.p50 > 3.0 * c.p50 && (35_000.0..=45_000.0).contains(&s.p50) {
             notes.push(format!(
-                "server-side TCP RTT p50 {} ms sits at the 40 ms delayed-ACK timer (client side {} ms): the server's ACKs waited for the timer.",
+                "server-side TCP RTT p50 {} ms sits at the 40 ms delayed-ACK timer (client side {} ms): the client's ACKs of the responses waited for the timer.",
                 fmt_ms(s.p50), fmt_ms(c.p50)
             ));
         }
