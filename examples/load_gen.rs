@@ -1,8 +1,9 @@
-//! Load for the daemon-mode benchmarks (scripts/bench-metrics.sh).
+//! Load for the benchmarks (scripts/bench.sh, scripts/bench-metrics.sh).
 //!
 //!   load_gen server ADDR
 //!   load_gen rr ADDR SECONDS CONNS RATE     # RATE transactions/s in total (0: as fast as possible)
 //!   load_gen churn ADDR SECONDS THREADS     # short connections: connect, 1-byte RR, close
+//!   load_gen hold ADDR CONNS SECONDS        # CONNS connections, one 1-byte RR each, then idle
 //!
 //! `rr` runs CONNS connections in parallel, each paced to RATE/CONNS
 //! transactions per second (1-byte request, 1-byte response: two packets per
@@ -112,6 +113,22 @@ fn churn(addr: &str, secs: f64, threads: usize) {
     );
 }
 
+/// Open `conns` connections, one exchange each (so an observer has that many
+/// flows with samples), keep them open and idle for `secs`.
+fn hold(addr: &str, conns: usize, secs: f64) {
+    let mut all = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).ok();
+        let mut b = [1u8; 1];
+        s.write_all(&b).expect("write");
+        s.read_exact(&mut b).expect("read");
+        all.push(s);
+    }
+    println!("{{\"connections\":{}}}", all.len());
+    std::thread::sleep(Duration::from_secs_f64(secs));
+}
+
 fn main() {
     let a: Vec<String> = std::env::args().collect();
     let num = |i: usize| -> f64 { a.get(i).and_then(|v| v.parse().ok()).unwrap_or(0.0) };
@@ -119,8 +136,9 @@ fn main() {
         Some("server") if a.len() > 2 => serve(&a[2]),
         Some("rr") if a.len() > 5 => rr(&a[2], num(3), (num(4) as usize).max(1), num(5)),
         Some("churn") if a.len() > 4 => churn(&a[2], num(3), (num(4) as usize).max(1)),
+        Some("hold") if a.len() > 4 => hold(&a[2], (num(3) as usize).max(1), num(4)),
         _ => {
-            eprintln!("usage: load_gen server ADDR | rr ADDR SECONDS CONNS RATE | churn ADDR SECONDS THREADS");
+            eprintln!("usage: load_gen server ADDR | rr ADDR SECONDS CONNS RATE | churn ADDR SECONDS THREADS | hold ADDR CONNS SECONDS");
             std::process::exit(2);
         }
     }

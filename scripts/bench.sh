@@ -13,7 +13,7 @@ cd "$ROOT"
 SECS=${1:-5}
 cargo build --release -q --examples --bins
 BIN="$ROOT/target/release/rttscope"
-LOAD="$ROOT/target/release/examples/rr_load"
+LOAD="$ROOT/target/release/examples/load_gen"
 NS="rtsbench$$"
 OUT=$(mktemp -d)
 old_stats=$(sysctl -n kernel.bpf_stats_enabled)
@@ -28,12 +28,15 @@ cleanup() {
   fi
   if [ -d "$FLOOR_CG" ]; then
     echo 1 > "$FLOOR_CG/cgroup.kill" 2>/dev/null || true   # every process of the cgroup (kernel >= 5.14)
+    # Exiting threads keep the cgroup populated for a moment after cgroup.procs
+    # is empty: retry the rmdir itself.
     for _ in $(seq 100); do
+      rmdir "$FLOOR_CG" 2>/dev/null && break
       procs=$(cat "$FLOOR_CG/cgroup.procs" 2>/dev/null)
-      [ -z "$procs" ] && break
-      kill -9 $procs 2>/dev/null || true; sleep 0.1
+      [ -n "$procs" ] && { kill -9 $procs 2>/dev/null || true; }
+      sleep 0.1
     done
-    rmdir "$FLOOR_CG" 2>/dev/null || echo "bench: could not remove $FLOOR_CG" >&2
+    [ -d "$FLOOR_CG" ] && echo "bench: could not remove $FLOOR_CG" >&2
   fi
   [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
   ip netns del "$NS" 2>/dev/null || true
@@ -53,7 +56,7 @@ in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7001 & SRV=$!
 sleep 0.3
 sysctl -q -w kernel.bpf_stats_enabled=1
 
-tps() { in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 "$SECS" "${1:-1}" | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
+tps() { in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7001 "$SECS" 1 0 | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
 rss_kb() { awk '/VmRSS/{print $2}' "/proc/$1/status"; }
 hwm_kb() { awk '/VmHWM/{print $2}' "/proc/$1/status"; }
@@ -105,7 +108,7 @@ floor_id=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | he
 in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7002 & FSRV=$!
 sleep 0.3
 read -r c0 t0 < <(prog_stat "$floor_id")
-in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7002 "$SECS" >/dev/null
+in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7002 "$SECS" 1 0 >/dev/null
 read -r c1 t1 < <(prog_stat "$floor_id")
 bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
 kill "$FSRV" 2>/dev/null || true; FSRV=
@@ -113,7 +116,7 @@ echo "floor: $((c1-c0)) runs, $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (
 
 echo "== TCP view: 10,000 flows"
 start_obs
-in_cg ip netns exec "$NS" "$LOAD" client 127.0.0.1:7001 1 10000 8 >/dev/null & CLI=$!
+in_cg ip netns exec "$NS" "$LOAD" hold 127.0.0.1:7001 10000 8 >/dev/null & CLI=$!
 for _ in $(seq 60); do
   n=$(ip netns exec "$NS" ss -Htn state established | wc -l)
   [ "$n" -ge 20000 ] && break; sleep 0.5
