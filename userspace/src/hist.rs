@@ -167,6 +167,24 @@ impl Hist {
         self.counts.iter().sum()
     }
 
+    /// Set the exact min/max kept alongside the counts, keeping only bounds
+    /// consistent with the counts: a sample counted in the histogram but
+    /// missed by the kernel's min/max window (it arrived between the read and
+    /// the epoch change) makes that bound unknown (bucket bounds are used)
+    /// rather than wrong.
+    pub fn set_range(&mut self, min: Option<u32>, max: Option<u32>) {
+        let first = self.counts.iter().position(|&c| c > 0);
+        let last = self.counts.iter().rposition(|&c| c > 0);
+        self.min_us = match (min, first) {
+            (Some(m), Some(f)) if bucket_of(m) <= f => Some(m),
+            _ => None,
+        };
+        self.max_us = match (max, last) {
+            (Some(m), Some(l)) if bucket_of(m) >= l => Some(m),
+            _ => None,
+        };
+    }
+
     /// Counts added since `earlier` (a previous snapshot of the same
     /// cumulative histogram). min/max are left unknown: the caller supplies
     /// the interval's own min/max when the kernel tracked them.
@@ -363,6 +381,24 @@ mod tests {
         }
         assert_eq!(h.percentile(50.0), 20_000.0);
         assert_eq!(h.summary().mean_us, 20_000.0);
+    }
+
+    #[test]
+    fn inconsistent_window_bounds_are_dropped() {
+        let mut h = Hist::default();
+        for v in [90, 100, 128] {
+            h.record(v);
+        }
+        // A window that missed the 128 us sample: its max is not kept.
+        h.set_range(Some(90), Some(115));
+        assert_eq!(h.min_us, Some(90));
+        assert_eq!(h.max_us, None);
+        let s = h.summary();
+        assert!(s.p99_us <= s.max_us, "p99 {} <= max {}", s.p99_us, s.max_us);
+        h.set_range(Some(90), Some(128));
+        assert_eq!(h.max_us, Some(128));
+        h.set_range(Some(200), Some(128));
+        assert_eq!(h.min_us, None);
     }
 
     #[test]

@@ -299,11 +299,9 @@ impl Tracker {
             .get(&f.flow)
             .map_or_else(|| f.hist(), |p| p.delta(&f.counts, f.sum_us));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
-            delta.min_us = Some(f.win_min_us);
-            delta.max_us = Some(f.win_max_us);
+            delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
         } else if first && delta.count() > 0 {
-            delta.min_us = f.life_min_us;
-            delta.max_us = f.life_max_us;
+            delta.set_range(f.life_min_us, f.life_max_us);
         }
         self.prev
             .insert(f.flow, Snapshot::of_counts(&f.counts, f.sum_us));
@@ -663,12 +661,12 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     let ns = names.get(f.flow.netns);
                     d.sampler_delta(&f.flow, tracker.side_of(&f.flow), &ns, &delta);
                 }
-                delta.min_us = f
-                    .interval_min_us
-                    .or(if first { f.hist.min_us } else { None });
-                delta.max_us = f
-                    .interval_max_us
-                    .or(if first { f.hist.max_us } else { None });
+                delta.set_range(
+                    f.interval_min_us
+                        .or(if first { f.hist.min_us } else { None }),
+                    f.interval_max_us
+                        .or(if first { f.hist.max_us } else { None }),
+                );
                 total.merge(&delta);
                 let stats = ViewStats::from_hist(&delta);
                 let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
