@@ -68,6 +68,24 @@ pub struct TcpHookInfo {
     pub prog_ids: Vec<u32>,
 }
 
+impl TcpViewConfig {
+    /// Limits the kernel maps impose, checked before anything is loaded (both loaders).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.netns_filter.len() > bpf::consts::MAX_NETNS as usize
+            || self.ports.len() > bpf::consts::MAX_PORTS as usize
+            || self.cidrs.len() > bpf::consts::MAX_CIDRS as usize
+        {
+            anyhow::bail!(
+                "too many filters: at most {} --netns, {} --port and {} --addr",
+                bpf::consts::MAX_NETNS,
+                bpf::consts::MAX_PORTS,
+                bpf::consts::MAX_CIDRS
+            );
+        }
+        Ok(())
+    }
+}
+
 impl TcpHookInfo {
     /// The hook information of a view just attached (both loaders); the
     /// program ids and the count of enabled existing connections are filled
@@ -168,6 +186,7 @@ pub(crate) fn origin_name(o: u8) -> &'static str {
 impl TcpView {
     /// Load, configure and attach. Fails with one clear sentence.
     pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
+        cfg.validate()?;
         crate::preflight::require_bpf_caps()?;
         crate::preflight::require_btf()?;
         let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
@@ -196,17 +215,6 @@ impl TcpView {
         }
         let skel = open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")?;
 
-        if cfg.netns_filter.len() > bpf::consts::MAX_NETNS as usize
-            || cfg.ports.len() > bpf::consts::MAX_PORTS as usize
-            || cfg.cidrs.len() > bpf::consts::MAX_CIDRS as usize
-        {
-            anyhow::bail!(
-                "too many filters: at most {} --netns, {} --port and {} --addr",
-                bpf::consts::MAX_NETNS,
-                bpf::consts::MAX_PORTS,
-                bpf::consts::MAX_CIDRS
-            );
-        }
         for ns in &cfg.netns_filter {
             skel.maps
                 .netns_filter

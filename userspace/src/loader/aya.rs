@@ -62,20 +62,10 @@ fn map_err(what: &str, e: impl std::fmt::Display) -> anyhow::Error {
 impl AyaTcp {
     /// Load, configure and attach. Fails with one clear sentence.
     pub fn attach(cfg: &TcpViewConfig) -> Result<Self> {
+        cfg.validate()?;
         crate::preflight::require_bpf_caps()?;
         crate::preflight::require_btf()?;
         let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
-        if cfg.netns_filter.len() > bpf::consts::MAX_NETNS as usize
-            || cfg.ports.len() > bpf::consts::MAX_PORTS as usize
-            || cfg.cidrs.len() > bpf::consts::MAX_CIDRS as usize
-        {
-            anyhow::bail!(
-                "too many filters: at most {} --netns, {} --port and {} --addr",
-                bpf::consts::MAX_NETNS,
-                bpf::consts::MAX_PORTS,
-                bpf::consts::MAX_CIDRS
-            );
-        }
 
         let btf =
             Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
