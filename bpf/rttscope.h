@@ -51,6 +51,7 @@ enum rttscope_origin {
 enum rttscope_flow_flags {
 	RTTSCOPE_FLOW_SRTT_FALLBACK = 1, /* kernel < 6.10: RTT_CB args empty, srtt field used */
 	RTTSCOPE_FLOW_CLOSED = 2,        /* state callback saw TCP_CLOSE */
+	RTTSCOPE_FLOW_IN_USE = 4,        /* the slot holds a flow (else it is free) */
 };
 
 enum rttscope_event_type {
@@ -61,11 +62,12 @@ enum rttscope_event_type {
 
 /* Per-CPU counters of the TCP view (index into the `tcp_counters` map). */
 enum rttscope_tcp_counter {
-	RTTSCOPE_TC_RTT_CB = 0,        /* RTT callbacks seen */
+	RTTSCOPE_TC_RTT_CB_SKIPPED = 0, /* RTT callbacks that added no sample (filtered, no socket, no slot);
+	                                 * RTT callbacks seen = this + RTTSCOPE_TC_SAMPLES */
 	RTTSCOPE_TC_SAMPLES,           /* samples added to a histogram */
 	RTTSCOPE_TC_SRTT_FALLBACK,     /* samples taken from the srtt field (kernel < 6.10) */
 	RTTSCOPE_TC_FLOWS_CREATED,     /* flow entries created */
-	RTTSCOPE_TC_FLOW_MAP_FULL,     /* flow entry could not be created */
+	RTTSCOPE_TC_FLOW_MAP_FULL,     /* flow entry could not be created: no free slot */
 	RTTSCOPE_TC_FILTERED,          /* connections skipped by --netns/--port/--addr */
 	RTTSCOPE_TC_ENABLED,           /* connections whose callbacks we turned on */
 	RTTSCOPE_TC_ITER_SOCKETS,      /* sockets walked by the iterator */
@@ -107,22 +109,34 @@ struct rttscope_rtt_agg {
 	__u32 hist[RTTSCOPE_HIST_BUCKETS];
 };
 
-/* Per-flow state and in-kernel aggregate of the TCP view; the `tcp_flows`
- * map is keyed by the socket cookie (8 bytes to hash per RTT sample instead
- * of the 44-byte tuple). */
+/* Per-flow state and in-kernel aggregate of the TCP view: one slot of the
+ * `tcp_flows` array. A socket finds its slot through socket-local storage
+ * (struct rttscope_tcp_sk), so the per-sample path does one storage lookup
+ * and an inlined array access, no hashing. Free slots wait in the
+ * `tcp_free_slots` stack: the kernel takes one for each new flow, userspace
+ * gives it back once the flow was reported closed (or evicted), after
+ * bumping `gen` so a socket still pointing at the slot no longer matches.
+ * Fields written per sample come first (one or two cache lines). */
 struct rttscope_tcp_flow {
-	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
-	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
+	__u32 gen;          /* slot generation: matches the socket's rttscope_tcp_sk.gen */
 	__u32 srtt_us;      /* TCP's smoothed RTT after the last sample */
 	__u32 retrans;      /* retransmit callbacks */
 	__u8 side;          /* enum rttscope_side */
 	__u8 origin;        /* enum rttscope_origin */
 	__u8 state;         /* last TCP state seen */
 	__u8 flags;         /* enum rttscope_flow_flags */
-	__u32 reserved;
-	struct rttscope_flow_key key; /* the flow (the map is keyed by socket cookie) */
-	__u32 reserved2;
 	struct rttscope_rtt_agg agg;
+	__u64 cookie;       /* socket cookie (as `ss -e` prints it: sk:<hex>) */
+	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
+	struct rttscope_flow_key key; /* the flow */
+	__u32 reserved;
+};
+
+/* Socket-local storage of the TCP view: where the socket's flow lives. */
+struct rttscope_tcp_sk {
+	__u32 slot;         /* index into `tcp_flows` */
+	__u32 gen;          /* generation of the slot when it was taken */
 };
 
 /* Listening sockets found by the iterator (to tell server from client for
@@ -156,7 +170,8 @@ struct rttscope_event {
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
-_Static_assert(sizeof(struct rttscope_tcp_flow) == 80 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 88 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
 _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");
 _Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");

@@ -8,9 +8,16 @@
  *  - rttscope_iter_tcp (iter/tcp): turns the same callbacks on for
  *    connections that existed before attach, and records listening ports.
  *
- * Per-flow state lives in a bounded LRU hash; samples are aggregated here into
- * a log-linear histogram per flow so userspace cost does not grow with the
- * packet rate. A raw sample stream (ring buffer) is optional (cfg_raw).
+ * Per-flow state lives in a bounded array of slots (`tcp_flows`); each
+ * socket finds its slot through socket-local storage (`tcp_sk`), so an RTT
+ * sample costs one storage lookup and an inlined array access (no hashing:
+ * on this project's test machines a hash-map lookup alone cost ~120 ns per
+ * callback). Free slots wait in the `tcp_free_slots` stack; userspace gives
+ * a slot back after reporting its flow closed, or evicts the least recently
+ * active flows when few slots are left (see docs/observe.md). Samples are
+ * aggregated here into a log-linear histogram per flow so userspace cost
+ * does not grow with the packet rate. A raw sample stream (ring buffer) is
+ * optional (cfg_raw).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -38,6 +45,8 @@ const volatile __u32 cfg_raw = 0;          /* write every sample to the ring buf
 
 /* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
 __u32 epoch = 0;
+/* One past the highest slot ever taken: userspace reads tcp_flows up to here. */
+__u64 slots_hwm = 0; /* 64-bit: cmpxchg on 32 bits needs -mcpu=v3 */
 
 /* Make the ring-buffer record type and the enums reach the generated Rust types. */
 struct rttscope_event _event_type = {};
@@ -47,13 +56,30 @@ enum rttscope_side _side_type = 0;
 enum rttscope_origin _origin_type = 0;
 enum rttscope_flow_flags _flow_flags_type = 0;
 enum rttscope_event_type _event_type_type = 0;
+struct rttscope_tcp_sk _tcp_sk_type = {};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 16384); /* resized by userspace (--max-flows) */
-	__type(key, __u64);         /* socket cookie */
+	__type(key, __u32);         /* slot */
 	__type(value, struct rttscope_tcp_flow);
 } tcp_flows SEC(".maps");
+
+/* Free slots of tcp_flows, filled by userspace before attach (LIFO: freed
+ * slots are reused first, so the taken ones stay packed at the bottom). */
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, 16384); /* resized with tcp_flows */
+	__type(value, __u32);
+} tcp_free_slots SEC(".maps");
+
+/* Socket -> its slot. Freed with the socket by the kernel. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct rttscope_tcp_sk);
+} tcp_sk SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -197,15 +223,50 @@ static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope
 	return 0;
 }
 
-static __always_inline struct rttscope_tcp_flow *
-new_flow(__u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt_us, __u8 state)
+/* Raise slots_hwm to at least `n` (several CPUs may take slots at once). */
+static __always_inline void raise_hwm(__u64 n)
 {
-	__u32 zero = 0;
-	struct rttscope_tcp_flow *init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
+	int i;
 
+	for (i = 0; i < 8; i++) {
+		__u64 cur = slots_hwm;
+
+		if (cur >= n || __sync_val_compare_and_swap(&slots_hwm, cur, n) == cur)
+			return;
+	}
+}
+
+/* Take a free slot for the socket `sk` and fill it. NULL (counted) when no
+ * slot is free or the socket storage cannot be created. */
+static __always_inline struct rttscope_tcp_flow *
+new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin,
+	 __u32 srtt_us, __u8 state)
+{
+	__u32 zero = 0, slot;
+	struct rttscope_tcp_flow *init, *f;
+	struct rttscope_tcp_sk *ts;
+
+	init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
 	if (!init)
 		return NULL;
+	if (bpf_map_pop_elem(&tcp_free_slots, &slot)) {
+		count(RTTSCOPE_TC_FLOW_MAP_FULL);
+		return NULL;
+	}
+	f = bpf_map_lookup_elem(&tcp_flows, &slot);
+	if (!f)
+		return NULL; /* out of range: cannot happen (userspace pushes 0..max-1) */
+	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!ts) {
+		/* no memory for the socket storage: give the slot back */
+		bpf_map_push_elem(&tcp_free_slots, &slot, 0);
+		count(RTTSCOPE_TC_NO_SOCK);
+		return NULL;
+	}
 	__builtin_memset(init, 0, sizeof(*init));
+	init->gen = f->gen + 1;
+	init->flags = RTTSCOPE_FLOW_IN_USE;
+	init->cookie = cookie;
 	init->first_ns = bpf_ktime_get_ns();
 	rttscope_agg_init(&init->agg, epoch);
 	init->side = side;
@@ -213,15 +274,26 @@ new_flow(__u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 orig
 	init->srtt_us = srtt_us;
 	init->state = state;
 	init->key = *key;
-	if (bpf_map_update_elem(&tcp_flows, &cookie, init, BPF_NOEXIST)) {
-		struct rttscope_tcp_flow *f = bpf_map_lookup_elem(&tcp_flows, &cookie);
-
-		if (!f)
-			count(RTTSCOPE_TC_FLOW_MAP_FULL);
-		return f; /* lost a race: someone created it */
-	}
+	*f = *init;
+	ts->slot = slot;
+	ts->gen = init->gen;
+	raise_hwm(slot + 1);
 	count(RTTSCOPE_TC_FLOWS_CREATED);
-	return bpf_map_lookup_elem(&tcp_flows, &cookie);
+	return f;
+}
+
+/* The socket's flow, or NULL if it has none (or lost its slot). */
+static __always_inline struct rttscope_tcp_flow *sock_flow(struct bpf_sock *sk)
+{
+	struct rttscope_tcp_sk *ts = bpf_sk_storage_get(&tcp_sk, sk, 0, 0);
+	struct rttscope_tcp_flow *f;
+
+	if (!ts)
+		return NULL;
+	f = bpf_map_lookup_elem(&tcp_flows, &ts->slot);
+	if (!f || f->gen != ts->gen)
+		return NULL; /* the slot was evicted and may belong to another flow now */
+	return f;
 }
 
 static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 type, __u8 side,
@@ -251,25 +323,35 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
 	struct rttscope_tcp_flow *f;
-	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct bpf_sock *sk = skops->sk;
 	__u32 rtt = skops->args[0];
 	__u32 srtt = skops->args[1] >> 3;
 	__u64 now;
 
-	count(RTTSCOPE_TC_RTT_CB);
-	f = bpf_map_lookup_elem(&tcp_flows, &cookie);
+	if (!sk) {
+		count(RTTSCOPE_TC_NO_SOCK);
+		count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+		return;
+	}
+	f = sock_flow(sk);
 	if (!f) {
 		/* callbacks enabled by someone else, or the flow was evicted */
-		if (!skops_key(skops, &key))
-			return;
-		key.netns = sock_netns(skops->sk);
-		if (!wanted(&key)) {
-			count(RTTSCOPE_TC_FILTERED);
+		if (!skops_key(skops, &key)) {
+			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
 			return;
 		}
-		f = new_flow(cookie, &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0, TCP_ESTABLISHED);
-		if (!f)
+		key.netns = sock_netns(sk);
+		if (!wanted(&key)) {
+			count(RTTSCOPE_TC_FILTERED);
+			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
 			return;
+		}
+		f = new_flow(sk, bpf_get_socket_cookie(skops), &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE,
+			     0, TCP_ESTABLISHED);
+		if (!f) {
+			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+			return;
+		}
 	}
 	if (rtt == 0 && skops->args[1] == 0) {
 		/* kernel < 6.10: RTT_CB carries no arguments */
@@ -293,8 +375,8 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
 	struct rttscope_tcp_flow *f;
+	struct bpf_sock *sk;
 	__u32 op = skops->op;
-	__u64 cookie;
 	__u8 side;
 
 	switch (op) {
@@ -303,9 +385,14 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		sk = skops->sk;
+		if (!sk) {
+			count(RTTSCOPE_TC_NO_SOCK);
+			break;
+		}
 		if (!skops_key(skops, &key))
 			break;
-		key.netns = sock_netns(skops->sk);
+		key.netns = sock_netns(sk);
 		if (!wanted(&key)) {
 			count(RTTSCOPE_TC_FILTERED);
 			break;
@@ -313,19 +400,23 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		side = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ? RTTSCOPE_SIDE_CLIENT : RTTSCOPE_SIDE_SERVER;
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
 		count(RTTSCOPE_TC_ENABLED);
-		cookie = bpf_get_socket_cookie(skops);
-		new_flow(cookie, &key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3, TCP_ESTABLISHED);
+		new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
+			 skops->srtt_us >> 3, TCP_ESTABLISHED);
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
 		count(RTTSCOPE_TC_RETRANS);
-		cookie = bpf_get_socket_cookie(skops);
-		f = bpf_map_lookup_elem(&tcp_flows, &cookie);
+		sk = skops->sk;
+		if (!sk)
+			break;
+		f = sock_flow(sk);
 		if (f)
 			f->retrans++;
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
-		cookie = bpf_get_socket_cookie(skops);
-		f = bpf_map_lookup_elem(&tcp_flows, &cookie);
+		sk = skops->sk;
+		if (!sk)
+			break;
+		f = sock_flow(sk);
 		if (!f)
 			break;
 		f->state = (__u8)skops->args[1];
@@ -350,7 +441,6 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 	struct rttscope_flow_key key = {};
 	struct tcp_sock *tp;
 	__u32 netns, state;
-	__u64 cookie;
 	int flags;
 
 	if (!skc)
@@ -405,8 +495,8 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 		return 0;
 	}
 	count(RTTSCOPE_TC_ENABLED);
-	cookie = bpf_get_socket_cookie(tp);
-	if (!bpf_map_lookup_elem(&tcp_flows, &cookie))
-		new_flow(cookie, &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
+	if (!sock_flow((struct bpf_sock *)tp))
+		new_flow((struct bpf_sock *)tp, bpf_get_socket_cookie(tp), &key, RTTSCOPE_SIDE_UNKNOWN,
+			 RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state);
 	return 0;
 }

@@ -312,3 +312,90 @@ fn bad_input_gets_one_sentence() {
         assert_eq!(err.trim().lines().count(), 1, "one sentence: {err}");
     }
 }
+
+/// The flow table is a fixed array of slots (--max-flows). Closed flows give
+/// their slot back once reported, and when few slots are left the least
+/// recently active flows are evicted: churn three times the capacity, then
+/// more idle connections than slots, must not stop a busy flow that starts
+/// afterwards from being measured, and every churned connection must have
+/// been reported closed.
+#[test]
+fn slots_are_reused_and_idle_flows_evicted() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let (a, b) = (p.a.name.clone(), p.b.name.clone());
+    let obs = std::thread::spawn(move || {
+        observe_json(
+            &[
+                "--netns",
+                &a,
+                "--netns",
+                &b,
+                "--max-flows",
+                "16",
+                "--interval",
+                "250ms",
+                "--duration",
+                "5s",
+            ],
+            Duration::from_secs(30),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    // Churn: 24 connections one after another (48 sockets: 3x the slots).
+    let mut churned = Vec::new();
+    for _ in 0..24 {
+        let c = RrClient::start(&p.a, server_addr(), 2, Duration::ZERO).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+        churned.push(c.local.to_string());
+        drop(c);
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    // Idle: 10 open connections (20 sockets), then a busy one.
+    let idle: Vec<RrClient> = (0..10)
+        .map(|_| RrClient::start_paused(&p.a, server_addr(), 2, Duration::ZERO, true).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    let busy = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(2)).unwrap();
+    let lines = obs.join().unwrap().unwrap();
+    drop(idle);
+
+    let reported_closed: std::collections::HashSet<String> = lines
+        .iter()
+        .filter(|l| l["type"] == "interval")
+        .flat_map(|l| l["flows"].as_array().cloned().unwrap_or_default())
+        .filter(|f| f["netns_name"] == p.a.name.as_str() && f["closed"] == true)
+        .filter_map(|f| f["local"].as_str().map(str::to_string))
+        .collect();
+    let missing: Vec<&String> = churned
+        .iter()
+        .filter(|c| !reported_closed.contains(*c))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "churned connections never reported closed: {missing:?} (reported: {reported_closed:?})"
+    );
+    let f = end_flow(&lines, &p.a.name, &busy.local.to_string())
+        .unwrap_or_else(|| panic!("busy flow {} not reported: {lines:#?}", busy.local));
+    assert!(
+        f["tcp"]["summary"]["n"].as_u64().unwrap() > 50,
+        "busy flow measured: {f}"
+    );
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "interval")
+        .unwrap();
+    let c = &last["counters"]["tcp"];
+    assert!(
+        c["flows_evicted"].as_u64().unwrap() > 0,
+        "idle flows evicted when slots ran low: {c}"
+    );
+    assert!(
+        c["flows_closed_reported"].as_u64().unwrap() >= 48,
+        "both ends of every churned connection reported closed: {c}"
+    );
+}

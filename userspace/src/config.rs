@@ -51,7 +51,7 @@ pub struct ConfigFile {
     pub sample_every: Option<u32>,
     /// Address for /metrics, e.g. "127.0.0.1:9464".
     pub listen: Option<String>,
-    /// Flow-map capacity (LRU).
+    /// Flow-table capacity (see observe --max-flows).
     pub max_flows: Option<u32>,
     pub raw: Option<bool>,
     /// No per-interval output (daemon mode).

@@ -5,6 +5,7 @@
 //! - Sampler view: a cloud-style packet sampler at interface ingress/egress.
 pub mod active;
 pub mod bpf;
+pub mod bpf_syscall;
 pub mod bucket;
 pub mod caps;
 pub mod chart;

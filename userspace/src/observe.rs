@@ -45,7 +45,7 @@ pub struct ObserveArgs {
     /// Also stream every raw sample (ring buffer) to the output.
     #[arg(long)]
     pub raw: bool,
-    /// Capacity of the per-flow map (LRU: the least recently used flow is evicted when full).
+    /// Capacity of the per-flow table (when nearly full, the least recently active flows are evicted).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
     /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
@@ -271,7 +271,11 @@ struct Tracker {
     prev: HashMap<Flow, Snapshot>,
     sides: HashMap<Flow, crate::flow::Side>,
     seen: std::collections::HashSet<Flow>,
+    /// Each flow's sample count and the interval it last changed (for eviction).
+    active: HashMap<Flow, (u64, u64)>,
+    interval: u64,
     vanished: u64,
+    evicted: u64,
     closed_reported: u64,
     tracked: u64,
 }
@@ -280,6 +284,41 @@ impl Tracker {
     fn begin(&mut self) {
         self.seen.clear();
         self.tracked = 0;
+        self.interval += 1;
+    }
+
+    /// The interval of the flow's last sample, as of this read.
+    fn last_active(&mut self, f: &TcpFlowState) -> u64 {
+        let now = self.interval;
+        let e = self.active.entry(f.flow).or_insert((f.samples, now));
+        if e.0 != f.samples {
+            *e = (f.samples, now);
+        }
+        e.1
+    }
+
+    fn forget(&mut self, flow: &Flow) {
+        self.prev.remove(flow);
+        self.active.remove(flow);
+    }
+
+    /// Live flows to evict: when more than 7/8 of the `capacity` slots are
+    /// taken, the least recently active ones, down to 3/4.
+    fn to_evict(
+        &self,
+        mut live: Vec<(u64, u32, u32, Flow)>,
+        capacity: u32,
+    ) -> Vec<(u32, u32, Flow)> {
+        let cap = capacity as usize;
+        if live.len() <= cap - cap / 8 {
+            return Vec::new();
+        }
+        let n = live.len() - (cap - cap / 4);
+        live.sort_by_key(|l| l.0);
+        live.into_iter()
+            .take(n)
+            .map(|(_, slot, gen, flow)| (slot, gen, flow))
+            .collect()
     }
 
     /// One flow of this interval's read: its row, if it had samples, is new, or closed.
@@ -341,6 +380,7 @@ impl Tracker {
         let seen = &self.seen;
         self.prev.retain(|k, _| seen.contains(k));
         self.sides.retain(|k, _| seen.contains(k));
+        self.active.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
     }
 }
@@ -610,29 +650,41 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             let epoch = view.epoch();
             let mut total = Hist::default();
             let mut closed = Vec::new();
+            let mut live = Vec::new();
             tracker.begin();
             view.for_each_flow(&mut |f| {
                 // daemon mode: this flow's samples since the last read.
                 if let Some(d) = daemon.as_mut() {
                     d.tcp_flow(&f, tracker.prev.get(&f.flow), |ns| names.get(ns));
                 }
+                if f.closed {
+                    closed.push((f.slot, f.gen, f.flow));
+                } else {
+                    live.push((tracker.last_active(&f), f.slot, f.gen, f.flow));
+                }
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
-                    if f.closed {
-                        closed.push((f.cookie, f.flow));
-                    }
                     rows.insert(f.flow, r);
                 }
             })?;
             tracker.end();
             view.next_epoch();
-            // Closed flows are reported once (this interval), then forgotten.
-            for (cookie, flow) in closed {
-                view.forget(cookie);
-                tracker.prev.remove(&flow);
+            // Closed flows are reported once (this interval), then their
+            // slots are given back.
+            for (slot, gen, flow) in closed {
+                view.forget(slot, gen)?;
+                tracker.forget(&flow);
                 tracker.closed_reported += 1;
+            }
+            // Few slots left: evict the least recently active live flows
+            // (their sockets take a new slot at their next sample).
+            for (slot, gen, flow) in tracker.to_evict(live, view.info().max_flows) {
+                view.forget(slot, gen)?;
+                tracker.forget(&flow);
+                tracker.evicted += 1;
             }
             let mut tc = view.counters();
             tc.insert("flows_vanished", tracker.vanished);
+            tc.insert("flows_evicted", tracker.evicted);
             tc.insert("flows_closed_reported", tracker.closed_reported);
             tc.insert("flows_tracked", tracker.tracked);
             if let Some(r) = &tcp_raw {
@@ -997,5 +1049,26 @@ mod tests {
         assert_eq!(v["side"], "client");
         assert_eq!(v["t"], 1.0);
         assert_eq!(v["local"], "10.0.0.1:1000");
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_active_down_to_three_quarters() {
+        let flow = |port: u16| Flow {
+            netns: 1,
+            local: format!("10.0.0.1:{port}").parse().unwrap(),
+            remote: "10.0.0.2:80".parse().unwrap(),
+        };
+        let t = Tracker::default();
+        // 14 of 16 slots taken: at the 7/8 mark, nothing to do.
+        let live: Vec<_> = (0..14).map(|i| (i as u64, i, 1, flow(i as u16))).collect();
+        assert!(t.to_evict(live, 16).is_empty());
+        // 16 of 16: evict 4 (down to 12), the ones active longest ago.
+        let live: Vec<_> = (0..16)
+            .map(|i| ((16 - i) as u64, i, 7, flow(i as u16)))
+            .collect();
+        let ev = t.to_evict(live, 16);
+        let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(slots, vec![15, 14, 13, 12]);
+        assert!(ev.iter().all(|e| e.1 == 7));
     }
 }

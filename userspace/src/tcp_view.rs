@@ -8,8 +8,6 @@
 //! The libbpf-rs loader (`TcpView`) is built with the `libbpf` feature; the
 //! configuration, the decoded flow state and the decoding itself
 //! (`decode_flow`) are shared with the aya loader (`crate::loader`).
-#[cfg(feature = "libbpf")]
-use std::collections::BTreeMap;
 use std::collections::HashSet;
 #[cfg(feature = "libbpf")]
 use std::fs::File;
@@ -17,11 +15,11 @@ use std::fs::File;
 use std::io::Read;
 #[cfg(feature = "libbpf")]
 use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
 #[cfg(feature = "libbpf")]
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
-#[cfg(feature = "libbpf")]
 use anyhow::{Context, Result};
 #[cfg(feature = "libbpf")]
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -31,7 +29,9 @@ use serde::Serialize;
 
 #[cfg(feature = "libbpf")]
 use crate::bpf::tcp::types::rttscope_listener_key;
-use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_tcp_counter as C};
+use crate::bpf::tcp::types::{
+    rttscope_cidr_key, rttscope_flow_flags as F, rttscope_tcp_counter as C,
+};
 #[cfg(feature = "libbpf")]
 use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
 use crate::bpf::{self, TcpFlow};
@@ -108,7 +108,11 @@ impl TcpHookInfo {
 /// One flow's kernel state, decoded.
 #[derive(Debug, Clone)]
 pub struct TcpFlowState {
-    /// The socket cookie (the flow map's key).
+    /// The flow's slot in the `tcp_flows` array and the slot's generation
+    /// (what `forget` needs to give the slot back).
+    pub slot: u32,
+    pub gen: u32,
+    /// The socket cookie (`ss -e` prints it as sk:<hex>).
     pub cookie: u64,
     pub flow: Flow,
     pub side: Side,
@@ -133,7 +137,7 @@ pub struct TcpFlowState {
 
 /// Counter names, in the order of `enum rttscope_tcp_counter`.
 pub const COUNTER_NAMES: &[(C, &str)] = &[
-    (C::RTTSCOPE_TC_RTT_CB, "rtt_callbacks"),
+    (C::RTTSCOPE_TC_RTT_CB_SKIPPED, "rtt_callbacks_skipped"),
     (C::RTTSCOPE_TC_SAMPLES, "samples"),
     (C::RTTSCOPE_TC_SRTT_FALLBACK, "srtt_fallback_samples"),
     (C::RTTSCOPE_TC_FLOWS_CREATED, "flows_created"),
@@ -202,6 +206,10 @@ impl TcpView {
             .tcp_flows
             .set_max_entries(max_flows)
             .context("sizing the flow map")?;
+        open.maps
+            .tcp_free_slots
+            .set_max_entries(max_flows)
+            .context("sizing the free-slot stack")?;
         {
             let ro = open
                 .maps
@@ -236,6 +244,8 @@ impl TcpView {
             };
             skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
         }
+
+        fill_free_slots(skel.maps.tcp_free_slots.as_fd(), max_flows)?;
 
         let link = skel
             .progs
@@ -329,13 +339,6 @@ impl TcpView {
         }
     }
 
-    pub fn counters(&self) -> BTreeMap<&'static str, u64> {
-        COUNTER_NAMES
-            .iter()
-            .map(|(c, n)| (*n, self.counter(*c)))
-            .collect()
-    }
-
     /// The current report epoch (win_* values of flows belong to it when equal).
     pub fn epoch(&self) -> u32 {
         self.epoch
@@ -351,28 +354,20 @@ impl TcpView {
 
     /// Read every flow entry (batched: a few syscalls for thousands of
     /// flows), handing each to `f` without keeping them all in memory.
-    pub fn for_each_flow(&self, mut f: impl FnMut(TcpFlowState)) -> Result<()> {
-        let map = &self.skel.maps.tcp_flows;
-        let mut n = 0usize;
-        let res = dump_map(map, |k, v| {
-            if let Some(s) = self.decode_flow(k, v) {
-                n += 1;
-                f(s);
-            }
-        });
-        if res.is_err() && n == 0 {
-            // Kernels without batch lookup for this map type: one key at a time.
-            for k in map.keys() {
-                if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
-                    if let Some(s) = self.decode_flow(&k, &v) {
-                        f(s);
-                    }
-                }
-            }
-        } else {
-            res.context("reading the TCP view's flow map")?;
-        }
-        Ok(())
+    pub fn for_each_flow(&self, f: impl FnMut(TcpFlowState)) -> Result<()> {
+        let hwm = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(u64::MAX, |b| b.slots_hwm);
+        read_slots(
+            self.skel.maps.tcp_flows.as_fd(),
+            hwm,
+            self.info.max_flows,
+            &self.listeners,
+            f,
+        )
     }
 
     /// Read every flow entry.
@@ -382,13 +377,14 @@ impl TcpView {
         Ok(out)
     }
 
-    fn decode_flow(&self, k: &[u8], v: &[u8]) -> Option<TcpFlowState> {
-        decode_flow(k, v, &self.listeners)
-    }
-
-    /// Forget a flow (after it was reported closed), by its socket cookie.
-    pub fn forget(&self, cookie: u64) {
-        let _ = self.skel.maps.tcp_flows.delete(&cookie.to_ne_bytes());
+    /// Give a flow's slot back (after it was reported closed, or to evict it).
+    pub fn forget(&self, slot: u32, gen: u32) -> Result<()> {
+        free_slot(
+            self.skel.maps.tcp_flows.as_fd(),
+            self.skel.maps.tcp_free_slots.as_fd(),
+            slot,
+            gen,
+        )
     }
 
     /// The raw-sample ring buffer map (for `--raw`).
@@ -421,13 +417,16 @@ impl TcpView {
     }
 }
 
-/// Decode one `tcp_flows` entry (socket-cookie key and value bytes as read
-/// from the map). Flows whose side the kernel could not tell (found by the
-/// iterator) are servers if their local port was listening in their
-/// namespace. Shared by both loaders.
+/// Decode one `tcp_flows` slot (key: the slot index; value bytes as read
+/// from the map); `None` for a free slot. Flows whose side the kernel could
+/// not tell (found by the iterator) are servers if their local port was
+/// listening in their namespace. Shared by both loaders.
 pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Option<TcpFlowState> {
-    let cookie = u64::from_ne_bytes(k.get(..8)?.try_into().ok()?);
+    let slot = u32::from_ne_bytes(k.get(..4)?.try_into().ok()?);
     let val: TcpFlow = bpf::decode(v).ok()?;
+    if val.flags & FLOW_IN_USE == 0 {
+        return None;
+    }
     let key = val.key;
     let flow = Flow::from_key(&key)?;
     let mut side = Side::from_raw(val.side);
@@ -445,13 +444,15 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         (None, None)
     };
     Some(TcpFlowState {
-        cookie,
+        slot,
+        gen: val.gen,
+        cookie: val.cookie,
         flow,
         side,
         origin: origin_name(val.origin),
         state: val.state,
-        closed: val.flags & 2 != 0,
-        srtt_fallback: val.flags & 1 != 0,
+        closed: val.flags & FLOW_CLOSED != 0,
+        srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
         counts: Box::new(agg.hist),
         sum_us: agg.sum_us,
@@ -466,64 +467,66 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
     })
 }
 
-/// Walk a hash map with BPF_MAP_LOOKUP_BATCH. The kernel returns whole hash
-/// buckets per call (fewer than asked is normal) and ENOENT with the last
-/// entries when the walk is complete.
-#[cfg(feature = "libbpf")]
-pub fn dump_map(map: &dyn MapCore, mut f: impl FnMut(&[u8], &[u8])) -> std::io::Result<()> {
-    const BATCH: usize = 512;
-    let ks = map.key_size() as usize;
-    let vs = map.value_size() as usize;
-    let mut keys = vec![0u8; ks * BATCH];
-    let mut vals = vec![0u8; vs * BATCH];
-    // Opaque batch cursors: for hash maps a bucket index (4 bytes), sized for safety.
-    let mut cursor_in = vec![0u8; ks.max(8)];
-    let mut cursor_out = vec![0u8; ks.max(8)];
-    let opts = libbpf_sys::bpf_map_batch_opts {
-        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+const FLOW_SRTT_FALLBACK: u8 = F::RTTSCOPE_FLOW_SRTT_FALLBACK.0 as u8;
+const FLOW_CLOSED: u8 = F::RTTSCOPE_FLOW_CLOSED.0 as u8;
+const FLOW_IN_USE: u8 = F::RTTSCOPE_FLOW_IN_USE.0 as u8;
+
+/// Slots read beyond the kernel's high-water mark, in case it lags (several
+/// CPUs taking slots at once may, rarely, leave it short).
+const HWM_MARGIN: u64 = 64;
+
+/// Put every slot of the flow array on the free stack, highest first, so
+/// the kernel takes 0, 1, 2... and the taken slots stay packed at the bottom
+/// (the reader then stops at the high-water mark). Before attach.
+pub(crate) fn fill_free_slots(stack: BorrowedFd<'_>, max_flows: u32) -> Result<()> {
+    for slot in (0..max_flows).rev() {
+        crate::bpf_syscall::update(stack, None, &slot.to_ne_bytes(), 0)
+            .with_context(|| format!("filling the TCP view's free-slot stack (slot {slot})"))?;
+    }
+    Ok(())
+}
+
+/// Read the taken slots of the flow array (up to the high-water mark),
+/// decoded, one at a time. Shared by both loaders.
+pub(crate) fn read_slots(
+    flows: BorrowedFd<'_>,
+    hwm: u64,
+    max_flows: u32,
+    listeners: &HashSet<(u32, u16)>,
+    mut f: impl FnMut(TcpFlowState),
+) -> Result<()> {
+    let limit = hwm.saturating_add(HWM_MARGIN).min(max_flows as u64) as usize;
+    crate::bpf_syscall::lookup_batch(
+        flows,
+        std::mem::size_of::<u32>(),
+        std::mem::size_of::<TcpFlow>(),
+        limit,
+        |k, v| {
+            if let Some(s) = decode_flow(k, v, listeners) {
+                f(s);
+            }
+        },
+    )
+    .context("reading the TCP view's flow slots")
+}
+
+/// Give slot `slot` (taken with generation `gen`) back: mark it free with
+/// the next generation, so its socket, if still alive, no longer matches
+/// (it takes a new slot at its next sample), then push it on the free stack.
+pub(crate) fn free_slot(
+    flows: BorrowedFd<'_>,
+    stack: BorrowedFd<'_>,
+    slot: u32,
+    gen: u32,
+) -> Result<()> {
+    let v = TcpFlow {
+        gen: gen.wrapping_add(1),
         ..Default::default()
     };
-    let fd = map.as_fd().as_raw_fd();
-    let mut first = true;
-    loop {
-        let mut count = BATCH as u32;
-        // SAFETY: buffers are sized for BATCH keys/values and the cursors for a key.
-        let ret = unsafe {
-            libbpf_sys::bpf_map_lookup_batch(
-                fd,
-                if first {
-                    std::ptr::null_mut()
-                } else {
-                    cursor_in.as_mut_ptr().cast()
-                },
-                cursor_out.as_mut_ptr().cast(),
-                keys.as_mut_ptr().cast(),
-                vals.as_mut_ptr().cast(),
-                &mut count,
-                &opts,
-            )
-        };
-        let err = if ret < 0 {
-            Some(std::io::Error::last_os_error())
-        } else {
-            None
-        };
-        match &err {
-            Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                return Err(std::io::Error::new(e.kind(), e.to_string()))
-            }
-            _ => {}
-        }
-        for i in 0..count as usize {
-            f(&keys[i * ks..(i + 1) * ks], &vals[i * vs..(i + 1) * vs]);
-        }
-        if err.is_some() {
-            return Ok(()); // ENOENT: the walk is complete
-        }
-        std::mem::swap(&mut cursor_in, &mut cursor_out);
-        first = false;
-    }
+    crate::bpf_syscall::update(flows, Some(&slot.to_ne_bytes()), bpf::as_bytes(&v), 0)
+        .with_context(|| format!("freeing TCP flow slot {slot}"))?;
+    crate::bpf_syscall::update(stack, None, &slot.to_ne_bytes(), 0)
+        .with_context(|| format!("returning TCP flow slot {slot} to the free stack"))
 }
 
 pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {

@@ -3,7 +3,10 @@
 //!
 //! Mapping of what the libbpf skeleton does to aya:
 //! - `.rodata` config (`cfg_*`): `EbpfLoader::override_global` before load;
-//! - `tcp_flows` capacity (--max-flows): `EbpfLoader::map_max_entries`;
+//! - `tcp_flows` and `tcp_free_slots` capacity (--max-flows):
+//!   `EbpfLoader::map_max_entries`; the slot array is read and the free
+//!   stack filled through the shared raw-syscall helpers (aya 0.14 has no
+//!   batch lookup), on the maps' fds;
 //! - `.bss` `epoch`: the `.bss` array map, value type = the generated `bss`
 //!   layout struct, read-modify-written each interval;
 //! - sock_ops: `SockOps::attach`, which creates a BPF link (kernel >= 5.7),
@@ -14,7 +17,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use anyhow::{Context, Result};
 use aya::maps::lpm_trie::Key as LpmKey;
@@ -24,9 +27,11 @@ use aya::{Btf, Ebpf, EbpfLoader, Pod};
 
 use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
 use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
-use crate::bpf::{self, FlowKey, TcpFlow};
+use crate::bpf::{FlowKey, TcpFlow};
 use crate::netns::NetNs;
-use crate::tcp_view::{cidr_key, decode_flow, TcpFlowState, TcpHookInfo, TcpViewConfig};
+use crate::tcp_view::{
+    cidr_key, fill_free_slots, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
+};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
@@ -46,7 +51,8 @@ const ITER: &str = "rttscope_iter_tcp";
 
 pub struct AyaTcp {
     ebpf: Ebpf,
-    flows: HashMap<MapData, u64, TcpFlow>,
+    flows: MapData,
+    free_slots: MapData,
     counters: PerCpuArray<MapData, u64>,
     bss: Array<MapData, bss>,
     events: Option<RingBuf<MapData>>,
@@ -77,6 +83,7 @@ impl AyaTcp {
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("tcp_flows", max_flows)
+            .map_max_entries("tcp_free_slots", max_flows)
             .override_global("cfg_netns_filter", &netns_on, true)
             .override_global("cfg_port_filter", &port_on, true)
             .override_global("cfg_addr_filter", &addr_on, true)
@@ -111,6 +118,14 @@ impl AyaTcp {
             }
         }
 
+        {
+            let m = map(&mut ebpf, "tcp_free_slots")?;
+            let aya::maps::Map::Stack(d) = m else {
+                anyhow::bail!("the TCP view object's tcp_free_slots is not a stack map");
+            };
+            fill_free_slots(d.fd().as_fd(), max_flows)?;
+        }
+
         let prog: &mut SockOps = ebpf
             .program_mut(SOCKOPS)
             .context("the TCP view object has no sock_ops program")?
@@ -139,7 +154,12 @@ impl AyaTcp {
             )
         })?;
 
-        let flows = HashMap::try_from(take(&mut ebpf, "tcp_flows")?)?;
+        let aya::maps::Map::Array(flows) = take(&mut ebpf, "tcp_flows")? else {
+            anyhow::bail!("the TCP view object's tcp_flows is not an array map");
+        };
+        let aya::maps::Map::Stack(free_slots) = take(&mut ebpf, "tcp_free_slots")? else {
+            anyhow::bail!("the TCP view object's tcp_free_slots is not a stack map");
+        };
         let counters = PerCpuArray::try_from(take(&mut ebpf, "tcp_counters")?)?;
         let bss = Array::try_from(take(&mut ebpf, ".bss")?)?;
         let events = if cfg.raw {
@@ -150,6 +170,7 @@ impl AyaTcp {
         let mut view = AyaTcp {
             ebpf,
             flows,
+            free_slots,
             counters,
             bss,
             events,
@@ -261,14 +282,14 @@ impl TcpLoader for AyaTcp {
     }
 
     fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
-        // Entries deleted while walking are skipped by aya's iterator; other
-        // errors end the walk (the next interval reads again).
-        for (k, v) in self.flows.iter().map_while(|r| r.ok()) {
-            if let Some(s) = decode_flow(&k.to_ne_bytes(), bpf::as_bytes(&v), &self.listeners) {
-                f(s);
-            }
-        }
-        Ok(())
+        let hwm = self.bss.get(&0, 0).map_or(u64::MAX, |b| b.slots_hwm);
+        read_slots(
+            self.flows.fd().as_fd(),
+            hwm,
+            self.info.max_flows,
+            &self.listeners,
+            f,
+        )
     }
 
     fn counter(&self, c: C) -> u64 {
@@ -293,8 +314,13 @@ impl TcpLoader for AyaTcp {
         }
     }
 
-    fn forget(&mut self, cookie: u64) {
-        let _ = self.flows.remove(&cookie);
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+        free_slot(
+            self.flows.fd().as_fd(),
+            self.free_slots.fd().as_fd(),
+            slot,
+            gen,
+        )
     }
 
     fn prog_ids(&self) -> Vec<(&'static str, u32)> {

@@ -51,8 +51,8 @@ impl TcpLoader for LibbpfTcp {
     fn next_epoch(&mut self) {
         self.view.next_epoch()
     }
-    fn forget(&mut self, cookie: u64) {
-        self.view.forget(cookie)
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+        self.view.forget(slot, gen)
     }
     fn prog_ids(&self) -> Vec<(&'static str, u32)> {
         self.view.prog_ids()

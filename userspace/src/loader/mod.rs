@@ -95,15 +95,14 @@ pub trait TcpLoader {
     fn epoch(&self) -> u32;
     /// Start a new report interval: flows' win_min/win_max restart.
     fn next_epoch(&mut self);
-    /// Forget a flow (after it was reported closed).
-    /// Forget a flow (after it was reported closed), by its socket cookie.
-    fn forget(&mut self, cookie: u64);
+    /// Give a flow's slot back (after it was reported closed, or to evict
+    /// it): `slot` and `gen` as read in its `TcpFlowState`.
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()>;
     /// Kernel IDs of the loaded programs (bpftool prog show id N).
     fn prog_ids(&self) -> Vec<(&'static str, u32)>;
     /// The raw-sample stream (only with `raw: true` in the config; once).
     fn raw_samples(&mut self) -> Result<RawSamples>;
 
-    /// Every counter by name, in the order of `enum rttscope_tcp_counter`.
     /// Every flow entry, collected.
     fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
         let mut out = Vec::new();
@@ -111,11 +110,16 @@ pub trait TcpLoader {
         Ok(out)
     }
 
+    /// Every counter by name, in the order of `enum rttscope_tcp_counter`,
+    /// plus `rtt_callbacks` (samples + callbacks skipped: the kernel counts
+    /// only the exceptions, to keep the per-sample path short).
     fn counters(&self) -> BTreeMap<&'static str, u64> {
-        COUNTER_NAMES
+        let mut m: BTreeMap<&'static str, u64> = COUNTER_NAMES
             .iter()
             .map(|(c, n)| (*n, self.counter(*c)))
-            .collect()
+            .collect();
+        m.insert("rtt_callbacks", m["samples"] + m["rtt_callbacks_skipped"]);
+        m
     }
 }
 
