@@ -319,9 +319,26 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 	count(RTTSCOPE_TC_RAW_EVENTS);
 }
 
-static __always_inline void on_rtt(struct bpf_sock_ops *skops)
+/* Slow path of an RTT callback: the socket has no slot (callbacks enabled by
+ * someone else, or its flow was evicted). */
+static __noinline struct rttscope_tcp_flow *late_flow(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
+	struct bpf_sock *sk = skops->sk;
+
+	if (!sk || !skops_key(skops, &key))
+		return NULL;
+	key.netns = sock_netns(sk);
+	if (!wanted(&key)) {
+		count(RTTSCOPE_TC_FILTERED);
+		return NULL;
+	}
+	return new_flow(sk, bpf_get_socket_cookie(skops), &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0,
+			TCP_ESTABLISHED);
+}
+
+static __always_inline void on_rtt(struct bpf_sock_ops *skops)
+{
 	struct rttscope_tcp_flow *f;
 	struct bpf_sock *sk = skops->sk;
 	__u32 rtt = skops->args[0];
@@ -335,19 +352,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	}
 	f = sock_flow(sk);
 	if (!f) {
-		/* callbacks enabled by someone else, or the flow was evicted */
-		if (!skops_key(skops, &key)) {
-			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
-			return;
-		}
-		key.netns = sock_netns(sk);
-		if (!wanted(&key)) {
-			count(RTTSCOPE_TC_FILTERED);
-			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
-			return;
-		}
-		f = new_flow(sk, bpf_get_socket_cookie(skops), &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE,
-			     0, TCP_ESTABLISHED);
+		f = late_flow(skops);
 		if (!f) {
 			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
 			return;
@@ -370,38 +375,47 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	}
 }
 
+/* A connection was established after attach: turn our callbacks on and
+ * give it a slot (not on the per-sample path: a subprogram of its own, so its
+ * stack work stays out of the RTT callback). */
+static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
+{
+	struct rttscope_flow_key key = {};
+	struct bpf_sock *sk = skops->sk;
+
+	if (!sk) {
+		count(RTTSCOPE_TC_NO_SOCK);
+		return;
+	}
+	if (!skops_key(skops, &key))
+		return;
+	key.netns = sock_netns(sk);
+	if (!wanted(&key)) {
+		count(RTTSCOPE_TC_FILTERED);
+		return;
+	}
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
+	count(RTTSCOPE_TC_ENABLED);
+	new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED, skops->srtt_us >> 3,
+		 TCP_ESTABLISHED);
+}
+
 SEC("sockops")
 int rttscope_sockops(struct bpf_sock_ops *skops)
 {
-	struct rttscope_flow_key key = {};
 	struct rttscope_tcp_flow *f;
 	struct bpf_sock *sk;
 	__u32 op = skops->op;
-	__u8 side;
 
 	switch (op) {
 	case BPF_SOCK_OPS_RTT_CB:
 		on_rtt(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		on_established(skops, RTTSCOPE_SIDE_CLIENT);
+		break;
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
-		sk = skops->sk;
-		if (!sk) {
-			count(RTTSCOPE_TC_NO_SOCK);
-			break;
-		}
-		if (!skops_key(skops, &key))
-			break;
-		key.netns = sock_netns(sk);
-		if (!wanted(&key)) {
-			count(RTTSCOPE_TC_FILTERED);
-			break;
-		}
-		side = op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB ? RTTSCOPE_SIDE_CLIENT : RTTSCOPE_SIDE_SERVER;
-		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
-		count(RTTSCOPE_TC_ENABLED);
-		new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
-			 skops->srtt_us >> 3, TCP_ESTABLISHED);
+		on_established(skops, RTTSCOPE_SIDE_SERVER);
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
 		count(RTTSCOPE_TC_RETRANS);
