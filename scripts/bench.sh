@@ -98,21 +98,32 @@ echo "median tps without observer: $b; with: $w; change: $(awk -v b="$b" -v w="$
 echo "median sock_ops ns/invocation: $(med "${ns_per[@]}")  (target <= 150)"
 echo "median observer CPU: $(med "${cpu[@]}")% of one core; RSS $(med "${rss[@]}") KiB"
 
-echo "== floor: a sock_ops program that only turns on RTT_CB (scripts/bench/sockops_floor.bpf.c)"
-# Same measurement, same flow, in a cgroup of its own (the program is attached
-# there, not at the root; removed by the trap on any exit).
-clang-19 -target bpf -O2 -g -I"/usr/include/$(gcc -dumpmachine)" -c "$ROOT/scripts/bench/sockops_floor.bpf.c" -o "$OUT/floor.o"
-bpftool prog load "$OUT/floor.o" "$FLOOR_PIN" type sockops
-bpftool cgroup attach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" multi
-floor_id=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+echo "== building blocks (scripts/bench/sockops_blocks.bpf.c): floor and one operation per RTT callback"
+# Same measurement, same flow, same cgroup (each program attached there, not
+# at the root, one at a time; removed by the trap on any exit).
 in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7002 & FSRV=$!
 sleep 0.3
-read -r c0 t0 < <(prog_stat "$floor_id")
-in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7002 "$SECS" 1 0 >/dev/null
-read -r c1 t1 < <(prog_stat "$floor_id")
-bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
+declare -A block_ns
+for round in 1 2; do
+  for block in 0 1 2 3 4; do
+    clang-19 -target bpf -O2 -g -DBLOCK=$block -I"/usr/include/$(gcc -dumpmachine)" -c "$ROOT/scripts/bench/sockops_blocks.bpf.c" -o "$OUT/block$block.o"
+    bpftool prog load "$OUT/block$block.o" "$FLOOR_PIN" type sockops
+    bpftool cgroup attach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" multi
+    bid=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+    read -r c0 t0 < <(prog_stat "$bid")
+    in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7002 "$SECS" 1 0 >/dev/null
+    read -r c1 t1 < <(prog_stat "$bid")
+    bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
+    block_ns[$block]="${block_ns[$block]:-} $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')"
+  done
+done
 kill "$FSRV" 2>/dev/null || true; FSRV=
-echo "floor: $((c1-c0)) runs, $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }') ns/run (the cost of being called + the statistics themselves, on this machine now)"
+names=("floor: nothing per callback (the cost of being called + the statistics themselves)"
+       "bpf_get_socket_cookie + array lookup" "bpf_get_socket_cookie + LRU hash lookup (8-byte key)"
+       "socket-local storage lookup" "array lookup (inlined)")
+for block in 0 1 2 3 4; do
+  echo "block $block, ${names[$block]}: ns/run ${block_ns[$block]} (2 rounds)"
+done
 
 echo "== TCP view: 10,000 flows"
 start_obs
