@@ -304,8 +304,8 @@ struct rttscope_sampler_flow {
  * 0 = free; gen << 32 | 0 = reserved by an egress program (not valid yet).
  * One 64-bit word, so both CPUs claim/free it with cmpxchg. */
 struct rttscope_sampler_pending {
-	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
 	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
+	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
 	__u32 last_tsval;   /* tsval: last TSval recorded (record each TSval once) */
 	__u32 flags;        /* 1: last_tsval valid */
 };
@@ -328,18 +328,20 @@ struct rttscope_sampler_pending {
  *    turned into the real value with cmpxchg: a segment of a flow whose way
  *    was re-keyed in between can never become a slot of the new flow. */
 struct rttscope_sampler_entry {
+	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1) */
 	struct rttscope_flow_key key;  /* family 0: empty way */
 	__u32 hash;         /* tag: the low half of the key's hash */
 	__u64 gen;          /* 64-bit: BPF atomics without alu32 */
-	__u64 lock;
 	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
+	__u64 lock;
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
-	__u8 reserved[16];  /* pads the entry to 1024 bytes */
+	__u8 reserved[16];  /* pads the entry to 1024 bytes (the array is mmapable: page-aligned) */
 };
 
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
 _Static_assert(sizeof(struct rttscope_sampler_entry) == 1024, "sampler table entry layout");
+_Static_assert(__builtin_offsetof(struct rttscope_sampler_entry, pend.slot) == 64, "slots in cache line 1");
 
 /* ==================== end of the sampler view section ==================== */
 

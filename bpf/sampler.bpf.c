@@ -94,6 +94,9 @@ enum rttscope_event_type _event_type_type = 0;
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 16384);
+	/* mmapable: the values start page-aligned, so each 1 KiB entry's hot
+	 * part sits in two cache lines (lookups stay inlined) */
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct rttscope_sampler_entry);
 } sampler_table SEC(".maps");
@@ -154,10 +157,9 @@ static __always_inline int sampled(void)
 }
 
 /* Headers end past data_end: a short packet, or headers outside the linear part. */
-static __always_inline int short_hdr(struct __sk_buff *skb, __u32 need)
+static __always_inline __u32 short_hdr(struct __sk_buff *skb, __u32 need)
 {
-	count(skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR);
-	return -1;
+	return skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR;
 }
 
 /* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. Otherwise
@@ -214,8 +216,9 @@ static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, v
 }
 
 /* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
- * Returns 0 for a plain TCP segment, -1 (after counting why) otherwise. */
-static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
+ * Returns 0 for a plain TCP segment, else the RTTSCOPE_SC_SKIP_* counter
+ * saying why (counted once by the caller: one copy of the code). */
+static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -223,10 +226,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 	__u16 proto;
 	struct tcphdr *th;
 
-	if (skb->vlan_present) {
-		count(RTTSCOPE_SC_SKIP_VLAN);
-		return -1;
-	}
+	if (skb->vlan_present)
+		return RTTSCOPE_SC_SKIP_VLAN;
 	if (cfg_link == RTTSCOPE_LINK_ETHER) {
 		struct ethhdr *eth = data;
 
@@ -237,43 +238,29 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 	} else {
 		proto = (__u16)skb->protocol;
 	}
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
-		count(RTTSCOPE_SC_SKIP_VLAN);
-		return -1;
-	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return RTTSCOPE_SC_SKIP_VLAN;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = data + off;
 		__u32 tot;
 
 		if ((void *)(ip + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip));
-		if (ip->version != 4 || ip->ihl < 5) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (ip->ihl != 5) {
-			count(RTTSCOPE_SC_SKIP_IP_OPTIONS);
-			return -1;
-		}
-		if (ip->frag_off & bpf_htons(0x3fff)) {
-			count(RTTSCOPE_SC_SKIP_FRAGMENT);
-			return -1;
-		}
-		if (ip->protocol != IPPROTO_TCP) {
-			count(RTTSCOPE_SC_SKIP_NON_TCP);
-			return -1;
-		}
+		if (ip->version != 4 || ip->ihl < 5)
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (ip->ihl != 5)
+			return RTTSCOPE_SC_SKIP_IP_OPTIONS;
+		if (ip->frag_off & bpf_htons(0x3fff))
+			return RTTSCOPE_SC_SKIP_FRAGMENT;
+		if (ip->protocol != IPPROTO_TCP)
+			return RTTSCOPE_SC_SKIP_NON_TCP;
 		tot = bpf_ntohs(ip->tot_len);
 		if (tot == 0) /* BIG TCP (GSO > 64 KiB): length from the skb */
 			tot = skb->len - off;
-		if (tot < sizeof(*ip) + sizeof(*th)) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (tot > skb->len - off) {
-			count(RTTSCOPE_SC_SKIP_TRUNCATED);
-			return -1;
-		}
+		if (tot < sizeof(*ip) + sizeof(*th))
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (tot > skb->len - off)
+			return RTTSCOPE_SC_SKIP_TRUNCATED;
 		l4len = tot - sizeof(*ip);
 		s->key.family = AF_INET;
 		__builtin_memcpy(s->key.laddr, &ip->saddr, 4);
@@ -286,49 +273,38 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 
 		if ((void *)(ip6 + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip6));
-		if (ip6->version != 6) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
+		if (ip6->version != 6)
+			return RTTSCOPE_SC_SKIP_MALFORMED;
 		nh = ip6->nexthdr;
 		if (nh != IPPROTO_TCP) {
 			/* hop-by-hop, routing, fragment, ESP, AH, dest opts, mobility, HIP, shim6 */
 			if (nh == 0 || nh == 43 || nh == 44 || nh == 50 || nh == 51 || nh == 60 ||
 			    nh == 135 || nh == 139 || nh == 140)
-				count(RTTSCOPE_SC_SKIP_IPV6_EXT);
-			else
-				count(RTTSCOPE_SC_SKIP_NON_TCP);
-			return -1;
+				return RTTSCOPE_SC_SKIP_IPV6_EXT;
+			return RTTSCOPE_SC_SKIP_NON_TCP;
 		}
 		plen = bpf_ntohs(ip6->payload_len);
 		if (plen == 0) /* BIG TCP / jumbogram: length from the skb */
 			plen = skb->len - off - sizeof(*ip6);
-		if (plen < sizeof(*th)) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (plen > skb->len - off - sizeof(*ip6)) {
-			count(RTTSCOPE_SC_SKIP_TRUNCATED);
-			return -1;
-		}
+		if (plen < sizeof(*th))
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (plen > skb->len - off - sizeof(*ip6))
+			return RTTSCOPE_SC_SKIP_TRUNCATED;
 		l4len = plen;
 		s->key.family = AF_INET6;
 		__builtin_memcpy(s->key.laddr, &ip6->saddr, 16);
 		__builtin_memcpy(s->key.raddr, &ip6->daddr, 16);
 		off += sizeof(*ip6);
 	} else {
-		count(RTTSCOPE_SC_SKIP_NON_IP);
-		return -1;
+		return RTTSCOPE_SC_SKIP_NON_IP;
 	}
 
 	th = data + off;
 	if ((void *)(th + 1) > end)
 		return short_hdr(skb, off + sizeof(*th));
 	hl = th->doff * 4;
-	if (hl < sizeof(*th) || hl > l4len) {
-		count(RTTSCOPE_SC_SKIP_MALFORMED);
-		return -1;
-	}
+	if (hl < sizeof(*th) || hl > l4len)
+		return RTTSCOPE_SC_SKIP_MALFORMED;
 	s->key.lport = bpf_ntohs(th->source);
 	s->key.rport = bpf_ntohs(th->dest);
 	s->seq = bpf_ntohl(th->seq);
@@ -517,13 +493,10 @@ static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 }
 
 /* A reset: drop the flow's pending segments (they will never be acknowledged). */
-static __always_inline void forget(const struct rttscope_flow_key *key)
+static __always_inline void forget(struct rttscope_sampler_entry *e)
 {
-	struct rttscope_sampler_entry *e;
-	__u64 h = key_hash(key), g;
 	int i;
 
-	e = table_find(key, (__u32)(h >> 32) & cfg_set_mask, (__u32)h, &g);
 	if (!e)
 		return;
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
@@ -573,7 +546,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
 	struct seg s = {};
-	__u32 v, t, set, tag, free_i = RTTSCOPE_SAMPLER_SLOTS;
+	__u32 v, t, set, tag, why, free_i = RTTSCOPE_SAMPLER_SLOTS;
 	__u64 now, nv, rv, h, g;
 	int i;
 
@@ -581,49 +554,49 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	if (!sampled())
 		return PASS;
 	count(RTTSCOPE_SC_SAMPLED_EGRESS);
-	if (parse(skb, &s))
-		return PASS;
+	why = parse(skb, &s);
+	if (unlikely(why))
+		goto out;
 	count(RTTSCOPE_SC_TCP_EGRESS);
-	if (s.flags & TH_RST) {
-		s.key.netns = cfg_netns;
-		forget(&s.key);
-		return PASS;
-	}
-	if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
-		count(RTTSCOPE_SC_NO_DATA);
-		return PASS;
-	}
-	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
-		if (!s.has_ts) {
-			count(RTTSCOPE_SC_NO_TIMESTAMP);
-			return PASS;
-		}
-		v = s.tsval;
-	} else {
-		/* end sequence: from the payload length, so a GSO/TSO skb
-		 * carrying many segments is timed by its last byte */
-		v = s.seq + s.payload + ((s.flags & TH_SYN) ? 1 : 0) + ((s.flags & TH_FIN) ? 1 : 0);
-	}
 	s.key.netns = cfg_netns;
+	if (likely(!(s.flags & TH_RST))) {
+		if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
+			why = RTTSCOPE_SC_NO_DATA;
+			goto out;
+		}
+		if (cfg_match == RTTSCOPE_MATCH_TSVAL && !s.has_ts) {
+			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			goto out;
+		}
+	}
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL)
+		v = s.tsval;
+	else /* end sequence: from the payload length, so a GSO/TSO skb
+	      * carrying many segments is timed by its last byte */
+		v = s.seq + s.payload + ((s.flags & TH_SYN) ? 1 : 0) + ((s.flags & TH_FIN) ? 1 : 0);
 	h = key_hash(&s.key);
 	set = (__u32)(h >> 32) & cfg_set_mask;
 	tag = (__u32)h;
-	now = bpf_ktime_get_ns();
 	e = table_find(&s.key, set, tag, &g);
-	if (!e) {
+	if (unlikely(s.flags & TH_RST)) {
+		forget(e);
+		return PASS;
+	}
+	now = bpf_ktime_get_ns();
+	if (unlikely(!e)) {
 		e = table_insert(&s.key, set, tag, now, &g);
 		if (!e)
 			return PASS;
 	}
 	pd = &e->pend;
-	if (now - pd->touched_ns > cfg_timeout_ns)
+	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
 		expire_all(pd);
 	pd->touched_ns = now;
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
 		/* pping: time only the first packet that carries a TSval */
 		if ((pd->flags & 1) && pd->last_tsval == v) {
-			count(RTTSCOPE_SC_DUPLICATE);
-			return PASS;
+			why = RTTSCOPE_SC_DUPLICATE;
+			goto out;
 		}
 		pd->last_tsval = v;
 		pd->flags |= 1;
@@ -637,9 +610,9 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 				free_i = i;
 			continue;
 		}
-		if (!slot_valid(sl))
+		if (unlikely(!slot_valid(sl)))
 			continue; /* reserved by another CPU */
-		if ((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns) {
+		if (unlikely((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
 				count(RTTSCOPE_SC_EXPIRED);
 				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
@@ -649,33 +622,31 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		}
 		if ((__u32)(sl >> 32) == v) {
 			/* a retransmission of a pending segment: keep the first time */
-			count(RTTSCOPE_SC_DUPLICATE);
-			return PASS;
+			why = RTTSCOPE_SC_DUPLICATE;
+			goto out;
 		}
 	}
-	if (free_i >= RTTSCOPE_SAMPLER_SLOTS) {
-		count(RTTSCOPE_SC_SLOTS_FULL);
-		return PASS;
+	if (unlikely(free_i >= RTTSCOPE_SAMPLER_SLOTS)) {
+		why = RTTSCOPE_SC_SLOTS_FULL;
+		goto out;
 	}
 	/* reserve the slot under this generation, check the way still holds
 	 * our flow, then publish: see struct rttscope_sampler_entry */
 	rv = (__u64)(__u32)g << 32;
 	nv = ((__u64)v << 32) | t;
-	if (__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0) {
-		count(RTTSCOPE_SC_RACE);
-		return PASS;
-	}
+	why = RTTSCOPE_SC_RACE;
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0))
+		goto out;
 	compiler_barrier();
-	if (READ_ONCE_U64(e->gen) != g) {
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
 		__sync_val_compare_and_swap(&pd->slot[free_i], rv, 0);
-		count(RTTSCOPE_SC_RACE);
-		return PASS;
+		goto out;
 	}
-	if (__sync_val_compare_and_swap(&pd->slot[free_i], rv, nv) != rv) {
-		count(RTTSCOPE_SC_RACE);
-		return PASS;
-	}
-	count(RTTSCOPE_SC_RECORDED);
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], rv, nv) != rv))
+		goto out;
+	why = RTTSCOPE_SC_RECORDED;
+out:
+	count(why);
 	return PASS;
 }
 
@@ -685,7 +656,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
 	struct seg s = {};
-	__u32 v, t, matched = 0, oldest = 0;
+	__u32 v, t, why, matched = 0, oldest = 0;
 	__u64 now, busy, h, g;
 	int i;
 
@@ -693,50 +664,46 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	if (!sampled())
 		return PASS;
 	count(RTTSCOPE_SC_SAMPLED_INGRESS);
-	if (parse(skb, &s))
-		return PASS;
+	why = parse(skb, &s);
+	if (unlikely(why))
+		goto out;
 	count(RTTSCOPE_SC_TCP_INGRESS);
-	if (s.flags & TH_RST) {
-		/* the connection is gone: nothing pending will be acknowledged */
-		swap_key(&s.key);
-		s.key.netns = cfg_netns;
-		forget(&s.key);
-		count(RTTSCOPE_SC_NOT_ACK);
-		return PASS;
-	}
-	if (!(s.flags & TH_ACK)) {
-		count(RTTSCOPE_SC_NOT_ACK);
-		return PASS;
-	}
-	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
-		if (!s.has_ts || s.tsecr == 0) {
-			count(RTTSCOPE_SC_NO_TIMESTAMP);
-			return PASS;
-		}
-		v = s.tsecr;
-	} else {
-		v = s.ack;
-	}
 	/* the data sender's key: local = our end = the packet's destination */
 	swap_key(&s.key);
 	s.key.netns = cfg_netns;
+	if (likely(!(s.flags & TH_RST))) {
+		if (!(s.flags & TH_ACK)) {
+			why = RTTSCOPE_SC_NOT_ACK;
+			goto out;
+		}
+		if (cfg_match == RTTSCOPE_MATCH_TSVAL && (!s.has_ts || s.tsecr == 0)) {
+			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			goto out;
+		}
+	}
+	v = cfg_match == RTTSCOPE_MATCH_TSVAL ? s.tsecr : s.ack;
 	h = key_hash(&s.key);
 	e = table_find(&s.key, (__u32)(h >> 32) & cfg_set_mask, (__u32)h, &g);
+	if (unlikely(s.flags & TH_RST)) {
+		/* the connection is gone: nothing pending will be acknowledged */
+		forget(e);
+		why = RTTSCOPE_SC_NOT_ACK;
+		goto out;
+	}
 	if (!e) {
-		count(RTTSCOPE_SC_ACK_NO_PENDING);
-		return PASS;
+		why = RTTSCOPE_SC_ACK_NO_PENDING;
+		goto out;
 	}
 	pd = &e->pend;
 	/* nothing pending: no clock read, nothing to expire */
 	busy = 0;
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++)
 		busy |= pd->slot[i];
-	if (!busy) {
-		count(RTTSCOPE_SC_ACK_NO_MATCH);
-		return PASS;
-	}
+	why = RTTSCOPE_SC_ACK_NO_MATCH;
+	if (!busy)
+		goto out;
 	now = bpf_ktime_get_ns();
-	if (now - pd->touched_ns > cfg_timeout_ns)
+	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
 		expire_all(pd);
 	pd->touched_ns = now;
 	t = now_us32(now);
@@ -748,7 +715,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 			continue; /* free, or reserved by an egress program */
 		sv = (__u32)(sl >> 32);
 		age = t - (__u32)sl;
-		if ((__u64)age * 1000 > cfg_timeout_ns) {
+		if (unlikely((__u64)age * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
 				count(RTTSCOPE_SC_EXPIRED);
 			continue;
@@ -766,7 +733,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 			if (v - sv >= RTTSCOPE_SAMPLER_MAX_ACK_AHEAD)
 				continue;
 		}
-		if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl) {
+		if (unlikely(__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)) {
 			count(RTTSCOPE_SC_RACE);
 			continue;
 		}
@@ -774,29 +741,28 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		if (age > oldest)
 			oldest = age;
 	}
-	if (!matched) {
-		count(RTTSCOPE_SC_ACK_NO_MATCH);
-		return PASS;
-	}
+	if (!matched) /* why: ACK_NO_MATCH */
+		goto out;
 	/* one sample per ACK, from the oldest segment it covers (as TCP's
 	 * seq_rtt); the others are freed and counted */
-	if (matched > 1)
+	if (unlikely(matched > 1))
 		count_n(RTTSCOPE_SC_ACKED_TOGETHER, matched - 1);
 	/* the histogram: under the way's lock, and only if the way still
 	 * holds our flow (a slot of a re-keyed way is never used: the slots
 	 * matched above were cleared, or were ours, before the re-key) */
-	if (__sync_val_compare_and_swap(&e->lock, 0, 1) != 0) {
-		count(RTTSCOPE_SC_FLOW_MAP_FULL);
-		return PASS;
-	}
-	if (READ_ONCE_U64(e->gen) != g) {
+	why = RTTSCOPE_SC_FLOW_MAP_FULL;
+	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
+		goto out;
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
 		unlock(e);
-		count(RTTSCOPE_SC_FLOW_MAP_FULL);
-		return PASS;
+		goto out;
 	}
-	if (e->flow.agg.samples == 0)
+	if (unlikely(e->flow.agg.samples == 0))
 		count(RTTSCOPE_SC_FLOWS_CREATED);
 	add_sample(&e->flow, &s.key, oldest, now);
 	unlock(e);
+	return PASS;
+out:
+	count(why);
 	return PASS;
 }

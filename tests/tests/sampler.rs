@@ -1012,7 +1012,11 @@ fn bench_sampler_overhead() {
     let (mut off, mut on) = (Vec::new(), Vec::new());
     let mut per_prog: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
     let mut test_run: Vec<(String, f64)> = Vec::new();
-    for _ in 0..rounds {
+    // per round: the regime of an idle 2-vCPU VM flips between ~15k and
+    // ~50k TPS (CPUs idling between packets or not), and ns/packet with it:
+    // compare rounds of similar TPS
+    let mut per_round: Vec<serde_json::Value> = Vec::new();
+    for round in 0..rounds {
         off.push(rr_tps(&pair, server, secs));
         let s = Sampler::start(&[
             "--iface",
@@ -1029,14 +1033,32 @@ fn bench_sampler_overhead() {
             "600s",
         ]);
         on.push(rr_tps(&pair, server, secs));
+        let mut this_round: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
         for p in s.start["progs"].as_array().unwrap() {
             let (ns, cnt) = prog_stats(p["id"].as_u64().unwrap());
-            let e = per_prog
-                .entry(p["name"].as_str().unwrap().to_string())
-                .or_default();
+            let name = p["name"].as_str().unwrap().to_string();
+            let e = this_round.entry(name.clone()).or_default();
+            e.0 += ns;
+            e.1 += cnt;
+            let e = per_prog.entry(name).or_default();
             e.0 += ns;
             e.1 += cnt;
         }
+        let nsp = |n: &str| {
+            this_round
+                .get(n)
+                .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
+                .unwrap_or(0.0)
+        };
+        println!(
+            "  round {round}: TPS off {:.0} on {:.0}; egr {:.1} ns/packet, ing {:.1} ns/packet",
+            off[round],
+            on[round],
+            nsp("rttscope_sm_egr"),
+            nsp("rttscope_sm_ing")
+        );
+        per_round.push(serde_json::json!({"tps_off": off[round], "tps_on": on[round],
+            "egr_ns": nsp("rttscope_sm_egr"), "ing_ns": nsp("rttscope_sm_ing")}));
         if test_run.is_empty() {
             // one data segment out and its ACK in, run in a loop by the kernel
             let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
@@ -1104,7 +1126,7 @@ fn bench_sampler_overhead() {
         serde_json::json!({
             "test_run_ns": test_run.iter().map(|(n, ns)| serde_json::json!({"name": n, "ns_per_run": ns})).collect::<Vec<_>>(),
             "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds, "secs": secs,
-            "tps_off": off, "tps_on": on, "drop_pct": drop_pct,
+            "tps_off": off, "tps_on": on, "drop_pct": drop_pct, "per_round": per_round,
             "progs": per_prog.iter().map(|(n, (ns, c))| serde_json::json!({"name": n, "run_time_ns": ns, "run_cnt": c, "ns_per_packet": *ns as f64 / (*c).max(1) as f64})).collect::<Vec<_>>(),
         })
     );

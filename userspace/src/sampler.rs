@@ -59,6 +59,7 @@ pub(crate) type TableEntry = t::rttscope_sampler_entry;
 unsafe impl plain::Plain for TableEntry {}
 const _: () = assert!(std::mem::size_of::<TableEntry>() == 1024);
 const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
+const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
 const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
 const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 /// Largest flow table (entries): 16 GiB of kernel memory at 1 KiB each.
