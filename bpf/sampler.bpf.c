@@ -450,6 +450,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 		return e;
 	}
 	__sync_fetch_and_add(&e->gen, 1); /* odd: readers keep off */
+	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		/* clears reservations too: their owners' final cmpxchg fails */
 		if (slot_valid(__sync_lock_test_and_set(&e->pend.slot[i], 0)))
@@ -484,6 +485,7 @@ static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 {
 	int i;
 
+	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 s = pd->slot[i];
 
@@ -499,6 +501,7 @@ static __always_inline void forget(struct rttscope_sampler_entry *e)
 
 	if (!e)
 		return;
+	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 s = e->pend.slot[i];
 
@@ -602,6 +605,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		pd->flags |= 1;
 	}
 	t = now_us32(now);
+	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
 
@@ -707,6 +711,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		expire_all(pd);
 	pd->touched_ns = now;
 	t = now_us32(now);
+	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
 		__u32 sv, age;
