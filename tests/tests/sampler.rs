@@ -1057,8 +1057,10 @@ fn bench_sampler_overhead() {
             nsp("rttscope_sm_egr"),
             nsp("rttscope_sm_ing")
         );
-        per_round.push(serde_json::json!({"tps_off": off[round], "tps_on": on[round],
-            "egr_ns": nsp("rttscope_sm_egr"), "ing_ns": nsp("rttscope_sm_ing")}));
+        per_round.push(
+            serde_json::json!({"tps_off": off[round], "tps_on": on[round],
+            "egr_ns": nsp("rttscope_sm_egr"), "ing_ns": nsp("rttscope_sm_ing")}),
+        );
         if test_run.is_empty() {
             // one data segment out and its ACK in, run in a loop by the kernel
             let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();

@@ -926,8 +926,7 @@ impl LibbpfSampler {
             ));
             objects.push(obj);
         }
-        let (table, counters, epoch_map, events) =
-            view_maps.context("no sampler object loaded")?;
+        let (table, counters, epoch_map, events) = view_maps.context("no sampler object loaded")?;
         let raw_queue = Arc::new(Mutex::new(VecDeque::new()));
         let raw_user_drops = Arc::new(AtomicU64::new(0));
         let ring = if cfg.raw {
