@@ -260,11 +260,11 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SC_SLOTS_FULL,        /* flow already has RTTSCOPE_SAMPLER_SLOTS pending segments */
 	RTTSCOPE_SC_EXPIRED,           /* pending segments dropped after the timeout */
 	RTTSCOPE_SC_SUPERSEDED,        /* tsval: pending TSval older than an echoed one, dropped */
-	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow with nothing pending */
+	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow not in the flow table */
 	RTTSCOPE_SC_ACK_NO_MATCH,      /* ingress packet that covered nothing pending */
 	RTTSCOPE_SC_NOT_ACK,           /* ingress packet without ACK flag, or with RST */
 	RTTSCOPE_SC_NO_TIMESTAMP,      /* tsval: no TCP timestamp option */
-	RTTSCOPE_SC_RACE,              /* a pending slot changed under us (other CPU) */
+	RTTSCOPE_SC_RACE,              /* a pending slot, or its way, changed under us (other CPU) */
 	RTTSCOPE_SC_PENDING_CREATED,   /* flow-table entries created (a flow's first recorded segment) */
 	RTTSCOPE_SC_PENDING_DELETED,   /* RST: a flow's pending segments dropped (entry found) */
 	RTTSCOPE_SC_PENDING_MAP_FULL,  /* new flow not entered: every way of its set busy (other CPUs) */
