@@ -331,6 +331,71 @@ fn long_pause_sampled_measures_think_time() {
     );
 }
 
+/// A flow table far smaller than the number of flows (16 entries: 4 sets of
+/// 4 ways, 40 connections): new flows evict the least recently used way of
+/// their set, every eviction is counted, live entries never exceed the
+/// table, samples keep coming, and no sample is bogus (a way re-keyed under
+/// a segment or an ACK of its previous flow).
+#[test]
+fn small_flow_table_evicts_and_counts() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5011").parse().unwrap();
+    let _s = RrServer::start(&pair.b, server, 1).unwrap();
+    let sampler = Sampler::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--max-flows",
+        "10",
+        "--max-pending",
+        "1",
+        "--duration",
+        "4s",
+        "--interval",
+        "4s",
+    ]);
+    assert_eq!(sampler.start["settings"]["table_entries"], 16);
+    let clients: Vec<RrClient> = (0..40)
+        .map(|_| RrClient::start(&pair.a, server, 1, Duration::from_millis(2)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(3000));
+    let transactions: u64 = clients
+        .iter()
+        .map(|c| u64::from(c.transactions.load(Ordering::Relaxed)))
+        .sum();
+    drop(clients);
+    let report = sampler.finish(Duration::from_secs(20));
+    let c = |n: &str| counter(&report, n);
+    eprintln!(
+        "small table: {transactions} transactions, {} flows reported, counters {}",
+        report["flows"].as_array().map_or(0, |f| f.len()),
+        report["counters"]
+    );
+    assert!(c("pending_evicted") > 0, "no eviction: {report}");
+    assert!(c("evicted_segments") <= 8 * c("pending_evicted"));
+    assert!(c("flows_evicted") <= c("pending_evicted"));
+    assert_eq!(
+        c("pending_live"),
+        c("pending_created") - c("pending_evicted")
+    );
+    assert!(c("pending_live") <= 16, "{report}");
+    assert!(c("flows_live") <= 16, "{report}");
+    assert!(c("samples") > 100, "too few samples: {report}");
+    let flows = report["flows"].as_array().unwrap();
+    assert!(!flows.is_empty() && flows.len() <= 16, "{report}");
+    let reported: u64 = flows.iter().map(|f| f["samples"].as_u64().unwrap()).sum();
+    assert!(reported <= c("samples"), "{reported} > {}", c("samples"));
+    for f in flows {
+        // a bogus sample would time a segment of another flow: any value
+        // up to the 10 s timeout; real ones here are a few ms at most
+        let max = f["max_us"].as_f64().unwrap();
+        assert!(max < 500_000.0, "implausible sample {max} us: {f}");
+        assert_eq!(f["remote"], server.to_string(), "{f}");
+    }
+}
+
 #[test]
 fn tsval_matching_agrees_with_seq() {
     if !require_root() {
