@@ -301,7 +301,7 @@ struct rttscope_sampler_flow {
 
 /* Pending outgoing segments of one flow (part of its flow-table entry).
  * slot = (end_seq or TSval) << 32 | (send time in us, low 32 bits, never 0);
- * 0 = free; gen << 32 | 0 = reserved by an egress program (not valid yet).
+ * 0 = free; ((u32)gen | 1) << 32 = reserved by an egress program (not valid yet).
  * One 64-bit word, so both CPUs claim/free it with cmpxchg. */
 struct rttscope_sampler_pending {
 	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
@@ -323,7 +323,7 @@ struct rttscope_sampler_pending {
  *    anything it did counts.
  *  - `lock` (0/1, taken with cmpxchg, never waited for) is held while a
  *    way is re-keyed and while a sample is added to the histogram.
- *  - a pending slot is first reserved as ((u32)gen << 32 | 0), the time part 0
+ *  - a pending slot is first reserved as ((u32)gen | 1) << 32, the time part 0
  *    marking "not valid yet", then gen is checked, then the reservation is
  *    turned into the real value with cmpxchg: a segment of a flow whose way
  *    was re-keyed in between can never become a slot of the new flow. */

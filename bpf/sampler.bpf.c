@@ -592,6 +592,9 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 			return PASS;
 	}
 	pd = &e->pend;
+	/* If the way is re-keyed from here on, these plain stores and the
+	 * expiry only touch the new flow's LRU stamp, TSval memory or stale
+	 * slots: never a sample (slots are published under the gen check). */
 	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
 		expire_all(pd);
 	pd->touched_ns = now;
@@ -636,7 +639,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	}
 	/* reserve the slot under this generation, check the way still holds
 	 * our flow, then publish: see struct rttscope_sampler_entry */
-	rv = (__u64)(__u32)g << 32;
+	rv = (__u64)((__u32)g | 1) << 32; /* g is even: | 1 keeps it unique, never 0 */
 	nv = ((__u64)v << 32) | t;
 	why = RTTSCOPE_SC_RACE;
 	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0))
