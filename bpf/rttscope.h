@@ -244,6 +244,8 @@ static __inline void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u
 enum rttscope_sampler_consts {
 	RTTSCOPE_SAMPLER_SLOTS = 8,      /* pending segments per flow */
 	RTTSCOPE_SAMPLER_MAX_ACK_AHEAD = 1 << 30, /* an ACK further ahead than this covers nothing */
+	RTTSCOPE_SAMPLER_WAYS = 4,       /* flow table: entries per set (LRU within a set) */
+	RTTSCOPE_SAMPLER_MIN_TABLE = 16, /* flow table: smallest capacity (a power of two) */
 };
 
 /* How an outgoing segment and an incoming packet are paired. */
@@ -273,16 +275,16 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SC_SLOTS_FULL,        /* flow already has RTTSCOPE_SAMPLER_SLOTS pending segments */
 	RTTSCOPE_SC_EXPIRED,           /* pending segments dropped after the timeout */
 	RTTSCOPE_SC_SUPERSEDED,        /* tsval: pending TSval older than an echoed one, dropped */
-	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow with nothing pending */
+	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow not in the flow table */
 	RTTSCOPE_SC_ACK_NO_MATCH,      /* ingress packet that covered nothing pending */
 	RTTSCOPE_SC_NOT_ACK,           /* ingress packet without ACK flag, or with RST */
 	RTTSCOPE_SC_NO_TIMESTAMP,      /* tsval: no TCP timestamp option */
-	RTTSCOPE_SC_RACE,              /* a pending slot changed under us (other CPU) */
-	RTTSCOPE_SC_PENDING_CREATED,   /* pending entries created */
-	RTTSCOPE_SC_PENDING_DELETED,   /* pending entries deleted by us (flow closed) */
-	RTTSCOPE_SC_PENDING_MAP_FULL,  /* pending entry could not be created */
-	RTTSCOPE_SC_FLOWS_CREATED,     /* flow entries created */
-	RTTSCOPE_SC_FLOW_MAP_FULL,     /* flow entry could not be created: sample lost */
+	RTTSCOPE_SC_RACE,              /* a pending slot, or its way, changed under us (other CPU) */
+	RTTSCOPE_SC_PENDING_CREATED,   /* flow-table entries created (a flow's first recorded segment) */
+	RTTSCOPE_SC_PENDING_DELETED,   /* RST: a flow's pending segments dropped (entry found) */
+	RTTSCOPE_SC_PENDING_MAP_FULL,  /* new flow not entered: every way of its set busy (other CPUs) */
+	RTTSCOPE_SC_FLOWS_CREATED,     /* flow-table entries that got their first sample (histogram) */
+	RTTSCOPE_SC_FLOW_MAP_FULL,     /* sample lost: its entry was busy or re-keyed (other CPU) */
 	RTTSCOPE_SC_SKIP_NON_IP,       /* not IPv4/IPv6 */
 	RTTSCOPE_SC_SKIP_VLAN,         /* VLAN tag (in the packet or in skb metadata) */
 	RTTSCOPE_SC_SKIP_NON_TCP,      /* IP, not TCP */
@@ -295,6 +297,9 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SC_RAW_EVENTS,        /* raw events written */
 	RTTSCOPE_SC_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_SC_ACKED_TOGETHER,    /* pending segments freed by an ACK that timed an older one */
+	RTTSCOPE_SC_PENDING_EVICTED,   /* entries evicted (least recently used way of a set) for a new flow */
+	RTTSCOPE_SC_FLOWS_EVICTED,     /* of those, entries that held samples (histogram dropped) */
+	RTTSCOPE_SC_EVICTED_SEGMENTS,  /* pending segments dropped with evicted entries */
 	RTTSCOPE_SC_COUNTERS,          /* number of counters */
 };
 
@@ -309,18 +314,49 @@ struct rttscope_sampler_flow {
 	struct rttscope_rtt_agg agg;
 };
 
-/* Pending outgoing segments of one flow (same key as the flow).
+/* Pending outgoing segments of one flow (part of its flow-table entry).
  * slot = (end_seq or TSval) << 32 | (send time in us, low 32 bits, never 0);
- * 0 = free. One 64-bit word, so both CPUs claim/free it with cmpxchg. */
+ * 0 = free; ((u32)gen | 1) << 32 = reserved by an egress program (not valid yet).
+ * One 64-bit word, so both CPUs claim/free it with cmpxchg. */
 struct rttscope_sampler_pending {
-	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
 	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
+	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
 	__u32 last_tsval;   /* tsval: last TSval recorded (record each TSval once) */
 	__u32 flags;        /* 1: last_tsval valid */
 };
 
+/* One entry (way) of the flow table `sampler_table`, a BPF array of
+ * 2^k * RTTSCOPE_SAMPLER_WAYS entries: a flow's set is picked by a seeded
+ * hash of its key computed in the program; within the set the key is
+ * compared in full. Pending segments and the histogram share the entry, so
+ * each packet does one table access and no hash-map call.
+ *
+ * Concurrency (egress and ingress may run on different CPUs):
+ *  - `gen` is a sequence count: even = stable, odd = being re-keyed. It
+ *    changes only under `lock` (+1 before the key is rewritten, +1 after);
+ *    a reader takes gen, compares the key, and checks gen again before
+ *    anything it did counts.
+ *  - `lock` (0/1, taken with cmpxchg, never waited for) is held while a
+ *    way is re-keyed and while a sample is added to the histogram.
+ *  - a pending slot is first reserved as ((u32)gen | 1) << 32, the time part 0
+ *    marking "not valid yet", then gen is checked, then the reservation is
+ *    turned into the real value with cmpxchg: a segment of a flow whose way
+ *    was re-keyed in between can never become a slot of the new flow. */
+struct rttscope_sampler_entry {
+	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1) */
+	struct rttscope_flow_key key;  /* family 0: empty way */
+	__u32 hash;         /* tag: the low half of the key's hash */
+	__u64 gen;          /* 64-bit: BPF atomics without alu32 */
+	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
+	__u64 lock;
+	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
+	__u8 reserved[16];  /* pads the entry to 1024 bytes (the array is mmapable: page-aligned) */
+};
+
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
+_Static_assert(sizeof(struct rttscope_sampler_entry) == 1024, "sampler table entry layout");
+_Static_assert(__builtin_offsetof(struct rttscope_sampler_entry, pend.slot) == 64, "slots in cache line 1");
 
 /* ==================== end of the sampler view section ==================== */
 

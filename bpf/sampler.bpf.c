@@ -24,16 +24,28 @@
  * reaches the kernel side without kfuncs and without an ifindex lookup
  * (ifindexes collide across namespaces).
  *
- * Pending segments: a bounded LRU hash keyed by flow, each value holding
- * RTTSCOPE_SAMPLER_SLOTS slots of one 64-bit word each, claimed and freed
- * with cmpxchg so egress and ingress on different CPUs cannot tear a slot.
- * Slots older than cfg_timeout_ns are freed when the entry is visited and
- * counted as expired.
+ * Flow table: one BPF array (`sampler_table`), set-associative
+ * (RTTSCOPE_SAMPLER_WAYS ways per set, LRU within a set, every eviction
+ * counted). The set comes from a seeded hash of the flow key computed here
+ * (no helper call: an array lookup is inlined by the verifier, where a hash
+ * map lookup is a call, and calls are what cost on kernels with retpolines
+ * and SRSO mitigations). Each entry holds the flow's pending segments and
+ * its histogram, so a packet does one table access. Pending slots (one
+ * 64-bit word each) are claimed and freed with cmpxchg so egress and ingress
+ * on different CPUs cannot tear a slot; see rttscope.h for the protocol that
+ * keeps a way being re-keyed from producing a bogus sample. Slots older than
+ * cfg_timeout_ns are freed when the entry is visited and counted as expired.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+/* The header's helpers (rttscope_agg_add(), ...) are plain `__inline`; clang
+ * keeps rttscope_agg_add() as a BPF-to-BPF call, and calls and returns are
+ * what cost on kernels with retpolines and SRSO mitigations: inline them
+ * all in this object. */
+#define __inline inline __attribute__((always_inline))
 #include "rttscope.h"
+#undef __inline
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -63,10 +75,14 @@ const volatile __u32 cfg_sample_threshold = 0; /* 0: every packet; else prandom 
 const volatile __u32 cfg_match = RTTSCOPE_MATCH_SEQ;
 const volatile __u32 cfg_raw = 0;
 const volatile __u64 cfg_timeout_ns = 10000000000ULL;
+/* Flow table geometry and hash seed (the same in every copy: they share the table). */
+const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
+const volatile __u64 cfg_hash_seed = 0;
 
 /* Make the types reach the generated Rust. */
 struct rttscope_event _sm_event_type = {};
 struct rttscope_sampler_pending _sm_pending_type = {};
+struct rttscope_sampler_entry _sm_entry_type = {};
 enum rttscope_sampler_counter _sm_counter_type = 0;
 enum rttscope_sampler_consts _sm_consts_type = 0;
 enum rttscope_sampler_match _sm_match_type = 0;
@@ -74,19 +90,16 @@ enum rttscope_sampler_link _sm_link_type = 0;
 enum rttscope_consts _consts_type = 0;
 enum rttscope_event_type _event_type_type = 0;
 
+/* The flow table: sets * RTTSCOPE_SAMPLER_WAYS entries (resized by userspace). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384); /* resized by userspace (max_flows) */
-	__type(key, struct rttscope_flow_key);
-	__type(value, struct rttscope_sampler_flow);
-} sampler_flows SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384); /* resized by userspace (max_pending) */
-	__type(key, struct rttscope_flow_key);
-	__type(value, struct rttscope_sampler_pending);
-} sampler_pending SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 16384);
+	/* mmapable: the values start page-aligned, so each 1 KiB entry's hot
+	 * part sits in two cache lines (lookups stay inlined) */
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rttscope_sampler_entry);
+} sampler_table SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -108,17 +121,9 @@ struct {
 	__uint(max_entries, 1 << 20);
 } sampler_events SEC(".maps");
 
-/* Scratch space for a new flow entry (too large for the 512-byte stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct rttscope_sampler_flow);
-} sampler_flow_scratch SEC(".maps");
-
 /* A parsed TCP segment, oriented as on the wire (l = source). */
 struct seg {
-	struct rttscope_flow_key key;
+	struct rttscope_flow_key key __attribute__((aligned(8))); /* hashed and compared as u64 words */
 	__u32 seq;
 	__u32 ack;
 	__u32 payload;
@@ -152,10 +157,9 @@ static __always_inline int sampled(void)
 }
 
 /* Headers end past data_end: a short packet, or headers outside the linear part. */
-static __always_inline int short_hdr(struct __sk_buff *skb, __u32 need)
+static __always_inline __u32 short_hdr(struct __sk_buff *skb, __u32 need)
 {
-	count(skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR);
-	return -1;
+	return skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR;
 }
 
 /* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. Otherwise
@@ -212,8 +216,9 @@ static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, v
 }
 
 /* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
- * Returns 0 for a plain TCP segment, -1 (after counting why) otherwise. */
-static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
+ * Returns 0 for a plain TCP segment, else the RTTSCOPE_SC_SKIP_* counter
+ * saying why (counted once by the caller: one copy of the code). */
+static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
@@ -221,10 +226,8 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 	__u16 proto;
 	struct tcphdr *th;
 
-	if (skb->vlan_present) {
-		count(RTTSCOPE_SC_SKIP_VLAN);
-		return -1;
-	}
+	if (skb->vlan_present)
+		return RTTSCOPE_SC_SKIP_VLAN;
 	if (cfg_link == RTTSCOPE_LINK_ETHER) {
 		struct ethhdr *eth = data;
 
@@ -235,43 +238,29 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 	} else {
 		proto = (__u16)skb->protocol;
 	}
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
-		count(RTTSCOPE_SC_SKIP_VLAN);
-		return -1;
-	}
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+		return RTTSCOPE_SC_SKIP_VLAN;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = data + off;
 		__u32 tot;
 
 		if ((void *)(ip + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip));
-		if (ip->version != 4 || ip->ihl < 5) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (ip->ihl != 5) {
-			count(RTTSCOPE_SC_SKIP_IP_OPTIONS);
-			return -1;
-		}
-		if (ip->frag_off & bpf_htons(0x3fff)) {
-			count(RTTSCOPE_SC_SKIP_FRAGMENT);
-			return -1;
-		}
-		if (ip->protocol != IPPROTO_TCP) {
-			count(RTTSCOPE_SC_SKIP_NON_TCP);
-			return -1;
-		}
+		if (ip->version != 4 || ip->ihl < 5)
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (ip->ihl != 5)
+			return RTTSCOPE_SC_SKIP_IP_OPTIONS;
+		if (ip->frag_off & bpf_htons(0x3fff))
+			return RTTSCOPE_SC_SKIP_FRAGMENT;
+		if (ip->protocol != IPPROTO_TCP)
+			return RTTSCOPE_SC_SKIP_NON_TCP;
 		tot = bpf_ntohs(ip->tot_len);
 		if (tot == 0) /* BIG TCP (GSO > 64 KiB): length from the skb */
 			tot = skb->len - off;
-		if (tot < sizeof(*ip) + sizeof(*th)) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (tot > skb->len - off) {
-			count(RTTSCOPE_SC_SKIP_TRUNCATED);
-			return -1;
-		}
+		if (tot < sizeof(*ip) + sizeof(*th))
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (tot > skb->len - off)
+			return RTTSCOPE_SC_SKIP_TRUNCATED;
 		l4len = tot - sizeof(*ip);
 		s->key.family = AF_INET;
 		__builtin_memcpy(s->key.laddr, &ip->saddr, 4);
@@ -284,49 +273,38 @@ static __always_inline int parse(struct __sk_buff *skb, struct seg *s)
 
 		if ((void *)(ip6 + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip6));
-		if (ip6->version != 6) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
+		if (ip6->version != 6)
+			return RTTSCOPE_SC_SKIP_MALFORMED;
 		nh = ip6->nexthdr;
 		if (nh != IPPROTO_TCP) {
 			/* hop-by-hop, routing, fragment, ESP, AH, dest opts, mobility, HIP, shim6 */
 			if (nh == 0 || nh == 43 || nh == 44 || nh == 50 || nh == 51 || nh == 60 ||
 			    nh == 135 || nh == 139 || nh == 140)
-				count(RTTSCOPE_SC_SKIP_IPV6_EXT);
-			else
-				count(RTTSCOPE_SC_SKIP_NON_TCP);
-			return -1;
+				return RTTSCOPE_SC_SKIP_IPV6_EXT;
+			return RTTSCOPE_SC_SKIP_NON_TCP;
 		}
 		plen = bpf_ntohs(ip6->payload_len);
 		if (plen == 0) /* BIG TCP / jumbogram: length from the skb */
 			plen = skb->len - off - sizeof(*ip6);
-		if (plen < sizeof(*th)) {
-			count(RTTSCOPE_SC_SKIP_MALFORMED);
-			return -1;
-		}
-		if (plen > skb->len - off - sizeof(*ip6)) {
-			count(RTTSCOPE_SC_SKIP_TRUNCATED);
-			return -1;
-		}
+		if (plen < sizeof(*th))
+			return RTTSCOPE_SC_SKIP_MALFORMED;
+		if (plen > skb->len - off - sizeof(*ip6))
+			return RTTSCOPE_SC_SKIP_TRUNCATED;
 		l4len = plen;
 		s->key.family = AF_INET6;
 		__builtin_memcpy(s->key.laddr, &ip6->saddr, 16);
 		__builtin_memcpy(s->key.raddr, &ip6->daddr, 16);
 		off += sizeof(*ip6);
 	} else {
-		count(RTTSCOPE_SC_SKIP_NON_IP);
-		return -1;
+		return RTTSCOPE_SC_SKIP_NON_IP;
 	}
 
 	th = data + off;
 	if ((void *)(th + 1) > end)
 		return short_hdr(skb, off + sizeof(*th));
 	hl = th->doff * 4;
-	if (hl < sizeof(*th) || hl > l4len) {
-		count(RTTSCOPE_SC_SKIP_MALFORMED);
-		return -1;
-	}
+	if (hl < sizeof(*th) || hl > l4len)
+		return RTTSCOPE_SC_SKIP_MALFORMED;
 	s->key.lport = bpf_ntohs(th->source);
 	s->key.rport = bpf_ntohs(th->dest);
 	s->seq = bpf_ntohl(th->seq);
@@ -357,50 +335,180 @@ static __always_inline __u32 now_us32(__u64 now)
 	return t ? t : 1;
 }
 
-/* Free every slot: the entry was not visited for longer than the timeout. */
+#define READ_ONCE_U64(x) (*(volatile __u64 *)&(x))
+#define compiler_barrier() __asm__ __volatile__("" ::: "memory")
+#define HASH_MUL 0x9E3779B97F4A7C15ULL
+#define HASH_MUL2 0xBF58476D1CE4E5B9ULL
+
+/* A slot that holds a recorded segment (not free, not a reservation). */
+static __always_inline int slot_valid(__u64 sl)
+{
+	return (__u32)sl != 0;
+}
+
+/* Seeded multiply-xor hash of the flow key, inline (no helper call). IPv4
+ * keys are zero in laddr[4..16] and raddr[4..16]: three words suffice. */
+static __always_inline __u64 key_hash(const struct rttscope_flow_key *k)
+{
+	const __u64 *w = (const __u64 *)k;
+	__u64 h = cfg_hash_seed;
+
+	h = (h ^ w[0]) * HASH_MUL; /* netns, family, lport */
+	h = (h ^ w[1]) * HASH_MUL; /* rport, reserved, laddr[0..4] */
+	h = (h ^ w[3]) * HASH_MUL; /* laddr[12..16], raddr[0..4] */
+	if (k->family != AF_INET) {
+		h = (h ^ w[2]) * HASH_MUL;
+		h = (h ^ w[4]) * HASH_MUL;
+		h = (h ^ *(const __u32 *)&k->raddr[12]) * HASH_MUL;
+	}
+	h ^= h >> 31;
+	h *= HASH_MUL2;
+	h ^= h >> 29;
+	return h;
+}
+
+static __always_inline int key_eq(const struct rttscope_flow_key *a, const struct rttscope_flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4]) |
+		(__u64)(*(const __u32 *)&a->raddr[12] ^ *(const __u32 *)&b->raddr[12])) == 0;
+}
+
+static __always_inline void unlock(struct rttscope_sampler_entry *e)
+{
+	__sync_lock_test_and_set(&e->lock, 0); /* xchg: a full barrier */
+}
+
+/* The flow's way in its set, or NULL; *genp = the way's generation, to be
+ * checked again before what the caller did there counts. */
+static __always_inline struct rttscope_sampler_entry *table_find(const struct rttscope_flow_key *k, __u32 set,
+								 __u32 tag, __u64 *genp)
+{
+	struct rttscope_sampler_entry *e;
+	__u64 g;
+	__u32 idx;
+	int w;
+
+#pragma unroll
+	for (w = 0; w < RTTSCOPE_SAMPLER_WAYS; w++) {
+		idx = set * RTTSCOPE_SAMPLER_WAYS + w;
+		e = bpf_map_lookup_elem(&sampler_table, &idx);
+		if (!e)
+			return NULL;
+		if (e->hash != tag)
+			continue;
+		g = READ_ONCE_U64(e->gen);
+		if (g & 1)
+			continue; /* being re-keyed */
+		compiler_barrier();
+		if (!key_eq(&e->key, k))
+			continue;
+		*genp = g;
+		return e;
+	}
+	return NULL;
+}
+
+/* Enter a new flow in its set: an empty way, else the least recently used
+ * one (evicted, counted). NULL if every way is busy (other CPUs). */
+static __always_inline struct rttscope_sampler_entry *table_insert(const struct rttscope_flow_key *k, __u32 set,
+								   __u32 tag, __u64 now, __u64 *genp)
+{
+	struct rttscope_sampler_entry *e, *victim = NULL;
+	__u64 oldest = ~0ULL, g;
+	__u32 idx, zero = 0, n = 0, *ep;
+	int w, i;
+
+#pragma unroll
+	for (w = 0; w < RTTSCOPE_SAMPLER_WAYS; w++) {
+		idx = set * RTTSCOPE_SAMPLER_WAYS + w;
+		e = bpf_map_lookup_elem(&sampler_table, &idx);
+		if (!e)
+			return NULL;
+		if (READ_ONCE_U64(e->gen) & 1)
+			continue;
+		if (e->key.family == 0) {
+			victim = e;
+			break;
+		}
+		if (e->pend.touched_ns < oldest) {
+			oldest = e->pend.touched_ns;
+			victim = e;
+		}
+	}
+	if (!victim || __sync_val_compare_and_swap(&victim->lock, 0, 1) != 0) {
+		count(RTTSCOPE_SC_PENDING_MAP_FULL);
+		return NULL;
+	}
+	e = victim;
+	g = e->gen; /* stable: it changes only under the lock */
+	if (e->key.family && e->hash == tag && key_eq(&e->key, k)) {
+		/* another CPU entered this very flow meanwhile */
+		unlock(e);
+		*genp = g;
+		return e;
+	}
+	__sync_fetch_and_add(&e->gen, 1); /* odd: readers keep off */
+	#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		/* clears reservations too: their owners' final cmpxchg fails */
+		if (slot_valid(__sync_lock_test_and_set(&e->pend.slot[i], 0)))
+			n++;
+	}
+	if (e->key.family) {
+		count(RTTSCOPE_SC_PENDING_EVICTED);
+		if (e->flow.agg.samples)
+			count(RTTSCOPE_SC_FLOWS_EVICTED);
+		if (n)
+			count_n(RTTSCOPE_SC_EVICTED_SEGMENTS, n);
+	}
+	e->key = *k;
+	e->hash = tag;
+	e->pend.touched_ns = now;
+	e->pend.last_tsval = 0;
+	e->pend.flags = 0;
+	__builtin_memset(&e->flow, 0, sizeof(e->flow));
+	e->flow.first_ns = now;
+	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
+	rttscope_agg_init(&e->flow.agg, ep ? *ep : 0);
+	e->flow.ifindex = cfg_ifindex;
+	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
+	unlock(e);
+	count(RTTSCOPE_SC_PENDING_CREATED);
+	*genp = g + 2;
+	return e;
+}
+
+/* Free every recorded slot: the entry was not visited for longer than the timeout. */
 static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 {
 	int i;
 
+	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 s = pd->slot[i];
 
-		if (s && __sync_val_compare_and_swap(&pd->slot[i], s, 0) == s)
+		if (slot_valid(s) && __sync_val_compare_and_swap(&pd->slot[i], s, 0) == s)
 			count(RTTSCOPE_SC_EXPIRED);
 	}
 }
 
 /* A reset: drop the flow's pending segments (they will never be acknowledged). */
-static __always_inline void forget(const struct rttscope_flow_key *key)
+static __always_inline void forget(struct rttscope_sampler_entry *e)
 {
-	if (bpf_map_delete_elem(&sampler_pending, key) == 0)
-		count(RTTSCOPE_SC_PENDING_DELETED);
-}
+	int i;
 
-static __always_inline struct rttscope_sampler_flow *get_flow(const struct rttscope_flow_key *key, __u64 now)
-{
-	struct rttscope_sampler_flow *f = bpf_map_lookup_elem(&sampler_flows, key);
-	struct rttscope_sampler_flow *init;
-	__u32 zero = 0, *ep;
+	if (!e)
+		return;
+	#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 s = e->pend.slot[i];
 
-	if (f)
-		return f;
-	init = bpf_map_lookup_elem(&sampler_flow_scratch, &zero);
-	if (!init)
-		return NULL;
-	__builtin_memset(init, 0, sizeof(*init));
-	init->first_ns = now;
-	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_init(&init->agg, ep ? *ep : 0);
-	init->ifindex = cfg_ifindex;
-	if (bpf_map_update_elem(&sampler_flows, key, init, BPF_NOEXIST)) {
-		f = bpf_map_lookup_elem(&sampler_flows, key);
-		if (!f)
-			count(RTTSCOPE_SC_FLOW_MAP_FULL);
-		return f; /* lost a race: another CPU created it */
+		if (slot_valid(s))
+			__sync_val_compare_and_swap(&e->pend.slot[i], s, 0);
 	}
-	count(RTTSCOPE_SC_FLOWS_CREATED);
-	return bpf_map_lookup_elem(&sampler_flows, key);
+	count(RTTSCOPE_SC_PENDING_DELETED);
 }
 
 static __always_inline void add_sample(struct rttscope_sampler_flow *f, const struct rttscope_flow_key *key,
@@ -438,67 +546,69 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 SEC("classifier")
 int rttscope_sm_egr(struct __sk_buff *skb)
 {
+	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
 	struct seg s = {};
-	__u32 v, t, free_i = RTTSCOPE_SAMPLER_SLOTS;
-	__u64 now, nv;
+	__u32 v, t, set, tag, why, free_i = RTTSCOPE_SAMPLER_SLOTS;
+	__u64 now, nv, rv, h, g;
 	int i;
 
 	count(RTTSCOPE_SC_SEEN_EGRESS);
 	if (!sampled())
 		return PASS;
 	count(RTTSCOPE_SC_SAMPLED_EGRESS);
-	if (parse(skb, &s))
-		return PASS;
+	why = parse(skb, &s);
+	if (unlikely(why))
+		goto out;
 	count(RTTSCOPE_SC_TCP_EGRESS);
-	if (s.flags & TH_RST) {
-		s.key.netns = cfg_netns;
-		forget(&s.key);
-		return PASS;
-	}
-	if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
-		count(RTTSCOPE_SC_NO_DATA);
-		return PASS;
-	}
-	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
-		if (!s.has_ts) {
-			count(RTTSCOPE_SC_NO_TIMESTAMP);
-			return PASS;
-		}
-		v = s.tsval;
-	} else {
-		/* end sequence: from the payload length, so a GSO/TSO skb
-		 * carrying many segments is timed by its last byte */
-		v = s.seq + s.payload + ((s.flags & TH_SYN) ? 1 : 0) + ((s.flags & TH_FIN) ? 1 : 0);
-	}
 	s.key.netns = cfg_netns;
-	now = bpf_ktime_get_ns();
-	pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
-	if (!pd) {
-		struct rttscope_sampler_pending init = {};
-
-		init.touched_ns = now;
-		if (bpf_map_update_elem(&sampler_pending, &s.key, &init, BPF_NOEXIST) == 0)
-			count(RTTSCOPE_SC_PENDING_CREATED);
-		pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
-		if (!pd) {
-			count(RTTSCOPE_SC_PENDING_MAP_FULL);
-			return PASS;
+	if (likely(!(s.flags & TH_RST))) {
+		if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
+			why = RTTSCOPE_SC_NO_DATA;
+			goto out;
+		}
+		if (cfg_match == RTTSCOPE_MATCH_TSVAL && !s.has_ts) {
+			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			goto out;
 		}
 	}
-	if (now - pd->touched_ns > cfg_timeout_ns)
+	if (cfg_match == RTTSCOPE_MATCH_TSVAL)
+		v = s.tsval;
+	else /* end sequence: from the payload length, so a GSO/TSO skb
+	      * carrying many segments is timed by its last byte */
+		v = s.seq + s.payload + ((s.flags & TH_SYN) ? 1 : 0) + ((s.flags & TH_FIN) ? 1 : 0);
+	h = key_hash(&s.key);
+	set = (__u32)(h >> 32) & cfg_set_mask;
+	tag = (__u32)h;
+	e = table_find(&s.key, set, tag, &g);
+	if (unlikely(s.flags & TH_RST)) {
+		forget(e);
+		return PASS;
+	}
+	now = bpf_ktime_get_ns();
+	if (unlikely(!e)) {
+		e = table_insert(&s.key, set, tag, now, &g);
+		if (!e)
+			return PASS;
+	}
+	pd = &e->pend;
+	/* If the way is re-keyed from here on, these plain stores and the
+	 * expiry only touch the new flow's LRU stamp, TSval memory or stale
+	 * slots: never a sample (slots are published under the gen check). */
+	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
 		expire_all(pd);
 	pd->touched_ns = now;
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
 		/* pping: time only the first packet that carries a TSval */
 		if ((pd->flags & 1) && pd->last_tsval == v) {
-			count(RTTSCOPE_SC_DUPLICATE);
-			return PASS;
+			why = RTTSCOPE_SC_DUPLICATE;
+			goto out;
 		}
 		pd->last_tsval = v;
 		pd->flags |= 1;
 	}
 	t = now_us32(now);
+	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
 
@@ -507,7 +617,9 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 				free_i = i;
 			continue;
 		}
-		if ((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns) {
+		if (unlikely(!slot_valid(sl)))
+			continue; /* reserved by another CPU */
+		if (unlikely((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
 				count(RTTSCOPE_SC_EXPIRED);
 				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
@@ -517,91 +629,101 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		}
 		if ((__u32)(sl >> 32) == v) {
 			/* a retransmission of a pending segment: keep the first time */
-			count(RTTSCOPE_SC_DUPLICATE);
-			return PASS;
+			why = RTTSCOPE_SC_DUPLICATE;
+			goto out;
 		}
 	}
-	if (free_i >= RTTSCOPE_SAMPLER_SLOTS) {
-		count(RTTSCOPE_SC_SLOTS_FULL);
-		return PASS;
+	if (unlikely(free_i >= RTTSCOPE_SAMPLER_SLOTS)) {
+		why = RTTSCOPE_SC_SLOTS_FULL;
+		goto out;
 	}
+	/* reserve the slot under this generation, check the way still holds
+	 * our flow, then publish: see struct rttscope_sampler_entry */
+	rv = (__u64)((__u32)g | 1) << 32; /* g is even: | 1 keeps it unique, never 0 */
 	nv = ((__u64)v << 32) | t;
-	if (__sync_val_compare_and_swap(&pd->slot[free_i], 0, nv) != 0) {
-		count(RTTSCOPE_SC_RACE);
-		return PASS;
+	why = RTTSCOPE_SC_RACE;
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0))
+		goto out;
+	compiler_barrier();
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
+		__sync_val_compare_and_swap(&pd->slot[free_i], rv, 0);
+		goto out;
 	}
-	count(RTTSCOPE_SC_RECORDED);
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], rv, nv) != rv))
+		goto out;
+	why = RTTSCOPE_SC_RECORDED;
+out:
+	count(why);
 	return PASS;
 }
 
 SEC("classifier")
 int rttscope_sm_ing(struct __sk_buff *skb)
 {
+	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
-	struct rttscope_sampler_flow *f = NULL;
 	struct seg s = {};
-	__u32 v, t, matched = 0, oldest = 0;
-	__u64 now, busy;
+	__u32 v, t, why, matched = 0, oldest = 0;
+	__u64 now, busy, h, g;
 	int i;
 
 	count(RTTSCOPE_SC_SEEN_INGRESS);
 	if (!sampled())
 		return PASS;
 	count(RTTSCOPE_SC_SAMPLED_INGRESS);
-	if (parse(skb, &s))
-		return PASS;
+	why = parse(skb, &s);
+	if (unlikely(why))
+		goto out;
 	count(RTTSCOPE_SC_TCP_INGRESS);
-	if (s.flags & TH_RST) {
-		/* the connection is gone: nothing pending will be acknowledged */
-		swap_key(&s.key);
-		s.key.netns = cfg_netns;
-		forget(&s.key);
-		count(RTTSCOPE_SC_NOT_ACK);
-		return PASS;
-	}
-	if (!(s.flags & TH_ACK)) {
-		count(RTTSCOPE_SC_NOT_ACK);
-		return PASS;
-	}
-	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
-		if (!s.has_ts || s.tsecr == 0) {
-			count(RTTSCOPE_SC_NO_TIMESTAMP);
-			return PASS;
-		}
-		v = s.tsecr;
-	} else {
-		v = s.ack;
-	}
 	/* the data sender's key: local = our end = the packet's destination */
 	swap_key(&s.key);
 	s.key.netns = cfg_netns;
-	pd = bpf_map_lookup_elem(&sampler_pending, &s.key);
-	if (!pd) {
-		count(RTTSCOPE_SC_ACK_NO_PENDING);
-		return PASS;
+	if (likely(!(s.flags & TH_RST))) {
+		if (!(s.flags & TH_ACK)) {
+			why = RTTSCOPE_SC_NOT_ACK;
+			goto out;
+		}
+		if (cfg_match == RTTSCOPE_MATCH_TSVAL && (!s.has_ts || s.tsecr == 0)) {
+			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			goto out;
+		}
 	}
+	v = cfg_match == RTTSCOPE_MATCH_TSVAL ? s.tsecr : s.ack;
+	h = key_hash(&s.key);
+	e = table_find(&s.key, (__u32)(h >> 32) & cfg_set_mask, (__u32)h, &g);
+	if (unlikely(s.flags & TH_RST)) {
+		/* the connection is gone: nothing pending will be acknowledged */
+		forget(e);
+		why = RTTSCOPE_SC_NOT_ACK;
+		goto out;
+	}
+	if (!e) {
+		why = RTTSCOPE_SC_ACK_NO_PENDING;
+		goto out;
+	}
+	pd = &e->pend;
 	/* nothing pending: no clock read, nothing to expire */
 	busy = 0;
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++)
 		busy |= pd->slot[i];
-	if (!busy) {
-		count(RTTSCOPE_SC_ACK_NO_MATCH);
-		return PASS;
-	}
+	why = RTTSCOPE_SC_ACK_NO_MATCH;
+	if (!busy)
+		goto out;
 	now = bpf_ktime_get_ns();
-	if (now - pd->touched_ns > cfg_timeout_ns)
+	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
 		expire_all(pd);
 	pd->touched_ns = now;
 	t = now_us32(now);
+	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
 		__u32 sv, age;
 
-		if (!sl)
-			continue;
+		if (!slot_valid(sl))
+			continue; /* free, or reserved by an egress program */
 		sv = (__u32)(sl >> 32);
 		age = t - (__u32)sl;
-		if ((__u64)age * 1000 > cfg_timeout_ns) {
+		if (unlikely((__u64)age * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
 				count(RTTSCOPE_SC_EXPIRED);
 			continue;
@@ -619,7 +741,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 			if (v - sv >= RTTSCOPE_SAMPLER_MAX_ACK_AHEAD)
 				continue;
 		}
-		if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl) {
+		if (unlikely(__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)) {
 			count(RTTSCOPE_SC_RACE);
 			continue;
 		}
@@ -627,16 +749,28 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		if (age > oldest)
 			oldest = age;
 	}
-	if (!matched) {
-		count(RTTSCOPE_SC_ACK_NO_MATCH);
-		return PASS;
-	}
+	if (!matched) /* why: ACK_NO_MATCH */
+		goto out;
 	/* one sample per ACK, from the oldest segment it covers (as TCP's
 	 * seq_rtt); the others are freed and counted */
-	if (matched > 1)
+	if (unlikely(matched > 1))
 		count_n(RTTSCOPE_SC_ACKED_TOGETHER, matched - 1);
-	f = get_flow(&s.key, now);
-	if (f)
-		add_sample(f, &s.key, oldest, now);
+	/* the histogram: under the way's lock, and only if the way still
+	 * holds our flow (a slot of a re-keyed way is never used: the slots
+	 * matched above were cleared, or were ours, before the re-key) */
+	why = RTTSCOPE_SC_FLOW_MAP_FULL;
+	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
+		goto out;
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
+		unlock(e);
+		goto out;
+	}
+	if (unlikely(e->flow.agg.samples == 0))
+		count(RTTSCOPE_SC_FLOWS_CREATED);
+	add_sample(&e->flow, &s.key, oldest, now);
+	unlock(e);
+	return PASS;
+out:
+	count(why);
 	return PASS;
 }

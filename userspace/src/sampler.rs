@@ -4,8 +4,8 @@
 //! Attachment. One copy of the object is loaded per interface, with that
 //! interface's network-namespace inode, ifindex and link type in its
 //! `.rodata`; every copy after the first reuses the first copy's maps
-//! (`bpf_map__reuse_fd`), so flows, pending segments, counters and the ring
-//! buffer are shared. This is how the namespace reaches the kernel side:
+//! (`bpf_map__reuse_fd`), so the flow table, counters and the ring buffer
+//! are shared. This is how the namespace reaches the kernel side:
 //! ifindexes collide across namespaces (both ends of a veth pair between two
 //! fresh namespaces are often ifindex 2), `skb->sk` is absent at ingress and
 //! for forwarded traffic, and kfuncs (`bpf_cast_to_kern_ctx`) are off limits
@@ -26,7 +26,14 @@
 //! `LibbpfSampler` here (libbpf-rs, tcx or clsact) and
 //! `loader::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
 //! pins in a private bpffs directory). Both decode with the shared
-//! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`]).
+//! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`],
+//! [`read_table`]).
+//!
+//! Flow table. `sampler_table` is a BPF array of [`SamplerConfig::table_entries`]
+//! entries, set-associative (`RTTSCOPE_SAMPLER_WAYS` ways per set): the
+//! programs hash the flow key themselves (a random seed per view) and keep the LRU order within a set; each entry holds the
+//! flow key, its pending segments and its histogram. Userspace reads it whole
+//! with `BPF_MAP_LOOKUP_BATCH` and skips empty ways.
 // The aya-only build keeps everything but the libbpf loader.
 #![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
 
@@ -44,6 +51,19 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder, Ri
 use serde::{Deserialize, Serialize};
 
 use crate::bpf::{self, sampler::types as t, Event, FlowKey, SamplerFlow, SamplerRodata};
+
+/// One way of the flow table (`struct rttscope_sampler_entry`).
+pub(crate) type TableEntry = t::rttscope_sampler_entry;
+// SAFETY: a generated `#[repr(C)]` struct of integers and arrays of integers
+// (Copy, no pointers, no invariants): any bit pattern is a valid value.
+unsafe impl plain::Plain for TableEntry {}
+const _: () = assert!(std::mem::size_of::<TableEntry>() == 1024);
+const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
+const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
+const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
+const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
+/// Largest flow table (entries): 16 GiB of kernel memory at 1 KiB each.
+pub const MAX_TABLE: u32 = 1 << 24;
 use crate::flow::Flow;
 use crate::hist::Hist;
 use crate::loader::LoaderKind;
@@ -55,6 +75,13 @@ pub const CLSACT_PRIORITY: u32 = 0x7273;
 /// Names of our programs (the kernel keeps 15 characters).
 pub const PROG_EGRESS: &str = "rttscope_sm_egr";
 pub const PROG_INGRESS: &str = "rttscope_sm_ing";
+/// The maps every copy of the object shares (the first copy creates them).
+pub(crate) const SHARED_MAPS: [&str; 4] = [
+    "sampler_table",
+    "sampler_counters",
+    "sampler_epoch",
+    "sampler_events",
+];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
 const RAW_QUEUE_MAX: usize = 1 << 16;
 const ARPHRD_ETHER: u16 = 1;
@@ -106,9 +133,13 @@ pub struct SamplerConfig {
     pub matching: Matching,
     /// Stream every sample through the ring buffer too.
     pub raw: bool,
-    /// Capacity of the per-flow histogram map (LRU).
+    /// Flows the kernel keeps (histogram and pending segments in one table
+    /// entry): the table holds `max(max_flows, max_pending)` rounded up to a
+    /// power of two ([`SamplerConfig::table_entries`]), LRU within each set
+    /// of 4.
     pub max_flows: u32,
-    /// Capacity of the pending-segment map (LRU, one entry per flow with 8 slots).
+    /// Kept for compatibility: pending segments now live in the flow's table
+    /// entry, so this only raises the table size like `max_flows`.
     pub max_pending: u32,
     /// A pending segment older than this is dropped (counted as expired).
     #[serde(with = "duration_ms")]
@@ -149,10 +180,27 @@ impl SamplerConfig {
         if self.max_flows == 0 || self.max_pending == 0 {
             bail!("--max-flows and --max-pending must be at least 1");
         }
+        if self.max_flows.max(self.max_pending) > MAX_TABLE {
+            bail!("--max-flows and --max-pending must be at most {MAX_TABLE} (the flow table takes 1 KiB per flow)");
+        }
         if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
             bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
         }
         Ok(())
+    }
+
+    /// Entries of the kernel's flow table: `max(max_flows, max_pending)`
+    /// rounded up to a power of two, at least `RTTSCOPE_SAMPLER_MIN_TABLE`.
+    pub fn table_entries(&self) -> u32 {
+        self.max_flows
+            .max(self.max_pending)
+            .clamp(MIN_TABLE, MAX_TABLE)
+            .next_power_of_two()
+    }
+
+    /// `cfg_set_mask` of the programs: sets - 1 (sets: a power of two).
+    pub(crate) fn set_mask(&self) -> u32 {
+        self.table_entries() / WAYS - 1
     }
 
     /// `bpf_get_prandom_u32() < threshold` samples with probability 1/N; 0 = every packet.
@@ -300,6 +348,9 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("raw_events", C::RTTSCOPE_SC_RAW_EVENTS),
     ("raw_drops", C::RTTSCOPE_SC_RAW_DROPS),
     ("acked_together", C::RTTSCOPE_SC_ACKED_TOGETHER),
+    ("pending_evicted", C::RTTSCOPE_SC_PENDING_EVICTED),
+    ("flows_evicted", C::RTTSCOPE_SC_FLOWS_EVICTED),
+    ("evicted_segments", C::RTTSCOPE_SC_EVICTED_SEGMENTS),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
 
@@ -363,8 +414,7 @@ pub(crate) struct LibbpfSampler {
     ring: Option<RingBuffer<'static>>,
     raw_queue: Arc<Mutex<VecDeque<SamplerSample>>>,
     raw_user_drops: Arc<AtomicU64>,
-    flows: MapHandle,
-    pending: MapHandle,
+    table: MapHandle,
     counters: MapHandle,
     epoch_map: MapHandle,
     epoch: u32,
@@ -509,27 +559,133 @@ pub(crate) fn flow_stats(
 }
 
 /// Add what userspace derives to the kernel counters (both loaders): live
-/// entries and LRU evictions of both maps, raw samples dropped here.
-pub(crate) fn derived_counters(
-    out: &mut BTreeMap<&'static str, u64>,
-    flows_live: u64,
-    pending_live: u64,
-    raw_user_drops: u64,
-) {
+/// table entries, raw samples dropped here. Entries are never deleted, only
+/// re-keyed (each eviction counted by the kernel), so live entries are
+/// created - evicted: `pending_live` (entries in use), `flows_live` (of
+/// those, entries with a histogram).
+pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>, raw_user_drops: u64) {
+    let get = |k: &str| out.get(k).copied().unwrap_or(0);
+    let flows_live = get("flows_created").saturating_sub(get("flows_evicted"));
+    let pending_live = get("pending_created").saturating_sub(get("pending_evicted"));
     out.insert("flows_live", flows_live);
     out.insert("pending_live", pending_live);
-    // LRU evictions are silent in the kernel: created - deleted - live.
-    let created = out.get("flows_created").copied().unwrap_or(0);
-    out.insert("flows_evicted", created.saturating_sub(flows_live));
-    let p_created = out.get("pending_created").copied().unwrap_or(0);
-    let p_deleted = out.get("pending_deleted").copied().unwrap_or(0);
-    out.insert(
-        "pending_evicted",
-        p_created
-            .saturating_sub(p_deleted)
-            .saturating_sub(pending_live),
-    );
     out.insert("raw_user_drops", raw_user_drops);
+}
+
+/// Read the whole flow table (an array, `entries` long) with
+/// `BPF_MAP_LOOKUP_BATCH`, 256 entries per call, and pass every entry that
+/// holds a flow with at least one sample (both loaders: a raw `bpf(2)` call
+/// on the map's fd). Entries are copied while the programs may update them,
+/// as with a hash-map walk: a histogram can be a sample behind its count.
+pub(crate) fn read_table(
+    fd: BorrowedFd<'_>,
+    entries: u32,
+    mut f: impl FnMut(&TableEntry),
+) -> Result<()> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+    }
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 256;
+    let mut keys = vec![0u32; CHUNK];
+    let mut vals = vec![TableEntry::default(); CHUNK];
+    let (mut cursor_in, mut cursor_out) = (0u32, 0u32);
+    let mut first = true;
+    let mut seen = 0u64;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                &cursor_in as *const u32 as u64
+            },
+            out_batch: &mut cursor_out as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: vals.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: bpf(2) with an attr of the size we pass; the key and value
+        // buffers hold CHUNK keys (u32) and values (TableEntry, the map's
+        // value size) and the cursors one key each.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let err = (r < 0).then(std::io::Error::last_os_error);
+        match &err {
+            Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                return Err(std::io::Error::new(e.kind(), e.to_string()))
+                    .context("reading the sampler's flow table (BPF_MAP_LOOKUP_BATCH)");
+            }
+            _ => {}
+        }
+        let n = (attr.count as usize).min(CHUNK);
+        seen += n as u64;
+        for e in &vals[..n] {
+            if e.key.family != 0 && e.gen & 1 == 0 && e.flow.agg.samples > 0 {
+                f(e);
+            }
+        }
+        if err.is_some() || seen >= entries as u64 || n == 0 {
+            return Ok(()); // ENOENT: the walk is complete
+        }
+        cursor_in = cursor_out;
+        first = false;
+    }
+}
+
+/// The flows of one table read (both loaders): decoded, and a flow that
+/// two CPUs entered at once (two ways, rare) reported once, by the way with
+/// more samples.
+pub(crate) fn table_flows(
+    fd: BorrowedFd<'_>,
+    cfg: &SamplerConfig,
+    info: &[AttachInfo],
+    epoch: u32,
+) -> Result<Vec<SamplerFlowStats>> {
+    let mut out: Vec<SamplerFlowStats> = Vec::new();
+    read_table(fd, cfg.table_entries(), |e| {
+        // the key opens the entry (the sampler object's own copy of the type)
+        if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
+            out.extend(flow_stats(info, epoch, &key, &e.flow));
+        }
+    })?;
+    out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
+    out.dedup_by(|later, kept| later.flow == kept.flow);
+    Ok(out)
+}
+
+/// A random seed for the programs' flow hash (per view: a remote peer cannot
+/// aim its flows at one set).
+pub(crate) fn hash_seed() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom(2) fills at most b.len() bytes of b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // no entropy source: still a per-process value
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return t ^ ((std::process::id() as u64) << 32);
+    }
+    u64::from_ne_bytes(b)
 }
 
 /// Decode one ring-buffer record and queue it (both loaders); beyond
@@ -692,6 +848,7 @@ impl LibbpfSampler {
         let mut info = Vec::new();
         let mut shared: Option<Vec<(String, MapHandle)>> = None;
         let mut view_maps = None;
+        let seed = hash_seed();
         for ResolvedIface {
             spec,
             ns,
@@ -699,23 +856,15 @@ impl LibbpfSampler {
             link,
         } in resolved
         {
-            let obj = load_copy(&cfg, ns.inode, meta.ifindex, link.0, shared.as_ref())
+            let obj = load_copy(&cfg, seed, ns.inode, meta.ifindex, link.0, shared.as_ref())
                 .with_context(|| format!("loading the sampler programs for {spec}"))?;
             if shared.is_none() {
-                let names = [
-                    "sampler_flows",
-                    "sampler_pending",
-                    "sampler_counters",
-                    "sampler_epoch",
-                    "sampler_events",
-                ];
                 let mut v = Vec::new();
-                for n in names {
+                for n in SHARED_MAPS {
                     v.push((n.to_string(), map_handle(&obj, n)?));
                 }
                 view_maps = Some((
-                    map_handle(&obj, "sampler_flows")?,
-                    map_handle(&obj, "sampler_pending")?,
+                    map_handle(&obj, "sampler_table")?,
                     map_handle(&obj, "sampler_counters")?,
                     map_handle(&obj, "sampler_epoch")?,
                     map_handle(&obj, "sampler_events")?,
@@ -777,8 +926,7 @@ impl LibbpfSampler {
             ));
             objects.push(obj);
         }
-        let (flows, pending, counters, epoch_map, events) =
-            view_maps.context("no sampler object loaded")?;
+        let (table, counters, epoch_map, events) = view_maps.context("no sampler object loaded")?;
         let raw_queue = Arc::new(Mutex::new(VecDeque::new()));
         let raw_user_drops = Arc::new(AtomicU64::new(0));
         let ring = if cfg.raw {
@@ -803,8 +951,7 @@ impl LibbpfSampler {
             ring,
             raw_queue,
             raw_user_drops,
-            flows,
-            pending,
+            table,
             counters,
             epoch_map,
             epoch: 0,
@@ -836,17 +983,7 @@ impl SamplerBackend for LibbpfSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let mut out = Vec::new();
-        let keys: Vec<Vec<u8>> = self.flows.keys().collect();
-        for k in keys {
-            let Some(v) = self.flows.lookup(&k, MapFlags::ANY)? else {
-                continue; // evicted meanwhile
-            };
-            let key: FlowKey = bpf::decode(&k)?;
-            let f: SamplerFlow = bpf::decode(&v)?;
-            out.extend(flow_stats(&self.info, self.epoch, &key, &f));
-        }
-        out.sort_by_key(|s| s.flow);
+        let out = table_flows(self.table.as_fd(), &self.cfg, &self.info, self.epoch)?;
         self.epoch = self.epoch.wrapping_add(1);
         self.epoch_map.update(
             &0u32.to_ne_bytes(),
@@ -869,12 +1006,7 @@ impl SamplerBackend for LibbpfSampler {
                 .sum();
             out.insert(*name, sum);
         }
-        derived_counters(
-            &mut out,
-            self.flows.keys().count() as u64,
-            self.pending.keys().count() as u64,
-            self.raw_user_drops.load(Ordering::Relaxed),
-        );
+        derived_counters(&mut out, self.raw_user_drops.load(Ordering::Relaxed));
         Ok(out)
     }
 
@@ -891,6 +1023,7 @@ impl SamplerBackend for LibbpfSampler {
 /// Open one copy of the object, configure it, reuse the shared maps, load.
 fn load_copy(
     cfg: &SamplerConfig,
+    seed: u64,
     netns_inode: u32,
     ifindex: u32,
     link: u32,
@@ -914,6 +1047,8 @@ fn load_copy(
             ro.cfg_match = cfg.matching.raw();
             ro.cfg_raw = cfg.raw as u32;
             ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+            ro.cfg_set_mask = cfg.set_mask();
+            ro.cfg_hash_seed = seed;
             continue;
         }
         if let Some(sh) = shared {
@@ -923,10 +1058,8 @@ fn load_copy(
                 continue;
             }
         }
-        match name.as_str() {
-            "sampler_flows" => m.set_max_entries(cfg.max_flows)?,
-            "sampler_pending" => m.set_max_entries(cfg.max_pending)?,
-            _ => {}
+        if name == "sampler_table" {
+            m.set_max_entries(cfg.table_entries())?;
         }
     }
     let obj = open.load().context("loading the sampler programs")?;
@@ -1058,6 +1191,25 @@ mod tests {
     }
 
     #[test]
+    fn table_size_is_a_power_of_two_of_whole_sets() {
+        let mut c = SamplerConfig::default();
+        assert_eq!(c.table_entries(), 16384);
+        assert_eq!(c.set_mask(), 4095);
+        c.max_flows = 1000;
+        c.max_pending = 1;
+        assert_eq!(c.table_entries(), 1024);
+        c.max_pending = 5000;
+        assert_eq!(c.table_entries(), 8192);
+        c.max_flows = 1;
+        c.max_pending = 1;
+        assert_eq!(c.table_entries(), MIN_TABLE);
+        assert_eq!(c.set_mask(), MIN_TABLE / WAYS - 1);
+        c.max_flows = MAX_TABLE + 1;
+        assert!(c.validate().is_err());
+        assert_ne!(hash_seed(), hash_seed());
+    }
+
+    #[test]
     fn sampling_threshold() {
         let mut c = SamplerConfig::default();
         assert_eq!(c.threshold(), 0);
@@ -1122,11 +1274,12 @@ mod tests {
 
         let mut c = BTreeMap::new();
         c.insert("flows_created", 10);
+        c.insert("flows_evicted", 6);
         c.insert("pending_created", 9);
-        c.insert("pending_deleted", 5);
-        derived_counters(&mut c, 4, 1, 2);
-        assert_eq!(c["flows_evicted"], 6);
-        assert_eq!(c["pending_evicted"], 3);
+        c.insert("pending_evicted", 3);
+        derived_counters(&mut c, 2);
+        assert_eq!(c["flows_live"], 4);
+        assert_eq!(c["pending_live"], 6);
         assert_eq!(c["raw_user_drops"], 2);
 
         let q = Mutex::new(VecDeque::new());

@@ -41,10 +41,11 @@ pub struct SampleArgs {
     /// Also print every raw sample.
     #[arg(long)]
     pub raw: bool,
-    /// Capacity of the per-flow histogram map (LRU).
+    /// Flows kept in the kernel's flow table (histogram and pending segments per flow, 1 KiB each;
+    /// rounded up to a power of two, LRU within each set of 4).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
-    /// Capacity of the pending-segment map (LRU, one entry per flow).
+    /// Kept for compatibility: the flow table holds max(--max-flows, --max-pending) flows.
     #[arg(long, default_value_t = 16384)]
     pub max_pending: u32,
     /// Drop a pending segment not acknowledged within this time.
@@ -60,6 +61,7 @@ fn settings_json(cfg: &SamplerConfig) -> Value {
         "pending_timeout_ms": cfg.pending_timeout.as_secs_f64() * 1000.0,
         "max_flows": cfg.max_flows,
         "max_pending": cfg.max_pending,
+        "table_entries": cfg.table_entries(),
         "raw": cfg.raw,
         "attach_mode": cfg.attach,
     })

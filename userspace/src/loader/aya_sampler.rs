@@ -8,14 +8,15 @@
 //! - later copies share the first copy's maps (libbpf: `bpf_map__reuse_fd`):
 //!   aya 0.14 has no "reuse this fd" call, but `EbpfLoader::map_pin_path`
 //!   opens a map already pinned at that path instead of creating one. The
-//!   first copy creates and pins the five shared maps (flows, pending,
+//!   first copy creates and pins the four shared maps (flow table,
 //!   counters, epoch, ring buffer), the next copies open them. The pins go
 //!   on a bpffs instance mounted by a thread in a mount namespace of its own
 //!   (gone with the thread, seen by nobody else; works under `ip netns exec`
 //!   where /sys/fs/bpf is not bpffs), else in a private directory under
 //!   `/sys/fs/bpf` removed right after loading. The maps then live on
 //!   through the loaded programs and our fds, as with libbpf;
-//! - `--max-flows`/`--max-pending`: `EbpfLoader::map_max_entries`;
+//! - the flow table's size (`--max-flows`/`--max-pending`):
+//!   `EbpfLoader::map_max_entries`, its set mask and hash seed in `.rodata`;
 //! - tcx links: `SchedClassifier::attach_with_options(iface,
 //!   TcAttachType::Egress/Ingress, TcAttachOptions::TcxOrder(..))` called on
 //!   a thread that entered the interface's namespace (the interface is
@@ -24,8 +25,10 @@
 //! - clsact filters (kernels < 6.6, or `--attach clsact`) are not done here:
 //!   they need netlink calls inside the namespace on drop and a stale-filter
 //!   cleanup, which the libbpf loader has; aya refuses them in one sentence;
-//! - decoding (flows, counters, raw samples) is shared with the libbpf
-//!   loader: `sampler::{flow_stats, derived_counters, queue_raw}`.
+//! - reading and decoding (flow table, counters, raw samples) is shared
+//!   with the libbpf loader: `sampler::{table_flows, derived_counters,
+//!   queue_raw}` (the table is read with a raw `BPF_MAP_LOOKUP_BATCH` on
+//!   the map's fd).
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -34,38 +37,24 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use aya::maps::{Array, HashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, Map, MapData, PerCpuArray, RingBuf};
 use aya::programs::tc::TcAttachOptions;
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
-use aya::{Btf, Ebpf, EbpfLoader, Pod};
+use aya::{Btf, Ebpf, EbpfLoader};
 
 use super::aya::{chain, AyaRing};
 use super::RingSource;
-use crate::bpf::{FlowKey, SamplerFlow, SamplerPending};
 use crate::sampler::{
-    attach_info, derived_counters, flow_stats, queue_raw, resolve_ifaces, AttachInfo, AttachMode,
-    IfaceSpec, ResolvedIface, SamplerBackend, SamplerConfig, SamplerFlowStats, SamplerSample,
-    COUNTERS, PROG_EGRESS, PROG_INGRESS,
+    attach_info, derived_counters, hash_seed, queue_raw, resolve_ifaces, table_flows, AttachInfo,
+    AttachMode, IfaceSpec, ResolvedIface, SamplerBackend, SamplerConfig, SamplerFlowStats,
+    SamplerSample, COUNTERS, PROG_EGRESS, PROG_INGRESS, SHARED_MAPS,
 };
 
 /// The compiled sampler (the very object the libbpf skeleton embeds).
 static SAMPLER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 
-// SAFETY: generated `#[repr(C)]` structs of integers and arrays of integers
-// (Copy, no pointers, no invariants): any bit pattern is a valid value.
-unsafe impl Pod for SamplerFlow {}
-// SAFETY: as above.
-unsafe impl Pod for SamplerPending {}
-
-/// The maps every copy shares (the rest, `.rodata` and the per-CPU scratch
-/// entry, are per copy, as with the libbpf loader).
-const SHARED_MAPS: [&str; 5] = [
-    "sampler_flows",
-    "sampler_pending",
-    "sampler_counters",
-    "sampler_epoch",
-    "sampler_events",
-];
+// The maps every copy shares: `sampler::SHARED_MAPS` (`.rodata` is per
+// copy, as with the libbpf loader).
 
 /// A private bpffs directory for the shared maps' pins; removed (with the
 /// pins: the maps themselves stay alive through their fds) on drop.
@@ -112,8 +101,9 @@ impl Drop for PinDir {
 pub(crate) struct AyaSampler {
     cfg: SamplerConfig,
     info: Vec<AttachInfo>,
-    flows: HashMap<MapData, FlowKey, SamplerFlow>,
-    pending: HashMap<MapData, FlowKey, SamplerPending>,
+    /// The flow table (an array of `struct rttscope_sampler_entry`), read
+    /// through its fd.
+    table: MapData,
     counters: PerCpuArray<MapData, u64>,
     epoch_map: Array<MapData, u32>,
     ring: Option<AyaRing>,
@@ -143,6 +133,8 @@ impl AyaSampler {
         let matching = cfg.matching.raw();
         let raw = u32::from(cfg.raw);
         let timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let set_mask = cfg.set_mask();
+        let seed = hash_seed();
         // Create the maps of every copy (EbpfLoader::load), sharing them
         // through pins; the programs are loaded and attached afterwards.
         let loaded = with_pins(|pins: &dyn Fn(&str) -> PathBuf| {
@@ -152,15 +144,16 @@ impl AyaSampler {
                 let mut loader = EbpfLoader::new();
                 loader
                     .btf(Some(&btf))
-                    .map_max_entries("sampler_flows", cfg.max_flows)
-                    .map_max_entries("sampler_pending", cfg.max_pending)
+                    .map_max_entries("sampler_table", cfg.table_entries())
                     .override_global("cfg_netns", &r.ns.inode, true)
                     .override_global("cfg_ifindex", &r.meta.ifindex, true)
                     .override_global("cfg_link", &r.link.0, true)
                     .override_global("cfg_sample_threshold", &threshold, true)
                     .override_global("cfg_match", &matching, true)
                     .override_global("cfg_raw", &raw, true)
-                    .override_global("cfg_timeout_ns", &timeout_ns, true);
+                    .override_global("cfg_timeout_ns", &timeout_ns, true)
+                    .override_global("cfg_set_mask", &set_mask, true)
+                    .override_global("cfg_hash_seed", &seed, true);
                 for (m, p) in SHARED_MAPS.iter().zip(&pin_paths) {
                     loader.map_pin_path(m, p.as_path());
                 }
@@ -214,8 +207,10 @@ impl AyaSampler {
                 .take_map(name)
                 .with_context(|| format!("map {name} missing from the sampler object"))
         };
-        let flows = HashMap::try_from(take("sampler_flows")?)?;
-        let pending = HashMap::try_from(take("sampler_pending")?)?;
+        let table = match take("sampler_table")? {
+            Map::Array(d) => d,
+            _ => bail!("sampler_table is not an array"),
+        };
         let counters = PerCpuArray::try_from(take("sampler_counters")?)?;
         let epoch_map = Array::try_from(take("sampler_epoch")?)?;
         let ring = if cfg.raw {
@@ -226,8 +221,7 @@ impl AyaSampler {
         Ok(AyaSampler {
             cfg,
             info,
-            flows,
-            pending,
+            table,
             counters,
             epoch_map,
             ring,
@@ -346,13 +340,7 @@ impl SamplerBackend for AyaSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let mut out = Vec::new();
-        // Entries evicted while walking are skipped by aya's iterator; other
-        // errors end the walk (the next interval reads again).
-        for (key, f) in self.flows.iter().map_while(|r| r.ok()) {
-            out.extend(flow_stats(&self.info, self.epoch, &key, &f));
-        }
-        out.sort_by_key(|s| s.flow);
+        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
         self.epoch = self.epoch.wrapping_add(1);
         self.epoch_map
             .set(0, self.epoch, 0)
@@ -371,8 +359,6 @@ impl SamplerBackend for AyaSampler {
         }
         derived_counters(
             &mut out,
-            self.flows.keys().filter(|k| k.is_ok()).count() as u64,
-            self.pending.keys().filter(|k| k.is_ok()).count() as u64,
             self.raw_user_drops
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
