@@ -177,7 +177,7 @@ _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout")
 _Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");
 
 /* Histogram bucket of a value in microseconds (same formula in Rust: hist.rs). */
-static __inline __u32 rttscope_hist_bucket(__u32 v)
+static __inline __attribute__((always_inline)) __u32 rttscope_hist_bucket(__u32 v)
 {
 	__u32 e = 0, t = v;
 
@@ -196,7 +196,7 @@ static __inline __u32 rttscope_hist_bucket(__u32 v)
 }
 
 /* A new, empty aggregate (the rest of the entry is zeroed by the caller). */
-static __inline void rttscope_agg_init(struct rttscope_rtt_agg *a, __u32 epoch)
+static __inline __attribute__((always_inline)) void rttscope_agg_init(struct rttscope_rtt_agg *a, __u32 epoch)
 {
 	a->min_us = 0xffffffff;
 	a->win_min_us = 0xffffffff;
@@ -206,7 +206,7 @@ static __inline void rttscope_agg_init(struct rttscope_rtt_agg *a, __u32 epoch)
 /* Add one RTT sample (us) in report epoch `epoch`. Callers hold the only
  * writer for the flow (TCP: the socket lock; sampler: one flow's samples come
  * from its ingress program), so plain stores suffice. */
-static __inline void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
+static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
 {
 	__u32 b;
 

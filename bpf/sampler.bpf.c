@@ -39,13 +39,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
-/* The header's helpers (rttscope_agg_add(), ...) are plain `__inline`; clang
- * keeps rttscope_agg_add() as a BPF-to-BPF call, and calls and returns are
- * what cost on kernels with retpolines and SRSO mitigations: inline them
- * all in this object. */
-#define __inline inline __attribute__((always_inline))
 #include "rttscope.h"
-#undef __inline
 
 #define AF_INET 2
 #define AF_INET6 10

@@ -45,7 +45,7 @@ pub struct ObserveArgs {
     /// Also stream every raw sample (ring buffer) to the output.
     #[arg(long)]
     pub raw: bool,
-    /// Capacity of the per-flow table (when nearly full, the least recently active flows are evicted).
+    /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: see --max-pending).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
     /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
@@ -66,7 +66,7 @@ pub struct ObserveArgs {
     /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
-    /// Sampler view: capacity of the pending-segment map (LRU, one entry per flow).
+    /// Sampler view: flow-table size (entries = max(--max-flows, --max-pending), rounded up to a power of two; each holds a flow's pending segments).
     #[arg(long, default_value_t = 16384)]
     pub max_pending: u32,
     /// Also aggregate each view like the cloud metric: a distribution per alignment period with

@@ -573,81 +573,29 @@ pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>, raw_user_d
 }
 
 /// Read the whole flow table (an array, `entries` long) with
-/// `BPF_MAP_LOOKUP_BATCH`, 256 entries per call, and pass every entry that
-/// holds a flow with at least one sample (both loaders: a raw `bpf(2)` call
-/// on the map's fd). Entries are copied while the programs may update them,
-/// as with a hash-map walk: a histogram can be a sample behind its count.
+/// `BPF_MAP_LOOKUP_BATCH` (both loaders: `bpf_syscall::lookup_batch` on the
+/// map's fd) and pass every entry that holds a flow with at least one
+/// sample. Entries are copied while the programs may update them, as with a
+/// hash-map walk: a histogram can be a sample behind its count.
 pub(crate) fn read_table(
     fd: BorrowedFd<'_>,
     entries: u32,
     mut f: impl FnMut(&TableEntry),
 ) -> Result<()> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-    }
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-    const CHUNK: usize = 256;
-    let mut keys = vec![0u32; CHUNK];
-    let mut vals = vec![TableEntry::default(); CHUNK];
-    let (mut cursor_in, mut cursor_out) = (0u32, 0u32);
-    let mut first = true;
-    let mut seen = 0u64;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                &cursor_in as *const u32 as u64
-            },
-            out_batch: &mut cursor_out as *mut u32 as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: vals.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: fd.as_raw_fd() as u32,
-            ..Default::default()
-        };
-        // SAFETY: bpf(2) with an attr of the size we pass; the key and value
-        // buffers hold CHUNK keys (u32) and values (TableEntry, the map's
-        // value size) and the cursors one key each.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let err = (r < 0).then(std::io::Error::last_os_error);
-        match &err {
-            Some(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Some(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                return Err(std::io::Error::new(e.kind(), e.to_string()))
-                    .context("reading the sampler's flow table (BPF_MAP_LOOKUP_BATCH)");
+    crate::bpf_syscall::lookup_batch(
+        fd,
+        std::mem::size_of::<u32>(),
+        std::mem::size_of::<TableEntry>(),
+        entries as usize,
+        |_, v| {
+            if let Ok(e) = bpf::decode::<TableEntry>(v) {
+                if e.key.family != 0 && e.gen & 1 == 0 && e.flow.agg.samples > 0 {
+                    f(&e);
+                }
             }
-            _ => {}
-        }
-        let n = (attr.count as usize).min(CHUNK);
-        seen += n as u64;
-        for e in &vals[..n] {
-            if e.key.family != 0 && e.gen & 1 == 0 && e.flow.agg.samples > 0 {
-                f(e);
-            }
-        }
-        if err.is_some() || seen >= entries as u64 || n == 0 {
-            return Ok(()); // ENOENT: the walk is complete
-        }
-        cursor_in = cursor_out;
-        first = false;
-    }
+        },
+    )
+    .context("reading the sampler's flow table (BPF_MAP_LOOKUP_BATCH)")
 }
 
 /// The flows of one table read (both loaders): decoded, and a flow that
