@@ -271,8 +271,8 @@ struct Tracker {
     prev: HashMap<Flow, Snapshot>,
     sides: HashMap<Flow, crate::flow::Side>,
     seen: std::collections::HashSet<Flow>,
-    /// Each flow's sample count and the interval it last changed (for eviction).
-    active: HashMap<Flow, (u64, u64)>,
+    /// The interval of each flow's last sample (for eviction).
+    active: HashMap<Flow, u64>,
     interval: u64,
     vanished: u64,
     evicted: u64,
@@ -287,38 +287,29 @@ impl Tracker {
         self.interval += 1;
     }
 
-    /// The interval of the flow's last sample, as of this read.
-    fn last_active(&mut self, f: &TcpFlowState) -> u64 {
-        let now = self.interval;
-        let e = self.active.entry(f.flow).or_insert((f.samples, now));
-        if e.0 != f.samples {
-            *e = (f.samples, now);
-        }
-        e.1
-    }
-
     fn forget(&mut self, flow: &Flow) {
         self.prev.remove(flow);
         self.active.remove(flow);
     }
 
-    /// Live flows to evict: when more than 7/8 of the `capacity` slots are
-    /// taken, the least recently active ones, down to 3/4.
-    fn to_evict(
-        &self,
-        mut live: Vec<(u64, u32, u32, Flow)>,
-        capacity: u32,
-    ) -> Vec<(u32, u32, Flow)> {
+    /// Whether this read should collect eviction candidates: the last one
+    /// found at least 3/4 of the `capacity` slots taken (below that, the
+    /// list would only cost memory).
+    fn near_full(&self, capacity: u32) -> bool {
+        self.tracked as usize >= (capacity as usize - capacity as usize / 4)
+    }
+
+    /// Live flows (slot, gen, flow) to evict: when more than 7/8 of the
+    /// `capacity` slots are taken, the least recently active ones, down to 3/4.
+    fn to_evict(&self, mut live: Vec<(u32, u32, Flow)>, capacity: u32) -> Vec<(u32, u32, Flow)> {
         let cap = capacity as usize;
         if live.len() <= cap - cap / 8 {
             return Vec::new();
         }
         let n = live.len() - (cap - cap / 4);
-        live.sort_by_key(|l| l.0);
-        live.into_iter()
-            .take(n)
-            .map(|(_, slot, gen, flow)| (slot, gen, flow))
-            .collect()
+        live.sort_by_key(|l| self.active.get(&l.2).copied().unwrap_or(0));
+        live.truncate(n);
+        live
     }
 
     /// One flow of this interval's read: its row, if it had samples, is new, or closed.
@@ -344,6 +335,9 @@ impl Tracker {
         }
         self.prev
             .insert(f.flow, Snapshot::of_counts(&f.counts, f.sum_us));
+        if first || delta.count() > 0 {
+            self.active.insert(f.flow, self.interval);
+        }
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
@@ -651,6 +645,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             let mut total = Hist::default();
             let mut closed = Vec::new();
             let mut live = Vec::new();
+            let collect_live = tracker.near_full(view.info().max_flows);
             tracker.begin();
             view.for_each_flow(&mut |f| {
                 // daemon mode: this flow's samples since the last read.
@@ -659,8 +654,8 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 }
                 if f.closed {
                     closed.push((f.slot, f.gen, f.flow));
-                } else {
-                    live.push((tracker.last_active(&f), f.slot, f.gen, f.flow));
+                } else if collect_live {
+                    live.push((f.slot, f.gen, f.flow));
                 }
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
                     rows.insert(f.flow, r);
@@ -1058,14 +1053,15 @@ mod tests {
             local: format!("10.0.0.1:{port}").parse().unwrap(),
             remote: "10.0.0.2:80".parse().unwrap(),
         };
-        let t = Tracker::default();
+        let mut t = Tracker::default();
         // 14 of 16 slots taken: at the 7/8 mark, nothing to do.
-        let live: Vec<_> = (0..14).map(|i| (i as u64, i, 1, flow(i as u16))).collect();
+        let live: Vec<_> = (0..14).map(|i| (i, 1, flow(i as u16))).collect();
         assert!(t.to_evict(live, 16).is_empty());
         // 16 of 16: evict 4 (down to 12), the ones active longest ago.
-        let live: Vec<_> = (0..16)
-            .map(|i| ((16 - i) as u64, i, 7, flow(i as u16)))
-            .collect();
+        for i in 0..16u32 {
+            t.active.insert(flow(i as u16), (16 - i) as u64);
+        }
+        let live: Vec<_> = (0..16).map(|i| (i, 7, flow(i as u16))).collect();
         let ev = t.to_evict(live, 16);
         let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
         assert_eq!(slots, vec![15, 14, 13, 12]);
