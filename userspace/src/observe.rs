@@ -268,11 +268,10 @@ impl NsNames {
 /// cumulative histogram (the interval's counts are the difference).
 #[derive(Default)]
 struct Tracker {
-    prev: HashMap<Flow, Snapshot>,
+    /// Each flow's histogram at the last read, and the interval of its last sample.
+    prev: HashMap<Flow, (Snapshot, u64)>,
     sides: HashMap<Flow, crate::flow::Side>,
     seen: std::collections::HashSet<Flow>,
-    /// The interval of each flow's last sample (for eviction).
-    active: HashMap<Flow, u64>,
     interval: u64,
     vanished: u64,
     evicted: u64,
@@ -289,7 +288,6 @@ impl Tracker {
 
     fn forget(&mut self, flow: &Flow) {
         self.prev.remove(flow);
-        self.active.remove(flow);
     }
 
     /// Whether this read should collect eviction candidates: the last one
@@ -307,7 +305,7 @@ impl Tracker {
             return Vec::new();
         }
         let n = live.len() - (cap - cap / 4);
-        live.sort_by_key(|l| self.active.get(&l.2).copied().unwrap_or(0));
+        live.sort_by_key(|l| self.prev.get(&l.2).map_or(0, |p| p.1));
         live.truncate(n);
         live
     }
@@ -327,17 +325,18 @@ impl Tracker {
         let mut delta = self
             .prev
             .get(&f.flow)
-            .map_or_else(|| f.hist(), |p| p.delta(&f.counts, f.sum_us));
+            .map_or_else(|| f.hist(), |p| p.0.delta(&f.counts, f.sum_us));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
             delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
         } else if first && delta.count() > 0 {
             delta.set_range(f.life_min_us, f.life_max_us);
         }
+        let active = match self.prev.get(&f.flow) {
+            Some(p) if !first && delta.count() == 0 => p.1,
+            _ => self.interval,
+        };
         self.prev
-            .insert(f.flow, Snapshot::of_counts(&f.counts, f.sum_us));
-        if first || delta.count() > 0 {
-            self.active.insert(f.flow, self.interval);
-        }
+            .insert(f.flow, (Snapshot::of_counts(&f.counts, f.sum_us), active));
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
@@ -374,7 +373,6 @@ impl Tracker {
         let seen = &self.seen;
         self.prev.retain(|k, _| seen.contains(k));
         self.sides.retain(|k, _| seen.contains(k));
-        self.active.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
     }
 }
@@ -650,7 +648,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             view.for_each_flow(&mut |f| {
                 // daemon mode: this flow's samples since the last read.
                 if let Some(d) = daemon.as_mut() {
-                    d.tcp_flow(&f, tracker.prev.get(&f.flow), |ns| names.get(ns));
+                    d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), |ns| {
+                        names.get(ns)
+                    });
                 }
                 if f.closed {
                     closed.push((f.slot, f.gen, f.flow));
@@ -1059,7 +1059,8 @@ mod tests {
         assert!(t.to_evict(live, 16).is_empty());
         // 16 of 16: evict 4 (down to 12), the ones active longest ago.
         for i in 0..16u32 {
-            t.active.insert(flow(i as u16), (16 - i) as u64);
+            let snap = Snapshot::of_counts(&[], 0);
+            t.prev.insert(flow(i as u16), (snap, (16 - i) as u64));
         }
         let live: Vec<_> = (0..16).map(|i| (i, 7, flow(i as u16))).collect();
         let ev = t.to_evict(live, 16);
