@@ -125,6 +125,38 @@ for block in 0 1 2 3 4; do
   echo "block $block, ${names[$block]}: ns/run ${block_ns[$block]} (2 rounds)"
 done
 
+echo "== the same with client and server pinned to one CPU (no idle wake-up between the two ends)"
+# An idle VM lets each CPU sleep between the two ends of a ping-pong, and each
+# program run then pays cold caches; pinned, the CPU stays busy. Both regimes
+# are real (a busy host resembles the pinned one); both are reported.
+in_cg taskset -c 0 ip netns exec "$NS" "$LOAD" server 127.0.0.1:7003 & FSRV=$!
+sleep 0.3
+pinned_rr() { in_cg taskset -c 0 ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7003 "$SECS" 1 0 | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
+pb=(); pw=(); pns=()
+for i in 1 2 3; do
+  pb+=("$(pinned_rr)")
+  start_obs
+  ids=$(head -1 "$OUT/obs.jsonl" | sed 's/.*"prog_ids":\[\([0-9,]*\)\].*/\1/')
+  read -r c0 t0 < <(prog_stat "${ids%%,*}")
+  pw+=("$(pinned_rr)")
+  read -r c1 t1 < <(prog_stat "${ids%%,*}")
+  stop_obs
+  pns+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
+  echo "pinned run $i: tps without ${pb[-1]}, with ${pw[-1]}; sock_ops $((c1-c0)) runs, ${pns[-1]} ns/run"
+done
+b=$(med "${pb[@]}"); w=$(med "${pw[@]}")
+echo "pinned median tps without: $b; with: $w; change: $(awk -v b="$b" -v w="$w" 'BEGIN{printf "%+.2f%%", 100*(w-b)/b}'); median sock_ops ns/invocation: $(med "${pns[@]}")"
+clang-19 -target bpf -O2 -g -DBLOCK=0 -I"/usr/include/$(gcc -dumpmachine)" -c "$ROOT/scripts/bench/sockops_blocks.bpf.c" -o "$OUT/block0.o"
+bpftool prog load "$OUT/block0.o" "$FLOOR_PIN" type sockops
+bpftool cgroup attach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" multi
+bid=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+read -r c0 t0 < <(prog_stat "$bid")
+pinned_rr >/dev/null
+read -r c1 t1 < <(prog_stat "$bid")
+bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
+kill "$FSRV" 2>/dev/null || true; FSRV=
+echo "pinned floor: $((c1-c0)) runs, $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }') ns/run"
+
 echo "== TCP view: 10,000 flows"
 start_obs
 in_cg ip netns exec "$NS" "$LOAD" hold 127.0.0.1:7001 10000 8 >/dev/null & CLI=$!
