@@ -2,7 +2,10 @@
 # Benchmarks of the passive views (figures go to docs/PERFORMANCE.md):
 #  - ns per invocation of each kernel program (kernel BPF run-time statistics);
 #  - transactions/s of a full-speed loopback TCP request/response flow without
-#    and with the observer attached (alternating runs);
+#    and with the observer attached (alternating runs, statistics off), both
+#    unpinned and with client and server pinned to one CPU;
+#  - the same per-invocation cost for building blocks (a do-nothing floor, a
+#    cookie read, an LRU hash lookup, a socket-storage lookup, an array lookup);
 #  - observer CPU (user+sys) and RSS while it runs, and RSS with 10,000 flows.
 # Everything runs in a namespace of its own. Usage: sudo scripts/bench.sh [SECONDS]
 set -euo pipefail
@@ -54,7 +57,11 @@ mkdir "$FLOOR_CG"
 in_cg() { sh -c 'echo $$ > "$0/cgroup.procs"; shift; exec "$@"' "$FLOOR_CG" x "$@"; }
 in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7001 & SRV=$!
 sleep 0.3
-sysctl -q -w kernel.bpf_stats_enabled=1
+# Run-time statistics cost two clock reads per program run: they are on only
+# for the runs that measure ns per invocation, off for the TPS comparisons
+# (a user of rttscope does not run with them).
+stats() { sysctl -q -w kernel.bpf_stats_enabled="$1"; }
+stats 0
 
 tps() { in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7001 "$SECS" 1 0 | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
 cpu_ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
@@ -81,11 +88,14 @@ for i in 1 2 3; do
   start_obs
   ids=$(head -1 "$OUT/obs.jsonl" | sed 's/.*"prog_ids":\[\([0-9,]*\)\].*/\1/')
   sockops_id=${ids%%,*}
-  read -r c0 t0 < <(prog_stat "$sockops_id")
   u0=$(cpu_ticks "$OBS")
   with+=("$(tps)")
   u1=$(cpu_ticks "$OBS")
+  stats 1
+  read -r c0 t0 < <(prog_stat "$sockops_id")
+  tps >/dev/null
   read -r c1 t1 < <(prog_stat "$sockops_id")
+  stats 0
   rss+=("$(rss_kb "$OBS")")
   stop_obs
   ns_per+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
@@ -99,6 +109,7 @@ echo "median sock_ops ns/invocation: $(med "${ns_per[@]}")  (target <= 150)"
 echo "median observer CPU: $(med "${cpu[@]}")% of one core; RSS $(med "${rss[@]}") KiB"
 
 echo "== building blocks (scripts/bench/sockops_blocks.bpf.c): floor and one operation per RTT callback"
+stats 1
 # Same measurement, same flow, same cgroup (each program attached there, not
 # at the root, one at a time; removed by the trap on any exit).
 in_cg ip netns exec "$NS" "$LOAD" server 127.0.0.1:7002 & FSRV=$!
@@ -129,6 +140,7 @@ echo "== the same with client and server pinned to one CPU (no idle wake-up betw
 # An idle VM lets each CPU sleep between the two ends of a ping-pong, and each
 # program run then pays cold caches; pinned, the CPU stays busy. Both regimes
 # are real (a busy host resembles the pinned one); both are reported.
+stats 0
 in_cg taskset -c 0 ip netns exec "$NS" "$LOAD" server 127.0.0.1:7003 & FSRV=$!
 sleep 0.3
 pinned_rr() { in_cg taskset -c 0 ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7003 "$SECS" 1 0 | sed 's/.*"tps":\([0-9.]*\).*/\1/'; }
@@ -137,9 +149,12 @@ for i in 1 2 3; do
   pb+=("$(pinned_rr)")
   start_obs
   ids=$(head -1 "$OUT/obs.jsonl" | sed 's/.*"prog_ids":\[\([0-9,]*\)\].*/\1/')
-  read -r c0 t0 < <(prog_stat "${ids%%,*}")
   pw+=("$(pinned_rr)")
+  stats 1
+  read -r c0 t0 < <(prog_stat "${ids%%,*}")
+  pinned_rr >/dev/null
   read -r c1 t1 < <(prog_stat "${ids%%,*}")
+  stats 0
   stop_obs
   pns+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
   echo "pinned run $i: tps without ${pb[-1]}, with ${pw[-1]}; sock_ops $((c1-c0)) runs, ${pns[-1]} ns/run"
@@ -150,6 +165,7 @@ clang-19 -target bpf -O2 -g -DBLOCK=0 -I"/usr/include/$(gcc -dumpmachine)" -c "$
 bpftool prog load "$OUT/block0.o" "$FLOOR_PIN" type sockops
 bpftool cgroup attach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN" multi
 bid=$(bpftool -j prog show pinned "$FLOOR_PIN" | grep -o '"id":[0-9]*' | head -1 | cut -d: -f2)
+stats 1
 read -r c0 t0 < <(prog_stat "$bid")
 pinned_rr >/dev/null
 read -r c1 t1 < <(prog_stat "$bid")
