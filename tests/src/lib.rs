@@ -432,6 +432,23 @@ pub fn ss_rtt_ms(ns: &NetNs, lport: u16) -> Result<Option<f64>> {
 
 /// Parse `ss -ti` output: the `rtt:<srtt>/<rttvar>` of the socket with local port `lport`.
 pub fn parse_ss_rtt(text: &str, lport: u16) -> Option<f64> {
+    parse_ss_field(text, lport, "rtt")
+}
+
+/// `ss -tin` inside a namespace: TCP's minimum RTT (ms, `minrtt:`) of the
+/// connection whose local address ends with `:lport`.
+pub fn ss_minrtt_ms(ns: &NetNs, lport: u16) -> Result<Option<f64>> {
+    let out = ns.exec(&["ss", "-tin", "state", "established"])?;
+    Ok(parse_ss_field(
+        &String::from_utf8_lossy(&out.stdout),
+        lport,
+        "minrtt",
+    ))
+}
+
+/// A numeric `name:value[/...]` field of `ss -tin` for the socket on `lport`.
+pub fn parse_ss_field(text: &str, lport: u16, name: &str) -> Option<f64> {
+    let prefix = format!("{name}:");
     let mut lines = text.lines().peekable();
     while let Some(line) = lines.next() {
         let fields: Vec<&str> = line.split_whitespace().collect();
@@ -444,7 +461,7 @@ pub fn parse_ss_rtt(text: &str, lport: u16) -> Option<f64> {
         }
         if let Some(info) = lines.peek() {
             for tok in info.split_whitespace() {
-                if let Some(v) = tok.strip_prefix("rtt:") {
+                if let Some(v) = tok.strip_prefix(&prefix) {
                     return v.split('/').next().and_then(|x| x.parse().ok());
                 }
             }

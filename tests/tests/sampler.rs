@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rttscope_e2e::{
-    require_root, rttscope_bin, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR,
-    A_ADDR6, B_ADDR, B_ADDR6,
+    require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
+    RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
 };
 use serde_json::Value;
 
@@ -157,6 +157,9 @@ fn steady_rr_client_side_matches_tcp() {
     std::thread::sleep(Duration::from_millis(3000));
     stop.store(true, Ordering::Relaxed);
     let mut ss = poll.join().unwrap();
+    let minrtt_ms = ss_minrtt_ms(&pair.a, client.local.port())
+        .unwrap()
+        .expect("ss shows the client's minrtt");
     let tr = client.transactions.load(Ordering::Relaxed);
     let (local, local6) = (client.local, client6.local);
     drop(client);
@@ -168,17 +171,22 @@ fn steady_rr_client_side_matches_tcp() {
     let p50_ms = f["p50_us"].as_f64().unwrap() / 1000.0;
     let ss_ms = median(&mut ss);
     eprintln!(
-        "steady RR: {tr} transactions, sampler n={n} p50={p50_ms:.3} ms, ss srtt median {ss_ms:.3} ms ({} readings)",
+        "steady RR: {tr} transactions, sampler n={n} p50={p50_ms:.3} ms, ss srtt median {ss_ms:.3} ms ({} readings), ss minrtt {minrtt_ms:.3} ms",
         ss.len()
     );
     assert!(n >= 200, "too few sampler samples: {n}; {report}");
-    // Expectation: within 20%, plus 10 us. tc sits below IP and TCP, so the
-    // sampler does not see the stack traversal TCP's own samples include
-    // (the seed: the cloud sampler excludes the time spent in the VM); on a
-    // veth RTT of ~30 us that fixed part alone is ~15-25%.
+    // Expectation: the sampler's median lies between TCP's minimum RTT and
+    // its smoothed RTT, each with 20% + 10 us of slack. tc sits below IP and
+    // TCP, so the sampler does not see the stack traversal TCP's samples
+    // include (the seed: the cloud sampler excludes the time spent in the
+    // VM), a few us of a ~20-40 us veth RTT; and srtt is a moving average,
+    // pulled up by the occasional slow round trip a median ignores (on a
+    // busy 2-CPU machine it read 1.5-2x the sampler's median). The median
+    // against the TCP view's median (issue #3's check) is in observe_views.rs.
+    let (lo, hi) = (0.8 * minrtt_ms - 0.010, 1.2 * ss_ms.max(minrtt_ms) + 0.010);
     assert!(
-        (p50_ms - ss_ms).abs() <= 0.2 * ss_ms + 0.010,
-        "sampler p50 {p50_ms:.3} ms vs TCP srtt median {ss_ms:.3} ms: more than 20% + 10 us apart"
+        (lo..=hi).contains(&p50_ms),
+        "sampler p50 {p50_ms:.3} ms outside [{lo:.3}, {hi:.3}] ms (TCP minrtt {minrtt_ms:.3}, srtt median {ss_ms:.3}, -20%/+20% and 10 us)"
     );
     // IPv6 flow seen too
     let f6 = flow(&report, local6, server6).unwrap_or_else(|| panic!("no v6 flow: {report}"));

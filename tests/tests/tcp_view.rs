@@ -12,6 +12,26 @@ fn server_addr() -> SocketAddr {
     format!("{B_ADDR}:{PORT}").parse().unwrap()
 }
 
+/// `rttscope observe --format json` on both ends of the pair, with `extra`
+/// options, on a thread (the test drives traffic meanwhile).
+fn observe_pair(
+    p: &Pair,
+    extra: &[&str],
+    timeout: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<serde_json::Value>>> {
+    let mut args: Vec<String> = vec![
+        "--netns".into(),
+        p.a.name.clone(),
+        "--netns".into(),
+        p.b.name.clone(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    std::thread::spawn(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        observe_json(&args, timeout)
+    })
+}
+
 /// Percentile field of a flow's cumulative summary in the `end` line.
 fn end_summary(lines: &[serde_json::Value], netns: &str, local: &str) -> serde_json::Value {
     end_flow(lines, netns, local).unwrap_or_else(|| {
@@ -27,22 +47,11 @@ fn srtt_matches_ss_for_both_ends() {
     }
     let p = Pair::new().unwrap();
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
-    let (a, b) = (p.a.name.clone(), p.b.name.clone());
-    let obs = std::thread::spawn(move || {
-        observe_json(
-            &[
-                "--netns",
-                &a,
-                "--netns",
-                &b,
-                "--interval",
-                "500ms",
-                "--duration",
-                "3s",
-            ],
-            Duration::from_secs(20),
-        )
-    });
+    let obs = observe_pair(
+        &p,
+        &["--interval", "500ms", "--duration", "3s"],
+        Duration::from_secs(20),
+    );
     std::thread::sleep(Duration::from_millis(700));
     let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
@@ -135,22 +144,11 @@ fn delayed_ack_inflates_server_side_only() {
     }
     let p = Pair::new().unwrap();
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
-    let (a, b) = (p.a.name.clone(), p.b.name.clone());
-    let obs = std::thread::spawn(move || {
-        observe_json(
-            &[
-                "--netns",
-                &a,
-                "--netns",
-                &b,
-                "--interval",
-                "1s",
-                "--duration",
-                "3s",
-            ],
-            Duration::from_secs(20),
-        )
-    });
+    let obs = observe_pair(
+        &p,
+        &["--interval", "1s", "--duration", "3s"],
+        Duration::from_secs(20),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(20)).unwrap();
     let lines = obs.join().unwrap().unwrap();
@@ -326,24 +324,18 @@ fn slots_are_reused_and_idle_flows_evicted() {
     }
     let p = Pair::new().unwrap();
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
-    let (a, b) = (p.a.name.clone(), p.b.name.clone());
-    let obs = std::thread::spawn(move || {
-        observe_json(
-            &[
-                "--netns",
-                &a,
-                "--netns",
-                &b,
-                "--max-flows",
-                "16",
-                "--interval",
-                "250ms",
-                "--duration",
-                "5s",
-            ],
-            Duration::from_secs(30),
-        )
-    });
+    let obs = observe_pair(
+        &p,
+        &[
+            "--max-flows",
+            "16",
+            "--interval",
+            "250ms",
+            "--duration",
+            "5s",
+        ],
+        Duration::from_secs(30),
+    );
     std::thread::sleep(Duration::from_millis(700));
     // Churn: 24 connections one after another (48 sockets: 3x the slots).
     let mut churned = Vec::new();
