@@ -568,7 +568,7 @@ impl Exporter {
         let drops = Family::<DropLabels, Counter>::default();
         r.register(
             "rttscope_drops",
-            "Things a view could not record: ring-buffer overruns, flow-map-full, LRU evictions (flows_vanished)",
+            "Things a view could not record: ring-buffer overruns, flow-table-full, flows that left a table unreported (flows_vanished)",
             drops.clone(),
         );
         let events = Family::<EventLabels, Counter>::default();
