@@ -312,11 +312,12 @@ fn bad_input_gets_one_sentence() {
 }
 
 /// The flow table is a fixed array of slots (--max-flows). Closed flows give
-/// their slot back once reported, and when few slots are left the least
-/// recently active flows are evicted: churn three times the capacity, then
-/// more idle connections than slots, must not stop a busy flow that starts
-/// afterwards from being measured, and every churned connection must have
-/// been reported closed.
+/// their slot back once reported (early, between reports, when the table is
+/// more than half full), and when few slots are left the least recently
+/// active flows are evicted: churn of three times the capacity within about
+/// one report interval, then more idle connections than slots, must not stop
+/// a busy flow that starts afterwards from being measured, and every churned
+/// connection must have been reported closed.
 #[test]
 fn slots_are_reused_and_idle_flows_evicted() {
     if !require_root() {
@@ -326,14 +327,7 @@ fn slots_are_reused_and_idle_flows_evicted() {
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
     let obs = observe_pair(
         &p,
-        &[
-            "--max-flows",
-            "16",
-            "--interval",
-            "250ms",
-            "--duration",
-            "5s",
-        ],
+        &["--max-flows", "16", "--interval", "1s", "--duration", "6s"],
         Duration::from_secs(30),
     );
     std::thread::sleep(Duration::from_millis(700));

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::flow::Flow;
 use crate::hist::{Hist, Snapshot};
 use crate::loader::{self, LoaderKind};
@@ -277,6 +278,13 @@ struct Tracker {
     evicted: u64,
     closed_reported: u64,
     tracked: u64,
+    /// Slots given back by us (closed, evicted): with the kernel's
+    /// flows_created, the table's occupancy between reads.
+    freed: u64,
+    /// Closed flows read and freed before the interval's report (the table
+    /// was filling up): their rows wait here for the report.
+    early_rows: Vec<(Flow, FlowRow)>,
+    early_total: Hist,
 }
 
 impl Tracker {
@@ -288,6 +296,16 @@ impl Tracker {
 
     fn forget(&mut self, flow: &Flow) {
         self.prev.remove(flow);
+        self.freed += 1;
+    }
+
+    /// Whether closed flows should be read and freed before the interval
+    /// ends: more than half of the `capacity` slots taken (`created`: the
+    /// kernel's flows_created). Under heavy churn a closed flow would
+    /// otherwise hold its slot until the next report, and a table could
+    /// fill with flows that are only waiting to be reported.
+    fn reclaim_due(&self, created: u64, capacity: u32) -> bool {
+        created.saturating_sub(self.freed) > capacity as u64 / 2
     }
 
     /// Whether this read should collect eviction candidates: the last one
@@ -375,6 +393,43 @@ impl Tracker {
         self.sides.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
     }
+}
+
+/// Read the TCP view's table between reports and free the slots of closed
+/// flows now, keeping their rows (and exporting their samples in daemon
+/// mode) for the interval's report.
+fn reclaim_closed(
+    view: &mut dyn crate::loader::TcpLoader,
+    tracker: &mut Tracker,
+    names: &mut NsNames,
+    mut daemon: Option<&mut crate::metrics::Daemon>,
+) -> Result<()> {
+    let epoch = view.epoch();
+    let tracked = tracker.tracked;
+    let mut closed = Vec::new();
+    let mut total = std::mem::take(&mut tracker.early_total);
+    view.for_each_flow(&mut |f| {
+        if !f.closed {
+            return;
+        }
+        if let Some(d) = daemon.as_deref_mut() {
+            d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), |ns| {
+                names.get(ns)
+            });
+        }
+        if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
+            tracker.early_rows.push((f.flow, r));
+        }
+        closed.push((f.slot, f.gen, f.flow));
+    })?;
+    tracker.early_total = total;
+    tracker.tracked = tracked; // a partial read: the interval's count stays
+    for (slot, gen, flow) in closed {
+        view.forget(slot, gen)?;
+        tracker.forget(&flow);
+        tracker.closed_reported += 1;
+    }
+    Ok(())
 }
 
 pub fn run(args: ObserveArgs) -> Result<()> {
@@ -575,6 +630,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             );
         }
     }
+    // Between reports, a check that frees closed flows early when the TCP
+    // view's table fills up (Tracker::reclaim_due).
+    let reclaim_every = (args.interval / 8).max(Duration::from_millis(50));
+    let mut reclaim_tick = tokio::time::interval(reclaim_every);
+    reclaim_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticker =
         tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -614,6 +674,15 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
                 }
                 flush_raw(&raw_lines, &stdout)?;
+                continue;
+            }
+            _ = reclaim_tick.tick(), if tcp.is_some() => {
+                if let Some(view) = tcp.as_mut() {
+                    let cap = view.info().max_flows;
+                    if tracker.reclaim_due(view.counter(C::RTTSCOPE_TC_FLOWS_CREATED), cap) {
+                        reclaim_closed(view.as_mut(), &mut tracker, &mut names, daemon.as_mut())?;
+                    }
+                }
                 continue;
             }
             _ = until_deadline => true,
@@ -663,6 +732,12 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             })?;
             tracker.end();
             view.next_epoch();
+            // Closed flows freed early (the table was filling up) are
+            // reported with this interval too.
+            for (flow, r) in tracker.early_rows.drain(..) {
+                rows.insert(flow, r);
+            }
+            total.merge(&std::mem::take(&mut tracker.early_total));
             // Closed flows are reported once (this interval), then their
             // slots are given back.
             for (slot, gen, flow) in closed {
@@ -1067,5 +1142,15 @@ mod tests {
         let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
         assert_eq!(slots, vec![15, 14, 13, 12]);
         assert!(ev.iter().all(|e| e.1 == 7));
+    }
+
+    #[test]
+    fn closed_flows_are_freed_early_once_half_the_table_is_taken() {
+        let mut t = Tracker::default();
+        assert!(!t.reclaim_due(8, 16), "8 of 16 taken: not yet");
+        assert!(t.reclaim_due(9, 16), "9 of 16 taken");
+        t.freed = 5; // five given back since
+        assert!(!t.reclaim_due(9, 16));
+        assert!(t.reclaim_due(14, 16));
     }
 }
