@@ -403,6 +403,7 @@ fn reclaim_closed(
     tracker: &mut Tracker,
     names: &mut NsNames,
     mut daemon: Option<&mut crate::metrics::Daemon>,
+    keep_rows: bool,
 ) -> Result<()> {
     let epoch = view.epoch();
     let tracked = tracker.tracked;
@@ -418,7 +419,9 @@ fn reclaim_closed(
             });
         }
         if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
-            tracker.early_rows.push((f.flow, r));
+            if keep_rows {
+                tracker.early_rows.push((f.flow, r));
+            }
         }
         closed.push((f.slot, f.gen, f.flow));
     })?;
@@ -680,7 +683,13 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 if let Some(view) = tcp.as_mut() {
                     let cap = view.info().max_flows;
                     if tracker.reclaim_due(view.counter(C::RTTSCOPE_TC_FLOWS_CREATED), cap) {
-                        reclaim_closed(view.as_mut(), &mut tracker, &mut names, daemon.as_mut())?;
+                        reclaim_closed(
+                            view.as_mut(),
+                            &mut tracker,
+                            &mut names,
+                            daemon.as_mut(),
+                            !args.quiet,
+                        )?;
                     }
                 }
                 continue;
@@ -727,7 +736,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     live.push((f.slot, f.gen, f.flow));
                 }
                 if let Some(r) = tracker.flow_row(&f, epoch, &mut names, &mut total) {
-                    rows.insert(f.flow, r);
+                    if !args.quiet {
+                        rows.insert(f.flow, r); // (--quiet: nothing prints rows)
+                    }
                 }
             })?;
             tracker.end();
@@ -790,6 +801,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                         .or(if first { f.hist.max_us } else { None }),
                 );
                 total.merge(&delta);
+                if args.quiet {
+                    continue; // nothing prints rows
+                }
                 let stats = ViewStats::from_hist(&delta);
                 let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
                     netns: f.flow.netns,
