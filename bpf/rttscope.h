@@ -112,10 +112,11 @@ struct rttscope_rtt_agg {
 /* Per-flow state and in-kernel aggregate of the TCP view: one slot of the
  * `tcp_flows` array. A socket finds its slot through socket-local storage
  * (struct rttscope_tcp_sk), so the per-sample path does one storage lookup
- * and an inlined array access, no hashing. Free slots wait in the
- * `tcp_free_slots` stack: the kernel takes one for each new flow, userspace
- * gives it back once the flow was reported closed (or evicted), after
- * bumping `gen` so a socket still pointing at the slot no longer matches.
+ * and an inlined array access, no hashing. A new flow takes a slot given
+ * back earlier (the `tcp_free_slots` stack) or else the next never-used one;
+ * userspace gives a slot back once its flow was reported closed (or
+ * evicted), after bumping `gen` so a socket still pointing at the slot no
+ * longer matches.
  * Fields written per sample come first (one or two cache lines). */
 struct rttscope_tcp_flow {
 	__u32 gen;          /* slot generation: matches the socket's rttscope_tcp_sk.gen */

@@ -12,9 +12,10 @@
  * socket finds its slot through socket-local storage (`tcp_sk`), so an RTT
  * sample costs one storage lookup and an inlined array access (no hashing:
  * on this project's test machines a hash-map lookup alone cost ~120 ns per
- * callback). Free slots wait in the `tcp_free_slots` stack; userspace gives
- * a slot back after reporting its flow closed, or evicts the least recently
- * active flows when few slots are left (see docs/observe.md). Samples are
+ * callback). A new flow takes a slot given back earlier (the
+ * `tcp_free_slots` stack) or else the next never-used one (`slots_hwm`);
+ * userspace gives a slot back after reporting its flow closed, or evicts the
+ * least recently active flows when few slots are left (docs/observe.md). Samples are
  * aggregated here into a log-linear histogram per flow so userspace cost
  * does not grow with the packet rate. A raw sample stream (ring buffer) is
  * optional (cfg_raw).
@@ -42,11 +43,14 @@ const volatile __u32 cfg_netns_filter = 0; /* restrict to netns in `netns_filter
 const volatile __u32 cfg_port_filter = 0;  /* restrict to ports in `port_filter` (local or remote) */
 const volatile __u32 cfg_addr_filter = 0;  /* restrict to CIDRs in `addr_filter` (local or remote) */
 const volatile __u32 cfg_raw = 0;          /* write every sample to the ring buffer */
+const volatile __u32 cfg_max_slots = 16384; /* tcp_flows' size (--max-flows) */
 
 /* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
 __u32 epoch = 0;
 /* One past the highest slot ever taken: userspace reads tcp_flows up to here. */
-__u64 slots_hwm = 0; /* 64-bit: cmpxchg on 32 bits needs -mcpu=v3 */
+/* Slots ever handed out fresh (0..slots_hwm-1): userspace reads tcp_flows up
+ * to here. 64-bit: cmpxchg on 32 bits needs -mcpu=v3. */
+__u64 slots_hwm = 0;
 
 /* Make the ring-buffer record type and the enums reach the generated Rust types. */
 struct rttscope_event _event_type = {};
@@ -65,8 +69,8 @@ struct {
 	__type(value, struct rttscope_tcp_flow);
 } tcp_flows SEC(".maps");
 
-/* Free slots of tcp_flows, filled by userspace before attach (LIFO: freed
- * slots are reused first, so the taken ones stay packed at the bottom). */
+/* Slots of tcp_flows given back by userspace, reused before fresh ones (so
+ * the taken ones stay packed below slots_hwm). */
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK);
 	__uint(max_entries, 16384); /* resized with tcp_flows */
@@ -223,17 +227,24 @@ static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope
 	return 0;
 }
 
-/* Raise slots_hwm to at least `n` (several CPUs may take slots at once). */
-static __always_inline void raise_hwm(__u64 n)
+/* A slot for a new flow: one given back, else the next fresh one. */
+static __always_inline int take_slot(__u32 *slot)
 {
 	int i;
 
-	for (i = 0; i < 8; i++) {
+	if (bpf_map_pop_elem(&tcp_free_slots, slot) == 0)
+		return 0;
+	for (i = 0; i < 8; i++) { /* several CPUs may take fresh slots at once */
 		__u64 cur = slots_hwm;
 
-		if (cur >= n || __sync_val_compare_and_swap(&slots_hwm, cur, n) == cur)
-			return;
+		if (cur >= cfg_max_slots)
+			return -1;
+		if (__sync_val_compare_and_swap(&slots_hwm, cur, cur + 1) == cur) {
+			*slot = (__u32)cur;
+			return 0;
+		}
 	}
+	return -1;
 }
 
 /* Take a free slot for the socket `sk` and fill it. NULL (counted) when no
@@ -249,13 +260,13 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
 	if (!init)
 		return NULL;
-	if (bpf_map_pop_elem(&tcp_free_slots, &slot)) {
+	if (take_slot(&slot)) {
 		count(RTTSCOPE_TC_FLOW_MAP_FULL);
 		return NULL;
 	}
 	f = bpf_map_lookup_elem(&tcp_flows, &slot);
 	if (!f)
-		return NULL; /* out of range: cannot happen (userspace pushes 0..max-1) */
+		return NULL; /* out of range: cannot happen (slots < cfg_max_slots) */
 	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!ts) {
 		/* no memory for the socket storage: give the slot back */
@@ -277,7 +288,6 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	*f = *init;
 	ts->slot = slot;
 	ts->gen = init->gen;
-	raise_hwm(slot + 1);
 	count(RTTSCOPE_TC_FLOWS_CREATED);
 	return f;
 }

@@ -220,6 +220,7 @@ impl TcpView {
             ro.cfg_port_filter = !cfg.ports.is_empty() as u32;
             ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
             ro.cfg_raw = cfg.raw as u32;
+            ro.cfg_max_slots = max_flows;
         }
         let skel = open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")?;
 
@@ -244,8 +245,6 @@ impl TcpView {
             };
             skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
         }
-
-        fill_free_slots(skel.maps.tcp_free_slots.as_fd(), max_flows)?;
 
         let link = skel
             .progs
@@ -471,21 +470,6 @@ const FLOW_SRTT_FALLBACK: u8 = F::RTTSCOPE_FLOW_SRTT_FALLBACK.0 as u8;
 const FLOW_CLOSED: u8 = F::RTTSCOPE_FLOW_CLOSED.0 as u8;
 const FLOW_IN_USE: u8 = F::RTTSCOPE_FLOW_IN_USE.0 as u8;
 
-/// Slots read beyond the kernel's high-water mark, in case it lags (several
-/// CPUs taking slots at once may, rarely, leave it short).
-const HWM_MARGIN: u64 = 64;
-
-/// Put every slot of the flow array on the free stack, highest first, so
-/// the kernel takes 0, 1, 2... and the taken slots stay packed at the bottom
-/// (the reader then stops at the high-water mark). Before attach.
-pub(crate) fn fill_free_slots(stack: BorrowedFd<'_>, max_flows: u32) -> Result<()> {
-    for slot in (0..max_flows).rev() {
-        crate::bpf_syscall::update(stack, None, &slot.to_ne_bytes(), 0)
-            .with_context(|| format!("filling the TCP view's free-slot stack (slot {slot})"))?;
-    }
-    Ok(())
-}
-
 /// Read the taken slots of the flow array (up to the high-water mark),
 /// decoded, one at a time. Shared by both loaders.
 pub(crate) fn read_slots(
@@ -495,7 +479,7 @@ pub(crate) fn read_slots(
     listeners: &HashSet<(u32, u16)>,
     mut f: impl FnMut(TcpFlowState),
 ) -> Result<()> {
-    let limit = hwm.saturating_add(HWM_MARGIN).min(max_flows as u64) as usize;
+    let limit = hwm.min(max_flows as u64) as usize;
     crate::bpf_syscall::lookup_batch(
         flows,
         std::mem::size_of::<u32>(),

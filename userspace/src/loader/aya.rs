@@ -4,9 +4,9 @@
 //! Mapping of what the libbpf skeleton does to aya:
 //! - `.rodata` config (`cfg_*`): `EbpfLoader::override_global` before load;
 //! - `tcp_flows` and `tcp_free_slots` capacity (--max-flows):
-//!   `EbpfLoader::map_max_entries`; the slot array is read and the free
-//!   stack filled through the shared raw-syscall helpers (aya 0.14 has no
-//!   batch lookup), on the maps' fds;
+//!   `EbpfLoader::map_max_entries` (and `cfg_max_slots`); the slot array is
+//!   read and freed slots pushed through the shared raw-syscall helpers
+//!   (aya 0.14 has no batch lookup), on the maps' fds;
 //! - `.bss` `epoch`: the `.bss` array map, value type = the generated `bss`
 //!   layout struct, read-modify-written each interval;
 //! - sock_ops: `SockOps::attach`, which creates a BPF link (kernel >= 5.7),
@@ -29,9 +29,7 @@ use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
 use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::{FlowKey, TcpFlow};
 use crate::netns::NetNs;
-use crate::tcp_view::{
-    cidr_key, fill_free_slots, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
-};
+use crate::tcp_view::{cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
@@ -88,6 +86,7 @@ impl AyaTcp {
             .override_global("cfg_port_filter", &port_on, true)
             .override_global("cfg_addr_filter", &addr_on, true)
             .override_global("cfg_raw", &raw_on, true)
+            .override_global("cfg_max_slots", &max_flows, true)
             .load(TCP_OBJ)
             .map_err(|e| map_err("opening the TCP view's BPF object with aya", chain(&e)))?;
 
@@ -116,14 +115,6 @@ impl AyaTcp {
                 m.insert(&LpmKey::new(k.prefixlen, k.addr), 1, 0)
                     .map_err(|e| map_err("filling the address filter", e))?;
             }
-        }
-
-        {
-            let m = map(&mut ebpf, "tcp_free_slots")?;
-            let aya::maps::Map::Stack(d) = m else {
-                anyhow::bail!("the TCP view object's tcp_free_slots is not a stack map");
-            };
-            fill_free_slots(d.fd().as_fd(), max_flows)?;
         }
 
         let prog: &mut SockOps = ebpf
