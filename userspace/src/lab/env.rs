@@ -485,8 +485,12 @@ impl ScenarioEnv for LabEnv {
                 "-r".into(),
                 format!("{req},{resp}"),
                 "--nodelay".into(),
+                // A transaction in TCP's exponential backoff (the loss
+                // scenarios) is the application tail being measured, not a
+                // failure: let it last as long as the phase (the probe's -l
+                // ends it with the phase).
                 "-W".into(),
-                "10s".into(),
+                format!("{:.0}s", len.max(0.0) + 10.0),
                 "--json".into(),
             ]
         };
