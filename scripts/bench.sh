@@ -74,6 +74,7 @@ start_obs() {
   kill -0 "$OBS" 2>/dev/null || { echo "observer failed to start: $(cat "$OUT/obs.err")" >&2; exit 1; }
 }
 stop_obs() { kill -INT "$OBS"; wait "$OBS" || true; OBS=; }
+ns_run() { awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }'; } # between two prog_stat reads
 prog_stat() { # id -> "run_cnt run_time_ns" (bpftool omits both while zero)
   local j c t
   j=$(bpftool -j prog show id "$1")
@@ -98,7 +99,7 @@ for i in 1 2 3; do
   stats 0
   rss+=("$(rss_kb "$OBS")")
   stop_obs
-  ns_per+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
+  ns_per+=("$(ns_run)")
   cpu+=("$(awk -v d=$((u1-u0)) -v s="$SECS" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", 100*d/hz/s}')")
   echo "run $i: tps without ${base[-1]}, with ${with[-1]}; sock_ops $((c1-c0)) runs, ${ns_per[-1]} ns/run; observer CPU ${cpu[-1]}%, RSS ${rss[-1]} KiB"
 done
@@ -125,7 +126,7 @@ for round in 1 2; do
     in_cg ip netns exec "$NS" "$LOAD" rr 127.0.0.1:7002 "$SECS" 1 0 >/dev/null
     read -r c1 t1 < <(prog_stat "$bid")
     bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
-    block_ns[$block]="${block_ns[$block]:-} $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')"
+    block_ns[$block]="${block_ns[$block]:-} $(ns_run)"
   done
 done
 kill "$FSRV" 2>/dev/null || true; FSRV=
@@ -156,7 +157,7 @@ for i in 1 2 3; do
   read -r c1 t1 < <(prog_stat "${ids%%,*}")
   stats 0
   stop_obs
-  pns+=("$(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }')")
+  pns+=("$(ns_run)")
   echo "pinned run $i: tps without ${pb[-1]}, with ${pw[-1]}; sock_ops $((c1-c0)) runs, ${pns[-1]} ns/run"
 done
 b=$(med "${pb[@]}"); w=$(med "${pw[@]}")
@@ -176,7 +177,7 @@ stats 0
 bpftool cgroup detach "$FLOOR_CG" sock_ops pinned "$FLOOR_PIN"; rm -f "$FLOOR_PIN"
 kill "$FSRV" 2>/dev/null || true; FSRV=
 f=$(med "${pf[@]}")
-echo "pinned floor: $((c1-c0)) runs, $(awk -v c=$((c1-c0)) -v t=$((t1-t0)) 'BEGIN{ if (c>0) printf "%.1f", t/c; else print "nan" }') ns/run; tps with the floor program ${pf[*]} (median $f, $(awk -v b="$b" -v w="$f" 'BEGIN{printf "%+.2f%%", 100*(w-b)/b}') against no program)"
+echo "pinned floor: $((c1-c0)) runs, $(ns_run) ns/run; tps with the floor program ${pf[*]} (median $f, $(awk -v b="$b" -v w="$f" 'BEGIN{printf "%+.2f%%", 100*(w-b)/b}') against no program)"
 
 echo "== TCP view: 10,000 flows"
 start_obs

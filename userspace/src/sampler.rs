@@ -588,6 +588,13 @@ pub(crate) fn read_table(
         std::mem::size_of::<TableEntry>(),
         entries as usize,
         |_, v| {
+            // Most entries of a sparse table are empty: look at the key's
+            // family in place before copying the 1 KiB entry out.
+            const FAMILY: usize =
+                std::mem::offset_of!(TableEntry, key) + std::mem::offset_of!(FlowKey, family);
+            if v.get(FAMILY..FAMILY + 2).is_none_or(|b| b == [0, 0]) {
+                return;
+            }
             if let Ok(e) = bpf::decode::<TableEntry>(v) {
                 if e.key.family != 0 && e.gen & 1 == 0 && e.flow.agg.samples > 0 {
                     f(&e);
