@@ -74,6 +74,40 @@ impl Run {
             })
             .collect()
     }
+    /// (samples, samples above `ms`) of a view's series in the phases with
+    /// loss (every phase but the one labelled "0"), split by the phases'
+    /// start times in `phases.json`.
+    fn tail_share(&self, view: &str, ms: f64) -> (usize, usize) {
+        let phases: Value = serde_json::from_str(
+            &std::fs::read_to_string(self.out.join("phases.json")).expect("phases.json"),
+        )
+        .expect("phases.json parses");
+        let starts: Vec<(String, f64)> = phases
+            .as_array()
+            .expect("phases")
+            .iter()
+            .map(|p| {
+                (
+                    p["phase"]["label"].as_str().unwrap_or_default().to_string(),
+                    p["started_after_ms"].as_f64().expect("started_after_ms") / 1e3,
+                )
+            })
+            .collect();
+        let lossy = |t: f64| {
+            starts
+                .iter()
+                .rev()
+                .find(|(_, s)| *s <= t)
+                .is_some_and(|(l, _)| l != "0")
+        };
+        let s: Vec<f64> = self
+            .series(view)
+            .into_iter()
+            .filter(|&(t, _)| lossy(t))
+            .map(|(_, v)| v)
+            .collect();
+        (s.len(), s.iter().filter(|&&v| v > ms).count())
+    }
 }
 
 fn ns_inode(path: &str) -> Option<u64> {
@@ -403,7 +437,7 @@ fn rtt_step_every_view_follows_the_added_50ms() {
 }
 
 #[test]
-fn loss_inflates_the_application_tail_not_tcp_rtt() {
+fn loss_inflates_the_application_tail_more_than_tcp_rtt() {
     if !require_root() {
         return;
     }
@@ -412,20 +446,44 @@ fn loss_inflates_the_application_tail_not_tcp_rtt() {
     let rr0 = r.ms("0", "rr", "p95");
     assert!(rr0 < 130.0, "RR p95 without loss: {rr0}\n{t}");
     let rr10 = r.ms("10", "rr", "p95");
-    let tcp10 = r.ms("10", "tcp client", "p95");
     assert!(
         rr10 > 250.0,
         "RR p95 at 10% loss: {rr10} (RTO >= 200 ms + RTT)\n{t}"
     );
-    assert!(
-        rr10 > tcp10 + 100.0,
-        "RR p95 {rr10} vs TCP p95 {tcp10} at 10%\n{t}"
+    // TCP's own tail rises too, less often: Karn's rule keeps retransmitted
+    // segments out, but with timestamps an ACK that echoes the original
+    // transmission's TSval (the response was lost and the server resent it)
+    // yields a sample that includes the RTO. So compare how often each view
+    // lands beyond an RTO, pooled over the lossy phases (one phase's p95 of
+    // either can land in its tail: in CI, RR 495 vs TCP 411 ms at 10 %).
+    let (rr_n, rr_tail) = r.tail_share("rr", 250.0);
+    let (tcp_n, tcp_tail) = r.tail_share("tcp client", 250.0);
+    let (smp_n, smp_tail) = r.tail_share("sampler client", 250.0);
+    let share = |n: usize, k: usize| k as f64 / n.max(1) as f64;
+    let shares = format!(
+        "> 250 ms with loss: RR {rr_tail}/{rr_n}, TCP client {tcp_tail}/{tcp_n}, \
+         sampler client {smp_tail}/{smp_n}"
     );
-    let tcp10_50 = r.ms("10", "tcp client", "p50");
     assert!(
-        (95.0..=130.0).contains(&tcp10_50),
-        "TCP p50 at 10% loss: {tcp10_50}\n{t}"
+        rr_n >= 150 && tcp_n >= 150 && smp_n >= 150,
+        "too few samples in the lossy phases: {shares}\n{t}"
     );
+    assert!(
+        share(rr_n, rr_tail) > share(tcp_n, tcp_tail),
+        "transactions beyond an RTO should be more frequent than TCP's samples there: {shares}\n{t}"
+    );
+    assert!(
+        share(smp_n, smp_tail) > share(tcp_n, tcp_tail),
+        "the sampler (no Karn) should land beyond an RTO more often than TCP: {shares}\n{t}"
+    );
+    eprintln!("{shares}");
+    for level in ["10", "20"] {
+        let p50 = r.ms(level, "tcp client", "p50");
+        assert!(
+            (95.0..=130.0).contains(&p50),
+            "TCP client p50 at {level}% loss: {p50}\n{t}"
+        );
+    }
     assert!(r.out.join("sweep.png").is_file());
     cleanup(r);
 }

@@ -256,7 +256,7 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
             };
             (
                 "random loss each way (%)",
-                "path RTT 100 ms; with loss the request/response tail (p95) jumps by retransmission timeouts (>= 200 ms) while TCP's RTT (Karn: no samples from retransmitted data) stays near 100 ms",
+                "path RTT 100 ms; with loss the request/response tail (p95) jumps by retransmission timeouts (>= 200 ms) while TCP's median RTT stays near 100 ms and its tail rises less often (Karn: no sample from retransmitted data, but with timestamps an ACK echoing the first transmission's TSval - a lost response the server resent - yields a sample that includes the RTO); the sampler (no Karn) follows the transactions",
                 levels
                     .iter()
                     .map(|&l| {
