@@ -77,6 +77,7 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TC_RAW_EVENTS,        /* raw events written */
 	RTTSCOPE_TC_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_TC_NO_SOCK,           /* callback without a full socket */
+	RTTSCOPE_TC_HINT_MISSES,       /* RTT callbacks that found their flow through socket storage, not the hint */
 	RTTSCOPE_TC_COUNTERS,          /* number of counters */
 };
 
@@ -110,13 +111,16 @@ struct rttscope_rtt_agg {
 };
 
 /* Per-flow state and in-kernel aggregate of the TCP view: one slot of the
- * `tcp_flows` array. A socket finds its slot through socket-local storage
- * (struct rttscope_tcp_sk), so the per-sample path does one storage lookup
- * and an inlined array access, no hashing. A new flow takes a slot given
- * back earlier (the `tcp_free_slots` stack) or else the next never-used one;
+ * `tcp_flows` array. A socket finds its slot through a hint: `tcp_hints`,
+ * indexed by a hash of the socket's addresses and ports, holds slot and gen,
+ * checked against the slot's gen, sk_addr and hint_tag, all inlined (no
+ * helper call on the per-sample path). When the hint is missing or holds
+ * another socket's slot, the socket-local storage (struct rttscope_tcp_sk)
+ * has the slot and the hint is refilled. A new flow takes a slot given back
+ * earlier (the `tcp_free_slots` stack) or else the next never-used one;
  * userspace gives a slot back once its flow was reported closed (or
- * evicted), after bumping `gen` so a socket still pointing at the slot no
- * longer matches.
+ * evicted), after bumping `gen` so a socket or hint still pointing at the
+ * slot no longer matches.
  * Fields written per sample come first (one or two cache lines). */
 struct rttscope_tcp_flow {
 	__u32 gen;          /* slot generation: matches the socket's rttscope_tcp_sk.gen */
@@ -126,6 +130,9 @@ struct rttscope_tcp_flow {
 	__u8 origin;        /* enum rttscope_origin */
 	__u8 state;         /* last TCP state seen */
 	__u8 flags;         /* enum rttscope_flow_flags */
+	__u64 sk_addr;      /* the socket's kernel address: tells the socket's hint (tcp_hints) from another's */
+	__u32 hint_tag;     /* high half of the hint hash (0: no hint for this flow yet) */
+	__u32 reserved0;
 	struct rttscope_rtt_agg agg;
 	__u64 cookie;       /* socket cookie (as `ss -e` prints it: sk:<hex>) */
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
@@ -171,7 +178,7 @@ struct rttscope_event {
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
-_Static_assert(sizeof(struct rttscope_tcp_flow) == 88 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
 _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");

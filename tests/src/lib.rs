@@ -359,13 +359,50 @@ impl RrClient {
         think: Duration,
         paused: bool,
     ) -> Result<Self> {
+        Self::start_with(ns, None, server, resp, think, paused)
+    }
+
+    /// A client whose socket is bound to `local` before it connects (a
+    /// chosen source port).
+    pub fn start_bound(
+        ns: &NetNs,
+        local: SocketAddr,
+        server: SocketAddr,
+        resp: usize,
+        think: Duration,
+    ) -> Result<Self> {
+        Self::start_with(ns, Some(local), server, resp, think, false)
+    }
+
+    fn start_with(
+        ns: &NetNs,
+        bind: Option<SocketAddr>,
+        server: SocketAddr,
+        resp: usize,
+        think: Duration,
+        paused: bool,
+    ) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let pause = Arc::new(AtomicBool::new(paused));
         let transactions = Arc::new(AtomicU32::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
         let (stop2, pause2, tr2) = (stop.clone(), pause.clone(), transactions.clone());
         let handle = ns.spawn(move || {
-            let mut s = match TcpStream::connect_timeout(&server, Duration::from_secs(3)) {
+            let connect = || -> std::io::Result<TcpStream> {
+                let Some(local) = bind else {
+                    return TcpStream::connect_timeout(&server, Duration::from_secs(3));
+                };
+                let sock = socket2::Socket::new(
+                    socket2::Domain::for_address(server),
+                    socket2::Type::STREAM,
+                    None,
+                )?;
+                sock.set_reuse_address(true)?;
+                sock.bind(&local.into())?;
+                sock.connect_timeout(&server.into(), Duration::from_secs(3))?;
+                Ok(sock.into())
+            };
+            let mut s = match connect() {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = tx.send(Err(e.to_string()));

@@ -327,7 +327,7 @@ fn slots_are_reused_and_idle_flows_evicted() {
     let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
     let obs = observe_pair(
         &p,
-        &["--max-flows", "16", "--interval", "1s", "--duration", "6s"],
+        &["--max-flows", "16", "--interval", "1s", "--duration", "7s"],
         Duration::from_secs(30),
     );
     std::thread::sleep(Duration::from_millis(700));
@@ -339,7 +339,11 @@ fn slots_are_reused_and_idle_flows_evicted() {
         churned.push(c.local.to_string());
         drop(c);
     }
-    std::thread::sleep(Duration::from_millis(600));
+    // Until the last churned flows were reported and their slots freed (at
+    // the latest at the next 1 s report): otherwise the idle sockets below
+    // find the table still full of closed flows, never get a slot (they
+    // send nothing more) and there is nothing to evict.
+    std::thread::sleep(Duration::from_millis(1300));
     // Idle: 10 open connections (20 sockets), then a busy one.
     let idle: Vec<RrClient> = (0..10)
         .map(|_| RrClient::start_paused(&p.a, server_addr(), 2, Duration::ZERO, true).unwrap())
@@ -383,5 +387,104 @@ fn slots_are_reused_and_idle_flows_evicted() {
     assert!(
         c["flows_closed_reported"].as_u64().unwrap() >= 48,
         "both ends of every churned connection reported closed: {c}"
+    );
+}
+
+/// The same addresses and ports in two namespaces (a container's loopback
+/// traffic, say) are two pairs of flows. Their sockets share one slot hint
+/// (the hint's hash has no namespace in it): each callback must then find
+/// its own socket's slot, never the other namespace's. One namespace's
+/// client pauses 20 ms between requests (its server side measures ~20 ms,
+/// the delayed-ACK effect), the other runs back to back (well under 2 ms):
+/// mixed-up samples would show in both the medians and the counts.
+#[test]
+fn same_addresses_in_two_namespaces_stay_apart() {
+    if !require_root() {
+        return;
+    }
+    let slow = NetNs::new("rtsh").unwrap();
+    let fast = NetNs::new("rtsh").unwrap();
+    let srv: SocketAddr = "127.0.0.1:7100".parse().unwrap();
+    let cli: SocketAddr = "127.0.0.1:40123".parse().unwrap();
+    let _s1 = RrServer::start(&slow, srv, 2).unwrap();
+    let _s2 = RrServer::start(&fast, srv, 2).unwrap();
+    let args = vec![
+        "--netns".to_string(),
+        slow.name.clone(),
+        "--netns".into(),
+        fast.name.clone(),
+        "--interval".into(),
+        "1s".into(),
+        "--duration".into(),
+        "3s".into(),
+    ];
+    let obs = std::thread::spawn(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        observe_json(&a, Duration::from_secs(20))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let c_slow = RrClient::start_bound(&slow, cli, srv, 2, Duration::from_millis(20)).unwrap();
+    let c_fast = RrClient::start_bound(&fast, cli, srv, 2, Duration::ZERO).unwrap();
+    let lines = obs.join().unwrap().unwrap();
+    let n_slow = c_slow
+        .transactions
+        .load(std::sync::atomic::Ordering::Relaxed) as u64;
+    let n_fast = c_fast
+        .transactions
+        .load(std::sync::atomic::Ordering::Relaxed) as u64;
+    drop((c_slow, c_fast));
+    let flow = |ns: &NetNs, local: &str| {
+        end_flow(&lines, &ns.name, local)
+            .unwrap_or_else(|| panic!("no flow {local} in {}: {lines:#?}", ns.name))["tcp"]
+            .clone()
+    };
+    let (slow_srv, slow_cli) = (
+        flow(&slow, "127.0.0.1:7100"),
+        flow(&slow, "127.0.0.1:40123"),
+    );
+    let (fast_srv, fast_cli) = (
+        flow(&fast, "127.0.0.1:7100"),
+        flow(&fast, "127.0.0.1:40123"),
+    );
+    // A flow without samples has no p50: NaN fails every range check below.
+    let p50 = |f: &serde_json::Value| {
+        f["summary"]["p50_us"]
+            .as_f64()
+            .map_or(f64::NAN, |x| x / 1000.0)
+    };
+    let n = |f: &serde_json::Value| f["summary"]["n"].as_u64().unwrap_or(0);
+    let seen = format!(
+        "slow ns ({n_slow} transactions): server {slow_srv}, client {slow_cli}\n\
+         fast ns ({n_fast} transactions): server {fast_srv}, client {fast_cli}"
+    );
+    assert!(
+        (15.0..=30.0).contains(&p50(&slow_srv)),
+        "paused client's server side should measure ~20 ms:\n{seen}"
+    );
+    assert!(
+        p50(&fast_srv) < 2.0 && p50(&fast_cli) < 2.0 && p50(&slow_cli) < 2.0,
+        "back-to-back flows and the paused client's side should stay under 2 ms:\n{seen}"
+    );
+    assert!(
+        n_fast > 10 * n_slow,
+        "the back-to-back client should run far more transactions:\n{seen}"
+    );
+    // One RTT sample per round trip at most (plus the handshake's): samples
+    // of the busy namespace landing in the paused one would exceed it.
+    for f in [&slow_srv, &slow_cli] {
+        assert!(
+            n(f) <= 2 * n_slow + 5,
+            "paused namespace's flow has more samples than round trips:\n{seen}"
+        );
+    }
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "interval")
+        .unwrap();
+    let c = &last["counters"]["tcp"];
+    assert!(
+        c["rtt_hint_misses"].as_u64().unwrap() > 0,
+        "the two namespaces' sockets share hints, so some callbacks must miss: {c}"
     );
 }

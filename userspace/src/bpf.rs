@@ -80,7 +80,7 @@ pub mod consts {
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 44);
-const _: () = assert!(std::mem::size_of::<TcpFlow>() == 88 + 40 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 104 + 40 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
 
 // SAFETY: the generated types are plain C structs of integers and arrays.

@@ -154,7 +154,15 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TC_RAW_EVENTS, "raw_events"),
     (C::RTTSCOPE_TC_RAW_DROPS, "raw_events_dropped"),
     (C::RTTSCOPE_TC_NO_SOCK, "no_socket"),
+    (C::RTTSCOPE_TC_HINT_MISSES, "rtt_hint_misses"),
 ];
+
+/// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
+/// two, at least twice the slots, so that few live sockets share a hint.
+/// The programs index it with `cfg_hint_mask` = this - 1.
+pub fn hint_entries(max_flows: u32) -> u32 {
+    max_flows.max(16).saturating_mul(2).next_power_of_two()
+}
 
 #[cfg(feature = "libbpf")]
 pub struct TcpView {
@@ -210,6 +218,11 @@ impl TcpView {
             .tcp_free_slots
             .set_max_entries(max_flows)
             .context("sizing the free-slot stack")?;
+        let hints = hint_entries(max_flows);
+        open.maps
+            .tcp_hints
+            .set_max_entries(hints)
+            .context("sizing the slot hints")?;
         {
             let ro = open
                 .maps
@@ -221,6 +234,7 @@ impl TcpView {
             ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
             ro.cfg_raw = cfg.raw as u32;
             ro.cfg_max_slots = max_flows;
+            ro.cfg_hint_mask = hints - 1;
         }
         let skel = open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")?;
 

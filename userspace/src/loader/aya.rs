@@ -3,8 +3,8 @@
 //!
 //! Mapping of what the libbpf skeleton does to aya:
 //! - `.rodata` config (`cfg_*`): `EbpfLoader::override_global` before load;
-//! - `tcp_flows` and `tcp_free_slots` capacity (--max-flows):
-//!   `EbpfLoader::map_max_entries` (and `cfg_max_slots`); the slot array is
+//! - `tcp_flows`, `tcp_free_slots` and `tcp_hints` capacity (--max-flows):
+//!   `EbpfLoader::map_max_entries` (and `cfg_max_slots`, `cfg_hint_mask`); the slot array is
 //!   read and freed slots pushed through the shared raw-syscall helpers
 //!   (aya 0.14 has no batch lookup), on the maps' fds;
 //! - `.bss` `epoch`: the `.bss` array map, value type = the generated `bss`
@@ -78,15 +78,19 @@ impl AyaTcp {
         let port_on = u32::from(!cfg.ports.is_empty());
         let addr_on = u32::from(!cfg.cidrs.is_empty());
         let raw_on = u32::from(cfg.raw);
+        let hints = crate::tcp_view::hint_entries(max_flows);
+        let hint_mask = hints - 1;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
             .map_max_entries("tcp_flows", max_flows)
             .map_max_entries("tcp_free_slots", max_flows)
+            .map_max_entries("tcp_hints", hints)
             .override_global("cfg_netns_filter", &netns_on, true)
             .override_global("cfg_port_filter", &port_on, true)
             .override_global("cfg_addr_filter", &addr_on, true)
             .override_global("cfg_raw", &raw_on, true)
             .override_global("cfg_max_slots", &max_flows, true)
+            .override_global("cfg_hint_mask", &hint_mask, true)
             .load(TCP_OBJ)
             .map_err(|e| map_err("opening the TCP view's BPF object with aya", chain(&e)))?;
 
