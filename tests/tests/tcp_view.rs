@@ -408,7 +408,7 @@ fn same_addresses_in_two_namespaces_stay_apart() {
     let cli: SocketAddr = "127.0.0.1:40123".parse().unwrap();
     let _s1 = RrServer::start(&slow, srv, 2).unwrap();
     let _s2 = RrServer::start(&fast, srv, 2).unwrap();
-    let args = vec![
+    let args = [
         "--netns".to_string(),
         slow.name.clone(),
         "--netns".into(),
