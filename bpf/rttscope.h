@@ -308,6 +308,7 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SC_PENDING_EVICTED,   /* entries evicted (least recently used way of a set) for a new flow */
 	RTTSCOPE_SC_FLOWS_EVICTED,     /* of those, entries that held samples (histogram dropped) */
 	RTTSCOPE_SC_EVICTED_SEGMENTS,  /* pending segments dropped with evicted entries */
+	RTTSCOPE_SC_SEND_TIME_CLOCK,   /* egress segments timed by a clock read, not TCP's departure time */
 	RTTSCOPE_SC_COUNTERS,          /* number of counters */
 };
 

@@ -7,7 +7,9 @@
  *    probability 1/N (cfg_sample_threshold; N = 1: every packet).
  *  - rttscope_sm_egr: a sampled outgoing TCP segment that occupies sequence
  *    space (payload, SYN or FIN) is recorded in its flow's pending entry:
- *    (end sequence, time), or (TSval, time) with --match tsval.
+ *    (end sequence, time), or (TSval, time) with --match tsval. The time
+ *    is the segment's departure time as TCP set it (skb->tstamp, see
+ *    send_time()) when a local TCP socket sent it, else a clock read.
  *  - rttscope_sm_ing: a sampled incoming packet whose cumulative ACK covers
  *    a recorded end sequence (or whose TSecr echoes a recorded TSval)
  *    produces an RTT sample (now - recorded time) and frees the slot.
@@ -39,6 +41,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 #include "rttscope.h"
 
 #define AF_INET 2
@@ -474,6 +477,15 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	return e;
 }
 
+/* Was the entry last visited longer than the timeout before `now`? Signed:
+ * egress times are TCP's departure times, which can lie a little before
+ * the clock an ingress visit just read (or after it, when paced), and an
+ * entry touched "later" than now is not stale. */
+static __always_inline int stale(__u64 now, __u64 touched)
+{
+	return (__s64)(now - touched) > (__s64)cfg_timeout_ns;
+}
+
 /* Free every recorded slot: the entry was not visited for longer than the timeout. */
 static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 {
@@ -537,6 +549,23 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 	}
 }
 
+/* When an egress segment leaves. A segment that a local TCP socket built
+ * carries its departure time in skb->tstamp: CLOCK_MONOTONIC, the "earliest
+ * departure time" that TCP sets on every segment (>= 4.20; marked mono in
+ * tstamp_type since 5.18). It is the clock TCP reads for its own RTT
+ * samples, the time fq releases a paced segment, and it saves a helper call
+ * (on retpoline/SRSO kernels one clock read cost ~50 ns per packet, about
+ * a quarter of this program). Anything else (forwarded packets, whose tstamp
+ * is another host's or none; old kernels) is timed by the clock, counted. */
+static __always_inline __u64 send_time(struct __sk_buff *skb)
+{
+	if (bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp &&
+	    skb->tstamp_type == 1 /* BPF_SKB_CLOCK_MONOTONIC (BPF_SKB_TSTAMP_DELIVERY_MONO before 6.11) */)
+		return skb->tstamp;
+	count(RTTSCOPE_SC_SEND_TIME_CLOCK);
+	return bpf_ktime_get_ns();
+}
+
 SEC("classifier")
 int rttscope_sm_egr(struct __sk_buff *skb)
 {
@@ -579,7 +608,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		forget(e);
 		return PASS;
 	}
-	now = bpf_ktime_get_ns();
+	now = send_time(skb);
 	if (unlikely(!e)) {
 		e = table_insert(&s.key, set, tag, now, &g);
 		if (!e)
@@ -589,7 +618,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	/* If the way is re-keyed from here on, these plain stores and the
 	 * expiry only touch the new flow's LRU stamp, TSval memory or stale
 	 * slots: never a sample (slots are published under the gen check). */
-	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
+	if (unlikely(stale(now, pd->touched_ns)))
 		expire_all(pd);
 	pd->touched_ns = now;
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
@@ -613,7 +642,10 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		}
 		if (unlikely(!slot_valid(sl)))
 			continue; /* reserved by another CPU */
-		if (unlikely((__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns)) {
+		/* signed age: a slot timed by the clock can be a little younger
+		 * than this segment's departure time */
+		if (unlikely((__s32)(t - (__u32)sl) > 0 &&
+			     (__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
 				count(RTTSCOPE_SC_EXPIRED);
 				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
@@ -704,7 +736,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	if (!busy)
 		goto out;
 	now = bpf_ktime_get_ns();
-	if (unlikely(now - pd->touched_ns > cfg_timeout_ns))
+	if (unlikely(stale(now, pd->touched_ns)))
 		expire_all(pd);
 	pd->touched_ns = now;
 	t = now_us32(now);

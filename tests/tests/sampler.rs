@@ -192,6 +192,14 @@ fn steady_rr_client_side_matches_tcp() {
     let f6 = flow(&report, local6, server6).unwrap_or_else(|| panic!("no v6 flow: {report}"));
     assert!(f6["samples"].as_u64().unwrap() >= 50, "{f6}");
     assert_eq!(counter(&report, "skip_malformed"), 0);
+    // Segments a local TCP socket sent are timed by TCP's own departure
+    // time (skb->tstamp), never by a clock read.
+    assert!(counter(&report, "recorded") >= 200, "{report}");
+    assert_eq!(
+        counter(&report, "send_time_clock"),
+        0,
+        "local TCP segments timed by the clock: {report}"
+    );
 }
 
 #[test]
@@ -511,6 +519,15 @@ fn forwarded_traffic_is_sampled_on_a_router() {
         ft["samples"].as_u64().unwrap(),
     );
     eprintln!("forwarded: seq n={ns_} p50={ps:.0} us; tsval n={nt} p50={pt:.0} us");
+    // Forwarded segments carry no departure time of this host's TCP: every
+    // recorded one was timed by the clock.
+    for r in [&rs, &rt] {
+        let (rec, clock) = (counter(r, "recorded"), counter(r, "send_time_clock"));
+        assert!(
+            rec > 0 && clock >= rec,
+            "forwarded: {rec} recorded, {clock} timed by the clock: {r}"
+        );
+    }
     assert!(
         ns_ >= 100 && nt >= 100,
         "too few samples: seq {ns_}, tsval {nt}"

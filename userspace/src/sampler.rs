@@ -351,6 +351,7 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("pending_evicted", C::RTTSCOPE_SC_PENDING_EVICTED),
     ("flows_evicted", C::RTTSCOPE_SC_FLOWS_EVICTED),
     ("evicted_segments", C::RTTSCOPE_SC_EVICTED_SEGMENTS),
+    ("send_time_clock", C::RTTSCOPE_SC_SEND_TIME_CLOCK),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
 
