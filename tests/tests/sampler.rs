@@ -176,10 +176,11 @@ fn steady_rr_client_side_matches_tcp() {
     );
     assert!(n >= 200, "too few sampler samples: {n}; {report}");
     // Expectation: the sampler's median lies between TCP's minimum RTT and
-    // its smoothed RTT, each with 20% + 10 us of slack. tc sits below IP and
-    // TCP, so the sampler does not see the stack traversal TCP's samples
-    // include (the seed: the cloud sampler excludes the time spent in the
-    // VM), a few us of a ~20-40 us veth RTT; and srtt is a moving average,
+    // its smoothed RTT, each with 20% + 10 us of slack. The sampler times a
+    // segment from TCP's own departure stamp but its ACK at tc ingress, below
+    // IP and TCP, so it does not see the receive-side stack traversal TCP's
+    // samples include (the seed: the cloud sampler excludes the time spent in
+    // the VM), a few us of a ~20-40 us veth RTT; and srtt is a moving average,
     // pulled up by the occasional slow round trip a median ignores (on a
     // busy 2-CPU machine it read 1.5-2x the sampler's median). The median
     // against the TCP view's median (issue #3's check) is in observe_views.rs.
@@ -542,8 +543,8 @@ fn forwarded_traffic_is_sampled_on_a_router() {
 /// checks there are far fewer egress skbs than segments). The end sequence
 /// comes from the payload length, so the ACK of an skb's last byte times it.
 /// Expectation: samples are produced, and never exceed TCP's own RTT (the
-/// sampler sees the data after TCP stamped it and the ACK before TCP
-/// processes it; a too-large end sequence would push samples to later ACKs
+/// sampler times the data from TCP's own departure stamp and sees the ACK
+/// before TCP processes it; a too-large end sequence would push samples to later ACKs
 /// and above TCP's). They are often far below it: while the sender is inside
 /// sendmsg() holding the socket lock, ACKs wait in the socket backlog, and
 /// TCP's samples include that wait (measured: sampler p50 45 us, TCP srtt
