@@ -44,7 +44,11 @@ pub fn bucket_bounds(i: usize) -> (f64, f64) {
 }
 
 /// A histogram of RTT samples in microseconds, with the exact min/max/sum
-/// the kernel tracked alongside it.
+/// the kernel tracked alongside it. `counts[i]` is bucket `i`; the vector
+/// may stop before the last bucket (`from_counts` drops trailing empty
+/// buckets: a flow of sub-millisecond RTTs needs ~65 of the 200, and a read
+/// of a large flow table holds one histogram per flow); every method treats
+/// missing buckets as empty.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hist {
     pub counts: Vec<u64>,
@@ -122,8 +126,9 @@ impl Snapshot {
             max_us: None,
         };
         for &(i, c) in self.buckets.iter() {
-            let b = &mut d.counts[i as usize];
-            *b = b.saturating_sub(c as u64);
+            if let Some(b) = d.counts.get_mut(i as usize) {
+                *b = b.saturating_sub(c as u64);
+            }
         }
         d
     }
@@ -132,8 +137,9 @@ impl Snapshot {
     pub fn delta(&self, counts: &[u32], sum_us: u64) -> Hist {
         let mut h = Hist::from_counts(counts, sum_us.saturating_sub(self.sum_us), None, None);
         for &(i, c) in self.buckets.iter() {
-            let b = &mut h.counts[i as usize];
-            *b = b.saturating_sub(c as u64);
+            if let Some(b) = h.counts.get_mut(i as usize) {
+                *b = b.saturating_sub(c as u64);
+            }
         }
         h
     }
@@ -146,8 +152,12 @@ impl Hist {
         min_us: Option<u32>,
         max_us: Option<u32>,
     ) -> Self {
-        let mut c: Vec<u64> = counts.iter().map(|&x| x.into()).collect();
-        c.resize(BUCKETS, 0);
+        let used = counts
+            .iter()
+            .rposition(|&x| x.into() > 0)
+            .map_or(0, |i| i + 1)
+            .min(BUCKETS);
+        let c: Vec<u64> = counts[..used].iter().map(|&x| x.into()).collect();
         Hist {
             counts: c,
             sum_us,
@@ -157,7 +167,11 @@ impl Hist {
     }
 
     pub fn record(&mut self, us: u32) {
-        self.counts[bucket_of(us)] += 1;
+        let b = bucket_of(us);
+        if b >= self.counts.len() {
+            self.counts.resize(b + 1, 0);
+        }
+        self.counts[b] += 1;
         self.sum_us += us as u64;
         self.min_us = Some(self.min_us.map_or(us, |m| m.min(us)));
         self.max_us = Some(self.max_us.map_or(us, |m| m.max(us)));
@@ -192,8 +206,8 @@ impl Hist {
         let counts = self
             .counts
             .iter()
-            .zip(&earlier.counts)
-            .map(|(a, b)| a.saturating_sub(*b))
+            .enumerate()
+            .map(|(i, a)| a.saturating_sub(earlier.counts.get(i).copied().unwrap_or(0)))
             .collect();
         Hist {
             counts,
@@ -205,6 +219,9 @@ impl Hist {
 
     /// Add another histogram into this one.
     pub fn merge(&mut self, other: &Hist) {
+        if other.counts.len() > self.counts.len() {
+            self.counts.resize(other.counts.len(), 0);
+        }
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a += b;
         }
@@ -413,6 +430,44 @@ mod tests {
         assert_eq!(d.sum_us, 210);
         assert_eq!(d.counts[bucket_of(100)], 2);
         assert_eq!(Snapshot::default().delta(&raw, 0).count(), 4);
+    }
+
+    /// Histograms read from the kernel stop at their last non-empty bucket;
+    /// every operation gives what the full-length histogram would.
+    #[test]
+    fn trimmed_histograms_behave_like_full_ones() {
+        let mut raw = vec![0u32; BUCKETS];
+        raw[bucket_of(20)] = 3;
+        raw[bucket_of(300)] = 1;
+        let short = Hist::from_counts(&raw, 360, Some(20), Some(300));
+        assert_eq!(short.counts.len(), bucket_of(300) + 1);
+        let mut full = short.clone();
+        full.counts.resize(BUCKETS, 0);
+        assert_eq!(short.summary(), full.summary());
+        assert!(Hist::from_counts(&[0u32; BUCKETS], 0, None, None)
+            .counts
+            .is_empty());
+        // merge: a longer one into a shorter one, and the other way round
+        let mut long = Hist::default();
+        long.record(40_000);
+        let mut a = short.clone();
+        a.merge(&long);
+        let mut b = long.clone();
+        b.merge(&short);
+        assert_eq!(a.count(), 5);
+        assert_eq!(a.summary(), b.summary());
+        assert_eq!(a.counts[bucket_of(40_000)], 1);
+        // record past the end
+        let mut c = short.clone();
+        c.record(1_000_000);
+        assert_eq!(c.count(), 5);
+        assert_eq!(c.counts[bucket_of(1_000_000)], 1);
+        // delta against an earlier read that was longer (a re-keyed flow) or shorter
+        assert_eq!(short.delta(&c).count(), 0);
+        assert_eq!(c.delta(&short).count(), 1);
+        let snap = Snapshot::of_hist(&c);
+        assert_eq!(snap.delta_hist(&short).count(), 0);
+        assert_eq!(snap.delta(&raw, 360).count(), 0);
     }
 
     #[test]
