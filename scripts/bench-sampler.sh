@@ -8,10 +8,14 @@
 #   scripts/bench-sampler.sh                 # 5 rounds x 3 s, --match seq
 #   BENCH_MATCH=tsval BENCH_ROUNDS=7 BENCH_SECS=5 scripts/bench-sampler.sh
 #   RELEASE=1 scripts/bench-sampler.sh       # release build of the RR client
+#   BENCH_PIN=1 scripts/bench-sampler.sh     # everything on CPU 0 (the busy regime:
+#                                            # no idle wake-ups between the two ends)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=()
 if [[ "${RELEASE:-0}" == 1 ]]; then profile=(--release); fi
 cargo build -q -p rttscope "${profile[@]}"
-exec cargo test -q -p rttscope-e2e "${profile[@]}" --test sampler bench_sampler_overhead \
+pin=()
+if [[ "${BENCH_PIN:-0}" == 1 ]]; then pin=(taskset -c 0); fi
+exec "${pin[@]}" cargo test -q -p rttscope-e2e "${profile[@]}" --test sampler bench_sampler_overhead \
     -- --ignored --nocapture --test-threads=1
