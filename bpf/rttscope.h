@@ -77,7 +77,7 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TC_RAW_EVENTS,        /* raw events written */
 	RTTSCOPE_TC_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_TC_NO_SOCK,           /* callback without a full socket */
-	RTTSCOPE_TC_HINT_MISSES,       /* RTT callbacks that found their flow through socket storage, not the hint */
+	RTTSCOPE_TC_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
 	RTTSCOPE_TC_COUNTERS,          /* number of counters */
 };
 

@@ -486,6 +486,17 @@ static __always_inline int stale(__u64 now, __u64 touched)
 	return (__s64)(now - touched) > (__s64)cfg_timeout_ns;
 }
 
+/* Age in us of a pending slot at time `t` (us, low 32 bits), 0 if the slot's
+ * time is later than t: a paced segment whose departure time (TCP's stamp)
+ * lies ahead, or a clock-timed slot a little younger than a departure stamp.
+ * Never a wrapped "4000 s" that would expire the slot or become a sample. */
+static __always_inline __u32 slot_age(__u32 t, __u64 sl)
+{
+	__s32 age = (__s32)(t - (__u32)sl);
+
+	return age > 0 ? (__u32)age : 0;
+}
+
 /* Free every recorded slot: the entry was not visited for longer than the timeout. */
 static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 {
@@ -642,10 +653,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		}
 		if (unlikely(!slot_valid(sl)))
 			continue; /* reserved by another CPU */
-		/* signed age: a slot timed by the clock can be a little younger
-		 * than this segment's departure time */
-		if (unlikely((__s32)(t - (__u32)sl) > 0 &&
-			     (__u64)(__u32)(t - (__u32)sl) * 1000 > cfg_timeout_ns)) {
+		if (unlikely((__u64)slot_age(t, sl) * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
 				count(RTTSCOPE_SC_EXPIRED);
 				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
@@ -761,7 +769,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		if (!slot_valid(sl))
 			continue; /* free, or reserved by an egress program */
 		sv = (__u32)(sl >> 32);
-		age = t - (__u32)sl;
+		age = slot_age(t, sl);
 		if (unlikely((__u64)age * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
 				count(RTTSCOPE_SC_EXPIRED);

@@ -51,7 +51,6 @@ const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of t
 
 /* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
 __u32 epoch = 0;
-/* One past the highest slot ever taken: userspace reads tcp_flows up to here. */
 /* Slots ever handed out fresh (0..slots_hwm-1): userspace reads tcp_flows up
  * to here. 64-bit: cmpxchg on 32 bits needs -mcpu=v3. */
 __u64 slots_hwm = 0;

@@ -544,6 +544,19 @@ pub fn parse_lines(stdout: &[u8]) -> Result<Vec<serde_json::Value>> {
         .collect()
 }
 
+/// The counters of `view` in the observer's last interval line.
+pub fn last_interval_counters<'a>(
+    lines: &'a [serde_json::Value],
+    view: &str,
+) -> &'a serde_json::Value {
+    let last = lines
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "interval")
+        .unwrap_or_else(|| panic!("no interval line: {lines:#?}"));
+    &last["counters"][view]
+}
+
 /// The `end` line's flow entry for (netns name, local address).
 pub fn end_flow<'a>(
     lines: &'a [serde_json::Value],

@@ -19,12 +19,19 @@ fn observe_pair(
     extra: &[&str],
     timeout: Duration,
 ) -> std::thread::JoinHandle<anyhow::Result<Vec<serde_json::Value>>> {
-    let mut args: Vec<String> = vec![
-        "--netns".into(),
-        p.a.name.clone(),
-        "--netns".into(),
-        p.b.name.clone(),
-    ];
+    observe_netns(&[&p.a, &p.b], extra, timeout)
+}
+
+/// The same for any namespaces.
+fn observe_netns(
+    namespaces: &[&NetNs],
+    extra: &[&str],
+    timeout: Duration,
+) -> std::thread::JoinHandle<anyhow::Result<Vec<serde_json::Value>>> {
+    let mut args: Vec<String> = Vec::new();
+    for ns in namespaces {
+        args.extend(["--netns".to_string(), ns.name.clone()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     std::thread::spawn(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -374,12 +381,7 @@ fn slots_are_reused_and_idle_flows_evicted() {
         f["tcp"]["summary"]["n"].as_u64().unwrap() > 50,
         "busy flow measured: {f}"
     );
-    let last = lines
-        .iter()
-        .rev()
-        .find(|l| l["type"] == "interval")
-        .unwrap();
-    let c = &last["counters"]["tcp"];
+    let c = last_interval_counters(&lines, "tcp");
     assert!(
         c["flows_evicted"].as_u64().unwrap() > 0,
         "idle flows evicted when slots ran low: {c}"
@@ -408,20 +410,11 @@ fn same_addresses_in_two_namespaces_stay_apart() {
     let cli: SocketAddr = "127.0.0.1:40123".parse().unwrap();
     let _s1 = RrServer::start(&slow, srv, 2).unwrap();
     let _s2 = RrServer::start(&fast, srv, 2).unwrap();
-    let args = [
-        "--netns".to_string(),
-        slow.name.clone(),
-        "--netns".into(),
-        fast.name.clone(),
-        "--interval".into(),
-        "1s".into(),
-        "--duration".into(),
-        "3s".into(),
-    ];
-    let obs = std::thread::spawn(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        observe_json(&a, Duration::from_secs(20))
-    });
+    let obs = observe_netns(
+        &[&slow, &fast],
+        &["--interval", "1s", "--duration", "3s"],
+        Duration::from_secs(20),
+    );
     std::thread::sleep(Duration::from_millis(500));
     let c_slow = RrClient::start_bound(&slow, cli, srv, 2, Duration::from_millis(20)).unwrap();
     let c_fast = RrClient::start_bound(&fast, cli, srv, 2, Duration::ZERO).unwrap();
@@ -477,12 +470,7 @@ fn same_addresses_in_two_namespaces_stay_apart() {
             "paused namespace's flow has more samples than round trips:\n{seen}"
         );
     }
-    let last = lines
-        .iter()
-        .rev()
-        .find(|l| l["type"] == "interval")
-        .unwrap();
-    let c = &last["counters"]["tcp"];
+    let c = last_interval_counters(&lines, "tcp");
     assert!(
         c["rtt_hint_misses"].as_u64().unwrap() > 0,
         "the two namespaces' sockets share hints, so some callbacks must miss: {c}"
