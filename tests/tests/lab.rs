@@ -835,14 +835,25 @@ fn jitter_spreads_the_delay_within_its_bounds() {
     )
     .unwrap();
     let p = ping(&tb, &SRV_ADDR.to_string(), 100, "0.02");
-    let (min, p50, max) = (p.pct(0.0), p.pct(0.5), p.pct(1.0));
-    eprintln!("jitter 20+-10 ms: min {min:.3} p50 {p50:.3} max {max:.3} ms");
+    let (min, p50, p90, max) = (p.pct(0.0), p.pct(0.5), p.pct(0.9), p.pct(1.0));
+    let st = imp.report().emulator;
+    let above: Vec<f64> = p.rtts.iter().copied().filter(|r| *r > 31.0).collect();
+    eprintln!(
+        "jitter 20+-10 ms: min {min:.3} p50 {p50:.3} p90 {p90:.3} max {max:.3} ms; \
+         above 31 ms: {above:?}; emulator lateness p99 {} max {} us, realtime {}",
+        st.late_p99_us, st.late_max_us, st.realtime
+    );
     assert_eq!(p.rtts.len(), 100);
     // uniform [10, 30] ms: 100 samples reach below 13 and above 27 ms with
     // probability > 1 - 2 * 0.85^100; the median lies within 20 +- 4 ms.
     assert!((9.9..13.0).contains(&min), "min {min:.3}");
-    assert!(max > 27.0 && max < 32.0, "max {max:.3}"); // open both ends
+    assert!(max > 27.0, "max {max:.3}");
     assert!((16.0..=24.0).contains(&p50), "p50 {p50:.3}");
+    // Above the bound (30 ms + ~0.1 ms of path), only a host's scheduling
+    // outliers: CI once saw one ping at 34.6 ms while other lab tests loaded
+    // both CPUs. An emulator that overshot its bounds (say [10, 40] ms) would
+    // put ~10 of 100 there.
+    assert!(above.len() <= 3, "{} pings above 31 ms: {above:?}", above.len());
 }
 
 #[test]
