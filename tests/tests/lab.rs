@@ -853,7 +853,11 @@ fn jitter_spreads_the_delay_within_its_bounds() {
     // outliers: CI once saw one ping at 34.6 ms while other lab tests loaded
     // both CPUs. An emulator that overshot its bounds (say [10, 40] ms) would
     // put ~10 of 100 there.
-    assert!(above.len() <= 3, "{} pings above 31 ms: {above:?}", above.len());
+    assert!(
+        above.len() <= 3,
+        "{} pings above 31 ms: {above:?}",
+        above.len()
+    );
 }
 
 #[test]
