@@ -7,6 +7,12 @@
  *    each RTT sample (args[0], us) and the new srtt (args[1] = srtt x 8).
  *  - rttscope_iter_tcp (iter/tcp): turns the same callbacks on for
  *    connections that existed before attach, and records listening ports.
+ *  - rttscope_ack_rtt (fexit/tcp_ack_update_rtt): optional, where the kernel
+ *    allows fentry/fexit (`observe --ack-hook`). Takes each sample as the
+ *    kernel hands it to tcp_rtt_estimator(), also on kernels < 6.10 whose
+ *    RTT callback carries no arguments. Loaded separately and skipped with a
+ *    notice when refused; when attached (`ack_hook_on`), connections get the
+ *    state and retransmit callbacks only and their samples come from it.
  *
  * Per-flow state lives in a bounded array of slots (`tcp_flows`); each
  * socket finds its slot through a hint (`tcp_hints`, an array indexed by a
@@ -27,6 +33,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
 #include "rttscope.h"
 
 #define AF_INET 2
@@ -38,6 +45,8 @@
 #define TCP_LISTEN 10
 
 #define OUR_CB_FLAGS (BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RETRANS_CB_FLAG)
+/* with the per-ACK hook attached, samples come from it, not the RTT callback */
+#define HOOK_CB_FLAGS (BPF_SOCK_OPS_STATE_CB_FLAG | BPF_SOCK_OPS_RETRANS_CB_FLAG)
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
@@ -51,6 +60,9 @@ const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of t
 
 /* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
 __u32 epoch = 0;
+/* 1 when rttscope_ack_rtt is attached: set by userspace before the sock_ops
+ * program is attached, never changed after. */
+__u32 ack_hook_on = 0;
 /* Slots ever handed out fresh (0..slots_hwm-1): userspace reads tcp_flows up
  * to here. 64-bit: cmpxchg on 32 bits needs -mcpu=v3. */
 __u64 slots_hwm = 0;
@@ -414,6 +426,11 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		count(RTTSCOPE_TC_RTT_CB_SKIPPED);
 		return;
 	}
+	if (ack_hook_on) {
+		/* someone else turned the callback on: the hook has this sample */
+		count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+		return;
+	}
 	idx = hint_index(skops, &tag);
 	hint = bpf_map_lookup_elem(&tcp_hints, &idx);
 	if (likely(hint)) {
@@ -475,7 +492,7 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 		count(RTTSCOPE_TC_FILTERED);
 		return;
 	}
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | OUR_CB_FLAGS);
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS));
 	count(RTTSCOPE_TC_ENABLED);
 	f = new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
 		     skops->srtt_us >> 3, TCP_ESTABLISHED, &slot);
@@ -588,7 +605,7 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 		count(RTTSCOPE_TC_FILTERED);
 		return 0;
 	}
-	flags = tp->bpf_sock_ops_cb_flags | OUR_CB_FLAGS;
+	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
 	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 		count(RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL);
 		return 0;
@@ -598,5 +615,48 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 	if (!sock_flow((struct bpf_sock *)tp, &slot))
 		new_flow((struct bpf_sock *)tp, bpf_get_socket_cookie(tp), &key, RTTSCOPE_SIDE_UNKNOWN,
 			 RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state, &slot);
+	return 0;
+}
+
+/* The optional per-ACK hook. tcp_ack_update_rtt() picks the RTT sample of an
+ * ACK and, when it returns true, has fed it to tcp_rtt_estimator(): the ACK's
+ * timing of the oldest newly acknowledged segment (seq_rtt_us), else the
+ * SACK's (sack_rtt_us), else the timestamp echo, which it also stores in
+ * rs->rtt_us. The same value as RTT_CB's args[0] on kernels >= 6.10; on older
+ * kernels the only way to get it. Only sockets that have a flow (created by
+ * the sock_ops or iterator program, so past the filters) are counted. */
+SEC("fexit/tcp_ack_update_rtt")
+int BPF_PROG(rttscope_ack_rtt, struct sock *sk, const int flag, long seq_rtt_us, long sack_rtt_us,
+	     long ca_rtt_us, struct rate_sample *rs, bool ret)
+{
+	struct rttscope_tcp_flow *f;
+	struct rttscope_tcp_sk *ts;
+	long mrtt = seq_rtt_us;
+	__u32 srtt;
+
+	if (!ret)
+		return 0;
+	if (mrtt < 0)
+		mrtt = sack_rtt_us;
+	if (mrtt < 0)
+		mrtt = BPF_CORE_READ(rs, rtt_us);
+	if (mrtt < 0)
+		return 0;
+	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, 0);
+	if (!ts)
+		return 0; /* not a flow of ours */
+	f = bpf_map_lookup_elem(&tcp_flows, &ts->slot);
+	if (!f || f->gen != ts->gen || (f->flags & RTTSCOPE_FLOW_CLOSED))
+		return 0;
+	srtt = BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3;
+	rttscope_agg_add(&f->agg, (__u32)mrtt, epoch);
+	f->srtt_us = srtt;
+	count(RTTSCOPE_TC_SAMPLES);
+	if (cfg_raw) {
+		__u64 now = bpf_ktime_get_ns();
+
+		f->last_ns = now;
+		raw_event(&f->key, RTTSCOPE_EV_TCP_RTT, f->side, (__u32)mrtt, srtt, now);
+	}
 	return 0;
 }

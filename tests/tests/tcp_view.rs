@@ -476,3 +476,118 @@ fn same_addresses_in_two_namespaces_stay_apart() {
         "the two namespaces' sockets share hints, so some callbacks must miss: {c}"
     );
 }
+
+/// The optional per-ACK hook (fexit/tcp_ack_update_rtt) is probed with
+/// `--ack-hook try`. Where the kernel refuses fexit (this project's test
+/// kernel): one notice line, the record says why, and the RTT callback
+/// keeps sampling; `--ack-hook require` fails in one sentence. Where the
+/// kernel allows it: the hook is attached, the RTT callback is not used, and
+/// the hook's samples agree with `ss` like the callback's do.
+#[test]
+fn ack_hook_is_probed_and_skipped_with_one_notice() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 2).unwrap();
+    let bin = rttscope_bin();
+    let mut cmd = Command::new(&bin);
+    cmd.args([
+        "observe",
+        "--format",
+        "json",
+        "--ack-hook",
+        "try",
+        "--netns",
+        &p.a.name,
+        "--netns",
+        &p.b.name,
+        "--interval",
+        "500ms",
+        "--duration",
+        "2500ms",
+    ]);
+    let child = ChildGuard::spawn(&mut cmd).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    cli.pause();
+    std::thread::sleep(Duration::from_millis(200));
+    let ss_client = ss_rtt_ms(&p.a, cli.local.port())
+        .unwrap()
+        .expect("ss shows the client socket");
+    let out = child.wait_output(Duration::from_secs(20)).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        out.status.success(),
+        "observe --ack-hook try failed: {stderr}"
+    );
+    let lines = parse_lines(&out.stdout).unwrap();
+    let tcp = &lines[0]["tcp"];
+    let status = tcp["ack_hook"].as_str().unwrap_or_default().to_string();
+    assert_eq!(lines[0]["settings"]["ack_hook"], "try", "{}", lines[0]);
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("per-ACK hook"))
+        .collect();
+    let c = end_summary(&lines, &p.a.name, &cli.local.to_string());
+    let n = c["summary"]["n"].as_u64().unwrap_or(0);
+    let srtt_ms = c["srtt_us"].as_f64().unwrap_or(0.0) / 1000.0;
+    eprintln!(
+        "ack hook: {status}; rtt source: {}; notices: {notices:?}; client samples {n}, srtt {srtt_ms:.3} ms vs ss {ss_client:.3} ms",
+        tcp["rtt_source"]
+    );
+    assert!(n > 20, "too few client samples ({status}): {c}");
+    let tol = (0.2 * ss_client).max(0.050);
+    assert!(
+        (srtt_ms - ss_client).abs() <= tol,
+        "srtt {srtt_ms:.3} ms vs ss {ss_client:.3} ms ({status})"
+    );
+    let require = Command::new(&bin)
+        .args(["observe", "--ack-hook", "require", "--duration", "1s"])
+        .output()
+        .unwrap();
+    let require_err = String::from_utf8_lossy(&require.stderr);
+    if status == "attached" {
+        assert!(notices.is_empty(), "{notices:?}");
+        assert!(
+            tcp["rtt_source"]
+                .as_str()
+                .unwrap()
+                .contains("tcp_ack_update_rtt"),
+            "{tcp}"
+        );
+        assert!(require.status.success(), "{require_err}");
+    } else {
+        assert!(status.starts_with("refused: "), "{tcp}");
+        assert_eq!(notices.len(), 1, "one notice line: {stderr}");
+        assert!(
+            notices[0].contains("fexit/tcp_ack_update_rtt") && notices[0].contains("RTT callback"),
+            "{}",
+            notices[0]
+        );
+        assert!(
+            tcp["rtt_source"].as_str().unwrap().starts_with("RTT_CB"),
+            "{tcp}"
+        );
+        assert!(!require.status.success(), "require should fail here");
+        assert_eq!(
+            require_err.trim().lines().count(),
+            1,
+            "one sentence: {require_err}"
+        );
+        assert!(
+            require_err.contains("--ack-hook require") && !require_err.contains("panicked"),
+            "{require_err}"
+        );
+    }
+    // Whatever the outcome, nothing of ours stays loaded once it exited.
+    let left = Command::new("bpftool")
+        .args(["prog", "show"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&left.stdout).contains("rttscope_ack_rt"), // names are cut at 15 characters
+        "hook program left loaded"
+    );
+}

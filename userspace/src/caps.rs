@@ -267,6 +267,12 @@ pub fn hooks_report(
         if i.rtt_source.starts_with("srtt") {
             out.push(format!("degraded: tcp view: {}", i.rtt_source));
         }
+        if let Some(why) = i.ack_hook.strip_prefix("refused: ") {
+            out.push(format!(
+                "unavailable: tcp view: per-ACK hook {}: {why}",
+                crate::tcp_view::ACK_HOOK
+            ));
+        }
     } else {
         out.push("unavailable: tcp view: not attached".into());
     }
@@ -356,5 +362,30 @@ mod tests {
         );
         assert!(lines[0].contains("unavailable: tcp view"));
         assert!(lines[1].contains("sampler view: not requested"));
+    }
+
+    #[test]
+    fn hooks_report_says_why_the_ack_hook_is_missing() {
+        let cfg = crate::tcp_view::TcpViewConfig::default();
+        let mut info =
+            crate::tcp_view::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
+        info.set_ack_hook(Err("refused: Operation not permitted (os error 1)".into()));
+        let lines = hooks_report(Some(&info), &[]);
+        assert!(
+            lines.iter().any(|l| l
+                == "unavailable: tcp view: per-ACK hook fexit/tcp_ack_update_rtt: Operation not permitted (os error 1)"),
+            "{lines:?}"
+        );
+        info.set_ack_hook(Ok(()));
+        let lines = hooks_report(Some(&info), &[]);
+        assert!(
+            lines[0].contains("RTT samples: fexit/tcp_ack_update_rtt"),
+            "{lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("unavailable")),
+            "{lines:?}"
+        );
+        assert_eq!(info.rtt_source_short(), "fexit tcp_ack_update_rtt");
     }
 }

@@ -49,6 +49,9 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: see --max-pending).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
+    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback. auto: only where the callback carries no sample (kernel < 6.10); try: if the kernel refuses fexit, one notice and the callback; require: fail instead.
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    pub ack_hook: crate::tcp_view::AckHook,
     /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
     #[arg(long, value_delimiter = ',', value_enum)]
     pub view: Option<Vec<View>>,
@@ -490,6 +493,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             cidrs: args.addrs.clone(),
             raw: args.raw,
             max_flows: args.max_flows,
+            ack_hook: args.ack_hook,
         };
         Some(loader::attach_tcp(args.loader, &cfg)?)
     } else {
@@ -538,6 +542,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
         "raw": args.raw,
         "max_flows": args.max_flows,
+        "ack_hook": args.ack_hook,
         "loader": args.loader,
         "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
     });
@@ -547,13 +552,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     );
     if let Some(v) = &tcp {
         header += &format!(
-            " | view tcp: sock_ops RTT_CB @ cgroup {}, rtt source: {}, netns {}",
+            " | view tcp: sock_ops @ cgroup {}, rtt source: {}, netns {}",
             v.info().cgroup,
-            if v.info().rtt_source.starts_with("srtt") {
-                "srtt fallback (kernel < 6.10)"
-            } else {
-                "RTT_CB args"
-            },
+            v.info().rtt_source_short(),
             if args.netns.is_empty() {
                 "all".to_string()
             } else {
@@ -1083,11 +1084,14 @@ mod tests {
             "--format",
             "json",
             "--raw",
+            "--ack-hook",
+            "require",
         ])
         .unwrap();
         let crate::cli::Command::Observe(a) = c.command else {
             panic!()
         };
+        assert_eq!(a.ack_hook, crate::tcp_view::AckHook::Require);
         assert_eq!(a.netns, vec!["a", "b"]);
         assert_eq!(a.ports, vec![5001]);
         assert_eq!(a.interval, Duration::from_millis(500));
@@ -1104,6 +1108,7 @@ mod tests {
             vec!["rttscope", "observe", "--interval", "fast"],
             vec!["rttscope", "observe", "--duration", "10"],
             vec!["rttscope", "observe", "--port", "70000"],
+            vec!["rttscope", "observe", "--ack-hook", "always"],
         ] {
             assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?} should fail");
         }

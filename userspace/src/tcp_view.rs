@@ -52,6 +52,56 @@ pub struct TcpViewConfig {
     pub cidrs: Vec<ipnet::IpNet>,
     pub raw: bool,
     pub max_flows: u32,
+    /// The optional per-ACK hook (fexit/tcp_ack_update_rtt).
+    pub ack_hook: AckHook,
+}
+
+/// The optional per-ACK hook's attach point.
+pub const ACK_HOOK: &str = "fexit/tcp_ack_update_rtt";
+
+/// Whether to use the optional per-ACK hook (`rttscope_ack_rtt`, fexit on
+/// tcp_ack_update_rtt): the sample the kernel feeds tcp_rtt_estimator(), on
+/// any kernel that allows fentry/fexit (many production kernels do; this
+/// project's test kernel refuses them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AckHook {
+    /// Try it only where the RTT callback carries no sample (kernel < 6.10); else off.
+    #[default]
+    Auto,
+    /// Never: samples come from the RTT callback.
+    Off,
+    /// Try it; if the kernel refuses it, one notice and the RTT callback.
+    Try,
+    /// Use it, or fail.
+    Require,
+}
+
+impl AckHook {
+    /// Should the hook be tried on this kernel?
+    pub fn wanted(self) -> bool {
+        match self {
+            AckHook::Auto => crate::preflight::kernel_version() < (6, 10),
+            AckHook::Off => false,
+            AckHook::Try | AckHook::Require => true,
+        }
+    }
+
+    /// The hook was tried and refused (`why`: the kernel's or loader's
+    /// reason). `require`: one-sentence error; otherwise a one-line notice on
+    /// stderr, and the status for the record.
+    pub(crate) fn refused(self, why: &anyhow::Error) -> Result<String> {
+        let why = why.root_cause().to_string();
+        if self == AckHook::Require {
+            anyhow::bail!(
+                "the per-ACK hook {ACK_HOOK} was refused by this kernel ({why}); run without --ack-hook require to use the sock_ops RTT callback"
+            );
+        }
+        eprintln!(
+            "rttscope: notice: per-ACK hook {ACK_HOOK} not used (refused: {why}); RTT samples come from the sock_ops RTT callback"
+        );
+        Ok(format!("refused: {why}"))
+    }
 }
 
 /// How the view is hooked in, for report headers and JSON.
@@ -62,6 +112,8 @@ pub struct TcpHookInfo {
     pub iter_netns: Vec<String>,
     pub existing_enabled: u64,
     pub rtt_source: String,
+    /// The optional per-ACK hook: "attached", "off" or "refused: <reason>".
+    pub ack_hook: String,
     pub kernel: String,
     pub max_flows: u32,
     /// Kernel IDs of our programs (bpftool prog show id N).
@@ -98,9 +150,35 @@ impl TcpHookInfo {
             iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
             existing_enabled: 0,
             rtt_source: rtt_source(),
+            ack_hook: "off".into(),
             kernel: crate::preflight::kernel_release(),
             max_flows,
             prog_ids: Vec::new(),
+        }
+    }
+
+    /// Record the outcome of the optional hook: `Ok(())` attached, `Err(status)` not.
+    pub(crate) fn set_ack_hook(&mut self, attached: Result<(), String>) {
+        match attached {
+            Ok(()) => {
+                self.hook = format!(
+                    "cgroup sock_ops: state and retransmit callbacks (+ iter/tcp for existing connections); RTT samples: {ACK_HOOK}"
+                );
+                self.rtt_source = "fexit tcp_ack_update_rtt: the sample tcp_rtt_estimator() gets, per ACK, and srtt after it".into();
+                self.ack_hook = "attached".into();
+            }
+            Err(status) => self.ack_hook = status,
+        }
+    }
+
+    /// The RTT source in a few words (report headers).
+    pub fn rtt_source_short(&self) -> &'static str {
+        if self.ack_hook == "attached" {
+            "fexit tcp_ack_update_rtt"
+        } else if self.rtt_source.starts_with("srtt") {
+            "srtt fallback (kernel < 6.10)"
+        } else {
+            "RTT_CB args"
         }
     }
 }
@@ -168,6 +246,7 @@ pub fn hint_entries(max_flows: u32) -> u32 {
 pub struct TcpView {
     skel: TcpSkel<'static>,
     _sockops_link: libbpf_rs::Link,
+    _ack_link: Option<libbpf_rs::Link>,
     listeners: HashSet<(u32, u16)>,
     pub info: TcpHookInfo,
     epoch: u32,
@@ -203,40 +282,45 @@ impl TcpView {
         crate::preflight::require_btf()?;
         let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
 
-        // The skeleton borrows its open object for its whole life; a view lives
-        // as long as the command, so the (small) storage is leaked on purpose.
-        let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
-        let mut open = TcpSkelBuilder::default()
-            .open(open_object)
-            .context("opening the TCP view's BPF object")?;
         let max_flows = cfg.max_flows.max(16);
-        open.maps
-            .tcp_flows
-            .set_max_entries(max_flows)
-            .context("sizing the flow map")?;
-        open.maps
-            .tcp_free_slots
-            .set_max_entries(max_flows)
-            .context("sizing the free-slot stack")?;
         let hints = hint_entries(max_flows);
-        open.maps
-            .tcp_hints
-            .set_max_entries(hints)
-            .context("sizing the slot hints")?;
-        {
-            let ro = open
-                .maps
-                .rodata_data
-                .as_deref_mut()
-                .context("TCP view object has no .rodata")?;
-            ro.cfg_netns_filter = !cfg.netns_filter.is_empty() as u32;
-            ro.cfg_port_filter = !cfg.ports.is_empty() as u32;
-            ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
-            ro.cfg_raw = cfg.raw as u32;
-            ro.cfg_max_slots = max_flows;
-            ro.cfg_hint_mask = hints - 1;
-        }
-        let skel = open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")?;
+        // The per-ACK hook is a program of the same object: where the kernel
+        // refuses it, the object is loaded again without it (one refused
+        // program fails a whole libbpf object).
+        let mut hook_status = Err("off".to_string());
+        let mut skel = if cfg.ack_hook.wanted() {
+            match Self::open_and_load(cfg, max_flows, hints, true) {
+                Ok(skel) => {
+                    hook_status = Ok(());
+                    skel
+                }
+                Err(e) => {
+                    let skel = Self::open_and_load(cfg, max_flows, hints, false)?;
+                    hook_status = Err(cfg.ack_hook.refused(&e)?);
+                    skel
+                }
+            }
+        } else {
+            Self::open_and_load(cfg, max_flows, hints, false)?
+        };
+        // Attached before the sock_ops program, so that no connection ever
+        // gets the RTT callback while the hook has its samples.
+        let ack_link = match hook_status {
+            Ok(()) => match skel.progs.rttscope_ack_rtt.attach() {
+                Ok(link) => {
+                    if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+                        bss.ack_hook_on = 1;
+                    }
+                    Some(link)
+                }
+                Err(e) => {
+                    let e = anyhow::Error::from(e).context("attaching the per-ACK hook");
+                    hook_status = Err(cfg.ack_hook.refused(&e)?);
+                    None
+                }
+            },
+            Err(_) => None,
+        };
 
         for ns in &cfg.netns_filter {
             skel.maps
@@ -269,10 +353,12 @@ impl TcpView {
         let mut view = TcpView {
             skel,
             _sockops_link: link,
+            _ack_link: ack_link,
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
         };
+        view.info.set_ack_hook(hook_status);
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
@@ -280,6 +366,49 @@ impl TcpView {
         view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
         view.load_listeners();
         Ok(view)
+    }
+
+    /// Open the object, size and configure it, load it (with or without the
+    /// per-ACK hook program).
+    fn open_and_load(
+        cfg: &TcpViewConfig,
+        max_flows: u32,
+        hints: u32,
+        with_hook: bool,
+    ) -> Result<TcpSkel<'static>> {
+        // The skeleton borrows its open object for its whole life; a view lives
+        // as long as the command, so the (small) storage is leaked on purpose.
+        let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = TcpSkelBuilder::default()
+            .open(open_object)
+            .context("opening the TCP view's BPF object")?;
+        open.maps
+            .tcp_flows
+            .set_max_entries(max_flows)
+            .context("sizing the flow map")?;
+        open.maps
+            .tcp_free_slots
+            .set_max_entries(max_flows)
+            .context("sizing the free-slot stack")?;
+        open.maps
+            .tcp_hints
+            .set_max_entries(hints)
+            .context("sizing the slot hints")?;
+        open.progs.rttscope_ack_rtt.set_autoload(with_hook);
+        {
+            let ro = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .context("TCP view object has no .rodata")?;
+            ro.cfg_netns_filter = !cfg.netns_filter.is_empty() as u32;
+            ro.cfg_port_filter = !cfg.ports.is_empty() as u32;
+            ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
+            ro.cfg_raw = cfg.raw as u32;
+            ro.cfg_max_slots = max_flows;
+            ro.cfg_hint_mask = hints - 1;
+        }
+        open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")
     }
 
     /// Run the iterator inside `ns`: an iterator only walks the namespace
@@ -423,10 +552,14 @@ impl TcpView {
             };
             info.id
         };
-        vec![
+        let mut ids = vec![
             ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
             ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
-        ]
+        ];
+        if self._ack_link.is_some() {
+            ids.push(("tcp_ack_hook", id(&self.skel.progs.rttscope_ack_rtt)));
+        }
+        ids
     }
 }
 
@@ -573,6 +706,28 @@ pub fn state_name(s: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ack_hook_modes() {
+        assert!(!AckHook::Off.wanted());
+        assert!(AckHook::Try.wanted() && AckHook::Require.wanted());
+        // auto: only where the RTT callback carries no sample
+        assert_eq!(
+            AckHook::Auto.wanted(),
+            crate::preflight::kernel_version() < (6, 10)
+        );
+        assert_eq!(AckHook::default(), AckHook::Auto);
+        let e = anyhow::anyhow!("Operation not permitted (os error 1)").context("loading");
+        assert_eq!(
+            AckHook::Try.refused(&e).unwrap(),
+            "refused: Operation not permitted (os error 1)"
+        );
+        let err = AckHook::Require.refused(&e).unwrap_err().to_string();
+        assert!(
+            err.contains("fexit/tcp_ack_update_rtt") && err.contains("Operation not permitted"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn cidr_keys() {

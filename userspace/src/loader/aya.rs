@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use anyhow::{Context, Result};
 use aya::maps::lpm_trie::Key as LpmKey;
 use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, RingBuf};
-use aya::programs::{CgroupAttachMode, Iter, SockOps};
+use aya::programs::{CgroupAttachMode, FExit, Iter, SockOps};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 
 use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
@@ -46,6 +46,7 @@ unsafe impl Pod for bss {}
 
 const SOCKOPS: &str = "rttscope_sockops";
 const ITER: &str = "rttscope_iter_tcp";
+const ACK_HOOK_PROG: &str = "rttscope_ack_rtt";
 
 pub struct AyaTcp {
     ebpf: Ebpf,
@@ -131,6 +132,20 @@ impl AyaTcp {
                 chain(&e),
             )
         })?;
+        // The optional per-ACK hook, attached before the sock_ops program so
+        // that no connection gets the RTT callback while the hook has its samples.
+        let hook_status = if cfg.ack_hook.wanted() {
+            match attach_ack_hook(&mut ebpf, &btf) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(cfg.ack_hook.refused(&e)?),
+            }
+        } else {
+            Err("off".to_string())
+        };
+        let prog: &mut SockOps = ebpf
+            .program_mut(SOCKOPS)
+            .context("the TCP view object has no sock_ops program")?
+            .try_into()?;
         prog.attach(&cg, CgroupAttachMode::Single).map_err(|e| {
             map_err(
                 &format!("attaching sock_ops to cgroup {}", cgroup.display()),
@@ -173,6 +188,7 @@ impl AyaTcp {
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
         };
+        view.info.set_ack_hook(hook_status);
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
@@ -230,6 +246,37 @@ impl AyaTcp {
 fn map<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map> {
     ebpf.map_mut(name)
         .with_context(|| format!("the TCP view object has no map `{name}`"))
+}
+
+/// Load and attach the per-ACK hook (aya loads each program on its own, so
+/// a refused hook leaves the rest loaded) and tell the other programs.
+fn attach_ack_hook(ebpf: &mut Ebpf, btf: &Btf) -> Result<()> {
+    let hook: &mut FExit = ebpf
+        .program_mut(ACK_HOOK_PROG)
+        .context("the TCP view object has no per-ACK hook program")?
+        .try_into()?;
+    hook.load("tcp_ack_update_rtt", btf).map_err(|e| match e {
+        // the errno is the reason (as with libbpf); the verifier's log, if
+        // any, is a detail shown with -v
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            tracing::info!("per-ACK hook: verifier log: {verifier_log}");
+            anyhow::Error::from(io_error).context("loading the per-ACK hook with aya")
+        }
+        e => map_err("loading the per-ACK hook with aya", chain(&e)),
+    })?;
+    hook.attach()
+        .map_err(|e| map_err("attaching the per-ACK hook with aya", chain(&e)))?;
+    let mut bss: Array<&mut MapData, bss> = Array::try_from(map(ebpf, ".bss")?)?;
+    let mut v = bss
+        .get(&0, 0)
+        .map_err(|e| map_err("reading the TCP view's .bss", e))?;
+    v.ack_hook_on = 1;
+    bss.set(0, v, 0)
+        .map_err(|e| map_err("writing the TCP view's .bss", e))?;
+    Ok(())
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
@@ -326,7 +373,11 @@ impl TcpLoader for AyaTcp {
                 .map(|i| i.id())
                 .unwrap_or(0)
         };
-        vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))]
+        let mut ids = vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))];
+        if self.info.ack_hook == "attached" {
+            ids.push(("tcp_ack_hook", id(ACK_HOOK_PROG)));
+        }
+        ids
     }
 
     fn raw_samples(&mut self) -> Result<RawSamples> {
