@@ -112,13 +112,17 @@ pub trait TcpLoader {
 
     /// Every counter by name, in the order of `enum rttscope_tcp_counter`,
     /// plus `rtt_callbacks` (samples + callbacks skipped: the kernel counts
-    /// only the exceptions, to keep the per-sample path short).
+    /// only the exceptions, to keep the per-sample path short; with the
+    /// per-ACK hook attached the samples are the hook's, and the callbacks
+    /// are only those someone else turned on, all skipped).
     fn counters(&self) -> BTreeMap<&'static str, u64> {
         let mut m: BTreeMap<&'static str, u64> = COUNTER_NAMES
             .iter()
             .map(|(c, n)| (*n, self.counter(*c)))
             .collect();
-        m.insert("rtt_callbacks", m["samples"] + m["rtt_callbacks_skipped"]);
+        let hook = self.info().ack_hook == "attached";
+        let from_cb = if hook { 0 } else { m["samples"] };
+        m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
         m
     }
 }
