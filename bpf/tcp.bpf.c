@@ -394,6 +394,22 @@ static __always_inline void set_hint(__u64 *hint, struct rttscope_tcp_flow *f, _
 		*hint = ((__u64)slot << 32) | f->gen;
 }
 
+/* One RTT sample (us) and TCP's srtt after it, into the flow (both sample
+ * sources: the RTT callback and the per-ACK hook). */
+static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 rtt, __u32 srtt)
+{
+	__u64 now;
+
+	rttscope_agg_add(&f->agg, rtt, epoch);
+	f->srtt_us = srtt;
+	count(RTTSCOPE_TC_SAMPLES);
+	if (cfg_raw) {
+		now = bpf_ktime_get_ns();
+		f->last_ns = now;
+		raw_event(&f->key, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
+	}
+}
+
 /* Slow path of an RTT callback: the socket has no slot (callbacks enabled by
  * someone else, or its flow was evicted). */
 static __noinline struct rttscope_tcp_flow *late_flow(struct bpf_sock_ops *skops, __u32 *slotp)
@@ -419,7 +435,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	__u32 rtt = skops->args[0];
 	__u32 srtt = skops->args[1] >> 3;
 	__u32 idx, tag, slot;
-	__u64 now, *hint, hv;
+	__u64 *hint, hv;
 
 	if (!sk) {
 		count(RTTSCOPE_TC_NO_SOCK);
@@ -461,14 +477,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
 		count(RTTSCOPE_TC_SRTT_FALLBACK);
 	}
-	rttscope_agg_add(&f->agg, rtt, epoch);
-	f->srtt_us = srtt;
-	count(RTTSCOPE_TC_SAMPLES);
-	if (cfg_raw) {
-		now = bpf_ktime_get_ns();
-		f->last_ns = now;
-		raw_event(&f->key, RTTSCOPE_EV_TCP_RTT, f->side, rtt, srtt, now);
-	}
+	record_sample(f, rtt, srtt);
 }
 
 /* A connection was established after attach: turn our callbacks on and
@@ -630,9 +639,8 @@ int BPF_PROG(rttscope_ack_rtt, struct sock *sk, const int flag, long seq_rtt_us,
 	     long ca_rtt_us, struct rate_sample *rs, bool ret)
 {
 	struct rttscope_tcp_flow *f;
-	struct rttscope_tcp_sk *ts;
 	long mrtt = seq_rtt_us;
-	__u32 srtt;
+	__u32 slot;
 
 	if (!ret)
 		return 0;
@@ -642,21 +650,10 @@ int BPF_PROG(rttscope_ack_rtt, struct sock *sk, const int flag, long seq_rtt_us,
 		mrtt = BPF_CORE_READ(rs, rtt_us);
 	if (mrtt < 0)
 		return 0;
-	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, 0);
-	if (!ts)
+	/* the storage helper takes a struct sock here (tracing flavour) */
+	f = sock_flow((struct bpf_sock *)sk, &slot);
+	if (!f || (f->flags & RTTSCOPE_FLOW_CLOSED))
 		return 0; /* not a flow of ours */
-	f = bpf_map_lookup_elem(&tcp_flows, &ts->slot);
-	if (!f || f->gen != ts->gen || (f->flags & RTTSCOPE_FLOW_CLOSED))
-		return 0;
-	srtt = BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3;
-	rttscope_agg_add(&f->agg, (__u32)mrtt, epoch);
-	f->srtt_us = srtt;
-	count(RTTSCOPE_TC_SAMPLES);
-	if (cfg_raw) {
-		__u64 now = bpf_ktime_get_ns();
-
-		f->last_ns = now;
-		raw_event(&f->key, RTTSCOPE_EV_TCP_RTT, f->side, (__u32)mrtt, srtt, now);
-	}
+	record_sample(f, (__u32)mrtt, BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3);
 	return 0;
 }

@@ -39,6 +39,21 @@ fn observe_netns(
     })
 }
 
+/// With an observer starting: 0.7 s later a request/response client (5 ms
+/// between transactions) for 1.2 s, then paused so that srtt stays put (the
+/// connection stays open); the client and `ss`'s rtt of its socket (ms).
+fn rr_then_freeze(p: &Pair) -> (RrClient, f64) {
+    std::thread::sleep(Duration::from_millis(700));
+    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    cli.pause();
+    std::thread::sleep(Duration::from_millis(200));
+    let ss_client = ss_rtt_ms(&p.a, cli.local.port())
+        .unwrap()
+        .expect("ss shows the client socket");
+    (cli, ss_client)
+}
+
 /// Percentile field of a flow's cumulative summary in the `end` line.
 fn end_summary(lines: &[serde_json::Value], netns: &str, local: &str) -> serde_json::Value {
     end_flow(lines, netns, local).unwrap_or_else(|| {
@@ -59,15 +74,7 @@ fn srtt_matches_ss_for_both_ends() {
         &["--interval", "500ms", "--duration", "3s"],
         Duration::from_secs(20),
     );
-    std::thread::sleep(Duration::from_millis(700));
-    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
-    // Freeze srtt: no more traffic, the connection stays open.
-    cli.pause();
-    std::thread::sleep(Duration::from_millis(200));
-    let ss_client = ss_rtt_ms(&p.a, cli.local.port())
-        .unwrap()
-        .expect("ss shows the client socket");
+    let (cli, ss_client) = rr_then_freeze(&p);
     let ss_server = ss_rtt_ms(&p.b, PORT)
         .unwrap()
         .expect("ss shows the server socket");
@@ -508,14 +515,7 @@ fn ack_hook_is_probed_and_skipped_with_one_notice() {
         "2500ms",
     ]);
     let child = ChildGuard::spawn(&mut cmd).unwrap();
-    std::thread::sleep(Duration::from_millis(700));
-    let cli = RrClient::start(&p.a, server_addr(), 2, Duration::from_millis(5)).unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
-    cli.pause();
-    std::thread::sleep(Duration::from_millis(200));
-    let ss_client = ss_rtt_ms(&p.a, cli.local.port())
-        .unwrap()
-        .expect("ss shows the client socket");
+    let (cli, ss_client) = rr_then_freeze(&p);
     let out = child.wait_output(Duration::from_secs(20)).unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(

@@ -49,7 +49,7 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: see --max-pending).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
-    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback. auto: only where the callback carries no sample (kernel < 6.10); try: if the kernel refuses fexit, one notice and the callback; require: fail instead.
+    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     pub ack_hook: crate::tcp_view::AckHook,
     /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).

@@ -171,9 +171,14 @@ impl TcpHookInfo {
         }
     }
 
+    /// Whether the per-ACK hook has the samples.
+    pub fn ack_hook_attached(&self) -> bool {
+        self.ack_hook == "attached"
+    }
+
     /// The RTT source in a few words (report headers).
     pub fn rtt_source_short(&self) -> &'static str {
-        if self.ack_hook == "attached" {
+        if self.ack_hook_attached() {
             "fexit tcp_ack_update_rtt"
         } else if self.rtt_source.starts_with("srtt") {
             "srtt fallback (kernel < 6.10)"
@@ -246,7 +251,7 @@ pub fn hint_entries(max_flows: u32) -> u32 {
 pub struct TcpView {
     skel: TcpSkel<'static>,
     _sockops_link: libbpf_rs::Link,
-    _ack_link: Option<libbpf_rs::Link>,
+    ack_link: Option<libbpf_rs::Link>,
     listeners: HashSet<(u32, u16)>,
     pub info: TcpHookInfo,
     epoch: u32,
@@ -353,7 +358,7 @@ impl TcpView {
         let mut view = TcpView {
             skel,
             _sockops_link: link,
-            _ack_link: ack_link,
+            ack_link,
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
@@ -556,7 +561,7 @@ impl TcpView {
             ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
             ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
         ];
-        if self._ack_link.is_some() {
+        if self.ack_link.is_some() {
             ids.push(("tcp_ack_hook", id(&self.skel.progs.rttscope_ack_rtt)));
         }
         ids

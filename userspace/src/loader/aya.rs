@@ -374,7 +374,7 @@ impl TcpLoader for AyaTcp {
                 .unwrap_or(0)
         };
         let mut ids = vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))];
-        if self.info.ack_hook == "attached" {
+        if self.info.ack_hook_attached() {
             ids.push(("tcp_ack_hook", id(ACK_HOOK_PROG)));
         }
         ids

@@ -120,8 +120,11 @@ pub trait TcpLoader {
             .iter()
             .map(|(c, n)| (*n, self.counter(*c)))
             .collect();
-        let hook = self.info().ack_hook == "attached";
-        let from_cb = if hook { 0 } else { m["samples"] };
+        let from_cb = if self.info().ack_hook_attached() {
+            0
+        } else {
+            m["samples"]
+        };
         m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
         m
     }
