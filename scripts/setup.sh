@@ -10,6 +10,7 @@ APT_PKGS=(
   iproute2 iputils-ping       # namespaces, veth, tc, ping
   nftables iptables           # lab: loss, NFQUEUE steering
   irtt iperf3 tcpdump procps ethtool  # peers and tools for tests, lab and benchmarks
+  systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
   ca-certificates curl
 )
 

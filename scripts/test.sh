@@ -29,7 +29,7 @@ export RTTSCOPE_REQUIRE_PRIVILEGED=1
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
 echo "== the passive views' end-to-end tests again, loaded by aya"
-RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare -- --test-threads=2 "$@"
+RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
 
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)

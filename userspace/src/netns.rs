@@ -102,22 +102,55 @@ pub fn names() -> BTreeMap<u32, String> {
     all().into_iter().map(|(k, v)| (k, v.name)).collect()
 }
 
-/// Run `f` on a new thread inside `ns` (setns only affects that thread).
+/// Whether the calling thread is already in `ns` (same nsfs device and inode).
+pub fn is_current(ns: &NetNs) -> bool {
+    let me = std::fs::metadata("/proc/thread-self/ns/net");
+    let it = std::fs::metadata(&ns.path);
+    matches!((me, it), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
+}
+
+/// Run `f` inside `ns`: on the calling thread when it is already there, else
+/// on a scoped thread that enters it (setns only affects that thread).
+///
+/// The one place rttscope calls `setns(2)`. Entering a namespace needs
+/// CAP_SYS_ADMIN even when it is the one the process is in, so it is skipped
+/// when not needed: a deployment with only CAP_BPF + CAP_PERFMON +
+/// CAP_NET_ADMIN can then observe its own namespace.
+pub fn scoped<T: Send>(ns: &NetNs, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    if is_current(ns) {
+        return f();
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<T> {
+            enter(ns)?;
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in network namespace '{}' panicked", ns.name))?
+    })
+}
+
+/// Move the calling thread into `ns`.
+fn enter(ns: &NetNs) -> Result<()> {
+    let file =
+        File::open(&ns.path).with_context(|| format!("opening network namespace '{}'", ns.name))?;
+    match nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => bail!(
+            "entering network namespace '{}' needs CAP_SYS_ADMIN (setns); \
+             without it rttscope can observe only the namespace it runs in",
+            ns.name
+        ),
+        Err(e) => Err(e).with_context(|| format!("entering network namespace '{}'", ns.name)),
+    }
+}
+
+/// [`scoped`] for a closure that owns what it uses.
 pub fn run_in<T: Send + 'static>(
     ns: &NetNs,
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let path = ns.path.clone();
-    let name = ns.name.clone();
-    std::thread::spawn(move || -> Result<T> {
-        let file =
-            File::open(&path).with_context(|| format!("opening network namespace '{name}'"))?;
-        nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("entering network namespace '{name}'"))?;
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("thread in network namespace panicked"))?
+    scoped(ns, f)
 }
 
 #[cfg(test)]
@@ -138,5 +171,15 @@ mod tests {
     fn self_resolves() {
         let me = resolve("self").unwrap();
         assert_eq!(me.inode, current_inode().unwrap());
+        assert!(is_current(&me));
+    }
+
+    #[test]
+    fn scoped_in_own_namespace_runs_on_the_calling_thread() {
+        // No setns (which needs CAP_SYS_ADMIN) when already there.
+        let me = resolve("self").unwrap();
+        let here = std::thread::current().id();
+        let there = scoped(&me, || Ok(std::thread::current().id())).unwrap();
+        assert_eq!(here, there);
     }
 }

@@ -37,7 +37,7 @@ use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
 use crate::bpf::{self, TcpFlow};
 use crate::flow::{Flow, Side};
 use crate::hist::Hist;
-use crate::netns::NetNs;
+use crate::netns::{self, NetNs};
 
 /// What to observe.
 #[derive(Debug, Clone, Default)]
@@ -425,34 +425,25 @@ impl TcpView {
             .rttscope_iter_tcp
             .attach()
             .context("attaching the iter/tcp program")?;
-        let path = ns.path.clone();
         let name = ns.name.clone();
-        // libbpf_rs::Link is not Send: create the iterator fd on a thread in
-        // the namespace from the link's raw fd.
+        // libbpf_rs::Link is not Send: create the iterator fd inside the
+        // namespace from the link's raw fd.
         let link_fd = link.as_fd().as_raw_fd();
-        std::thread::scope(|s| {
-            s.spawn(move || -> Result<()> {
-                let f = File::open(&path)
-                    .with_context(|| format!("opening network namespace '{name}'"))?;
-                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("entering network namespace '{name}'"))?;
-                // SAFETY: plain syscall wrapper on a valid link fd.
-                let fd = unsafe { libbpf_sys::bpf_iter_create(link_fd) };
-                if fd < 0 {
-                    anyhow::bail!(
-                        "creating the TCP iterator in '{name}': {}",
-                        std::io::Error::from_raw_os_error(-fd)
-                    );
-                }
-                // SAFETY: fd was just returned to us and is owned here.
-                let mut it = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-                let mut sink = Vec::new();
-                it.read_to_end(&mut sink)
-                    .with_context(|| format!("walking TCP sockets in '{name}'"))?;
-                Ok(())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("iterator thread panicked"))?
+        netns::scoped(ns, move || -> Result<()> {
+            // SAFETY: plain syscall wrapper on a valid link fd.
+            let fd = unsafe { libbpf_sys::bpf_iter_create(link_fd) };
+            if fd < 0 {
+                anyhow::bail!(
+                    "creating the TCP iterator in '{name}': {}",
+                    std::io::Error::from_raw_os_error(-fd)
+                );
+            }
+            // SAFETY: fd was just returned to us and is owned here.
+            let mut it = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let mut sink = Vec::new();
+            it.read_to_end(&mut sink)
+                .with_context(|| format!("walking TCP sockets in '{name}'"))?;
+            Ok(())
         })?;
         drop(link);
         Ok(())

@@ -15,7 +15,6 @@
 //!   iterator fd on a thread that entered that namespace;
 //! - ring buffer: `aya::maps::RingBuf`, polled through tokio's `AsyncFd`.
 use std::collections::HashSet;
-use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
@@ -28,7 +27,7 @@ use aya::{Btf, Ebpf, EbpfLoader, Pod};
 use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
 use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::{FlowKey, TcpFlow};
-use crate::netns::NetNs;
+use crate::netns::{self, NetNs};
 use crate::tcp_view::{cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
@@ -212,24 +211,15 @@ impl AyaTcp {
         let link = it
             .take_link(id)
             .map_err(|e| map_err("taking the iterator link", chain(&e)))?;
-        let path = ns.path.clone();
         let name = ns.name.clone();
-        std::thread::scope(|s| {
-            s.spawn(move || -> Result<()> {
-                let f = File::open(&path)
-                    .with_context(|| format!("opening network namespace '{name}'"))?;
-                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .with_context(|| format!("entering network namespace '{name}'"))?;
-                let mut it = link.into_file().map_err(|e| {
-                    map_err(&format!("creating the TCP iterator in '{name}'"), chain(&e))
-                })?;
-                let mut sink = Vec::new();
-                it.read_to_end(&mut sink)
-                    .with_context(|| format!("walking TCP sockets in '{name}'"))?;
-                Ok(())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("iterator thread panicked"))?
+        netns::scoped(ns, move || -> Result<()> {
+            let mut it = link.into_file().map_err(|e| {
+                map_err(&format!("creating the TCP iterator in '{name}'"), chain(&e))
+            })?;
+            let mut sink = Vec::new();
+            it.read_to_end(&mut sink)
+                .with_context(|| format!("walking TCP sockets in '{name}'"))?;
+            Ok(())
         })
     }
 

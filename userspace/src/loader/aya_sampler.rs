@@ -136,9 +136,14 @@ impl AyaSampler {
         let set_mask = cfg.set_mask();
         let seed = hash_seed();
         // Create the maps of every copy (EbpfLoader::load), sharing them
-        // through pins; the programs are loaded and attached afterwards.
-        let loaded = with_pins(|pins: &dyn Fn(&str) -> PathBuf| {
-            let pin_paths: Vec<PathBuf> = SHARED_MAPS.iter().map(|m| pins(m)).collect();
+        // through pins when there is more than one copy (one interface needs
+        // no pins, hence no bpffs and no CAP_SYS_ADMIN); the programs are
+        // loaded and attached afterwards.
+        let load = |pins: Option<&dyn Fn(&str) -> PathBuf>| -> Result<Vec<Ebpf>> {
+            let pin_paths: Vec<PathBuf> = match pins {
+                Some(pins) => SHARED_MAPS.iter().map(|m| pins(m)).collect(),
+                None => Vec::new(),
+            };
             let mut copies = Vec::new();
             for r in &resolved {
                 let mut loader = EbpfLoader::new();
@@ -166,7 +171,12 @@ impl AyaSampler {
                 copies.push(ebpf);
             }
             Ok(copies)
-        })?;
+        };
+        let loaded = if resolved.len() > 1 {
+            with_pins(|pins: &dyn Fn(&str) -> PathBuf| load(Some(pins)))?
+        } else {
+            load(None)?
+        };
         let mut copies = Vec::new();
         let mut info = Vec::new();
         let mut prog_ids = Vec::new();
@@ -303,26 +313,16 @@ fn tcx_attach_in(
     iface: &str,
     egress: bool,
 ) -> Result<()> {
-    let path = ns.path.clone();
-    let name = ns.name.clone();
-    std::thread::scope(|s| {
-        s.spawn(move || -> Result<()> {
-            let f = std::fs::File::open(&path)
-                .with_context(|| format!("opening network namespace '{name}'"))?;
-            nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("entering network namespace '{name}'"))?;
-            let at = if egress {
-                TcAttachType::Egress
-            } else {
-                TcAttachType::Ingress
-            };
-            // Appended after programs already there, like libbpf's NULL opts.
-            prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
-                .map_err(|e| err("tcx attach", e))?;
-            Ok(())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("thread in network namespace panicked"))?
+    crate::netns::scoped(ns, move || -> Result<()> {
+        let at = if egress {
+            TcAttachType::Egress
+        } else {
+            TcAttachType::Ingress
+        };
+        // Appended after programs already there, like libbpf's NULL opts.
+        prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
+            .map_err(|e| err("tcx attach", e))?;
+        Ok(())
     })
 }
 
