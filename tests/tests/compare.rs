@@ -78,7 +78,7 @@ fn compare_fills_every_view_and_charts() {
         "expected the delayed-ACK note: {text}"
     );
     // The saved result loads and renders.
-    let r = rttscope::results::RunResult::load(&json).unwrap();
+    let r = rttscope::analysis::results::RunResult::load(&json).unwrap();
     assert!(
         r.views.len() >= 6,
         "{:?}",

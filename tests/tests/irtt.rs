@@ -166,7 +166,8 @@ fn irtt_probe_matches_irtt_client() {
         "{rx}"
     );
     // the JSON is an IrttResult (what `compare` consumes in-process)
-    let r: rttscope::irtt::IrttResult = serde_json::from_value(ours.clone()).expect("IrttResult");
+    let r: rttscope::active::irtt::IrttResult =
+        serde_json::from_value(ours.clone()).expect("IrttResult");
     assert_eq!(r.rtt_samples().count() as u64, received);
     // isochronous: sends sit on the 10 ms grid from the start (the median
     // lateness against the grid is small, whatever the misses)
@@ -360,7 +361,7 @@ fn irtt_hmac_and_server_restrictions() {
 /// only good replies enter the statistics.
 #[test]
 fn irtt_bad_replies_are_counted_and_rejected() {
-    use rttscope::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
+    use rttscope::active::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
     if !require_root() {
         return;
     }

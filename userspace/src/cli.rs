@@ -19,11 +19,11 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Observe RTT passively, generating no traffic: TCP view, sampler view (--iface), cloud buckets, Prometheus daemon (--listen).
-    Observe(crate::observe::ObserveArgs),
+    Observe(crate::cmd::observe::ObserveArgs),
     /// Bucket RTT samples like the cloud metric (Cloud Monitoring distribution) and show its percentiles next to exact ones.
-    Bucket(crate::bucket::BucketArgs),
+    Bucket(crate::cmd::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
-    Chart(crate::chart::ChartArgs),
+    Chart(crate::sinks::chart::ChartArgs),
     /// The sampler view alone (testing; to be folded into `observe --view sampler`).
     #[command(hide = true)]
     Sample(crate::sampler_cmd::SampleArgs),
@@ -32,7 +32,7 @@ pub enum Command {
     /// Active probes: request/response (netperf TCP_RR/UDP_RR), ICMP echo (ping), irtt.
     Probe(crate::active::ProbeArgs),
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
-    Compare(crate::compare::CompareArgs),
+    Compare(crate::cmd::compare::CompareArgs),
     /// Rebuild the seeds' experiments on a testbed of namespaces (delay, loss, bottleneck) and record every view.
     Lab(crate::lab::LabArgs),
 }

@@ -22,9 +22,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::analysis::units::parse_duration;
+use crate::cmd::observe::ObserveArgs;
 use crate::metrics::{parse_listen, LabelPolicy};
-use crate::observe::ObserveArgs;
-use crate::units::parse_duration;
 
 /// The file as written (every key optional).
 #[derive(Debug, Default, Clone, Deserialize, PartialEq)]
@@ -200,7 +200,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         }
     }
     for i in file.ifaces.iter().flatten() {
-        i.parse::<crate::sampler::IfaceSpec>()
+        i.parse::<crate::views::sampler::IfaceSpec>()
             .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
     }
     let listen = match &file.listen {
@@ -269,7 +269,7 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &HashSet<Str
     }
     if args.view.is_none() {
         if let Some(v) = &f.views {
-            use crate::observe::View;
+            use crate::cmd::observe::View;
             args.view = Some(
                 v.iter()
                     .map(|n| {
@@ -372,7 +372,7 @@ pub fn resolve(mut args: ObserveArgs) -> Result<Option<ObserveArgs>> {
         println!(
             "{}: OK (interval {}, listen {}, netns {}, labels /{} /{} ports {:?}, max_series {})",
             path.display(),
-            crate::units::fmt_duration_short(args.interval),
+            crate::analysis::units::fmt_duration_short(args.interval),
             args.listen
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "off".into()),
@@ -576,8 +576,8 @@ series_idle = "5m"
         assert_eq!(
             a.view,
             Some(vec![
-                crate::observe::View::Tcp,
-                crate::observe::View::Sampler
+                crate::cmd::observe::View::Tcp,
+                crate::cmd::observe::View::Sampler
             ])
         );
     }

@@ -7,13 +7,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     rttscope::logging::init(cli.verbose);
     let result = match cli.command {
-        Command::Observe(args) => rttscope::observe::run(args),
-        Command::Bucket(args) => rttscope::bucket::run(args),
-        Command::Chart(args) => rttscope::chart::run(args),
+        Command::Observe(args) => rttscope::cmd::observe::run(args),
+        Command::Bucket(args) => rttscope::cmd::bucket::run(args),
+        Command::Chart(args) => rttscope::sinks::chart::run(args),
         Command::Sample(args) => rttscope::sampler_cmd::run(args),
         Command::Serve(args) => rttscope::active::serve_main(args),
         Command::Probe(args) => rttscope::active::probe_main(args),
-        Command::Compare(args) => rttscope::compare::run(args),
+        Command::Compare(args) => rttscope::cmd::compare::run(args),
         Command::Lab(args) => rttscope::lab::env::run(args),
     };
     match result {

@@ -45,8 +45,8 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::flow::{Flow, Side};
-use crate::hist::{self, Hist};
+use crate::analysis::hist::{self, Hist};
+use crate::views::flow::{Flow, Side};
 
 /// A std Mutex that shrugs off poisoning (a panicked scrape must not stop the exporter).
 mod parking_lot_free {
@@ -1016,9 +1016,9 @@ impl Daemon {
     /// Needs a tokio runtime (the server is a task on it).
     pub fn start(
         listener: tokio::net::TcpListener,
-        args: &crate::observe::ObserveArgs,
-        tcp: Option<&dyn crate::loader::TcpLoader>,
-        sampler: Option<&crate::sampler::SamplerView>,
+        args: &crate::cmd::observe::ObserveArgs,
+        tcp: Option<&dyn crate::views::TcpLoader>,
+        sampler: Option<&crate::views::sampler::SamplerView>,
     ) -> Result<Daemon> {
         let policy = crate::config::label_policy(args)?;
         let exporter = Exporter::new(policy)?;
@@ -1052,7 +1052,7 @@ impl Daemon {
                 ),
             ));
         }
-        let mut lines = crate::caps::hooks_report(tcp.map(|t| t.info()), &notes);
+        let mut lines = crate::sys::caps::hooks_report(tcp.map(|t| t.info()), &notes);
         match sampler {
             Some(s) => {
                 for a in s.attach_info() {
@@ -1078,13 +1078,14 @@ impl Daemon {
             }
         }
         let addr = listener.local_addr().ok();
-        let start_names = crate::netns::names();
+        let start_names = crate::sys::netns::names();
         for l in lines {
             eprintln!("rttscope: {l}");
         }
-        let state = crate::caps::drop_to_needed()?;
-        eprintln!("rttscope: {}", crate::caps::describe(&state));
-        let more = crate::caps::threads_holding_more(crate::caps::mask(&crate::caps::KEEP));
+        let state = crate::sys::caps::drop_to_needed()?;
+        eprintln!("rttscope: {}", crate::sys::caps::describe(&state));
+        let more =
+            crate::sys::caps::threads_holding_more(crate::sys::caps::mask(&crate::sys::caps::KEEP));
         if !more.is_empty() {
             eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
         }
@@ -1118,8 +1119,8 @@ impl Daemon {
     /// cumulative histogram at the previous read (None: a new flow).
     pub fn tcp_flow(
         &mut self,
-        f: &crate::tcp_view::TcpFlowState,
-        prev: Option<&crate::hist::Snapshot>,
+        f: &crate::views::tcp::TcpFlowState,
+        prev: Option<&crate::analysis::hist::Snapshot>,
         mut netns_name: impl FnMut(u32) -> String,
     ) {
         let delta = match prev {

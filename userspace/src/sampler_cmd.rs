@@ -9,11 +9,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::hist::{bucket_bounds, Hist};
-use crate::sampler::{
+use crate::analysis::hist::{bucket_bounds, Hist};
+use crate::analysis::units::{duration_arg, fmt_ms};
+use crate::views::sampler::{
     AttachMode, IfaceSpec, Matching, SamplerConfig, SamplerFlowStats, SamplerView,
 };
-use crate::units::{duration_arg, fmt_ms};
 
 #[derive(Debug, Clone, Args)]
 pub struct SampleArgs {

@@ -9,6 +9,7 @@
 //! their [`Cancel`] receiver sees `true`.
 pub mod framing;
 pub mod icmp;
+pub mod irtt;
 pub mod output;
 pub mod rr;
 pub mod serve;
@@ -22,7 +23,7 @@ use clap::{Args, Subcommand};
 pub use rr::{run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, Settings, Stop};
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};
 
-use crate::units::duration_arg;
+use crate::analysis::units::duration_arg;
 
 /// Cancellation: a run stops when the value becomes `true`. Dropping the
 /// sender does not cancel.
@@ -94,7 +95,7 @@ pub enum ProbeKind {
         common: ProbeOpts,
     },
     /// Isochronous UDP probe speaking irtt's protocol, against any `irtt server`: RTT, one-way delays, IPDV, up/down loss.
-    Irtt(crate::irtt::IrttArgs),
+    Irtt(crate::active::irtt::IrttArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -167,11 +168,13 @@ pub fn interval_arg(s: &str) -> Result<Duration, String> {
         }
     }
     if let Some(n) = t.strip_suffix('u') {
-        return crate::units::parse_duration(&format!("{n}us")).map_err(|e| e.to_string());
+        return crate::analysis::units::parse_duration(&format!("{n}us"))
+            .map_err(|e| e.to_string());
     }
     if let Some(n) = t.strip_suffix('m') {
         if !n.ends_with('m') {
-            return crate::units::parse_duration(&format!("{n}ms")).map_err(|e| e.to_string());
+            return crate::analysis::units::parse_duration(&format!("{n}ms"))
+                .map_err(|e| e.to_string());
         }
     }
     duration_arg(t)
@@ -272,7 +275,7 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 /// `rttscope probe ...`
 pub fn probe_main(args: ProbeArgs) -> Result<()> {
     let (kind, o) = match &args.kind {
-        ProbeKind::Irtt(a) => return crate::irtt::run(a.clone()),
+        ProbeKind::Irtt(a) => return crate::active::irtt::run(a.clone()),
         k => k.parts().expect("request/response or ICMP probe"),
     };
     let cfg = probe_config(kind, o)?;

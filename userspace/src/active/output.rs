@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::rr::{IoMode, Kind, ProbeResult};
-use crate::units::fmt_duration_short;
+use crate::analysis::units::fmt_duration_short;
 
 /// netperf's output selectors that rttscope understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,7 +270,7 @@ pub fn human(r: &ProbeResult) -> String {
 mod tests {
     use super::*;
     use crate::active::rr::{Counts, Settings};
-    use crate::stats::{NetperfPercentiles, Summary};
+    use crate::analysis::stats::{NetperfPercentiles, Summary};
 
     fn result(kind: Kind) -> ProbeResult {
         ProbeResult {

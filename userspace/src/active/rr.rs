@@ -16,7 +16,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
 use super::icmp::{IcmpSocket, Reply, SendStamp, MIN_PAYLOAD};
 use super::{cancelled, mono_ns, Cancel};
-use crate::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
+use crate::analysis::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -24,7 +24,9 @@ use super::scenarios::{
 };
 use super::signals;
 use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
-use crate::results::{RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary};
+use crate::analysis::results::{
+    RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
+};
 
 /// The responder's port; the observer only follows flows to it.
 pub const PORT: u16 = 7878;
@@ -44,7 +46,7 @@ pub fn run(mut args: LabArgs) -> Result<()> {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        let stamp = crate::results::rfc3339_utc(t).replace(':', "");
+        let stamp = crate::analysis::results::rfc3339_utc(t).replace(':', "");
         args.out = Some(PathBuf::from("results").join(format!("{name}-{stamp}")));
     }
     let mut env = LabEnv::new(&args)?;
@@ -782,7 +784,7 @@ pub fn stats(values: &[f64]) -> Option<Stats> {
 
 /// The cloud metric's bucketed median (vm_flow/rtt layout) of RTTs in us.
 pub fn cloud_p50_us(values: &[f64]) -> Option<f64> {
-    use crate::dist::{vm_flow_preset, Distribution, ValueUnit};
+    use crate::analysis::dist::{vm_flow_preset, Distribution, ValueUnit};
     let mut d = Distribution::new(vm_flow_preset(), ValueUnit::Ms);
     for &x in values {
         d.add_us(x);
@@ -1273,7 +1275,7 @@ fn write_report(
             "samples_of_other_flows": env.obs_bad.1,
         },
         "emulator": records.iter().map(|r| json!({"phase": r.phase.label, "impairment": r.impairment})).collect::<Vec<_>>(),
-        "cloud_buckets": crate::dist::vm_flow_preset().spec(),
+        "cloud_buckets": crate::analysis::dist::vm_flow_preset().spec(),
     });
     let mut rr = RunResult::new(format!("lab {name}"), settings);
     rr.title = Some(format!(
@@ -1356,14 +1358,18 @@ fn write_report(
     files.push(p);
 
     let mut charts = Vec::new();
-    let opts = |kind| crate::chart::ChartOptions {
+    let opts = |kind| crate::sinks::chart::ChartOptions {
         kind,
         ..Default::default()
     };
     if sweep_kind {
         for ext in ["png", "svg"] {
             let p = out.join(format!("sweep.{ext}"));
-            match crate::chart::render_file(&rr, &opts(crate::chart::ChartKind::Sweep), &p) {
+            match crate::sinks::chart::render_file(
+                &rr,
+                &opts(crate::sinks::chart::ChartKind::Sweep),
+                &p,
+            ) {
                 Ok(()) => charts.push(p),
                 Err(e) => eprintln!("rttscope: sweep chart not drawn: {e:#}"),
             }
@@ -1372,7 +1378,11 @@ fn write_report(
     if plan.scenario == Scenario::RttStep || !sweep_kind {
         for ext in ["png", "svg"] {
             let p = out.join(format!("timeseries.{ext}"));
-            match crate::chart::render_file(&rr, &opts(crate::chart::ChartKind::Timeseries), &p) {
+            match crate::sinks::chart::render_file(
+                &rr,
+                &opts(crate::sinks::chart::ChartKind::Timeseries),
+                &p,
+            ) {
                 Ok(()) => charts.push(p),
                 Err(e) => eprintln!("rttscope: time-series chart not drawn: {e:#}"),
             }
@@ -1383,7 +1393,7 @@ fn write_report(
     let mut md = format!(
         "# lab {name}{}\n\n{}\n\nExpected: {}.\n\nRTTs in ms; RR = `rttscope probe tcp-rr` (request/response, per transaction), TCP = the TCP stack's RTT samples (sock_ops) on each end, SMP = the packet sampler at each end's interface{}, CLOUD_P50 = the sampler's median read from the vm_flow/rtt bucket layout.\n\n",
         if plan.quick { " (quick)" } else { "" },
-        crate::results::rfc3339_utc(t0),
+        crate::analysis::results::rfc3339_utc(t0),
         plan.expectation,
         if env.sample_every > 1 { format!(" (1 in {} packets per direction)", env.sample_every) } else { String::new() },
     );

@@ -58,7 +58,7 @@ pub struct LabArgs {
     #[arg(long)]
     pub hold: bool,
     /// With --hold: remove the testbed after this long.
-    #[arg(long, value_name = "DURATION", value_parser = crate::units::duration_arg, requires = "hold")]
+    #[arg(long, value_name = "DURATION", value_parser = crate::analysis::units::duration_arg, requires = "hold")]
     pub hold_for: Option<Duration>,
 }
 
@@ -585,7 +585,7 @@ fn hold(plan: &Plan, hold_for: Option<Duration>) -> Result<()> {
     print_ignoring_broken_pipe(&format!(
         "holding until Ctrl-C / SIGTERM{}",
         match hold_for {
-            Some(d) => format!(" or {}", crate::units::fmt_duration_short(d)),
+            Some(d) => format!(" or {}", crate::analysis::units::fmt_duration_short(d)),
             None => String::new(),
         }
     ))?;

@@ -1,5 +1,5 @@
 //! The sampler view loaded by aya 0.14: the same `sampler.bpf.o` as the
-//! libbpf loader (`crate::sampler::LibbpfSampler`), the same behaviour.
+//! libbpf loader (`crate::views::sampler::LibbpfSampler`), the same behaviour.
 //!
 //! Mapping of what the libbpf loader does to aya:
 //! - one copy of the object per interface, with that interface's namespace
@@ -42,13 +42,13 @@ use aya::programs::tc::TcAttachOptions;
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Btf, Ebpf, EbpfLoader};
 
-use super::aya::{chain, AyaRing};
-use super::RingSource;
-use crate::sampler::{
+use crate::views::aya::{chain, AyaRing};
+use crate::views::sampler::{
     attach_info, derived_counters, hash_seed, queue_raw, resolve_ifaces, table_flows, AttachInfo,
     AttachMode, IfaceSpec, ResolvedIface, SamplerBackend, SamplerConfig, SamplerFlowStats,
     SamplerSample, COUNTERS, PROG_EGRESS, PROG_INGRESS, SHARED_MAPS,
 };
+use crate::views::RingSource;
 
 /// The compiled sampler (the very object the libbpf skeleton embeds).
 static SAMPLER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
@@ -126,7 +126,7 @@ impl AyaSampler {
         if cfg.attach == AttachMode::Clsact {
             bail!("clsact filters need the libbpf loader: under aya the sampler attaches through tcx links only (kernel 6.6 or later)");
         }
-        crate::preflight::require_bpf_caps()?;
+        crate::sys::preflight::require_bpf_caps()?;
         let btf =
             Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
         let threshold = cfg.threshold();
@@ -308,12 +308,12 @@ fn private_bpffs() -> Result<PathBuf> {
 /// Attach `prog` as a tcx link on `iface` from a thread inside `ns` (the
 /// interface name and the link's ifindex are resolved in that namespace).
 fn tcx_attach_in(
-    ns: &crate::netns::NetNs,
+    ns: &crate::sys::netns::NetNs,
     prog: &mut SchedClassifier,
     iface: &str,
     egress: bool,
 ) -> Result<()> {
-    crate::netns::scoped(ns, move || -> Result<()> {
+    crate::sys::netns::scoped(ns, move || -> Result<()> {
         let at = if egress {
             TcAttachType::Egress
         } else {

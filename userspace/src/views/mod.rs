@@ -4,12 +4,12 @@
 //! view through [`TcpLoader`] and [`RawSamples`]; below it sit
 //!
 //! - `libbpf` (feature `libbpf`, the default): libbpf-rs over C libbpf, the
-//!   reference CO-RE loader ([`crate::tcp_view::TcpView`]);
+//!   reference CO-RE loader ([`crate::views::tcp::TcpView`]);
 //! - `aya` (feature `aya`): aya 0.14, a pure-Rust loader with no C libbpf.
 //!
 //! Both load the same compiled objects (`$OUT_DIR/<name>.bpf.o` from `bpf/`)
 //! and decode with the same generated types (`crate::bpf::tcp::types`,
-//! `crate::bpf::decode`, [`crate::tcp_view::decode_flow`]). See
+//! `crate::bpf::decode`, [`crate::views::tcp::decode_flow`]). See
 //! docs/loaders.md for when to choose which.
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
@@ -19,14 +19,13 @@ use serde::Serialize;
 
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::bpf::Event;
-use crate::tcp_view::{TcpFlowState, TcpHookInfo, TcpViewConfig, COUNTER_NAMES};
+use crate::views::tcp::{TcpFlowState, TcpHookInfo, TcpViewConfig, COUNTER_NAMES};
 
 #[cfg(feature = "aya")]
-pub mod aya;
-#[cfg(feature = "aya")]
-pub(crate) mod aya_sampler;
-#[cfg(feature = "libbpf")]
-pub mod libbpf;
+pub(crate) mod aya;
+pub mod flow;
+pub mod sampler;
+pub mod tcp;
 
 #[cfg(not(any(feature = "libbpf", feature = "aya")))]
 compile_error!("build at least one BPF loader: feature `libbpf` (default) or `aya`");
@@ -135,9 +134,9 @@ pub trait TcpLoader {
 pub fn attach_tcp(kind: LoaderKind, cfg: &TcpViewConfig) -> Result<Box<dyn TcpLoader>> {
     match kind {
         #[cfg(feature = "libbpf")]
-        LoaderKind::Libbpf => Ok(Box::new(libbpf::LibbpfTcp::attach(cfg)?)),
+        LoaderKind::Libbpf => Ok(Box::new(tcp::libbpf::LibbpfTcp::attach(cfg)?)),
         #[cfg(feature = "aya")]
-        LoaderKind::Aya => Ok(Box::new(aya::AyaTcp::attach(cfg)?)),
+        LoaderKind::Aya => Ok(Box::new(tcp::aya::AyaTcp::attach(cfg)?)),
         #[allow(unreachable_patterns)]
         other => anyhow::bail!(
             "this rttscope was built without the {other} loader (built in: {}); rebuild with `--features {other}`",

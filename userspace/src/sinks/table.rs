@@ -5,9 +5,9 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::flow::{Flow, Side};
-use crate::hist::{Hist, HistSummary};
-use crate::units::fmt_ms;
+use crate::analysis::hist::{Hist, HistSummary};
+use crate::analysis::units::fmt_ms;
+use crate::views::flow::{Flow, Side};
 
 /// Statistics of one view for one flow over one interval.
 #[derive(Debug, Clone, Serialize)]

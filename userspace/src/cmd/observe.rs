@@ -8,14 +8,14 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
+use crate::analysis::hist::{Hist, Snapshot};
+use crate::analysis::units::{duration_arg, fmt_duration_short};
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
-use crate::flow::Flow;
-use crate::hist::{Hist, Snapshot};
-use crate::loader::{self, LoaderKind};
-use crate::netns::{self, NetNs};
-use crate::report::{self, FlowRow, Interval, ViewStats};
-use crate::tcp_view::{self, TcpFlowState, TcpViewConfig};
-use crate::units::{duration_arg, fmt_duration_short};
+use crate::sinks::table::{self, FlowRow, Interval, ViewStats};
+use crate::sys::netns::{self, NetNs};
+use crate::views::flow::Flow;
+use crate::views::tcp::{self, TcpFlowState, TcpViewConfig};
+use crate::views::{self, LoaderKind};
 
 #[derive(Debug, Clone, Args)]
 pub struct ObserveArgs {
@@ -51,22 +51,22 @@ pub struct ObserveArgs {
     pub max_flows: u32,
     /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-    pub ack_hook: crate::tcp_view::AckHook,
+    pub ack_hook: crate::views::tcp::AckHook,
     /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
     #[arg(long, value_delimiter = ',', value_enum)]
     pub view: Option<Vec<View>>,
     /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
     #[arg(long = "iface", value_name = "[NETNS:]NAME")]
-    pub ifaces: Vec<crate::sampler::IfaceSpec>,
+    pub ifaces: Vec<crate::views::sampler::IfaceSpec>,
     /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub sample_every: u32,
     /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
     #[arg(long = "match", value_enum, default_value = "seq")]
-    pub matching: crate::sampler::Matching,
+    pub matching: crate::views::sampler::Matching,
     /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
     #[arg(long, value_enum, default_value = "auto")]
-    pub attach: crate::sampler::AttachMode,
+    pub attach: crate::views::sampler::AttachMode,
     /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
@@ -78,8 +78,8 @@ pub struct ObserveArgs {
     #[arg(long)]
     pub cloud_buckets: bool,
     /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
-    #[arg(long, default_value = "vm_flow", value_parser = crate::dist::layout_arg)]
-    pub cloud_layout: crate::dist::BucketOptions,
+    #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
+    pub cloud_layout: crate::analysis::dist::BucketOptions,
     /// Alignment period for --cloud-buckets (the metric API's default: 60s).
     #[arg(long, default_value = "60s", value_parser = duration_arg)]
     pub cloud_period: Duration,
@@ -124,15 +124,18 @@ pub struct ObserveArgs {
 /// kernel bucket at its midpoint (kernel buckets are <= 12.5% wide, far
 /// narrower than the cloud's 0-1, 1-2, 2-4 ms buckets).
 struct CloudAgg {
-    layout: crate::dist::BucketOptions,
+    layout: crate::analysis::dist::BucketOptions,
     period: Duration,
-    dist: crate::dist::Distribution,
+    dist: crate::analysis::dist::Distribution,
     period_start: f64,
 }
 
 impl CloudAgg {
-    fn new(layout: crate::dist::BucketOptions, period: Duration) -> Self {
-        let dist = crate::dist::Distribution::new(layout.clone(), crate::dist::ValueUnit::Ms);
+    fn new(layout: crate::analysis::dist::BucketOptions, period: Duration) -> Self {
+        let dist = crate::analysis::dist::Distribution::new(
+            layout.clone(),
+            crate::analysis::dist::ValueUnit::Ms,
+        );
         CloudAgg {
             layout,
             period,
@@ -144,7 +147,7 @@ impl CloudAgg {
     fn add(&mut self, h: &Hist) {
         for (i, &c) in h.counts.iter().enumerate() {
             if c > 0 {
-                let (lo, hi) = crate::hist::bucket_bounds(i);
+                let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
                 let mid = if hi.is_finite() { (lo + hi) / 2.0 } else { lo };
                 let v = match (h.min_us, h.max_us) {
                     (Some(mn), Some(mx)) => mid.clamp(mn as f64, mx as f64),
@@ -181,7 +184,10 @@ impl CloudAgg {
             return None;
         }
         let done = self.point(t, true);
-        self.dist = crate::dist::Distribution::new(self.layout.clone(), crate::dist::ValueUnit::Ms);
+        self.dist = crate::analysis::dist::Distribution::new(
+            self.layout.clone(),
+            crate::analysis::dist::ValueUnit::Ms,
+        );
         self.period_start = t;
         Some(done)
     }
@@ -209,8 +215,8 @@ impl ObserveArgs {
         }
     }
 
-    pub fn sampler_config(&self) -> crate::sampler::SamplerConfig {
-        crate::sampler::SamplerConfig {
+    pub fn sampler_config(&self) -> crate::views::sampler::SamplerConfig {
+        crate::views::sampler::SamplerConfig {
             sample_every: self.sample_every,
             matching: self.matching,
             raw: self.raw,
@@ -274,7 +280,7 @@ impl NsNames {
 struct Tracker {
     /// Each flow's histogram at the last read, and the interval of its last sample.
     prev: HashMap<Flow, (Snapshot, u64)>,
-    sides: HashMap<Flow, crate::flow::Side>,
+    sides: HashMap<Flow, crate::views::flow::Side>,
     seen: std::collections::HashSet<Flow>,
     interval: u64,
     vanished: u64,
@@ -372,7 +378,7 @@ impl Tracker {
             remote: f.flow.remote.to_string(),
             side: f.side,
             origin: Some(f.origin),
-            state: Some(tcp_view::state_name(f.state)),
+            state: Some(tcp::state_name(f.state)),
             closed: f.closed,
             tcp: Some(vs),
             sampler: None,
@@ -381,11 +387,11 @@ impl Tracker {
     }
 
     /// The side the TCP view found for a flow (for rows only the sampler saw).
-    fn side_of(&self, flow: &Flow) -> crate::flow::Side {
+    fn side_of(&self, flow: &Flow) -> crate::views::flow::Side {
         self.sides
             .get(flow)
             .copied()
-            .unwrap_or(crate::flow::Side::Unknown)
+            .unwrap_or(crate::views::flow::Side::Unknown)
     }
 
     /// After a full read: flows that disappeared without a close were evicted.
@@ -402,7 +408,7 @@ impl Tracker {
 /// flows now, keeping their rows (and exporting their samples in daemon
 /// mode) for the interval's report.
 fn reclaim_closed(
-    view: &mut dyn crate::loader::TcpLoader,
+    view: &mut dyn crate::views::TcpLoader,
     tracker: &mut Tracker,
     names: &mut NsNames,
     mut daemon: Option<&mut crate::metrics::Daemon>,
@@ -495,15 +501,15 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             max_flows: args.max_flows,
             ack_hook: args.ack_hook,
         };
-        Some(loader::attach_tcp(args.loader, &cfg)?)
+        Some(views::attach_tcp(args.loader, &cfg)?)
     } else {
         None
     };
     let mut sampler = if want_sampler {
-        crate::preflight::require_bpf_caps()?;
+        crate::sys::preflight::require_bpf_caps()?;
         let cfg = args.sampler_config();
         cfg.validate()?;
-        Some(crate::sampler::SamplerView::attach_with(
+        Some(crate::views::sampler::SamplerView::attach_with(
             args.loader,
             &args.ifaces,
             cfg,
@@ -864,11 +870,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                     }
                 }
                 Format::Table => {
-                    report::print_table(&mut out, &header, &iv, &view_names)?;
+                    table::print_table(&mut out, &header, &iv, &view_names)?;
                     for (name, p) in &cloud_lines {
                         let f = |k: &str| {
                             p[k].as_f64()
-                                .map(crate::units::fmt_ms)
+                                .map(crate::analysis::units::fmt_ms)
                                 .unwrap_or_else(|| "-".into())
                         };
                         writeln!(
@@ -967,7 +973,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
 }
 
 fn sampler_raw_lines(
-    s: &mut crate::sampler::SamplerView,
+    s: &mut crate::views::sampler::SamplerView,
     start_mono: u64,
     fmt: Format,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
@@ -995,7 +1001,7 @@ pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
         .enumerate()
         .filter(|(_, &c)| c > 0)
         .map(|(i, &c)| {
-            let (lo, hi) = crate::hist::bucket_bounds(i);
+            let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
             (lo, if hi.is_finite() { hi } else { -1.0 }, c)
         })
         .collect()
@@ -1010,7 +1016,7 @@ fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> String {
         3 => "flow_end",
         _ => "?",
     };
-    let side = crate::flow::Side::from_raw(ev.side);
+    let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
         (Format::Json, Some(f)) => json!({
             "type": "sample", "view": kind, "t": t, "netns": f.netns,
@@ -1091,7 +1097,7 @@ mod tests {
         let crate::cli::Command::Observe(a) = c.command else {
             panic!()
         };
-        assert_eq!(a.ack_hook, crate::tcp_view::AckHook::Require);
+        assert_eq!(a.ack_hook, crate::views::tcp::AckHook::Require);
         assert_eq!(a.netns, vec!["a", "b"]);
         assert_eq!(a.ports, vec![5001]);
         assert_eq!(a.interval, Duration::from_millis(500));

@@ -33,10 +33,10 @@ pub struct IrttArgs {
     /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (default port 2112).
     pub server: String,
     /// Send interval.
-    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::units::duration_arg)]
+    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
     pub interval: Duration,
     /// Total time to send.
-    #[arg(short = 'd', long, default_value = "1m", value_parser = crate::units::duration_arg)]
+    #[arg(short = 'd', long, default_value = "1m", value_parser = crate::analysis::units::duration_arg)]
     pub duration: Duration,
     /// Packet length including irtt headers (0: as small as the headers allow).
     #[arg(short = 'l', long, default_value_t = 0)]
@@ -146,7 +146,7 @@ impl IrttArgs {
         let open_timeouts = self
             .timeouts
             .split(',')
-            .map(|t| crate::units::parse_duration(t.trim()).map_err(anyhow::Error::from))
+            .map(|t| crate::analysis::units::parse_duration(t.trim()).map_err(anyhow::Error::from))
             .collect::<Result<Vec<_>>>()
             .context("--timeouts")?;
         let hmac_key = self.hmac.as_deref().map(parse_key).transpose()?;

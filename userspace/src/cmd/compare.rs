@@ -18,14 +18,14 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::active::rr::{run_probe, Kind, ProbeConfig, ProbeResult, Stop};
-use crate::dist::{BucketOptions, Distribution, ValueUnit};
-use crate::flow::{Flow, Side};
-use crate::loader::{self, LoaderKind};
-use crate::results::{RunResult, Sample, ViewKind, ViewSeries};
-use crate::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
-use crate::stats::Summary;
-use crate::tcp_view::TcpViewConfig;
-use crate::units::{duration_arg, fmt_duration_short, fmt_ms};
+use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
+use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
+use crate::analysis::stats::Summary;
+use crate::analysis::units::{duration_arg, fmt_duration_short, fmt_ms};
+use crate::views::flow::{Flow, Side};
+use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
+use crate::views::tcp::TcpViewConfig;
+use crate::views::{self, LoaderKind};
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
@@ -68,7 +68,7 @@ pub struct CompareArgs {
     #[arg(long = "match", value_enum, default_value = "seq")]
     pub matching: Matching,
     /// Cloud bucket layout for the "sampler via cloud buckets" row (see `rttscope bucket --help`).
-    #[arg(long, default_value = "vm_flow", value_parser = crate::dist::layout_arg)]
+    #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub layout: BucketOptions,
     /// Add short notes explaining the differences, each with the numbers that triggered it.
     #[arg(long)]
@@ -121,7 +121,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
 }
 
 async fn compare(args: CompareArgs) -> Result<()> {
-    crate::preflight::require_bpf_caps()?;
+    crate::sys::preflight::require_bpf_caps()?;
     let kinds: Vec<Kind> = {
         // TCP_RR always runs: it is the flow the TCP view and the sampler observe.
         let mut k = vec![Kind::TcpRr];
@@ -136,13 +136,13 @@ async fn compare(args: CompareArgs) -> Result<()> {
     // Passive views: the TCP view restricted to the responder's port (both
     // ends when the server is on this host too), raw samples for the time series.
     let tcp_cfg = TcpViewConfig {
-        iter_netns: vec![crate::netns::resolve("self")?],
+        iter_netns: vec![crate::sys::netns::resolve("self")?],
         ports: vec![args.port],
         raw: true,
         max_flows: 4096,
         ..Default::default()
     };
-    let mut tcp = loader::attach_tcp(args.loader, &tcp_cfg)?;
+    let mut tcp = views::attach_tcp(args.loader, &tcp_cfg)?;
     let mut sampler = if args.ifaces.is_empty() {
         None
     } else {
@@ -155,7 +155,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
         cfg.validate()?;
         Some(SamplerView::attach_with(args.loader, &args.ifaces, cfg)?)
     };
-    let start_mono = crate::observe::monotonic_ns();
+    let start_mono = crate::cmd::observe::monotonic_ns();
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -194,7 +194,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
         configs.push(c);
     }
     let irtt_stop = Arc::new(AtomicBool::new(false));
-    let irtt_cfg = args.irtt.then(|| crate::irtt::IrttConfig {
+    let irtt_cfg = args.irtt.then(|| crate::active::irtt::IrttConfig {
         server: args.host.clone(),
         duration: args.length,
         interval: if args.interval.is_zero() {
@@ -213,7 +213,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
         )
         .await;
         let ir = match irtt_cfg.clone() {
-            Some(c) => Some(crate::irtt::run_irtt(c, irtt_stop.clone()).await),
+            Some(c) => Some(crate::active::irtt::run_irtt(c, irtt_stop.clone()).await),
             None => None,
         };
         (rr, ir)
@@ -260,7 +260,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
     // Sort samples into views. Only this run's connections count: on the
     // client side, flows in this namespace to the target's address and port;
     // on the server side (when visible), the reverse of those tuples.
-    let my_netns = crate::netns::current_inode()?;
+    let my_netns = crate::sys::netns::current_inode()?;
     let target_ip = rr_results
         .iter()
         .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
@@ -431,7 +431,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
             d.add_us(*r);
         }
         let pct = |p: f64| d.percentile(p).ok().flatten();
-        let to_us = |p: Option<crate::dist::Percentile>| {
+        let to_us = |p: Option<crate::analysis::dist::Percentile>| {
             p.map(|x| ValueUnit::Ms.to_us(x.value)).unwrap_or(f64::NAN)
         };
         let mut sm = Summary::empty();

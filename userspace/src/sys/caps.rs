@@ -246,7 +246,7 @@ pub fn threads_holding_more(allowed: u64) -> Vec<u32> {
 /// Startup lines: hooks attached and unavailable (with the reason), for
 /// daemon mode's log.
 pub fn hooks_report(
-    tcp: Option<&crate::tcp_view::TcpHookInfo>,
+    tcp: Option<&crate::views::tcp::TcpHookInfo>,
     unavailable: &[(&str, String)],
 ) -> Vec<String> {
     let mut out = Vec::new();
@@ -270,7 +270,7 @@ pub fn hooks_report(
         if let Some(why) = i.ack_hook.strip_prefix("refused: ") {
             out.push(format!(
                 "unavailable: tcp view: per-ACK hook {}: {why}",
-                crate::tcp_view::ACK_HOOK
+                crate::views::tcp::ACK_HOOK
             ));
         }
     } else {
@@ -366,9 +366,9 @@ mod tests {
 
     #[test]
     fn hooks_report_says_why_the_ack_hook_is_missing() {
-        let cfg = crate::tcp_view::TcpViewConfig::default();
+        let cfg = crate::views::tcp::TcpViewConfig::default();
         let mut info =
-            crate::tcp_view::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
+            crate::views::tcp::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
         info.set_ack_hook(Err("refused: Operation not permitted (os error 1)".into()));
         let lines = hooks_report(Some(&info), &[]);
         assert!(

@@ -18,9 +18,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::results::{RunResult, ViewSeries};
+use crate::analysis::results::{RunResult, ViewSeries};
 
-static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+static FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
 static FONT_ONCE: Once = Once::new();
 
 /// Register the embedded font as plotters' `sans-serif` (idempotent).
@@ -641,7 +641,7 @@ fn sweep<DB: DrawingBackend>(
 
 fn sweep_on<DB: DrawingBackend, X>(
     area: &DrawingArea<DB, Shift>,
-    sw: &crate::results::Sweep,
+    sw: &crate::analysis::results::Sweep,
     names: &[&str],
     colors: &[RGBColor],
     (x, x_desc, x_labels): (X, String, usize),
@@ -724,7 +724,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{Sample, Sweep, SweepPoint, ViewKind, ViewSummary};
+    use crate::analysis::results::{Sample, Sweep, SweepPoint, ViewKind, ViewSummary};
     use serde_json::json;
 
     fn result_with_views() -> RunResult {

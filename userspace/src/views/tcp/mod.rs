@@ -7,37 +7,21 @@
 //!
 //! The libbpf-rs loader (`TcpView`) is built with the `libbpf` feature; the
 //! configuration, the decoded flow state and the decoding itself
-//! (`decode_flow`) are shared with the aya loader (`crate::loader`).
+//! (`decode_flow`) are shared with the aya loader (`crate::views`).
 use std::collections::HashSet;
-#[cfg(feature = "libbpf")]
-use std::fs::File;
-#[cfg(feature = "libbpf")]
-use std::io::Read;
-#[cfg(feature = "libbpf")]
-use std::mem::MaybeUninit;
 use std::os::fd::BorrowedFd;
-#[cfg(feature = "libbpf")]
-use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-#[cfg(feature = "libbpf")]
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-#[cfg(feature = "libbpf")]
-use libbpf_rs::{MapCore, MapFlags};
 use serde::Serialize;
 
-#[cfg(feature = "libbpf")]
-use crate::bpf::tcp::types::rttscope_listener_key;
+use crate::analysis::hist::Hist;
 use crate::bpf::tcp::types::{
     rttscope_cidr_key, rttscope_flow_flags as F, rttscope_tcp_counter as C,
 };
-#[cfg(feature = "libbpf")]
-use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
 use crate::bpf::{self, TcpFlow};
-use crate::flow::{Flow, Side};
-use crate::hist::Hist;
-use crate::netns::{self, NetNs};
+use crate::sys::netns::NetNs;
+use crate::views::flow::{Flow, Side};
 
 /// What to observe.
 #[derive(Debug, Clone, Default)]
@@ -81,7 +65,7 @@ impl AckHook {
     /// Should the hook be tried on this kernel?
     pub fn wanted(self) -> bool {
         match self {
-            AckHook::Auto => crate::preflight::kernel_version() < (6, 10),
+            AckHook::Auto => crate::sys::preflight::kernel_version() < (6, 10),
             AckHook::Off => false,
             AckHook::Try | AckHook::Require => true,
         }
@@ -151,7 +135,7 @@ impl TcpHookInfo {
             existing_enabled: 0,
             rtt_source: rtt_source(),
             ack_hook: "off".into(),
-            kernel: crate::preflight::kernel_release(),
+            kernel: crate::sys::preflight::kernel_release(),
             max_flows,
             prog_ids: Vec::new(),
         }
@@ -247,16 +231,6 @@ pub fn hint_entries(max_flows: u32) -> u32 {
     max_flows.max(16).saturating_mul(2).next_power_of_two()
 }
 
-#[cfg(feature = "libbpf")]
-pub struct TcpView {
-    skel: TcpSkel<'static>,
-    _sockops_link: libbpf_rs::Link,
-    ack_link: Option<libbpf_rs::Link>,
-    listeners: HashSet<(u32, u16)>,
-    pub info: TcpHookInfo,
-    epoch: u32,
-}
-
 impl TcpFlowState {
     /// The cumulative histogram (exact life min/max).
     pub fn hist(&self) -> Hist {
@@ -275,287 +249,6 @@ pub(crate) fn origin_name(o: u8) -> &'static str {
         2 => "existing",
         3 => "late",
         _ => "?",
-    }
-}
-
-#[cfg(feature = "libbpf")]
-impl TcpView {
-    /// Load, configure and attach. Fails with one clear sentence.
-    pub fn attach(cfg: &TcpViewConfig) -> Result<TcpView> {
-        cfg.validate()?;
-        crate::preflight::require_bpf_caps()?;
-        crate::preflight::require_btf()?;
-        let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
-
-        let max_flows = cfg.max_flows.max(16);
-        let hints = hint_entries(max_flows);
-        // The per-ACK hook is a program of the same object: where the kernel
-        // refuses it, the object is loaded again without it (one refused
-        // program fails a whole libbpf object).
-        let mut hook_status = Err("off".to_string());
-        let mut skel = if cfg.ack_hook.wanted() {
-            match Self::open_and_load(cfg, max_flows, hints, true) {
-                Ok(skel) => {
-                    hook_status = Ok(());
-                    skel
-                }
-                Err(e) => {
-                    let skel = Self::open_and_load(cfg, max_flows, hints, false)?;
-                    hook_status = Err(cfg.ack_hook.refused(&e)?);
-                    skel
-                }
-            }
-        } else {
-            Self::open_and_load(cfg, max_flows, hints, false)?
-        };
-        // Attached before the sock_ops program, so that no connection ever
-        // gets the RTT callback while the hook has its samples.
-        let ack_link = match hook_status {
-            Ok(()) => match skel.progs.rttscope_ack_rtt.attach() {
-                Ok(link) => {
-                    if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-                        bss.ack_hook_on = 1;
-                    }
-                    Some(link)
-                }
-                Err(e) => {
-                    let e = anyhow::Error::from(e).context("attaching the per-ACK hook");
-                    hook_status = Err(cfg.ack_hook.refused(&e)?);
-                    None
-                }
-            },
-            Err(_) => None,
-        };
-
-        for ns in &cfg.netns_filter {
-            skel.maps
-                .netns_filter
-                .update(&ns.inode.to_ne_bytes(), &[1], MapFlags::ANY)?;
-        }
-        for p in &cfg.ports {
-            skel.maps
-                .port_filter
-                .update(&p.to_ne_bytes(), &[1], MapFlags::ANY)?;
-        }
-        for c in &cfg.cidrs {
-            let k = cidr_key(c);
-            // SAFETY of layout: rttscope_cidr_key is a generated C struct (u32 + [u8;16]).
-            let bytes = unsafe {
-                std::slice::from_raw_parts(
-                    (&k as *const rttscope_cidr_key).cast::<u8>(),
-                    std::mem::size_of::<rttscope_cidr_key>(),
-                )
-            };
-            skel.maps.addr_filter.update(bytes, &[1], MapFlags::ANY)?;
-        }
-
-        let link = skel
-            .progs
-            .rttscope_sockops
-            .attach_cgroup(cg.as_raw_fd())
-            .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
-
-        let mut view = TcpView {
-            skel,
-            _sockops_link: link,
-            ack_link,
-            listeners: HashSet::new(),
-            info: TcpHookInfo::new(cfg, &cgroup, max_flows),
-            epoch: 0,
-        };
-        view.info.set_ack_hook(hook_status);
-        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
-        for ns in &cfg.iter_netns {
-            view.enable_existing(ns)?;
-        }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
-        view.load_listeners();
-        Ok(view)
-    }
-
-    /// Open the object, size and configure it, load it (with or without the
-    /// per-ACK hook program).
-    fn open_and_load(
-        cfg: &TcpViewConfig,
-        max_flows: u32,
-        hints: u32,
-        with_hook: bool,
-    ) -> Result<TcpSkel<'static>> {
-        // The skeleton borrows its open object for its whole life; a view lives
-        // as long as the command, so the (small) storage is leaked on purpose.
-        let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
-        let mut open = TcpSkelBuilder::default()
-            .open(open_object)
-            .context("opening the TCP view's BPF object")?;
-        open.maps
-            .tcp_flows
-            .set_max_entries(max_flows)
-            .context("sizing the flow map")?;
-        open.maps
-            .tcp_free_slots
-            .set_max_entries(max_flows)
-            .context("sizing the free-slot stack")?;
-        open.maps
-            .tcp_hints
-            .set_max_entries(hints)
-            .context("sizing the slot hints")?;
-        open.progs.rttscope_ack_rtt.set_autoload(with_hook);
-        {
-            let ro = open
-                .maps
-                .rodata_data
-                .as_deref_mut()
-                .context("TCP view object has no .rodata")?;
-            ro.cfg_netns_filter = !cfg.netns_filter.is_empty() as u32;
-            ro.cfg_port_filter = !cfg.ports.is_empty() as u32;
-            ro.cfg_addr_filter = !cfg.cidrs.is_empty() as u32;
-            ro.cfg_raw = cfg.raw as u32;
-            ro.cfg_max_slots = max_flows;
-            ro.cfg_hint_mask = hints - 1;
-        }
-        open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")
-    }
-
-    /// Run the iterator inside `ns`: an iterator only walks the namespace
-    /// of the thread that creates it.
-    fn enable_existing(&mut self, ns: &NetNs) -> Result<()> {
-        let link = self
-            .skel
-            .progs
-            .rttscope_iter_tcp
-            .attach()
-            .context("attaching the iter/tcp program")?;
-        let name = ns.name.clone();
-        // libbpf_rs::Link is not Send: create the iterator fd inside the
-        // namespace from the link's raw fd.
-        let link_fd = link.as_fd().as_raw_fd();
-        netns::scoped(ns, move || -> Result<()> {
-            // SAFETY: plain syscall wrapper on a valid link fd.
-            let fd = unsafe { libbpf_sys::bpf_iter_create(link_fd) };
-            if fd < 0 {
-                anyhow::bail!(
-                    "creating the TCP iterator in '{name}': {}",
-                    std::io::Error::from_raw_os_error(-fd)
-                );
-            }
-            // SAFETY: fd was just returned to us and is owned here.
-            let mut it = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            let mut sink = Vec::new();
-            it.read_to_end(&mut sink)
-                .with_context(|| format!("walking TCP sockets in '{name}'"))?;
-            Ok(())
-        })?;
-        drop(link);
-        Ok(())
-    }
-
-    fn load_listeners(&mut self) {
-        let m = &self.skel.maps.tcp_listeners;
-        for k in m.keys() {
-            if k.len() >= std::mem::size_of::<rttscope_listener_key>() {
-                let netns = u32::from_ne_bytes(k[0..4].try_into().unwrap());
-                let port = u16::from_ne_bytes(k[4..6].try_into().unwrap());
-                self.listeners.insert((netns, port));
-            }
-        }
-    }
-
-    /// Sum of one per-CPU counter.
-    pub fn counter(&self, c: C) -> u64 {
-        let key = c.0.to_ne_bytes();
-        match self
-            .skel
-            .maps
-            .tcp_counters
-            .lookup_percpu(&key, MapFlags::ANY)
-        {
-            Ok(Some(per_cpu)) => per_cpu
-                .iter()
-                .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8])))
-                .sum(),
-            _ => 0,
-        }
-    }
-
-    /// The current report epoch (win_* values of flows belong to it when equal).
-    pub fn epoch(&self) -> u32 {
-        self.epoch
-    }
-
-    /// Start a new report interval: flows' win_min/win_max restart.
-    pub fn next_epoch(&mut self) {
-        self.epoch = self.epoch.wrapping_add(1);
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            bss.epoch = self.epoch;
-        }
-    }
-
-    /// Read every flow entry (batched: a few syscalls for thousands of
-    /// flows), handing each to `f` without keeping them all in memory.
-    pub fn for_each_flow(&self, f: impl FnMut(TcpFlowState)) -> Result<()> {
-        let hwm = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref()
-            .map_or(u64::MAX, |b| b.slots_hwm);
-        read_slots(
-            self.skel.maps.tcp_flows.as_fd(),
-            hwm,
-            self.info.max_flows,
-            &self.listeners,
-            f,
-        )
-    }
-
-    /// Read every flow entry.
-    pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
-        let mut out = Vec::new();
-        self.for_each_flow(|s| out.push(s))?;
-        Ok(out)
-    }
-
-    /// Give a flow's slot back (after it was reported closed, or to evict it).
-    pub fn forget(&self, slot: u32, gen: u32) -> Result<()> {
-        free_slot(
-            self.skel.maps.tcp_flows.as_fd(),
-            self.skel.maps.tcp_free_slots.as_fd(),
-            slot,
-            gen,
-        )
-    }
-
-    /// The raw-sample ring buffer map (for `--raw`).
-    pub fn events_map(&self) -> &libbpf_rs::Map<'static> {
-        &self.skel.maps.tcp_events
-    }
-
-    /// IDs of the loaded programs (for run-time statistics).
-    pub fn prog_ids(&self) -> Vec<(&'static str, u32)> {
-        use libbpf_rs::AsRawLibbpf;
-        let id = |p: &libbpf_rs::Program| {
-            // SAFETY: valid program handle from the loaded skeleton.
-            let fd = unsafe { libbpf_sys::bpf_program__fd(p.as_libbpf_object().as_ptr()) };
-            let mut info = libbpf_sys::bpf_prog_info::default();
-            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-            // SAFETY: info is a valid out-buffer of `len` bytes.
-            unsafe {
-                libbpf_sys::bpf_obj_get_info_by_fd(
-                    fd,
-                    (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
-                    &mut len,
-                )
-            };
-            info.id
-        };
-        let mut ids = vec![
-            ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
-            ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
-        ];
-        if self.ack_link.is_some() {
-            ids.push(("tcp_ack_hook", id(&self.skel.progs.rttscope_ack_rtt)));
-        }
-        ids
     }
 }
 
@@ -623,7 +316,7 @@ pub(crate) fn read_slots(
     mut f: impl FnMut(TcpFlowState),
 ) -> Result<()> {
     let limit = hwm.min(max_flows as u64) as usize;
-    crate::bpf_syscall::lookup_batch(
+    crate::sys::bpf::lookup_batch(
         flows,
         std::mem::size_of::<u32>(),
         std::mem::size_of::<TcpFlow>(),
@@ -650,9 +343,9 @@ pub(crate) fn free_slot(
         gen: gen.wrapping_add(1),
         ..Default::default()
     };
-    crate::bpf_syscall::update(flows, Some(&slot.to_ne_bytes()), bpf::as_bytes(&v), 0)
+    crate::sys::bpf::update(flows, Some(&slot.to_ne_bytes()), bpf::as_bytes(&v), 0)
         .with_context(|| format!("freeing TCP flow slot {slot}"))?;
-    crate::bpf_syscall::update(stack, None, &slot.to_ne_bytes(), 0)
+    crate::sys::bpf::update(stack, None, &slot.to_ne_bytes(), 0)
         .with_context(|| format!("returning TCP flow slot {slot} to the free stack"))
 }
 
@@ -672,7 +365,7 @@ pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
 }
 
 pub(crate) fn rtt_source() -> String {
-    let (maj, min) = crate::preflight::kernel_version();
+    let (maj, min) = crate::sys::preflight::kernel_version();
     if (maj, min) >= (6, 10) {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
     } else {
@@ -699,6 +392,11 @@ pub fn state_name(s: u8) -> &'static str {
     }
 }
 
+#[cfg(feature = "aya")]
+pub mod aya;
+#[cfg(feature = "libbpf")]
+pub mod libbpf;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -710,7 +408,7 @@ mod tests {
         // auto: only where the RTT callback carries no sample
         assert_eq!(
             AckHook::Auto.wanted(),
-            crate::preflight::kernel_version() < (6, 10)
+            crate::sys::preflight::kernel_version() < (6, 10)
         );
         assert_eq!(AckHook::default(), AckHook::Auto);
         let e = anyhow::anyhow!("Operation not permitted (os error 1)").context("loading");

@@ -63,7 +63,7 @@ impl Wait {
         for (sep, max) in [('x', true), ('r', false)] {
             if let Some((f, d)) = s.split_once(sep) {
                 let f: f64 = f.parse().map_err(|_| bad())?;
-                let d = crate::units::parse_duration(d).map_err(|_| bad())?;
+                let d = crate::analysis::units::parse_duration(d).map_err(|_| bad())?;
                 if !(f.is_finite() && f >= 0.0) {
                     return Err(bad());
                 }
@@ -74,7 +74,7 @@ impl Wait {
                 });
             }
         }
-        crate::units::parse_duration(s)
+        crate::analysis::units::parse_duration(s)
             .map(Wait::Fixed)
             .map_err(|_| bad())
     }

@@ -12,11 +12,11 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use crate::dist::{
+use crate::analysis::dist::{
     self, align, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
-use crate::results::{RunResult, Sample, ViewKind};
-use crate::units::duration_arg;
+use crate::analysis::results::{RunResult, Sample, ViewKind};
+use crate::analysis::units::duration_arg;
 
 /// Largest input accepted (bounded memory).
 pub const MAX_INPUT_BYTES: u64 = 1 << 30;
@@ -127,7 +127,7 @@ pub struct BucketReport {
 /// less than or equal to it (rank = ceil(p/100 * n), at least 1). Always an observed value.
 /// `sorted` must be sorted ascending and non-empty.
 fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    crate::stats::percentile_sorted(sorted, p)
+    crate::analysis::stats::percentile_sorted(sorted, p)
 }
 
 /// The lenses for one sample set.
@@ -173,7 +173,7 @@ pub fn analyze(
             .collect(),
     };
 
-    let mut np = crate::stats::NetperfHist::new();
+    let mut np = crate::analysis::stats::NetperfHist::new();
     for s in &set.samples {
         np.record_us(s.rtt_us.max(0.0) as u64);
     }
@@ -495,7 +495,7 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::results::{ViewKind, ViewSeries};
+    use crate::analysis::results::{ViewKind, ViewSeries};
 
     fn set(values_ms: &[f64]) -> SampleSet {
         SampleSet {

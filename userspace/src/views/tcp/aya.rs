@@ -16,7 +16,7 @@
 //! - ring buffer: `aya::maps::RingBuf`, polled through tokio's `AsyncFd`.
 use std::collections::HashSet;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 use aya::maps::lpm_trie::Key as LpmKey;
@@ -24,11 +24,14 @@ use aya::maps::{Array, HashMap, LpmTrie, MapData, PerCpuArray, RingBuf};
 use aya::programs::{CgroupAttachMode, FExit, Iter, SockOps};
 use aya::{Btf, Ebpf, EbpfLoader, Pod};
 
-use super::{LoaderKind, RawSamples, RingSource, TcpLoader};
 use crate::bpf::tcp::types::{bss, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::{FlowKey, TcpFlow};
-use crate::netns::{self, NetNs};
-use crate::tcp_view::{cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig};
+use crate::sys::netns::{self, NetNs};
+use crate::views::aya::{chain, AyaRing};
+use crate::views::tcp::{
+    cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
+};
+use crate::views::{LoaderKind, RawSamples, TcpLoader};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
@@ -67,9 +70,9 @@ impl AyaTcp {
     /// Load, configure and attach. Fails with one clear sentence.
     pub fn attach(cfg: &TcpViewConfig) -> Result<Self> {
         cfg.validate()?;
-        crate::preflight::require_bpf_caps()?;
-        crate::preflight::require_btf()?;
-        let (cg, cgroup) = crate::preflight::open_cgroup(cfg.cgroup.as_deref())?;
+        crate::sys::preflight::require_bpf_caps()?;
+        crate::sys::preflight::require_btf()?;
+        let (cg, cgroup) = crate::sys::preflight::open_cgroup(cfg.cgroup.as_deref())?;
 
         let btf =
             Btf::from_sys_fs().context("reading the kernel's BTF (/sys/kernel/btf/vmlinux)")?;
@@ -78,7 +81,7 @@ impl AyaTcp {
         let port_on = u32::from(!cfg.ports.is_empty());
         let addr_on = u32::from(!cfg.cidrs.is_empty());
         let raw_on = u32::from(cfg.raw);
-        let hints = crate::tcp_view::hint_entries(max_flows);
+        let hints = crate::views::tcp::hint_entries(max_flows);
         let hint_mask = hints - 1;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
@@ -274,36 +277,6 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
         .with_context(|| format!("the TCP view object has no map `{name}`"))
 }
 
-/// An error and its causes on one line (aya's errors keep the errno and the
-/// verifier log in their sources). Multi-line parts (a verifier log) are cut
-/// to their first line here and logged whole, shown with -v (as libbpf's log).
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
-    while let Some(c) = cur {
-        let cs = c.to_string();
-        if !parts.iter().any(|p| p.contains(&cs)) {
-            parts.push(cs);
-        }
-        cur = c.source();
-    }
-    let full = parts.join(": ");
-    if !full.contains('\n') {
-        return full;
-    }
-    tracing::info!(target: "aya", "{full}");
-    let short: Vec<&str> = parts
-        .iter()
-        .map(|p| {
-            p.lines()
-                .next()
-                .unwrap_or("")
-                .trim_end_matches(['.', ':', ' '])
-        })
-        .collect();
-    format!("{} (details with -v)", short.join(": "))
-}
-
 impl TcpLoader for AyaTcp {
     fn kind(&self) -> LoaderKind {
         LoaderKind::Aya
@@ -377,23 +350,6 @@ impl TcpLoader for AyaTcp {
                 "raw samples were not enabled when the TCP view was loaded, or were already taken"
             ),
         }
-    }
-}
-
-/// A ring buffer loaded by aya (TCP view and sampler).
-pub(super) struct AyaRing(pub(super) RingBuf<MapData>);
-
-impl RingSource for AyaRing {
-    fn poll_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-    fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        let mut n = 0;
-        while let Some(item) = self.0.next() {
-            f(&item);
-            n += 1;
-        }
-        Ok(n)
     }
 }
 

@@ -24,7 +24,7 @@
 //!
 //! Two loaders sit behind [`SamplerView`], chosen by [`LoaderKind`]:
 //! `LibbpfSampler` here (libbpf-rs, tcx or clsact) and
-//! `loader::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
+//! `views::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
 //! pins in a private bpffs directory). Both decode with the shared
 //! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`],
 //! [`read_table`]).
@@ -64,10 +64,10 @@ const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
 const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 /// Largest flow table (entries): 16 GiB of kernel memory at 1 KiB each.
 pub const MAX_TABLE: u32 = 1 << 24;
-use crate::flow::Flow;
-use crate::hist::Hist;
-use crate::loader::LoaderKind;
-use crate::netns::{self, NetNs};
+use crate::analysis::hist::Hist;
+use crate::sys::netns::{self, NetNs};
+use crate::views::flow::Flow;
+use crate::views::LoaderKind;
 
 /// tc filter handle and priority of our clsact filters ("rs").
 pub const CLSACT_HANDLE: u32 = 0x7273;
@@ -583,7 +583,7 @@ pub(crate) fn read_table(
     entries: u32,
     mut f: impl FnMut(&TableEntry),
 ) -> Result<()> {
-    crate::bpf_syscall::lookup_batch(
+    crate::sys::bpf::lookup_batch(
         fd,
         std::mem::size_of::<u32>(),
         std::mem::size_of::<TableEntry>(),
@@ -1029,7 +1029,7 @@ fn load_copy(
 }
 
 /// What every sampler loader provides once the programs are attached
-/// (libbpf-rs: [`LibbpfSampler`]; aya: `loader::aya_sampler::AyaSampler`).
+/// (libbpf-rs: [`LibbpfSampler`]; aya: `views::aya_sampler::AyaSampler`).
 pub(crate) trait SamplerBackend {
     fn config(&self) -> &SamplerConfig;
     fn attach_info(&self) -> &[AttachInfo];
@@ -1063,7 +1063,7 @@ impl SamplerView {
             #[cfg(feature = "libbpf")]
             LoaderKind::Libbpf => Box::new(LibbpfSampler::attach(ifaces, cfg)?),
             #[cfg(feature = "aya")]
-            LoaderKind::Aya => Box::new(crate::loader::aya_sampler::AyaSampler::attach(
+            LoaderKind::Aya => Box::new(crate::views::sampler::aya::AyaSampler::attach(
                 ifaces, cfg,
             )?),
             #[allow(unreachable_patterns)]
@@ -1116,6 +1116,9 @@ impl SamplerView {
         self.inner.raw_samples(timeout)
     }
 }
+
+#[cfg(feature = "aya")]
+pub(crate) mod aya;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,7 @@
+//! Pure code, no privileges: histograms, statistics, cloud bucket layouts,
+//! the result format and units.
+pub mod dist;
+pub mod hist;
+pub mod results;
+pub mod stats;
+pub mod units;

@@ -1,0 +1,4 @@
+//! One driver per subcommand.
+pub mod bucket;
+pub mod compare;
+pub mod observe;

@@ -1,0 +1,3 @@
+//! Where results go: the per-interval table and charts.
+pub mod chart;
+pub mod table;

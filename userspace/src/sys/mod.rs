@@ -1,0 +1,7 @@
+//! The system calls and host facts, each in one place: bpf(2) calls the
+//! loaders lack, entering a network namespace, capabilities, preflight
+//! checks and the monotonic clock.
+pub mod bpf;
+pub mod caps;
+pub mod netns;
+pub mod preflight;
