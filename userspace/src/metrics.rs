@@ -43,7 +43,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::analysis::hist::{self, Hist};
 use crate::views::flow::{Flow, Side};
@@ -896,19 +895,57 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
         .with_context(|| format!("cannot listen for /metrics on {addr}"))
 }
 
-/// Connections served at once; more wait in the kernel's accept queue.
-const MAX_CONNS: usize = 16;
-/// Largest request head accepted.
-const MAX_REQUEST: usize = 8192;
-/// A client must send its request and take the answer within this time.
-const CONN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How the `/metrics` server bounds what clients can hold.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeLimits {
+    /// Connections served at once; more wait in the kernel's accept queue.
+    pub max_conns: usize,
+    /// A client must send its whole request head within this time of
+    /// connecting, or the connection is closed (half-sent and idle
+    /// connections alike).
+    pub header_read_timeout: Duration,
+    /// Everything, including writing the answer to a slow reader, ends
+    /// within this time of accepting the connection.
+    pub conn_timeout: Duration,
+}
 
-/// Serve `/metrics` until the task is dropped. A minimal HTTP/1.1 responder:
-/// GET/HEAD only, one request per connection (Connection: close), bounded
-/// request size, time and concurrency. Enough for Prometheus, curl and
-/// kubelet probes, without an HTTP stack dependency.
+impl ServeLimits {
+    /// The daemon's limits (docs/metrics.md, docs/security.md).
+    pub const DEFAULT: ServeLimits = ServeLimits {
+        max_conns: 256,
+        header_read_timeout: Duration::from_secs(5),
+        conn_timeout: Duration::from_secs(10),
+    };
+}
+
+/// Largest request head accepted (hyper's minimum read buffer): larger is
+/// answered 431.
+const MAX_REQUEST: usize = 8192;
+
+/// Serve `/metrics` until the task is dropped, with [`ServeLimits::DEFAULT`].
 pub async fn serve(listener: tokio::net::TcpListener, handle: MetricsHandle) {
-    let sem = Arc::new(tokio::sync::Semaphore::new(MAX_CONNS));
+    serve_with(listener, handle, ServeLimits::DEFAULT).await
+}
+
+/// Serve `/metrics` with hyper's HTTP/1 server: GET/HEAD only, one request
+/// per connection (Connection: close), a header-read timeout, a bounded
+/// request head, a whole-connection deadline and a cap on connections held
+/// at once. Malformed requests are answered 400 (431 when too large) by
+/// hyper's parser.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    handle: MetricsHandle,
+    limits: ServeLimits,
+) {
+    let sem = Arc::new(tokio::sync::Semaphore::new(limits.max_conns));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(false)
+        .half_close(false)
+        .title_case_headers(true)
+        .max_buf_size(MAX_REQUEST);
+    let http = Arc::new(http);
     loop {
         let Ok(permit) = sem.clone().acquire_owned().await else {
             return;
@@ -922,22 +959,28 @@ pub async fn serve(listener: tokio::net::TcpListener, handle: MetricsHandle) {
             }
         };
         let h = handle.clone();
+        let http = http.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CONN_TIMEOUT, answer(sock, &h)).await;
+            let service = hyper::service::service_fn(move |req| {
+                let res = answer(&req, &h);
+                async move { Ok::<_, std::convert::Infallible>(res) }
+            });
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(sock), service);
+            // Errors (header timeout, parse errors already answered, resets)
+            // only end the connection.
+            let _ = tokio::time::timeout(limits.conn_timeout, conn).await;
             drop(permit);
         });
     }
 }
 
-/// The status, content type and body for a request head.
-pub fn respond(head: &str, handle: Option<&MetricsHandle>) -> (u16, &'static str, String) {
-    let line = head.lines().next().unwrap_or("");
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    if !parts.next().is_some_and(|v| v.starts_with("HTTP/1.")) {
-        return (400, "text/plain; charset=utf-8", "bad request\n".into());
-    }
+/// The status, content type and body for a request's method and path
+/// (hyper has already parsed the request; malformed ones never get here).
+pub fn respond(
+    method: &str,
+    path: &str,
+    handle: Option<&MetricsHandle>,
+) -> (u16, &'static str, String) {
     if method != "GET" && method != "HEAD" {
         return (
             405,
@@ -956,47 +999,25 @@ pub fn respond(head: &str, handle: Option<&MetricsHandle>) -> (u16, &'static str
     }
 }
 
-async fn answer(mut sock: tokio::net::TcpStream, h: &MetricsHandle) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = sock.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            break;
-        }
-        if buf.len() > MAX_REQUEST {
-            let _ = sock
-                .write_all(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                .await;
-            return Ok(());
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let (code, ctype, body) = respond(&head, Some(h));
-    let reason = match code {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        _ => "Method Not Allowed",
-    };
-    let is_head = head.starts_with("HEAD ");
-    let mut out = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+fn answer<B>(req: &hyper::Request<B>, h: &MetricsHandle) -> hyper::Response<Body> {
+    let (code, ctype, body) = respond(req.method().as_str(), req.uri().path(), Some(h));
+    let mut res = hyper::Response::new(Body::new(body.into()));
+    *res.status_mut() =
+        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = res.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(ctype),
     );
     if code == 405 {
-        out.push_str("Allow: GET, HEAD\r\n");
+        headers.insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
     }
-    out.push_str("\r\n");
-    sock.write_all(out.as_bytes()).await?;
-    if !is_head {
-        sock.write_all(body.as_bytes()).await?;
-    }
-    sock.shutdown().await
+    res
 }
 
 /// Daemon mode inside `observe`: the exporter, the `/metrics` server task and
@@ -1470,17 +1491,111 @@ mod tests {
     fn http_responses() {
         let ex = Exporter::new(LabelPolicy::default()).unwrap();
         let h = ex.handle();
-        let (c, t, b) = respond("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", Some(&h));
+        let (c, t, b) = respond("GET", "/metrics", Some(&h));
         assert_eq!((c, t), (200, CONTENT_TYPE));
         assert!(b.contains("# TYPE rttscope_rtt_seconds histogram"), "{b}");
-        assert_eq!(
-            respond("GET /metrics?x=1 HTTP/1.0\r\n\r\n", Some(&h)).0,
-            200
+        assert_eq!(respond("HEAD", "/metrics", Some(&h)).0, 200);
+        assert_eq!(respond("GET", "/", Some(&h)).0, 404);
+        assert_eq!(respond("GET", "/metricsx", Some(&h)).0, 404);
+        assert_eq!(respond("POST", "/metrics", Some(&h)).0, 405);
+    }
+
+    /// Send raw bytes, read until the server closes: (status, head, body).
+    async fn exchange(addr: SocketAddr, req: &[u8]) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("server closes after one answer")
+            .unwrap();
+        let out = String::from_utf8_lossy(&out).to_string();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, head.to_string(), body.to_string())
+    }
+
+    /// The hyper server on loopback: status codes, headers and body as the
+    /// hand-written responder had them; half-sent and idle connections are
+    /// closed at the header-read timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn http_server_on_loopback() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ServeLimits {
+            max_conns: 8,
+            header_read_timeout: Duration::from_millis(400),
+            conn_timeout: Duration::from_secs(5),
+        };
+        let server = tokio::spawn(serve_with(l, ex.handle(), limits));
+
+        let (c, head, body) = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(c, 200, "{head}");
+        assert!(
+            head.contains(&format!("Content-Type: {CONTENT_TYPE}")),
+            "{head}"
         );
-        assert_eq!(respond("GET / HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
-        assert_eq!(respond("GET /metricsx HTTP/1.1\r\n\r\n", Some(&h)).0, 404);
-        assert_eq!(respond("POST /metrics HTTP/1.1\r\n\r\n", Some(&h)).0, 405);
-        assert_eq!(respond("garbage\r\n\r\n", Some(&h)).0, 400);
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        assert!(head.contains("Connection: close"), "{head}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        let (c, head, body) = exchange(addr, b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n").await;
+        assert_eq!(c, 200, "{head}");
+        assert!(body.is_empty(), "HEAD has no body: {body}");
+        let (c, _, body) = exchange(addr, b"GET /metricsx HTTP/1.1\r\n\r\n").await;
+        assert_eq!((c, body.as_str()), (404, "not found: try /metrics\n"));
+        let (c, head, _) =
+            exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
+        assert_eq!(c, 405, "{head}");
+        assert!(head.contains("Allow: GET, HEAD"), "{head}");
+        assert_eq!(exchange(addr, b"garbage\r\n\r\n").await.0, 400);
+        assert_eq!(
+            exchange(addr, b"GET /metrics HTTP/2.0\r\n\r\n").await.0,
+            400
+        );
+        let mut big = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', 3 * MAX_REQUEST));
+        big.extend(b"\r\n\r\n");
+        assert_eq!(exchange(addr, &big).await.0, 431);
+
+        // More half-sent and idle connections than the cap: all are closed
+        // at the header-read timeout, and a scrape after them is answered.
+        let t0 = Instant::now();
+        let mut held = Vec::new();
+        for i in 0..12 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            if i % 3 != 0 {
+                s.write_all(b"GET /metr").await.unwrap();
+            }
+            held.push(s);
+        }
+        for mut s in held {
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut b)).await;
+            assert!(
+                matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+                "held connection not closed: {r:?} after {:?}",
+                t0.elapsed()
+            );
+        }
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_millis(2000),
+            "closed after {took:?}, timeout 400 ms (two rounds: 12 connections, cap 8)"
+        );
+        let (c, _, body) = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert_eq!(c, 200);
+        assert!(body.ends_with("# EOF\n"));
+        server.abort();
     }
 
     #[cfg(feature = "libbpf")]
