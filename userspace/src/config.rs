@@ -1,7 +1,11 @@
 //! The TOML config file of `rttscope observe` (`--config FILE`), an
 //! alternative to flags for daemon mode. Unknown keys are errors; every
-//! impossible value is one clear sentence naming the key. Flags given on the
-//! command line win over the file. `--check-config` validates and exits.
+//! impossible value is one clear sentence naming the key. Options given
+//! explicitly win over the file: on the command line, or through their
+//! environment variable (e.g. `RTTSCOPE_LOADER` for `--loader`); which ones
+//! were given is clap's knowledge ([`Explicit::from_matches`]), handed down by
+//! `main`, never re-read from the process's argv. `--check-config` validates
+//! and exits.
 //!
 //! ```toml
 //! netns = ["web1", "web2"]     # or omit: all namespaces

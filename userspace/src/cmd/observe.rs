@@ -94,7 +94,7 @@ pub struct ObserveArgs {
     #[arg(long, requires = "config")]
     pub check_config: bool,
     /// Serve Prometheus/OpenMetrics /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
-    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::metrics::DEFAULT_LISTEN, value_parser = crate::metrics::parse_listen)]
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::sinks::prometheus::DEFAULT_LISTEN, value_parser = crate::sinks::prometheus::http::parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
     /// Metrics labels: remote IPv4 addresses aggregated to this prefix length (default 24).
     #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
@@ -411,7 +411,7 @@ fn reclaim_closed(
     view: &mut dyn crate::views::TcpLoader,
     tracker: &mut Tracker,
     names: &mut NsNames,
-    mut daemon: Option<&mut crate::metrics::Daemon>,
+    mut daemon: Option<&mut crate::sinks::prometheus::daemon::Daemon>,
     keep_rows: bool,
 ) -> Result<()> {
     let epoch = view.epoch();
@@ -480,7 +480,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         .collect::<Result<_>>()?;
     // daemon mode: bind /metrics before attaching, so a bad address fails early.
     let listener = match args.listen {
-        Some(a) => Some(crate::metrics::bind(a).await?),
+        Some(a) => Some(crate::sinks::prometheus::http::bind(a).await?),
         None => None,
     };
     let mut tcp = if want_tcp {
@@ -519,9 +519,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     };
     // daemon mode: serve /metrics, report hooks, drop capabilities (metrics.rs).
     let mut daemon = match listener {
-        Some(l) => Some(crate::metrics::Daemon::start(
+        Some(l) => Some(crate::sinks::prometheus::daemon::Daemon::start(
             l,
-            &args,
+            crate::config::label_policy(&args)?,
+            args.bpf_stats,
             tcp.as_deref(),
             sampler.as_ref(),
         )?),

@@ -1,3 +1,4 @@
-//! Where results go: the per-interval table and charts.
+//! Where results go: the per-interval table, charts and the Prometheus exporter.
 pub mod chart;
+pub mod prometheus;
 pub mod table;

@@ -1,7 +1,10 @@
-//! The few bpf(2) map commands both loaders need in bulk, on a map fd,
-//! without going through either loader's API: batched lookup (thousands of
-//! entries in a few syscalls; aya 0.14 has no batch API) and an update with
-//! an optional key (a stack or queue map has none).
+//! The bpf(2) calls rttscope makes itself, in one place: the map commands
+//! both loaders need in bulk, on a map fd, without going through either
+//! loader's API (batched lookup: thousands of entries in a few syscalls; aya
+//! 0.14 has no batch API; an update with an optional key: a stack or queue
+//! map has none), and program run-time statistics (BPF_OBJ_GET_INFO_BY_FD,
+//! BPF_ENABLE_STATS) for the exporter.
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -118,4 +121,164 @@ pub fn lookup_batch(
         first = false;
     }
     Ok(())
+}
+
+/// Program run-time statistics source: our own program fds (found through
+/// /proc/self/fdinfo by program id, so no CAP_SYS_ADMIN is needed, unlike
+/// BPF_PROG_GET_FD_BY_ID).
+#[derive(Debug)]
+pub struct ProgStats {
+    progs: Vec<(String, u32, std::os::fd::OwnedFd)>,
+    /// Held open while we enabled run-time statistics ourselves (BPF_ENABLE_STATS).
+    stats_fd: Option<std::os::fd::OwnedFd>,
+}
+
+/// Kernel run-time statistics of one program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProgRun {
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+}
+
+impl ProgStats {
+    /// Find the fds of the programs with these ids among our own open fds.
+    pub fn from_ids(progs: &[(&str, u32)]) -> ProgStats {
+        let mut out = Vec::new();
+        let ids: HashMap<u32, &str> = progs.iter().map(|(n, id)| (*id, *n)).collect();
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fdinfo") {
+            for e in rd.flatten() {
+                let Ok(fd) = e.file_name().to_string_lossy().parse::<i32>() else {
+                    continue;
+                };
+                let Ok(text) = std::fs::read_to_string(e.path()) else {
+                    continue;
+                };
+                let id = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("prog_id:"))
+                    .and_then(|v| v.trim().parse::<u32>().ok());
+                if let Some(id) = id {
+                    if let Some(name) = ids.get(&id) {
+                        if out.iter().any(|(_, i, _)| *i == id) {
+                            continue;
+                        }
+                        // SAFETY: fcntl on an fd number we just listed; the
+                        // duplicate is ours.
+                        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                        if dup >= 0 {
+                            // SAFETY: dup is a fresh fd owned by nobody else.
+                            let owned = unsafe {
+                                <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup)
+                            };
+                            out.push((name.to_string(), id, owned));
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|(_, id, _)| *id);
+        ProgStats {
+            progs: out,
+            stats_fd: None,
+        }
+    }
+
+    /// Programs found, as (name, id).
+    pub fn programs(&self) -> Vec<(String, u32)> {
+        self.progs.iter().map(|(n, i, _)| (n.clone(), *i)).collect()
+    }
+
+    /// Turn on kernel run-time statistics for as long as this lives
+    /// (BPF_ENABLE_STATS: needs CAP_SYS_ADMIN; nothing remains after exit).
+    pub fn enable_kernel_stats(&mut self) -> anyhow::Result<()> {
+        // union bpf_attr for BPF_ENABLE_STATS: { __u32 type } (BPF_STATS_RUN_TIME = 0).
+        let mut attr = [0u64; 2];
+        // SAFETY: bpf(2) with a zeroed attr buffer of the size given.
+        let fd =
+            unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_mut_ptr(), 16usize) }
+                as i32;
+        if fd < 0 {
+            anyhow::bail!(
+                "turning on BPF run-time statistics (BPF_ENABLE_STATS needs CAP_SYS_ADMIN, or set sysctl kernel.bpf_stats_enabled=1): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: fd is fresh and ours.
+        self.stats_fd =
+            Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+        Ok(())
+    }
+
+    /// Whether run-time statistics are being collected now.
+    pub fn kernel_stats_enabled(&self) -> bool {
+        self.stats_fd.is_some()
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .map(|s| s.trim() != "0")
+                .unwrap_or(false)
+    }
+
+    /// Read each program's run_time_ns / run_cnt.
+    pub fn read(&self) -> Vec<(String, u32, ProgRun)> {
+        use std::os::fd::AsRawFd;
+        self.progs
+            .iter()
+            .map(|(n, id, fd)| {
+                let run = prog_run(fd.as_raw_fd()).unwrap_or_default();
+                (n.clone(), *id, run)
+            })
+            .collect()
+    }
+}
+
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_ENABLE_STATS: libc::c_long = 32;
+/// Byte offsets of `run_time_ns` and `run_cnt` in the uapi `struct
+/// bpf_prog_info` (checked against libbpf-sys's binding in a test). Raw bpf(2)
+/// calls instead of libbpf, so that an aya-only build has the figures too.
+const INFO_RUN_TIME_NS: usize = 192;
+const INFO_RUN_CNT: usize = 200;
+
+/// run_time_ns / run_cnt of the program behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
+fn prog_run(fd: i32) -> Option<ProgRun> {
+    // Zeroed and larger than the kernel's struct: the kernel fills what it
+    // knows and checks that the rest is zero.
+    let mut info = [0u64; 64];
+    // union bpf_attr, info: { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
+    let mut attr = [0u64; 2];
+    attr[0] = (fd as u32 as u64) | ((std::mem::size_of_val(&info) as u64) << 32);
+    attr[1] = info.as_mut_ptr() as u64;
+    // SAFETY: bpf(2) with a valid attr and an out-buffer of the size given in it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            attr.as_mut_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    Some(ProgRun {
+        run_time_ns: info[INFO_RUN_TIME_NS / 8],
+        run_cnt: info[INFO_RUN_CNT / 8],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(feature = "libbpf")]
+    #[test]
+    fn prog_info_offsets_match_the_uapi_struct() {
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_time_ns),
+            INFO_RUN_TIME_NS
+        );
+        assert_eq!(
+            std::mem::offset_of!(libbpf_sys::bpf_prog_info, run_cnt),
+            INFO_RUN_CNT
+        );
+        assert!(std::mem::size_of::<libbpf_sys::bpf_prog_info>() <= 64 * 8);
+    }
 }

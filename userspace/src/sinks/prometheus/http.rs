@@ -1,0 +1,283 @@
+//! The `/metrics` HTTP endpoint: hyper's HTTP/1 server with a header-read
+//! timeout, a whole-connection deadline and a cap on connections.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use super::{MetricsHandle, CONTENT_TYPE};
+
+/// Parse a listen address; a bare port means loopback.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(p) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], p)));
+    }
+    s.parse::<SocketAddr>().map_err(|_| {
+        format!("'{s}' is not a listen address: give IP:PORT, e.g. 127.0.0.1:9464 or [::1]:9464")
+    })
+}
+
+/// Bind the `/metrics` listener (before capabilities are dropped).
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for /metrics on {addr}"))
+}
+
+/// How the `/metrics` server bounds what clients can hold.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeLimits {
+    /// Connections served at once; more wait in the kernel's accept queue.
+    pub max_conns: usize,
+    /// A client must send its whole request head within this time of
+    /// connecting, or the connection is closed (half-sent and idle
+    /// connections alike).
+    pub header_read_timeout: Duration,
+    /// Everything, including writing the answer to a slow reader, ends
+    /// within this time of accepting the connection.
+    pub conn_timeout: Duration,
+}
+
+impl ServeLimits {
+    /// The daemon's limits (docs/metrics.md, docs/security.md).
+    pub const DEFAULT: ServeLimits = ServeLimits {
+        max_conns: 256,
+        header_read_timeout: Duration::from_secs(5),
+        conn_timeout: Duration::from_secs(10),
+    };
+}
+
+/// Largest request head accepted (hyper's minimum read buffer): larger is
+/// answered 431.
+const MAX_REQUEST: usize = 8192;
+
+/// Serve `/metrics` until the task is dropped, with [`ServeLimits::DEFAULT`].
+pub async fn serve(listener: tokio::net::TcpListener, handle: MetricsHandle) {
+    serve_with(listener, handle, ServeLimits::DEFAULT).await
+}
+
+/// Serve `/metrics` with hyper's HTTP/1 server: GET/HEAD only, one request
+/// per connection (Connection: close), a header-read timeout, a bounded
+/// request head, a whole-connection deadline and a cap on connections held
+/// at once. Malformed requests are answered 400 (431 when too large) by
+/// hyper's parser.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    handle: MetricsHandle,
+    limits: ServeLimits,
+) {
+    let sem = Arc::new(tokio::sync::Semaphore::new(limits.max_conns));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(false)
+        .half_close(false)
+        .title_case_headers(true)
+        .max_buf_size(MAX_REQUEST);
+    let http = Arc::new(http);
+    loop {
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            return;
+        };
+        let (sock, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("accepting a /metrics connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let h = handle.clone();
+        let http = http.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let res = answer(&req, &h);
+                async move { Ok::<_, std::convert::Infallible>(res) }
+            });
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(sock), service);
+            // Errors (header timeout, parse errors already answered, resets)
+            // only end the connection.
+            let _ = tokio::time::timeout(limits.conn_timeout, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+/// The status, content type and body for a request's method and path
+/// (hyper has already parsed the request; malformed ones never get here).
+pub fn respond(
+    method: &str,
+    path: &str,
+    handle: Option<&MetricsHandle>,
+) -> (u16, &'static str, String) {
+    if method != "GET" && method != "HEAD" {
+        return (
+            405,
+            "text/plain; charset=utf-8",
+            "only GET and HEAD\n".into(),
+        );
+    }
+    match (path, handle) {
+        ("/metrics", Some(h)) => (200, CONTENT_TYPE, h.encode()),
+        ("/metrics", None) => (200, CONTENT_TYPE, "# EOF\n".into()),
+        _ => (
+            404,
+            "text/plain; charset=utf-8",
+            "not found: try /metrics\n".into(),
+        ),
+    }
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+fn answer<B>(req: &hyper::Request<B>, h: &MetricsHandle) -> hyper::Response<Body> {
+    let (code, ctype, body) = respond(req.method().as_str(), req.uri().path(), Some(h));
+    let mut res = hyper::Response::new(Body::new(body.into()));
+    *res.status_mut() =
+        hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = res.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(ctype),
+    );
+    if code == 405 {
+        headers.insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Exporter, LabelPolicy};
+    use super::*;
+    use std::time::Instant;
+    #[test]
+    fn http_responses() {
+        let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let h = ex.handle();
+        let (c, t, b) = respond("GET", "/metrics", Some(&h));
+        assert_eq!((c, t), (200, CONTENT_TYPE));
+        assert!(b.contains("# TYPE rttscope_rtt_seconds histogram"), "{b}");
+        assert_eq!(respond("HEAD", "/metrics", Some(&h)).0, 200);
+        assert_eq!(respond("GET", "/", Some(&h)).0, 404);
+        assert_eq!(respond("GET", "/metricsx", Some(&h)).0, 404);
+        assert_eq!(respond("POST", "/metrics", Some(&h)).0, 405);
+    }
+
+    /// Send raw bytes, read until the server closes: (status, head, body).
+    async fn exchange(addr: SocketAddr, req: &[u8]) -> (u16, String, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(req).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+            .await
+            .expect("server closes after one answer")
+            .unwrap();
+        let out = String::from_utf8_lossy(&out).to_string();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let code = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, head.to_string(), body.to_string())
+    }
+
+    /// The hyper server on loopback: status codes, headers and body as the
+    /// hand-written responder had them; half-sent and idle connections are
+    /// closed at the header-read timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn http_server_on_loopback() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ServeLimits {
+            max_conns: 8,
+            header_read_timeout: Duration::from_millis(400),
+            conn_timeout: Duration::from_secs(5),
+        };
+        let server = tokio::spawn(serve_with(l, ex.handle(), limits));
+
+        let (c, head, body) = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert_eq!(c, 200, "{head}");
+        assert!(
+            head.contains(&format!("Content-Type: {CONTENT_TYPE}")),
+            "{head}"
+        );
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        assert!(head.contains("Connection: close"), "{head}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+        let (c, head, body) = exchange(addr, b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n").await;
+        assert_eq!(c, 200, "{head}");
+        assert!(body.is_empty(), "HEAD has no body: {body}");
+        let (c, _, body) = exchange(addr, b"GET /metricsx HTTP/1.1\r\n\r\n").await;
+        assert_eq!((c, body.as_str()), (404, "not found: try /metrics\n"));
+        let (c, head, _) =
+            exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
+        assert_eq!(c, 405, "{head}");
+        assert!(head.contains("Allow: GET, HEAD"), "{head}");
+        assert_eq!(exchange(addr, b"garbage\r\n\r\n").await.0, 400);
+        assert_eq!(
+            exchange(addr, b"GET /metrics HTTP/2.0\r\n\r\n").await.0,
+            400
+        );
+        let mut big = b"GET /metrics HTTP/1.1\r\nX: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', 3 * MAX_REQUEST));
+        big.extend(b"\r\n\r\n");
+        assert_eq!(exchange(addr, &big).await.0, 431);
+
+        // More half-sent and idle connections than the cap: all are closed
+        // at the header-read timeout, and a scrape after them is answered.
+        let t0 = Instant::now();
+        let mut held = Vec::new();
+        for i in 0..12 {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            if i % 3 != 0 {
+                s.write_all(b"GET /metr").await.unwrap();
+            }
+            held.push(s);
+        }
+        for mut s in held {
+            let mut b = [0u8; 64];
+            let r = tokio::time::timeout(Duration::from_secs(3), s.read(&mut b)).await;
+            assert!(
+                matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+                "held connection not closed: {r:?} after {:?}",
+                t0.elapsed()
+            );
+        }
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(350) && took < Duration::from_millis(2000),
+            "closed after {took:?}, timeout 400 ms (two rounds: 12 connections, cap 8)"
+        );
+        let (c, _, body) = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert_eq!(c, 200);
+        assert!(body.ends_with("# EOF\n"));
+        server.abort();
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen("9464").unwrap(),
+            "127.0.0.1:9464".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:9464").unwrap(),
+            "[::1]:9464".parse().unwrap()
+        );
+        let e = parse_listen("localhost").unwrap_err();
+        assert!(e.contains("not a listen address"), "{e}");
+    }
+}
