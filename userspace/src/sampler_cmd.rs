@@ -11,9 +11,7 @@ use serde_json::{json, Value};
 
 use crate::analysis::hist::{bucket_bounds, Hist};
 use crate::analysis::units::{duration_arg, fmt_ms};
-use crate::views::sampler::{
-    AttachMode, IfaceSpec, Matching, SamplerConfig, SamplerFlowStats, SamplerView,
-};
+use crate::views::sampler::{AttachMode, IfaceSpec, Matching, SamplerConfig, SamplerFlowStats};
 
 #[derive(Debug, Clone, Args)]
 pub struct SampleArgs {
@@ -154,8 +152,19 @@ pub fn run(args: SampleArgs) -> Result<()> {
         anyhow::bail!("--interval must be positive");
     }
     let stop = stop_flag();
+    // The raw-sample stream registers its fd with a tokio reactor.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let _rt = rt.enter();
     let mut view =
-        SamplerView::attach(&args.ifaces, cfg.clone()).context("starting the sampler view")?;
+        crate::views::attach_sampler(crate::views::LoaderKind::DEFAULT, &args.ifaces, cfg.clone())
+            .context("starting the sampler view")?;
+    let mut raw = if args.raw {
+        Some(view.raw_samples()?)
+    } else {
+        None
+    };
     let settings = settings_json(&cfg);
     let attach = serde_json::to_value(view.attach_info())?;
     let progs: Vec<Value> = view
@@ -197,8 +206,14 @@ pub fn run(args: SampleArgs) -> Result<()> {
         let deadline = Instant::now() + wait;
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
             let step = (deadline - Instant::now()).min(Duration::from_millis(100));
-            if args.raw {
-                for s in view.raw_samples(step)? {
+            std::thread::sleep(step);
+            if let Some(r) = raw.as_mut() {
+                let mut evs = Vec::new();
+                r.drain_now(&mut evs)?;
+                for s in evs
+                    .iter()
+                    .filter_map(crate::views::sampler::SamplerSample::from_event)
+                {
                     if args.json {
                         println!("{}", json!({"type": "sampler_sample", "sample": s}));
                     } else {
@@ -210,8 +225,6 @@ pub fn run(args: SampleArgs) -> Result<()> {
                         );
                     }
                 }
-            } else {
-                std::thread::sleep(step);
             }
         }
         let stopping = last || stop.load(Ordering::Relaxed);

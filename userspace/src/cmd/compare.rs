@@ -23,7 +23,7 @@ use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
 use crate::analysis::units::{duration_arg, fmt_duration_short, fmt_ms};
 use crate::views::flow::{Flow, Side};
-use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
+use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
 use crate::views::tcp::TcpViewConfig;
 use crate::views::{self, LoaderKind};
 
@@ -153,7 +153,11 @@ async fn compare(args: CompareArgs) -> Result<()> {
             ..Default::default()
         };
         cfg.validate()?;
-        Some(SamplerView::attach_with(args.loader, &args.ifaces, cfg)?)
+        Some(crate::views::attach_sampler(
+            args.loader,
+            &args.ifaces,
+            cfg,
+        )?)
     };
     let start_mono = crate::cmd::observe::monotonic_ns();
     let start_unix = std::time::SystemTime::now()
@@ -165,6 +169,12 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let mut tcp_raw = tcp.raw_samples()?;
     let mut tcp_events: Vec<crate::bpf::Event> = Vec::new();
     let mut tcp_samples: Vec<TcpSample> = Vec::new();
+    // The sampler's, the same way.
+    let mut sampler_raw = match sampler.as_mut() {
+        Some(s) => Some(s.raw_samples()?),
+        None => None,
+    };
+    let mut sampler_events: Vec<crate::bpf::Event> = Vec::new();
     let take_tcp = |evs: &mut Vec<crate::bpf::Event>, out: &mut Vec<TcpSample>| {
         for ev in evs.drain(..) {
             if ev.r#type == 1 {
@@ -176,6 +186,18 @@ async fn compare(args: CompareArgs) -> Result<()> {
         }
     };
     let mut sampler_samples: Vec<(Flow, f64, f64)> = Vec::new();
+    let take_sampler = |evs: &mut Vec<crate::bpf::Event>, out: &mut Vec<(Flow, f64, f64)>| {
+        for x in evs
+            .drain(..)
+            .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
+        {
+            out.push((
+                x.flow,
+                (x.ts_ns as i64 - start_mono as i64) as f64 / 1e9,
+                x.rtt_us as f64,
+            ));
+        }
+    };
 
     // The probes, concurrently, over the same window.
     let (cancel_tx, cancel_rx) = crate::active::cancel_pair();
@@ -227,10 +249,9 @@ async fn compare(args: CompareArgs) -> Result<()> {
             _ = poll.tick() => {
                 tcp_raw.drain_now(&mut tcp_events)?;
                 take_tcp(&mut tcp_events, &mut tcp_samples);
-                if let Some(s) = sampler.as_mut() {
-                    for x in s.raw_samples(Duration::ZERO)? {
-                        sampler_samples.push((x.flow, (x.ts_ns as i64 - start_mono as i64) as f64 / 1e9, x.rtt_us as f64));
-                    }
+                if let Some(r) = sampler_raw.as_mut() {
+                    r.drain_now(&mut sampler_events)?;
+                    take_sampler(&mut sampler_events, &mut sampler_samples);
                 }
             }
             _ = tokio::signal::ctrl_c() => { let _ = cancel_tx.send(true); irtt_stop.store(true, std::sync::atomic::Ordering::Relaxed); }
@@ -241,17 +262,12 @@ async fn compare(args: CompareArgs) -> Result<()> {
     tokio::time::sleep(Duration::from_millis(100)).await;
     tcp_raw.drain_now(&mut tcp_events)?;
     take_tcp(&mut tcp_events, &mut tcp_samples);
-    if let Some(s) = sampler.as_mut() {
-        for x in s.raw_samples(Duration::from_millis(10))? {
-            sampler_samples.push((
-                x.flow,
-                (x.ts_ns as i64 - start_mono as i64) as f64 / 1e9,
-                x.rtt_us as f64,
-            ));
-        }
+    if let Some(r) = sampler_raw.as_mut() {
+        r.drain_now(&mut sampler_events)?;
+        take_sampler(&mut sampler_events, &mut sampler_samples);
     }
 
-    let tcp_counters = tcp.counters();
+    let tcp_counters = tcp.counters()?;
     let sampler_counters = match &sampler {
         Some(s) => Some(s.counters()?),
         None => None,

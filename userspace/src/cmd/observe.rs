@@ -408,7 +408,7 @@ impl Tracker {
 /// flows now, keeping their rows (and exporting their samples in daemon
 /// mode) for the interval's report.
 fn reclaim_closed(
-    view: &mut dyn crate::views::TcpLoader,
+    view: &mut dyn crate::views::tcp::TcpView,
     tracker: &mut Tracker,
     names: &mut NsNames,
     mut daemon: Option<&mut crate::sinks::prometheus::daemon::Daemon>,
@@ -509,7 +509,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         crate::sys::preflight::require_bpf_caps()?;
         let cfg = args.sampler_config();
         cfg.validate()?;
-        Some(crate::views::sampler::SamplerView::attach_with(
+        Some(crate::views::attach_sampler(
             args.loader,
             &args.ifaces,
             cfg,
@@ -524,7 +524,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             crate::config::label_policy(&args)?,
             args.bpf_stats,
             tcp.as_deref(),
-            sampler.as_ref(),
+            sampler.as_deref(),
         )?),
         None => None,
     };
@@ -619,15 +619,18 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         out.flush()?;
     }
 
-    // Raw samples of the TCP view: the loader's ring buffer, driven by tokio (AsyncFd).
+    // Raw samples of each view: its loader's ring buffer, driven by tokio (AsyncFd).
     let raw_lines: std::rc::Rc<std::cell::RefCell<Vec<String>>> = Default::default();
     let mut tcp_raw = match (tcp.as_mut(), args.raw) {
         (Some(v), true) => Some(v.raw_samples()?),
         _ => None,
     };
     let mut raw_events: Vec<crate::bpf::Event> = Vec::new();
-    // The sampler's raw samples are polled (its ring buffer lives inside the view).
-    let mut raw_poll = tokio::time::interval(Duration::from_millis(100));
+    let mut sampler_raw = match (sampler.as_mut(), args.raw) {
+        (Some(s), true) => Some(s.raw_samples()?),
+        _ => None,
+    };
+    let mut sampler_events: Vec<crate::bpf::Event> = Vec::new();
 
     let mut tracker = Tracker::default();
     let mut sampler_prev: HashMap<Flow, Snapshot> = HashMap::new();
@@ -665,11 +668,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 None => std::future::pending().await,
             }
         };
-        let sampler_raw = async {
-            if args.raw && sampler.is_some() {
-                raw_poll.tick().await;
-            } else {
-                std::future::pending::<()>().await;
+        let sampler_rb_ready = async {
+            match sampler_raw.as_mut() {
+                Some(r) => r.next_batch(&mut sampler_events).await,
+                None => std::future::pending().await,
             }
         };
         let stop = tokio::select! {
@@ -680,10 +682,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 flush_raw(&raw_lines, &stdout)?;
                 continue;
             }
-            _ = sampler_raw => {
-                if let Some(s) = sampler.as_mut() {
-                    sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
-                }
+            r = sampler_rb_ready => {
+                r?;
+                sampler_raw_lines(&mut sampler_events, start_mono, args.format, &raw_lines);
                 flush_raw(&raw_lines, &stdout)?;
                 continue;
             }
@@ -710,10 +711,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             r.drain_now(&mut raw_events)?;
             tcp_raw_lines(&mut raw_events, start_mono, args.format, &raw_lines);
         }
-        if args.raw {
-            if let Some(s) = sampler.as_mut() {
-                sampler_raw_lines(s, start_mono, args.format, &raw_lines)?;
-            }
+        if let Some(r) = sampler_raw.as_mut() {
+            r.drain_now(&mut sampler_events)?;
+            sampler_raw_lines(&mut sampler_events, start_mono, args.format, &raw_lines);
         }
         flush_raw(&raw_lines, &stdout)?;
         if stop && last_tick.elapsed() < args.interval / 10 {
@@ -771,7 +771,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
                 tracker.forget(&flow);
                 tracker.evicted += 1;
             }
-            let mut tc = view.counters();
+            let mut tc = view.counters()?;
             tc.insert("flows_vanished", tracker.vanished);
             tc.insert("flows_evicted", tracker.evicted);
             tc.insert("flows_closed_reported", tracker.closed_reported);
@@ -937,7 +937,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     }
     let mut counters = BTreeMap::new();
     if let Some(v) = &tcp {
-        counters.insert("tcp", v.counters());
+        counters.insert("tcp", v.counters()?);
     }
     if let Some(s) = &sampler {
         counters.insert("sampler", s.counters()?);
@@ -974,12 +974,15 @@ async fn observe(args: ObserveArgs) -> Result<()> {
 }
 
 fn sampler_raw_lines(
-    s: &mut crate::views::sampler::SamplerView,
+    events: &mut Vec<crate::bpf::Event>,
     start_mono: u64,
     fmt: Format,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
-) -> Result<()> {
-    for smp in s.raw_samples(Duration::ZERO)? {
+) {
+    for smp in events
+        .drain(..)
+        .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
+    {
         let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
         let line = match fmt {
             Format::Json => json!({
@@ -992,7 +995,6 @@ fn sampler_raw_lines(
         };
         lines.borrow_mut().push(line);
     }
-    Ok(())
 }
 
 /// Non-empty histogram buckets as [lower_us, upper_us, count].

@@ -29,8 +29,8 @@ impl Daemon {
         listener: tokio::net::TcpListener,
         policy: LabelPolicy,
         bpf_stats: bool,
-        tcp: Option<&dyn crate::views::TcpLoader>,
-        sampler: Option<&crate::views::sampler::SamplerView>,
+        tcp: Option<&dyn crate::views::tcp::TcpView>,
+        sampler: Option<&dyn crate::views::sampler::SamplerView>,
     ) -> Result<Daemon> {
         let exporter = Exporter::new(policy)?;
         let mut ids: Vec<(String, u32)> = Vec::new();

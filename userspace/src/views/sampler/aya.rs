@@ -26,15 +26,12 @@
 //!   they need netlink calls inside the namespace on drop and a stale-filter
 //!   cleanup, which the libbpf loader has; aya refuses them in one sentence;
 //! - reading and decoding (flow table, counters, raw samples) is shared
-//!   with the libbpf loader: `sampler::{table_flows, derived_counters,
-//!   queue_raw}` (the table is read with a raw `BPF_MAP_LOOKUP_BATCH` on
-//!   the map's fd).
-use std::collections::{BTreeMap, VecDeque};
+//!   with the libbpf loader: `sampler::{table_flows, derived_counters}` (the
+//!   table is read with a raw `BPF_MAP_LOOKUP_BATCH` on the map's fd) and
+//!   the views' common raw-sample stream.
+use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use aya::maps::{Array, Map, MapData, PerCpuArray, RingBuf};
@@ -44,11 +41,11 @@ use aya::{Btf, Ebpf, EbpfLoader};
 
 use crate::views::aya::{chain, AyaRing};
 use crate::views::sampler::{
-    attach_info, derived_counters, hash_seed, queue_raw, resolve_ifaces, table_flows, AttachInfo,
-    AttachMode, IfaceSpec, ResolvedIface, SamplerBackend, SamplerConfig, SamplerFlowStats,
-    SamplerSample, COUNTERS, PROG_EGRESS, PROG_INGRESS, SHARED_MAPS,
+    attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
+    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
+    PROG_INGRESS, SHARED_MAPS,
 };
-use crate::views::RingSource;
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 /// The compiled sampler (the very object the libbpf skeleton embeds).
 static SAMPLER_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
@@ -62,7 +59,7 @@ struct PinDir(PathBuf);
 
 impl PinDir {
     fn create() -> Result<PinDir> {
-        static N: AtomicU64 = AtomicU64::new(0);
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -107,8 +104,6 @@ pub(crate) struct AyaSampler {
     counters: PerCpuArray<MapData, u64>,
     epoch_map: Array<MapData, u32>,
     ring: Option<AyaRing>,
-    raw_queue: Mutex<VecDeque<SamplerSample>>,
-    raw_user_drops: AtomicU64,
     epoch: u32,
     prog_ids: Vec<(String, u32)>,
     // last: dropping a copy closes its tcx links (detach) and unloads it
@@ -235,23 +230,10 @@ impl AyaSampler {
             counters,
             epoch_map,
             ring,
-            raw_queue: Mutex::new(VecDeque::new()),
-            raw_user_drops: AtomicU64::new(0),
             epoch: 0,
             prog_ids,
             copies,
         })
-    }
-
-    /// Move every record now in the ring buffer to the queue.
-    fn drain_ring(&mut self) -> Result<()> {
-        if let Some(r) = &mut self.ring {
-            let (q, d) = (&self.raw_queue, &self.raw_user_drops);
-            r.drain(&mut |data| {
-                queue_raw(q, d, data);
-            })?;
-        }
-        Ok(())
     }
 }
 
@@ -326,26 +308,17 @@ fn tcx_attach_in(
     })
 }
 
-impl SamplerBackend for AyaSampler {
-    fn config(&self) -> &SamplerConfig {
-        &self.cfg
+impl PassiveView for AyaSampler {
+    fn view(&self) -> ViewKind {
+        ViewKind::Sampler
     }
 
-    fn attach_info(&self) -> &[AttachInfo] {
-        &self.info
+    fn loader(&self) -> LoaderKind {
+        LoaderKind::Aya
     }
 
     fn prog_ids(&self) -> Vec<(String, u32)> {
         self.prog_ids.clone()
-    }
-
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
-        self.epoch = self.epoch.wrapping_add(1);
-        self.epoch_map
-            .set(0, self.epoch, 0)
-            .map_err(|e| err("writing the sampler's report epoch", e))?;
-        Ok(out)
     }
 
     fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
@@ -357,42 +330,36 @@ impl SamplerBackend for AyaSampler {
                 .map_err(|e| err(&format!("reading sampler counter {name}"), e))?;
             out.insert(*name, v.iter().sum());
         }
-        derived_counters(
-            &mut out,
-            self.raw_user_drops
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
+        derived_counters(&mut out);
         Ok(out)
     }
 
-    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
-        self.drain_ring()?;
-        let empty = self
-            .raw_queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
-        if empty && !timeout.is_zero() {
-            if let Some(r) = &self.ring {
-                let mut pfd = libc::pollfd {
-                    fd: r.poll_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-                // SAFETY: one valid pollfd for the duration of the call.
-                let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-                if rc < 0 {
-                    let e = std::io::Error::last_os_error();
-                    if e.kind() != std::io::ErrorKind::Interrupted {
-                        return Err(e).context("polling the sampler ring buffer");
-                    }
-                }
-                self.drain_ring()?;
-            }
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        match self.ring.take() {
+            Some(r) => RawSamples::new(Box::new(r)),
+            None => bail!(
+                "raw samples were not enabled when the sampler was loaded, or were already taken"
+            ),
         }
-        let mut q = self.raw_queue.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(q.drain(..).collect())
+    }
+}
+
+impl SamplerView for AyaSampler {
+    fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    fn attach_info(&self) -> &[AttachInfo] {
+        &self.info
+    }
+
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
+        self.epoch = self.epoch.wrapping_add(1);
+        self.epoch_map
+            .set(0, self.epoch, 0)
+            .map_err(|e| err("writing the sampler's report epoch", e))?;
+        Ok(out)
     }
 }
 

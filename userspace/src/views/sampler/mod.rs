@@ -22,12 +22,13 @@
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
 //!
-//! Two loaders sit behind [`SamplerView`], chosen by [`LoaderKind`]:
-//! `LibbpfSampler` here (libbpf-rs, tcx or clsact) and
-//! `views::aya_sampler::AyaSampler` (aya, tcx only; maps shared through
-//! pins in a private bpffs directory). Both decode with the shared
-//! functions below ([`flow_stats`], [`derived_counters`], [`queue_raw`],
-//! [`read_table`]).
+//! Two loaders implement [`SamplerView`], chosen by `LoaderKind`:
+//! `libbpf.rs` (libbpf-rs, tcx or clsact, attached by `tc.rs`) and `aya.rs`
+//! (aya, tcx only; maps shared through pins in a private bpffs directory).
+//! Both decode with the shared functions below ([`flow_stats`],
+//! [`derived_counters`], [`read_table`]); raw samples are the views'
+//! common [`crate::views::RawSamples`] stream of `bpf::Event`s, turned into
+//! [`SamplerSample`]s with [`SamplerSample::from_event`].
 //!
 //! Flow table. `sampler_table` is a BPF array of [`SamplerConfig::table_entries`]
 //! entries, set-associative (`RTTSCOPE_SAMPLER_WAYS` ways per set): the
@@ -37,20 +38,16 @@
 // The aya-only build keeps everything but the libbpf loader.
 #![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-#[cfg(feature = "libbpf")]
-use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder, RingBuffer};
 use serde::{Deserialize, Serialize};
 
-use crate::bpf::{self, sampler::types as t, Event, FlowKey, SamplerFlow, SamplerRodata};
+use crate::bpf::{self, sampler::types as t, Event, FlowKey, SamplerFlow};
 
 /// One way of the flow table (`struct rttscope_sampler_entry`).
 pub(crate) type TableEntry = t::rttscope_sampler_entry;
@@ -67,7 +64,7 @@ pub const MAX_TABLE: u32 = 1 << 24;
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
 use crate::views::flow::Flow;
-use crate::views::LoaderKind;
+use crate::views::PassiveView;
 
 /// tc filter handle and priority of our clsact filters ("rs").
 pub const CLSACT_HANDLE: u32 = 0x7273;
@@ -83,7 +80,6 @@ pub(crate) const SHARED_MAPS: [&str; 4] = [
     "sampler_events",
 ];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
-const RAW_QUEUE_MAX: usize = 1 << 16;
 const ARPHRD_ETHER: u16 = 1;
 const ARPHRD_LOOPBACK: u16 = 772;
 const ARPHRD_NONE: u16 = 0xfffe;
@@ -355,74 +351,6 @@ pub const COUNTERS: &[(&str, C)] = &[
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
 
-#[cfg(feature = "libbpf")]
-enum Attached {
-    /// A tcx link: closing the fd detaches it.
-    Tcx(#[allow(dead_code)] OwnedFd),
-    /// A clsact filter: removed explicitly on drop.
-    Clsact {
-        ns: NetNs,
-        ifindex: u32,
-        egress: bool,
-        /// We created the clsact qdisc: remove it after our filters.
-        created_qdisc: bool,
-    },
-}
-
-#[cfg(feature = "libbpf")]
-/// Our attachments; dropping them detaches (also on an error half-way
-/// through `attach`, so a failed start leaves no clsact filter behind).
-#[derive(Default)]
-struct Attachments(Vec<Attached>);
-
-#[cfg(feature = "libbpf")]
-impl Drop for Attachments {
-    fn drop(&mut self) {
-        let mut qdiscs = Vec::new();
-        for a in self.0.drain(..) {
-            if let Attached::Clsact {
-                ns,
-                ifindex,
-                egress,
-                created_qdisc,
-            } = a
-            {
-                let ns2 = ns.clone();
-                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
-                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
-                }
-                if created_qdisc {
-                    qdiscs.push((ns, ifindex));
-                }
-            }
-            // tcx: the link fd closes here
-        }
-        for (ns, ifindex) in qdiscs {
-            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
-                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
-            }
-        }
-    }
-}
-
-#[cfg(feature = "libbpf")]
-/// The sampler view loaded by libbpf-rs.
-pub(crate) struct LibbpfSampler {
-    cfg: SamplerConfig,
-    #[allow(dead_code)] // held for its Drop: detaches
-    attached: Attachments,
-    info: Vec<AttachInfo>,
-    ring: Option<RingBuffer<'static>>,
-    raw_queue: Arc<Mutex<VecDeque<SamplerSample>>>,
-    raw_user_drops: Arc<AtomicU64>,
-    table: MapHandle,
-    counters: MapHandle,
-    epoch_map: MapHandle,
-    epoch: u32,
-    // the objects last: their programs must outlive the attachments above
-    objects: Vec<Object>,
-}
-
 pub(crate) struct IfaceMeta {
     pub ifindex: u32,
     pub arphrd: u16,
@@ -564,13 +492,12 @@ pub(crate) fn flow_stats(
 /// re-keyed (each eviction counted by the kernel), so live entries are
 /// created - evicted: `pending_live` (entries in use), `flows_live` (of
 /// those, entries with a histogram).
-pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>, raw_user_drops: u64) {
+pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>) {
     let get = |k: &str| out.get(k).copied().unwrap_or(0);
     let flows_live = get("flows_created").saturating_sub(get("flows_evicted"));
     let pending_live = get("pending_created").saturating_sub(get("pending_evicted"));
     out.insert("flows_live", flows_live);
     out.insert("pending_live", pending_live);
-    out.insert("raw_user_drops", raw_user_drops);
 }
 
 /// Read the whole flow table (an array, `entries` long) with
@@ -644,481 +571,24 @@ pub(crate) fn hash_seed() -> u64 {
     u64::from_ne_bytes(b)
 }
 
-/// Decode one ring-buffer record and queue it (both loaders); beyond
-/// `RAW_QUEUE_MAX` waiting samples it is counted in `drops` and dropped.
-/// Returns false if the record is not a sampler event.
-pub(crate) fn queue_raw(
-    q: &Mutex<VecDeque<SamplerSample>>,
-    drops: &AtomicU64,
-    data: &[u8],
-) -> bool {
-    let Some(s) = bpf::decode::<Event>(data)
-        .ok()
-        .and_then(|e| SamplerSample::from_event(&e))
-    else {
-        return false;
-    };
-    let mut q = q.lock().unwrap_or_else(|p| p.into_inner());
-    if q.len() >= RAW_QUEUE_MAX {
-        drops.fetch_add(1, Ordering::Relaxed);
-    } else {
-        q.push_back(s);
-    }
-    true
-}
-
-#[cfg(feature = "libbpf")]
-fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
-    let at = if egress {
-        libbpf_rs::libbpf_sys::BPF_TCX_EGRESS
-    } else {
-        libbpf_rs::libbpf_sys::BPF_TCX_INGRESS
-    };
-    // SAFETY: plain syscall wrapper; NULL opts = append after existing programs.
-    let fd = unsafe {
-        libbpf_rs::libbpf_sys::bpf_link_create(prog_fd, ifindex as i32, at, std::ptr::null())
-    };
-    if fd < 0 {
-        return Err(std::io::Error::from_raw_os_error(-fd).into());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-#[cfg(feature = "libbpf")]
-fn clsact_hook(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> libbpf_rs::TcHook {
-    let mut b = libbpf_rs::TcHookBuilder::new(prog_fd);
-    b.ifindex(ifindex as i32)
-        .replace(true)
-        .handle(CLSACT_HANDLE)
-        .priority(CLSACT_PRIORITY);
-    b.hook(if egress {
-        libbpf_rs::TC_EGRESS
-    } else {
-        libbpf_rs::TC_INGRESS
-    })
-}
-
-#[cfg(feature = "libbpf")]
-/// Name of a loaded program, by id.
-fn prog_name(id: u32) -> Option<String> {
-    libbpf_rs::query::ProgInfoIter::default()
-        .find(|p| p.id == id)
-        .map(|p| p.name.to_string_lossy().into_owned())
-}
-
-#[cfg(feature = "libbpf")]
-/// Remove a clsact filter of ours (handle/priority, program name rttscope_sm_*)
-/// left by an earlier run on this hook. Runs inside the interface's namespace.
-fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<bool> {
-    let mut hook = clsact_hook(prog_fd, ifindex, egress);
-    let Ok(id) = hook.query() else {
-        return Ok(false); // no clsact qdisc, or no filter at our handle
-    };
-    match prog_name(id) {
-        Some(n) if n.starts_with("rttscope_sm") => {
-            hook.detach().context("removing a stale rttscope clsact filter")?;
-            Ok(true)
-        }
-        Some(n) => bail!(
-            "a foreign tc filter ({n}) sits at our handle {CLSACT_HANDLE:#x} priority {CLSACT_PRIORITY:#x}"
-        ),
-        None => Ok(false),
-    }
-}
-
-#[cfg(feature = "libbpf")]
-fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
-    libbpf_rs::libbpf_sys::bpf_tc_hook {
-        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_tc_hook>() as _,
-        ifindex: ifindex as i32,
-        attach_point: libbpf_rs::libbpf_sys::BPF_TC_INGRESS | libbpf_rs::libbpf_sys::BPF_TC_EGRESS,
-        ..Default::default()
-    }
-}
-
-#[cfg(feature = "libbpf")]
-/// Create the clsact qdisc if missing; true if we created it.
-fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
-    let mut h = qdisc_hook(ifindex);
-    // SAFETY: a valid, fully initialised hook description.
-    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_create(&mut h) };
-    match -r {
-        0 => Ok(true),
-        libc::EEXIST => Ok(false),
-        e => Err(std::io::Error::from_raw_os_error(e)).context("creating the clsact qdisc"),
-    }
-}
-
-#[cfg(feature = "libbpf")]
-/// Remove the clsact qdisc we created (with it, any filter left on it).
-fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
-    let mut h = qdisc_hook(ifindex);
-    // SAFETY: as above.
-    let r = unsafe { libbpf_rs::libbpf_sys::bpf_tc_hook_destroy(&mut h) };
-    if r != 0 && -r != libc::ENOENT && -r != libc::EINVAL {
-        return Err(std::io::Error::from_raw_os_error(-r)).context("removing the clsact qdisc");
-    }
-    Ok(())
-}
-
-#[cfg(feature = "libbpf")]
-/// Returns true if this call created the clsact qdisc.
-fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
-    // SAFETY: prog_fd belongs to a loaded Object that outlives this call.
-    let fd = unsafe { BorrowedFd::borrow_raw(prog_fd) };
-    if clsact_cleanup(fd, ifindex, egress)? {
-        tracing::info!("removed a stale rttscope clsact filter (ifindex {ifindex})");
-    }
-    let created = clsact_qdisc_create(ifindex)?;
-    let mut hook = clsact_hook(fd, ifindex, egress);
-    hook.attach().context("attaching the clsact filter")?;
-    Ok(created)
-}
-
-#[cfg(feature = "libbpf")]
-fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
-    // the fd is not used by detach (handle/priority identify the filter)
-    let devnull = std::fs::File::open("/dev/null")?;
-    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress);
-    hook.detach().map_err(anyhow::Error::from)
-}
-
-#[cfg(feature = "libbpf")]
-fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
-    let m = obj
-        .maps()
-        .find(|m| m.name() == name)
-        .with_context(|| format!("map {name} missing from the sampler object"))?;
-    MapHandle::try_from(&m).with_context(|| format!("duplicating map {name}"))
-}
-
-#[cfg(feature = "libbpf")]
-impl LibbpfSampler {
-    /// Load one copy of the programs per interface and attach them at
-    /// ingress and egress.
-    fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<LibbpfSampler> {
-        let resolved = resolve_ifaces(ifaces, &cfg)?;
-        let mut objects: Vec<Object> = Vec::new();
-        let mut attached = Attachments::default();
-        let mut info = Vec::new();
-        let mut shared: Option<Vec<(String, MapHandle)>> = None;
-        let mut view_maps = None;
-        let seed = hash_seed();
-        for ResolvedIface {
-            spec,
-            ns,
-            meta,
-            link,
-        } in resolved
-        {
-            let obj = load_copy(&cfg, seed, ns.inode, meta.ifindex, link.0, shared.as_ref())
-                .with_context(|| format!("loading the sampler programs for {spec}"))?;
-            if shared.is_none() {
-                let mut v = Vec::new();
-                for n in SHARED_MAPS {
-                    v.push((n.to_string(), map_handle(&obj, n)?));
-                }
-                view_maps = Some((
-                    map_handle(&obj, "sampler_table")?,
-                    map_handle(&obj, "sampler_counters")?,
-                    map_handle(&obj, "sampler_epoch")?,
-                    map_handle(&obj, "sampler_events")?,
-                ));
-                shared = Some(v);
-            }
-            let mut how = None;
-            for egress in [true, false] {
-                let pname = if egress { PROG_EGRESS } else { PROG_INGRESS };
-                let prog = obj
-                    .progs()
-                    .find(|p| p.name() == pname)
-                    .with_context(|| format!("program {pname} missing"))?;
-                let prog_fd = prog.as_fd().as_raw_fd();
-                let ifindex = meta.ifindex;
-                let mode = cfg.attach;
-                let tcx = if mode != AttachMode::Clsact {
-                    match netns::run_in(&ns, move || tcx_attach(prog_fd, ifindex, egress)) {
-                        Ok(fd) => Some(fd),
-                        Err(e) if mode == AttachMode::Auto => {
-                            tracing::info!("tcx attach on {spec} failed ({e:#}); using clsact");
-                            None
-                        }
-                        Err(e) => return Err(e.context(format!("attaching a tcx link to {spec}"))),
-                    }
-                } else {
-                    None
-                };
-                match tcx {
-                    Some(fd) => {
-                        attached.0.push(Attached::Tcx(fd));
-                        how = Some("tcx");
-                    }
-                    None => {
-                        let created =
-                            netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
-                                .with_context(|| format!("attaching a clsact filter to {spec}"))?;
-                        attached.0.push(Attached::Clsact {
-                            ns: ns.clone(),
-                            ifindex,
-                            egress,
-                            created_qdisc: created,
-                        });
-                        // mixed only if tcx worked one way and not the other
-                        how = Some(if how == Some("tcx") {
-                            "tcx+clsact"
-                        } else {
-                            "clsact"
-                        });
-                    }
-                }
-            }
-            info.push(attach_info(
-                &spec,
-                &ns,
-                meta.ifindex,
-                how.unwrap_or("?"),
-                link,
-            ));
-            objects.push(obj);
-        }
-        let (table, counters, epoch_map, events) = view_maps.context("no sampler object loaded")?;
-        let raw_queue = Arc::new(Mutex::new(VecDeque::new()));
-        let raw_user_drops = Arc::new(AtomicU64::new(0));
-        let ring = if cfg.raw {
-            let q = raw_queue.clone();
-            let drops = raw_user_drops.clone();
-            let mut b = libbpf_rs::RingBufferBuilder::new();
-            b.add(&events, move |data: &[u8]| {
-                queue_raw(&q, &drops, data);
-                0
-            })?;
-            Some(b.build().context("ring buffer")?)
-        } else {
-            None
-        };
-        // `events` may be dropped: the ring buffer holds its own mapping and fd
-        drop(events);
-        drop(shared);
-        Ok(LibbpfSampler {
-            cfg,
-            attached,
-            info,
-            ring,
-            raw_queue,
-            raw_user_drops,
-            table,
-            counters,
-            epoch_map,
-            epoch: 0,
-            objects,
-        })
-    }
-}
-
-#[cfg(feature = "libbpf")]
-impl SamplerBackend for LibbpfSampler {
-    fn config(&self) -> &SamplerConfig {
-        &self.cfg
-    }
-
-    fn attach_info(&self) -> &[AttachInfo] {
-        &self.info
-    }
-
-    fn prog_ids(&self) -> Vec<(String, u32)> {
-        let mut out = Vec::new();
-        for o in &self.objects {
-            for p in o.progs() {
-                if let Ok(id) = libbpf_rs::Program::id_from_fd(p.as_fd()) {
-                    out.push((p.name().to_string_lossy().into_owned(), id));
-                }
-            }
-        }
-        out
-    }
-
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(self.table.as_fd(), &self.cfg, &self.info, self.epoch)?;
-        self.epoch = self.epoch.wrapping_add(1);
-        self.epoch_map.update(
-            &0u32.to_ne_bytes(),
-            &self.epoch.to_ne_bytes(),
-            MapFlags::ANY,
-        )?;
-        Ok(out)
-    }
-
-    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
-        let mut out = BTreeMap::new();
-        for (name, idx) in COUNTERS {
-            let vals = self
-                .counters
-                .lookup_percpu(&idx.0.to_ne_bytes(), MapFlags::ANY)?
-                .unwrap_or_default();
-            let sum: u64 = vals
-                .iter()
-                .map(|b| u64::from_ne_bytes(b[..8].try_into().unwrap_or([0; 8])))
-                .sum();
-            out.insert(*name, sum);
-        }
-        derived_counters(&mut out, self.raw_user_drops.load(Ordering::Relaxed));
-        Ok(out)
-    }
-
-    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
-        if let Some(r) = &self.ring {
-            r.poll(timeout).context("polling the sampler ring buffer")?;
-        }
-        let mut q = self.raw_queue.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(q.drain(..).collect())
-    }
-}
-
-#[cfg(feature = "libbpf")]
-/// Open one copy of the object, configure it, reuse the shared maps, load.
-fn load_copy(
-    cfg: &SamplerConfig,
-    seed: u64,
-    netns_inode: u32,
-    ifindex: u32,
-    link: u32,
-    shared: Option<&Vec<(String, MapHandle)>>,
-) -> Result<Object> {
-    let mut open = ObjectBuilder::default()
-        .open_memory(bpf::sampler::OBJECT)
-        .context("opening the sampler object")?;
-    for mut m in open.maps_mut() {
-        let name = m.name().to_string_lossy().into_owned();
-        if name.ends_with(".rodata") {
-            let bytes = m
-                .initial_value_mut()
-                .context("sampler .rodata not mapped")?;
-            let ro: &mut SamplerRodata = plain::from_mut_bytes(bytes)
-                .map_err(|e| anyhow::anyhow!("sampler .rodata layout: {e:?}"))?;
-            ro.cfg_netns = netns_inode;
-            ro.cfg_ifindex = ifindex;
-            ro.cfg_link = link;
-            ro.cfg_sample_threshold = cfg.threshold();
-            ro.cfg_match = cfg.matching.raw();
-            ro.cfg_raw = cfg.raw as u32;
-            ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
-            ro.cfg_set_mask = cfg.set_mask();
-            ro.cfg_hash_seed = seed;
-            continue;
-        }
-        if let Some(sh) = shared {
-            if let Some((_, h)) = sh.iter().find(|(n, _)| *n == name) {
-                m.reuse_fd(h.as_fd())
-                    .with_context(|| format!("reusing map {name}"))?;
-                continue;
-            }
-        }
-        if name == "sampler_table" {
-            m.set_max_entries(cfg.table_entries())?;
-        }
-    }
-    let obj = open.load().context("loading the sampler programs")?;
-    // sanity: the ring buffer is what we think it is
-    if let Some(m) = obj.maps().find(|m| m.name() == "sampler_events") {
-        if m.map_type() != MapType::RingBuf {
-            bail!("sampler_events is not a ring buffer");
-        }
-    }
-    Ok(obj)
-}
-
-/// What every sampler loader provides once the programs are attached
-/// (libbpf-rs: [`LibbpfSampler`]; aya: `views::aya_sampler::AyaSampler`).
-pub(crate) trait SamplerBackend {
+/// A loaded and attached sampler view (one copy of the programs per
+/// interface, at ingress and egress), whichever loader did it.
+pub trait SamplerView: PassiveView {
+    /// The settings it was loaded with.
     fn config(&self) -> &SamplerConfig;
-    fn attach_info(&self) -> &[AttachInfo];
-    fn prog_ids(&self) -> Vec<(String, u32)>;
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
-    fn counters(&self) -> Result<BTreeMap<&'static str, u64>>;
-    fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>>;
-}
-
-/// The loaded and attached sampler view, whichever loader did it.
-pub struct SamplerView {
-    kind: LoaderKind,
-    inner: Box<dyn SamplerBackend>,
-}
-
-impl SamplerView {
-    /// Load and attach with the default loader (libbpf if built in).
-    pub fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<SamplerView> {
-        Self::attach_with(LoaderKind::DEFAULT, ifaces, cfg)
-    }
-
-    /// Load one copy of the programs per interface with the chosen loader and
-    /// attach them at ingress and egress. Fails with one clear sentence (also
-    /// when that loader is not built into this binary).
-    pub fn attach_with(
-        kind: LoaderKind,
-        ifaces: &[IfaceSpec],
-        cfg: SamplerConfig,
-    ) -> Result<SamplerView> {
-        let inner: Box<dyn SamplerBackend> = match kind {
-            #[cfg(feature = "libbpf")]
-            LoaderKind::Libbpf => Box::new(LibbpfSampler::attach(ifaces, cfg)?),
-            #[cfg(feature = "aya")]
-            LoaderKind::Aya => Box::new(crate::views::sampler::aya::AyaSampler::attach(
-                ifaces, cfg,
-            )?),
-            #[allow(unreachable_patterns)]
-            other => bail!(
-                "this rttscope was built without the {other} loader (built in: {}); rebuild with `--features {other}`",
-                LoaderKind::available()
-                    .iter()
-                    .map(|k| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        Ok(SamplerView { kind, inner })
-    }
-
-    /// Which loader loaded the programs.
-    pub fn loader(&self) -> LoaderKind {
-        self.kind
-    }
-
-    pub fn config(&self) -> &SamplerConfig {
-        self.inner.config()
-    }
-
     /// How each interface is attached.
-    pub fn attach_info(&self) -> &[AttachInfo] {
-        self.inner.attach_info()
-    }
-
-    /// Ids of the loaded programs (for run-time statistics: bpftool prog show id N).
-    pub fn prog_ids(&self) -> Vec<(String, u32)> {
-        self.inner.prog_ids()
-    }
-
+    fn attach_info(&self) -> &[AttachInfo];
     /// Every flow's cumulative histogram, plus min/max since the previous
     /// call (the kernel's per-flow window restarts when the epoch moves on).
-    pub fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        self.inner.read_flows()
-    }
-
-    /// Kernel counters summed over CPUs, plus what userspace derives:
-    /// live entries and LRU evictions of both maps, raw samples dropped here.
-    pub fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
-        self.inner.counters()
-    }
-
-    /// Raw samples that arrived since the last call (needs `raw`), waiting
-    /// up to `timeout` for the first.
-    pub fn raw_samples(&mut self, timeout: Duration) -> Result<Vec<SamplerSample>> {
-        self.inner.raw_samples(timeout)
-    }
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
 }
 
 #[cfg(feature = "aya")]
 pub(crate) mod aya;
+#[cfg(feature = "libbpf")]
+pub(crate) mod libbpf;
+#[cfg(feature = "libbpf")]
+mod tc;
 
 #[cfg(test)]
 mod tests {
@@ -1236,15 +706,9 @@ mod tests {
         c.insert("flows_evicted", 6);
         c.insert("pending_created", 9);
         c.insert("pending_evicted", 3);
-        derived_counters(&mut c, 2);
+        derived_counters(&mut c);
         assert_eq!(c["flows_live"], 4);
         assert_eq!(c["pending_live"], 6);
-        assert_eq!(c["raw_user_drops"], 2);
-
-        let q = Mutex::new(VecDeque::new());
-        let drops = AtomicU64::new(0);
-        assert!(!queue_raw(&q, &drops, &[1, 2, 3]));
-        assert!(q.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -29,9 +29,9 @@ use crate::bpf::{FlowKey, TcpFlow};
 use crate::sys::netns::{self, NetNs};
 use crate::views::aya::{chain, AyaRing};
 use crate::views::tcp::{
-    cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
+    cidr_key, free_slot, read_slots, TcpFlowState, TcpHookInfo, TcpView, TcpViewConfig,
 };
-use crate::views::{LoaderKind, RawSamples, TcpLoader};
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 /// The compiled TCP view (the very object the libbpf skeleton embeds).
 static TCP_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tcp.bpf.o"));
@@ -277,11 +277,45 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
         .with_context(|| format!("the TCP view object has no map `{name}`"))
 }
 
-impl TcpLoader for AyaTcp {
-    fn kind(&self) -> LoaderKind {
+impl PassiveView for AyaTcp {
+    fn view(&self) -> ViewKind {
+        ViewKind::Tcp
+    }
+
+    fn loader(&self) -> LoaderKind {
         LoaderKind::Aya
     }
 
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        let id = |name: &str| {
+            self.ebpf
+                .program(name)
+                .and_then(|p| p.info().ok())
+                .map(|i| i.id())
+                .unwrap_or(0)
+        };
+        let mut ids = vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))];
+        if self.info.ack_hook_attached() {
+            ids.push(("tcp_ack_hook", id(ACK_HOOK_PROG)));
+        }
+        ids.into_iter().map(|(n, i)| (n.to_string(), i)).collect()
+    }
+
+    fn counters(&self) -> Result<std::collections::BTreeMap<&'static str, u64>> {
+        Ok(super::all_counters(self))
+    }
+
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        match self.events.take() {
+            Some(rb) => RawSamples::new(Box::new(AyaRing(rb))),
+            None => anyhow::bail!(
+                "raw samples were not enabled when the TCP view was loaded, or were already taken"
+            ),
+        }
+    }
+}
+
+impl TcpView for AyaTcp {
     fn info(&self) -> &TcpHookInfo {
         &self.info
     }
@@ -326,30 +360,6 @@ impl TcpLoader for AyaTcp {
             slot,
             gen,
         )
-    }
-
-    fn prog_ids(&self) -> Vec<(&'static str, u32)> {
-        let id = |name: &str| {
-            self.ebpf
-                .program(name)
-                .and_then(|p| p.info().ok())
-                .map(|i| i.id())
-                .unwrap_or(0)
-        };
-        let mut ids = vec![("tcp_sockops", id(SOCKOPS)), ("tcp_iter", id(ITER))];
-        if self.info.ack_hook_attached() {
-            ids.push(("tcp_ack_hook", id(ACK_HOOK_PROG)));
-        }
-        ids
-    }
-
-    fn raw_samples(&mut self) -> Result<RawSamples> {
-        match self.events.take() {
-            Some(rb) => RawSamples::new(Box::new(AyaRing(rb))),
-            None => anyhow::bail!(
-                "raw samples were not enabled when the TCP view was loaded, or were already taken"
-            ),
-        }
     }
 }
 

@@ -1,25 +1,25 @@
 //! The TCP view loaded by libbpf-rs (C libbpf inside) through the generated
 //! skeleton: `bpf/tcp.bpf.c`'s sock_ops, iter/tcp and optional per-ACK
 //! programs.
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Read;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::rc::Rc;
+use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags};
 
+use super::TcpView;
 use super::{
     cidr_key, free_slot, hint_entries, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
 };
 use crate::bpf::tcp::types::{rttscope_cidr_key, rttscope_listener_key, rttscope_tcp_counter as C};
 use crate::bpf::tcp::{TcpSkel, TcpSkelBuilder};
 use crate::sys::netns::{self, NetNs};
-use crate::views::{LoaderKind, RawSamples, RingSource, TcpLoader};
+use crate::views::libbpf::LibbpfRing;
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 /// The TCP view, loaded and attached by libbpf.
 pub struct LibbpfTcp {
@@ -216,78 +216,13 @@ impl LibbpfTcp {
         }
     }
 
-    /// Sum of one per-CPU counter.
-    pub fn counter(&self, c: C) -> u64 {
-        let key = c.0.to_ne_bytes();
-        match self
-            .skel
-            .maps
-            .tcp_counters
-            .lookup_percpu(&key, MapFlags::ANY)
-        {
-            Ok(Some(per_cpu)) => per_cpu
-                .iter()
-                .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8])))
-                .sum(),
-            _ => 0,
-        }
-    }
-
-    /// The current report epoch (win_* values of flows belong to it when equal).
-    pub fn epoch(&self) -> u32 {
-        self.epoch
-    }
-
-    /// Start a new report interval: flows' win_min/win_max restart.
-    pub fn next_epoch(&mut self) {
-        self.epoch = self.epoch.wrapping_add(1);
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            bss.epoch = self.epoch;
-        }
-    }
-
-    /// Read every flow entry (batched: a few syscalls for thousands of
-    /// flows), handing each to `f` without keeping them all in memory.
-    pub fn for_each_flow(&self, f: impl FnMut(TcpFlowState)) -> Result<()> {
-        let hwm = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref()
-            .map_or(u64::MAX, |b| b.slots_hwm);
-        read_slots(
-            self.skel.maps.tcp_flows.as_fd(),
-            hwm,
-            self.info.max_flows,
-            &self.listeners,
-            f,
-        )
-    }
-
-    /// Read every flow entry.
-    pub fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
-        let mut out = Vec::new();
-        self.for_each_flow(|s| out.push(s))?;
-        Ok(out)
-    }
-
-    /// Give a flow's slot back (after it was reported closed, or to evict it).
-    pub fn forget(&self, slot: u32, gen: u32) -> Result<()> {
-        free_slot(
-            self.skel.maps.tcp_flows.as_fd(),
-            self.skel.maps.tcp_free_slots.as_fd(),
-            slot,
-            gen,
-        )
-    }
-
     /// The raw-sample ring buffer map (for `--raw`).
-    pub fn events_map(&self) -> &libbpf_rs::Map<'static> {
+    fn events_map(&self) -> &libbpf_rs::Map<'static> {
         &self.skel.maps.tcp_events
     }
 
     /// IDs of the loaded programs (for run-time statistics).
-    pub fn prog_ids(&self) -> Vec<(&'static str, u32)> {
+    fn program_ids(&self) -> Vec<(&'static str, u32)> {
         use libbpf_rs::AsRawLibbpf;
         let id = |p: &libbpf_rs::Program| {
             // SAFETY: valid program handle from the loaded skeleton.
@@ -315,30 +250,21 @@ impl LibbpfTcp {
     }
 }
 
-impl TcpLoader for LibbpfTcp {
-    fn kind(&self) -> LoaderKind {
+impl PassiveView for LibbpfTcp {
+    fn view(&self) -> ViewKind {
+        ViewKind::Tcp
+    }
+    fn loader(&self) -> LoaderKind {
         LoaderKind::Libbpf
     }
-    fn info(&self) -> &TcpHookInfo {
-        &self.info
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        self.program_ids()
+            .into_iter()
+            .map(|(n, i)| (n.to_string(), i))
+            .collect()
     }
-    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
-        LibbpfTcp::for_each_flow(self, f)
-    }
-    fn counter(&self, c: C) -> u64 {
-        LibbpfTcp::counter(self, c)
-    }
-    fn epoch(&self) -> u32 {
-        LibbpfTcp::epoch(self)
-    }
-    fn next_epoch(&mut self) {
-        LibbpfTcp::next_epoch(self)
-    }
-    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
-        LibbpfTcp::forget(self, slot, gen)
-    }
-    fn prog_ids(&self) -> Vec<(&'static str, u32)> {
-        LibbpfTcp::prog_ids(self)
+    fn counters(&self) -> Result<std::collections::BTreeMap<&'static str, u64>> {
+        Ok(super::all_counters(self))
     }
     fn raw_samples(&mut self) -> Result<RawSamples> {
         if !self.raw {
@@ -347,52 +273,72 @@ impl TcpLoader for LibbpfTcp {
         if self.raw_taken {
             anyhow::bail!("the raw-sample stream was already taken");
         }
-        // libbpf calls back per record during consume(); the records are
-        // copied into one buffer and handed out by drain().
-        let pending: Rc<RefCell<Pending>> = Default::default();
-        let sink = pending.clone();
-        let mut b = libbpf_rs::RingBufferBuilder::new();
-        b.add(self.events_map(), move |data: &[u8]| {
-            let mut p = sink.borrow_mut();
-            p.bytes.extend_from_slice(data);
-            p.lens.push(data.len());
-            0
-        })
-        .context("setting up the raw-sample ring buffer")?;
-        let rb = b.build().context("setting up the raw-sample ring buffer")?;
+        let ring = LibbpfRing::new(self.events_map())?;
         self.raw_taken = true;
-        RawSamples::new(Box::new(LibbpfRing { rb, pending }))
+        RawSamples::new(Box::new(ring))
     }
 }
 
-#[derive(Default)]
-struct Pending {
-    bytes: Vec<u8>,
-    lens: Vec<usize>,
-}
-
-struct LibbpfRing {
-    rb: libbpf_rs::RingBuffer<'static>,
-    pending: Rc<RefCell<Pending>>,
-}
-
-impl RingSource for LibbpfRing {
-    fn poll_fd(&self) -> RawFd {
-        self.rb.epoll_fd()
+impl TcpView for LibbpfTcp {
+    fn info(&self) -> &TcpHookInfo {
+        &self.info
     }
-    fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        self.rb
-            .consume()
-            .context("reading the raw-sample ring buffer")?;
-        let mut p = self.pending.borrow_mut();
-        let mut off = 0;
-        for &len in &p.lens {
-            f(&p.bytes[off..off + len]);
-            off += len;
+
+    /// Sum of one per-CPU counter.
+    fn counter(&self, c: C) -> u64 {
+        let key = c.0.to_ne_bytes();
+        match self
+            .skel
+            .maps
+            .tcp_counters
+            .lookup_percpu(&key, MapFlags::ANY)
+        {
+            Ok(Some(per_cpu)) => per_cpu
+                .iter()
+                .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8])))
+                .sum(),
+            _ => 0,
         }
-        let n = p.lens.len();
-        p.bytes.clear();
-        p.lens.clear();
-        Ok(n)
+    }
+
+    /// The current report epoch (win_* values of flows belong to it when equal).
+    fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Start a new report interval: flows' win_min/win_max restart.
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.epoch = self.epoch;
+        }
+    }
+
+    /// Read every flow entry (batched: a few syscalls for thousands of
+    /// flows), handing each to `f` without keeping them all in memory.
+    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
+        let hwm = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .map_or(u64::MAX, |b| b.slots_hwm);
+        read_slots(
+            self.skel.maps.tcp_flows.as_fd(),
+            hwm,
+            self.info.max_flows,
+            &self.listeners,
+            f,
+        )
+    }
+
+    /// Give a flow's slot back (after it was reported closed, or to evict it).
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+        free_slot(
+            self.skel.maps.tcp_flows.as_fd(),
+            self.skel.maps.tcp_free_slots.as_fd(),
+            slot,
+            gen,
+        )
     }
 }

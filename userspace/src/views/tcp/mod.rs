@@ -8,7 +8,7 @@
 //! The libbpf-rs loader (`TcpView`) is built with the `libbpf` feature; the
 //! configuration, the decoded flow state and the decoding itself
 //! (`decode_flow`) are shared with the aya loader (`crate::views`).
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 
@@ -22,6 +22,52 @@ use crate::bpf::tcp::types::{
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
 use crate::views::flow::{Flow, Side};
+use crate::views::PassiveView;
+
+/// A loaded and attached TCP view (sock_ops on a cgroup, iterator run in
+/// the configured namespaces), whichever loader did it.
+pub trait TcpView: PassiveView {
+    /// How the view is hooked in (for report headers and JSON).
+    fn info(&self) -> &TcpHookInfo;
+    /// Every flow entry, handed to `f` one at a time (no copy of the whole map).
+    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()>;
+    /// Sum over CPUs of one per-CPU counter (0 if it cannot be read).
+    fn counter(&self, c: C) -> u64;
+    /// The current report epoch (flows' win_* values belong to it when equal).
+    fn epoch(&self) -> u32;
+    /// Start a new report interval: flows' win_min/win_max restart.
+    fn next_epoch(&mut self);
+    /// Give a flow's slot back (after it was reported closed, or to evict
+    /// it): `slot` and `gen` as read in its `TcpFlowState`.
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()>;
+
+    /// Every flow entry, collected.
+    fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
+        let mut out = Vec::new();
+        self.for_each_flow(&mut |f| out.push(f))?;
+        Ok(out)
+    }
+}
+
+/// Every counter by name, in the order of `enum rttscope_tcp_counter`,
+/// plus `rtt_callbacks` (samples + callbacks skipped: the kernel counts
+/// only the exceptions, to keep the per-sample path short; with the
+/// per-ACK hook attached the samples are the hook's, and the callbacks
+/// are only those someone else turned on, all skipped). Both loaders'
+/// [`PassiveView::counters`].
+pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
+    let mut m: BTreeMap<&'static str, u64> = COUNTER_NAMES
+        .iter()
+        .map(|(c, n)| (*n, v.counter(*c)))
+        .collect();
+    let from_cb = if v.info().ack_hook_attached() {
+        0
+    } else {
+        m["samples"]
+    };
+    m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
+    m
+}
 
 /// What to observe.
 #[derive(Debug, Clone, Default)]

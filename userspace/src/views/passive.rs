@@ -1,0 +1,224 @@
+//! What every passive view provides, whichever loader loaded it: the view
+//! and loader names, the [`PassiveView`] trait, and the raw-sample stream
+//! ([`RawSamples`]) both views and both loaders hand out.
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::bpf::Event;
+
+/// The passive views.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ViewKind {
+    /// RTT as TCP computes it (sock_ops RTT callback).
+    Tcp,
+    /// The cloud-style packet sampler at interface ingress/egress (tc).
+    Sampler,
+}
+
+impl ViewKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ViewKind::Tcp => "tcp",
+            ViewKind::Sampler => "sampler",
+        }
+    }
+}
+
+/// Which BPF loader to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LoaderKind {
+    /// libbpf-rs over C libbpf (the reference CO-RE loader).
+    Libbpf,
+    /// aya: pure-Rust userspace, no C libbpf.
+    Aya,
+}
+
+impl LoaderKind {
+    /// The loader used when none is asked for: libbpf if it is built in.
+    pub const DEFAULT: LoaderKind = if cfg!(feature = "libbpf") {
+        LoaderKind::Libbpf
+    } else {
+        LoaderKind::Aya
+    };
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoaderKind::Libbpf => "libbpf",
+            LoaderKind::Aya => "aya",
+        }
+    }
+
+    /// Is this loader compiled into this binary?
+    pub fn built_in(self) -> bool {
+        match self {
+            LoaderKind::Libbpf => cfg!(feature = "libbpf"),
+            LoaderKind::Aya => cfg!(feature = "aya"),
+        }
+    }
+
+    /// The loaders compiled into this binary.
+    pub fn available() -> Vec<LoaderKind> {
+        [LoaderKind::Libbpf, LoaderKind::Aya]
+            .into_iter()
+            .filter(|k| k.built_in())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for LoaderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one sentence for a loader this binary was built without.
+pub fn not_built(kind: LoaderKind) -> anyhow::Error {
+    anyhow::anyhow!(
+        "this rttscope was built without the {kind} loader (built in: {}); rebuild with `--features {kind}`",
+        LoaderKind::available()
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// What every loaded and attached passive view provides. The per-view
+/// traits ([`crate::views::tcp::TcpView`], [`crate::views::sampler::SamplerView`])
+/// add how their flows are read.
+pub trait PassiveView {
+    /// Which view this is.
+    fn view(&self) -> ViewKind;
+    /// Which loader loaded it.
+    fn loader(&self) -> LoaderKind;
+    /// Kernel IDs of the loaded programs (bpftool prog show id N), by name.
+    fn prog_ids(&self) -> Vec<(String, u32)>;
+    /// Every counter by name (kernel counters summed over CPUs, plus what
+    /// userspace derives).
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>>;
+    /// The raw-sample stream (only when raw samples were asked for at
+    /// load; once). Must be called inside a tokio runtime.
+    fn raw_samples(&mut self) -> Result<RawSamples>;
+}
+
+/// A ring buffer as one loader exposes it: a pollable fd and a way to
+/// hand over every record now available.
+pub trait RingSource {
+    /// The fd that becomes readable when records arrive (epoll or map fd).
+    fn poll_fd(&self) -> RawFd;
+    /// Pass every available record's bytes to `f`; returns how many.
+    fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<usize>;
+}
+
+struct SourceFd(Box<dyn RingSource>);
+
+impl AsRawFd for SourceFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.poll_fd()
+    }
+}
+
+/// Raw samples from a view's ring buffer, driven by tokio (`AsyncFd`) and
+/// decoded here, once, for both loaders.
+pub struct RawSamples {
+    fd: tokio::io::unix::AsyncFd<SourceFd>,
+    /// Records too short to be an event (counted, skipped).
+    pub bad_records: u64,
+}
+
+impl RawSamples {
+    /// Wrap a loader's ring buffer. Must be called inside a tokio runtime.
+    pub fn new(src: Box<dyn RingSource>) -> Result<Self> {
+        // SAFETY: the fd belongs to `src`, which the AsyncFd owns: it stays
+        // open until the AsyncFd has deregistered it.
+        let fd = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                SourceFd(src),
+                tokio::io::Interest::READABLE,
+            )
+        }
+        .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?;
+        Ok(RawSamples { fd, bad_records: 0 })
+    }
+
+    /// Decode every record available now into `out`, without waiting.
+    pub fn drain_now(&mut self, out: &mut Vec<Event>) -> Result<usize> {
+        let mut bad = 0;
+        let n =
+            self.fd
+                .get_mut()
+                .0
+                .drain(&mut |bytes| match crate::bpf::decode::<Event>(bytes) {
+                    Ok(ev) => out.push(ev),
+                    Err(_) => bad += 1,
+                })?;
+        self.bad_records += bad;
+        Ok(n)
+    }
+
+    /// Wait until records arrive, then decode all available into `out`.
+    pub async fn next_batch(&mut self, out: &mut Vec<Event>) -> Result<usize> {
+        loop {
+            let mut guard = self
+                .fd
+                .readable_mut()
+                .await
+                .map_err(|e| anyhow::anyhow!("waiting on the ring buffer: {e}"))?;
+            guard.clear_ready();
+            drop(guard);
+            let n = self.drain_now(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_loader_is_built_in() {
+        assert!(LoaderKind::DEFAULT.built_in());
+        assert!(LoaderKind::available().contains(&LoaderKind::DEFAULT));
+    }
+
+    /// A fake source for the decoding path only (the kernel side is tested
+    /// by the privileged suite): one valid event and one short record.
+    struct Fixture(Vec<Vec<u8>>, std::os::fd::OwnedFd);
+    impl RingSource for Fixture {
+        fn poll_fd(&self) -> RawFd {
+            self.1.as_raw_fd()
+        }
+        fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> Result<usize> {
+            let n = self.0.len();
+            for r in self.0.drain(..) {
+                f(&r);
+            }
+            Ok(n)
+        }
+    }
+
+    #[tokio::test]
+    async fn raw_samples_decode_and_count_bad_records() {
+        let ev = Event {
+            r#type: 1,
+            rtt_us: 321,
+            ..Default::default()
+        };
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let src = Fixture(vec![crate::bpf::as_bytes(&ev).to_vec(), vec![1, 2, 3]], r);
+        let mut rs = RawSamples::new(Box::new(src)).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(rs.drain_now(&mut out).unwrap(), 2);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].rtt_us, 321);
+        assert_eq!(rs.bad_records, 1);
+    }
+}
