@@ -3,8 +3,8 @@
 //! real TCP request/response flows, checked against `ss -ti` (TCP's own
 //! RTT), the think time the client applies, and packets the test crafts.
 //!
-//! The sampler runs as `rttscope sample --json` (hidden command) in a child
-//! process, so crash and cleanup behaviour is the real one.
+//! The sampler runs as `rttscope observe --view sampler --format json` in a
+//! child process, so crash and cleanup behaviour is the real one.
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,20 +16,22 @@ use rttscope_e2e::{
     require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
     RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
-/// A running `rttscope sample --json`.
+/// A running `rttscope observe --view sampler --format json`.
 struct Sampler {
     child: ChildGuard,
     lines: Receiver<String>,
+    /// The `start` line.
     start: Value,
 }
 
 impl Sampler {
     fn start(args: &[&str]) -> Sampler {
         let mut cmd = std::process::Command::new(rttscope_bin());
-        cmd.arg("sample").arg("--json").args(args);
-        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope sample");
+        cmd.args(["observe", "--view", "sampler", "--format", "json"])
+            .args(args);
+        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
         let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -47,12 +49,50 @@ impl Sampler {
             }
         };
         let start: Value = serde_json::from_str(&first).expect("start line is JSON");
-        assert_eq!(start["type"], "sampler_start", "{first}");
+        assert_eq!(start["type"], "start", "{first}");
+        assert_eq!(start["views"], json!(["sampler"]), "{first}");
         Sampler {
             child,
             lines: rx,
             start,
         }
+    }
+
+    /// The sampler's settings as the start line records them.
+    fn settings(&self) -> &Value {
+        &self.start["sampler"]["settings"]
+    }
+
+    /// How each interface is attached (`how`, `netns_inode`, ...).
+    fn attached(&self) -> &Value {
+        &self.start["sampler"]["attached"]
+    }
+
+    /// (name, id) of the loaded programs.
+    fn progs(&self) -> Vec<(String, u64)> {
+        prog_ids(&self.start)
+    }
+
+    /// Entries of the kernel's flow table (`sampler_table`), as the kernel
+    /// reports the map the programs use (`bpftool`).
+    fn table_entries(&self) -> u64 {
+        let json = |args: &[&str]| -> Value {
+            let out = std::process::Command::new("bpftool")
+                .arg("-j")
+                .args(args)
+                .output()
+                .expect("bpftool");
+            serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+        };
+        let (_, id) = &self.progs()[0];
+        let prog = json(&["prog", "show", "id", &id.to_string()]);
+        for m in prog["map_ids"].as_array().expect("map_ids") {
+            let map = json(&["map", "show", "id", &m.to_string()]);
+            if map["name"] == "sampler_table" {
+                return map["max_entries"].as_u64().unwrap();
+            }
+        }
+        panic!("no sampler_table among the maps of program {id}: {prog}")
     }
 
     /// Wait for the final report (the sampler ends by itself: --duration).
@@ -61,6 +101,13 @@ impl Sampler {
     }
 
     /// The final report and the raw samples (--raw) printed before it.
+    ///
+    /// The report is observe's `end` line reduced to the sampler view:
+    /// `{"flows": [...], "counters": {...}}`, each flow `{netns, local,
+    /// remote, iface, samples, min_us, mean_us, p50_us, p90_us, p99_us,
+    /// max_us, hist}` from its cumulative `sampler` summary (`samples` is the
+    /// histogram's count `n`; `hist` its non-empty buckets `[lower_us,
+    /// upper_us (null: open), count]`).
     fn finish_raw(self, timeout: Duration) -> (Value, Vec<Value>) {
         let deadline = Instant::now() + timeout;
         let mut last = None;
@@ -69,11 +116,11 @@ impl Sampler {
             match self.lines.recv_timeout(Duration::from_millis(200)) {
                 Ok(l) => {
                     let v: Value = serde_json::from_str(&l).expect("report line is JSON");
-                    if v["type"] == "sampler_sample" {
-                        raw.push(v["sample"].clone());
+                    if v["type"] == "sample" && v["view"] == "sampler" {
+                        raw.push(v);
                         continue;
                     }
-                    if v["type"] == "sampler_report" && v["final"] == true {
+                    if v["type"] == "end" {
                         last = Some(v);
                         break;
                     }
@@ -88,8 +135,55 @@ impl Sampler {
             "sampler failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        (last.expect("no final sampler report"), raw)
+        (sampler_report(&last.expect("no end line")), raw)
     }
+}
+
+/// (name, id) of the sampler's programs in a `start` line (`prog_ids`:
+/// `[name, id]` pairs or `{name, id}` objects).
+fn prog_ids(start: &Value) -> Vec<(String, u64)> {
+    start["sampler"]["prog_ids"]
+        .as_array()
+        .expect("sampler.prog_ids")
+        .iter()
+        .map(|p| {
+            let (n, id) = match p {
+                Value::Array(a) => (&a[0], &a[1]),
+                _ => (&p["name"], &p["id"]),
+            };
+            (n.as_str().unwrap().to_string(), id.as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// observe's `end` line, the sampler view's part (see [`Sampler::finish_raw`]).
+fn sampler_report(end: &Value) -> Value {
+    let flows: Vec<Value> = end["flows"]
+        .as_array()
+        .expect("end.flows")
+        .iter()
+        .filter(|f| f["sampler"].is_object())
+        .map(|f| {
+            let s = &f["sampler"]["summary"];
+            let hist: Vec<Value> = f["sampler"]["histogram"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| {
+                    let hi = b[1].as_f64().filter(|&h| h >= 0.0);
+                    json!([b[0], hi, b[2]])
+                })
+                .collect();
+            json!({
+                "netns": f["netns"], "local": f["local"], "remote": f["remote"],
+                "iface": f["sampler"]["iface"], "samples": s["n"],
+                "min_us": s["min_us"], "mean_us": s["mean_us"], "p50_us": s["p50_us"],
+                "p90_us": s["p90_us"], "p99_us": s["p99_us"], "max_us": s["max_us"],
+                "hist": hist,
+            })
+        })
+        .collect();
+    json!({"flows": flows, "counters": end["counters"]["sampler"]})
 }
 
 fn flow(report: &Value, local: SocketAddr, remote: SocketAddr) -> Option<&Value> {
@@ -148,8 +242,8 @@ fn steady_rr_client_side_matches_tcp() {
         "--interval",
         "1s",
     ]);
-    assert_eq!(sampler.start["settings"]["sample_every"], 1);
-    assert_eq!(sampler.start["settings"]["match"], "seq");
+    assert_eq!(sampler.settings()["sample_every"], 1);
+    assert_eq!(sampler.settings()["matching"], "seq");
     let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(1)).unwrap();
     let client6 = RrClient::start(&pair.a, server6, 1, Duration::from_millis(1)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -218,7 +312,7 @@ fn server_side_sees_client_pause() {
         "4s",
         "--raw",
     ]);
-    assert_eq!(sampler.start["settings"]["raw"], true);
+    assert_eq!(sampler.settings()["raw"], true);
     let client = RrClient::start(&pair.a, server, 2, Duration::from_millis(20)).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let poll = ss_poller(&pair.b, 5002, stop.clone());
@@ -241,7 +335,7 @@ fn server_side_sees_client_pause() {
     );
     let raw_here: Vec<f64> = raw
         .iter()
-        .filter(|r| r["flow"]["local"].as_str() == Some(&server.to_string()))
+        .filter(|r| r["local"].as_str() == Some(&server.to_string()))
         .map(|r| r["rtt_us"].as_f64().unwrap() / 1000.0)
         .collect();
     // the server is the data sender of the responses
@@ -298,7 +392,7 @@ fn long_pause_sampled_measures_think_time() {
         "--interval",
         "6s",
     ]);
-    assert_eq!(sampler.start["settings"]["sample_every"], 4);
+    assert_eq!(sampler.settings()["sample_every"], 4);
     let clients: Vec<RrClient> = (0..6)
         .map(|_| RrClient::start(&pair.a, server, 2, think).unwrap())
         .collect();
@@ -373,7 +467,7 @@ fn small_flow_table_evicts_and_counts() {
         "--interval",
         "4s",
     ]);
-    assert_eq!(sampler.start["settings"]["table_entries"], 16);
+    assert_eq!(sampler.table_entries(), 16);
     let clients: Vec<RrClient> = (0..40)
         .map(|_| RrClient::start(&pair.a, server, 1, Duration::from_millis(2)).unwrap())
         .collect();
@@ -424,7 +518,7 @@ fn tsval_matching_agrees_with_seq() {
     let ifa = iface(&pair.a, &pair.a_if);
     let seq = Sampler::start(&["--iface", &ifa, "--duration", "4s", "--match", "seq"]);
     let ts = Sampler::start(&["--iface", &ifa, "--duration", "4s", "--match", "tsval"]);
-    assert_eq!(ts.start["settings"]["match"], "tsval");
+    assert_eq!(ts.settings()["matching"], "tsval");
     // 2 ms between requests: every request has a fresh TSval (1 ms clock)
     let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(2)).unwrap();
     std::thread::sleep(Duration::from_millis(3000));
@@ -497,6 +591,7 @@ fn forwarded_traffic_is_sampled_on_a_router() {
     let _srv = RrServer::start(&s, server, 1).unwrap();
     let ifr = iface(&r, &rs_if);
     let seq = Sampler::start(&["--iface", &ifr, "--duration", "4s", "--match", "seq"]);
+    let r_inode = seq.attached()[0]["netns_inode"].as_u64().unwrap();
     let ts = Sampler::start(&["--iface", &ifr, "--duration", "4s", "--match", "tsval"]);
     let client = RrClient::start(&c, server, 1, Duration::from_millis(2)).unwrap();
     std::thread::sleep(Duration::from_millis(3000));
@@ -509,7 +604,6 @@ fn forwarded_traffic_is_sampled_on_a_router() {
     // the data sender is the client; the router's namespace is the key's
     let fs = flow(&rs, local, server).unwrap_or_else(|| panic!("seq: {rs}"));
     let ft = flow(&rt, local, server).unwrap_or_else(|| panic!("tsval: {rt}"));
-    let r_inode = rs["attach"][0]["netns_inode"].as_u64().unwrap();
     assert_eq!(fs["netns"].as_u64().unwrap(), r_inode);
     let (ps, pt) = (
         fs["p50_us"].as_f64().unwrap(),
@@ -880,7 +974,7 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     assert!(!filters("egress").contains("rttscope"));
 
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "60s"]);
-    assert_eq!(s.start["attach"][0]["how"], "clsact", "{}", s.start);
+    assert_eq!(s.attached()[0]["how"], "clsact", "{}", s.start);
     assert!(
         filters("egress").contains("rttscope_sm_egr"),
         "{}",
@@ -923,13 +1017,8 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
 
     // tcx: kill -9, then the programs must disappear with the links
     let s = Sampler::start(&["--iface", &ifa, "--duration", "60s"]);
-    assert_eq!(s.start["attach"][0]["how"], "tcx", "{}", s.start);
-    let ids: Vec<u64> = s.start["progs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["id"].as_u64().unwrap())
-        .collect();
+    assert_eq!(s.attached()[0]["how"], "tcx", "{}", s.start);
+    let ids: Vec<u64> = s.progs().into_iter().map(|(_, id)| id).collect();
     // SAFETY: kill our own child.
     unsafe { libc::kill(s.child.pid() as i32, libc::SIGKILL) };
     drop(s);
@@ -963,7 +1052,15 @@ fn bad_interface_is_one_clear_error() {
         return;
     }
     let out = std::process::Command::new(rttscope_bin())
-        .args(["sample", "--iface", "no-such-if0", "--duration", "1s"])
+        .args([
+            "observe",
+            "--view",
+            "sampler",
+            "--iface",
+            "no-such-if0",
+            "--duration",
+            "1s",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -1125,9 +1222,8 @@ fn bench_sampler_overhead() {
         ]);
         on.push(rr_tps(&pair, server, secs));
         let mut this_round: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-        for p in s.start["progs"].as_array().unwrap() {
-            let (ns, cnt) = prog_stats(p["id"].as_u64().unwrap());
-            let name = p["name"].as_str().unwrap().to_string();
+        for (name, id) in s.progs() {
+            let (ns, cnt) = prog_stats(id);
             let e = this_round.entry(name.clone()).or_default();
             e.0 += ns;
             e.1 += cnt;
@@ -1186,10 +1282,9 @@ fn bench_sampler_overhead() {
                 false,
                 5,
             );
-            for p in s.start["progs"].as_array().unwrap().iter().take(2) {
-                let name = p["name"].as_str().unwrap().to_string();
+            for (name, id) in s.progs().into_iter().take(2) {
                 let f = if name.ends_with("egr") { &data } else { &ack };
-                if let Some((ns, _)) = test_run_ns(p["id"].as_u64().unwrap(), f, 1_000_000) {
+                if let Some((ns, _)) = test_run_ns(id, f, 1_000_000) {
                     test_run.push((name, ns));
                 }
             }
@@ -1235,7 +1330,9 @@ fn failed_start_leaves_no_filter() {
     let pair = Pair::new().unwrap();
     let out = std::process::Command::new(rttscope_bin())
         .args([
-            "sample",
+            "observe",
+            "--view",
+            "sampler",
             "--attach",
             "clsact",
             "--iface",

@@ -24,9 +24,6 @@ pub enum Command {
     Bucket(crate::cmd::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
     Chart(crate::sinks::chart::ChartArgs),
-    /// The sampler view alone (testing; to be folded into `observe --view sampler`).
-    #[command(hide = true)]
-    Sample(crate::sampler_cmd::SampleArgs),
     /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
     Serve(crate::active::ServeArgs),
     /// Active probes: request/response (netperf TCP_RR/UDP_RR), ICMP echo (ping), irtt.

@@ -12,7 +12,6 @@ pub mod config;
 pub mod error;
 pub mod lab;
 pub mod logging;
-pub mod sampler_cmd;
 pub mod sinks;
 pub mod sys;
 pub mod views;

@@ -10,7 +10,6 @@ fn main() -> ExitCode {
         Command::Observe(args) => rttscope::cmd::observe::run(args),
         Command::Bucket(args) => rttscope::cmd::bucket::run(args),
         Command::Chart(args) => rttscope::sinks::chart::run(args),
-        Command::Sample(args) => rttscope::sampler_cmd::run(args),
         Command::Serve(args) => rttscope::active::serve_main(args),
         Command::Probe(args) => rttscope::active::probe_main(args),
         Command::Compare(args) => rttscope::cmd::compare::run(args),
