@@ -154,7 +154,7 @@ impl IcmpSocket {
         let dest = &self.dest;
         self.fd
             .async_io(Interest::WRITABLE, |s| {
-                let mono_ns = super::mono_ns();
+                let mono_ns = crate::sys::clock::mono_ns();
                 let real_ns = real_ns();
                 s.send_to(&pkt, dest)
                     .map(|_| SendStamp { mono_ns, real_ns })

@@ -41,20 +41,6 @@ pub async fn cancelled(c: &mut Cancel) {
     }
 }
 
-/// CLOCK_MONOTONIC in nanoseconds (what `Instant` uses, as a plain number
-/// that can be handed to timerfd).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address to listen on, TCP and UDP (repeatable). Default: 127.0.0.1:7878 and [::1]:7878.

@@ -159,7 +159,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
             cfg,
         )?)
     };
-    let start_mono = crate::cmd::observe::monotonic_ns();
+    let start_mono = crate::sys::clock::mono_ns();
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

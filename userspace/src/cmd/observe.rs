@@ -234,13 +234,6 @@ pub enum Format {
     Json,
 }
 
-/// Monotonic clock in ns (the clock of the kernel programs' timestamps).
-pub fn monotonic_ns() -> u64 {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
-    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
-}
-
 fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -536,7 +529,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         })
         .collect();
     let mut names = NsNames::new();
-    let start_mono = monotonic_ns();
+    let start_mono = crate::sys::clock::mono_ns();
     let start = Instant::now();
     let stdout = std::io::stdout();
 

@@ -3,5 +3,6 @@
 //! checks and the monotonic clock.
 pub mod bpf;
 pub mod caps;
+pub mod clock;
 pub mod netns;
 pub mod preflight;

@@ -343,20 +343,9 @@ pub struct RawRun {
     pub receive_error: Option<String>,
 }
 
-fn clock_ns(id: libc::clockid_t) -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-}
-pub fn mono_ns() -> i64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-pub fn wall_ns() -> i64 {
-    clock_ns(libc::CLOCK_REALTIME)
+/// CLOCK_MONOTONIC as signed nanoseconds (the irtt arithmetic is signed).
+fn mono_ns() -> i64 {
+    crate::sys::clock::mono_ns() as i64
 }
 
 /// Sleep until an absolute CLOCK_MONOTONIC time (ns), in slices so `cancel` is honoured.
@@ -496,7 +485,7 @@ fn recv_stamped(sock: &UdpSocket, buf: &mut [u8], cmsg: &mut Vec<u8>) -> std::io
     let mut iov = [IoSliceMut::new(buf)];
     let r = recvmsg::<SockaddrStorage>(sock.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty())
         .map_err(std::io::Error::from)?;
-    let (now_mono, now_wall) = (mono_ns(), wall_ns());
+    let (now_mono, now_wall) = (mono_ns(), crate::sys::clock::realtime_ns());
     let mut rx = Rx {
         len: r.bytes,
         mono: now_mono,
@@ -731,7 +720,7 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
         negotiated: got.clone(),
         restrictions,
         packet_length,
-        start_wall_ns: wall_ns(),
+        start_wall_ns: crate::sys::clock::realtime_ns(),
         duration_ns: 0,
         wait_ns: 0,
         round_trips: Vec::new(),
@@ -767,7 +756,7 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
     }));
     let stop_rx = Arc::new(AtomicBool::new(false));
     let start_mono = mono_ns();
-    run.start_wall_ns = wall_ns();
+    run.start_wall_ns = crate::sys::clock::realtime_ns();
 
     // receiver
     let rx_sock = sock.try_clone()?;
@@ -881,7 +870,7 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
         let pkt = req.with_seqno(seqno);
         let pre = {
             let mut g = shared.lock().unwrap();
-            let (m, w) = (mono_ns() - start_mono, wall_ns());
+            let (m, w) = (mono_ns() - start_mono, crate::sys::clock::realtime_ns());
             g.rts.push(RoundTrip::sent(m, w));
             m
         };
