@@ -243,45 +243,6 @@ pub fn threads_holding_more(allowed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Startup lines: hooks attached and unavailable (with the reason), for
-/// daemon mode's log.
-pub fn hooks_report(
-    tcp: Option<&crate::views::tcp::TcpHookInfo>,
-    unavailable: &[(&str, String)],
-) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(i) = tcp {
-        out.push(format!(
-            "attached: tcp view: {} at cgroup {} (programs {:?}, flow map {} entries)",
-            i.hook, i.cgroup, i.prog_ids, i.max_flows
-        ));
-        out.push(format!(
-            "attached: tcp view: iter/tcp enabled {} existing connections in {}",
-            i.existing_enabled,
-            if i.iter_netns.is_empty() {
-                "no namespace".to_string()
-            } else {
-                i.iter_netns.join(",")
-            }
-        ));
-        if i.rtt_source.starts_with("srtt") {
-            out.push(format!("degraded: tcp view: {}", i.rtt_source));
-        }
-        if let Some(why) = i.ack_hook.strip_prefix("refused: ") {
-            out.push(format!(
-                "unavailable: tcp view: per-ACK hook {}: {why}",
-                crate::views::tcp::ACK_HOOK
-            ));
-        }
-    } else {
-        out.push("unavailable: tcp view: not attached".into());
-    }
-    for (what, why) in unavailable {
-        out.push(format!("unavailable: {what}: {why}"));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,40 +313,5 @@ mod tests {
             (0, -1),
             "unshare(CLONE_NEWUTS) before/after the drop"
         );
-    }
-
-    #[test]
-    fn hooks_report_lists_unavailable() {
-        let lines = hooks_report(
-            None,
-            &[("sampler view", "not requested (--view sampler)".into())],
-        );
-        assert!(lines[0].contains("unavailable: tcp view"));
-        assert!(lines[1].contains("sampler view: not requested"));
-    }
-
-    #[test]
-    fn hooks_report_says_why_the_ack_hook_is_missing() {
-        let cfg = crate::views::tcp::TcpViewConfig::default();
-        let mut info =
-            crate::views::tcp::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
-        info.set_ack_hook(Err("refused: Operation not permitted (os error 1)".into()));
-        let lines = hooks_report(Some(&info), &[]);
-        assert!(
-            lines.iter().any(|l| l
-                == "unavailable: tcp view: per-ACK hook fexit/tcp_ack_update_rtt: Operation not permitted (os error 1)"),
-            "{lines:?}"
-        );
-        info.set_ack_hook(Ok(()));
-        let lines = hooks_report(Some(&info), &[]);
-        assert!(
-            lines[0].contains("RTT samples: fexit/tcp_ack_update_rtt"),
-            "{lines:?}"
-        );
-        assert!(
-            !lines.iter().any(|l| l.contains("unavailable")),
-            "{lines:?}"
-        );
-        assert_eq!(info.rtt_source_short(), "fexit tcp_ack_update_rtt");
     }
 }

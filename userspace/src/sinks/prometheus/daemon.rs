@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 
 use super::http::serve;
-use super::{Exporter, LabelPolicy, View};
+use super::{Exporter, LabelPolicy};
 use crate::analysis::hist::Hist;
 use crate::sys::bpf::ProgStats;
 use crate::views::flow::{Flow, Side};
+use crate::views::ViewKind;
 
 /// Daemon mode inside `observe`: the exporter, the `/metrics` server task and
 /// the program statistics. Started after attach (it drops capabilities).
@@ -63,7 +64,7 @@ impl Daemon {
                 ),
             ));
         }
-        let mut lines = crate::sys::caps::hooks_report(tcp.map(|t| t.info()), &notes);
+        let mut lines = hooks_report(tcp.map(|t| t.info()), &notes);
         match sampler {
             Some(s) => {
                 for a in s.attach_info() {
@@ -144,14 +145,14 @@ impl Daemon {
         let ns = netns_name(f.flow.netns);
         let ns = self.ns_label(f.flow.netns, ns);
         self.exporter
-            .observe_flow(View::Tcp, &f.flow, f.side, &ns, &delta, None);
+            .observe_flow(ViewKind::Tcp, &f.flow, f.side, &ns, &delta, None);
     }
 
     /// One sampler flow's samples since the previous read.
     pub fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
         let ns = self.ns_label(flow.netns, netns_name.to_string());
         self.exporter
-            .observe_flow(View::Sampler, flow, side, &ns, delta, None);
+            .observe_flow(ViewKind::Sampler, flow, side, &ns, delta, None);
     }
 
     /// The interval's counters of every view (observe's `counters` map), and
@@ -159,8 +160,8 @@ impl Daemon {
     pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
         for (view, c) in counters {
             let v = match *view {
-                "tcp" => View::Tcp,
-                "sampler" => View::Sampler,
+                "tcp" => ViewKind::Tcp,
+                "sampler" => ViewKind::Sampler,
                 _ => continue,
             };
             self.exporter.set_counters(v, c);
@@ -174,5 +175,84 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.server.abort();
+    }
+}
+
+/// Startup lines: hooks attached and unavailable (with the reason), for
+/// daemon mode's log.
+fn hooks_report(
+    tcp: Option<&crate::views::tcp::TcpHookInfo>,
+    unavailable: &[(&str, String)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(i) = tcp {
+        out.push(format!(
+            "attached: tcp view: {} at cgroup {} (programs {:?}, flow map {} entries)",
+            i.hook, i.cgroup, i.prog_ids, i.max_flows
+        ));
+        out.push(format!(
+            "attached: tcp view: iter/tcp enabled {} existing connections in {}",
+            i.existing_enabled,
+            if i.iter_netns.is_empty() {
+                "no namespace".to_string()
+            } else {
+                i.iter_netns.join(",")
+            }
+        ));
+        if i.rtt_source.starts_with("srtt") {
+            out.push(format!("degraded: tcp view: {}", i.rtt_source));
+        }
+        if let Some(why) = i.ack_hook.strip_prefix("refused: ") {
+            out.push(format!(
+                "unavailable: tcp view: per-ACK hook {}: {why}",
+                crate::views::tcp::ACK_HOOK
+            ));
+        }
+    } else {
+        out.push("unavailable: tcp view: not attached".into());
+    }
+    for (what, why) in unavailable {
+        out.push(format!("unavailable: {what}: {why}"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hooks_report_lists_unavailable() {
+        let lines = hooks_report(
+            None,
+            &[("sampler view", "not requested (--view sampler)".into())],
+        );
+        assert!(lines[0].contains("unavailable: tcp view"));
+        assert!(lines[1].contains("sampler view: not requested"));
+    }
+
+    #[test]
+    fn hooks_report_says_why_the_ack_hook_is_missing() {
+        let cfg = crate::views::tcp::TcpViewConfig::default();
+        let mut info =
+            crate::views::tcp::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
+        info.set_ack_hook(Err("refused: Operation not permitted (os error 1)".into()));
+        let lines = hooks_report(Some(&info), &[]);
+        assert!(
+            lines.iter().any(|l| l
+                == "unavailable: tcp view: per-ACK hook fexit/tcp_ack_update_rtt: Operation not permitted (os error 1)"),
+            "{lines:?}"
+        );
+        info.set_ack_hook(Ok(()));
+        let lines = hooks_report(Some(&info), &[]);
+        assert!(
+            lines[0].contains("RTT samples: fexit/tcp_ack_update_rtt"),
+            "{lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.contains("unavailable")),
+            "{lines:?}"
+        );
+        assert_eq!(info.rtt_source_short(), "fexit tcp_ack_update_rtt");
     }
 }

@@ -48,6 +48,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::analysis::hist::{self, Hist};
 use crate::sys::bpf::ProgRun;
 use crate::views::flow::{Flow, Side};
+use crate::views::ViewKind;
 
 pub mod daemon;
 pub mod http;
@@ -92,22 +93,6 @@ pub const RTT_BOUNDS_US: [u32; 42] = {
 /// Number of Prometheus buckets used (bounds up to 10 x 2^20 us; the 14 x 2^20
 /// entry is past 10 s and dropped), plus +Inf.
 const N_BOUNDS: usize = 41;
-
-/// Which view a series belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum View {
-    Tcp,
-    Sampler,
-}
-
-impl View {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            View::Tcp => "tcp",
-            View::Sampler => "sampler",
-        }
-    }
-}
 
 /// How flows are turned into bounded label sets.
 #[derive(Debug, Clone, PartialEq)]
@@ -195,7 +180,7 @@ impl LabelPolicy {
     }
 
     /// The label set of a flow's samples.
-    pub fn labels(&self, view: View, flow: &Flow, side: Side, netns: &str) -> RttLabels {
+    pub fn labels(&self, view: ViewKind, flow: &Flow, side: Side, netns: &str) -> RttLabels {
         RttLabels {
             view: view.as_str().to_string(),
             side: side_label(side).to_string(),
@@ -226,7 +211,7 @@ pub struct RttLabels {
 
 impl RttLabels {
     /// The one overflow series of a view.
-    pub fn overflow(view: View) -> RttLabels {
+    pub fn overflow(view: ViewKind) -> RttLabels {
         let o = "overflow".to_string();
         RttLabels {
             view: view.as_str().to_string(),
@@ -405,7 +390,7 @@ pub struct Exporter {
     cpu: Family<ModeLabel, Counter<f64, AtomicU64>>,
     rss: Gauge,
     last_cpu: (u64, u64),
-    last_counters: HashMap<(View, String), u64>,
+    last_counters: HashMap<(ViewKind, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
 }
@@ -532,7 +517,7 @@ impl Exporter {
     /// flow). Returns the samples added.
     pub fn observe_flow(
         &mut self,
-        view: View,
+        view: ViewKind,
         flow: &Flow,
         side: Side,
         netns: &str,
@@ -550,7 +535,7 @@ impl Exporter {
     /// Record a histogram delta under `labels`, applying the series cap.
     pub fn observe_labels(
         &mut self,
-        view: View,
+        view: ViewKind,
         labels: RttLabels,
         cur: &Hist,
         prev: Option<&Hist>,
@@ -607,7 +592,7 @@ impl Exporter {
 
     /// A view's counters as read this interval (cumulative values: the
     /// kernel's per-CPU sums and observe's own running totals).
-    pub fn set_counters(&mut self, view: View, counters: &BTreeMap<&str, u64>) {
+    pub fn set_counters(&mut self, view: ViewKind, counters: &BTreeMap<&str, u64>) {
         let v = view.as_str().to_string();
         // Present from the first scrape, so that rate() and alerts see a 0.
         let _ = self.overflow.get_or_create(&ViewLabel { view: v.clone() });
@@ -855,12 +840,17 @@ mod tests {
             q.remote_prefix("2001:db8:1:2:3::9".parse().unwrap()),
             "2001:db8:1:2::/64"
         );
-        let l = p.labels(View::Tcp, &flow("192.0.2.5:5555", 443), Side::Server, "ns1");
+        let l = p.labels(
+            ViewKind::Tcp,
+            &flow("192.0.2.5:5555", 443),
+            Side::Server,
+            "ns1",
+        );
         assert_eq!(l.local_port, "443");
         assert_eq!(l.side, "server");
         assert_eq!(l.view, "tcp");
         let l = p.labels(
-            View::Sampler,
+            ViewKind::Sampler,
             &flow("192.0.2.5:443", 40000),
             Side::Client,
             "ns1",
@@ -868,9 +858,9 @@ mod tests {
         assert_eq!(l.local_port, "other");
         assert_eq!(l.view, "sampler");
         assert_eq!(
-            p.labels(View::Tcp, &flow("192.0.2.200:1", 1), Side::Client, "x")
+            p.labels(ViewKind::Tcp, &flow("192.0.2.200:1", 1), Side::Client, "x")
                 .remote_prefix,
-            p.labels(View::Tcp, &flow("192.0.2.3:2", 2), Side::Client, "x")
+            p.labels(ViewKind::Tcp, &flow("192.0.2.3:2", 2), Side::Client, "x")
                 .remote_prefix
         );
     }
@@ -919,7 +909,7 @@ mod tests {
         for i in 0..5000u32 {
             let ip = std::net::Ipv4Addr::from(0x0a10_0000 + i);
             let f = flow(&format!("{ip}:80"), 40000);
-            total += ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h, None);
+            total += ex.observe_flow(ViewKind::Tcp, &f, Side::Client, "ns", &h, None);
         }
         assert_eq!(total, 15_000);
         assert_eq!(ex.series_count(), 100);
@@ -948,7 +938,7 @@ mod tests {
         let mut h2 = h.clone();
         h2.record(1000);
         assert_eq!(
-            ex.observe_flow(View::Tcp, &f, Side::Client, "ns", &h2, Some(&h)),
+            ex.observe_flow(ViewKind::Tcp, &f, Side::Client, "ns", &h2, Some(&h)),
             1
         );
         let text = ex.encode();
@@ -958,7 +948,7 @@ mod tests {
         for i in 0..5000u32 {
             let ip = std::net::Ipv4Addr::from(0x0a10_0000 + i);
             ex.observe_flow(
-                View::Tcp,
+                ViewKind::Tcp,
                 &flow(&format!("{ip}:80"), 40000),
                 Side::Client,
                 "ns",
@@ -978,7 +968,7 @@ mod tests {
         .unwrap();
         let h = hist_of(&[100]);
         ex.observe_flow(
-            View::Tcp,
+            ViewKind::Tcp,
             &flow("10.1.1.1:80", 1),
             Side::Client,
             "n",
@@ -1000,10 +990,10 @@ mod tests {
         c.insert("raw_events_dropped", 3);
         c.insert("flow_map_full", 0);
         c.insert("flows_tracked", 7);
-        ex.set_counters(View::Tcp, &c);
+        ex.set_counters(ViewKind::Tcp, &c);
         c.insert("samples", 250);
         c.insert("flows_tracked", 5);
-        ex.set_counters(View::Tcp, &c);
+        ex.set_counters(ViewKind::Tcp, &c);
         let t = ex.encode();
         assert!(
             t.contains("rttscope_samples_total{view=\"tcp\"} 250"),
@@ -1017,7 +1007,7 @@ mod tests {
         assert!(t.contains("rttscope_series_overflow_total{view=\"tcp\"} 0"));
         ex.set_process_stats();
         ex.observe_flow(
-            View::Tcp,
+            ViewKind::Tcp,
             &flow("10.1.1.1:80", 1),
             Side::Client,
             "n",
