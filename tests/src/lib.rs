@@ -7,7 +7,6 @@
 //! beyond creating and deleting the test's own namespaces.
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -89,8 +88,7 @@ impl NetNs {
     ) -> JoinHandle<T> {
         let path = PathBuf::from("/var/run/netns").join(&self.name);
         std::thread::spawn(move || {
-            let f0 = std::fs::File::open(&path).expect("open netns");
-            nix::sched::setns(f0.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+            rttscope::sys::netns::enter_path(&path, &path.to_string_lossy()).expect("setns");
             f()
         })
     }

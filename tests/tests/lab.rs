@@ -306,7 +306,7 @@ impl Bulk {
         let srv_path = tb.ns_path(Role::Srv);
         let s2 = stop.clone();
         let server = std::thread::spawn(move || {
-            testbed::enter_netns(&srv_path).unwrap();
+            rttscope::sys::netns::enter_path(&srv_path, "lab").unwrap();
             let l = std::net::TcpListener::bind(addr).unwrap();
             tx.send(()).unwrap();
             let (mut c, _) = l.accept().unwrap();
@@ -330,7 +330,7 @@ impl Bulk {
         let cli_path = tb.ns_path(Role::Cli);
         let (s3, r3) = (stop.clone(), received.clone());
         let client = std::thread::spawn(move || {
-            testbed::enter_netns(&cli_path).unwrap();
+            rttscope::sys::netns::enter_path(&cli_path, "lab").unwrap();
             let mut c = std::net::TcpStream::connect(addr).unwrap();
             c.set_read_timeout(Some(MS(200))).unwrap();
             let mut buf = vec![0u8; 64 * 1024];
@@ -486,7 +486,7 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
     let (s2, g2) = (stop.clone(), got.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     let recv = std::thread::spawn(move || {
-        testbed::enter_netns(&srv_path).unwrap();
+        rttscope::sys::netns::enter_path(&srv_path, "lab").unwrap();
         let s = UdpSocket::bind((SRV_ADDR, 9999)).unwrap();
         s.set_read_timeout(Some(MS(100))).unwrap();
         set_rcvbuf(&s, 16 << 20);
@@ -504,7 +504,7 @@ fn flood(tb: &Testbed, imp: &Impairment, pps: u64, dur: Duration) {
     let sent = Arc::new(AtomicU64::new(0));
     let sent2 = sent.clone();
     let send = std::thread::spawn(move || {
-        testbed::enter_netns(&cli_path).unwrap();
+        rttscope::sys::netns::enter_path(&cli_path, "lab").unwrap();
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
         s.connect((SRV_ADDR, 9999)).unwrap();
         let buf = [0u8; 64];
@@ -758,7 +758,7 @@ fn udp_sequence(
     let srv_path = tb.ns_path(Role::Srv);
     let (tx, rx) = std::sync::mpsc::channel();
     let recv = std::thread::spawn(move || {
-        testbed::enter_netns(&srv_path).unwrap();
+        rttscope::sys::netns::enter_path(&srv_path, "lab").unwrap();
         let s = UdpSocket::bind((SRV_ADDR, port)).unwrap();
         set_rcvbuf(&s, 8 << 20);
         s.set_read_timeout(Some(settle)).unwrap();
@@ -777,7 +777,7 @@ fn udp_sequence(
     let (ctx, crx) = std::sync::mpsc::channel::<u32>();
     let (atx, arx) = std::sync::mpsc::channel::<()>();
     let send = std::thread::spawn(move || {
-        testbed::enter_netns(&cli_path).unwrap();
+        rttscope::sys::netns::enter_path(&cli_path, "lab").unwrap();
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
         s.connect((SRV_ADDR, port)).unwrap();
         for i in 0..n {

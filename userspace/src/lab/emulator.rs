@@ -254,7 +254,7 @@ impl DelayEmulator {
             .spawn(move || {
                 let q = (|| -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
                     if let Some(p) = &netns {
-                        testbed::enter_netns(p)?;
+                        crate::sys::netns::enter_path(p, &p.to_string_lossy())?;
                     }
                     // Timer slack 1 us: release times are honoured to the microsecond, not 50 us.
                     // SAFETY: prctl on the calling thread.

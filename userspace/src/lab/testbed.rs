@@ -18,7 +18,6 @@
 //! other process still inside the namespaces, then the namespaces — and
 //! with them their veths, qdiscs and nftables tables.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -429,7 +428,7 @@ impl Testbed {
     ) -> Result<T> {
         let path = self.ns_path(role);
         let h = std::thread::spawn(move || -> Result<T> {
-            enter_netns(&path)?;
+            crate::sys::netns::enter_path(&path, &path.to_string_lossy())?;
             Ok(f())
         });
         h.join()
@@ -463,14 +462,6 @@ impl Testbed {
             }
         }
     }
-}
-
-/// Move the calling thread into the namespace at `path`.
-pub fn enter_netns(path: &Path) -> Result<()> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    nix::sched::setns(f.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-        .with_context(|| format!("entering network namespace {}", path.display()))?;
-    Ok(())
 }
 
 impl Drop for Testbed {

@@ -132,16 +132,20 @@ pub fn scoped<T: Send>(ns: &NetNs, f: impl FnOnce() -> Result<T> + Send) -> Resu
 
 /// Move the calling thread into `ns`.
 fn enter(ns: &NetNs) -> Result<()> {
-    let file =
-        File::open(&ns.path).with_context(|| format!("opening network namespace '{}'", ns.name))?;
+    enter_path(&ns.path, &ns.name)
+}
+
+/// Move the calling thread into the namespace at `path` (`name` for
+/// messages): the one `setns(2)` of rttscope, its lab and its tests.
+pub fn enter_path(path: &Path, name: &str) -> Result<()> {
+    let file = File::open(path).with_context(|| format!("opening network namespace '{name}'"))?;
     match nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => bail!(
-            "entering network namespace '{}' needs CAP_SYS_ADMIN (setns); \
-             without it rttscope can observe only the namespace it runs in",
-            ns.name
+            "entering network namespace '{name}' needs CAP_SYS_ADMIN (setns); \
+             without it rttscope can observe only the namespace it runs in"
         ),
-        Err(e) => Err(e).with_context(|| format!("entering network namespace '{}'", ns.name)),
+        Err(e) => Err(e).with_context(|| format!("entering network namespace '{name}'")),
     }
 }
 
