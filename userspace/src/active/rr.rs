@@ -16,8 +16,8 @@ use tokio::net::{TcpStream, UdpSocket};
 use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
 use super::icmp::{IcmpSocket, Reply, SendStamp, MIN_PAYLOAD};
 use super::{cancelled, Cancel};
-use crate::sys::clock::mono_ns;
 use crate::analysis::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
+use crate::sys::clock::mono_ns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
