@@ -460,8 +460,6 @@ fn small_flow_table_evicts_and_counts() {
         &iface(&pair.a, &pair.a_if),
         "--max-flows",
         "10",
-        "--max-pending",
-        "1",
         "--duration",
         "4s",
         "--interval",

@@ -46,7 +46,7 @@ pub struct ObserveArgs {
     /// Also stream every raw sample (ring buffer) to the output.
     #[arg(long)]
     pub raw: bool,
-    /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: see --max-pending).
+    /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
     #[arg(long, default_value_t = 16384)]
     pub max_flows: u32,
     /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
@@ -70,9 +70,6 @@ pub struct ObserveArgs {
     /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
-    /// Sampler view: flow-table size (entries = max(--max-flows, --max-pending), rounded up to a power of two; each holds a flow's pending segments).
-    #[arg(long, default_value_t = 16384)]
-    pub max_pending: u32,
     /// Also aggregate each view like the cloud metric: a distribution per alignment period with
     /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
     #[arg(long)]
@@ -221,7 +218,6 @@ impl ObserveArgs {
             matching: self.matching,
             raw: self.raw,
             max_flows: self.max_flows,
-            max_pending: self.max_pending,
             pending_timeout: self.pending_timeout,
             attach: self.attach,
         }

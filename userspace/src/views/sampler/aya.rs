@@ -15,7 +15,7 @@
 //!   where /sys/fs/bpf is not bpffs), else in a private directory under
 //!   `/sys/fs/bpf` removed right after loading. The maps then live on
 //!   through the loaded programs and our fds, as with libbpf;
-//! - the flow table's size (`--max-flows`/`--max-pending`):
+//! - the flow table's size (`--max-flows`):
 //!   `EbpfLoader::map_max_entries`, its set mask and hash seed in `.rodata`;
 //! - tcx links: `SchedClassifier::attach_with_options(iface,
 //!   TcAttachType::Egress/Ingress, TcAttachOptions::TcxOrder(..))` called on

@@ -130,13 +130,9 @@ pub struct SamplerConfig {
     /// Stream every sample through the ring buffer too.
     pub raw: bool,
     /// Flows the kernel keeps (histogram and pending segments in one table
-    /// entry): the table holds `max(max_flows, max_pending)` rounded up to a
-    /// power of two ([`SamplerConfig::table_entries`]), LRU within each set
-    /// of 4.
+    /// entry): the table holds `max_flows` rounded up to a power of two
+    /// ([`SamplerConfig::table_entries`]), LRU within each set of 4.
     pub max_flows: u32,
-    /// Kept for compatibility: pending segments now live in the flow's table
-    /// entry, so this only raises the table size like `max_flows`.
-    pub max_pending: u32,
     /// A pending segment older than this is dropped (counted as expired).
     #[serde(with = "duration_ms")]
     pub pending_timeout: Duration,
@@ -150,7 +146,6 @@ impl Default for SamplerConfig {
             matching: Matching::Seq,
             raw: false,
             max_flows: 16384,
-            max_pending: 16384,
             pending_timeout: Duration::from_secs(10),
             attach: AttachMode::Auto,
         }
@@ -173,11 +168,11 @@ impl SamplerConfig {
         if self.sample_every == 0 {
             bail!("--sample-every must be at least 1");
         }
-        if self.max_flows == 0 || self.max_pending == 0 {
-            bail!("--max-flows and --max-pending must be at least 1");
+        if self.max_flows == 0 {
+            bail!("--max-flows must be at least 1");
         }
-        if self.max_flows.max(self.max_pending) > MAX_TABLE {
-            bail!("--max-flows and --max-pending must be at most {MAX_TABLE} (the flow table takes 1 KiB per flow)");
+        if self.max_flows > MAX_TABLE {
+            bail!("--max-flows must be at most {MAX_TABLE} (the flow table takes 1 KiB per flow)");
         }
         if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
             bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
@@ -185,11 +180,10 @@ impl SamplerConfig {
         Ok(())
     }
 
-    /// Entries of the kernel's flow table: `max(max_flows, max_pending)`
-    /// rounded up to a power of two, at least `RTTSCOPE_SAMPLER_MIN_TABLE`.
+    /// Entries of the kernel's flow table: `max_flows` rounded up to a
+    /// power of two, at least `RTTSCOPE_SAMPLER_MIN_TABLE`.
     pub fn table_entries(&self) -> u32 {
         self.max_flows
-            .max(self.max_pending)
             .clamp(MIN_TABLE, MAX_TABLE)
             .next_power_of_two()
     }
@@ -625,12 +619,10 @@ mod tests {
         assert_eq!(c.table_entries(), 16384);
         assert_eq!(c.set_mask(), 4095);
         c.max_flows = 1000;
-        c.max_pending = 1;
         assert_eq!(c.table_entries(), 1024);
-        c.max_pending = 5000;
+        c.max_flows = 5000;
         assert_eq!(c.table_entries(), 8192);
         c.max_flows = 1;
-        c.max_pending = 1;
         assert_eq!(c.table_entries(), MIN_TABLE);
         assert_eq!(c.set_mask(), MIN_TABLE / WAYS - 1);
         c.max_flows = MAX_TABLE + 1;
