@@ -732,3 +732,192 @@ fn server_survives_abuse_and_enforces_limits() {
         assert!(log.contains(needle), "server log lacks '{needle}':\n{log}");
     }
 }
+
+/// The server's counters from the JSON line it prints when it stops.
+fn serve_stats(log: &str) -> serde_json::Value {
+    let line = log
+        .lines()
+        .find_map(|l| l.strip_prefix("rttscope serve: stopped; "))
+        .unwrap_or_else(|| panic!("no stats line in the server's log:\n{log}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("stats line {line}: {e}"))
+}
+
+/// Issue 18, items 2 and 5, against the real binary on a namespace's own
+/// loopback (127.0.0.1 and ::1 only): no UDP reply larger than its request
+/// without a cookie, the cookie handshake through `probe udp-rr`, the
+/// per-source UDP rate, a whole-request deadline against a slowloris, the
+/// per-source connection limit, and rejections logged at most ten times (then
+/// every thousandth).
+#[test]
+fn serve_bounds_amplification_slowloris_and_per_peer_on_loopback() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let ns = NetNs::new("rtsab").unwrap();
+    let srv = start_server(
+        &ns,
+        &["127.0.0.1:7878", "[::1]:7878"],
+        &[
+            "--idle-timeout",
+            "1s",
+            "--max-conns-per-peer",
+            "4",
+            "--udp-rate",
+            "200",
+            "--udp-burst",
+            "20",
+        ],
+        7878,
+    );
+    let server: SocketAddr = "127.0.0.1:7878".parse().unwrap();
+    let (notes, held) = ns.run(move || {
+        let mut notes: Vec<(String, bool)> = Vec::new();
+        // The amplifier datagram: "RTU1" + pack("!IQ", 65507, 1), 16 bytes.
+        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+        u.connect(server).unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut amp = b"RTU1".to_vec();
+        amp.extend_from_slice(&65507u32.to_be_bytes());
+        amp.extend_from_slice(&1u64.to_be_bytes());
+        u.send(&amp).unwrap();
+        let mut buf = vec![0u8; 65536];
+        let n = u.recv(&mut buf).unwrap_or(usize::MAX);
+        notes.push((
+            format!(
+                "16-byte request asking for 65507 got a reply of {n} bytes ({:02x?})",
+                &buf[..n.min(24)]
+            ),
+            n <= amp.len(),
+        ));
+        // The per-source rate: 200/s, burst 20.
+        std::thread::sleep(Duration::from_millis(200));
+        let t = Instant::now();
+        for seq in 0..400u64 {
+            let mut req = [b'q'; 16];
+            req[..4].copy_from_slice(b"RTU1");
+            req[4..8].copy_from_slice(&16u32.to_be_bytes());
+            req[8..16].copy_from_slice(&seq.to_be_bytes());
+            let _ = u.send(&req);
+            if seq % 20 == 19 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        u.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let mut got = 0u32;
+        while u.recv(&mut buf).is_ok() {
+            got += 1;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        notes.push((
+            format!("{got} replies to 400 requests in {secs:.2} s at 200/s burst 20"),
+            got >= 20 && (got as f64) <= 20.0 + 200.0 * secs + 5.0,
+        ));
+        // Slowloris: a 1 MiB request, one byte every 300 ms, 1 s deadline.
+        let mut s = TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+        s.write_all(
+            &Hello {
+                req: 1 << 20,
+                resp: 1,
+                flags: 0,
+            }
+            .encode(),
+        )
+        .unwrap();
+        let mut ack = [0u8; 4];
+        s.read_exact(&mut ack).unwrap();
+        let t = Instant::now();
+        let mut bytes = 0;
+        while t.elapsed() < Duration::from_secs(6) {
+            if s.write_all(b"x").is_err() {
+                break;
+            }
+            bytes += 1;
+            if read_until_closed(&mut s, Duration::from_millis(300)) {
+                break;
+            }
+        }
+        let took = t.elapsed();
+        notes.push((
+            format!("slowloris ({bytes} bytes) disconnected after {took:?}"),
+            took < Duration::from_secs(2),
+        ));
+        // Per-source limit 4: four held, the fifth and 300 more refused.
+        let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+        let held: Vec<TcpStream> = (0..4).map(|_| connect()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let mut fifth = connect();
+        notes.push((
+            "5th connection from 127.0.0.1 closed".into(),
+            read_until_closed(&mut fifth, Duration::from_secs(1)),
+        ));
+        for _ in 0..300 {
+            let mut s = connect();
+            let _ = read_until_closed(&mut s, Duration::from_secs(1));
+        }
+        (notes, held)
+    });
+    for (what, ok) in &notes {
+        assert!(*ok, "{what}: failed; all: {notes:?}");
+    }
+    // Another source (::1) is served while 127.0.0.1 holds its four.
+    let r = probe_json(
+        &ns,
+        &["tcp-rr", "::1", "-n", "200"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.counts.received, 200);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(200));
+    // 127.0.0.1 again once its slots are free.
+    let r = probe_json(
+        &ns,
+        &["tcp-rr", "127.0.0.1", "-n", "200"],
+        Duration::from_secs(10),
+    );
+    assert_eq!(r.counts.received, 200);
+    // The probe does the cookie handshake: 24-byte requests, 60000-byte
+    // responses, every one answered (10 ms apart: below the 200/s rate).
+    let r = probe_json(
+        &ns,
+        &[
+            "udp-rr",
+            "127.0.0.1",
+            "-n",
+            "50",
+            "-w",
+            "10ms",
+            "-r",
+            "1,60000",
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(r.counts.received, 50, "{:?}", r.counts);
+    assert_eq!((r.settings.req_size, r.settings.resp_size), (24, 60000));
+
+    let pid = nix::unistd::Pid::from_raw(srv.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = srv.wait_output(Duration::from_secs(5)).unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    let st = serve_stats(&log);
+    let n = |k: &str| st[k].as_u64().unwrap_or_else(|| panic!("no {k} in {st}"));
+    assert_eq!(n("udp_cookie_required"), 1, "{st}");
+    assert!(n("udp_cookie_requests") >= 1, "{st}");
+    assert!(n("udp_rate_limited") > 0, "{st}");
+    assert_eq!(n("slow_requests"), 1, "{st}");
+    assert_eq!(n("over_peer_limit"), 301, "{st}");
+    // 301 refusals, ten log lines.
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("per-source connection limit 4 reached"))
+        .count();
+    assert_eq!(lines, 10, "refusal log lines:\n{log}");
+    for needle in [
+        "not complete within",
+        "without a valid cookie",
+        "over the UDP rate",
+    ] {
+        assert!(log.contains(needle), "server log lacks '{needle}':\n{log}");
+    }
+}

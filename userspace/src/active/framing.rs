@@ -27,6 +27,34 @@
 //! count loss, late replies and duplicates. UDP requests and responses are
 //! therefore at least 16 bytes; smaller `-r` sizes are raised to 16 and the
 //! result records the sizes actually sent.
+//!
+//! **UDP cookies.** The server never answers a datagram with a larger one
+//! unless the peer proved it receives at its source address (otherwise a
+//! spoofed 16-byte request would make it reflect 64 KiB at a victim). A
+//! client whose response is larger than its request first sends a 16-byte
+//! cookie request and gets a 16-byte cookie datagram:
+//!
+//! ```text
+//! 0      4            16              0      4            8            16
+//! | "RTUC" | zero x12   |    ->        | "RTUK" | zero u32   | cookie u64 |
+//! ```
+//!
+//! It then carries the cookie in bytes 16..24 of every request (so such
+//! requests are at least 24 bytes):
+//!
+//! ```text
+//! 0      4         8              16           24
+//! | "RTU1" | resp u32 | seq u64       | cookie u64 | padding up to the request size
+//! ```
+//!
+//! A request whose response is not larger than the datagram itself needs no
+//! cookie (bytes 16.. are then ignored). A request asking for more without a
+//! valid cookie is answered with a fresh cookie datagram (16 bytes, never more
+//! than the request) instead of the response; the client takes the new cookie
+//! and sends the request again. A response to a request that carried a valid
+//! cookie holds the server's current cookie in its bytes 16..24, so a running
+//! client keeps a fresh one without asking. The cookie is a keyed hash of the
+//! peer's address and port and a time window (see `serve.rs`).
 use thiserror::Error;
 
 pub const HELLO_MAGIC: [u8; 4] = *b"RTS1";
@@ -37,6 +65,14 @@ pub const UDP_HEADER_LEN: usize = 16;
 /// The largest UDP payload over IPv4.
 pub const UDP_MAX: u32 = 65507;
 pub const FLAG_NODELAY: u32 = 1;
+/// A UDP cookie request ("give me a cookie"), 16 bytes.
+pub const UDP_COOKIE_REQ_MAGIC: [u8; 4] = *b"RTUC";
+/// A UDP cookie datagram from the server, 16 bytes.
+pub const UDP_COOKIE_MAGIC: [u8; 4] = *b"RTUK";
+/// Length of a cookie request and of a cookie datagram.
+pub const UDP_COOKIE_LEN: usize = 16;
+/// A request that carries a cookie (bytes 16..24) is at least this long.
+pub const UDP_COOKIE_REQ_MIN: usize = UDP_HEADER_LEN + 8;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum FrameError {
@@ -150,6 +186,52 @@ impl UdpHeader {
     }
 }
 
+/// The 16-byte cookie request a client sends before a run whose responses are
+/// larger than its requests.
+pub fn cookie_request() -> [u8; UDP_COOKIE_LEN] {
+    let mut b = [0u8; UDP_COOKIE_LEN];
+    b[0..4].copy_from_slice(&UDP_COOKIE_REQ_MAGIC);
+    b
+}
+
+/// Is this datagram a cookie request (magic "RTUC")? `Some(false)`: it has the
+/// magic but is too short.
+pub fn is_cookie_request(b: &[u8]) -> Option<bool> {
+    if b.len() >= 4 && b[0..4] == UDP_COOKIE_REQ_MAGIC {
+        Some(b.len() >= UDP_COOKIE_LEN)
+    } else {
+        None
+    }
+}
+
+/// The server's 16-byte cookie datagram.
+pub fn encode_cookie(cookie: u64) -> [u8; UDP_COOKIE_LEN] {
+    let mut b = [0u8; UDP_COOKIE_LEN];
+    b[0..4].copy_from_slice(&UDP_COOKIE_MAGIC);
+    b[8..16].copy_from_slice(&cookie.to_be_bytes());
+    b
+}
+
+/// The cookie in a server's cookie datagram (the client side).
+pub fn decode_cookie(b: &[u8]) -> Option<u64> {
+    if b.len() >= UDP_COOKIE_LEN && b[0..4] == UDP_COOKIE_MAGIC {
+        Some(u64::from_be_bytes(b[8..16].try_into().unwrap()))
+    } else {
+        None
+    }
+}
+
+/// Bytes 16..24 of a request or response (the cookie, when one is carried).
+pub fn carried_cookie(b: &[u8]) -> Option<u64> {
+    b.get(UDP_HEADER_LEN..UDP_COOKIE_REQ_MIN)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+}
+
+/// Write `cookie` into bytes 16..24 of `buf` (at least 24 bytes long).
+pub fn write_cookie(buf: &mut [u8], cookie: u64) {
+    buf[UDP_HEADER_LEN..UDP_COOKIE_REQ_MIN].copy_from_slice(&cookie.to_be_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,7 +289,38 @@ mod tests {
         assert!(UdpHeader::decode(&b[..15]).is_err());
     }
 
+    #[test]
+    fn cookie_datagrams() {
+        let r = cookie_request();
+        assert_eq!(r.len(), UDP_COOKIE_LEN);
+        assert_eq!(is_cookie_request(&r), Some(true));
+        assert_eq!(is_cookie_request(&r[..8]), Some(false));
+        assert_eq!(is_cookie_request(b"RTU1xxxxxxxxxxxx"), None);
+        let k = encode_cookie(0x0102_0304_0506_0708);
+        assert_eq!(k.len(), UDP_COOKIE_LEN);
+        assert_eq!(decode_cookie(&k), Some(0x0102_0304_0506_0708));
+        assert_eq!(decode_cookie(&k[..15]), None);
+        assert_eq!(decode_cookie(&r), None);
+        // A cookie datagram is not a reply: it does not decode as a UDP header.
+        assert!(UdpHeader::decode(&k).is_err());
+        let mut b = vec![0u8; 30];
+        UdpHeader { resp: 100, seq: 9 }.write(&mut b);
+        write_cookie(&mut b, 42);
+        assert_eq!(carried_cookie(&b), Some(42));
+        assert_eq!(carried_cookie(&b[..23]), None);
+        assert_eq!(UdpHeader::decode_request(&b, 1000).unwrap().seq, 9);
+    }
+
     proptest! {
+        #[test]
+        fn cookie_decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = is_cookie_request(&bytes);
+            if let Some(c) = decode_cookie(&bytes) {
+                prop_assert_eq!(&bytes[8..16], &c.to_be_bytes()[..]);
+            }
+            let _ = carried_cookie(&bytes);
+        }
+
         #[test]
         fn hello_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in any::<u32>()) {
             if let Ok(h) = Hello::decode(&bytes, max) {

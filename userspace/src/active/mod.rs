@@ -52,9 +52,19 @@ pub struct ServeArgs {
     /// Largest number of concurrent TCP connections; more are closed on accept.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pub max_conns: usize,
-    /// Close a TCP connection that sends nothing (or reads nothing) for this long.
+    /// Largest number of concurrent TCP connections from one source address (0: no limit).
+    #[arg(long, default_value_t = serve::DEFAULT_MAX_CONNS_PER_PEER, value_name = "N")]
+    pub max_conns_per_peer: usize,
+    /// Close a TCP connection that sends nothing (or reads nothing) for this long; a hello,
+    /// a whole request and a whole response each get this long from their first byte.
     #[arg(long, default_value = "30s", value_parser = duration_arg, value_name = "DURATION")]
     pub idle_timeout: Duration,
+    /// UDP replies per second to one source address (0: no limit).
+    #[arg(long, default_value_t = serve::DEFAULT_UDP_RATE, value_name = "PER_SECOND")]
+    pub udp_rate: u32,
+    /// UDP replies one source may get back to back above its rate.
+    #[arg(long, default_value_t = serve::DEFAULT_UDP_BURST, value_name = "N")]
+    pub udp_burst: u32,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -305,7 +315,11 @@ pub fn serve_main(args: ServeArgs) -> Result<()> {
         },
         max_size: args.max_size,
         max_conns: args.max_conns.max(1),
+        max_conns_per_peer: args.max_conns_per_peer,
         idle_timeout: args.idle_timeout,
+        udp_rate: args.udp_rate,
+        udp_burst: args.udp_burst,
+        ..ServeConfig::default()
     };
     let rt = runtime()?;
     rt.block_on(async {

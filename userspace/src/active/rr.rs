@@ -4,7 +4,7 @@
 //! `icmp.rs`).
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
-use super::framing::{Hello, UdpHeader, FLAG_NODELAY, HELLO_ACK, UDP_HEADER_LEN, UDP_MAX};
+use super::framing::{
+    carried_cookie, cookie_request, decode_cookie, write_cookie, Hello, UdpHeader, FLAG_NODELAY,
+    HELLO_ACK, UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN, UDP_MAX,
+};
 use super::icmp::{IcmpSocket, Reply, SendStamp, MIN_PAYLOAD};
 use super::{cancelled, Cancel};
 use crate::analysis::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
@@ -170,6 +173,11 @@ pub struct Counts {
     /// clock step between send and receive).
     #[serde(default)]
     pub rx_timestamp_fallbacks: u64,
+    /// UDP: requests sent again because the server answered with a new cookie
+    /// instead of the (larger) response (see `framing.rs`); the transaction is
+    /// timed from the second send.
+    #[serde(default)]
+    pub cookie_refreshes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -449,10 +457,17 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     let addr = resolve(cfg).await?;
     let (req_size, resp_size) = match cfg.kind {
         Kind::TcpRr => (cfg.req_size, cfg.resp_size),
-        Kind::UdpRr => (
-            cfg.req_size.max(UDP_HEADER_LEN as u32),
-            cfg.resp_size.max(UDP_HEADER_LEN as u32),
-        ),
+        Kind::UdpRr => {
+            let req = cfg.req_size.max(UDP_HEADER_LEN as u32);
+            let resp = cfg.resp_size.max(UDP_HEADER_LEN as u32);
+            // A response larger than its request needs a cookie, carried in
+            // bytes 16..24 of every request (see framing.rs).
+            if resp > req {
+                (req.max(UDP_COOKIE_REQ_MIN as u32), resp)
+            } else {
+                (req, resp)
+            }
+        }
         Kind::Icmp => {
             let p = cfg.req_size.max(MIN_PAYLOAD as u32);
             (p, p)
@@ -533,7 +548,16 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
                 u.connect(addr)
                     .await
                     .with_context(|| format!("connecting UDP to {addr}"))?;
-                DgramSock::Udp(u)
+                let peer = UdpPeer {
+                    sock: u,
+                    cookie_mode: resp_size > req_size,
+                    cookie: AtomicU64::new(0),
+                    has_cookie: AtomicBool::new(false),
+                };
+                if peer.cookie_mode {
+                    peer.handshake(cfg.timeout, &mut cancel).await;
+                }
+                DgramSock::Udp(peer)
             } else {
                 let s = IcmpSocket::open(addr.ip()).context("opening an ICMP socket")?;
                 settings.icmp_socket = Some(s.kind.name().to_string());
@@ -986,35 +1010,116 @@ fn sys_io(rc: isize) -> std::io::Result<usize> {
 }
 
 enum DgramSock {
-    Udp(UdpSocket),
+    Udp(UdpPeer),
     Icmp(IcmpSocket),
+}
+
+/// A UDP_RR socket and, when responses are larger than requests, the
+/// server's cookie (see `framing.rs`).
+struct UdpPeer {
+    sock: UdpSocket,
+    /// Responses are larger than requests: requests carry the cookie.
+    cookie_mode: bool,
+    cookie: AtomicU64,
+    has_cookie: AtomicBool,
+}
+
+/// What a receive brought.
+enum Rx {
+    Reply(Reply),
+    /// UDP: the server sent a new cookie instead of the response.
+    NewCookie,
+    /// Not a reply to us.
+    Foreign,
+}
+
+impl UdpPeer {
+    /// Before the clock starts: ask for a cookie, up to three times, each
+    /// waiting up to the reply timeout. Without one the run still starts (an
+    /// older server answers without); a server that wants one answers the
+    /// first request with a cookie and the request is sent again.
+    async fn handshake(&self, timeout: Duration, cancel: &mut Cancel) {
+        let mut buf = vec![0u8; 65536 + 64];
+        for _ in 0..3 {
+            if let Err(e) = self.sock.send(&cookie_request()).await {
+                tracing::debug!("UDP cookie request: {e}");
+                tokio::time::sleep(Duration::from_millis(10).min(timeout)).await;
+                continue;
+            }
+            let until = tokio::time::Instant::now() + timeout;
+            loop {
+                tokio::select! {
+                    r = tokio::time::timeout_at(until, self.sock.recv(&mut buf)) => match r {
+                        Err(_) => break,
+                        Ok(Ok(n)) => {
+                            if matches!(self.classify(&buf[..n]), Rx::NewCookie) {
+                                return;
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!("UDP cookie reply: {e}");
+                            tokio::time::sleep(Duration::from_millis(10).min(timeout)).await;
+                            break;
+                        }
+                    },
+                    _ = cancelled(cancel) => return,
+                }
+            }
+        }
+        tracing::warn!(
+            "no UDP cookie from the server after 3 tries; sending requests without one (responses larger than requests need one from rttscope serve)"
+        );
+    }
+
+    /// Classify a received datagram; take the cookie from a cookie datagram or
+    /// from bytes 16..24 of a response (the server's current one).
+    fn classify(&self, d: &[u8]) -> Rx {
+        if let Ok(h) = UdpHeader::decode(d) {
+            if self.cookie_mode {
+                if let Some(c) = carried_cookie(d) {
+                    self.set_cookie(c);
+                }
+            }
+            return Rx::Reply(udp_reply(h));
+        }
+        match decode_cookie(d) {
+            Some(c) if self.cookie_mode => {
+                self.set_cookie(c);
+                Rx::NewCookie
+            }
+            _ => Rx::Foreign,
+        }
+    }
+
+    fn set_cookie(&self, c: u64) {
+        self.cookie.store(c, Ordering::Relaxed);
+        self.has_cookie.store(true, Ordering::Relaxed);
+    }
 }
 
 impl DgramSock {
     /// Non-blocking receive straight to the syscall (for busy polling; bypasses
     /// the reactor). Ok(None): nothing there.
-    fn try_recv(
-        &self,
-        buf: &mut [u8],
-        foreign: &mut u64,
-    ) -> std::io::Result<Option<Option<Reply>>> {
+    fn try_recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Rx>> {
         match self {
             DgramSock::Udp(u) => {
                 let r = sys_io(unsafe {
                     libc::recv(
-                        u.as_raw_fd(),
+                        u.sock.as_raw_fd(),
                         buf.as_mut_ptr().cast(),
                         buf.len(),
                         libc::MSG_DONTWAIT,
                     )
                 });
                 match r {
-                    Ok(n) => Ok(Some(UdpHeader::decode(&buf[..n]).ok().map(udp_reply))),
+                    Ok(n) => Ok(Some(u.classify(&buf[..n]))),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
                     Err(e) => Err(e),
                 }
             }
-            DgramSock::Icmp(s) => s.try_recv(buf, foreign),
+            DgramSock::Icmp(s) => Ok(s
+                .try_recv(buf, foreign)?
+                .map(|r| r.map_or(Rx::Foreign, Rx::Reply))),
         }
     }
 
@@ -1029,19 +1134,22 @@ impl DgramSock {
         match self {
             DgramSock::Udp(u) => {
                 UdpHeader { resp, seq }.write(buf);
-                u.send(buf).await.map(|_| None)
+                if u.cookie_mode && u.has_cookie.load(Ordering::Relaxed) {
+                    write_cookie(buf, u.cookie.load(Ordering::Relaxed));
+                }
+                u.sock.send(buf).await.map(|_| None)
             }
             DgramSock::Icmp(s) => s.send(seq, buf.len()).await.map(Some),
         }
     }
     /// The next reply (None: a datagram that is not a reply to us).
-    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Option<Reply>> {
+    async fn recv(&self, buf: &mut [u8], foreign: &mut u64) -> std::io::Result<Rx> {
         match self {
             DgramSock::Udp(u) => {
-                let n = u.recv(buf).await?;
-                Ok(UdpHeader::decode(&buf[..n]).ok().map(udp_reply))
+                let n = u.sock.recv(buf).await?;
+                Ok(u.classify(&buf[..n]))
             }
-            DgramSock::Icmp(s) => s.recv(buf, foreign).await.map(Some),
+            DgramSock::Icmp(s) => s.recv(buf, foreign).await.map(Rx::Reply),
         }
     }
 }
@@ -1119,8 +1227,9 @@ async fn dgram_loop(
             }
         }
         rec.counts.sent += 1;
-        let deadline = tokio::time::Instant::now() + cfg.timeout;
-        let deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
+        let mut deadline = tokio::time::Instant::now() + cfg.timeout;
+        let mut deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
+        let mut resent = false;
         loop {
             let r = if cfg.spin {
                 // Busy-poll: never sleep, so no wake-up latency lands in the sample.
@@ -1172,8 +1281,28 @@ async fn dgram_loop(
                     tokio::time::sleep(Duration::from_millis(1).min(cfg.timeout)).await;
                     break;
                 }
-                Ok(Ok(None)) => rec.counts.foreign += 1,
-                Ok(Ok(Some(Reply {
+                Ok(Ok(Rx::Foreign)) => rec.counts.foreign += 1,
+                Ok(Ok(Rx::NewCookie)) => {
+                    // The server wanted a (new) cookie before a larger
+                    // response: send this request once more, with it, and
+                    // time the transaction from there.
+                    if resent || states[(seq as usize) % WINDOW] != (seq, SeqState::Pending) {
+                        rec.counts.foreign += 1;
+                        continue;
+                    }
+                    resent = true;
+                    rec.counts.cookie_refreshes += 1;
+                    t0 = mono_ns();
+                    if let Err(e) = sock.send(&mut req, seq, resp_size).await {
+                        rec.error(format!("send: {e}"));
+                        rec.counts.lost += 1;
+                        states[(seq as usize) % WINDOW].1 = SeqState::TimedOut;
+                        break;
+                    }
+                    deadline = tokio::time::Instant::now() + cfg.timeout;
+                    deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
+                }
+                Ok(Ok(Rx::Reply(Reply {
                     seq: got,
                     rx_real_ns,
                 }))) => {
@@ -1225,9 +1354,12 @@ async fn dgram_loop(
     // holding up the result: up to 10 ms, never more than the timeout.
     let grace = Duration::from_millis(10).min(cfg.timeout);
     let until = tokio::time::Instant::now() + grace;
-    while let Ok(Ok(Some(Reply { seq: got, .. }))) =
+    while let Ok(Ok(rx)) =
         tokio::time::timeout_at(until, sock.recv(&mut buf, &mut rec.counts.foreign)).await
     {
+        let Rx::Reply(Reply { seq: got, .. }) = rx else {
+            continue;
+        };
         let slot = &mut states[(got as usize) % WINDOW];
         if slot.0 != got {
             continue;

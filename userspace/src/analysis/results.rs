@@ -21,6 +21,11 @@ pub const FORMAT: &str = "rttscope-result";
 pub const VERSION: u32 = 1;
 /// Largest result file `load` accepts (bounded memory for a file that is charted later).
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
+/// Largest magnitude of a time (`t_s`, seconds) or a sweep's `x` that `load` accepts: about
+/// 31,700 years, room for Unix times, and far from the float range where axis arithmetic breaks.
+pub const MAX_ABS_TIME: f64 = 1e12;
+/// Largest RTT (`*_us`) that `load` accepts: 1e12 us, about 11.6 days.
+pub const MAX_RTT_US: f64 = 1e12;
 
 #[derive(Debug, Error)]
 pub enum ResultError {
@@ -42,6 +47,61 @@ pub enum ResultError {
     TooNew { path: String, found: u32 },
     #[error("{path}: {why}")]
     Invalid { path: String, why: String },
+}
+
+/// The two fields that say what a document is, read alone when the typed parse fails.
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default)]
+    format: Option<serde_json::Value>,
+    #[serde(default)]
+    version: Option<serde_json::Value>,
+}
+
+impl Head {
+    fn check(&self, path: &str) -> Result<(), ResultError> {
+        match self.format.as_ref().map(|f| f.as_str()) {
+            Some(Some(FORMAT)) => {}
+            Some(Some(other)) => {
+                return Err(ResultError::NotAResult {
+                    path: path.to_string(),
+                    why: format!("its format is '{}', not '{FORMAT}'", cut(other, 40)),
+                })
+            }
+            _ => {
+                return Err(ResultError::NotAResult {
+                    path: path.to_string(),
+                    why: format!("no \"format\": \"{FORMAT}\" field"),
+                })
+            }
+        }
+        if let Some(found) = self.version.as_ref().and_then(|f| f.as_u64()) {
+            if found > VERSION as u64 {
+                return Err(ResultError::TooNew {
+                    path: path.to_string(),
+                    found: found.min(u32::MAX as u64) as u32,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn time_ok(t: f64) -> bool {
+    t.is_finite() && t.abs() <= MAX_ABS_TIME
+}
+
+fn rtt_ok(us: f64) -> bool {
+    (0.0..=MAX_RTT_US).contains(&us)
+}
+
+/// At most `max` characters of `s`, control characters escaped (text from a file, for an error).
+fn cut(s: &str, max: usize) -> String {
+    let mut out: String = s.chars().take(max).flat_map(char::escape_default).collect();
+    if s.chars().nth(max).is_some() {
+        out.push_str("...");
+    }
+    out
 }
 
 /// One run: the views side by side, optionally a sweep over a parameter.
@@ -264,60 +324,75 @@ impl RunResult {
 
     /// Parse and check a result document; `path` names it in errors.
     pub fn from_json(text: &str, path: &str) -> Result<RunResult, ResultError> {
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| ResultError::NotAResult {
-                path: path.to_string(),
-                why: e.to_string(),
-            })?;
-        match v.get("format").and_then(|f| f.as_str()) {
-            Some(FORMAT) => {}
-            Some(other) => {
-                return Err(ResultError::NotAResult {
-                    path: path.to_string(),
-                    why: format!("its format is '{other}', not '{FORMAT}'"),
-                })
-            }
-            None => {
-                return Err(ResultError::NotAResult {
-                    path: path.to_string(),
-                    why: format!("no \"format\": \"{FORMAT}\" field"),
-                })
-            }
+        RunResult::parse(path, serde_json::from_str(text), || {
+            Ok(serde_json::from_str(text))
+        })
+    }
+
+    /// Read a result file. The document is deserialized straight from the file into the typed
+    /// result (no whole-file string, no generic JSON tree: a 5M-sample file needs about 200 MB, not
+    /// 4 GB); only a file that does not parse is read a second time, to say why.
+    pub fn load(path: &Path) -> Result<RunResult, ResultError> {
+        let name = path.display().to_string();
+        let read_err = |source| ResultError::Read {
+            path: name.clone(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read_err)?;
+        if meta.len() > MAX_FILE_BYTES {
+            return Err(ResultError::TooLarge { path: name });
         }
-        if let Some(found) = v.get("version").and_then(|f| f.as_u64()) {
-            if found > VERSION as u64 {
-                return Err(ResultError::TooNew {
+        let open = || {
+            std::fs::File::open(path)
+                .map(|f| std::io::BufReader::with_capacity(1 << 16, f))
+                .map_err(read_err)
+        };
+        let typed = serde_json::from_reader(open()?);
+        RunResult::parse(&name, typed, || Ok(serde_json::from_reader(open()?)))
+    }
+
+    /// The typed parse first; when it fails, the format and version fields alone (`head`) tell
+    /// "not a result" and "too new" apart from a result with a bad field.
+    fn parse(
+        path: &str,
+        typed: Result<RunResult, serde_json::Error>,
+        head: impl FnOnce() -> Result<Result<Head, serde_json::Error>, ResultError>,
+    ) -> Result<RunResult, ResultError> {
+        let io = |e: serde_json::Error| ResultError::Read {
+            path: path.to_string(),
+            source: std::io::Error::other(e.to_string()),
+        };
+        let r = match typed {
+            Ok(r) => r,
+            Err(e) if e.is_io() => return Err(io(e)),
+            Err(typed_err) => {
+                let h = match head()? {
+                    Ok(h) => h,
+                    Err(e) if e.is_io() => return Err(io(e)),
+                    Err(e) => {
+                        return Err(ResultError::NotAResult {
+                            path: path.to_string(),
+                            why: e.to_string(),
+                        })
+                    }
+                };
+                h.check(path)?;
+                return Err(ResultError::Invalid {
                     path: path.to_string(),
-                    found: found.min(u32::MAX as u64) as u32,
+                    why: typed_err.to_string(),
                 });
             }
+        };
+        Head {
+            format: Some(serde_json::Value::String(r.format.clone())),
+            version: Some(r.version.into()),
         }
-        let r: RunResult = serde_json::from_value(v).map_err(|e| ResultError::Invalid {
-            path: path.to_string(),
-            why: e.to_string(),
-        })?;
+        .check(path)?;
         r.validate().map_err(|why| ResultError::Invalid {
             path: path.to_string(),
             why,
         })?;
         Ok(r)
-    }
-
-    /// Read a result file.
-    pub fn load(path: &Path) -> Result<RunResult, ResultError> {
-        let name = path.display().to_string();
-        let meta = std::fs::metadata(path).map_err(|source| ResultError::Read {
-            path: name.clone(),
-            source,
-        })?;
-        if meta.len() > MAX_FILE_BYTES {
-            return Err(ResultError::TooLarge { path: name });
-        }
-        let text = std::fs::read_to_string(path).map_err(|source| ResultError::Read {
-            path: name.clone(),
-            source,
-        })?;
-        RunResult::from_json(&text, &name)
     }
 
     /// Write the result as pretty JSON (to a temporary file renamed into place, so a reader never
@@ -358,27 +433,34 @@ impl RunResult {
                 .samples
                 .iter()
                 .enumerate()
-                .find(|(_, s)| !(s.t_s.is_finite() && s.rtt_us.is_finite() && s.rtt_us >= 0.0))
+                .find(|(_, s)| !(time_ok(s.t_s) && rtt_ok(s.rtt_us)))
             {
                 return Err(format!(
-                    "view '{}' sample {i} is not a time and a non-negative RTT: t_s={}, rtt_us={}",
-                    v.name, s.t_s, s.rtt_us
+                    "view '{}' sample {i} is not a time within +-{MAX_ABS_TIME:e} s and an RTT \
+                     from 0 to {MAX_RTT_US:e} us: t_s={:e}, rtt_us={:e}",
+                    cut(&v.name, 80),
+                    s.t_s,
+                    s.rtt_us
                 ));
             }
         }
         if let Some(sw) = &self.sweep {
             for (i, p) in sw.points.iter().enumerate() {
-                if !p.x.is_finite() {
-                    return Err(format!("sweep point {i} has a non-finite x"));
+                if !time_ok(p.x) {
+                    return Err(format!(
+                        "sweep point {i} has x={:e}, not a number within +-{MAX_ABS_TIME:e}",
+                        p.x
+                    ));
                 }
                 for s in &p.views {
                     let vals = [
                         s.min_us, s.mean_us, s.p5_us, s.p50_us, s.p95_us, s.p99_us, s.max_us,
                     ];
-                    if vals.iter().flatten().any(|v| !v.is_finite() || *v < 0.0) {
+                    if vals.iter().flatten().any(|v| !rtt_ok(*v)) {
                         return Err(format!(
-                            "sweep point {i} view '{}' has a negative or non-finite statistic",
-                            s.view
+                            "sweep point {i} view '{}' has a statistic that is not an RTT from 0 \
+                             to {MAX_RTT_US:e} us",
+                            cut(&s.view, 80)
                         ));
                     }
                 }
@@ -561,6 +643,78 @@ mod tests {
             e.to_string().starts_with("cannot read /nonexistent/r.json"),
             "{e}"
         );
+    }
+
+    /// Issue 18 item 3: values that broke the chart's axis arithmetic are refused on load, with
+    /// the offending value in the sentence; a subnormal RTT is a valid (tiny) RTT.
+    #[test]
+    fn rejects_extreme_times_rtts_and_sweep_values() {
+        let bad = |f: &dyn Fn(&mut RunResult), want: &str| {
+            let mut r = sample_result();
+            f(&mut r);
+            let text = serde_json::to_string(&r).unwrap();
+            let e = RunResult::from_json(&text, "f.json")
+                .map(|_| "accepted".to_string())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(e.contains(want), "want '{want}', got: {e}");
+        };
+        bad(
+            &|r| r.views[0].samples[2].t_s = 1e308,
+            "sample 2 is not a time",
+        );
+        bad(&|r| r.views[0].samples[2].t_s = -1e308, "t_s=-1e308");
+        bad(&|r| r.views[1].samples[0].rtt_us = 1e13, "rtt_us=1e13");
+        bad(
+            &|r| {
+                r.sweep = Some(Sweep {
+                    parameter: "p".into(),
+                    unit: String::new(),
+                    points: vec![SweepPoint {
+                        x: 1e308,
+                        settings: serde_json::Value::Null,
+                        views: vec![],
+                    }],
+                })
+            },
+            "sweep point 0 has x=1e308",
+        );
+        let mut r = sample_result();
+        r.views[0].samples[0].rtt_us = 1e-310;
+        r.views[0].samples[1].t_s = -1e12;
+        let back = RunResult::from_json(&serde_json::to_string(&r).unwrap(), "f.json").unwrap();
+        assert_eq!(back, r);
+        // The typed parse failing still tells a foreign document from a bad result.
+        let e = RunResult::from_json(r#"{"format":"pcap","samples":[1]}"#, "f.json").unwrap_err();
+        assert!(e.to_string().contains("its format is 'pcap'"), "{e}");
+    }
+
+    /// `load` streams the file into the typed result; its errors are those of `from_json`.
+    #[test]
+    fn load_streams_and_reports_like_from_json() {
+        let dir =
+            std::env::temp_dir().join(format!("rttscope-results-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.json");
+        let r = sample_result();
+        r.save(&path).unwrap();
+        assert_eq!(RunResult::load(&path).unwrap(), r);
+        for (text, want) in [
+            ("{\"format\":\"x\"}", "its format is 'x'"),
+            (
+                "{\"format\":\"rttscope-result\",\"version\":7}",
+                "newer than",
+            ),
+            (
+                "{\"format\":\"rttscope-result\",\"version\":1}",
+                "missing field",
+            ),
+            ("[1, 2", "not an rttscope result"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let e = RunResult::load(&path).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

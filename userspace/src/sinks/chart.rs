@@ -199,7 +199,11 @@ fn plan<'a>(
         });
         if !in_views && !in_sweep {
             let names: Vec<&str> = result.views.iter().map(|s| s.name.as_str()).collect();
-            bail!("the result has no view '{v}' (views: {})", names.join(", "));
+            bail!(
+                "the result has no view '{}' (views: {})",
+                short(v, 60),
+                short(&names.join(", "), 200)
+            );
         }
     }
     let views: Vec<(usize, &ViewSeries)> = result
@@ -218,7 +222,7 @@ fn plan<'a>(
         if !has_sweep {
             bail!("the result has no sweep to chart (use --kind timeseries or cdf)");
         }
-    } else if views.iter().all(|(_, v)| v.samples.is_empty()) {
+    } else if views.iter().all(|(_, v)| points(v).next().is_none()) {
         bail!("the result has no samples to chart");
     }
     Ok((kind, views))
@@ -260,16 +264,11 @@ pub fn draw<DB: DrawingBackend>(
     register_font();
     let (kind, views) = plan(result, opts)?;
     root.fill(&WHITE).map_err(derr)?;
-    let title = opts.title.clone().unwrap_or_else(|| result.display_title());
-    let mut subtitle = result.settings_line();
-    if subtitle.len() > 160 {
-        let mut cut = 157;
-        while !subtitle.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        subtitle.truncate(cut);
-        subtitle.push_str("...");
-    }
+    let title = short(
+        &opts.title.clone().unwrap_or_else(|| result.display_title()),
+        120,
+    );
+    let subtitle = short(&result.settings_line(), 160);
     let (w, _) = root.dim_in_pixel();
     let head = if subtitle.is_empty() { 44 } else { 68 };
     let (top, body) = root.split_vertically(head);
@@ -302,17 +301,89 @@ pub fn draw<DB: DrawingBackend>(
 }
 
 fn label(v: &ViewSeries) -> String {
-    format!("{} ({}, n={})", v.name, v.kind.as_str(), v.samples.len())
+    format!(
+        "{} ({}, n={})",
+        short(&v.name, 60),
+        v.kind.as_str(),
+        v.samples.len()
+    )
 }
 
-/// Padded range for an axis; never empty.
+/// Text from the result as drawn: at most `max` characters (then "..."), control characters as
+/// spaces, so a hostile name cannot make text layout the slow part.
+fn short(s: &str, max: usize) -> String {
+    let mut out: String = s
+        .chars()
+        .take(max)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if s.chars().nth(max).is_some() {
+        out.truncate(
+            out.char_indices()
+                .nth(max - 3)
+                .map_or(out.len(), |(i, _)| i),
+        );
+        out.push_str("...");
+    }
+    out
+}
+
+/// Largest magnitude drawn on the time and sweep-parameter axes; beyond it values are clamped
+/// (`results::load` refuses them; library callers may pass anything).
+const AXIS_MAX: f64 = crate::results::MAX_ABS_TIME;
+/// Time and parameter values smaller than this in magnitude are drawn at 0.
+const AXIS_TINY: f64 = 1e-9;
+/// Positive RTTs are drawn between 1 ns and `MAX_RTT_US` (clamped): a subnormal RTT or an infinite
+/// one must not reach the axis arithmetic, where plotters' tick loops never end.
+const RTT_MIN_MS: f64 = 1e-6;
+const RTT_MAX_MS: f64 = crate::results::MAX_RTT_US / 1000.0;
+
+/// A time or parameter value as drawn: `None` for NaN, clamped to +-`AXIS_MAX`, tiny ones as 0.
+fn axis_value(v: f64) -> Option<f64> {
+    if v.is_nan() {
+        return None;
+    }
+    let v = v.clamp(-AXIS_MAX, AXIS_MAX);
+    Some(if v.abs() < AXIS_TINY { 0.0 } else { v })
+}
+
+/// An RTT in microseconds as drawn, in ms: `None` for NaN or negative, 0 stays 0, positive
+/// values clamped to `RTT_MIN_MS..=RTT_MAX_MS`.
+fn rtt_ms(us: f64) -> Option<f64> {
+    if us.is_nan() || us < 0.0 {
+        return None;
+    }
+    let ms = us / 1000.0;
+    Some(if ms == 0.0 {
+        0.0
+    } else {
+        ms.clamp(RTT_MIN_MS, RTT_MAX_MS)
+    })
+}
+
+/// The drawable points of a view: (time s, RTT ms), cleaned as above.
+fn points(v: &ViewSeries) -> impl Iterator<Item = Pt> + '_ {
+    v.samples
+        .iter()
+        .filter_map(|s| Some((axis_value(s.t_s)?, rtt_ms(s.rtt_us)?)))
+}
+
+/// Padded range for an axis; never empty, never narrower than a millionth of its values'
+/// magnitude (narrower spans cannot be divided into ticks in f64), never beyond +-`AXIS_MAX`.
 fn pad(lo: f64, hi: f64) -> Range<f64> {
-    if !(lo.is_finite() && hi.is_finite()) {
+    if !(lo.is_finite() && hi.is_finite()) || lo > hi {
         return 0.0..1.0;
     }
+    let (lo, hi) = (lo.clamp(-AXIS_MAX, AXIS_MAX), hi.clamp(-AXIS_MAX, AXIS_MAX));
     let span = hi - lo;
-    if span <= 0.0 {
-        let d = if lo == 0.0 { 1.0 } else { lo.abs() * 0.1 };
+    let mag = lo.abs().max(hi.abs());
+    let min_span = (mag * 1e-6).max(AXIS_TINY);
+    if span < min_span {
+        let d = if mag == 0.0 {
+            1.0
+        } else {
+            (mag * 0.1).max(min_span)
+        };
         return (lo - d)..(hi + d);
     }
     (lo - span * 0.03)..(hi + span * 0.05)
@@ -323,24 +394,20 @@ type Pt = (f64, f64);
 /// x, p5, p50, p95 (ms) of one view at one sweep point.
 type SweepRow = (f64, Option<f64>, Option<f64>, Option<f64>);
 
-/// At most ~2 points per bin: the min and max of each time bin, so spikes survive thinning.
+/// At most ~2 points per bin: the min and max of each time bin, so spikes survive thinning. Works
+/// from the samples in place (no copy of a long series).
 fn envelope(v: &ViewSeries, bins: usize) -> Vec<(f64, f64)> {
-    let pts: Vec<(f64, f64)> = v
-        .samples
-        .iter()
-        .map(|s| (s.t_s, s.rtt_us / 1000.0))
-        .collect();
-    if pts.len() <= bins * 2 {
-        return pts;
+    let bins = bins.max(1);
+    let (n, t0, t1) = points(v).fold(
+        (0usize, f64::INFINITY, f64::NEG_INFINITY),
+        |(n, a, b), p| (n + 1, a.min(p.0), b.max(p.0)),
+    );
+    if n <= bins * 2 {
+        return points(v).collect();
     }
-    let (t0, t1) = pts
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-            (a.min(p.0), b.max(p.0))
-        });
     let width = ((t1 - t0) / bins as f64).max(f64::MIN_POSITIVE);
     let mut acc: Vec<Option<(Pt, Pt)>> = vec![None; bins];
-    for p in pts {
+    for p in points(v) {
         let k = (((p.0 - t0) / width) as usize).min(bins - 1);
         acc[k] = Some(match acc[k] {
             None => (p, p),
@@ -370,13 +437,12 @@ fn timeseries<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     views: &[(usize, &ViewSeries)],
 ) -> anyhow::Result<()> {
-    let all = views.iter().flat_map(|(_, v)| v.samples.iter());
+    let all = views.iter().flat_map(|(_, v)| points(v));
     let (mut t0, mut t1) = (f64::INFINITY, f64::NEG_INFINITY);
     let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
-    for s in all {
-        t0 = t0.min(s.t_s);
-        t1 = t1.max(s.t_s);
-        let ms = s.rtt_us / 1000.0;
+    for (t, ms) in all {
+        t0 = t0.min(t);
+        t1 = t1.max(t);
         if ms > 0.0 {
             y0 = y0.min(ms);
         }
@@ -470,13 +536,13 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
 
 /// The empirical CDF as at most `max` points (x in ms, y = fraction <= x).
 fn cdf_points(v: &ViewSeries, max: usize) -> Vec<(f64, f64)> {
-    let mut xs: Vec<f64> = v.samples.iter().map(|s| s.rtt_us / 1000.0).collect();
+    let mut xs: Vec<f64> = v.samples.iter().filter_map(|s| rtt_ms(s.rtt_us)).collect();
     xs.sort_by(f64::total_cmp);
     let n = xs.len();
     if n == 0 {
         return Vec::new();
     }
-    let step = n.div_ceil(max).max(1);
+    let step = n.div_ceil(max.max(1)).max(1);
     let mut out: Vec<(f64, f64)> = (0..n)
         .step_by(step)
         .map(|i| (xs[i], (i + 1) as f64 / n as f64))
@@ -494,8 +560,7 @@ fn cdf<DB: DrawingBackend>(
     let mut lo = f64::INFINITY;
     let mut hi = 0.0f64;
     for (_, v) in views {
-        for s in &v.samples {
-            let ms = s.rtt_us / 1000.0;
+        for ms in v.samples.iter().filter_map(|s| rtt_ms(s.rtt_us)) {
             if ms > 0.0 {
                 lo = lo.min(ms);
             }
@@ -596,11 +661,15 @@ fn sweep<DB: DrawingBackend>(
     let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
     let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
     for p in &sw.points {
-        x0 = x0.min(p.x);
-        x1 = x1.max(p.x);
+        let Some(x) = axis_value(p.x) else { continue };
+        x0 = x0.min(x);
+        x1 = x1.max(x);
         for s in p.views.iter().filter(|s| names.contains(&s.view.as_str())) {
-            for v in [s.p5_us, s.p50_us, s.p95_us].into_iter().flatten() {
-                let ms = v / 1000.0;
+            for ms in [s.p5_us, s.p50_us, s.p95_us]
+                .into_iter()
+                .flatten()
+                .filter_map(rtt_ms)
+            {
                 if ms > 0.0 {
                     y0 = y0.min(ms);
                 }
@@ -613,9 +682,9 @@ fn sweep<DB: DrawingBackend>(
     }
     let y_range = (y0 / 1.5)..(y1.max(y0 * 1.5) * 1.5);
     let x_desc = if sw.unit.is_empty() {
-        sw.parameter.clone()
+        short(&sw.parameter, 60)
     } else {
-        format!("{} ({})", sw.parameter, sw.unit)
+        format!("{} ({})", short(&sw.parameter, 60), short(&sw.unit, 20))
     };
     let colors: Vec<RGBColor> = names
         .iter()
@@ -654,7 +723,10 @@ where
     let floor = y_range.start;
     let mut chart = ChartBuilder::on(area)
         .caption(
-            format!("RTT against {}: p50 line, p5-p95 band", sw.parameter),
+            format!(
+                "RTT against {}: p50 line, p5-p95 band",
+                short(&sw.parameter, 60)
+            ),
             font(18),
         )
         .margin(12)
@@ -679,9 +751,10 @@ where
             .points
             .iter()
             .filter_map(|p| {
+                let x = axis_value(p.x)?;
                 p.views.iter().find(|s| s.view == *name).map(|s| {
-                    let ms = |v: Option<f64>| v.map(|v| (v / 1000.0).max(floor));
-                    (p.x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us))
+                    let ms = |v: Option<f64>| v.and_then(rtt_ms).map(|v| v.max(floor));
+                    (x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us))
                 })
             })
             .collect();
@@ -711,7 +784,7 @@ where
         chart
             .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
             .map_err(derr)?
-            .label(format!("{name} p50 (band p5-p95)"))
+            .label(format!("{} p50 (band p5-p95)", short(name, 60)))
             .legend(move |(x, y)| {
                 EmptyElement::at((x, y))
                     + Rectangle::new([(0, -6), (20, 6)], c.mix(0.18).filled())
@@ -997,5 +1070,215 @@ mod tests {
         let c = cdf_points(&v, 2000);
         assert!(c.len() <= 2001);
         assert_eq!(c.last().unwrap().1, 1.0);
+    }
+
+    /// The numbers of a result, short, for a failure message.
+    fn numbers(r: &RunResult) -> String {
+        let mut out = String::new();
+        for v in &r.views {
+            let s: Vec<String> = v
+                .samples
+                .iter()
+                .map(|s| format!("({:e}, {:e})", s.t_s, s.rtt_us))
+                .collect();
+            out += &format!("view '{}' (t_s, rtt_us): {}; ", v.name, s.join(" "));
+        }
+        if let Some(sw) = &r.sweep {
+            for p in &sw.points {
+                let st: Vec<String> = p
+                    .views
+                    .iter()
+                    .map(|s| format!("{:?}/{:?}/{:?}", s.p5_us, s.p50_us, s.p95_us))
+                    .collect();
+                out += &format!("sweep x={:e} p5/p50/p95 {}; ", p.x, st.join(" "));
+            }
+        }
+        out
+    }
+
+    /// Render on another thread; fail (printing the input) if it takes longer than `limit`. A hang
+    /// leaves that thread spinning, but the test reports instead of blocking the suite.
+    fn render_within(
+        r: &RunResult,
+        opts: &ChartOptions,
+        limit: std::time::Duration,
+    ) -> Result<(), String> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (r2, o2) = (r.clone(), opts.clone());
+        std::thread::spawn(move || {
+            let out = std::panic::catch_unwind(|| render_rgb(&r2, &o2).map(|_| ()));
+            let _ = tx.send(out);
+        });
+        match rx.recv_timeout(limit) {
+            // Refusing with an error is fine; a panic or no answer is not.
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(format!(
+                "rendering {:?} panicked on {}",
+                opts.kind,
+                numbers(r)
+            )),
+            Err(_) => Err(format!(
+                "rendering {:?} did not finish within {limit:?} on {}",
+                opts.kind,
+                numbers(r)
+            )),
+        }
+    }
+
+    fn one_sample(t_s: f64, rtt_us: f64) -> RunResult {
+        let mut r = RunResult::new("x", json!({}));
+        let mut v = ViewSeries::new("v", ViewKind::Probe);
+        v.samples = vec![
+            Sample { t_s, rtt_us },
+            Sample {
+                t_s: 1.0,
+                rtt_us: 250.0,
+            },
+        ];
+        r.views.push(v);
+        r
+    }
+
+    fn sweep_at(xs: &[f64], p50_us: f64) -> RunResult {
+        let mut r = result_with_sweep();
+        let sw = r.sweep.as_mut().unwrap();
+        sw.points.truncate(xs.len());
+        for (p, &x) in sw.points.iter_mut().zip(xs) {
+            p.x = x;
+            p.views[0].p50_us = Some(p50_us);
+        }
+        r
+    }
+
+    const LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Issue 18 item 3: the three inputs that looped forever at 100% CPU.
+    #[test]
+    fn subnormal_and_huge_values_do_not_hang() {
+        let kinds = [ChartKind::Timeseries, ChartKind::Cdf, ChartKind::Overview];
+        let mut failures = Vec::new();
+        // A subnormal RTT, alone and next to an ordinary one.
+        let mut alone = one_sample(0.0, 1e-310);
+        alone.views[0].samples.truncate(1);
+        for r in [one_sample(0.0, 1e-310), alone] {
+            for kind in kinds {
+                failures.extend(render_within(&r, &ChartOptions { kind, ..small() }, LIMIT).err());
+            }
+        }
+        // Times of +-1e308.
+        for t in [1e308, -1e308] {
+            for kind in kinds {
+                let r = one_sample(t, 100.0);
+                failures.extend(render_within(&r, &ChartOptions { kind, ..small() }, LIMIT).err());
+            }
+        }
+        // Sweep x of +-1e308, and a subnormal percentile.
+        for r in [
+            sweep_at(&[-1e308, 1e308], 500.0),
+            sweep_at(&[1e308, 1.0], 500.0),
+            sweep_at(&[0.0, 1.0, 2.0], 1e-310),
+        ] {
+            failures.extend(render_within(&r, &small(), LIMIT).err());
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    /// Any f64, with the hostile ones (subnormal, +-huge, NaN, +-inf, -0) much more likely than
+    /// `any::<f64>()` alone would make them.
+    fn hostile_f64() -> impl proptest::strategy::Strategy<Value = f64> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => any::<f64>(),
+            2 => 0.0f64..1e6,
+            1 => (1u64..(1 << 52)).prop_map(f64::from_bits),
+            1 => Just(1e-310),
+            1 => Just(f64::MIN_POSITIVE),
+            1 => Just(1e308),
+            1 => Just(-1e308),
+            1 => Just(f64::MAX),
+            1 => Just(f64::NAN),
+            1 => Just(f64::INFINITY),
+            1 => Just(f64::NEG_INFINITY),
+            1 => Just(-0.0),
+            1 => Just(1e12),
+            1 => -1e13f64..1e13,
+        ]
+    }
+
+    fn hostile_result(samples: Vec<Vec<(f64, f64)>>, sweep: Vec<(f64, [f64; 3])>) -> RunResult {
+        let mut r = RunResult::new("x", json!({}));
+        for (k, s) in samples.into_iter().enumerate() {
+            let mut v = ViewSeries::new(format!("v{k}"), ViewKind::Probe);
+            v.samples = s
+                .into_iter()
+                .map(|(t_s, rtt_us)| Sample { t_s, rtt_us })
+                .collect();
+            r.views.push(v);
+        }
+        if !sweep.is_empty() {
+            r.sweep = Some(Sweep {
+                parameter: "p".into(),
+                unit: String::new(),
+                points: sweep
+                    .into_iter()
+                    .map(|(x, [a, b, c])| SweepPoint {
+                        x,
+                        settings: serde_json::Value::Null,
+                        views: vec![ViewSummary {
+                            view: "v0".into(),
+                            count: 1,
+                            p5_us: Some(a),
+                            p50_us: Some(b),
+                            p95_us: Some(c),
+                            ..Default::default()
+                        }],
+                    })
+                    .collect(),
+            });
+        }
+        r
+    }
+
+    proptest::proptest! {
+        // Bounded: ~64 cases of a handful of small renders each, a few seconds in all.
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 64,
+            max_shrink_iters: 64,
+            max_shrink_time: 10_000,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Issue 18 item 3: no combination of floats in a result hangs or panics the renderer,
+        /// whether it reaches it directly (library use) or through the result parser (the CLI).
+        #[test]
+        fn arbitrary_floats_render_in_bounded_time(
+            samples in proptest::collection::vec(
+                proptest::collection::vec((hostile_f64(), hostile_f64()), 0..6), 1..3),
+            sweep in proptest::collection::vec((hostile_f64(), [hostile_f64(), hostile_f64(), hostile_f64()]), 0..4),
+        ) {
+            let r = hostile_result(samples, sweep);
+            let tiny = ChartOptions { size: (320, 240), ..Default::default() };
+            let kinds = [ChartKind::Overview, ChartKind::Sweep];
+            for kind in kinds {
+                let opts = ChartOptions { kind, ..tiny.clone() };
+                if let Err(e) = render_within(&r, &opts, LIMIT) {
+                    proptest::prop_assert!(false, "{}", e);
+                }
+            }
+            // Through the parser: what it accepts must render too, and what it accepts is in range.
+            let text = serde_json::to_string(&r).unwrap();
+            if let Ok(back) = RunResult::from_json(&text, "hostile.json") {
+                for v in &back.views {
+                    for s in &v.samples {
+                        proptest::prop_assert!(s.t_s.abs() <= 1e12 && (0.0..=1e12).contains(&s.rtt_us), "{:?}", s);
+                    }
+                }
+                let opts = ChartOptions { kind: ChartKind::Auto, ..tiny.clone() };
+                if let Err(e) = render_within(&back, &opts, LIMIT) {
+                    proptest::prop_assert!(false, "after parsing: {}", e);
+                }
+            }
+        }
     }
 }
