@@ -28,7 +28,8 @@ use serde::Deserialize;
 
 use crate::analysis::units::parse_duration;
 use crate::cmd::observe::ObserveArgs;
-use crate::metrics::{parse_listen, LabelPolicy};
+use crate::sinks::prometheus::http::parse_listen;
+use crate::sinks::prometheus::LabelPolicy;
 
 /// The file as written (every key optional).
 #[derive(Debug, Default, Clone, Deserialize, PartialEq)]
@@ -239,93 +240,212 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     })
 }
 
-/// Merge a config into the parsed flags. `explicit` holds the ids of the
-/// flags given on the command line (they win); for list and optional flags
-/// a non-empty command-line value also wins.
-pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &HashSet<String>) {
-    let f = &cfg.file;
-    let given = |id: &str| explicit.contains(id);
-    if args.netns.is_empty() {
-        if let Some(v) = &f.netns {
-            args.netns = v.clone();
+/// The ids of the options given explicitly, which win over the config file.
+/// An id is clap's arg id: the `ObserveArgs` field name (`ports`, not `port`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Explicit(HashSet<String>);
+
+/// The options a config file can set, by clap id (= `ObserveArgs` field
+/// name); [`merge`] consults exactly these, and [`Explicit::non_default`]
+/// compares exactly these against the flag defaults.
+macro_rules! merged_options {
+    ($($field:ident),* $(,)?) => {
+        pub const MERGED_IDS: &[&str] = &[$(stringify!($field)),*];
+
+        fn differing(args: &ObserveArgs, defaults: &ObserveArgs) -> HashSet<String> {
+            let mut ids = HashSet::new();
+            $(
+                if args.$field != defaults.$field {
+                    ids.insert(stringify!($field).to_string());
+                }
+            )*
+            ids
         }
+    };
+}
+
+merged_options!(
+    netns,
+    all_netns,
+    cgroup,
+    ports,
+    addrs,
+    interval,
+    duration,
+    raw,
+    view,
+    ifaces,
+    sample_every,
+    max_flows,
+    listen,
+    quiet,
+    bpf_stats,
+    v4_prefix,
+    v6_prefix,
+    label_ports,
+    max_series,
+    series_idle,
+);
+
+impl Explicit {
+    /// Nothing given: the file wins wherever it sets a key.
+    pub fn none() -> Self {
+        Explicit::default()
     }
-    if !args.all_netns {
-        args.all_netns = f.all_netns.unwrap_or(false);
+
+    /// These ids (clap arg ids) count as given.
+    pub fn from_ids<I, S>(ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Explicit(ids.into_iter().map(Into::into).collect())
     }
-    if args.cgroup.is_none() {
-        args.cgroup = f.cgroup.clone();
+
+    /// From the `observe` subcommand's matches: an option counts as given
+    /// when clap took its value from the command line or from its
+    /// environment variable (`env = ...`, e.g. `RTTSCOPE_LOADER`), so an
+    /// environment setting wins over the file just as a flag does. A value
+    /// equal to the default still counts when it was given.
+    pub fn from_matches(m: &clap::ArgMatches) -> Self {
+        use clap::parser::ValueSource;
+        Explicit(
+            m.ids()
+                .filter(|id| {
+                    matches!(
+                        m.value_source(id.as_str()),
+                        Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                    )
+                })
+                .map(|id| id.to_string())
+                .collect(),
+        )
     }
-    if args.ports.is_empty() {
-        args.ports = f.ports.clone().unwrap_or_default();
+
+    /// For library callers that build `ObserveArgs` without a command line:
+    /// an option counts as given when its value differs from the flag's
+    /// default. A value equal to the default cannot be told apart from "not
+    /// given", so the file wins over it.
+    pub fn non_default(args: &ObserveArgs) -> Self {
+        Explicit(differing(args, &flag_defaults()))
     }
-    if args.addrs.is_empty() {
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.0.contains(id)
+    }
+
+    /// The options a file could set that count as given, in
+    /// [`MERGED_IDS`] order. (Besides options, clap also reports the id of
+    /// the derive's arg group, `ObserveArgs`; it names no option.)
+    pub fn merged_ids(&self) -> Vec<&'static str> {
+        MERGED_IDS
+            .iter()
+            .copied()
+            .filter(|id| self.contains(id))
+            .collect()
+    }
+}
+
+/// `ObserveArgs` as clap builds it from no flags: the declared defaults, with
+/// environment variables ignored (so `RTTSCOPE_LOADER` cannot change or
+/// break it).
+fn flag_defaults() -> ObserveArgs {
+    use clap::{Args, FromArgMatches};
+    let mut cmd = ObserveArgs::augment_args(clap::Command::new("observe"));
+    let with_env: Vec<clap::Id> = cmd
+        .get_arguments()
+        .filter(|a| a.get_env().is_some())
+        .map(|a| a.get_id().clone())
+        .collect();
+    for id in with_env {
+        cmd = cmd.mut_arg(id, |a| a.env(None::<&'static str>));
+    }
+    let m = cmd
+        .try_get_matches_from(["observe"])
+        .expect("observe parses with no flags");
+    ObserveArgs::from_arg_matches(&m).expect("observe's defaults are valid")
+}
+
+/// Merge a config into the parsed flags: the file sets each option it names
+/// unless `explicit` holds that option's id.
+pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
+    let f = &cfg.file;
+    let from_file = |id: &str| {
+        debug_assert!(MERGED_IDS.contains(&id), "{id} missing from MERGED_IDS");
+        !explicit.contains(id)
+    };
+    if let (true, Some(v)) = (from_file("netns"), &f.netns) {
+        args.netns = v.clone();
+    }
+    if let (true, Some(v)) = (from_file("all_netns"), f.all_netns) {
+        args.all_netns = v;
+    }
+    if let (true, Some(v)) = (from_file("cgroup"), &f.cgroup) {
+        args.cgroup = Some(v.clone());
+    }
+    if let (true, Some(v)) = (from_file("ports"), &f.ports) {
+        args.ports = v.clone();
+    }
+    if let (true, Some(_)) = (from_file("addrs"), &f.addrs) {
         args.addrs = cfg.addrs.clone();
     }
-    if let (false, Some(i)) = (given("interval"), cfg.interval) {
+    if let (true, Some(i)) = (from_file("interval"), cfg.interval) {
         args.interval = i;
     }
-    if args.duration.is_none() {
-        args.duration = cfg.duration;
+    if let (true, Some(d)) = (from_file("duration"), cfg.duration) {
+        args.duration = Some(d);
     }
-    if !args.raw {
-        args.raw = f.raw.unwrap_or(false);
+    if let (true, Some(v)) = (from_file("raw"), f.raw) {
+        args.raw = v;
     }
-    if args.view.is_none() {
-        if let Some(v) = &f.views {
-            use crate::cmd::observe::View;
-            args.view = Some(
-                v.iter()
-                    .map(|n| {
-                        if n == "sampler" {
-                            View::Sampler
-                        } else {
-                            View::Tcp
-                        }
-                    })
-                    .collect(),
-            );
-        }
+    if let (true, Some(v)) = (from_file("view"), &f.views) {
+        use crate::cmd::observe::View;
+        args.view = Some(
+            v.iter()
+                .map(|n| {
+                    if n == "sampler" {
+                        View::Sampler
+                    } else {
+                        View::Tcp
+                    }
+                })
+                .collect(),
+        );
     }
-    if args.ifaces.is_empty() {
+    if let (true, Some(v)) = (from_file("ifaces"), &f.ifaces) {
         // Validated in `validate`.
-        args.ifaces = f
-            .ifaces
-            .iter()
-            .flatten()
-            .filter_map(|i| i.parse().ok())
-            .collect();
+        args.ifaces = v.iter().filter_map(|i| i.parse().ok()).collect();
     }
-    if let (false, Some(n)) = (given("sample_every"), f.sample_every) {
+    if let (true, Some(n)) = (from_file("sample_every"), f.sample_every) {
         args.sample_every = n;
     }
-    if let (false, Some(m)) = (given("max_flows"), f.max_flows) {
+    if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
         args.max_flows = m;
     }
-    if args.listen.is_none() {
-        args.listen = cfg.listen;
+    if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
+        args.listen = Some(l);
     }
-    if !args.quiet {
-        args.quiet = f.quiet.unwrap_or(false);
+    if let (true, Some(v)) = (from_file("quiet"), f.quiet) {
+        args.quiet = v;
     }
-    if !args.bpf_stats {
-        args.bpf_stats = f.bpf_stats.unwrap_or(false);
+    if let (true, Some(v)) = (from_file("bpf_stats"), f.bpf_stats) {
+        args.bpf_stats = v;
     }
     if let Some(l) = &f.labels {
-        if args.v4_prefix.is_none() {
-            args.v4_prefix = l.v4_prefix;
+        if let (true, Some(v)) = (from_file("v4_prefix"), l.v4_prefix) {
+            args.v4_prefix = Some(v);
         }
-        if args.v6_prefix.is_none() {
-            args.v6_prefix = l.v6_prefix;
+        if let (true, Some(v)) = (from_file("v6_prefix"), l.v6_prefix) {
+            args.v6_prefix = Some(v);
         }
-        if args.label_ports.is_empty() {
-            args.label_ports = l.ports.clone().unwrap_or_default();
+        if let (true, Some(v)) = (from_file("label_ports"), &l.ports) {
+            args.label_ports = v.clone();
         }
-        if args.max_series.is_none() {
-            args.max_series = l.max_series;
+        if let (true, Some(v)) = (from_file("max_series"), l.max_series) {
+            args.max_series = Some(v);
         }
-        if args.series_idle.is_none() {
-            args.series_idle = cfg.series_idle;
+        if let (true, Some(v)) = (from_file("series_idle"), cfg.series_idle) {
+            args.series_idle = Some(v);
         }
     }
 }
@@ -344,25 +464,10 @@ pub fn label_policy(args: &ObserveArgs) -> Result<LabelPolicy> {
     Ok(p)
 }
 
-/// Ids of the `observe` flags given on this process's command line.
-pub fn explicit_flags() -> HashSet<String> {
-    use clap::CommandFactory;
-    let m = match crate::cli::Cli::command().try_get_matches_from(std::env::args_os()) {
-        Ok(m) => m,
-        Err(_) => return HashSet::new(),
-    };
-    let Some(("observe", sub)) = m.subcommand() else {
-        return HashSet::new();
-    };
-    sub.ids()
-        .filter(|id| sub.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
-        .map(|id| id.to_string())
-        .collect()
-}
-
 /// Apply `--config` (and `--check-config`) to the flags: `None` means
-/// "checked, nothing to run".
-pub fn resolve(mut args: ObserveArgs) -> Result<Option<ObserveArgs>> {
+/// "checked, nothing to run". `explicit`: the options given explicitly,
+/// which win over the file (see [`Explicit`]).
+pub fn resolve(mut args: ObserveArgs, explicit: &Explicit) -> Result<Option<ObserveArgs>> {
     let Some(path) = args.config.clone() else {
         if args.check_config {
             bail!("--check-config needs --config FILE");
@@ -370,7 +475,7 @@ pub fn resolve(mut args: ObserveArgs) -> Result<Option<ObserveArgs>> {
         return Ok(Some(args));
     };
     let cfg = load(&path)?;
-    merge(&cfg, &mut args, &explicit_flags());
+    merge(&cfg, &mut args, explicit);
     let policy = label_policy(&args)?;
     if args.check_config {
         println!(
@@ -524,32 +629,29 @@ series_idle = "5m"
         }
     }
 
+    /// `rttscope observe ARGV...` through the observe subcommand's own clap
+    /// command (the one `Cli` nests; this module does not import the CLI):
+    /// the flags and the options clap saw given. No process argv.
+    fn observe(argv: &[&str]) -> (ObserveArgs, Explicit) {
+        use clap::{Args, FromArgMatches};
+        let m = ObserveArgs::augment_args(clap::Command::new("observe"))
+            .try_get_matches_from(std::iter::once("observe").chain(argv.iter().copied()))
+            .unwrap();
+        (
+            ObserveArgs::from_arg_matches(&m).unwrap(),
+            Explicit::from_matches(&m),
+        )
+    }
+
     #[test]
     fn flags_win_over_the_file() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
         let cfg = parse(
             "netns = [\"cfgns\"]\ninterval = \"5s\"\nmax_flows = 1000\nlisten = \"127.0.0.1:9999\"\n[labels]\nv4_prefix = 16\nmax_series = 7\n",
         )
         .unwrap();
-        let c = Cli::try_parse_from([
-            "rttscope",
-            "observe",
-            "--netns",
-            "clins",
-            "--v4-prefix",
-            "20",
-            "--interval",
-            "2s",
-        ])
-        .unwrap();
-        let Command::Observe(mut a) = c.command else {
-            panic!()
-        };
-        let explicit: HashSet<String> = ["netns", "v4_prefix", "interval"]
-            .into_iter()
-            .map(String::from)
-            .collect();
+        let (mut a, explicit) =
+            observe(&["--netns", "clins", "--v4-prefix", "20", "--interval", "2s"]);
+        assert_eq!(explicit.merged_ids(), ["netns", "interval", "v4_prefix"]);
         merge(&cfg, &mut a, &explicit);
         assert_eq!(a.netns, vec!["clins"]);
         assert_eq!(a.interval, Duration::from_secs(2));
@@ -563,18 +665,12 @@ series_idle = "5m"
 
     #[test]
     fn sampler_options_merge() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
         let cfg =
             parse("views = [\"tcp\", \"sampler\"]\nifaces = [\"ns1:eth0\"]\nsample_every = 8\n")
                 .unwrap();
-        let Command::Observe(mut a) = Cli::try_parse_from(["rttscope", "observe"])
-            .unwrap()
-            .command
-        else {
-            panic!()
-        };
-        merge(&cfg, &mut a, &HashSet::new());
+        let (mut a, explicit) = observe(&[]);
+        assert!(explicit.merged_ids().is_empty());
+        merge(&cfg, &mut a, &explicit);
         assert_eq!(a.sample_every, 8);
         assert_eq!(a.ifaces.len(), 1);
         assert_eq!(
@@ -588,17 +684,80 @@ series_idle = "5m"
 
     #[test]
     fn check_config_needs_a_file() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
-        assert!(Cli::try_parse_from(["rttscope", "observe", "--check-config"]).is_err());
-        let c = Cli::try_parse_from(["rttscope", "observe", "--listen"]).unwrap();
-        let Command::Observe(a) = c.command else {
-            panic!()
-        };
+        use clap::Args;
+        let cmd = || ObserveArgs::augment_args(clap::Command::new("observe"));
+        assert!(cmd()
+            .try_get_matches_from(["observe", "--check-config"])
+            .is_err());
+        let (a, explicit) = observe(&["--listen"]);
+        assert!(explicit.contains("listen"));
         assert_eq!(
             a.listen,
             Some("127.0.0.1:9464".parse().unwrap()),
             "default bind is loopback"
         );
+    }
+
+    #[test]
+    fn config_merged_ids_are_clap_arg_ids() {
+        use clap::Args;
+        let cmd = ObserveArgs::augment_args(clap::Command::new("observe"));
+        for id in MERGED_IDS {
+            assert!(
+                cmd.get_arguments().any(|a| a.get_id() == *id),
+                "{id} is not an observe arg id"
+            );
+        }
+        // The list/option/bool flags whose long name differs from the id.
+        for (id, long) in [
+            ("ports", "port"),
+            ("addrs", "addr"),
+            ("ifaces", "iface"),
+            ("label_ports", "label-port"),
+        ] {
+            let a = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            assert_eq!(a.get_long(), Some(long));
+        }
+        // Every key of the file, set at once, is merged under its id.
+        let cfg = parse(
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1m\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1m\"\n",
+        )
+        .unwrap();
+        let (mut a, _) = observe(&[]);
+        merge(&cfg, &mut a, &Explicit::none());
+        let mut changed: Vec<String> = Explicit::non_default(&a).0.into_iter().collect();
+        changed.sort();
+        let mut all: Vec<String> = MERGED_IDS.iter().map(|s| s.to_string()).collect();
+        all.sort();
+        assert_eq!(changed, all, "each file key moves its own option");
+        // With every id explicit, the file changes nothing.
+        let (mut b, _) = observe(&[]);
+        merge(
+            &cfg,
+            &mut b,
+            &Explicit::from_ids(MERGED_IDS.iter().copied()),
+        );
+        assert_eq!(Explicit::non_default(&b), Explicit::none());
+    }
+
+    #[test]
+    fn config_library_callers_rule_is_non_default() {
+        // observe::run(args) without a command line: a value that differs
+        // from its flag's default counts as given; one equal to the default
+        // is indistinguishable from "not given" and the file wins over it.
+        let cfg = parse("interval = \"5s\"\nmax_flows = 1000\nsample_every = 4\n").unwrap();
+        let (mut a, _) = observe(&[]);
+        a.interval = Duration::from_secs(2);
+        a.sample_every = 1; // the default
+        let explicit = Explicit::non_default(&a);
+        assert_eq!(explicit, Explicit::from_ids(["interval"]));
+        merge(&cfg, &mut a, &explicit);
+        assert_eq!(
+            a.interval,
+            Duration::from_secs(2),
+            "differs from default: kept"
+        );
+        assert_eq!(a.max_flows, 1000);
+        assert_eq!(a.sample_every, 4, "equal to the default: the file wins");
     }
 }

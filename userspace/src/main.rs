@@ -1,13 +1,24 @@
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use rttscope::cli::{Cli, Command};
+use rttscope::config::Explicit;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Parse once; the matches also say which options were given (command
+    // line or environment), which `observe --config` needs.
+    let matches = Cli::command().get_matches();
+    let cli =
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
     rttscope::logging::init(cli.verbose);
     let result = match cli.command {
-        Command::Observe(args) => rttscope::cmd::observe::run(args),
+        Command::Observe(args) => {
+            let explicit = matches
+                .subcommand_matches("observe")
+                .map(Explicit::from_matches)
+                .unwrap_or_default();
+            rttscope::cmd::observe::run_with(args, &explicit)
+        }
         Command::Bucket(args) => rttscope::cmd::bucket::run(args),
         Command::Chart(args) => rttscope::sinks::chart::run(args),
         Command::Serve(args) => rttscope::active::serve_main(args),

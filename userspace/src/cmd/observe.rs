@@ -433,9 +433,23 @@ fn reclaim_closed(
     Ok(())
 }
 
+/// Run `observe` for a library caller that built `args` without a command
+/// line. With `--config`, an option counts as given (wins over the file) when
+/// its value differs from the flag's default; a value equal to the default
+/// cannot be told from "not given", so the file wins over it
+/// ([`crate::config::Explicit::non_default`]). The process's argv is never
+/// read. `main` calls [`run_with`] with what clap saw instead.
 pub fn run(args: ObserveArgs) -> Result<()> {
+    let explicit = crate::config::Explicit::non_default(&args);
+    run_with(args, &explicit)
+}
+
+/// Run `observe`; `explicit` holds the options given explicitly (command
+/// line or environment variable, [`crate::config::Explicit::from_matches`]),
+/// which win over `--config`'s file.
+pub fn run_with(args: ObserveArgs, explicit: &crate::config::Explicit) -> Result<()> {
     // daemon mode: --config / --check-config (config.rs)
-    let Some(args) = crate::config::resolve(args)? else {
+    let Some(args) = crate::config::resolve(args, explicit)? else {
         return Ok(());
     };
     let rt = tokio::runtime::Builder::new_current_thread()
