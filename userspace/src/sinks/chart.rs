@@ -330,13 +330,13 @@ fn short(s: &str, max: usize) -> String {
 
 /// Largest magnitude drawn on the time and sweep-parameter axes; beyond it values are clamped
 /// (`results::load` refuses them; library callers may pass anything).
-const AXIS_MAX: f64 = crate::results::MAX_ABS_TIME;
+const AXIS_MAX: f64 = crate::analysis::results::MAX_ABS_TIME;
 /// Time and parameter values smaller than this in magnitude are drawn at 0.
 const AXIS_TINY: f64 = 1e-9;
 /// Positive RTTs are drawn between 1 ns and `MAX_RTT_US` (clamped): a subnormal RTT or an infinite
 /// one must not reach the axis arithmetic, where plotters' tick loops never end.
 const RTT_MIN_MS: f64 = 1e-6;
-const RTT_MAX_MS: f64 = crate::results::MAX_RTT_US / 1000.0;
+const RTT_MAX_MS: f64 = crate::analysis::results::MAX_RTT_US / 1000.0;
 
 /// A time or parameter value as drawn: `None` for NaN, clamped to +-`AXIS_MAX`, tiny ones as 0.
 fn axis_value(v: f64) -> Option<f64> {
