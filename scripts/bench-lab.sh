@@ -7,6 +7,8 @@
 #   2. packet-rate limit: a paced UDP flood (64-byte payloads) through 1 ms
 #      of delay at increasing rates (BENCH_RATES, pps, comma-separated),
 #      with ping measuring the delay meanwhile.
+# The measurements are scripts/bench/lab.rs (example bench_lab of the
+# rttscope-e2e crate); arguments (delay, rate) pick one of them.
 # Needs root and iproute2, nftables, iptables, tc, ping. Builds in release
 # mode (the emulator's speed is what is measured). Touches nothing outside
 # the namespaces it creates; they are removed at the end.
@@ -23,5 +25,5 @@ done
 
 echo "# $(date -u +%FT%TZ) $(uname -r) $(nproc) CPUs; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# BENCH_RATES=${BENCH_RATES:-10000,25000,50000,100000,200000}"
-cargo test --release -q -p rttscope-e2e --test lab bench_ -- --ignored --nocapture --test-threads=1 2>&1 |
+cargo run --release -q -p rttscope-e2e --example bench_lab -- "$@" 2>&1 |
     sed -n 's/.*BENCH //p'

@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod frames;
+pub mod lab;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A unique short name: `<prefix><pid%10000>x<n>` (interface names are limited to 15 bytes).
