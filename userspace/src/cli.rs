@@ -25,9 +25,9 @@ pub enum Command {
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
     Chart(crate::sinks::chart::ChartArgs),
     /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
-    Serve(crate::active::ServeArgs),
+    Serve(crate::cmd::serve::ServeArgs),
     /// Active probes: request/response (netperf TCP_RR/UDP_RR), ICMP echo (ping), irtt.
-    Probe(crate::active::ProbeArgs),
+    Probe(crate::cmd::probe::ProbeArgs),
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
     Compare(crate::cmd::compare::CompareArgs),
     /// Rebuild the seeds' experiments on a testbed of namespaces (delay, loss, bottleneck) and record every view.

@@ -21,8 +21,8 @@ fn main() -> ExitCode {
         }
         Command::Bucket(args) => rttscope::cmd::bucket::run(args),
         Command::Chart(args) => rttscope::sinks::chart::run(args),
-        Command::Serve(args) => rttscope::active::serve_main(args),
-        Command::Probe(args) => rttscope::active::probe_main(args),
+        Command::Serve(args) => rttscope::cmd::serve::run(args),
+        Command::Probe(args) => rttscope::cmd::probe::run(args),
         Command::Compare(args) => rttscope::cmd::compare::run(args),
         Command::Lab(args) => rttscope::lab::env::run(args),
     };

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
+use super::cancel::{cancelled, Cancel};
 use super::framing::{
     carried_cookie, cookie_request, decode_cookie, write_cookie, Hello, UdpHeader, FLAG_NODELAY,
     HELLO_ACK, UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN, UDP_MAX,
 };
 use super::icmp::{IcmpSocket, Reply, SendStamp, MIN_PAYLOAD};
-use super::{cancelled, Cancel};
 use crate::analysis::stats::{HdrRecorder, NetperfHist, NetperfPercentiles, Summary};
 use crate::sys::clock::mono_ns;
 
@@ -1382,7 +1382,8 @@ async fn dgram_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::active::{cancel_pair, serve};
+    use crate::active::cancel::cancel_pair;
+    use crate::active::serve;
 
     /// In-process, no privileges: serve on 127.0.0.1 (port 0) and probe it.
     #[test]

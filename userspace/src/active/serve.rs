@@ -33,11 +33,11 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use super::cancel::Cancel;
 use super::framing::{
     carried_cookie, encode_cookie, is_cookie_request, write_cookie, FrameError, Hello, UdpHeader,
     HELLO_ACK, HELLO_LEN, UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN,
 };
-use super::Cancel;
 
 /// The responder's default port (TCP and UDP).
 pub const DEFAULT_PORT: u16 = 7878;
@@ -387,7 +387,7 @@ impl Server {
             set.spawn(udp_loop(u, cfg.clone(), udp.clone(), self.stats.clone()));
         }
         tokio::select! {
-            _ = super::cancelled(&mut cancel) => {}
+            _ = super::cancel::cancelled(&mut cancel) => {}
             Some(r) = set.join_next() => {
                 if let Ok(Err(e)) = r {
                     return Err(e);
@@ -729,8 +729,9 @@ fn log_udp_bad(peer: SocketAddr, e: &FrameError, count: u64) {
 mod tests {
     //! Real sockets on loopback (127.0.0.1, 127.0.0.2, ::1) only, no privileges.
     use super::*;
+    use crate::active::cancel::cancel_pair;
     use crate::active::framing::{cookie_request, decode_cookie, UDP_COOKIE_LEN, UDP_MAX};
-    use crate::active::{cancel_pair, rr};
+    use crate::active::rr;
     use std::io::{Read, Write};
 
     fn rt() -> tokio::runtime::Runtime {

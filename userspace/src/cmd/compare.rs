@@ -200,7 +200,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
     };
 
     // The probes, concurrently, over the same window.
-    let (cancel_tx, cancel_rx) = crate::active::cancel_pair();
+    let (cancel_tx, cancel_rx) = crate::active::cancel::cancel_pair();
     let mut configs = Vec::new();
     for k in &kinds {
         let mut c = ProbeConfig::new(*k, &args.host);

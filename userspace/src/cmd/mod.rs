@@ -2,3 +2,5 @@
 pub mod bucket;
 pub mod compare;
 pub mod observe;
+pub mod probe;
+pub mod serve;
