@@ -44,8 +44,8 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    use crate::cmd::observe::config::{self, Explicit};
     use crate::cmd::observe::ObserveArgs;
-    use crate::config::{self, Explicit};
     use clap::FromArgMatches;
     use std::time::Duration;
 

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use rttscope::cli::{Cli, Command};
-use rttscope::config::Explicit;
+use rttscope::cmd::observe::config::Explicit;
 
 fn main() -> ExitCode {
     // Parse once; the matches also say which options were given (command

@@ -1,71 +1,9 @@
 //! Per-interval reports of the passive views: one row per flow, columns per
 //! view, a totals row; as a table or as JSON Lines (schema: docs/observe.md).
-use std::collections::BTreeMap;
 use std::io::Write;
 
-use serde::Serialize;
-
-use crate::analysis::hist::{Hist, HistSummary};
 use crate::analysis::units::fmt_ms;
-use crate::views::flow::{Flow, Side};
-
-/// Statistics of one view for one flow over one interval.
-#[derive(Debug, Clone, Serialize)]
-pub struct ViewStats {
-    #[serde(flatten)]
-    pub summary: HistSummary,
-    /// TCP view only: TCP's smoothed RTT after the last sample (us).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub srtt_us: Option<u32>,
-    /// TCP view only: retransmissions over the flow's life.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retrans: Option<u32>,
-}
-
-impl ViewStats {
-    pub fn from_hist(h: &Hist) -> Self {
-        ViewStats {
-            summary: h.summary(),
-            srtt_us: None,
-            retrans: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FlowRow {
-    pub netns: u32,
-    pub netns_name: String,
-    pub local: String,
-    pub remote: String,
-    pub side: Side,
-    /// How the TCP view found the flow: established (after attach), existing (iterator), late.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
-    pub closed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<ViewStats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sampler: Option<ViewStats>,
-    #[serde(skip)]
-    pub flow: Option<Flow>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Interval {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// Seconds since the observer started (end of the interval).
-    pub t: f64,
-    /// Unix time (seconds) at the end of the interval.
-    pub ts: f64,
-    pub interval_s: f64,
-    pub flows: Vec<FlowRow>,
-    pub totals: BTreeMap<&'static str, ViewStats>,
-    pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
-}
+use crate::session::{Interval, ViewStats};
 
 /// Table output: a header line with the settings, then rows.
 pub fn print_table(
@@ -178,6 +116,10 @@ fn trunc(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::hist::Hist;
+    use crate::session::FlowRow;
+    use crate::views::flow::Side;
+    use std::collections::BTreeMap;
 
     #[test]
     fn table_has_header_rows_and_totals() {

@@ -7,6 +7,7 @@ use anyhow::Result;
 use super::http::serve;
 use super::{Exporter, LabelPolicy};
 use crate::analysis::hist::Hist;
+use crate::session::FlowSink;
 use crate::sys::bpf::ProgStats;
 use crate::views::flow::{Flow, Side};
 use crate::views::ViewKind;
@@ -127,13 +128,31 @@ impl Daemon {
         name
     }
 
+    /// The interval's counters of every view (observe's `counters` map), and
+    /// the program statistics; expire idle series.
+    pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
+        for (view, c) in counters {
+            let v = match *view {
+                "tcp" => ViewKind::Tcp,
+                "sampler" => ViewKind::Sampler,
+                _ => continue,
+            };
+            self.exporter.set_counters(v, c);
+        }
+        self.exporter.set_prog_stats(&self.progs);
+        self.exporter.set_process_stats();
+        self.exporter.expire_idle();
+    }
+}
+
+impl FlowSink for Daemon {
     /// One TCP flow of this read: `prev` is observe's snapshot of the flow's
     /// cumulative histogram at the previous read (None: a new flow).
-    pub fn tcp_flow(
+    fn tcp_flow(
         &mut self,
         f: &crate::views::tcp::TcpFlowState,
         prev: Option<&crate::analysis::hist::Snapshot>,
-        mut netns_name: impl FnMut(u32) -> String,
+        netns_name: &mut dyn FnMut(u32) -> String,
     ) {
         let delta = match prev {
             Some(p) => p.delta(&f.counts, f.sum_us),
@@ -149,26 +168,10 @@ impl Daemon {
     }
 
     /// One sampler flow's samples since the previous read.
-    pub fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
         let ns = self.ns_label(flow.netns, netns_name.to_string());
         self.exporter
             .observe_flow(ViewKind::Sampler, flow, side, &ns, delta, None);
-    }
-
-    /// The interval's counters of every view (observe's `counters` map), and
-    /// the program statistics; expire idle series.
-    pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
-        for (view, c) in counters {
-            let v = match *view {
-                "tcp" => ViewKind::Tcp,
-                "sampler" => ViewKind::Sampler,
-                _ => continue,
-            };
-            self.exporter.set_counters(v, c);
-        }
-        self.exporter.set_prog_stats(&self.progs);
-        self.exporter.set_process_stats();
-        self.exporter.expire_idle();
     }
 }
 

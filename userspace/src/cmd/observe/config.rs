@@ -26,8 +26,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use super::args::ObserveArgs;
 use crate::analysis::units::parse_duration;
-use crate::cmd::observe::ObserveArgs;
 use crate::sinks::prometheus::http::parse_listen;
 use crate::sinks::prometheus::LabelPolicy;
 
@@ -399,7 +399,7 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
         args.raw = v;
     }
     if let (true, Some(v)) = (from_file("view"), &f.views) {
-        use crate::cmd::observe::View;
+        use crate::views::ViewKind as View;
         args.view = Some(
             v.iter()
                 .map(|n| {
@@ -546,14 +546,14 @@ series_idle = "5m"
 
     #[test]
     fn shipped_example_configs_are_valid() {
-        let c = parse(include_str!("../../examples/deploy/rttscope.toml")).unwrap();
+        let c = parse(include_str!("../../../../examples/deploy/rttscope.toml")).unwrap();
         assert_eq!(
             c.listen,
             Some("127.0.0.1:9464".parse().unwrap()),
             "loopback by default"
         );
         // The Kubernetes ConfigMap's embedded file.
-        let yaml = include_str!("../../examples/deploy/rttscope-daemonset.yaml");
+        let yaml = include_str!("../../../../examples/deploy/rttscope-daemonset.yaml");
         let start = yaml.find("rttscope.toml: |").unwrap();
         let body: String = yaml[start..]
             .lines()
@@ -676,8 +676,8 @@ series_idle = "5m"
         assert_eq!(
             a.view,
             Some(vec![
-                crate::cmd::observe::View::Tcp,
-                crate::cmd::observe::View::Sampler
+                crate::views::ViewKind::Tcp,
+                crate::views::ViewKind::Sampler
             ])
         );
     }

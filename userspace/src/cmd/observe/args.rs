@@ -1,0 +1,139 @@
+//! `rttscope observe`'s options.
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::analysis::units::duration_arg;
+use crate::views::{LoaderKind, ViewKind};
+
+#[derive(Debug, Clone, Args)]
+pub struct ObserveArgs {
+    /// Only these network namespaces (names under /var/run/netns, or `host`); repeatable.
+    #[arg(long = "netns", value_name = "NAME")]
+    pub netns: Vec<String>,
+    /// Also enable existing connections in every network namespace (default: the current one and --netns ones).
+    #[arg(long)]
+    pub all_netns: bool,
+    /// cgroup v2 directory to attach the sock_ops program to (default: the cgroup v2 root).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Only connections with this local or remote port; repeatable.
+    #[arg(long = "port", value_name = "N")]
+    pub ports: Vec<u16>,
+    /// Only connections with a local or remote address in this CIDR; repeatable.
+    #[arg(long = "addr", value_name = "CIDR")]
+    pub addrs: Vec<ipnet::IpNet>,
+    /// Report interval.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    pub interval: Duration,
+    /// Stop after this long (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Also stream every raw sample (ring buffer) to the output.
+    #[arg(long)]
+    pub raw: bool,
+    /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
+    #[arg(long, default_value_t = 16384)]
+    pub max_flows: u32,
+    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    pub ack_hook: crate::views::tcp::AckHook,
+    /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub view: Option<Vec<ViewKind>>,
+    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
+    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
+    pub ifaces: Vec<crate::views::sampler::IfaceSpec>,
+    /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sample_every: u32,
+    /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
+    #[arg(long = "match", value_enum, default_value = "seq")]
+    pub matching: crate::views::sampler::Matching,
+    /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attach: crate::views::sampler::AttachMode,
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    pub pending_timeout: Duration,
+    /// Also aggregate each view like the cloud metric: a distribution per alignment period with
+    /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
+    #[arg(long)]
+    pub cloud_buckets: bool,
+    /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
+    #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
+    pub cloud_layout: crate::analysis::dist::BucketOptions,
+    /// Alignment period for --cloud-buckets (the metric API's default: 60s).
+    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    pub cloud_period: Duration,
+    /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
+    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    pub loader: LoaderKind,
+    // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
+    /// Read options from this TOML file (flags given on the command line win).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Validate --config FILE, print the result and exit.
+    #[arg(long, requires = "config")]
+    pub check_config: bool,
+    /// Serve Prometheus/OpenMetrics /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::sinks::prometheus::DEFAULT_LISTEN, value_parser = crate::sinks::prometheus::http::parse_listen)]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Metrics labels: remote IPv4 addresses aggregated to this prefix length (default 24).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub v4_prefix: Option<u8>,
+    /// Metrics labels: remote IPv6 addresses aggregated to this prefix length (default 48).
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub v6_prefix: Option<u8>,
+    /// Metrics labels: keep this local port as a label value (others: "other"); repeatable.
+    #[arg(long = "label-port", value_name = "N")]
+    pub label_ports: Vec<u16>,
+    /// Metrics labels: at most this many RTT label sets (default 1000); more go to an overflow series.
+    #[arg(long, value_name = "N")]
+    pub max_series: Option<usize>,
+    /// Metrics labels: remove a label set idle for this long (default 10m).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub series_idle: Option<Duration>,
+    /// No per-interval output (daemon mode: metrics only).
+    #[arg(long)]
+    pub quiet: bool,
+    /// Turn on kernel BPF run-time statistics while running (needs CAP_SYS_ADMIN; else set sysctl kernel.bpf_stats_enabled=1).
+    #[arg(long)]
+    pub bpf_stats: bool,
+}
+
+impl ObserveArgs {
+    /// The views this run shows.
+    pub fn views(&self) -> Vec<ViewKind> {
+        match &self.view {
+            Some(v) => {
+                let mut v = v.clone();
+                v.dedup();
+                v
+            }
+            None if self.ifaces.is_empty() => vec![ViewKind::Tcp],
+            None => vec![ViewKind::Tcp, ViewKind::Sampler],
+        }
+    }
+
+    pub fn sampler_config(&self) -> crate::views::sampler::SamplerConfig {
+        crate::views::sampler::SamplerConfig {
+            sample_every: self.sample_every,
+            matching: self.matching,
+            raw: self.raw,
+            max_flows: self.max_flows,
+            pending_timeout: self.pending_timeout,
+            attach: self.attach,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}

@@ -1,0 +1,394 @@
+//! `rttscope observe`: the passive views (TCP; sampler) in one table, as
+//! JSON Lines, or as Prometheus metrics (daemon mode). This driver attaches
+//! a [`Session`], reads it once per interval and hands what it reads to the
+//! sinks; raw samples stream as they arrive.
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+pub mod args;
+mod cloud;
+pub mod config;
+mod output;
+
+pub use args::{Format, ObserveArgs};
+
+use crate::bpf::Event;
+use crate::session::{FlowSink, Session, SessionConfig};
+use crate::sinks::prometheus::daemon::Daemon;
+use crate::sys::netns::{self, NetNs};
+use crate::views::tcp::TcpViewConfig;
+use crate::views::{RawSamples, ViewKind};
+use cloud::CloudAgg;
+use output::{flush_raw, sampler_raw_lines, tcp_raw_lines};
+
+/// Run `observe` for a library caller that built `args` without a command
+/// line. With `--config`, an option counts as given (wins over the file) when
+/// its value differs from the flag's default; a value equal to the default
+/// cannot be told from "not given", so the file wins over it
+/// ([`config::Explicit::non_default`]). The process's argv is never
+/// read. `main` calls [`run_with`] with what clap saw instead.
+pub fn run(args: ObserveArgs) -> Result<()> {
+    let explicit = config::Explicit::non_default(&args);
+    run_with(args, &explicit)
+}
+
+/// Run `observe`; `explicit` holds the options given explicitly (command
+/// line or environment variable, [`config::Explicit::from_matches`]),
+/// which win over `--config`'s file.
+pub fn run_with(args: ObserveArgs, explicit: &config::Explicit) -> Result<()> {
+    // daemon mode: --config / --check-config (config.rs)
+    let Some(args) = config::resolve(args, explicit)? else {
+        return Ok(());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    rt.block_on(observe(args))
+}
+
+/// The options that make no sense together, refused before anything is loaded.
+fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
+    if args.interval < Duration::from_millis(10) {
+        anyhow::bail!("--interval must be at least 10ms");
+    }
+    let want_sampler = views.contains(&ViewKind::Sampler);
+    if want_sampler && args.ifaces.is_empty() {
+        anyhow::bail!(
+            "the sampler view needs at least one --iface NAME (or NETNS:NAME) to attach to"
+        );
+    }
+    if !want_sampler && !args.ifaces.is_empty() {
+        anyhow::bail!(
+            "--iface is for the sampler view: add sampler to --view (e.g. --view tcp,sampler)"
+        );
+    }
+    Ok(())
+}
+
+/// What the session attaches, from the options.
+fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfig> {
+    let netns_filter: Vec<NetNs> = args
+        .netns
+        .iter()
+        .map(|n| netns::resolve(n))
+        .collect::<Result<_>>()?;
+    let tcp = if views.contains(&ViewKind::Tcp) {
+        let iter_netns: Vec<NetNs> = if args.all_netns {
+            netns::all().into_values().collect()
+        } else if !netns_filter.is_empty() {
+            netns_filter.clone()
+        } else {
+            vec![netns::resolve("self")?]
+        };
+        Some(TcpViewConfig {
+            cgroup: args.cgroup.clone(),
+            netns_filter,
+            iter_netns,
+            ports: args.ports.clone(),
+            cidrs: args.addrs.clone(),
+            raw: args.raw,
+            max_flows: args.max_flows,
+            ack_hook: args.ack_hook,
+        })
+    } else {
+        None
+    };
+    let sampler = views
+        .contains(&ViewKind::Sampler)
+        .then(|| (args.ifaces.clone(), args.sampler_config()));
+    Ok(SessionConfig {
+        loader: args.loader,
+        tcp,
+        sampler,
+        keep_rows: !args.quiet,
+    })
+}
+
+/// The raw-sample streams of the attached views (with --raw) and where
+/// their records and output lines wait.
+#[derive(Default)]
+struct Raw {
+    tcp: Option<RawSamples>,
+    tcp_events: Vec<Event>,
+    sampler: Option<RawSamples>,
+    sampler_events: Vec<Event>,
+    lines: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+}
+
+impl Raw {
+    fn open(session: &mut Session, raw: bool) -> Result<Raw> {
+        let mut r = Raw::default();
+        if raw {
+            if let Some(v) = session.tcp.as_mut() {
+                r.tcp = Some(v.raw_samples()?);
+            }
+            if let Some(s) = session.sampler.as_mut() {
+                r.sampler = Some(s.raw_samples()?);
+            }
+        }
+        Ok(r)
+    }
+
+    /// Print whatever has arrived, without waiting.
+    fn drain(&mut self, start_mono: u64, fmt: Format) -> Result<()> {
+        if let Some(r) = self.tcp.as_mut() {
+            r.drain_now(&mut self.tcp_events)?;
+            tcp_raw_lines(&mut self.tcp_events, start_mono, fmt, &self.lines);
+        }
+        if let Some(r) = self.sampler.as_mut() {
+            r.drain_now(&mut self.sampler_events)?;
+            sampler_raw_lines(&mut self.sampler_events, start_mono, fmt, &self.lines);
+        }
+        flush_raw(&self.lines, &std::io::stdout())
+    }
+}
+
+async fn observe(args: ObserveArgs) -> Result<()> {
+    let views = args.views();
+    check(&args, &views)?;
+    let cfg = session_config(&args, &views)?;
+    // daemon mode: bind /metrics before attaching, so a bad address fails early.
+    let listener = match args.listen {
+        Some(a) => Some(crate::sinks::prometheus::http::bind(a).await?),
+        None => None,
+    };
+    let mut session = Session::attach(cfg)?;
+    // daemon mode: serve /metrics, report hooks, drop capabilities.
+    let mut daemon = match listener {
+        Some(l) => Some(Daemon::start(
+            l,
+            config::label_policy(&args)?,
+            args.bpf_stats,
+            session.tcp.as_deref(),
+            session.sampler.as_deref(),
+        )?),
+        None => None,
+    };
+    let header = output::header(&args, &session);
+    output::print_start(&args, &session, &views, &header)?;
+    let start = Instant::now();
+    let mut raw = Raw::open(&mut session, args.raw)?;
+    run_loop(
+        &args,
+        &views,
+        &header,
+        &mut session,
+        daemon.as_mut(),
+        &mut raw,
+    )
+    .await?;
+    let (flows, counters) = session.summary()?;
+    output::print_end(&args, start.elapsed().as_secs_f64(), flows, &counters)
+}
+
+/// Report every interval until --duration, Ctrl-C or SIGTERM; stream raw
+/// samples as they arrive; free closed flows early when the TCP view's table
+/// fills up.
+async fn run_loop(
+    args: &ObserveArgs,
+    views: &[ViewKind],
+    header: &str,
+    session: &mut Session,
+    mut daemon: Option<&mut Daemon>,
+    raw: &mut Raw,
+) -> Result<()> {
+    let view_names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
+    let start_mono = crate::sys::clock::mono_ns();
+    let mut report = Report::new(args, header, &view_names);
+    // Between reports, a check that frees closed flows early when the TCP
+    // view's table fills up (Tracker::reclaim_due).
+    let reclaim_every = (args.interval / 8).max(Duration::from_millis(50));
+    let mut reclaim_tick = tokio::time::interval(reclaim_every);
+    reclaim_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticker =
+        tokio::time::interval_at(tokio::time::Instant::now() + args.interval, args.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let has_tcp = session.tcp.is_some();
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let tcp_ready = async {
+            match raw.tcp.as_mut() {
+                Some(r) => r.next_batch(&mut raw.tcp_events).await,
+                None => std::future::pending().await,
+            }
+        };
+        let sampler_ready = async {
+            match raw.sampler.as_mut() {
+                Some(r) => r.next_batch(&mut raw.sampler_events).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stop = tokio::select! {
+            _ = ticker.tick() => false,
+            r = tcp_ready => {
+                r?;
+                tcp_raw_lines(&mut raw.tcp_events, start_mono, args.format, &raw.lines);
+                flush_raw(&raw.lines, &std::io::stdout())?;
+                continue;
+            }
+            r = sampler_ready => {
+                r?;
+                sampler_raw_lines(&mut raw.sampler_events, start_mono, args.format, &raw.lines);
+                flush_raw(&raw.lines, &std::io::stdout())?;
+                continue;
+            }
+            _ = reclaim_tick.tick(), if has_tcp => {
+                session.reclaim_if_due(daemon.as_deref_mut().map(|d| d as &mut dyn FlowSink))?;
+                continue;
+            }
+            _ = until_deadline => true,
+            _ = tokio::signal::ctrl_c() => true,
+            _ = sigterm.recv() => true,
+        };
+        raw.drain(start_mono, args.format)?;
+        if stop && report.last_tick.elapsed() < args.interval / 10 {
+            break; // the last interval was just reported
+        }
+        report.interval(
+            session,
+            daemon.as_deref_mut(),
+            raw.tcp.as_ref().map(|r| r.bad_records),
+        )?;
+        if stop {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One interval's report: read the session, feed the daemon, aggregate the
+/// cloud buckets, print.
+struct Report<'a> {
+    args: &'a ObserveArgs,
+    header: String,
+    view_names: &'a [&'a str],
+    cloud: BTreeMap<&'static str, CloudAgg>,
+    start: Instant,
+    last_tick: Instant,
+}
+
+impl<'a> Report<'a> {
+    fn new(args: &'a ObserveArgs, header: &str, view_names: &'a [&'a str]) -> Self {
+        let mut cloud = BTreeMap::new();
+        if args.cloud_buckets {
+            for v in view_names {
+                let name: &'static str = if *v == "tcp" { "tcp" } else { "sampler" };
+                cloud.insert(
+                    name,
+                    CloudAgg::new(args.cloud_layout.clone(), args.cloud_period),
+                );
+            }
+        }
+        Report {
+            args,
+            header: header.to_string(),
+            view_names,
+            cloud,
+            start: Instant::now(),
+            last_tick: Instant::now(),
+        }
+    }
+
+    fn interval(
+        &mut self,
+        session: &mut Session,
+        mut daemon: Option<&mut Daemon>,
+        raw_bad: Option<u64>,
+    ) -> Result<()> {
+        let read = session.read_interval(
+            daemon.as_deref_mut().map(|d| d as &mut dyn FlowSink),
+            raw_bad,
+        )?;
+        let mut iv = read.interval;
+        // daemon mode: counters, program statistics.
+        if let Some(d) = daemon {
+            d.counters(&iv.counters);
+        }
+        let now_t = self.start.elapsed().as_secs_f64();
+        let mut cloud_lines = Vec::new();
+        for (name, agg) in self.cloud.iter_mut() {
+            if let Some(h) = read.totals_hist.get(name) {
+                agg.add(h);
+            }
+            let completed = agg.roll(now_t);
+            let current = completed.unwrap_or_else(|| agg.point(now_t, false));
+            cloud_lines.push((*name, current));
+        }
+        iv.t = now_t;
+        iv.ts = output::unix_now();
+        iv.interval_s = self.last_tick.elapsed().as_secs_f64();
+        self.last_tick = Instant::now();
+        if !self.args.quiet {
+            output::print_interval(self.args, &self.header, self.view_names, &iv, &cloud_lines)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    #[test]
+    #[allow(irrefutable_let_patterns)]
+    fn parses_observe_options() {
+        let c = Cli::try_parse_from([
+            "rttscope",
+            "observe",
+            "--netns",
+            "a",
+            "--netns",
+            "b",
+            "--port",
+            "5001",
+            "--addr",
+            "10.0.0.0/8",
+            "--interval",
+            "500ms",
+            "--duration",
+            "3s",
+            "--format",
+            "json",
+            "--raw",
+            "--ack-hook",
+            "require",
+        ])
+        .unwrap();
+        let crate::cli::Command::Observe(a) = c.command else {
+            panic!()
+        };
+        assert_eq!(a.ack_hook, crate::views::tcp::AckHook::Require);
+        assert_eq!(a.netns, vec!["a", "b"]);
+        assert_eq!(a.ports, vec![5001]);
+        assert_eq!(a.interval, Duration::from_millis(500));
+        assert_eq!(a.duration, Some(Duration::from_secs(3)));
+        assert_eq!(a.format, Format::Json);
+        assert!(a.raw);
+    }
+
+    #[test]
+    fn rejects_malformed_options() {
+        for bad in [
+            vec!["rttscope", "observe", "--addr", "10.0.0.0/33"],
+            vec!["rttscope", "observe", "--addr", "nonsense"],
+            vec!["rttscope", "observe", "--interval", "fast"],
+            vec!["rttscope", "observe", "--duration", "10"],
+            vec!["rttscope", "observe", "--port", "70000"],
+            vec!["rttscope", "observe", "--ack-hook", "always"],
+        ] {
+            assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?} should fail");
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! What `observe` prints: the start record or header, each interval (table
+//! or JSON Lines, cloud-bucket lines), raw samples, and the end record.
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::args::{Format, ObserveArgs};
+use crate::analysis::units::fmt_duration_short;
+use crate::session::{Interval, Session};
+use crate::views::flow::Flow;
+use crate::views::ViewKind;
+
+pub(super) fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The settings recorded in the start record.
+fn settings(args: &ObserveArgs) -> serde_json::Value {
+    json!({
+        "interval_s": args.interval.as_secs_f64(),
+        "duration_s": args.duration.map(|d| d.as_secs_f64()),
+        "netns": args.netns,
+        "all_netns": args.all_netns,
+        "ports": args.ports,
+        "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        "raw": args.raw,
+        "max_flows": args.max_flows,
+        "ack_hook": args.ack_hook,
+        "loader": args.loader,
+        "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
+    })
+}
+
+/// The table's header line: interval and each view's hook and settings.
+pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
+    let mut header = format!(
+        "rttscope observe | interval {}",
+        fmt_duration_short(args.interval)
+    );
+    if let Some(v) = &session.tcp {
+        header += &format!(
+            " | view tcp: sock_ops @ cgroup {}, rtt source: {}, netns {}",
+            v.info().cgroup,
+            v.info().rtt_source_short(),
+            if args.netns.is_empty() {
+                "all".to_string()
+            } else {
+                args.netns.join(",")
+            }
+        );
+    }
+    if let Some(s) = &session.sampler {
+        let c = s.config();
+        let ifs: Vec<String> = s
+            .attach_info()
+            .iter()
+            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
+            .collect();
+        header += &format!(
+            " | view sampler: 1/{} sampling, match {}, no Karn, on {}",
+            c.sample_every,
+            c.matching.as_str(),
+            ifs.join(" ")
+        );
+    }
+    header
+}
+
+/// The start record (JSON) or the header and the attach lines (table).
+pub(super) fn print_start(
+    args: &ObserveArgs,
+    session: &Session,
+    views: &[ViewKind],
+    header: &str,
+) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match args.format {
+        Format::Json => {
+            let line = json!({
+                "type": "start",
+                "version": 1,
+                "ts": unix_now(),
+                "views": views.iter().map(|v| v.as_str()).collect::<Vec<_>>(),
+                "settings": settings(args),
+                "tcp": session.tcp.as_ref().map(|v| v.info()),
+                "sampler": session.sampler.as_ref().map(|s| json!({
+                    "settings": s.config(),
+                    "attached": s.attach_info(),
+                    "prog_ids": s.prog_ids(),
+                })),
+                "clock": "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start",
+            });
+            writeln!(out, "{line}")?;
+        }
+        Format::Table => {
+            writeln!(out, "{header}")?;
+            if let Some(v) = &session.tcp {
+                writeln!(
+                    out,
+                    "existing connections enabled: {} (in {})",
+                    v.info().existing_enabled,
+                    v.info().iter_netns.join(",")
+                )?;
+            }
+            writeln!(out, "waiting for samples...\n")?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// One interval: its record or table, then the cloud-bucket points.
+pub(super) fn print_interval(
+    args: &ObserveArgs,
+    header: &str,
+    views: &[&str],
+    iv: &Interval,
+    cloud_lines: &[(&str, serde_json::Value)],
+) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match args.format {
+        Format::Json => {
+            writeln!(out, "{}", serde_json::to_string(iv)?)?;
+            for (name, p) in cloud_lines {
+                writeln!(
+                    out,
+                    "{}",
+                    json!({"type": "cloud", "view": name, "point": p})
+                )?;
+            }
+        }
+        Format::Table => {
+            crate::sinks::table::print_table(&mut out, header, iv, views)?;
+            for (name, p) in cloud_lines {
+                let f = |k: &str| {
+                    p[k].as_f64()
+                        .map(crate::analysis::units::fmt_ms)
+                        .unwrap_or_else(|| "-".into())
+                };
+                writeln!(
+                    out,
+                    "cloud buckets {name}: {} period from t={:.1}s ({:.0}s): n {} p50 {} p95 {} p99 {} ms ({})",
+                    if p["complete"] == true { "completed" } else { "so far," },
+                    p["period_start_s"].as_f64().unwrap_or(0.0),
+                    p["period_s"].as_f64().unwrap_or(0.0),
+                    p["count"],
+                    f("p50_us"),
+                    f("p95_us"),
+                    f("p99_us"),
+                    args.cloud_layout.spec()
+                )?;
+            }
+            if !cloud_lines.is_empty() {
+                writeln!(out)?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The end record (JSON: every flow's summary since start, counters) or the
+/// closing line (table).
+pub(super) fn print_end(
+    args: &ObserveArgs,
+    elapsed_s: f64,
+    flows: Vec<serde_json::Value>,
+    counters: &std::collections::BTreeMap<&str, std::collections::BTreeMap<&str, u64>>,
+) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.format == Format::Json {
+        let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": flows, "counters": counters });
+        writeln!(out, "{line}")?;
+    } else {
+        write!(out, "done after {elapsed_s:.1}s")?;
+        if let Some(c) = counters.get("tcp") {
+            write!(
+                out,
+                " | tcp: {} samples, {} flows created, {} flow-map-full, {} raw dropped",
+                c["samples"], c["flows_created"], c["flow_map_full"], c["raw_events_dropped"]
+            )?;
+        }
+        if let Some(c) = counters.get("sampler") {
+            let get = |k: &str| c.get(k).copied().unwrap_or(0);
+            write!(
+                out,
+                " | sampler: {} samples, {} packets skipped (see JSON counters), {} pending expired, {} flow-map-full",
+                get("samples"),
+                c.iter().filter(|(k, _)| k.starts_with("skip_")).map(|(_, v)| v).sum::<u64>(),
+                get("expired"),
+                get("flow_map_full") + get("pending_map_full")
+            )?;
+        }
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub(super) fn sampler_raw_lines(
+    events: &mut Vec<crate::bpf::Event>,
+    start_mono: u64,
+    fmt: Format,
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) {
+    for smp in events
+        .drain(..)
+        .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
+    {
+        let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+        let line = match fmt {
+            Format::Json => json!({
+                "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
+                "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
+                "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
+            })
+            .to_string(),
+            Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
+        };
+        lines.borrow_mut().push(line);
+    }
+}
+
+pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> String {
+    let flow = Flow::from_key(&ev.key);
+    let t = (ev.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+    let kind = match ev.r#type {
+        1 => "tcp",
+        2 => "sampler",
+        3 => "flow_end",
+        _ => "?",
+    };
+    let side = crate::views::flow::Side::from_raw(ev.side);
+    match (fmt, flow) {
+        (Format::Json, Some(f)) => json!({
+            "type": "sample", "view": kind, "t": t, "netns": f.netns,
+            "local": f.local.to_string(), "remote": f.remote.to_string(),
+            "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
+        })
+        .to_string(),
+        (Format::Table, Some(f)) => format!(
+            "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={}us",
+            side.as_str(),
+            ev.rtt_us,
+            ev.srtt_us
+        ),
+        _ => String::new(),
+    }
+}
+
+pub(super) fn flush_raw(
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    stdout: &std::io::Stdout,
+) -> Result<()> {
+    let mut v = lines.borrow_mut();
+    if v.is_empty() {
+        return Ok(());
+    }
+    let mut out = stdout.lock();
+    for l in v.drain(..).filter(|l| !l.is_empty()) {
+        writeln!(out, "{l}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// Raw TCP-view events to output lines.
+pub(super) fn tcp_raw_lines(
+    events: &mut Vec<crate::bpf::Event>,
+    start_mono: u64,
+    fmt: Format,
+    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+) {
+    let mut l = lines.borrow_mut();
+    for ev in events.drain(..) {
+        l.push(raw_line(&ev, start_mono, fmt));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_line_decodes_event_fixture() {
+        let ev = crate::bpf::Event {
+            r#type: 1,
+            side: 1,
+            rtt_us: 150,
+            srtt_us: 140,
+            ts_ns: 2_000_000_000,
+            key: Flow {
+                netns: 7,
+                local: "10.0.0.1:1000".parse().unwrap(),
+                remote: "10.0.0.2:80".parse().unwrap(),
+            }
+            .to_key(),
+            ..Default::default()
+        };
+        let bytes = crate::bpf::as_bytes(&ev).to_vec();
+        let back: crate::bpf::Event = crate::bpf::decode(&bytes).unwrap();
+        let line = raw_line(&back, 1_000_000_000, Format::Json);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["rtt_us"], 150);
+        assert_eq!(v["side"], "client");
+        assert_eq!(v["t"], 1.0);
+        assert_eq!(v["local"], "10.0.0.1:1000");
+    }
+}

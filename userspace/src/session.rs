@@ -1,0 +1,626 @@
+//! An observing session: the passive views asked for, attached; one read per
+//! interval (each flow's samples since the previous read, totals, counters);
+//! closed and idle flows given back to the kernel's tables. It prints
+//! nothing: `cmd::observe` drives it and hands what it reads to the sinks
+//! (table, JSON Lines, Prometheus).
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::analysis::hist::{Hist, HistSummary, Snapshot};
+use crate::bpf::tcp::types::rttscope_tcp_counter as C;
+use crate::sys::netns;
+use crate::views::flow::{Flow, Side};
+use crate::views::sampler::{IfaceSpec, SamplerConfig, SamplerView};
+use crate::views::tcp::{self, TcpFlowState, TcpView, TcpViewConfig};
+use crate::views::LoaderKind;
+
+/// Statistics of one view for one flow over one interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct ViewStats {
+    #[serde(flatten)]
+    pub summary: HistSummary,
+    /// TCP view only: TCP's smoothed RTT after the last sample (us).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub srtt_us: Option<u32>,
+    /// TCP view only: retransmissions over the flow's life.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retrans: Option<u32>,
+}
+
+impl ViewStats {
+    pub fn from_hist(h: &Hist) -> Self {
+        ViewStats {
+            summary: h.summary(),
+            srtt_us: None,
+            retrans: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowRow {
+    pub netns: u32,
+    pub netns_name: String,
+    pub local: String,
+    pub remote: String,
+    pub side: Side,
+    /// How the TCP view found the flow: established (after attach), existing (iterator), late.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<&'static str>,
+    pub closed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<ViewStats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<ViewStats>,
+    #[serde(skip)]
+    pub flow: Option<Flow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Interval {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Seconds since the observer started (end of the interval).
+    pub t: f64,
+    /// Unix time (seconds) at the end of the interval.
+    pub ts: f64,
+    pub interval_s: f64,
+    pub flows: Vec<FlowRow>,
+    pub totals: BTreeMap<&'static str, ViewStats>,
+    pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+}
+
+/// Where each flow's new samples go as they are read (daemon mode's
+/// exporter), besides the interval's rows.
+pub trait FlowSink {
+    /// One TCP flow of this read: `prev` is its cumulative histogram at the
+    /// previous read (None: a new flow).
+    fn tcp_flow(
+        &mut self,
+        f: &TcpFlowState,
+        prev: Option<&Snapshot>,
+        netns_name: &mut dyn FnMut(u32) -> String,
+    );
+    /// One sampler flow's samples since the previous read.
+    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist);
+}
+
+/// What to attach.
+pub struct SessionConfig {
+    pub loader: LoaderKind,
+    /// The TCP view's settings, if it is asked for.
+    pub tcp: Option<TcpViewConfig>,
+    /// The sampler's interfaces and settings, if it is asked for.
+    pub sampler: Option<(Vec<IfaceSpec>, SamplerConfig)>,
+    /// Build per-flow rows (nothing prints them with --quiet).
+    pub keep_rows: bool,
+}
+
+/// One interval's read: the report and each view's total histogram.
+pub struct IntervalRead {
+    pub interval: Interval,
+    pub totals_hist: BTreeMap<&'static str, Hist>,
+}
+
+/// The attached views and what is kept between reads.
+pub struct Session {
+    pub tcp: Option<Box<dyn TcpView>>,
+    pub sampler: Option<Box<dyn SamplerView>>,
+    names: NsNames,
+    tracker: Tracker,
+    sampler_prev: HashMap<Flow, Snapshot>,
+    keep_rows: bool,
+}
+
+impl Session {
+    /// Load and attach the views asked for (TCP first, then the sampler).
+    pub fn attach(cfg: SessionConfig) -> Result<Session> {
+        let tcp = match &cfg.tcp {
+            Some(c) => Some(crate::views::attach_tcp(cfg.loader, c)?),
+            None => None,
+        };
+        let sampler = match cfg.sampler {
+            Some((ifaces, sc)) => {
+                crate::sys::preflight::require_bpf_caps()?;
+                sc.validate()?;
+                Some(crate::views::attach_sampler(cfg.loader, &ifaces, sc)?)
+            }
+            None => None,
+        };
+        Ok(Session {
+            tcp,
+            sampler,
+            names: NsNames::new(),
+            tracker: Tracker::default(),
+            sampler_prev: HashMap::new(),
+            keep_rows: cfg.keep_rows,
+        })
+    }
+
+    /// Between reports: when the TCP view's table is filling up, read the
+    /// closed flows now and free their slots (their rows wait for the report).
+    pub fn reclaim_if_due<'s>(&mut self, sink: Option<&mut (dyn FlowSink + 's)>) -> Result<()> {
+        let Some(view) = self.tcp.as_mut() else {
+            return Ok(());
+        };
+        let cap = view.info().max_flows;
+        if self
+            .tracker
+            .reclaim_due(view.counter(C::RTTSCOPE_TC_FLOWS_CREATED), cap)
+        {
+            reclaim_closed(
+                view.as_mut(),
+                &mut self.tracker,
+                &mut self.names,
+                sink,
+                self.keep_rows,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// One interval: read each view, then start the next epoch. `raw_bad`:
+    /// the TCP raw stream's bad-record count, reported with its counters.
+    pub fn read_interval<'s>(
+        &mut self,
+        mut sink: Option<&mut (dyn FlowSink + 's)>,
+        raw_bad: Option<u64>,
+    ) -> Result<IntervalRead> {
+        let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
+        let mut totals = BTreeMap::new();
+        let mut totals_hist: BTreeMap<&'static str, Hist> = BTreeMap::new();
+        let mut counters = BTreeMap::new();
+        if self.tcp.is_some() {
+            let (total, tc) = self.read_tcp(&mut rows, sink.as_deref_mut(), raw_bad)?;
+            counters.insert("tcp", tc);
+            totals.insert("tcp", ViewStats::from_hist(&total));
+            totals_hist.insert("tcp", total);
+        }
+        if self.sampler.is_some() {
+            let (total, sc) = self.read_sampler(&mut rows, sink)?;
+            counters.insert("sampler", sc);
+            totals.insert("sampler", ViewStats::from_hist(&total));
+            totals_hist.insert("sampler", total);
+        }
+        Ok(IntervalRead {
+            interval: Interval {
+                kind: "interval",
+                t: 0.0,
+                ts: 0.0,
+                interval_s: 0.0,
+                flows: rows.into_values().collect(),
+                totals,
+                counters,
+            },
+            totals_hist,
+        })
+    }
+
+    /// The TCP view's part of an interval: rows, total, counters; closed
+    /// flows' slots given back, the least recently active evicted when few
+    /// slots are left.
+    fn read_tcp<'s>(
+        &mut self,
+        rows: &mut BTreeMap<Flow, FlowRow>,
+        mut sink: Option<&mut (dyn FlowSink + 's)>,
+        raw_bad: Option<u64>,
+    ) -> Result<(Hist, BTreeMap<&'static str, u64>)> {
+        let (tracker, names, keep_rows) = (&mut self.tracker, &mut self.names, self.keep_rows);
+        let view = self.tcp.as_mut().expect("TCP view attached");
+        let epoch = view.epoch();
+        let mut total = Hist::default();
+        let mut closed = Vec::new();
+        let mut live = Vec::new();
+        let collect_live = tracker.near_full(view.info().max_flows);
+        tracker.begin();
+        view.for_each_flow(&mut |f| {
+            // daemon mode: this flow's samples since the last read.
+            if let Some(d) = sink.as_deref_mut() {
+                d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), &mut |ns| {
+                    names.get(ns)
+                });
+            }
+            if f.closed {
+                closed.push((f.slot, f.gen, f.flow));
+            } else if collect_live {
+                live.push((f.slot, f.gen, f.flow));
+            }
+            if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
+                if keep_rows {
+                    rows.insert(f.flow, r); // (--quiet: nothing prints rows)
+                }
+            }
+        })?;
+        tracker.end();
+        view.next_epoch();
+        // Closed flows freed early (the table was filling up) are
+        // reported with this interval too.
+        for (flow, r) in tracker.early_rows.drain(..) {
+            rows.insert(flow, r);
+        }
+        total.merge(&std::mem::take(&mut tracker.early_total));
+        // Closed flows are reported once (this interval), then their
+        // slots are given back.
+        for (slot, gen, flow) in closed {
+            view.forget(slot, gen)?;
+            tracker.forget(&flow);
+            tracker.closed_reported += 1;
+        }
+        // Few slots left: evict the least recently active live flows
+        // (their sockets take a new slot at their next sample).
+        for (slot, gen, flow) in tracker.to_evict(live, view.info().max_flows) {
+            view.forget(slot, gen)?;
+            tracker.forget(&flow);
+            tracker.evicted += 1;
+        }
+        let mut tc = view.counters()?;
+        tc.insert("flows_vanished", tracker.vanished);
+        tc.insert("flows_evicted", tracker.evicted);
+        tc.insert("flows_closed_reported", tracker.closed_reported);
+        tc.insert("flows_tracked", tracker.tracked);
+        if let Some(bad) = raw_bad {
+            tc.insert("raw_records_bad", bad);
+        }
+        Ok((total, tc))
+    }
+
+    /// The sampler's part of an interval: each flow's samples since the
+    /// previous read, into its row (with the side the TCP view found).
+    fn read_sampler<'s>(
+        &mut self,
+        rows: &mut BTreeMap<Flow, FlowRow>,
+        mut sink: Option<&mut (dyn FlowSink + 's)>,
+    ) -> Result<(Hist, BTreeMap<&'static str, u64>)> {
+        let s = self.sampler.as_mut().expect("sampler attached");
+        let mut total = Hist::default();
+        let flows = s.read_flows()?;
+        let mut seen = HashSet::new();
+        for f in &flows {
+            seen.insert(f.flow);
+            let first = !self.sampler_prev.contains_key(&f.flow);
+            let mut delta = self
+                .sampler_prev
+                .get(&f.flow)
+                .map_or_else(|| f.hist.clone(), |p| p.delta_hist(&f.hist));
+            self.sampler_prev.insert(f.flow, Snapshot::of_hist(&f.hist));
+            if delta.count() == 0 {
+                continue;
+            }
+            // daemon mode: the sampler's samples since the last read.
+            if let Some(d) = sink.as_deref_mut() {
+                let ns = self.names.get(f.flow.netns);
+                d.sampler_delta(&f.flow, self.tracker.side_of(&f.flow), &ns, &delta);
+            }
+            delta.set_range(
+                f.interval_min_us
+                    .or(if first { f.hist.min_us } else { None }),
+                f.interval_max_us
+                    .or(if first { f.hist.max_us } else { None }),
+            );
+            total.merge(&delta);
+            if !self.keep_rows {
+                continue; // nothing prints rows
+            }
+            let stats = ViewStats::from_hist(&delta);
+            let (names, tracker) = (&mut self.names, &self.tracker);
+            let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
+                netns: f.flow.netns,
+                netns_name: names.get(f.flow.netns),
+                local: f.flow.local.to_string(),
+                remote: f.flow.remote.to_string(),
+                side: tracker.side_of(&f.flow),
+                origin: None,
+                state: None,
+                closed: false,
+                tcp: None,
+                sampler: None,
+                flow: Some(f.flow),
+            });
+            row.sampler = Some(stats);
+        }
+        self.sampler_prev.retain(|k, _| seen.contains(k));
+        Ok((total, s.counters()?))
+    }
+
+    /// Cumulative summary since start of every flow still in the views'
+    /// tables (the `end` record's flows), and each view's counters.
+    #[allow(clippy::type_complexity)]
+    pub fn summary(
+        &mut self,
+    ) -> Result<(
+        Vec<serde_json::Value>,
+        BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+    )> {
+        use serde_json::json;
+        let mut summary: BTreeMap<Flow, serde_json::Value> = BTreeMap::new();
+        let names = &mut self.names;
+        if let Some(view) = &self.tcp {
+            view.for_each_flow(&mut |f| {
+                let h = f.hist();
+                summary.insert(
+                    f.flow,
+                    json!({
+                        "netns": f.flow.netns,
+                        "netns_name": names.get(f.flow.netns),
+                        "local": f.flow.local.to_string(),
+                        "remote": f.flow.remote.to_string(),
+                        "side": f.side,
+                        "origin": f.origin,
+                        "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
+                    }),
+                );
+            })?;
+        }
+        if let Some(s) = self.sampler.as_mut() {
+            for f in s.read_flows()? {
+                let entry = summary.entry(f.flow).or_insert_with(|| {
+                    json!({
+                        "netns": f.flow.netns,
+                        "netns_name": names.get(f.flow.netns),
+                        "local": f.flow.local.to_string(),
+                        "remote": f.flow.remote.to_string(),
+                        "side": self.tracker.side_of(&f.flow),
+                    })
+                });
+                entry["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+            }
+        }
+        let mut counters = BTreeMap::new();
+        if let Some(v) = &self.tcp {
+            counters.insert("tcp", v.counters()?);
+        }
+        if let Some(s) = &self.sampler {
+            counters.insert("sampler", s.counters()?);
+        }
+        Ok((summary.into_values().collect(), counters))
+    }
+}
+
+/// Non-empty histogram buckets as [lower_us, upper_us, count].
+pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
+    h.counts
+        .iter()
+        .enumerate()
+        .filter(|(_, &c)| c > 0)
+        .map(|(i, &c)| {
+            let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
+            (lo, if hi.is_finite() { hi } else { -1.0 }, c)
+        })
+        .collect()
+}
+
+/// Display names of network namespaces, refreshed when an unknown one shows up.
+pub(crate) struct NsNames {
+    names: BTreeMap<u32, String>,
+    refreshed: Instant,
+}
+
+impl NsNames {
+    pub fn new() -> Self {
+        NsNames {
+            names: netns::names(),
+            refreshed: Instant::now(),
+        }
+    }
+    pub fn get(&mut self, inode: u32) -> String {
+        if !self.names.contains_key(&inode) && self.refreshed.elapsed() > Duration::from_millis(500)
+        {
+            self.names = netns::names();
+            self.refreshed = Instant::now();
+        }
+        self.names
+            .get(&inode)
+            .cloned()
+            .unwrap_or_else(|| format!("net:{inode}"))
+    }
+}
+
+/// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
+/// cumulative histogram (the interval's counts are the difference).
+#[derive(Default)]
+pub(crate) struct Tracker {
+    /// Each flow's histogram at the last read, and the interval of its last sample.
+    prev: HashMap<Flow, (Snapshot, u64)>,
+    sides: HashMap<Flow, Side>,
+    seen: std::collections::HashSet<Flow>,
+    interval: u64,
+    vanished: u64,
+    evicted: u64,
+    closed_reported: u64,
+    tracked: u64,
+    /// Slots given back by us (closed, evicted): with the kernel's
+    /// flows_created, the table's occupancy between reads.
+    freed: u64,
+    /// Closed flows read and freed before the interval's report (the table
+    /// was filling up): their rows wait here for the report.
+    early_rows: Vec<(Flow, FlowRow)>,
+    early_total: Hist,
+}
+
+impl Tracker {
+    fn begin(&mut self) {
+        self.seen.clear();
+        self.tracked = 0;
+        self.interval += 1;
+    }
+
+    fn forget(&mut self, flow: &Flow) {
+        self.prev.remove(flow);
+        self.freed += 1;
+    }
+
+    /// Whether closed flows should be read and freed before the interval
+    /// ends: more than half of the `capacity` slots taken (`created`: the
+    /// kernel's flows_created). Under heavy churn a closed flow would
+    /// otherwise hold its slot until the next report, and a table could
+    /// fill with flows that are only waiting to be reported.
+    fn reclaim_due(&self, created: u64, capacity: u32) -> bool {
+        created.saturating_sub(self.freed) > capacity as u64 / 2
+    }
+
+    /// Whether this read should collect eviction candidates: the last one
+    /// found at least 3/4 of the `capacity` slots taken (below that, the
+    /// list would only cost memory).
+    fn near_full(&self, capacity: u32) -> bool {
+        self.tracked as usize >= (capacity as usize - capacity as usize / 4)
+    }
+
+    /// Live flows (slot, gen, flow) to evict: when more than 7/8 of the
+    /// `capacity` slots are taken, the least recently active ones, down to 3/4.
+    fn to_evict(&self, mut live: Vec<(u32, u32, Flow)>, capacity: u32) -> Vec<(u32, u32, Flow)> {
+        let cap = capacity as usize;
+        if live.len() <= cap - cap / 8 {
+            return Vec::new();
+        }
+        let n = live.len() - (cap - cap / 4);
+        live.sort_by_key(|l| self.prev.get(&l.2).map_or(0, |p| p.1));
+        live.truncate(n);
+        live
+    }
+
+    /// One flow of this interval's read: its row, if it had samples, is new, or closed.
+    fn flow_row(
+        &mut self,
+        f: &TcpFlowState,
+        epoch: u32,
+        names: &mut NsNames,
+        total: &mut Hist,
+    ) -> Option<FlowRow> {
+        self.seen.insert(f.flow);
+        self.sides.insert(f.flow, f.side);
+        self.tracked += 1;
+        let first = !self.prev.contains_key(&f.flow);
+        let mut delta = self
+            .prev
+            .get(&f.flow)
+            .map_or_else(|| f.hist(), |p| p.0.delta(&f.counts, f.sum_us));
+        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
+            delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
+        } else if first && delta.count() > 0 {
+            delta.set_range(f.life_min_us, f.life_max_us);
+        }
+        let active = match self.prev.get(&f.flow) {
+            Some(p) if !first && delta.count() == 0 => p.1,
+            _ => self.interval,
+        };
+        self.prev
+            .insert(f.flow, (Snapshot::of_counts(&f.counts, f.sum_us), active));
+        if delta.count() == 0 && !first && !f.closed {
+            return None;
+        }
+        total.merge(&delta);
+        let mut vs = ViewStats::from_hist(&delta);
+        vs.srtt_us = Some(f.srtt_us);
+        vs.retrans = Some(f.retrans);
+        Some(FlowRow {
+            netns: f.flow.netns,
+            netns_name: names.get(f.flow.netns),
+            local: f.flow.local.to_string(),
+            remote: f.flow.remote.to_string(),
+            side: f.side,
+            origin: Some(f.origin),
+            state: Some(tcp::state_name(f.state)),
+            closed: f.closed,
+            tcp: Some(vs),
+            sampler: None,
+            flow: Some(f.flow),
+        })
+    }
+
+    /// The side the TCP view found for a flow (for rows only the sampler saw).
+    pub fn side_of(&self, flow: &Flow) -> Side {
+        self.sides.get(flow).copied().unwrap_or(Side::Unknown)
+    }
+
+    /// After a full read: flows that disappeared without a close were evicted.
+    fn end(&mut self) {
+        let before = self.prev.len();
+        let seen = &self.seen;
+        self.prev.retain(|k, _| seen.contains(k));
+        self.sides.retain(|k, _| seen.contains(k));
+        self.vanished += (before - self.prev.len()) as u64;
+    }
+}
+
+/// Read the TCP view's table between reports and free the slots of closed
+/// flows now, keeping their rows (and exporting their samples in daemon
+/// mode) for the interval's report.
+fn reclaim_closed<'s>(
+    view: &mut dyn TcpView,
+    tracker: &mut Tracker,
+    names: &mut NsNames,
+    mut sink: Option<&mut (dyn FlowSink + 's)>,
+    keep_rows: bool,
+) -> Result<()> {
+    let epoch = view.epoch();
+    let tracked = tracker.tracked;
+    let mut closed = Vec::new();
+    let mut total = std::mem::take(&mut tracker.early_total);
+    view.for_each_flow(&mut |f| {
+        if !f.closed {
+            return;
+        }
+        if let Some(d) = sink.as_deref_mut() {
+            d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), &mut |ns| {
+                names.get(ns)
+            });
+        }
+        if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
+            if keep_rows {
+                tracker.early_rows.push((f.flow, r));
+            }
+        }
+        closed.push((f.slot, f.gen, f.flow));
+    })?;
+    tracker.early_total = total;
+    tracker.tracked = tracked; // a partial read: the interval's count stays
+    for (slot, gen, flow) in closed {
+        view.forget(slot, gen)?;
+        tracker.forget(&flow);
+        tracker.closed_reported += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_takes_the_least_recently_active_down_to_three_quarters() {
+        let flow = |port: u16| Flow {
+            netns: 1,
+            local: format!("10.0.0.1:{port}").parse().unwrap(),
+            remote: "10.0.0.2:80".parse().unwrap(),
+        };
+        let mut t = Tracker::default();
+        // 14 of 16 slots taken: at the 7/8 mark, nothing to do.
+        let live: Vec<_> = (0..14).map(|i| (i, 1, flow(i as u16))).collect();
+        assert!(t.to_evict(live, 16).is_empty());
+        // 16 of 16: evict 4 (down to 12), the ones active longest ago.
+        for i in 0..16u32 {
+            let snap = Snapshot::of_counts(&[], 0);
+            t.prev.insert(flow(i as u16), (snap, (16 - i) as u64));
+        }
+        let live: Vec<_> = (0..16).map(|i| (i, 7, flow(i as u16))).collect();
+        let ev = t.to_evict(live, 16);
+        let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(slots, vec![15, 14, 13, 12]);
+        assert!(ev.iter().all(|e| e.1 == 7));
+    }
+
+    #[test]
+    fn closed_flows_are_freed_early_once_half_the_table_is_taken() {
+        let mut t = Tracker::default();
+        assert!(!t.reclaim_due(8, 16), "8 of 16 taken: not yet");
+        assert!(t.reclaim_due(9, 16), "9 of 16 taken");
+        t.freed = 5; // five given back since
+        assert!(!t.reclaim_due(9, 16));
+        assert!(t.reclaim_due(14, 16));
+    }
+}
