@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR MIT)
 /* Building blocks of a per-sample sock_ops path, measured one at a time by
- * scripts/bench.sh exactly as the floor and rttscope's program are (BPF
+ * scripts/bench-tcp.sh exactly as the floor and rttscope's program are (BPF
  * run-time statistics over the same loopback request/response flow). Each
  * build (-DBLOCK=N) turns on the RTT callback at connection setup and does,
  * per RTT callback, only:
