@@ -3,6 +3,7 @@
 # target directory and prove the binary carries no libbpf: no libbpf symbol,
 # no libbpf-sys / libbpf-rs crate in its dependency tree. Then (as root, when
 # the kernel allows it) run the aya-only binary for a moment to show it loads.
+# Like the production build, it leaves the lab out (no `lab` feature).
 #
 #   scripts/check-aya-build.sh            # build + checks
 #   CHECK_AYA_TARGET=DIR scripts/...      # target dir (default target/aya-only)

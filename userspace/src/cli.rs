@@ -31,6 +31,7 @@ pub enum Command {
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
     Compare(crate::cmd::compare::CompareArgs),
     /// Rebuild the seeds' experiments on a testbed of namespaces (delay, loss, bottleneck) and record every view.
+    #[cfg(feature = "lab")]
     Lab(crate::lab::LabArgs),
 }
 

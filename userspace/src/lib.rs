@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod cli;
 pub mod cmd;
 pub mod error;
+#[cfg(feature = "lab")]
 pub mod lab;
 pub mod logging;
 pub mod session;
