@@ -62,23 +62,23 @@ enum rttscope_event_type {
 
 /* Per-CPU counters of the TCP view (index into the `tcp_counters` map). */
 enum rttscope_tcp_counter {
-	RTTSCOPE_TC_RTT_CB_SKIPPED = 0, /* RTT callbacks that added no sample (filtered, no socket, no slot);
-	                                 * RTT callbacks seen = this + RTTSCOPE_TC_SAMPLES */
-	RTTSCOPE_TC_SAMPLES,           /* samples added to a histogram */
-	RTTSCOPE_TC_SRTT_FALLBACK,     /* samples taken from the srtt field (kernel < 6.10) */
-	RTTSCOPE_TC_FLOWS_CREATED,     /* flow entries created */
-	RTTSCOPE_TC_FLOW_MAP_FULL,     /* flow entry could not be created: no free slot */
-	RTTSCOPE_TC_FILTERED,          /* connections skipped by --netns/--port/--addr */
-	RTTSCOPE_TC_ENABLED,           /* connections whose callbacks we turned on */
-	RTTSCOPE_TC_ITER_SOCKETS,      /* sockets walked by the iterator */
-	RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL, /* iterator could not set the callback flags */
-	RTTSCOPE_TC_RETRANS,           /* retransmit callbacks */
-	RTTSCOPE_TC_CLOSED,            /* state callbacks to TCP_CLOSE */
-	RTTSCOPE_TC_RAW_EVENTS,        /* raw events written */
-	RTTSCOPE_TC_RAW_DROPS,         /* raw events dropped: ring buffer full */
-	RTTSCOPE_TC_NO_SOCK,           /* callback without a full socket */
-	RTTSCOPE_TC_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
-	RTTSCOPE_TC_COUNTERS,          /* number of counters */
+	RTTSCOPE_TCP_RTT_CB_SKIPPED = 0, /* RTT callbacks that added no sample (filtered, no socket, no slot);
+	                                 * RTT callbacks seen = this + RTTSCOPE_TCP_SAMPLES */
+	RTTSCOPE_TCP_SAMPLES,           /* samples added to a histogram */
+	RTTSCOPE_TCP_SRTT_FALLBACK,     /* samples taken from the srtt field (kernel < 6.10) */
+	RTTSCOPE_TCP_FLOWS_CREATED,     /* flow entries created */
+	RTTSCOPE_TCP_FLOW_MAP_FULL,     /* flow entry could not be created: no free slot */
+	RTTSCOPE_TCP_FILTERED,          /* connections skipped by --netns/--port/--addr */
+	RTTSCOPE_TCP_ENABLED,           /* connections whose callbacks we turned on */
+	RTTSCOPE_TCP_ITER_SOCKETS,      /* sockets walked by the iterator */
+	RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL, /* iterator could not set the callback flags */
+	RTTSCOPE_TCP_RETRANS,           /* retransmit callbacks */
+	RTTSCOPE_TCP_CLOSED,            /* state callbacks to TCP_CLOSE */
+	RTTSCOPE_TCP_RAW_EVENTS,        /* raw events written */
+	RTTSCOPE_TCP_RAW_DROPS,         /* raw events dropped: ring buffer full */
+	RTTSCOPE_TCP_NO_SOCK,           /* callback without a full socket */
+	RTTSCOPE_TCP_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
+	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
 /* A flow as seen from one socket, in one network namespace.
@@ -270,46 +270,46 @@ enum rttscope_sampler_link {
 
 /* Per-CPU counters of the sampler view (index into `sampler_counters`). */
 enum rttscope_sampler_counter {
-	RTTSCOPE_SC_SEEN_EGRESS = 0,   /* packets seen at egress */
-	RTTSCOPE_SC_SEEN_INGRESS,      /* packets seen at ingress */
-	RTTSCOPE_SC_SAMPLED_EGRESS,    /* egress packets picked by the 1/N sampler */
-	RTTSCOPE_SC_SAMPLED_INGRESS,   /* ingress packets picked by the 1/N sampler */
-	RTTSCOPE_SC_TCP_EGRESS,        /* sampled egress packets parsed as TCP */
-	RTTSCOPE_SC_TCP_INGRESS,       /* sampled ingress packets parsed as TCP */
-	RTTSCOPE_SC_RECORDED,          /* outgoing segments recorded (pending) */
-	RTTSCOPE_SC_SAMPLES,           /* RTT samples produced */
-	RTTSCOPE_SC_NO_DATA,           /* egress segment without payload/SYN/FIN: nothing to time */
-	RTTSCOPE_SC_DUPLICATE,         /* egress segment already pending (retransmission, same TSval) */
-	RTTSCOPE_SC_SLOTS_FULL,        /* flow already has RTTSCOPE_SAMPLER_SLOTS pending segments */
-	RTTSCOPE_SC_EXPIRED,           /* pending segments dropped after the timeout */
-	RTTSCOPE_SC_SUPERSEDED,        /* tsval: pending TSval older than an echoed one, dropped */
-	RTTSCOPE_SC_ACK_NO_PENDING,    /* ingress packet of a flow not in the flow table */
-	RTTSCOPE_SC_ACK_NO_MATCH,      /* ingress packet that covered nothing pending */
-	RTTSCOPE_SC_NOT_ACK,           /* ingress packet without ACK flag, or with RST */
-	RTTSCOPE_SC_NO_TIMESTAMP,      /* tsval: no TCP timestamp option */
-	RTTSCOPE_SC_RACE,              /* a pending slot, or its way, changed under us (other CPU) */
-	RTTSCOPE_SC_PENDING_CREATED,   /* flow-table entries created (a flow's first recorded segment) */
-	RTTSCOPE_SC_PENDING_DELETED,   /* RST: a flow's pending segments dropped (entry found) */
-	RTTSCOPE_SC_PENDING_MAP_FULL,  /* new flow not entered: every way of its set busy (other CPUs) */
-	RTTSCOPE_SC_FLOWS_CREATED,     /* flow-table entries that got their first sample (histogram) */
-	RTTSCOPE_SC_FLOW_MAP_FULL,     /* sample lost: its entry was busy or re-keyed (other CPU) */
-	RTTSCOPE_SC_SKIP_NON_IP,       /* not IPv4/IPv6 */
-	RTTSCOPE_SC_SKIP_VLAN,         /* VLAN tag (in the packet or in skb metadata) */
-	RTTSCOPE_SC_SKIP_NON_TCP,      /* IP, not TCP */
-	RTTSCOPE_SC_SKIP_IP_OPTIONS,   /* IPv4 header with options */
-	RTTSCOPE_SC_SKIP_FRAGMENT,     /* IPv4 fragment */
-	RTTSCOPE_SC_SKIP_IPV6_EXT,     /* IPv6 extension header (incl. fragment header) */
-	RTTSCOPE_SC_SKIP_TRUNCATED,    /* packet shorter than its headers say */
-	RTTSCOPE_SC_SKIP_NONLINEAR,    /* headers not in the linear part of the skb */
-	RTTSCOPE_SC_SKIP_MALFORMED,    /* bad version, IHL, data offset or length */
-	RTTSCOPE_SC_RAW_EVENTS,        /* raw events written */
-	RTTSCOPE_SC_RAW_DROPS,         /* raw events dropped: ring buffer full */
-	RTTSCOPE_SC_ACKED_TOGETHER,    /* pending segments freed by an ACK that timed an older one */
-	RTTSCOPE_SC_PENDING_EVICTED,   /* entries evicted (least recently used way of a set) for a new flow */
-	RTTSCOPE_SC_FLOWS_EVICTED,     /* of those, entries that held samples (histogram dropped) */
-	RTTSCOPE_SC_EVICTED_SEGMENTS,  /* pending segments dropped with evicted entries */
-	RTTSCOPE_SC_SEND_TIME_CLOCK,   /* egress segments timed by a clock read, not TCP's departure time */
-	RTTSCOPE_SC_COUNTERS,          /* number of counters */
+	RTTSCOPE_SAMPLER_SEEN_EGRESS = 0,   /* packets seen at egress */
+	RTTSCOPE_SAMPLER_SEEN_INGRESS,      /* packets seen at ingress */
+	RTTSCOPE_SAMPLER_SAMPLED_EGRESS,    /* egress packets picked by the 1/N sampler */
+	RTTSCOPE_SAMPLER_SAMPLED_INGRESS,   /* ingress packets picked by the 1/N sampler */
+	RTTSCOPE_SAMPLER_TCP_EGRESS,        /* sampled egress packets parsed as TCP */
+	RTTSCOPE_SAMPLER_TCP_INGRESS,       /* sampled ingress packets parsed as TCP */
+	RTTSCOPE_SAMPLER_RECORDED,          /* outgoing segments recorded (pending) */
+	RTTSCOPE_SAMPLER_SAMPLES,           /* RTT samples produced */
+	RTTSCOPE_SAMPLER_NO_DATA,           /* egress segment without payload/SYN/FIN: nothing to time */
+	RTTSCOPE_SAMPLER_DUPLICATE,         /* egress segment already pending (retransmission, same TSval) */
+	RTTSCOPE_SAMPLER_SLOTS_FULL,        /* flow already has RTTSCOPE_SAMPLER_SLOTS pending segments */
+	RTTSCOPE_SAMPLER_EXPIRED,           /* pending segments dropped after the timeout */
+	RTTSCOPE_SAMPLER_SUPERSEDED,        /* tsval: pending TSval older than an echoed one, dropped */
+	RTTSCOPE_SAMPLER_ACK_NO_PENDING,    /* ingress packet of a flow not in the flow table */
+	RTTSCOPE_SAMPLER_ACK_NO_MATCH,      /* ingress packet that covered nothing pending */
+	RTTSCOPE_SAMPLER_NOT_ACK,           /* ingress packet without ACK flag, or with RST */
+	RTTSCOPE_SAMPLER_NO_TIMESTAMP,      /* tsval: no TCP timestamp option */
+	RTTSCOPE_SAMPLER_RACE,              /* a pending slot, or its way, changed under us (other CPU) */
+	RTTSCOPE_SAMPLER_PENDING_CREATED,   /* flow-table entries created (a flow's first recorded segment) */
+	RTTSCOPE_SAMPLER_PENDING_DELETED,   /* RST: a flow's pending segments dropped (entry found) */
+	RTTSCOPE_SAMPLER_PENDING_MAP_FULL,  /* new flow not entered: every way of its set busy (other CPUs) */
+	RTTSCOPE_SAMPLER_FLOWS_CREATED,     /* flow-table entries that got their first sample (histogram) */
+	RTTSCOPE_SAMPLER_FLOW_MAP_FULL,     /* sample lost: its entry was busy or re-keyed (other CPU) */
+	RTTSCOPE_SAMPLER_SKIP_NON_IP,       /* not IPv4/IPv6 */
+	RTTSCOPE_SAMPLER_SKIP_VLAN,         /* VLAN tag (in the packet or in skb metadata) */
+	RTTSCOPE_SAMPLER_SKIP_NON_TCP,      /* IP, not TCP */
+	RTTSCOPE_SAMPLER_SKIP_IP_OPTIONS,   /* IPv4 header with options */
+	RTTSCOPE_SAMPLER_SKIP_FRAGMENT,     /* IPv4 fragment */
+	RTTSCOPE_SAMPLER_SKIP_IPV6_EXT,     /* IPv6 extension header (incl. fragment header) */
+	RTTSCOPE_SAMPLER_SKIP_TRUNCATED,    /* packet shorter than its headers say */
+	RTTSCOPE_SAMPLER_SKIP_NONLINEAR,    /* headers not in the linear part of the skb */
+	RTTSCOPE_SAMPLER_SKIP_MALFORMED,    /* bad version, IHL, data offset or length */
+	RTTSCOPE_SAMPLER_RAW_EVENTS,        /* raw events written */
+	RTTSCOPE_SAMPLER_RAW_DROPS,         /* raw events dropped: ring buffer full */
+	RTTSCOPE_SAMPLER_ACKED_TOGETHER,    /* pending segments freed by an ACK that timed an older one */
+	RTTSCOPE_SAMPLER_PENDING_EVICTED,   /* entries evicted (least recently used way of a set) for a new flow */
+	RTTSCOPE_SAMPLER_FLOWS_EVICTED,     /* of those, entries that held samples (histogram dropped) */
+	RTTSCOPE_SAMPLER_EVICTED_SEGMENTS,  /* pending segments dropped with evicted entries */
+	RTTSCOPE_SAMPLER_SEND_TIME_CLOCK,   /* egress segments timed by a clock read, not TCP's departure time */
+	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
 };
 
 /* Per-flow aggregate of the sampler view; key: struct rttscope_flow_key of

@@ -5,12 +5,12 @@
  *
  *  - Every packet, in each direction, is sampled independently with
  *    probability 1/N (cfg_sample_threshold; N = 1: every packet).
- *  - rttscope_sm_egr: a sampled outgoing TCP segment that occupies sequence
+ *  - rtt_sampler_egr: a sampled outgoing TCP segment that occupies sequence
  *    space (payload, SYN or FIN) is recorded in its flow's pending entry:
  *    (end sequence, time), or (TSval, time) with --match tsval. The time
  *    is the segment's departure time as TCP set it (skb->tstamp, see
  *    send_time()) when a local TCP socket sent it, else a clock read.
- *  - rttscope_sm_ing: a sampled incoming packet whose cumulative ACK covers
+ *  - rtt_sampler_ing: a sampled incoming packet whose cumulative ACK covers
  *    a recorded end sequence (or whose TSecr echoes a recorded TSval)
  *    produces an RTT sample (now - recorded time) and frees the slot.
  *    There is no Karn filtering: an ACK of retransmitted data still
@@ -100,7 +100,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, RTTSCOPE_SC_COUNTERS);
+	__uint(max_entries, RTTSCOPE_SAMPLER_COUNTERS);
 	__type(key, __u32);
 	__type(value, __u64);
 } sampler_counters SEC(".maps");
@@ -156,7 +156,7 @@ static __always_inline int sampled(void)
 /* Headers end past data_end: a short packet, or headers outside the linear part. */
 static __always_inline __u32 short_hdr(struct __sk_buff *skb, __u32 need)
 {
-	return skb->len < need ? RTTSCOPE_SC_SKIP_TRUNCATED : RTTSCOPE_SC_SKIP_NONLINEAR;
+	return skb->len < need ? RTTSCOPE_SAMPLER_SKIP_TRUNCATED : RTTSCOPE_SAMPLER_SKIP_NONLINEAR;
 }
 
 /* TCP timestamp option. Fast path: Linux puts NOP NOP TS first. Otherwise
@@ -213,7 +213,7 @@ static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, v
 }
 
 /* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
- * Returns 0 for a plain TCP segment, else the RTTSCOPE_SC_SKIP_* counter
+ * Returns 0 for a plain TCP segment, else the RTTSCOPE_SAMPLER_SKIP_* counter
  * saying why (counted once by the caller: one copy of the code). */
 static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 {
@@ -224,7 +224,7 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 	struct tcphdr *th;
 
 	if (skb->vlan_present)
-		return RTTSCOPE_SC_SKIP_VLAN;
+		return RTTSCOPE_SAMPLER_SKIP_VLAN;
 	if (cfg_link == RTTSCOPE_LINK_ETHER) {
 		struct ethhdr *eth = data;
 
@@ -236,7 +236,7 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		proto = (__u16)skb->protocol;
 	}
 	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
-		return RTTSCOPE_SC_SKIP_VLAN;
+		return RTTSCOPE_SAMPLER_SKIP_VLAN;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = data + off;
 		__u32 tot;
@@ -244,20 +244,20 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		if ((void *)(ip + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip));
 		if (ip->version != 4 || ip->ihl < 5)
-			return RTTSCOPE_SC_SKIP_MALFORMED;
+			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
 		if (ip->ihl != 5)
-			return RTTSCOPE_SC_SKIP_IP_OPTIONS;
+			return RTTSCOPE_SAMPLER_SKIP_IP_OPTIONS;
 		if (ip->frag_off & bpf_htons(0x3fff))
-			return RTTSCOPE_SC_SKIP_FRAGMENT;
+			return RTTSCOPE_SAMPLER_SKIP_FRAGMENT;
 		if (ip->protocol != IPPROTO_TCP)
-			return RTTSCOPE_SC_SKIP_NON_TCP;
+			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
 		tot = bpf_ntohs(ip->tot_len);
 		if (tot == 0) /* BIG TCP (GSO > 64 KiB): length from the skb */
 			tot = skb->len - off;
 		if (tot < sizeof(*ip) + sizeof(*th))
-			return RTTSCOPE_SC_SKIP_MALFORMED;
+			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
 		if (tot > skb->len - off)
-			return RTTSCOPE_SC_SKIP_TRUNCATED;
+			return RTTSCOPE_SAMPLER_SKIP_TRUNCATED;
 		l4len = tot - sizeof(*ip);
 		s->key.family = AF_INET;
 		__builtin_memcpy(s->key.laddr, &ip->saddr, 4);
@@ -271,29 +271,29 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		if ((void *)(ip6 + 1) > end)
 			return short_hdr(skb, off + sizeof(*ip6));
 		if (ip6->version != 6)
-			return RTTSCOPE_SC_SKIP_MALFORMED;
+			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
 		nh = ip6->nexthdr;
 		if (nh != IPPROTO_TCP) {
 			/* hop-by-hop, routing, fragment, ESP, AH, dest opts, mobility, HIP, shim6 */
 			if (nh == 0 || nh == 43 || nh == 44 || nh == 50 || nh == 51 || nh == 60 ||
 			    nh == 135 || nh == 139 || nh == 140)
-				return RTTSCOPE_SC_SKIP_IPV6_EXT;
-			return RTTSCOPE_SC_SKIP_NON_TCP;
+				return RTTSCOPE_SAMPLER_SKIP_IPV6_EXT;
+			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
 		}
 		plen = bpf_ntohs(ip6->payload_len);
 		if (plen == 0) /* BIG TCP / jumbogram: length from the skb */
 			plen = skb->len - off - sizeof(*ip6);
 		if (plen < sizeof(*th))
-			return RTTSCOPE_SC_SKIP_MALFORMED;
+			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
 		if (plen > skb->len - off - sizeof(*ip6))
-			return RTTSCOPE_SC_SKIP_TRUNCATED;
+			return RTTSCOPE_SAMPLER_SKIP_TRUNCATED;
 		l4len = plen;
 		s->key.family = AF_INET6;
 		__builtin_memcpy(s->key.laddr, &ip6->saddr, 16);
 		__builtin_memcpy(s->key.raddr, &ip6->daddr, 16);
 		off += sizeof(*ip6);
 	} else {
-		return RTTSCOPE_SC_SKIP_NON_IP;
+		return RTTSCOPE_SAMPLER_SKIP_NON_IP;
 	}
 
 	th = data + off;
@@ -301,7 +301,7 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		return short_hdr(skb, off + sizeof(*th));
 	hl = th->doff * 4;
 	if (hl < sizeof(*th) || hl > l4len)
-		return RTTSCOPE_SC_SKIP_MALFORMED;
+		return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
 	s->key.lport = bpf_ntohs(th->source);
 	s->key.rport = bpf_ntohs(th->dest);
 	s->seq = bpf_ntohl(th->seq);
@@ -435,7 +435,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 		}
 	}
 	if (!victim || __sync_val_compare_and_swap(&victim->lock, 0, 1) != 0) {
-		count(RTTSCOPE_SC_PENDING_MAP_FULL);
+		count(RTTSCOPE_SAMPLER_PENDING_MAP_FULL);
 		return NULL;
 	}
 	e = victim;
@@ -454,11 +454,11 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 			n++;
 	}
 	if (e->key.family) {
-		count(RTTSCOPE_SC_PENDING_EVICTED);
+		count(RTTSCOPE_SAMPLER_PENDING_EVICTED);
 		if (e->flow.agg.samples)
-			count(RTTSCOPE_SC_FLOWS_EVICTED);
+			count(RTTSCOPE_SAMPLER_FLOWS_EVICTED);
 		if (n)
-			count_n(RTTSCOPE_SC_EVICTED_SEGMENTS, n);
+			count_n(RTTSCOPE_SAMPLER_EVICTED_SEGMENTS, n);
 	}
 	e->key = *k;
 	e->hash = tag;
@@ -472,7 +472,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.ifindex = cfg_ifindex;
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
 	unlock(e);
-	count(RTTSCOPE_SC_PENDING_CREATED);
+	count(RTTSCOPE_SAMPLER_PENDING_CREATED);
 	*genp = g + 2;
 	return e;
 }
@@ -507,7 +507,7 @@ static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
 		__u64 s = pd->slot[i];
 
 		if (slot_valid(s) && __sync_val_compare_and_swap(&pd->slot[i], s, 0) == s)
-			count(RTTSCOPE_SC_EXPIRED);
+			count(RTTSCOPE_SAMPLER_EXPIRED);
 	}
 }
 
@@ -525,7 +525,7 @@ static __always_inline void forget(struct rttscope_sampler_entry *e)
 		if (slot_valid(s))
 			__sync_val_compare_and_swap(&e->pend.slot[i], s, 0);
 	}
-	count(RTTSCOPE_SC_PENDING_DELETED);
+	count(RTTSCOPE_SAMPLER_PENDING_DELETED);
 }
 
 static __always_inline void add_sample(struct rttscope_sampler_flow *f, const struct rttscope_flow_key *key,
@@ -537,12 +537,12 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 	rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
-	count(RTTSCOPE_SC_SAMPLES);
+	count(RTTSCOPE_SAMPLER_SAMPLES);
 	if (cfg_raw) {
 		struct rttscope_event *ev = bpf_ringbuf_reserve(&sampler_events, sizeof(*ev), 0);
 
 		if (!ev) {
-			count(RTTSCOPE_SC_RAW_DROPS);
+			count(RTTSCOPE_SAMPLER_RAW_DROPS);
 			return;
 		}
 		ev->type = RTTSCOPE_EV_SAMPLER_RTT;
@@ -556,7 +556,7 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 		ev->key = *key;
 		ev->reserved3 = 0;
 		bpf_ringbuf_submit(ev, 0);
-		count(RTTSCOPE_SC_RAW_EVENTS);
+		count(RTTSCOPE_SAMPLER_RAW_EVENTS);
 	}
 }
 
@@ -573,12 +573,12 @@ static __always_inline __u64 send_time(struct __sk_buff *skb)
 	if (bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp &&
 	    skb->tstamp_type == 1 /* BPF_SKB_CLOCK_MONOTONIC (BPF_SKB_TSTAMP_DELIVERY_MONO before 6.11) */)
 		return skb->tstamp;
-	count(RTTSCOPE_SC_SEND_TIME_CLOCK);
+	count(RTTSCOPE_SAMPLER_SEND_TIME_CLOCK);
 	return bpf_ktime_get_ns();
 }
 
 SEC("classifier")
-int rttscope_sm_egr(struct __sk_buff *skb)
+int rtt_sampler_egr(struct __sk_buff *skb)
 {
 	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
@@ -587,22 +587,22 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	__u64 now, nv, rv, h, g;
 	int i;
 
-	count(RTTSCOPE_SC_SEEN_EGRESS);
+	count(RTTSCOPE_SAMPLER_SEEN_EGRESS);
 	if (!sampled())
 		return PASS;
-	count(RTTSCOPE_SC_SAMPLED_EGRESS);
+	count(RTTSCOPE_SAMPLER_SAMPLED_EGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why))
 		goto out;
-	count(RTTSCOPE_SC_TCP_EGRESS);
+	count(RTTSCOPE_SAMPLER_TCP_EGRESS);
 	s.key.netns = cfg_netns;
 	if (likely(!(s.flags & TH_RST))) {
 		if (s.payload == 0 && !(s.flags & (TH_SYN | TH_FIN))) {
-			why = RTTSCOPE_SC_NO_DATA;
+			why = RTTSCOPE_SAMPLER_NO_DATA;
 			goto out;
 		}
 		if (cfg_match == RTTSCOPE_MATCH_TSVAL && !s.has_ts) {
-			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			why = RTTSCOPE_SAMPLER_NO_TIMESTAMP;
 			goto out;
 		}
 	}
@@ -635,7 +635,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
 		/* pping: time only the first packet that carries a TSval */
 		if ((pd->flags & 1) && pd->last_tsval == v) {
-			why = RTTSCOPE_SC_DUPLICATE;
+			why = RTTSCOPE_SAMPLER_DUPLICATE;
 			goto out;
 		}
 		pd->last_tsval = v;
@@ -655,7 +655,7 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 			continue; /* reserved by another CPU */
 		if (unlikely((__u64)slot_age(t, sl) * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
-				count(RTTSCOPE_SC_EXPIRED);
+				count(RTTSCOPE_SAMPLER_EXPIRED);
 				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
 					free_i = i;
 			}
@@ -663,19 +663,19 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 		}
 		if ((__u32)(sl >> 32) == v) {
 			/* a retransmission of a pending segment: keep the first time */
-			why = RTTSCOPE_SC_DUPLICATE;
+			why = RTTSCOPE_SAMPLER_DUPLICATE;
 			goto out;
 		}
 	}
 	if (unlikely(free_i >= RTTSCOPE_SAMPLER_SLOTS)) {
-		why = RTTSCOPE_SC_SLOTS_FULL;
+		why = RTTSCOPE_SAMPLER_SLOTS_FULL;
 		goto out;
 	}
 	/* reserve the slot under this generation, check the way still holds
 	 * our flow, then publish: see struct rttscope_sampler_entry */
 	rv = (__u64)((__u32)g | 1) << 32; /* g is even: | 1 keeps it unique, never 0 */
 	nv = ((__u64)v << 32) | t;
-	why = RTTSCOPE_SC_RACE;
+	why = RTTSCOPE_SAMPLER_RACE;
 	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0))
 		goto out;
 	compiler_barrier();
@@ -685,14 +685,14 @@ int rttscope_sm_egr(struct __sk_buff *skb)
 	}
 	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], rv, nv) != rv))
 		goto out;
-	why = RTTSCOPE_SC_RECORDED;
+	why = RTTSCOPE_SAMPLER_RECORDED;
 out:
 	count(why);
 	return PASS;
 }
 
 SEC("classifier")
-int rttscope_sm_ing(struct __sk_buff *skb)
+int rtt_sampler_ing(struct __sk_buff *skb)
 {
 	struct rttscope_sampler_entry *e;
 	struct rttscope_sampler_pending *pd;
@@ -701,24 +701,24 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	__u64 now, h, g;
 	int i;
 
-	count(RTTSCOPE_SC_SEEN_INGRESS);
+	count(RTTSCOPE_SAMPLER_SEEN_INGRESS);
 	if (!sampled())
 		return PASS;
-	count(RTTSCOPE_SC_SAMPLED_INGRESS);
+	count(RTTSCOPE_SAMPLER_SAMPLED_INGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why))
 		goto out;
-	count(RTTSCOPE_SC_TCP_INGRESS);
+	count(RTTSCOPE_SAMPLER_TCP_INGRESS);
 	/* the data sender's key: local = our end = the packet's destination */
 	swap_key(&s.key);
 	s.key.netns = cfg_netns;
 	if (likely(!(s.flags & TH_RST))) {
 		if (!(s.flags & TH_ACK)) {
-			why = RTTSCOPE_SC_NOT_ACK;
+			why = RTTSCOPE_SAMPLER_NOT_ACK;
 			goto out;
 		}
 		if (cfg_match == RTTSCOPE_MATCH_TSVAL && (!s.has_ts || s.tsecr == 0)) {
-			why = RTTSCOPE_SC_NO_TIMESTAMP;
+			why = RTTSCOPE_SAMPLER_NO_TIMESTAMP;
 			goto out;
 		}
 	}
@@ -728,11 +728,11 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	if (unlikely(s.flags & TH_RST)) {
 		/* the connection is gone: nothing pending will be acknowledged */
 		forget(e);
-		why = RTTSCOPE_SC_NOT_ACK;
+		why = RTTSCOPE_SAMPLER_NOT_ACK;
 		goto out;
 	}
 	if (!e) {
-		why = RTTSCOPE_SC_ACK_NO_PENDING;
+		why = RTTSCOPE_SAMPLER_ACK_NO_PENDING;
 		goto out;
 	}
 	pd = &e->pend;
@@ -753,7 +753,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		else
 			need |= v - sv < RTTSCOPE_SAMPLER_MAX_ACK_AHEAD; /* covered */
 	}
-	why = RTTSCOPE_SC_ACK_NO_MATCH;
+	why = RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 	if (!need)
 		goto out;
 	now = bpf_ktime_get_ns();
@@ -772,7 +772,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		age = slot_age(t, sl);
 		if (unlikely((__u64)age * 1000 > cfg_timeout_ns)) {
 			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
-				count(RTTSCOPE_SC_EXPIRED);
+				count(RTTSCOPE_SAMPLER_EXPIRED);
 			continue;
 		}
 		if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
@@ -780,7 +780,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 				/* an older TSval than the one echoed will never be echoed */
 				if ((__s32)(v - sv) > 0 &&
 				    __sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
-					count(RTTSCOPE_SC_SUPERSEDED);
+					count(RTTSCOPE_SAMPLER_SUPERSEDED);
 				continue;
 			}
 		} else {
@@ -789,7 +789,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 				continue;
 		}
 		if (unlikely(__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)) {
-			count(RTTSCOPE_SC_RACE);
+			count(RTTSCOPE_SAMPLER_RACE);
 			continue;
 		}
 		matched++;
@@ -801,11 +801,11 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 	/* one sample per ACK, from the oldest segment it covers (as TCP's
 	 * seq_rtt); the others are freed and counted */
 	if (unlikely(matched > 1))
-		count_n(RTTSCOPE_SC_ACKED_TOGETHER, matched - 1);
+		count_n(RTTSCOPE_SAMPLER_ACKED_TOGETHER, matched - 1);
 	/* the histogram: under the way's lock, and only if the way still
 	 * holds our flow (a slot of a re-keyed way is never used: the slots
 	 * matched above were cleared, or were ours, before the re-key) */
-	why = RTTSCOPE_SC_FLOW_MAP_FULL;
+	why = RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
 	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
 		goto out;
 	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
@@ -813,7 +813,7 @@ int rttscope_sm_ing(struct __sk_buff *skb)
 		goto out;
 	}
 	if (unlikely(e->flow.agg.samples == 0))
-		count(RTTSCOPE_SC_FLOWS_CREATED);
+		count(RTTSCOPE_SAMPLER_FLOWS_CREATED);
 	add_sample(&e->flow, &s.key, oldest, now);
 	unlock(e);
 	return PASS;

@@ -2,12 +2,12 @@
 /*
  * tcp.bpf.c - the TCP view: RTT as the TCP stack computes it.
  *
- *  - rttscope_sockops (cgroup sock_ops): on every new connection turns on the
+ *  - rtt_tcp_sockops (cgroup sock_ops): on every new connection turns on the
  *    RTT, state and retransmit callbacks; BPF_SOCK_OPS_RTT_CB then delivers
  *    each RTT sample (args[0], us) and the new srtt (args[1] = srtt x 8).
- *  - rttscope_iter_tcp (iter/tcp): turns the same callbacks on for
+ *  - rtt_tcp_iter (iter/tcp): turns the same callbacks on for
  *    connections that existed before attach, and records listening ports.
- *  - rttscope_ack_rtt (fexit/tcp_ack_update_rtt): optional, where the kernel
+ *  - rtt_tcp_ack (fexit/tcp_ack_update_rtt): optional, where the kernel
  *    allows fentry/fexit (`observe --ack-hook`). Takes each sample as the
  *    kernel hands it to tcp_rtt_estimator(), also on kernels < 6.10 whose
  *    RTT callback carries no arguments. Loaded separately and skipped with a
@@ -60,7 +60,7 @@ const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of t
 
 /* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
 __u32 epoch = 0;
-/* 1 when rttscope_ack_rtt is attached: set by userspace before the sock_ops
+/* 1 when rtt_tcp_ack is attached: set by userspace before the sock_ops
  * program is attached, never changed after. */
 __u32 ack_hook_on = 0;
 /* Slots ever handed out fresh (0..slots_hwm-1): userspace reads tcp_flows up
@@ -113,7 +113,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, RTTSCOPE_TC_COUNTERS);
+	__uint(max_entries, RTTSCOPE_TCP_COUNTERS);
 	__type(key, __u32);
 	__type(value, __u64);
 } tcp_counters SEC(".maps");
@@ -287,7 +287,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	if (!init)
 		return NULL;
 	if (take_slot(&slot)) {
-		count(RTTSCOPE_TC_FLOW_MAP_FULL);
+		count(RTTSCOPE_TCP_FLOW_MAP_FULL);
 		return NULL;
 	}
 	f = bpf_map_lookup_elem(&tcp_flows, &slot);
@@ -297,7 +297,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	if (!ts) {
 		/* no memory for the socket storage: give the slot back */
 		bpf_map_push_elem(&tcp_free_slots, &slot, 0);
-		count(RTTSCOPE_TC_NO_SOCK);
+		count(RTTSCOPE_TCP_NO_SOCK);
 		return NULL;
 	}
 	__builtin_memset(init, 0, sizeof(*init));
@@ -316,7 +316,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	ts->slot = slot;
 	ts->gen = init->gen;
 	*slotp = slot;
-	count(RTTSCOPE_TC_FLOWS_CREATED);
+	count(RTTSCOPE_TCP_FLOWS_CREATED);
 	return f;
 }
 
@@ -341,7 +341,7 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 	struct rttscope_event *e = bpf_ringbuf_reserve(&tcp_events, sizeof(*e), 0);
 
 	if (!e) {
-		count(RTTSCOPE_TC_RAW_DROPS);
+		count(RTTSCOPE_TCP_RAW_DROPS);
 		return;
 	}
 	e->type = type;
@@ -355,7 +355,7 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 	e->key = *key;
 	e->reserved3 = 0;
 	bpf_ringbuf_submit(e, 0);
-	count(RTTSCOPE_TC_RAW_EVENTS);
+	count(RTTSCOPE_TCP_RAW_EVENTS);
 }
 
 #define HASH_MUL 0x9E3779B97F4A7C15ULL
@@ -402,7 +402,7 @@ static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 rtt
 
 	rttscope_agg_add(&f->agg, rtt, epoch);
 	f->srtt_us = srtt;
-	count(RTTSCOPE_TC_SAMPLES);
+	count(RTTSCOPE_TCP_SAMPLES);
 	if (cfg_raw) {
 		now = bpf_ktime_get_ns();
 		f->last_ns = now;
@@ -421,7 +421,7 @@ static __noinline struct rttscope_tcp_flow *late_flow(struct bpf_sock_ops *skops
 		return NULL;
 	key.netns = sock_netns(sk);
 	if (!wanted(&key)) {
-		count(RTTSCOPE_TC_FILTERED);
+		count(RTTSCOPE_TCP_FILTERED);
 		return NULL;
 	}
 	return new_flow(sk, bpf_get_socket_cookie(skops), &key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_LATE, 0,
@@ -438,13 +438,13 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	__u64 *hint, hv;
 
 	if (!sk) {
-		count(RTTSCOPE_TC_NO_SOCK);
-		count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+		count(RTTSCOPE_TCP_NO_SOCK);
+		count(RTTSCOPE_TCP_RTT_CB_SKIPPED);
 		return;
 	}
 	if (ack_hook_on) {
 		/* someone else turned the callback on: the hook has this sample */
-		count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+		count(RTTSCOPE_TCP_RTT_CB_SKIPPED);
 		return;
 	}
 	idx = hint_index(skops, &tag);
@@ -460,12 +460,12 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 			f = NULL;
 	}
 	if (unlikely(!f)) {
-		count(RTTSCOPE_TC_HINT_MISSES);
+		count(RTTSCOPE_TCP_HINT_MISSES);
 		f = sock_flow(sk, &slot);
 		if (!f)
 			f = late_flow(skops, &slot);
 		if (!f) {
-			count(RTTSCOPE_TC_RTT_CB_SKIPPED);
+			count(RTTSCOPE_TCP_RTT_CB_SKIPPED);
 			return;
 		}
 		set_hint(hint, f, slot, tag);
@@ -475,7 +475,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		srtt = skops->srtt_us >> 3;
 		rtt = srtt;
 		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
-		count(RTTSCOPE_TC_SRTT_FALLBACK);
+		count(RTTSCOPE_TCP_SRTT_FALLBACK);
 	}
 	record_sample(f, rtt, srtt);
 }
@@ -491,18 +491,18 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 	__u32 slot, idx, tag;
 
 	if (!sk) {
-		count(RTTSCOPE_TC_NO_SOCK);
+		count(RTTSCOPE_TCP_NO_SOCK);
 		return;
 	}
 	if (!skops_key(skops, &key))
 		return;
 	key.netns = sock_netns(sk);
 	if (!wanted(&key)) {
-		count(RTTSCOPE_TC_FILTERED);
+		count(RTTSCOPE_TCP_FILTERED);
 		return;
 	}
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS));
-	count(RTTSCOPE_TC_ENABLED);
+	count(RTTSCOPE_TCP_ENABLED);
 	f = new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
 		     skops->srtt_us >> 3, TCP_ESTABLISHED, &slot);
 	if (f) {
@@ -512,7 +512,7 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 }
 
 SEC("sockops")
-int rttscope_sockops(struct bpf_sock_ops *skops)
+int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 {
 	struct rttscope_tcp_flow *f;
 	struct bpf_sock *sk;
@@ -529,7 +529,7 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		on_established(skops, RTTSCOPE_SIDE_SERVER);
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
-		count(RTTSCOPE_TC_RETRANS);
+		count(RTTSCOPE_TCP_RETRANS);
 		sk = skops->sk;
 		if (!sk)
 			break;
@@ -547,7 +547,7 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 		f->state = (__u8)skops->args[1];
 		if (skops->args[1] == TCP_CLOSE) {
 			f->flags |= RTTSCOPE_FLOW_CLOSED;
-			count(RTTSCOPE_TC_CLOSED);
+			count(RTTSCOPE_TCP_CLOSED);
 			if (cfg_raw)
 				raw_event(&f->key, RTTSCOPE_EV_FLOW_END, f->side, 0, f->srtt_us,
 					  bpf_ktime_get_ns());
@@ -560,7 +560,7 @@ int rttscope_sockops(struct bpf_sock_ops *skops)
 /* Connections that existed before attach: turn on our callbacks, create
  * their flow entry with the current srtt; record listening ports. */
 SEC("iter/tcp")
-int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
+int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 {
 	struct sock_common *skc = ctx->sk_common;
 	struct rttscope_flow_key key = {};
@@ -573,7 +573,7 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 	tp = bpf_skc_to_tcp_sock(skc);
 	if (!tp)
 		return 0; /* request or time-wait socket */
-	count(RTTSCOPE_TC_ITER_SOCKETS);
+	count(RTTSCOPE_TCP_ITER_SOCKETS);
 	netns = BPF_CORE_READ(skc, skc_net.net, ns.inum);
 	state = skc->skc_state;
 	if (state == TCP_LISTEN) {
@@ -611,15 +611,15 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
 		return 0;
 	}
 	if (!wanted(&key)) {
-		count(RTTSCOPE_TC_FILTERED);
+		count(RTTSCOPE_TCP_FILTERED);
 		return 0;
 	}
 	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
 	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
-		count(RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL);
+		count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
 		return 0;
 	}
-	count(RTTSCOPE_TC_ENABLED);
+	count(RTTSCOPE_TCP_ENABLED);
 	/* no hint here (no sock_ops context): the first RTT callback sets it */
 	if (!sock_flow((struct bpf_sock *)tp, &slot))
 		new_flow((struct bpf_sock *)tp, bpf_get_socket_cookie(tp), &key, RTTSCOPE_SIDE_UNKNOWN,
@@ -635,7 +635,7 @@ int rttscope_iter_tcp(struct bpf_iter__tcp *ctx)
  * kernels the only way to get it. Only sockets that have a flow (created by
  * the sock_ops or iterator program, so past the filters) are counted. */
 SEC("fexit/tcp_ack_update_rtt")
-int BPF_PROG(rttscope_ack_rtt, struct sock *sk, const int flag, long seq_rtt_us, long sack_rtt_us,
+int BPF_PROG(rtt_tcp_ack, struct sock *sk, const int flag, long seq_rtt_us, long sack_rtt_us,
 	     long ca_rtt_us, struct rate_sample *rs, bool ret)
 {
 	struct rttscope_tcp_flow *f;

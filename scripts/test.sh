@@ -34,7 +34,7 @@ RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
 if [ -n "$left" ]; then echo "test namespaces left behind: $left" >&2; exit 1; fi
-if bpftool prog show 2>/dev/null | grep -q 'name rttscope'; then
-  echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep rttscope >&2; exit 1
+if bpftool prog show 2>/dev/null | grep -qE 'name rtt_(tcp|sampler)_'; then
+  echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep -E 'rtt_(tcp|sampler)_' >&2; exit 1
 fi
 echo "all tests passed"

@@ -232,12 +232,12 @@ fn main() {
             "  round {round}: TPS off {:.0} on {:.0}; egr {:.1} ns/packet, ing {:.1} ns/packet",
             off[round],
             on[round],
-            nsp("rttscope_sm_egr"),
-            nsp("rttscope_sm_ing")
+            nsp("rtt_sampler_egr"),
+            nsp("rtt_sampler_ing")
         );
         per_round.push(
             serde_json::json!({"tps_off": off[round], "tps_on": on[round],
-            "egr_ns": nsp("rttscope_sm_egr"), "ing_ns": nsp("rttscope_sm_ing")}),
+            "egr_ns": nsp("rtt_sampler_egr"), "ing_ns": nsp("rtt_sampler_ing")}),
         );
         if test_run.is_empty() {
             // one data segment out and its ACK in, run in a loop by the kernel

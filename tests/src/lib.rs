@@ -515,7 +515,7 @@ pub fn leftover_bpf() -> Result<Vec<String>> {
     let v: serde_json::Value = serde_json::from_slice(&progs.stdout)?;
     for p in v.as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or("");
-        if name.starts_with("rttscope") {
+        if name.starts_with("rtt_tcp_") || name.starts_with("rtt_sampler_") {
             left.push(format!("prog {} id {}", name, p["id"]));
         }
     }

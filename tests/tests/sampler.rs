@@ -923,17 +923,17 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "60s"]);
     assert_eq!(s.attached()[0]["how"], "clsact", "{}", s.start);
     assert!(
-        filters("egress").contains("rttscope_sm_egr"),
+        filters("egress").contains("rtt_sampler_egr"),
         "{}",
         filters("egress")
     );
-    assert!(filters("ingress").contains("rttscope_sm_ing"));
+    assert!(filters("ingress").contains("rtt_sampler_ing"));
     let pid = s.child.pid();
     // SAFETY: kill our own child.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     drop(s);
     assert!(
-        filters("egress").contains("rttscope_sm_egr"),
+        filters("egress").contains("rtt_sampler_egr"),
         "legacy filters outlive the process"
     );
     // the next run cleans up at start, works, and removes its own filters on exit

@@ -587,7 +587,7 @@ fn ack_hook_is_probed_and_skipped_with_one_notice() {
         .output()
         .unwrap();
     assert!(
-        !String::from_utf8_lossy(&left.stdout).contains("rttscope_ack_rt"), // names are cut at 15 characters
+        !String::from_utf8_lossy(&left.stdout).contains("rtt_tcp_ack"), // names fit in 15 characters
         "hook program left loaded"
     );
 }

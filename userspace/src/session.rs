@@ -151,7 +151,7 @@ impl Session {
         let cap = view.info().max_flows;
         if self
             .tracker
-            .reclaim_due(view.counter(C::RTTSCOPE_TC_FLOWS_CREATED), cap)
+            .reclaim_due(view.counter(C::RTTSCOPE_TCP_FLOWS_CREATED), cap)
         {
             reclaim_closed(
                 view.as_mut(),

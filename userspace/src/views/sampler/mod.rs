@@ -70,8 +70,8 @@ use crate::views::PassiveView;
 pub const CLSACT_HANDLE: u32 = 0x7273;
 pub const CLSACT_PRIORITY: u32 = 0x7273;
 /// Names of our programs (the kernel keeps 15 characters).
-pub const PROG_EGRESS: &str = "rttscope_sm_egr";
-pub const PROG_INGRESS: &str = "rttscope_sm_ing";
+pub const PROG_EGRESS: &str = "rtt_sampler_egr";
+pub const PROG_INGRESS: &str = "rtt_sampler_ing";
 /// The maps every copy of the object shares (the first copy creates them).
 pub(crate) const SHARED_MAPS: [&str; 4] = [
     "sampler_table",
@@ -303,47 +303,47 @@ impl SamplerSample {
 use t::rttscope_sampler_counter as C;
 /// Counter names, in the kernel's index order.
 pub const COUNTERS: &[(&str, C)] = &[
-    ("seen_egress", C::RTTSCOPE_SC_SEEN_EGRESS),
-    ("seen_ingress", C::RTTSCOPE_SC_SEEN_INGRESS),
-    ("sampled_egress", C::RTTSCOPE_SC_SAMPLED_EGRESS),
-    ("sampled_ingress", C::RTTSCOPE_SC_SAMPLED_INGRESS),
-    ("tcp_egress", C::RTTSCOPE_SC_TCP_EGRESS),
-    ("tcp_ingress", C::RTTSCOPE_SC_TCP_INGRESS),
-    ("recorded", C::RTTSCOPE_SC_RECORDED),
-    ("samples", C::RTTSCOPE_SC_SAMPLES),
-    ("no_data", C::RTTSCOPE_SC_NO_DATA),
-    ("duplicate", C::RTTSCOPE_SC_DUPLICATE),
-    ("slots_full", C::RTTSCOPE_SC_SLOTS_FULL),
-    ("expired", C::RTTSCOPE_SC_EXPIRED),
-    ("superseded", C::RTTSCOPE_SC_SUPERSEDED),
-    ("ack_no_pending", C::RTTSCOPE_SC_ACK_NO_PENDING),
-    ("ack_no_match", C::RTTSCOPE_SC_ACK_NO_MATCH),
-    ("not_ack", C::RTTSCOPE_SC_NOT_ACK),
-    ("no_timestamp", C::RTTSCOPE_SC_NO_TIMESTAMP),
-    ("race", C::RTTSCOPE_SC_RACE),
-    ("pending_created", C::RTTSCOPE_SC_PENDING_CREATED),
-    ("pending_deleted", C::RTTSCOPE_SC_PENDING_DELETED),
-    ("pending_map_full", C::RTTSCOPE_SC_PENDING_MAP_FULL),
-    ("flows_created", C::RTTSCOPE_SC_FLOWS_CREATED),
-    ("flow_map_full", C::RTTSCOPE_SC_FLOW_MAP_FULL),
-    ("skip_non_ip", C::RTTSCOPE_SC_SKIP_NON_IP),
-    ("skip_vlan", C::RTTSCOPE_SC_SKIP_VLAN),
-    ("skip_non_tcp", C::RTTSCOPE_SC_SKIP_NON_TCP),
-    ("skip_ip_options", C::RTTSCOPE_SC_SKIP_IP_OPTIONS),
-    ("skip_fragment", C::RTTSCOPE_SC_SKIP_FRAGMENT),
-    ("skip_ipv6_ext", C::RTTSCOPE_SC_SKIP_IPV6_EXT),
-    ("skip_truncated", C::RTTSCOPE_SC_SKIP_TRUNCATED),
-    ("skip_nonlinear", C::RTTSCOPE_SC_SKIP_NONLINEAR),
-    ("skip_malformed", C::RTTSCOPE_SC_SKIP_MALFORMED),
-    ("raw_events", C::RTTSCOPE_SC_RAW_EVENTS),
-    ("raw_drops", C::RTTSCOPE_SC_RAW_DROPS),
-    ("acked_together", C::RTTSCOPE_SC_ACKED_TOGETHER),
-    ("pending_evicted", C::RTTSCOPE_SC_PENDING_EVICTED),
-    ("flows_evicted", C::RTTSCOPE_SC_FLOWS_EVICTED),
-    ("evicted_segments", C::RTTSCOPE_SC_EVICTED_SEGMENTS),
-    ("send_time_clock", C::RTTSCOPE_SC_SEND_TIME_CLOCK),
+    ("seen_egress", C::RTTSCOPE_SAMPLER_SEEN_EGRESS),
+    ("seen_ingress", C::RTTSCOPE_SAMPLER_SEEN_INGRESS),
+    ("sampled_egress", C::RTTSCOPE_SAMPLER_SAMPLED_EGRESS),
+    ("sampled_ingress", C::RTTSCOPE_SAMPLER_SAMPLED_INGRESS),
+    ("tcp_egress", C::RTTSCOPE_SAMPLER_TCP_EGRESS),
+    ("tcp_ingress", C::RTTSCOPE_SAMPLER_TCP_INGRESS),
+    ("recorded", C::RTTSCOPE_SAMPLER_RECORDED),
+    ("samples", C::RTTSCOPE_SAMPLER_SAMPLES),
+    ("no_data", C::RTTSCOPE_SAMPLER_NO_DATA),
+    ("duplicate", C::RTTSCOPE_SAMPLER_DUPLICATE),
+    ("slots_full", C::RTTSCOPE_SAMPLER_SLOTS_FULL),
+    ("expired", C::RTTSCOPE_SAMPLER_EXPIRED),
+    ("superseded", C::RTTSCOPE_SAMPLER_SUPERSEDED),
+    ("ack_no_pending", C::RTTSCOPE_SAMPLER_ACK_NO_PENDING),
+    ("ack_no_match", C::RTTSCOPE_SAMPLER_ACK_NO_MATCH),
+    ("not_ack", C::RTTSCOPE_SAMPLER_NOT_ACK),
+    ("no_timestamp", C::RTTSCOPE_SAMPLER_NO_TIMESTAMP),
+    ("race", C::RTTSCOPE_SAMPLER_RACE),
+    ("pending_created", C::RTTSCOPE_SAMPLER_PENDING_CREATED),
+    ("pending_deleted", C::RTTSCOPE_SAMPLER_PENDING_DELETED),
+    ("pending_map_full", C::RTTSCOPE_SAMPLER_PENDING_MAP_FULL),
+    ("flows_created", C::RTTSCOPE_SAMPLER_FLOWS_CREATED),
+    ("flow_map_full", C::RTTSCOPE_SAMPLER_FLOW_MAP_FULL),
+    ("skip_non_ip", C::RTTSCOPE_SAMPLER_SKIP_NON_IP),
+    ("skip_vlan", C::RTTSCOPE_SAMPLER_SKIP_VLAN),
+    ("skip_non_tcp", C::RTTSCOPE_SAMPLER_SKIP_NON_TCP),
+    ("skip_ip_options", C::RTTSCOPE_SAMPLER_SKIP_IP_OPTIONS),
+    ("skip_fragment", C::RTTSCOPE_SAMPLER_SKIP_FRAGMENT),
+    ("skip_ipv6_ext", C::RTTSCOPE_SAMPLER_SKIP_IPV6_EXT),
+    ("skip_truncated", C::RTTSCOPE_SAMPLER_SKIP_TRUNCATED),
+    ("skip_nonlinear", C::RTTSCOPE_SAMPLER_SKIP_NONLINEAR),
+    ("skip_malformed", C::RTTSCOPE_SAMPLER_SKIP_MALFORMED),
+    ("raw_events", C::RTTSCOPE_SAMPLER_RAW_EVENTS),
+    ("raw_drops", C::RTTSCOPE_SAMPLER_RAW_DROPS),
+    ("acked_together", C::RTTSCOPE_SAMPLER_ACKED_TOGETHER),
+    ("pending_evicted", C::RTTSCOPE_SAMPLER_PENDING_EVICTED),
+    ("flows_evicted", C::RTTSCOPE_SAMPLER_FLOWS_EVICTED),
+    ("evicted_segments", C::RTTSCOPE_SAMPLER_EVICTED_SEGMENTS),
+    ("send_time_clock", C::RTTSCOPE_SAMPLER_SEND_TIME_CLOCK),
 ];
-const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SC_COUNTERS.0 as usize);
+const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
 pub(crate) struct IfaceMeta {
     pub ifindex: u32,

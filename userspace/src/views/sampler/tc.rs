@@ -93,7 +93,7 @@ fn prog_name(id: u32) -> Option<String> {
         .map(|p| p.name.to_string_lossy().into_owned())
 }
 
-/// Remove a clsact filter of ours (handle/priority, program name rttscope_sm_*)
+/// Remove a clsact filter of ours (handle/priority, program name rtt_sampler_*)
 /// left by an earlier run on this hook. Runs inside the interface's namespace.
 fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<bool> {
     let mut hook = clsact_hook(prog_fd, ifindex, egress);
@@ -101,7 +101,7 @@ fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result
         return Ok(false); // no clsact qdisc, or no filter at our handle
     };
     match prog_name(id) {
-        Some(n) if n.starts_with("rttscope_sm") => {
+        Some(n) if n.starts_with("rtt_sampler_") => {
             hook.detach().context("removing a stale rttscope clsact filter")?;
             Ok(true)
         }

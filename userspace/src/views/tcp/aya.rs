@@ -46,9 +46,9 @@ unsafe impl Pod for rttscope_listener_key {}
 // SAFETY: as above; the `.bss` layout struct generated from the object's BTF.
 unsafe impl Pod for bss {}
 
-const SOCKOPS: &str = "rttscope_sockops";
-const ITER: &str = "rttscope_iter_tcp";
-const ACK_HOOK_PROG: &str = "rttscope_ack_rtt";
+const SOCKOPS: &str = "rtt_tcp_sockops";
+const ITER: &str = "rtt_tcp_iter";
+const ACK_HOOK_PROG: &str = "rtt_tcp_ack";
 
 pub struct AyaTcp {
     ebpf: Ebpf,
@@ -195,7 +195,7 @@ impl AyaTcp {
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
+        view.info.existing_enabled = view.counter(C::RTTSCOPE_TCP_ENABLED);
         view.load_listeners()?;
         Ok(view)
     }

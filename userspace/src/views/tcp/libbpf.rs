@@ -65,7 +65,7 @@ impl LibbpfTcp {
         // Attached before the sock_ops program, so that no connection ever
         // gets the RTT callback while the hook has its samples.
         let ack_link = match hook_status {
-            Ok(()) => match skel.progs.rttscope_ack_rtt.attach() {
+            Ok(()) => match skel.progs.rtt_tcp_ack.attach() {
                 Ok(link) => {
                     if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
                         bss.ack_hook_on = 1;
@@ -105,7 +105,7 @@ impl LibbpfTcp {
 
         let link = skel
             .progs
-            .rttscope_sockops
+            .rtt_tcp_sockops
             .attach_cgroup(cg.as_raw_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
 
@@ -124,7 +124,7 @@ impl LibbpfTcp {
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TC_ENABLED);
+        view.info.existing_enabled = view.counter(C::RTTSCOPE_TCP_ENABLED);
         view.load_listeners();
         Ok(view)
     }
@@ -155,7 +155,7 @@ impl LibbpfTcp {
             .tcp_hints
             .set_max_entries(hints)
             .context("sizing the slot hints")?;
-        open.progs.rttscope_ack_rtt.set_autoload(with_hook);
+        open.progs.rtt_tcp_ack.set_autoload(with_hook);
         {
             let ro = open
                 .maps
@@ -178,7 +178,7 @@ impl LibbpfTcp {
         let link = self
             .skel
             .progs
-            .rttscope_iter_tcp
+            .rtt_tcp_iter
             .attach()
             .context("attaching the iter/tcp program")?;
         let name = ns.name.clone();
@@ -240,11 +240,11 @@ impl LibbpfTcp {
             info.id
         };
         let mut ids = vec![
-            ("tcp_sockops", id(&self.skel.progs.rttscope_sockops)),
-            ("tcp_iter", id(&self.skel.progs.rttscope_iter_tcp)),
+            ("tcp_sockops", id(&self.skel.progs.rtt_tcp_sockops)),
+            ("tcp_iter", id(&self.skel.progs.rtt_tcp_iter)),
         ];
         if self.ack_link.is_some() {
-            ids.push(("tcp_ack_hook", id(&self.skel.progs.rttscope_ack_rtt)));
+            ids.push(("tcp_ack_hook", id(&self.skel.progs.rtt_tcp_ack)));
         }
         ids
     }

@@ -89,7 +89,7 @@ pub struct TcpViewConfig {
 /// The optional per-ACK hook's attach point.
 pub const ACK_HOOK: &str = "fexit/tcp_ack_update_rtt";
 
-/// Whether to use the optional per-ACK hook (`rttscope_ack_rtt`, fexit on
+/// Whether to use the optional per-ACK hook (`rtt_tcp_ack`, fexit on
 /// tcp_ack_update_rtt): the sample the kernel feeds tcp_rtt_estimator(), on
 /// any kernel that allows fentry/fexit (many production kernels do; this
 /// project's test kernel refuses them).
@@ -250,24 +250,24 @@ pub struct TcpFlowState {
 
 /// Counter names, in the order of `enum rttscope_tcp_counter`.
 pub const COUNTER_NAMES: &[(C, &str)] = &[
-    (C::RTTSCOPE_TC_RTT_CB_SKIPPED, "rtt_callbacks_skipped"),
-    (C::RTTSCOPE_TC_SAMPLES, "samples"),
-    (C::RTTSCOPE_TC_SRTT_FALLBACK, "srtt_fallback_samples"),
-    (C::RTTSCOPE_TC_FLOWS_CREATED, "flows_created"),
-    (C::RTTSCOPE_TC_FLOW_MAP_FULL, "flow_map_full"),
-    (C::RTTSCOPE_TC_FILTERED, "connections_filtered"),
-    (C::RTTSCOPE_TC_ENABLED, "connections_enabled"),
-    (C::RTTSCOPE_TC_ITER_SOCKETS, "iter_sockets"),
+    (C::RTTSCOPE_TCP_RTT_CB_SKIPPED, "rtt_callbacks_skipped"),
+    (C::RTTSCOPE_TCP_SAMPLES, "samples"),
+    (C::RTTSCOPE_TCP_SRTT_FALLBACK, "srtt_fallback_samples"),
+    (C::RTTSCOPE_TCP_FLOWS_CREATED, "flows_created"),
+    (C::RTTSCOPE_TCP_FLOW_MAP_FULL, "flow_map_full"),
+    (C::RTTSCOPE_TCP_FILTERED, "connections_filtered"),
+    (C::RTTSCOPE_TCP_ENABLED, "connections_enabled"),
+    (C::RTTSCOPE_TCP_ITER_SOCKETS, "iter_sockets"),
     (
-        C::RTTSCOPE_TC_ITER_SETSOCKOPT_FAIL,
+        C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL,
         "iter_setsockopt_failed",
     ),
-    (C::RTTSCOPE_TC_RETRANS, "retransmits"),
-    (C::RTTSCOPE_TC_CLOSED, "flows_closed"),
-    (C::RTTSCOPE_TC_RAW_EVENTS, "raw_events"),
-    (C::RTTSCOPE_TC_RAW_DROPS, "raw_events_dropped"),
-    (C::RTTSCOPE_TC_NO_SOCK, "no_socket"),
-    (C::RTTSCOPE_TC_HINT_MISSES, "rtt_hint_misses"),
+    (C::RTTSCOPE_TCP_RETRANS, "retransmits"),
+    (C::RTTSCOPE_TCP_CLOSED, "flows_closed"),
+    (C::RTTSCOPE_TCP_RAW_EVENTS, "raw_events"),
+    (C::RTTSCOPE_TCP_RAW_DROPS, "raw_events_dropped"),
+    (C::RTTSCOPE_TCP_NO_SOCK, "no_socket"),
+    (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -481,7 +481,7 @@ mod tests {
 
     #[test]
     fn counter_names_cover_all() {
-        assert_eq!(COUNTER_NAMES.len(), C::RTTSCOPE_TC_COUNTERS.0 as usize);
+        assert_eq!(COUNTER_NAMES.len(), C::RTTSCOPE_TCP_COUNTERS.0 as usize);
         for (i, (c, _)) in COUNTER_NAMES.iter().enumerate() {
             assert_eq!(c.0 as usize, i);
         }
