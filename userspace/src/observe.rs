@@ -81,7 +81,7 @@ pub struct ObserveArgs {
     #[arg(long, default_value = "vm_flow", value_parser = crate::dist::layout_arg)]
     pub cloud_layout: crate::dist::BucketOptions,
     /// Alignment period for --cloud-buckets (the metric API's default: 60s).
-    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    #[arg(long, default_value = "60s", value_parser = crate::units::period_arg)]
     pub cloud_period: Duration,
     /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
@@ -453,6 +453,9 @@ pub fn run(args: ObserveArgs) -> Result<()> {
 async fn observe(args: ObserveArgs) -> Result<()> {
     if args.interval < Duration::from_millis(10) {
         anyhow::bail!("--interval must be at least 10ms");
+    }
+    if args.cloud_period.is_zero() {
+        anyhow::bail!(crate::units::ZERO_PERIOD);
     }
     let views = args.views();
     let want_tcp = views.contains(&View::Tcp);

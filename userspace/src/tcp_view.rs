@@ -104,6 +104,21 @@ impl AckHook {
     }
 }
 
+/// A failed load of the TCP view's object, in one sentence: ENOMEM (creating maps of `max_flows`
+/// entries the kernel cannot allocate) is a memory problem, not a verifier or BTF one.
+#[cfg(feature = "libbpf")]
+fn load_error(e: libbpf_rs::Error, max_flows: u32) -> anyhow::Error {
+    if e.kind() == libbpf_rs::ErrorKind::OutOfMemory {
+        anyhow::anyhow!(
+            "loading the TCP view into the kernel: not enough memory for its maps of {max_flows} flows (lower --max-flows, or check the memory cgroup and RLIMIT_MEMLOCK): {e}"
+        )
+    } else {
+        anyhow::Error::new(e).context(
+            "loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)",
+        )
+    }
+}
+
 /// How the view is hooked in, for report headers and JSON.
 #[derive(Debug, Clone, Serialize)]
 pub struct TcpHookInfo {
@@ -123,6 +138,7 @@ pub struct TcpHookInfo {
 impl TcpViewConfig {
     /// Limits the kernel maps impose, checked before anything is loaded (both loaders).
     pub fn validate(&self) -> anyhow::Result<()> {
+        crate::sampler::check_max_flows(self.max_flows)?;
         if self.netns_filter.len() > bpf::consts::MAX_NETNS as usize
             || self.ports.len() > bpf::consts::MAX_PORTS as usize
             || self.cidrs.len() > bpf::consts::MAX_CIDRS as usize
@@ -413,7 +429,7 @@ impl TcpView {
             ro.cfg_max_slots = max_flows;
             ro.cfg_hint_mask = hints - 1;
         }
-        open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")
+        open.load().map_err(|e| load_error(e, max_flows))
     }
 
     /// Run the iterator inside `ns`: an iterator only walks the namespace
@@ -702,6 +718,51 @@ pub fn state_name(s: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18 item 9: `--max-flows 0` became 16 silently (the sampler refuses it) and
+    /// `--max-flows 4294967295` reached the kernel and failed as ENOMEM.
+    #[test]
+    fn max_flows_is_bounded_like_the_sampler() {
+        let cfg = |max_flows| TcpViewConfig {
+            max_flows,
+            ..Default::default()
+        };
+        for bad in [0, crate::sampler::MAX_TABLE + 1, u32::MAX] {
+            let e = cfg(bad).validate().map(|_| "accepted".to_string());
+            let e = e.unwrap_or_else(|e| e.to_string());
+            assert_eq!(
+                e,
+                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 1 KiB per flow)"),
+                "--max-flows {bad}"
+            );
+            // The sampler says the same.
+            let s = crate::sampler::SamplerConfig {
+                max_flows: bad,
+                ..Default::default()
+            };
+            assert_eq!(s.validate().unwrap_err().to_string(), e);
+        }
+        for good in [1, 16, 16384, crate::sampler::MAX_TABLE] {
+            cfg(good).validate().unwrap();
+        }
+    }
+
+    /// ENOMEM at load is reported as memory, with the size asked for; anything else keeps the
+    /// verifier/BTF hint.
+    #[cfg(feature = "libbpf")]
+    #[test]
+    fn enomem_at_load_is_a_memory_problem() {
+        let e = load_error(libbpf_rs::Error::from_raw_os_error(libc::ENOMEM), 4096).to_string();
+        assert!(
+            e.contains("not enough memory for its maps of 4096 flows") && !e.contains("verifier"),
+            "{e}"
+        );
+        let e = load_error(libbpf_rs::Error::from_raw_os_error(libc::EINVAL), 4096);
+        assert!(
+            format!("{e:#}").contains("verifier or BTF problem"),
+            "{e:#}"
+        );
+    }
 
     #[test]
     fn ack_hook_modes() {
