@@ -212,6 +212,17 @@ static __always_inline void parse_ts(struct __sk_buff *skb, struct tcphdr *th, v
 	}
 }
 
+/* BIG TCP (IPv6 since 5.19, IPv4 since 6.3) leaves the IP length field 0 only
+ * on a GSO packet whose IP packet (IPv4) or payload (IPv6) is longer than
+ * 65535 bytes (iph_set_totlen(), ipv6_set_payload_len()): the length then
+ * comes from the skb. Any other packet with length 0 is malformed (the kernel
+ * drops it: ip_rcv_core(), where iph_totlen() < ihl * 4) and must not be
+ * parsed as if its length were the skb's. */
+static __always_inline int big_tcp(struct __sk_buff *skb, __u32 len_from_skb)
+{
+	return skb->gso_size != 0 && len_from_skb > 0xffff;
+}
+
 /* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
  * Returns 0 for a plain TCP segment, else the RTTSCOPE_SAMPLER_SKIP_* counter
  * saying why (counted once by the caller: one copy of the code). */
@@ -252,7 +263,7 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		if (ip->protocol != IPPROTO_TCP)
 			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
 		tot = bpf_ntohs(ip->tot_len);
-		if (tot == 0) /* BIG TCP (GSO > 64 KiB): length from the skb */
+		if (tot == 0 && big_tcp(skb, skb->len - off)) /* BIG TCP: length from the skb */
 			tot = skb->len - off;
 		if (tot < sizeof(*ip) + sizeof(*th))
 			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
@@ -281,7 +292,7 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
 		}
 		plen = bpf_ntohs(ip6->payload_len);
-		if (plen == 0) /* BIG TCP / jumbogram: length from the skb */
+		if (plen == 0 && big_tcp(skb, skb->len - off - sizeof(*ip6))) /* BIG TCP */
 			plen = skb->len - off - sizeof(*ip6);
 		if (plen < sizeof(*th))
 			return RTTSCOPE_SAMPLER_SKIP_MALFORMED;

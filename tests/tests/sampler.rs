@@ -12,7 +12,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rttscope_e2e::frames::{frame, Tcp};
+use rttscope_e2e::frames::{csum, frame, Tcp};
 use rttscope_e2e::{
     require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
     RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
@@ -884,6 +884,319 @@ fn garbage_is_counted_and_never_sampled() {
         "the sample spans the 30+200 ms the test waited: {rtt} us"
     );
     assert_eq!(flows[0]["remote"], "10.77.0.99:42222");
+}
+
+/// `rttscope observe --view sampler --format json` until it ends by itself
+/// (`--duration`): its start line is read before this returns (programs
+/// attached); `finish` returns the `end` line.
+struct Observed {
+    child: ChildGuard,
+    lines: Receiver<String>,
+}
+
+impl Observed {
+    fn start(iface: &str, duration: &str) -> Observed {
+        let mut cmd = std::process::Command::new(rttscope_bin());
+        cmd.args(["observe", "--view", "sampler", "--iface", iface])
+            .args(["--format", "json", "--duration", duration])
+            .args(["--interval", duration]);
+        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
+        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => {
+                let v: Value = serde_json::from_str(&l).expect("start line is JSON");
+                assert_eq!(v["type"], "start", "{l}");
+            }
+            Err(_) => {
+                let out = child.wait_output(Duration::from_secs(1));
+                panic!("observe did not start: {out:?}");
+            }
+        }
+        Observed { child, lines: rx }
+    }
+
+    fn finish(self, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        let mut end = None;
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) => {
+                    let v: Value = serde_json::from_str(&l).expect("observe line is JSON");
+                    if v["type"] == "end" {
+                        end = Some(v);
+                        break;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(_) => break,
+            }
+        }
+        let out = self.child.wait_output(Duration::from_secs(10)).unwrap();
+        assert!(
+            out.status.success(),
+            "observe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        end.expect("no end line from observe")
+    }
+}
+
+/// Issue 18 item 8: an ACK whose IPv4 total length is 0 on a 54-byte frame
+/// that is no GSO/BIG TCP packet was parsed with its length taken from the
+/// skb, and timed the recorded segment (a 250 ms sample, `skip_malformed`
+/// 0). The kernel drops such a packet; the sampler must count it as
+/// malformed and take no sample. The same for IPv6 payload length 0. A good
+/// ACK sent afterwards shows the segment was still pending (the malformed
+/// one would have matched it).
+#[test]
+fn zero_ip_length_without_gso_is_malformed() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    // a must not answer the crafted ACKs with a RST (which clears pending state)
+    pair.a
+        .exec(&["nft", "add", "table", "inet", "rtszerolen"])
+        .unwrap();
+    pair.a
+        .exec(&[
+            "nft",
+            "add chain inet rtszerolen in { type filter hook input priority 0 ; }",
+        ])
+        .unwrap();
+    pair.a
+        .exec(&[
+            "nft",
+            "add rule inet rtszerolen in ip saddr 10.77.0.99 drop",
+        ])
+        .unwrap();
+    let obs = Observed::start(&iface(&pair.a, &pair.a_if), "3s");
+    let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let data = Tcp {
+        src: a_ip,
+        dst: PEER,
+        sport: 41113,
+        dport: 42224,
+        seq: 1000,
+        ack: 0,
+        flags: 0x08, // PSH, no ACK
+        payload: 10,
+    };
+    let a_if = pair.a_if.clone();
+    pair.a
+        .run(move || send_frames(&a_if, &[frame(data, 0, false, 5)]));
+    std::thread::sleep(Duration::from_millis(30));
+
+    let ack = Tcp {
+        src: PEER,
+        dst: a_ip,
+        sport: 42224,
+        dport: 41113,
+        seq: 5000,
+        ack: 1010, // covers the data segment's end sequence
+        flags: 0x10,
+        payload: 0,
+    };
+    let good = frame(ack, 0, false, 5);
+    let mut zero = good.clone();
+    assert_eq!(zero.len(), 54);
+    zero[16..18].copy_from_slice(&[0, 0]); // IPv4 total length 0
+    zero[24..26].copy_from_slice(&[0, 0]);
+    let c = csum(&zero[14..34]);
+    zero[24..26].copy_from_slice(&c.to_be_bytes());
+    // IPv6, payload length 0, next header TCP (no jumbo option, not GSO)
+    let mut v6 = vec![0xff; 6];
+    v6.extend([0x02, 0, 0, 0, 0, 1, 0x86, 0xdd]);
+    v6.extend([0x60, 0, 0, 0, 0, 0, 6, 64]);
+    v6.extend(B_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6.extend(A_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6.extend(&good[34..54]);
+    let b_if = pair.b_if.clone();
+    pair.b.run(move || send_frames(&b_if, &[zero, v6]));
+    std::thread::sleep(Duration::from_millis(300));
+    let b_if = pair.b_if.clone();
+    pair.b.run(move || send_frames(&b_if, &[good]));
+    let end = obs.finish(Duration::from_secs(20));
+    let counters = &end["counters"]["sampler"];
+    eprintln!(
+        "zero IP length: counters {counters}; flows {}",
+        end["flows"]
+    );
+    let c = |n: &str| counters[n].as_u64().unwrap_or(0);
+    assert_eq!(
+        c("recorded"),
+        1,
+        "the crafted data segment is recorded: {counters}"
+    );
+    assert_eq!(
+        c("skip_malformed"),
+        2,
+        "the IPv4 and IPv6 length-0 frames are malformed: {counters}"
+    );
+    assert_eq!(
+        c("samples"),
+        1,
+        "only the good ACK gives a sample: {counters}"
+    );
+    let flows = end["flows"].as_array().unwrap();
+    assert_eq!(flows.len(), 1, "{end}");
+    let max = flows[0]["sampler"]["summary"]["max_us"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(
+        max >= 300_000.0,
+        "the sample spans the 30+300 ms before the good ACK, not the 30 ms before the malformed one: {max} us; {end}"
+    );
+}
+
+/// Allow IPv4 BIG TCP on `ifname` (calling thread's namespace): set
+/// IFLA_GSO_IPV4_MAX_SIZE and IFLA_GRO_IPV4_MAX_SIZE (Linux >= 6.3) through
+/// rtnetlink; iproute2 6.1 (Debian 12) has no option for them.
+fn set_ipv4_big_tcp(ifname: &str, size: u32) {
+    const IFLA_GSO_IPV4_MAX_SIZE: u16 = 63;
+    const IFLA_GRO_IPV4_MAX_SIZE: u16 = 64;
+    let cname = std::ffi::CString::new(ifname).unwrap();
+    // SAFETY: plain socket calls with valid buffers.
+    unsafe {
+        let idx = libc::if_nametoindex(cname.as_ptr());
+        assert!(idx > 0, "no interface {ifname}");
+        let mut msg: Vec<u8> = Vec::new();
+        msg.extend(0u32.to_ne_bytes()); // length, below
+        msg.extend(libc::RTM_NEWLINK.to_ne_bytes());
+        msg.extend(((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+        msg.extend(1u32.to_ne_bytes()); // seq
+        msg.extend(0u32.to_ne_bytes()); // pid
+                                        // struct ifinfomsg: family, pad, type, index, flags, change
+        msg.extend([libc::AF_UNSPEC as u8, 0, 0, 0]);
+        msg.extend((idx as i32).to_ne_bytes());
+        msg.extend(0u32.to_ne_bytes());
+        msg.extend(0u32.to_ne_bytes());
+        for attr in [IFLA_GSO_IPV4_MAX_SIZE, IFLA_GRO_IPV4_MAX_SIZE] {
+            msg.extend(8u16.to_ne_bytes());
+            msg.extend(attr.to_ne_bytes());
+            msg.extend(size.to_ne_bytes());
+        }
+        let len = msg.len() as u32;
+        msg[..4].copy_from_slice(&len.to_ne_bytes());
+        let fd = libc::socket(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE);
+        assert!(
+            fd >= 0,
+            "netlink socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut sa: libc::sockaddr_nl = std::mem::zeroed();
+        sa.nl_family = libc::AF_NETLINK as u16;
+        let r = libc::sendto(
+            fd,
+            msg.as_ptr().cast(),
+            msg.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        );
+        assert!(
+            r >= 0,
+            "netlink sendto: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut buf = [0u8; 1024];
+        let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+        libc::close(fd);
+        assert!(n >= 20, "netlink recv: {}", std::io::Error::last_os_error());
+        // NLMSG_ERROR with error 0 = ACK
+        let err = i32::from_ne_bytes(buf[16..20].try_into().unwrap());
+        assert_eq!(
+            err,
+            0,
+            "setting IPv4 BIG TCP sizes on {ifname}: {}",
+            std::io::Error::from_raw_os_error(-err)
+        );
+    }
+}
+
+/// The other side of the length-0 rule: real IPv4 BIG TCP packets (GSO skbs
+/// over 64 KiB, total length 0) are still parsed, with their length from the
+/// skb. veth carries them intact once both ends allow a GSO/GRO size above
+/// 64 KiB; an average egress skb above 64 KiB shows they were there.
+#[test]
+fn big_tcp_packets_are_still_sampled() {
+    if !require_root() {
+        return;
+    }
+    use std::io::{Read, Write};
+    let pair = Pair::new().unwrap();
+    for (ns, dev) in [(&pair.a, &pair.a_if), (&pair.b, &pair.b_if)] {
+        ns.exec(&[
+            "ip",
+            "link",
+            "set",
+            "dev",
+            dev,
+            "gso_max_size",
+            "185000",
+            "gro_max_size",
+            "185000",
+        ])
+        .unwrap();
+        let dev = dev.clone();
+        ns.run(move || set_ipv4_big_tcp(&dev, 185_000));
+    }
+    let server: SocketAddr = format!("{B_ADDR}:5008").parse().unwrap();
+    let (tx, rx) = channel();
+    let sink = pair.b.spawn(move || {
+        let l = std::net::TcpListener::bind(server).unwrap();
+        tx.send(()).unwrap();
+        let (mut c, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 18];
+        let mut total = 0u64;
+        while let Ok(n) = c.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        total
+    });
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let obs = Observed::start(&iface(&pair.a, &pair.a_if), "3s");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let sender = pair.a.spawn(move || {
+        let mut c = std::net::TcpStream::connect(server).unwrap();
+        let buf = vec![7u8; 1 << 20];
+        while !stop2.load(Ordering::Relaxed) {
+            if c.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    sender.join().unwrap();
+    let bytes = sink.join().unwrap();
+    let end = obs.finish(Duration::from_secs(20));
+    let counters = &end["counters"]["sampler"];
+    let c = |n: &str| counters[n].as_u64().unwrap_or(0);
+    let per_skb = bytes / c("tcp_egress").max(1);
+    eprintln!(
+        "BIG TCP: {bytes} bytes in {} egress TCP skbs ({per_skb} bytes each); counters {counters}",
+        c("tcp_egress")
+    );
+    assert!(
+        per_skb > 65_535,
+        "no BIG TCP skbs parsed: {per_skb} bytes per egress skb; {counters}"
+    );
+    assert_eq!(c("skip_malformed"), 0, "{counters}");
+    assert_eq!(c("skip_truncated"), 0, "{counters}");
+    assert!(c("samples") >= 20, "too few samples: {counters}");
 }
 
 /// clsact fallback: a killed run leaves its filters; the next run removes

@@ -48,6 +48,18 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
+/// The refusal of a zero alignment period (`bucket --period`, `observe --cloud-period`).
+pub const ZERO_PERIOD: &str = "the alignment period must be longer than 0";
+
+/// clap value parser for an alignment period: a duration longer than 0.
+pub fn period_arg(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d.is_zero() {
+        return Err(ZERO_PERIOD.to_string());
+    }
+    Ok(d)
+}
+
 /// Microseconds as milliseconds with three decimals (the table's unit).
 pub fn fmt_ms(us: f64) -> String {
     if us.is_nan() {

@@ -16,7 +16,7 @@ use crate::analysis::dist::{
     self, align, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
 use crate::analysis::results::{RunResult, Sample, ViewKind};
-use crate::analysis::units::duration_arg;
+use crate::analysis::units::period_arg;
 
 /// Largest input accepted (bounded memory).
 pub const MAX_INPUT_BYTES: u64 = 1 << 30;
@@ -44,7 +44,7 @@ pub struct BucketArgs {
     )]
     pub percentiles: Vec<f64>,
     /// Alignment period of the aligned series (timed input only), as the metric API groups points.
-    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    #[arg(long, default_value = "60s", value_parser = period_arg)]
     pub period: Duration,
     /// Only these views of a result file (repeatable; default: all).
     #[arg(long = "view", value_name = "NAME")]
@@ -249,6 +249,28 @@ pub fn parse_rtt_us(s: &str) -> Option<f64> {
     (us.is_finite() && us >= 0.0).then_some(us)
 }
 
+/// Longest piece of an input line an error message repeats.
+const QUOTE_CHARS: usize = 80;
+
+/// A piece of input for an error message: at most `QUOTE_CHARS` characters, then how much more
+/// there was; control characters escaped (`\u{1b}`), so a file's escape sequences never reach the
+/// terminal raw and a 200 MB line does not become a 200 MB message.
+pub fn quote_input(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.char_indices();
+    for (_, c) in chars.by_ref().take(QUOTE_CHARS) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    if let Some((at, _)) = chars.next() {
+        out.push_str(&format!("... ({} more bytes)", s.len() - at));
+    }
+    out
+}
+
 /// Parse a plain sample list (one value per line).
 pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
     let mut samples = Vec::new();
@@ -259,8 +281,9 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
         }
         let us = parse_rtt_us(line).with_context(|| {
             format!(
-                "{name} line {}: '{line}' is not an RTT (use a number with an optional unit ns, us, ms, s; bare numbers are ms)",
-                i + 1
+                "{name} line {}: '{}' is not an RTT (use a number with an optional unit ns, us, ms, s; bare numbers are ms)",
+                i + 1,
+                quote_input(line)
             )
         })?;
         samples.push(Sample {
@@ -330,7 +353,7 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(!sets.is_empty(), "{name} contains no views");
     let period_s = args.period.as_secs_f64();
-    anyhow::ensure!(period_s > 0.0, "the alignment period must be longer than 0");
+    anyhow::ensure!(period_s > 0.0, crate::analysis::units::ZERO_PERIOD);
     let reports = sets
         .iter()
         .map(|s| analyze(s, &args.layout, args.unit, &args.percentiles, period_s))
@@ -548,6 +571,62 @@ mod tests {
         }
     }
 
+    /// Issue 18 item 9: a bad line was echoed whole (a 200 MB line, 200 MB on stderr) and raw
+    /// (the file's escape sequences reached the terminal).
+    #[test]
+    fn bad_line_is_cut_and_escaped_in_the_error() {
+        let mut text = String::from("1.5\n\u{1b}[2J\u{1b}]0;pwned\u{7}");
+        text.push_str(&"9".repeat(1 << 20));
+        text.push_str("x\n");
+        let e = format!("{:#}", parse_sample_list(&text, "f.txt").unwrap_err());
+        assert!(
+            e.len() < 400,
+            "error of {} bytes: {}...",
+            e.len(),
+            &e[..200]
+        );
+        assert!(
+            !e.chars().any(|c| c.is_control()),
+            "control characters in: {e:?}"
+        );
+        assert!(
+            e.starts_with("f.txt line 2: '\\u{1b}[2J\\u{1b}]0;pwned\\u{7}999"),
+            "{e:?}"
+        );
+        assert!(e.contains("... (1048511 more bytes)"), "{e:?}");
+        // A short line is quoted whole.
+        let e = format!("{:#}", parse_sample_list("abc\n", "f.txt").unwrap_err());
+        assert!(e.starts_with("f.txt line 1: 'abc' is not an RTT"), "{e}");
+    }
+
+    /// `bucket --period 0s` was refused while `observe --cloud-period 0s` was accepted: both are
+    /// now refused by the option parser with the same sentence.
+    #[test]
+    fn zero_alignment_period_is_refused_everywhere() {
+        use crate::cli::Cli;
+        use clap::Parser;
+        for args in [
+            &["rttscope", "bucket", "f.txt", "--period", "0s"][..],
+            &[
+                "rttscope",
+                "observe",
+                "--cloud-buckets",
+                "--cloud-period",
+                "0s",
+            ][..],
+            &["rttscope", "observe", "--cloud-period", "0.1ns"][..],
+        ] {
+            let e = Cli::try_parse_from(args)
+                .map(|_| "accepted".to_string())
+                .unwrap_or_else(|e| e.to_string());
+            assert!(
+                e.contains("the alignment period must be longer than 0"),
+                "{args:?}: {e}"
+            );
+        }
+        assert!(Cli::try_parse_from(["rttscope", "observe", "--cloud-period", "10s"]).is_ok());
+    }
+
     #[test]
     fn parses_values_with_units() {
         assert_eq!(parse_rtt_us("0.2"), Some(200.0));
@@ -682,5 +761,27 @@ mod tests {
         .unwrap();
         assert_eq!(empty.lenses[0].values_us, vec![None]);
         assert!(render_table(&empty, false).contains("(no samples)"));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Any text as a sample list: no panic; an error names a line and quotes at most
+        /// `QUOTE_CHARS` characters of it, with no control character left raw.
+        #[test]
+        fn any_sample_list_parses_or_fails_in_one_short_sentence(
+            text in "(([0-9.]{0,12}(ns|us|ms|s|µs|x)?|[\\x00-\\x7f]{0,200}|\\PC{0,40})\n){0,8}"
+        ) {
+            if let Err(e) = parse_sample_list(&text, "f.txt") {
+                let e = format!("{e:#}");
+                proptest::prop_assert!(e.starts_with("f.txt "), "{:?}", e);
+                proptest::prop_assert!(!e.chars().any(|c| c.is_control()), "{:?}", e);
+                proptest::prop_assert!(e.chars().count() < 600, "{:?}", e);
+            }
+        }
     }
 }

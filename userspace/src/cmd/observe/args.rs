@@ -68,7 +68,7 @@ pub struct ObserveArgs {
     #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub cloud_layout: crate::analysis::dist::BucketOptions,
     /// Alignment period for --cloud-buckets (the metric API's default: 60s).
-    #[arg(long, default_value = "60s", value_parser = duration_arg)]
+    #[arg(long, default_value = "60s", value_parser = crate::analysis::units::period_arg)]
     pub cloud_period: Duration,
     /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]

@@ -760,4 +760,23 @@ series_idle = "5m"
         assert_eq!(a.max_flows, 1000);
         assert_eq!(a.sample_every, 4, "equal to the default: the file wins");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Any text as a config file: no panic, and an error is one line (the daemon logs it).
+        #[test]
+        fn any_config_text_parses_or_fails_in_one_line(
+            text in "((interval|duration|max_flows|netns|ports|views|ifaces|listen|sample_every|\\[labels\\]|v4_prefix|max_series) ?= ?(\"[^\"\n]{0,20}\"|-?[0-9]{1,12}|\\[[0-9, \"a-z]{0,20}\\]|\\PC{0,10})\n){0,6}"
+        ) {
+            if let Err(e) = parse(&text) {
+                let e = e.to_string();
+                proptest::prop_assert!(!e.contains('\n'), "{:?}", e);
+            }
+        }
+    }
 }

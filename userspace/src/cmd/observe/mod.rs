@@ -54,6 +54,9 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
     if args.interval < Duration::from_millis(10) {
         anyhow::bail!("--interval must be at least 10ms");
     }
+    if args.cloud_period.is_zero() {
+        anyhow::bail!(crate::analysis::units::ZERO_PERIOD);
+    }
     let want_sampler = views.contains(&ViewKind::Sampler);
     if want_sampler && args.ifaces.is_empty() {
         anyhow::bail!(

@@ -169,7 +169,7 @@ impl LibbpfTcp {
             ro.cfg_max_slots = max_flows;
             ro.cfg_hint_mask = hints - 1;
         }
-        open.load().context("loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)")
+        open.load().map_err(|e| load_error(e, max_flows))
     }
 
     /// Run the iterator inside `ns`: an iterator only walks the namespace
@@ -340,5 +340,40 @@ impl TcpView for LibbpfTcp {
             slot,
             gen,
         )
+    }
+}
+
+/// A failed load of the TCP view's object, in one sentence: ENOMEM (creating maps of `max_flows`
+/// entries the kernel cannot allocate) is a memory problem, not a verifier or BTF one.
+pub(crate) fn load_error(e: libbpf_rs::Error, max_flows: u32) -> anyhow::Error {
+    if e.kind() == libbpf_rs::ErrorKind::OutOfMemory {
+        anyhow::anyhow!(
+            "loading the TCP view into the kernel: not enough memory for its maps of {max_flows} flows (lower --max-flows, or check the memory cgroup and RLIMIT_MEMLOCK): {e}"
+        )
+    } else {
+        anyhow::Error::new(e).context(
+            "loading the TCP view into the kernel (verifier or BTF problem; run with -vv for libbpf's log)",
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ENOMEM at load is reported as memory, with the size asked for; anything else keeps the
+    /// verifier/BTF hint.
+    #[test]
+    fn enomem_at_load_is_a_memory_problem() {
+        let e = load_error(libbpf_rs::Error::from_raw_os_error(libc::ENOMEM), 4096).to_string();
+        assert!(
+            e.contains("not enough memory for its maps of 4096 flows") && !e.contains("verifier"),
+            "{e}"
+        );
+        let e = load_error(libbpf_rs::Error::from_raw_os_error(libc::EINVAL), 4096);
+        assert!(
+            format!("{e:#}").contains("verifier or BTF problem"),
+            "{e:#}"
+        );
     }
 }

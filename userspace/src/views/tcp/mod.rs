@@ -153,6 +153,7 @@ pub struct TcpHookInfo {
 impl TcpViewConfig {
     /// Limits the kernel maps impose, checked before anything is loaded (both loaders).
     pub fn validate(&self) -> anyhow::Result<()> {
+        crate::views::sampler::check_max_flows(self.max_flows)?;
         if self.netns_filter.len() > bpf::consts::MAX_NETNS as usize
             || self.ports.len() > bpf::consts::MAX_PORTS as usize
             || self.cidrs.len() > bpf::consts::MAX_CIDRS as usize
@@ -446,6 +447,34 @@ pub mod libbpf;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 18 item 9: `--max-flows 0` became 16 silently (the sampler refuses it) and
+    /// `--max-flows 4294967295` reached the kernel and failed as ENOMEM.
+    #[test]
+    fn max_flows_is_bounded_like_the_sampler() {
+        let cfg = |max_flows| TcpViewConfig {
+            max_flows,
+            ..Default::default()
+        };
+        for bad in [0, crate::views::sampler::MAX_TABLE + 1, u32::MAX] {
+            let e = cfg(bad).validate().map(|_| "accepted".to_string());
+            let e = e.unwrap_or_else(|e| e.to_string());
+            assert_eq!(
+                e,
+                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 1 KiB per flow)"),
+                "--max-flows {bad}"
+            );
+            // The sampler says the same.
+            let s = crate::views::sampler::SamplerConfig {
+                max_flows: bad,
+                ..Default::default()
+            };
+            assert_eq!(s.validate().unwrap_err().to_string(), e);
+        }
+        for good in [1, 16, 16384, crate::views::sampler::MAX_TABLE] {
+            cfg(good).validate().unwrap();
+        }
+    }
 
     #[test]
     fn ack_hook_modes() {
