@@ -24,7 +24,7 @@
  * socket-storage lookup ~40-70 ns). A new flow takes a slot given back earlier (the
  * `tcp_free_slots` stack) or else the next never-used one (`slots_hwm`);
  * userspace gives a slot back after reporting its flow closed, or evicts the
- * least recently active flows when few slots are left (docs/observe.md). Samples are
+ * least recently active flows when few slots are left (docs/tcp.md). Samples are
  * aggregated here into a log-linear histogram per flow so userspace cost
  * does not grow with the packet rate. A raw sample stream (ring buffer) is
  * optional (cfg_raw).

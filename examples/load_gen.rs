@@ -1,4 +1,4 @@
-//! Load for the benchmarks (scripts/bench.sh, scripts/bench-metrics.sh).
+//! Load for the benchmarks (scripts/bench-tcp.sh, scripts/bench-metrics.sh).
 //!
 //!   load_gen server ADDR
 //!   load_gen rr ADDR SECONDS CONNS RATE     # RATE transactions/s in total (0: as fast as possible)

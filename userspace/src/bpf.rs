@@ -40,7 +40,7 @@ pub mod tcp {
 #[cfg(feature = "libbpf")]
 pub mod sampler {
     include!(concat!(env!("OUT_DIR"), "/sampler.skel.rs"));
-    /// The compiled object, loaded once per attached interface (see sampler.rs).
+    /// The compiled object, loaded once per attached interface (see views/sampler/libbpf.rs).
     pub const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 }
 /// Without libbpf-rs: the sampler object's generated types only.

@@ -73,7 +73,7 @@ pub struct ObserveArgs {
     /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
-    // --- daemon mode (metrics.rs, config.rs, caps.rs) ---
+    // --- daemon mode (sinks/prometheus, cmd/observe/config.rs, sys/caps.rs) ---
     /// Read options from this TOML file (flags given on the command line win).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

@@ -500,7 +500,7 @@ pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>) {
 }
 
 /// Read the whole flow table (an array, `entries` long) with
-/// `BPF_MAP_LOOKUP_BATCH` (both loaders: `bpf_syscall::lookup_batch` on the
+/// `BPF_MAP_LOOKUP_BATCH` (both loaders: `sys::bpf::lookup_batch` on the
 /// map's fd) and pass every entry that holds a flow with at least one
 /// sample. Entries are copied while the programs may update them, as with a
 /// hash-map walk: a histogram can be a sample behind its count.
