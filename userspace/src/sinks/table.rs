@@ -164,4 +164,59 @@ mod tests {
         assert_eq!(j["flows"][0]["side"], "client");
         assert_eq!(j["type"], "interval");
     }
+
+    /// The table and the JSON record of one fixed interval, to the byte:
+    /// a change in either output's shape shows up here first.
+    #[test]
+    fn golden_table_and_json_record() {
+        let mut h = Hist::default();
+        for v in [100, 120, 140, 20_000] {
+            h.record(v);
+        }
+        let mut tcp = ViewStats::from_hist(&h);
+        tcp.srtt_us = Some(2_500);
+        tcp.retrans = Some(1);
+        let smp = ViewStats::from_hist(&h);
+        let row = FlowRow {
+            netns: 4026531840,
+            netns_name: "ns-a".into(),
+            local: "10.0.0.1:40000".into(),
+            remote: "10.0.0.2:5001".into(),
+            side: Side::Client,
+            origin: Some("established"),
+            state: Some("ESTABLISHED"),
+            closed: false,
+            tcp: Some(tcp.clone()),
+            sampler: Some(smp.clone()),
+            flow: None,
+        };
+        let iv = Interval {
+            kind: "interval",
+            t: 2.0,
+            ts: 1_700_000_000.5,
+            interval_s: 1.0,
+            flows: vec![row],
+            totals: [("tcp", tcp), ("sampler", smp)].into_iter().collect(),
+            counters: [("tcp", [("samples", 4u64)].into_iter().collect())]
+                .into_iter()
+                .collect(),
+        };
+        let mut out = Vec::new();
+        print_table(
+            &mut out,
+            "rttscope observe | interval 1s",
+            &iv,
+            &["tcp", "sampler"],
+        )
+        .unwrap();
+        let table = String::from_utf8(out).unwrap();
+        let json = serde_json::to_string(&iv).unwrap();
+        assert_eq!(table, GOLDEN_TABLE, "table:\n{table}");
+        assert_eq!(json, GOLDEN_JSON, "json:\n{json}");
+    }
 }
+
+#[cfg(test)]
+const GOLDEN_TABLE: &str = "rttscope observe | interval 1s | t=2.0s\nNETNS      LOCAL                  REMOTE                 SIDE   |  TCP N      MIN     MEAN      P50      P90      P99      MAX     SRTT RETR | SAMPLER N      MIN     MEAN      P50      P90      P99      MAX   (ms)\nns-a       10.0.0.1:40000         10.0.0.2:5001          client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\nTOTAL      1 flows                                              |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\n\n";
+#[cfg(test)]
+const GOLDEN_JSON: &str = "{\"type\":\"interval\",\"t\":2.0,\"ts\":1700000000.5,\"interval_s\":1.0,\"flows\":[{\"netns\":4026531840,\"netns_name\":\"ns-a\",\"local\":\"10.0.0.1:40000\",\"remote\":\"10.0.0.2:5001\",\"side\":\"client\",\"origin\":\"established\",\"state\":\"ESTABLISHED\",\"closed\":false,\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1},\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}}],\"totals\":{\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0},\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1}},\"counters\":{\"tcp\":{\"samples\":4}}}";
