@@ -7,7 +7,7 @@
 #  - the same per-invocation cost for building blocks (a do-nothing floor, a
 #    cookie read, an LRU hash lookup, a socket-storage lookup, an array lookup);
 #  - observer CPU (user+sys) and RSS while it runs, and RSS with 10,000 flows.
-# Everything runs in a namespace of its own. Usage: sudo scripts/bench-tcp.sh [SECONDS]
+# Everything runs in a namespace of its own. Usage: sudo [BENCH_BIN=PATH] scripts/bench-tcp.sh [SECONDS]
 # (or sudo scripts/bench.sh [tcp] [SECONDS])
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -16,7 +16,8 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh" >/dev/null
 SECS=${1:-5}
 cargo build --release -q --examples --bins
-BIN="$ROOT/target/release/rttscope"
+# BENCH_BIN: measure another rttscope binary (e.g. an older build) the same way.
+BIN="${BENCH_BIN:-$ROOT/target/release/rttscope}"
 LOAD="$ROOT/target/release/examples/load_gen"
 NS="rtsbench$$"
 OUT=$(mktemp -d)

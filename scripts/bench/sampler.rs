@@ -222,9 +222,13 @@ fn main() {
             e.0 += ns;
             e.1 += cnt;
         }
+        // Program names before the redesign (rttscope_sm_egr/ing) too, so
+        // that an older binary (RTTSCOPE_BIN) can be measured the same way.
         let nsp = |n: &str| {
+            let old = n.replace("rtt_sampler_", "rttscope_sm_");
             this_round
                 .get(n)
+                .or_else(|| this_round.get(&old))
                 .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
                 .unwrap_or(0.0)
         };
