@@ -39,9 +39,8 @@ pub mod tcp {
 )]
 #[cfg(feature = "libbpf")]
 pub mod sampler {
+    //! Loaded once per attached interface through `SamplerSkelBuilder` (see views/sampler/libbpf.rs).
     include!(concat!(env!("OUT_DIR"), "/sampler.skel.rs"));
-    /// The compiled object, loaded once per attached interface (see views/sampler/libbpf.rs).
-    pub const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampler.bpf.o"));
 }
 /// Without libbpf-rs: the sampler object's generated types only.
 #[allow(

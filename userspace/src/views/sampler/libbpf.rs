@@ -1,19 +1,21 @@
-//! The sampler view loaded by libbpf-rs: one copy of `bpf/sampler.bpf.c`'s
-//! object per interface, the copies after the first reusing the first one's
-//! maps, attached by `tc.rs` (tcx links, or clsact filters).
+//! The sampler view loaded by libbpf-rs through the generated skeleton
+//! (`crate::bpf::sampler`): one copy of `bpf/sampler.bpf.c`'s object per
+//! interface, the copies after the first reusing the first one's maps,
+//! attached by `tc.rs` (tcx links, or clsact filters).
 use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, Object, ObjectBuilder};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, MapType};
 
 use super::tc::{clsact_attach, tcx_attach, Attached, Attachments};
 use super::{
     attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
-    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
-    PROG_INGRESS, SHARED_MAPS,
+    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS,
 };
-use crate::bpf::{self, SamplerRodata};
+use crate::bpf::sampler::{SamplerMaps, SamplerSkel, SamplerSkelBuilder};
 use crate::sys::netns;
 use crate::views::libbpf::LibbpfRing;
 use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
@@ -24,22 +26,12 @@ pub(crate) struct LibbpfSampler {
     #[allow(dead_code)] // held for its Drop: detaches
     attached: Attachments,
     info: Vec<AttachInfo>,
-    /// The raw-sample ring buffer until the stream is taken (with `raw`).
-    events: Option<MapHandle>,
-    table: MapHandle,
-    counters: MapHandle,
-    epoch_map: MapHandle,
+    /// The raw-sample ring buffer was handed out (`raw_samples`).
+    raw_taken: bool,
     epoch: u32,
-    // the objects last: their programs must outlive the attachments above
-    objects: Vec<Object>,
-}
-
-fn map_handle(obj: &Object, name: &str) -> Result<MapHandle> {
-    let m = obj
-        .maps()
-        .find(|m| m.name() == name)
-        .with_context(|| format!("map {name} missing from the sampler object"))?;
-    MapHandle::try_from(&m).with_context(|| format!("duplicating map {name}"))
+    // the skeletons last: their programs must outlive the attachments above.
+    // skels[0] created the shared maps; the others reuse them.
+    skels: Vec<SamplerSkel<'static>>,
 }
 
 impl LibbpfSampler {
@@ -47,11 +39,9 @@ impl LibbpfSampler {
     /// ingress and egress.
     pub(crate) fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<LibbpfSampler> {
         let resolved = resolve_ifaces(ifaces, &cfg)?;
-        let mut objects: Vec<Object> = Vec::new();
+        let mut skels: Vec<SamplerSkel<'static>> = Vec::new();
         let mut attached = Attachments::default();
         let mut info = Vec::new();
-        let mut shared: Option<Vec<(String, MapHandle)>> = None;
-        let mut view_maps = None;
         let seed = hash_seed();
         for ResolvedIface {
             spec,
@@ -60,28 +50,22 @@ impl LibbpfSampler {
             link,
         } in resolved
         {
-            let obj = load_copy(&cfg, seed, ns.inode, meta.ifindex, link.0, shared.as_ref())
-                .with_context(|| format!("loading the sampler programs for {spec}"))?;
-            if shared.is_none() {
-                let mut v = Vec::new();
-                for n in SHARED_MAPS {
-                    v.push((n.to_string(), map_handle(&obj, n)?));
-                }
-                view_maps = Some((
-                    map_handle(&obj, "sampler_table")?,
-                    map_handle(&obj, "sampler_counters")?,
-                    map_handle(&obj, "sampler_epoch")?,
-                    map_handle(&obj, "sampler_events")?,
-                ));
-                shared = Some(v);
-            }
+            let skel = load_copy(
+                &cfg,
+                seed,
+                ns.inode,
+                meta.ifindex,
+                link.0,
+                skels.first().map(|s| &s.maps),
+            )
+            .with_context(|| format!("loading the sampler programs for {spec}"))?;
             let mut how = None;
             for egress in [true, false] {
-                let pname = if egress { PROG_EGRESS } else { PROG_INGRESS };
-                let prog = obj
-                    .progs()
-                    .find(|p| p.name() == pname)
-                    .with_context(|| format!("program {pname} missing"))?;
+                let prog = if egress {
+                    &skel.progs.rtt_sampler_egr
+                } else {
+                    &skel.progs.rtt_sampler_ing
+                };
                 let prog_fd = prog.as_fd().as_raw_fd();
                 let ifindex = meta.ifindex;
                 let mode = cfg.attach;
@@ -128,22 +112,24 @@ impl LibbpfSampler {
                 how.unwrap_or("?"),
                 link,
             ));
-            objects.push(obj);
+            skels.push(skel);
         }
-        let (table, counters, epoch_map, events) = view_maps.context("no sampler object loaded")?;
-        let events = cfg.raw.then_some(events);
-        drop(shared);
+        if skels.is_empty() {
+            bail!("no sampler object loaded");
+        }
         Ok(LibbpfSampler {
             cfg,
             attached,
             info,
-            events,
-            table,
-            counters,
-            epoch_map,
+            raw_taken: false,
             epoch: 0,
-            objects,
+            skels,
         })
+    }
+
+    /// The maps every copy shares (created by the first copy).
+    fn maps(&self) -> &SamplerMaps<'static> {
+        &self.skels[0].maps
     }
 }
 
@@ -158,8 +144,8 @@ impl PassiveView for LibbpfSampler {
 
     fn prog_ids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
-        for o in &self.objects {
-            for p in o.progs() {
+        for s in &self.skels {
+            for p in [&s.progs.rtt_sampler_egr, &s.progs.rtt_sampler_ing] {
                 if let Ok(id) = libbpf_rs::Program::id_from_fd(p.as_fd()) {
                     out.push((p.name().to_string_lossy().into_owned(), id));
                 }
@@ -172,7 +158,8 @@ impl PassiveView for LibbpfSampler {
         let mut out = BTreeMap::new();
         for (name, idx) in COUNTERS {
             let vals = self
-                .counters
+                .maps()
+                .sampler_counters
                 .lookup_percpu(&idx.0.to_ne_bytes(), MapFlags::ANY)?
                 .unwrap_or_default();
             let sum: u64 = vals
@@ -186,12 +173,13 @@ impl PassiveView for LibbpfSampler {
     }
 
     fn raw_samples(&mut self) -> Result<RawSamples> {
-        let Some(events) = self.events.take() else {
+        if !self.cfg.raw || self.raw_taken {
             bail!(
                 "raw samples were not enabled when the sampler was loaded, or were already taken"
             );
-        };
-        RawSamples::new(Box::new(LibbpfRing::new(&events)?))
+        }
+        self.raw_taken = true;
+        RawSamples::new(Box::new(LibbpfRing::new(&self.maps().sampler_events)?))
     }
 }
 
@@ -205,9 +193,14 @@ impl SamplerView for LibbpfSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(self.table.as_fd(), &self.cfg, &self.info, self.epoch)?;
+        let out = table_flows(
+            self.maps().sampler_table.as_fd(),
+            &self.cfg,
+            &self.info,
+            self.epoch,
+        )?;
         self.epoch = self.epoch.wrapping_add(1);
-        self.epoch_map.update(
+        self.maps().sampler_epoch.update(
             &0u32.to_ne_bytes(),
             &self.epoch.to_ne_bytes(),
             MapFlags::ANY,
@@ -216,54 +209,67 @@ impl SamplerView for LibbpfSampler {
     }
 }
 
-/// Open one copy of the object, configure it, reuse the shared maps, load.
+/// Open one copy of the object through the skeleton, configure its
+/// `.rodata`, reuse the first copy's maps (`shared`; `None` for the first
+/// copy, which sizes the flow table), load.
 fn load_copy(
     cfg: &SamplerConfig,
     seed: u64,
     netns_inode: u32,
     ifindex: u32,
     link: u32,
-    shared: Option<&Vec<(String, MapHandle)>>,
-) -> Result<Object> {
-    let mut open = ObjectBuilder::default()
-        .open_memory(bpf::sampler::OBJECT)
+    shared: Option<&SamplerMaps<'static>>,
+) -> Result<SamplerSkel<'static>> {
+    // The skeleton borrows its open object for its whole life; the view lives
+    // as long as the command, so the (small) storage is leaked on purpose, one
+    // per interface (at most 64).
+    let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
+    let mut open = SamplerSkelBuilder::default()
+        .open(open_object)
         .context("opening the sampler object")?;
-    for mut m in open.maps_mut() {
-        let name = m.name().to_string_lossy().into_owned();
-        if name.ends_with(".rodata") {
-            let bytes = m
-                .initial_value_mut()
-                .context("sampler .rodata not mapped")?;
-            let ro: &mut SamplerRodata = plain::from_mut_bytes(bytes)
-                .map_err(|e| anyhow::anyhow!("sampler .rodata layout: {e:?}"))?;
-            ro.cfg_netns = netns_inode;
-            ro.cfg_ifindex = ifindex;
-            ro.cfg_link = link;
-            ro.cfg_sample_threshold = cfg.threshold();
-            ro.cfg_match = cfg.matching.raw();
-            ro.cfg_raw = cfg.raw as u32;
-            ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
-            ro.cfg_set_mask = cfg.set_mask();
-            ro.cfg_hash_seed = seed;
-            continue;
+    {
+        let ro = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .context("sampler object has no .rodata")?;
+        ro.cfg_netns = netns_inode;
+        ro.cfg_ifindex = ifindex;
+        ro.cfg_link = link;
+        ro.cfg_sample_threshold = cfg.threshold();
+        ro.cfg_match = cfg.matching.raw();
+        ro.cfg_raw = cfg.raw as u32;
+        ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+        ro.cfg_set_mask = cfg.set_mask();
+        ro.cfg_hash_seed = seed;
+    }
+    match shared {
+        None => {
+            open.maps
+                .sampler_table
+                .set_max_entries(cfg.table_entries())
+                .context("sizing the flow table")?;
         }
-        if let Some(sh) = shared {
-            if let Some((_, h)) = sh.iter().find(|(n, _)| *n == name) {
-                m.reuse_fd(h.as_fd())
-                    .with_context(|| format!("reusing map {name}"))?;
-                continue;
-            }
-        }
-        if name == "sampler_table" {
-            m.set_max_entries(cfg.table_entries())?;
+        Some(first) => {
+            let m = &mut open.maps;
+            m.sampler_table
+                .reuse_fd(first.sampler_table.as_fd())
+                .context("reusing map sampler_table")?;
+            m.sampler_counters
+                .reuse_fd(first.sampler_counters.as_fd())
+                .context("reusing map sampler_counters")?;
+            m.sampler_epoch
+                .reuse_fd(first.sampler_epoch.as_fd())
+                .context("reusing map sampler_epoch")?;
+            m.sampler_events
+                .reuse_fd(first.sampler_events.as_fd())
+                .context("reusing map sampler_events")?;
         }
     }
-    let obj = open.load().context("loading the sampler programs")?;
+    let skel = open.load().context("loading the sampler programs")?;
     // sanity: the ring buffer is what we think it is
-    if let Some(m) = obj.maps().find(|m| m.name() == "sampler_events") {
-        if m.map_type() != MapType::RingBuf {
-            bail!("sampler_events is not a ring buffer");
-        }
+    if skel.maps.sampler_events.map_type() != MapType::RingBuf {
+        bail!("sampler_events is not a ring buffer");
     }
-    Ok(obj)
+    Ok(skel)
 }
