@@ -23,9 +23,9 @@ use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
 use crate::analysis::units::{duration_arg, fmt_duration_short, fmt_ms};
 use crate::views::flow::{Flow, Side};
-use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
-use crate::views::tcp::TcpViewConfig;
-use crate::views::{self, LoaderKind};
+use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
+use crate::views::tcp::{TcpView, TcpViewConfig};
+use crate::views::{self, LoaderKind, RawSamples};
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
@@ -104,6 +104,9 @@ pub struct Row {
 /// A raw TCP-view sample: flow, side, seconds since start, rtt us.
 type TcpSample = (Flow, Side, f64, f64);
 
+/// A raw sampler sample: flow, seconds since start, rtt us.
+type SamplerSample = (Flow, f64, f64);
+
 /// Samples collected for one view: (seconds since start, rtt us).
 type Series = Vec<(f64, f64)>;
 
@@ -120,21 +123,109 @@ pub fn run(args: CompareArgs) -> Result<()> {
     rt.block_on(compare(args))
 }
 
+/// The driver: attach, run the window, assemble the rows, report.
 async fn compare(args: CompareArgs) -> Result<()> {
     crate::sys::preflight::require_bpf_caps()?;
-    let kinds: Vec<Kind> = {
-        // TCP_RR always runs: it is the flow the TCP view and the sampler observe.
-        let mut k = vec![Kind::TcpRr];
+    let plan = ProbePlan::new(&args);
+    let mut views = attach_views(&args)?;
+    let start_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut raw = RawCollector::new(&mut views)?;
+    let (rr_results, irtt_result) = run_window(&plan, &mut raw).await?;
+    let tcp_counters = views.tcp.counters()?;
+    let sampler_counters = match &views.sampler {
+        Some(s) => Some(s.counters()?),
+        None => None,
+    };
+    let target_ip = rr_results
+        .iter()
+        .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
+    let sides = split_sides(&args, &views, &raw, target_ip)?;
+    let mut report = Report {
+        result: RunResult::new(
+            std::env::args().collect::<Vec<_>>().join(" "),
+            settings_json(
+                &args,
+                &plan,
+                &views,
+                tcp_counters,
+                sampler_counters,
+                sides.retrans,
+            ),
+        ),
+        rows: Vec::new(),
+    };
+    report.result.start_unix_s = Some(start_unix);
+    report.result.title = Some(title(&args, views.sampler.is_some()));
+    let cloud = report.add_passive(&args, &views, &sides);
+    report.add_probes(rr_results, irtt_result, plan.irtt.as_ref())?;
+    let footer = Footer {
+        retrans: sides.retrans,
+        hook: views.tcp.info().hook.clone(),
+        loader: args.loader,
+    };
+    output(&args, report, &footer, cloud)
+}
+
+/// The probes to run: TCP_RR always (it is the flow the TCP view and the
+/// sampler observe), UDP_RR, ICMP and irtt when asked.
+struct ProbePlan {
+    kinds: Vec<Kind>,
+    rr: Vec<ProbeConfig>,
+    irtt: Option<crate::active::irtt::IrttConfig>,
+}
+
+impl ProbePlan {
+    fn new(args: &CompareArgs) -> Self {
+        let mut kinds = vec![Kind::TcpRr];
         if args.udp_rr {
-            k.push(Kind::UdpRr);
+            kinds.push(Kind::UdpRr);
         }
         if args.icmp {
-            k.push(Kind::Icmp);
+            kinds.push(Kind::Icmp);
         }
-        k
-    };
-    // Passive views: the TCP view restricted to the responder's port (both
-    // ends when the server is on this host too), raw samples for the time series.
+        let rr = kinds
+            .iter()
+            .map(|k| {
+                let mut c = ProbeConfig::new(*k, &args.host);
+                c.port = args.port;
+                c.interval = args.interval;
+                c.burst = args.burst;
+                if *k != Kind::Icmp {
+                    c.req_size = args.sizes.0;
+                    c.resp_size = args.sizes.1;
+                }
+                c.nodelay = args.nodelay;
+                c.stop = Stop::Duration(args.length);
+                c
+            })
+            .collect();
+        let irtt = args.irtt.then(|| crate::active::irtt::IrttConfig {
+            server: args.host.clone(),
+            duration: args.length,
+            interval: if args.interval.is_zero() {
+                Duration::from_millis(10)
+            } else {
+                args.interval
+            },
+            ..Default::default()
+        });
+        ProbePlan { kinds, rr, irtt }
+    }
+}
+
+/// The attached passive views.
+struct Views {
+    tcp: Box<dyn TcpView>,
+    sampler: Option<Box<dyn SamplerView>>,
+}
+
+/// The TCP view restricted to the responder's port (both ends when the
+/// server is on this host too), and the sampler on each `--iface`; both with
+/// raw samples for the time series.
+fn attach_views(args: &CompareArgs) -> Result<Views> {
     let tcp_cfg = TcpViewConfig {
         iter_netns: vec![crate::sys::netns::resolve("self")?],
         ports: vec![args.port],
@@ -142,8 +233,8 @@ async fn compare(args: CompareArgs) -> Result<()> {
         max_flows: 4096,
         ..Default::default()
     };
-    let mut tcp = views::attach_tcp(args.loader, &tcp_cfg)?;
-    let mut sampler = if args.ifaces.is_empty() {
+    let tcp = views::attach_tcp(args.loader, &tcp_cfg)?;
+    let sampler = if args.ifaces.is_empty() {
         None
     } else {
         let cfg = SamplerConfig {
@@ -153,88 +244,93 @@ async fn compare(args: CompareArgs) -> Result<()> {
             ..Default::default()
         };
         cfg.validate()?;
-        Some(crate::views::attach_sampler(
-            args.loader,
-            &args.ifaces,
-            cfg,
-        )?)
+        Some(views::attach_sampler(args.loader, &args.ifaces, cfg)?)
     };
-    let start_mono = crate::sys::clock::mono_ns();
-    let start_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
+    Ok(Views { tcp, sampler })
+}
 
-    // TCP raw samples through the loader's ring buffer.
-    let mut tcp_raw = tcp.raw_samples()?;
-    let mut tcp_events: Vec<crate::bpf::Event> = Vec::new();
-    let mut tcp_samples: Vec<TcpSample> = Vec::new();
-    // The sampler's, the same way.
-    let mut sampler_raw = match sampler.as_mut() {
-        Some(s) => Some(s.raw_samples()?),
-        None => None,
-    };
-    let mut sampler_events: Vec<crate::bpf::Event> = Vec::new();
-    let take_tcp = |evs: &mut Vec<crate::bpf::Event>, out: &mut Vec<TcpSample>| {
+/// The passive views' raw samples as they arrive through their ring buffers,
+/// timed from the start of the window.
+struct RawCollector {
+    start_mono: u64,
+    tcp_raw: RawSamples,
+    tcp_events: Vec<crate::bpf::Event>,
+    tcp_samples: Vec<TcpSample>,
+    sampler_raw: Option<RawSamples>,
+    sampler_events: Vec<crate::bpf::Event>,
+    sampler_samples: Vec<SamplerSample>,
+}
+
+impl RawCollector {
+    fn new(views: &mut Views) -> Result<Self> {
+        let start_mono = crate::sys::clock::mono_ns();
+        let tcp_raw = views.tcp.raw_samples()?;
+        let sampler_raw = match views.sampler.as_mut() {
+            Some(s) => Some(s.raw_samples()?),
+            None => None,
+        };
+        Ok(RawCollector {
+            start_mono,
+            tcp_raw,
+            tcp_events: Vec::new(),
+            tcp_samples: Vec::new(),
+            sampler_raw,
+            sampler_events: Vec::new(),
+            sampler_samples: Vec::new(),
+        })
+    }
+
+    fn secs_since_start(&self, ts_ns: u64) -> f64 {
+        (ts_ns as i64 - self.start_mono as i64) as f64 / 1e9
+    }
+
+    /// Take every sample available now, without waiting.
+    fn drain(&mut self) -> Result<()> {
+        self.tcp_raw.drain_now(&mut self.tcp_events)?;
+        let mut evs = std::mem::take(&mut self.tcp_events);
         for ev in evs.drain(..) {
             if ev.r#type == 1 {
                 if let Some(f) = Flow::from_key(&ev.key) {
-                    let t = (ev.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
-                    out.push((f, Side::from_raw(ev.side), t, ev.rtt_us as f64));
+                    let t = self.secs_since_start(ev.ts_ns);
+                    self.tcp_samples
+                        .push((f, Side::from_raw(ev.side), t, ev.rtt_us as f64));
                 }
             }
         }
-    };
-    let mut sampler_samples: Vec<(Flow, f64, f64)> = Vec::new();
-    let take_sampler = |evs: &mut Vec<crate::bpf::Event>, out: &mut Vec<(Flow, f64, f64)>| {
-        for x in evs
-            .drain(..)
-            .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
-        {
-            out.push((
-                x.flow,
-                (x.ts_ns as i64 - start_mono as i64) as f64 / 1e9,
-                x.rtt_us as f64,
-            ));
+        self.tcp_events = evs;
+        if let Some(r) = self.sampler_raw.as_mut() {
+            r.drain_now(&mut self.sampler_events)?;
+            let mut evs = std::mem::take(&mut self.sampler_events);
+            for x in evs
+                .drain(..)
+                .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
+            {
+                let t = self.secs_since_start(x.ts_ns);
+                self.sampler_samples.push((x.flow, t, x.rtt_us as f64));
+            }
+            self.sampler_events = evs;
         }
-    };
-
-    // The probes, concurrently, over the same window.
-    let (cancel_tx, cancel_rx) = crate::active::cancel::cancel_pair();
-    let mut configs = Vec::new();
-    for k in &kinds {
-        let mut c = ProbeConfig::new(*k, &args.host);
-        c.port = args.port;
-        c.interval = args.interval;
-        c.burst = args.burst;
-        if *k != Kind::Icmp {
-            c.req_size = args.sizes.0;
-            c.resp_size = args.sizes.1;
-        }
-        c.nodelay = args.nodelay;
-        c.stop = Stop::Duration(args.length);
-        configs.push(c);
+        Ok(())
     }
+}
+
+type RrResults = Vec<Result<ProbeResult>>;
+type IrttOutcome = Option<Result<crate::active::irtt::IrttResult>>;
+
+/// Run the probes concurrently over the same window while collecting the
+/// passive views' raw samples; Ctrl-C or SIGTERM ends the probes early.
+async fn run_window(plan: &ProbePlan, raw: &mut RawCollector) -> Result<(RrResults, IrttOutcome)> {
+    let (cancel_tx, cancel_rx) = crate::active::cancel::cancel_pair();
     let irtt_stop = Arc::new(AtomicBool::new(false));
-    let irtt_cfg = args.irtt.then(|| crate::active::irtt::IrttConfig {
-        server: args.host.clone(),
-        duration: args.length,
-        interval: if args.interval.is_zero() {
-            Duration::from_millis(10)
-        } else {
-            args.interval
-        },
-        ..Default::default()
-    });
     let probes = async {
         let rr = futures_join_all(
-            configs
+            plan.rr
                 .iter()
                 .map(|c| run_probe(c, cancel_rx.clone()))
                 .collect(),
         )
         .await;
-        let ir = match irtt_cfg.clone() {
+        let ir = match plan.irtt.clone() {
             Some(c) => Some(crate::active::irtt::run_irtt(c, irtt_stop.clone()).await),
             None => None,
         };
@@ -243,103 +339,117 @@ async fn compare(args: CompareArgs) -> Result<()> {
     tokio::pin!(probes);
     let mut poll = tokio::time::interval(Duration::from_millis(50));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let (rr_results, irtt_result) = loop {
+    let stop = || {
+        let _ = cancel_tx.send(true);
+        irtt_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let out = loop {
         tokio::select! {
             r = &mut probes => break r,
-            _ = poll.tick() => {
-                tcp_raw.drain_now(&mut tcp_events)?;
-                take_tcp(&mut tcp_events, &mut tcp_samples);
-                if let Some(r) = sampler_raw.as_mut() {
-                    r.drain_now(&mut sampler_events)?;
-                    take_sampler(&mut sampler_events, &mut sampler_samples);
-                }
-            }
-            _ = tokio::signal::ctrl_c() => { let _ = cancel_tx.send(true); irtt_stop.store(true, std::sync::atomic::Ordering::Relaxed); }
-            _ = sigterm.recv() => { let _ = cancel_tx.send(true); irtt_stop.store(true, std::sync::atomic::Ordering::Relaxed); }
+            _ = poll.tick() => raw.drain()?,
+            _ = tokio::signal::ctrl_c() => stop(),
+            _ = sigterm.recv() => stop(),
         }
     };
     // Late samples of the last transactions.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    tcp_raw.drain_now(&mut tcp_events)?;
-    take_tcp(&mut tcp_events, &mut tcp_samples);
-    if let Some(r) = sampler_raw.as_mut() {
-        r.drain_now(&mut sampler_events)?;
-        take_sampler(&mut sampler_events, &mut sampler_samples);
-    }
+    raw.drain()?;
+    Ok(out)
+}
 
-    let tcp_counters = tcp.counters()?;
-    let sampler_counters = match &sampler {
-        Some(s) => Some(s.counters()?),
-        None => None,
-    };
+/// This run's samples by view and side, and the retransmissions on its
+/// connections.
+struct Sides {
+    tcp_client: Series,
+    tcp_server: Series,
+    smp_client: Series,
+    smp_server: Series,
+    retrans: u64,
+}
 
-    // Sort samples into views. Only this run's connections count: on the
-    // client side, flows in this namespace to the target's address and port;
-    // on the server side (when visible), the reverse of those tuples.
+/// Sort samples into views. Only this run's connections count: on the
+/// client side, flows in this namespace to the target's address and port;
+/// on the server side (when visible), the reverse of those tuples.
+fn split_sides(
+    args: &CompareArgs,
+    views: &Views,
+    raw: &RawCollector,
+    target_ip: Option<std::net::IpAddr>,
+) -> Result<Sides> {
     let my_netns = crate::sys::netns::current_inode()?;
-    let target_ip = rr_results
-        .iter()
-        .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
     let is_client = |f: &Flow| {
         f.netns == my_netns && f.remote.port() == args.port && Some(f.remote.ip()) == target_ip
     };
     let client_tuples: std::collections::HashSet<(std::net::SocketAddr, std::net::SocketAddr)> =
-        tcp_samples
+        raw.tcp_samples
             .iter()
             .map(|s| s.0)
-            .chain(sampler_samples.iter().map(|s| s.0))
+            .chain(raw.sampler_samples.iter().map(|s| s.0))
             .filter(|f| is_client(f))
             .map(|f| (f.local, f.remote))
             .collect();
     let is_server = |f: &Flow| client_tuples.contains(&(f.remote, f.local));
     // Retransmissions of this run's connections (TCP view).
     let mut retrans = 0u64;
-    tcp.for_each_flow(&mut |f| {
+    views.tcp.for_each_flow(&mut |f| {
         if is_client(&f.flow) || is_server(&f.flow) {
             retrans += f.retrans as u64;
         }
     })?;
-    let mut tcp_client: Series = Vec::new();
-    let mut tcp_server: Series = Vec::new();
-    for (f, _, t, rtt) in tcp_samples.iter() {
-        if is_client(f) {
-            tcp_client.push((*t, *rtt));
-        } else if is_server(f) {
-            tcp_server.push((*t, *rtt));
+    let by_side = |samples: &mut dyn Iterator<Item = (&Flow, f64, f64)>| {
+        let (mut client, mut server): (Series, Series) = (Vec::new(), Vec::new());
+        for (f, t, rtt) in samples {
+            if is_client(f) {
+                client.push((t, rtt));
+            } else if is_server(f) {
+                server.push((t, rtt));
+            }
         }
-    }
-    let mut smp_client: Series = Vec::new();
-    let mut smp_server: Series = Vec::new();
-    for (f, t, rtt) in &sampler_samples {
-        if is_client(f) {
-            smp_client.push((*t, *rtt));
-        } else if is_server(f) {
-            smp_server.push((*t, *rtt));
-        }
-    }
+        (client, server)
+    };
+    let (tcp_client, tcp_server) = by_side(&mut raw.tcp_samples.iter().map(|s| (&s.0, s.2, s.3)));
+    let (smp_client, smp_server) =
+        by_side(&mut raw.sampler_samples.iter().map(|s| (&s.0, s.1, s.2)));
+    Ok(Sides {
+        tcp_client,
+        tcp_server,
+        smp_client,
+        smp_server,
+        retrans,
+    })
+}
 
-    let mut result = RunResult::new(
-        std::env::args().collect::<Vec<_>>().join(" "),
-        json!({
-            "host": args.host,
-            "port": args.port,
-            "length_s": args.length.as_secs_f64(),
-            "interval_s": args.interval.as_secs_f64(),
-            "burst": args.burst,
-            "sizes": [args.sizes.0, args.sizes.1],
-            "nodelay": args.nodelay,
-            "probes": kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
-            "tcp_view": tcp.info(),
-            "loader": args.loader,
-            "sampler": sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
-            "cloud_layout": args.layout.spec(),
-            "tcp_counters": tcp_counters,
-            "sampler_counters": sampler_counters,
-            "tcp_retransmits": retrans,
-        }),
-    );
-    result.start_unix_s = Some(start_unix);
-    result.title = Some(format!(
+/// The result's `settings` (the rows and notes are added at the end).
+fn settings_json(
+    args: &CompareArgs,
+    plan: &ProbePlan,
+    views: &Views,
+    tcp_counters: BTreeMap<&'static str, u64>,
+    sampler_counters: Option<BTreeMap<&'static str, u64>>,
+    retrans: u64,
+) -> serde_json::Value {
+    json!({
+        "host": args.host,
+        "port": args.port,
+        "length_s": args.length.as_secs_f64(),
+        "interval_s": args.interval.as_secs_f64(),
+        "burst": args.burst,
+        "sizes": [args.sizes.0, args.sizes.1],
+        "nodelay": args.nodelay,
+        "probes": plan.kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
+        "tcp_view": views.tcp.info(),
+        "loader": args.loader,
+        "sampler": views.sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
+        "cloud_layout": args.layout.spec(),
+        "tcp_counters": tcp_counters,
+        "sampler_counters": sampler_counters,
+        "tcp_retransmits": retrans,
+    })
+}
+
+/// The table's first line (after "rttscope ") and the result's title.
+fn title(args: &CompareArgs, with_sampler: bool) -> String {
+    format!(
         "compare {} port {}: -l {} -w {} -b {} -r {},{}{}",
         args.host,
         args.port,
@@ -348,7 +458,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
         args.burst,
         args.sizes.0,
         args.sizes.1,
-        if sampler.is_some() {
+        if with_sampler {
             format!(
                 ", sampler 1/{} {}",
                 args.sample_every,
@@ -357,17 +467,26 @@ async fn compare(args: CompareArgs) -> Result<()> {
         } else {
             String::new()
         }
-    ));
+    )
+}
 
-    let mut rows: Vec<Row> = Vec::new();
-    let add_series = |result: &mut RunResult,
-                      rows: &mut Vec<Row>,
-                      name: &str,
-                      kind: ViewKind,
-                      side: Option<&str>,
-                      what: String,
-                      s: &Series,
-                      settings: serde_json::Value| {
+/// The result being assembled and the table's rows, one per view, in order.
+struct Report {
+    result: RunResult,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    /// One view's samples into the result and its row into the table.
+    fn add_series(
+        &mut self,
+        name: &str,
+        kind: ViewKind,
+        side: Option<&str>,
+        what: String,
+        s: &Series,
+        settings: serde_json::Value,
+    ) {
         let mut v = ViewSeries::new(name, kind);
         v.side = side.map(str::to_string);
         v.settings = settings;
@@ -375,38 +494,44 @@ async fn compare(args: CompareArgs) -> Result<()> {
             .iter()
             .map(|&(t, r)| Sample { t_s: t, rtt_us: r })
             .collect();
-        result.views.push(v);
-        rows.push(Row {
+        self.result.views.push(v);
+        self.rows.push(Row {
             view: name.to_string(),
             what,
             summary: summary_of(s),
             bucketed: None,
         });
-    };
-    add_series(
-        &mut result,
-        &mut rows,
-        "tcp client",
-        ViewKind::Tcp,
-        Some("client"),
-        "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
-        &tcp_client,
-        json!({"hook": "sock_ops RTT_CB"}),
-    );
-    if !tcp_server.is_empty() {
-        add_series(
-            &mut result,
-            &mut rows,
-            "tcp server",
-            ViewKind::Tcp,
-            Some("server"),
-            "TCP's RTT samples, responding side (visible on this host)".into(),
-            &tcp_server,
-            json!({"hook": "sock_ops RTT_CB"}),
-        );
     }
-    let mut cloud_note: Option<CloudEvidence> = None;
-    if let Some(s) = &sampler {
+
+    /// The passive views' rows: TCP client/server, sampler client/server and
+    /// the sampler's samples through the cloud buckets (whose median is
+    /// returned as evidence for `--explain`).
+    fn add_passive(
+        &mut self,
+        args: &CompareArgs,
+        views: &Views,
+        sides: &Sides,
+    ) -> Option<CloudEvidence> {
+        let tcp_set = || json!({"hook": "sock_ops RTT_CB"});
+        self.add_series(
+            "tcp client",
+            ViewKind::Tcp,
+            Some("client"),
+            "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
+            &sides.tcp_client,
+            tcp_set(),
+        );
+        if !sides.tcp_server.is_empty() {
+            self.add_series(
+                "tcp server",
+                ViewKind::Tcp,
+                Some("server"),
+                "TCP's RTT samples, responding side (visible on this host)".into(),
+                &sides.tcp_server,
+                tcp_set(),
+            );
+        }
+        let s = views.sampler.as_ref()?;
         let set =
             json!({"sample_every": s.config().sample_every, "match": s.config().matching.as_str()});
         let label = format!(
@@ -414,138 +539,184 @@ async fn compare(args: CompareArgs) -> Result<()> {
             s.config().sample_every,
             s.config().matching.as_str()
         );
-        add_series(
-            &mut result,
-            &mut rows,
+        self.add_series(
             "sampler client",
             ViewKind::Sampler,
             Some("client"),
             format!("packet sampler at the interface ({label})"),
-            &smp_client,
+            &sides.smp_client,
             set.clone(),
         );
-        if !smp_server.is_empty() {
-            add_series(
-                &mut result,
-                &mut rows,
+        if !sides.smp_server.is_empty() {
+            self.add_series(
                 "sampler server",
                 ViewKind::Sampler,
                 Some("server"),
                 format!("packet sampler, responding side ({label})"),
-                &smp_server,
-                set.clone(),
+                &sides.smp_server,
+                set,
             );
         }
-        // The same samples through the cloud metric's buckets.
-        let all: Series = smp_client
+        let all: Series = sides
+            .smp_client
             .iter()
-            .chain(smp_server.iter())
+            .chain(sides.smp_server.iter())
             .copied()
             .collect();
-        let mut d = Distribution::new(args.layout.clone(), ValueUnit::Ms);
-        for (_, r) in &all {
-            d.add_us(*r);
-        }
-        let pct = |p: f64| d.percentile(p).ok().flatten();
-        let to_us = |p: Option<crate::analysis::dist::Percentile>| {
-            p.map(|x| ValueUnit::Ms.to_us(x.value)).unwrap_or(f64::NAN)
-        };
-        let mut sm = Summary::empty();
-        sm.n = d.count;
-        sm.p50 = to_us(pct(50.0));
-        sm.p90 = to_us(pct(90.0));
-        sm.p99 = to_us(pct(99.0));
-        sm.mean = if d.count > 0 {
-            ValueUnit::Ms.to_us(d.mean)
-        } else {
-            f64::NAN
-        };
-        if let Some(p) = pct(50.0) {
-            cloud_note = Some(CloudEvidence {
-                p50_us: ValueUnit::Ms.to_us(p.value),
-                bucket_lo_ms: args.layout.lower(p.bucket),
-                bucket_hi_ms: args.layout.upper(p.bucket),
-                bucket_share_pct: p.p_up - p.p_low,
-                exact_p50_us: summary_of(&all).p50,
-            });
-        }
-        rows.push(Row {
-            view: "sampler cloud".into(),
-            what: format!(
-                "sampler samples through cloud buckets ({}), percentile aligner interpolation",
-                args.layout.spec()
-            ),
-            summary: sm,
-            bucketed: Some(args.layout.spec()),
-        });
-    }
-    let mut rr_by_kind: BTreeMap<&'static str, ProbeResult> = BTreeMap::new();
-    for r in rr_results {
-        let r = r?;
-        let name = match r.settings.kind {
-            Kind::TcpRr => "TCP_RR",
-            Kind::UdpRr => "UDP_RR",
-            Kind::Icmp => "ICMP",
-        };
-        let s: Series = r
-            .samples
-            .iter()
-            .map(|&(off, rtt)| ((off as f64) / 1e9, rtt as f64 / 1e3))
-            .collect();
-        let kind = if r.settings.kind == Kind::Icmp {
-            ViewKind::Ping
-        } else {
-            ViewKind::Probe
-        };
-        let what = format!(
-            "{} send()->recv() of the response; {} lost{}",
-            r.settings.kind.label(),
-            r.counts.lost,
-            if r.counts.errors > 0 {
-                format!(", {} errors", r.counts.errors)
-            } else {
-                String::new()
-            }
-        );
-        add_series(
-            &mut result,
-            &mut rows,
-            name,
-            kind,
-            None,
-            what,
-            &s,
-            serde_json::to_value(&r.settings)?,
-        );
-        rr_by_kind.insert(name, r);
-    }
-    if let Some(ir) = irtt_result {
-        let ir = ir?;
-        let s: Series = ir
-            .rtt_samples()
-            .map(|(off, rtt)| (off as f64 / 1e9, rtt as f64 / 1e3))
-            .collect();
-        add_series(
-            &mut result,
-            &mut rows,
-            "irtt",
-            ViewKind::Irtt,
-            None,
-            "irtt isochronous UDP (irtt protocol)".into(),
-            &s,
-            json!({"interval_s": irtt_cfg.as_ref().map(|c| c.interval.as_secs_f64())}),
-        );
+        let (row, evidence) = cloud_row(&args.layout, &all);
+        self.rows.push(row);
+        evidence
     }
 
-    // The table.
+    /// The probes' rows, in the order they ran; the first failed probe's
+    /// error ends the command.
+    fn add_probes(
+        &mut self,
+        rr_results: RrResults,
+        irtt_result: IrttOutcome,
+        irtt_cfg: Option<&crate::active::irtt::IrttConfig>,
+    ) -> Result<()> {
+        for r in rr_results {
+            let r = r?;
+            let name = match r.settings.kind {
+                Kind::TcpRr => "TCP_RR",
+                Kind::UdpRr => "UDP_RR",
+                Kind::Icmp => "ICMP",
+            };
+            let s: Series = r
+                .samples
+                .iter()
+                .map(|&(off, rtt)| ((off as f64) / 1e9, rtt as f64 / 1e3))
+                .collect();
+            let kind = if r.settings.kind == Kind::Icmp {
+                ViewKind::Ping
+            } else {
+                ViewKind::Probe
+            };
+            let what = format!(
+                "{} send()->recv() of the response; {} lost{}",
+                r.settings.kind.label(),
+                r.counts.lost,
+                if r.counts.errors > 0 {
+                    format!(", {} errors", r.counts.errors)
+                } else {
+                    String::new()
+                }
+            );
+            let settings = serde_json::to_value(&r.settings)?;
+            self.add_series(name, kind, None, what, &s, settings);
+        }
+        if let Some(ir) = irtt_result {
+            let ir = ir?;
+            let s: Series = ir
+                .rtt_samples()
+                .map(|(off, rtt)| (off as f64 / 1e9, rtt as f64 / 1e3))
+                .collect();
+            self.add_series(
+                "irtt",
+                ViewKind::Irtt,
+                None,
+                "irtt isochronous UDP (irtt protocol)".into(),
+                &s,
+                json!({"interval_s": irtt_cfg.map(|c| c.interval.as_secs_f64())}),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The "sampler cloud" row: the samples through the cloud metric's buckets
+/// (percentiles interpolated inside buckets, min/max not defined), and
+/// where its median came from.
+fn cloud_row(layout: &BucketOptions, all: &Series) -> (Row, Option<CloudEvidence>) {
+    let mut d = Distribution::new(layout.clone(), ValueUnit::Ms);
+    for (_, r) in all {
+        d.add_us(*r);
+    }
+    let pct = |p: f64| d.percentile(p).ok().flatten();
+    let to_us = |p: Option<crate::analysis::dist::Percentile>| {
+        p.map(|x| ValueUnit::Ms.to_us(x.value)).unwrap_or(f64::NAN)
+    };
+    let mut sm = Summary::empty();
+    sm.n = d.count;
+    sm.p50 = to_us(pct(50.0));
+    sm.p90 = to_us(pct(90.0));
+    sm.p99 = to_us(pct(99.0));
+    sm.mean = if d.count > 0 {
+        ValueUnit::Ms.to_us(d.mean)
+    } else {
+        f64::NAN
+    };
+    let evidence = pct(50.0).map(|p| CloudEvidence {
+        p50_us: ValueUnit::Ms.to_us(p.value),
+        bucket_lo_ms: layout.lower(p.bucket),
+        bucket_hi_ms: layout.upper(p.bucket),
+        bucket_share_pct: p.p_up - p.p_low,
+        exact_p50_us: summary_of(all).p50,
+    });
+    let row = Row {
+        view: "sampler cloud".into(),
+        what: format!(
+            "sampler samples through cloud buckets ({}), percentile aligner interpolation",
+            layout.spec()
+        ),
+        summary: sm,
+        bucketed: Some(layout.spec()),
+    };
+    (row, evidence)
+}
+
+/// What the table's last line says about the TCP view.
+struct Footer {
+    retrans: u64,
+    hook: String,
+    loader: LoaderKind,
+}
+
+/// Print the table (and the notes with `--explain`), then save the result
+/// with `--json`.
+fn output(
+    args: &CompareArgs,
+    mut report: Report,
+    footer: &Footer,
+    cloud: Option<CloudEvidence>,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    writeln!(out, "rttscope {}", result.title.clone().unwrap_or_default())?;
+    let title = report.result.title.clone().unwrap_or_default();
+    render_table(&mut out, &title, &report.rows, footer)?;
+    if args.explain {
+        let notes = explain(&report.rows, args.interval, footer.retrans, cloud);
+        render_notes(&mut out, &notes)?;
+        report.result.settings["notes"] = json!(notes);
+    }
+    report.result.settings["rows"] = serde_json::to_value(&report.rows)?;
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report.result)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        writeln!(
+            out,
+            "saved: {} (draw it: rttscope chart {} -o chart.png)",
+            path.display(),
+            path.display()
+        )?;
+    }
+    Ok(())
+}
+
+/// The table: title, header, one line per row, the TCP view's footer.
+fn render_table(
+    out: &mut dyn Write,
+    title: &str,
+    rows: &[Row],
+    footer: &Footer,
+) -> std::io::Result<()> {
+    writeln!(out, "rttscope {title}")?;
     writeln!(
         out,
         "{:<15} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   (ms)",
         "VIEW", "N", "MIN", "MEAN", "P50", "P90", "P99", "MAX"
     )?;
-    for r in &rows {
+    for r in rows {
         let s = &r.summary;
         writeln!(
             out,
@@ -564,35 +735,22 @@ async fn compare(args: CompareArgs) -> Result<()> {
     writeln!(
         out,
         "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
-        retrans,
-        tcp.info().hook,
-        args.loader
-    )?;
+        footer.retrans, footer.hook, footer.loader
+    )
+}
 
-    if args.explain {
-        let notes = explain(&rows, args.interval, retrans, cloud_note);
-        writeln!(out)?;
-        if notes.is_empty() {
-            writeln!(
-                out,
-                "explain: no known cause of a difference is evident in this data."
-            )?;
-        }
-        for n in &notes {
-            writeln!(out, "note: {n}")?;
-        }
-        result.settings["notes"] = json!(notes);
-    }
-    result.settings["rows"] = serde_json::to_value(&rows)?;
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&result)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+/// The `--explain` block: a blank line, then the notes (or the sentence
+/// saying there are none).
+fn render_notes(out: &mut dyn Write, notes: &[String]) -> std::io::Result<()> {
+    writeln!(out)?;
+    if notes.is_empty() {
         writeln!(
             out,
-            "saved: {} (draw it: rttscope chart {} -o chart.png)",
-            path.display(),
-            path.display()
+            "explain: no known cause of a difference is evident in this data."
         )?;
+    }
+    for n in notes {
+        writeln!(out, "note: {n}")?;
     }
     Ok(())
 }
@@ -768,6 +926,73 @@ mod tests {
         assert!(n.iter().any(|s| s.contains("bucketing artifact")), "{n:?}");
         assert!(n.iter().any(|s| s.contains("loss recovery")), "{n:?}");
         assert!(explain(&rows, Duration::ZERO, 0, Some(ev(500.0, 450.0))).is_empty());
+    }
+
+    fn series(us: &[f64]) -> Series {
+        us.iter()
+            .enumerate()
+            .map(|(i, r)| (i as f64 * 0.02, *r))
+            .collect()
+    }
+
+    fn series_row(view: &str, what: &str, us: &[f64]) -> Row {
+        Row {
+            view: view.into(),
+            what: what.into(),
+            summary: summary_of(&series(us)),
+            bucketed: None,
+        }
+    }
+
+    /// The table and the `--explain` block from fixed rows, byte for byte.
+    #[test]
+    fn table_and_notes_golden() {
+        let client = [50.0, 60.0, 70.0, 80.0, 400.0];
+        let layout = crate::analysis::dist::layout_arg("vm_flow").unwrap();
+        let (cloud, evidence) = cloud_row(&layout, &series(&client));
+        let rows = vec![
+            series_row("tcp client", "TCP's RTT samples", &client),
+            series_row(
+                "tcp server",
+                "responding side",
+                &[19_900.0, 20_000.0, 20_100.0],
+            ),
+            series_row("sampler client", "packet sampler", &client),
+            cloud,
+            series_row("TCP_RR", "TCP_RR; 0 lost", &[90.0, 100.0, 110.0]),
+            series_row("ICMP", "ICMP_ECHO; 0 lost", &[20.0, 30.0, 40.0]),
+        ];
+        let footer = Footer {
+            retrans: 2,
+            hook: "cgroup sock_ops".into(),
+            loader: LoaderKind::Libbpf,
+        };
+        let mut out = Vec::new();
+        render_table(&mut out, "compare H port 7878: -l 3s", &rows, &footer).unwrap();
+        let notes = explain(&rows, Duration::from_millis(20), footer.retrans, evidence);
+        render_notes(&mut out, &notes).unwrap();
+        render_notes(&mut out, &[]).unwrap();
+        let got = String::from_utf8(out).unwrap();
+        let want = [
+            "rttscope compare H port 7878: -l 3s",
+            "VIEW                  N       MIN      MEAN       P50       P90       P99       MAX   (ms)",
+            "tcp client            5     0.050     0.132     0.070     0.400     0.400     0.400   TCP's RTT samples",
+            "tcp server            3    19.900    20.000    20.000    20.100    20.100    20.100   responding side",
+            "sampler client        5     0.050     0.132     0.070     0.400     0.400     0.400   packet sampler",
+            "sampler cloud         5         -     0.132     0.500     0.900     0.990         -   sampler samples through cloud buckets (explicit:0,1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768,65536), percentile aligner interpolation",
+            "TCP_RR                3     0.090     0.100     0.100     0.110     0.110     0.110   TCP_RR; 0 lost",
+            "ICMP                  3     0.020     0.030     0.030     0.040     0.040     0.040   ICMP_ECHO; 0 lost",
+            "TCP view: 2 retransmissions on the probe's connections; hook: cgroup sock_ops (libbpf loader)",
+            "",
+            "note: server-side TCP RTT p50 20.000 ms is close to the probe interval 20.000 ms (below the 40 ms delayed-ACK timer) while the client side's is 0.070 ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",
+            "note: the cloud-bucket median 0.500 ms is interpolated inside the [0, 1) ms bucket, which holds 100% of the samples (at its midpoint when it holds them all); the exact median of the same samples is 0.070 ms: a bucketing artifact, not a network difference.",
+            "note: ICMP p50 0.030 ms is below TCP_RR p50 0.100 ms: an echo is answered inside the kernel, a request/response crosses TCP and both applications.",
+            "",
+            "explain: no known cause of a difference is evident in this data.",
+        ]
+        .map(|l| format!("{l}\n"))
+        .concat();
+        assert_eq!(got, want, "\n{got}");
     }
 
     #[test]
