@@ -391,6 +391,214 @@ impl BucketOptions {
     }
 }
 
+/// The largest layout file `--layout-from` / `from:FILE` reads (bounded memory).
+pub const MAX_LAYOUT_FILE_BYTES: u64 = 256 << 20;
+
+/// A JSON number, or a number written as a JSON string (the proto3 JSON mapping writes int64
+/// values as strings and may write doubles as strings, including "NaN" and "Infinity").
+fn api_number(v: &serde_json::Value) -> Option<f64> {
+    match v {
+        serde_json::Value::Number(n) => n.as_f64(),
+        serde_json::Value::String(s) => match s.trim() {
+            "NaN" => Some(f64::NAN),
+            "Infinity" => Some(f64::INFINITY),
+            "-Infinity" => Some(f64::NEG_INFINITY),
+            t => t.parse::<f64>().ok(),
+        },
+        _ => None,
+    }
+}
+
+impl BucketOptions {
+    /// Build a layout from the JSON of a `google.api.Distribution.BucketOptions` as the Cloud
+    /// Monitoring REST API writes it: exactly one of `linearBuckets {numFiniteBuckets, width,
+    /// offset}`, `exponentialBuckets {numFiniteBuckets, growthFactor, scale}`, `explicitBuckets
+    /// {bounds}`. A missing numeric field is its proto3 default (0), which validation then refuses
+    /// where the API requires more (offset 0 is valid). The error names the field.
+    pub fn from_api(v: &serde_json::Value) -> Result<BucketOptions, String> {
+        let obj = v
+            .as_object()
+            .ok_or_else(|| "bucketOptions is not an object".to_string())?;
+        let kinds: Vec<&str> = ["linearBuckets", "exponentialBuckets", "explicitBuckets"]
+            .into_iter()
+            .filter(|k| obj.contains_key(*k))
+            .collect();
+        let kind =
+            match kinds.as_slice() {
+                [k] => *k,
+                [] => return Err(
+                    "bucketOptions has none of linearBuckets, exponentialBuckets, explicitBuckets"
+                        .into(),
+                ),
+                _ => {
+                    return Err(format!(
+                        "bucketOptions has more than one layout ({})",
+                        kinds.join(", ")
+                    ))
+                }
+            };
+        let b = obj[kind]
+            .as_object()
+            .ok_or_else(|| format!("bucketOptions.{kind} is not an object"))?;
+        let num = |f: &str| -> Result<f64, String> {
+            match b.get(f) {
+                None => Ok(0.0),
+                Some(x) => api_number(x)
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| format!("bucketOptions.{kind}.{f} is not a finite number: {x}")),
+            }
+        };
+        let count = |f: &str| -> Result<u32, String> {
+            let n = num(f)?;
+            if n.fract() != 0.0 || !(0.0..=(MAX_BUCKETS as f64)).contains(&n) {
+                return Err(format!(
+                    "bucketOptions.{kind}.{f} must be a whole number from 1 to {MAX_BUCKETS}, not {n}"
+                ));
+            }
+            Ok(n as u32)
+        };
+        let opts = match kind {
+            "linearBuckets" => BucketOptions::Linear {
+                num_finite_buckets: count("numFiniteBuckets")?,
+                width: num("width")?,
+                offset: num("offset")?,
+            },
+            "exponentialBuckets" => BucketOptions::Exponential {
+                num_finite_buckets: count("numFiniteBuckets")?,
+                growth_factor: num("growthFactor")?,
+                scale: num("scale")?,
+            },
+            _ => {
+                let bounds = match b.get("bounds") {
+                    None => Vec::new(),
+                    Some(serde_json::Value::Array(a)) => {
+                        if a.len() >= MAX_BUCKETS {
+                            return Err(format!(
+                                "bucketOptions.explicitBuckets.bounds has {} bounds, more than {}",
+                                a.len(),
+                                MAX_BUCKETS - 1
+                            ));
+                        }
+                        a.iter()
+                            .enumerate()
+                            .map(|(i, x)| {
+                                api_number(x).filter(|x| x.is_finite()).ok_or_else(|| {
+                                    format!("bucketOptions.explicitBuckets.bounds[{i}] is not a finite number: {x}")
+                                })
+                            })
+                            .collect::<Result<Vec<f64>, String>>()?
+                    }
+                    Some(x) => {
+                        return Err(format!(
+                            "bucketOptions.explicitBuckets.bounds is not an array: {x}"
+                        ))
+                    }
+                };
+                BucketOptions::Explicit { bounds }
+            }
+        };
+        opts.validate()
+            .map_err(|why| format!("bucketOptions.{kind}: {why}"))?;
+        Ok(opts)
+    }
+
+    /// The layout as the REST API's `bucketOptions` JSON (the inverse of [`Self::from_api`]).
+    pub fn to_api(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            BucketOptions::Linear {
+                num_finite_buckets,
+                width,
+                offset,
+            } => json!({"linearBuckets": {
+                "numFiniteBuckets": num_finite_buckets, "width": width, "offset": offset}}),
+            BucketOptions::Exponential {
+                num_finite_buckets,
+                growth_factor,
+                scale,
+            } => json!({"exponentialBuckets": {
+                "numFiniteBuckets": num_finite_buckets, "growthFactor": growth_factor, "scale": scale}}),
+            BucketOptions::Explicit { bounds } => json!({"explicitBuckets": {"bounds": bounds}}),
+        }
+    }
+}
+
+/// Every `bucketOptions` object in a JSON document, in document order (depth first).
+fn collect_bucket_options<'a>(v: &'a serde_json::Value, out: &mut Vec<&'a serde_json::Value>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                if k == "bucketOptions" {
+                    out.push(x);
+                } else {
+                    collect_bucket_options(x, out);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| collect_bucket_options(x, out)),
+        _ => {}
+    }
+}
+
+/// The bucket layout of a Cloud Monitoring file (`projects.timeSeries.list` response, or
+/// rttscope's own `--format cloud-monitoring` output, also as JSON Lines): the `bucketOptions`
+/// of its distribution points. Every point must use the same layout; a file without a
+/// distribution point has no layout. `name` is used in the error sentence.
+pub fn layout_from_json(text: &str, name: &str) -> Result<BucketOptions, String> {
+    let docs: Vec<serde_json::Value> = match serde_json::from_str(text) {
+        Ok(v) => vec![v],
+        Err(whole) => {
+            let mut docs = Vec::new();
+            for (i, line) in text.lines().enumerate() {
+                if line.trim().is_empty() {
+                    continue;
+                }
+                docs.push(serde_json::from_str(line).map_err(|e| {
+                    if i == 0 {
+                        format!("{name} is not JSON: {whole}")
+                    } else {
+                        format!("{name} line {} is not JSON: {e}", i + 1)
+                    }
+                })?);
+            }
+            docs
+        }
+    };
+    let mut found = Vec::new();
+    for d in &docs {
+        collect_bucket_options(d, &mut found);
+    }
+    let first = found.first().ok_or_else(|| {
+        format!("{name} holds no distribution point with bucketOptions (a DOUBLE series from an aligner carries no layout)")
+    })?;
+    let layout = BucketOptions::from_api(first).map_err(|e| format!("{name}: {e}"))?;
+    for (i, o) in found.iter().enumerate().skip(1) {
+        let other = BucketOptions::from_api(o).map_err(|e| format!("{name}: {e}"))?;
+        if other != layout {
+            return Err(format!(
+                "{name} holds more than one bucket layout ({} and, at distribution {}, {}): pick one series",
+                layout.spec(),
+                i + 1,
+                other.spec()
+            ));
+        }
+    }
+    Ok(layout)
+}
+
+/// [`layout_from_json`] of a file (at most [`MAX_LAYOUT_FILE_BYTES`]).
+pub fn layout_from_file(path: &std::path::Path) -> Result<BucketOptions, String> {
+    let name = path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {name}: {e}"))?;
+    if meta.len() > MAX_LAYOUT_FILE_BYTES {
+        return Err(format!(
+            "{name} is larger than {MAX_LAYOUT_FILE_BYTES} bytes"
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {name}: {e}"))?;
+    layout_from_json(&text, &name)
+}
+
 fn parse_kv(rest: &str, keys: &[&str]) -> Result<BTreeMap<String, f64>, String> {
     let mut out = BTreeMap::new();
     if rest.is_empty() {
@@ -738,9 +946,19 @@ pub fn percentile_arg(s: &str) -> Result<f64, String> {
     }
 }
 
-/// clap value parser for `--layout`.
+/// clap value parser for `--layout` (and `observe --cloud-layout`, `compare --layout`): a spec
+/// ([`BucketOptions::parse`]) or `from:FILE`, the layout of a Cloud Monitoring file
+/// ([`layout_from_file`]).
 pub fn layout_arg(s: &str) -> Result<BucketOptions, String> {
+    if let Some(path) = s.strip_prefix("from:") {
+        return layout_from_file(std::path::Path::new(path));
+    }
     BucketOptions::parse(s).map_err(|e| e.to_string())
+}
+
+/// clap value parser for `--layout-from FILE`.
+pub fn layout_from_arg(s: &str) -> Result<BucketOptions, String> {
+    layout_from_file(std::path::Path::new(s))
 }
 
 #[cfg(test)]
@@ -1021,6 +1239,103 @@ mod tests {
         let p = live.add(6.0, 100.0).unwrap();
         assert_eq!((p.start_s, p.end_s, p.distribution.count), (5.0, 6.0, 1));
         assert!(LiveAligner::new(vm_flow_preset(), ValueUnit::Ms, -1.0).is_err());
+    }
+
+    #[test]
+    fn api_bucket_options_read_and_write_back() {
+        use serde_json::json;
+        let cases = [
+            (
+                json!({"exponentialBuckets": {"numFiniteBuckets": 10, "growthFactor": 2, "scale": 1}}),
+                exp(1.0, 2.0, 10),
+            ),
+            (
+                json!({"linearBuckets": {"numFiniteBuckets": "4", "width": 0.5, "offset": "1"}}),
+                BucketOptions::parse("linear:width=0.5,offset=1,n=4").unwrap(),
+            ),
+            (
+                // offset omitted: the proto3 default 0.
+                json!({"linearBuckets": {"numFiniteBuckets": 3, "width": 1}}),
+                BucketOptions::parse("linear:width=1,offset=0,n=3").unwrap(),
+            ),
+            (
+                json!({"explicitBuckets": {"bounds": [0, 1, 2, 4]}}),
+                BucketOptions::parse("explicit:0,1,2,4").unwrap(),
+            ),
+        ];
+        for (api, want) in cases {
+            let got = BucketOptions::from_api(&api).unwrap();
+            assert_eq!(got, want, "{api}");
+            assert_eq!(BucketOptions::from_api(&got.to_api()).unwrap(), got);
+        }
+        assert_eq!(
+            BucketOptions::from_api(&vm_flow_preset().to_api()).unwrap(),
+            vm_flow_preset()
+        );
+        for (bad, says) in [
+            (json!({}), "none of linearBuckets"),
+            (
+                json!({"linearBuckets": {"numFiniteBuckets": 3, "width": 1}, "explicitBuckets": {"bounds": [1]}}),
+                "more than one",
+            ),
+            (
+                json!({"exponentialBuckets": {"numFiniteBuckets": 3, "growthFactor": 1, "scale": 1}}),
+                "growth must be > 1",
+            ),
+            (
+                json!({"exponentialBuckets": {"numFiniteBuckets": 3, "growthFactor": 2}}),
+                "scale must be > 0",
+            ),
+            (
+                json!({"linearBuckets": {"numFiniteBuckets": 2.5, "width": 1}}),
+                "numFiniteBuckets must be a whole number",
+            ),
+            (
+                json!({"linearBuckets": {"numFiniteBuckets": "x", "width": 1}}),
+                "linearBuckets.numFiniteBuckets is not a finite number",
+            ),
+            (
+                json!({"explicitBuckets": {"bounds": [2, 1]}}),
+                "strictly increasing",
+            ),
+            (
+                json!({"explicitBuckets": {"bounds": [1, "NaN"]}}),
+                "bounds[1] is not a finite number",
+            ),
+            (json!({"explicitBuckets": {"bounds": 3}}), "not an array"),
+            (json!({"explicitBuckets": {}}), "at least one bound"),
+            (json!([1]), "not an object"),
+        ] {
+            let e = BucketOptions::from_api(&bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn layout_from_a_cloud_file() {
+        let doc = r#"{"timeSeries": [{"points": [{"value": {"distributionValue": {"count": "1",
+            "bucketOptions": {"explicitBuckets": {"bounds": [0, 1, 2]}}, "bucketCounts": ["0", "1"]}}}]}]}"#;
+        assert_eq!(
+            layout_from_json(doc, "f.json").unwrap(),
+            BucketOptions::parse("explicit:0,1,2").unwrap()
+        );
+        // JSON Lines (observe --format cloud-monitoring): the same layout on every line.
+        let lines = format!("{}\n{}\n", doc.replace('\n', " "), doc.replace('\n', " "));
+        assert!(layout_from_json(&lines, "f.json").is_ok());
+        let two = doc.replace("]}]}", "]}, {\"points\": [{\"value\": {\"distributionValue\": {\"bucketOptions\": {\"explicitBuckets\": {\"bounds\": [5]}}}}}]}]}");
+        let e = layout_from_json(&two, "f.json").unwrap_err();
+        assert!(e.contains("more than one bucket layout"), "{e}");
+        let e = layout_from_json(
+            r#"{"timeSeries": [{"points": [{"value": {"doubleValue": 0.5}}]}]}"#,
+            "d.json",
+        )
+        .unwrap_err();
+        assert!(e.starts_with("d.json holds no distribution point"), "{e}");
+        assert!(layout_from_json("{", "b.json")
+            .unwrap_err()
+            .starts_with("b.json is not JSON"));
+        let e = layout_arg("from:/nonexistent/cloud.json").unwrap_err();
+        assert!(e.starts_with("cannot read /nonexistent/cloud.json"), "{e}");
     }
 
     #[test]

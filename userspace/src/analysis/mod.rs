@@ -1,5 +1,6 @@
 //! Pure code, no privileges: histograms, statistics, cloud bucket layouts,
 //! the result format and units.
+pub mod cloud_monitoring;
 pub mod dist;
 pub mod hist;
 pub mod results;
