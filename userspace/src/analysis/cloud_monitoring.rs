@@ -576,7 +576,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// Unix seconds as RFC 3339 UTC with nanoseconds when needed (`2026-11-21T06:00:00.250Z`), the
 /// way the API writes `google.protobuf.Timestamp` (0, 3, 6 or 9 fractional digits).
 pub fn rfc3339(unix_s: f64) -> String {
-    let total_ns = (unix_s * 1e9).round() as i128;
+    // Microseconds: an f64 Unix time carries no more (about 0.2 us of resolution today).
+    let total_ns = (unix_s * 1e6).round() as i128 * 1000;
     let secs = total_ns.div_euclid(1_000_000_000) as i64;
     let ns = total_ns.rem_euclid(1_000_000_000) as u32;
     let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));

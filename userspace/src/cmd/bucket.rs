@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
+use crate::analysis::cloud_monitoring::{self, CloudPoint, CloudSeries, PointValue};
 use crate::analysis::dist::{
     self, align, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
@@ -31,6 +32,14 @@ pub struct BucketArgs {
     /// exponential:scale=S,growth=G,n=N, linear:width=W,offset=O,n=N, explicit:B1,B2,...
     #[arg(long, default_value = "vm_flow", value_parser = layout_arg)]
     pub layout: BucketOptions,
+    /// Take the layout from a Cloud Monitoring file (a projects.timeSeries.list response with
+    /// distribution points, see docs/cloud.md) instead of --layout: the real layout, no assumption.
+    #[arg(long, value_name = "FILE", value_parser = dist::layout_from_arg, conflicts_with = "layout")]
+    pub layout_from: Option<BucketOptions>,
+    /// With a Cloud Monitoring FILE: local samples of the same window to put beside each cloud
+    /// point (an rttscope result, `observe --format json --raw` output, or a sample list).
+    #[arg(long, value_name = "RESULT_OR_OBSERVE_FILE")]
+    pub local: Option<PathBuf>,
     /// Unit of the layout's bounds and of the distribution (the cloud metric uses ms).
     #[arg(long, value_enum, default_value = "ms")]
     pub unit: ValueUnit,
@@ -61,6 +70,8 @@ pub struct BucketArgs {
 pub enum BucketFormat {
     Table,
     Json,
+    /// TimeSeries JSON for projects.timeSeries.create (docs/cloud.md).
+    CloudMonitoring,
 }
 
 /// A named set of RTT samples.
@@ -70,6 +81,8 @@ pub struct SampleSet {
     pub kind: Option<ViewKind>,
     /// Whether `t_s` is meaningful (result files) or not (plain lists).
     pub timed: bool,
+    /// Unix time of `t_s = 0`, when known (a result's `start_unix_s`, observe's start record).
+    pub start_unix_s: Option<f64>,
     pub samples: Vec<Sample>,
 }
 
@@ -296,20 +309,91 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
         name: name.to_string(),
         kind: None,
         timed: false,
+        start_unix_s: None,
         samples,
     })
 }
 
-/// Read the sample sets of a file: a result document (one set per view) or a plain list.
+/// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
+fn is_observe_output(text: &str) -> bool {
+    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    first.trim_start().starts_with('{')
+        && serde_json::from_str::<serde_json::Value>(first)
+            .is_ok_and(|v| v["type"] == "start" && v.get("views").is_some())
+}
+
+/// The raw samples of `observe --format json --raw` output: one set per view and side, anchored
+/// at the start record's `ts`.
+pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
+    let mut start = None;
+    let mut sets: Vec<SampleSet> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{name} line {}: not a JSON record", i + 1))?;
+        match v["type"].as_str() {
+            Some("start") => start = start.or(v["ts"].as_f64()),
+            Some("sample") => {
+                let (Some(t), Some(rtt)) = (v["t"].as_f64(), v["rtt_us"].as_f64()) else {
+                    anyhow::bail!("{name} line {}: a sample record without t or rtt_us", i + 1);
+                };
+                let view = v["view"].as_str().unwrap_or("?");
+                let set_name = match v["side"].as_str() {
+                    Some(side) => format!("{view} {side}"),
+                    None => view.to_string(),
+                };
+                let set = match sets.iter().position(|s| s.name == set_name) {
+                    Some(k) => &mut sets[k],
+                    None => {
+                        sets.push(SampleSet {
+                            name: set_name,
+                            kind: Some(match view {
+                                "tcp" => ViewKind::Tcp,
+                                "sampler" => ViewKind::Sampler,
+                                _ => ViewKind::Other,
+                            }),
+                            timed: true,
+                            start_unix_s: None,
+                            samples: Vec::new(),
+                        });
+                        sets.last_mut().expect("just pushed")
+                    }
+                };
+                set.samples.push(Sample {
+                    t_s: t,
+                    rtt_us: rtt,
+                });
+            }
+            _ => {}
+        }
+    }
+    anyhow::ensure!(
+        !sets.is_empty(),
+        "{name} is observe output without raw samples: run observe with --format json --raw, or give a result file"
+    );
+    for s in &mut sets {
+        s.start_unix_s = start;
+    }
+    Ok(sets)
+}
+
+/// Read the sample sets of a file: a result document (one set per view), `observe --format json
+/// --raw` output (one set per view and side) or a plain list.
 pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
-    if text.trim_start().starts_with('{') {
+    if is_observe_output(text) {
+        parse_observe_output(text, name)
+    } else if text.trim_start().starts_with('{') {
         let r = RunResult::from_json(text, name)?;
+        let start = r.start_unix_s;
         Ok(r.views
             .into_iter()
             .map(|v| SampleSet {
                 name: v.name,
                 kind: Some(v.kind),
                 timed: true,
+                start_unix_s: start,
                 samples: v.samples,
             })
             .collect())
@@ -339,6 +423,22 @@ fn read_input(path: &std::path::Path) -> anyhow::Result<(String, String)> {
 
 pub fn run(args: BucketArgs) -> anyhow::Result<()> {
     let (text, name) = read_input(&args.file)?;
+    let layout = args
+        .layout_from
+        .clone()
+        .unwrap_or_else(|| args.layout.clone());
+    if cloud_monitoring::looks_like_cloud(&text) {
+        return run_cloud(&args, &text, &name);
+    }
+    anyhow::ensure!(
+        args.local.is_none(),
+        "--local is for a Cloud Monitoring FILE (a projects.timeSeries.list response); {name} is not one"
+    );
+    if args.format == BucketFormat::CloudMonitoring {
+        let out = export_cloud(&text, &name, &layout, args.unit)?;
+        print!("{out}");
+        return Ok(());
+    }
     let mut sets = load_sample_sets(&text, &name)?;
     if !args.views.is_empty() {
         let known: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
@@ -356,10 +456,12 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
     anyhow::ensure!(period_s > 0.0, crate::analysis::units::ZERO_PERIOD);
     let reports = sets
         .iter()
-        .map(|s| analyze(s, &args.layout, args.unit, &args.percentiles, period_s))
+        .map(|s| analyze(s, &layout, args.unit, &args.percentiles, period_s))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let out = match args.format {
-        BucketFormat::Json => serde_json::to_string_pretty(&reports)? + "\n",
+        BucketFormat::Json | BucketFormat::CloudMonitoring => {
+            serde_json::to_string_pretty(&reports)? + "\n"
+        }
         BucketFormat::Table => reports
             .iter()
             .map(|r| render_table(r, args.all_buckets))
@@ -368,6 +470,493 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
     };
     print!("{out}");
     Ok(())
+}
+
+// --- Cloud Monitoring files (docs/cloud.md) ----------------------------------------------------
+
+/// Local samples beside one cloud point.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LocalBeside {
+    /// The local view (set) name.
+    pub name: String,
+    /// Which local samples were used: those in the point's interval, or all of them.
+    pub window: String,
+    pub count: usize,
+    /// Exact percentiles (nearest rank) of the local samples, us.
+    pub exact_us: Vec<Option<f64>>,
+    /// The local samples re-bucketed with the cloud point's own layout, then the aligner's
+    /// interpolation, us.
+    pub rebucketed_us: Vec<Option<f64>>,
+    pub rebucketed_open_above: Vec<bool>,
+    /// The local distribution in the cloud's layout.
+    pub rebucketed: Distribution,
+    /// Why the numbers differ, each with its numbers (only what the data shows).
+    pub notes: Vec<String>,
+}
+
+/// One cloud point as `bucket` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CloudPointReport {
+    /// 1-based number of the time series in the file.
+    pub series: usize,
+    pub metric: String,
+    pub resource: String,
+    pub metric_kind: String,
+    pub value_type: String,
+    pub unit: ValueUnit,
+    /// False: the file gives no unit and milliseconds (vm_flow/rtt's unit) are assumed.
+    pub unit_given: bool,
+    pub interval: String,
+    pub start_unix_s: Option<f64>,
+    pub end_unix_s: f64,
+    /// `distribution`, `aligned double`, `int64` or `empty distribution`.
+    pub value_kind: String,
+    pub distribution: Option<Distribution>,
+    /// The value of an already-aligned point (in the series' unit).
+    pub value: Option<f64>,
+    pub percentiles: Vec<f64>,
+    /// The aligner's percentiles computed from the file's bucket counts, us.
+    pub cloud_us: Vec<Option<f64>>,
+    pub cloud_open_above: Vec<bool>,
+    /// Earlier points of a CUMULATIVE series not shown (the last point holds them).
+    pub earlier_cumulative_points: usize,
+    pub local: Vec<LocalBeside>,
+}
+
+/// The local samples of `set` that fall into a point's interval (all of them when the point is a
+/// GAUGE instant or the local samples have no wall-clock time), and how they were chosen.
+fn local_window(set: &SampleSet, p: &CloudPoint) -> (Vec<f64>, String) {
+    let all = || set.samples.iter().map(|s| s.rtt_us).collect::<Vec<f64>>();
+    let Some(anchor) = set.start_unix_s.filter(|_| set.timed) else {
+        return (
+            all(),
+            "all local samples (they carry no wall-clock time)".into(),
+        );
+    };
+    let start = match p.start_unix_s {
+        Some(s) if s < p.end_unix_s => s,
+        _ => {
+            return (
+                all(),
+                "all local samples (the cloud point is an instant, no window)".into(),
+            )
+        }
+    };
+    let v: Vec<f64> = set
+        .samples
+        .iter()
+        .filter(|s| (start..=p.end_unix_s).contains(&(anchor + s.t_s)))
+        .map(|s| s.rtt_us)
+        .collect();
+    (v, format!("local samples in {}", p.interval_text()))
+}
+
+fn pct_of(d: &Distribution, ps: &[f64]) -> anyhow::Result<(Vec<Option<f64>>, Vec<bool>)> {
+    let pts = ps
+        .iter()
+        .map(|&p| d.percentile(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((
+        pts.iter()
+            .map(|c| c.map(|c| d.unit.to_us(c.value)))
+            .collect(),
+        pts.iter()
+            .map(|c| c.is_some_and(|c| c.open_above))
+            .collect(),
+    ))
+}
+
+/// Explain the gap between the cloud's and the local numbers at the median (or the first
+/// percentile asked), from what the data shows.
+fn gap_notes(
+    cloud: &Distribution,
+    cloud_us: Option<f64>,
+    local: &LocalBeside,
+    p: f64,
+    k: usize,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    let ms = |us: f64| format!("{:.3} ms", us / 1000.0);
+    let (Some(exact), Some(rebucketed)) = (local.exact_us[k], local.rebucketed_us[k]) else {
+        return notes;
+    };
+    let pl = pct_label(p);
+    if (rebucketed - exact).abs() > 0.1 * exact.max(1.0) {
+        let b = cloud.unit.from_us(exact);
+        let i = cloud.bucket_options.index(b);
+        let share =
+            100.0 * local.rebucketed.bucket_counts[i] as f64 / local.rebucketed.count.max(1) as f64;
+        notes.push(format!(
+            "bucket width: the local samples' exact {pl} is {}; through the cloud's own buckets the same samples give {} ({share:.0}% of them in [{}, {}) {}): {} of the difference is the bucketing, not the network.",
+            ms(exact),
+            ms(rebucketed),
+            fmt_bound(cloud.bucket_options.lower(i)),
+            fmt_bound(cloud.bucket_options.upper(i)),
+            cloud.unit,
+            ms((rebucketed - exact).abs())
+        ));
+    }
+    if let Some(c) = cloud_us {
+        if (c - rebucketed).abs() > 0.1 * rebucketed.max(1.0) {
+            notes.push(format!(
+                "different samples: with the same buckets the cloud's {pl} is {} and the local samples' {}: the cloud sampled other packets (its sampler takes a fraction of them, and for vm_flow/rtt only some flows), another time or the other end of the flow.",
+                ms(c),
+                ms(rebucketed)
+            ));
+        }
+    }
+    if cloud.count > 0 && (cloud.count < 30 || (cloud.count as f64) < 0.5 * local.count as f64) {
+        notes.push(format!(
+            "sampling: the cloud counted {} RTT samples in this interval, the local view {}: {}",
+            cloud.count,
+            local.count,
+            if cloud.count < 30 {
+                "with so few samples each one moves a percentile by a large part of a bucket."
+            } else {
+                "the cloud's packet sampler sees only a fraction of the packets."
+            }
+        ));
+    }
+    if let Some(c) = cloud_us {
+        let responding = local.name.contains("server");
+        if responding && exact >= 3.0 * c && exact >= 2000.0 {
+            notes.push(format!(
+                "delayed ACKs: this local view is the responding side ({pl} {}, {:.0}x the cloud's {}): in a request/response flow the client's ACK of each response waits for its next request (or the 40 ms delayed-ACK timer), so the responding side times the client's think time; compare the cloud with a client-side view.",
+                ms(exact),
+                exact / c.max(1e-9),
+                ms(c)
+            ));
+        }
+        if c >= 3.0 * exact && c >= 2000.0 && !responding {
+            notes.push(format!(
+                "delayed ACKs: the cloud's {pl} {} is {:.0}x the local {}; if the cloud's samples come from the responding side of a request/response flow, its ACKs wait for the next request (or the 40 ms delayed-ACK timer) and the RTT includes the other side's think time: compare with a local server-side view (e.g. `tcp server`).",
+                ms(c),
+                c / exact.max(1e-9),
+                ms(exact)
+            ));
+        }
+    }
+    notes
+}
+
+/// Every point of a Cloud Monitoring file, with local samples beside it.
+pub fn analyze_cloud(
+    file: &cloud_monitoring::CloudFile,
+    local: &[SampleSet],
+    percentiles: &[f64],
+) -> anyhow::Result<Vec<CloudPointReport>> {
+    let k = percentiles.iter().position(|&p| p == 50.0).unwrap_or(0);
+    let mut out = Vec::new();
+    for (si, s) in file.series.iter().enumerate() {
+        let shown: Vec<&CloudPoint> = if s.metric_kind == "CUMULATIVE" {
+            s.points.last().into_iter().collect()
+        } else {
+            s.points.iter().collect()
+        };
+        let hidden = s.points.len() - shown.len();
+        for p in shown {
+            out.push(point_report(si, s, p, hidden, local, percentiles, k)?);
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "{} holds no points", file.name);
+    Ok(out)
+}
+
+fn point_report(
+    si: usize,
+    s: &CloudSeries,
+    p: &CloudPoint,
+    hidden: usize,
+    local: &[SampleSet],
+    percentiles: &[f64],
+    k: usize,
+) -> anyhow::Result<CloudPointReport> {
+    let none = vec![None; percentiles.len()];
+    let (value_kind, distribution, value) = match &p.value {
+        PointValue::Distribution(d) => ("distribution", Some((**d).clone()), None),
+        PointValue::EmptyDistribution => ("empty distribution", None, None),
+        PointValue::Double(v) => ("aligned double", None, Some(*v)),
+        PointValue::Int64(v) => ("int64", None, Some(*v as f64)),
+    };
+    let (cloud_us, cloud_open_above) = match &distribution {
+        Some(d) => pct_of(d, percentiles)?,
+        None => (none.clone(), vec![false; percentiles.len()]),
+    };
+    let mut beside = Vec::new();
+    for set in local {
+        let (mut v, window) = local_window(set, p);
+        v.sort_by(f64::total_cmp);
+        let exact_us: Vec<Option<f64>> = percentiles
+            .iter()
+            .map(|&q| (!v.is_empty()).then(|| nearest_rank(&v, q)))
+            .collect();
+        let layout = distribution
+            .as_ref()
+            .map(|d| (d.bucket_options.clone(), d.unit))
+            .unwrap_or((dist::vm_flow_preset(), s.unit));
+        let mut rb = Distribution::new(layout.0, layout.1);
+        for &us in &v {
+            rb.add_us(us);
+        }
+        let (rebucketed_us, rebucketed_open_above) = if distribution.is_some() {
+            pct_of(&rb, percentiles)?
+        } else {
+            (none.clone(), vec![false; percentiles.len()])
+        };
+        let mut l = LocalBeside {
+            name: set.name.clone(),
+            window,
+            count: v.len(),
+            exact_us,
+            rebucketed_us,
+            rebucketed_open_above,
+            rebucketed: rb,
+            notes: Vec::new(),
+        };
+        if let Some(d) = &distribution {
+            l.notes = gap_notes(d, cloud_us[k], &l, percentiles[k], k);
+        }
+        beside.push(l);
+    }
+    Ok(CloudPointReport {
+        series: si + 1,
+        metric: s.metric_text(),
+        resource: s.resource_text(),
+        metric_kind: s.metric_kind.clone(),
+        value_type: s.value_type.clone(),
+        unit: s.unit,
+        unit_given: s.unit_given,
+        interval: p.interval_text(),
+        start_unix_s: p.start_unix_s,
+        end_unix_s: p.end_unix_s,
+        value_kind: value_kind.into(),
+        distribution,
+        value,
+        percentiles: percentiles.to_vec(),
+        cloud_us,
+        cloud_open_above,
+        earlier_cumulative_points: hidden,
+        local: beside,
+    })
+}
+
+/// The human text for one cloud point.
+pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
+    use std::fmt::Write as _;
+    let unit = r.unit;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "cloud series {}: {} | resource {} | {} {} | unit {}{}",
+        r.series,
+        r.metric,
+        r.resource,
+        if r.metric_kind.is_empty() {
+            "?"
+        } else {
+            &r.metric_kind
+        },
+        if r.value_type.is_empty() {
+            "?"
+        } else {
+            &r.value_type
+        },
+        unit,
+        if r.unit_given {
+            ""
+        } else {
+            " (not in the file: assumed, the vm_flow/rtt metric's unit)"
+        }
+    );
+    let hidden = if r.earlier_cumulative_points > 0 {
+        format!(
+            " (CUMULATIVE: this last point holds the {} earlier ones)",
+            r.earlier_cumulative_points
+        )
+    } else {
+        String::new()
+    };
+    let cells = |vals: &[Option<f64>], open: &[bool]| -> String {
+        let mut line = String::new();
+        for (i, v) in vals.iter().enumerate() {
+            let cell = match v {
+                Some(v) => format!(
+                    "{}{}",
+                    if open.get(i).copied().unwrap_or(false) {
+                        ">="
+                    } else {
+                        ""
+                    },
+                    fmt_in(*v, unit)
+                ),
+                None => "-".into(),
+            };
+            let _ = write!(line, "  {cell:>13}");
+        }
+        line
+    };
+    match (&r.distribution, r.value) {
+        (Some(d), _) => {
+            let sd = if d.count > 1 {
+                (d.sum_of_squared_deviation / (d.count - 1) as f64).sqrt()
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                o,
+                "point {}{hidden}: distribution of {} sample{}, mean {:.3} {unit}, sd {:.3} {unit} (from the file)",
+                r.interval,
+                d.count,
+                if d.count == 1 { "" } else { "s" },
+                d.mean,
+                sd
+            );
+            let _ = writeln!(
+                o,
+                "layout {} (taken from the file), {} buckets incl. underflow/overflow",
+                d.bucket_options.spec(),
+                d.bucket_options.num_buckets()
+            );
+            write_buckets(&mut o, d, all_buckets);
+        }
+        (None, Some(v)) => {
+            let _ = writeln!(
+                o,
+                "point {}{hidden}: {} {} {unit} — already reduced by the request's aligner/reducer (e.g. ALIGN_PERCENTILE_50); no buckets, and the file does not say which statistic it is",
+                r.interval, r.value_kind, v
+            );
+        }
+        (None, None) => {
+            let _ = writeln!(
+                o,
+                "point {}{hidden}: empty distribution (no samples)",
+                r.interval
+            );
+        }
+    }
+    let lens_w = 24;
+    let mut head = format!("  {:<lens_w$}", "lens");
+    for &p in &r.percentiles {
+        let _ = write!(head, "  {:>13}", pct_label(p));
+    }
+    let _ = writeln!(o, "{head}  method");
+    if r.distribution.is_some() {
+        let _ = writeln!(
+            o,
+            "  {:<lens_w$}{}  ALIGN_PERCENTILE interpolation in the file's buckets",
+            "cloud",
+            cells(&r.cloud_us, &r.cloud_open_above)
+        );
+    }
+    for l in &r.local {
+        let name: String = l.name.chars().take(lens_w - 8).collect();
+        let _ = writeln!(
+            o,
+            "  {:<lens_w$}{}  nearest rank over {} samples: {}",
+            format!("{name} exact"),
+            cells(&l.exact_us, &[]),
+            l.count,
+            l.window
+        );
+        if r.distribution.is_some() {
+            let _ = writeln!(
+                o,
+                "  {:<lens_w$}{}  the same samples through the cloud's layout, same interpolation",
+                format!("{name} cloud-b."),
+                cells(&l.rebucketed_us, &l.rebucketed_open_above)
+            );
+        }
+        for n in &l.notes {
+            let _ = writeln!(o, "    - {n}");
+        }
+    }
+    if r.local.is_empty() {
+        let _ = writeln!(
+            o,
+            "  (give --local RESULT_OR_OBSERVE_FILE to put local samples of the same window beside it)"
+        );
+    }
+    o
+}
+
+fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.format != BucketFormat::CloudMonitoring,
+        "{name} is already a Cloud Monitoring file (--format cloud-monitoring writes local samples as one)"
+    );
+    let file = cloud_monitoring::parse(text, name)?;
+    let mut local = Vec::new();
+    if let Some(path) = &args.local {
+        let (t, n) = read_input(path)?;
+        local = load_sample_sets(&t, &n)?;
+        if !args.views.is_empty() {
+            let known: Vec<String> = local.iter().map(|s| s.name.clone()).collect();
+            for v in &args.views {
+                anyhow::ensure!(
+                    known.contains(v),
+                    "{n} has no view '{v}' (views: {})",
+                    known.join(", ")
+                );
+            }
+            local.retain(|s| args.views.contains(&s.name));
+        }
+    }
+    let reports = analyze_cloud(&file, &local, &args.percentiles)?;
+    let out = match args.format {
+        BucketFormat::Table => reports
+            .iter()
+            .map(|r| render_cloud_point(r, args.all_buckets))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => serde_json::to_string_pretty(&reports)? + "\n",
+    };
+    print!("{out}");
+    Ok(())
+}
+
+/// `--format cloud-monitoring` of a result or a sample list: create request bodies, one per line
+/// (a result: one CUMULATIVE series per view over the run; a list, which has no times: one GAUGE
+/// series stamped now).
+pub fn export_cloud(
+    text: &str,
+    name: &str,
+    layout: &BucketOptions,
+    unit: ValueUnit,
+) -> anyhow::Result<String> {
+    let reqs = if !is_observe_output(text) && text.trim_start().starts_with('{') {
+        let r = RunResult::from_json(text, name)?;
+        cloud_monitoring::result_requests(&r, layout, unit)?
+    } else {
+        let sets = load_sample_sets(text, name)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let host = crate::analysis::results::HostInfo::current().hostname;
+        let res = cloud_monitoring::resource(&host);
+        let series = sets
+            .iter()
+            .map(|s| {
+                let mut d = Distribution::new(layout.clone(), unit);
+                s.samples.iter().for_each(|x| d.add_us(x.rtt_us));
+                let labels = cloud_monitoring::SeriesLabels {
+                    view: s.name.clone(),
+                    side: "unknown".into(),
+                    netns: "unknown".into(),
+                    remote_prefix: "unknown".into(),
+                };
+                cloud_monitoring::time_series(
+                    &labels,
+                    &res,
+                    cloud_monitoring::MetricKind::Gauge,
+                    now,
+                    now,
+                    &d,
+                )
+            })
+            .collect();
+        cloud_monitoring::requests(series)
+    };
+    Ok(reqs.iter().map(|r| r.to_string() + "\n").collect())
 }
 
 /// A value in `unit` with the unit, at a precision that suits it.
@@ -395,35 +984,10 @@ fn pct_label(p: f64) -> String {
     format!("p{}", fmt_bound(p))
 }
 
-/// The human table for one report.
-pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
+/// The bucket rows of a distribution (non-empty ones unless `all_buckets`).
+fn write_buckets(o: &mut String, d: &Distribution, all_buckets: bool) {
     use std::fmt::Write as _;
-    let d = &r.distribution;
     let unit = d.unit;
-    let mut o = String::new();
-    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| fmt_in(v, unit));
-    let _ = writeln!(
-        o,
-        "{}: {} sample{}, min {}, mean {}, max {}",
-        r.name,
-        r.count,
-        if r.count == 1 { "" } else { "s" },
-        opt(r.min_us),
-        opt(r.mean_us),
-        opt(r.max_us)
-    );
-    let preset = if d.bucket_options == dist::vm_flow_preset() {
-        " = vm_flow preset (an ASSUMED layout: only its 0-1 ms first bucket is known)"
-    } else {
-        ""
-    };
-    let _ = writeln!(
-        o,
-        "cloud distribution, layout {}{preset}, {} buckets incl. underflow/overflow, unit {}",
-        d.bucket_options.spec(),
-        d.bucket_options.num_buckets(),
-        unit
-    );
     let range_w = 26;
     let _ = writeln!(
         o,
@@ -470,6 +1034,38 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     if d.rejected > 0 {
         let _ = writeln!(o, "  {} values rejected (not finite)", d.rejected);
     }
+}
+
+/// The human table for one report.
+pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
+    use std::fmt::Write as _;
+    let d = &r.distribution;
+    let unit = d.unit;
+    let mut o = String::new();
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| fmt_in(v, unit));
+    let _ = writeln!(
+        o,
+        "{}: {} sample{}, min {}, mean {}, max {}",
+        r.name,
+        r.count,
+        if r.count == 1 { "" } else { "s" },
+        opt(r.min_us),
+        opt(r.mean_us),
+        opt(r.max_us)
+    );
+    let preset = if d.bucket_options == dist::vm_flow_preset() {
+        " = vm_flow preset (an ASSUMED layout: only its 0-1 ms first bucket is known)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        o,
+        "cloud distribution, layout {}{preset}, {} buckets incl. underflow/overflow, unit {}",
+        d.bucket_options.spec(),
+        d.bucket_options.num_buckets(),
+        unit
+    );
+    write_buckets(&mut o, d, all_buckets);
     let _ = writeln!(o, "percentiles:");
     let lens_w = 8;
     let mut head = format!("  {:<lens_w$}", "lens");
@@ -525,6 +1121,7 @@ mod tests {
             name: "t".into(),
             kind: None,
             timed: false,
+            start_unix_s: None,
             samples: values_ms
                 .iter()
                 .map(|v| Sample {
@@ -761,6 +1358,211 @@ mod tests {
         .unwrap();
         assert_eq!(empty.lenses[0].values_us, vec![None]);
         assert!(render_table(&empty, false).contains("(no samples)"));
+    }
+
+    fn cloud_fixture(name: &str) -> (String, String) {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/cloud")
+            .join(name);
+        (std::fs::read_to_string(&p).unwrap(), name.to_string())
+    }
+
+    /// A result whose samples fill the fixtures' first minute (2026-11-21T06:00:00Z).
+    fn local_result() -> RunResult {
+        let mut r = RunResult::new("test", serde_json::json!({}));
+        r.start_unix_s = Some(1_795_240_800.0);
+        let mut c = ViewSeries::new("tcp client", ViewKind::Tcp);
+        c.side = Some("client".into());
+        c.flow = Some("10.99.0.1:40000 -> 10.99.0.2:5001".into());
+        c.samples = (0..1000)
+            .map(|i| Sample {
+                t_s: i as f64 * 0.05,
+                rtt_us: 100.0 + 200.0 * i as f64 / 999.0,
+            })
+            .collect();
+        // Outside the first minute: not in the window.
+        c.samples.push(Sample {
+            t_s: 90.0,
+            rtt_us: 9000.0,
+        });
+        let mut sv = ViewSeries::new("tcp server", ViewKind::Tcp);
+        sv.side = Some("server".into());
+        sv.samples = (0..100)
+            .map(|i| Sample {
+                t_s: i as f64 * 0.5,
+                rtt_us: 20_000.0 + i as f64,
+            })
+            .collect();
+        r.views.push(c);
+        r.views.push(sv);
+        r
+    }
+
+    #[test]
+    fn cloud_file_beside_local_samples_of_the_same_window() {
+        let (text, name) = cloud_fixture("explicit-vm_flow.json");
+        assert!(cloud_monitoring::looks_like_cloud(&text));
+        let file = cloud_monitoring::parse(&text, &name).unwrap();
+        let local =
+            load_sample_sets(&serde_json::to_string(&local_result()).unwrap(), "r.json").unwrap();
+        assert_eq!(local[0].start_unix_s, Some(1_795_240_800.0));
+        let reps = analyze_cloud(&file, &local, &[50.0, 95.0, 99.0]).unwrap();
+        assert_eq!(reps.len(), 1);
+        let r = &reps[0];
+        // The aligner's numbers from the file's own buckets: p50 = 50 / (100 * 1001/1002) ms.
+        let want = 1000.0 * 50.0 / (100.0 * 1001.0 / 1002.0);
+        assert!(
+            (r.cloud_us[0].unwrap() - want).abs() < 1e-6,
+            "{:?}",
+            r.cloud_us
+        );
+        let c = &r.local[0];
+        assert_eq!(c.count, 1000, "the sample at t=90 s is outside the minute");
+        assert!((c.exact_us[0].unwrap() - 200.0).abs() < 0.2);
+        assert!((c.rebucketed_us[0].unwrap() - 500.0).abs() < 1e-9);
+        assert_eq!(c.rebucketed.bucket_options, dist::vm_flow_preset());
+        assert!(
+            c.notes.iter().any(|n| n.starts_with("bucket width:")),
+            "{:?}",
+            c.notes
+        );
+        let s = &r.local[1];
+        assert!(
+            s.notes.iter().any(|n| n.starts_with("delayed ACKs:")),
+            "{:?}",
+            s.notes
+        );
+        let t = render_cloud_point(r, false);
+        assert!(t.contains("(taken from the file)"), "{t}");
+        assert!(t.contains("tcp client exact"), "{t}");
+        assert!(t.contains("0.500 ms"), "{t}");
+    }
+
+    #[test]
+    fn aligned_doubles_and_cumulative_points() {
+        let (text, name) = cloud_fixture("aligned-p50.json");
+        let file = cloud_monitoring::parse(&text, &name).unwrap();
+        let reps = analyze_cloud(&file, &[], &[50.0]).unwrap();
+        assert_eq!(reps.len(), 2);
+        assert_eq!(reps[0].value_kind, "aligned double");
+        assert_eq!(reps[0].value, Some(0.5));
+        assert_eq!(reps[0].cloud_us, vec![None]);
+        assert!(render_cloud_point(&reps[0], false)
+            .contains("already reduced by the request's aligner"));
+    }
+
+    /// Out and back in: a result written as TimeSeries and read as if it came from the cloud
+    /// gives the same distribution and percentiles as `bucket` of the result itself.
+    #[test]
+    fn exported_result_reads_back_with_the_same_distribution() {
+        let r = local_result();
+        let text = serde_json::to_string(&r).unwrap();
+        let layout = dist::vm_flow_preset();
+        let out = export_cloud(&text, "r.json", &layout, ValueUnit::Ms).unwrap();
+        assert!(out.ends_with('\n'));
+        let file = cloud_monitoring::parse(&out, "out.jsonl").unwrap();
+        assert_eq!(file.series.len(), 2);
+        let ps = [50.0, 95.0, 99.0];
+        let reps = analyze_cloud(&file, &[], &ps).unwrap();
+        let sets = load_sample_sets(&text, "r.json").unwrap();
+        for (rep, set) in reps.iter().zip(&sets) {
+            let local = analyze(set, &layout, ValueUnit::Ms, &ps, 60.0).unwrap();
+            let d = rep.distribution.as_ref().unwrap();
+            assert_eq!(d.bucket_counts, local.distribution.bucket_counts);
+            assert_eq!(d.count, local.distribution.count);
+            let cloud_lens = local.lenses.iter().find(|l| l.lens == Lens::Cloud).unwrap();
+            assert_eq!(rep.cloud_us, cloud_lens.values_us, "{}", set.name);
+            assert_eq!(rep.metric_kind, "CUMULATIVE");
+            assert_eq!(rep.start_unix_s, Some(1_795_240_800.0));
+        }
+        assert_eq!(
+            dist::layout_from_json(&out, "out.jsonl").unwrap(),
+            layout,
+            "--layout-from reads the written layout back"
+        );
+        // A plain list (no times) becomes a GAUGE point.
+        let out = export_cloud("0.2\n0.3\n", "l.txt", &layout, ValueUnit::Ms).unwrap();
+        let f = cloud_monitoring::parse(&out, "l").unwrap();
+        assert_eq!(f.series[0].metric_kind, "GAUGE");
+    }
+
+    #[test]
+    fn observe_raw_output_is_a_local_sample_source() {
+        let text = concat!(
+            r#"{"type":"start","version":1,"ts":1795240800.5,"views":["tcp"],"settings":{}}"#,
+            "\n",
+            r#"{"type":"sample","view":"tcp","t":0.5,"netns":1,"local":"a","remote":"b","side":"client","rtt_us":150,"srtt_us":140}"#,
+            "\n",
+            r#"{"type":"interval","t":1.0,"flows":[]}"#,
+            "\n",
+            r#"{"type":"sample","view":"sampler","t":0.7,"netns":1,"local":"a","remote":"b","rtt_us":170,"match":"seq"}"#,
+            "\n",
+        );
+        let sets = load_sample_sets(text, "o.jsonl").unwrap();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[0].name, "tcp client");
+        assert_eq!(sets[1].name, "sampler");
+        assert_eq!(sets[0].start_unix_s, Some(1_795_240_800.5));
+        assert_eq!(sets[0].samples[0].rtt_us, 150.0);
+        let e = load_sample_sets(
+            concat!(r#"{"type":"start","ts":1,"views":["tcp"]}"#, "\n"),
+            "o",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("without raw samples"), "{e}");
+    }
+
+    #[test]
+    fn layout_from_and_local_options() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/cloud");
+        let lin = dir.join("linear.json");
+        let cli = Cli::try_parse_from([
+            "rttscope",
+            "bucket",
+            "--layout-from",
+            lin.to_str().unwrap(),
+            "--local",
+            "r.json",
+            "f.txt",
+        ])
+        .unwrap();
+        let Command::Bucket(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(
+            a.layout_from,
+            Some(BucketOptions::parse("linear:width=0.5,offset=0,n=8").unwrap())
+        );
+        let spec = format!("from:{}", lin.display());
+        let cli = Cli::try_parse_from(["rttscope", "bucket", "--layout", &spec, "f.txt"]).unwrap();
+        let Command::Bucket(a) = cli.command else {
+            panic!()
+        };
+        assert_eq!(a.layout.num_buckets(), 10);
+        assert!(Cli::try_parse_from([
+            "rttscope",
+            "bucket",
+            "--layout",
+            "vm_flow",
+            "--layout-from",
+            lin.to_str().unwrap(),
+            "f"
+        ])
+        .is_err());
+        let dbl = dir.join("aligned-p50.json");
+        let e = Cli::try_parse_from([
+            "rttscope",
+            "bucket",
+            "--layout-from",
+            dbl.to_str().unwrap(),
+            "f",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("holds no distribution point"), "{e}");
     }
 
     proptest::proptest! {
