@@ -1252,7 +1252,10 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
     let s = Sampler::start(&["--iface", &ifa, "--attach", "clsact", "--duration", "2s"]);
     let egress_now = filters("egress");
     assert_eq!(
-        egress_now.matches("handle 0x7273").count(),
+        egress_now
+            .lines()
+            .filter(|l| l.contains("rtt_sampler_egr"))
+            .count(),
         1,
         "stale filter not replaced: {egress_now}"
     );
@@ -1301,6 +1304,134 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The `counters.sampler` of the `interval` lines `s` prints within `wait`
+/// (the lines already queued are dropped first).
+fn intervals_within(s: &Sampler, wait: Duration) -> Vec<Value> {
+    while s.lines.try_recv().is_ok() {}
+    let deadline = Instant::now() + wait;
+    let mut out = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match s.lines.recv_timeout(left) {
+            Ok(l) => {
+                let v: Value = serde_json::from_str(&l).expect("report line is JSON");
+                if v["type"] == "interval" {
+                    out.push(v["counters"]["sampler"].clone());
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
+            Err(_) => panic!("the observer ended early"),
+        }
+    }
+    out
+}
+
+/// Two observers in clsact mode on one interface (issue 18, item 4): each
+/// has its own filter; the second neither removes the first one's at start
+/// nor takes it away at exit; the last to leave removes the clsact qdisc the
+/// first created; a killed observer's filters are removed by the next start,
+/// a live observer's never.
+#[test]
+fn clsact_observers_share_an_interface() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let ifa = iface(&pair.a, &pair.a_if);
+    let tc = |args: &[&str]| -> String {
+        pair.a
+            .exec(args)
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let filters = |dir: &str| tc(&["tc", "filter", "show", "dev", &pair.a_if, dir]);
+    // our filters on a hook (one line each names its program)
+    let ours = |dir: &str| {
+        filters(dir)
+            .lines()
+            .filter(|l| l.contains("rtt_sampler_"))
+            .count()
+    };
+    let server: SocketAddr = format!("{B_ADDR}:5006").parse().unwrap();
+    let _srv = RrServer::start(&pair.b, server, 1).unwrap();
+    let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(1)).unwrap();
+    let clsact = |duration: &str| {
+        let s = Sampler::start(&[
+            "--iface",
+            &ifa,
+            "--attach",
+            "clsact",
+            "--interval",
+            "500ms",
+            "--duration",
+            duration,
+        ]);
+        assert_eq!(s.attached()[0]["how"], "clsact", "{}", s.start);
+        s
+    };
+    // the observer's counters grow over the next 2 s
+    let counts = |s: &Sampler, what: &str| {
+        let iv = intervals_within(s, Duration::from_secs(2));
+        assert!(iv.len() >= 2, "{what}: {iv:?}");
+        for c in ["seen_egress", "seen_ingress", "samples"] {
+            let (first, last) = (&iv[0][c], &iv[iv.len() - 1][c]);
+            assert!(
+                last.as_u64() > first.as_u64(),
+                "{what}: {c} does not grow ({first} -> {last}): {iv:?}"
+            );
+        }
+    };
+    let stop = |s: Sampler| {
+        // SAFETY: signal our own child.
+        unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
+        s.finish(Duration::from_secs(20))
+    };
+
+    let a = clsact("60s");
+    counts(&a, "A alone");
+    let b = clsact("60s");
+    assert_eq!(ours("egress"), 2, "{}", filters("egress"));
+    assert_eq!(ours("ingress"), 2, "{}", filters("ingress"));
+    counts(&a, "A while B runs");
+    counts(&b, "B next to A");
+    stop(b);
+    assert_eq!(
+        ours("egress"),
+        1,
+        "B took A's filter: {}",
+        filters("egress")
+    );
+    assert_eq!(ours("ingress"), 1, "{}", filters("ingress"));
+    counts(&a, "A after B exited");
+
+    // a killed observer leaves its filters...
+    let c = clsact("60s");
+    assert_eq!(ours("egress"), 2, "{}", filters("egress"));
+    // SAFETY: kill our own child.
+    unsafe { libc::kill(c.child.pid() as i32, libc::SIGKILL) };
+    drop(c);
+    assert_eq!(ours("egress"), 2, "{}", filters("egress"));
+    assert_eq!(ours("ingress"), 2, "{}", filters("ingress"));
+    // ...which the next start removes, and only those: A's stay
+    let d = clsact("60s");
+    assert_eq!(ours("egress"), 2, "A's and D's: {}", filters("egress"));
+    assert_eq!(ours("ingress"), 2, "A's and D's: {}", filters("ingress"));
+    counts(&a, "A after D started");
+    counts(&d, "D next to A");
+
+    // A (which created the qdisc) leaves first: D keeps working, and as the
+    // last one out removes its filters and the qdisc
+    let report = stop(a);
+    assert!(counter(&report, "samples") > 50, "{}", report["counters"]);
+    assert_eq!(ours("egress"), 1, "{}", filters("egress"));
+    counts(&d, "D after A exited");
+    stop(d);
+    drop(client);
+    assert_eq!(ours("egress"), 0, "{}", filters("egress"));
+    assert_eq!(ours("ingress"), 0, "{}", filters("ingress"));
+    let qdiscs = tc(&["tc", "qdisc", "show", "dev", &pair.a_if]);
+    assert!(!qdiscs.contains("clsact"), "qdisc left behind: {qdiscs}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapType};
 
-use super::tc::{clsact_attach, tcx_attach, Attached, Attachments};
+use super::tc::{clsact_attach, clsact_claim, tcx_attach, Attached, Attachments};
 use super::{
     attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
     IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS,
@@ -60,6 +60,8 @@ impl LibbpfSampler {
             )
             .with_context(|| format!("loading the sampler programs for {spec}"))?;
             let mut how = None;
+            // our clsact slot on this interface, claimed at its first filter
+            let mut slot = None;
             for egress in [true, false] {
                 let prog = if egress {
                     &skel.progs.rtt_sampler_egr
@@ -87,14 +89,26 @@ impl LibbpfSampler {
                         how = Some("tcx");
                     }
                     None => {
-                        let created =
-                            netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress))
-                                .with_context(|| format!("attaching a clsact filter to {spec}"))?;
+                        let slot = match slot {
+                            Some(s) => s,
+                            None => {
+                                let claim = netns::run_in(&ns, move || clsact_claim(ifindex))
+                                    .with_context(|| format!("claiming a clsact slot on {spec}"))?;
+                                let s = claim.slot;
+                                attached.0.push(Attached::Claim {
+                                    ns: ns.clone(),
+                                    claim,
+                                });
+                                *slot.insert(s)
+                            }
+                        };
+                        netns::run_in(&ns, move || clsact_attach(prog_fd, ifindex, egress, slot))
+                            .with_context(|| format!("attaching a clsact filter to {spec}"))?;
                         attached.0.push(Attached::Clsact {
                             ns: ns.clone(),
                             ifindex,
                             egress,
-                            created_qdisc: created,
+                            slot,
                         });
                         // mixed only if tcx worked one way and not the other
                         how = Some(if how == Some("tcx") {

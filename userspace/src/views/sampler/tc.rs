@@ -1,25 +1,51 @@
 //! Attaching the sampler's programs (libbpf loader): tcx links, or clsact
-//! filters with our handle and priority where tcx is unavailable or clsact
-//! is asked for; filters of ours left by a crashed run are removed first,
-//! ours are removed on drop.
+//! filters where tcx is unavailable or clsact is asked for.
+//!
+//! clsact filters do not die with their process, and several observers may
+//! share one interface, so each observer first **claims a slot** on the
+//! interface: slot `k` is filter handle and priority `CLSACT_HANDLE + k`
+//! (`0x7273..0x72b2`), and the claim is an abstract unix socket
+//! `rttscope-sampler-clsact-<ifindex>-<k>` bound in the interface's network
+//! namespace. The kernel releases the socket when its process exits, even on
+//! `kill -9`, and a bind fails while it is held, so:
+//!
+//! - a slot whose name cannot be bound belongs to a live observer: its
+//!   filters are never touched;
+//! - a filter of ours (program named `rtt_sampler_*`) in a slot whose name
+//!   we could bind was left by a dead observer and is removed, unless some
+//!   process still holds its program (`prog_id:` in `/proc/*/fdinfo`: e.g. an
+//!   older rttscope that claimed nothing);
+//! - a filter of another program in a slot makes that slot unusable.
+//!
+//! The clsact qdisc is removed by the last observer to leave, if an observer
+//! created it (each holds a second name, `...-<k>-qdisc`, while it knows the
+//! qdisc to be rttscope's); a qdisc that existed before is left alone.
+use std::io::ErrorKind;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use super::{CLSACT_HANDLE, CLSACT_PRIORITY};
 use crate::sys::netns::{self, NetNs};
 
+/// Slots per interface: observers that can share one interface in clsact mode.
+pub(super) const CLSACT_SLOTS: u32 = 64;
+
 pub(super) enum Attached {
     /// A tcx link: closing the fd detaches it.
     Tcx(#[allow(dead_code)] OwnedFd),
-    /// A clsact filter: removed explicitly on drop.
+    /// A clsact filter in our slot: removed explicitly on drop.
     Clsact {
         ns: NetNs,
         ifindex: u32,
         egress: bool,
-        /// We created the clsact qdisc: remove it after our filters.
-        created_qdisc: bool,
+        slot: u32,
     },
+    /// Our claim on a clsact slot of an interface (before its filters in the
+    /// list; released after them).
+    Claim { ns: NetNs, claim: ClsactClaim },
 }
 
 /// Our attachments; dropping them detaches (also on an error half-way
@@ -29,31 +55,84 @@ pub(super) struct Attachments(pub(super) Vec<Attached>);
 
 impl Drop for Attachments {
     fn drop(&mut self) {
-        let mut qdiscs = Vec::new();
+        let mut claims = Vec::new();
         for a in self.0.drain(..) {
-            if let Attached::Clsact {
-                ns,
-                ifindex,
-                egress,
-                created_qdisc,
-            } = a
-            {
-                let ns2 = ns.clone();
-                if let Err(e) = netns::run_in(&ns2, move || clsact_detach(ifindex, egress)) {
-                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
+            match a {
+                Attached::Clsact {
+                    ns,
+                    ifindex,
+                    egress,
+                    slot,
+                } => {
+                    if let Err(e) = netns::run_in(&ns, move || clsact_detach(ifindex, egress, slot))
+                    {
+                        tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
+                    }
                 }
-                if created_qdisc {
-                    qdiscs.push((ns, ifindex));
-                }
+                Attached::Claim { ns, claim } => claims.push((ns, claim)),
+                Attached::Tcx(_) => {} // the link fd closes here
             }
-            // tcx: the link fd closes here
         }
-        for (ns, ifindex) in qdiscs {
-            if let Err(e) = netns::run_in(&ns, move || clsact_qdisc_destroy(ifindex)) {
-                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+        // our filters are gone: now the qdisc (if we are the last observer
+        // of a qdisc an observer created), then the claim itself
+        for (ns, claim) in claims {
+            let (ifindex, slot, marked) = (claim.ifindex, claim.slot, claim.qdisc.is_some());
+            if marked {
+                let r = netns::run_in(&ns, move || {
+                    if other_observers(ifindex, slot) {
+                        return Ok(());
+                    }
+                    clsact_qdisc_destroy(ifindex)
+                });
+                if let Err(e) = r {
+                    tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+                }
             }
+            drop(claim);
         }
     }
+}
+
+/// One observer's slot on one interface, held while its filters are there.
+pub(super) struct ClsactClaim {
+    ifindex: u32,
+    pub(super) slot: u32,
+    /// Bound to the slot's name: the proof that we are alive.
+    _name: UnixDatagram,
+    /// Bound to the slot's qdisc name while we know the clsact qdisc to be
+    /// rttscope's (we created it, or joined an observer that knew).
+    qdisc: Option<UnixDatagram>,
+}
+
+fn slot_name(ifindex: u32, slot: u32) -> String {
+    format!("rttscope-sampler-clsact-{ifindex}-{slot}")
+}
+
+fn qdisc_name(ifindex: u32, slot: u32) -> String {
+    format!("rttscope-sampler-clsact-{ifindex}-{slot}-qdisc")
+}
+
+/// Bind an abstract unix socket name in the current network namespace;
+/// `Ok(None)` if a live process holds it.
+fn bind_name(name: &str) -> Result<Option<UnixDatagram>> {
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
+    match UnixDatagram::bind_addr(&addr) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == ErrorKind::AddrInUse => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("binding the abstract socket @{name}")),
+    }
+}
+
+/// Whether a live process holds one of the names `name(k)`, k != `slot`.
+fn any_held(ifindex: u32, slot: u32, name: fn(u32, u32) -> String) -> bool {
+    (0..CLSACT_SLOTS)
+        .filter(|&k| k != slot)
+        .any(|k| matches!(bind_name(&name(ifindex, k)), Ok(None)))
+}
+
+/// Another live observer has a slot on this interface.
+fn other_observers(ifindex: u32, slot: u32) -> bool {
+    any_held(ifindex, slot, slot_name)
 }
 
 pub(super) fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
@@ -73,12 +152,19 @@ pub(super) fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<Own
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn clsact_hook(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> libbpf_rs::TcHook {
+fn clsact_hook(
+    prog_fd: BorrowedFd<'_>,
+    ifindex: u32,
+    egress: bool,
+    slot: u32,
+) -> libbpf_rs::TcHook {
     let mut b = libbpf_rs::TcHookBuilder::new(prog_fd);
+    // never replace: our slot is empty when we attach (a filter that appeared
+    // there meanwhile makes the attach fail rather than be clobbered)
     b.ifindex(ifindex as i32)
-        .replace(true)
-        .handle(CLSACT_HANDLE)
-        .priority(CLSACT_PRIORITY);
+        .replace(false)
+        .handle(CLSACT_HANDLE + slot)
+        .priority(CLSACT_PRIORITY + slot);
     b.hook(if egress {
         libbpf_rs::TC_EGRESS
     } else {
@@ -93,23 +179,109 @@ fn prog_name(id: u32) -> Option<String> {
         .map(|p| p.name.to_string_lossy().into_owned())
 }
 
-/// Remove a clsact filter of ours (handle/priority, program name rtt_sampler_*)
-/// left by an earlier run on this hook. Runs inside the interface's namespace.
-fn clsact_cleanup(prog_fd: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<bool> {
-    let mut hook = clsact_hook(prog_fd, ifindex, egress);
-    let Ok(id) = hook.query() else {
-        return Ok(false); // no clsact qdisc, or no filter at our handle
+/// Whether a process we can see holds an fd of program `id` (as bpftool
+/// finds a program's holders: `prog_id:` in `/proc/PID/fdinfo/FD`).
+fn prog_held(id: u32) -> bool {
+    let want = format!("prog_id:\t{id}");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
     };
-    match prog_name(id) {
-        Some(n) if n.starts_with("rtt_sampler_") => {
-            hook.detach().context("removing a stale rttscope clsact filter")?;
-            Ok(true)
+    for p in procs.flatten() {
+        let pid = p.file_name();
+        if !pid.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
         }
-        Some(n) => bail!(
-            "a foreign tc filter ({n}) sits at our handle {CLSACT_HANDLE:#x} priority {CLSACT_PRIORITY:#x}"
-        ),
-        None => Ok(false),
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let is_prog = std::fs::read_link(fd.path())
+                .map(|t| t.as_os_str() == "anon_inode:bpf-prog")
+                .unwrap_or(false);
+            if !is_prog {
+                continue;
+            }
+            let info = p.path().join("fdinfo").join(fd.file_name());
+            if let Ok(text) = std::fs::read_to_string(info) {
+                if text.lines().any(|l| l == want) {
+                    return true;
+                }
+            }
+        }
     }
+    false
+}
+
+/// The filter in `slot` of a hook: `Some((prog id, prog name))`.
+fn slot_filter(ifindex: u32, egress: bool, slot: u32) -> Result<Option<(u32, String)>> {
+    // the fd is not used by query (handle/priority identify the filter)
+    let devnull = std::fs::File::open("/dev/null")?;
+    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress, slot);
+    let Ok(id) = hook.query() else {
+        return Ok(None); // no clsact qdisc, or no filter in this slot
+    };
+    Ok(Some((id, prog_name(id).unwrap_or_default())))
+}
+
+/// Claim a slot on `ifindex` for our filters, removing on the way the
+/// filters of ours that dead observers left in any free slot, and make sure
+/// the clsact qdisc exists. Runs inside the interface's namespace.
+pub(super) fn clsact_claim(ifindex: u32) -> Result<ClsactClaim> {
+    let mut mine = None;
+    for k in 0..CLSACT_SLOTS {
+        // held: a live observer's slot, whatever is in it stays
+        let Some(name) = bind_name(&slot_name(ifindex, k))? else {
+            continue;
+        };
+        let mut usable = true;
+        for egress in [true, false] {
+            match slot_filter(ifindex, egress, k)? {
+                None => {}
+                Some((id, n)) if n.starts_with("rtt_sampler_") => {
+                    if prog_held(id) {
+                        // alive without a claim (an older rttscope): leave it
+                        usable = false;
+                        continue;
+                    }
+                    clsact_detach(ifindex, egress, k)
+                        .context("removing a stale rttscope clsact filter")?;
+                    tracing::info!(
+                        "removed a stale rttscope clsact filter (ifindex {ifindex}, handle {:#x})",
+                        CLSACT_HANDLE + k
+                    );
+                }
+                Some((_, n)) => {
+                    tracing::info!(
+                        "a foreign tc filter ({n}) sits at handle {:#x}; not using that slot",
+                        CLSACT_HANDLE + k
+                    );
+                    usable = false;
+                }
+            }
+        }
+        if usable && mine.is_none() {
+            mine = Some((k, name));
+        }
+    }
+    let Some((slot, name)) = mine else {
+        anyhow::bail!(
+            "no free clsact slot (handles {CLSACT_HANDLE:#x}..{:#x}) on ifindex {ifindex}",
+            CLSACT_HANDLE + CLSACT_SLOTS - 1
+        );
+    };
+    let created = clsact_qdisc_create(ifindex)?;
+    // rttscope's qdisc: we created it, or an observer that knows holds its name
+    let qdisc = if created || any_held(ifindex, slot, qdisc_name) {
+        bind_name(&qdisc_name(ifindex, slot))?
+    } else {
+        None
+    };
+    Ok(ClsactClaim {
+        ifindex,
+        slot,
+        _name: name,
+        qdisc,
+    })
 }
 
 fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
@@ -133,7 +305,7 @@ fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
     }
 }
 
-/// Remove the clsact qdisc we created (with it, any filter left on it).
+/// Remove the clsact qdisc (with it, any filter left on it).
 fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     let mut h = qdisc_hook(ifindex);
     // SAFETY: as above.
@@ -144,22 +316,18 @@ fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     Ok(())
 }
 
-/// Returns true if this call created the clsact qdisc.
-pub(super) fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<bool> {
-    // SAFETY: prog_fd belongs to a loaded Object that outlives this call.
+/// Attach our filter in our claimed `slot`. Runs inside the interface's namespace.
+pub(super) fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool, slot: u32) -> Result<()> {
+    // SAFETY: prog_fd belongs to a loaded skeleton that outlives this call.
     let fd = unsafe { BorrowedFd::borrow_raw(prog_fd) };
-    if clsact_cleanup(fd, ifindex, egress)? {
-        tracing::info!("removed a stale rttscope clsact filter (ifindex {ifindex})");
-    }
-    let created = clsact_qdisc_create(ifindex)?;
-    let mut hook = clsact_hook(fd, ifindex, egress);
+    let mut hook = clsact_hook(fd, ifindex, egress, slot);
     hook.attach().context("attaching the clsact filter")?;
-    Ok(created)
+    Ok(())
 }
 
-fn clsact_detach(ifindex: u32, egress: bool) -> Result<()> {
+fn clsact_detach(ifindex: u32, egress: bool, slot: u32) -> Result<()> {
     // the fd is not used by detach (handle/priority identify the filter)
     let devnull = std::fs::File::open("/dev/null")?;
-    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress);
+    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress, slot);
     hook.detach().map_err(anyhow::Error::from)
 }
