@@ -33,8 +33,8 @@ pub struct ObserveArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Also stream every raw sample (ring buffer) to the output.
-    #[arg(long)]
+    /// Also stream every raw sample (ring buffer) to the output (on with --format cloud-monitoring, which is built from them).
+    #[arg(long, default_value_if("format", "cloud-monitoring", "true"))]
     pub raw: bool,
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
     #[arg(long, default_value_t = 16384)]
@@ -136,4 +136,8 @@ impl ObserveArgs {
 pub enum Format {
     Table,
     Json,
+    /// Cloud Monitoring TimeSeries for projects.timeSeries.create, one request per line per
+    /// interval: every view's samples since the start per label set, CUMULATIVE, in the
+    /// --cloud-layout buckets (docs/cloud.md).
+    CloudMonitoring,
 }

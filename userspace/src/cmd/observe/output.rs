@@ -12,6 +12,75 @@ use crate::session::{Interval, Session};
 use crate::views::flow::Flow;
 use crate::views::ViewKind;
 
+/// `--format cloud-monitoring`: one raw sample waiting for the interval's rows (which give the
+/// sampler's side and the namespace's name).
+struct CloudPending {
+    view: &'static str,
+    netns: u32,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+    side: Option<crate::views::flow::Side>,
+    rtt_us: f64,
+}
+
+thread_local! {
+    /// `--format cloud-monitoring`: the cumulative distributions since the start, and the raw
+    /// samples since the last interval (observe runs on one thread).
+    static CLOUD: std::cell::RefCell<(Option<crate::analysis::cloud_monitoring::LiveExport>, Vec<CloudPending>)> =
+        const { std::cell::RefCell::new((None, Vec::new())) };
+}
+
+fn cloud_pending(p: CloudPending) {
+    CLOUD.with(|c| c.borrow_mut().1.push(p));
+}
+
+/// `--format cloud-monitoring`: this interval's raw samples into their label sets, then one
+/// create request per line (at most 200 series each).
+fn cloud_interval(args: &ObserveArgs, iv: &Interval, out: &mut impl Write) -> Result<()> {
+    use crate::analysis::cloud_monitoring::{remote_prefix, SeriesLabels};
+    let (v4, v6) = (args.v4_prefix.unwrap_or(24), args.v6_prefix.unwrap_or(48));
+    let reqs = CLOUD.with(|c| {
+        let mut c = c.borrow_mut();
+        let (export, pending) = &mut *c;
+        let export = export.get_or_insert_with(|| {
+            crate::analysis::cloud_monitoring::LiveExport::new(
+                args.cloud_layout.clone(),
+                iv.ts - iv.t,
+            )
+        });
+        for p in pending.drain(..) {
+            let row = iv.flows.iter().find(|r| {
+                r.netns == p.netns
+                    && r.local == p.local.to_string()
+                    && r.remote == p.remote.to_string()
+            });
+            let side = p.side.or(row.map(|r| r.side));
+            let netns = iv
+                .flows
+                .iter()
+                .find(|r| r.netns == p.netns)
+                .map_or_else(|| p.netns.to_string(), |r| r.netns_name.clone());
+            export.add(
+                SeriesLabels {
+                    view: p.view.to_string(),
+                    side: side.map_or("unknown", |s| s.as_str()).to_string(),
+                    netns,
+                    remote_prefix: remote_prefix(p.remote.ip(), v4, v6),
+                },
+                p.rtt_us,
+            );
+        }
+        export.requests(
+            iv.ts,
+            &crate::analysis::results::HostInfo::current().hostname,
+        )
+    });
+    for r in reqs {
+        writeln!(out, "{r}")?;
+    }
+    Ok(())
+}
+
 pub(super) fn unix_now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -98,6 +167,23 @@ pub(super) fn print_start(
             });
             writeln!(out, "{line}")?;
         }
+        Format::CloudMonitoring => {
+            // Standard output carries only the create requests.
+            CLOUD.with(|c| {
+                *c.borrow_mut() = (
+                    Some(crate::analysis::cloud_monitoring::LiveExport::new(
+                        args.cloud_layout.clone(),
+                        unix_now(),
+                    )),
+                    Vec::new(),
+                )
+            });
+            eprintln!(
+                "rttscope observe: one projects.timeSeries.create request per line per interval, metric {}, layout {} (docs/cloud.md)",
+                crate::analysis::cloud_monitoring::METRIC_TYPE,
+                args.cloud_layout.spec()
+            );
+        }
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
@@ -126,6 +212,7 @@ pub(super) fn print_interval(
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.format {
+        Format::CloudMonitoring => cloud_interval(args, iv, &mut out)?,
         Format::Json => {
             writeln!(out, "{}", serde_json::to_string(iv)?)?;
             for (name, p) in cloud_lines {
@@ -176,6 +263,9 @@ pub(super) fn print_end(
 ) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    if args.format == Format::CloudMonitoring {
+        return Ok(());
+    }
     if args.format == Format::Json {
         let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": flows, "counters": counters });
         writeln!(out, "{line}")?;
@@ -217,6 +307,17 @@ pub(super) fn sampler_raw_lines(
     {
         let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
         let line = match fmt {
+            Format::CloudMonitoring => {
+                cloud_pending(CloudPending {
+                    view: "sampler",
+                    netns: smp.flow.netns,
+                    local: smp.flow.local,
+                    remote: smp.flow.remote,
+                    side: None,
+                    rtt_us: smp.rtt_us as f64,
+                });
+                continue;
+            }
             Format::Json => json!({
                 "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
                 "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
@@ -240,6 +341,19 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
     };
     let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
+        (Format::CloudMonitoring, Some(f)) => {
+            if ev.r#type == 1 {
+                cloud_pending(CloudPending {
+                    view: "tcp",
+                    netns: f.netns,
+                    local: f.local,
+                    remote: f.remote,
+                    side: Some(side),
+                    rtt_us: ev.rtt_us as f64,
+                });
+            }
+            String::new()
+        }
         (Format::Json, Some(f)) => json!({
             "type": "sample", "view": kind, "t": t, "netns": f.netns,
             "local": f.local.to_string(), "remote": f.remote.to_string(),
@@ -288,6 +402,80 @@ pub(super) fn tcp_raw_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--format cloud-monitoring`: raw samples become CUMULATIVE TimeSeries that our own reader
+    /// parses back (and that turn raw samples on).
+    #[test]
+    fn cloud_monitoring_interval_reads_back() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "rttscope",
+            "observe",
+            "--format",
+            "cloud-monitoring",
+            "--cloud-layout",
+            "explicit:0,1,2,4",
+        ])
+        .unwrap();
+        let crate::cli::Command::Observe(args) = cli.command else {
+            panic!()
+        };
+        assert!(args.raw, "cloud-monitoring needs the raw samples");
+        CLOUD.with(|c| {
+            *c.borrow_mut() = (
+                Some(crate::analysis::cloud_monitoring::LiveExport::new(
+                    args.cloud_layout.clone(),
+                    1_795_240_800.0,
+                )),
+                Vec::new(),
+            )
+        });
+        for rtt in [150u32, 250, 3000] {
+            let ev = crate::bpf::Event {
+                r#type: 1,
+                side: 2,
+                rtt_us: rtt,
+                ts_ns: 2_000_000_000,
+                key: Flow {
+                    netns: 7,
+                    local: "10.0.0.2:5001".parse().unwrap(),
+                    remote: "10.0.0.1:40000".parse().unwrap(),
+                }
+                .to_key(),
+                ..Default::default()
+            };
+            assert_eq!(raw_line(&ev, 0, Format::CloudMonitoring), "");
+        }
+        let iv = Interval {
+            kind: "interval",
+            t: 1.0,
+            ts: 1_795_240_801.0,
+            interval_s: 1.0,
+            flows: Vec::new(),
+            totals: Default::default(),
+            counters: Default::default(),
+        };
+        let mut out = Vec::new();
+        cloud_interval(&args, &iv, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let f = crate::analysis::cloud_monitoring::parse(&text, "observe").unwrap();
+        let s = &f.series[0];
+        assert_eq!(s.metric_kind, "CUMULATIVE");
+        assert_eq!(s.metric_labels["view"], "tcp");
+        assert_eq!(s.metric_labels["side"], "server");
+        assert_eq!(s.metric_labels["netns"], "7");
+        assert_eq!(s.metric_labels["remote_prefix"], "10.0.0.0/24");
+        let p = &s.points[0];
+        assert_eq!(
+            (p.start_unix_s, p.end_unix_s),
+            (Some(1_795_240_800.0), 1_795_240_801.0)
+        );
+        let crate::analysis::cloud_monitoring::PointValue::Distribution(d) = &p.value else {
+            panic!("{:?}", p.value)
+        };
+        assert_eq!(d.bucket_counts, vec![0, 2, 0, 1, 0]);
+    }
 
     #[test]
     fn raw_line_decodes_event_fixture() {
