@@ -363,6 +363,67 @@ fn sigterm_ends_a_probe_with_its_result() {
     }
 }
 
+/// `probe icmp` speaks ping: a header, a line per reply as it arrives
+/// (icmp_seq counted from 1, time= in ms), ping's statistics at the end;
+/// `-w` is a deadline, not an interval.
+#[test]
+fn icmp_probe_prints_like_ping() {
+    if !require_root() {
+        return;
+    }
+    let ns = NetNs::new("rtsp").unwrap();
+    let out = run(
+        &ns,
+        &[
+            "probe",
+            "icmp",
+            "127.0.0.1",
+            "-c",
+            "3",
+            "-i",
+            "0.05",
+            "-w",
+            "5",
+        ],
+        Duration::from_secs(10),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "PING 127.0.0.1 56(84) bytes of data.", "{text}");
+    for (i, l) in lines[1..4].iter().enumerate() {
+        assert!(
+            l.starts_with(&format!(
+                "64 bytes from 127.0.0.1: icmp_seq={} time=",
+                i + 1
+            )) && l.ends_with(" ms"),
+            "reply line {i}: {text}"
+        );
+        let t: f64 = l
+            .split("time=")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches(" ms")
+            .parse()
+            .unwrap();
+        assert!(t > 0.0 && t < 50.0, "{text}");
+    }
+    assert!(text.contains("3 packets transmitted, 3 received"), "{text}");
+    // -q: the statistics only
+    let out = run(
+        &ns,
+        &["probe", "icmp", "127.0.0.1", "-c", "2", "-i", "0.05", "-q"],
+        Duration::from_secs(10),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("icmp_seq="), "{text}");
+    assert!(text.contains("2 packets transmitted, 2 received"), "{text}");
+}
+
 #[test]
 fn loopback_probe_and_serve() {
     if !require_root() {
@@ -383,7 +444,7 @@ fn loopback_probe_and_serve() {
     }
     let r = probe_json(
         &ns,
-        &["icmp", "127.0.0.1", "-n", "50", "-w", "1ms"],
+        &["icmp", "127.0.0.1", "-c", "50", "-i", "1ms"],
         Duration::from_secs(10),
     );
     assert_sane(&r, 2000.0);
@@ -435,7 +496,7 @@ fn icmp_probe_agrees_with_ping() {
             });
             let r = probe_json(
                 &p.a,
-                &["icmp", B_ADDR, "-n", "100", "-w", "20ms"],
+                &["icmp", B_ADDR, "-c", "100", "-i", "20ms"],
                 Duration::from_secs(20),
             );
             (t.join().expect("ping thread"), r)
@@ -467,7 +528,7 @@ fn icmp_probe_agrees_with_ping() {
     // us, --spin 8 us; without them 8-11 vs 8-9).
     let s = probe_json(
         &p.a,
-        &["icmp", B_ADDR, "-n", "50", "-w", "2ms", "--spin"],
+        &["icmp", B_ADDR, "-c", "50", "-i", "2ms", "--spin"],
         Duration::from_secs(10),
     );
     assert_sane(&s, 5000.0);
@@ -475,7 +536,7 @@ fn icmp_probe_agrees_with_ping() {
     // Also IPv6 runs and is sane (no ping6 comparison needed for agreement).
     let r6 = probe_json(
         &p.a,
-        &["icmp", B_ADDR6, "-n", "50", "-w", "2ms"],
+        &["icmp", B_ADDR6, "-c", "50", "-i", "2ms"],
         Duration::from_secs(10),
     );
     assert_sane(&r6, 5000.0);
@@ -496,7 +557,7 @@ fn icmp_probe_agrees_with_ping() {
     for host in [B_ADDR, B_ADDR6] {
         let d = probe_json(
             &p.a,
-            &["icmp", host, "-n", "50", "-w", "2ms"],
+            &["icmp", host, "-c", "50", "-i", "2ms"],
             Duration::from_secs(10),
         );
         assert_sane(&d, 5000.0);

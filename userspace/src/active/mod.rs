@@ -16,5 +16,7 @@ pub mod output;
 pub mod rr;
 pub mod serve;
 
-pub use rr::{run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, Settings, Stop};
+pub use rr::{
+    run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, ReplyHook, Settings, Stop,
+};
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};

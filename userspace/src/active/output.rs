@@ -147,6 +147,29 @@ fn interval_text(r: &ProbeResult) -> String {
 }
 
 /// The human summary: ping-like for ICMP, netperf-like for TCP/UDP.
+/// A loss percentage as ping prints it (`0%`, `20%`, `33.3333%`).
+fn fmt_loss(p: f64) -> String {
+    if p.fract() == 0.0 {
+        format!("{p:.0}")
+    } else {
+        format!("{p:.4}").trim_end_matches('0').to_string()
+    }
+}
+
+/// An RTT as ping prints it: milliseconds, 3 significant decimals below 10 ms.
+pub fn ping_ms(rtt_ns: u64) -> String {
+    let ms = rtt_ns as f64 / 1e6;
+    if ms < 1.0 {
+        format!("{ms:.3}")
+    } else if ms < 10.0 {
+        format!("{ms:.2}")
+    } else if ms < 100.0 {
+        format!("{ms:.1}")
+    } else {
+        format!("{ms:.0}")
+    }
+}
+
 pub fn human(r: &ProbeResult) -> String {
     let st = &r.settings;
     let c = &r.counts;
@@ -165,22 +188,22 @@ pub fn human(r: &ProbeResult) -> String {
         } else {
             0.0
         };
+        // ping's two lines, to the letter (ping prints only the counts that are
+        // not zero: "+N duplicates"); rttscope's own counts follow.
+        let _ = writeln!(o, "--- {} ping statistics ---", st.target);
+        let mut line = format!("{} packets transmitted, {} received", c.sent, c.received);
+        if c.duplicates > 0 {
+            line += &format!(", +{} duplicates", c.duplicates);
+        }
         let _ = writeln!(
             o,
-            "--- {} ({}) rttscope icmp statistics ---",
-            st.target, st.address
-        );
-        let _ = writeln!(
-            o,
-            "{} packets transmitted, {} received, {} duplicates, {} late, {} reordered, {:.1}% packet loss, time {:.0}ms",
-            c.sent,
-            c.received,
-            c.duplicates,
-            c.late,
-            c.reordered,
-            loss,
+            "{line}, {}% packet loss, time {:.0}ms",
+            fmt_loss(loss),
             r.elapsed_s * 1000.0
         );
+        if c.late > 0 || c.reordered > 0 {
+            let _ = writeln!(o, "{} late, {} reordered", c.late, c.reordered);
+        }
         let _ = writeln!(
             o,
             "rtt min/avg/max/mdev = {}/{}/{}/{} ms",

@@ -49,6 +49,27 @@ pub enum Stop {
     Duration(Duration),
     /// After this many transactions.
     Count(u64),
+    /// After this many transactions, or this long, whichever comes first
+    /// (ping's `-c` with `-w`).
+    CountOrDuration(u64, Duration),
+}
+
+/// Called with (sequence number, RTT in ns) for every reply as it arrives:
+/// ping's line per reply. The sequence number is the request's (ICMP, UDP)
+/// or the transaction's (TCP), counted from 1.
+#[derive(Clone)]
+pub struct ReplyHook(std::sync::Arc<dyn Fn(u64, u64) + Send + Sync>);
+
+impl ReplyHook {
+    pub fn new(f: impl Fn(u64, u64) + Send + Sync + 'static) -> Self {
+        ReplyHook(std::sync::Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for ReplyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyHook")
+    }
 }
 
 /// How the TCP_RR hot loop does its I/O.
@@ -88,6 +109,8 @@ pub struct ProbeConfig {
     pub max_samples: usize,
     /// TCP_RR only (UDP and ICMP always use the reactor). Default: blocking thread.
     pub io: IoMode,
+    /// Told of every reply as it arrives (none by default).
+    pub on_reply: Option<ReplyHook>,
 }
 
 impl ProbeConfig {
@@ -113,6 +136,7 @@ impl ProbeConfig {
             timeout: Duration::from_secs(1),
             max_samples: 1_000_000,
             io: IoMode::BlockingThread,
+            on_reply: None,
         }
     }
 }
@@ -206,6 +230,9 @@ pub struct ProbeResult {
 
 struct Recorder {
     start: u64,
+    /// The sequence number of the reply being recorded (for `on_reply`).
+    seq: u64,
+    on_reply: Option<ReplyHook>,
     samples: Vec<(u64, u64)>,
     max_samples: usize,
     hdr: HdrRecorder,
@@ -221,6 +248,14 @@ impl Recorder {
     /// A sample sent at `t0` (CLOCK_MONOTONIC) whose RTT was measured otherwise.
     fn sample_rtt(&mut self, t0: u64, rtt: u64) {
         self.counts.received += 1;
+        if let Some(h) = &self.on_reply {
+            let seq = if self.seq > 0 {
+                self.seq
+            } else {
+                self.counts.received
+            };
+            (h.0)(seq, rtt);
+        }
         self.hdr.record_ns(rtt);
         self.np.record_ns(rtt);
         if self.samples.len() < self.max_samples {
@@ -483,11 +518,11 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         req_size,
         resp_size,
         duration_s: match cfg.stop {
-            Stop::Duration(d) => Some(d.as_secs_f64()),
+            Stop::Duration(d) | Stop::CountOrDuration(_, d) => Some(d.as_secs_f64()),
             Stop::Count(_) => None,
         },
         count: match cfg.stop {
-            Stop::Count(n) => Some(n),
+            Stop::Count(n) | Stop::CountOrDuration(n, _) => Some(n),
             Stop::Duration(_) => None,
         },
         spin: cfg.spin,
@@ -511,6 +546,8 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     let mut pacer = Pacer::new(cfg)?;
     let mut rec = Recorder {
         start: 0,
+        seq: 0,
+        on_reply: cfg.on_reply.clone(),
         samples: Vec::with_capacity(cfg.max_samples.min(1 << 16)),
         max_samples: cfg.max_samples,
         hdr: HdrRecorder::new(),
@@ -877,16 +914,20 @@ struct StopAt {
 impl StopAt {
     fn new(stop: Stop, start: u64) -> Self {
         let end = match stop {
-            Stop::Duration(d) => start + d.as_nanos() as u64,
+            Stop::Duration(d) | Stop::CountOrDuration(_, d) => {
+                start.saturating_add(d.as_nanos().min(u64::MAX as u128) as u64)
+            }
             Stop::Count(_) => u64::MAX,
         };
         StopAt { stop, end }
     }
     /// Done when the count is reached, or when the next transaction would start at or after the end.
     fn done(&self, sent: u64, next_start: u64) -> bool {
+        let late = || mono_ns().max(next_start) >= self.end;
         match self.stop {
             Stop::Count(n) => sent >= n,
-            Stop::Duration(_) => mono_ns().max(next_start) >= self.end,
+            Stop::Duration(_) => late(),
+            Stop::CountOrDuration(n, _) => sent >= n || late(),
         }
     }
 }
@@ -1307,6 +1348,7 @@ async fn dgram_loop(
                     rx_real_ns,
                 }))) => {
                     let t1 = mono_ns();
+                    rec.seq = got;
                     let slot = &mut states[(got as usize) % WINDOW];
                     if slot.0 != got {
                         // Older than the window, or never sent.

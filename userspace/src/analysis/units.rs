@@ -8,7 +8,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum UnitError {
-    #[error("'{0}' is not a duration: use a number with a unit, e.g. 500ms, 20us, 1.5s, 2m")]
+    #[error("'{0}' is not a duration: use a number with a unit, e.g. 500ms, 20us, 1.5s, 2min")]
     BadDuration(String),
 }
 
@@ -46,6 +46,55 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
 /// clap value parser for durations.
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// The one grammar of rttscope's durations, by the habit of the tool an
+/// option stands in for. Every duration option takes a number with a unit
+/// (`ns`, `us`, `ms`, `s`, `m`/`min`, `h`); what a *bare* number means is the
+/// only difference:
+///
+/// - [`seconds_arg`]: seconds, as netperf's `-l` and ping's `-i`, `-W`, `-w`;
+/// - [`netperf_interval_arg`]: milliseconds, as netperf's `-w`, with its `u`
+///   and `m` suffixes (`50u` = 50 us, `10m` = 10 ms) and `-1` for none;
+/// - [`duration_arg`]: no bare number but `0`.
+pub fn seconds_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if let Ok(v) = t.parse::<f64>() {
+        if (0.0..1e12).contains(&v) {
+            return Ok(Duration::from_secs_f64(v));
+        }
+        return Err(format!(
+            "'{s}' is not a duration: a number of seconds (e.g. 10, 0.2) or a number with a unit (e.g. 500ms, 1.5s)"
+        ));
+    }
+    duration_arg(t)
+}
+
+/// netperf's `-w`: a bare number is milliseconds, `m` is milliseconds and `u`
+/// microseconds (netperf's suffixes), `-1` means none (back to back); any
+/// duration with one of our units works too (`10ms`, `250us`, `1s`).
+pub fn netperf_interval_arg(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t == "-1" {
+        return Ok(Duration::ZERO);
+    }
+    if let Ok(ms) = t.parse::<f64>() {
+        if (0.0..1e12).contains(&ms) {
+            return Ok(Duration::from_nanos((ms * 1e6).round() as u64));
+        }
+        return Err(format!(
+            "'{s}' is not an interval: milliseconds (e.g. 10), -1 for none, or a number with a unit (e.g. 250us, 10ms)"
+        ));
+    }
+    if let Some(n) = t.strip_suffix('u') {
+        return parse_duration(&format!("{n}us")).map_err(|e| e.to_string());
+    }
+    if let Some(n) = t.strip_suffix('m') {
+        if !n.ends_with('m') {
+            return parse_duration(&format!("{n}ms")).map_err(|e| e.to_string());
+        }
+    }
+    duration_arg(t)
 }
 
 /// The refusal of a zero alignment period (`bucket --period`, `observe --cloud-period`).
@@ -115,5 +164,26 @@ mod tests {
         assert_eq!(fmt_duration_short(Duration::from_micros(850)), "850us");
         assert_eq!(fmt_duration_short(Duration::from_micros(20100)), "20.1ms");
         assert_eq!(fmt_ms(1234.0), "1.234");
+    }
+
+    #[test]
+    fn seconds_and_netperf_intervals() {
+        assert_eq!(seconds_arg("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(seconds_arg("0.2").unwrap(), Duration::from_millis(200));
+        assert_eq!(seconds_arg("200ms").unwrap(), Duration::from_millis(200));
+        assert_eq!(seconds_arg("2min").unwrap(), Duration::from_secs(120));
+        assert!(seconds_arg("-1").is_err());
+        assert!(seconds_arg("inf").is_err());
+        assert!(seconds_arg("1e300").is_err());
+        assert_eq!(
+            netperf_interval_arg("10").unwrap(),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            netperf_interval_arg("1m").unwrap(),
+            Duration::from_millis(1)
+        );
+        assert_eq!(netperf_interval_arg("-1").unwrap(), Duration::ZERO);
+        assert!(netperf_interval_arg("1e300").is_err());
     }
 }

@@ -1,5 +1,8 @@
-//! `rttscope probe tcp-rr|udp-rr|icmp|irtt HOST`: netperf/ping-style options
-//! parsed into an [`crate::active::ProbeConfig`], run, and printed.
+//! `rttscope probe tcp-rr|udp-rr|icmp|irtt HOST`: each probe takes the options
+//! of the tool it stands in for - netperf's for the request/response probes
+//! (`-l -n -w -b -r -o`, a bare `-w` in milliseconds), ping's for ICMP (`-c -i
+//! -W -w -s -q`, a line per reply), irtt's for irtt - parsed into an
+//! [`crate::active::ProbeConfig`], run, and printed.
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -7,7 +10,7 @@ use clap::{Args, Subcommand};
 
 use crate::active::cancel::{cancel_pair, on_signals, runtime};
 use crate::active::{output, run_probe, IoMode, Kind, ProbeConfig, Stop, DEFAULT_PORT};
-use crate::analysis::units::duration_arg;
+use crate::analysis::units::{netperf_interval_arg, seconds_arg};
 
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
@@ -20,41 +23,39 @@ pub enum ProbeKind {
     /// TCP request/response (netperf TCP_RR) against `rttscope serve`.
     TcpRr {
         #[command(flatten)]
-        common: ProbeOpts,
+        common: RrOpts,
+        #[command(flatten)]
+        tcp: TcpOpts,
     },
     /// UDP request/response (netperf UDP_RR) against `rttscope serve`; lost requests time out (-W).
     UdpRr {
         #[command(flatten)]
-        common: ProbeOpts,
+        common: RrOpts,
     },
-    /// ICMP echo (ping): datagram ICMP socket where allowed, raw socket otherwise.
+    /// ICMP echo with ping's options and output: a line per reply, statistics at the end.
     Icmp {
         #[command(flatten)]
-        common: ProbeOpts,
+        ping: PingOpts,
     },
     /// Isochronous UDP probe speaking irtt's protocol, against any `irtt server`: RTT, one-way delays, IPDV, up/down loss.
     Irtt(crate::active::irtt::IrttArgs),
 }
 
+/// netperf's options, for the request/response probes.
 #[derive(Debug, Clone, Args)]
-pub struct ProbeOpts {
+pub struct RrOpts {
     /// Target host name or address.
     #[arg(value_name = "HOST")]
     pub host: String,
-    /// Run for this many seconds (default 10, as netperf).
-    #[arg(
-        short = 'l',
-        long = "length",
-        value_name = "SECONDS",
-        conflicts_with = "count"
-    )]
-    pub length: Option<f64>,
+    /// Run for this long (default 10 s, as netperf): seconds, or a duration such as 500ms.
+    #[arg(short = 'l', long = "length", value_name = "SECONDS", value_parser = seconds_arg, conflicts_with = "count")]
+    pub length: Option<Duration>,
     /// Run this many transactions instead.
     #[arg(short = 'n', long = "count", value_name = "COUNT")]
     pub count: Option<u64>,
-    /// Interval between bursts: 0 = back to back (default); 10ms, 250us, 1s; a bare
-    /// number is milliseconds and netperf's `10m`/`50u` suffixes are accepted.
-    #[arg(short = 'w', long = "interval", default_value = "0", value_parser = interval_arg, value_name = "INTERVAL")]
+    /// Interval between bursts: 0 = back to back (default), -1 = none; a bare number is
+    /// milliseconds (netperf), netperf's `10m`/`50u` and 10ms, 250us, 1s work.
+    #[arg(short = 'w', long = "interval", default_value = "0", value_parser = netperf_interval_arg, value_name = "INTERVAL", allow_hyphen_values = true)]
     pub interval: Duration,
     /// Transactions per interval, one after the other.
     #[arg(short = 'b', long = "burst", default_value_t = 1, value_name = "BURST")]
@@ -62,17 +63,15 @@ pub struct ProbeOpts {
     /// Wait for the next interval by spinning on the clock (netperf --enable-spin) instead of sleeping.
     #[arg(long)]
     pub spin: bool,
-    /// Request and response sizes in bytes (default 1,1; ICMP: payload size, default 56).
+    /// Request and response sizes in bytes (default 1,1).
     #[arg(short = 'r', long = "sizes", value_parser = sizes_arg, value_name = "REQ,RESP")]
     pub sizes: Option<(u32, u32)>,
-    /// Set TCP_NODELAY on both ends (TCP).
-    #[arg(long)]
-    pub nodelay: bool,
     /// The responder's port (rttscope serve's default: 7878).
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
     pub port: u16,
-    /// A reply not received within this long counts as lost (UDP, ICMP); a TCP transaction taking longer fails.
-    #[arg(short = 'W', long = "timeout", default_value = "1s", value_parser = duration_arg, value_name = "DURATION")]
+    /// A reply not received within this long counts as lost (UDP); a TCP transaction taking
+    /// longer fails (seconds, or a duration such as 500ms).
+    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "SECONDS")]
     pub timeout: Duration,
     /// netperf output selectors, comma-separated: MIN_LATENCY, MAX_LATENCY, MEAN_LATENCY,
     /// P50_LATENCY, P90_LATENCY, P99_LATENCY, STDDEV_LATENCY, THROUGHPUT, THROUGHPUT_UNITS
@@ -85,37 +84,59 @@ pub struct ProbeOpts {
     /// Print the whole result (settings, counts, summary, every sample) as JSON.
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
-    /// TCP: drive the transactions through the tokio reactor (non-blocking
-    /// sockets, epoll) instead of blocking send()/recv() on a dedicated thread.
-    #[arg(long)]
-    pub async_io: bool,
     /// Keep at most this many per-transaction samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
 }
 
-/// `-w`: our durations, plus netperf's habits (bare number = ms, `m` = ms, `u` = us, -1 = none).
-pub fn interval_arg(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t == "-1" {
-        return Ok(Duration::ZERO);
-    }
-    if let Ok(ms) = t.parse::<f64>() {
-        if ms >= 0.0 && ms.is_finite() {
-            return Ok(Duration::from_nanos((ms * 1e6).round() as u64));
-        }
-    }
-    if let Some(n) = t.strip_suffix('u') {
-        return crate::analysis::units::parse_duration(&format!("{n}us"))
-            .map_err(|e| e.to_string());
-    }
-    if let Some(n) = t.strip_suffix('m') {
-        if !n.ends_with('m') {
-            return crate::analysis::units::parse_duration(&format!("{n}ms"))
-                .map_err(|e| e.to_string());
-        }
-    }
-    duration_arg(t)
+/// Options that only TCP_RR has.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TcpOpts {
+    /// Set TCP_NODELAY on both ends.
+    #[arg(long)]
+    pub nodelay: bool,
+    /// Drive the transactions through the tokio reactor (non-blocking
+    /// sockets, epoll) instead of blocking send()/recv() on a dedicated thread.
+    #[arg(long)]
+    pub async_io: bool,
+}
+
+/// ping's options, for the ICMP probe.
+#[derive(Debug, Clone, Args)]
+pub struct PingOpts {
+    /// Target host name or address.
+    #[arg(value_name = "HOST")]
+    pub host: String,
+    /// Stop after COUNT replies or losses (default: until -w or Ctrl-C, as ping).
+    #[arg(short = 'c', long = "count", value_name = "COUNT")]
+    pub count: Option<u64>,
+    /// Wait this long between echo requests (default 1 s, as ping): seconds (0.2) or a duration (200ms).
+    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = seconds_arg, value_name = "INTERVAL")]
+    pub interval: Duration,
+    /// A reply not received within this long counts as lost (default 1 s): seconds or a duration.
+    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "TIMEOUT")]
+    pub timeout: Duration,
+    /// Stop after this long whatever the count (ping's deadline): seconds or a duration.
+    #[arg(short = 'w', long = "deadline", value_parser = seconds_arg, value_name = "DEADLINE")]
+    pub deadline: Option<Duration>,
+    /// Payload bytes per echo request (default 56, as ping).
+    #[arg(short = 's', long = "size", default_value_t = crate::active::icmp::DEFAULT_PAYLOAD as u32, value_name = "SIZE")]
+    pub size: u32,
+    /// Quiet: no line per reply, only the statistics at the end.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Numeric output only (accepted for ping's habit: rttscope never resolves names in its output).
+    #[arg(short = 'n')]
+    pub numeric: bool,
+    /// Wait for the next request by spinning on the clock instead of sleeping (ping's busy-poll at short intervals).
+    #[arg(long)]
+    pub spin: bool,
+    /// Print the whole result (settings, counts, summary, every sample) as JSON instead.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep at most this many per-reply samples in the result.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub max_samples: usize,
 }
 
 /// `-r REQ,RESP` (or one number for both).
@@ -140,21 +161,8 @@ pub fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
-impl ProbeKind {
-    /// Kind and options of the request/response and ICMP probes (None for irtt,
-    /// which has options of its own).
-    pub fn parts(&self) -> Option<(Kind, &ProbeOpts)> {
-        match self {
-            ProbeKind::TcpRr { common } => Some((Kind::TcpRr, common)),
-            ProbeKind::UdpRr { common } => Some((Kind::UdpRr, common)),
-            ProbeKind::Icmp { common } => Some((Kind::Icmp, common)),
-            ProbeKind::Irtt(_) => None,
-        }
-    }
-}
-
-/// The library configuration for parsed options.
-pub fn probe_config(kind: Kind, o: &ProbeOpts) -> Result<ProbeConfig> {
+/// The library configuration for netperf-style options.
+pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     let mut c = ProbeConfig::new(kind, &o.host);
     if let Some((req, resp)) = o.sizes {
         c.req_size = req;
@@ -167,10 +175,10 @@ pub fn probe_config(kind: Kind, o: &ProbeOpts) -> Result<ProbeConfig> {
     }
     c.burst = o.burst;
     c.spin = o.spin;
-    c.nodelay = o.nodelay;
+    c.nodelay = tcp.nodelay;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
-    c.io = if o.async_io {
+    c.io = if tcp.async_io {
         IoMode::TokioReactor
     } else {
         IoMode::BlockingThread
@@ -178,26 +186,52 @@ pub fn probe_config(kind: Kind, o: &ProbeOpts) -> Result<ProbeConfig> {
     c.stop = match (o.length, o.count) {
         (_, Some(0)) => bail!("-n COUNT must be at least 1"),
         (_, Some(n)) => Stop::Count(n),
-        (Some(l), None) if !(l.is_finite() && l > 0.0) => bail!("-l SECONDS must be above zero"),
-        (Some(l), None) => Stop::Duration(Duration::from_secs_f64(l)),
+        (Some(l), None) if l.is_zero() => bail!("-l SECONDS must be above zero"),
+        (Some(l), None) => Stop::Duration(l),
         (None, None) => Stop::Duration(Duration::from_secs(10)),
+    };
+    Ok(c)
+}
+
+/// The library configuration for ping-style options.
+pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
+    let mut c = ProbeConfig::new(Kind::Icmp, &o.host);
+    if o.size == 0 || o.size > 65_507 {
+        bail!("-s SIZE must be between 1 and 65507 bytes");
+    }
+    c.req_size = o.size;
+    c.resp_size = o.size;
+    c.interval = o.interval;
+    c.spin = o.spin;
+    c.timeout = o.timeout;
+    c.max_samples = o.max_samples;
+    // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
+    let forever = Duration::from_secs(u32::MAX as u64);
+    c.stop = match (o.count, o.deadline) {
+        (Some(0), _) => bail!("-c COUNT must be at least 1"),
+        (_, Some(d)) if d.is_zero() => bail!("-w DEADLINE must be above zero"),
+        (Some(n), Some(d)) => Stop::CountOrDuration(n, d),
+        (Some(n), None) => Stop::Count(n),
+        (None, Some(d)) => Stop::Duration(d),
+        (None, None) => Stop::Duration(forever),
     };
     Ok(c)
 }
 
 /// `rttscope probe ...`
 pub fn run(args: ProbeArgs) -> Result<()> {
-    let (kind, o) = match &args.kind {
-        ProbeKind::Irtt(a) => return crate::active::irtt::run(a.clone()),
-        k => k.parts().expect("request/response or ICMP probe"),
-    };
-    let cfg = probe_config(kind, o)?;
-    let rt = runtime()?;
-    let result = rt.block_on(async {
-        let (tx, rx) = cancel_pair();
-        on_signals(tx);
-        run_probe(&cfg, rx).await
-    })?;
+    match &args.kind {
+        ProbeKind::Irtt(a) => crate::active::irtt::run(a.clone()),
+        ProbeKind::TcpRr { common, tcp } => run_rr(rr_config(Kind::TcpRr, common, tcp)?, common),
+        ProbeKind::UdpRr { common } => {
+            run_rr(rr_config(Kind::UdpRr, common, &TcpOpts::default())?, common)
+        }
+        ProbeKind::Icmp { ping } => run_ping(ping),
+    }
+}
+
+fn run_rr(cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
+    let result = run_blocking(cfg)?;
     let text = if o.json {
         serde_json::to_string(&result)? + "\n"
     } else if let Some(sel) = &o.output {
@@ -205,6 +239,43 @@ pub fn run(args: ProbeArgs) -> Result<()> {
     } else {
         output::human(&result)
     };
+    finish(&result, &text)
+}
+
+/// ping's output: a header line, a line per reply as it arrives (unless -q
+/// or --json), the statistics at the end.
+fn run_ping(o: &PingOpts) -> Result<()> {
+    let mut cfg = ping_config(o)?;
+    if !o.quiet && !o.json {
+        let (host, size) = (o.host.clone(), o.size);
+        println!("PING {host} {size}({}) bytes of data.", size + 28);
+        cfg.on_reply = Some(crate::active::ReplyHook::new(move |seq, rtt_ns| {
+            println!(
+                "{} bytes from {host}: icmp_seq={seq} time={} ms",
+                size + 8,
+                output::ping_ms(rtt_ns)
+            );
+        }));
+    }
+    let result = run_blocking(cfg)?;
+    let text = if o.json {
+        serde_json::to_string(&result)? + "\n"
+    } else {
+        String::from("\n") + &output::human(&result)
+    };
+    finish(&result, &text)
+}
+
+fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {
+    let rt = runtime()?;
+    rt.block_on(async {
+        let (tx, rx) = cancel_pair();
+        on_signals(tx);
+        run_probe(&cfg, rx).await
+    })
+}
+
+fn finish(result: &crate::active::ProbeResult, text: &str) -> Result<()> {
     use std::io::Write;
     std::io::stdout().write_all(text.as_bytes())?;
     if result.counts.received == 0 && result.counts.sent > 0 {
@@ -233,18 +304,25 @@ mod tests {
         kind: ProbeKind,
     }
 
+    fn parse(args: &[&str]) -> Result<ProbeKind, clap::Error> {
+        let mut v = vec!["probe"];
+        v.extend_from_slice(args);
+        T::try_parse_from(v).map(|t| t.kind)
+    }
+
     #[test]
     fn interval_parsing() {
-        assert_eq!(interval_arg("0").unwrap(), Duration::ZERO);
-        assert_eq!(interval_arg("-1").unwrap(), Duration::ZERO);
-        assert_eq!(interval_arg("10ms").unwrap(), Duration::from_millis(10));
-        assert_eq!(interval_arg("10m").unwrap(), Duration::from_millis(10));
-        assert_eq!(interval_arg("10").unwrap(), Duration::from_millis(10));
-        assert_eq!(interval_arg("250us").unwrap(), Duration::from_micros(250));
-        assert_eq!(interval_arg("50u").unwrap(), Duration::from_micros(50));
-        assert_eq!(interval_arg("1s").unwrap(), Duration::from_secs(1));
-        assert!(interval_arg("fast").is_err());
-        assert!(interval_arg("-5").is_err());
+        let i = netperf_interval_arg;
+        assert_eq!(i("0").unwrap(), Duration::ZERO);
+        assert_eq!(i("-1").unwrap(), Duration::ZERO);
+        assert_eq!(i("10ms").unwrap(), Duration::from_millis(10));
+        assert_eq!(i("10m").unwrap(), Duration::from_millis(10));
+        assert_eq!(i("10").unwrap(), Duration::from_millis(10));
+        assert_eq!(i("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(i("50u").unwrap(), Duration::from_micros(50));
+        assert_eq!(i("1s").unwrap(), Duration::from_secs(1));
+        assert!(i("fast").is_err());
+        assert!(i("-5").is_err());
     }
 
     #[test]
@@ -259,9 +337,8 @@ mod tests {
     }
 
     #[test]
-    fn probe_cli() {
-        let t = T::try_parse_from([
-            "probe",
+    fn netperf_options() {
+        let k = parse(&[
             "tcp-rr",
             "10.0.0.1",
             "-w",
@@ -277,24 +354,102 @@ mod tests {
             "min_latency, P99_LATENCY,THROUGHPUT",
         ])
         .unwrap();
-        let (kind, o) = t.kind.parts().unwrap();
-        assert_eq!(kind, Kind::TcpRr);
-        let c = probe_config(kind, o).unwrap();
+        let ProbeKind::TcpRr { common, tcp } = &k else {
+            panic!("tcp-rr")
+        };
+        let c = rr_config(Kind::TcpRr, common, tcp).unwrap();
         assert_eq!(c.interval, Duration::from_millis(10));
         assert_eq!(c.burst, 2);
         assert_eq!((c.req_size, c.resp_size), (1, 2));
         assert_eq!(c.stop, Stop::Duration(Duration::from_secs(2)));
         assert!(c.nodelay);
-        assert_eq!(o.output.as_ref().unwrap().0.len(), 3);
-        let t = T::try_parse_from(["probe", "icmp", "::1", "-n", "5"]).unwrap();
-        let (kind, o) = t.kind.parts().unwrap();
-        let c = probe_config(kind, o).unwrap();
-        assert_eq!(c.req_size, 56);
+        assert_eq!(common.output.as_ref().unwrap().0.len(), 3);
+        assert!(parse(&["udp-rr", "h", "-l", "1", "-n", "3"]).is_err());
+        assert!(parse(&["udp-rr", "h", "-o", "BOGUS"]).is_err());
+        let k = parse(&["udp-rr", "h", "-b", "0"]).unwrap();
+        let ProbeKind::UdpRr { common } = &k else {
+            panic!("udp-rr")
+        };
+        assert!(rr_config(Kind::UdpRr, common, &TcpOpts::default()).is_err());
+    }
+
+    /// One duration grammar: -l takes netperf's bare seconds and any duration;
+    /// a bare -w is milliseconds and -w -1 is accepted, as netperf.
+    #[test]
+    fn durations_follow_netperf() {
+        for (l, want) in [("1", 1000), ("1s", 1000), ("1.5", 1500), ("500ms", 500)] {
+            let k = parse(&["tcp-rr", "h", "-l", l]).unwrap();
+            let ProbeKind::TcpRr { common, tcp } = &k else {
+                panic!()
+            };
+            let c = rr_config(Kind::TcpRr, common, tcp).unwrap();
+            assert_eq!(
+                c.stop,
+                Stop::Duration(Duration::from_millis(want)),
+                "-l {l}"
+            );
+        }
+        let k = parse(&["tcp-rr", "h", "-w", "-1"]).unwrap();
+        let ProbeKind::TcpRr { common, .. } = &k else {
+            panic!()
+        };
+        assert_eq!(common.interval, Duration::ZERO);
+        let k = parse(&["udp-rr", "h", "-W", "0.5"]).unwrap();
+        let ProbeKind::UdpRr { common } = &k else {
+            panic!()
+        };
+        assert_eq!(common.timeout, Duration::from_millis(500));
+        assert!(parse(&["tcp-rr", "h", "-l", "forever"]).is_err());
+    }
+
+    /// ping's options for `probe icmp`, and flags that mean nothing for a
+    /// probe are refused instead of ignored.
+    #[test]
+    fn ping_options_and_meaningless_flags() {
+        let k = parse(&[
+            "icmp", "::1", "-c", "5", "-i", "0.2", "-W", "2", "-s", "100", "-q", "-n",
+        ])
+        .unwrap();
+        let ProbeKind::Icmp { ping } = &k else {
+            panic!("icmp")
+        };
+        let c = ping_config(ping).unwrap();
         assert_eq!(c.stop, Stop::Count(5));
-        assert!(T::try_parse_from(["probe", "udp-rr", "h", "-l", "1", "-n", "3"]).is_err());
-        assert!(T::try_parse_from(["probe", "udp-rr", "h", "-o", "BOGUS"]).is_err());
-        let t = T::try_parse_from(["probe", "udp-rr", "h", "-b", "0"]).unwrap();
-        let (kind, o) = t.kind.parts().unwrap();
-        assert!(probe_config(kind, o).is_err());
+        assert_eq!(c.interval, Duration::from_millis(200));
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert_eq!((c.req_size, c.resp_size), (100, 100));
+        assert!(ping.quiet);
+        // defaults: 1 s apart, 56 bytes, until -w or Ctrl-C
+        let k = parse(&["icmp", "h"]).unwrap();
+        let ProbeKind::Icmp { ping } = &k else {
+            panic!()
+        };
+        let c = ping_config(ping).unwrap();
+        assert_eq!(c.interval, Duration::from_secs(1));
+        assert_eq!(c.req_size, 56);
+        assert!(matches!(c.stop, Stop::Duration(d) if d > Duration::from_secs(86400 * 365)));
+        // -w is ping's deadline; with -c, whichever comes first
+        let k = parse(&["icmp", "h", "-c", "3", "-w", "10"]).unwrap();
+        let ProbeKind::Icmp { ping } = &k else {
+            panic!()
+        };
+        assert_eq!(
+            ping_config(ping).unwrap().stop,
+            Stop::CountOrDuration(3, Duration::from_secs(10))
+        );
+        for bad in [
+            &["icmp", "h", "--nodelay"][..],
+            &["icmp", "h", "-p", "1234"],
+            &["icmp", "h", "--async-io"],
+            &["udp-rr", "h", "--nodelay"],
+            &["udp-rr", "h", "--async-io"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} must be refused");
+        }
+        let k = parse(&["icmp", "h", "-s", "0"]).unwrap();
+        let ProbeKind::Icmp { ping } = &k else {
+            panic!()
+        };
+        assert!(ping_config(ping).is_err());
     }
 }
