@@ -350,7 +350,11 @@ struct rttscope_sampler_pending {
  *  - a pending slot is first reserved as ((u32)gen | 1) << 32, the time part 0
  *    marking "not valid yet", then gen is checked, then the reservation is
  *    turned into the real value with cmpxchg: a segment of a flow whose way
- *    was re-keyed in between can never become a slot of the new flow. */
+ *    was re-keyed in between can never become a slot of the new flow.
+ *  - a reader copying the whole entry (userspace) trusts it only when gen
+ *    is even and equals gen_end, the last field: set to gen + 1 before
+ *    anything is rewritten and to gen + 2 at the end (a seqlock whose
+ *    second read is the copy's last word). */
 struct rttscope_sampler_entry {
 	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1) */
 	struct rttscope_flow_key key;  /* family 0: empty way */
@@ -359,7 +363,14 @@ struct rttscope_sampler_entry {
 	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
 	__u64 lock;
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
-	__u8 reserved[16];  /* pads the entry to 1024 bytes (the array is mmapable: page-aligned) */
+	/* Samples of every flow evicted from this way so far (each evicted
+	 * entry's agg.samples, added while gen is odd): with gen, userspace
+	 * tells exactly how many samples of an evicted flow it never read. */
+	__u64 evicted_samples;
+	/* The last field: gen + 1 (odd) as a re-key starts, gen + 2 as it
+	 * ends. A copy of the entry (BPF_MAP_LOOKUP_BATCH copies upwards)
+	 * whose gen and gen_end differ was torn by a re-key: not used. */
+	__u64 gen_end;
 };
 
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");

@@ -458,6 +458,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 		return e;
 	}
 	__sync_fetch_and_add(&e->gen, 1); /* odd: readers keep off */
+	__sync_lock_test_and_set(&e->gen_end, g + 1); /* a copy from here on is torn */
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		/* clears reservations too: their owners' final cmpxchg fails */
@@ -466,8 +467,12 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	}
 	if (e->key.family) {
 		count(RTTSCOPE_SAMPLER_PENDING_EVICTED);
-		if (e->flow.agg.samples)
+		if (e->flow.agg.samples) {
 			count(RTTSCOPE_SAMPLER_FLOWS_EVICTED);
+			/* the way's running total of evicted samples (read or
+			 * not): userspace subtracts what it had read */
+			e->evicted_samples += e->flow.agg.samples;
+		}
 		if (n)
 			count_n(RTTSCOPE_SAMPLER_EVICTED_SEGMENTS, n);
 	}
@@ -481,6 +486,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
 	rttscope_agg_init(&e->flow.agg, ep ? *ep : 0);
 	e->flow.ifindex = cfg_ifindex;
+	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
 	unlock(e);
 	count(RTTSCOPE_SAMPLER_PENDING_CREATED);

@@ -555,3 +555,169 @@ fn slow_clients_do_not_starve_scrapes() {
     assert_eq!(code, 200);
     drop(obs);
 }
+
+/// Sum of `_count` over every RTT series of `view` (overflow included).
+fn view_count(s: &Scrape, view: &str) -> f64 {
+    rtt_series(s, &[("view", view)])
+        .iter()
+        .map(|x| hist_total(x))
+        .sum()
+}
+
+/// The observer's peak RSS so far (kB).
+fn vm_hwm_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Connection churn (issue 18 item 7): thousands of short connections a
+/// second through a sampler table of 64 entries, so that flows are evicted,
+/// often before a read saw all their samples. Every sample the kernel
+/// counted must be in a histogram or counted as lost:
+/// samples_total = sum of `_count` + drops{reason="samples_evicted"}.
+/// Before, the samples of evicted (and re-entered) flows were missing
+/// without a word.
+#[test]
+fn sampler_samples_are_all_accounted_under_connection_churn() {
+    if !require_root() {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::Arc;
+    const THREADS: usize = 4;
+    let p = Pair::new().unwrap();
+    let addr: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
+    let port = free_port();
+    // RTTSCOPE_CHURN_MAX_FLOWS: another table size, to measure the
+    // observer's memory under churn (docs/perf-metrics.md).
+    let max_flows = std::env::var("RTTSCOPE_CHURN_MAX_FLOWS").unwrap_or_else(|_| "64".into());
+    let obs = start_observer(
+        port,
+        &[
+            "--netns",
+            &p.a.name,
+            "--netns",
+            &p.b.name,
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &format!("{}:{}", p.b.name, p.b_if),
+            "--max-flows",
+            &max_flows,
+        ],
+    );
+    let hwm_start = vm_hwm_kb(obs.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let listener = p.b.run(move || TcpListener::bind(addr).unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let servers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let l = listener.try_clone().unwrap();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((mut s, _)) => {
+                            s.set_nonblocking(false).unwrap();
+                            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                            let mut b = [0u8; 1];
+                            if s.read_exact(&mut b).is_ok() {
+                                let _ = s.write_all(b"r");
+                            }
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_micros(100)),
+                    }
+                }
+            })
+        })
+        .collect();
+    let done = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let done = done.clone();
+            p.a.spawn(move || {
+                while t0.elapsed() < Duration::from_secs(4) {
+                    let s =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                            .unwrap();
+                    // RST at close: no TIME_WAIT, so the ports last.
+                    s.set_linger(Some(Duration::ZERO)).unwrap();
+                    if s.connect_timeout(&addr.into(), Duration::from_secs(2))
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    let mut s: TcpStream = s.into();
+                    let mut b = [0u8; 1];
+                    if s.write_all(b"q").is_ok() && s.read_exact(&mut b).is_ok() {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let took = t0.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for s in servers {
+        s.join().unwrap();
+    }
+    // Several read intervals (300 ms) after the last connection.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (s, body) = scrape(port);
+    let done = done.load(Ordering::Relaxed);
+    let samples = untyped(&s, "rttscope_samples_total", &[("view", "sampler")]).unwrap();
+    let counted = view_count(&s, "sampler");
+    let evicted = untyped(
+        &s,
+        "rttscope_drops_total",
+        &[("view", "sampler"), ("reason", "samples_evicted")],
+    );
+    let ev = |e: &str| {
+        untyped(
+            &s,
+            "rttscope_view_events_total",
+            &[("view", "sampler"), ("event", e)],
+        )
+        .unwrap_or(f64::NAN)
+    };
+    let flows_evicted = ev("flows_evicted");
+    let hwm = vm_hwm_kb(obs.pid());
+    eprintln!(
+        "{done} connections in {took:?} ({:.0}/s): sampler samples_total {samples}, sum of _count {counted}, samples_evicted {evicted:?}, flows_evicted {flows_evicted}, pending_evicted {}, flow_map_full {}; tcp samples_total {:?}, sum of _count {}; VmHWM {hwm_start} -> {hwm} kB",
+        done as f64 / took.as_secs_f64(),
+        ev("pending_evicted"),
+        ev("flow_map_full"),
+        untyped(&s, "rttscope_samples_total", &[("view", "tcp")]),
+        view_count(&s, "tcp"),
+    );
+    assert!(done > 2000, "churn: only {done} connections");
+    assert!(
+        flows_evicted > 0.0,
+        "the 64-entry table evicted flows with samples: {flows_evicted}\n{body}"
+    );
+    let evicted = evicted.unwrap_or_else(|| panic!("no samples_evicted drop counter:\n{body}"));
+    assert_eq!(
+        samples,
+        counted + evicted,
+        "samples_total {samples} = sum of _count {counted} + samples_evicted {evicted}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(obs.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = obs.wait_output(Duration::from_secs(10)).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

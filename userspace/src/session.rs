@@ -3,7 +3,7 @@
 //! closed and idle flows given back to the kernel's tables. It prints
 //! nothing: `cmd::observe` drives it and hands what it reads to the sinks
 //! (table, JSON Lines, Prometheus).
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -13,7 +13,7 @@ use crate::analysis::hist::{Hist, HistSummary, Snapshot};
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::netns;
 use crate::views::flow::{Flow, Side};
-use crate::views::sampler::{IfaceSpec, SamplerConfig, SamplerView};
+use crate::views::sampler::{IfaceSpec, SamplerConfig, SamplerFlowStats, SamplerView};
 use crate::views::tcp::{self, TcpFlowState, TcpView, TcpViewConfig};
 use crate::views::LoaderKind;
 
@@ -113,8 +113,62 @@ pub struct Session {
     pub sampler: Option<Box<dyn SamplerView>>,
     names: NsNames,
     tracker: Tracker,
-    sampler_prev: HashMap<Flow, Snapshot>,
+    sampler_ways: SamplerTracker,
     keep_rows: bool,
+}
+
+/// The sampler's table between reads, per way (table entry): which flow
+/// stay (`gen`) it held, what of its histogram was read, and the way's
+/// running total of evicted samples. Bounded by the table's size.
+#[derive(Default)]
+pub(crate) struct SamplerTracker {
+    prev: HashMap<u32, WayPrev>,
+    /// Samples of evicted flows that no read saw (cumulative).
+    samples_evicted: u64,
+}
+
+struct WayPrev {
+    gen: u64,
+    evicted: u64,
+    snap: Snapshot,
+    /// Samples of this flow stay read so far (the snapshot's count).
+    read: u64,
+}
+
+impl SamplerTracker {
+    /// One way of this read: its samples since the previous read (the
+    /// whole histogram for a flow new in the way), and the way's evicted
+    /// samples that were never read added to `samples_evicted`. Returns
+    /// (delta, whether the flow stay is new to us).
+    fn way(&mut self, f: &SamplerFlowStats) -> (Hist, bool) {
+        let grown = |p: &WayPrev| f.evicted_samples.saturating_sub(p.evicted);
+        let (delta, first) = match self.prev.get(&f.way) {
+            Some(p) if p.gen == f.gen => {
+                self.samples_evicted += grown(p);
+                (p.snap.delta_hist(&f.hist), false)
+            }
+            Some(p) => {
+                // re-keyed since: the flow we read part of was evicted
+                // (with any flows that came and went in between)
+                self.samples_evicted += grown(p).saturating_sub(p.read);
+                (f.hist.clone(), true)
+            }
+            None => {
+                self.samples_evicted += f.evicted_samples;
+                (f.hist.clone(), true)
+            }
+        };
+        self.prev.insert(
+            f.way,
+            WayPrev {
+                gen: f.gen,
+                evicted: f.evicted_samples,
+                snap: Snapshot::of_hist(&f.hist),
+                read: f.hist.count(),
+            },
+        );
+        (delta, first)
+    }
 }
 
 impl Session {
@@ -137,7 +191,7 @@ impl Session {
             sampler,
             names: NsNames::new(),
             tracker: Tracker::default(),
-            sampler_prev: HashMap::new(),
+            sampler_ways: SamplerTracker::default(),
             keep_rows: cfg.keep_rows,
         })
     }
@@ -278,23 +332,12 @@ impl Session {
     ) -> Result<(Hist, BTreeMap<&'static str, u64>)> {
         let s = self.sampler.as_mut().expect("sampler attached");
         let mut total = Hist::default();
-        let flows = s.read_flows()?;
-        let mut seen = HashSet::new();
-        for f in &flows {
-            seen.insert(f.flow);
-            let first = !self.sampler_prev.contains_key(&f.flow);
-            let mut delta = self
-                .sampler_prev
-                .get(&f.flow)
-                .map_or_else(|| f.hist.clone(), |p| p.delta_hist(&f.hist));
-            self.sampler_prev.insert(f.flow, Snapshot::of_hist(&f.hist));
+        // One entry per way: a flow in two ways (rare) has its deltas merged.
+        let mut deltas: BTreeMap<Flow, Hist> = BTreeMap::new();
+        for f in &s.read_flows()? {
+            let (mut delta, first) = self.sampler_ways.way(f);
             if delta.count() == 0 {
                 continue;
-            }
-            // daemon mode: the sampler's samples since the last read.
-            if let Some(d) = sink.as_deref_mut() {
-                let ns = self.names.get(f.flow.netns);
-                d.sampler_delta(&f.flow, self.tracker.side_of(&f.flow), &ns, &delta);
             }
             delta.set_range(
                 f.interval_min_us
@@ -302,29 +345,43 @@ impl Session {
                 f.interval_max_us
                     .or(if first { f.hist.max_us } else { None }),
             );
+            match deltas.entry(f.flow) {
+                std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().merge(&delta),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(delta);
+                }
+            }
+        }
+        for (flow, delta) in deltas {
+            // daemon mode: the sampler's samples since the last read.
+            if let Some(d) = sink.as_deref_mut() {
+                let ns = self.names.get(flow.netns);
+                d.sampler_delta(&flow, self.tracker.side_of(&flow), &ns, &delta);
+            }
             total.merge(&delta);
             if !self.keep_rows {
                 continue; // nothing prints rows
             }
             let stats = ViewStats::from_hist(&delta);
             let (names, tracker) = (&mut self.names, &self.tracker);
-            let row = rows.entry(f.flow).or_insert_with(|| FlowRow {
-                netns: f.flow.netns,
-                netns_name: names.get(f.flow.netns),
-                local: f.flow.local.to_string(),
-                remote: f.flow.remote.to_string(),
-                side: tracker.side_of(&f.flow),
+            let row = rows.entry(flow).or_insert_with(|| FlowRow {
+                netns: flow.netns,
+                netns_name: names.get(flow.netns),
+                local: flow.local.to_string(),
+                remote: flow.remote.to_string(),
+                side: tracker.side_of(&flow),
                 origin: None,
                 state: None,
                 closed: false,
                 tcp: None,
                 sampler: None,
-                flow: Some(f.flow),
+                flow: Some(flow),
             });
             row.sampler = Some(stats);
         }
-        self.sampler_prev.retain(|k, _| seen.contains(k));
-        Ok((total, s.counters()?))
+        let mut sc = s.counters()?;
+        sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
+        Ok((total, sc))
     }
 
     /// Cumulative summary since start of every flow still in the views'
@@ -357,7 +414,7 @@ impl Session {
             })?;
         }
         if let Some(s) = self.sampler.as_mut() {
-            for f in s.read_flows()? {
+            for f in crate::views::sampler::merge_ways(s.read_flows()?) {
                 let entry = summary.entry(f.flow).or_insert_with(|| {
                     json!({
                         "netns": f.flow.netns,
@@ -375,7 +432,9 @@ impl Session {
             counters.insert("tcp", v.counters()?);
         }
         if let Some(s) = &self.sampler {
-            counters.insert("sampler", s.counters()?);
+            let mut sc = s.counters()?;
+            sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
+            counters.insert("sampler", sc);
         }
         Ok((summary.into_values().collect(), counters))
     }

@@ -274,6 +274,18 @@ pub struct SamplerFlowStats {
     pub interval_max_us: Option<u32>,
     pub first_ns: u64,
     pub last_ns: u64,
+    /// The table entry (way) read, and its generation: a way re-keyed for
+    /// another flow has a new `gen`, so (way, gen) names one flow's stay
+    /// in the table.
+    #[serde(skip)]
+    pub way: u32,
+    #[serde(skip)]
+    pub gen: u64,
+    /// Samples of every flow evicted from this way so far (read or not):
+    /// with (way, gen), the samples of an evicted flow never read are
+    /// `evicted_samples` growth minus what was read of it.
+    #[serde(skip)]
+    pub evicted_samples: u64,
 }
 
 /// One raw sample (ring buffer).
@@ -483,6 +495,9 @@ pub(crate) fn flow_stats(
         interval_max_us: in_window.then_some(a.win_max_us),
         first_ns: f.first_ns,
         last_ns: f.last_ns,
+        way: 0,
+        gen: 0,
+        evicted_samples: 0,
     })
 }
 
@@ -501,20 +516,23 @@ pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>) {
 
 /// Read the whole flow table (an array, `entries` long) with
 /// `BPF_MAP_LOOKUP_BATCH` (both loaders: `sys::bpf::lookup_batch` on the
-/// map's fd) and pass every entry that holds a flow with at least one
-/// sample. Entries are copied while the programs may update them, as with a
-/// hash-map walk: a histogram can be a sample behind its count.
+/// map's fd) and pass every entry (with its index) that holds a flow with at
+/// least one sample, or whose way has evicted flows with samples. Entries
+/// are copied while the programs may update them: a copy torn by a re-key
+/// (`gen` odd, or not equal to `gen_end`, the entry's last word) is left
+/// out (the next read sees the way again); a histogram can still be a
+/// sample behind its count, as with a hash-map walk.
 pub(crate) fn read_table(
     fd: BorrowedFd<'_>,
     entries: u32,
-    mut f: impl FnMut(&TableEntry),
+    mut f: impl FnMut(u32, &TableEntry),
 ) -> Result<()> {
     crate::sys::bpf::lookup_batch(
         fd,
         std::mem::size_of::<u32>(),
         std::mem::size_of::<TableEntry>(),
         entries as usize,
-        |_, v| {
+        |k, v| {
             // Most entries of a sparse table are empty: look at the key's
             // family in place before copying the 1 KiB entry out.
             const FAMILY: usize =
@@ -522,9 +540,19 @@ pub(crate) fn read_table(
             if v.get(FAMILY..FAMILY + 2).is_none_or(|b| b == [0, 0]) {
                 return;
             }
+            let Some(idx) = k
+                .get(..4)
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+            else {
+                return;
+            };
             if let Ok(e) = bpf::decode::<TableEntry>(v) {
-                if e.key.family != 0 && e.gen & 1 == 0 && e.flow.agg.samples > 0 {
-                    f(&e);
+                if e.key.family != 0
+                    && e.gen & 1 == 0
+                    && e.gen == e.gen_end
+                    && (e.flow.agg.samples > 0 || e.evicted_samples > 0)
+                {
+                    f(idx, &e);
                 }
             }
         },
@@ -532,9 +560,11 @@ pub(crate) fn read_table(
     .context("reading the sampler's flow table (BPF_MAP_LOOKUP_BATCH)")
 }
 
-/// The flows of one table read (both loaders): decoded, and a flow that
-/// two CPUs entered at once (two ways, rare) reported once, by the way with
-/// more samples.
+/// The flows of one table read (both loaders), one per way, sorted by flow:
+/// a flow that two CPUs entered at once (two ways, rare) comes twice, and
+/// a way whose flow has no sample yet comes (with `samples` 0) when flows
+/// with samples were evicted from it, so that the reader can account for
+/// them (`session`: samples_evicted). See `merge_ways` for one per flow.
 pub(crate) fn table_flows(
     fd: BorrowedFd<'_>,
     cfg: &SamplerConfig,
@@ -542,15 +572,29 @@ pub(crate) fn table_flows(
     epoch: u32,
 ) -> Result<Vec<SamplerFlowStats>> {
     let mut out: Vec<SamplerFlowStats> = Vec::new();
-    read_table(fd, cfg.table_entries(), |e| {
+    read_table(fd, cfg.table_entries(), |way, e| {
         // the key opens the entry (the sampler object's own copy of the type)
         if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
-            out.extend(flow_stats(info, epoch, &key, &e.flow));
+            if let Some(mut s) = flow_stats(info, epoch, &key, &e.flow) {
+                s.way = way;
+                s.gen = e.gen;
+                s.evicted_samples = e.evicted_samples;
+                out.push(s);
+            }
         }
     })?;
     out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
-    out.dedup_by(|later, kept| later.flow == kept.flow);
     Ok(out)
+}
+
+/// One entry per flow with samples, from `table_flows`' per-way list: a
+/// flow that two CPUs entered at once (two ways) reported once, by the way
+/// with more samples; ways without samples left out.
+pub fn merge_ways(mut ways: Vec<SamplerFlowStats>) -> Vec<SamplerFlowStats> {
+    ways.retain(|f| f.samples > 0);
+    ways.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
+    ways.dedup_by(|later, kept| later.flow == kept.flow);
+    ways
 }
 
 /// A random seed for the programs' flow hash (per view: a remote peer cannot
@@ -578,7 +622,8 @@ pub trait SamplerView: PassiveView {
     /// How each interface is attached.
     fn attach_info(&self) -> &[AttachInfo];
     /// Every flow's cumulative histogram, plus min/max since the previous
-    /// call (the kernel's per-flow window restarts when the epoch moves on).
+    /// call (the kernel's per-flow window restarts when the epoch moves on):
+    /// one entry per table way (`table_flows`; `merge_ways` for one per flow).
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
 }
 
