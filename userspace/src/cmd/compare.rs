@@ -21,7 +21,7 @@ use crate::active::rr::{run_probe, Kind, ProbeConfig, ProbeResult, Stop};
 use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
-use crate::analysis::units::{duration_arg, fmt_duration_short, fmt_ms};
+use crate::analysis::units::{fmt_duration_short, fmt_ms};
 use crate::views::flow::{Flow, Side};
 use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
 use crate::views::tcp::{TcpView, TcpViewConfig};
@@ -34,17 +34,17 @@ pub struct CompareArgs {
     /// The responder's port (`rttscope serve` default: 7878).
     #[arg(short = 'p', long, default_value_t = crate::active::serve::DEFAULT_PORT)]
     pub port: u16,
-    /// Length of the run (all probes and views over the same window).
-    #[arg(short = 'l', long = "length", default_value = "10s", value_parser = duration_arg)]
+    /// Length of the run (all probes and views over the same window): seconds, as netperf's -l, or a duration.
+    #[arg(short = 'l', long = "length", default_value = "10", value_parser = crate::analysis::units::seconds_arg)]
     pub length: Duration,
-    /// Interval between transactions (0 = back to back, as netperf).
-    #[arg(short = 'w', long, default_value = "0", value_parser = duration_arg)]
+    /// Interval between transactions (0 = back to back): netperf's -w, a bare number is milliseconds.
+    #[arg(short = 'w', long, default_value = "0", value_parser = crate::analysis::units::netperf_interval_arg, allow_hyphen_values = true)]
     pub interval: Duration,
     /// Transactions per interval.
     #[arg(short = 'b', long, default_value_t = 1)]
     pub burst: u32,
     /// Request and response sizes in bytes, REQ,RESP.
-    #[arg(short = 'r', long = "sizes", default_value = "1,1", value_parser = sizes_arg)]
+    #[arg(short = 'r', long = "sizes", default_value = "1,1", value_parser = crate::cmd::probe::sizes_arg)]
     pub sizes: (u32, u32),
     /// TCP_NODELAY on the TCP probe.
     #[arg(long)]
@@ -79,15 +79,6 @@ pub struct CompareArgs {
     /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
-}
-
-fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
-    let (a, b) = s.split_once(',').unwrap_or((s, s));
-    let p = |x: &str| x.trim().parse::<u32>().ok().filter(|v| *v > 0);
-    match (p(a), p(b)) {
-        (Some(a), Some(b)) => Ok((a, b)),
-        _ => Err(format!("'{s}' is not REQ,RESP sizes in bytes (e.g. 1,2)")),
-    }
 }
 
 /// One row of the comparison table.
@@ -996,10 +987,50 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse() {
-        assert_eq!(sizes_arg("1,2").unwrap(), (1, 2));
-        assert_eq!(sizes_arg("1409").unwrap(), (1409, 1409));
-        assert!(sizes_arg("0,1").is_err());
-        assert!(sizes_arg("a,b").is_err());
+    fn cloud_file_row_from_a_fixture() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/cloud");
+        let (name, f) = read_cloud_file(&dir.join("explicit-vm_flow.json")).unwrap();
+        let row = cloud_file_row(&name, &f);
+        assert_eq!((row.view.as_str(), row.summary.n), ("cloud", 1002));
+        let want = 1000.0 * 50.0 / (100.0 * 1001.0 / 1002.0);
+        assert!((row.summary.p50 - want).abs() < 1e-6, "{:?}", row.summary);
+        assert!(row.what.contains("layout from the file"), "{}", row.what);
+        let (name, f) = read_cloud_file(&dir.join("aligned-p50.json")).unwrap();
+        let row = cloud_file_row(&name, &f);
+        assert_eq!(row.summary.n, 2);
+        assert_eq!(row.summary.mean, 500.0);
+        assert!(row.summary.p50.is_nan());
+        let e = read_cloud_file(&dir.join("bad-count.json")).unwrap_err();
+        assert!(format!("{e:#}").contains("bucketCounts add up to 4"));
+    }
+
+    /// compare's -l, -w, -r are netperf's, parsed as probe parses them:
+    /// `-l 3` and `-l 3s` are 3 s, `-w 10` and `-w 10m` are 10 ms, `-w -1` none.
+    #[test]
+    fn netperf_options_parse_as_probe_does() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: CompareArgs,
+        }
+        let p = |extra: &[&str]| {
+            let mut v = vec!["compare", "h"];
+            v.extend_from_slice(extra);
+            T::try_parse_from(v).map(|t| t.a)
+        };
+        for (l, w, want_l, want_w) in [
+            ("3", "10", 3000, 10),
+            ("3s", "10m", 3000, 10),
+            ("1.5", "-1", 1500, 0),
+            ("500ms", "10ms", 500, 10),
+        ] {
+            let a = p(&["-l", l, "-w", w]).unwrap();
+            assert_eq!(a.length, Duration::from_millis(want_l), "-l {l}");
+            assert_eq!(a.interval, Duration::from_millis(want_w), "-w {w}");
+        }
+        assert_eq!(p(&["-r", "1409"]).unwrap().sizes, (1409, 1409));
+        assert!(p(&["-r", "0,1"]).is_err());
+        assert!(p(&["-l", "soon"]).is_err());
     }
 }
