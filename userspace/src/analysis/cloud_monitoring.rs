@@ -547,6 +547,102 @@ pub fn parse(text: &str, name: &str) -> Result<CloudFile> {
     })
 }
 
+/// What a file says as one view: its distribution points merged (a CUMULATIVE series
+/// contributes its last point, which holds the earlier ones), in the layout of the first one;
+/// points with another layout are counted in `skipped`. Aligned doubles are returned as values.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MergedCloud {
+    pub distribution: Option<Distribution>,
+    /// Distribution points merged.
+    pub points: usize,
+    /// Distribution points left out (another layout or unit).
+    pub skipped: usize,
+    /// The values of aligned (DOUBLE/INT64) points, in the series' unit.
+    pub aligned: Vec<f64>,
+    /// The earliest start and latest end of the points used (Unix seconds).
+    pub start_unix_s: Option<f64>,
+    pub end_unix_s: Option<f64>,
+}
+
+pub fn merge_file(f: &CloudFile) -> MergedCloud {
+    let mut m = MergedCloud {
+        distribution: None,
+        points: 0,
+        skipped: 0,
+        aligned: Vec::new(),
+        start_unix_s: None,
+        end_unix_s: None,
+    };
+    for s in &f.series {
+        let pts: Vec<&CloudPoint> = if s.metric_kind == "CUMULATIVE" {
+            s.points.last().into_iter().collect()
+        } else {
+            s.points.iter().collect()
+        };
+        for p in pts {
+            let used = match &p.value {
+                PointValue::Distribution(d) => match &mut m.distribution {
+                    None => {
+                        m.distribution = Some((**d).clone());
+                        true
+                    }
+                    Some(acc) => acc.merge(d).is_ok(),
+                },
+                PointValue::Double(v) => {
+                    m.aligned.push(*v);
+                    true
+                }
+                PointValue::Int64(v) => {
+                    m.aligned.push(*v as f64);
+                    true
+                }
+                PointValue::EmptyDistribution => false,
+            };
+            if !used {
+                if matches!(p.value, PointValue::Distribution(_)) {
+                    m.skipped += 1;
+                }
+                continue;
+            }
+            if matches!(p.value, PointValue::Distribution(_)) {
+                m.points += 1;
+            }
+            let st = p.start_unix_s.unwrap_or(p.end_unix_s);
+            m.start_unix_s = Some(m.start_unix_s.map_or(st, |x| x.min(st)));
+            m.end_unix_s = Some(m.end_unix_s.map_or(p.end_unix_s, |x| x.max(p.end_unix_s)));
+        }
+    }
+    m
+}
+
+/// CDF points of a distribution from its bucket counts: (upper bound in us, fraction of samples
+/// below it) for each finite bucket up to the last non-empty one, starting at (lower bound of the
+/// first non-empty bucket, 0). The underflow bucket starts at 0 when its bound is positive.
+pub fn cdf_points_us(d: &Distribution) -> Vec<(f64, f64)> {
+    let total = d.count as f64;
+    if d.count == 0 {
+        return Vec::new();
+    }
+    let o = &d.bucket_options;
+    let n = d.bucket_counts.len();
+    let first = d.bucket_counts.iter().position(|&c| c > 0).unwrap_or(0);
+    let last = d.bucket_counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+    let lo = if first == 0 {
+        o.upper(0).min(0.0)
+    } else {
+        o.lower(first)
+    };
+    let mut out = vec![(d.unit.to_us(lo), 0.0)];
+    let mut cum = 0u64;
+    for i in first..=last {
+        cum += d.bucket_counts[i];
+        // The overflow bucket has no upper bound: its samples are drawn at its lower bound.
+        let x = if i == n - 1 { o.lower(i) } else { o.upper(i) };
+        out.push((d.unit.to_us(x), cum as f64 / total));
+    }
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 // Times
 // ---------------------------------------------------------------------------------------------
@@ -1242,6 +1338,24 @@ mod tests {
         let lines: String = reqs.iter().map(|r| r.to_string() + "\n").collect();
         let back = parse(&lines, "lines").unwrap();
         assert_eq!(back.series.len(), MAX_SERIES + 1);
+    }
+
+    #[test]
+    fn merged_file_and_cdf_points() {
+        let f = parse(&fixture("exponential.json"), "e").unwrap();
+        let m = merge_file(&f);
+        let d = m.distribution.unwrap();
+        assert_eq!((m.points, m.skipped, d.count), (2, 0, 4));
+        assert_eq!(d.bucket_counts[5], 3);
+        assert_eq!(d.bucket_counts[8], 1);
+        assert_eq!(m.start_unix_s, parse_rfc3339("2026-11-21T06:00:00Z"));
+        // 3 samples in [16, 32) ms, 1 in [128, 256) ms.
+        let cdf = cdf_points_us(&d);
+        assert_eq!(cdf.first(), Some(&(16_000.0, 0.0)));
+        assert_eq!(cdf[1], (32_000.0, 0.75));
+        assert_eq!(cdf.last(), Some(&(256_000.0, 1.0)));
+        let a = merge_file(&parse(&fixture("aligned-p50.json"), "a").unwrap());
+        assert_eq!((a.distribution, a.aligned), (None, vec![0.5, 0.5]));
     }
 
     proptest::proptest! {

@@ -70,6 +70,10 @@ pub struct CompareArgs {
     /// Cloud bucket layout for the "sampler via cloud buckets" row (see `rttscope bucket --help`).
     #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub layout: BucketOptions,
+    /// Add the cloud's own numbers as one more row: a Cloud Monitoring file (projects.timeSeries.list
+    /// response for vm_flow/rtt, fetched for this window; docs/cloud.md).
+    #[arg(long, value_name = "FILE")]
+    pub cloud: Option<PathBuf>,
     /// Add short notes explaining the differences, each with the numbers that triggered it.
     #[arg(long)]
     pub explain: bool,
@@ -117,6 +121,8 @@ pub fn run(args: CompareArgs) -> Result<()> {
 /// The driver: attach, run the window, assemble the rows, report.
 async fn compare(args: CompareArgs) -> Result<()> {
     crate::sys::preflight::require_bpf_caps()?;
+    // --cloud: read before attaching, so a bad file fails first.
+    let cloud_file = args.cloud.as_deref().map(read_cloud_file).transpose()?;
     let plan = ProbePlan::new(&args);
     let mut views = attach_views(&args)?;
     let start_unix = std::time::SystemTime::now()
@@ -151,6 +157,9 @@ async fn compare(args: CompareArgs) -> Result<()> {
     report.result.start_unix_s = Some(start_unix);
     report.result.title = Some(title(&args, views.sampler.is_some()));
     let cloud = report.add_passive(&args, &views, &sides);
+    if let Some((name, f)) = &cloud_file {
+        report.add_cloud_file(name, f);
+    }
     report.add_probes(rr_results, irtt_result, plan.irtt.as_ref())?;
     let footer = Footer {
         retrans: sides.retrans,
@@ -613,6 +622,85 @@ impl Report {
             );
         }
         Ok(())
+    }
+}
+
+/// `--cloud FILE`: the Cloud Monitoring file, parsed.
+fn read_cloud_file(
+    path: &std::path::Path,
+) -> Result<(String, crate::analysis::cloud_monitoring::CloudFile)> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
+    Ok((
+        name.clone(),
+        crate::analysis::cloud_monitoring::parse(&text, &name)?,
+    ))
+}
+
+/// The "cloud" row of `--cloud FILE`: the file's distribution points merged, percentiles by the
+/// aligner's interpolation in the file's own buckets; or the already-aligned values.
+fn cloud_file_row(name: &str, f: &crate::analysis::cloud_monitoring::CloudFile) -> Row {
+    let m = crate::analysis::cloud_monitoring::merge_file(f);
+    let mut sm = Summary::empty();
+    let (what, bucketed) = match &m.distribution {
+        Some(d) => {
+            let pct = |p: f64| {
+                d.percentile(p)
+                    .ok()
+                    .flatten()
+                    .map_or(f64::NAN, |x| d.unit.to_us(x.value))
+            };
+            sm.n = d.count;
+            sm.p50 = pct(50.0);
+            sm.p90 = pct(90.0);
+            sm.p99 = pct(99.0);
+            sm.mean = d.unit.to_us(d.mean);
+            (
+                format!(
+                    "the cloud's distribution from {name}: {} point(s){}, layout from the file ({}), percentile aligner interpolation",
+                    m.points,
+                    if m.skipped > 0 {
+                        format!(" ({} with another layout left out)", m.skipped)
+                    } else {
+                        String::new()
+                    },
+                    d.bucket_options.spec()
+                ),
+                Some(d.bucket_options.spec()),
+            )
+        }
+        None => {
+            sm.n = m.aligned.len() as u64;
+            let ms: Vec<f64> = m.aligned.iter().map(|v| v * 1000.0).collect();
+            let s = Summary::from_us(&ms);
+            sm.min = s.min;
+            sm.mean = s.mean;
+            sm.max = s.max;
+            (
+                format!(
+                    "{name}: {} already-aligned value(s) (the request's aligner, e.g. ALIGN_PERCENTILE_50; ms assumed): min/mean/max of them, N counts points",
+                    m.aligned.len()
+                ),
+                None,
+            )
+        }
+    };
+    Row {
+        view: "cloud".into(),
+        what,
+        summary: sm,
+        bucketed,
+    }
+}
+
+impl Report {
+    /// `--cloud FILE`: one more row, and the file's distribution in the result's settings.
+    fn add_cloud_file(&mut self, name: &str, f: &crate::analysis::cloud_monitoring::CloudFile) {
+        self.rows.push(cloud_file_row(name, f));
+        self.result.settings["cloud_file"] = json!({
+            "path": name,
+            "merged": crate::analysis::cloud_monitoring::merge_file(f),
+        });
     }
 }
 
