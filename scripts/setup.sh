@@ -12,6 +12,7 @@ APT_PKGS=(
   irtt iperf3 tcpdump procps ethtool  # peers and tools for tests, lab and benchmarks
   systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
   ca-certificates curl
+  qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM
 )
 
 missing=()
@@ -40,6 +41,18 @@ if command -v rustup >/dev/null 2>&1; then
   for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
   done
+fi
+
+# virtme-ng (vng) boots the other kernels for scripts/test-kernels.sh (docs/kernels.md):
+# from pip where a user-managed pip exists (pyenv, venv), else through Debian's pipx.
+export PATH="$HOME/.local/bin:$PATH"
+if ! command -v vng >/dev/null 2>&1; then
+  echo "setup: installing virtme-ng (vng)"
+  if ! { command -v pip >/dev/null 2>&1 && pip install -q virtme-ng >/dev/null 2>&1; }; then
+    dpkg-query -W -f='${Status}' pipx 2>/dev/null | grep -q "install ok installed" ||
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx >/dev/null
+    pipx install virtme-ng >/dev/null
+  fi
 fi
 
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
