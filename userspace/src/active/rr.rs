@@ -932,6 +932,17 @@ impl StopAt {
     }
 }
 
+/// A failed connect in one sentence that says what the error means.
+fn connect_error(addr: SocketAddr, e: std::io::Error) -> anyhow::Error {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => anyhow::anyhow!(
+            "connecting to {addr}: refused (nothing listens on port {} there: start `rttscope serve` on that host, which listens on every address by default, or give its port with -p)",
+            addr.port()
+        ),
+        _ => anyhow::anyhow!("connecting to {addr}: {e}"),
+    }
+}
+
 struct TcpConn {
     s: TcpStream,
     req: Vec<u8>,
@@ -952,7 +963,7 @@ impl TcpConn {
         )
         .await
         .with_context(|| format!("connecting to {addr}: timed out"))?
-        .with_context(|| format!("connecting to {addr} (is `rttscope serve` running there?)"))?;
+        .map_err(|e| connect_error(addr, e))?;
         if nodelay {
             s.set_nodelay(true)?;
         }

@@ -91,12 +91,38 @@ pub const DEFAULT_UDP_RATE: u32 = 100_000;
 /// Default bucket depth: 10 ms at the default rate.
 pub const DEFAULT_UDP_BURST: u32 = 1000;
 
-/// 127.0.0.1:7878 and [::1]:7878.
+/// 0.0.0.0:7878 and [::]:7878: every address, as netserver and `irtt server`
+/// listen (the replies are bounded: cookies, rates, deadlines above).
 pub fn default_listen() -> Vec<SocketAddr> {
     vec![
-        SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
-        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, DEFAULT_PORT)),
+        SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_PORT)),
     ]
+}
+
+/// A socket on `addr`; an IPv6 one is IPv6-only, so that `[::]` and
+/// `0.0.0.0` can both be bound on one port.
+fn socket_on(addr: &SocketAddr, ty: socket2::Type) -> std::io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(*addr), ty, None)?;
+    if addr.is_ipv6() {
+        s.set_only_v6(true)?;
+    }
+    if ty == socket2::Type::STREAM {
+        s.set_reuse_address(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&(*addr).into())?;
+    Ok(s)
+}
+
+fn tcp_listener(addr: &SocketAddr) -> std::io::Result<TcpListener> {
+    let s = socket_on(addr, socket2::Type::STREAM)?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
+}
+
+fn udp_socket(addr: &SocketAddr) -> std::io::Result<UdpSocket> {
+    UdpSocket::from_std(socket_on(addr, socket2::Type::DGRAM)?.into())
 }
 
 /// What the server did; every refusal has a counter.
@@ -324,14 +350,19 @@ pub async fn bind(cfg: ServeConfig) -> Result<Server> {
     }
     let mut tcp = Vec::new();
     let mut udp = Vec::new();
+    let defaults = cfg.listen == default_listen();
     for addr in &cfg.listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("listening on TCP {addr}"))?;
+        let l = match tcp_listener(addr) {
+            Ok(l) => l,
+            // The default [::] on a host without IPv6: IPv4 alone, said once.
+            Err(e) if defaults && addr.is_ipv6() => {
+                info!("not listening on {addr} (no IPv6 here: {e}); IPv4 only");
+                continue;
+            }
+            Err(e) => return Err(e).with_context(|| format!("listening on TCP {addr}")),
+        };
         let bound = l.local_addr()?;
-        let u = UdpSocket::bind(bound)
-            .await
-            .with_context(|| format!("listening on UDP {bound}"))?;
+        let u = udp_socket(&bound).with_context(|| format!("listening on UDP {bound}"))?;
         info!("serving TCP and UDP request/response on {bound}");
         tcp.push(l);
         udp.push(u);
@@ -733,6 +764,60 @@ mod tests {
     use crate::active::framing::{cookie_request, decode_cookie, UDP_COOKIE_LEN, UDP_MAX};
     use crate::active::rr;
     use std::io::{Read, Write};
+
+    /// The default listens on every address, IPv4 and IPv6 on one port (the
+    /// IPv6 socket is IPv6-only, or the two would collide).
+    #[tokio::test]
+    async fn listens_on_every_address_v4_and_v6_on_one_port() {
+        assert_eq!(
+            default_listen()
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>(),
+            ["0.0.0.0:7878", "[::]:7878"]
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cfg = ServeConfig {
+            listen: vec![
+                SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)),
+                SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+            ],
+            ..ServeConfig::default()
+        };
+        match bind(cfg).await {
+            Ok(s) => assert_eq!(s.local_addrs().len(), 2),
+            // A host without IPv6 cannot bind [::] at all; the v4 part is
+            // what the default keeps there.
+            Err(e) => assert!(
+                format!("{e:#}").contains("[::]"),
+                "binding 0.0.0.0 and [::] on one port: {e:#}"
+            ),
+        }
+    }
+
+    /// A refused connect says what it means, not only "refused".
+    #[tokio::test]
+    async fn refused_connect_says_nothing_listens() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port(); // closed again: nothing listens there
+        let mut c = rr::ProbeConfig::new(rr::Kind::TcpRr, "127.0.0.1");
+        c.port = port;
+        c.stop = rr::Stop::Count(1);
+        let (_tx, rx) = cancel_pair();
+        let e = rr::run_probe(&c, rx).await.unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("refused (nothing listens on port") && e.contains("rttscope serve"),
+            "{e}"
+        );
+    }
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
