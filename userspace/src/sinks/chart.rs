@@ -56,6 +56,10 @@ pub struct ChartArgs {
     /// Image height in pixels.
     #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(150..=8000))]
     pub height: u32,
+    /// Also draw the cloud's distribution from a Cloud Monitoring file (projects.timeSeries.list
+    /// response; docs/cloud.md) in the CDF: its bucket counts, joined linearly inside each bucket.
+    #[arg(long, value_name = "FILE")]
+    pub cloud: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,6 +78,39 @@ pub struct ChartOptions {
     pub views: Vec<String>,
     pub title: Option<String>,
     pub size: (u32, u32),
+    /// A cloud distribution drawn in the CDF (`--cloud FILE`).
+    pub cloud: Option<CloudCdf>,
+}
+
+/// A cloud distribution as CDF points from its bucket counts: (RTT us, fraction at or below) at
+/// each bucket bound ([`crate::analysis::cloud_monitoring::cdf_points_us`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudCdf {
+    pub label: String,
+    pub points_us: Vec<(f64, f64)>,
+}
+
+impl CloudCdf {
+    /// The distribution points of a Cloud Monitoring file, merged.
+    pub fn from_file(path: &Path) -> anyhow::Result<CloudCdf> {
+        use crate::analysis::cloud_monitoring as cm;
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
+        let m = cm::merge_file(&cm::parse(&text, &name)?);
+        let Some(d) = m.distribution else {
+            bail!("{name} holds no distribution point to draw (already-aligned values carry no buckets)");
+        };
+        Ok(CloudCdf {
+            label: format!(
+                "cloud ({} samples in {} point(s), buckets {})",
+                d.count,
+                m.points,
+                short(&d.bucket_options.spec(), 40)
+            ),
+            points_us: cm::cdf_points_us(&d),
+        })
+    }
 }
 
 impl Default for ChartOptions {
@@ -83,6 +120,7 @@ impl Default for ChartOptions {
             views: Vec::new(),
             title: None,
             size: (1200, 800),
+            cloud: None,
         }
     }
 }
@@ -119,6 +157,7 @@ pub fn run(args: ChartArgs) -> anyhow::Result<()> {
         views: args.views,
         title: args.title,
         size: (args.width, args.height),
+        cloud: args.cloud.as_deref().map(CloudCdf::from_file).transpose()?,
     };
     render_file(&result, &opts, &args.output)?;
     println!("wrote {}", args.output.display());
@@ -289,11 +328,11 @@ pub fn draw<DB: DrawingBackend>(
     }
     match kind {
         ChartKind::Timeseries => timeseries(&body, &views),
-        ChartKind::Cdf => cdf(&body, &views),
+        ChartKind::Cdf => cdf(&body, &views, opts.cloud.as_ref()),
         ChartKind::Overview => {
             let (a, b) = body.split_vertically(body.dim_in_pixel().1 / 2);
             timeseries(&a, &views)?;
-            cdf(&b, &views)
+            cdf(&b, &views, opts.cloud.as_ref())
         }
         ChartKind::Sweep => sweep(&body, result, opts),
         ChartKind::Auto => unreachable!("plan resolves auto"),
@@ -556,9 +595,25 @@ fn cdf_points(v: &ViewSeries, max: usize) -> Vec<(f64, f64)> {
 fn cdf<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     views: &[(usize, &ViewSeries)],
+    cloud: Option<&CloudCdf>,
 ) -> anyhow::Result<()> {
     let mut lo = f64::INFINITY;
     let mut hi = 0.0f64;
+    let cloud_pts: Vec<(f64, f64)> = cloud
+        .map(|c| {
+            c.points_us
+                .iter()
+                .filter_map(|&(us, y)| Some((rtt_ms(us)?, y.clamp(0.0, 1.0))))
+                .filter(|p| p.1.is_finite())
+                .collect()
+        })
+        .unwrap_or_default();
+    for &(ms, _) in &cloud_pts {
+        if ms > 0.0 {
+            lo = lo.min(ms);
+        }
+        hi = hi.max(ms);
+    }
     for (_, v) in views {
         for ms in v.samples.iter().filter_map(|s| rtt_ms(s.rtt_us)) {
             if ms > 0.0 {
@@ -613,6 +668,21 @@ fn cdf<DB: DrawingBackend>(
             .map_err(derr)?
             .label(label(v))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    }
+    if let Some(c) = cloud.filter(|_| !cloud_pts.is_empty()) {
+        // Linear inside each bucket (what the percentile aligner assumes), a dot at each bound.
+        let pts: Vec<(f64, f64)> = cloud_pts
+            .iter()
+            .map(|&(x, y)| (x.max(lo / 1.3), y))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(pts.clone(), BLACK.stroke_width(2)))
+            .map_err(derr)?
+            .label(short(&c.label, 80))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, BLACK.filled())))
+            .map_err(derr)?;
     }
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
@@ -973,6 +1043,25 @@ mod tests {
         ] {
             assert!(s.contains(want), "missing '{want}'");
         }
+    }
+
+    #[test]
+    fn cloud_distribution_is_drawn_in_the_cdf() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/cloud");
+        let c = CloudCdf::from_file(&dir.join("explicit-vm_flow.json")).unwrap();
+        assert_eq!(c.points_us.first(), Some(&(0.0, 0.0)));
+        assert_eq!(c.points_us.last(), Some(&(8000.0, 1.0)));
+        let r = result_with_views();
+        let opts = ChartOptions {
+            kind: ChartKind::Cdf,
+            cloud: Some(c),
+            ..small()
+        };
+        let s = render_svg_string(&r, &opts).unwrap();
+        assert!(s.contains("cloud (1002 samples in 1 point(s)"), "legend");
+        assert_drawn(&render_rgb(&r, &opts).unwrap());
+        let e = CloudCdf::from_file(&dir.join("aligned-p50.json")).unwrap_err();
+        assert!(e.to_string().contains("no distribution point"), "{e}");
     }
 
     #[test]
