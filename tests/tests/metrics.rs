@@ -254,6 +254,27 @@ fn scraped_histograms_grow_with_traffic() {
         "CapEff {eff:x}: only CAP_NET_ADMIN, CAP_PERFMON, CAP_BPF"
     );
     assert!(status.contains("NoNewPrivs:\t1"));
+    // ...and it runs as nobody, not uid 0 (issue 18 item 9), still serving.
+    let ids = |key: &str| -> Vec<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap()
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    assert_eq!(ids("Uid:"), vec![65534; 4], "{status}");
+    assert_eq!(ids("Gid:"), vec![65534; 4], "{status}");
+    let (s3, body3) = scrape(port);
+    assert!(
+        get(&s3, &client) >= c2,
+        "scrapes work as uid 65534:\n{body3}"
+    );
+    assert!(
+        body3.contains("rttscope_bpf_prog_run_count_total{prog=\"tcp_sockops\""),
+        "program statistics found through /proc/self/fdinfo as uid 65534:\n{body3}"
+    );
     // SIGTERM: clean exit.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(obs.pid() as i32),

@@ -215,6 +215,69 @@ pub fn drop_to(keep: &[u32]) -> Result<CapState> {
     Ok(thread_state())
 }
 
+/// Whether the process runs as (effective) uid 0.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no arguments.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The unprivileged user the daemon runs as once attached (`nobody`).
+pub const UNPRIVILEGED_ID: u32 = 65534;
+
+/// Run as `uid`:`gid` (no supplementary groups) from now on, keeping this
+/// thread's capabilities (they are dropped to the few needed afterwards:
+/// `drop_to_needed`). Nothing is done when the process does not run as
+/// root. The process is made dumpable again, so that its /proc/self files
+/// (fdinfo for the program statistics, status) stay its own; other threads
+/// change user too (glibc applies set*id to every thread) and lose their
+/// capabilities. Returns whether the user changed; not when the process
+/// lacks CAP_SETUID or CAP_SETGID (a deployment granting only the three it
+/// keeps: it stays uid 0, with those three).
+pub fn switch_user(uid: u32, gid: u32) -> Result<bool> {
+    const CAP_SETGID: u32 = 6;
+    const CAP_SETUID: u32 = 7;
+    // SAFETY: getuid/geteuid have no arguments.
+    if unsafe { libc::getuid() } != 0 && unsafe { libc::geteuid() } != 0 {
+        return Ok(false);
+    }
+    let before = thread_state();
+    if before.effective & mask(&[CAP_SETGID, CAP_SETUID]) != mask(&[CAP_SETGID, CAP_SETUID]) {
+        return Ok(false);
+    }
+    prctl(libc::PR_SET_KEEPCAPS, 1).map_err(|e| anyhow::anyhow!("keeping capabilities: {e}"))?;
+    let os = |what: &str| anyhow::anyhow!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain system calls with integer arguments (setgroups: none).
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            bail!(os("dropping supplementary groups"));
+        }
+        if libc::setresgid(gid, gid, gid) != 0 {
+            bail!(os(&format!("switching to group {gid}")));
+        }
+        if libc::setresuid(uid, uid, uid) != 0 {
+            bail!(os(&format!("switching to user {uid}")));
+        }
+    }
+    // The permitted set survived (keepcaps); the effective set was cleared.
+    let mut data = [CapData::default(); 2];
+    data[0].permitted = before.permitted as u32;
+    data[0].effective = before.permitted as u32;
+    data[1].permitted = (before.permitted >> 32) as u32;
+    data[1].effective = (before.permitted >> 32) as u32;
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: header and two data structs as capset(2) v3 expects.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
+    if rc < 0 {
+        bail!(os("restoring capabilities after the user switch (capset)"));
+    }
+    prctl(libc::PR_SET_KEEPCAPS, 0).map_err(|e| anyhow::anyhow!("keepcaps off: {e}"))?;
+    prctl(libc::PR_SET_DUMPABLE, 1).map_err(|e| anyhow::anyhow!("dumpable: {e}"))?;
+    Ok(true)
+}
+
 /// One line: what the process now holds.
 pub fn describe(s: &CapState) -> String {
     let eff = names(s.effective);

@@ -95,6 +95,14 @@ impl Daemon {
         for l in lines {
             eprintln!("rttscope: {l}");
         }
+        // Run as nobody from here on: the maps and programs are read
+        // through file descriptors already open (docs/security.md).
+        let id = crate::sys::caps::UNPRIVILEGED_ID;
+        if crate::sys::caps::switch_user(id, id)? {
+            eprintln!("rttscope: running as uid {id}, gid {id}");
+        } else if crate::sys::caps::is_root() {
+            eprintln!("rttscope: still uid 0: no CAP_SETUID/CAP_SETGID to switch to uid {id} (see docs/security.md)");
+        }
         let state = crate::sys::caps::drop_to_needed()?;
         eprintln!("rttscope: {}", crate::sys::caps::describe(&state));
         let more =
