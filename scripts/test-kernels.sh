@@ -88,7 +88,7 @@ class Server:
 
     def __init__(self):
         ready = threading.Event()
-        self.conns = []
+        self.rtt = []
 
         def run():
             enter("ks")
@@ -102,27 +102,30 @@ class Server:
                     c, _ = self.sock.accept()
                 except OSError:
                     return
-                self.conns.append(c)
                 threading.Thread(target=self.serve, args=(c,), daemon=True).start()
 
         threading.Thread(target=run, daemon=True).start()
         ready.wait(10)
 
-    @staticmethod
-    def serve(c):
+    def serve(self, c):
+        """After each request (which ACKs the previous response): the
+        server's srtt from TCP_INFO."""
         with c:
             while c.recv(1):
+                if len(self.rtt) < 100000:
+                    self.rtt.append(tcp_info_rtt_ms(c))
                 c.sendall(b"ok")
 
 
 class Client:
     """Paced request/response from kc for RR_SECONDS, then held open, silent.
-    Meanwhile TCP_INFO's rtt of both ends is read every 10 ms (the value
-    `ss -ti` shows; ss itself takes ~0.5 s per run under TCG)."""
+    After each response (which ACKs the request) the client's srtt from
+    TCP_INFO (the value `ss -ti` shows; ss itself takes ~0.5 s per run
+    under TCG): like the server's, one reading per ACK, as TCP's samples."""
 
-    def __init__(self, srv):
+    def __init__(self):
         self.transactions = 0
-        self.rtt_c, self.rtt_s = [], []
+        self.rtt = []
         self.done = threading.Event()
         self.release = threading.Event()
         ready = threading.Event()
@@ -130,7 +133,6 @@ class Client:
         def run():
             enter("kc")
             s = socket.create_connection((S_ADDR, PORT))
-            self.sock = s
             self.port = s.getsockname()[1]
             ready.set()
             end = time.monotonic() + RR_SECONDS
@@ -140,22 +142,14 @@ class Client:
                 while len(got) < 2:
                     got += s.recv(2 - len(got))
                 self.transactions += 1
+                self.rtt.append(tcp_info_rtt_ms(s))
                 time.sleep(THINK)
             self.done.set()
             self.release.wait(60)
             s.close()
 
-        def poll():
-            while not self.done.is_set():
-                time.sleep(0.01)
-                if self.transactions > 5 and srv.conns:
-                    self.rtt_c.append(tcp_info_rtt_ms(self.sock))
-                    self.rtt_s.append(tcp_info_rtt_ms(srv.conns[0]))
-
-        self.sock = None
         threading.Thread(target=run, daemon=True).start()
         ready.wait(10)
-        threading.Thread(target=poll, daemon=True).start()
 
 
 def ss_rtt(ns, filt):
@@ -218,7 +212,7 @@ def traffic_run(label, args):
         check(False, f"{label}: observe started: {err.strip()}")
         testbed_down()
         return None
-    cli = Client(srv)
+    cli = Client()
     cli.done.wait(RR_SECONDS + 30)
     time.sleep(0.3)
     frozen_c = ss_rtt("kc", f"dport = :{PORT}")
@@ -227,13 +221,13 @@ def traffic_run(label, args):
     cli.release.set()
     time.sleep(0.2)
     r = dict(start=start, lines=lines, err=err, rc=obs.returncode, tx=cli.transactions,
-             ss_c=cli.rtt_c, ss_s=cli.rtt_s,
+             ss_c=cli.rtt, ss_s=srv.rtt,
              frozen_c=frozen_c, frozen_s=frozen_s,
              c=end_flow(lines, "kc", f"{C_ADDR}:{cli.port}"),
              s=end_flow(lines, "ks", f"{S_ADDR}:{PORT}"))
     check(obs.returncode == 0, f"{label}: observe exited 0 ({err.strip()[-300:]})")
-    log(f"{label}: {cli.transactions} transactions; srtt readings client {len(cli.rtt_c)}, "
-        f"server {len(cli.rtt_s)}; ss -ti once still: client {r['frozen_c']} ms, server {r['frozen_s']} ms")
+    log(f"{label}: {cli.transactions} transactions; srtt readings client {len(cli.rtt)}, "
+        f"server {len(srv.rtt)}; ss -ti once still: client {r['frozen_c']} ms, server {r['frozen_s']} ms")
     nothing_left(label)
     srv.sock.close()
     testbed_down()
