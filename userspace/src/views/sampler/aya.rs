@@ -303,7 +303,12 @@ fn tcx_attach_in(
         };
         // Appended after programs already there, like libbpf's NULL opts.
         prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
-            .map_err(|e| err("tcx attach", e))?;
+            .map_err(|e| {
+                err(
+                    "tcx attach (tcx links need kernel 6.6 or later; under aya there is no clsact fallback: use --loader libbpf on older kernels)",
+                    e,
+                )
+            })?;
         Ok(())
     })
 }
