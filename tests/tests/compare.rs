@@ -100,5 +100,47 @@ fn compare_fills_every_view_and_charts() {
         "chart is a PNG of {} bytes",
         bytes.len()
     );
+
+    // Outputs chain: `--json -` puts the result alone on stdout (the table
+    // on stderr), and `chart` draws what `probe --json` writes.
+    let mut cmd = p.a.command(bin.to_str().unwrap());
+    cmd.args(["compare", B_ADDR, "-l", "1", "-w", "20", "--json", "-"]);
+    let out = ChildGuard::spawn(&mut cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(60))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "compare --json -: {stdout} {stderr}");
+    let r = rttscope::analysis::results::RunResult::from_json(&stdout, "<stdout>")
+        .unwrap_or_else(|e| panic!("stdout is one result: {e}: {stdout}"));
+    assert!(r.views.iter().any(|v| v.name == "TCP_RR"), "{stdout}");
+    assert!(stderr.contains("TCP_RR"), "the table on stderr: {stderr}");
+    let probe =
+        p.a.exec(&[
+            bin.to_str().unwrap(),
+            "probe",
+            "tcp-rr",
+            B_ADDR,
+            "-n",
+            "50",
+            "--json",
+        ])
+        .unwrap();
+    let pj = dir.join("probe.json");
+    std::fs::write(&pj, &probe.stdout).unwrap();
+    let png = dir.join("probe.png");
+    let out = Command::new(&bin)
+        .args(["chart"])
+        .arg(&pj)
+        .arg("-o")
+        .arg(&png)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0) > 10_000,
+        "chart of probe --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

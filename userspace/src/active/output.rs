@@ -170,6 +170,50 @@ pub fn ping_ms(rtt_ns: u64) -> String {
     }
 }
 
+/// A probe's `--json` output as an rttscope result (`docs/results.md`): one
+/// view whose samples are the transactions' (send offset, RTT), so that
+/// `chart` and `bucket` read what `probe --json` writes.
+pub fn probe_run_result(r: &ProbeResult) -> crate::analysis::results::RunResult {
+    use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
+    let (name, kind) = match r.settings.kind {
+        Kind::TcpRr => ("TCP_RR", ViewKind::Probe),
+        Kind::UdpRr => ("UDP_RR", ViewKind::Probe),
+        Kind::Icmp => ("ICMP", ViewKind::Ping),
+    };
+    let settings = serde_json::to_value(&r.settings).unwrap_or_default();
+    let mut res = RunResult::new(
+        format!("probe {}", name.to_lowercase().replace('_', "-")),
+        settings.clone(),
+    );
+    res.start_unix_s = Some(r.start_unix_s);
+    let mut v = ViewSeries::new(name, kind);
+    v.settings = settings;
+    for (what, n) in [
+        ("lost", r.counts.lost),
+        ("errors", r.counts.errors),
+        ("samples_dropped", r.counts.samples_dropped),
+    ] {
+        if n > 0 {
+            v.dropped.insert(what.to_string(), n);
+        }
+    }
+    v.samples = r
+        .samples
+        .iter()
+        .map(|&(t, rtt)| Sample {
+            t_s: t as f64 / 1e9,
+            rtt_us: rtt as f64 / 1e3,
+        })
+        .collect();
+    res.views.push(v);
+    res
+}
+
+/// `text` read as a probe's `--json` output, if it is one.
+pub fn parse_probe_json(text: &str) -> Option<ProbeResult> {
+    serde_json::from_str(text).ok()
+}
+
 pub fn human(r: &ProbeResult) -> String {
     let st = &r.settings;
     let c = &r.counts;
@@ -381,5 +425,31 @@ mod tests {
         assert!((back.summary.stddev - r.summary.stddev).abs() < 1e-9);
         assert!(j.contains("\"clock\":\"CLOCK_MONOTONIC\""));
         assert!(j.contains("\"kind\":\"udp-rr\""));
+    }
+
+    /// What `probe --json` writes feeds `chart` and `bucket`: one view, the
+    /// same samples in the result format's units, and through bucket's reader.
+    #[test]
+    fn probe_json_is_a_result_for_chart_and_bucket() {
+        let r = result(Kind::UdpRr);
+        let text = serde_json::to_string(&r).unwrap();
+        let p = parse_probe_json(&text).expect("probe json");
+        let rr = probe_run_result(&p);
+        assert_eq!(rr.views.len(), 1);
+        let v = &rr.views[0];
+        assert_eq!(v.name, "UDP_RR");
+        assert_eq!(v.samples.len(), r.samples.len());
+        assert_eq!(v.samples[0].rtt_us, r.samples[0].1 as f64 / 1e3);
+        assert_eq!(v.samples[0].t_s, r.samples[0].0 as f64 / 1e9);
+        let back = crate::analysis::results::RunResult::from_json(
+            &serde_json::to_string(&rr).unwrap(),
+            "x",
+        )
+        .unwrap();
+        assert_eq!(back.views[0].samples.len(), r.samples.len());
+        let sets = crate::cmd::bucket::load_sample_sets(&text, "probe.json").unwrap();
+        assert_eq!(sets.len(), 1);
+        assert_eq!(sets[0].samples.len(), r.samples.len());
+        assert!(parse_probe_json("{\"format\":\"x\"}").is_none());
     }
 }

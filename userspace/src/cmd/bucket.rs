@@ -385,7 +385,14 @@ pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>
     if is_observe_output(text) {
         parse_observe_output(text, name)
     } else if text.trim_start().starts_with('{') {
-        let r = RunResult::from_json(text, name)?;
+        // A result file, or what `probe --json` writes (the same samples).
+        let r = match RunResult::from_json(text, name) {
+            Ok(r) => r,
+            Err(e) => match crate::active::output::parse_probe_json(text) {
+                Some(p) => crate::active::output::probe_run_result(&p),
+                None => return Err(e.into()),
+            },
+        };
         let start = r.start_unix_s;
         Ok(r.views
             .into_iter()

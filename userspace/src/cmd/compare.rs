@@ -77,7 +77,8 @@ pub struct CompareArgs {
     /// Add short notes explaining the differences, each with the numbers that triggered it.
     #[arg(long)]
     pub explain: bool,
-    /// Save every sample set and setting (a result `rttscope chart` draws).
+    /// Save every sample set and setting (a result `rttscope chart` draws); `-`: print it on
+    /// stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
@@ -760,7 +761,13 @@ fn output(
     footer: &Footer,
     cloud: Option<CloudEvidence>,
 ) -> Result<()> {
-    let mut out = std::io::stdout().lock();
+    // `--json -`: the result alone on stdout (for a pipe), the table on stderr.
+    let json_to_stdout = args.json.as_deref() == Some(std::path::Path::new("-"));
+    let mut out: Box<dyn Write> = if json_to_stdout {
+        Box::new(std::io::stderr().lock())
+    } else {
+        Box::new(std::io::stdout().lock())
+    };
     let title = report.result.title.clone().unwrap_or_default();
     render_table(&mut out, &title, &report.rows, footer)?;
     if args.explain {
@@ -769,7 +776,10 @@ fn output(
         report.result.settings["notes"] = json!(notes);
     }
     report.result.settings["rows"] = serde_json::to_value(&report.rows)?;
-    if let Some(path) = &args.json {
+    if json_to_stdout {
+        let mut o = std::io::stdout().lock();
+        writeln!(o, "{}", serde_json::to_string_pretty(&report.result)?)?;
+    } else if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report.result)?)
             .with_context(|| format!("writing {}", path.display()))?;
         writeln!(

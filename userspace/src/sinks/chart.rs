@@ -150,8 +150,25 @@ impl ImageFormat {
     }
 }
 
+/// A result file, or what `probe --json` writes (charted as its one view).
+fn load_any(path: &Path) -> anyhow::Result<RunResult> {
+    match RunResult::load(path) {
+        Ok(r) => Ok(r),
+        Err(e @ crate::analysis::results::ResultError::NotAResult { .. }) => {
+            let probe = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| crate::active::output::parse_probe_json(&t));
+            match probe {
+                Some(p) => Ok(crate::active::output::probe_run_result(&p)),
+                None => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub fn run(args: ChartArgs) -> anyhow::Result<()> {
-    let result = RunResult::load(&args.result)?;
+    let result = load_any(&args.result)?;
     let opts = ChartOptions {
         kind: args.kind,
         views: args.views,
