@@ -62,3 +62,99 @@ fn sampler_and_tcp_view_agree_on_the_client_side() {
         "{iv}"
     );
 }
+
+/// An observed interface deleted while `observe` runs (issue 18 item 9): one
+/// notice on stderr naming it, counted in the sampler's `ifaces_vanished`;
+/// the intervals keep coming, the other interface's samples keep growing,
+/// and observe exits 0.
+#[test]
+fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    // a second interface in namespace a: another veth pair to b, up, with an address
+    let if2 = unique("vc");
+    let if2_peer = unique("vd");
+    sh(&[
+        "ip", "link", "add", &if2, "netns", &p.a.name, "type", "veth", "peer", "name", &if2_peer,
+        "netns", &p.b.name,
+    ])
+    .unwrap();
+    p.a.exec(&["ip", "addr", "add", "10.78.0.1/24", "dev", &if2])
+        .unwrap();
+    p.a.exec(&["ip", "link", "set", &if2, "up"]).unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let i1 = format!("{}:{}", p.a.name, p.a_if);
+    let i2 = format!("{}:{}", p.a.name, if2);
+    let mut cmd = std::process::Command::new(rttscope_bin());
+    cmd.args([
+        "observe",
+        "--view",
+        "tcp,sampler",
+        "--netns",
+        &p.a.name,
+        "--iface",
+        &i1,
+        "--iface",
+        &i2,
+        "--format",
+        "json",
+        "--interval",
+        "300ms",
+        "--duration",
+        "4s",
+    ]);
+    let child = ChildGuard::spawn(&mut cmd).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    p.a.exec(&["ip", "link", "del", &if2]).unwrap();
+    let out = child.wait_output(Duration::from_secs(30)).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "observe failed: {stderr}");
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rttscope: notice:"))
+        .collect();
+    assert_eq!(notices.len(), 1, "one notice expected: {stderr}");
+    assert!(
+        notices[0].contains(&format!("interface {i2} is gone")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(&p.a_if), "if1 is not mentioned: {stderr}");
+    let lines = parse_lines(&out.stdout).unwrap();
+    let ivs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(
+        ivs.len() >= 10,
+        "intervals keep coming: {} of them",
+        ivs.len()
+    );
+    let last = ivs.last().unwrap();
+    assert_eq!(last["counters"]["sampler"]["ifaces_vanished"], 1, "{last}");
+    assert_eq!(last["counters"]["tcp"]["netns_vanished"], 0, "{last}");
+    assert_eq!(
+        ivs[0]["counters"]["sampler"]["ifaces_vanished"], 0,
+        "{}",
+        ivs[0]
+    );
+    // the client flow's sampler samples (on if1) keep coming after the deletion
+    let local = cli.local.to_string();
+    let sampled = |iv: &serde_json::Value| -> u64 {
+        iv["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["local"] == local.as_str())
+            .filter_map(|f| f["sampler"]["n"].as_u64())
+            .sum()
+    };
+    let late: u64 = ivs[ivs.len() - 4..].iter().map(|iv| sampled(iv)).sum();
+    assert!(
+        late > 0,
+        "no sampler samples on {i1} after {i2} was deleted: {last}"
+    );
+    let end = lines.iter().find(|l| l["type"] == "end").expect("end line");
+    assert_eq!(end["counters"]["sampler"]["ifaces_vanished"], 1, "{end}");
+}

@@ -115,6 +115,128 @@ pub struct Session {
     tracker: Tracker,
     sampler_ways: SamplerTracker,
     keep_rows: bool,
+    watch: Watch,
+}
+
+/// The observed namespaces (`--netns`, `--iface NETNS:DEV`) and interfaces,
+/// checked once per interval: one that disappears (`ip netns del`,
+/// `ip link del`) is reported once and counted, and the rest goes on.
+#[derive(Default)]
+struct Watch {
+    netns: Vec<WatchedNs>,
+    ifaces: Vec<WatchedIface>,
+    /// `--netns` namespaces gone (the TCP view's counter).
+    netns_vanished: u64,
+    /// Interfaces gone, with their namespace or alone (the sampler's counter).
+    ifaces_vanished: u64,
+}
+
+struct WatchedNs {
+    name: String,
+    path: std::path::PathBuf,
+    inode: u32,
+    /// Given with --netns (counted in the TCP view's netns_vanished).
+    tcp: bool,
+    gone: bool,
+}
+
+struct WatchedIface {
+    /// As given: DEV (the observer's namespace) or NETNS:DEV.
+    label: String,
+    ifindex: u32,
+    /// Index into `Watch::netns` of its namespace (None: the observer's own).
+    ns: Option<usize>,
+    /// A netlink socket in its namespace (None: could not open one; unchecked).
+    probe: Option<netns::LinkProbe>,
+    gone: bool,
+}
+
+impl Watch {
+    fn new(tcp_netns: &[netns::NetNs], sampler: Option<&dyn SamplerView>) -> Watch {
+        let mut w = Watch::default();
+        let ns_index = |w: &mut Watch, ns: &netns::NetNs, tcp: bool| -> Option<usize> {
+            // the observer's own namespace and the host's do not go away
+            if ns.name == "self" || ns.name == netns::HOST || netns::is_current(ns) {
+                return None;
+            }
+            if let Some(i) = w.netns.iter().position(|n| n.inode == ns.inode) {
+                w.netns[i].tcp |= tcp;
+                return Some(i);
+            }
+            w.netns.push(WatchedNs {
+                name: ns.name.clone(),
+                path: ns.path.clone(),
+                inode: ns.inode,
+                tcp,
+                gone: false,
+            });
+            Some(w.netns.len() - 1)
+        };
+        for ns in tcp_netns {
+            ns_index(&mut w, ns, true);
+        }
+        for a in sampler.map(|s| s.attach_info()).unwrap_or_default() {
+            let Ok(ns) = netns::resolve(&a.netns) else {
+                continue;
+            };
+            if ns.inode != a.netns_inode {
+                continue; // already replaced: nothing sensible to watch
+            }
+            let idx = ns_index(&mut w, &ns, false);
+            let probe = match idx {
+                None => netns::LinkProbe::open().ok(),
+                Some(_) => netns::run_in(&ns, netns::LinkProbe::open).ok(),
+            };
+            w.ifaces.push(WatchedIface {
+                label: if a.netns == "self" {
+                    a.iface.clone()
+                } else {
+                    format!("{}:{}", a.netns, a.iface)
+                },
+                ifindex: a.ifindex,
+                ns: idx,
+                probe,
+                gone: false,
+            });
+        }
+        w
+    }
+
+    /// What disappeared since the last check, one notice line each.
+    fn check(&mut self) -> Vec<String> {
+        let mut notices = Vec::new();
+        for n in self.netns.iter_mut().filter(|n| !n.gone) {
+            if !netns::still_there(&n.path, n.inode) {
+                n.gone = true;
+                if n.tcp {
+                    self.netns_vanished += 1;
+                }
+                notices.push(format!(
+                    "network namespace {} is gone (deleted?); its flows and interfaces are no longer seen, the rest goes on",
+                    n.name
+                ));
+            }
+        }
+        for i in self.ifaces.iter_mut().filter(|i| !i.gone) {
+            let ns_gone = i.ns.is_some_and(|n| self.netns[n].gone);
+            let dev_gone = !ns_gone
+                && match i.probe.as_mut() {
+                    // an error (timeout, ...) is not taken as gone
+                    Some(p) => matches!(p.exists(i.ifindex), Ok(false)),
+                    None => false,
+                };
+            if ns_gone || dev_gone {
+                i.gone = true;
+                i.probe = None;
+                self.ifaces_vanished += 1;
+                notices.push(format!(
+                    "interface {} is gone (deleted?); the sampler stops seeing it, the other views and interfaces go on",
+                    i.label
+                ));
+            }
+        }
+        notices
+    }
 }
 
 /// The sampler's table between reads, per way (table entry): which flow
@@ -178,6 +300,11 @@ impl Session {
             Some(c) => Some(crate::views::attach_tcp(cfg.loader, c)?),
             None => None,
         };
+        let tcp_netns = cfg
+            .tcp
+            .as_ref()
+            .map(|c| c.netns_filter.clone())
+            .unwrap_or_default();
         let sampler = match cfg.sampler {
             Some((ifaces, sc)) => {
                 crate::sys::preflight::require_bpf_caps()?;
@@ -186,14 +313,23 @@ impl Session {
             }
             None => None,
         };
+        let watch = Watch::new(&tcp_netns, sampler.as_deref());
         Ok(Session {
             tcp,
             sampler,
+            watch,
             names: NsNames::new(),
             tracker: Tracker::default(),
             sampler_ways: SamplerTracker::default(),
             keep_rows: cfg.keep_rows,
         })
+    }
+
+    /// Once per interval: the observed namespaces and interfaces that
+    /// disappeared since the last call, one notice each (counted in the
+    /// TCP view's `netns_vanished`, the sampler's `ifaces_vanished`).
+    pub fn check_vanished(&mut self) -> Vec<String> {
+        self.watch.check()
     }
 
     /// Between reports: when the TCP view's table is filling up, read the
@@ -317,6 +453,7 @@ impl Session {
         tc.insert("flows_evicted", tracker.evicted);
         tc.insert("flows_closed_reported", tracker.closed_reported);
         tc.insert("flows_tracked", tracker.tracked);
+        tc.insert("netns_vanished", self.watch.netns_vanished);
         if let Some(bad) = raw_bad {
             tc.insert("raw_records_bad", bad);
         }
@@ -381,6 +518,7 @@ impl Session {
         }
         let mut sc = s.counters()?;
         sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
+        sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
         Ok((total, sc))
     }
 
@@ -429,11 +567,14 @@ impl Session {
         }
         let mut counters = BTreeMap::new();
         if let Some(v) = &self.tcp {
-            counters.insert("tcp", v.counters()?);
+            let mut tc = v.counters()?;
+            tc.insert("netns_vanished", self.watch.netns_vanished);
+            counters.insert("tcp", tc);
         }
         if let Some(s) = &self.sampler {
             let mut sc = s.counters()?;
             sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
+            sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
             counters.insert("sampler", sc);
         }
         Ok((summary.into_values().collect(), counters))

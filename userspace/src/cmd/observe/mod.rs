@@ -308,6 +308,11 @@ impl<'a> Report<'a> {
         mut daemon: Option<&mut Daemon>,
         raw_bad: Option<u64>,
     ) -> Result<()> {
+        // an observed namespace or interface that disappeared: said once
+        // (stderr, every mode), counted, and the rest goes on.
+        for n in session.check_vanished() {
+            eprintln!("rttscope: notice: {n}");
+        }
         let read = session.read_interval(
             daemon.as_deref_mut().map(|d| d as &mut dyn FlowSink),
             raw_bad,
