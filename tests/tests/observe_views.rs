@@ -61,6 +61,23 @@ fn sampler_and_tcp_view_agree_on_the_client_side() {
         iv["counters"]["sampler"]["samples"].as_u64().unwrap() > 0,
         "{iv}"
     );
+    // Totals per side (issue 15): each side's total is the sum of that
+    // side's rows, and the two ends are never merged.
+    for iv in lines.iter().filter(|l| l["type"] == "interval") {
+        for view in ["tcp", "sampler"] {
+            for side in ["client", "server"] {
+                let rows: u64 = iv["flows"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|r| r["side"] == side)
+                    .filter_map(|r| r[view]["n"].as_u64())
+                    .sum();
+                let total = iv["totals"][view][side]["n"].as_u64().unwrap_or(0);
+                assert_eq!(total, rows, "{view} {side} total vs rows: {iv}");
+            }
+        }
+    }
 }
 
 /// An observed interface deleted while `observe` runs (issue 18 item 9): one

@@ -71,7 +71,8 @@ pub struct Interval {
     pub ts: f64,
     pub interval_s: f64,
     pub flows: Vec<FlowRow>,
-    pub totals: BTreeMap<&'static str, ViewStats>,
+    /// Per view, per side (`client`, `server`, `unknown`): never both ends together.
+    pub totals: BTreeMap<&'static str, BTreeMap<&'static str, ViewStats>>,
     pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
 }
 
@@ -99,6 +100,27 @@ pub struct SessionConfig {
     pub sampler: Option<(Vec<IfaceSpec>, SamplerConfig)>,
     /// Build per-flow rows (nothing prints them with --quiet).
     pub keep_rows: bool,
+}
+
+/// One view's samples of an interval by side (the two ends of a connection
+/// see different RTTs: a total over both would describe neither).
+pub type SideTotals = BTreeMap<Side, Hist>;
+
+/// Each side's statistics, keyed `client`, `server`, `unknown`.
+fn side_stats(t: &SideTotals) -> BTreeMap<&'static str, ViewStats> {
+    t.iter()
+        .filter(|(_, h)| h.count() > 0)
+        .map(|(s, h)| (s.as_str(), ViewStats::from_hist(h)))
+        .collect()
+}
+
+/// Every side's samples together (the cloud-bucket aggregate).
+fn merged(t: &SideTotals) -> Hist {
+    let mut all = Hist::default();
+    for h in t.values() {
+        all.merge(h);
+    }
+    all
 }
 
 /// One interval's read: the report and each view's total histogram.
@@ -366,16 +388,16 @@ impl Session {
         let mut totals_hist: BTreeMap<&'static str, Hist> = BTreeMap::new();
         let mut counters = BTreeMap::new();
         if self.tcp.is_some() {
-            let (total, tc) = self.read_tcp(&mut rows, sink.as_deref_mut(), raw_bad)?;
+            let (by_side, tc) = self.read_tcp(&mut rows, sink.as_deref_mut(), raw_bad)?;
             counters.insert("tcp", tc);
-            totals.insert("tcp", ViewStats::from_hist(&total));
-            totals_hist.insert("tcp", total);
+            totals.insert("tcp", side_stats(&by_side));
+            totals_hist.insert("tcp", merged(&by_side));
         }
         if self.sampler.is_some() {
-            let (total, sc) = self.read_sampler(&mut rows, sink)?;
+            let (by_side, sc) = self.read_sampler(&mut rows, sink)?;
             counters.insert("sampler", sc);
-            totals.insert("sampler", ViewStats::from_hist(&total));
-            totals_hist.insert("sampler", total);
+            totals.insert("sampler", side_stats(&by_side));
+            totals_hist.insert("sampler", merged(&by_side));
         }
         Ok(IntervalRead {
             interval: Interval {
@@ -399,11 +421,11 @@ impl Session {
         rows: &mut BTreeMap<Flow, FlowRow>,
         mut sink: Option<&mut (dyn FlowSink + 's)>,
         raw_bad: Option<u64>,
-    ) -> Result<(Hist, BTreeMap<&'static str, u64>)> {
+    ) -> Result<(SideTotals, BTreeMap<&'static str, u64>)> {
         let (tracker, names, keep_rows) = (&mut self.tracker, &mut self.names, self.keep_rows);
         let view = self.tcp.as_mut().expect("TCP view attached");
         let epoch = view.epoch();
-        let mut total = Hist::default();
+        let mut totals = SideTotals::new();
         let mut closed = Vec::new();
         let mut live = Vec::new();
         let collect_live = tracker.near_full(view.info().max_flows);
@@ -420,7 +442,7 @@ impl Session {
             } else if collect_live {
                 live.push((f.slot, f.gen, f.flow));
             }
-            if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
+            if let Some(r) = tracker.flow_row(&f, epoch, names, &mut totals) {
                 if keep_rows {
                     rows.insert(f.flow, r); // (--quiet: nothing prints rows)
                 }
@@ -433,7 +455,9 @@ impl Session {
         for (flow, r) in tracker.early_rows.drain(..) {
             rows.insert(flow, r);
         }
-        total.merge(&std::mem::take(&mut tracker.early_total));
+        for (side, h) in std::mem::take(&mut tracker.early_totals) {
+            totals.entry(side).or_default().merge(&h);
+        }
         // Closed flows are reported once (this interval), then their
         // slots are given back.
         for (slot, gen, flow) in closed {
@@ -457,7 +481,7 @@ impl Session {
         if let Some(bad) = raw_bad {
             tc.insert("raw_records_bad", bad);
         }
-        Ok((total, tc))
+        Ok((totals, tc))
     }
 
     /// The sampler's part of an interval: each flow's samples since the
@@ -466,9 +490,9 @@ impl Session {
         &mut self,
         rows: &mut BTreeMap<Flow, FlowRow>,
         mut sink: Option<&mut (dyn FlowSink + 's)>,
-    ) -> Result<(Hist, BTreeMap<&'static str, u64>)> {
+    ) -> Result<(SideTotals, BTreeMap<&'static str, u64>)> {
         let s = self.sampler.as_mut().expect("sampler attached");
-        let mut total = Hist::default();
+        let mut totals = SideTotals::new();
         // One entry per way: a flow in two ways (rare) has its deltas merged.
         let mut deltas: BTreeMap<Flow, Hist> = BTreeMap::new();
         for f in &s.read_flows()? {
@@ -495,7 +519,10 @@ impl Session {
                 let ns = self.names.get(flow.netns);
                 d.sampler_delta(&flow, self.tracker.side_of(&flow), &ns, &delta);
             }
-            total.merge(&delta);
+            totals
+                .entry(self.tracker.side_of(&flow))
+                .or_default()
+                .merge(&delta);
             if !self.keep_rows {
                 continue; // nothing prints rows
             }
@@ -519,7 +546,7 @@ impl Session {
         let mut sc = s.counters()?;
         sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
         sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
-        Ok((total, sc))
+        Ok((totals, sc))
     }
 
     /// Cumulative summary since start of every flow still in the views'
@@ -639,7 +666,7 @@ pub(crate) struct Tracker {
     /// Closed flows read and freed before the interval's report (the table
     /// was filling up): their rows wait here for the report.
     early_rows: Vec<(Flow, FlowRow)>,
-    early_total: Hist,
+    early_totals: SideTotals,
 }
 
 impl Tracker {
@@ -689,7 +716,7 @@ impl Tracker {
         f: &TcpFlowState,
         epoch: u32,
         names: &mut NsNames,
-        total: &mut Hist,
+        totals: &mut SideTotals,
     ) -> Option<FlowRow> {
         self.seen.insert(f.flow);
         self.sides.insert(f.flow, f.side);
@@ -713,7 +740,7 @@ impl Tracker {
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
-        total.merge(&delta);
+        totals.entry(f.side).or_default().merge(&delta);
         let mut vs = ViewStats::from_hist(&delta);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
@@ -760,7 +787,7 @@ fn reclaim_closed<'s>(
     let epoch = view.epoch();
     let tracked = tracker.tracked;
     let mut closed = Vec::new();
-    let mut total = std::mem::take(&mut tracker.early_total);
+    let mut totals = std::mem::take(&mut tracker.early_totals);
     view.for_each_flow(&mut |f| {
         if !f.closed {
             return;
@@ -770,14 +797,14 @@ fn reclaim_closed<'s>(
                 names.get(ns)
             });
         }
-        if let Some(r) = tracker.flow_row(&f, epoch, names, &mut total) {
+        if let Some(r) = tracker.flow_row(&f, epoch, names, &mut totals) {
             if keep_rows {
                 tracker.early_rows.push((f.flow, r));
             }
         }
         closed.push((f.slot, f.gen, f.flow));
     })?;
-    tracker.early_total = total;
+    tracker.early_totals = totals;
     tracker.tracked = tracked; // a partial read: the interval's count stays
     for (slot, gen, flow) in closed {
         view.forget(slot, gen)?;

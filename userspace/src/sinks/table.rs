@@ -56,17 +56,26 @@ pub fn print_table(
         }
         writeln!(w, "{line}")?;
     }
-    let mut tot = format!(
-        "{:<10} {:<22} {:<22} {:<6}",
-        "TOTAL",
-        format!("{} flows", iv.flows.len()),
-        "",
-        ""
-    );
-    for v in views {
-        tot += &cols(iv.totals.get(v), *v == "tcp");
+    // One TOTAL row per side: the two ends of a connection see different
+    // RTTs (the responding side times the other's think time), so a total
+    // over both would describe neither.
+    for side in ["client", "server", "unknown"] {
+        if !iv.totals.values().any(|t| t.contains_key(side)) {
+            continue;
+        }
+        let n = iv.flows.iter().filter(|r| r.side.as_str() == side).count();
+        let mut tot = format!(
+            "{:<10} {:<22} {:<22} {:<6}",
+            "TOTAL",
+            format!("{n} {}", if n == 1 { "flow" } else { "flows" }),
+            "",
+            side
+        );
+        for v in views {
+            tot += &cols(iv.totals.get(v).and_then(|t| t.get(side)), *v == "tcp");
+        }
+        writeln!(w, "{tot}")?;
     }
-    writeln!(w, "{tot}")?;
     writeln!(w)?;
     Ok(())
 }
@@ -149,7 +158,9 @@ mod tests {
             ts: 0.0,
             interval_s: 1.0,
             flows: vec![row],
-            totals: [("tcp", vs)].into_iter().collect(),
+            totals: [("tcp", [("client", vs)].into_iter().collect())]
+                .into_iter()
+                .collect(),
             counters: BTreeMap::new(),
         };
         let mut out = Vec::new();
@@ -196,7 +207,12 @@ mod tests {
             ts: 1_700_000_000.5,
             interval_s: 1.0,
             flows: vec![row],
-            totals: [("tcp", tcp), ("sampler", smp)].into_iter().collect(),
+            totals: [
+                ("tcp", [("client", tcp)].into_iter().collect()),
+                ("sampler", [("client", smp)].into_iter().collect()),
+            ]
+            .into_iter()
+            .collect(),
             counters: [("tcp", [("samples", 4u64)].into_iter().collect())]
                 .into_iter()
                 .collect(),
@@ -215,7 +231,7 @@ mod tests {
         assert_eq!(json, GOLDEN_JSON, "json:\n{json}");
     }
 
-    const GOLDEN_TABLE: &str = "rttscope observe | interval 1s | t=2.0s\nNETNS      LOCAL                  REMOTE                 SIDE   |  TCP N      MIN     MEAN      P50      P90      P99      MAX     SRTT RETR | SAMPLER N      MIN     MEAN      P50      P90      P99      MAX   (ms)\nns-a       10.0.0.1:40000         10.0.0.2:5001          client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\nTOTAL      1 flows                                              |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\n\n";
+    const GOLDEN_TABLE: &str = "rttscope observe | interval 1s | t=2.0s\nNETNS      LOCAL                  REMOTE                 SIDE   |  TCP N      MIN     MEAN      P50      P90      P99      MAX     SRTT RETR | SAMPLER N      MIN     MEAN      P50      P90      P99      MAX   (ms)\nns-a       10.0.0.1:40000         10.0.0.2:5001          client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\nTOTAL      1 flow                                        client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\n\n";
 
-    const GOLDEN_JSON: &str = "{\"type\":\"interval\",\"t\":2.0,\"ts\":1700000000.5,\"interval_s\":1.0,\"flows\":[{\"netns\":4026531840,\"netns_name\":\"ns-a\",\"local\":\"10.0.0.1:40000\",\"remote\":\"10.0.0.2:5001\",\"side\":\"client\",\"origin\":\"established\",\"state\":\"ESTABLISHED\",\"closed\":false,\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1},\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}}],\"totals\":{\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0},\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1}},\"counters\":{\"tcp\":{\"samples\":4}}}";
+    const GOLDEN_JSON: &str = "{\"type\":\"interval\",\"t\":2.0,\"ts\":1700000000.5,\"interval_s\":1.0,\"flows\":[{\"netns\":4026531840,\"netns_name\":\"ns-a\",\"local\":\"10.0.0.1:40000\",\"remote\":\"10.0.0.2:5001\",\"side\":\"client\",\"origin\":\"established\",\"state\":\"ESTABLISHED\",\"closed\":false,\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1},\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}}],\"totals\":{\"sampler\":{\"client\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}},\"tcp\":{\"client\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1}}},\"counters\":{\"tcp\":{\"samples\":4}}}";
 }
