@@ -1,5 +1,6 @@
 //! Both passive views through `rttscope observe`, joined on the same flows.
 use std::net::SocketAddr;
+use std::process::Command;
 use std::time::Duration;
 
 use rttscope_e2e::*;
@@ -174,4 +175,92 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
     );
     let end = lines.iter().find(|l| l["type"] == "end").expect("end line");
     assert_eq!(end["counters"]["sampler"]["ifaces_vanished"], 1, "{end}");
+}
+
+/// The whole run (issue 15): a connection that closed before the observer
+/// stopped is still in the `end` record (closed: true, with its whole-run
+/// statistics) and in the closing table (side marked `*`); the end record's
+/// TCP counters carry the tracker's counters like the interval records.
+#[test]
+fn closed_flows_are_in_the_whole_run_summary() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    for format in ["json", "table"] {
+        // The observer first (its output in a file, to see when it has
+        // attached), then the client: every transaction is the truth.
+        let path = std::env::temp_dir().join(unique("rtswhole"));
+        let mut cmd = Command::new(rttscope_bin());
+        cmd.args(["observe", "--format", format, "--netns", &p.a.name])
+            .args(["--interval", "500ms", "--duration", "4s"])
+            .stdout(std::fs::File::create(&path).unwrap());
+        let obs = ChildGuard(Some(
+            cmd.stderr(std::process::Stdio::piped()).spawn().unwrap(),
+        ));
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "observer did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(2)).unwrap();
+        let local = cli.local.to_string();
+        std::thread::sleep(Duration::from_millis(1500));
+        let transactions = cli.transactions.load(std::sync::atomic::Ordering::Relaxed) as u64;
+        drop(cli); // closes the connection
+        let out = obs.wait_output(Duration::from_secs(30)).unwrap();
+        let stdout = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let text = String::from_utf8_lossy(&stdout).to_string();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(transactions > 50, "client made {transactions} transactions");
+        if format == "json" {
+            let lines = parse_lines(&stdout).unwrap();
+            let f = end_flow(&lines, &p.a.name, &local).unwrap_or_else(|| {
+                panic!("closed flow {local} missing from the end record: {text}")
+            });
+            assert_eq!(f["closed"], true, "{f}");
+            let n = f["tcp"]["summary"]["n"].as_u64().unwrap();
+            // one RTT sample per completed transaction on the client (+- a few)
+            assert!(
+                n + 5 >= transactions && n <= transactions + 5,
+                "whole-run n {n} vs {transactions} transactions: {f}"
+            );
+            let end = lines.iter().find(|l| l["type"] == "end").unwrap();
+            for k in [
+                "flows_tracked",
+                "flows_evicted",
+                "flows_vanished",
+                "flows_closed_reported",
+            ] {
+                assert!(
+                    end["counters"]["tcp"][k].is_u64(),
+                    "end counters lack {k}: {end}"
+                );
+            }
+        } else {
+            let summary = text
+                .split("| whole run")
+                .nth(1)
+                .unwrap_or_else(|| panic!("no whole-run table: {text}"));
+            assert!(
+                summary
+                    .lines()
+                    .any(|l| l.contains(&local) && l.contains("client*")),
+                "closed flow {local} in the whole-run table: {text}"
+            );
+        }
+    }
 }

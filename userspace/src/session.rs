@@ -473,10 +473,7 @@ impl Session {
             tracker.evicted += 1;
         }
         let mut tc = view.counters()?;
-        tc.insert("flows_vanished", tracker.vanished);
-        tc.insert("flows_evicted", tracker.evicted);
-        tc.insert("flows_closed_reported", tracker.closed_reported);
-        tc.insert("flows_tracked", tracker.tracked);
+        tracker.counters(&mut tc);
         tc.insert("netns_vanished", self.watch.netns_vanished);
         if let Some(bad) = raw_bad {
             tc.insert("raw_records_bad", bad);
@@ -549,53 +546,113 @@ impl Session {
         Ok((totals, sc))
     }
 
-    /// Cumulative summary since start of every flow still in the views'
-    /// tables (the `end` record's flows), and each view's counters.
-    #[allow(clippy::type_complexity)]
-    pub fn summary(
-        &mut self,
-    ) -> Result<(
-        Vec<serde_json::Value>,
-        BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
-    )> {
+    /// The whole run, per flow: every flow still in the views' tables and
+    /// every TCP flow that closed during the run (`closed: true`), as the
+    /// `end` record's flows and as rows for the closing table; each view's
+    /// counters.
+    pub fn summary(&mut self) -> Result<Summary> {
         use serde_json::json;
-        let mut summary: BTreeMap<Flow, serde_json::Value> = BTreeMap::new();
+        let mut flows: BTreeMap<Flow, (serde_json::Value, FlowRow)> = BTreeMap::new();
+        let mut totals: BTreeMap<&'static str, SideTotals> = BTreeMap::new();
         let names = &mut self.names;
+        let row =
+            |f: &Flow, name: String, side: Side, origin: Option<&'static str>, closed| FlowRow {
+                netns: f.netns,
+                netns_name: name,
+                local: f.local.to_string(),
+                remote: f.remote.to_string(),
+                side,
+                origin,
+                state: None,
+                closed,
+                tcp: None,
+                sampler: None,
+                flow: Some(*f),
+            };
+        let tcp_entry = |h: &Hist, srtt_us: u32, retrans: u32| {
+            let mut vs = ViewStats::from_hist(h);
+            vs.srtt_us = Some(srtt_us);
+            vs.retrans = Some(retrans);
+            (
+                json!({ "summary": h.summary(), "srtt_us": srtt_us, "retrans": retrans, "histogram": sparse(h) }),
+                vs,
+            )
+        };
         if let Some(view) = &self.tcp {
             view.for_each_flow(&mut |f| {
                 let h = f.hist();
-                summary.insert(
-                    f.flow,
-                    json!({
-                        "netns": f.flow.netns,
-                        "netns_name": names.get(f.flow.netns),
-                        "local": f.flow.local.to_string(),
-                        "remote": f.flow.remote.to_string(),
-                        "side": f.side,
-                        "origin": f.origin,
-                        "tcp": { "summary": h.summary(), "srtt_us": f.srtt_us, "retrans": f.retrans, "histogram": sparse(&h) },
-                    }),
-                );
+                totals
+                    .entry("tcp")
+                    .or_default()
+                    .entry(f.side)
+                    .or_default()
+                    .merge(&h);
+                let (j, vs) = tcp_entry(&h, f.srtt_us, f.retrans);
+                let name = names.get(f.flow.netns);
+                let mut r = row(&f.flow, name.clone(), f.side, Some(f.origin), f.closed);
+                r.tcp = Some(vs);
+                let v = json!({
+                    "netns": f.flow.netns, "netns_name": name,
+                    "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
+                    "side": f.side, "origin": f.origin, "closed": f.closed, "tcp": j,
+                });
+                flows.insert(f.flow, (v, r));
             })?;
+        }
+        for (flow, fin) in &self.tracker.finished {
+            if flows.contains_key(flow) {
+                continue; // the same 4-tuple, open again at the end
+            }
+            totals
+                .entry("tcp")
+                .or_default()
+                .entry(fin.side)
+                .or_default()
+                .merge(&fin.hist);
+            let (j, vs) = tcp_entry(&fin.hist, fin.srtt_us, fin.retrans);
+            let mut r = row(
+                flow,
+                fin.netns_name.clone(),
+                fin.side,
+                Some(fin.origin),
+                true,
+            );
+            r.tcp = Some(vs);
+            let v = json!({
+                "netns": flow.netns, "netns_name": fin.netns_name,
+                "local": flow.local.to_string(), "remote": flow.remote.to_string(),
+                "side": fin.side, "origin": fin.origin, "closed": true, "tcp": j,
+            });
+            flows.insert(*flow, (v, r));
         }
         if let Some(s) = self.sampler.as_mut() {
             for f in crate::views::sampler::merge_ways(s.read_flows()?) {
-                let entry = summary.entry(f.flow).or_insert_with(|| {
-                    json!({
-                        "netns": f.flow.netns,
-                        "netns_name": names.get(f.flow.netns),
-                        "local": f.flow.local.to_string(),
-                        "remote": f.flow.remote.to_string(),
-                        "side": self.tracker.side_of(&f.flow),
-                    })
+                let side = self.tracker.side_of(&f.flow);
+                totals
+                    .entry("sampler")
+                    .or_default()
+                    .entry(side)
+                    .or_default()
+                    .merge(&f.hist);
+                let entry = flows.entry(f.flow).or_insert_with(|| {
+                    let name = names.get(f.flow.netns);
+                    let v = json!({
+                        "netns": f.flow.netns, "netns_name": name,
+                        "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
+                        "side": side,
+                    });
+                    (v, row(&f.flow, name, side, None, false))
                 });
-                entry["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+                entry.0["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+                entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
             }
         }
         let mut counters = BTreeMap::new();
         if let Some(v) = &self.tcp {
             let mut tc = v.counters()?;
             tc.insert("netns_vanished", self.watch.netns_vanished);
+            self.tracker.counters(&mut tc);
+            tc.insert("summary_flows_dropped", self.tracker.finished_dropped);
             counters.insert("tcp", tc);
         }
         if let Some(s) = &self.sampler {
@@ -604,7 +661,43 @@ impl Session {
             sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
             counters.insert("sampler", sc);
         }
-        Ok((summary.into_values().collect(), counters))
+        let (json_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
+        Ok(Summary {
+            flows: json_flows,
+            rows,
+            totals,
+            counters,
+        })
+    }
+}
+
+/// The whole run (see [`Session::summary`]).
+pub struct Summary {
+    /// The `end` record's flows.
+    pub flows: Vec<serde_json::Value>,
+    /// The same flows as rows (whole-run statistics) for the closing table.
+    pub rows: Vec<FlowRow>,
+    /// Each view's whole run, per side.
+    pub totals: BTreeMap<&'static str, SideTotals>,
+    pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+}
+
+impl Summary {
+    /// The rows as an interval report (totals per side) for the table.
+    pub fn as_interval(&self, t: f64) -> Interval {
+        Interval {
+            kind: "summary",
+            t,
+            ts: 0.0,
+            interval_s: t,
+            flows: self.rows.clone(),
+            totals: self
+                .totals
+                .iter()
+                .map(|(v, t)| (*v, side_stats(t)))
+                .collect(),
+            counters: self.counters.clone(),
+        }
     }
 }
 
@@ -619,6 +712,20 @@ pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
             (lo, if hi.is_finite() { hi } else { -1.0 }, c)
         })
         .collect()
+}
+
+/// The most closed flows the end summary keeps (a connection churn of hours
+/// must not grow the observer without bound).
+pub const MAX_FINISHED: usize = 65_536;
+
+/// A flow that closed during the run, as the end summary reports it.
+struct Finished {
+    hist: Hist,
+    srtt_us: u32,
+    retrans: u32,
+    side: Side,
+    origin: &'static str,
+    netns_name: String,
 }
 
 /// Display names of network namespaces, refreshed when an unknown one shows up.
@@ -651,6 +758,11 @@ impl NsNames {
 /// cumulative histogram (the interval's counts are the difference).
 #[derive(Default)]
 pub(crate) struct Tracker {
+    /// Flows that closed during the run, with their whole-run histogram and
+    /// last TCP state: the end summary keeps them (at most
+    /// [`MAX_FINISHED`]; past that `summary_flows_dropped` counts them).
+    finished: BTreeMap<Flow, Finished>,
+    finished_dropped: u64,
     /// Each flow's histogram at the last read, and the interval of its last sample.
     prev: HashMap<Flow, (Snapshot, u64)>,
     sides: HashMap<Flow, Side>,
@@ -674,6 +786,40 @@ impl Tracker {
         self.seen.clear();
         self.tracked = 0;
         self.interval += 1;
+    }
+
+    /// Keep a closed flow's whole run for the end summary (a 4-tuple used
+    /// again later in the run adds to the same entry).
+    fn finish(&mut self, f: &TcpFlowState, names: &mut NsNames) {
+        if let Some(e) = self.finished.get_mut(&f.flow) {
+            e.hist.merge(&f.hist());
+            e.srtt_us = f.srtt_us;
+            e.retrans = e.retrans.saturating_add(f.retrans);
+            return;
+        }
+        if self.finished.len() >= MAX_FINISHED {
+            self.finished_dropped += 1;
+            return;
+        }
+        self.finished.insert(
+            f.flow,
+            Finished {
+                hist: f.hist(),
+                srtt_us: f.srtt_us,
+                retrans: f.retrans,
+                side: f.side,
+                origin: f.origin,
+                netns_name: names.get(f.flow.netns),
+            },
+        );
+    }
+
+    /// The tracker's own counters, in every interval and end record.
+    fn counters(&self, tc: &mut BTreeMap<&'static str, u64>) {
+        tc.insert("flows_vanished", self.vanished);
+        tc.insert("flows_evicted", self.evicted);
+        tc.insert("flows_closed_reported", self.closed_reported);
+        tc.insert("flows_tracked", self.tracked);
     }
 
     fn forget(&mut self, flow: &Flow) {
@@ -718,6 +864,9 @@ impl Tracker {
         names: &mut NsNames,
         totals: &mut SideTotals,
     ) -> Option<FlowRow> {
+        if f.closed {
+            self.finish(f, names);
+        }
         self.seen.insert(f.flow);
         self.sides.insert(f.flow, f.side);
         self.tracked += 1;

@@ -183,8 +183,14 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         &mut raw,
     )
     .await?;
-    let (flows, counters) = session.summary()?;
-    output::print_end(&args, start.elapsed().as_secs_f64(), flows, &counters)
+    let summary = session.summary()?;
+    output::print_end(
+        &args,
+        &header,
+        &views,
+        start.elapsed().as_secs_f64(),
+        summary,
+    )
 }
 
 /// Report every interval until --duration, Ctrl-C or SIGTERM; stream raw

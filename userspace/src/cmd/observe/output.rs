@@ -257,19 +257,29 @@ pub(super) fn print_interval(
 /// closing line (table).
 pub(super) fn print_end(
     args: &ObserveArgs,
+    header: &str,
+    views: &[ViewKind],
     elapsed_s: f64,
-    flows: Vec<serde_json::Value>,
-    counters: &std::collections::BTreeMap<&str, std::collections::BTreeMap<&str, u64>>,
+    summary: crate::session::Summary,
 ) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    if args.format == Format::CloudMonitoring {
-        return Ok(());
-    }
+    let counters = &summary.counters;
     if args.format == Format::Json {
-        let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": flows, "counters": counters });
+        let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": summary.flows, "counters": counters });
         writeln!(out, "{line}")?;
     } else {
+        if !args.quiet {
+            // The whole run, every flow seen (closed ones marked `*`).
+            let names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
+            let iv = summary.as_interval(elapsed_s);
+            crate::sinks::table::print_table(
+                &mut out,
+                &format!("{header} | whole run"),
+                &iv,
+                &names,
+            )?;
+        }
         write!(out, "done after {elapsed_s:.1}s")?;
         if let Some(c) = counters.get("tcp") {
             write!(
