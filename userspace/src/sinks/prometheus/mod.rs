@@ -10,7 +10,8 @@
 //!   of the view), `rttscope_flows_tracked{view}`;
 //! - `rttscope_bpf_prog_run_time_seconds_total{prog}`,
 //!   `rttscope_bpf_prog_run_count_total{prog}`, `rttscope_bpf_stats_enabled`;
-//! - `rttscope_series{}` (label sets in use), `rttscope_series_overflow_total{view}`.
+//! - `rttscope_series{}` (label sets in use), `rttscope_series_overflow_total{view}`;
+//! - the standard `process_*` metrics and `rttscope_build_info{version,loaders,kernel}`.
 //!
 //! Labels are bounded ([`LabelPolicy`]): the remote address is cut to a
 //! prefix (/24, /48 by default, like ePPing's subnet aggregation), the local
@@ -241,11 +242,6 @@ struct EventLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModeLabel {
-    mode: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProgLabels {
     prog: String,
     id: String,
@@ -387,9 +383,12 @@ pub struct Exporter {
     prog_cnt: Family<ProgLabels, Counter>,
     stats_enabled: Gauge,
     scrapes: Counter,
-    cpu: Family<ModeLabel, Counter<f64, AtomicU64>>,
+    cpu: Counter<f64, AtomicU64>,
     rss: Gauge,
-    last_cpu: (u64, u64),
+    vsz: Gauge,
+    fds: Gauge,
+    max_fds: Gauge,
+    last_cpu: u64,
     last_counters: HashMap<(ViewKind, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
@@ -469,20 +468,70 @@ impl Exporter {
             "Scrapes of /metrics served",
             scrapes.clone(),
         );
-        let cpu = Family::<ModeLabel, Counter<f64, AtomicU64>>::default();
+        // The standard process metrics (the names every Prometheus client
+        // library exports, so existing dashboards and alerts apply).
+        let cpu = Counter::<f64, AtomicU64>::default();
         r.register_with_unit(
-            "rttscope_process_cpu",
-            "CPU time of the rttscope process (user, system), from /proc/self/stat",
+            "process_cpu",
+            "Total user and system CPU time spent in seconds",
             Unit::Seconds,
             cpu.clone(),
         );
         let rss = Gauge::default();
         r.register_with_unit(
-            "rttscope_process_resident_memory",
-            "Resident set size of the rttscope process",
+            "process_resident_memory",
+            "Resident memory size in bytes",
             Unit::Bytes,
             rss.clone(),
         );
+        let vsz = Gauge::default();
+        r.register_with_unit(
+            "process_virtual_memory",
+            "Virtual memory size in bytes",
+            Unit::Bytes,
+            vsz.clone(),
+        );
+        let fds = Gauge::default();
+        r.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            fds.clone(),
+        );
+        let max_fds = Gauge::default();
+        r.register(
+            "process_max_fds",
+            "Maximum number of open file descriptors",
+            max_fds.clone(),
+        );
+        let start = Gauge::<f64, AtomicU64>::default();
+        r.register_with_unit(
+            "process_start_time",
+            "Start time of the process since unix epoch in seconds",
+            Unit::Seconds,
+            start.clone(),
+        );
+        start.set(process_start_unix_s());
+        // What is running: the version, the loaders built in, the kernel.
+        let build = Family::<Vec<(String, String)>, Gauge>::default();
+        r.register(
+            "rttscope_build_info",
+            "rttscope's version, the BPF loaders built in and the kernel it runs on (always 1)",
+            build.clone(),
+        );
+        build
+            .get_or_create(&vec![
+                ("version".into(), env!("CARGO_PKG_VERSION").into()),
+                (
+                    "loaders".into(),
+                    crate::views::LoaderKind::available()
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                ("kernel".into(), kernel_release()),
+            ])
+            .set(1);
         Ok(Exporter {
             registry: Arc::new(r),
             policy,
@@ -501,7 +550,10 @@ impl Exporter {
             scrapes,
             cpu,
             rss,
-            last_cpu: (0, 0),
+            last_cpu: 0,
+            vsz,
+            fds,
+            max_fds,
             last_counters: HashMap::new(),
             last_prog: HashMap::new(),
             last_expiry: Instant::now(),
@@ -657,7 +709,7 @@ impl Exporter {
         }
     }
 
-    /// CPU time and RSS of this process.
+    /// The standard process metrics of this process, from /proc/self.
     pub fn set_process_stats(&mut self) {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
         // Fields after the command name (which may contain spaces) start at state.
@@ -671,22 +723,35 @@ impl Exporter {
         if f.len() == 2 {
             // SAFETY: sysconf has no side effects.
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-            let (u0, s0) = self.last_cpu;
-            for (mode, now, before) in [("user", f[0], u0), ("system", f[1], s0)] {
-                self.cpu
-                    .get_or_create(&ModeLabel { mode: mode.into() })
-                    .inc_by(now.saturating_sub(before) as f64 / hz);
-            }
-            self.last_cpu = (f[0], f[1]);
+            let now = f[0] + f[1];
+            self.cpu
+                .inc_by(now.saturating_sub(self.last_cpu) as f64 / hz);
+            self.last_cpu = now;
         }
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        if let Some(kb) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<i64>().ok())
-        {
-            self.rss.set(kb * 1024);
+        let kb = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<i64>().ok())
+        };
+        if let Some(v) = kb("VmRSS:") {
+            self.rss.set(v * 1024);
+        }
+        if let Some(v) = kb("VmSize:") {
+            self.vsz.set(v * 1024);
+        }
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+            self.fds.set(rd.count() as i64);
+        }
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into the struct we own.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            self.max_fds.set(lim.rlim_cur.min(i64::MAX as u64) as i64);
         }
     }
 
@@ -702,6 +767,35 @@ impl Exporter {
             scrapes: self.scrapes.clone(),
         }
     }
+}
+
+/// This process's start, Unix seconds (/proc/self/stat's starttime after boot).
+fn process_start_unix_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let ticks: f64 = rest
+        .split_whitespace()
+        .nth(19) // starttime is field 22, the 20th after ')'
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    // SAFETY: sysconf has no side effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("btime "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    boot + ticks / hz
+}
+
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn encode_registry(r: &Registry, scrapes: &Counter) -> String {
@@ -1018,15 +1112,39 @@ mod tests {
         for le in ["0.00001", "0.000014", "0.01024", "10.48576", "+Inf"] {
             assert!(t.contains(&format!("le=\"{le}\"")), "bucket le={le} in {t}");
         }
-        let rss_line = t
-            .lines()
-            .find(|l| l.starts_with("rttscope_process_resident_memory_bytes "))
-            .unwrap();
-        let rss: f64 = rss_line.split_whitespace().nth(1).unwrap().parse().unwrap();
-        assert!(rss > 1e5 && rss < 1e10, "{rss_line}");
+        let value = |name: &str| -> f64 {
+            let line = t
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in {t}"));
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        // The standard process metrics, under their standard names.
+        let rss = value("process_resident_memory_bytes");
+        assert!(rss > 1e5 && rss < 1e10, "rss {rss}");
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        assert!(value("process_virtual_memory_bytes") >= rss);
+        let fds = value("process_open_fds");
+        assert!(fds >= 3.0 && fds <= value("process_max_fds"), "fds {fds}");
+        let start = value("process_start_time_seconds");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
         assert!(
-            t.contains("rttscope_process_cpu_seconds_total{mode=\"user\"}"),
-            "{t}"
+            start > now - 86400.0 && start <= now + 1.0,
+            "start {start}, now {now}"
+        );
+        let build = t
+            .lines()
+            .find(|l| l.starts_with("rttscope_build_info{"))
+            .unwrap_or_else(|| panic!("no build info in {t}"));
+        assert!(
+            build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+                && build.contains("loaders=\"")
+                && build.contains("kernel=\"")
+                && build.ends_with(" 1"),
+            "{build}"
         );
     }
 }
