@@ -329,7 +329,10 @@ mod tests {
         );
         let (c, _, body) = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
         assert_eq!(c, 200);
-        assert!(body.contains("# TYPE rttscope_rtt_seconds histogram"), "{body}");
+        assert!(
+            body.contains("# TYPE rttscope_rtt_seconds histogram"),
+            "{body}"
+        );
         server.abort();
     }
 
