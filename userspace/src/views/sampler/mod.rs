@@ -66,7 +66,8 @@ use crate::sys::netns::{self, NetNs};
 use crate::views::flow::Flow;
 use crate::views::PassiveView;
 
-/// tc filter handle and priority of our clsact filters ("rs").
+/// Base of our clsact filters' handles and priorities ("rs"): an observer in
+/// clsact mode uses `base + k` for the slot k it claims (views/sampler/tc.rs).
 pub const CLSACT_HANDLE: u32 = 0x7273;
 pub const CLSACT_PRIORITY: u32 = 0x7273;
 /// Names of our programs (the kernel keeps 15 characters).
