@@ -1014,17 +1014,40 @@ impl LiveExport {
 
     /// Add one sample (microseconds) to its label set.
     pub fn add(&mut self, labels: SeriesLabels, rtt_us: f64) {
+        self.group(labels, 1).add_us(rtt_us);
+    }
+
+    /// Add a kernel histogram's samples (one flow's samples since the last read) to their label
+    /// set, each kernel bucket spread over its values ([`Distribution::add_spread_us`]): every
+    /// sample the kernel counted is in, a kernel bucket that straddles a bound of the layout is
+    /// split in proportion.
+    pub fn add_hist(&mut self, labels: SeriesLabels, h: &crate::analysis::hist::Hist) {
+        let n = h.count();
+        if n == 0 {
+            return;
+        }
+        let d = self.group(labels, n);
+        for (i, &c) in h.counts.iter().enumerate() {
+            if c > 0 {
+                let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
+                d.add_spread_us(lo, hi, c);
+            }
+        }
+    }
+
+    /// The distribution of a label set (the view's overflow set past [`MAX_SERIES`]), which is
+    /// about to take `n` samples.
+    fn group(&mut self, labels: SeriesLabels, n: u64) -> &mut Distribution {
         let labels = if self.groups.contains_key(&labels) || self.groups.len() < MAX_SERIES {
             labels
         } else {
-            self.overflowed += 1;
+            self.overflowed += n;
             SeriesLabels::overflow(&labels.view)
         };
         let layout = &self.layout;
         self.groups
             .entry(labels)
             .or_insert_with(|| Distribution::new(layout.clone(), ValueUnit::Ms))
-            .add_us(rtt_us);
     }
 
     /// Number of label sets so far.

@@ -724,6 +724,45 @@ impl Distribution {
         self.max = Some(self.max.map_or(v, |m| m.max(v)));
     }
 
+    /// Add `n` samples known only to be whole microseconds in `[lo_us, hi_us)` (one bucket of
+    /// the kernel's histogram), spread evenly over those values: a kernel bucket inside one of
+    /// this layout's buckets lands there whole, exactly; one that straddles a bound is split in
+    /// proportion to its values on each side (largest-remainder rounding: the counts add up to
+    /// `n`). Each part is added at the middle of its values, so the mean and the sum of squared
+    /// deviations are those of the parts' midpoints.
+    pub fn add_spread_us(&mut self, lo_us: f64, hi_us: f64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let (lo, hi) = (lo_us.ceil(), hi_us.ceil());
+        if !(lo.is_finite() && hi.is_finite()) || hi - lo <= 1.0 {
+            self.add_n(self.unit.from_us(lo_us), n);
+            return;
+        }
+        // Cut [lo, hi) at this layout's bounds, in microseconds, on whole values.
+        let opts = &self.bucket_options;
+        let (first, last) = (
+            opts.index(self.unit.from_us(lo)),
+            opts.index(self.unit.from_us(hi - 1.0)),
+        );
+        let mut cuts = vec![lo];
+        cuts.extend((first..last).map(|i| self.unit.to_us(opts.upper(i)).ceil().clamp(lo, hi)));
+        cuts.push(hi);
+        let width = hi - lo;
+        let mut given = 0u64;
+        for w in cuts.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if b <= a {
+                continue;
+            }
+            // Cumulative rounding: the parts sum to n whatever the cuts.
+            let upto = ((b - lo) / width * n as f64).round() as u64;
+            let part = upto.min(n) - given;
+            given += part;
+            self.add_n(self.unit.from_us((a + b - 1.0) / 2.0), part);
+        }
+    }
+
     /// Add a value given in microseconds (converted to the distribution's unit).
     pub fn add_us(&mut self, us: f64) {
         self.add(self.unit.from_us(us));
@@ -992,6 +1031,32 @@ mod tests {
             growth_factor: growth,
             scale,
         }
+    }
+
+    #[test]
+    fn kernel_buckets_spread_over_cloud_bounds() {
+        let layout = BucketOptions::parse("explicit:0,1,2,4").unwrap();
+        let mut d = Distribution::new(layout.clone(), ValueUnit::Ms);
+        // [960, 1024) us holds 40 values below 1 ms and 24 at or above it.
+        d.add_spread_us(960.0, 1024.0, 64);
+        assert_eq!(d.bucket_counts, vec![0, 40, 24, 0, 0]);
+        // A kernel bucket inside one cloud bucket lands there whole.
+        d.add_spread_us(1408.0, 1536.0, 5);
+        assert_eq!(d.bucket_counts, vec![0, 40, 29, 0, 0]);
+        assert_eq!(d.count, 69);
+        // One-value buckets are exact; the counts always add up, whatever the split.
+        let mut e = Distribution::new(layout, ValueUnit::Ms);
+        e.add_spread_us(999.0, 1000.0, 3);
+        assert_eq!(e.bucket_counts[1], 3);
+        for n in 1..200u64 {
+            let before = e.count;
+            e.add_spread_us(1920.0, 2048.0, n);
+            assert_eq!(e.count - before, n);
+        }
+        assert_eq!(e.bucket_counts.iter().sum::<u64>(), e.count);
+        // An open-ended bucket goes in at its lower bound.
+        e.add_spread_us(5000.0, f64::INFINITY, 2);
+        assert_eq!(e.bucket_counts[4], 2);
     }
 
     #[test]

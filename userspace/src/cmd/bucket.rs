@@ -442,20 +442,13 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
         "--local is for a Cloud Monitoring FILE (a projects.timeSeries.list response); {name} is not one"
     );
     if args.format == BucketFormat::CloudMonitoring {
-        let out = export_cloud(&text, &name, &layout, args.unit)?;
+        let out = export_cloud(&text, &name, &layout, args.unit, &args.views)?;
         print!("{out}");
         return Ok(());
     }
     let mut sets = load_sample_sets(&text, &name)?;
+    check_views(sets.iter().map(|s| s.name.as_str()), &args.views, &name)?;
     if !args.views.is_empty() {
-        let known: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
-        for v in &args.views {
-            anyhow::ensure!(
-                known.contains(v),
-                "{name} has no view '{v}' (views: {})",
-                known.join(", ")
-            );
-        }
         sets.retain(|s| args.views.contains(&s.name));
     }
     anyhow::ensure!(!sets.is_empty(), "{name} contains no views");
@@ -530,6 +523,10 @@ pub struct CloudPointReport {
     pub local: Vec<LocalBeside>,
 }
 
+/// The resolution of the times in a Cloud Monitoring file rttscope writes (RFC 3339 with
+/// microseconds): a local sample this close to a point's start or end belongs to it.
+const TIME_RESOLUTION_S: f64 = 1e-6;
+
 /// The local samples of `set` that fall into a point's interval (all of them when the point is a
 /// GAUGE instant or the local samples have no wall-clock time), and how they were chosen.
 fn local_window(set: &SampleSet, p: &CloudPoint) -> (Vec<f64>, String) {
@@ -552,7 +549,10 @@ fn local_window(set: &SampleSet, p: &CloudPoint) -> (Vec<f64>, String) {
     let v: Vec<f64> = set
         .samples
         .iter()
-        .filter(|s| (start..=p.end_unix_s).contains(&(anchor + s.t_s)))
+        .filter(|s| {
+            (start - TIME_RESOLUTION_S..=p.end_unix_s + TIME_RESOLUTION_S)
+                .contains(&(anchor + s.t_s))
+        })
         .map(|s| s.rtt_us)
         .collect();
     (v, format!("local samples in {}", p.interval_text()))
@@ -896,15 +896,8 @@ fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
     if let Some(path) = &args.local {
         let (t, n) = read_input(path)?;
         local = load_sample_sets(&t, &n)?;
+        check_views(local.iter().map(|s| s.name.as_str()), &args.views, &n)?;
         if !args.views.is_empty() {
-            let known: Vec<String> = local.iter().map(|s| s.name.clone()).collect();
-            for v in &args.views {
-                anyhow::ensure!(
-                    known.contains(v),
-                    "{n} has no view '{v}' (views: {})",
-                    known.join(", ")
-                );
-            }
             local.retain(|s| args.views.contains(&s.name));
         }
     }
@@ -921,20 +914,46 @@ fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--view`: every name asked for must be one of `known` (one sentence naming them otherwise).
+fn check_views<'a>(
+    known: impl Iterator<Item = &'a str>,
+    views: &[String],
+    name: &str,
+) -> anyhow::Result<()> {
+    let known: Vec<&str> = known.collect();
+    for v in views {
+        anyhow::ensure!(
+            known.contains(&v.as_str()),
+            "{name} has no view '{v}' (views: {})",
+            known.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// `--format cloud-monitoring` of a result or a sample list: create request bodies, one per line
 /// (a result: one CUMULATIVE series per view over the run; a list, which has no times: one GAUGE
-/// series stamped now).
+/// series stamped now); `views`, when not empty, the only views written.
 pub fn export_cloud(
     text: &str,
     name: &str,
     layout: &BucketOptions,
     unit: ValueUnit,
+    views: &[String],
 ) -> anyhow::Result<String> {
     let reqs = if !is_observe_output(text) && text.trim_start().starts_with('{') {
-        let r = RunResult::from_json(text, name)?;
+        let mut r = RunResult::from_json(text, name)?;
+        check_views(r.views.iter().map(|v| v.name.as_str()), views, name)?;
+        if !views.is_empty() {
+            r.views.retain(|v| views.contains(&v.name));
+        }
         cloud_monitoring::result_requests(&r, layout, unit)?
     } else {
-        let sets = load_sample_sets(text, name)?;
+        let mut sets = load_sample_sets(text, name)?;
+        check_views(sets.iter().map(|s| s.name.as_str()), views, name)?;
+        if !views.is_empty() {
+            sets.retain(|s| views.contains(&s.name));
+        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
@@ -1465,7 +1484,7 @@ mod tests {
         let r = local_result();
         let text = serde_json::to_string(&r).unwrap();
         let layout = dist::vm_flow_preset();
-        let out = export_cloud(&text, "r.json", &layout, ValueUnit::Ms).unwrap();
+        let out = export_cloud(&text, "r.json", &layout, ValueUnit::Ms, &[]).unwrap();
         assert!(out.ends_with('\n'));
         let file = cloud_monitoring::parse(&out, "out.jsonl").unwrap();
         assert_eq!(file.series.len(), 2);
@@ -1488,7 +1507,7 @@ mod tests {
             "--layout-from reads the written layout back"
         );
         // A plain list (no times) becomes a GAUGE point.
-        let out = export_cloud("0.2\n0.3\n", "l.txt", &layout, ValueUnit::Ms).unwrap();
+        let out = export_cloud("0.2\n0.3\n", "l.txt", &layout, ValueUnit::Ms, &[]).unwrap();
         let f = cloud_monitoring::parse(&out, "l").unwrap();
         assert_eq!(f.series[0].metric_kind, "GAUGE");
     }

@@ -33,8 +33,8 @@ pub struct ObserveArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Also stream every raw sample (ring buffer) to the output (on with --format cloud-monitoring, which is built from them).
-    #[arg(long, default_value_if("format", "cloud-monitoring", "true"))]
+    /// Also stream every raw sample (ring buffer) to the output (not with --format cloud-monitoring).
+    #[arg(long)]
     pub raw: bool,
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
     #[arg(long, default_value_t = 16384)]

@@ -1,9 +1,12 @@
-//! `observe --cloud-buckets`: each view aggregated like the cloud metric.
+//! `observe --cloud-buckets`: each view aggregated like the cloud metric; `--format
+//! cloud-monitoring`: each flow group's distribution as Cloud Monitoring time series.
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::analysis::hist::Hist;
+use crate::session::FlowSink;
+use crate::views::flow::{Flow, Side};
 
 /// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
 /// histograms' interval deltas go into a Cloud Monitoring distribution, each
@@ -76,5 +79,97 @@ impl CloudAgg {
         );
         self.period_start = t;
         Some(done)
+    }
+}
+
+/// `--format cloud-monitoring`: every flow's samples since the start, from the kernel's
+/// per-flow histograms (the deltas the session hands its sinks each read), in one CUMULATIVE
+/// distribution per label set. Built from the histograms, not the ring buffer, so a sample the
+/// ring would have dropped is still counted.
+pub(super) struct CloudSink {
+    pub(super) export: crate::analysis::cloud_monitoring::LiveExport,
+    v4_prefix: u8,
+    v6_prefix: u8,
+}
+
+impl CloudSink {
+    pub(super) fn new(
+        layout: crate::analysis::dist::BucketOptions,
+        start_unix_s: f64,
+        v4_prefix: u8,
+        v6_prefix: u8,
+    ) -> Self {
+        CloudSink {
+            export: crate::analysis::cloud_monitoring::LiveExport::new(layout, start_unix_s),
+            v4_prefix,
+            v6_prefix,
+        }
+    }
+
+    fn add(&mut self, view: &str, flow: &Flow, side: Side, netns: String, delta: &Hist) {
+        let labels = crate::analysis::cloud_monitoring::SeriesLabels {
+            view: view.to_string(),
+            side: side.as_str().to_string(),
+            netns,
+            remote_prefix: crate::analysis::cloud_monitoring::remote_prefix(
+                flow.remote.ip(),
+                self.v4_prefix,
+                self.v6_prefix,
+            ),
+        };
+        self.export.add_hist(labels, delta);
+    }
+}
+
+impl FlowSink for CloudSink {
+    fn tcp_flow(
+        &mut self,
+        f: &crate::views::tcp::TcpFlowState,
+        prev: Option<&crate::analysis::hist::Snapshot>,
+        netns_name: &mut dyn FnMut(u32) -> String,
+    ) {
+        let delta = match prev {
+            Some(p) => p.delta(&f.counts, f.sum_us),
+            None => f.hist(),
+        };
+        if delta.count() > 0 {
+            let ns = netns_name(f.flow.netns);
+            self.add("tcp", &f.flow, f.side, ns, &delta);
+        }
+    }
+
+    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+        self.add("sampler", flow, side, netns_name.to_string(), delta);
+    }
+}
+
+/// Two sinks fed the same reads (the Prometheus exporter and the cloud export).
+pub(super) struct Both<'a>(
+    pub(super) Option<&'a mut dyn FlowSink>,
+    pub(super) Option<&'a mut dyn FlowSink>,
+);
+
+impl FlowSink for Both<'_> {
+    fn tcp_flow(
+        &mut self,
+        f: &crate::views::tcp::TcpFlowState,
+        prev: Option<&crate::analysis::hist::Snapshot>,
+        netns_name: &mut dyn FnMut(u32) -> String,
+    ) {
+        for s in [self.0.as_deref_mut(), self.1.as_deref_mut()]
+            .into_iter()
+            .flatten()
+        {
+            s.tcp_flow(f, prev, netns_name);
+        }
+    }
+
+    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+        for s in [self.0.as_deref_mut(), self.1.as_deref_mut()]
+            .into_iter()
+            .flatten()
+        {
+            s.sampler_delta(flow, side, netns_name, delta);
+        }
     }
 }

@@ -20,7 +20,7 @@ use crate::sinks::prometheus::daemon::Daemon;
 use crate::sys::netns::{self, NetNs};
 use crate::views::tcp::TcpViewConfig;
 use crate::views::{RawSamples, ViewKind};
-use cloud::CloudAgg;
+use cloud::{Both, CloudAgg, CloudSink};
 use output::{flush_raw, sampler_raw_lines, tcp_raw_lines};
 
 /// Run `observe` for a library caller that built `args` without a command
@@ -56,6 +56,11 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
     }
     if args.cloud_period.is_zero() {
         anyhow::bail!(crate::analysis::units::ZERO_PERIOD);
+    }
+    if args.raw && args.format == args::Format::CloudMonitoring {
+        anyhow::bail!(
+            "--raw cannot be used with --format cloud-monitoring: standard output carries only the create requests (use --format json --raw for the samples)"
+        );
     }
     let want_sampler = views.contains(&ViewKind::Sampler);
     if want_sampler && args.ifaces.is_empty() {
@@ -252,7 +257,8 @@ async fn run_loop(
                 continue;
             }
             _ = reclaim_tick.tick(), if has_tcp => {
-                session.reclaim_if_due(daemon.as_deref_mut().map(|d| d as &mut dyn FlowSink))?;
+                let mut sinks = report.sinks(daemon.as_deref_mut());
+                session.reclaim_if_due(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?;
                 continue;
             }
             _ = until_deadline => true,
@@ -282,6 +288,8 @@ struct Report<'a> {
     header: String,
     view_names: &'a [&'a str],
     cloud: BTreeMap<&'static str, CloudAgg>,
+    /// --format cloud-monitoring: every flow group's samples since the start.
+    cloud_export: Option<CloudSink>,
     start: Instant,
     last_tick: Instant,
 }
@@ -298,14 +306,35 @@ impl<'a> Report<'a> {
                 );
             }
         }
+        let cloud_export = (args.format == args::Format::CloudMonitoring).then(|| {
+            CloudSink::new(
+                args.cloud_layout.clone(),
+                output::unix_now(),
+                args.v4_prefix.unwrap_or(24),
+                args.v6_prefix.unwrap_or(48),
+            )
+        });
         Report {
             args,
             header: header.to_string(),
             view_names,
             cloud,
+            cloud_export,
             start: Instant::now(),
             last_tick: Instant::now(),
         }
+    }
+
+    /// Where each read's per-flow samples go: the Prometheus exporter, the cloud export.
+    /// None when there is neither (the session then skips the per-flow deltas).
+    fn sinks<'s>(&'s mut self, daemon: Option<&'s mut Daemon>) -> Option<Both<'s>> {
+        if daemon.is_none() && self.cloud_export.is_none() {
+            return None;
+        }
+        Some(Both(
+            daemon.map(|d| d as &mut dyn FlowSink),
+            self.cloud_export.as_mut().map(|c| c as &mut dyn FlowSink),
+        ))
     }
 
     fn interval(
@@ -319,10 +348,10 @@ impl<'a> Report<'a> {
         for n in session.check_vanished() {
             eprintln!("rttscope: notice: {n}");
         }
-        let read = session.read_interval(
-            daemon.as_deref_mut().map(|d| d as &mut dyn FlowSink),
-            raw_bad,
-        )?;
+        let read = {
+            let mut sinks = self.sinks(daemon.as_deref_mut());
+            session.read_interval(sinks.as_mut().map(|s| s as &mut dyn FlowSink), raw_bad)?
+        };
         let mut iv = read.interval;
         // daemon mode: counters, program statistics.
         if let Some(d) = daemon {
@@ -342,7 +371,9 @@ impl<'a> Report<'a> {
         iv.ts = output::unix_now();
         iv.interval_s = self.last_tick.elapsed().as_secs_f64();
         self.last_tick = Instant::now();
-        if !self.args.quiet {
+        if let Some(c) = &self.cloud_export {
+            output::cloud_requests(&c.export, iv.ts, &mut std::io::stdout().lock())?;
+        } else if !self.args.quiet {
             output::print_interval(self.args, &self.header, self.view_names, &iv, &cloud_lines)?;
         }
         Ok(())

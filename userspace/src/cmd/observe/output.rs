@@ -12,72 +12,18 @@ use crate::session::{Interval, Session};
 use crate::views::flow::Flow;
 use crate::views::ViewKind;
 
-/// `--format cloud-monitoring`: one raw sample waiting for the interval's rows (which give the
-/// sampler's side and the namespace's name).
-struct CloudPending {
-    view: &'static str,
-    netns: u32,
-    local: std::net::SocketAddr,
-    remote: std::net::SocketAddr,
-    side: Option<crate::views::flow::Side>,
-    rtt_us: f64,
-}
-
-thread_local! {
-    /// `--format cloud-monitoring`: the cumulative distributions since the start, and the raw
-    /// samples since the last interval (observe runs on one thread).
-    static CLOUD: std::cell::RefCell<(Option<crate::analysis::cloud_monitoring::LiveExport>, Vec<CloudPending>)> =
-        const { std::cell::RefCell::new((None, Vec::new())) };
-}
-
-fn cloud_pending(p: CloudPending) {
-    CLOUD.with(|c| c.borrow_mut().1.push(p));
-}
-
-/// `--format cloud-monitoring`: this interval's raw samples into their label sets, then one
-/// create request per line (at most 200 series each).
-fn cloud_interval(args: &ObserveArgs, iv: &Interval, out: &mut impl Write) -> Result<()> {
-    use crate::analysis::cloud_monitoring::{remote_prefix, SeriesLabels};
-    let (v4, v6) = (args.v4_prefix.unwrap_or(24), args.v6_prefix.unwrap_or(48));
-    let reqs = CLOUD.with(|c| {
-        let mut c = c.borrow_mut();
-        let (export, pending) = &mut *c;
-        let export = export.get_or_insert_with(|| {
-            crate::analysis::cloud_monitoring::LiveExport::new(
-                args.cloud_layout.clone(),
-                iv.ts - iv.t,
-            )
-        });
-        for p in pending.drain(..) {
-            let row = iv.flows.iter().find(|r| {
-                r.netns == p.netns
-                    && r.local == p.local.to_string()
-                    && r.remote == p.remote.to_string()
-            });
-            let side = p.side.or(row.map(|r| r.side));
-            let netns = iv
-                .flows
-                .iter()
-                .find(|r| r.netns == p.netns)
-                .map_or_else(|| p.netns.to_string(), |r| r.netns_name.clone());
-            export.add(
-                SeriesLabels {
-                    view: p.view.to_string(),
-                    side: side.map_or("unknown", |s| s.as_str()).to_string(),
-                    netns,
-                    remote_prefix: remote_prefix(p.remote.ip(), v4, v6),
-                },
-                p.rtt_us,
-            );
-        }
-        export.requests(
-            iv.ts,
-            &crate::analysis::results::HostInfo::current().hostname,
-        )
-    });
-    for r in reqs {
+/// `--format cloud-monitoring`: one create request per line (at most 200 series each), every
+/// label set's samples since the start.
+pub(super) fn cloud_requests(
+    export: &crate::analysis::cloud_monitoring::LiveExport,
+    end_unix_s: f64,
+    out: &mut impl Write,
+) -> Result<()> {
+    let host = crate::analysis::results::HostInfo::current().hostname;
+    for r in export.requests(end_unix_s, &host) {
         writeln!(out, "{r}")?;
     }
+    out.flush()?;
     Ok(())
 }
 
@@ -169,17 +115,8 @@ pub(super) fn print_start(
         }
         Format::CloudMonitoring => {
             // Standard output carries only the create requests.
-            CLOUD.with(|c| {
-                *c.borrow_mut() = (
-                    Some(crate::analysis::cloud_monitoring::LiveExport::new(
-                        args.cloud_layout.clone(),
-                        unix_now(),
-                    )),
-                    Vec::new(),
-                )
-            });
             eprintln!(
-                "rttscope observe: one projects.timeSeries.create request per line per interval, metric {}, layout {} (docs/cloud.md)",
+                "rttscope observe: one projects.timeSeries.create request per line per interval, metric {}, layout {}, from the kernel's per-flow histograms (docs/cloud.md)",
                 crate::analysis::cloud_monitoring::METRIC_TYPE,
                 args.cloud_layout.spec()
             );
@@ -212,7 +149,8 @@ pub(super) fn print_interval(
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.format {
-        Format::CloudMonitoring => cloud_interval(args, iv, &mut out)?,
+        // Written by the report from its cloud sink (cloud_requests).
+        Format::CloudMonitoring => {}
         Format::Json => {
             writeln!(out, "{}", serde_json::to_string(iv)?)?;
             for (name, p) in cloud_lines {
@@ -262,14 +200,17 @@ pub(super) fn print_end(
     elapsed_s: f64,
     summary: crate::session::Summary,
 ) -> Result<()> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
+    // --format cloud-monitoring: standard output carries only the create requests.
+    let mut out: Box<dyn Write> = match args.format {
+        Format::CloudMonitoring => Box::new(std::io::stderr().lock()),
+        _ => Box::new(std::io::stdout().lock()),
+    };
     let counters = &summary.counters;
     if args.format == Format::Json {
         let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": summary.flows, "counters": counters });
         writeln!(out, "{line}")?;
     } else {
-        if !args.quiet {
+        if !args.quiet && args.format == Format::Table {
             // The whole run, every flow seen (closed ones marked `*`).
             let names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
             let iv = summary.as_interval(elapsed_s);
@@ -317,17 +258,8 @@ pub(super) fn sampler_raw_lines(
     {
         let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
         let line = match fmt {
-            Format::CloudMonitoring => {
-                cloud_pending(CloudPending {
-                    view: "sampler",
-                    netns: smp.flow.netns,
-                    local: smp.flow.local,
-                    remote: smp.flow.remote,
-                    side: None,
-                    rtt_us: smp.rtt_us as f64,
-                });
-                continue;
-            }
+            // --raw is refused with --format cloud-monitoring (check()).
+            Format::CloudMonitoring => continue,
             Format::Json => json!({
                 "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
                 "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
@@ -351,19 +283,6 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
     };
     let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
-        (Format::CloudMonitoring, Some(f)) => {
-            if ev.r#type == 1 {
-                cloud_pending(CloudPending {
-                    view: "tcp",
-                    netns: f.netns,
-                    local: f.local,
-                    remote: f.remote,
-                    side: Some(side),
-                    rtt_us: ev.rtt_us as f64,
-                });
-            }
-            String::new()
-        }
         (Format::Json, Some(f)) => json!({
             "type": "sample", "view": kind, "t": t, "netns": f.netns,
             "local": f.local.to_string(), "remote": f.remote.to_string(),
@@ -413,10 +332,11 @@ pub(super) fn tcp_raw_lines(
 mod tests {
     use super::*;
 
-    /// `--format cloud-monitoring`: raw samples become CUMULATIVE TimeSeries that our own reader
-    /// parses back (and that turn raw samples on).
+    /// `--format cloud-monitoring`: the histogram deltas the session hands its sinks become
+    /// CUMULATIVE TimeSeries that our own reader parses back, every sample counted.
     #[test]
     fn cloud_monitoring_interval_reads_back() {
+        use crate::session::FlowSink;
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([
             "rttscope",
@@ -430,51 +350,34 @@ mod tests {
         let crate::cli::Command::Observe(args) = cli.command else {
             panic!()
         };
-        assert!(args.raw, "cloud-monitoring needs the raw samples");
-        CLOUD.with(|c| {
-            *c.borrow_mut() = (
-                Some(crate::analysis::cloud_monitoring::LiveExport::new(
-                    args.cloud_layout.clone(),
-                    1_795_240_800.0,
-                )),
-                Vec::new(),
-            )
-        });
-        for rtt in [150u32, 250, 3000] {
-            let ev = crate::bpf::Event {
-                r#type: 1,
-                side: 2,
-                rtt_us: rtt,
-                ts_ns: 2_000_000_000,
-                key: Flow {
-                    netns: 7,
-                    local: "10.0.0.2:5001".parse().unwrap(),
-                    remote: "10.0.0.1:40000".parse().unwrap(),
-                }
-                .to_key(),
-                ..Default::default()
-            };
-            assert_eq!(raw_line(&ev, 0, Format::CloudMonitoring), "");
-        }
-        let iv = Interval {
-            kind: "interval",
-            t: 1.0,
-            ts: 1_795_240_801.0,
-            interval_s: 1.0,
-            flows: Vec::new(),
-            totals: Default::default(),
-            counters: Default::default(),
+        assert!(!args.raw, "cloud-monitoring is built from the histograms");
+        let mut sink =
+            super::super::cloud::CloudSink::new(args.cloud_layout.clone(), 1_795_240_800.0, 24, 48);
+        let flow = Flow {
+            netns: 7,
+            local: "10.0.0.2:5001".parse().unwrap(),
+            remote: "10.0.0.1:40000".parse().unwrap(),
         };
+        let mut h = crate::analysis::hist::Hist::default();
+        for rtt in [150u32, 250, 3000] {
+            h.record(rtt);
+        }
+        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", &h);
+        // A second read of the same flow adds to the same series.
+        let mut h2 = crate::analysis::hist::Hist::default();
+        h2.record(1500);
+        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", &h2);
         let mut out = Vec::new();
-        cloud_interval(&args, &iv, &mut out).unwrap();
+        cloud_requests(&sink.export, 1_795_240_801.0, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         let f = crate::analysis::cloud_monitoring::parse(&text, "observe").unwrap();
+        assert_eq!(f.series.len(), 1, "{text}");
         let s = &f.series[0];
         assert_eq!(s.metric_kind, "CUMULATIVE");
-        assert_eq!(s.metric_labels["view"], "tcp");
+        assert_eq!(s.metric_labels["view"], "sampler");
         assert_eq!(s.metric_labels["side"], "server");
-        assert_eq!(s.metric_labels["netns"], "7");
+        assert_eq!(s.metric_labels["netns"], "ns-b");
         assert_eq!(s.metric_labels["remote_prefix"], "10.0.0.0/24");
         let p = &s.points[0];
         assert_eq!(
@@ -484,7 +387,8 @@ mod tests {
         let crate::analysis::cloud_monitoring::PointValue::Distribution(d) = &p.value else {
             panic!("{:?}", p.value)
         };
-        assert_eq!(d.bucket_counts, vec![0, 2, 0, 1, 0]);
+        assert_eq!(d.bucket_counts, vec![0, 2, 1, 1, 0]);
+        assert_eq!(d.count, 4);
     }
 
     #[test]
