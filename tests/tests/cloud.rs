@@ -177,8 +177,7 @@ fn observe_cloud_monitoring_holds_every_sample() {
     let text = cloud_stdout;
     let last = text
         .lines()
-        .filter(|l| !l.trim().is_empty())
-        .next_back()
+        .rfind(|l| !l.trim().is_empty())
         .unwrap_or_else(|| panic!("no create request on stdout; stderr: {cloud_err}"));
     for l in text.lines().filter(|l| !l.trim().is_empty()) {
         let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
