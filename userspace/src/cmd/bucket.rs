@@ -200,7 +200,7 @@ pub fn analyze(
 
     let aligned = if set.timed {
         align(
-            set.samples.iter().map(|s| (s.t_s, s.rtt_us)),
+            set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
             period_s,
             layout,
             unit,
@@ -299,10 +299,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
                 quote_input(line)
             )
         })?;
-        samples.push(Sample {
-            t_s: 0.0,
-            rtt_us: us,
-        });
+        samples.push(Sample::at_s(0.0, us));
     }
     anyhow::ensure!(!samples.is_empty(), "{name} contains no samples");
     Ok(SampleSet {
@@ -315,7 +312,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
 }
 
 /// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
-fn is_observe_output(text: &str) -> bool {
+pub fn is_observe_output(text: &str) -> bool {
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     first.trim_start().starts_with('{')
         && serde_json::from_str::<serde_json::Value>(first)
@@ -361,10 +358,7 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
                         sets.last_mut().expect("just pushed")
                     }
                 };
-                set.samples.push(Sample {
-                    t_s: t,
-                    rtt_us: rtt,
-                });
+                set.samples.push(Sample::at_s(t, rtt));
             }
             _ => {}
         }
@@ -379,20 +373,43 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
     Ok(sets)
 }
 
+/// Any measuring command's output as a result document: a result (version 1 or 2, what `probe`,
+/// `observe`, `compare` and `lab` write with `--json`), rttscope 0.1's `probe --json`, or
+/// `observe --format json --raw` JSON Lines (one view per view and side).
+pub fn result_from_text(text: &str, name: &str) -> anyhow::Result<RunResult> {
+    if is_observe_output(text) {
+        let sets = parse_observe_output(text, name)?;
+        let mut r = RunResult::new("observe", serde_json::json!({"source": name}));
+        r.start_unix_s = sets.first().and_then(|s| s.start_unix_s);
+        r.views = sets
+            .into_iter()
+            .map(|s| {
+                let mut v = crate::analysis::results::ViewSeries::new(
+                    s.name,
+                    s.kind.unwrap_or(ViewKind::Other),
+                );
+                v.samples = s.samples;
+                v
+            })
+            .collect();
+        return Ok(r);
+    }
+    match RunResult::from_json(text, name) {
+        Ok(r) => Ok(r),
+        Err(e) => match crate::active::output::parse_probe_json(text) {
+            Some(p) => Ok(crate::active::output::probe_document(&p)),
+            None => Err(e.into()),
+        },
+    }
+}
+
 /// Read the sample sets of a file: a result document (one set per view), `observe --format json
 /// --raw` output (one set per view and side) or a plain list.
 pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
     if is_observe_output(text) {
         parse_observe_output(text, name)
     } else if text.trim_start().starts_with('{') {
-        // A result file, or what `probe --json` writes (the same samples).
-        let r = match RunResult::from_json(text, name) {
-            Ok(r) => r,
-            Err(e) => match crate::active::output::parse_probe_json(text) {
-                Some(p) => crate::active::output::probe_run_result(&p),
-                None => return Err(e.into()),
-            },
-        };
+        let r = result_from_text(text, name)?;
         let start = r.start_unix_s;
         Ok(r.views
             .into_iter()
@@ -552,7 +569,7 @@ fn local_window(set: &SampleSet, p: &CloudPoint) -> (Vec<f64>, String) {
     let v: Vec<f64> = set
         .samples
         .iter()
-        .filter(|s| (start..=p.end_unix_s).contains(&(anchor + s.t_s)))
+        .filter(|s| (start..=p.end_unix_s).contains(&(anchor + s.t_s())))
         .map(|s| s.rtt_us)
         .collect();
     (v, format!("local samples in {}", p.interval_text()))
@@ -1131,10 +1148,7 @@ mod tests {
             start_unix_s: None,
             samples: values_ms
                 .iter()
-                .map(|v| Sample {
-                    t_s: 0.0,
-                    rtt_us: v * 1000.0,
-                })
+                .map(|v| Sample::at_s(0.0, v * 1000.0))
                 .collect(),
         }
     }
@@ -1330,10 +1344,7 @@ mod tests {
         let mut v = ViewSeries::new("sampler", ViewKind::Sampler);
         // 0-60 s: 0.2 ms; 60-120 s: 3 ms.
         v.samples = (0..120)
-            .map(|i| Sample {
-                t_s: i as f64,
-                rtt_us: if i < 60 { 200.0 } else { 3000.0 },
-            })
+            .map(|i| Sample::at_s(i as f64, if i < 60 { 200.0 } else { 3000.0 }))
             .collect();
         r.views.push(v);
         r.views.push(ViewSeries::new("empty", ViewKind::Tcp));
@@ -1382,23 +1393,14 @@ mod tests {
         c.side = Some("client".into());
         c.flow = Some("10.99.0.1:40000 -> 10.99.0.2:5001".into());
         c.samples = (0..1000)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.05,
-                rtt_us: 100.0 + 200.0 * i as f64 / 999.0,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.05, 100.0 + 200.0 * i as f64 / 999.0))
             .collect();
         // Outside the first minute: not in the window.
-        c.samples.push(Sample {
-            t_s: 90.0,
-            rtt_us: 9000.0,
-        });
+        c.samples.push(Sample::at_s(90.0, 9000.0));
         let mut sv = ViewSeries::new("tcp server", ViewKind::Tcp);
         sv.side = Some("server".into());
         sv.samples = (0..100)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.5,
-                rtt_us: 20_000.0 + i as f64,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.5, 20_000.0 + i as f64))
             .collect();
         r.views.push(c);
         r.views.push(sv);

@@ -81,6 +81,10 @@ pub struct CompareArgs {
     /// stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// What to print: the table (text), or csv: one row per view summary
+    /// (`view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what`).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::cmd::probe::PrintFormat,
     /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
@@ -493,8 +497,13 @@ impl Report {
         v.settings = settings;
         v.samples = s
             .iter()
-            .map(|&(t, r)| Sample { t_s: t, rtt_us: r })
+            .map(|&(t, r)| Sample::at_s(t, r))
             .collect();
+        v.summary = Some(crate::analysis::results::ViewSummary::of_samples(
+            name,
+            Some(kind),
+            &v.rtts_us(),
+        ));
         self.result.views.push(v);
         self.rows.push(Row {
             view: name.to_string(),
@@ -769,19 +778,21 @@ fn output(
         Box::new(std::io::stdout().lock())
     };
     let title = report.result.title.clone().unwrap_or_default();
-    render_table(&mut out, &title, &report.rows, footer)?;
+    if args.format == crate::cmd::probe::PrintFormat::Csv {
+        out.write_all(rows_csv(&report.rows).as_bytes())?;
+    } else {
+        render_table(&mut out, &title, &report.rows, footer)?;
+    }
     if args.explain {
         let notes = explain(&report.rows, args.interval, footer.retrans, cloud);
         render_notes(&mut out, &notes)?;
         report.result.settings["notes"] = json!(notes);
     }
     report.result.settings["rows"] = serde_json::to_value(&report.rows)?;
-    if json_to_stdout {
-        let mut o = std::io::stdout().lock();
-        writeln!(o, "{}", serde_json::to_string_pretty(&report.result)?)?;
-    } else if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.result)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(path) = &args.json {
+        report.result.write_to(path)?;
+    }
+    if let (Some(path), false) = (&args.json, json_to_stdout) {
         writeln!(
             out,
             "saved: {} (draw it: rttscope chart {} -o chart.png)",
@@ -826,6 +837,33 @@ fn render_table(
         "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
         footer.retrans, footer.hook, footer.loader
     )
+}
+
+/// `--format csv`: one row per view summary, RTTs in microseconds (empty when not known).
+fn rows_csv(rows: &[Row]) -> String {
+    use crate::analysis::results::csv_field;
+    let us = |v: f64| if v.is_nan() { String::new() } else { v.to_string() };
+    let mut out = String::from(
+        "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n",
+    );
+    for r in rows {
+        let s = &r.summary;
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            csv_field(&r.view),
+            s.n,
+            us(s.min),
+            us(s.mean),
+            us(s.p50),
+            us(s.p90),
+            us(s.p99),
+            us(s.max),
+            us(s.stddev),
+            csv_field(r.bucketed.as_deref().unwrap_or("")),
+            csv_field(&r.what)
+        ));
+    }
+    out
 }
 
 /// The `--explain` block: a blank line, then the notes (or the sentence
