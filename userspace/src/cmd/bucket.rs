@@ -70,6 +70,9 @@ pub struct BucketArgs {
 pub enum BucketFormat {
     Table,
     Json,
+    /// One row per bucket of each view's cloud distribution:
+    /// `view,bucket,lower_us,upper_us,count,cumulative_fraction` (empty bound = infinite).
+    Csv,
     /// TimeSeries JSON for projects.timeSeries.create (docs/cloud.md).
     CloudMonitoring,
 }
@@ -476,6 +479,13 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
         sets.retain(|s| args.views.contains(&s.name));
     }
     anyhow::ensure!(!sets.is_empty(), "{name} contains no views");
+    // Views that kept only a summary (observe's per-flow series, observe without --raw).
+    let had = sets.len();
+    sets.retain(|s| !s.samples.is_empty() || !s.timed);
+    anyhow::ensure!(
+        !sets.is_empty(),
+        "{name} holds {had} view summaries but no samples to bucket (observe keeps samples with --raw)"
+    );
     let period_s = args.period.as_secs_f64();
     anyhow::ensure!(period_s > 0.0, crate::analysis::units::ZERO_PERIOD);
     let reports = sets
@@ -491,6 +501,7 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
             .map(|r| render_table(r, args.all_buckets))
             .collect::<Vec<_>>()
             .join("\n"),
+        BucketFormat::Csv => buckets_csv(&reports),
     };
     print!("{out}");
     Ok(())
@@ -1061,6 +1072,34 @@ fn write_buckets(o: &mut String, d: &Distribution, all_buckets: bool) {
 }
 
 /// The human table for one report.
+/// `--format csv`: one row per bucket (empty ones too) of every view's distribution, bounds in
+/// microseconds (empty for the infinite ends).
+pub fn buckets_csv(reports: &[BucketReport]) -> String {
+    let mut o = String::from("view,bucket,lower_us,upper_us,count,cumulative_fraction\n");
+    for r in reports {
+        let d = &r.distribution;
+        let bound = |b: f64| {
+            if b.is_finite() {
+                d.unit.to_us(b).to_string()
+            } else {
+                String::new()
+            }
+        };
+        let mut cum = 0u64;
+        for (i, &c) in d.bucket_counts.iter().enumerate() {
+            cum += c;
+            let frac = if d.count > 0 { cum as f64 / d.count as f64 } else { 0.0 };
+            o.push_str(&format!(
+                "{},{i},{},{},{c},{frac}\n",
+                crate::analysis::results::csv_field(&r.name),
+                bound(d.bucket_options.lower(i)),
+                bound(d.bucket_options.upper(i)),
+            ));
+        }
+    }
+    o
+}
+
 pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     use std::fmt::Write as _;
     let d = &r.distribution;

@@ -265,12 +265,16 @@ fn plan<'a>(
             );
         }
     }
-    let views: Vec<(usize, &ViewSeries)> = result
+    let mut views: Vec<(usize, &ViewSeries)> = result
         .views
         .iter()
         .enumerate()
         .filter(|(_, v)| opts.views.is_empty() || opts.views.contains(&v.name))
         .collect();
+    // Series that kept only a summary (observe's per-flow series) are not drawn unless named.
+    if opts.views.is_empty() && views.iter().any(|(_, v)| !v.samples.is_empty()) {
+        views.retain(|(_, v)| !v.samples.is_empty());
+    }
     let has_sweep = result.sweep.as_ref().is_some_and(|s| !s.points.is_empty());
     let kind = match opts.kind {
         ChartKind::Auto if has_sweep => ChartKind::Sweep,

@@ -166,14 +166,19 @@ fn flow_series(r: &FlowRow, kind: ViewKind, st: &ViewStats) -> ViewSeries {
     v
 }
 
-/// The side of a raw sample: its own (TCP), or its flow's row's (sampler).
+/// The side of a raw sample: its own when the event says, else its flow's row's (the sampler's
+/// events and TCP events of flows the kernel could not place carry none).
 fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
-    if let Some(s) = r.side {
+    if let Some(s @ (Side::Client | Side::Server)) = r.side {
         return side_name(s);
     }
     rows.iter()
         .find(|row| {
-            row.sampler.is_some()
+            let in_view = match r.view {
+                ViewKind::Tcp => row.tcp.is_some(),
+                _ => row.sampler.is_some(),
+            };
+            in_view
                 && row.netns == r.flow.netns
                 && row.local == r.flow.local.to_string()
                 && row.remote == r.flow.remote.to_string()
