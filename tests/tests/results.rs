@@ -47,7 +47,10 @@ fn validate(doc: &Value, what: &str) {
         .map(|e| format!("{} at {}", e, e.instance_path()))
         .take(10)
         .collect();
-    assert!(errors.is_empty(), "{what}: not valid against the schema: {errors:#?}");
+    assert!(
+        errors.is_empty(),
+        "{what}: not valid against the schema: {errors:#?}"
+    );
 }
 
 /// `rttscope bucket - --format csv` with `input` on stdin: the bucket rows, per view, and their
@@ -154,7 +157,10 @@ fn run(ns: &NetNs, args: &[&str], secs: u64) -> Vec<u8> {
 /// The one view's summary agrees with its own samples (exact percentiles of what is stored).
 fn summary_matches_samples(r: &RunResult, what: &str) {
     for v in r.views.iter().filter(|v| !v.samples.is_empty()) {
-        let s = v.summary.as_ref().unwrap_or_else(|| panic!("{what}: {} has no summary", v.name));
+        let s = v
+            .summary
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what}: {} has no summary", v.name));
         let mut rtts = v.rtts_us();
         rtts.sort_by(f64::total_cmp);
         let p50 = rtts[(rtts.len() as f64 * 0.5).ceil() as usize - 1];
@@ -179,22 +185,54 @@ fn probe_rr_documents_chain() {
     let dir = Dir::new();
     let _srv = start_serve(&p.b, &format!("{B_ADDR}:7878"));
     for kind in ["tcp-rr", "udp-rr"] {
-        let out = run(&p.a, &["probe", kind, B_ADDR, "-n", "200", "-w", "2ms", "--json", "-"], 60);
+        let out = run(
+            &p.a,
+            &[
+                "probe", kind, B_ADDR, "-n", "200", "-w", "2ms", "--json", "-",
+            ],
+            60,
+        );
         let what = format!("probe {kind}");
         let r = chain(&out, &what, &dir);
         assert_eq!(r.command, what);
-        assert_eq!(r.settings["interval_ns"], 2_000_000, "{what}: {}", r.settings);
+        assert_eq!(
+            r.settings["interval_ns"], 2_000_000,
+            "{what}: {}",
+            r.settings
+        );
         assert_eq!(r.settings["count"], 200, "{what}");
         let v = &r.views[0];
-        assert_eq!(v.samples.len() + v.dropped.get("lost").copied().unwrap_or(0) as usize, 200, "{what}");
-        assert!(v.samples.len() >= 190, "{what}: {} samples of 200", v.samples.len());
-        assert!(v.samples.windows(2).all(|w| w[0].t_us < w[1].t_us), "{what}: samples not in send order");
+        assert_eq!(
+            v.samples.len() + v.dropped.get("lost").copied().unwrap_or(0) as usize,
+            200,
+            "{what}"
+        );
+        assert!(
+            v.samples.len() >= 190,
+            "{what}: {} samples of 200",
+            v.samples.len()
+        );
+        assert!(
+            v.samples.windows(2).all(|w| w[0].t_us < w[1].t_us),
+            "{what}: samples not in send order"
+        );
         // 200 transactions 2 ms apart: the last is sent after ~398 ms (timer slack allowed)
         let last_s = v.samples.last().unwrap().t_s();
-        assert!((0.35..3.0).contains(&last_s), "{what}: last sample at {last_s} s");
+        assert!(
+            (0.35..3.0).contains(&last_s),
+            "{what}: last sample at {last_s} s"
+        );
         summary_matches_samples(&r, &what);
-        assert!(v.details["counts"]["sent"].as_u64().unwrap() >= 200, "{what}: {}", v.details);
-        let csv = run(&p.a, &["probe", kind, B_ADDR, "-n", "20", "--format", "csv"], 60);
+        assert!(
+            v.details["counts"]["sent"].as_u64().unwrap() >= 200,
+            "{what}: {}",
+            v.details
+        );
+        let csv = run(
+            &p.a,
+            &["probe", kind, B_ADDR, "-n", "20", "--format", "csv"],
+            60,
+        );
         let csv = String::from_utf8_lossy(&csv);
         assert!(csv.starts_with("view,t_us,rtt_us\n"), "{csv}");
         assert_eq!(csv.lines().count(), 21, "{csv}");
@@ -211,14 +249,18 @@ fn probe_icmp_document_chains_and_matches_ping() {
     let dir = Dir::new();
     let out = run(
         &p.a,
-        &["probe", "icmp", B_ADDR, "-c", "50", "-i", "0.01", "--json", "-"],
+        &[
+            "probe", "icmp", B_ADDR, "-c", "50", "-i", "0.01", "--json", "-",
+        ],
         60,
     );
     let r = chain(&out, "probe icmp", &dir);
     summary_matches_samples(&r, "probe icmp");
     let ours = r.views[0].summary.as_ref().unwrap().p50_us.unwrap();
     assert_eq!(r.views[0].samples.len(), 50);
-    let ping = p.a.exec(&["ping", "-c", "50", "-i", "0.01", "-q", B_ADDR]).unwrap();
+    let ping =
+        p.a.exec(&["ping", "-c", "50", "-i", "0.01", "-q", B_ADDR])
+            .unwrap();
     let ping = String::from_utf8_lossy(&ping.stdout).to_string();
     let avg_us = ping
         .lines()
@@ -246,12 +288,28 @@ fn probe_irtt_document_chains() {
     let p = Pair::new().unwrap();
     let dir = Dir::new();
     let server = format!("{B_ADDR}:2112");
-    let _srv = ChildGuard::spawn(p.b.command("irtt").args(["server", "-b", &server, "-i", "0"])).unwrap();
+    let _srv = ChildGuard::spawn(
+        p.b.command("irtt")
+            .args(["server", "-b", &server, "-i", "0"]),
+    )
+    .unwrap();
     wait_for(&p.b, &["ss", "-Huln", "sport = :2112"], "irtt server");
     let irtt_json = dir.join("irtt-own.json");
     let out = run(
         &p.a,
-        &["probe", "irtt", &server, "-i", "10ms", "-d", "2s", "--json", "-", "-o", irtt_json.to_str().unwrap()],
+        &[
+            "probe",
+            "irtt",
+            &server,
+            "-i",
+            "10ms",
+            "-d",
+            "2s",
+            "--json",
+            "-",
+            "-o",
+            irtt_json.to_str().unwrap(),
+        ],
         60,
     );
     let r = chain(&out, "probe irtt", &dir);
@@ -265,8 +323,15 @@ fn probe_irtt_document_chains() {
         .count();
     assert_eq!(r.views[0].samples.len(), answered);
     assert!(answered >= 150, "{answered} of ~200 packets answered");
-    assert_eq!(r.settings["negotiated"]["interval_ns"], 10_000_000, "{}", r.settings);
-    assert_eq!(r.views[0].details["stats"]["packets_sent"], own["stats"]["packets_sent"]);
+    assert_eq!(
+        r.settings["negotiated"]["interval_ns"], 10_000_000,
+        "{}",
+        r.settings
+    );
+    assert_eq!(
+        r.views[0].details["stats"]["packets_sent"],
+        own["stats"]["packets_sent"]
+    );
 }
 
 /// observe over a real flow: the whole-run document (per side with --raw samples, per flow
@@ -285,29 +350,59 @@ fn observe_document_and_json_lines_chain() {
     let doc = dir.join("observe.json");
     let ia = format!("{}:{}", p.a.name, p.a_if);
     let out = Command::new(bin())
-        .args(["observe", "--format", "json", "--raw", "--view", "tcp,sampler"])
+        .args([
+            "observe",
+            "--format",
+            "json",
+            "--raw",
+            "--view",
+            "tcp,sampler",
+        ])
         .args(["--netns", &p.a.name, "--netns", &p.b.name, "--iface", &ia])
         .args(["--interval", "1s", "--duration", "3s", "--json"])
         .arg(&doc)
         .output()
         .unwrap();
-    assert!(out.status.success(), "observe: {}", String::from_utf8_lossy(&out.stderr));
-    let srtt_ms = ss_rtt_ms(&p.a, cli.local.port()).unwrap().expect("ss sees the client");
+    assert!(
+        out.status.success(),
+        "observe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let srtt_ms = ss_rtt_ms(&p.a, cli.local.port())
+        .unwrap()
+        .expect("ss sees the client");
     let text = std::fs::read(&doc).unwrap();
     let r = chain(&text, "observe", &dir);
     for side in ["tcp client", "tcp server", "sampler client"] {
         let v = r.views.iter().find(|v| v.name == side).unwrap_or_else(|| {
-            panic!("no {side}: {:?}", r.views.iter().map(|v| &v.name).collect::<Vec<_>>())
+            panic!(
+                "no {side}: {:?}",
+                r.views.iter().map(|v| &v.name).collect::<Vec<_>>()
+            )
         });
         // 3 s of transactions 5 ms apart: hundreds of samples on each side
-        let seen: Vec<(&str, usize)> = r.views.iter().map(|v| (v.name.as_str(), v.samples.len())).collect();
-        assert!(v.samples.len() >= 200, "{side}: {} samples: {seen:?}", v.samples.len());
-        assert!(v.summary.as_ref().unwrap().count >= v.samples.len() as u64 / 2, "{side}");
+        let seen: Vec<(&str, usize)> = r
+            .views
+            .iter()
+            .map(|v| (v.name.as_str(), v.samples.len()))
+            .collect();
+        assert!(
+            v.samples.len() >= 200,
+            "{side}: {} samples: {seen:?}",
+            v.samples.len()
+        );
+        assert!(
+            v.summary.as_ref().unwrap().count >= v.samples.len() as u64 / 2,
+            "{side}"
+        );
     }
     let flow = r
         .views
         .iter()
-        .find(|v| v.kind.as_str() == "tcp" && v.flow.as_deref() == Some(&format!("{} -> {server}", cli.local)))
+        .find(|v| {
+            v.kind.as_str() == "tcp"
+                && v.flow.as_deref() == Some(&format!("{} -> {server}", cli.local))
+        })
         .expect("the client's flow");
     let p50 = flow.summary.as_ref().unwrap().p50_us.unwrap();
     // TCP's per-ACK RTT median against ss's smoothed RTT of the same socket: 50% + 50 us.
@@ -328,7 +423,9 @@ fn observe_document_and_json_lines_chain() {
     let jl = dir.join("observe.jsonl");
     std::fs::write(&jl, &out.stdout).unwrap();
     chart(&jl, &dir, "observe jsonl");
-    eprintln!("observe: client flow p50 {p50:.1} us, ss srtt {srtt_us:.1} us, {raw_lines} raw samples");
+    eprintln!(
+        "observe: client flow p50 {p50:.1} us, ss srtt {srtt_us:.1} us, {raw_lines} raw samples"
+    );
 }
 
 /// compare: the document chains, and `--format csv` prints one row per view summary.
@@ -352,7 +449,9 @@ fn compare_document_and_csv_chain() {
     let r = chain(&out.stdout, "compare", &dir);
     summary_matches_samples(&r, "compare");
     assert!(
-        csv.contains("view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n"),
+        csv.contains(
+            "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n"
+        ),
         "{csv}"
     );
     for v in r.views.iter().filter(|v| !v.samples.is_empty()) {

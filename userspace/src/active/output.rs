@@ -192,14 +192,17 @@ pub fn probe_document(r: &ProbeResult) -> RunResult {
         ViewKind::Probe
     };
     let settings = serde_json::to_value(&r.settings).unwrap_or_default();
-    let mut res = RunResult::new(format!(
+    let mut res = RunResult::new(
+        format!(
             "probe {}",
             match r.settings.kind {
                 Kind::TcpRr => "tcp-rr",
                 Kind::UdpRr => "udp-rr",
                 Kind::Icmp => "icmp",
             }
-        ), settings);
+        ),
+        settings,
+    );
     res.start_unix_s = Some(r.start_unix_s);
     let mut v = ViewSeries::new(name, kind);
     v.flow = Some(format!("-> {}", target_addr(r)));
@@ -248,7 +251,10 @@ fn probe_summary(r: &ProbeResult, name: &str, kind: ViewKind, samples: &[Sample]
         let exact = ViewSummary::of_samples(name, Some(kind), &rtts);
         (s.p5_us, s.p95_us) = (exact.p5_us, exact.p95_us);
     } else if r.summary_source != "exact" {
-        s.method = Some(format!("{} (samples beyond --max-samples dropped)", r.summary_source));
+        s.method = Some(format!(
+            "{} (samples beyond --max-samples dropped)",
+            r.summary_source
+        ));
     }
     for (k, v) in [
         ("netperf_p50_us", r.netperf.p50),
@@ -285,7 +291,11 @@ pub fn probe_from_document(doc: &RunResult) -> Option<ProbeResult> {
     o.insert("start_unix_s".into(), doc.start_unix_s?.into());
     o.insert("summary".into(), serde_json::to_value(summary).ok()?);
     let ns = |us: f64| (us * 1e3).round() as u64;
-    let samples: Vec<(u64, u64)> = v.samples.iter().map(|s| (ns(s.t_us), ns(s.rtt_us))).collect();
+    let samples: Vec<(u64, u64)> = v
+        .samples
+        .iter()
+        .map(|s| (ns(s.t_us), ns(s.rtt_us)))
+        .collect();
     o.insert("samples".into(), serde_json::to_value(samples).ok()?);
     serde_json::from_value(serde_json::Value::Object(o)).ok()
 }
@@ -515,7 +525,12 @@ mod tests {
     fn probe_document_round_trips_and_feeds_bucket() {
         for kind in [Kind::TcpRr, Kind::UdpRr, Kind::Icmp] {
             let mut r = result(kind);
-            r.samples = vec![(0, 10_123), (1_000_001, 20_000), (2_500_000_003, 30_999), (3, 40_000)];
+            r.samples = vec![
+                (0, 10_123),
+                (1_000_001, 20_000),
+                (2_500_000_003, 30_999),
+                (3, 40_000),
+            ];
             r.counts.lost = 2;
             let doc = probe_document(&r);
             let text = doc.to_json().unwrap();

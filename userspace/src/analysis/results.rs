@@ -561,7 +561,8 @@ impl RunResult {
                 ));
             }
             if let Some(s) = &v.summary {
-                check_summary(s).map_err(|w| format!("view '{}' summary: {w}", cut(&v.name, 80)))?;
+                check_summary(s)
+                    .map_err(|w| format!("view '{}' summary: {w}", cut(&v.name, 80)))?;
             }
         }
         if let Some(sw) = &self.sweep {
@@ -573,9 +574,8 @@ impl RunResult {
                     ));
                 }
                 for s in &p.views {
-                    check_summary(s).map_err(|w| {
-                        format!("sweep point {i} view '{}' {w}", cut(&s.view, 80))
-                    })?;
+                    check_summary(s)
+                        .map_err(|w| format!("sweep point {i} view '{}' {w}", cut(&s.view, 80)))?;
                 }
             }
         }
@@ -753,7 +753,12 @@ mod tests {
         // Awkward floats: a saved result must load bit-exact (serde_json's float_roundtrip).
         let mut awkward = ViewSeries::new("awkward", ViewKind::Probe);
         awkward.samples = (1..2000)
-            .map(|i| Sample::at_s(1_795_241_473.0 + i as f64 / 7.0, (i as f64).sqrt() * 1e-3 + 1.0 / 3.0))
+            .map(|i| {
+                Sample::at_s(
+                    1_795_241_473.0 + i as f64 / 7.0,
+                    (i as f64).sqrt() * 1e-3 + 1.0 / 3.0,
+                )
+            })
             .collect();
         r.views.push(awkward);
         let dir = std::env::temp_dir().join(format!("rttscope-results-{}", std::process::id()));
@@ -931,7 +936,11 @@ mod tests {
         // The schema names the v2 sample encoding and the document's required fields.
         let v: serde_json::Value = serde_json::from_str(&want).unwrap();
         let sample = &v["$defs"]["Sample"];
-        assert_eq!(sample["required"], serde_json::json!(["t_us", "rtt_us"]), "{sample}");
+        assert_eq!(
+            sample["required"],
+            serde_json::json!(["t_us", "rtt_us"]),
+            "{sample}"
+        );
         assert_eq!(v["properties"]["format"]["const"], FORMAT);
     }
 
@@ -942,7 +951,10 @@ mod tests {
         let text = r.to_json().unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["version"], 2);
-        assert_eq!(v["views"][0]["samples"][1], serde_json::json!({"t_us": 500000.0, "rtt_us": 151.0}));
+        assert_eq!(
+            v["views"][0]["samples"][1],
+            serde_json::json!({"t_us": 500000.0, "rtt_us": 151.0})
+        );
         assert!(!text.contains("t_s"), "{text}");
     }
 }

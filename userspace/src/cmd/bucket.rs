@@ -1088,7 +1088,11 @@ pub fn buckets_csv(reports: &[BucketReport]) -> String {
         let mut cum = 0u64;
         for (i, &c) in d.bucket_counts.iter().enumerate() {
             cum += c;
-            let frac = if d.count > 0 { cum as f64 / d.count as f64 } else { 0.0 };
+            let frac = if d.count > 0 {
+                cum as f64 / d.count as f64
+            } else {
+                0.0
+            };
             o.push_str(&format!(
                 "{},{i},{},{},{c},{frac}\n",
                 crate::analysis::results::csv_field(&r.name),
@@ -1633,5 +1637,31 @@ mod tests {
                 proptest::prop_assert!(e.chars().count() < 600, "{:?}", e);
             }
         }
+    }
+
+    /// `--format csv`: every bucket of every view, bounds in microseconds, counts adding up to
+    /// the samples; a document whose views hold only summaries is refused in one sentence.
+    #[test]
+    fn buckets_as_csv() {
+        let set = SampleSet {
+            name: "tcp, client".into(),
+            kind: None,
+            timed: false,
+            start_unix_s: None,
+            samples: [300.0, 1500.0, 1600.0, 5000.0]
+                .iter()
+                .map(|&us| Sample::at_s(0.0, us))
+                .collect(),
+        };
+        let layout = dist::layout_arg("explicit:1,2").unwrap();
+        let r = analyze(&set, &layout, ValueUnit::Ms, &[50.0], 60.0).unwrap();
+        let csv = buckets_csv(&[r]);
+        assert_eq!(
+            csv,
+            "view,bucket,lower_us,upper_us,count,cumulative_fraction\n\
+             \"tcp, client\",0,,1000,1,0.25\n\
+             \"tcp, client\",1,1000,2000,2,0.75\n\
+             \"tcp, client\",2,2000,,1,1\n"
+        );
     }
 }

@@ -79,7 +79,7 @@ pub struct CompareArgs {
     pub explain: bool,
     /// Save every sample set and setting (a result `rttscope chart` draws); `-`: print it on
     /// stdout (the table then goes to stderr).
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'o', long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// What to print: the table (text), or csv: one row per view summary
     /// (`view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what`).
@@ -495,10 +495,7 @@ impl Report {
         let mut v = ViewSeries::new(name, kind);
         v.side = side.map(str::to_string);
         v.settings = settings;
-        v.samples = s
-            .iter()
-            .map(|&(t, r)| Sample::at_s(t, r))
-            .collect();
+        v.samples = s.iter().map(|&(t, r)| Sample::at_s(t, r)).collect();
         v.summary = Some(crate::analysis::results::ViewSummary::of_samples(
             name,
             Some(kind),
@@ -842,7 +839,13 @@ fn render_table(
 /// `--format csv`: one row per view summary, RTTs in microseconds (empty when not known).
 fn rows_csv(rows: &[Row]) -> String {
     use crate::analysis::results::csv_field;
-    let us = |v: f64| if v.is_nan() { String::new() } else { v.to_string() };
+    let us = |v: f64| {
+        if v.is_nan() {
+            String::new()
+        } else {
+            v.to_string()
+        }
+    };
     let mut out = String::from(
         "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n",
     );
@@ -1069,6 +1072,28 @@ mod tests {
             summary: summary_of(&series(us)),
             bucketed: None,
         }
+    }
+
+    /// `--format csv`: a header and one row per view summary, microseconds, quoted where a field
+    /// holds a comma, empty where a value is unknown.
+    #[test]
+    fn rows_as_csv() {
+        let rows = vec![
+            series_row("TCP_RR", "send()->recv(), 0 lost", &[100.0, 200.0, 300.0]),
+            series_row("sampler server", "none", &[]),
+        ];
+        let csv = rows_csv(&rows);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(
+            lines[0],
+            "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what"
+        );
+        assert!(
+            lines[1].starts_with("TCP_RR,3,100,200,200,300,300,300,81.6"),
+            "{csv}"
+        );
+        assert!(lines[1].ends_with(",,\"send()->recv(), 0 lost\""), "{csv}");
+        assert_eq!(lines[2], "sampler server,0,,,,,,,,,none");
     }
 
     /// The table and the `--explain` block from fixed rows, byte for byte.

@@ -1116,10 +1116,7 @@ mod tests {
         // One sample, and a zero RTT, in the time series and the CDF.
         let mut one = RunResult::new("x", json!({}));
         let mut v = ViewSeries::new("only", ViewKind::Ping);
-        v.samples = vec![
-            Sample::at_s(3.0, 0.0),
-            Sample::at_s(3.0, 250.0),
-        ];
+        v.samples = vec![Sample::at_s(3.0, 0.0), Sample::at_s(3.0, 250.0)];
         one.views.push(v);
         let buf = render_rgb(&one, &small()).unwrap();
         assert!(buf.chunks(3).any(|p| p == [0, 114, 178]));
@@ -1226,10 +1223,7 @@ mod tests {
     fn one_sample(t_s: f64, rtt_us: f64) -> RunResult {
         let mut r = RunResult::new("x", json!({}));
         let mut v = ViewSeries::new("v", ViewKind::Probe);
-        v.samples = vec![
-            Sample::at_s(t_s, rtt_us),
-            Sample::at_s(1.0, 250.0),
-        ];
+        v.samples = vec![Sample::at_s(t_s, rtt_us), Sample::at_s(1.0, 250.0)];
         r.views.push(v);
         r
     }

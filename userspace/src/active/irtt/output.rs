@@ -238,7 +238,10 @@ pub fn document(r: &IrttResult) -> RunResult {
     let mut doc = RunResult::new("probe irtt", settings);
     doc.start_unix_s = Some(r.start_unix_ns as f64 / 1e9);
     let mut v = ViewSeries::new("irtt", ViewKind::Irtt);
-    v.flow = Some(format!("{} -> {}", r.settings.local_addr, r.settings.remote_addr));
+    v.flow = Some(format!(
+        "{} -> {}",
+        r.settings.local_addr, r.settings.remote_addr
+    ));
     v.samples = r
         .rtt_samples()
         .map(|(off, rtt)| Sample {

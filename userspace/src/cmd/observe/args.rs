@@ -101,7 +101,7 @@ pub struct ObserveArgs {
     /// At the end, save the whole run as a result document (every view and side, every flow,
     /// settings, counters; the raw samples with --raw; docs/results.md) to FILE; `-` prints it
     /// on standard output and sends everything else observe prints to stderr.
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'o', long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// No per-interval output (daemon mode: metrics only).
     #[arg(long)]

@@ -122,7 +122,14 @@ pub(super) fn record_sampler(events: &[crate::bpf::Event], start_mono: u64) {
         .iter()
         .filter_map(crate::views::sampler::SamplerSample::from_event)
     {
-        push(ViewKind::Sampler, s.flow, None, s.ts_ns, start_mono, s.rtt_us);
+        push(
+            ViewKind::Sampler,
+            s.flow,
+            None,
+            s.ts_ns,
+            start_mono,
+            s.rtt_us,
+        );
     }
 }
 
@@ -187,10 +194,18 @@ fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
 }
 
 /// Per view and side: the whole-run summary and every raw sample of that side.
-fn side_series(summary_: &crate::session::Summary, raw: Vec<Raw>, not_kept: u64) -> Vec<ViewSeries> {
+fn side_series(
+    summary_: &crate::session::Summary,
+    raw: Vec<Raw>,
+    not_kept: u64,
+) -> Vec<ViewSeries> {
     let mut out: BTreeMap<(&'static str, &'static str), ViewSeries> = BTreeMap::new();
     for (view, sides) in &summary_.totals {
-        let kind = if *view == "tcp" { ViewKind::Tcp } else { ViewKind::Sampler };
+        let kind = if *view == "tcp" {
+            ViewKind::Tcp
+        } else {
+            ViewKind::Sampler
+        };
         for (side, h) in sides.iter().filter(|(_, h)| h.count() > 0) {
             let name = format!("{view} {}", side_name(*side));
             let mut v = ViewSeries::new(name.clone(), kind);
@@ -219,13 +234,22 @@ fn side_series(summary_: &crate::session::Summary, raw: Vec<Raw>, not_kept: u64)
 }
 
 /// At the end: the document with every side and flow, written to `--json FILE`.
-pub(super) fn finish(args: &ObserveArgs, summary_: &crate::session::Summary, elapsed_s: f64) -> Result<()> {
+pub(super) fn finish(
+    args: &ObserveArgs,
+    summary_: &crate::session::Summary,
+    elapsed_s: f64,
+) -> Result<()> {
     let Some(path) = &args.json else {
         return Ok(());
     };
     let (doc, raw, not_kept, stdout) = DOC.with(|d| {
         let mut d = d.borrow_mut();
-        (d.doc.take(), std::mem::take(&mut d.raw), d.not_kept, d.stdout.take())
+        (
+            d.doc.take(),
+            std::mem::take(&mut d.raw),
+            d.not_kept,
+            d.stdout.take(),
+        )
     });
     let Some(mut doc) = doc else {
         return Ok(());
@@ -243,7 +267,12 @@ pub(super) fn finish(args: &ObserveArgs, summary_: &crate::session::Summary, ela
     doc.counters = summary_
         .counters
         .iter()
-        .map(|(k, m)| (k.to_string(), m.iter().map(|(a, b)| (a.to_string(), *b)).collect()))
+        .map(|(k, m)| {
+            (
+                k.to_string(),
+                m.iter().map(|(a, b)| (a.to_string(), *b)).collect(),
+            )
+        })
         .collect();
     match stdout {
         Some(fd) => {
@@ -269,5 +298,104 @@ fn dedup_names(views: &mut [ViewSeries]) {
                 s.view = v.name.clone();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::hist::Hist;
+
+    fn row(side: Side, tcp: bool) -> FlowRow {
+        FlowRow {
+            netns: 7,
+            netns_name: "a".into(),
+            local: "10.0.0.1:40000".into(),
+            remote: "10.0.0.2:5001".into(),
+            side,
+            origin: None,
+            state: None,
+            closed: false,
+            tcp: tcp.then(|| ViewStats::from_hist(&Hist::default())),
+            sampler: (!tcp).then(|| ViewStats::from_hist(&Hist::default())),
+            flow: None,
+        }
+    }
+
+    fn raw(view: ViewKind, side: Option<Side>, rtt_us: f64) -> Raw {
+        Raw {
+            view,
+            flow: Flow {
+                netns: 7,
+                local: "10.0.0.1:40000".parse().unwrap(),
+                remote: "10.0.0.2:5001".parse().unwrap(),
+            },
+            side,
+            sample: Sample { t_us: 1.0, rtt_us },
+        }
+    }
+
+    /// Raw samples land on their side: their own when the event says, else their flow's row's
+    /// in the same view; the side totals keep the histogram's summary; drops are counted.
+    #[test]
+    fn raw_samples_go_to_their_side() {
+        let rows = vec![row(Side::Client, true), row(Side::Server, false)];
+        assert_eq!(
+            raw_side(&raw(ViewKind::Tcp, Some(Side::Server), 1.0), &rows),
+            "server"
+        );
+        assert_eq!(
+            raw_side(&raw(ViewKind::Tcp, Some(Side::Unknown), 1.0), &rows),
+            "client"
+        );
+        assert_eq!(
+            raw_side(&raw(ViewKind::Sampler, None, 1.0), &rows),
+            "server"
+        );
+        assert_eq!(raw_side(&raw(ViewKind::Sampler, None, 1.0), &[]), "unknown");
+        let mut h = Hist::default();
+        for us in [100, 200, 300] {
+            h.record(us);
+        }
+        let mut tcp = crate::session::SideTotals::new();
+        tcp.insert(Side::Client, h);
+        let summary = crate::session::Summary {
+            flows: vec![],
+            rows,
+            totals: [("tcp", tcp)].into_iter().collect(),
+            counters: Default::default(),
+        };
+        let v = side_series(
+            &summary,
+            vec![
+                raw(ViewKind::Tcp, None, 150.0),
+                raw(ViewKind::Sampler, None, 90.0),
+            ],
+            4,
+        );
+        let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["sampler server", "tcp client"]);
+        let tcp = &v[1];
+        assert_eq!(tcp.summary.as_ref().unwrap().count, 3);
+        assert_eq!(
+            tcp.samples,
+            vec![Sample {
+                t_us: 1.0,
+                rtt_us: 150.0
+            }]
+        );
+        assert_eq!(tcp.dropped["raw_samples_not_kept"], 4);
+    }
+
+    #[test]
+    fn repeated_names_are_numbered() {
+        let mut v = vec![
+            ViewSeries::new("x", ViewKind::Tcp),
+            ViewSeries::new("x", ViewKind::Tcp),
+            ViewSeries::new("y", ViewKind::Tcp),
+        ];
+        dedup_names(&mut v);
+        let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["x", "x #2", "y"]);
     }
 }
