@@ -463,3 +463,39 @@ fn compare_document_and_csv_chain() {
         assert_eq!(n, v.samples.len(), "{row}");
     }
 }
+
+/// lab (its quickest scenario, rtt-step: ~20 s): `OUT/result.json` chains like every other
+/// document, and its request/response samples sit on the path RTT the lab set (100 ms, 150 ms
+/// during the steps).
+#[test]
+fn lab_document_chains() {
+    if !require_root() {
+        return;
+    }
+    let dir = Dir::new();
+    let out = dir.join("lab");
+    let run = Command::new(bin())
+        .args(["lab", "rtt-step", "--quick", "--no-progress", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "lab: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read(out.join("result.json")).unwrap();
+    let r = chain(&text, "lab", &dir);
+    let rr = r.views.iter().find(|v| v.name == "rr").expect("rr series");
+    let mut ms: Vec<f64> = rr.samples.iter().map(|s| s.rtt_us / 1e3).collect();
+    ms.sort_by(f64::total_cmp);
+    let (lo, hi) = (ms[ms.len() / 20], ms[ms.len() * 19 / 20]);
+    eprintln!(
+        "lab rtt-step: {} rr samples, p5 {lo:.1} ms, p95 {hi:.1} ms",
+        ms.len()
+    );
+    assert!(
+        lo >= 99.0 && hi <= 180.0,
+        "rr p5 {lo:.1} ms / p95 {hi:.1} ms outside the 100..150 ms path (+20% for queueing)"
+    );
+}
