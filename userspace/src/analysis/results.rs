@@ -957,4 +957,49 @@ mod tests {
         );
         assert!(!text.contains("t_s"), "{text}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Any sample list, written as version 2 (`t_us`) or version 1 (`t_s`), parses to the
+        /// same microseconds or is refused in one sentence; the parser never panics.
+        #[test]
+        fn samples_in_either_version_parse_or_are_refused(
+            samples in proptest::collection::vec(
+                (proptest::num::f64::ANY, proptest::num::f64::ANY), 0..8),
+            v1 in proptest::bool::ANY,
+        ) {
+            let enc: Vec<String> = samples
+                .iter()
+                .map(|(t, r)| {
+                    let t = if v1 { format!("\"t_s\":{t:e}") } else { format!("\"t_us\":{t:e}") };
+                    format!("{{{t},\"rtt_us\":{r:e}}}")
+                })
+                .collect();
+            let text = format!(
+                r#"{{"format":"rttscope-result","version":{},"tool":{{"name":"x","version":"1"}},
+                   "created":"","host":{{}},"command":"c",
+                   "views":[{{"name":"v","kind":"probe","samples":[{}]}}]}}"#,
+                if v1 { 1 } else { 2 },
+                enc.join(",")
+            );
+            match RunResult::from_json(&text, "p.json") {
+                Ok(r) => {
+                    for (s, (t, rtt)) in r.views[0].samples.iter().zip(&samples) {
+                        let want = if v1 { t * 1e6 } else { *t };
+                        proptest::prop_assert!(s.t_us == want && s.rtt_us == *rtt);
+                        proptest::prop_assert!(time_us_ok(s.t_us) && rtt_ok(s.rtt_us));
+                    }
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    proptest::prop_assert!(e.starts_with("p.json") && !e.contains('\n'), "{}", e);
+                }
+            }
+        }
+    }
 }
