@@ -91,7 +91,7 @@ fn run(ns: &NetNs, args: &[&str], timeout: Duration) -> Output {
 fn probe_json(ns: &NetNs, args: &[&str], timeout: Duration) -> ProbeResult {
     let mut a = vec!["probe"];
     a.extend_from_slice(args);
-    a.push("--json");
+    a.extend(["--json", "-"]);
     let out = run(ns, &a, timeout);
     assert!(
         out.status.success(),
@@ -99,12 +99,22 @@ fn probe_json(ns: &NetNs, args: &[&str], timeout: Duration) -> ProbeResult {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    probe_result(&out.stdout).unwrap_or_else(|e| {
         panic!(
-            "probe {args:?} printed no result JSON ({e}): {}",
+            "probe {args:?} printed no result document ({e}): {}",
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// The probe's result from the result document `--json -` printed.
+fn probe_result(stdout: &[u8]) -> Result<ProbeResult, String> {
+    let doc = rttscope::analysis::results::RunResult::from_json(
+        &String::from_utf8_lossy(stdout),
+        "<stdout>",
+    )
+    .map_err(|e| e.to_string())?;
+    rttscope::active::output::probe_from_document(&doc).ok_or_else(|| "not one probe's".into())
 }
 
 /// Results present and ordered: min <= p50 <= p90 <= p99 <= max, all positive and below `max_us`.
@@ -328,7 +338,7 @@ fn sigterm_ends_a_probe_with_its_result() {
     for extra in [&[][..], &["--async-io"][..], &["-w", "10ms"][..]] {
         let path = std::env::temp_dir().join(rttscope_e2e::unique("rtsterm"));
         let mut cmd = p.a.command(&bin());
-        cmd.args(["probe", "tcp-rr", B_ADDR, "-l", "60", "--json"])
+        cmd.args(["probe", "tcp-rr", B_ADDR, "-l", "60", "--json", "-"])
             .args(extra);
         cmd.stdout(std::fs::File::create(&path).unwrap());
         let mut g = ChildGuard(Some(cmd.spawn().unwrap()));
@@ -349,7 +359,7 @@ fn sigterm_ends_a_probe_with_its_result() {
         let out = std::fs::read(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         assert!(st.success(), "{extra:?}: exit {st:?}");
-        let r: ProbeResult = serde_json::from_slice(&out).expect("result after SIGTERM");
+        let r = probe_result(&out).expect("result after SIGTERM");
         assert!(
             r.counts.received > 0 && r.counts.sent == r.counts.received,
             "{:?}",

@@ -102,7 +102,7 @@ fn compare_fills_every_view_and_charts() {
     );
 
     // Outputs chain: `--json -` puts the result alone on stdout (the table
-    // on stderr), and `chart` draws what `probe --json` writes.
+    // on stderr), and `chart` draws what `probe --json -` writes.
     let mut cmd = p.a.command(bin.to_str().unwrap());
     cmd.args(["compare", B_ADDR, "-l", "1", "-w", "20", "--json", "-"]);
     let out = ChildGuard::spawn(&mut cmd)
@@ -125,6 +125,7 @@ fn compare_fills_every_view_and_charts() {
             "-n",
             "50",
             "--json",
+            "-",
         ])
         .unwrap();
     let pj = dir.join("probe.json");

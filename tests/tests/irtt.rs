@@ -22,10 +22,11 @@ fn run_probe(ns: &NetNs, args: &[&str], timeout: Duration) -> Output {
     guard.wait_output(timeout).expect("probe finished")
 }
 
-/// Run the probe with `--json`, return the parsed result (panics with the output on failure).
+/// Run the probe with `-o -` (irtt's detailed JSON), return it parsed (panics with the output on
+/// failure).
 fn probe_json(ns: &NetNs, args: &[&str], timeout: Duration) -> Value {
     let mut a = args.to_vec();
-    a.push("--json");
+    a.extend(["-o", "-"]);
     let out = run_probe(ns, &a, timeout);
     assert!(
         out.status.success(),
@@ -478,7 +479,7 @@ fn irtt_interrupt_gives_partial_results_and_closes() {
     let srv = irtt_server(&pair.b, &server, &[]);
     let probe = ChildGuard::spawn(&mut probe_command(
         &pair.a,
-        &[&server, "-i", "10ms", "-d", "20s", "--json"],
+        &[&server, "-i", "10ms", "-d", "20s", "-o", "-"],
     ))
     .unwrap();
     std::thread::sleep(Duration::from_millis(1500));

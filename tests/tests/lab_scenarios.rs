@@ -55,7 +55,7 @@ impl Run {
     fn table(&self) -> String {
         std::fs::read_to_string(self.out.join("SUMMARY.md")).unwrap_or_else(|_| self.stdout.clone())
     }
-    /// Samples (t_s, rtt ms) of a saved view series.
+    /// Samples (seconds since the start, rtt ms) of a saved view series (`t_us`, `rtt_us`).
     fn series(&self, view: &str) -> Vec<(f64, f64)> {
         self.result["views"]
             .as_array()
@@ -68,7 +68,7 @@ impl Run {
             .iter()
             .map(|s| {
                 (
-                    s["t_s"].as_f64().unwrap(),
+                    s["t_us"].as_f64().unwrap() / 1e6,
                     s["rtt_us"].as_f64().unwrap() / 1e3,
                 )
             })

@@ -1,8 +1,9 @@
 //! Printing a probe result: a ping- or netperf-like summary, netperf output
-//! selectors (`-o`), or JSON (in mod.rs).
+//! selectors (`-o`), and the result document (`--json FILE`, docs/results.md).
 use std::fmt::Write;
 
 use super::rr::{IoMode, Kind, ProbeResult};
+use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
 use crate::analysis::units::fmt_duration_short;
 
 /// netperf's output selectors that rttscope understands.
@@ -170,24 +171,41 @@ pub fn ping_ms(rtt_ns: u64) -> String {
     }
 }
 
-/// A probe's `--json` output as an rttscope result (`docs/results.md`): one
-/// view whose samples are the transactions' (send offset, RTT), so that
-/// `chart` and `bucket` read what `probe --json` writes.
-pub fn probe_run_result(r: &ProbeResult) -> crate::analysis::results::RunResult {
-    use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
-    let (name, kind) = match r.settings.kind {
-        Kind::TcpRr => ("TCP_RR", ViewKind::Probe),
-        Kind::UdpRr => ("UDP_RR", ViewKind::Probe),
-        Kind::Icmp => ("ICMP", ViewKind::Ping),
+/// The view name of a probe kind in result documents (netperf's test names, `ICMP`).
+fn view_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::TcpRr => "TCP_RR",
+        Kind::UdpRr => "UDP_RR",
+        Kind::Icmp => "ICMP",
+    }
+}
+
+/// A probe's result as an rttscope result document (`docs/results.md`, what `probe --json FILE`
+/// writes): the settings at the top, one view whose samples are the transactions (send offset
+/// and RTT, microseconds), the summary, and every count in `details`. Lossless:
+/// [`probe_from_document`] gives the `ProbeResult` back.
+pub fn probe_document(r: &ProbeResult) -> RunResult {
+    let name = view_name(r.settings.kind);
+    let kind = if r.settings.kind == Kind::Icmp {
+        ViewKind::Ping
+    } else {
+        ViewKind::Probe
     };
     let settings = serde_json::to_value(&r.settings).unwrap_or_default();
     let mut res = RunResult::new(
-        format!("probe {}", name.to_lowercase().replace('_', "-")),
-        settings.clone(),
+        format!(
+            "probe {}",
+            match r.settings.kind {
+                Kind::TcpRr => "tcp-rr",
+                Kind::UdpRr => "udp-rr",
+                Kind::Icmp => "icmp",
+            }
+        ),
+        settings,
     );
     res.start_unix_s = Some(r.start_unix_s);
     let mut v = ViewSeries::new(name, kind);
-    v.settings = settings;
+    v.flow = Some(format!("-> {}", target_addr(r)));
     for (what, n) in [
         ("lost", r.counts.lost),
         ("errors", r.counts.errors),
@@ -201,15 +219,89 @@ pub fn probe_run_result(r: &ProbeResult) -> crate::analysis::results::RunResult 
         .samples
         .iter()
         .map(|&(t, rtt)| Sample {
-            t_s: t as f64 / 1e9,
+            t_us: t as f64 / 1e3,
             rtt_us: rtt as f64 / 1e3,
         })
         .collect();
+    v.summary = Some(probe_summary(r, name, kind, &v.samples));
+    let mut details = serde_json::to_value(r).unwrap_or_default();
+    if let Some(o) = details.as_object_mut() {
+        for k in ["settings", "samples", "start_unix_s", "summary"] {
+            o.remove(k);
+        }
+    }
+    v.details = details;
     res.views.push(v);
     res
 }
 
-/// `text` read as a probe's `--json` output, if it is one.
+fn target_addr(r: &ProbeResult) -> String {
+    match r.settings.kind {
+        Kind::Icmp => r.settings.address.to_string(),
+        _ => std::net::SocketAddr::new(r.settings.address, r.settings.port).to_string(),
+    }
+}
+
+/// The view's summary: the probe's own (exact, or HDR when samples were dropped), p5/p95 from
+/// the kept samples when they are all there, netperf's histogram percentiles in `extra`.
+fn probe_summary(r: &ProbeResult, name: &str, kind: ViewKind, samples: &[Sample]) -> ViewSummary {
+    let mut s = ViewSummary::from_stats(name, Some(kind), &r.summary);
+    if r.summary_source == "exact" && !samples.is_empty() {
+        let rtts: Vec<f64> = samples.iter().map(|x| x.rtt_us).collect();
+        let exact = ViewSummary::of_samples(name, Some(kind), &rtts);
+        (s.p5_us, s.p95_us) = (exact.p5_us, exact.p95_us);
+    } else if r.summary_source != "exact" {
+        s.method = Some(format!(
+            "{} (samples beyond --max-samples dropped)",
+            r.summary_source
+        ));
+    }
+    for (k, v) in [
+        ("netperf_p50_us", r.netperf.p50),
+        ("netperf_p90_us", r.netperf.p90),
+        ("netperf_p99_us", r.netperf.p99),
+    ] {
+        if s.count > 0 {
+            s.extra.insert(k.into(), v as f64);
+        }
+    }
+    s
+}
+
+/// The `ProbeResult` a [`probe_document`] was made from (`None` when the document is not one
+/// probe's: another command's, or a field missing).
+pub fn probe_from_document(doc: &RunResult) -> Option<ProbeResult> {
+    let [v] = doc.views.as_slice() else {
+        return None;
+    };
+    let sum = v.summary.as_ref()?;
+    let nan = |x: Option<f64>| x.unwrap_or(f64::NAN);
+    let summary = crate::analysis::stats::Summary {
+        n: sum.count,
+        min: nan(sum.min_us),
+        mean: nan(sum.mean_us),
+        p50: nan(sum.p50_us),
+        p90: nan(sum.p90_us),
+        p99: nan(sum.p99_us),
+        max: nan(sum.max_us),
+        stddev: nan(sum.stddev_us),
+    };
+    let mut o = v.details.as_object()?.clone();
+    o.insert("settings".into(), doc.settings.clone());
+    o.insert("start_unix_s".into(), doc.start_unix_s?.into());
+    o.insert("summary".into(), serde_json::to_value(summary).ok()?);
+    let ns = |us: f64| (us * 1e3).round() as u64;
+    let samples: Vec<(u64, u64)> = v
+        .samples
+        .iter()
+        .map(|s| (ns(s.t_us), ns(s.rtt_us)))
+        .collect();
+    o.insert("samples".into(), serde_json::to_value(samples).ok()?);
+    serde_json::from_value(serde_json::Value::Object(o)).ok()
+}
+
+/// `text` read as what `probe --json` wrote before the result document (rttscope 0.1's
+/// `ProbeResult`), if it is one.
 pub fn parse_probe_json(text: &str) -> Option<ProbeResult> {
     serde_json::from_str(text).ok()
 }
@@ -427,29 +519,42 @@ mod tests {
         assert!(j.contains("\"kind\":\"udp-rr\""));
     }
 
-    /// What `probe --json` writes feeds `chart` and `bucket`: one view, the
-    /// same samples in the result format's units, and through bucket's reader.
+    /// What `probe --json FILE` writes is a result document that gives the probe's result back
+    /// bit for bit, and that `bucket` reads (one set, microsecond samples).
     #[test]
-    fn probe_json_is_a_result_for_chart_and_bucket() {
-        let r = result(Kind::UdpRr);
-        let text = serde_json::to_string(&r).unwrap();
-        let p = parse_probe_json(&text).expect("probe json");
-        let rr = probe_run_result(&p);
-        assert_eq!(rr.views.len(), 1);
-        let v = &rr.views[0];
-        assert_eq!(v.name, "UDP_RR");
-        assert_eq!(v.samples.len(), r.samples.len());
-        assert_eq!(v.samples[0].rtt_us, r.samples[0].1 as f64 / 1e3);
-        assert_eq!(v.samples[0].t_s, r.samples[0].0 as f64 / 1e9);
-        let back = crate::analysis::results::RunResult::from_json(
-            &serde_json::to_string(&rr).unwrap(),
-            "x",
-        )
-        .unwrap();
-        assert_eq!(back.views[0].samples.len(), r.samples.len());
-        let sets = crate::cmd::bucket::load_sample_sets(&text, "probe.json").unwrap();
-        assert_eq!(sets.len(), 1);
-        assert_eq!(sets[0].samples.len(), r.samples.len());
+    fn probe_document_round_trips_and_feeds_bucket() {
+        for kind in [Kind::TcpRr, Kind::UdpRr, Kind::Icmp] {
+            let mut r = result(kind);
+            r.samples = vec![
+                (0, 10_123),
+                (1_000_001, 20_000),
+                (2_500_000_003, 30_999),
+                (3, 40_000),
+            ];
+            r.counts.lost = 2;
+            let doc = probe_document(&r);
+            let text = doc.to_json().unwrap();
+            let back = RunResult::from_json(&text, "probe.json").unwrap();
+            assert_eq!(back.version, crate::analysis::results::VERSION);
+            let v = &back.views[0];
+            assert_eq!(v.samples[1].t_us, 1000.001, "{kind:?}");
+            assert_eq!(v.samples[0].rtt_us, 10.123);
+            assert_eq!(v.dropped["lost"], 2);
+            let s = v.summary.as_ref().unwrap();
+            // p5 from the samples kept; the rest is the probe's own summary
+            assert_eq!((s.count, s.p50_us, s.p5_us), (4, Some(20.0), Some(10.123)));
+            assert_eq!(s.extra["netperf_p99_us"], 40.0);
+            let p = probe_from_document(&back).expect("a probe document");
+            assert_eq!(p, r, "{kind:?}");
+            let sets = crate::cmd::bucket::load_sample_sets(&text, "probe.json").unwrap();
+            assert_eq!(sets.len(), 1);
+            assert_eq!(sets[0].samples.len(), r.samples.len());
+            assert_eq!(sets[0].samples[2].t_s(), 2.500000003);
+        }
         assert!(parse_probe_json("{\"format\":\"x\"}").is_none());
+        // rttscope 0.1's probe --json still reads
+        let old = serde_json::to_string(&result(Kind::UdpRr)).unwrap();
+        let sets = crate::cmd::bucket::load_sample_sets(&old, "old.json").unwrap();
+        assert_eq!(sets[0].samples[3].rtt_us, 40.0);
     }
 }

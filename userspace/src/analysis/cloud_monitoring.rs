@@ -933,7 +933,7 @@ pub fn result_requests(
     let span = r
         .views
         .iter()
-        .flat_map(|v| v.samples.iter().map(|s| s.t_s))
+        .flat_map(|v| v.samples.iter().map(|s| s.t_s()))
         .filter(|t| t.is_finite())
         .fold(0.0f64, f64::max);
     let start = match r.start_unix_s {
@@ -956,8 +956,8 @@ pub fn result_requests(
         let mut last = 0.0f64;
         for s in &v.samples {
             d.add_us(s.rtt_us);
-            if s.t_s.is_finite() {
-                last = last.max(s.t_s);
+            if s.t_s().is_finite() {
+                last = last.max(s.t_s());
             }
         }
         let labels = SeriesLabels {

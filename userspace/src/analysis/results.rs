@@ -1,27 +1,31 @@
 //! The saved-result format: one versioned JSON document per run (`RunResult`).
 //!
-//! Record and report are separate steps: a command that measures (`compare`, `observe`, a `lab`
-//! experiment) writes a `RunResult`; `bucket` and `chart` read it later without privileges. The
-//! document carries its own settings so a chart or a table can say how it was measured.
-//! `docs/results.md` describes the format field by field.
+//! Record and report are separate steps: a command that measures (`probe`, `observe`, `compare`,
+//! a `lab` experiment) writes a `RunResult` (`--json FILE`, `-` for standard output); `bucket` and
+//! `chart` read it later without privileges. The document carries its own settings so a chart or a
+//! table can say how it was measured. `docs/results.md` describes the format field by field and
+//! `docs/result.schema.json` is its JSON Schema, generated from these types ([`schema_json`]).
 //!
-//! Conventions: times are seconds since the start of the run (`t_s`, `start_unix_s` anchors them
-//! to the wall clock); RTTs are microseconds (`*_us`) as `f64`; missing statistics are `null`.
+//! Conventions (version 2): every time and RTT in the document is in microseconds, in a field whose
+//! name ends in `_us` (`t_us` is microseconds since the start of the run); wall-clock anchors keep
+//! their own unit in their names (`start_unix_s`); missing statistics are `null`. Version 1 files
+//! (samples as `t_s`, seconds) still load: their times are converted on reading.
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "rttscope-result";
 /// The format version this build writes; it reads this version and older ones.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Largest result file `load` accepts (bounded memory for a file that is charted later).
 pub const MAX_FILE_BYTES: u64 = 1 << 30;
-/// Largest magnitude of a time (`t_s`, seconds) or a sweep's `x` that `load` accepts: about
+/// Largest magnitude of a time (`t_us`, in seconds) or a sweep's `x` that `load` accepts: about
 /// 31,700 years, room for Unix times, and far from the float range where axis arithmetic breaks.
 pub const MAX_ABS_TIME: f64 = 1e12;
 /// Largest RTT (`*_us`) that `load` accepts: 1e12 us, about 11.6 days.
@@ -91,6 +95,10 @@ fn time_ok(t: f64) -> bool {
     t.is_finite() && t.abs() <= MAX_ABS_TIME
 }
 
+fn time_us_ok(t_us: f64) -> bool {
+    t_us.is_finite() && t_us.abs() <= MAX_ABS_TIME * 1e6
+}
+
 fn rtt_ok(us: f64) -> bool {
     (0.0..=MAX_RTT_US).contains(&us)
 }
@@ -105,22 +113,25 @@ fn cut(s: &str, max: usize) -> String {
 }
 
 /// One run: the views side by side, optionally a sweep over a parameter.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "rttscope result", extend("$id" = "https://example.invalid/rttscope/result.schema.json"))]
 pub struct RunResult {
     /// Always `"rttscope-result"`.
+    #[schemars(extend("const" = "rttscope-result"))]
     pub format: String,
-    /// Format version ([`VERSION`]).
+    /// Format version: 2 (this build); readers also accept 1 (times then in seconds, `t_s`).
+    #[schemars(range(min = 1))]
     pub version: u32,
     /// The program that wrote the file.
     pub tool: Tool,
     /// When the file was written, RFC 3339 UTC (`2026-11-21T06:00:00Z`).
     pub created: String,
-    /// Wall-clock time (Unix seconds) of `t_s = 0`, when known.
+    /// Wall-clock time (Unix seconds) of `t_us = 0`, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_unix_s: Option<f64>,
     /// The machine the run was made on.
     pub host: HostInfo,
-    /// The command that produced the result (`compare`, `observe`, `lab ack-delay`, ...).
+    /// The command that produced the result (`probe tcp-rr`, `observe`, `compare`, `lab loss`, ...).
     pub command: String,
     /// A human title for charts; charts fall back to `command`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,15 +146,19 @@ pub struct RunResult {
     /// Present when the run swept a parameter: per-point summaries of every view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<Sweep>,
+    /// Counters of the whole run by component (`observe`: the kernel views' samples, flows
+    /// created, map-full drops, ...); every drop has a counter here or in a view's `dropped`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counters: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Tool {
     pub name: String,
     pub version: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct HostInfo {
     #[serde(default)]
     pub hostname: String,
@@ -176,7 +191,7 @@ impl HostInfo {
 }
 
 /// Which way of measuring RTT a series comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ViewKind {
     /// RTT as TCP computes it (sock_ops RTT callback, or `ss -ti`).
@@ -207,17 +222,59 @@ impl ViewKind {
     }
 }
 
-/// One RTT sample: seconds since the start of the run, and the RTT in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// One RTT sample: microseconds since the start of the run (`t_us`), and the RTT in microseconds.
+/// Version 1 files wrote `t_s` (seconds); reading one converts it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct Sample {
-    pub t_s: f64,
+    /// Microseconds since the start of the run (`start_unix_s`), when the sample was taken.
+    pub t_us: f64,
+    /// The round-trip time, microseconds.
+    #[schemars(range(min = 0.0, max = 1e12))]
     pub rtt_us: f64,
 }
 
+impl Sample {
+    /// A sample at `t_s` seconds since the start.
+    pub fn at_s(t_s: f64, rtt_us: f64) -> Sample {
+        Sample {
+            t_us: t_s * 1e6,
+            rtt_us,
+        }
+    }
+
+    /// Seconds since the start of the run.
+    pub fn t_s(&self) -> f64 {
+        self.t_us / 1e6
+    }
+}
+
+impl<'de> Deserialize<'de> for Sample {
+    /// `{t_us, rtt_us}` (version 2) or `{t_s, rtt_us}` (version 1).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Sample, D::Error> {
+        #[derive(Deserialize)]
+        struct Either {
+            t_us: Option<f64>,
+            t_s: Option<f64>,
+            rtt_us: f64,
+        }
+        let e = Either::deserialize(d)?;
+        let t_us = match (e.t_us, e.t_s) {
+            (Some(t), _) => t,
+            (None, Some(s)) => s * 1e6,
+            (None, None) => return Err(serde::de::Error::missing_field("t_us")),
+        };
+        Ok(Sample {
+            t_us,
+            rtt_us: e.rtt_us,
+        })
+    }
+}
+
 /// The samples of one view (for one flow / one side).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ViewSeries {
-    /// Unique within the run; the legend label (`tcp client`, `sampler`, `probe tcp_rr`).
+    /// Unique within the run; the legend label (`tcp client`, `sampler`, `TCP_RR`).
     pub name: String,
     pub kind: ViewKind,
     /// Which end measured (`client`, `server`, `a`, `b`), when it matters.
@@ -232,6 +289,16 @@ pub struct ViewSeries {
     /// Samples the view dropped or could not take (map full, ring buffer full, lost probes, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub dropped: BTreeMap<String, u64>,
+    /// The view's statistics over the whole run, as the producing command computed them (from
+    /// every sample, or from its histogram when it kept no samples: observe without --raw).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<ViewSummary>,
+    /// What else the producing tool measured, in its own terms (a probe's counts, throughput and
+    /// netperf percentiles; irtt's statistics; a flow's namespace, state, srtt): a JSON object.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+    /// The samples, in recording order (may be empty when only the summary was kept).
+    #[serde(default)]
     pub samples: Vec<Sample>,
 }
 
@@ -244,6 +311,8 @@ impl ViewSeries {
             flow: None,
             settings: serde_json::Value::Null,
             dropped: BTreeMap::new(),
+            summary: None,
+            details: serde_json::Value::Null,
             samples: Vec::new(),
         }
     }
@@ -255,7 +324,7 @@ impl ViewSeries {
 }
 
 /// A sweep: the same measurement repeated for several values of one parameter.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Sweep {
     /// The swept parameter (`response/request interval`, `netem delay`, `loss`).
     pub parameter: String,
@@ -266,7 +335,7 @@ pub struct Sweep {
 }
 
 /// One value of the swept parameter, with a summary per view.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SweepPoint {
     pub x: f64,
     /// Per-point settings that differ from the run's (e.g. the number of parallel streams).
@@ -275,26 +344,73 @@ pub struct SweepPoint {
     pub views: Vec<ViewSummary>,
 }
 
-/// Summary statistics of one view at one sweep point. Percentiles are exact percentiles of the
-/// samples unless the producing command says otherwise in `extra`/settings; `null` when `count`
-/// is 0.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+/// Summary statistics of one view (over the run, or at one sweep point), microseconds.
+/// Percentiles are exact percentiles of the samples unless `method` says otherwise; `null` when
+/// `count` is 0 or the producing command did not compute that statistic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default, JsonSchema)]
 pub struct ViewSummary {
-    /// Name of the view (matches `ViewSeries::name` when the run also saved the samples).
+    /// Name of the view (matches `ViewSeries::name`).
     pub view: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<ViewKind>,
     pub count: u64,
     pub min_us: Option<f64>,
     pub mean_us: Option<f64>,
+    #[serde(default)]
     pub p5_us: Option<f64>,
     pub p50_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p90_us: Option<f64>,
+    #[serde(default)]
     pub p95_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub max_us: Option<f64>,
+    /// Population standard deviation, when computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stddev_us: Option<f64>,
+    /// How the percentiles were computed when not exactly from the samples (`hdr histogram`,
+    /// `log-linear histogram, <= 12.5% wide buckets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
     /// Further named values in microseconds (`cloud_p50_us`, `netperf_p90_us`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra: BTreeMap<String, f64>,
+}
+
+impl ViewSummary {
+    /// Exact statistics of `rtts_us` (nearest-rank percentiles, population stddev).
+    pub fn of_samples(view: &str, kind: Option<ViewKind>, rtts_us: &[f64]) -> ViewSummary {
+        let s = crate::analysis::stats::Summary::from_us(rtts_us);
+        let mut v = ViewSummary::from_stats(view, kind, &s);
+        v.p5_us = nan_none(crate::analysis::stats::percentile_exact(rtts_us, 5.0));
+        v.p95_us = nan_none(crate::analysis::stats::percentile_exact(rtts_us, 95.0));
+        v
+    }
+
+    /// From a computed [`crate::analysis::stats::Summary`] (NaN = not known).
+    pub fn from_stats(
+        view: &str,
+        kind: Option<ViewKind>,
+        s: &crate::analysis::stats::Summary,
+    ) -> ViewSummary {
+        ViewSummary {
+            view: view.to_string(),
+            kind,
+            count: s.n,
+            min_us: nan_none(s.min),
+            mean_us: nan_none(s.mean),
+            p50_us: nan_none(s.p50),
+            p90_us: nan_none(s.p90),
+            p99_us: nan_none(s.p99),
+            max_us: nan_none(s.max),
+            stddev_us: nan_none(s.stddev),
+            ..Default::default()
+        }
+    }
+}
+
+fn nan_none(v: f64) -> Option<f64> {
+    (!v.is_nan()).then_some(v)
 }
 
 impl RunResult {
@@ -319,6 +435,7 @@ impl RunResult {
             settings,
             views: Vec::new(),
             sweep: None,
+            counters: BTreeMap::new(),
         }
     }
 
@@ -433,15 +550,19 @@ impl RunResult {
                 .samples
                 .iter()
                 .enumerate()
-                .find(|(_, s)| !(time_ok(s.t_s) && rtt_ok(s.rtt_us)))
+                .find(|(_, s)| !(time_us_ok(s.t_us) && rtt_ok(s.rtt_us)))
             {
                 return Err(format!(
                     "view '{}' sample {i} is not a time within +-{MAX_ABS_TIME:e} s and an RTT \
-                     from 0 to {MAX_RTT_US:e} us: t_s={:e}, rtt_us={:e}",
+                     from 0 to {MAX_RTT_US:e} us: t_us={:e}, rtt_us={:e}",
                     cut(&v.name, 80),
-                    s.t_s,
+                    s.t_us,
                     s.rtt_us
                 ));
+            }
+            if let Some(s) = &v.summary {
+                check_summary(s)
+                    .map_err(|w| format!("view '{}' summary: {w}", cut(&v.name, 80)))?;
             }
         }
         if let Some(sw) = &self.sweep {
@@ -453,20 +574,48 @@ impl RunResult {
                     ));
                 }
                 for s in &p.views {
-                    let vals = [
-                        s.min_us, s.mean_us, s.p5_us, s.p50_us, s.p95_us, s.p99_us, s.max_us,
-                    ];
-                    if vals.iter().flatten().any(|v| !rtt_ok(*v)) {
-                        return Err(format!(
-                            "sweep point {i} view '{}' has a statistic that is not an RTT from 0 \
-                             to {MAX_RTT_US:e} us",
-                            cut(&s.view, 80)
-                        ));
-                    }
+                    check_summary(s)
+                        .map_err(|w| format!("sweep point {i} view '{}' {w}", cut(&s.view, 80)))?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// The JSON text of the document (pretty, newline-terminated), as `save` writes it.
+    pub fn to_json(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self).map(|t| t + "\n")
+    }
+
+    /// `--json FILE`: write the document to FILE, or to standard output for `-`.
+    pub fn write_to(&self, path: &Path) -> Result<(), ResultError> {
+        if path.as_os_str() == "-" {
+            let werr = |source| ResultError::Write {
+                path: "standard output".into(),
+                source,
+            };
+            let text = self
+                .to_json()
+                .map_err(|e| werr(std::io::Error::other(e.to_string())))?;
+            let mut out = std::io::stdout().lock();
+            return out
+                .write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(werr);
+        }
+        self.save(path)
+    }
+
+    /// `--format csv` of a measuring command: one row per sample, `view,t_us,rtt_us`.
+    pub fn samples_csv(&self) -> String {
+        let mut out = String::from("view,t_us,rtt_us\n");
+        for v in &self.views {
+            let name = csv_field(&v.name);
+            for s in &v.samples {
+                out.push_str(&format!("{name},{},{}\n", s.t_us, s.rtt_us));
+            }
+        }
+        out
     }
 
     /// The title charts and tables show.
@@ -479,6 +628,43 @@ impl RunResult {
     pub fn settings_line(&self) -> String {
         settings_line(&self.settings)
     }
+}
+
+/// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180).
+pub fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The statistics of a summary are RTTs from 0 to MAX_RTT_US.
+fn check_summary(s: &ViewSummary) -> Result<(), String> {
+    let vals = [
+        s.min_us,
+        s.mean_us,
+        s.p5_us,
+        s.p50_us,
+        s.p90_us,
+        s.p95_us,
+        s.p99_us,
+        s.max_us,
+        s.stddev_us,
+    ];
+    if vals.iter().flatten().any(|v| !rtt_ok(*v)) {
+        return Err(format!(
+            "has a statistic that is not an RTT from 0 to {MAX_RTT_US:e} us"
+        ));
+    }
+    Ok(())
+}
+
+/// The JSON Schema of the result document (draft 2020-12), generated from the Rust types; checked
+/// in as `docs/result.schema.json`.
+pub fn schema_json() -> String {
+    let schema = schemars::schema_for!(RunResult);
+    serde_json::to_string_pretty(&schema).expect("a schema serializes") + "\n"
 }
 
 /// `key=value, ...` for the scalar members of a JSON object (nested objects as `a.b=value`).
@@ -552,17 +738,11 @@ mod tests {
         let mut tcp = ViewSeries::new("tcp client", ViewKind::Tcp);
         tcp.side = Some("client".into());
         tcp.samples = (0..10)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.5,
-                rtt_us: 150.0 + i as f64,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.5, 150.0 + i as f64))
             .collect();
         let mut sampler = ViewSeries::new("sampler", ViewKind::Sampler);
         sampler.dropped.insert("map_full".into(), 2);
-        sampler.samples = vec![Sample {
-            t_s: 1.0,
-            rtt_us: 900.0,
-        }];
+        sampler.samples = vec![Sample::at_s(1.0, 900.0)];
         r.views = vec![tcp, sampler];
         r
     }
@@ -573,9 +753,11 @@ mod tests {
         // Awkward floats: a saved result must load bit-exact (serde_json's float_roundtrip).
         let mut awkward = ViewSeries::new("awkward", ViewKind::Probe);
         awkward.samples = (1..2000)
-            .map(|i| Sample {
-                t_s: 1_795_241_473.0 + i as f64 / 7.0,
-                rtt_us: (i as f64).sqrt() * 1e-3 + 1.0 / 3.0,
+            .map(|i| {
+                Sample::at_s(
+                    1_795_241_473.0 + i as f64 / 7.0,
+                    (i as f64).sqrt() * 1e-3 + 1.0 / 3.0,
+                )
             })
             .collect();
         r.views.push(awkward);
@@ -596,13 +778,15 @@ mod tests {
         let text = r#"{"format":"rttscope-result","version":1,
             "tool":{"name":"rttscope","version":"0.1.0"},"created":"2026-11-21T06:00:00Z",
             "host":{},"command":"compare",
-            "views":[{"name":"ping","kind":"ping","samples":[{"t_s":0,"rtt_us":80.5}]},
+            "views":[{"name":"ping","kind":"ping","samples":[{"t_s":1.5,"rtt_us":80.5}]},
                      {"name":"x","kind":"quantum","samples":[]}],
             "sweep":{"parameter":"interval","unit":"ms","points":[
               {"x":0,"views":[{"view":"ping","count":1,"min_us":80.5,"mean_us":80.5,
                "p5_us":80.5,"p50_us":80.5,"p95_us":80.5,"p99_us":80.5,"max_us":80.5}]}]}}"#;
         let r = RunResult::from_json(text, "t.json").unwrap();
         assert_eq!(r.views[0].kind, ViewKind::Ping);
+        // version 1 wrote seconds: read as microseconds
+        assert_eq!(r.views[0].samples[0].t_us, 1.5e6);
         assert_eq!(r.views[1].kind, ViewKind::Other);
         assert_eq!(r.sweep.unwrap().points[0].views[0].p50_us, Some(80.5));
         assert!(r.settings.is_null());
@@ -659,10 +843,10 @@ mod tests {
             assert!(e.contains(want), "want '{want}', got: {e}");
         };
         bad(
-            &|r| r.views[0].samples[2].t_s = 1e308,
+            &|r| r.views[0].samples[2].t_us = 1e308,
             "sample 2 is not a time",
         );
-        bad(&|r| r.views[0].samples[2].t_s = -1e308, "t_s=-1e308");
+        bad(&|r| r.views[0].samples[2].t_us = -1e308, "t_us=-1e308");
         bad(&|r| r.views[1].samples[0].rtt_us = 1e13, "rtt_us=1e13");
         bad(
             &|r| {
@@ -680,7 +864,7 @@ mod tests {
         );
         let mut r = sample_result();
         r.views[0].samples[0].rtt_us = 1e-310;
-        r.views[0].samples[1].t_s = -1e12;
+        r.views[0].samples[1].t_us = -1e18;
         let back = RunResult::from_json(&serde_json::to_string(&r).unwrap(), "f.json").unwrap();
         assert_eq!(back, r);
         // The typed parse failing still tells a foreign document from a bad result.
@@ -730,5 +914,92 @@ mod tests {
             r.created
         );
         assert!(!r.host.kernel_release.is_empty());
+    }
+
+    /// docs/result.schema.json is what the Rust types generate; the test fails when a type changed
+    /// and the checked-in schema did not.
+    #[test]
+    fn checked_in_schema_matches_the_types() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/result.schema.json");
+        let want = schema_json();
+        if std::env::var_os("RTTSCOPE_WRITE_SCHEMA").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} differs from the schema the Rust types generate; regenerate it with\n  \
+             RTTSCOPE_WRITE_SCHEMA=1 cargo test -p rttscope --features rttscope/aya -- \
+             checked_in_schema_matches_the_types\nand commit it",
+            path.display()
+        );
+        // The schema names the v2 sample encoding and the document's required fields.
+        let v: serde_json::Value = serde_json::from_str(&want).unwrap();
+        let sample = &v["$defs"]["Sample"];
+        assert_eq!(
+            sample["required"],
+            serde_json::json!(["t_us", "rtt_us"]),
+            "{sample}"
+        );
+        assert_eq!(v["properties"]["format"]["const"], FORMAT);
+    }
+
+    /// Version 2 writes `t_us`; a version-1 reader's `t_s` is gone from the output.
+    #[test]
+    fn writes_microsecond_samples() {
+        let r = sample_result();
+        let text = r.to_json().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["version"], 2);
+        assert_eq!(
+            v["views"][0]["samples"][1],
+            serde_json::json!({"t_us": 500000.0, "rtt_us": 151.0})
+        );
+        assert!(!text.contains("t_s"), "{text}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// Any sample list, written as version 2 (`t_us`) or version 1 (`t_s`), parses to the
+        /// same microseconds or is refused in one sentence; the parser never panics.
+        #[test]
+        fn samples_in_either_version_parse_or_are_refused(
+            samples in proptest::collection::vec(
+                (proptest::num::f64::ANY, proptest::num::f64::ANY), 0..8),
+            v1 in proptest::bool::ANY,
+        ) {
+            let enc: Vec<String> = samples
+                .iter()
+                .map(|(t, r)| {
+                    let t = if v1 { format!("\"t_s\":{t:e}") } else { format!("\"t_us\":{t:e}") };
+                    format!("{{{t},\"rtt_us\":{r:e}}}")
+                })
+                .collect();
+            let text = format!(
+                r#"{{"format":"rttscope-result","version":{},"tool":{{"name":"x","version":"1"}},
+                   "created":"","host":{{}},"command":"c",
+                   "views":[{{"name":"v","kind":"probe","samples":[{}]}}]}}"#,
+                if v1 { 1 } else { 2 },
+                enc.join(",")
+            );
+            match RunResult::from_json(&text, "p.json") {
+                Ok(r) => {
+                    for (s, (t, rtt)) in r.views[0].samples.iter().zip(&samples) {
+                        let want = if v1 { t * 1e6 } else { *t };
+                        proptest::prop_assert!(s.t_us == want && s.rtt_us == *rtt);
+                        proptest::prop_assert!(time_us_ok(s.t_us) && rtt_ok(s.rtt_us));
+                    }
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    proptest::prop_assert!(e.starts_with("p.json") && !e.contains('\n'), "{}", e);
+                }
+            }
+        }
     }
 }

@@ -70,6 +70,9 @@ pub struct BucketArgs {
 pub enum BucketFormat {
     Table,
     Json,
+    /// One row per bucket of each view's cloud distribution:
+    /// `view,bucket,lower_us,upper_us,count,cumulative_fraction` (empty bound = infinite).
+    Csv,
     /// TimeSeries JSON for projects.timeSeries.create (docs/cloud.md).
     CloudMonitoring,
 }
@@ -200,7 +203,7 @@ pub fn analyze(
 
     let aligned = if set.timed {
         align(
-            set.samples.iter().map(|s| (s.t_s, s.rtt_us)),
+            set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
             period_s,
             layout,
             unit,
@@ -299,10 +302,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
                 quote_input(line)
             )
         })?;
-        samples.push(Sample {
-            t_s: 0.0,
-            rtt_us: us,
-        });
+        samples.push(Sample::at_s(0.0, us));
     }
     anyhow::ensure!(!samples.is_empty(), "{name} contains no samples");
     Ok(SampleSet {
@@ -315,7 +315,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
 }
 
 /// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
-fn is_observe_output(text: &str) -> bool {
+pub fn is_observe_output(text: &str) -> bool {
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     first.trim_start().starts_with('{')
         && serde_json::from_str::<serde_json::Value>(first)
@@ -361,10 +361,7 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
                         sets.last_mut().expect("just pushed")
                     }
                 };
-                set.samples.push(Sample {
-                    t_s: t,
-                    rtt_us: rtt,
-                });
+                set.samples.push(Sample::at_s(t, rtt));
             }
             _ => {}
         }
@@ -379,20 +376,43 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
     Ok(sets)
 }
 
+/// Any measuring command's output as a result document: a result (version 1 or 2, what `probe`,
+/// `observe`, `compare` and `lab` write with `--json`), rttscope 0.1's `probe --json`, or
+/// `observe --format json --raw` JSON Lines (one view per view and side).
+pub fn result_from_text(text: &str, name: &str) -> anyhow::Result<RunResult> {
+    if is_observe_output(text) {
+        let sets = parse_observe_output(text, name)?;
+        let mut r = RunResult::new("observe", serde_json::json!({"source": name}));
+        r.start_unix_s = sets.first().and_then(|s| s.start_unix_s);
+        r.views = sets
+            .into_iter()
+            .map(|s| {
+                let mut v = crate::analysis::results::ViewSeries::new(
+                    s.name,
+                    s.kind.unwrap_or(ViewKind::Other),
+                );
+                v.samples = s.samples;
+                v
+            })
+            .collect();
+        return Ok(r);
+    }
+    match RunResult::from_json(text, name) {
+        Ok(r) => Ok(r),
+        Err(e) => match crate::active::output::parse_probe_json(text) {
+            Some(p) => Ok(crate::active::output::probe_document(&p)),
+            None => Err(e.into()),
+        },
+    }
+}
+
 /// Read the sample sets of a file: a result document (one set per view), `observe --format json
 /// --raw` output (one set per view and side) or a plain list.
 pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
     if is_observe_output(text) {
         parse_observe_output(text, name)
     } else if text.trim_start().starts_with('{') {
-        // A result file, or what `probe --json` writes (the same samples).
-        let r = match RunResult::from_json(text, name) {
-            Ok(r) => r,
-            Err(e) => match crate::active::output::parse_probe_json(text) {
-                Some(p) => crate::active::output::probe_run_result(&p),
-                None => return Err(e.into()),
-            },
-        };
+        let r = result_from_text(text, name)?;
         let start = r.start_unix_s;
         Ok(r.views
             .into_iter()
@@ -452,6 +472,13 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
         sets.retain(|s| args.views.contains(&s.name));
     }
     anyhow::ensure!(!sets.is_empty(), "{name} contains no views");
+    // Views that kept only a summary (observe's per-flow series, observe without --raw).
+    let had = sets.len();
+    sets.retain(|s| !s.samples.is_empty() || !s.timed);
+    anyhow::ensure!(
+        !sets.is_empty(),
+        "{name} holds {had} view summaries but no samples to bucket (observe keeps samples with --raw)"
+    );
     let period_s = args.period.as_secs_f64();
     anyhow::ensure!(period_s > 0.0, crate::analysis::units::ZERO_PERIOD);
     let reports = sets
@@ -467,6 +494,7 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
             .map(|r| render_table(r, args.all_buckets))
             .collect::<Vec<_>>()
             .join("\n"),
+        BucketFormat::Csv => buckets_csv(&reports),
     };
     print!("{out}");
     Ok(())
@@ -551,7 +579,7 @@ fn local_window(set: &SampleSet, p: &CloudPoint) -> (Vec<f64>, String) {
         .iter()
         .filter(|s| {
             (start - TIME_RESOLUTION_S..=p.end_unix_s + TIME_RESOLUTION_S)
-                .contains(&(anchor + s.t_s))
+                .contains(&(anchor + s.t_s()))
         })
         .map(|s| s.rtt_us)
         .collect();
@@ -1063,6 +1091,38 @@ fn write_buckets(o: &mut String, d: &Distribution, all_buckets: bool) {
 }
 
 /// The human table for one report.
+/// `--format csv`: one row per bucket (empty ones too) of every view's distribution, bounds in
+/// microseconds (empty for the infinite ends).
+pub fn buckets_csv(reports: &[BucketReport]) -> String {
+    let mut o = String::from("view,bucket,lower_us,upper_us,count,cumulative_fraction\n");
+    for r in reports {
+        let d = &r.distribution;
+        let bound = |b: f64| {
+            if b.is_finite() {
+                d.unit.to_us(b).to_string()
+            } else {
+                String::new()
+            }
+        };
+        let mut cum = 0u64;
+        for (i, &c) in d.bucket_counts.iter().enumerate() {
+            cum += c;
+            let frac = if d.count > 0 {
+                cum as f64 / d.count as f64
+            } else {
+                0.0
+            };
+            o.push_str(&format!(
+                "{},{i},{},{},{c},{frac}\n",
+                crate::analysis::results::csv_field(&r.name),
+                bound(d.bucket_options.lower(i)),
+                bound(d.bucket_options.upper(i)),
+            ));
+        }
+    }
+    o
+}
+
 pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     use std::fmt::Write as _;
     let d = &r.distribution;
@@ -1150,10 +1210,7 @@ mod tests {
             start_unix_s: None,
             samples: values_ms
                 .iter()
-                .map(|v| Sample {
-                    t_s: 0.0,
-                    rtt_us: v * 1000.0,
-                })
+                .map(|v| Sample::at_s(0.0, v * 1000.0))
                 .collect(),
         }
     }
@@ -1349,10 +1406,7 @@ mod tests {
         let mut v = ViewSeries::new("sampler", ViewKind::Sampler);
         // 0-60 s: 0.2 ms; 60-120 s: 3 ms.
         v.samples = (0..120)
-            .map(|i| Sample {
-                t_s: i as f64,
-                rtt_us: if i < 60 { 200.0 } else { 3000.0 },
-            })
+            .map(|i| Sample::at_s(i as f64, if i < 60 { 200.0 } else { 3000.0 }))
             .collect();
         r.views.push(v);
         r.views.push(ViewSeries::new("empty", ViewKind::Tcp));
@@ -1401,23 +1455,14 @@ mod tests {
         c.side = Some("client".into());
         c.flow = Some("10.99.0.1:40000 -> 10.99.0.2:5001".into());
         c.samples = (0..1000)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.05,
-                rtt_us: 100.0 + 200.0 * i as f64 / 999.0,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.05, 100.0 + 200.0 * i as f64 / 999.0))
             .collect();
         // Outside the first minute: not in the window.
-        c.samples.push(Sample {
-            t_s: 90.0,
-            rtt_us: 9000.0,
-        });
+        c.samples.push(Sample::at_s(90.0, 9000.0));
         let mut sv = ViewSeries::new("tcp server", ViewKind::Tcp);
         sv.side = Some("server".into());
         sv.samples = (0..100)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.5,
-                rtt_us: 20_000.0 + i as f64,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.5, 20_000.0 + i as f64))
             .collect();
         r.views.push(c);
         r.views.push(sv);
@@ -1611,5 +1656,31 @@ mod tests {
                 proptest::prop_assert!(e.chars().count() < 600, "{:?}", e);
             }
         }
+    }
+
+    /// `--format csv`: every bucket of every view, bounds in microseconds, counts adding up to
+    /// the samples; a document whose views hold only summaries is refused in one sentence.
+    #[test]
+    fn buckets_as_csv() {
+        let set = SampleSet {
+            name: "tcp, client".into(),
+            kind: None,
+            timed: false,
+            start_unix_s: None,
+            samples: [300.0, 1500.0, 1600.0, 5000.0]
+                .iter()
+                .map(|&us| Sample::at_s(0.0, us))
+                .collect(),
+        };
+        let layout = dist::layout_arg("explicit:1,2").unwrap();
+        let r = analyze(&set, &layout, ValueUnit::Ms, &[50.0], 60.0).unwrap();
+        let csv = buckets_csv(&[r]);
+        assert_eq!(
+            csv,
+            "view,bucket,lower_us,upper_us,count,cumulative_fraction\n\
+             \"tcp, client\",0,,1000,1,0.25\n\
+             \"tcp, client\",1,1000,2000,2,0.75\n\
+             \"tcp, client\",2,2000,,1,1\n"
+        );
     }
 }

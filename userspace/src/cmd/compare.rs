@@ -79,8 +79,12 @@ pub struct CompareArgs {
     pub explain: bool,
     /// Save every sample set and setting (a result `rttscope chart` draws); `-`: print it on
     /// stdout (the table then goes to stderr).
-    #[arg(long, value_name = "FILE")]
+    #[arg(short = 'o', long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// What to print: the table (text), or csv: one row per view summary
+    /// (`view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what`).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::cmd::probe::PrintFormat,
     /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
     #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
     pub loader: LoaderKind,
@@ -491,10 +495,12 @@ impl Report {
         let mut v = ViewSeries::new(name, kind);
         v.side = side.map(str::to_string);
         v.settings = settings;
-        v.samples = s
-            .iter()
-            .map(|&(t, r)| Sample { t_s: t, rtt_us: r })
-            .collect();
+        v.samples = s.iter().map(|&(t, r)| Sample::at_s(t, r)).collect();
+        v.summary = Some(crate::analysis::results::ViewSummary::of_samples(
+            name,
+            Some(kind),
+            &v.rtts_us(),
+        ));
         self.result.views.push(v);
         self.rows.push(Row {
             view: name.to_string(),
@@ -769,19 +775,21 @@ fn output(
         Box::new(std::io::stdout().lock())
     };
     let title = report.result.title.clone().unwrap_or_default();
-    render_table(&mut out, &title, &report.rows, footer)?;
+    if args.format == crate::cmd::probe::PrintFormat::Csv {
+        out.write_all(rows_csv(&report.rows).as_bytes())?;
+    } else {
+        render_table(&mut out, &title, &report.rows, footer)?;
+    }
     if args.explain {
         let notes = explain(&report.rows, args.interval, footer.retrans, cloud);
         render_notes(&mut out, &notes)?;
         report.result.settings["notes"] = json!(notes);
     }
     report.result.settings["rows"] = serde_json::to_value(&report.rows)?;
-    if json_to_stdout {
-        let mut o = std::io::stdout().lock();
-        writeln!(o, "{}", serde_json::to_string_pretty(&report.result)?)?;
-    } else if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.result)?)
-            .with_context(|| format!("writing {}", path.display()))?;
+    if let Some(path) = &args.json {
+        report.result.write_to(path)?;
+    }
+    if let (Some(path), false) = (&args.json, json_to_stdout) {
         writeln!(
             out,
             "saved: {} (draw it: rttscope chart {} -o chart.png)",
@@ -826,6 +834,39 @@ fn render_table(
         "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
         footer.retrans, footer.hook, footer.loader
     )
+}
+
+/// `--format csv`: one row per view summary, RTTs in microseconds (empty when not known).
+fn rows_csv(rows: &[Row]) -> String {
+    use crate::analysis::results::csv_field;
+    let us = |v: f64| {
+        if v.is_nan() {
+            String::new()
+        } else {
+            v.to_string()
+        }
+    };
+    let mut out = String::from(
+        "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n",
+    );
+    for r in rows {
+        let s = &r.summary;
+        out.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            csv_field(&r.view),
+            s.n,
+            us(s.min),
+            us(s.mean),
+            us(s.p50),
+            us(s.p90),
+            us(s.p99),
+            us(s.max),
+            us(s.stddev),
+            csv_field(r.bucketed.as_deref().unwrap_or("")),
+            csv_field(&r.what)
+        ));
+    }
+    out
 }
 
 /// The `--explain` block: a blank line, then the notes (or the sentence
@@ -1031,6 +1072,28 @@ mod tests {
             summary: summary_of(&series(us)),
             bucketed: None,
         }
+    }
+
+    /// `--format csv`: a header and one row per view summary, microseconds, quoted where a field
+    /// holds a comma, empty where a value is unknown.
+    #[test]
+    fn rows_as_csv() {
+        let rows = vec![
+            series_row("TCP_RR", "send()->recv(), 0 lost", &[100.0, 200.0, 300.0]),
+            series_row("sampler server", "none", &[]),
+        ];
+        let csv = rows_csv(&rows);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(
+            lines[0],
+            "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what"
+        );
+        assert!(
+            lines[1].starts_with("TCP_RR,3,100,200,200,300,300,300,81.6"),
+            "{csv}"
+        );
+        assert!(lines[1].ends_with(",,\"send()->recv(), 0 lost\""), "{csv}");
+        assert_eq!(lines[2], "sampler server,0,,,,,,,,,none");
     }
 
     /// The table and the `--explain` block from fixed rows, byte for byte.

@@ -81,12 +81,57 @@ pub struct RrOpts {
     /// With -o: P50/P90/P99 from the netperf-style histogram (whole us, as netperf prints) instead of exact.
     #[arg(long)]
     pub netperf_percentiles: bool,
-    /// Print the whole result (settings, counts, summary, every sample) as JSON.
-    #[arg(long, conflicts_with = "output")]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputOpts,
     /// Keep at most this many per-transaction samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
+}
+
+/// The output options every measuring command shares: the result document and CSV.
+#[derive(Debug, Clone, Default, Args)]
+pub struct OutputOpts {
+    /// Save the result document (settings, counts, summary, every sample; docs/results.md) to
+    /// FILE; `-` prints it on standard output, and what would have been printed goes to stderr.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<std::path::PathBuf>,
+    /// What to print: the tool's own summary (text), or csv: one row per sample,
+    /// `view,t_us,rtt_us` (microseconds since the start, RTT in microseconds).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: PrintFormat,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrintFormat {
+    #[default]
+    Text,
+    Csv,
+}
+
+impl OutputOpts {
+    /// Whether the document goes to standard output (the text then goes to stderr).
+    pub fn json_to_stdout(&self) -> bool {
+        self.json.as_deref() == Some(std::path::Path::new("-"))
+    }
+
+    /// Print `text` (or the document's samples as CSV with `--format csv`) and write the document
+    /// with `--json`.
+    pub fn emit(&self, doc: &crate::analysis::results::RunResult, text: &str) -> Result<()> {
+        use std::io::Write;
+        let printed = match self.format {
+            PrintFormat::Text => text.to_string(),
+            PrintFormat::Csv => doc.samples_csv(),
+        };
+        if self.json_to_stdout() {
+            std::io::stderr().write_all(printed.as_bytes())?;
+        } else {
+            std::io::stdout().write_all(printed.as_bytes())?;
+        }
+        if let Some(path) = &self.json {
+            doc.write_to(path)?;
+        }
+        Ok(())
+    }
 }
 
 /// Options that only TCP_RR has.
@@ -131,9 +176,8 @@ pub struct PingOpts {
     /// Wait for the next request by spinning on the clock instead of sleeping (ping's busy-poll at short intervals).
     #[arg(long)]
     pub spin: bool,
-    /// Print the whole result (settings, counts, summary, every sample) as JSON instead.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub out: OutputOpts,
     /// Keep at most this many per-reply samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
@@ -232,21 +276,21 @@ pub fn run(args: ProbeArgs) -> Result<()> {
 
 fn run_rr(cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
     let result = run_blocking(cfg)?;
-    let text = if o.json {
-        serde_json::to_string(&result)? + "\n"
-    } else if let Some(sel) = &o.output {
+    let text = if let Some(sel) = &o.output {
         output::selectors(&result, &sel.0, o.netperf_percentiles)
     } else {
         output::human(&result)
     };
-    finish(&result, &text)
+    finish(&result, &text, &o.out)
 }
 
 /// ping's output: a header line, a line per reply as it arrives (unless -q
 /// or --json), the statistics at the end.
 fn run_ping(o: &PingOpts) -> Result<()> {
     let mut cfg = ping_config(o)?;
-    if !o.quiet && !o.json {
+    // Per-reply lines only where the summary goes to a terminal or a pipe of ping's text.
+    let lines = !o.quiet && !o.out.json_to_stdout() && o.out.format == PrintFormat::Text;
+    if lines {
         let (host, size) = (o.host.clone(), o.size);
         println!("PING {host} {size}({}) bytes of data.", size + 28);
         cfg.on_reply = Some(crate::active::ReplyHook::new(move |seq, rtt_ns| {
@@ -258,12 +302,12 @@ fn run_ping(o: &PingOpts) -> Result<()> {
         }));
     }
     let result = run_blocking(cfg)?;
-    let text = if o.json {
-        serde_json::to_string(&result)? + "\n"
-    } else {
+    let text = if lines {
         String::from("\n") + &output::human(&result)
+    } else {
+        output::human(&result)
     };
-    finish(&result, &text)
+    finish(&result, &text, &o.out)
 }
 
 fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {
@@ -275,9 +319,8 @@ fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {
     })
 }
 
-fn finish(result: &crate::active::ProbeResult, text: &str) -> Result<()> {
-    use std::io::Write;
-    std::io::stdout().write_all(text.as_bytes())?;
+fn finish(result: &crate::active::ProbeResult, text: &str, out: &OutputOpts) -> Result<()> {
+    out.emit(&output::probe_document(result), text)?;
     if result.counts.received == 0 && result.counts.sent > 0 {
         bail!(
             "no replies from {} ({} sent{})",

@@ -494,6 +494,7 @@ impl ScenarioEnv for LabEnv {
                 "-W".into(),
                 format!("{:.0}s", len.max(0.0) + 10.0),
                 "--json".into(),
+                "-".into(),
             ]
         };
         let ping_args = |interval: Duration, len: f64| -> Vec<String> {
@@ -508,6 +509,7 @@ impl ScenarioEnv for LabEnv {
                 "-W".into(),
                 "5s".into(),
                 "--json".into(),
+                "-".into(),
             ]
         };
         let mut kids: Vec<Running> = Vec::new();
@@ -618,21 +620,14 @@ impl ScenarioEnv for LabEnv {
                     se.trim()
                 );
             }
-            let v: Value = serde_json::from_str(so.trim())
-                .with_context(|| format!("reading the {what} probe's JSON: {}", se.trim()))?;
-            let start = v["start_unix_s"]
-                .as_f64()
-                .unwrap_or(self.current.start_unix);
-            let samples: Vec<(f64, f64)> = v["samples"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| Some((start + s[0].as_f64()? / 1e9, s[1].as_f64()? / 1e3)))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let lost = v["counts"]["lost"].as_u64().unwrap_or(0)
-                + v["counts"]["errors"].as_u64().unwrap_or(0);
+            let p = read_probe_document(&so)
+                .with_context(|| format!("reading the {what} probe's result: {}", se.trim()))?;
+            let samples: Vec<(f64, f64)> = p
+                .samples
+                .iter()
+                .map(|&(t, rtt)| (p.start_unix_s + t as f64 / 1e9, rtt as f64 / 1e3))
+                .collect();
+            let lost = p.counts.lost + p.counts.errors;
             if what == "ping" {
                 self.current.ping.extend(samples);
                 self.current.ping_lost += lost;
@@ -640,7 +635,7 @@ impl ScenarioEnv for LabEnv {
                 self.current.rr.extend(samples);
                 self.current.rr_failed += lost;
             }
-            let mut v = v;
+            let mut v = serde_json::to_value(&p)?;
             if let Some(o) = v.as_object_mut() {
                 o.remove("samples");
                 o.insert("probe".into(), json!(what));
@@ -829,6 +824,13 @@ fn views_of(d: &PhaseData) -> Vec<ViewRef<'_>> {
             &d.smp_srv,
         ),
     ]
+}
+
+/// The probe's result from what `probe ... --json -` printed (the result document).
+fn read_probe_document(stdout: &str) -> Result<crate::active::ProbeResult> {
+    let doc = RunResult::from_json(stdout.trim(), "probe output").map_err(|e| anyhow!("{e}"))?;
+    crate::active::output::probe_from_document(&doc)
+        .ok_or_else(|| anyhow!("the probe's result document holds no probe result"))
 }
 
 fn view_summary(name: &str, kind: ViewKind, s: &[(f64, f64)]) -> ViewSummary {
@@ -1336,10 +1338,7 @@ fn write_report(
         vs.samples = all
             .iter()
             .step_by(step)
-            .map(|&(t, r)| Sample {
-                t_s: (t - t0).max(0.0),
-                rtt_us: r,
-            })
+            .map(|&(t, r)| Sample::at_s((t - t0).max(0.0), r))
             .collect();
         rr.views.push(vs);
     }

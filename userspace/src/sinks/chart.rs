@@ -150,17 +150,20 @@ impl ImageFormat {
     }
 }
 
-/// A result file, or what `probe --json` writes (charted as its one view).
+/// A result file (streamed), or any other measuring command's output that bucket reads too
+/// (rttscope 0.1's `probe --json`, `observe --format json --raw` JSON Lines).
 fn load_any(path: &Path) -> anyhow::Result<RunResult> {
     match RunResult::load(path) {
         Ok(r) => Ok(r),
         Err(e @ crate::analysis::results::ResultError::NotAResult { .. }) => {
-            let probe = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|t| crate::active::output::parse_probe_json(&t));
-            match probe {
-                Some(p) => Ok(crate::active::output::probe_run_result(&p)),
-                None => Err(e.into()),
+            let name = path.display().to_string();
+            match std::fs::read_to_string(path) {
+                Ok(t) if !t.trim_start().starts_with('{') => Err(e.into()),
+                Ok(t) if crate::cmd::bucket::is_observe_output(&t) => {
+                    crate::cmd::bucket::result_from_text(&t, &name)
+                }
+                Ok(t) => crate::cmd::bucket::result_from_text(&t, &name).map_err(|_| e.into()),
+                Err(_) => Err(e.into()),
             }
         }
         Err(e) => Err(e.into()),
@@ -262,12 +265,16 @@ fn plan<'a>(
             );
         }
     }
-    let views: Vec<(usize, &ViewSeries)> = result
+    let mut views: Vec<(usize, &ViewSeries)> = result
         .views
         .iter()
         .enumerate()
         .filter(|(_, v)| opts.views.is_empty() || opts.views.contains(&v.name))
         .collect();
+    // Series that kept only a summary (observe's per-flow series) are not drawn unless named.
+    if opts.views.is_empty() && views.iter().any(|(_, v)| !v.samples.is_empty()) {
+        views.retain(|(_, v)| !v.samples.is_empty());
+    }
     let has_sweep = result.sweep.as_ref().is_some_and(|s| !s.points.is_empty());
     let kind = match opts.kind {
         ChartKind::Auto if has_sweep => ChartKind::Sweep,
@@ -421,7 +428,7 @@ fn rtt_ms(us: f64) -> Option<f64> {
 fn points(v: &ViewSeries) -> impl Iterator<Item = Pt> + '_ {
     v.samples
         .iter()
-        .filter_map(|s| Some((axis_value(s.t_s)?, rtt_ms(s.rtt_us)?)))
+        .filter_map(|s| Some((axis_value(s.t_s())?, rtt_ms(s.rtt_us)?)))
 }
 
 /// Padded range for an axis; never empty, never narrower than a millionth of its values'
@@ -892,17 +899,11 @@ mod tests {
         r.title = Some("test run".into());
         let mut tcp = ViewSeries::new("tcp client", ViewKind::Tcp);
         tcp.samples = (0..500)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.01,
-                rtt_us: 120.0 + (i % 17) as f64 * 5.0,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.01, 120.0 + (i % 17) as f64 * 5.0))
             .collect();
         let mut sampler = ViewSeries::new("sampler", ViewKind::Sampler);
         sampler.samples = (0..50)
-            .map(|i| Sample {
-                t_s: i as f64 * 0.1,
-                rtt_us: 40_000.0 + (i % 5) as f64 * 300.0,
-            })
+            .map(|i| Sample::at_s(i as f64 * 0.1, 40_000.0 + (i % 5) as f64 * 300.0))
             .collect();
         r.views = vec![tcp, sampler];
         r
@@ -1115,16 +1116,7 @@ mod tests {
         // One sample, and a zero RTT, in the time series and the CDF.
         let mut one = RunResult::new("x", json!({}));
         let mut v = ViewSeries::new("only", ViewKind::Ping);
-        v.samples = vec![
-            Sample {
-                t_s: 3.0,
-                rtt_us: 0.0,
-            },
-            Sample {
-                t_s: 3.0,
-                rtt_us: 250.0,
-            },
-        ];
+        v.samples = vec![Sample::at_s(3.0, 0.0), Sample::at_s(3.0, 250.0)];
         one.views.push(v);
         let buf = render_rgb(&one, &small()).unwrap();
         assert!(buf.chunks(3).any(|p| p == [0, 114, 178]));
@@ -1165,10 +1157,7 @@ mod tests {
     fn thinning_keeps_extremes() {
         let mut v = ViewSeries::new("x", ViewKind::Probe);
         v.samples = (0..100_000)
-            .map(|i| Sample {
-                t_s: i as f64 * 1e-3,
-                rtt_us: if i == 54_321 { 99_000.0 } else { 100.0 },
-            })
+            .map(|i| Sample::at_s(i as f64 * 1e-3, if i == 54_321 { 99_000.0 } else { 100.0 }))
             .collect();
         let pts = envelope(&v, 500);
         assert!(pts.len() <= 1000);
@@ -1185,7 +1174,7 @@ mod tests {
             let s: Vec<String> = v
                 .samples
                 .iter()
-                .map(|s| format!("({:e}, {:e})", s.t_s, s.rtt_us))
+                .map(|s| format!("({:e}, {:e})", s.t_s(), s.rtt_us))
                 .collect();
             out += &format!("view '{}' (t_s, rtt_us): {}; ", v.name, s.join(" "));
         }
@@ -1234,13 +1223,7 @@ mod tests {
     fn one_sample(t_s: f64, rtt_us: f64) -> RunResult {
         let mut r = RunResult::new("x", json!({}));
         let mut v = ViewSeries::new("v", ViewKind::Probe);
-        v.samples = vec![
-            Sample { t_s, rtt_us },
-            Sample {
-                t_s: 1.0,
-                rtt_us: 250.0,
-            },
-        ];
+        v.samples = vec![Sample::at_s(t_s, rtt_us), Sample::at_s(1.0, 250.0)];
         r.views.push(v);
         r
     }
@@ -1317,7 +1300,7 @@ mod tests {
             let mut v = ViewSeries::new(format!("v{k}"), ViewKind::Probe);
             v.samples = s
                 .into_iter()
-                .map(|(t_s, rtt_us)| Sample { t_s, rtt_us })
+                .map(|(t_s, rtt_us)| Sample::at_s(t_s, rtt_us))
                 .collect();
             r.views.push(v);
         }
@@ -1377,7 +1360,7 @@ mod tests {
             if let Ok(back) = RunResult::from_json(&text, "hostile.json") {
                 for v in &back.views {
                     for s in &v.samples {
-                        proptest::prop_assert!(s.t_s.abs() <= 1e12 && (0.0..=1e12).contains(&s.rtt_us), "{:?}", s);
+                        proptest::prop_assert!(s.t_s().abs() <= 1e12 && (0.0..=1e12).contains(&s.rtt_us), "{:?}", s);
                     }
                 }
                 let opts = ChartOptions { kind: ChartKind::Auto, ..tiny.clone() };

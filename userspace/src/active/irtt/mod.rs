@@ -92,9 +92,12 @@ pub struct IrttArgs {
     /// Only open and validate parameters with the server; send no test packets.
     #[arg(short = 'n', long = "no-test")]
     pub no_test: bool,
-    /// Print the result as JSON (settings, statistics, per-packet samples).
-    #[arg(long)]
-    pub json: bool,
+    /// Write irtt's detailed JSON to FILE, as `irtt client -o` (`-`: standard output): settings,
+    /// statistics and every round trip (`offset_ns`, `rtt_ns`, `lost`), the shape `compare` uses.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub out: crate::cmd::probe::OutputOpts,
 }
 
 fn parse_byte(s: &str) -> Result<u8, String> {
@@ -322,6 +325,35 @@ fn build_result(cfg: IrttConfig, raw: client::RawRun) -> IrttResult {
     }
 }
 
+/// The text (or CSV), the result document (`--json`) and irtt's JSON (`-o`). With `-o -` or
+/// `--json -` standard output carries that JSON alone, and the text goes to stderr.
+fn write_output(args: &IrttArgs, result: &IrttResult) -> Result<()> {
+    let irtt_to_stdout = args.output.as_deref() == Some(std::path::Path::new("-"));
+    anyhow::ensure!(
+        !(irtt_to_stdout && args.out.json_to_stdout()),
+        "-o - and --json - both want standard output: give one of them a FILE"
+    );
+    let doc = output::document(result);
+    if irtt_to_stdout {
+        eprint!("{}", output::text(result));
+        if let Some(p) = &args.out.json {
+            doc.write_to(p)?;
+        }
+    } else {
+        args.out.emit(&doc, &output::text(result))?;
+    }
+    if let Some(path) = &args.output {
+        let json = serde_json::to_string_pretty(result)? + "\n";
+        if irtt_to_stdout {
+            use std::io::Write;
+            std::io::stdout().write_all(json.as_bytes())?;
+        } else {
+            std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// The CLI entry point.
 pub fn run(args: IrttArgs) -> Result<()> {
     let cfg = args.to_config()?;
@@ -343,11 +375,7 @@ pub fn run(args: IrttArgs) -> Result<()> {
         });
         run_irtt(cfg, cancel.clone()).await
     })?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
-    } else {
-        print!("{}", output::text(&result));
-    }
+    write_output(&args, &result)?;
     // partial results are printed above; the exit status says the test broke
     if let Some(e) = &result.send_error {
         let hint = if e.contains("os error 90") {

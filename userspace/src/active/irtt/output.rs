@@ -1,5 +1,7 @@
-//! The text summary, laid out like `irtt client`'s.
+//! The text summary, laid out like `irtt client`'s, and the result document (`--json FILE`).
 use std::fmt::Write;
+
+use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
 
 use super::stats::DurationStats;
 use super::IrttResult;
@@ -225,6 +227,55 @@ pub fn text(r: &IrttResult) -> String {
         let _ = writeln!(o, "note: {n}");
     }
     o
+}
+
+/// The run as an rttscope result document (`probe irtt --json FILE`, docs/results.md): the
+/// supplied and negotiated settings at the top, one view `irtt` whose samples are the answered
+/// round trips (send offset and RTT, microseconds), lost ones counted by direction in `dropped`,
+/// and irtt's statistics (one-way delays, IPDV, loss up/down, ...) in `details`.
+pub fn document(r: &IrttResult) -> RunResult {
+    let settings = serde_json::to_value(&r.settings).unwrap_or_default();
+    let mut doc = RunResult::new("probe irtt", settings);
+    doc.start_unix_s = Some(r.start_unix_ns as f64 / 1e9);
+    let mut v = ViewSeries::new("irtt", ViewKind::Irtt);
+    v.flow = Some(format!(
+        "{} -> {}",
+        r.settings.local_addr, r.settings.remote_addr
+    ));
+    v.samples = r
+        .rtt_samples()
+        .map(|(off, rtt)| Sample {
+            t_us: off as f64 / 1e3,
+            rtt_us: rtt as f64 / 1e3,
+        })
+        .collect();
+    let s = &r.stats;
+    for (what, n) in [
+        ("lost_up", s.lost_up),
+        ("lost_down", s.lost_down),
+        ("lost_unknown", s.lost_unknown),
+        ("send_failures", s.send_failures),
+        ("rejected_replies", r.rejected.total()),
+    ] {
+        if n > 0 {
+            v.dropped.insert(what.to_string(), n);
+        }
+    }
+    let rtts: Vec<f64> = v.samples.iter().map(|x| x.rtt_us).collect();
+    v.summary = Some(ViewSummary::of_samples("irtt", Some(ViewKind::Irtt), &rtts));
+    v.details = serde_json::json!({
+        "duration_ns": r.duration_ns,
+        "wait_ns": r.wait_ns,
+        "interrupted": r.interrupted,
+        "server_closed": r.server_closed,
+        "send_error": r.send_error,
+        "receive_error": r.receive_error,
+        "stats": s,
+        "rejected": r.rejected,
+        "notes": r.notes,
+    });
+    doc.views.push(v);
+    doc
 }
 
 #[cfg(test)]

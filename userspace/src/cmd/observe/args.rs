@@ -98,6 +98,11 @@ pub struct ObserveArgs {
     /// Metrics labels: remove a label set idle for this long (default 10m).
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub series_idle: Option<Duration>,
+    /// At the end, save the whole run as a result document (every view and side, every flow,
+    /// settings, counters; the raw samples with --raw; docs/results.md) to FILE; `-` prints it
+    /// on standard output and sends everything else observe prints to stderr.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
     /// No per-interval output (daemon mode: metrics only).
     #[arg(long)]
     pub quiet: bool,

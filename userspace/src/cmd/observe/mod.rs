@@ -11,6 +11,7 @@ pub mod args;
 mod cloud;
 pub mod config;
 mod output;
+mod result;
 
 pub use args::{Format, ObserveArgs};
 
@@ -176,6 +177,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         None => None,
     };
     let header = output::header(&args, &session);
+    result::start(&args, &session, output::settings(&args));
     output::print_start(&args, &session, &views, &header)?;
     let start = Instant::now();
     let mut raw = Raw::open(&mut session, args.raw)?;
@@ -189,6 +191,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     )
     .await?;
     let summary = session.summary()?;
+    result::finish(&args, &summary, start.elapsed().as_secs_f64())?;
     output::print_end(
         &args,
         &header,

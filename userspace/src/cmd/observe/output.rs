@@ -34,8 +34,8 @@ pub(super) fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The settings recorded in the start record.
-fn settings(args: &ObserveArgs) -> serde_json::Value {
+/// The settings recorded in the start record (and in the `--json` document).
+pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
     json!({
         "interval_s": args.interval.as_secs_f64(),
         "duration_s": args.duration.map(|d| d.as_secs_f64()),
@@ -252,6 +252,7 @@ pub(super) fn sampler_raw_lines(
     fmt: Format,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 ) {
+    super::result::record_sampler(events, start_mono);
     for smp in events
         .drain(..)
         .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
@@ -322,6 +323,7 @@ pub(super) fn tcp_raw_lines(
     fmt: Format,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 ) {
+    super::result::record_tcp(events, start_mono);
     let mut l = lines.borrow_mut();
     for ev in events.drain(..) {
         l.push(raw_line(&ev, start_mono, fmt));

@@ -1,0 +1,401 @@
+//! `observe --json FILE`: the whole run as one result document (docs/results.md).
+//!
+//! Per view and side (`tcp client`, `tcp server`, `sampler client`, ...), a series holding that
+//! side's whole-run summary and, with `--raw`, every raw sample; per flow and side, a series
+//! holding the flow's summary and details (namespace, state, srtt, retransmissions). The run's
+//! settings, the attached hooks and every counter go with it. Raw samples are collected here as
+//! the output code reads them (observe runs on one thread).
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use serde_json::json;
+
+use super::args::ObserveArgs;
+use crate::analysis::hist::HistSummary;
+use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
+use crate::session::{FlowRow, Session, ViewStats};
+use crate::views::flow::{Flow, Side};
+
+/// Most raw samples kept in memory for the document; later ones are counted, not kept.
+pub const MAX_SAMPLES: usize = 5_000_000;
+
+/// How the summaries of this document are computed.
+const METHOD: &str = "log-linear histogram: 1 us buckets below 8 us, then <= 12.5% wide";
+
+/// One raw sample waiting for the end: which flow and side, when, how long.
+struct Raw {
+    view: ViewKind,
+    flow: Flow,
+    side: Option<Side>,
+    sample: Sample,
+}
+
+#[derive(Default)]
+struct Collector {
+    doc: Option<RunResult>,
+    raw: Vec<Raw>,
+    not_kept: u64,
+    /// `--json -`: the real standard output, kept for the document while fd 1 points at stderr.
+    stdout: Option<std::os::fd::OwnedFd>,
+}
+
+thread_local! {
+    static DOC: RefCell<Collector> = RefCell::new(Collector::default());
+}
+
+/// With `--json FILE`: start the document (settings, hooks, start time) and collect raw samples.
+pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json::Value) {
+    if args.json.is_none() {
+        return;
+    }
+    let mut doc = RunResult::new("observe", settings);
+    doc.title = Some("rttscope observe".into());
+    doc.settings["hooks"] = json!({
+        "tcp": session.tcp.as_ref().map(|v| v.info()),
+        "sampler": session.sampler.as_ref().map(|s| json!({
+            "settings": s.config(),
+            "attached": s.attach_info(),
+        })),
+    });
+    // `--json -`: the document alone on standard output; everything observe prints (table, JSON
+    // Lines, the end line) goes to stderr instead, by pointing fd 1 at stderr until the end.
+    let stdout = (path_is_stdout(args)).then(swap_stdout_to_stderr).flatten();
+    DOC.with(|d| {
+        *d.borrow_mut() = Collector {
+            doc: Some(doc),
+            stdout,
+            ..Default::default()
+        }
+    });
+}
+
+fn path_is_stdout(args: &ObserveArgs) -> bool {
+    args.json.as_deref() == Some(std::path::Path::new("-"))
+}
+
+fn swap_stdout_to_stderr() -> Option<std::os::fd::OwnedFd> {
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let _ = std::io::stdout().flush();
+    let saved = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
+    nix::unistd::dup2(2, 1).ok()?;
+    Some(saved)
+}
+
+fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: u64, rtt_us: u32) {
+    DOC.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.doc.is_none() {
+            return;
+        }
+        if d.raw.len() >= MAX_SAMPLES {
+            d.not_kept += 1;
+            return;
+        }
+        let t_us = (ts_ns as i64 - start_mono as i64) as f64 / 1e3;
+        d.raw.push(Raw {
+            view,
+            flow,
+            side,
+            sample: Sample {
+                t_us,
+                rtt_us: rtt_us as f64,
+            },
+        });
+    });
+}
+
+/// Raw TCP-view events (RTT samples; flow ends are not samples).
+pub(super) fn record_tcp(events: &[crate::bpf::Event], start_mono: u64) {
+    for ev in events.iter().filter(|e| e.r#type == 1) {
+        if let Some(f) = Flow::from_key(&ev.key) {
+            let side = Some(Side::from_raw(ev.side));
+            push(ViewKind::Tcp, f, side, ev.ts_ns, start_mono, ev.rtt_us);
+        }
+    }
+}
+
+/// Raw sampler events (their side comes from the flow's row at the end).
+pub(super) fn record_sampler(events: &[crate::bpf::Event], start_mono: u64) {
+    for s in events
+        .iter()
+        .filter_map(crate::views::sampler::SamplerSample::from_event)
+    {
+        push(
+            ViewKind::Sampler,
+            s.flow,
+            None,
+            s.ts_ns,
+            start_mono,
+            s.rtt_us,
+        );
+    }
+}
+
+fn side_name(s: Side) -> &'static str {
+    match s {
+        Side::Unknown => "unknown",
+        s => s.as_str(),
+    }
+}
+
+fn summary(view: &str, kind: ViewKind, h: &HistSummary) -> ViewSummary {
+    let v = |x: f64| (h.n > 0 && !x.is_nan()).then_some(x);
+    ViewSummary {
+        view: view.to_string(),
+        kind: Some(kind),
+        count: h.n,
+        min_us: v(h.min_us),
+        mean_us: v(h.mean_us),
+        p50_us: v(h.p50_us),
+        p90_us: v(h.p90_us),
+        p99_us: v(h.p99_us),
+        max_us: v(h.max_us),
+        method: Some(METHOD.into()),
+        ..Default::default()
+    }
+}
+
+/// The series of one flow's row in one view: its summary and details, no samples.
+fn flow_series(r: &FlowRow, kind: ViewKind, st: &ViewStats) -> ViewSeries {
+    let side = side_name(r.side);
+    let flow = format!("{} -> {}", r.local, r.remote);
+    let name = format!("{} {side} {flow} netns {}", kind.as_str(), r.netns);
+    let mut v = ViewSeries::new(name.clone(), kind);
+    v.side = Some(side.into());
+    v.flow = Some(flow);
+    v.summary = Some(summary(&name, kind, &st.summary));
+    v.details = json!({
+        "netns": r.netns, "netns_name": r.netns_name, "origin": r.origin, "state": r.state,
+        "closed": r.closed, "srtt_us": st.srtt_us, "retrans": st.retrans,
+    });
+    v
+}
+
+/// The side of a raw sample: its own when the event says, else its flow's row's (the sampler's
+/// events and TCP events of flows the kernel could not place carry none).
+fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
+    if let Some(s @ (Side::Client | Side::Server)) = r.side {
+        return side_name(s);
+    }
+    rows.iter()
+        .find(|row| {
+            let in_view = match r.view {
+                ViewKind::Tcp => row.tcp.is_some(),
+                _ => row.sampler.is_some(),
+            };
+            in_view
+                && row.netns == r.flow.netns
+                && row.local == r.flow.local.to_string()
+                && row.remote == r.flow.remote.to_string()
+        })
+        .map_or("unknown", |row| side_name(row.side))
+}
+
+/// Per view and side: the whole-run summary and every raw sample of that side.
+fn side_series(
+    summary_: &crate::session::Summary,
+    raw: Vec<Raw>,
+    not_kept: u64,
+) -> Vec<ViewSeries> {
+    let mut out: BTreeMap<(&'static str, &'static str), ViewSeries> = BTreeMap::new();
+    for (view, sides) in &summary_.totals {
+        let kind = if *view == "tcp" {
+            ViewKind::Tcp
+        } else {
+            ViewKind::Sampler
+        };
+        for (side, h) in sides.iter().filter(|(_, h)| h.count() > 0) {
+            let name = format!("{view} {}", side_name(*side));
+            let mut v = ViewSeries::new(name.clone(), kind);
+            v.side = Some(side_name(*side).into());
+            v.summary = Some(summary(&name, kind, &h.summary()));
+            out.insert((view, side_name(*side)), v);
+        }
+    }
+    for r in raw {
+        let side = raw_side(&r, &summary_.rows);
+        let view = r.view.as_str();
+        let v = out.entry((view, side)).or_insert_with(|| {
+            let mut v = ViewSeries::new(format!("{view} {side}"), r.view);
+            v.side = Some(side.into());
+            v
+        });
+        v.samples.push(r.sample);
+    }
+    let mut v: Vec<ViewSeries> = out.into_values().collect();
+    if not_kept > 0 {
+        for s in &mut v {
+            s.dropped.insert("raw_samples_not_kept".into(), not_kept);
+        }
+    }
+    v
+}
+
+/// At the end: the document with every side and flow, written to `--json FILE`.
+pub(super) fn finish(
+    args: &ObserveArgs,
+    summary_: &crate::session::Summary,
+    elapsed_s: f64,
+) -> Result<()> {
+    let Some(path) = &args.json else {
+        return Ok(());
+    };
+    let (doc, raw, not_kept, stdout) = DOC.with(|d| {
+        let mut d = d.borrow_mut();
+        (
+            d.doc.take(),
+            std::mem::take(&mut d.raw),
+            d.not_kept,
+            d.stdout.take(),
+        )
+    });
+    let Some(mut doc) = doc else {
+        return Ok(());
+    };
+    doc.settings["elapsed_s"] = json!(elapsed_s);
+    doc.views = side_series(summary_, raw, not_kept);
+    for r in &summary_.rows {
+        for (kind, st) in [(ViewKind::Tcp, &r.tcp), (ViewKind::Sampler, &r.sampler)] {
+            if let Some(st) = st {
+                doc.views.push(flow_series(r, kind, st));
+            }
+        }
+    }
+    dedup_names(&mut doc.views);
+    doc.counters = summary_
+        .counters
+        .iter()
+        .map(|(k, m)| {
+            (
+                k.to_string(),
+                m.iter().map(|(a, b)| (a.to_string(), *b)).collect(),
+            )
+        })
+        .collect();
+    match stdout {
+        Some(fd) => {
+            use std::io::Write;
+            let mut f = std::fs::File::from(fd);
+            f.write_all(doc.to_json()?.as_bytes())?;
+            f.flush()?;
+        }
+        None => doc.write_to(path)?,
+    }
+    Ok(())
+}
+
+/// Names are unique within a document: a repeated one gets ` #2`, ` #3`, ...
+fn dedup_names(views: &mut [ViewSeries]) {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    for v in views {
+        let n = seen.entry(v.name.clone()).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            v.name = format!("{} #{n}", v.name);
+            if let Some(s) = &mut v.summary {
+                s.view = v.name.clone();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::hist::Hist;
+
+    fn row(side: Side, tcp: bool) -> FlowRow {
+        FlowRow {
+            netns: 7,
+            netns_name: "a".into(),
+            local: "10.0.0.1:40000".into(),
+            remote: "10.0.0.2:5001".into(),
+            side,
+            origin: None,
+            state: None,
+            closed: false,
+            tcp: tcp.then(|| ViewStats::from_hist(&Hist::default())),
+            sampler: (!tcp).then(|| ViewStats::from_hist(&Hist::default())),
+            flow: None,
+        }
+    }
+
+    fn raw(view: ViewKind, side: Option<Side>, rtt_us: f64) -> Raw {
+        Raw {
+            view,
+            flow: Flow {
+                netns: 7,
+                local: "10.0.0.1:40000".parse().unwrap(),
+                remote: "10.0.0.2:5001".parse().unwrap(),
+            },
+            side,
+            sample: Sample { t_us: 1.0, rtt_us },
+        }
+    }
+
+    /// Raw samples land on their side: their own when the event says, else their flow's row's
+    /// in the same view; the side totals keep the histogram's summary; drops are counted.
+    #[test]
+    fn raw_samples_go_to_their_side() {
+        let rows = vec![row(Side::Client, true), row(Side::Server, false)];
+        assert_eq!(
+            raw_side(&raw(ViewKind::Tcp, Some(Side::Server), 1.0), &rows),
+            "server"
+        );
+        assert_eq!(
+            raw_side(&raw(ViewKind::Tcp, Some(Side::Unknown), 1.0), &rows),
+            "client"
+        );
+        assert_eq!(
+            raw_side(&raw(ViewKind::Sampler, None, 1.0), &rows),
+            "server"
+        );
+        assert_eq!(raw_side(&raw(ViewKind::Sampler, None, 1.0), &[]), "unknown");
+        let mut h = Hist::default();
+        for us in [100, 200, 300] {
+            h.record(us);
+        }
+        let mut tcp = crate::session::SideTotals::new();
+        tcp.insert(Side::Client, h);
+        let summary = crate::session::Summary {
+            flows: vec![],
+            rows,
+            totals: [("tcp", tcp)].into_iter().collect(),
+            counters: Default::default(),
+        };
+        let v = side_series(
+            &summary,
+            vec![
+                raw(ViewKind::Tcp, None, 150.0),
+                raw(ViewKind::Sampler, None, 90.0),
+            ],
+            4,
+        );
+        let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["sampler server", "tcp client"]);
+        let tcp = &v[1];
+        assert_eq!(tcp.summary.as_ref().unwrap().count, 3);
+        assert_eq!(
+            tcp.samples,
+            vec![Sample {
+                t_us: 1.0,
+                rtt_us: 150.0
+            }]
+        );
+        assert_eq!(tcp.dropped["raw_samples_not_kept"], 4);
+    }
+
+    #[test]
+    fn repeated_names_are_numbered() {
+        let mut v = vec![
+            ViewSeries::new("x", ViewKind::Tcp),
+            ViewSeries::new("x", ViewKind::Tcp),
+            ViewSeries::new("y", ViewKind::Tcp),
+        ];
+        dedup_names(&mut v);
+        let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["x", "x #2", "y"]);
+    }
+}
