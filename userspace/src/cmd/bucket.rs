@@ -53,7 +53,7 @@ pub struct BucketArgs {
     )]
     pub percentiles: Vec<f64>,
     /// Alignment period of the aligned series (timed input only), as the metric API groups points.
-    #[arg(long, default_value = "60s", value_parser = period_arg)]
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = period_arg)]
     pub period: Duration,
     /// Only these views of a result file (repeatable; default: all).
     #[arg(long = "view", value_name = "NAME")]

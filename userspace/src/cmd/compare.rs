@@ -31,20 +31,17 @@ use crate::views::{self, LoaderKind, RawSamples};
 pub struct CompareArgs {
     /// Host running `rttscope serve` (and `irtt server` for --irtt).
     pub host: String,
-    /// The responder's port (`rttscope serve` default: 7878).
+    /// The responder's port (the port `rttscope serve` listens on by default).
     #[arg(short = 'p', long, default_value_t = crate::active::serve::DEFAULT_PORT)]
     pub port: u16,
-    /// Length of the run (all probes and views over the same window): seconds, as netperf's -l, or a duration.
-    #[arg(short = 'l', long = "length", default_value = "10", value_parser = crate::analysis::units::seconds_arg)]
+    // The netperf options, as `probe tcp-rr` takes them; all probes and views share the window.
+    #[arg(short = 'l', long = "length", value_name = "DURATION", default_value = "10", help = crate::cmd::probe::LENGTH_HELP, value_parser = crate::analysis::units::seconds_arg)]
     pub length: Duration,
-    /// Interval between transactions (0 = back to back): netperf's -w, a bare number is milliseconds.
-    #[arg(short = 'w', long, default_value = "0", value_parser = crate::analysis::units::netperf_interval_arg, allow_hyphen_values = true)]
+    #[arg(short = 'w', long = "interval", value_name = "DURATION", default_value = "0", help = crate::cmd::probe::INTERVAL_HELP, value_parser = crate::analysis::units::netperf_interval_arg, allow_hyphen_values = true)]
     pub interval: Duration,
-    /// Transactions per interval.
-    #[arg(short = 'b', long, default_value_t = 1)]
+    #[arg(short = 'b', long = "burst", value_name = "N", default_value_t = 1, help = crate::cmd::probe::BURST_HELP)]
     pub burst: u32,
-    /// Request and response sizes in bytes, REQ,RESP.
-    #[arg(short = 'r', long = "sizes", default_value = "1,1", value_parser = crate::cmd::probe::sizes_arg)]
+    #[arg(short = 'r', long = "sizes", value_name = "REQ,RESP", default_value = "1,1", help = crate::cmd::probe::SIZES_HELP, value_parser = crate::cmd::probe::sizes_arg)]
     pub sizes: (u32, u32),
     /// TCP_NODELAY on the TCP probe.
     #[arg(long)]
@@ -55,7 +52,7 @@ pub struct CompareArgs {
     /// Run an ICMP echo probe (ping) at the same interval.
     #[arg(long)]
     pub icmp: bool,
-    /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10 ms if -w 0).
+    /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10ms if -w 0).
     #[arg(long)]
     pub irtt: bool,
     /// Sampler view on this interface (NAME or NETNS:NAME); repeatable. Without it no sampler rows.
@@ -81,8 +78,10 @@ pub struct CompareArgs {
     /// stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
-    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    /// BPF loader: libbpf (libbpf-rs over C libbpf) or aya (pure Rust); see docs/loaders.md.
+    // Offered only in builds with aya; otherwise the one loader built in.
+    #[cfg_attr(feature = "aya", arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT))]
+    #[cfg_attr(not(feature = "aya"), arg(skip = LoaderKind::DEFAULT))]
     pub loader: LoaderKind,
 }
 

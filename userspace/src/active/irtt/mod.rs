@@ -32,11 +32,11 @@ pub use stats::{Lost, Stats};
 pub struct IrttArgs {
     /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (default port 2112).
     pub server: String,
-    /// Send interval.
-    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
+    /// Send interval (a duration with a unit, as irtt takes it: 10ms, 1s).
+    #[arg(short = 'i', long, value_name = "DURATION", default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
     pub interval: Duration,
-    /// Total time to send.
-    #[arg(short = 'd', long, default_value = "1m", value_parser = crate::analysis::units::duration_arg)]
+    /// Total time to send (irtt's 1m is written 1min: a lone m is refused as ambiguous).
+    #[arg(short = 'd', long, value_name = "DURATION", default_value = "1min", value_parser = crate::analysis::units::duration_arg)]
     pub duration: Duration,
     /// Packet length including irtt headers (0: as small as the headers allow).
     #[arg(short = 'l', long, default_value_t = 0)]
