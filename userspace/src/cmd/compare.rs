@@ -798,28 +798,28 @@ fn render_table(
     rows: &[Row],
     footer: &Footer,
 ) -> std::io::Result<()> {
+    use crate::sinks::table::{Align, Table};
     writeln!(out, "rttscope {title}")?;
-    writeln!(
-        out,
-        "{:<15} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   (ms)",
-        "VIEW", "N", "MIN", "MEAN", "P50", "P90", "P99", "MAX"
-    )?;
+    let mut t = Table::new().col("VIEW", Align::Left).col("N", Align::Right);
+    for h in ["MIN ms", "MEAN ms", "P50 ms", "P90 ms", "P99 ms", "MAX ms"] {
+        t = t.col(h, Align::Right);
+    }
+    t = t.col("WHAT", Align::Left);
     for r in rows {
         let s = &r.summary;
-        writeln!(
-            out,
-            "{:<15} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   {}",
-            r.view,
-            s.n,
+        t.row([
+            r.view.clone(),
+            s.n.to_string(),
             fmt_ms(s.min),
             fmt_ms(s.mean),
             fmt_ms(s.p50),
             fmt_ms(s.p90),
             fmt_ms(s.p99),
             fmt_ms(s.max),
-            r.what
-        )?;
+            r.what.clone(),
+        ]);
     }
+    write!(out, "{}", t.render())?;
     writeln!(
         out,
         "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
@@ -1063,13 +1063,13 @@ mod tests {
         let got = String::from_utf8(out).unwrap();
         let want = [
             "rttscope compare H port 7878: -l 3s",
-            "VIEW                  N       MIN      MEAN       P50       P90       P99       MAX   (ms)",
-            "tcp client            5     0.050     0.132     0.070     0.400     0.400     0.400   TCP's RTT samples",
-            "tcp server            3    19.900    20.000    20.000    20.100    20.100    20.100   responding side",
-            "sampler client        5     0.050     0.132     0.070     0.400     0.400     0.400   packet sampler",
-            "sampler cloud         5         -     0.132     0.500     0.900     0.990         -   sampler samples through cloud buckets (explicit:0,1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768,65536), percentile aligner interpolation",
-            "TCP_RR                3     0.090     0.100     0.100     0.110     0.110     0.110   TCP_RR; 0 lost",
-            "ICMP                  3     0.020     0.030     0.030     0.040     0.040     0.040   ICMP_ECHO; 0 lost",
+            "VIEW            N  MIN ms  MEAN ms  P50 ms  P90 ms  P99 ms  MAX ms  WHAT",
+            "tcp client      5   0.050    0.132   0.070   0.400   0.400   0.400  TCP's RTT samples",
+            "tcp server      3  19.900   20.000  20.000  20.100  20.100  20.100  responding side",
+            "sampler client  5   0.050    0.132   0.070   0.400   0.400   0.400  packet sampler",
+            "sampler cloud   5       -    0.132   0.500   0.900   0.990       -  sampler samples through cloud buckets (explicit:0,1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768,65536), percentile aligner interpolation",
+            "TCP_RR          3   0.090    0.100   0.100   0.110   0.110   0.110  TCP_RR; 0 lost",
+            "ICMP            3   0.020    0.030   0.030   0.040   0.040   0.040  ICMP_ECHO; 0 lost",
             "TCP view: 2 retransmissions on the probe's connections; hook: cgroup sock_ops (libbpf loader)",
             "",
             "note: server-side TCP RTT p50 20.000 ms is close to the probe interval 20.000 ms (below the 40 ms delayed-ACK timer) while the client side's is 0.070 ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",

@@ -282,19 +282,28 @@ pub(super) fn print_end(
         }
         write!(out, "done after {elapsed_s:.1}s")?;
         if let Some(c) = counters.get("tcp") {
+            use crate::sinks::table::count;
             write!(
                 out,
-                " | tcp: {} samples, {} flows created, {} flow-map-full, {} raw dropped",
-                c["samples"], c["flows_created"], c["flow_map_full"], c["raw_events_dropped"]
+                " | tcp: {}, {} created, {} flow-map-full, {} raw dropped",
+                count(c["samples"], "sample"),
+                count(c["flows_created"], "flow"),
+                c["flow_map_full"],
+                c["raw_events_dropped"]
             )?;
         }
         if let Some(c) = counters.get("sampler") {
             let get = |k: &str| c.get(k).copied().unwrap_or(0);
+            let skipped: u64 = c
+                .iter()
+                .filter(|(k, _)| k.starts_with("skip_"))
+                .map(|(_, v)| v)
+                .sum();
             write!(
                 out,
-                " | sampler: {} samples, {} packets skipped (see JSON counters), {} pending expired, {} flow-map-full",
-                get("samples"),
-                c.iter().filter(|(k, _)| k.starts_with("skip_")).map(|(_, v)| v).sum::<u64>(),
+                " | sampler: {}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+                crate::sinks::table::count(get("samples"), "sample"),
+                crate::sinks::table::count(skipped, "packet"),
                 get("expired"),
                 get("flow_map_full") + get("pending_map_full")
             )?;
