@@ -74,6 +74,9 @@ pub struct CompareArgs {
     /// Add short notes explaining the differences, each with the numbers that triggered it.
     #[arg(long)]
     pub explain: bool,
+    /// No progress line on the terminal: only the results.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     /// Save every sample set and setting (a result `rttscope chart` draws); `-`: print it on
     /// stdout (the table then goes to stderr).
     #[arg(long, value_name = "FILE")]
@@ -123,14 +126,17 @@ async fn compare(args: CompareArgs) -> Result<()> {
     crate::sys::preflight::require_bpf_caps()?;
     // --cloud: read before attaching, so a bad file fails first.
     let cloud_file = args.cloud.as_deref().map(read_cloud_file).transpose()?;
-    let plan = ProbePlan::new(&args);
+    let mut plan = ProbePlan::new(&args);
     let mut views = attach_views(&args)?;
+    // The live line counts the TCP_RR transactions (the first probe).
+    let live = crate::cmd::probe::rr_progress("compare", &mut plan.rr[0], args.quiet);
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     let mut raw = RawCollector::new(&mut views)?;
     let (rr_results, irtt_result) = run_window(&plan, &mut raw).await?;
+    drop(live);
     let tcp_counters = views.tcp.counters()?;
     let sampler_counters = match &views.sampler {
         Some(s) => Some(s.counters()?),

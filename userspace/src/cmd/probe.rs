@@ -90,6 +90,9 @@ pub struct RrOpts {
     /// Keep at most this many per-transaction samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
+    /// No progress line on the terminal: only the results.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 /// Options that only TCP_RR has.
@@ -233,8 +236,10 @@ pub fn run(args: ProbeArgs) -> Result<()> {
     }
 }
 
-fn run_rr(cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
+fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
+    let live = rr_progress("probe", &mut cfg, o.quiet);
     let result = run_blocking(cfg)?;
+    drop(live);
     let text = if o.json {
         serde_json::to_string(&result)? + "\n"
     } else if let Some(sel) = &o.output {
@@ -267,6 +272,21 @@ fn run_ping(o: &PingOpts) -> Result<()> {
         String::from("\n") + &output::human(&result)
     };
     finish(&result, &text)
+}
+
+/// The live line of a request/response run (on a terminal, unless quiet):
+/// its replies counted through the reply hook.
+pub fn rr_progress(what: &str, cfg: &mut ProbeConfig, quiet: bool) -> crate::sinks::progress::Live {
+    let total = match cfg.stop {
+        Stop::Duration(d) | Stop::CountOrDuration(_, d) => Some(d),
+        Stop::Count(_) => None,
+    };
+    let label = format!("{what} {} {}", cfg.kind.label(), cfg.target);
+    let live = crate::sinks::progress::Live::start(quiet, label, total, Some("transaction"));
+    if live.active() {
+        cfg.on_reply = Some(live.hook());
+    }
+    live
 }
 
 fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {

@@ -95,6 +95,9 @@ pub struct IrttArgs {
     /// Print the result as JSON (settings, statistics, per-packet samples).
     #[arg(long)]
     pub json: bool,
+    /// Quiet: no progress line, only the results.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 fn parse_byte(s: &str) -> Result<u8, String> {
@@ -331,6 +334,12 @@ pub fn run(args: IrttArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     let cancel = Arc::new(AtomicBool::new(false));
+    let live = crate::sinks::progress::Live::start(
+        args.quiet,
+        format!("probe irtt {}", args.server),
+        (!args.no_test).then_some(args.duration),
+        None,
+    );
     let result = rt.block_on(async {
         let c = cancel.clone();
         tokio::spawn(async move {
@@ -343,6 +352,7 @@ pub fn run(args: IrttArgs) -> Result<()> {
         });
         run_irtt(cfg, cancel.clone()).await
     })?;
+    drop(live);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {

@@ -184,6 +184,8 @@ pub(super) fn print_start(
                 args.cloud_layout.spec()
             );
         }
+        // --quiet: only what was asked (metrics): no header, no attach lines.
+        Format::Table if args.quiet => {}
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
@@ -265,6 +267,10 @@ pub(super) fn print_end(
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let counters = &summary.counters;
+    if args.quiet && args.format == Format::Table {
+        // --quiet: no whole-run table and no closing line.
+        return Ok(());
+    }
     if args.format == Format::Json {
         let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": summary.flows, "counters": counters });
         writeln!(out, "{line}")?;
