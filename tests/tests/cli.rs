@@ -192,3 +192,26 @@ fn progress_line_on_a_terminal_only() {
     assert_eq!(stderr(&o), "", "not a terminal: nothing on stderr");
     assert!(!String::from_utf8_lossy(&o.stdout).contains('\x1b'));
 }
+
+/// `observe --quiet` prints only what was asked (nothing, without --listen):
+/// no header, no attach lines, no closing line; without it, the header and
+/// the closing line are there (so the test can tell).
+#[test]
+fn observe_quiet_prints_only_what_was_asked() {
+    if !rttscope_e2e::require_root() {
+        return;
+    }
+    let port = free_port().to_string();
+    let base = ["observe", "--duration", "1500ms", "--port", &port];
+    let loud = run(&base);
+    let out = String::from_utf8_lossy(&loud.stdout);
+    assert!(loud.status.success(), "{}", stderr(&loud));
+    assert!(out.starts_with("rttscope observe"), "{out}");
+    assert!(out.contains("done after"), "{out}");
+    let mut q = base.to_vec();
+    q.push("--quiet");
+    let quiet = run(&q);
+    assert!(quiet.status.success(), "{}", stderr(&quiet));
+    assert_eq!(String::from_utf8_lossy(&quiet.stdout), "", "--quiet stdout");
+    assert_eq!(stderr(&quiet), "", "--quiet stderr (not a terminal: no progress)");
+}
