@@ -213,5 +213,52 @@ fn observe_quiet_prints_only_what_was_asked() {
     let quiet = run(&q);
     assert!(quiet.status.success(), "{}", stderr(&quiet));
     assert_eq!(String::from_utf8_lossy(&quiet.stdout), "", "--quiet stdout");
-    assert_eq!(stderr(&quiet), "", "--quiet stderr (not a terminal: no progress)");
+    assert_eq!(
+        stderr(&quiet),
+        "",
+        "--quiet stderr (not a terminal: no progress)"
+    );
+}
+
+/// `probe irtt` prints irtt's line per packet (`seq=N rtt=... rd=... sd=...
+/// ipdv=...`) as replies arrive, one per answered seqno in order on the
+/// loopback, before the summary; `-q` prints none. Against the real `irtt
+/// server` (scripts/setup.sh installs it).
+#[test]
+fn irtt_line_per_packet_unless_quiet() {
+    if Command::new("irtt").arg("version").output().is_err() {
+        eprintln!("skipping: irtt is not installed (scripts/setup.sh)");
+        return;
+    }
+    let port = free_port();
+    let _server = ChildGuard::spawn(
+        Command::new("irtt")
+            .args(["server", "-b", &format!("127.0.0.1:{port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let server = format!("127.0.0.1:{port}");
+    let o = run(&["probe", "irtt", &server, "-i", "50ms", "-d", "500ms"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}\n{out}", stderr(&o));
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("seq=")).collect();
+    // 500 ms at 50 ms: 10 packets (irtt may drop the last send at the edge).
+    assert!((9..=11).contains(&lines.len()), "{out}");
+    for (i, l) in lines.iter().enumerate() {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f[0], format!("seq={i}"), "{out}");
+        assert!(f[1].starts_with("rtt=") && f[1].ends_with('s'), "{l}");
+        assert!(f[2].starts_with("rd=") && f[3].starts_with("sd="), "{l}");
+        assert_eq!(f[4].starts_with("ipdv=n/a"), i == 0, "{l}");
+    }
+    let first_summary = out.find("irtt probe").expect("the summary");
+    assert!(
+        out.find("seq=").unwrap() < first_summary,
+        "lines come first: {out}"
+    );
+    let q = run(&["probe", "irtt", &server, "-i", "50ms", "-d", "200ms", "-q"]);
+    assert!(q.status.success(), "{}", stderr(&q));
+    assert!(!String::from_utf8_lossy(&q.stdout).contains("seq="));
 }

@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-pub use client::{Df, Fill, IpVersion, IrttConfig, Rejected, Wait};
+pub use client::{Df, Fill, IpVersion, IrttConfig, IrttReplyHook, Rejected, Wait};
 pub use params::{Clock, Params, ReceivedStats, StampAt};
 pub use stats::{Lost, Stats};
 
@@ -83,6 +83,9 @@ pub struct IrttArgs {
     /// IPv6 only.
     #[arg(short = '6')]
     pub ipv6: bool,
+    /// Quiet, as irtt's -q: no line per packet (nor, with --json, a progress line); the results only.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     /// Local address: :PORT, HOST or HOST:PORT.
     #[arg(long)]
     pub local: Option<String>,
@@ -95,9 +98,6 @@ pub struct IrttArgs {
     /// Print the result as JSON (settings, statistics, per-packet samples).
     #[arg(long)]
     pub json: bool,
-    /// Quiet: no progress line, only the results.
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
 }
 
 fn parse_byte(s: &str) -> Result<u8, String> {
@@ -179,6 +179,7 @@ impl IrttArgs {
             local: self.local.clone(),
             loose: self.loose,
             no_test: self.no_test,
+            on_reply: None,
         })
     }
 }
@@ -325,9 +326,62 @@ fn build_result(cfg: IrttConfig, raw: client::RawRun) -> IrttResult {
     }
 }
 
+/// irtt's line per packet: `seq=3 rtt=152µs rd=45.6µs sd=106µs ipdv=12.6µs`
+/// (RTT without the server's processing time, the one-way delays, which
+/// need synchronised clocks, and the RTT's change from the previous seqno).
+pub fn packet_line(seq: u32, rt: &stats::RoundTrip, prev: Option<&stats::RoundTrip>) -> String {
+    let d = |v: Option<i64>| v.map_or("n/a".to_string(), go_duration);
+    let rtt = rt.rtt();
+    let ipdv = rtt
+        .zip(prev.and_then(|p| p.rtt()))
+        .map(|(a, b)| (a - b).abs());
+    format!(
+        "seq={seq} rtt={} rd={} sd={} ipdv={}",
+        d(rtt),
+        d(rt.receive_delay()),
+        d(rt.send_delay()),
+        d(ipdv)
+    )
+}
+
+/// A duration as irtt prints it: three significant digits, Go's units
+/// (`76.3µs`, `140µs`, `1.06ms`, `2.5s`).
+pub fn go_duration(ns: i64) -> String {
+    let sign = if ns < 0 { "-" } else { "" };
+    let a = ns.unsigned_abs() as f64;
+    let (v, unit) = match a {
+        a if a < 1e3 => return format!("{sign}{a}ns"),
+        a if a < 1e6 => (a / 1e3, "µs"),
+        a if a < 1e9 => (a / 1e6, "ms"),
+        a => (a / 1e9, "s"),
+    };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let s = format!("{v:.digits$}");
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &s
+    };
+    format!("{sign}{s}{unit}")
+}
+
 /// The CLI entry point.
 pub fn run(args: IrttArgs) -> Result<()> {
-    let cfg = args.to_config()?;
+    let mut cfg = args.to_config()?;
+    // A line per packet on stdout, as irtt, unless -q or --json (whose
+    // stdout is the document: a progress line on a terminal instead).
+    let per_packet = !args.quiet && !args.json;
+    if per_packet {
+        cfg.on_reply = Some(IrttReplyHook(Arc::new(|seq, rt, prev| {
+            println!("{}", packet_line(seq, rt, prev));
+        })));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -335,7 +389,7 @@ pub fn run(args: IrttArgs) -> Result<()> {
         .context("starting the async runtime")?;
     let cancel = Arc::new(AtomicBool::new(false));
     let live = crate::sinks::progress::Live::start(
-        args.quiet,
+        args.quiet || per_packet,
         format!("probe irtt {}", args.server),
         (!args.no_test).then_some(args.duration),
         None,
@@ -378,6 +432,31 @@ pub fn run(args: IrttArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn irtt_style_durations_and_packet_lines() {
+        assert_eq!(go_duration(76_300), "76.3µs");
+        assert_eq!(go_duration(140_049), "140µs");
+        assert_eq!(go_duration(1_064_000), "1.06ms");
+        assert_eq!(go_duration(999), "999ns");
+        assert_eq!(go_duration(2_500_000_000), "2.5s");
+        assert_eq!(go_duration(-12_600), "-12.6µs");
+        let mut a = stats::RoundTrip::sent(0, 1_000_000_000);
+        a.raw_rtt = 150_000;
+        a.srv_recv_wall = 1_000_100_000;
+        a.srv_send_wall = 1_000_110_000;
+        let mut b = stats::RoundTrip::sent(10_000_000, 1_010_000_000);
+        b.raw_rtt = 120_000;
+        // no server stamps on b: no one-way delays, its raw RTT
+        assert_eq!(
+            packet_line(1, &b, Some(&a)),
+            "seq=1 rtt=120µs rd=n/a sd=n/a ipdv=20µs"
+        );
+        assert_eq!(
+            packet_line(0, &a, None),
+            "seq=0 rtt=140µs rd=40µs sd=100µs ipdv=n/a"
+        );
+    }
+
     use super::*;
     use clap::Parser;
 
