@@ -56,7 +56,7 @@ pub struct BucketArgs {
     /// Alignment period of the aligned series (timed input only), as the metric API groups points.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = period_arg)]
     pub period: Duration,
-    /// Only these views of a result file (repeatable; default: all).
+    /// Only these views of a result file (repeatable) [default: all].
     #[arg(long = "view", value_name = "NAME")]
     pub views: Vec<String>,
     /// Print every bucket, also the empty ones.

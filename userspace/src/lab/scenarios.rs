@@ -43,7 +43,7 @@ pub struct LabArgs {
     /// Short form (under about a minute) instead of the full length.
     #[arg(long)]
     pub quick: bool,
-    /// Results directory (default: results/<scenario>-<UTC time>).
+    /// Results directory [default: results/<scenario>-<UTC time>].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the scenario's phase plan (JSON) and exit, without building anything.

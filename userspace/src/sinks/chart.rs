@@ -44,10 +44,10 @@ pub struct ChartArgs {
     /// What to draw.
     #[arg(long, value_enum, default_value = "auto")]
     pub kind: ChartKind,
-    /// Only these views (repeatable; default: all).
+    /// Only these views (repeatable) [default: all].
     #[arg(long = "view", value_name = "NAME")]
     pub views: Vec<String>,
-    /// Chart title (default: the result's title or command).
+    /// Chart title [default: the result's title or command].
     #[arg(long)]
     pub title: Option<String>,
     /// Image width in pixels.

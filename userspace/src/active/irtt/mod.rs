@@ -30,7 +30,7 @@ pub use stats::{Lost, Stats};
 /// `rttscope probe irtt`: flags follow `irtt client` (same names and defaults).
 #[derive(Debug, Clone, Args)]
 pub struct IrttArgs {
-    /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (default port 2112).
+    /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (port 2112 if none is given).
     pub server: String,
     /// Send interval (a duration with a unit, as irtt takes it: 10ms, 1s).
     #[arg(short = 'i', long, value_name = "DURATION", default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
@@ -53,7 +53,7 @@ pub struct IrttArgs {
     /// ToS/traffic-class byte, as irtt takes it (0x for hex; EF is 0xb8).
     #[arg(long, default_value = "0", value_parser = parse_byte)]
     pub dscp: u8,
-    /// Payload fill: none, rand, pattern or pattern:HEX (default pattern 69727474, "irtt").
+    /// Payload fill: none, rand, pattern or pattern:HEX (the pattern without HEX: 69727474, "irtt").
     #[arg(long, default_value = "none", value_parser = parse_fill)]
     pub fill: Fill,
     /// Fill only once and repeat for all packets.
