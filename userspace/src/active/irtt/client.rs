@@ -116,7 +116,10 @@ pub enum IpVersion {
 /// previous seqno's (when that one was answered), e.g. for irtt's line per
 /// packet. Called from the receiver thread, outside its lock.
 #[derive(Clone)]
-pub struct IrttReplyHook(pub Arc<dyn Fn(u32, &RoundTrip, Option<&RoundTrip>) + Send + Sync>);
+pub struct IrttReplyHook(pub Arc<IrttReplyFn>);
+
+/// What an [`IrttReplyHook`] calls: (seqno, round trip, previous round trip).
+pub type IrttReplyFn = dyn Fn(u32, &RoundTrip, Option<&RoundTrip>) + Send + Sync;
 
 impl std::fmt::Debug for IrttReplyHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
