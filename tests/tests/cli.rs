@@ -262,3 +262,42 @@ fn irtt_line_per_packet_unless_quiet() {
     assert!(q.status.success(), "{}", stderr(&q));
     assert!(!String::from_utf8_lossy(&q.stdout).contains("seq="));
 }
+
+/// A warning logged into a pipe carries no ANSI colour codes (a log file or
+/// the journal would show `^[[33m`); on a terminal it is coloured. The
+/// warning: a UDP_RR responder that never answers the cookie request.
+#[test]
+fn logs_are_coloured_only_on_a_terminal() {
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port().to_string();
+    let args = [
+        "probe",
+        "udp-rr",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-n",
+        "1",
+        "-W",
+        "0.2",
+        "-r",
+        "1,64",
+    ];
+    let o = run(&args);
+    let e = stderr(&o);
+    assert!(e.contains(" WARN ") && e.contains("no UDP cookie"), "{e}");
+    assert!(!e.contains('\x1b'), "escape codes in a pipe: {e:?}");
+    let cmd = std::iter::once(rttscope_bin().display().to_string())
+        .chain(args.iter().map(|a| a.to_string()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tty = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .env("TERM", "xterm")
+        .env_remove("NO_COLOR")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("script runs");
+    let t = String::from_utf8_lossy(&tty.stdout);
+    assert!(t.contains("\x1b[33m WARN"), "coloured on a terminal: {t:?}");
+}

@@ -249,6 +249,34 @@ mod tests {
         }
     }
 
+    /// `compare` takes netperf's -l -w -b -r exactly as `probe tcp-rr` does:
+    /// same long names, value names, defaults and help.
+    #[test]
+    fn compare_and_probe_share_netperf_options() {
+        let cli = Cli::command();
+        let probe = cli
+            .find_subcommand("probe")
+            .and_then(|p| p.find_subcommand("tcp-rr"))
+            .unwrap();
+        let compare = cli.find_subcommand("compare").unwrap();
+        for short in ['l', 'w', 'b', 'r'] {
+            let arg = |c: &clap::Command| {
+                let a = c
+                    .get_arguments()
+                    .find(|a| a.get_short() == Some(short))
+                    .unwrap_or_else(|| panic!("-{short}"))
+                    .clone();
+                (
+                    a.get_long().map(str::to_string),
+                    a.get_value_names().map(|v| v.to_vec()),
+                    a.get_default_values().to_vec(),
+                    a.get_help().map(|h| h.to_string()),
+                )
+            };
+            assert_eq!(arg(probe), arg(compare), "-{short}");
+        }
+    }
+
     /// Every duration option of the command line is in the table above
     /// (a new one must say what its bare number means).
     #[test]

@@ -37,3 +37,12 @@ fn libbpf_print(level: libbpf_rs::PrintLevel, msg: String) {
         libbpf_rs::PrintLevel::Debug => tracing::debug!(target: "libbpf", "{msg}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Never colour into a pipe, a file or the journal.
+    #[test]
+    fn no_colour_off_a_terminal() {
+        assert!(!super::colour(false));
+    }
+}
