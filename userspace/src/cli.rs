@@ -277,6 +277,35 @@ mod tests {
         }
     }
 
+    /// Every duration option's help says what a bare number means there.
+    #[test]
+    fn duration_help_says_what_a_bare_number_means() {
+        for &(prefix, flag, id, bare) in DURATION_FLAGS {
+            let mut cmd = Cli::command();
+            for w in prefix.iter().filter(|w| {
+                [
+                    "probe", "tcp-rr", "udp-rr", "icmp", "irtt", "compare", "observe", "serve",
+                    "bucket", "lab",
+                ]
+                .contains(w)
+            }) {
+                cmd = cmd.find_subcommand(w).unwrap().clone();
+            }
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let want = match bare {
+                Bare::Seconds => "bare number is seconds",
+                Bare::NetperfMs => "bare number is milliseconds",
+                Bare::NeedsUnit => "with a unit",
+            };
+            assert!(
+                help.contains(want),
+                "{} {flag}: '{help}' lacks '{want}'",
+                prefix.join(" ")
+            );
+        }
+    }
+
     /// Every duration option of the command line is in the table above
     /// (a new one must say what its bare number means).
     #[test]

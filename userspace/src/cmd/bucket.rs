@@ -53,7 +53,8 @@ pub struct BucketArgs {
         value_parser = percentile_arg
     )]
     pub percentiles: Vec<f64>,
-    /// Alignment period of the aligned series (timed input only), as the metric API groups points.
+    /// Alignment period of the aligned series (timed input only), as the metric API groups points;
+    /// a duration with a unit.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = period_arg)]
     pub period: Duration,
     /// Only these views of a result file (repeatable) [default: all].

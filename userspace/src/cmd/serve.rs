@@ -24,7 +24,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = serve::DEFAULT_MAX_CONNS_PER_PEER, value_name = "N")]
     pub max_conns_per_peer: usize,
     /// Close a TCP connection that sends nothing (or reads nothing) for this long; a hello,
-    /// a whole request and a whole response each get this long from their first byte.
+    /// a whole request and a whole response each get this long from their first byte. A duration
+    /// with a unit.
     #[arg(long, default_value = "30s", value_parser = duration_arg, value_name = "DURATION")]
     pub idle_timeout: Duration,
     /// UDP replies per second to one source address (0: no limit).

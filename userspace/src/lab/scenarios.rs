@@ -57,7 +57,7 @@ pub struct LabArgs {
     /// --hold-for) — for experiments by hand (`ip netns exec <ns> ...`).
     #[arg(long)]
     pub hold: bool,
-    /// With --hold: remove the testbed after this long.
+    /// With --hold: remove the testbed after this long (a duration with a unit).
     #[arg(long, value_name = "DURATION", value_parser = crate::analysis::units::duration_arg, requires = "hold")]
     pub hold_for: Option<Duration>,
 }

@@ -35,7 +35,7 @@ pub struct IrttArgs {
     /// Send interval (a duration with a unit, as irtt takes it: 10ms, 1s).
     #[arg(short = 'i', long, value_name = "DURATION", default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
     pub interval: Duration,
-    /// Total time to send (irtt's 1m is written 1min: a lone m is refused as ambiguous).
+    /// Total time to send, a duration with a unit (irtt's 1m is written 1min: a lone m is refused as ambiguous).
     #[arg(short = 'd', long, value_name = "DURATION", default_value = "1min", value_parser = crate::analysis::units::duration_arg)]
     pub duration: Duration,
     /// Packet length including irtt headers (0: as small as the headers allow).

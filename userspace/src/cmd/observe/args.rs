@@ -27,7 +27,7 @@ pub struct ObserveArgs {
     /// Report interval (a duration with a unit: 500ms, 1s, 1min).
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration_arg)]
     pub interval: Duration,
-    /// Stop after this long [default: until Ctrl-C or SIGTERM].
+    /// Stop after this long, a duration with a unit [default: until Ctrl-C or SIGTERM].
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub duration: Option<Duration>,
     /// Output format.
@@ -57,7 +57,7 @@ pub struct ObserveArgs {
     /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: crate::views::sampler::AttachMode,
-    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired); a duration with a unit.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
     /// Also aggregate each view like the cloud metric: a distribution per alignment period with
@@ -67,7 +67,7 @@ pub struct ObserveArgs {
     /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
     #[arg(long, value_name = "LAYOUT", default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub cloud_layout: crate::analysis::dist::BucketOptions,
-    /// Alignment period for --cloud-buckets (the metric API's default).
+    /// Alignment period for --cloud-buckets, a duration with a unit (the metric API's default).
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::analysis::units::period_arg)]
     pub cloud_period: Duration,
     /// BPF loader: libbpf (libbpf-rs over C libbpf) or aya (pure Rust); see docs/loaders.md.
@@ -97,7 +97,7 @@ pub struct ObserveArgs {
     /// Metrics labels: at most this many RTT label sets; more go to an overflow series [default: 1000].
     #[arg(long, value_name = "N")]
     pub max_series: Option<usize>,
-    /// Metrics labels: remove a label set idle for this long [default: 10min].
+    /// Metrics labels: remove a label set idle for this long, a duration with a unit [default: 10min].
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub series_idle: Option<Duration>,
     /// No per-interval output (daemon mode: metrics only).
