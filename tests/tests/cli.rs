@@ -301,3 +301,24 @@ fn logs_are_coloured_only_on_a_terminal() {
     let t = String::from_utf8_lossy(&tty.stdout);
     assert!(t.contains("\x1b[33m WARN"), "coloured on a terminal: {t:?}");
 }
+
+/// `compare` refuses -b 0 and -l 0 with the same sentence as `probe tcp-rr`
+/// (before needing any privilege or a responder).
+#[test]
+fn compare_and_probe_refuse_the_same_netperf_values() {
+    for (flag, value, want) in [
+        ("-b", "0", "-b BURST must be at least 1"),
+        ("-l", "0", "-l DURATION must be above zero"),
+    ] {
+        for cmd in [
+            &["compare", "127.0.0.1"][..],
+            &["probe", "tcp-rr", "127.0.0.1"],
+        ] {
+            let mut args = cmd.to_vec();
+            args.extend([flag, value]);
+            let o = run(&args);
+            assert_eq!(o.status.code(), Some(1), "{args:?}");
+            assert_eq!(stderr(&o).trim(), format!("rttscope: {want}"), "{args:?}");
+        }
+    }
+}

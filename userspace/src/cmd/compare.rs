@@ -123,6 +123,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
 
 /// The driver: attach, run the window, assemble the rows, report.
 async fn compare(args: CompareArgs) -> Result<()> {
+    crate::cmd::probe::check_netperf(args.length, args.burst)?;
     crate::sys::preflight::require_bpf_caps()?;
     // --cloud: read before attaching, so a bad file fails first.
     let cloud_file = args.cloud.as_deref().map(read_cloud_file).transpose()?;

@@ -167,6 +167,17 @@ pub fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
+/// The refusals of -b and -l that `probe tcp-rr|udp-rr` and `compare` share.
+pub fn check_netperf(length: Duration, burst: u32) -> Result<()> {
+    if burst == 0 {
+        bail!("-b BURST must be at least 1");
+    }
+    if length.is_zero() {
+        bail!("-l DURATION must be above zero");
+    }
+    Ok(())
+}
+
 /// The library configuration for netperf-style options.
 pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     let mut c = ProbeConfig::new(kind, &o.host);
@@ -192,7 +203,7 @@ pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     c.stop = match (o.length, o.count) {
         (_, Some(0)) => bail!("-n COUNT must be at least 1"),
         (_, Some(n)) => Stop::Count(n),
-        (Some(l), None) if l.is_zero() => bail!("-l SECONDS must be above zero"),
+        (Some(l), None) if l.is_zero() => bail!("-l DURATION must be above zero"),
         (Some(l), None) => Stop::Duration(l),
         (None, None) => Stop::Duration(Duration::from_secs(10)),
     };
