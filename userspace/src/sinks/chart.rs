@@ -103,9 +103,9 @@ impl CloudCdf {
         };
         Ok(CloudCdf {
             label: format!(
-                "cloud ({} samples in {} point(s), buckets {})",
-                d.count,
-                m.points,
+                "cloud ({} in {}, buckets {})",
+                crate::sinks::table::count(d.count, "sample"),
+                crate::sinks::table::count(m.points as u64, "point"),
                 short(&d.bucket_options.spec(), 40)
             ),
             points_us: cm::cdf_points_us(&d),
@@ -1075,7 +1075,7 @@ mod tests {
             ..small()
         };
         let s = render_svg_string(&r, &opts).unwrap();
-        assert!(s.contains("cloud (1002 samples in 1 point(s)"), "legend");
+        assert!(s.contains("cloud (1002 samples in 1 point,"), "legend");
         assert_drawn(&render_rgb(&r, &opts).unwrap());
         let e = CloudCdf::from_file(&dir.join("aligned-p50.json")).unwrap_err();
         assert!(e.to_string().contains("no distribution point"), "{e}");
