@@ -605,7 +605,7 @@ impl Report {
                 r.settings.kind.label(),
                 r.counts.lost,
                 if r.counts.errors > 0 {
-                    format!(", {} errors", r.counts.errors)
+                    format!(", {}", crate::sinks::table::count(r.counts.errors, "error"))
                 } else {
                     String::new()
                 }
