@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: unprivileged unit tests, then the privileged end-to-end tests
 # (real kernel programs, real traffic between network namespaces created by
-# each test). Usage: sudo scripts/test.sh [cargo test filter]
+# each test). Usage, as root (or with sudo in front): scripts/test.sh [cargo test filter]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 require_root

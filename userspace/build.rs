@@ -10,6 +10,8 @@
 //! binary links no libbpf (scripts/check-aya-build.sh proves it).
 //!
 //! - clang: `BPF_CLANG` (default `clang-19`, then `clang`).
+//! - `RTTSCOPE_GIT_COMMIT` (for `--version`): `git rev-parse --short HEAD`,
+//!   or "unknown" outside a git checkout (a source tarball).
 //! - vmlinux.h: `RTTSCOPE_VMLINUX_H` (a file) if set, else generated from the
 //!   build machine's BTF (`bpftool btf dump file /sys/kernel/btf/vmlinux format c`).
 //!   The objects are CO-RE: field offsets are relocated at load time, so a
@@ -102,8 +104,38 @@ fn extract_types(skel: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The short commit of the checkout, for `--version`; "unknown" outside git.
+/// Rebuilds when HEAD moves (the files git updates on commit and checkout).
+fn git_commit(manifest: &Path) -> String {
+    let git = |args: &[&str]| -> Option<String> {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(manifest)
+            .args(args)
+            .output()
+            .ok()?;
+        let s = String::from_utf8(o.stdout).ok()?.trim().to_string();
+        (o.status.success() && !s.is_empty()).then_some(s)
+    };
+    for f in ["HEAD", "packed-refs"] {
+        if let Some(p) = git(&["rev-parse", "--git-path", f]) {
+            println!("cargo:rerun-if-changed={}", manifest.join(p).display());
+        }
+    }
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
+            println!("cargo:rerun-if-changed={}", manifest.join(p).display());
+        }
+    }
+    git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_string())
+}
+
 fn main() -> Result<()> {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    println!(
+        "cargo:rustc-env=RTTSCOPE_GIT_COMMIT={}",
+        git_commit(&manifest)
+    );
     let bpf_dir = manifest
         .join("../bpf")
         .canonicalize()

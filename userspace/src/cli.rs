@@ -1,10 +1,47 @@
 //! The command line: one subcommand per module.
 use clap::{Parser, Subcommand};
 
+/// The loaders built into this binary, as `--version` names them.
+#[cfg(all(feature = "libbpf", feature = "aya"))]
+macro_rules! loaders {
+    () => {
+        "libbpf, aya (--loader)"
+    };
+}
+#[cfg(all(feature = "libbpf", not(feature = "aya")))]
+macro_rules! loaders {
+    () => {
+        "libbpf"
+    };
+}
+#[cfg(all(feature = "aya", not(feature = "libbpf")))]
+macro_rules! loaders {
+    () => {
+        "aya"
+    };
+}
+#[cfg(not(any(feature = "aya", feature = "libbpf")))]
+macro_rules! loaders {
+    () => {
+        "none"
+    };
+}
+
+/// `rttscope --version`: the version, the commit it was built from and the
+/// BPF loaders built in.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("RTTSCOPE_GIT_COMMIT"),
+    "; loaders: ",
+    loaders!(),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "rttscope",
-    version,
+    version = VERSION,
     about = "Round-trip time seen three ways, side by side: TCP's own RTT, a cloud-style packet sampler, and active probes",
     propagate_version = true
 )]
@@ -30,7 +67,7 @@ pub enum Command {
     Probe(crate::cmd::probe::ProbeArgs),
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
     Compare(crate::cmd::compare::CompareArgs),
-    /// Rebuild the seeds' experiments on a testbed of namespaces (delay, loss, bottleneck) and record every view.
+    /// Run a scenario (delayed ACKs, loss, RTT steps, bufferbloat, probe intervals) on a testbed of network namespaces with emulated links, and record every view.
     #[cfg(feature = "lab")]
     Lab(crate::lab::LabArgs),
 }
@@ -43,6 +80,272 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// `--version` names the commit and the loaders built in.
+    #[test]
+    fn version_names_commit_and_loaders() {
+        let v = Cli::command().render_version();
+        assert!(
+            v.starts_with(&format!("rttscope {} (commit ", env!("CARGO_PKG_VERSION"))),
+            "{v}"
+        );
+        let commit = env!("RTTSCOPE_GIT_COMMIT");
+        assert!(
+            commit == "unknown"
+                || (commit.len() >= 7 && commit.chars().all(|c| c.is_ascii_hexdigit())),
+            "{commit}"
+        );
+        for l in crate::views::LoaderKind::available() {
+            assert!(v.contains(l.as_str()), "{v} lacks {l}");
+        }
+        if !cfg!(feature = "aya") {
+            assert!(!v.contains("aya"), "{v}");
+        }
+    }
+
+    /// `--loader` (and RTTSCOPE_LOADER) only where there is a choice: in a
+    /// build with aya.
+    #[test]
+    fn loader_option_only_with_aya() {
+        for sub in ["observe", "compare"] {
+            let cli = Cli::command();
+            let has = cli
+                .find_subcommand(sub)
+                .unwrap()
+                .get_arguments()
+                .any(|a| a.get_id() == "loader");
+            assert_eq!(has, cfg!(feature = "aya"), "{sub}");
+        }
+    }
+
+    /// What a bare number means for a duration option.
+    #[derive(Clone, Copy, Debug)]
+    enum Bare {
+        /// netperf's -l, ping's -i -W -w
+        Seconds,
+        /// netperf's -w (whose own `m` is milliseconds and `u` microseconds)
+        NetperfMs,
+        /// no tool habit: a unit is required
+        NeedsUnit,
+    }
+
+    /// Every duration option of every command: (argv before the flag, the
+    /// flag, clap's id, what a bare number means).
+    const DURATION_FLAGS: &[(&[&str], &str, &str, Bare)] = &[
+        (&["probe", "tcp-rr", "h"], "-l", "length", Bare::Seconds),
+        (&["probe", "tcp-rr", "h"], "-w", "interval", Bare::NetperfMs),
+        (&["probe", "tcp-rr", "h"], "-W", "timeout", Bare::Seconds),
+        (&["probe", "udp-rr", "h"], "-l", "length", Bare::Seconds),
+        (&["probe", "udp-rr", "h"], "-w", "interval", Bare::NetperfMs),
+        (&["probe", "udp-rr", "h"], "-W", "timeout", Bare::Seconds),
+        (&["probe", "icmp", "h"], "-i", "interval", Bare::Seconds),
+        (&["probe", "icmp", "h"], "-W", "timeout", Bare::Seconds),
+        (&["probe", "icmp", "h"], "-w", "deadline", Bare::Seconds),
+        (&["probe", "irtt", "h"], "-i", "interval", Bare::NeedsUnit),
+        (&["probe", "irtt", "h"], "-d", "duration", Bare::NeedsUnit),
+        (&["compare", "h"], "-l", "length", Bare::Seconds),
+        (&["compare", "h"], "-w", "interval", Bare::NetperfMs),
+        (&["observe"], "--interval", "interval", Bare::NeedsUnit),
+        (&["observe"], "--duration", "duration", Bare::NeedsUnit),
+        (
+            &["observe"],
+            "--pending-timeout",
+            "pending_timeout",
+            Bare::NeedsUnit,
+        ),
+        (
+            &["observe"],
+            "--cloud-period",
+            "cloud_period",
+            Bare::NeedsUnit,
+        ),
+        (
+            &["observe"],
+            "--series-idle",
+            "series_idle",
+            Bare::NeedsUnit,
+        ),
+        (
+            &["serve"],
+            "--idle-timeout",
+            "idle_timeout",
+            Bare::NeedsUnit,
+        ),
+        (&["bucket", "f"], "--period", "period", Bare::NeedsUnit),
+        #[cfg(feature = "lab")]
+        (
+            &["lab", "delayed-ack", "--hold"],
+            "--hold-for",
+            "hold_for",
+            Bare::NeedsUnit,
+        ),
+    ];
+
+    /// Parse `rttscope PREFIX FLAG VALUE`: the duration clap stored, or the
+    /// refusal's text.
+    fn duration_of(prefix: &[&str], flag: &str, id: &str, value: &str) -> Result<Duration, String> {
+        let argv: Vec<&str> = ["rttscope"]
+            .iter()
+            .chain(prefix)
+            .chain([flag, value].iter())
+            .copied()
+            .collect();
+        let m = Cli::command()
+            .try_get_matches_from(&argv)
+            .map_err(|e| e.to_string())?;
+        let mut sub = &m;
+        while let Some((_, s)) = sub.subcommand() {
+            sub = s;
+        }
+        Ok(*sub.get_one::<Duration>(id).expect("a duration"))
+    }
+
+    /// The grammar table of docs/usage.md, flag by flag: units everywhere,
+    /// a bare number as the tool each option stands in for reads it, a lone
+    /// `m` refused with a sentence (but in netperf's -w), garbage refused.
+    #[test]
+    fn duration_grammar_table() {
+        let ms = Duration::from_millis;
+        for &(prefix, flag, id, bare) in DURATION_FLAGS {
+            let d = |v: &str| duration_of(prefix, flag, id, v);
+            let what = format!("{} {flag}", prefix.join(" "));
+            for (v, want) in [
+                ("250ms", ms(250)),
+                ("100us", Duration::from_micros(100)),
+                ("1.5s", ms(1500)),
+                ("2min", Duration::from_secs(120)),
+                ("1h", Duration::from_secs(3600)),
+                ("5000ns", Duration::from_micros(5)),
+            ] {
+                assert_eq!(d(v), Ok(want), "{what} {v}");
+            }
+            match bare {
+                Bare::Seconds => {
+                    assert_eq!(d("3"), Ok(Duration::from_secs(3)), "{what} 3");
+                    assert_eq!(d("0.2"), Ok(ms(200)), "{what} 0.2");
+                }
+                Bare::NetperfMs => {
+                    assert_eq!(d("3"), Ok(ms(3)), "{what} 3");
+                    assert_eq!(d("3m"), Ok(ms(3)), "{what} 3m (netperf's ms)");
+                    assert_eq!(d("50u"), Ok(Duration::from_micros(50)), "{what} 50u");
+                    assert_eq!(d("-1"), Ok(Duration::ZERO), "{what} -1");
+                }
+                Bare::NeedsUnit => {
+                    let e = d("3").unwrap_err();
+                    assert!(e.contains("'3' has no unit: write 3s"), "{what} 3: {e}");
+                }
+            }
+            if !matches!(bare, Bare::NetperfMs) {
+                let e = d("3m").unwrap_err();
+                assert!(
+                    e.contains("'3m' is ambiguous: write 3ms for milliseconds or 3min for minutes"),
+                    "{what} 3m: {e}"
+                );
+            }
+            for bad in ["fast", "-5s", "1..2s", "3x"] {
+                assert!(d(bad).is_err(), "{what} {bad} must be refused");
+            }
+        }
+    }
+
+    /// `compare` takes netperf's -l -w -b -r exactly as `probe tcp-rr` does:
+    /// same long names, value names, defaults and help.
+    #[test]
+    fn compare_and_probe_share_netperf_options() {
+        let cli = Cli::command();
+        let probe = cli
+            .find_subcommand("probe")
+            .and_then(|p| p.find_subcommand("tcp-rr"))
+            .unwrap();
+        let compare = cli.find_subcommand("compare").unwrap();
+        for short in ['l', 'w', 'b', 'r'] {
+            let arg = |c: &clap::Command| {
+                let a = c
+                    .get_arguments()
+                    .find(|a| a.get_short() == Some(short))
+                    .unwrap_or_else(|| panic!("-{short}"))
+                    .clone();
+                (
+                    a.get_long().map(str::to_string),
+                    a.get_value_names().map(|v| v.to_vec()),
+                    a.get_default_values().to_vec(),
+                    a.get_help().map(|h| h.to_string()),
+                )
+            };
+            assert_eq!(arg(probe), arg(compare), "-{short}");
+        }
+    }
+
+    /// Every duration option's help says what a bare number means there.
+    #[test]
+    fn duration_help_says_what_a_bare_number_means() {
+        for &(prefix, flag, id, bare) in DURATION_FLAGS {
+            let mut cmd = Cli::command();
+            for w in prefix.iter().filter(|w| {
+                [
+                    "probe", "tcp-rr", "udp-rr", "icmp", "irtt", "compare", "observe", "serve",
+                    "bucket", "lab",
+                ]
+                .contains(w)
+            }) {
+                cmd = cmd.find_subcommand(w).unwrap().clone();
+            }
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+            let want = match bare {
+                Bare::Seconds => "bare number is seconds",
+                Bare::NetperfMs => "bare number is milliseconds",
+                Bare::NeedsUnit => "with a unit",
+            };
+            assert!(
+                help.contains(want),
+                "{} {flag}: '{help}' lacks '{want}'",
+                prefix.join(" ")
+            );
+        }
+    }
+
+    /// Every duration option of the command line is in the table above
+    /// (a new one must say what its bare number means).
+    #[test]
+    fn every_duration_option_is_in_the_grammar_table() {
+        fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                if a.get_value_names()
+                    .is_some_and(|v| v.iter().any(|n| n == "DURATION"))
+                {
+                    out.push(format!("{} {}", path.join(" "), a.get_id()));
+                }
+            }
+            for s in cmd.get_subcommands() {
+                path.push(s.get_name().to_string());
+                walk(s, path, out);
+                path.pop();
+            }
+        }
+        let mut found = Vec::new();
+        walk(&Cli::command(), &mut Vec::new(), &mut found);
+        let table: Vec<String> = DURATION_FLAGS
+            .iter()
+            .map(|(p, _, id, _)| {
+                let words: Vec<&str> = p
+                    .iter()
+                    .copied()
+                    .filter(|w| {
+                        !w.starts_with('-') && *w != "h" && *w != "f" && *w != "delayed-ack"
+                    })
+                    .collect();
+                format!("{} {id}", words.join(" "))
+            })
+            .collect();
+        for f in &found {
+            assert!(
+                table.contains(f),
+                "{f} takes a DURATION but is not in DURATION_FLAGS"
+            );
+        }
+        assert_eq!(found.len(), table.len(), "{found:?}");
     }
 
     use crate::cmd::observe::config::{self, Explicit};
@@ -110,6 +413,7 @@ mod tests {
         assert_eq!(a.sample_every, 8);
     }
 
+    #[cfg(feature = "aya")]
     #[test]
     fn config_environment_variable_counts_as_given() {
         // --loader reads RTTSCOPE_LOADER. So that no other test (which may

@@ -372,19 +372,19 @@ pub fn human(r: &ProbeResult) -> String {
     }
     let _ = writeln!(
         o,
-        "{} to {} ({}) port {}: {} transactions in {:.2} s, {:.2} {}",
+        "{} to {} ({}) port {}: {} in {:.2} s, {:.2} {}",
         st.kind.label(),
         st.target,
         st.address,
         st.port,
-        c.received,
+        crate::sinks::table::count(c.received, "transaction"),
         r.elapsed_s,
         r.throughput,
         r.throughput_units
     );
     let _ = writeln!(
         o,
-        "latency us: min {} mean {} p50 {} p90 {} p99 {} max {} stddev {} ({}, {} samples)",
+        "latency us: min {} mean {} p50 {} p90 {} p99 {} max {} stddev {} ({}, {})",
         us(s.min),
         us(s.mean),
         us(s.p50),
@@ -393,7 +393,7 @@ pub fn human(r: &ProbeResult) -> String {
         us(s.max),
         us(s.stddev),
         r.summary_source,
-        s.n
+        crate::sinks::table::count(s.n, "sample")
     );
     let _ = writeln!(
         o,

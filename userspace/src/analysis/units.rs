@@ -1,7 +1,13 @@
 //! Durations and RTT values as users type and read them.
 //!
-//! Durations accept a number with a unit suffix `ns`, `us` (or `µs`), `ms`,
-//! `s`, `m`, `h`; a bare `0` means zero. Fractions are allowed (`1.5ms`).
+//! One grammar for every duration option (docs/usage.md): a number with a
+//! unit `ns`, `us` (or `µs`), `ms`, `s`, `min`, `h`; fractions are allowed
+//! (`1.5ms`). A lone `m` is refused (milliseconds or minutes? netperf and Go
+//! disagree), except in netperf's `-w`, whose own grammar defines it. What a
+//! bare number means is the habit of the tool an option stands in for:
+//! [`seconds_arg`] (netperf `-l`, ping `-i -W -w`), [`netperf_interval_arg`]
+//! (netperf `-w`: milliseconds) or [`duration_arg`] (a unit is required; `0`
+//! alone is zero).
 use std::time::Duration;
 
 use thiserror::Error;
@@ -10,9 +16,13 @@ use thiserror::Error;
 pub enum UnitError {
     #[error("'{0}' is not a duration: use a number with a unit, e.g. 500ms, 20us, 1.5s, 2min")]
     BadDuration(String),
+    #[error("'{0}' has no unit: write {0}s for seconds, {0}ms for milliseconds (units: ns, us, ms, s, min, h)")]
+    NoUnit(String),
+    #[error("'{0}{1}' is ambiguous: write {0}ms for milliseconds or {0}min for minutes")]
+    LoneM(String, &'static str),
 }
 
-/// Parse a duration such as `20ms`, `1.5s`, `100us`, `0`.
+/// Parse a duration such as `20ms`, `1.5s`, `100us`, `2min`, `0`.
 pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     let t = s.trim();
     let bad = || UnitError::BadDuration(s.to_string());
@@ -21,18 +31,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(bad)?;
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
         return Err(bad());
     }
     let v: f64 = num.parse().map_err(|_| bad())?;
     let ns_per = match unit.trim() {
+        "" => return Err(UnitError::NoUnit(num.to_string())),
         "ns" => 1.0,
         "us" | "µs" => 1e3,
         "ms" => 1e6,
         "s" => 1e9,
-        "m" | "min" => 60e9,
+        "m" => return Err(UnitError::LoneM(num.to_string(), "m")),
+        "min" => 60e9,
         "h" => 3600e9,
         _ => return Err(bad()),
     };
@@ -48,15 +60,8 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())
 }
 
-/// The one grammar of rttscope's durations, by the habit of the tool an
-/// option stands in for. Every duration option takes a number with a unit
-/// (`ns`, `us`, `ms`, `s`, `m`/`min`, `h`); what a *bare* number means is the
-/// only difference:
-///
-/// - [`seconds_arg`]: seconds, as netperf's `-l` and ping's `-i`, `-W`, `-w`;
-/// - [`netperf_interval_arg`]: milliseconds, as netperf's `-w`, with its `u`
-///   and `m` suffixes (`50u` = 50 us, `10m` = 10 ms) and `-1` for none;
-/// - [`duration_arg`]: no bare number but `0`.
+/// A bare number is seconds, as netperf's `-l` and ping's `-i`, `-W`, `-w`;
+/// or any duration with a unit.
 pub fn seconds_arg(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     if let Ok(v) = t.parse::<f64>() {
@@ -148,7 +153,8 @@ mod tests {
         assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
         assert_eq!(parse_duration("100µs").unwrap(), Duration::from_micros(100));
         assert_eq!(parse_duration("7ns").unwrap(), Duration::from_nanos(7));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("2min").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
     }
 
@@ -157,6 +163,23 @@ mod tests {
         for s in ["", "ms", "10", "10x", "-1s", "1..2s", "abc"] {
             assert!(parse_duration(s).is_err(), "{s} should be rejected");
         }
+    }
+
+    /// A lone `m` (milliseconds to netperf, minutes to Go and irtt) is
+    /// refused with a sentence that names both spellings; a bare number
+    /// where a unit is needed says how to write one.
+    #[test]
+    fn lone_m_and_bare_numbers_are_refused_with_a_sentence() {
+        let e = parse_duration("10m").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "'10m' is ambiguous: write 10ms for milliseconds or 10min for minutes"
+        );
+        assert!(seconds_arg("2m").unwrap_err().contains("2ms"));
+        assert!(duration_arg("1.5m").unwrap_err().contains("1.5min"));
+        let e = duration_arg("30").unwrap_err();
+        assert!(e.contains("30s") && e.contains("30ms"), "{e}");
+        assert!(!e.contains("2m,"), "never suggests a lone m: {e}");
     }
 
     #[test]
@@ -185,5 +208,30 @@ mod tests {
         );
         assert_eq!(netperf_interval_arg("-1").unwrap(), Duration::ZERO);
         assert!(netperf_interval_arg("1e300").is_err());
+    }
+
+    proptest::proptest! {
+        /// Any input: a value or one sentence, never a panic; a refusal
+        /// names the input.
+        #[test]
+        fn parsers_never_panic(s in "\\PC{0,12}") {
+            for p in [duration_arg, seconds_arg, netperf_interval_arg, period_arg] {
+                if let Err(e) = p(&s) {
+                    proptest::prop_assert!(!e.is_empty());
+                }
+            }
+        }
+
+        /// Every unit of the grammar: N<unit> is N times the unit.
+        #[test]
+        fn every_unit_scales(n in 0u32..100_000, u in 0usize..6) {
+            let (unit, ns) = [("ns", 1u64), ("us", 1_000), ("ms", 1_000_000),
+                ("s", 1_000_000_000), ("min", 60_000_000_000), ("h", 3_600_000_000_000)][u];
+            let want = Duration::from_nanos(n as u64 * ns);
+            let s = format!("{n}{unit}");
+            proptest::prop_assert_eq!(parse_duration(&s).unwrap(), want);
+            proptest::prop_assert_eq!(seconds_arg(&s).unwrap(), want);
+            proptest::prop_assert_eq!(netperf_interval_arg(&s).unwrap(), want);
+        }
     }
 }

@@ -18,6 +18,7 @@ use crate::analysis::dist::{
 };
 use crate::analysis::results::{RunResult, Sample, ViewKind};
 use crate::analysis::units::period_arg;
+use crate::sinks::table::{count, Align, Table};
 
 /// Largest input accepted (bounded memory).
 pub const MAX_INPUT_BYTES: u64 = 1 << 30;
@@ -52,10 +53,11 @@ pub struct BucketArgs {
         value_parser = percentile_arg
     )]
     pub percentiles: Vec<f64>,
-    /// Alignment period of the aligned series (timed input only), as the metric API groups points.
-    #[arg(long, default_value = "60s", value_parser = period_arg)]
+    /// Alignment period of the aligned series (timed input only), as the metric API groups points;
+    /// a duration with a unit.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = period_arg)]
     pub period: Duration,
-    /// Only these views of a result file (repeatable; default: all).
+    /// Only these views of a result file (repeatable) [default: all].
     #[arg(long = "view", value_name = "NAME")]
     pub views: Vec<String>,
     /// Print every bucket, also the empty ones.
@@ -811,24 +813,13 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
     } else {
         String::new()
     };
-    let cells = |vals: &[Option<f64>], open: &[bool]| -> String {
-        let mut line = String::new();
+    let cells = |name: String, vals: &[Option<f64>], open: &[bool], method: String| {
+        let mut c = vec![name];
         for (i, v) in vals.iter().enumerate() {
-            let cell = match v {
-                Some(v) => format!(
-                    "{}{}",
-                    if open.get(i).copied().unwrap_or(false) {
-                        ">="
-                    } else {
-                        ""
-                    },
-                    fmt_in(*v, unit)
-                ),
-                None => "-".into(),
-            };
-            let _ = write!(line, "  {cell:>13}");
+            c.push(pct_cell(*v, open.get(i).copied().unwrap_or(false), unit));
         }
-        line
+        c.push(method);
+        c
     };
     match (&r.distribution, r.value) {
         (Some(d), _) => {
@@ -869,41 +860,40 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
             );
         }
     }
-    let lens_w = 24;
-    let mut head = format!("  {:<lens_w$}", "lens");
-    for &p in &r.percentiles {
-        let _ = write!(head, "  {:>13}", pct_label(p));
-    }
-    let _ = writeln!(o, "{head}  method");
+    let mut t = pct_table("LENS", &r.percentiles, unit, &["METHOD"]);
     if r.distribution.is_some() {
-        let _ = writeln!(
-            o,
-            "  {:<lens_w$}{}  ALIGN_PERCENTILE interpolation in the file's buckets",
-            "cloud",
-            cells(&r.cloud_us, &r.cloud_open_above)
-        );
+        t.row(cells(
+            "cloud".into(),
+            &r.cloud_us,
+            &r.cloud_open_above,
+            "ALIGN_PERCENTILE interpolation in the file's buckets".into(),
+        ));
     }
+    let mut notes = Vec::new();
     for l in &r.local {
-        let name: String = l.name.chars().take(lens_w - 8).collect();
-        let _ = writeln!(
-            o,
-            "  {:<lens_w$}{}  nearest rank over {} samples: {}",
-            format!("{name} exact"),
-            cells(&l.exact_us, &[]),
-            l.count,
-            l.window
-        );
+        t.row(cells(
+            format!("{} exact", l.name),
+            &l.exact_us,
+            &[],
+            format!(
+                "nearest rank over {}: {}",
+                count(l.count as u64, "sample"),
+                l.window
+            ),
+        ));
         if r.distribution.is_some() {
-            let _ = writeln!(
-                o,
-                "  {:<lens_w$}{}  the same samples through the cloud's layout, same interpolation",
-                format!("{name} cloud-b."),
-                cells(&l.rebucketed_us, &l.rebucketed_open_above)
-            );
+            t.row(cells(
+                format!("{} cloud-b.", l.name),
+                &l.rebucketed_us,
+                &l.rebucketed_open_above,
+                "the same samples through the cloud's layout, same interpolation".into(),
+            ));
         }
-        for n in &l.notes {
-            let _ = writeln!(o, "    - {n}");
-        }
+        notes.extend(l.notes.iter().map(|n| format!("{}: {n}", l.name)));
+    }
+    indent(&mut o, &t);
+    for n in &notes {
+        let _ = writeln!(o, "    - {n}");
     }
     if r.local.is_empty() {
         let _ = writeln!(
@@ -1015,12 +1005,38 @@ pub fn export_cloud(
 
 /// A value in `unit` with the unit, at a precision that suits it.
 fn fmt_in(us: f64, unit: ValueUnit) -> String {
+    format!("{} {unit}", fmt_num(us, unit))
+}
+
+/// A value in `unit`, bare (a table cell: the unit is in the header).
+fn fmt_num(us: f64, unit: ValueUnit) -> String {
     let v = unit.from_us(us);
     match unit {
-        ValueUnit::Us => format!("{v:.1} us"),
-        ValueUnit::Ms => format!("{v:.3} ms"),
-        ValueUnit::S => format!("{v:.6} s"),
+        ValueUnit::Us => format!("{v:.1}"),
+        ValueUnit::Ms => format!("{v:.3}"),
+        ValueUnit::S => format!("{v:.6}"),
     }
+}
+
+/// A percentile cell: `-` when none, `>=` when only a lower bound is known.
+fn pct_cell(v: Option<f64>, open: bool, unit: ValueUnit) -> String {
+    match v {
+        Some(v) => format!("{}{}", if open { ">=" } else { "" }, fmt_num(v, unit)),
+        None => "-".into(),
+    }
+}
+
+/// A table whose first column is `first` and then one column per percentile
+/// (`p50 ms`), then `rest`.
+fn pct_table(first: &str, pcts: &[f64], unit: ValueUnit, rest: &[&str]) -> Table {
+    let mut t = Table::new().col(first, Align::Left);
+    for &p in pcts {
+        t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
+    }
+    for r in rest {
+        t = t.col(*r, Align::Left);
+    }
+    t
 }
 
 fn fmt_bound(v: f64) -> String {
@@ -1041,52 +1057,52 @@ fn pct_label(p: f64) -> String {
 /// The bucket rows of a distribution (non-empty ones unless `all_buckets`).
 fn write_buckets(o: &mut String, d: &Distribution, all_buckets: bool) {
     use std::fmt::Write as _;
-    let unit = d.unit;
-    let range_w = 26;
-    let _ = writeln!(
-        o,
-        "  {:>6}  {:<range_w$}  {:>9}  {:>6}  {:>6}",
-        "bucket",
-        format!("range ({unit})"),
-        "count",
-        "%",
-        "cum %"
-    );
+    let mut t = Table::new()
+        .col("BUCKET", Align::Right)
+        .col(format!("RANGE {}", d.unit), Align::Left)
+        .col("COUNT", Align::Right)
+        .col("%", Align::Right)
+        .col("CUM %", Align::Right);
     let mut cum = 0u64;
     let n = d.bucket_counts.len();
+    let total = d.count.max(1) as f64;
     for (i, &c) in d.bucket_counts.iter().enumerate() {
         cum += c;
         if c == 0 && !all_buckets {
             continue;
         }
-        let tag = if i == 0 {
-            " underflow"
-        } else if i == n - 1 {
-            " overflow"
-        } else {
-            ""
+        let tag = match i {
+            0 => " underflow",
+            i if i == n - 1 => " overflow",
+            _ => "",
         };
-        let range = format!(
-            "[{}, {}){tag}",
-            fmt_bound(d.bucket_options.lower(i)),
-            fmt_bound(d.bucket_options.upper(i))
-        );
-        let total = d.count.max(1) as f64;
-        let _ = writeln!(
-            o,
-            "  {:>6}  {:<range_w$}  {:>9}  {:>6.1}  {:>6.1}",
-            i,
-            range,
-            c,
-            100.0 * c as f64 / total,
-            100.0 * cum as f64 / total
-        );
+        t.row([
+            i.to_string(),
+            format!(
+                "[{}, {}){tag}",
+                fmt_bound(d.bucket_options.lower(i)),
+                fmt_bound(d.bucket_options.upper(i))
+            ),
+            c.to_string(),
+            format!("{:.1}", 100.0 * c as f64 / total),
+            format!("{:.1}", 100.0 * cum as f64 / total),
+        ]);
     }
+    indent(o, &t);
     if d.count == 0 {
         let _ = writeln!(o, "  (no samples)");
     }
     if d.rejected > 0 {
-        let _ = writeln!(o, "  {} values rejected (not finite)", d.rejected);
+        let _ = writeln!(o, "  {} rejected (not finite)", count(d.rejected, "value"));
+    }
+}
+
+/// A table's lines, indented by two spaces.
+fn indent(o: &mut String, t: &Table) {
+    for l in t.render().lines() {
+        o.push_str("  ");
+        o.push_str(l);
+        o.push('\n');
     }
 }
 
@@ -1153,46 +1169,39 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     );
     write_buckets(&mut o, d, all_buckets);
     let _ = writeln!(o, "percentiles:");
-    let lens_w = 8;
-    let mut head = format!("  {:<lens_w$}", "lens");
-    for &p in &r.percentiles {
-        let _ = write!(head, "  {:>13}", pct_label(p));
-    }
-    let _ = writeln!(o, "{head}  method");
+    let mut t = pct_table("LENS", &r.percentiles, unit, &["METHOD"]);
     for l in &r.lenses {
         let name = match l.lens {
             Lens::Exact => "exact",
             Lens::Cloud => "cloud",
             Lens::Netperf => "netperf",
         };
-        let mut line = format!("  {name:<lens_w$}");
+        let mut cells = vec![name.to_string()];
         for (v, open) in l.values_us.iter().zip(&l.open_above) {
-            let cell = match v {
-                Some(v) => format!("{}{}", if *open { ">=" } else { "" }, fmt_in(*v, unit)),
-                None => "-".into(),
-            };
-            let _ = write!(line, "  {cell:>13}");
+            cells.push(pct_cell(*v, *open, unit));
         }
-        let _ = writeln!(o, "{line}  {}", l.method);
+        cells.push(l.method.clone());
+        t.row(cells);
     }
+    indent(&mut o, &t);
     if r.aligned.len() > 1 {
         let _ = writeln!(
             o,
             "aligned series (period {} s, ALIGN_PERCENTILE per period, stamped at the period end):",
             fmt_bound(r.alignment_period_s)
         );
-        let mut head = format!("  {:>10}  {:>7}", "end (s)", "count");
+        let mut t = Table::new()
+            .col("END s", Align::Right)
+            .col("COUNT", Align::Right);
         for &p in &r.percentiles {
-            let _ = write!(head, "  {:>13}", pct_label(p));
+            t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
         }
-        let _ = writeln!(o, "{head}");
         for row in &r.aligned {
-            let mut line = format!("  {:>10}  {:>7}", fmt_bound(row.end_s), row.count);
-            for v in &row.values_us {
-                let _ = write!(line, "  {:>13}", opt(*v));
-            }
-            let _ = writeln!(o, "{line}");
+            let mut cells = vec![fmt_bound(row.end_s), row.count.to_string()];
+            cells.extend(row.values_us.iter().map(|v| pct_cell(*v, false, unit)));
+            t.row(cells);
         }
+        indent(&mut o, &t);
     }
     o
 }
@@ -1363,8 +1372,9 @@ mod tests {
         assert!((cloud.values_us[2].unwrap() - 990.0).abs() < 1e-9);
         let t = render_table(&r, false);
         assert!(t.contains("[0, 1)"), "{t}");
-        assert!(t.contains("0.500 ms"), "{t}");
-        assert!(t.contains("0.200 ms"), "{t}");
+        assert!(t.contains("p50 ms"), "units in the header: {t}");
+        assert!(t.contains("  cloud     0.500"), "{t}");
+        assert!(t.contains("  exact     0.200"), "{t}");
         assert!(!t.contains("[1, 2)"), "empty buckets are hidden: {t}");
         assert!(render_table(&r, true).contains("[1, 2)"));
     }
@@ -1396,7 +1406,7 @@ mod tests {
         assert_eq!(cloud.open_above, vec![true, true]);
         assert_eq!(cloud.values_us[1], Some(2000.0));
         let t = render_table(&r, false);
-        assert!(t.contains(">=2.000 ms"), "{t}");
+        assert!(t.contains(">=2.000"), "{t}");
         assert!(t.contains("overflow"), "{t}");
     }
 
@@ -1506,7 +1516,7 @@ mod tests {
         let t = render_cloud_point(r, false);
         assert!(t.contains("(taken from the file)"), "{t}");
         assert!(t.contains("tcp client exact"), "{t}");
-        assert!(t.contains("0.500 ms"), "{t}");
+        assert!(t.contains("0.500"), "{t}");
     }
 
     #[test]

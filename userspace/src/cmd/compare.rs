@@ -31,20 +31,17 @@ use crate::views::{self, LoaderKind, RawSamples};
 pub struct CompareArgs {
     /// Host running `rttscope serve` (and `irtt server` for --irtt).
     pub host: String,
-    /// The responder's port (`rttscope serve` default: 7878).
+    /// The responder's port (the port `rttscope serve` listens on by default).
     #[arg(short = 'p', long, default_value_t = crate::active::serve::DEFAULT_PORT)]
     pub port: u16,
-    /// Length of the run (all probes and views over the same window): seconds, as netperf's -l, or a duration.
-    #[arg(short = 'l', long = "length", default_value = "10", value_parser = crate::analysis::units::seconds_arg)]
+    // The netperf options, as `probe tcp-rr` takes them; all probes and views share the window.
+    #[arg(short = 'l', long = "length", value_name = "DURATION", default_value = "10", help = crate::cmd::probe::LENGTH_HELP, value_parser = crate::analysis::units::seconds_arg)]
     pub length: Duration,
-    /// Interval between transactions (0 = back to back): netperf's -w, a bare number is milliseconds.
-    #[arg(short = 'w', long, default_value = "0", value_parser = crate::analysis::units::netperf_interval_arg, allow_hyphen_values = true)]
+    #[arg(short = 'w', long = "interval", value_name = "DURATION", default_value = "0", help = crate::cmd::probe::INTERVAL_HELP, value_parser = crate::analysis::units::netperf_interval_arg, allow_hyphen_values = true)]
     pub interval: Duration,
-    /// Transactions per interval.
-    #[arg(short = 'b', long, default_value_t = 1)]
+    #[arg(short = 'b', long = "burst", value_name = "N", default_value_t = 1, help = crate::cmd::probe::BURST_HELP)]
     pub burst: u32,
-    /// Request and response sizes in bytes, REQ,RESP.
-    #[arg(short = 'r', long = "sizes", default_value = "1,1", value_parser = crate::cmd::probe::sizes_arg)]
+    #[arg(short = 'r', long = "sizes", value_name = "REQ,RESP", default_value = "1,1", help = crate::cmd::probe::SIZES_HELP, value_parser = crate::cmd::probe::sizes_arg)]
     pub sizes: (u32, u32),
     /// TCP_NODELAY on the TCP probe.
     #[arg(long)]
@@ -55,7 +52,7 @@ pub struct CompareArgs {
     /// Run an ICMP echo probe (ping) at the same interval.
     #[arg(long)]
     pub icmp: bool,
-    /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10 ms if -w 0).
+    /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10ms if -w 0).
     #[arg(long)]
     pub irtt: bool,
     /// Sampler view on this interface (NAME or NETNS:NAME); repeatable. Without it no sampler rows.
@@ -77,6 +74,9 @@ pub struct CompareArgs {
     /// Add short notes explaining the differences, each with the numbers that triggered it.
     #[arg(long)]
     pub explain: bool,
+    /// No progress line on the terminal: only the results.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     /// Save every sample set and setting (a result `rttscope chart` draws); `-`: print it on
     /// stdout (the table then goes to stderr).
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -85,8 +85,10 @@ pub struct CompareArgs {
     /// (`view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what`).
     #[arg(long, value_enum, default_value = "text")]
     pub format: crate::cmd::probe::PrintFormat,
-    /// BPF loader for the TCP view: libbpf (default) or aya; see docs/loaders.md.
-    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    /// BPF loader: libbpf (libbpf-rs over C libbpf) or aya (pure Rust); see docs/loaders.md.
+    // Offered only in builds with aya; otherwise the one loader built in.
+    #[cfg_attr(feature = "aya", arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT))]
+    #[cfg_attr(not(feature = "aya"), arg(skip = LoaderKind::DEFAULT))]
     pub loader: LoaderKind,
 }
 
@@ -125,17 +127,21 @@ pub fn run(args: CompareArgs) -> Result<()> {
 
 /// The driver: attach, run the window, assemble the rows, report.
 async fn compare(args: CompareArgs) -> Result<()> {
+    crate::cmd::probe::check_netperf(args.length, args.burst)?;
     crate::sys::preflight::require_bpf_caps()?;
     // --cloud: read before attaching, so a bad file fails first.
     let cloud_file = args.cloud.as_deref().map(read_cloud_file).transpose()?;
-    let plan = ProbePlan::new(&args);
+    let mut plan = ProbePlan::new(&args);
     let mut views = attach_views(&args)?;
+    // The live line counts the TCP_RR transactions (the first probe).
+    let live = crate::cmd::probe::rr_progress("compare", &mut plan.rr[0], args.quiet);
     let start_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
     let mut raw = RawCollector::new(&mut views)?;
     let (rr_results, irtt_result) = run_window(&plan, &mut raw).await?;
+    drop(live);
     let tcp_counters = views.tcp.counters()?;
     let sampler_counters = match &views.sampler {
         Some(s) => Some(s.counters()?),
@@ -605,7 +611,7 @@ impl Report {
                 r.settings.kind.label(),
                 r.counts.lost,
                 if r.counts.errors > 0 {
-                    format!(", {} errors", r.counts.errors)
+                    format!(", {}", crate::sinks::table::count(r.counts.errors, "error"))
                 } else {
                     String::new()
                 }
@@ -807,28 +813,28 @@ fn render_table(
     rows: &[Row],
     footer: &Footer,
 ) -> std::io::Result<()> {
+    use crate::sinks::table::{Align, Table};
     writeln!(out, "rttscope {title}")?;
-    writeln!(
-        out,
-        "{:<15} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   (ms)",
-        "VIEW", "N", "MIN", "MEAN", "P50", "P90", "P99", "MAX"
-    )?;
+    let mut t = Table::new().col("VIEW", Align::Left).col("N", Align::Right);
+    for h in ["MIN ms", "MEAN ms", "P50 ms", "P90 ms", "P99 ms", "MAX ms"] {
+        t = t.col(h, Align::Right);
+    }
+    t = t.col("WHAT", Align::Left);
     for r in rows {
         let s = &r.summary;
-        writeln!(
-            out,
-            "{:<15} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}   {}",
-            r.view,
-            s.n,
+        t.row([
+            r.view.clone(),
+            s.n.to_string(),
             fmt_ms(s.min),
             fmt_ms(s.mean),
             fmt_ms(s.p50),
             fmt_ms(s.p90),
             fmt_ms(s.p99),
             fmt_ms(s.max),
-            r.what
-        )?;
+            r.what.clone(),
+        ]);
     }
+    write!(out, "{}", t.render())?;
     writeln!(
         out,
         "TCP view: {} retransmissions on the probe's connections; hook: {} ({} loader)",
@@ -1127,13 +1133,13 @@ mod tests {
         let got = String::from_utf8(out).unwrap();
         let want = [
             "rttscope compare H port 7878: -l 3s",
-            "VIEW                  N       MIN      MEAN       P50       P90       P99       MAX   (ms)",
-            "tcp client            5     0.050     0.132     0.070     0.400     0.400     0.400   TCP's RTT samples",
-            "tcp server            3    19.900    20.000    20.000    20.100    20.100    20.100   responding side",
-            "sampler client        5     0.050     0.132     0.070     0.400     0.400     0.400   packet sampler",
-            "sampler cloud         5         -     0.132     0.500     0.900     0.990         -   sampler samples through cloud buckets (explicit:0,1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768,65536), percentile aligner interpolation",
-            "TCP_RR                3     0.090     0.100     0.100     0.110     0.110     0.110   TCP_RR; 0 lost",
-            "ICMP                  3     0.020     0.030     0.030     0.040     0.040     0.040   ICMP_ECHO; 0 lost",
+            "VIEW            N  MIN ms  MEAN ms  P50 ms  P90 ms  P99 ms  MAX ms  WHAT",
+            "tcp client      5   0.050    0.132   0.070   0.400   0.400   0.400  TCP's RTT samples",
+            "tcp server      3  19.900   20.000  20.000  20.100  20.100  20.100  responding side",
+            "sampler client  5   0.050    0.132   0.070   0.400   0.400   0.400  packet sampler",
+            "sampler cloud   5       -    0.132   0.500   0.900   0.990       -  sampler samples through cloud buckets (explicit:0,1,2,4,8,16,32,64,128,256,512,1024,2048,4096,8192,16384,32768,65536), percentile aligner interpolation",
+            "TCP_RR          3   0.090    0.100   0.100   0.110   0.110   0.110  TCP_RR; 0 lost",
+            "ICMP            3   0.020    0.030   0.030   0.040   0.040   0.040  ICMP_ECHO; 0 lost",
             "TCP view: 2 retransmissions on the probe's connections; hook: cgroup sock_ops (libbpf loader)",
             "",
             "note: server-side TCP RTT p50 20.000 ms is close to the probe interval 20.000 ms (below the 40 ms delayed-ACK timer) while the client side's is 0.070 ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",

@@ -12,6 +12,14 @@ use crate::active::cancel::{cancel_pair, on_signals, runtime};
 use crate::active::{output, run_probe, IoMode, Kind, ProbeConfig, Stop, DEFAULT_PORT};
 use crate::analysis::units::{netperf_interval_arg, seconds_arg};
 
+/// Help of the netperf options `probe tcp-rr|udp-rr` and `compare` share
+/// (same letters, parsers and meaning).
+pub const LENGTH_HELP: &str =
+    "Length of the run: a bare number is seconds (netperf's -l), or a duration such as 500ms, 2min";
+pub const INTERVAL_HELP: &str = "Time between the starts of bursts: a bare number is milliseconds (netperf's -w, whose 10m is 10 ms and 50u 50 us); 0 or -1: back to back; or a duration such as 250us, 1s";
+pub const BURST_HELP: &str = "Transactions per interval, one after the other";
+pub const SIZES_HELP: &str = "Request and response sizes in bytes (one number: both)";
+
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
     #[command(subcommand)]
@@ -47,31 +55,26 @@ pub struct RrOpts {
     /// Target host name or address.
     #[arg(value_name = "HOST")]
     pub host: String,
-    /// Run for this long (default 10 s, as netperf): seconds, or a duration such as 500ms.
-    #[arg(short = 'l', long = "length", value_name = "SECONDS", value_parser = seconds_arg, conflicts_with = "count")]
+    #[arg(short = 'l', long = "length", value_name = "DURATION", default_value = "10", help = LENGTH_HELP, value_parser = seconds_arg, conflicts_with = "count")]
     pub length: Option<Duration>,
     /// Run this many transactions instead.
     #[arg(short = 'n', long = "count", value_name = "COUNT")]
     pub count: Option<u64>,
-    /// Interval between bursts: 0 = back to back (default), -1 = none; a bare number is
-    /// milliseconds (netperf), netperf's `10m`/`50u` and 10ms, 250us, 1s work.
-    #[arg(short = 'w', long = "interval", default_value = "0", value_parser = netperf_interval_arg, value_name = "INTERVAL", allow_hyphen_values = true)]
+    #[arg(short = 'w', long = "interval", default_value = "0", help = INTERVAL_HELP, value_parser = netperf_interval_arg, value_name = "DURATION", allow_hyphen_values = true)]
     pub interval: Duration,
-    /// Transactions per interval, one after the other.
-    #[arg(short = 'b', long = "burst", default_value_t = 1, value_name = "BURST")]
+    #[arg(short = 'b', long = "burst", default_value_t = 1, help = BURST_HELP, value_name = "N")]
     pub burst: u32,
     /// Wait for the next interval by spinning on the clock (netperf --enable-spin) instead of sleeping.
     #[arg(long)]
     pub spin: bool,
-    /// Request and response sizes in bytes (default 1,1).
-    #[arg(short = 'r', long = "sizes", value_parser = sizes_arg, value_name = "REQ,RESP")]
+    #[arg(short = 'r', long = "sizes", default_value = "1,1", help = SIZES_HELP, value_parser = sizes_arg, value_name = "REQ,RESP")]
     pub sizes: Option<(u32, u32)>,
-    /// The responder's port (rttscope serve's default: 7878).
+    /// The responder's port (the port `rttscope serve` listens on by default).
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// A reply not received within this long counts as lost (UDP); a TCP transaction taking
-    /// longer fails (seconds, or a duration such as 500ms).
-    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "SECONDS")]
+    /// longer fails. A bare number is seconds, or a duration such as 500ms.
+    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "DURATION")]
     pub timeout: Duration,
     /// netperf output selectors, comma-separated: MIN_LATENCY, MAX_LATENCY, MEAN_LATENCY,
     /// P50_LATENCY, P90_LATENCY, P99_LATENCY, STDDEV_LATENCY, THROUGHPUT, THROUGHPUT_UNITS
@@ -86,6 +89,9 @@ pub struct RrOpts {
     /// Keep at most this many per-transaction samples in the result.
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     pub max_samples: usize,
+    /// No progress line on the terminal: only the results.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 /// The output options every measuring command shares: the result document and CSV.
@@ -152,19 +158,19 @@ pub struct PingOpts {
     /// Target host name or address.
     #[arg(value_name = "HOST")]
     pub host: String,
-    /// Stop after COUNT replies or losses (default: until -w or Ctrl-C, as ping).
+    /// Stop after COUNT replies or losses [default: until -w or Ctrl-C, as ping].
     #[arg(short = 'c', long = "count", value_name = "COUNT")]
     pub count: Option<u64>,
-    /// Wait this long between echo requests (default 1 s, as ping): seconds (0.2) or a duration (200ms).
-    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = seconds_arg, value_name = "INTERVAL")]
+    /// Time between echo requests: a bare number is seconds (ping's -i), or a duration such as 200ms.
+    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = seconds_arg, value_name = "DURATION")]
     pub interval: Duration,
-    /// A reply not received within this long counts as lost (default 1 s): seconds or a duration.
-    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "TIMEOUT")]
+    /// A reply not received within this long counts as lost: a bare number is seconds (ping's -W), or a duration.
+    #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "DURATION")]
     pub timeout: Duration,
-    /// Stop after this long whatever the count (ping's deadline): seconds or a duration.
-    #[arg(short = 'w', long = "deadline", value_parser = seconds_arg, value_name = "DEADLINE")]
+    /// Stop after this long whatever the count (ping's -w deadline): a bare number is seconds, or a duration.
+    #[arg(short = 'w', long = "deadline", value_parser = seconds_arg, value_name = "DURATION")]
     pub deadline: Option<Duration>,
-    /// Payload bytes per echo request (default 56, as ping).
+    /// Payload bytes per echo request (as ping).
     #[arg(short = 's', long = "size", default_value_t = crate::active::icmp::DEFAULT_PAYLOAD as u32, value_name = "SIZE")]
     pub size: u32,
     /// Quiet: no line per reply, only the statistics at the end.
@@ -205,6 +211,17 @@ pub fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
+/// The refusals of -b and -l that `probe tcp-rr|udp-rr` and `compare` share.
+pub fn check_netperf(length: Duration, burst: u32) -> Result<()> {
+    if burst == 0 {
+        bail!("-b BURST must be at least 1");
+    }
+    if length.is_zero() {
+        bail!("-l DURATION must be above zero");
+    }
+    Ok(())
+}
+
 /// The library configuration for netperf-style options.
 pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     let mut c = ProbeConfig::new(kind, &o.host);
@@ -230,7 +247,7 @@ pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     c.stop = match (o.length, o.count) {
         (_, Some(0)) => bail!("-n COUNT must be at least 1"),
         (_, Some(n)) => Stop::Count(n),
-        (Some(l), None) if l.is_zero() => bail!("-l SECONDS must be above zero"),
+        (Some(l), None) if l.is_zero() => bail!("-l DURATION must be above zero"),
         (Some(l), None) => Stop::Duration(l),
         (None, None) => Stop::Duration(Duration::from_secs(10)),
     };
@@ -274,8 +291,10 @@ pub fn run(args: ProbeArgs) -> Result<()> {
     }
 }
 
-fn run_rr(cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
+fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
+    let live = rr_progress("probe", &mut cfg, o.quiet);
     let result = run_blocking(cfg)?;
+    drop(live);
     let text = if let Some(sel) = &o.output {
         output::selectors(&result, &sel.0, o.netperf_percentiles)
     } else {
@@ -308,6 +327,21 @@ fn run_ping(o: &PingOpts) -> Result<()> {
         output::human(&result)
     };
     finish(&result, &text, &o.out)
+}
+
+/// The live line of a request/response run (on a terminal, unless quiet):
+/// its replies counted through the reply hook.
+pub fn rr_progress(what: &str, cfg: &mut ProbeConfig, quiet: bool) -> crate::sinks::progress::Live {
+    let total = match cfg.stop {
+        Stop::Duration(d) | Stop::CountOrDuration(_, d) => Some(d),
+        Stop::Count(_) => None,
+    };
+    let label = format!("{what} {} {}", cfg.kind.label(), cfg.target);
+    let live = crate::sinks::progress::Live::start(quiet, label, total, Some("transaction"));
+    if live.active() {
+        cfg.on_reply = Some(live.hook());
+    }
+    live
 }
 
 fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {

@@ -11,7 +11,7 @@ use crate::analysis::units::duration_arg;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on, TCP and UDP (repeatable). Default: 127.0.0.1:7878 and [::1]:7878.
+    /// Address to listen on, TCP and UDP (repeatable) [default: 0.0.0.0:7878 and [::]:7878, every address, as netserver].
     #[arg(long = "listen", value_name = "ADDR:PORT")]
     pub listen: Vec<SocketAddr>,
     /// Largest request or response size in bytes; a client asking for more is disconnected.
@@ -24,7 +24,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = serve::DEFAULT_MAX_CONNS_PER_PEER, value_name = "N")]
     pub max_conns_per_peer: usize,
     /// Close a TCP connection that sends nothing (or reads nothing) for this long; a hello,
-    /// a whole request and a whole response each get this long from their first byte.
+    /// a whole request and a whole response each get this long from their first byte. A duration
+    /// with a unit.
     #[arg(long, default_value = "30s", value_parser = duration_arg, value_name = "DURATION")]
     pub idle_timeout: Duration,
     /// UDP replies per second to one source address (0: no limit).

@@ -991,6 +991,10 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
     for n in others.iter().filter(|n| n.starts_with("sampler")) {
         head.push(format!("{}_CLOUD_P50", short(n)));
     }
+    // Units in the headers: every column but the swept value and the count is ms.
+    for h in head.iter_mut().skip(1).filter(|h| !h.ends_with("_N")) {
+        h.push_str(" ms");
+    }
     let mut rows = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let get = |name: &str| {

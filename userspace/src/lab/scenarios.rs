@@ -43,7 +43,7 @@ pub struct LabArgs {
     /// Short form (under about a minute) instead of the full length.
     #[arg(long)]
     pub quick: bool,
-    /// Results directory (default: results/<scenario>-<UTC time>).
+    /// Results directory [default: results/<scenario>-<UTC time>].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the scenario's phase plan (JSON) and exit, without building anything.
@@ -57,7 +57,7 @@ pub struct LabArgs {
     /// --hold-for) — for experiments by hand (`ip netns exec <ns> ...`).
     #[arg(long)]
     pub hold: bool,
-    /// With --hold: remove the testbed after this long.
+    /// With --hold: remove the testbed after this long (a duration with a unit).
     #[arg(long, value_name = "DURATION", value_parser = crate::analysis::units::duration_arg, requires = "hold")]
     pub hold_for: Option<Duration>,
 }

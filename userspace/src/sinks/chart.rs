@@ -44,10 +44,10 @@ pub struct ChartArgs {
     /// What to draw.
     #[arg(long, value_enum, default_value = "auto")]
     pub kind: ChartKind,
-    /// Only these views (repeatable; default: all).
+    /// Only these views (repeatable) [default: all].
     #[arg(long = "view", value_name = "NAME")]
     pub views: Vec<String>,
-    /// Chart title (default: the result's title or command).
+    /// Chart title [default: the result's title or command].
     #[arg(long)]
     pub title: Option<String>,
     /// Image width in pixels.
@@ -103,9 +103,9 @@ impl CloudCdf {
         };
         Ok(CloudCdf {
             label: format!(
-                "cloud ({} samples in {} point(s), buckets {})",
-                d.count,
-                m.points,
+                "cloud ({} in {}, buckets {})",
+                crate::sinks::table::count(d.count, "sample"),
+                crate::sinks::table::count(m.points as u64, "point"),
                 short(&d.bucket_options.spec(), 40)
             ),
             points_us: cm::cdf_points_us(&d),
@@ -1076,7 +1076,7 @@ mod tests {
             ..small()
         };
         let s = render_svg_string(&r, &opts).unwrap();
-        assert!(s.contains("cloud (1002 samples in 1 point(s)"), "legend");
+        assert!(s.contains("cloud (1002 samples in 1 point,"), "legend");
         assert_drawn(&render_rgb(&r, &opts).unwrap());
         let e = CloudCdf::from_file(&dir.join("aligned-p50.json")).unwrap_err();
         assert!(e.to_string().contains("no distribution point"), "{e}");

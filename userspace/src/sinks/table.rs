@@ -5,6 +5,101 @@ use std::io::Write;
 use crate::analysis::units::fmt_ms;
 use crate::session::{Interval, ViewStats};
 
+/// How a column lines its cells up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A text table whose columns are as wide as their widest cell (header
+/// included), so long namespace names and IPv6 endpoints stay aligned.
+/// Columns are two spaces apart; a column may open a group with ` | `.
+/// Units go in the headers (`MIN ms`), cells hold bare numbers.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    heads: Vec<String>,
+    align: Vec<Align>,
+    group: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add a column.
+    pub fn col(mut self, head: impl Into<String>, align: Align) -> Self {
+        self.heads.push(head.into());
+        self.align.push(align);
+        self.group.push(false);
+        self
+    }
+
+    /// Add a column that starts a group (a ` | ` before it).
+    pub fn group(mut self, head: impl Into<String>, align: Align) -> Self {
+        self = self.col(head, align);
+        *self.group.last_mut().expect("a column") = true;
+        self
+    }
+
+    /// Add a row (missing cells are empty, extra ones dropped).
+    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        let mut r: Vec<String> = cells.into_iter().map(Into::into).collect();
+        r.resize(self.heads.len(), String::new());
+        self.rows.push(r);
+    }
+
+    /// The header and the rows, one line each, no trailing spaces.
+    pub fn render(&self) -> String {
+        let width = |c: &str| c.chars().count();
+        let widths: Vec<usize> = (0..self.heads.len())
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .map(|r| width(&r[i]))
+                    .chain([width(&self.heads[i])])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| {
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                if i > 0 {
+                    l += if self.group[i] { " | " } else { "  " };
+                }
+                let pad = " ".repeat(widths[i] - width(c));
+                match self.align[i] {
+                    Align::Left => l += &format!("{c}{pad}"),
+                    Align::Right => l += &format!("{pad}{c}"),
+                }
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        let mut out = line(&self.heads);
+        for r in &self.rows {
+            out += &line(r);
+        }
+        out
+    }
+}
+
+/// `1 flow`, `2 flows`: a count and its noun, plural with -s unless one.
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("{n} {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// The statistic columns of a view, units in the headers.
+const STATS: [&str; 7] = [
+    "N", "MIN ms", "MEAN ms", "P50 ms", "P90 ms", "P99 ms", "MAX ms",
+];
+
 /// Table output: a header line with the settings, then rows.
 pub fn print_table(
     w: &mut impl Write,
@@ -13,48 +108,42 @@ pub fn print_table(
     views: &[&str],
 ) -> std::io::Result<()> {
     writeln!(w, "{header} | t={:.1}s", iv.t)?;
-    let mut h = format!(
-        "{:<10} {:<22} {:<22} {:<6}",
-        "NETNS", "LOCAL", "REMOTE", "SIDE"
-    );
+    let mut t = Table::new()
+        .col("NETNS", Align::Left)
+        .col("LOCAL", Align::Left)
+        .col("REMOTE", Align::Left)
+        .col("SIDE", Align::Left);
     for v in views {
         let v = v.to_uppercase();
-        h += &format!(
-            " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-            format!("{v} N"),
-            "MIN",
-            "MEAN",
-            "P50",
-            "P90",
-            "P99",
-            "MAX"
-        );
+        t = t.group(format!("{v} {}", STATS[0]), Align::Right);
+        for h in &STATS[1..] {
+            t = t.col(*h, Align::Right);
+        }
         if v == "TCP" {
-            h += &format!(" {:>8} {:>4}", "SRTT", "RETR");
+            t = t.col("SRTT ms", Align::Right).col("RETR", Align::Right);
         }
     }
-    writeln!(w, "{h}   (ms)")?;
     for r in &iv.flows {
-        let mut line = format!(
-            "{:<10} {:<22} {:<22} {:<6}",
-            trunc(&r.netns_name, 10),
-            trunc(&r.local, 22),
-            trunc(&r.remote, 22),
-            if r.closed {
-                format!("{}*", r.side.as_str())
-            } else {
-                r.side.as_str().to_string()
-            }
-        );
+        let side = if r.closed {
+            format!("{}*", r.side.as_str())
+        } else {
+            r.side.as_str().to_string()
+        };
+        let mut cells = vec![
+            r.netns_name.clone(),
+            r.local.clone(),
+            r.remote.clone(),
+            side,
+        ];
         for v in views {
             let s = match *v {
                 "tcp" => r.tcp.as_ref(),
                 "sampler" => r.sampler.as_ref(),
                 _ => None,
             };
-            line += &cols(s, *v == "tcp");
+            cells.extend(cols(s, *v == "tcp"));
         }
-        writeln!(w, "{line}")?;
+        t.row(cells);
     }
     // One TOTAL row per side: the two ends of a connection see different
     // RTTs (the responding side times the other's think time), so a total
@@ -64,41 +153,44 @@ pub fn print_table(
             continue;
         }
         let n = iv.flows.iter().filter(|r| r.side.as_str() == side).count();
-        let mut tot = format!(
-            "{:<10} {:<22} {:<22} {:<6}",
-            "TOTAL",
-            format!("{n} {}", if n == 1 { "flow" } else { "flows" }),
-            "",
-            side
-        );
+        let mut cells = vec![
+            "TOTAL".to_string(),
+            count(n as u64, "flow"),
+            String::new(),
+            side.to_string(),
+        ];
         for v in views {
-            tot += &cols(iv.totals.get(v).and_then(|t| t.get(side)), *v == "tcp");
+            cells.extend(cols(
+                iv.totals.get(v).and_then(|t| t.get(side)),
+                *v == "tcp",
+            ));
         }
-        writeln!(w, "{tot}")?;
+        t.row(cells);
     }
+    write!(w, "{}", t.render())?;
     writeln!(w)?;
     Ok(())
 }
 
-fn cols(s: Option<&ViewStats>, tcp: bool) -> String {
+/// A view's cells of one row: N, the statistics in ms, and for TCP its
+/// srtt and retransmissions.
+fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
     let mut out = match s {
         Some(s) if s.summary.n > 0 => {
             let m = &s.summary;
-            format!(
-                " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-                m.n,
+            vec![
+                m.n.to_string(),
                 fmt_ms(m.min_us),
                 fmt_ms(m.mean_us),
                 fmt_ms(m.p50_us),
                 fmt_ms(m.p90_us),
                 fmt_ms(m.p99_us),
-                fmt_ms(m.max_us)
-            )
+                fmt_ms(m.max_us),
+            ]
         }
-        _ => format!(
-            " | {:>6} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
-            0, "-", "-", "-", "-", "-", "-"
-        ),
+        _ => ["0", "-", "-", "-", "-", "-", "-"]
+            .map(String::from)
+            .to_vec(),
     };
     if tcp {
         let srtt = s
@@ -109,17 +201,9 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> String {
             .and_then(|s| s.retrans)
             .map(|v| v.to_string())
             .unwrap_or_else(|| "-".into());
-        out += &format!(" {srtt:>8} {retr:>4}");
+        out.extend([srtt, retr]);
     }
     out
-}
-
-fn trunc(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        s.chars().take(n - 1).collect::<String>() + "~"
-    }
 }
 
 #[cfg(test)]
@@ -231,7 +315,88 @@ mod tests {
         assert_eq!(json, GOLDEN_JSON, "json:\n{json}");
     }
 
-    const GOLDEN_TABLE: &str = "rttscope observe | interval 1s | t=2.0s\nNETNS      LOCAL                  REMOTE                 SIDE   |  TCP N      MIN     MEAN      P50      P90      P99      MAX     SRTT RETR | SAMPLER N      MIN     MEAN      P50      P90      P99      MAX   (ms)\nns-a       10.0.0.1:40000         10.0.0.2:5001          client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\nTOTAL      1 flow                                        client |      4    0.100    5.090    0.128   20.000   20.000   20.000    2.500    1 |      4    0.100    5.090    0.128   20.000   20.000   20.000\n\n";
+    /// An IPv6 flow in a namespace with a long name beside an IPv4 one: every
+    /// column stays aligned (each as wide as its widest cell), the names are
+    /// whole, one flow per side says "1 flow".
+    #[test]
+    fn golden_table_ipv6_and_long_netns_name() {
+        let mut h = Hist::default();
+        for v in [100, 120, 140, 20_000] {
+            h.record(v);
+        }
+        let mut tcp = ViewStats::from_hist(&h);
+        tcp.srtt_us = Some(2_500);
+        tcp.retrans = Some(12);
+        let row = |name: &str, local: &str, remote: &str, side| FlowRow {
+            netns: 1,
+            netns_name: name.into(),
+            local: local.into(),
+            remote: remote.into(),
+            side,
+            origin: Some("established"),
+            state: Some("ESTABLISHED"),
+            closed: false,
+            tcp: Some(tcp.clone()),
+            sampler: None,
+            flow: None,
+        };
+        let iv = Interval {
+            kind: "interval",
+            t: 3.0,
+            ts: 0.0,
+            interval_s: 1.0,
+            flows: vec![
+                row(
+                    "rttscope-e2e-client-namespace-42",
+                    "[fd00:1234:5678:9abc::1]:40000",
+                    "[fd00:1234:5678:9abc::2]:5001",
+                    Side::Client,
+                ),
+                row("ns-b", "10.0.0.2:5001", "10.0.0.1:40000", Side::Server),
+            ],
+            totals: [(
+                "tcp",
+                [("client", tcp.clone()), ("server", tcp.clone())]
+                    .into_iter()
+                    .collect(),
+            )]
+            .into_iter()
+            .collect(),
+            counters: BTreeMap::new(),
+        };
+        let mut out = Vec::new();
+        print_table(&mut out, "rttscope observe", &iv, &["tcp"]).unwrap();
+        let table = String::from_utf8(out).unwrap();
+        assert_eq!(table, GOLDEN_IPV6, "table:\n{table}");
+        // Every line's "|" in the same column.
+        let bars: Vec<usize> = table
+            .lines()
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(|l| l.find('|').unwrap())
+            .collect();
+        assert!(bars.windows(2).all(|w| w[0] == w[1]), "{bars:?}\n{table}");
+    }
+
+    const GOLDEN_IPV6: &str = "rttscope observe | t=3.0s\nNETNS                             LOCAL                           REMOTE                         SIDE   | TCP N  MIN ms  MEAN ms  P50 ms  P90 ms  P99 ms  MAX ms  SRTT ms  RETR\nrttscope-e2e-client-namespace-42  [fd00:1234:5678:9abc::1]:40000  [fd00:1234:5678:9abc::2]:5001  client |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500    12\nns-b                              10.0.0.2:5001                   10.0.0.1:40000                 server |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500    12\nTOTAL                             1 flow                                                         client |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500    12\nTOTAL                             1 flow                                                         server |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500    12\n\n";
+
+    #[test]
+    fn table_widths_and_plurals() {
+        let mut t = Table::new()
+            .col("A", Align::Left)
+            .group("B ms", Align::Right);
+        t.row(["long-name", "1.000"]);
+        t.row(["x", "10.5"]);
+        assert_eq!(
+            t.render(),
+            "A         |  B ms\nlong-name | 1.000\nx         |  10.5\n"
+        );
+        assert_eq!(count(1, "flow"), "1 flow");
+        assert_eq!(count(0, "flow"), "0 flows");
+        assert_eq!(count(2, "packet"), "2 packets");
+    }
+
+    const GOLDEN_TABLE: &str = "rttscope observe | interval 1s | t=2.0s\nNETNS  LOCAL           REMOTE         SIDE   | TCP N  MIN ms  MEAN ms  P50 ms  P90 ms  P99 ms  MAX ms  SRTT ms  RETR | SAMPLER N  MIN ms  MEAN ms  P50 ms  P90 ms  P99 ms  MAX ms\nns-a   10.0.0.1:40000  10.0.0.2:5001  client |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500     1 |         4   0.100    5.090   0.128  20.000  20.000  20.000\nTOTAL  1 flow                         client |     4   0.100    5.090   0.128  20.000  20.000  20.000    2.500     1 |         4   0.100    5.090   0.128  20.000  20.000  20.000\n\n";
 
     const GOLDEN_JSON: &str = "{\"type\":\"interval\",\"t\":2.0,\"ts\":1700000000.5,\"interval_s\":1.0,\"flows\":[{\"netns\":4026531840,\"netns_name\":\"ns-a\",\"local\":\"10.0.0.1:40000\",\"remote\":\"10.0.0.2:5001\",\"side\":\"client\",\"origin\":\"established\",\"state\":\"ESTABLISHED\",\"closed\":false,\"tcp\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1},\"sampler\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}}],\"totals\":{\"sampler\":{\"client\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0}},\"tcp\":{\"client\":{\"n\":4,\"min_us\":100.0,\"mean_us\":5090.0,\"p50_us\":128.0,\"p90_us\":20000.0,\"p99_us\":20000.0,\"max_us\":20000.0,\"srtt_us\":2500,\"retrans\":1}}},\"counters\":{\"tcp\":{\"samples\":4}}}";
 }

@@ -34,7 +34,7 @@ impl ViewKind {
 pub enum LoaderKind {
     /// libbpf-rs over C libbpf (the reference CO-RE loader).
     Libbpf,
-    /// aya: pure-Rust userspace, no C libbpf.
+    /// Pure-Rust userspace (aya), no C libbpf.
     Aya,
 }
 

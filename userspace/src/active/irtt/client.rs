@@ -112,6 +112,21 @@ pub enum IpVersion {
     V6,
 }
 
+/// Told of every reply as it arrives: its seqno, its round trip and the
+/// previous seqno's (when that one was answered), e.g. for irtt's line per
+/// packet. Called from the receiver thread, outside its lock.
+#[derive(Clone)]
+pub struct IrttReplyHook(pub Arc<IrttReplyFn>);
+
+/// What an [`IrttReplyHook`] calls: (seqno, round trip, previous round trip).
+pub type IrttReplyFn = dyn Fn(u32, &RoundTrip, Option<&RoundTrip>) + Send + Sync;
+
+impl std::fmt::Debug for IrttReplyHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IrttReplyHook")
+    }
+}
+
 /// Everything that defines an irtt test, as supplied.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IrttConfig {
@@ -145,6 +160,9 @@ pub struct IrttConfig {
     pub loose: bool,
     /// Only open (and close) to validate parameters.
     pub no_test: bool,
+    /// Told of every reply (none by default; not a setting).
+    #[serde(skip)]
+    pub on_reply: Option<IrttReplyHook>,
 }
 
 impl Default for IrttConfig {
@@ -176,6 +194,7 @@ impl Default for IrttConfig {
             local: None,
             loose: false,
             no_test: false,
+            on_reply: None,
         }
     }
 }
@@ -762,6 +781,7 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
     let rx_sock = sock.try_clone()?;
     let (sh, stop, key_rx, cancel_rx) =
         (shared.clone(), stop_rx.clone(), key.clone(), cancel.clone());
+    let hook = cfg.on_reply.clone();
     let receiver = std::thread::Builder::new()
         .name("irtt-recv".into())
         .spawn(move || {
@@ -837,6 +857,12 @@ pub fn run_blocking(cfg: &IrttConfig, cancel: Arc<AtomicBool>) -> Result<RawRun>
                 c.bytes_received += rx.len as u64;
                 c.first_recv_mono.get_or_insert(rel);
                 c.last_recv_mono = rel;
+                if let Some(h) = &hook {
+                    let cur = g.rts[seq];
+                    let prev = seq.checked_sub(1).map(|p| g.rts[p]);
+                    drop(g);
+                    (h.0)(reply.seqno, &cur, prev.as_ref().filter(|p| p.received()));
+                }
                 if reply.closed {
                     break;
                 }

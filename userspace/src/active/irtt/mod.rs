@@ -23,20 +23,20 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
-pub use client::{Df, Fill, IpVersion, IrttConfig, Rejected, Wait};
+pub use client::{Df, Fill, IpVersion, IrttConfig, IrttReplyHook, Rejected, Wait};
 pub use params::{Clock, Params, ReceivedStats, StampAt};
 pub use stats::{Lost, Stats};
 
 /// `rttscope probe irtt`: flags follow `irtt client` (same names and defaults).
 #[derive(Debug, Clone, Args)]
 pub struct IrttArgs {
-    /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (default port 2112).
+    /// The irtt server: HOST, HOST:PORT, [IPV6] or [IPV6]:PORT (port 2112 if none is given).
     pub server: String,
-    /// Send interval.
-    #[arg(short = 'i', long, default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
+    /// Send interval (a duration with a unit, as irtt takes it: 10ms, 1s).
+    #[arg(short = 'i', long, value_name = "DURATION", default_value = "1s", value_parser = crate::analysis::units::duration_arg)]
     pub interval: Duration,
-    /// Total time to send.
-    #[arg(short = 'd', long, default_value = "1m", value_parser = crate::analysis::units::duration_arg)]
+    /// Total time to send, a duration with a unit (irtt's 1m is written 1min: a lone m is refused as ambiguous).
+    #[arg(short = 'd', long, value_name = "DURATION", default_value = "1min", value_parser = crate::analysis::units::duration_arg)]
     pub duration: Duration,
     /// Packet length including irtt headers (0: as small as the headers allow).
     #[arg(short = 'l', long, default_value_t = 0)]
@@ -53,7 +53,7 @@ pub struct IrttArgs {
     /// ToS/traffic-class byte, as irtt takes it (0x for hex; EF is 0xb8).
     #[arg(long, default_value = "0", value_parser = parse_byte)]
     pub dscp: u8,
-    /// Payload fill: none, rand, pattern or pattern:HEX (default pattern 69727474, "irtt").
+    /// Payload fill: none, rand, pattern or pattern:HEX (the pattern without HEX: 69727474, "irtt").
     #[arg(long, default_value = "none", value_parser = parse_fill)]
     pub fill: Fill,
     /// Fill only once and repeat for all packets.
@@ -83,6 +83,9 @@ pub struct IrttArgs {
     /// IPv6 only.
     #[arg(short = '6')]
     pub ipv6: bool,
+    /// Quiet, as irtt's -q: no line per packet (nor, with --json, a progress line); the results only.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
     /// Local address: :PORT, HOST or HOST:PORT.
     #[arg(long)]
     pub local: Option<String>,
@@ -179,6 +182,7 @@ impl IrttArgs {
             local: self.local.clone(),
             loose: self.loose,
             no_test: self.no_test,
+            on_reply: None,
         })
     }
 }
@@ -354,15 +358,77 @@ fn write_output(args: &IrttArgs, result: &IrttResult) -> Result<()> {
     Ok(())
 }
 
+/// irtt's line per packet: `seq=3 rtt=152µs rd=45.6µs sd=106µs ipdv=12.6µs`
+/// (RTT without the server's processing time, the one-way delays, which
+/// need synchronised clocks, and the RTT's change from the previous seqno).
+pub fn packet_line(seq: u32, rt: &stats::RoundTrip, prev: Option<&stats::RoundTrip>) -> String {
+    let d = |v: Option<i64>| v.map_or("n/a".to_string(), go_duration);
+    let rtt = rt.rtt();
+    let ipdv = rtt
+        .zip(prev.and_then(|p| p.rtt()))
+        .map(|(a, b)| (a - b).abs());
+    format!(
+        "seq={seq} rtt={} rd={} sd={} ipdv={}",
+        d(rtt),
+        d(rt.receive_delay()),
+        d(rt.send_delay()),
+        d(ipdv)
+    )
+}
+
+/// A duration as irtt prints it: three significant digits, Go's units
+/// (`76.3µs`, `140µs`, `1.06ms`, `2.5s`).
+pub fn go_duration(ns: i64) -> String {
+    let sign = if ns < 0 { "-" } else { "" };
+    let a = ns.unsigned_abs() as f64;
+    let (v, unit) = match a {
+        a if a < 1e3 => return format!("{sign}{a}ns"),
+        a if a < 1e6 => (a / 1e3, "µs"),
+        a if a < 1e9 => (a / 1e6, "ms"),
+        a => (a / 1e9, "s"),
+    };
+    let digits = if v >= 100.0 {
+        0
+    } else if v >= 10.0 {
+        1
+    } else {
+        2
+    };
+    let s = format!("{v:.digits$}");
+    let s = if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &s
+    };
+    format!("{sign}{s}{unit}")
+}
+
 /// The CLI entry point.
 pub fn run(args: IrttArgs) -> Result<()> {
-    let cfg = args.to_config()?;
+    let mut cfg = args.to_config()?;
+    // A line per packet on stdout, as irtt, unless -q, or standard output carries a document
+    // (`-o -`, `--json -`) or CSV: a progress line on a terminal instead.
+    let stdout_is_data = args.out.json_to_stdout()
+        || args.output.as_deref() == Some(std::path::Path::new("-"))
+        || args.out.format == crate::cmd::probe::PrintFormat::Csv;
+    let per_packet = !args.quiet && !stdout_is_data;
+    if per_packet {
+        cfg.on_reply = Some(IrttReplyHook(Arc::new(|seq, rt, prev| {
+            println!("{}", packet_line(seq, rt, prev));
+        })));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     let cancel = Arc::new(AtomicBool::new(false));
+    let live = crate::sinks::progress::Live::start(
+        args.quiet || per_packet,
+        format!("probe irtt {}", args.server),
+        (!args.no_test).then_some(args.duration),
+        None,
+    );
     let result = rt.block_on(async {
         let c = cancel.clone();
         tokio::spawn(async move {
@@ -375,6 +441,7 @@ pub fn run(args: IrttArgs) -> Result<()> {
         });
         run_irtt(cfg, cancel.clone()).await
     })?;
+    drop(live);
     write_output(&args, &result)?;
     // partial results are printed above; the exit status says the test broke
     if let Some(e) = &result.send_error {
@@ -396,6 +463,31 @@ pub fn run(args: IrttArgs) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn irtt_style_durations_and_packet_lines() {
+        assert_eq!(go_duration(76_300), "76.3µs");
+        assert_eq!(go_duration(140_049), "140µs");
+        assert_eq!(go_duration(1_064_000), "1.06ms");
+        assert_eq!(go_duration(999), "999ns");
+        assert_eq!(go_duration(2_500_000_000), "2.5s");
+        assert_eq!(go_duration(-12_600), "-12.6µs");
+        let mut a = stats::RoundTrip::sent(0, 1_000_000_000);
+        a.raw_rtt = 150_000;
+        a.srv_recv_wall = 1_000_100_000;
+        a.srv_send_wall = 1_000_110_000;
+        let mut b = stats::RoundTrip::sent(10_000_000, 1_010_000_000);
+        b.raw_rtt = 120_000;
+        // no server stamps on b: no one-way delays, its raw RTT
+        assert_eq!(
+            packet_line(1, &b, Some(&a)),
+            "seq=1 rtt=120µs rd=n/a sd=n/a ipdv=20µs"
+        );
+        assert_eq!(
+            packet_line(0, &a, None),
+            "seq=0 rtt=140µs rd=40µs sd=100µs ipdv=n/a"
+        );
+    }
+
     use super::*;
     use clap::Parser;
 

@@ -12,10 +12,10 @@ pub struct ObserveArgs {
     /// Only these network namespaces (names under /var/run/netns, or `host`); repeatable.
     #[arg(long = "netns", value_name = "NAME")]
     pub netns: Vec<String>,
-    /// Also enable existing connections in every network namespace (default: the current one and --netns ones).
+    /// Also enable existing connections in every network namespace [default: the current one and the --netns ones].
     #[arg(long)]
     pub all_netns: bool,
-    /// cgroup v2 directory to attach the sock_ops program to (default: the cgroup v2 root).
+    /// cgroup v2 directory to attach the sock_ops program to [default: the cgroup v2 root].
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
     /// Only connections with this local or remote port; repeatable.
@@ -24,11 +24,11 @@ pub struct ObserveArgs {
     /// Only connections with a local or remote address in this CIDR; repeatable.
     #[arg(long = "addr", value_name = "CIDR")]
     pub addrs: Vec<ipnet::IpNet>,
-    /// Report interval.
-    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    /// Report interval (a duration with a unit: 500ms, 1s, 1min).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = duration_arg)]
     pub interval: Duration,
-    /// Stop after this long (default: until Ctrl-C / SIGTERM).
-    #[arg(long, value_parser = duration_arg)]
+    /// Stop after this long, a duration with a unit [default: until Ctrl-C or SIGTERM].
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub duration: Option<Duration>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
@@ -37,12 +37,12 @@ pub struct ObserveArgs {
     #[arg(long)]
     pub raw: bool,
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_flows: u32,
     /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
     #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
     pub ack_hook: crate::views::tcp::AckHook,
-    /// Views to show, comma separated: tcp, sampler (default: tcp, plus sampler when --iface is given).
+    /// Views to show, comma separated: tcp, sampler [default: tcp, plus sampler when --iface is given].
     #[arg(long, value_delimiter = ',', value_enum)]
     pub view: Option<Vec<ViewKind>>,
     /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
@@ -57,21 +57,23 @@ pub struct ObserveArgs {
     /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: crate::views::sampler::AttachMode,
-    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired).
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired); a duration with a unit.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
     /// Also aggregate each view like the cloud metric: a distribution per alignment period with
     /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
     #[arg(long)]
     pub cloud_buckets: bool,
     /// Bucket layout for --cloud-buckets (see `rttscope bucket --help`).
-    #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
+    #[arg(long, value_name = "LAYOUT", default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub cloud_layout: crate::analysis::dist::BucketOptions,
-    /// Alignment period for --cloud-buckets (the metric API's default: 60s).
-    #[arg(long, default_value = "60s", value_parser = crate::analysis::units::period_arg)]
+    /// Alignment period for --cloud-buckets, a duration with a unit (the metric API's default).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = crate::analysis::units::period_arg)]
     pub cloud_period: Duration,
-    /// BPF loader: libbpf (libbpf-rs, the default) or aya (pure Rust); see docs/loaders.md.
-    #[arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT)]
+    /// BPF loader: libbpf (libbpf-rs over C libbpf) or aya (pure Rust); see docs/loaders.md.
+    // Offered only in builds with aya; otherwise the one loader built in.
+    #[cfg_attr(feature = "aya", arg(long, value_enum, env = "RTTSCOPE_LOADER", default_value_t = LoaderKind::DEFAULT))]
+    #[cfg_attr(not(feature = "aya"), arg(skip = LoaderKind::DEFAULT))]
     pub loader: LoaderKind,
     // --- daemon mode (sinks/prometheus, cmd/observe/config.rs, sys/caps.rs) ---
     /// Read options from this TOML file (flags given on the command line win).
@@ -80,22 +82,22 @@ pub struct ObserveArgs {
     /// Validate --config FILE, print the result and exit.
     #[arg(long, requires = "config")]
     pub check_config: bool,
-    /// Serve Prometheus/OpenMetrics /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
+    /// Serve Prometheus /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::sinks::prometheus::DEFAULT_LISTEN, value_parser = crate::sinks::prometheus::http::parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
-    /// Metrics labels: remote IPv4 addresses aggregated to this prefix length (default 24).
+    /// Metrics labels: remote IPv4 addresses aggregated to this prefix length [default: 24].
     #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
     pub v4_prefix: Option<u8>,
-    /// Metrics labels: remote IPv6 addresses aggregated to this prefix length (default 48).
+    /// Metrics labels: remote IPv6 addresses aggregated to this prefix length [default: 48].
     #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=128))]
     pub v6_prefix: Option<u8>,
     /// Metrics labels: keep this local port as a label value (others: "other"); repeatable.
     #[arg(long = "label-port", value_name = "N")]
     pub label_ports: Vec<u16>,
-    /// Metrics labels: at most this many RTT label sets (default 1000); more go to an overflow series.
+    /// Metrics labels: at most this many RTT label sets; more go to an overflow series [default: 1000].
     #[arg(long, value_name = "N")]
     pub max_series: Option<usize>,
-    /// Metrics labels: remove a label set idle for this long (default 10m).
+    /// Metrics labels: remove a label set idle for this long, a duration with a unit [default: 10min].
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub series_idle: Option<Duration>,
     /// At the end, save the whole run as a result document (every view and side, every flow,

@@ -74,7 +74,7 @@ pub struct LabelsSection {
     pub v6_prefix: Option<u8>,
     pub ports: Option<Vec<u16>>,
     pub max_series: Option<usize>,
-    /// A label set without samples for this long is removed, e.g. "10m".
+    /// A label set without samples for this long is removed, e.g. "10min".
     pub series_idle: Option<String>,
 }
 
@@ -532,7 +532,7 @@ v4_prefix = 16
 v6_prefix = 64
 ports = [443, 8080]
 max_series = 500
-series_idle = "5m"
+series_idle = "5min"
 "#,
         )
         .unwrap();
@@ -588,6 +588,11 @@ series_idle = "5m"
         for (text, want) in [
             ("interval = \"0\"", "interval must be at least 10ms"),
             ("interval = \"fast\"", "interval: 'fast' is not a duration"),
+            (
+                "[labels]\nseries_idle = \"10m\"",
+                "labels.series_idle: '10m' is ambiguous: write 10ms for milliseconds or 10min for minutes",
+            ),
+            ("interval = \"5\"", "interval: '5' has no unit: write 5s for seconds"),
             ("duration = \"0\"", "duration must be longer than 0"),
             (
                 "listen = \"localhost\"",
@@ -720,7 +725,7 @@ series_idle = "5m"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1m\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1m\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);

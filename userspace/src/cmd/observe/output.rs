@@ -121,6 +121,8 @@ pub(super) fn print_start(
                 args.cloud_layout.spec()
             );
         }
+        // --quiet: only what was asked (metrics): no header, no attach lines.
+        Format::Table if args.quiet => {}
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
@@ -206,6 +208,10 @@ pub(super) fn print_end(
         _ => Box::new(std::io::stdout().lock()),
     };
     let counters = &summary.counters;
+    if args.quiet && args.format == Format::Table {
+        // --quiet: no whole-run table and no closing line.
+        return Ok(());
+    }
     if args.format == Format::Json {
         let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": summary.flows, "counters": counters });
         writeln!(out, "{line}")?;
@@ -223,19 +229,28 @@ pub(super) fn print_end(
         }
         write!(out, "done after {elapsed_s:.1}s")?;
         if let Some(c) = counters.get("tcp") {
+            use crate::sinks::table::count;
             write!(
                 out,
-                " | tcp: {} samples, {} flows created, {} flow-map-full, {} raw dropped",
-                c["samples"], c["flows_created"], c["flow_map_full"], c["raw_events_dropped"]
+                " | tcp: {}, {} created, {} flow-map-full, {} raw dropped",
+                count(c["samples"], "sample"),
+                count(c["flows_created"], "flow"),
+                c["flow_map_full"],
+                c["raw_events_dropped"]
             )?;
         }
         if let Some(c) = counters.get("sampler") {
             let get = |k: &str| c.get(k).copied().unwrap_or(0);
+            let skipped: u64 = c
+                .iter()
+                .filter(|(k, _)| k.starts_with("skip_"))
+                .map(|(_, v)| v)
+                .sum();
             write!(
                 out,
-                " | sampler: {} samples, {} packets skipped (see JSON counters), {} pending expired, {} flow-map-full",
-                get("samples"),
-                c.iter().filter(|(k, _)| k.starts_with("skip_")).map(|(_, v)| v).sum::<u64>(),
+                " | sampler: {}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+                crate::sinks::table::count(get("samples"), "sample"),
+                crate::sinks::table::count(skipped, "packet"),
                 get("expired"),
                 get("flow_map_full") + get("pending_map_full")
             )?;

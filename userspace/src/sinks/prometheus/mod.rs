@@ -243,8 +243,8 @@ struct EventLabels {
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProgLabels {
+    /// The program's name: stable across restarts (its id is not).
     prog: String,
-    id: String,
 }
 
 /// A Prometheus histogram fed with whole kernel histograms at once
@@ -361,9 +361,9 @@ fn is_drop(name: &str) -> bool {
         || name.contains("overrun")
 }
 
-/// Counter names that are levels, not event counts.
+/// Counter names that are levels, not event counts (each has a gauge of its own).
 fn is_gauge(name: &str) -> bool {
-    name == "flows_tracked" || name.ends_with("_current")
+    name == "flows_tracked"
 }
 
 /// The exporter: metric families, the label policy, the series cap.
@@ -377,7 +377,6 @@ pub struct Exporter {
     samples: Family<ViewLabel, Counter>,
     drops: Family<DropLabels, Counter>,
     events: Family<EventLabels, Counter>,
-    levels: Family<EventLabels, Gauge>,
     flows_tracked: Family<ViewLabel, Gauge>,
     prog_time: Family<ProgLabels, Counter<f64, AtomicU64>>,
     prog_cnt: Family<ProgLabels, Counter>,
@@ -422,12 +421,6 @@ impl Exporter {
             "rttscope_view_events",
             "Every counter of a view, by name",
             events.clone(),
-        );
-        let levels = Family::<EventLabels, Gauge>::default();
-        r.register(
-            "rttscope_view_level",
-            "Level-type figures of a view, by name",
-            levels.clone(),
         );
         let flows_tracked = Family::<ViewLabel, Gauge>::default();
         r.register(
@@ -542,7 +535,6 @@ impl Exporter {
             samples,
             drops,
             events,
-            levels,
             flows_tracked,
             prog_time,
             prog_cnt,
@@ -651,18 +643,9 @@ impl Exporter {
         for (&name, &value) in counters {
             if is_gauge(name) {
                 let g = value.min(i64::MAX as u64) as i64;
-                if name == "flows_tracked" {
-                    self.flows_tracked
-                        .get_or_create(&ViewLabel { view: v.clone() })
-                        .set(g);
-                } else {
-                    self.levels
-                        .get_or_create(&EventLabels {
-                            view: v.clone(),
-                            event: name.into(),
-                        })
-                        .set(g);
-                }
+                self.flows_tracked
+                    .get_or_create(&ViewLabel { view: v.clone() })
+                    .set(g);
                 continue;
             }
             let last = self
@@ -698,10 +681,7 @@ impl Exporter {
         self.stats_enabled.set(stats.kernel_stats_enabled() as i64);
         for (name, id, run) in stats.read() {
             let last = self.last_prog.insert(id, run).unwrap_or_default();
-            let l = ProgLabels {
-                prog: name,
-                id: id.to_string(),
-            };
+            let l = ProgLabels { prog: name };
             let dt = run.run_time_ns.saturating_sub(last.run_time_ns);
             let dc = run.run_cnt.saturating_sub(last.run_cnt);
             self.prog_time.get_or_create(&l).inc_by(dt as f64 / 1e9);
@@ -1099,6 +1079,9 @@ mod tests {
         assert!(t.contains("rttscope_view_events_total{view=\"tcp\",event=\"samples\"} 250"));
         assert!(t.trim_end().ends_with("# EOF"));
         assert!(t.contains("rttscope_series_overflow_total{view=\"tcp\"} 0"));
+        // No family that is always empty, no label that changes at every restart.
+        assert!(!t.contains("rttscope_view_level"), "{t}");
+        assert!(!t.contains(",id=\"") && !t.contains("{id=\""), "{t}");
         ex.set_process_stats();
         ex.observe_flow(
             ViewKind::Tcp,
