@@ -470,8 +470,8 @@ fn compare_document_and_csv_chain() {
     }
 }
 
-/// lab (its quickest scenario, rtt-step: ~20 s): `OUT/result.json` chains like every other
-/// document, and its request/response samples sit on the path RTT the lab set (100 ms, 150 ms
+/// lab (its quickest scenario, rtt-step: ~20 s): `--json -` (and `OUT/result.json`) chains like
+/// every other document, and its request/response samples sit on the path RTT the lab set (100 ms, 150 ms
 /// during the steps).
 #[test]
 fn lab_document_chains() {
@@ -481,7 +481,15 @@ fn lab_document_chains() {
     let dir = Dir::new();
     let out = dir.join("lab");
     let run = Command::new(bin())
-        .args(["lab", "rtt-step", "--quick", "--no-progress", "--out"])
+        .args([
+            "lab",
+            "rtt-step",
+            "--quick",
+            "--no-progress",
+            "--json",
+            "-",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -490,8 +498,10 @@ fn lab_document_chains() {
         "lab: {}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let text = std::fs::read(out.join("result.json")).unwrap();
-    let r = chain(&text, "lab", &dir);
+    // `--json -`: the document alone on stdout, the same as OUT/result.json
+    let r = chain(&run.stdout, "lab", &dir);
+    let saved = RunResult::load(&out.join("result.json")).unwrap();
+    assert_eq!(r, saved);
     let rr = r.views.iter().find(|v| v.name == "rr").expect("rr series");
     let mut ms: Vec<f64> = rr.samples.iter().map(|s| s.rtt_us / 1e3).collect();
     ms.sort_by(f64::total_cmp);
