@@ -335,7 +335,8 @@ fn probe_irtt_document_chains() {
 }
 
 /// observe over a real flow: the whole-run document (per side with --raw samples, per flow
-/// with summaries) and the JSON Lines stream both chain; the TCP client side agrees with ss -ti.
+/// with summaries) and the JSON Lines stream both chain; the TCP client flow's minimum agrees with
+/// ss -ti's minrtt.
 #[test]
 fn observe_document_and_json_lines_chain() {
     if !require_root() {
@@ -368,7 +369,7 @@ fn observe_document_and_json_lines_chain() {
         "observe: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let srtt_ms = ss_rtt_ms(&p.a, cli.local.port())
+    let minrtt_ms = ss_minrtt_ms(&p.a, cli.local.port())
         .unwrap()
         .expect("ss sees the client");
     let text = std::fs::read(&doc).unwrap();
@@ -404,12 +405,17 @@ fn observe_document_and_json_lines_chain() {
                 && v.flow.as_deref() == Some(&format!("{} -> {server}", cli.local))
         })
         .expect("the client's flow");
-    let p50 = flow.summary.as_ref().unwrap().p50_us.unwrap();
-    // TCP's per-ACK RTT median against ss's smoothed RTT of the same socket: 50% + 50 us.
-    let srtt_us = srtt_ms * 1e3;
+    let fs = flow.summary.as_ref().unwrap();
+    let (p50, min) = (fs.p50_us.unwrap(), fs.min_us.unwrap());
+    // TCP's smallest RTT sample of the run against the kernel's own minimum for the socket
+    // (ss's minrtt, whole connection, 1 us resolution): never below it, and above it by at most
+    // 12.5% (the histogram's bucket width) + 50 us, since the kernel's minimum also counts the
+    // handshake and samples from before observe attached, and the other tests load the machine
+    // (seen: 4..16 us against 3..5 us). A unit slip (ms for us) is 1000x off.
+    let minrtt_us = minrtt_ms * 1e3;
     assert!(
-        (p50 - srtt_us).abs() <= 0.5 * srtt_us + 50.0,
-        "client flow p50 {p50:.1} us vs ss srtt {srtt_us:.1} us"
+        min >= minrtt_us - 1.0 && min <= 1.125 * minrtt_us + 50.0,
+        "client flow min {min:.1} us vs ss minrtt {minrtt_us:.1} us"
     );
     assert!(r.counters["tcp"]["samples"] > 0, "{:?}", r.counters);
     assert_eq!(r.settings["raw"], true);
@@ -424,7 +430,7 @@ fn observe_document_and_json_lines_chain() {
     std::fs::write(&jl, &out.stdout).unwrap();
     chart(&jl, &dir, "observe jsonl");
     eprintln!(
-        "observe: client flow p50 {p50:.1} us, ss srtt {srtt_us:.1} us, {raw_lines} raw samples"
+        "observe: client flow min {min:.1} us p50 {p50:.1} us, ss minrtt {minrtt_us:.1} us, {raw_lines} raw samples"
     );
 }
 
@@ -464,8 +470,8 @@ fn compare_document_and_csv_chain() {
     }
 }
 
-/// lab (its quickest scenario, rtt-step: ~20 s): `OUT/result.json` chains like every other
-/// document, and its request/response samples sit on the path RTT the lab set (100 ms, 150 ms
+/// lab (its quickest scenario, rtt-step: ~20 s): `--json -` (and `OUT/result.json`) chains like
+/// every other document, and its request/response samples sit on the path RTT the lab set (100 ms, 150 ms
 /// during the steps).
 #[test]
 fn lab_document_chains() {
@@ -475,7 +481,15 @@ fn lab_document_chains() {
     let dir = Dir::new();
     let out = dir.join("lab");
     let run = Command::new(bin())
-        .args(["lab", "rtt-step", "--quick", "--no-progress", "--out"])
+        .args([
+            "lab",
+            "rtt-step",
+            "--quick",
+            "--no-progress",
+            "--json",
+            "-",
+            "--out",
+        ])
         .arg(&out)
         .output()
         .unwrap();
@@ -484,8 +498,10 @@ fn lab_document_chains() {
         "lab: {}",
         String::from_utf8_lossy(&run.stderr)
     );
-    let text = std::fs::read(out.join("result.json")).unwrap();
-    let r = chain(&text, "lab", &dir);
+    // `--json -`: the document alone on stdout, the same as OUT/result.json
+    let r = chain(&run.stdout, "lab", &dir);
+    let saved = RunResult::load(&out.join("result.json")).unwrap();
+    assert_eq!(r, saved);
     let rr = r.views.iter().find(|v| v.name == "rr").expect("rr series");
     let mut ms: Vec<f64> = rr.samples.iter().map(|s| s.rtt_us / 1e3).collect();
     ms.sort_by(f64::total_cmp);

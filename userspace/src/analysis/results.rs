@@ -630,6 +630,17 @@ impl RunResult {
     }
 }
 
+/// `--json -` for a command that prints while it runs (observe, lab): the real standard output,
+/// kept for the document, while fd 1 is pointed at stderr so that everything else the command
+/// prints goes there.
+pub fn stdout_for_document() -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    std::io::stdout().flush()?;
+    let saved = std::io::stdout().as_fd().try_clone_to_owned()?;
+    nix::unistd::dup2(2, 1).map_err(std::io::Error::from)?;
+    Ok(std::fs::File::from(saved))
+}
+
 /// A CSV field, quoted when it holds a comma, a quote or a line break (RFC 4180).
 pub fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n', '\r']) {

@@ -338,7 +338,8 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
         match v["type"].as_str() {
             Some("start") => start = start.or(v["ts"].as_f64()),
             Some("sample") => {
-                let (Some(t), Some(rtt)) = (v["t"].as_f64(), v["rtt_us"].as_f64()) else {
+                let t = v["t_us"].as_f64().map(|us| us / 1e6).or(v["t"].as_f64());
+                let (Some(t), Some(rtt)) = (t, v["rtt_us"].as_f64()) else {
                     anyhow::bail!("{name} line {}: a sample record without t or rtt_us", i + 1);
                 };
                 let view = v["view"].as_str().unwrap_or("?");

@@ -303,8 +303,8 @@ fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
     finish(&result, &text, &o.out)
 }
 
-/// ping's output: a header line, a line per reply as it arrives (unless -q
-/// or --json), the statistics at the end.
+/// ping's output: a header line, a line per reply as it arrives (unless -q,
+/// `--json -` or `--format csv`), the statistics at the end.
 fn run_ping(o: &PingOpts) -> Result<()> {
     let mut cfg = ping_config(o)?;
     // Per-reply lines only where the summary goes to a terminal or a pipe of ping's text.
@@ -528,5 +528,38 @@ mod tests {
             panic!()
         };
         assert!(ping_config(ping).is_err());
+    }
+
+    /// One output convention: `--json FILE` (`-` = stdout) and `--format csv` on every probe;
+    /// netperf's `-o` stays the output selectors.
+    #[test]
+    fn output_options() {
+        for kind in ["tcp-rr", "udp-rr", "icmp"] {
+            assert!(
+                parse(&[kind, "h", "--json"]).is_err(),
+                "{kind}: --json needs FILE"
+            );
+            let out = match parse(&[kind, "h", "--json", "-", "--format", "csv"]).unwrap() {
+                ProbeKind::TcpRr { common, .. } | ProbeKind::UdpRr { common } => common.out,
+                ProbeKind::Icmp { ping } => ping.out,
+                ProbeKind::Irtt(_) => unreachable!(),
+            };
+            assert!(out.json_to_stdout(), "{kind}");
+            assert_eq!(out.format, PrintFormat::Csv);
+            assert!(parse(&[kind, "h", "--format", "xml"]).is_err());
+        }
+        let k = parse(&["tcp-rr", "h", "-o", "P50_LATENCY", "--json", "r.json"]).unwrap();
+        let ProbeKind::TcpRr { common, .. } = &k else {
+            panic!()
+        };
+        assert_eq!(common.output.as_ref().unwrap().0.len(), 1);
+        assert_eq!(
+            common.out.json.as_deref(),
+            Some(std::path::Path::new("r.json"))
+        );
+        let k = parse(&["irtt", "h", "-o", "-", "--json", "r.json"]).unwrap();
+        let ProbeKind::Irtt(a) = &k else { panic!() };
+        assert_eq!(a.output.as_deref(), Some(std::path::Path::new("-")));
+        assert!(!a.out.json_to_stdout());
     }
 }

@@ -337,6 +337,8 @@ pub struct LabEnv {
     current: PhaseData,
     data: Vec<PhaseData>,
     run_start_unix: Option<f64>,
+    /// `--json FILE`: where the result document goes besides OUT/result.json.
+    json: Option<PathBuf>,
 }
 
 impl LabEnv {
@@ -352,6 +354,7 @@ impl LabEnv {
         Ok(LabEnv {
             exe,
             out: args.out.clone().unwrap_or_else(|| PathBuf::from(".")),
+            json: args.json.clone(),
             scenario: args.scenario,
             phases_total: plan.phases.len(),
             phase_idx: 0,
@@ -824,6 +827,20 @@ fn views_of(d: &PhaseData) -> Vec<ViewRef<'_>> {
             &d.smp_srv,
         ),
     ]
+}
+
+/// `--json FILE`: the document again, at FILE or on standard output (`-`, the rest of what lab
+/// prints then goes to stderr).
+fn write_json_copy(env: &LabEnv, rr: &RunResult) -> Result<()> {
+    match env.json.as_deref() {
+        None => Ok(()),
+        Some(p) if p.as_os_str() == "-" => {
+            let mut f = crate::analysis::results::stdout_for_document()?;
+            std::io::Write::write_all(&mut f, rr.to_json()?.as_bytes())?;
+            Ok(())
+        }
+        Some(p) => rr.save(p).map_err(|e| anyhow!("{e}")),
+    }
 }
 
 /// The probe's result from what `probe ... --json -` printed (the result document).
@@ -1350,6 +1367,7 @@ fn write_report(
     let p = out.join("result.json");
     rr.save(&p).map_err(|e| anyhow!("{e}"))?;
     files.push(p);
+    write_json_copy(env, &rr)?;
 
     let table = build_table(
         plan,

@@ -46,6 +46,10 @@ pub struct LabArgs {
     /// Results directory [default: results/<scenario>-<UTC time>].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Also write the result document (OUT/result.json, docs/results.md) to FILE; `-` prints it
+    /// on standard output and everything else goes to stderr.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
     /// Print the scenario's phase plan (JSON) and exit, without building anything.
     #[arg(long)]
     pub plan: bool,
@@ -682,6 +686,7 @@ mod tests {
             scenario: Scenario::Loss,
             quick: true,
             out: None,
+            json: None,
             plan: false,
             no_progress: true,
             hold: false,

@@ -277,7 +277,7 @@ pub(super) fn sampler_raw_lines(
             // --raw is refused with --format cloud-monitoring (check()).
             Format::CloudMonitoring => continue,
             Format::Json => json!({
-                "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
+                "type": "sample", "view": "sampler", "t": t, "t_us": t * 1e6, "netns": smp.flow.netns,
                 "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
                 "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
             })
@@ -300,7 +300,7 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
     let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
         (Format::Json, Some(f)) => json!({
-            "type": "sample", "view": kind, "t": t, "netns": f.netns,
+            "type": "sample", "view": kind, "t": t, "t_us": t * 1e6, "netns": f.netns,
             "local": f.local.to_string(), "remote": f.remote.to_string(),
             "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
         })
@@ -431,6 +431,7 @@ mod tests {
         assert_eq!(v["rtt_us"], 150);
         assert_eq!(v["side"], "client");
         assert_eq!(v["t"], 1.0);
+        assert_eq!(v["t_us"], 1e6);
         assert_eq!(v["local"], "10.0.0.1:1000");
     }
 }

@@ -37,7 +37,7 @@ struct Collector {
     raw: Vec<Raw>,
     not_kept: u64,
     /// `--json -`: the real standard output, kept for the document while fd 1 points at stderr.
-    stdout: Option<std::os::fd::OwnedFd>,
+    stdout: Option<std::fs::File>,
 }
 
 thread_local! {
@@ -60,7 +60,9 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     });
     // `--json -`: the document alone on standard output; everything observe prints (table, JSON
     // Lines, the end line) goes to stderr instead, by pointing fd 1 at stderr until the end.
-    let stdout = (path_is_stdout(args)).then(swap_stdout_to_stderr).flatten();
+    let stdout = path_is_stdout(args)
+        .then(crate::analysis::results::stdout_for_document)
+        .and_then(Result::ok);
     DOC.with(|d| {
         *d.borrow_mut() = Collector {
             doc: Some(doc),
@@ -72,15 +74,6 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
 
 fn path_is_stdout(args: &ObserveArgs) -> bool {
     args.json.as_deref() == Some(std::path::Path::new("-"))
-}
-
-fn swap_stdout_to_stderr() -> Option<std::os::fd::OwnedFd> {
-    use std::io::Write;
-    use std::os::fd::AsFd;
-    let _ = std::io::stdout().flush();
-    let saved = std::io::stdout().as_fd().try_clone_to_owned().ok()?;
-    nix::unistd::dup2(2, 1).ok()?;
-    Some(saved)
 }
 
 fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: u64, rtt_us: u32) {
@@ -275,9 +268,8 @@ pub(super) fn finish(
         })
         .collect();
     match stdout {
-        Some(fd) => {
+        Some(mut f) => {
             use std::io::Write;
-            let mut f = std::fs::File::from(fd);
             f.write_all(doc.to_json()?.as_bytes())?;
             f.flush()?;
         }
