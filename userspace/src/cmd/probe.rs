@@ -60,9 +60,14 @@ pub struct RrOpts {
     /// Transactions per interval, one after the other.
     #[arg(short = 'b', long = "burst", default_value_t = 1, value_name = "BURST")]
     pub burst: u32,
-    /// Wait for the next interval by spinning on the clock (netperf --enable-spin) instead of sleeping.
+    /// Wait for the next interval by spinning on the clock instead of sleeping, as netperf's
+    /// --enable-spin build; the reply is still waited for asleep (see --busy-poll).
     #[arg(long)]
     pub spin: bool,
+    /// Wait for the reply by polling the socket (non-blocking receives in a loop) instead of
+    /// sleeping: no wake-up in the sample, one CPU busy (not netperf's).
+    #[arg(long)]
+    pub busy_poll: bool,
     /// Request and response sizes in bytes (default 1,1).
     #[arg(short = 'r', long = "sizes", value_parser = sizes_arg, value_name = "REQ,RESP")]
     pub sizes: Option<(u32, u32)>,
@@ -128,9 +133,13 @@ pub struct PingOpts {
     /// Numeric output only (accepted for ping's habit: rttscope never resolves names in its output).
     #[arg(short = 'n')]
     pub numeric: bool,
-    /// Wait for the next request by spinning on the clock instead of sleeping (ping's busy-poll at short intervals).
+    /// Wait for the next request by spinning on the clock instead of sleeping.
     #[arg(long)]
     pub spin: bool,
+    /// Wait for the reply by polling the socket instead of sleeping (ping does this at
+    /// intervals under ~10 ms).
+    #[arg(long)]
+    pub busy_poll: bool,
     /// Print the whole result (settings, counts, summary, every sample) as JSON instead.
     #[arg(long)]
     pub json: bool,
@@ -175,6 +184,7 @@ pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     }
     c.burst = o.burst;
     c.spin = o.spin;
+    c.busy_poll = o.busy_poll;
     c.nodelay = tcp.nodelay;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
@@ -203,6 +213,7 @@ pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
     c.resp_size = o.size;
     c.interval = o.interval;
     c.spin = o.spin;
+    c.busy_poll = o.busy_poll;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
     // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
