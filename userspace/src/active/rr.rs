@@ -1606,6 +1606,24 @@ mod tests {
         });
     }
 
+    /// Transactions/s divide by `-l` (netperf), not by first send -> last reply.
+    #[test]
+    fn throughput_divides_by_the_run_length() {
+        let l = Duration::from_secs(2);
+        // A run that reached its end: -l, whatever the span of its transactions.
+        assert_eq!(run_length(Stop::Duration(l), 200, false, 1.9901), 2.0);
+        // Cancelled: only as long as it ran.
+        assert_eq!(run_length(Stop::Duration(l), 50, true, 0.5), 0.5);
+        // A count: the time it took.
+        assert_eq!(run_length(Stop::Count(300), 300, false, 0.02), 0.02);
+        // ping -c with -w: the deadline if it came first, else the time taken.
+        assert_eq!(run_length(Stop::CountOrDuration(5, l), 3, false, 1.99), 2.0);
+        assert_eq!(
+            run_length(Stop::CountOrDuration(5, l), 5, false, 0.04),
+            0.04
+        );
+    }
+
     #[test]
     fn pacer_keeps_the_grid() {
         let mut c = ProbeConfig::new(Kind::UdpRr, "x");

@@ -23,8 +23,8 @@
 //! else keeps being served. Per-connection and per-datagram log lines are
 //! rate-limited: the first ten of each kind, then every thousandth.
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
 use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -422,7 +422,11 @@ impl Server {
         for l in self.tcp {
             set.spawn(accept_loop(l, tcp.clone()));
         }
-        set.spawn(tcp_watchdog(tcp.table.clone(), cfg.idle_timeout, self.stats.clone()));
+        set.spawn(tcp_watchdog(
+            tcp.table.clone(),
+            cfg.idle_timeout,
+            self.stats.clone(),
+        ));
         for u in self.udp {
             set.spawn(udp_loop(u, cfg.clone(), udp.clone(), self.stats.clone()));
         }
@@ -607,7 +611,10 @@ fn start_conn(
     limits: (OwnedSemaphorePermit, PeerSlot),
     t: &TcpShared,
 ) {
-    let sock = match s.into_std().and_then(|s| s.set_nonblocking(false).map(|_| s)) {
+    let sock = match s
+        .into_std()
+        .and_then(|s| s.set_nonblocking(false).map(|_| s))
+    {
         Ok(s) => s,
         Err(e) => {
             debug!("{peer}: {e}");
@@ -674,18 +681,23 @@ async fn tcp_watchdog(table: Arc<ConnTable>, idle: Duration, stats: Arc<ServeSta
 
 /// Count and log a connection the watchdog closes.
 fn report_cut(peer: SocketAddr, phase: Phase, idle: Duration, stats: &ServeStats) {
-    let (counter, what) = match phase {
-        Phase::Hello => (&stats.idle_closed, "sent no hello within"),
-        Phase::Idle => (&stats.idle_closed, "idle for"),
+    let (counter, what, kind) = match phase {
+        Phase::Hello => (&stats.idle_closed, "sent no hello within", "idle"),
+        Phase::Idle => (&stats.idle_closed, "idle for", "idle"),
         Phase::Request => (
             &stats.slow_requests,
-            "did not complete its request within, from its first byte,",
+            "request not complete within its first byte +",
+            "slow requests",
         ),
-        Phase::Response => (&stats.slow_readers, "did not read its response within"),
+        Phase::Response => (
+            &stats.slow_readers,
+            "did not read its response within",
+            "slow readers",
+        ),
     };
     let n = inc(counter);
     if log_nth(n) {
-        warn!("{peer}: {what} {idle:?}; disconnected ({phase:?} timeouts so far: {n})");
+        warn!("{peer}: {what} {idle:?}; disconnected ({kind} so far: {n})");
     }
 }
 
@@ -1466,5 +1478,114 @@ mod tests {
         };
         assert_eq!(r.counts.received, 50);
         assert_eq!(get(&stats.over_conn_limit), 0);
+    }
+
+    /// Wait until `c` reads `want`; how long that took (None: not within `within`).
+    fn until_count(c: &AtomicU64, want: u64, within: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            if get(c) >= want {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// The watchdog's three other deadlines, with a 1 s idle timeout: no
+    /// hello, idle between transactions, a response not read. Each is cut
+    /// between 0.9 and 2.5 s (the watchdog looks every 100 ms) and counted.
+    #[test]
+    fn tcp_idle_hello_and_slow_reader_are_cut_at_their_deadlines() {
+        let rt = rt();
+        let (addrs, stats, _stop) = rt.block_on(start(ServeConfig {
+            idle_timeout: Duration::from_secs(1),
+            max_size: 64 << 20,
+            ..v4_cfg()
+        }));
+        let addr = addrs[0];
+        let in_time = |d: Option<Duration>, what: &str| {
+            let d = d.unwrap_or_else(|| panic!("{what}: not cut within 2.5 s"));
+            assert!(d >= Duration::from_millis(900), "{what}: cut after {d:?}");
+        };
+        // No hello.
+        let mut silent = std::net::TcpStream::connect(addr).unwrap();
+        in_time(
+            until_count(&stats.idle_closed, 1, Duration::from_millis(2500)),
+            "no hello",
+        );
+        assert!(closed_within(&mut silent, Duration::from_secs(1)));
+        // One transaction, then silence.
+        let mut idle = connected(addr, 1, 1);
+        idle.write_all(b"q").unwrap();
+        let mut b = [0u8; 1];
+        idle.read_exact(&mut b).unwrap();
+        in_time(
+            until_count(&stats.idle_closed, 2, Duration::from_millis(2500)),
+            "idle",
+        );
+        assert!(closed_within(&mut idle, Duration::from_secs(1)));
+        // A 32 MiB response nobody reads: more than the server's send buffer
+        // (at most tcp_wmem's 4 MiB) and the client's small receive buffer
+        // hold, so the server's send blocks.
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(&addr.into()).unwrap();
+        let mut slow: std::net::TcpStream = sock.into();
+        slow.write_all(&hello(1, 32 << 20)).unwrap();
+        slow.read_exact(&mut [0u8; 4]).unwrap();
+        slow.write_all(b"q").unwrap();
+        in_time(
+            until_count(&stats.slow_readers, 1, Duration::from_millis(2500)),
+            "slow reader",
+        );
+        assert!(closed_within(&mut slow, Duration::from_secs(2)));
+        assert_eq!(get(&stats.tcp_transactions), 1, "{stats:?}");
+        assert_eq!(get(&stats.slow_requests), 0, "{stats:?}");
+    }
+
+    /// At most `max_conns` connection threads: the one over is refused and
+    /// counted. Stopping the server shuts every live connection down and
+    /// waits for its thread: `run` returns promptly and the counters are final.
+    #[test]
+    fn tcp_connections_are_bounded_and_end_with_the_server() {
+        let rt = rt();
+        let server = rt
+            .block_on(bind(ServeConfig {
+                max_conns: 3,
+                ..v4_cfg()
+            }))
+            .unwrap();
+        let addr = server.local_addrs()[0];
+        let stats = server.stats.clone();
+        let (stop, cancel) = cancel_pair();
+        let run = rt.spawn(server.run(cancel));
+        let mut held: Vec<_> = (0..3).map(|_| connected(addr, 1, 1)).collect();
+        for s in &mut held {
+            s.write_all(b"q").unwrap();
+            s.read_exact(&mut [0u8; 1]).unwrap();
+        }
+        let mut over = std::net::TcpStream::connect(addr).unwrap();
+        let _ = over.write_all(&hello(1, 1));
+        assert!(closed_within(&mut over, Duration::from_secs(1)));
+        assert_eq!(get(&stats.over_conn_limit), 1);
+        let t = Instant::now();
+        stop.send(true).unwrap();
+        rt.block_on(run).unwrap().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "stopping took {:?}",
+            t.elapsed()
+        );
+        for s in &mut held {
+            assert!(closed_within(s, Duration::from_millis(200)));
+        }
+        assert_eq!(get(&stats.tcp_transactions), 3);
+        assert_eq!(
+            get(&stats.idle_closed),
+            0,
+            "a stop is not a timeout: {stats:?}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use crate::analysis::units::duration_arg;
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Address to listen on, TCP and UDP (repeatable). Default: 127.0.0.1:7878 and [::1]:7878.
+    /// Address to listen on, TCP and UDP (repeatable). Default: every address, 0.0.0.0:7878 and [::]:7878.
     #[arg(long = "listen", value_name = "ADDR:PORT")]
     pub listen: Vec<SocketAddr>,
     /// Largest request or response size in bytes; a client asking for more is disconnected.
