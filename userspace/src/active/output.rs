@@ -378,7 +378,7 @@ pub fn human(r: &ProbeResult) -> String {
         st.address,
         st.port,
         crate::sinks::table::count(c.received, "transaction"),
-        r.elapsed_s,
+        r.run_s,
         r.throughput,
         r.throughput_units
     );
@@ -416,9 +416,11 @@ pub fn human(r: &ProbeResult) -> String {
         st.burst,
         if st.nodelay { "on" } else { "off" },
         fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
-        match st.io {
-            IoMode::BlockingThread => "blocking thread",
-            IoMode::TokioReactor => "tokio reactor",
+        match (st.io, st.busy_poll) {
+            (IoMode::BlockingThread, false) => "blocking thread",
+            (IoMode::BlockingThread, true) => "blocking thread, busy-poll",
+            (IoMode::TokioReactor, false) => "tokio reactor",
+            (IoMode::TokioReactor, true) => "tokio reactor, busy-poll",
         },
         st.clock
     );
@@ -445,6 +447,7 @@ mod tests {
                 duration_s: Some(2.0),
                 count: None,
                 spin: false,
+                busy_poll: false,
                 nodelay: false,
                 timeout_ns: 1_000_000_000,
                 pacing: "sleep (timerfd)".into(),
@@ -454,6 +457,7 @@ mod tests {
             },
             start_unix_s: 0.0,
             elapsed_s: 2.0,
+            run_s: 2.0,
             counts: Counts {
                 sent: 4,
                 received: 4,

@@ -97,8 +97,14 @@ pub struct ProbeConfig {
     pub req_size: u32,
     pub resp_size: u32,
     pub stop: Stop,
-    /// Wait for the next interval by spinning on the clock instead of sleeping.
+    /// Wait for the next interval by spinning on the clock instead of
+    /// sleeping (netperf's `--enable-spin`). The reply is still waited for
+    /// in a blocking receive, as netperf does.
     pub spin: bool,
+    /// Wait for the reply by polling the socket (non-blocking receives in a
+    /// loop) instead of sleeping in the kernel: no wake-up in the sample, one
+    /// CPU busy. Not netperf's; ping does it at intervals under ~10 ms.
+    pub busy_poll: bool,
     /// TCP_NODELAY on both ends (TCP).
     pub nodelay: bool,
     /// A reply not received within this long is lost (UDP, ICMP); a TCP
@@ -132,6 +138,7 @@ impl ProbeConfig {
             resp_size: resp,
             stop: Stop::Duration(Duration::from_secs(10)),
             spin: false,
+            busy_poll: false,
             nodelay: false,
             timeout: Duration::from_secs(1),
             max_samples: 1_000_000,
@@ -156,10 +163,15 @@ pub struct Settings {
     pub resp_size: u32,
     pub duration_s: Option<f64>,
     pub count: Option<u64>,
+    /// The pacing wait spins (`--spin`, netperf's `--enable-spin`).
     pub spin: bool,
+    /// The reply is busy-polled (`--busy-poll`) instead of waited for asleep.
+    #[serde(default)]
+    pub busy_poll: bool,
     pub nodelay: bool,
     pub timeout_ns: u64,
-    /// "sleep (timerfd)" or "spin".
+    /// How the time between bursts is waited: "none (back to back)", "spin",
+    /// "sleep (timerfd)" (in the reactor) or "sleep (clock_nanosleep)" (TCP_RR's blocking thread).
     pub pacing: String,
     /// How the RTT is timed. TCP_RR and UDP_RR: "CLOCK_MONOTONIC" (userspace,
     /// around the send and receive calls). ICMP: "kernel rx timestamp
@@ -212,6 +224,11 @@ pub struct ProbeResult {
     pub start_unix_s: f64,
     /// From the first send to the end of the last transaction.
     pub elapsed_s: f64,
+    /// The run's length, what `throughput` divides by: `-l` for a run that
+    /// reached its end (netperf's definition), else (`-n COUNT`, cancelled,
+    /// failed) `elapsed_s`.
+    #[serde(default)]
+    pub run_s: f64,
     pub counts: Counts,
     /// RTT summary in microseconds.
     pub summary: Summary,
@@ -219,7 +236,7 @@ pub struct ProbeResult {
     pub summary_source: String,
     /// P50/P90/P99 from a netperf-style histogram, whole microseconds.
     pub netperf: NetperfPercentiles,
-    /// Transactions (replies received) per second of elapsed time.
+    /// Transactions (replies received) per second of the run: `counts.received / run_s`.
     pub throughput: f64,
     pub throughput_units: String,
     /// Per transaction: (offset of the send from the start, RTT), nanoseconds.
@@ -526,12 +543,15 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
             Stop::Duration(_) => None,
         },
         spin: cfg.spin,
+        busy_poll: cfg.busy_poll,
         nodelay: cfg.nodelay,
         timeout_ns: cfg.timeout.as_nanos() as u64,
         pacing: if cfg.interval.is_zero() {
             "none (back to back)".into()
         } else if cfg.spin {
             "spin".into()
+        } else if cfg.kind == Kind::TcpRr && cfg.io == IoMode::BlockingThread {
+            "sleep (clock_nanosleep)".into()
         } else {
             "sleep (timerfd)".into()
         },
@@ -623,6 +643,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         }
     };
     let elapsed_s = end_ns.saturating_sub(rec.start) as f64 / 1e9;
+    let run_s = run_length(cfg.stop, rec.counts.sent, *cancel.borrow(), elapsed_s);
     let (summary, source) = if rec.counts.samples_dropped == 0 {
         let ns: Vec<u64> = rec.samples.iter().map(|s| s.1).collect();
         (Summary::from_ns(&ns), "exact")
@@ -633,11 +654,12 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         settings,
         start_unix_s,
         elapsed_s,
+        run_s,
         summary,
         summary_source: source.into(),
         netperf: NetperfPercentiles::of(&rec.np),
-        throughput: if elapsed_s > 0.0 {
-            rec.counts.received as f64 / elapsed_s
+        throughput: if run_s > 0.0 {
+            rec.counts.received as f64 / run_s
         } else {
             0.0
         },
@@ -648,10 +670,23 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     })
 }
 
+/// What throughput divides by: the run length `-l` when the run reached it
+/// (netperf: transactions / test length, so a 10 ms-paced `-l 4` reads
+/// 100.00/s, not 400 / 3.99 s), otherwise the time from the first send to the
+/// end of the last transaction (`-n`, a count reached before `-w`, a cancel).
+fn run_length(stop: Stop, sent: u64, cancelled: bool, elapsed_s: f64) -> f64 {
+    match stop {
+        Stop::Duration(d) if !cancelled => d.as_secs_f64(),
+        Stop::CountOrDuration(n, d) if !cancelled && sent < n => d.as_secs_f64(),
+        _ => elapsed_s,
+    }
+}
+
 /// TCP_RR on a dedicated blocking thread: the socket is switched to blocking
-/// mode with a 100 ms receive timeout (to notice cancellation and the
-/// transaction timeout), and every transaction is one send() and as many
-/// recv() as the response needs, exactly like netperf and the bare loop.
+/// mode, and every transaction is one send() and as many recv() as the
+/// response needs, exactly like netperf and the bare loop (`--busy-poll`:
+/// non-blocking recv() in a loop). Cancellation and the transaction timeout
+/// come from a watchdog that shuts the socket down.
 async fn tcp_blocking(
     conn: TcpConn,
     cfg: &ProbeConfig,
@@ -662,10 +697,10 @@ async fn tcp_blocking(
 ) -> Result<(Recorder, u64)> {
     use std::sync::atomic::AtomicU64;
     let s = conn.s.into_std().context("detaching the socket")?;
-    // --spin busy-polls the reply: non-blocking reads in a loop. Otherwise
-    // plain blocking calls without SO_RCVTIMEO (which would arm a kernel timer
+    // --busy-poll polls the reply: non-blocking reads in a loop. Otherwise
+    // (also with --spin, which spins only the pacing wait) plain blocking calls without SO_RCVTIMEO (which would arm a kernel timer
     // on every blocking recv); timeouts and cancel come from the watchdog below.
-    s.set_nonblocking(cfg.spin)?;
+    s.set_nonblocking(cfg.busy_poll)?;
     s.set_write_timeout(Some(cfg.timeout))?;
     // Shared so the descriptor stays open until both sides are done with it.
     let sock = Arc::new(s);
@@ -680,7 +715,7 @@ async fn tcp_blocking(
         inflight.clone(),
         sock.clone(),
     );
-    let (stop_at, timeout, spin) = (cfg.stop, cfg.timeout, cfg.spin);
+    let (stop_at, timeout, busy_poll) = (cfg.stop, cfg.timeout, cfg.busy_poll);
     let mut handle = tokio::task::spawn_blocking(move || -> Result<(Recorder, u64)> {
         use std::io::{Read, Write};
         // SAFETY: prctl on the calling thread only.
@@ -743,7 +778,7 @@ async fn tcp_blocking(
                         }
                     }
                     Ok(n) => got += n,
-                    Err(e) if spin && e.kind() == std::io::ErrorKind::WouldBlock => {
+                    Err(e) if busy_poll && e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::hint::spin_loop();
                         if stop2.load(Ordering::Relaxed) {
                             rec.counts.sent -= 1;
@@ -859,12 +894,12 @@ async fn tcp_loop(
                 break;
             }
             rec.counts.sent += 1;
-            if cfg.spin && rec.counts.sent.is_multiple_of(256) {
+            if (cfg.spin || cfg.busy_poll) && rec.counts.sent.is_multiple_of(256) {
                 // Let the signal watcher (and the watchdog) run now and then.
                 tokio::task::yield_now().await;
             }
-            let r = if cfg.spin {
-                match conn.transaction_spin(mono_ns() + timeout_ns) {
+            let r = if cfg.busy_poll {
+                match conn.transaction_busy_poll(mono_ns() + timeout_ns) {
                     Ok(Some(t)) => Ok(t),
                     Ok(None) => bail!(
                         "TCP transaction {} with {addr} took longer than {:?}",
@@ -1005,9 +1040,9 @@ impl TcpConn {
         Ok((t0, mono_ns()))
     }
 
-    /// One transaction without ever sleeping (--spin): the response is
+    /// One transaction without ever sleeping (--busy-poll): the response is
     /// busy-polled with non-blocking recv() until complete or `deadline`.
-    fn transaction_spin(&mut self, deadline: u64) -> Result<Option<(u64, u64)>> {
+    fn transaction_busy_poll(&mut self, deadline: u64) -> Result<Option<(u64, u64)>> {
         let fd = self.s.as_raw_fd();
         let t0 = mono_ns();
         let mut off = 0;
@@ -1253,7 +1288,7 @@ async fn dgram_loop(
             break;
         }
         seq += 1;
-        if cfg.spin && seq.is_multiple_of(256) {
+        if (cfg.spin || cfg.busy_poll) && seq.is_multiple_of(256) {
             tokio::task::yield_now().await;
         }
         states[(seq as usize) % WINDOW] = (seq, SeqState::Pending);
@@ -1283,7 +1318,7 @@ async fn dgram_loop(
         let mut deadline_ns = t0 + cfg.timeout.as_nanos() as u64;
         let mut resent = false;
         loop {
-            let r = if cfg.spin {
+            let r = if cfg.busy_poll {
                 // Busy-poll: never sleep, so no wake-up latency lands in the sample.
                 let mut i = 0u32;
                 loop {
@@ -1569,6 +1604,24 @@ mod tests {
             assert_eq!(k.duplicates, dups, "{k:?}");
             assert_eq!(r.samples.len() as u64, k.received);
         });
+    }
+
+    /// Transactions/s divide by `-l` (netperf), not by first send -> last reply.
+    #[test]
+    fn throughput_divides_by_the_run_length() {
+        let l = Duration::from_secs(2);
+        // A run that reached its end: -l, whatever the span of its transactions.
+        assert_eq!(run_length(Stop::Duration(l), 200, false, 1.9901), 2.0);
+        // Cancelled: only as long as it ran.
+        assert_eq!(run_length(Stop::Duration(l), 50, true, 0.5), 0.5);
+        // A count: the time it took.
+        assert_eq!(run_length(Stop::Count(300), 300, false, 0.02), 0.02);
+        // ping -c with -w: the deadline if it came first, else the time taken.
+        assert_eq!(run_length(Stop::CountOrDuration(5, l), 3, false, 1.99), 2.0);
+        assert_eq!(
+            run_length(Stop::CountOrDuration(5, l), 5, false, 0.04),
+            0.04
+        );
     }
 
     #[test]

@@ -14,12 +14,18 @@
 //!   `framing.rs`), and replies to each source address are rate-limited (a
 //!   token bucket per address in a bounded table).
 //!
+//! Each TCP connection has a thread of its own doing blocking recv() and
+//! send(), as a bare server does (at most `max_conns` threads); one watchdog
+//! task enforces the deadlines by shutting a late connection's socket down.
+//! Accept and UDP run on the async runtime.
+//!
 //! A client that breaks the framing is disconnected with a log line; everyone
 //! else keeps being served. Per-connection and per-datagram log lines are
 //! rate-limited: the first ten of each kind, then every thousandth.
 use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,9 +33,8 @@ use anyhow::{Context, Result};
 use hmac::{Hmac, Mac};
 use md5::Md5;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -154,6 +159,8 @@ pub struct ServeStats {
     /// Sources the full rate table forgot while they still had a partly spent bucket.
     pub udp_rate_evictions: AtomicU64,
     pub udp_send_errors: AtomicU64,
+    /// TCP connections closed at once: no thread could be started for them.
+    pub thread_spawn_errors: AtomicU64,
 }
 
 fn inc(c: &AtomicU64) -> u64 {
@@ -390,11 +397,11 @@ impl Server {
             .collect()
     }
 
-    /// Serve until `cancel` fires; every connection task is aborted then.
+    /// Serve until `cancel` fires. Then every TCP connection is shut down and
+    /// its thread waited for (at most 2 s), so the counters are final.
     pub async fn run(self, mut cancel: Cancel) -> Result<()> {
         let mut set = JoinSet::new();
         let sem = Arc::new(Semaphore::new(self.cfg.max_conns));
-        let peers = Arc::new(PeerConns::default());
         let udp = Arc::new(UdpShared {
             cookies: Cookies::new(self.cfg.cookie_window),
             limiter: RateLimiter::new(
@@ -405,28 +412,37 @@ impl Server {
             .map(Mutex::new),
         });
         let cfg = Arc::new(self.cfg);
+        let tcp = TcpShared {
+            cfg: cfg.clone(),
+            sem: sem.clone(),
+            peers: Arc::new(PeerConns::default()),
+            table: Arc::new(ConnTable::default()),
+            stats: self.stats.clone(),
+        };
         for l in self.tcp {
-            set.spawn(accept_loop(
-                l,
-                cfg.clone(),
-                sem.clone(),
-                peers.clone(),
-                self.stats.clone(),
-            ));
+            set.spawn(accept_loop(l, tcp.clone()));
         }
+        set.spawn(tcp_watchdog(
+            tcp.table.clone(),
+            cfg.idle_timeout,
+            self.stats.clone(),
+        ));
         for u in self.udp {
             set.spawn(udp_loop(u, cfg.clone(), udp.clone(), self.stats.clone()));
         }
-        tokio::select! {
-            _ = super::cancel::cancelled(&mut cancel) => {}
-            Some(r) = set.join_next() => {
-                if let Ok(Err(e)) = r {
-                    return Err(e);
-                }
-            }
-        }
+        let r = tokio::select! {
+            _ = super::cancel::cancelled(&mut cancel) => Ok(()),
+            Some(r) = set.join_next() => match r {
+                Ok(Err(e)) => Err(e),
+                _ => Ok(()),
+            },
+        };
         set.shutdown().await;
-        Ok(())
+        tcp.table.cut_all();
+        // Each connection thread holds a permit until its socket is closed.
+        let all = cfg.max_conns.min(u32::MAX as usize) as u32;
+        let _ = tokio::time::timeout(Duration::from_secs(2), sem.acquire_many(all)).await;
+        r
     }
 }
 
@@ -442,172 +458,346 @@ pub async fn serve(cfg: ServeConfig, cancel: Cancel) -> Result<()> {
     r
 }
 
-async fn accept_loop(
-    l: TcpListener,
+/// What the accept loops share: the limits, the live connections, the counters.
+#[derive(Clone)]
+struct TcpShared {
     cfg: Arc<ServeConfig>,
     sem: Arc<Semaphore>,
     peers: Arc<PeerConns>,
+    table: Arc<ConnTable>,
     stats: Arc<ServeStats>,
-) -> Result<()> {
-    let mut conns = JoinSet::new();
+}
+
+async fn accept_loop(l: TcpListener, t: TcpShared) -> Result<()> {
+    let (cfg, stats) = (&t.cfg, &t.stats);
     let mut accept_errors = 0u64;
     loop {
-        tokio::select! {
-            r = l.accept() => {
-                let (s, peer) = match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        accept_errors += 1;
-                        if log_nth(accept_errors) {
-                            warn!("accept failed: {e} (accept errors so far: {accept_errors})");
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                inc(&stats.connections);
-                let Some(slot) = peers.try_take(source(peer.ip()), cfg.max_conns_per_peer) else {
-                    let n = inc(&stats.over_peer_limit);
-                    if log_nth(n) {
-                        warn!("{peer}: per-source connection limit {} reached; disconnected (refused so far: {n})", cfg.max_conns_per_peer);
-                    }
-                    drop(s);
-                    continue;
-                };
-                let Ok(permit) = sem.clone().try_acquire_owned() else {
-                    let n = inc(&stats.over_conn_limit);
-                    if log_nth(n) {
-                        warn!("{peer}: connection limit {} reached; disconnected (refused so far: {n})", cfg.max_conns);
-                    }
-                    drop(s);
-                    continue;
-                };
-                let (cfg, stats) = (cfg.clone(), stats.clone());
-                conns.spawn(async move {
-                    handle_tcp(s, peer, &cfg, &stats).await;
-                    drop(permit);
-                    drop(slot);
-                });
+        let (s, peer) = match l.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                accept_errors += 1;
+                if log_nth(accept_errors) {
+                    warn!("accept failed: {e} (accept errors so far: {accept_errors})");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
+        };
+        inc(&stats.connections);
+        let Some(slot) = t.peers.try_take(source(peer.ip()), cfg.max_conns_per_peer) else {
+            let n = inc(&stats.over_peer_limit);
+            if log_nth(n) {
+                warn!("{peer}: per-source connection limit {} reached; disconnected (refused so far: {n})", cfg.max_conns_per_peer);
+            }
+            continue;
+        };
+        let Ok(permit) = t.sem.clone().try_acquire_owned() else {
+            let n = inc(&stats.over_conn_limit);
+            if log_nth(n) {
+                warn!(
+                    "{peer}: connection limit {} reached; disconnected (refused so far: {n})",
+                    cfg.max_conns
+                );
+            }
+            continue;
+        };
+        start_conn(s, peer, (permit, slot), &t);
     }
 }
 
 /// A buffer of response bytes written repeatedly for large responses.
 const CHUNK: usize = 64 * 1024;
 
-async fn handle_tcp(mut s: TcpStream, peer: SocketAddr, cfg: &ServeConfig, stats: &ServeStats) {
-    let idle = cfg.idle_timeout;
-    let mut hello = [0u8; HELLO_LEN];
-    // The whole hello within `idle` of the accept (not per read).
-    match tokio::time::timeout(idle, s.read_exact(&mut hello)).await {
-        Err(_) => {
-            let n = inc(&stats.idle_closed);
-            if log_nth(n) {
-                warn!("{peer}: sent no hello within {idle:?}; disconnected (idle so far: {n})");
-            }
+/// The stack of a connection thread (address space; only the pages it
+/// touches take memory, a few KiB).
+const CONN_STACK: usize = 256 * 1024;
+
+/// What a TCP connection waits for. The watchdog closes a connection whose
+/// phase has not changed for `idle_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// The hello, from the accept.
+    Hello = 0,
+    /// The first byte of the next request.
+    Idle = 1,
+    /// The rest of a request whose first bytes came.
+    Request = 2,
+    /// The client to read the response.
+    Response = 3,
+}
+
+impl Phase {
+    fn of(word: u64) -> Phase {
+        match word & 3 {
+            0 => Phase::Hello,
+            1 => Phase::Idle,
+            2 => Phase::Request,
+            _ => Phase::Response,
+        }
+    }
+}
+
+/// One live TCP connection, shared by its thread and the watchdog.
+struct Conn {
+    sock: std::net::TcpStream,
+    peer: SocketAddr,
+    /// `(changes << 2) | phase`: one relaxed store per phase change is all
+    /// the hot path does for the deadlines.
+    phase: AtomicU64,
+    /// Shut down by the watchdog, which counted and logged why.
+    cut: AtomicBool,
+}
+
+impl Conn {
+    fn enter(&self, changes: &mut u64, p: Phase) {
+        *changes += 1;
+        self.phase
+            .store((*changes << 2) | p as u64, Ordering::Relaxed);
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn was_cut(&self) -> bool {
+        self.cut.load(Ordering::Relaxed)
+    }
+}
+
+/// The live connections, for the watchdog and for stopping.
+#[derive(Default)]
+struct ConnTable {
+    next: AtomicU64,
+    live: Mutex<HashMap<u64, Arc<Conn>>>,
+}
+
+impl ConnTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cut_all(&self) {
+        for c in self.lock().values() {
+            c.cut();
+        }
+    }
+}
+
+/// A connection's entry in the table and its places in the limits; released
+/// (socket closed first) when its thread ends.
+struct ConnGuard {
+    table: Arc<ConnTable>,
+    id: u64,
+    _limits: (OwnedSemaphorePermit, PeerSlot),
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        // The table holds the last reference: this closes the socket.
+        let c = self.table.lock().remove(&self.id);
+        drop(c);
+    }
+}
+
+/// Hand an accepted connection to a thread of its own: blocking recv() and
+/// send(), the two system calls per transaction a bare server makes (through
+/// the reactor each turnaround also cost an EAGAIN recv, an epoll_wait and a
+/// timer: ~0.8 us of CPU, 15% of a loopback transaction; docs/perf-active.md).
+fn start_conn(
+    s: TcpStream,
+    peer: SocketAddr,
+    limits: (OwnedSemaphorePermit, PeerSlot),
+    t: &TcpShared,
+) {
+    let sock = match s
+        .into_std()
+        .and_then(|s| s.set_nonblocking(false).map(|_| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            debug!("{peer}: {e}");
             return;
         }
-        Ok(Err(e)) => {
+    };
+    let conn = Arc::new(Conn {
+        sock,
+        peer,
+        phase: AtomicU64::new(Phase::Hello as u64),
+        cut: AtomicBool::new(false),
+    });
+    let id = t.table.next.fetch_add(1, Ordering::Relaxed);
+    t.table.lock().insert(id, conn.clone());
+    let guard = ConnGuard {
+        table: t.table.clone(),
+        id,
+        _limits: limits,
+    };
+    let (cfg, stats) = (t.cfg.clone(), t.stats.clone());
+    let spawned = std::thread::Builder::new()
+        .name("rttscope-conn".into())
+        .stack_size(CONN_STACK)
+        .spawn(move || {
+            conn_thread(&conn, &cfg, &stats);
+            drop(conn);
+            drop(guard);
+        });
+    if let Err(e) = spawned {
+        // The closure (and with it the guard) is dropped: connection closed.
+        let n = inc(&t.stats.thread_spawn_errors);
+        if log_nth(n) {
+            warn!("{peer}: no thread for the connection ({e}); disconnected (so far: {n})");
+        }
+    }
+}
+
+/// Every `idle_timeout / 10` (1-100 ms): a connection whose phase has not
+/// changed for `idle_timeout` is counted, logged and shut down. The deadline
+/// runs from when the watchdog first saw the phase: `idle` to `idle + period`
+/// after the phase began.
+async fn tcp_watchdog(table: Arc<ConnTable>, idle: Duration, stats: Arc<ServeStats>) -> Result<()> {
+    let period = (idle / 10).clamp(Duration::from_millis(1), Duration::from_millis(100));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen: HashMap<u64, (u64, Instant)> = HashMap::new();
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let live = table.lock();
+        seen.retain(|id, _| live.contains_key(id));
+        for (id, c) in live.iter() {
+            let word = c.phase.load(Ordering::Relaxed);
+            let e = seen.entry(*id).or_insert((word, now));
+            if e.0 != word {
+                *e = (word, now);
+            } else if now.duration_since(e.1) >= idle && !c.was_cut() {
+                report_cut(c.peer, Phase::of(word), idle, &stats);
+                c.cut();
+            }
+        }
+    }
+}
+
+/// Count and log a connection the watchdog closes.
+fn report_cut(peer: SocketAddr, phase: Phase, idle: Duration, stats: &ServeStats) {
+    let (counter, what, kind) = match phase {
+        Phase::Hello => (&stats.idle_closed, "sent no hello within", "idle"),
+        Phase::Idle => (&stats.idle_closed, "idle for", "idle"),
+        Phase::Request => (
+            &stats.slow_requests,
+            "request not complete within its first byte +",
+            "slow requests",
+        ),
+        Phase::Response => (
+            &stats.slow_readers,
+            "did not read its response within",
+            "slow readers",
+        ),
+    };
+    let n = inc(counter);
+    if log_nth(n) {
+        warn!("{peer}: {what} {idle:?}; disconnected ({kind} so far: {n})");
+    }
+}
+
+/// A connection's thread: the hello, then transactions until the client
+/// leaves, breaks the framing or the watchdog shuts the socket down.
+fn conn_thread(c: &Conn, cfg: &ServeConfig, stats: &ServeStats) {
+    let Some(h) = read_hello(c, cfg, stats) else {
+        return;
+    };
+    if h.flags & super::framing::FLAG_NODELAY != 0 {
+        let _ = c.sock.set_nodelay(true);
+    }
+    if (&c.sock).write_all(&HELLO_ACK).is_err() {
+        return;
+    }
+    debug!(
+        "{}: request {} bytes, response {} bytes",
+        c.peer, h.req, h.resp
+    );
+    let end = serve_requests(c, &h, stats);
+    if c.was_cut() {
+        return; // counted by the watchdog
+    }
+    match end {
+        ConnEnd::Closed => {}
+        ConnEnd::MidRequest => {
+            inc(&stats.mid_request_disconnects);
+            debug!("{}: disconnected in the middle of a request", c.peer);
+        }
+        ConnEnd::Error(e) => debug!("{}: {e}", c.peer),
+    }
+}
+
+/// The hello, decoded; None when the connection is to end (counted).
+fn read_hello(c: &Conn, cfg: &ServeConfig, stats: &ServeStats) -> Option<Hello> {
+    let peer = c.peer;
+    let mut hello = [0u8; HELLO_LEN];
+    if let Err(e) = (&c.sock).read_exact(&mut hello) {
+        if !c.was_cut() {
             let n = inc(&stats.bad_hello);
             if log_nth(n) {
                 warn!("{peer}: connection ended before a complete hello ({e}); disconnected (bad hellos so far: {n})");
             }
-            return;
         }
-        Ok(Ok(_)) => {}
+        return None;
     }
-    let h = match Hello::decode(&hello, cfg.max_size) {
-        Ok(h) => h,
+    match Hello::decode(&hello, cfg.max_size) {
+        Ok(h) => Some(h),
         Err(e) => {
             let n = inc(&stats.bad_hello);
             if log_nth(n) {
                 warn!("{peer}: framing violation: {e}; disconnected (bad hellos so far: {n})");
             }
-            return;
+            None
         }
-    };
-    if h.flags & super::framing::FLAG_NODELAY != 0 {
-        let _ = s.set_nodelay(true);
     }
-    if s.write_all(&HELLO_ACK).await.is_err() {
-        return;
-    }
-    debug!("{peer}: request {} bytes, response {} bytes", h.req, h.resp);
+}
+
+/// How a connection's transactions ended.
+enum ConnEnd {
+    /// The client closed between transactions.
+    Closed,
+    /// The client closed in the middle of a request.
+    MidRequest,
+    Error(std::io::Error),
+}
+
+/// Transactions: read exactly one request, write one response, again. The
+/// phase tells the watchdog which deadline runs (see [`Phase`]).
+fn serve_requests(c: &Conn, h: &Hello, stats: &ServeStats) -> ConnEnd {
+    let mut s = &c.sock;
     let mut inbuf = vec![0u8; (h.req as usize).min(CHUNK)];
     let out = vec![b'r'; (h.resp as usize).min(CHUNK)];
+    let mut changes = 0u64;
     loop {
-        // Read exactly one request: its first byte within `idle` (the time
-        // between transactions), all of it within `idle` of that first byte,
-        // so a client trickling a large request cannot hold the slot forever.
+        c.enter(&mut changes, Phase::Idle);
         let mut left = h.req as usize;
-        let mut deadline: Option<tokio::time::Instant> = None;
         while left > 0 {
             let want = left.min(inbuf.len());
-            let read = s.read(&mut inbuf[..want]);
-            let r = match deadline {
-                None => tokio::time::timeout(idle, read).await,
-                Some(d) => tokio::time::timeout_at(d, read).await,
-            };
-            match r {
-                Err(_) if deadline.is_none() => {
-                    let n = inc(&stats.idle_closed);
-                    if log_nth(n) {
-                        warn!("{peer}: idle for {idle:?}; disconnected (idle so far: {n})");
-                    }
-                    return;
-                }
-                Err(_) => {
-                    let n = inc(&stats.slow_requests);
-                    if log_nth(n) {
-                        warn!(
-                            "{peer}: request of {} bytes not complete within {idle:?} of its first byte ({} received); disconnected (slow requests so far: {n})",
-                            h.req,
-                            h.req as usize - left
-                        );
-                    }
-                    return;
-                }
-                Ok(Ok(0)) => {
-                    if left != h.req as usize {
-                        inc(&stats.mid_request_disconnects);
-                        debug!("{peer}: disconnected in the middle of a request");
-                    }
-                    return;
-                }
-                Ok(Ok(n)) => {
-                    if deadline.is_none() {
-                        deadline = Some(tokio::time::Instant::now() + idle);
+            match s.read(&mut inbuf[..want]) {
+                Ok(0) if left == h.req as usize => return ConnEnd::Closed,
+                Ok(0) => return ConnEnd::MidRequest,
+                Ok(n) => {
+                    if left == h.req as usize && n < left {
+                        c.enter(&mut changes, Phase::Request);
                     }
                     left -= n;
                 }
-                Ok(Err(e)) => {
-                    debug!("{peer}: read error {e}");
-                    return;
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return ConnEnd::Error(e),
             }
         }
-        // Write one response, all of it within `idle`.
-        let deadline = tokio::time::Instant::now() + idle;
+        c.enter(&mut changes, Phase::Response);
         let mut left = h.resp as usize;
         while left > 0 {
             let n = left.min(out.len());
-            match tokio::time::timeout_at(deadline, s.write_all(&out[..n])).await {
-                Err(_) => {
-                    let c = inc(&stats.slow_readers);
-                    if log_nth(c) {
-                        warn!("{peer}: did not read its response within {idle:?}; disconnected (slow readers so far: {c})");
-                    }
-                    return;
-                }
-                Ok(Err(e)) => {
-                    debug!("{peer}: write error {e}");
-                    return;
-                }
-                Ok(Ok(())) => left -= n,
+            if let Err(e) = s.write_all(&out[..n]) {
+                return ConnEnd::Error(e);
             }
+            left -= n;
         }
         inc(&stats.tcp_transactions);
     }
@@ -1288,5 +1478,114 @@ mod tests {
         };
         assert_eq!(r.counts.received, 50);
         assert_eq!(get(&stats.over_conn_limit), 0);
+    }
+
+    /// Wait until `c` reads `want`; how long that took (None: not within `within`).
+    fn until_count(c: &AtomicU64, want: u64, within: Duration) -> Option<Duration> {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            if get(c) >= want {
+                return Some(t.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// The watchdog's three other deadlines, with a 1 s idle timeout: no
+    /// hello, idle between transactions, a response not read. Each is cut
+    /// between 0.9 and 2.5 s (the watchdog looks every 100 ms) and counted.
+    #[test]
+    fn tcp_idle_hello_and_slow_reader_are_cut_at_their_deadlines() {
+        let rt = rt();
+        let (addrs, stats, _stop) = rt.block_on(start(ServeConfig {
+            idle_timeout: Duration::from_secs(1),
+            max_size: 64 << 20,
+            ..v4_cfg()
+        }));
+        let addr = addrs[0];
+        let in_time = |d: Option<Duration>, what: &str| {
+            let d = d.unwrap_or_else(|| panic!("{what}: not cut within 2.5 s"));
+            assert!(d >= Duration::from_millis(900), "{what}: cut after {d:?}");
+        };
+        // No hello.
+        let mut silent = std::net::TcpStream::connect(addr).unwrap();
+        in_time(
+            until_count(&stats.idle_closed, 1, Duration::from_millis(2500)),
+            "no hello",
+        );
+        assert!(closed_within(&mut silent, Duration::from_secs(1)));
+        // One transaction, then silence.
+        let mut idle = connected(addr, 1, 1);
+        idle.write_all(b"q").unwrap();
+        let mut b = [0u8; 1];
+        idle.read_exact(&mut b).unwrap();
+        in_time(
+            until_count(&stats.idle_closed, 2, Duration::from_millis(2500)),
+            "idle",
+        );
+        assert!(closed_within(&mut idle, Duration::from_secs(1)));
+        // A 32 MiB response nobody reads: more than the server's send buffer
+        // (at most tcp_wmem's 4 MiB) and the client's small receive buffer
+        // hold, so the server's send blocks.
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        sock.connect(&addr.into()).unwrap();
+        let mut slow: std::net::TcpStream = sock.into();
+        slow.write_all(&hello(1, 32 << 20)).unwrap();
+        slow.read_exact(&mut [0u8; 4]).unwrap();
+        slow.write_all(b"q").unwrap();
+        in_time(
+            until_count(&stats.slow_readers, 1, Duration::from_millis(2500)),
+            "slow reader",
+        );
+        assert!(closed_within(&mut slow, Duration::from_secs(2)));
+        assert_eq!(get(&stats.tcp_transactions), 1, "{stats:?}");
+        assert_eq!(get(&stats.slow_requests), 0, "{stats:?}");
+    }
+
+    /// At most `max_conns` connection threads: the one over is refused and
+    /// counted. Stopping the server shuts every live connection down and
+    /// waits for its thread: `run` returns promptly and the counters are final.
+    #[test]
+    fn tcp_connections_are_bounded_and_end_with_the_server() {
+        let rt = rt();
+        let server = rt
+            .block_on(bind(ServeConfig {
+                max_conns: 3,
+                ..v4_cfg()
+            }))
+            .unwrap();
+        let addr = server.local_addrs()[0];
+        let stats = server.stats.clone();
+        let (stop, cancel) = cancel_pair();
+        let run = rt.spawn(server.run(cancel));
+        let mut held: Vec<_> = (0..3).map(|_| connected(addr, 1, 1)).collect();
+        for s in &mut held {
+            s.write_all(b"q").unwrap();
+            s.read_exact(&mut [0u8; 1]).unwrap();
+        }
+        let mut over = std::net::TcpStream::connect(addr).unwrap();
+        let _ = over.write_all(&hello(1, 1));
+        assert!(closed_within(&mut over, Duration::from_secs(1)));
+        assert_eq!(get(&stats.over_conn_limit), 1);
+        let t = Instant::now();
+        stop.send(true).unwrap();
+        rt.block_on(run).unwrap().unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "stopping took {:?}",
+            t.elapsed()
+        );
+        for s in &mut held {
+            assert!(closed_within(s, Duration::from_millis(200)));
+        }
+        assert_eq!(get(&stats.tcp_transactions), 3);
+        assert_eq!(
+            get(&stats.idle_closed),
+            0,
+            "a stop is not a timeout: {stats:?}"
+        );
     }
 }

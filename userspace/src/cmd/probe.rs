@@ -64,9 +64,14 @@ pub struct RrOpts {
     pub interval: Duration,
     #[arg(short = 'b', long = "burst", default_value_t = 1, help = BURST_HELP, value_name = "N")]
     pub burst: u32,
-    /// Wait for the next interval by spinning on the clock (netperf --enable-spin) instead of sleeping.
+    /// Wait for the next interval by spinning on the clock instead of sleeping, as netperf's
+    /// --enable-spin build; the reply is still waited for asleep (see --busy-poll).
     #[arg(long)]
     pub spin: bool,
+    /// Wait for the reply by polling the socket (non-blocking receives in a loop) instead of
+    /// sleeping: no wake-up in the sample, one CPU busy (not netperf's).
+    #[arg(long)]
+    pub busy_poll: bool,
     #[arg(short = 'r', long = "sizes", default_value = "1,1", help = SIZES_HELP, value_parser = sizes_arg, value_name = "REQ,RESP")]
     pub sizes: Option<(u32, u32)>,
     /// The responder's port (the port `rttscope serve` listens on by default).
@@ -179,9 +184,13 @@ pub struct PingOpts {
     /// Numeric output only (accepted for ping's habit: rttscope never resolves names in its output).
     #[arg(short = 'n')]
     pub numeric: bool,
-    /// Wait for the next request by spinning on the clock instead of sleeping (ping's busy-poll at short intervals).
+    /// Wait for the next request by spinning on the clock instead of sleeping.
     #[arg(long)]
     pub spin: bool,
+    /// Wait for the reply by polling the socket instead of sleeping (ping does this at
+    /// intervals under ~10 ms).
+    #[arg(long)]
+    pub busy_poll: bool,
     #[command(flatten)]
     pub out: OutputOpts,
     /// Keep at most this many per-reply samples in the result.
@@ -236,6 +245,7 @@ pub fn rr_config(kind: Kind, o: &RrOpts, tcp: &TcpOpts) -> Result<ProbeConfig> {
     }
     c.burst = o.burst;
     c.spin = o.spin;
+    c.busy_poll = o.busy_poll;
     c.nodelay = tcp.nodelay;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
@@ -264,6 +274,7 @@ pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
     c.resp_size = o.size;
     c.interval = o.interval;
     c.spin = o.spin;
+    c.busy_poll = o.busy_poll;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
     // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
