@@ -131,9 +131,14 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
             .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
             .collect();
         header += &format!(
-            " | view sampler: 1/{} sampling, match {}, no Karn, on {}",
+            " | view sampler: 1/{} sampling, match {}, no Karn, proto {}, on {}",
             c.sample_every,
             c.matching.as_str(),
+            c.protos
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(","),
             ifs.join(" ")
         );
     }
@@ -349,7 +354,13 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
         3 => "flow_end",
         _ => "?",
     };
-    let side = crate::views::flow::Side::from_raw(ev.side);
+    let mut side = crate::views::flow::Side::from_raw(ev.side);
+    // a sampler sample of an ICMP flow: its kind and side are in the key
+    let (fk, icmp_side) = crate::views::sampler::FlowKind::from_key(&ev.key);
+    let proto = (ev.r#type == 2 && fk != crate::views::sampler::FlowKind::Tcp).then(|| {
+        side = icmp_side;
+        fk.as_str()
+    });
     match (fmt, flow) {
         (Format::CloudMonitoring, Some(f)) => {
             if ev.r#type == 1 {
@@ -364,12 +375,17 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
             }
             String::new()
         }
-        (Format::Json, Some(f)) => json!({
-            "type": "sample", "view": kind, "t": t, "netns": f.netns,
-            "local": f.local.to_string(), "remote": f.remote.to_string(),
-            "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
-        })
-        .to_string(),
+        (Format::Json, Some(f)) => {
+            let mut v = json!({
+                "type": "sample", "view": kind, "t": t, "netns": f.netns,
+                "local": f.local.to_string(), "remote": f.remote.to_string(),
+                "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
+            });
+            if let Some(p) = proto {
+                v["proto"] = json!(p);
+            }
+            v.to_string()
+        }
         (Format::Table, Some(f)) => format!(
             "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={}us",
             side.as_str(),
