@@ -799,14 +799,20 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
  * way: a request records its sequence in the flow of the host that will
  * time the reply (egress: the pinger's, ingress: the pinged host's, timed
  * from the request's arrival), a reply with the same identifier and
- * sequence the other way gives the sample. Out of line: the TCP path does
- * not carry it. */
-static __noinline int icmp_packet(struct seg *s, __u32 ingress)
+ * sequence the other way gives the sample. Out of line, and global: the
+ * verifier checks it once on its own, not again inside each program's
+ * TCP paths, and the TCP path does not carry its code. */
+__noinline int icmp_packet(struct seg *s, __u32 ingress)
 {
 	struct rttscope_sampler_entry *e;
-	__u32 request = s->flags == ECHO_REQUEST, id = s->ack, seq = s->seq, pinger, set, tag, why;
+	__u32 request, id, seq, pinger, set, tag, why;
 	__u64 h, g = 0, now;
 
+	if (!s) /* a global function's pointer argument may be NULL for the verifier */
+		return 0;
+	request = s->flags == ECHO_REQUEST;
+	id = s->ack;
+	seq = s->seq;
 	pinger = request ^ ingress; /* a request going out, or a reply coming in */
 	count(ingress ? RTTSCOPE_SAMPLER_ICMP_INGRESS : RTTSCOPE_SAMPLER_ICMP_EGRESS);
 	if (ingress) /* local = this host */

@@ -333,12 +333,20 @@ pub(super) fn sampler_raw_lines(
                 });
                 continue;
             }
-            Format::Json => json!({
-                "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
-                "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
-                "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
-            })
-            .to_string(),
+            Format::Json => {
+                let icmp = smp.kind != crate::views::sampler::FlowKind::Tcp;
+                let mut v = json!({
+                    "type": "sample", "view": "sampler", "t": t, "netns": smp.flow.netns,
+                    "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
+                    "rtt_us": smp.rtt_us,
+                    "match": if icmp { "echo" } else { smp.matching.as_str() },
+                    "side": smp.side,
+                });
+                if icmp {
+                    v["proto"] = json!(smp.kind.as_str());
+                }
+                v.to_string()
+            }
             Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
         };
         lines.borrow_mut().push(line);
@@ -354,13 +362,7 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
         3 => "flow_end",
         _ => "?",
     };
-    let mut side = crate::views::flow::Side::from_raw(ev.side);
-    // a sampler sample of an ICMP flow: its kind and side are in the key
-    let (fk, icmp_side) = crate::views::sampler::FlowKind::from_key(&ev.key);
-    let proto = (ev.r#type == 2 && fk != crate::views::sampler::FlowKind::Tcp).then(|| {
-        side = icmp_side;
-        fk.as_str()
-    });
+    let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
         (Format::CloudMonitoring, Some(f)) => {
             if ev.r#type == 1 {
@@ -375,17 +377,12 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
             }
             String::new()
         }
-        (Format::Json, Some(f)) => {
-            let mut v = json!({
-                "type": "sample", "view": kind, "t": t, "netns": f.netns,
-                "local": f.local.to_string(), "remote": f.remote.to_string(),
-                "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
-            });
-            if let Some(p) = proto {
-                v["proto"] = json!(p);
-            }
-            v.to_string()
-        }
+        (Format::Json, Some(f)) => json!({
+            "type": "sample", "view": kind, "t": t, "netns": f.netns,
+            "local": f.local.to_string(), "remote": f.remote.to_string(),
+            "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
+        })
+        .to_string(),
         (Format::Table, Some(f)) => format!(
             "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={}us",
             side.as_str(),

@@ -369,6 +369,9 @@ pub struct SamplerFlowStats {
 pub struct SamplerSample {
     pub flow: Flow,
     pub kind: FlowKind,
+    /// The programs' own label: TCP from the handshake (unknown if not
+    /// seen), ICMP pinger/pinged.
+    pub side: Side,
     pub rtt_us: u32,
     pub ts_ns: u64,
     pub ifindex: u32,
@@ -380,9 +383,14 @@ impl SamplerSample {
         if e.r#type as u32 != t::rttscope_event_type::RTTSCOPE_EV_SAMPLER_RTT.0 {
             return None;
         }
+        let (kind, icmp_side) = FlowKind::from_key(&e.key);
         Some(SamplerSample {
             flow: Flow::from_key(&e.key)?,
-            kind: FlowKind::from_key(&e.key).0,
+            kind,
+            side: match kind {
+                FlowKind::Tcp => Side::from_raw(e.side),
+                _ => icmp_side,
+            },
             rtt_us: e.rtt_us,
             ts_ns: e.ts_ns,
             ifindex: e.reserved2,
