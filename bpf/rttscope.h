@@ -246,7 +246,8 @@ static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rtts
  * A cloud-style packet sampler at tc ingress/egress: a sampled outgoing
  * data segment is recorded per flow (end sequence or TSval, time); a
  * sampled incoming ACK that covers it (or a TSecr that echoes it)
- * produces an RTT sample. No Karn filtering.
+ * produces an RTT sample. No Karn filtering. ICMP/ICMPv6 echo: a request
+ * is recorded, the reply with the same identifier and sequence is timed.
  * ====================================================================== */
 
 enum rttscope_sampler_consts {

@@ -59,7 +59,7 @@ pub fn print_table(
     // One TOTAL row per side: the two ends of a connection see different
     // RTTs (the responding side times the other's think time), so a total
     // over both would describe neither.
-    for side in ["client", "server", "unknown"] {
+    for side in ["client", "server", "unknown", "pinger", "pinged"] {
         if !iv.totals.values().any(|t| t.contains_key(side)) {
             continue;
         }

@@ -857,6 +857,60 @@ mod tests {
     }
 
     #[test]
+    fn icmp_flows_are_told_apart_by_the_key() {
+        let mut key = Flow {
+            netns: 5,
+            local: "10.0.0.1:4242".parse().unwrap(),
+            remote: "10.0.0.2:0".parse().unwrap(),
+        }
+        .to_key();
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Tcp, Side::Unknown));
+        key.reserved = 1 | (1 << 8);
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmp, Side::Pinger));
+        key.reserved = 58 | (2 << 8);
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmpv6, Side::Pinged));
+        // a flow entry of an ICMP key: its side comes from the key, not the handshake
+        let f = SamplerFlow {
+            side: 1,
+            ..Default::default()
+        };
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        assert_eq!((s.kind, s.side), (FlowKind::Icmpv6, Side::Pinged));
+        key.reserved = 0;
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        assert_eq!((s.kind, s.side), (FlowKind::Tcp, Side::Client));
+        // raw samples: the same rules
+        let mut e = Event {
+            r#type: 2,
+            side: 2,
+            ..Default::default()
+        };
+        e.key = key;
+        let smp = SamplerSample::from_event(&e).unwrap();
+        assert_eq!((smp.kind, smp.side), (FlowKind::Tcp, Side::Server));
+        e.key.reserved = 1 | (1 << 8);
+        let smp = SamplerSample::from_event(&e).unwrap();
+        assert_eq!((smp.kind, smp.side), (FlowKind::Icmp, Side::Pinger));
+    }
+
+    #[test]
+    fn protocols_to_the_kernel_mask() {
+        let mut c = SamplerConfig::default();
+        assert_eq!(c.proto_mask(), 3);
+        c.protos = vec![Proto::Icmp];
+        assert_eq!(c.proto_mask(), 2);
+        c.protos = vec![Proto::Tcp];
+        assert_eq!(c.proto_mask(), 1);
+        c.protos.clear();
+        assert!(c.validate().is_err());
+        // settings saved before --proto existed still load (both protocols)
+        let mut j = serde_json::to_value(SamplerConfig::default()).unwrap();
+        j.as_object_mut().unwrap().remove("protos");
+        let back: SamplerConfig = serde_json::from_value(j).unwrap();
+        assert_eq!(back.protos, vec![Proto::Tcp, Proto::Icmp]);
+    }
+
+    #[test]
     fn decodes_sampler_event_fixture() {
         let mut e = Event {
             r#type: 2,
