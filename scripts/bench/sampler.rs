@@ -32,7 +32,9 @@ struct Sampler {
 impl Sampler {
     /// `bin`: another rttscope binary (BENCH_BEFORE_BIN), else ours.
     fn start_bin(bin: Option<&str>, args: &[&str]) -> Sampler {
-        let bin = bin.map(std::path::PathBuf::from).unwrap_or_else(rttscope_bin);
+        let bin = bin
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(rttscope_bin);
         let mut cmd = std::process::Command::new(bin);
         cmd.args(["observe", "--view", "sampler", "--format", "json"])
             .args(args);
@@ -186,16 +188,24 @@ impl Floor {
         ];
         let license = b"GPL\0";
         let mut attr = [0u8; 128];
-        let put32 = |a: &mut [u8; 128], off: usize, v: u32| a[off..off + 4].copy_from_slice(&v.to_ne_bytes());
-        let put64 = |a: &mut [u8; 128], off: usize, v: u64| a[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        let put32 = |a: &mut [u8; 128], off: usize, v: u32| {
+            a[off..off + 4].copy_from_slice(&v.to_ne_bytes())
+        };
+        let put64 = |a: &mut [u8; 128], off: usize, v: u64| {
+            a[off..off + 8].copy_from_slice(&v.to_ne_bytes())
+        };
         put32(&mut attr, 0, 3); // BPF_PROG_TYPE_SCHED_CLS
         put32(&mut attr, 4, 2);
         put64(&mut attr, 8, insns.as_ptr() as u64);
         put64(&mut attr, 16, license.as_ptr() as u64);
         attr[48..58].copy_from_slice(b"floor_noop"); // prog_name
-        // SAFETY: bpf(2) BPF_PROG_LOAD with a zeroed attr of the size we pass.
+                                                     // SAFETY: bpf(2) BPF_PROG_LOAD with a zeroed attr of the size we pass.
         let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
-        assert!(fd >= 0, "loading the floor program: {}", std::io::Error::last_os_error());
+        assert!(
+            fd >= 0,
+            "loading the floor program: {}",
+            std::io::Error::last_os_error()
+        );
         // SAFETY: a fresh fd we own.
         let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
         let id = prog_id(prog.as_raw_fd());
@@ -215,7 +225,11 @@ impl Floor {
                     // SAFETY: bpf(2) BPF_LINK_CREATE with a zeroed attr.
                     unsafe { libc::syscall(libc::SYS_bpf, 28, a.as_ptr(), a.len()) }
                 });
-                assert!(link >= 0, "tcx attach of the floor program: {}", std::io::Error::last_os_error());
+                assert!(
+                    link >= 0,
+                    "tcx attach of the floor program: {}",
+                    std::io::Error::last_os_error()
+                );
                 // SAFETY: a fresh fd we own; closing it detaches.
                 fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(link as i32) });
             }
@@ -237,16 +251,20 @@ fn prog_id(fd: i32) -> u64 {
     attr[8..16].copy_from_slice(&(info.as_ptr() as u64).to_ne_bytes());
     // SAFETY: bpf(2) with an info buffer of the length we pass.
     let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), attr.len()) };
-    assert!(r == 0, "BPF_OBJ_GET_INFO_BY_FD: {}", std::io::Error::last_os_error());
+    assert!(
+        r == 0,
+        "BPF_OBJ_GET_INFO_BY_FD: {}",
+        std::io::Error::last_os_error()
+    );
     info[1] as u64
 }
 
 /// ns per run, per program name suffix (`egr`, `ing`, or the floor's
 /// name), over what `traffic` made the programs run.
-fn measured(progs: &[(String, u64)], traffic: impl FnOnce()) -> BTreeMap<String, (u64, u64)> {
+fn measured(progs: &[(String, u64)], traffic: impl FnOnce()) -> Runs {
     let before: Vec<(u64, u64)> = progs.iter().map(|(_, id)| prog_stats(*id)).collect();
     traffic();
-    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut out: Runs = BTreeMap::new();
     for ((name, id), (ns0, c0)) in progs.iter().zip(before) {
         let (ns, c) = prog_stats(*id);
         let key = if name.ends_with("egr") {
@@ -272,21 +290,27 @@ fn icmp_flood(pair: &Pair, secs: f64) {
         .args(["-q", "-f", "-w", &w, B_ADDR])
         .output()
         .expect("ping -f");
-    assert!(out.status.success() || out.status.code() == Some(1), "{out:?}");
+    assert!(
+        out.status.success() || out.status.code() == Some(1),
+        "{out:?}"
+    );
 }
 
 type Variant = (&'static str, Option<String>);
 
+/// ns and runs per program kind over one phase (see [`measured`]).
+type Runs = BTreeMap<String, (u64, u64)>;
+
 /// One variant's round: attach it, run the TCP flow then the ICMP flood,
-/// each measured alone. Returns (TPS, TCP ns per run, ICMP ns per run,
-/// the sampler, if any, for the test-run figures).
+/// each measured alone. Returns (TPS, TCP runs, ICMP runs, the sampler, if
+/// any, for the test-run figures).
 fn round(
     pair: &Pair,
     server: SocketAddr,
     v: &Variant,
     args: &[String],
     secs: f64,
-) -> (f64, BTreeMap<String, (u64, u64)>, BTreeMap<String, (u64, u64)>, Option<Sampler>) {
+) -> (f64, Runs, Runs, Option<Sampler>) {
     let (floor, sampler) = match v.0 {
         "off" => (None, None),
         "floor" => (Some(Floor::attach(pair)), None),
@@ -306,7 +330,7 @@ fn round(
     (tps, tcp, icmp, sampler)
 }
 
-fn per_run(m: &BTreeMap<String, (u64, u64)>, k: &str) -> f64 {
+fn per_run(m: &Runs, k: &str) -> f64 {
     m.get(k)
         .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
         .unwrap_or(f64::NAN)
@@ -334,8 +358,18 @@ fn main() {
     let server: SocketAddr = format!("{B_ADDR}:5009").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
     let args: Vec<String> = [
-        "--iface", &iface(&pair.a, &pair.a_if), "--iface", &iface(&pair.b, &pair.b_if),
-        "--match", &matching, "--sample-every", &every, "--duration", "600s", "--interval", "600s",
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--iface",
+        &iface(&pair.b, &pair.b_if),
+        "--match",
+        &matching,
+        "--sample-every",
+        &every,
+        "--duration",
+        "600s",
+        "--interval",
+        "600s",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -352,7 +386,13 @@ fn main() {
         for k in 0..variants.len() {
             let v = &variants[(r + k) % variants.len()];
             let (tps, tcp, icmp, sampler) = round(&pair, server, v, &args, secs);
-            let vals = [tps, per_run(&tcp, "egr"), per_run(&tcp, "ing"), per_run(&icmp, "egr"), per_run(&icmp, "ing")];
+            let vals = [
+                tps,
+                per_run(&tcp, "egr"),
+                per_run(&tcp, "ing"),
+                per_run(&icmp, "egr"),
+                per_run(&icmp, "ing"),
+            ];
             let (vals, floor) = if v.0 == "floor" {
                 let f = [per_run(&tcp, "floor"), per_run(&icmp, "floor")];
                 ([tps, f[0], f[0], f[1], f[1]], true)
@@ -387,17 +427,45 @@ fn test_runs(s: &Sampler) -> Vec<(String, f64)> {
     let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
     let b_ip: [u8; 4] = B_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
     let tcp = |src, dst, sport, dport, ack, flags, payload| {
-        frame(Tcp { src, dst, sport, dport, seq: 1, ack, flags, payload }, 0, false, 5)
+        frame(
+            Tcp {
+                src,
+                dst,
+                sport,
+                dport,
+                seq: 1,
+                ack,
+                flags,
+                payload,
+            },
+            0,
+            false,
+            5,
+        )
     };
     let data = tcp(a_ip, b_ip, 40000, 5009, 1, 0x18, 1);
     let ack = tcp(b_ip, a_ip, 5009, 40000, 2, 0x10, 0);
-    let echo = |src, dst, typ| icmp_frame(src, dst, Icmp { typ, id: 7, seq: 1, payload: 56 });
+    let echo = |src, dst, typ| {
+        icmp_frame(
+            src,
+            dst,
+            Icmp {
+                typ,
+                id: 7,
+                seq: 1,
+                payload: 56,
+            },
+        )
+    };
     let req = echo(a_ip, b_ip, ECHO_REQUEST);
     let rep = echo(b_ip, a_ip, ECHO_REPLY);
     let mut out = Vec::new();
     for (name, id) in s.progs.iter().take(2) {
         let egr = name.ends_with("egr");
-        for (what, f) in [("tcp", if egr { &data } else { &ack }), ("icmp", if egr { &req } else { &rep })] {
+        for (what, f) in [
+            ("tcp", if egr { &data } else { &ack }),
+            ("icmp", if egr { &req } else { &rep }),
+        ] {
             if let Some((ns, _)) = test_run_ns(*id, f, 1_000_000) {
                 out.push((format!("{name} {what}"), ns));
             }
@@ -423,14 +491,28 @@ fn report(
         let m = median(&mut v);
         format!("{m:.1} ({:.1}-{:.1})", v[0], v[v.len() - 1])
     };
-    println!("  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}", "variant", "TPS", "TCP egr ns", "TCP ing ns", "ICMP egr ns", "ICMP ing ns");
+    println!(
+        "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
+        "variant", "TPS", "TCP egr ns", "TCP ing ns", "ICMP egr ns", "ICMP ing ns"
+    );
     let mut json = serde_json::Map::new();
     for (v, vals) in res {
-        println!("  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}", v, fmt(&vals[0]), fmt(&vals[1]), fmt(&vals[2]), fmt(&vals[3]), fmt(&vals[4]));
-        json.insert(v.to_string(), serde_json::json!({
-            "tps": vals[0], "tcp_egr_ns": vals[1], "tcp_ing_ns": vals[2],
-            "icmp_egr_ns": vals[3], "icmp_ing_ns": vals[4],
-        }));
+        println!(
+            "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
+            v,
+            fmt(&vals[0]),
+            fmt(&vals[1]),
+            fmt(&vals[2]),
+            fmt(&vals[3]),
+            fmt(&vals[4])
+        );
+        json.insert(
+            v.to_string(),
+            serde_json::json!({
+                "tps": vals[0], "tcp_egr_ns": vals[1], "tcp_ing_ns": vals[2],
+                "icmp_egr_ns": vals[3], "icmp_ing_ns": vals[4],
+            }),
+        );
     }
     for (name, ns) in test_run {
         println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats of one packet)");

@@ -129,7 +129,9 @@ fn flows<'a>(end: &'a Value, side: &str, remote_ip: &str) -> Vec<&'a Value> {
 fn raw_n_p50(raw: &[Value], f: &Value) -> (usize, f64) {
     let v: Vec<f64> = raw
         .iter()
-        .filter(|s| s["view"] == "sampler" && s["local"] == f["local"] && s["remote"] == f["remote"])
+        .filter(|s| {
+            s["view"] == "sampler" && s["local"] == f["local"] && s["remote"] == f["remote"]
+        })
         .map(|s| s["rtt_us"].as_f64().unwrap() / 1000.0)
         .collect();
     (v.len(), if v.is_empty() { f64::NAN } else { median(&v) })
@@ -175,7 +177,10 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
             .expect("ping")
     };
     let (p4, p6) = (ping(B_ADDR), ping(B_ADDR6));
-    let (p4, p6) = (p4.wait_with_output().unwrap(), p6.wait_with_output().unwrap());
+    let (p4, p6) = (
+        p4.wait_with_output().unwrap(),
+        p6.wait_with_output().unwrap(),
+    );
     let (end, raw) = obs.finish(Duration::from_secs(30));
     for (label, out, peer, me, proto) in [
         ("IPv4", &p4, B_ADDR, A_ADDR, "icmp"),
@@ -200,7 +205,10 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
         let (n, _) = n_p50(pinger[0]);
         let (n_b, _) = n_p50(pinged[0]);
         let ((raw_n, p50), (_, p50_b)) = (raw_n_p50(&raw, pinger[0]), raw_n_p50(&raw, pinged[0]));
-        assert_eq!(raw_n as u64, n, "{label}: the raw stream carries every sample");
+        assert_eq!(
+            raw_n as u64, n,
+            "{label}: the raw stream carries every sample"
+        );
         assert_eq!(n, 30, "{label}: every echo timed at the pinger");
         assert_eq!(n_b, 30, "{label}: every echo timed at the pinged host");
         // the identifier: the pinger's local port is the pinged flow's remote one
@@ -275,7 +283,10 @@ fn ping_through_a_delayed_path_within_5_percent() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("rttscope probe icmp");
-    let (ping, probe) = (ping.wait_with_output().unwrap(), probe.wait_with_output().unwrap());
+    let (ping, probe) = (
+        ping.wait_with_output().unwrap(),
+        probe.wait_with_output().unwrap(),
+    );
     let (end, raw) = obs.finish(Duration::from_secs(30));
     let pinger = flows(&end, "pinger", &dst);
     eprintln!(
@@ -360,16 +371,23 @@ fn malformed_icmp_is_counted_and_skipped() {
     let mut cut6 = icmp6_frame(peer6, me6, echo(ECHO6_REPLY, 7));
     cut6.truncate(14 + 40 + 5);
     let replies = vec![
-        icmp_frame(peer, me, err(3)),                      // destination unreachable
-        icmp_frame(peer, me, err(11)),                     // time exceeded
-        icmp6_frame(peer6, me6, err(1)),                   // ICMPv6 unreachable
-        short_ip,                                          // truncated (IP length)
-        cut,                                               // truncated (frame)
-        cut6,                                              // truncated (IPv6)
-        icmp_frame(peer, me, echo(ECHO_REPLY, 9)),         // sequence never sent
-        icmp_frame(peer, me, Icmp { id: 999, ..echo(ECHO_REPLY, 1) }), // unknown identifier
-        icmp_frame(peer, me, echo(ECHO_REPLY, 1)),         // the answer: one sample
-        icmp_frame(peer, me, echo(ECHO_REPLY, 1)),         // duplicate reply
+        icmp_frame(peer, me, err(3)),              // destination unreachable
+        icmp_frame(peer, me, err(11)),             // time exceeded
+        icmp6_frame(peer6, me6, err(1)),           // ICMPv6 unreachable
+        short_ip,                                  // truncated (IP length)
+        cut,                                       // truncated (frame)
+        cut6,                                      // truncated (IPv6)
+        icmp_frame(peer, me, echo(ECHO_REPLY, 9)), // sequence never sent
+        icmp_frame(
+            peer,
+            me,
+            Icmp {
+                id: 999,
+                ..echo(ECHO_REPLY, 1)
+            },
+        ), // unknown identifier
+        icmp_frame(peer, me, echo(ECHO_REPLY, 1)), // the answer: one sample
+        icmp_frame(peer, me, echo(ECHO_REPLY, 1)), // duplicate reply
     ];
     let b_if = pair.b_if.clone();
     pair.b.run(move || send_frames(&b_if, &replies));
@@ -482,7 +500,10 @@ fn sampler_alone_labels_client_and_server() {
         );
         assert_eq!(cli["side"], "client", "{label}: {cli}");
         assert_eq!(srv["side"], "server", "{label}: {srv}");
-        assert!(cli["sampler"]["summary"]["n"].as_u64().unwrap() > 10, "{cli}");
+        assert!(
+            cli["sampler"]["summary"]["n"].as_u64().unwrap() > 10,
+            "{cli}"
+        );
         if handshake {
             assert_eq!(kc, ["client"], "{label}: the SYN was seen");
             assert_eq!(ks, ["server"], "{label}: the SYN-ACK was seen");

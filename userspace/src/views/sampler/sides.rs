@@ -35,7 +35,9 @@ impl SocketTable {
             let text = netns::run_in(ns, || -> anyhow::Result<String> {
                 let mut s = std::fs::read_to_string("/proc/thread-self/net/tcp")?;
                 // no IPv6 in the kernel: tcp6 is absent
-                s.push_str(&std::fs::read_to_string("/proc/thread-self/net/tcp6").unwrap_or_default());
+                s.push_str(
+                    &std::fs::read_to_string("/proc/thread-self/net/tcp6").unwrap_or_default(),
+                );
                 Ok(s)
             });
             match text {
@@ -63,7 +65,9 @@ impl SocketTable {
         if listens {
             Side::Server
         } else if self.conns.contains(&(f.netns, f.local, f.remote))
-            || self.conns.contains(&(f.netns, mapped(f.local), mapped(f.remote)))
+            || self
+                .conns
+                .contains(&(f.netns, mapped(f.local), mapped(f.remote)))
         {
             Side::Client
         } else {
@@ -170,7 +174,8 @@ mod tests {
    0: 0100007F:1389 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 ffff 100 0 0 10 0
    1: 01004D0A:9C40 02004D0A:1389 01 00000000:00000000 00:00000000 00000000     0        0 2 1 ffff 20 4 30 10 -1
 ";
-    const TCP6: &str = "  sl  local_address                         remote_address                        st
+    const TCP6: &str =
+        "  sl  local_address                         remote_address                        st
    0: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A 0
    1: 0000000000000000FFFF0000010B4D0A:A000 0000000000000000FFFF0000020B4D0A:0050 01 0
 ";
@@ -198,15 +203,30 @@ mod tests {
             remote: r.parse().unwrap(),
         };
         // a connection to the listener on 5001 from 40000: the client's end
-        assert_eq!(t.side(&flow("10.77.0.1:40000", "10.77.0.2:5001", 7)), Side::Client);
+        assert_eq!(
+            t.side(&flow("10.77.0.1:40000", "10.77.0.2:5001", 7)),
+            Side::Client
+        );
         // the listening port's end: the server's (port 5001 listens on 127.0.0.1)
-        assert_eq!(t.side(&flow("10.77.0.2:5001", "10.77.0.1:40000", 7)), Side::Server);
+        assert_eq!(
+            t.side(&flow("10.77.0.2:5001", "10.77.0.1:40000", 7)),
+            Side::Server
+        );
         // [::]:80 listens (dual stack)
-        assert_eq!(t.side(&flow("10.77.11.2:80", "10.77.11.1:40960", 7)), Side::Server);
+        assert_eq!(
+            t.side(&flow("10.77.11.2:80", "10.77.11.1:40960", 7)),
+            Side::Server
+        );
         // the IPv4 client end as the dual-stack table shows it (::ffff:)
-        assert_eq!(t.side(&flow("10.77.11.1:40960", "10.77.11.2:80", 7)), Side::Client);
+        assert_eq!(
+            t.side(&flow("10.77.11.1:40960", "10.77.11.2:80", 7)),
+            Side::Client
+        );
         // no socket: forwarded, or another namespace
-        assert_eq!(t.side(&flow("10.77.0.1:40000", "10.77.0.2:5001", 8)), Side::Unknown);
+        assert_eq!(
+            t.side(&flow("10.77.0.1:40000", "10.77.0.2:5001", 8)),
+            Side::Unknown
+        );
     }
 
     proptest! {
