@@ -115,13 +115,18 @@ fn parse_addr(s: &str) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port))
 }
 
+/// A flow the socket table could not place is looked up again after this
+/// long at the earliest (a busy host's table is large: not every read).
+const RECHECK_UNKNOWN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The side of each sampler flow the kernel could not label, resolved once
-/// per flow (cached while the flow is seen), reading the socket table at
-/// most once per call to [`SideResolver::begin`].
+/// per flow (cached while the flow is seen; an unknown answer for
+/// [`RECHECK_UNKNOWN`]), reading the socket table at most once per call to
+/// [`SideResolver::begin`].
 #[derive(Default)]
 pub struct SideResolver {
     namespaces: Vec<NetNs>,
-    known: HashMap<Flow, Side>,
+    known: HashMap<Flow, (Side, std::time::Instant)>,
     seen: HashSet<Flow>,
     table: Option<SocketTable>,
 }
@@ -150,17 +155,16 @@ impl SideResolver {
     /// The side of a TCP flow the kernel did not label.
     pub fn side(&mut self, f: &Flow) -> Side {
         self.seen.insert(*f);
-        if let Some(s) = self.known.get(f) {
-            return *s;
+        match self.known.get(f) {
+            Some((s, at)) if *s != Side::Unknown || at.elapsed() < RECHECK_UNKNOWN => return *s,
+            _ => {}
         }
         let namespaces = &self.namespaces;
         let side = self
             .table
             .get_or_insert_with(|| SocketTable::read(namespaces))
             .side(f);
-        if side != Side::Unknown {
-            self.known.insert(*f, side);
-        }
+        self.known.insert(*f, (side, std::time::Instant::now()));
         side
     }
 }
