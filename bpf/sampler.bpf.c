@@ -710,11 +710,30 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 	return RTTSCOPE_SAMPLER_RECORDED;
 }
 
-/* The packet answering v (cumulative ACK, TSecr or echo sequence; `kind`:
- * enum rttscope_sampler_match) frees the pending slots it answers; the
- * oldest gives one sample, added to entry e (generation g). Returns 0 when
- * a sample was added, else the counter saying why not (ACK_NO_MATCH:
- * nothing pending answered). */
+/* Add a sample of `rtt` us to entry e's histogram: under the way's lock,
+ * and only if the way still holds our flow, generation g (a slot of a
+ * re-keyed way is never used: the slots matched were cleared, or were
+ * ours, before the re-key). 0, or the counter saying why not. */
+static __always_inline __u32 commit_sample(struct rttscope_sampler_entry *e, __u64 g,
+					   const struct rttscope_flow_key *key, __u32 rtt, __u64 now, __u32 kind)
+{
+	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
+		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
+		unlock(e);
+		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
+	}
+	if (unlikely(e->flow.agg.samples == 0))
+		count(RTTSCOPE_SAMPLER_FLOWS_CREATED);
+	add_sample(&e->flow, key, rtt, now, kind);
+	unlock(e);
+	return 0;
+}
+
+/* The TCP packet answering v (cumulative ACK or TSecr; `kind`: cfg_match)
+ * frees the pending slots it answers; the oldest gives one sample, added to
+ * entry e (generation g). Returns 0 when a sample was added, else the
+ * counter saying why not (ACK_NO_MATCH: nothing pending answered). */
 static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u64 g,
 					   const struct rttscope_flow_key *key, __u32 v, __u32 kind)
 {
@@ -736,8 +755,6 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 			continue;
 		if (kind == RTTSCOPE_MATCH_TSVAL)
 			need |= sv == v || (__s32)(v - sv) > 0; /* echoed, or superseded */
-		else if (kind == RTTSCOPE_MATCH_ECHO)
-			need |= sv == v;
 		else
 			need |= v - sv < RTTSCOPE_SAMPLER_MAX_ACK_AHEAD; /* covered */
 	}
@@ -768,9 +785,6 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 					count(RTTSCOPE_SAMPLER_SUPERSEDED);
 				continue;
 			}
-		} else if (kind == RTTSCOPE_MATCH_ECHO) {
-			if (sv != v)
-				continue;
 		} else {
 			/* cumulative ACK covers end_seq: 0 <= ack - end_seq < 2^30 */
 			if (v - sv >= RTTSCOPE_SAMPLER_MAX_ACK_AHEAD)
@@ -790,20 +804,39 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 	 * seq_rtt); the others are freed and counted */
 	if (unlikely(matched > 1))
 		count_n(RTTSCOPE_SAMPLER_ACKED_TOGETHER, matched - 1);
-	/* the histogram: under the way's lock, and only if the way still
-	 * holds our flow (a slot of a re-keyed way is never used: the slots
-	 * matched above were cleared, or were ours, before the re-key) */
-	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
-		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
-	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
-		unlock(e);
-		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
+	return commit_sample(e, g, key, oldest, now, kind);
+}
+
+/* An echo reply with sequence v: the pending slot holding v (at most one:
+ * a repeated request is not recorded twice) gives the sample. A plain scan
+ * (replies are few and nearly always answer something): the TCP path's
+ * pre-scan that spares the clock read made the verifier's work on this
+ * function several times longer. 0, or the counter saying why not. */
+static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 g,
+					const struct rttscope_flow_key *key, __u32 v)
+{
+	struct rttscope_sampler_pending *pd = &e->pend;
+	__u64 now = bpf_ktime_get_ns();
+	__u32 t = now_us32(now), age;
+	int i;
+
+	touch(pd, now);
+	#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 sl = pd->slot[i];
+
+		if (!slot_valid(sl) || (__u32)(sl >> 32) != v)
+			continue;
+		age = slot_age(t, sl);
+		if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)
+			return RTTSCOPE_SAMPLER_RACE;
+		if ((__u64)age * 1000 > cfg_timeout_ns) {
+			count(RTTSCOPE_SAMPLER_EXPIRED);
+			return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
+		}
+		return commit_sample(e, g, key, age, now, RTTSCOPE_MATCH_ECHO);
 	}
-	if (unlikely(e->flow.agg.samples == 0))
-		count(RTTSCOPE_SAMPLER_FLOWS_CREATED);
-	add_sample(&e->flow, key, oldest, now, kind);
-	unlock(e);
-	return 0;
+	return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 }
 
 /* An ICMP/ICMPv6 echo request or reply (parse() gave PARSED_ICMP), either
@@ -847,7 +880,7 @@ __noinline int icmp_packet(struct seg *s, __u32 ingress)
 	} else if (!e) {
 		why = RTTSCOPE_SAMPLER_ICMP_UNMATCHED;
 	} else {
-		why = match_pending(e, g, &s->key, seq, RTTSCOPE_MATCH_ECHO);
+		why = match_echo(e, g, &s->key, seq);
 		if (!why) {
 			/* remember the answered sequence: a second reply is a duplicate */
 			e->pend.last_tsval = seq;
