@@ -514,3 +514,57 @@ fn sampler_alone_labels_client_and_server() {
     }
     assert_eq!(counter(&end, "icmp_egress"), 0, "--proto tcp");
 }
+
+/// `rttscope compare --icmp --iface` through the lab's router (2 ms each
+/// way): the `sampler icmp` row (the sampler's passive reading of the ICMP
+/// probe's echoes) has the probe's sample count and a median within 5% of
+/// the `ICMP` row's (the probe's own, kernel receive stamps).
+#[test]
+fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig::delay(Duration::from_millis(2)))
+        .unwrap();
+    let bin = rttscope_bin();
+    let dst = SRV_ADDR.to_string();
+    let mut serve = tb.command(Role::Srv, &bin.to_string_lossy());
+    serve.args(["serve", "--listen", &format!("{dst}:7878")]);
+    let _srv = ChildGuard::spawn(&mut serve).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cmd = tb.command(Role::Cli, &bin.to_string_lossy());
+    cmd.args(["compare", &dst, "-l", "3s", "-w", "100ms", "--icmp"])
+        .args(["--iface", HOST_IF]);
+    let out = ChildGuard::spawn(&mut cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(60))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "compare failed: {text} {out:?}");
+    eprintln!("{text}");
+    // (N, P50 ms) of a row: VIEW N MIN MEAN P50 ...
+    let row = |view: &str| -> (f64, f64) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{view} ")))
+            .unwrap_or_else(|| panic!("no row {view}: {text}"));
+        let v: Vec<f64> = line[view.len()..]
+            .split_whitespace()
+            .take(4)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        (v[0], v[3])
+    };
+    let ((n_passive, p50_passive), (n_probe, p50_probe)) = (row("sampler icmp"), row("ICMP"));
+    assert!(n_probe >= 20.0, "{text}");
+    assert!(
+        (n_passive - n_probe).abs() <= 1.0,
+        "one passive sample per echo: {n_passive} vs {n_probe}"
+    );
+    assert!(
+        (p50_passive - p50_probe).abs() <= 0.05 * p50_probe,
+        "passive p50 {p50_passive} ms not within 5% of the probe's {p50_probe} ms"
+    );
+}
