@@ -246,7 +246,8 @@ static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rtts
  * A cloud-style packet sampler at tc ingress/egress: a sampled outgoing
  * data segment is recorded per flow (end sequence or TSval, time); a
  * sampled incoming ACK that covers it (or a TSecr that echoes it)
- * produces an RTT sample. No Karn filtering.
+ * produces an RTT sample. No Karn filtering. ICMP/ICMPv6 echo: a request
+ * is recorded, the reply with the same identifier and sequence is timed.
  * ====================================================================== */
 
 enum rttscope_sampler_consts {
@@ -260,6 +261,7 @@ enum rttscope_sampler_consts {
 enum rttscope_sampler_match {
 	RTTSCOPE_MATCH_SEQ = 1,   /* end sequence out, cumulative ACK in */
 	RTTSCOPE_MATCH_TSVAL = 2, /* TCP timestamp: TSval out, TSecr in (pping) */
+	RTTSCOPE_MATCH_ECHO = 3,  /* ICMP echo: a sequence out, the same sequence back (every ICMP flow) */
 };
 
 /* Link layer of an attached interface (per-attachment .rodata). */
@@ -309,7 +311,34 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_FLOWS_EVICTED,     /* of those, entries that held samples (histogram dropped) */
 	RTTSCOPE_SAMPLER_EVICTED_SEGMENTS,  /* pending segments dropped with evicted entries */
 	RTTSCOPE_SAMPLER_SEND_TIME_CLOCK,   /* egress segments timed by a clock read, not TCP's departure time */
+	RTTSCOPE_SAMPLER_ICMP_EGRESS,       /* sampled egress packets parsed as ICMP/ICMPv6 echo */
+	RTTSCOPE_SAMPLER_ICMP_INGRESS,      /* sampled ingress packets parsed as ICMP/ICMPv6 echo */
+	RTTSCOPE_SAMPLER_ICMP_ERRORS,       /* ICMP error messages (unreachable, time exceeded, ...): skipped */
+	RTTSCOPE_SAMPLER_ICMP_OTHER,        /* other ICMP types (neighbour discovery, timestamp, ...): skipped */
+	RTTSCOPE_SAMPLER_ICMP_UNMATCHED,    /* echo reply with no pending request (and not a duplicate) */
+	RTTSCOPE_SAMPLER_ICMP_DUP_REQUEST,  /* echo request whose sequence is already pending: first time kept */
+	RTTSCOPE_SAMPLER_ICMP_DUP_REPLY,    /* echo reply to a sequence already answered (ping's DUP!) */
+	RTTSCOPE_SAMPLER_ICMP_TRUNCATED,    /* ICMP header shorter than 8 bytes, or packet shorter than its IP length */
+	RTTSCOPE_SAMPLER_SKIP_PROTO_OFF,    /* TCP or ICMP left out by --proto */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
+};
+
+/* Protocols the programs time (cfg_protos, a bit mask: --proto). */
+enum rttscope_sampler_proto {
+	RTTSCOPE_PROTO_TCP = 1,
+	RTTSCOPE_PROTO_ICMP = 2, /* ICMP and ICMPv6 echo */
+};
+
+/* The sampler's flow key is struct rttscope_flow_key with its `reserved`
+ * field telling the kind of flow: 0 for TCP; for ICMP echo, the IP
+ * protocol (1 ICMP, 58 ICMPv6) in the low byte and the side in the high
+ * byte. An ICMP flow is one (addresses, identifier): the pinger's key has
+ * lport = identifier, rport = 0 (as Linux shows a ping socket); the pinged
+ * host's key has lport = 0, rport = identifier. The pending value of a slot
+ * is the echo sequence. */
+enum rttscope_sampler_icmp_side {
+	RTTSCOPE_ICMP_PINGER = 1, /* this host sent the request: RTT of the path and the peer */
+	RTTSCOPE_ICMP_PINGED = 2, /* this host answered: RTT = the local stack's reply time */
 };
 
 /* Per-flow aggregate of the sampler view; key: struct rttscope_flow_key of
@@ -319,7 +348,9 @@ struct rttscope_sampler_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample */
 	__u32 ifindex;      /* interface of the last sample (in its netns) */
-	__u32 reserved;
+	__u8 side;          /* TCP: enum rttscope_side from the handshake seen at egress (SYN: client,
+	                     * SYN-ACK: server); 0 if none was seen */
+	__u8 reserved[3];
 	struct rttscope_rtt_agg agg;
 };
 

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Benchmark of the sampler view (needs root): ns per packet of each tc program
+# Benchmark of the sampler view (needs root): ns per run of each tc program
 # (BPF run-time statistics, enabled through BPF_ENABLE_STATS for the run only)
-# and the transactions-per-second drop of a full-speed TCP request/response
-# flow between two namespaces with the sampler on both veth ends at
-# --sample-every 1. Rounds alternate sampler off/on; medians are compared.
+# on a full-speed TCP request/response flow and then an ICMP echo flood
+# between two namespaces, with the sampler on both veth ends at
+# --sample-every 1, and transactions per second. Each round runs every
+# variant in turn (rotating the order): no program, a do-nothing program
+# (the floor), the sampler of BENCH_BEFORE_BIN (an older rttscope, if given)
+# and this one; medians over the rounds are compared.
 #
 #   scripts/bench-sampler.sh                 # 5 rounds x 3 s, --match seq
+#   BENCH_BEFORE_BIN=/path/to/old/rttscope scripts/bench-sampler.sh   # before/after in one run
 #   BENCH_MATCH=tsval BENCH_ROUNDS=7 BENCH_SECS=5 scripts/bench-sampler.sh
 #   RELEASE=1 scripts/bench-sampler.sh       # release build (rttscope and the RR client)
 #   BENCH_PIN=1 scripts/bench-sampler.sh     # everything on CPU 0 (the busy regime:

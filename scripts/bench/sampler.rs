@@ -1,21 +1,24 @@
 //! Benchmark of the sampler view, run by scripts/bench-sampler.sh
-//! (docs/perf-sampler.md): ns per packet of each tc program (BPF run-time
+//! (docs/perf-sampler.md): ns per run of each tc program (BPF run-time
 //! statistics, enabled through BPF_ENABLE_STATS for the run only; and
-//! BPF_PROG_TEST_RUN on a crafted data segment and ACK) and the
-//! transactions-per-second drop of a full-speed TCP request/response flow
-//! between two namespaces with the sampler (`rttscope observe --view
-//! sampler`) on both veth ends. Rounds alternate sampler off/on; medians are
-//! compared.
+//! BPF_PROG_TEST_RUN on crafted packets) and the transactions per second of
+//! a full-speed TCP request/response flow between two namespaces, then an
+//! ICMP echo flood (ping -f), each measured alone, for several variants in
+//! the same run, rotating their order each round: no program, a do-nothing
+//! program (the floor), the sampler built before (BENCH_BEFORE_BIN, an
+//! older rttscope binary) and this one (`rttscope observe --view sampler`
+//! on both veth ends). Medians over the rounds are compared.
 //!
 //! Environment: BENCH_ROUNDS (5), BENCH_SECS (3), BENCH_MATCH (seq),
-//! BENCH_SAMPLE_EVERY (1); RTTSCOPE_BIN (default: the rttscope binary next
-//! to this program's target directory).
+//! BENCH_SAMPLE_EVERY (1), BENCH_BEFORE_BIN (none); RTTSCOPE_BIN (default:
+//! the rttscope binary next to this program's target directory).
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use rttscope_e2e::frames::{frame, Tcp};
+use rttscope_e2e::frames::{frame, icmp_frame, Icmp, Tcp, ECHO_REPLY, ECHO_REQUEST};
 use rttscope_e2e::{rttscope_bin, ChildGuard, Pair, RrClient, RrServer, A_ADDR, B_ADDR};
 use serde_json::Value;
 
@@ -27,8 +30,12 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(args: &[&str]) -> Sampler {
-        let mut cmd = std::process::Command::new(rttscope_bin());
+    /// `bin`: another rttscope binary (BENCH_BEFORE_BIN), else ours.
+    fn start_bin(bin: Option<&str>, args: &[&str]) -> Sampler {
+        let bin = bin
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(rttscope_bin);
+        let mut cmd = std::process::Command::new(bin);
         cmd.args(["observe", "--view", "sampler", "--format", "json"])
             .args(args);
         let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
@@ -163,10 +170,177 @@ fn rr_tps(pair: &Pair, server: SocketAddr, secs: f64) -> f64 {
     tps
 }
 
-/// ns per packet of each tc program and the transaction-rate drop of a
-/// full-speed TCP request/response flow with the sampler on both ends'
-/// interfaces at --sample-every 1. Rounds alternate off/on to spread the
-/// noise of a shared machine over both.
+/// A do-nothing classifier (`r0 = -1; exit`: TCX_NEXT) loaded from raw
+/// instructions and attached by tcx on both veth ends: the floor, the cost
+/// of being called at all (plus the run-time statistics' own clock reads).
+struct Floor {
+    ids: Vec<(String, u64)>,
+    _fds: Vec<std::os::fd::OwnedFd>,
+}
+
+impl Floor {
+    fn attach(pair: &Pair) -> Floor {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        let insns: [u64; 2] = [
+            // BPF_ALU64|BPF_MOV|BPF_K r0, imm -1 ; BPF_JMP|BPF_EXIT
+            0xb7 | ((-1i32 as u32 as u64) << 32),
+            0x95,
+        ];
+        let license = b"GPL\0";
+        let mut attr = [0u8; 128];
+        let put32 = |a: &mut [u8; 128], off: usize, v: u32| {
+            a[off..off + 4].copy_from_slice(&v.to_ne_bytes())
+        };
+        let put64 = |a: &mut [u8; 128], off: usize, v: u64| {
+            a[off..off + 8].copy_from_slice(&v.to_ne_bytes())
+        };
+        put32(&mut attr, 0, 3); // BPF_PROG_TYPE_SCHED_CLS
+        put32(&mut attr, 4, 2);
+        put64(&mut attr, 8, insns.as_ptr() as u64);
+        put64(&mut attr, 16, license.as_ptr() as u64);
+        attr[48..58].copy_from_slice(b"floor_noop"); // prog_name
+                                                     // SAFETY: bpf(2) BPF_PROG_LOAD with a zeroed attr of the size we pass.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
+        assert!(
+            fd >= 0,
+            "loading the floor program: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh fd we own.
+        let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+        let id = prog_id(prog.as_raw_fd());
+        let mut fds = Vec::new();
+        for (ns, ifname) in [(&pair.a, pair.a_if.clone()), (&pair.b, pair.b_if.clone())] {
+            for attach_type in [46u32, 47] {
+                // BPF_TCX_INGRESS, BPF_TCX_EGRESS
+                let (pfd, ifname) = (prog.as_raw_fd(), ifname.clone());
+                let link = ns.run(move || {
+                    let c = std::ffi::CString::new(ifname).unwrap();
+                    // SAFETY: if_nametoindex reads a NUL-terminated string.
+                    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+                    let mut a = [0u8; 64];
+                    a[0..4].copy_from_slice(&(pfd as u32).to_ne_bytes());
+                    a[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+                    a[8..12].copy_from_slice(&attach_type.to_ne_bytes());
+                    // SAFETY: bpf(2) BPF_LINK_CREATE with a zeroed attr.
+                    unsafe { libc::syscall(libc::SYS_bpf, 28, a.as_ptr(), a.len()) }
+                });
+                assert!(
+                    link >= 0,
+                    "tcx attach of the floor program: {}",
+                    std::io::Error::last_os_error()
+                );
+                // SAFETY: a fresh fd we own; closing it detaches.
+                fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(link as i32) });
+            }
+        }
+        fds.push(prog);
+        Floor {
+            ids: vec![("floor_noop".to_string(), id)],
+            _fds: fds,
+        }
+    }
+}
+
+/// A program's id from its fd (BPF_OBJ_GET_INFO_BY_FD: bpf_prog_info.id).
+fn prog_id(fd: i32) -> u64 {
+    let info = [0u32; 64];
+    let mut attr = [0u8; 16];
+    attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&((info.len() * 4) as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_ptr() as u64).to_ne_bytes());
+    // SAFETY: bpf(2) with an info buffer of the length we pass.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), attr.len()) };
+    assert!(
+        r == 0,
+        "BPF_OBJ_GET_INFO_BY_FD: {}",
+        std::io::Error::last_os_error()
+    );
+    info[1] as u64
+}
+
+/// ns per run, per program name suffix (`egr`, `ing`, or the floor's
+/// name), over what `traffic` made the programs run.
+fn measured(progs: &[(String, u64)], traffic: impl FnOnce()) -> Runs {
+    let before: Vec<(u64, u64)> = progs.iter().map(|(_, id)| prog_stats(*id)).collect();
+    traffic();
+    let mut out: Runs = BTreeMap::new();
+    for ((name, id), (ns0, c0)) in progs.iter().zip(before) {
+        let (ns, c) = prog_stats(*id);
+        let key = if name.ends_with("egr") {
+            "egr"
+        } else if name.ends_with("ing") {
+            "ing"
+        } else {
+            "floor"
+        };
+        let e = out.entry(key.to_string()).or_default();
+        e.0 += ns - ns0;
+        e.1 += c - c0;
+    }
+    out
+}
+
+/// ICMP echo as fast as it is answered (ping -f, root) from a to b for `secs`.
+fn icmp_flood(pair: &Pair, secs: f64) {
+    let w = format!("{}", secs.ceil() as u64);
+    let out = pair
+        .a
+        .command("ping")
+        .args(["-q", "-f", "-w", &w, B_ADDR])
+        .output()
+        .expect("ping -f");
+    assert!(
+        out.status.success() || out.status.code() == Some(1),
+        "{out:?}"
+    );
+}
+
+type Variant = (&'static str, Option<String>);
+
+/// ns and runs per program kind over one phase (see [`measured`]).
+type Runs = BTreeMap<String, (u64, u64)>;
+
+/// One variant's round: attach it, run the TCP flow then the ICMP flood,
+/// each measured alone. Returns (TPS, TCP runs, ICMP runs, the sampler, if
+/// any, for the test-run figures).
+fn round(
+    pair: &Pair,
+    server: SocketAddr,
+    v: &Variant,
+    args: &[String],
+    secs: f64,
+) -> (f64, Runs, Runs, Option<Sampler>) {
+    let (floor, sampler) = match v.0 {
+        "off" => (None, None),
+        "floor" => (Some(Floor::attach(pair)), None),
+        _ => {
+            let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+            (None, Some(Sampler::start_bin(v.1.as_deref(), &a)))
+        }
+    };
+    let progs = match (&floor, &sampler) {
+        (Some(f), _) => f.ids.clone(),
+        (_, Some(s)) => s.progs.clone(),
+        _ => Vec::new(),
+    };
+    let mut tps = 0.0;
+    let tcp = measured(&progs, || tps = rr_tps(pair, server, secs));
+    let icmp = measured(&progs, || icmp_flood(pair, secs / 2.0));
+    (tps, tcp, icmp, sampler)
+}
+
+fn per_run(m: &Runs, k: &str) -> f64 {
+    m.get(k)
+        .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
+        .unwrap_or(f64::NAN)
+}
+
+/// Every variant (no program, the do-nothing floor, the sampler built
+/// before — BENCH_BEFORE_BIN — and this one) in each round, in rotating
+/// order, on the same TCP request/response flow and then an ICMP echo
+/// flood: TPS and ns per program run (BPF run-time statistics) per
+/// variant and protocol, medians over the rounds.
 fn main() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!(
@@ -174,143 +348,181 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let secs: f64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3.0);
-    let matching = std::env::var("BENCH_MATCH").unwrap_or_else(|_| "seq".into());
-    let every = std::env::var("BENCH_SAMPLE_EVERY").unwrap_or_else(|_| "1".into());
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let rounds: usize = env("BENCH_ROUNDS", "5").parse().unwrap_or(5);
+    let secs: f64 = env("BENCH_SECS", "3").parse().unwrap_or(3.0);
+    let matching = env("BENCH_MATCH", "seq");
+    let every = env("BENCH_SAMPLE_EVERY", "1");
     let _stats = enable_bpf_stats().expect("BPF_ENABLE_STATS");
     let pair = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5009").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
-    let (mut off, mut on) = (Vec::new(), Vec::new());
-    let mut per_prog: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    let args: Vec<String> = [
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--iface",
+        &iface(&pair.b, &pair.b_if),
+        "--match",
+        &matching,
+        "--sample-every",
+        &every,
+        "--duration",
+        "600s",
+        "--interval",
+        "600s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut variants: Vec<Variant> = vec![("off", None), ("floor", None)];
+    if let Ok(b) = std::env::var("BENCH_BEFORE_BIN") {
+        variants.push(("before", Some(b)));
+    }
+    variants.push(("after", None));
+    // per variant: TPS, TCP egr/ing ns, ICMP egr/ing ns, one per round
+    let mut res: BTreeMap<&str, [Vec<f64>; 5]> = BTreeMap::new();
     let mut test_run: Vec<(String, f64)> = Vec::new();
-    // per round: the regime of an idle 2-vCPU VM flips between ~15k and
-    // ~50k TPS (CPUs idling between packets or not), and ns/packet with it:
-    // compare rounds of similar TPS
-    let mut per_round: Vec<serde_json::Value> = Vec::new();
-    for round in 0..rounds {
-        off.push(rr_tps(&pair, server, secs));
-        let s = Sampler::start(&[
-            "--iface",
-            &iface(&pair.a, &pair.a_if),
-            "--iface",
-            &iface(&pair.b, &pair.b_if),
-            "--match",
-            &matching,
-            "--sample-every",
-            &every,
-            "--duration",
-            "600s",
-            "--interval",
-            "600s",
-        ]);
-        on.push(rr_tps(&pair, server, secs));
-        let mut this_round: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-        for (name, id) in s.progs.clone() {
-            let (ns, cnt) = prog_stats(id);
-            let e = this_round.entry(name.clone()).or_default();
-            e.0 += ns;
-            e.1 += cnt;
-            let e = per_prog.entry(name).or_default();
-            e.0 += ns;
-            e.1 += cnt;
-        }
-        // Program names before the redesign (rttscope_sm_egr/ing) too, so
-        // that an older binary (RTTSCOPE_BIN) can be measured the same way.
-        let nsp = |n: &str| {
-            let old = n.replace("rtt_sampler_", "rttscope_sm_");
-            this_round
-                .get(n)
-                .or_else(|| this_round.get(&old))
-                .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
-                .unwrap_or(0.0)
-        };
-        println!(
-            "  round {round}: TPS off {:.0} on {:.0}; egr {:.1} ns/packet, ing {:.1} ns/packet",
-            off[round],
-            on[round],
-            nsp("rtt_sampler_egr"),
-            nsp("rtt_sampler_ing")
-        );
-        per_round.push(
-            serde_json::json!({"tps_off": off[round], "tps_on": on[round],
-            "egr_ns": nsp("rtt_sampler_egr"), "ing_ns": nsp("rtt_sampler_ing")}),
-        );
-        if test_run.is_empty() {
-            // one data segment out and its ACK in, run in a loop by the kernel
-            let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
-            let b_ip: [u8; 4] = B_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
-            let data = frame(
-                Tcp {
-                    src: a_ip,
-                    dst: b_ip,
-                    sport: 40000,
-                    dport: 5009,
-                    seq: 1,
-                    ack: 1,
-                    flags: 0x18,
-                    payload: 1,
-                },
-                0,
-                false,
-                5,
+    for r in 0..rounds {
+        for k in 0..variants.len() {
+            let v = &variants[(r + k) % variants.len()];
+            let (tps, tcp, icmp, sampler) = round(&pair, server, v, &args, secs);
+            let vals = [
+                tps,
+                per_run(&tcp, "egr"),
+                per_run(&tcp, "ing"),
+                per_run(&icmp, "egr"),
+                per_run(&icmp, "ing"),
+            ];
+            let (vals, floor) = if v.0 == "floor" {
+                let f = [per_run(&tcp, "floor"), per_run(&icmp, "floor")];
+                ([tps, f[0], f[0], f[1], f[1]], true)
+            } else {
+                (vals, false)
+            };
+            println!(
+                "  round {r} {:<6}: TPS {:.0}; TCP egr {:.1} ing {:.1} ns/run; ICMP egr {:.1} ing {:.1} ns/run{}",
+                v.0, vals[0], vals[1], vals[2], vals[3], vals[4],
+                if floor { " (the floor program, both hooks)" } else { "" }
             );
-            let ack = frame(
-                Tcp {
-                    src: b_ip,
-                    dst: a_ip,
-                    sport: 5009,
-                    dport: 40000,
-                    seq: 1,
-                    ack: 2,
-                    flags: 0x10,
-                    payload: 0,
-                },
-                0,
-                false,
-                5,
-            );
-            for (name, id) in s.progs.clone().into_iter().take(2) {
-                let f = if name.ends_with("egr") { &data } else { &ack };
-                if let Some((ns, _)) = test_run_ns(id, f, 1_000_000) {
-                    test_run.push((name, ns));
-                }
+            let e = res.entry(v.0).or_default();
+            for (i, x) in vals.iter().enumerate() {
+                e[i].push(*x);
+            }
+            if let (Some(s), true) = (&sampler, test_run.is_empty() && v.0 == "after") {
+                test_run = test_runs(s);
+            }
+            if let Some(s) = sampler {
+                // SAFETY: end our own child (SIGTERM: it exits cleanly).
+                unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
+                let _ = s.child.wait_output(Duration::from_secs(10));
             }
         }
-        // SAFETY: end our own child (SIGTERM: it exits cleanly).
-        unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
-        let _ = s.child.wait_output(Duration::from_secs(10));
     }
-    let med = |v: &mut Vec<f64>| median(v);
-    let (m_off, m_on) = (med(&mut off.clone()), med(&mut on.clone()));
-    let drop_pct = (m_off - m_on) / m_off * 100.0;
-    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s, sampler on both veth ends, --sample-every {every}");
-    println!("  TPS off: {off:.0?}  median {m_off:.0}");
-    println!("  TPS on : {on:.0?}  median {m_on:.0}");
-    println!("  TPS drop (medians): {drop_pct:.2} %");
-    for (name, (ns, cnt)) in &per_prog {
+    report(&matching, &every, rounds, secs, &res, &test_run);
+}
+
+/// BPF_PROG_TEST_RUN, 1e6 repeats, of the sampler's programs on one TCP
+/// data segment / its ACK and one ICMP echo request / its reply.
+fn test_runs(s: &Sampler) -> Vec<(String, f64)> {
+    let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let b_ip: [u8; 4] = B_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let tcp = |src, dst, sport, dport, ack, flags, payload| {
+        frame(
+            Tcp {
+                src,
+                dst,
+                sport,
+                dport,
+                seq: 1,
+                ack,
+                flags,
+                payload,
+            },
+            0,
+            false,
+            5,
+        )
+    };
+    let data = tcp(a_ip, b_ip, 40000, 5009, 1, 0x18, 1);
+    let ack = tcp(b_ip, a_ip, 5009, 40000, 2, 0x10, 0);
+    let echo = |src, dst, typ| {
+        icmp_frame(
+            src,
+            dst,
+            Icmp {
+                typ,
+                id: 7,
+                seq: 1,
+                payload: 56,
+            },
+        )
+    };
+    let req = echo(a_ip, b_ip, ECHO_REQUEST);
+    let rep = echo(b_ip, a_ip, ECHO_REPLY);
+    let mut out = Vec::new();
+    for (name, id) in s.progs.iter().take(2) {
+        let egr = name.ends_with("egr");
+        for (what, f) in [
+            ("tcp", if egr { &data } else { &ack }),
+            ("icmp", if egr { &req } else { &rep }),
+        ] {
+            if let Some((ns, _)) = test_run_ns(*id, f, 1_000_000) {
+                out.push((format!("{name} {what}"), ns));
+            }
+        }
+    }
+    out
+}
+
+fn report(
+    matching: &str,
+    every: &str,
+    rounds: usize,
+    secs: f64,
+    res: &BTreeMap<&str, [Vec<f64>; 5]>,
+    test_run: &[(String, f64)],
+) {
+    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s TCP RR + {} s ICMP flood, both veth ends, --sample-every {every}; medians (range)", secs / 2.0);
+    let fmt = |v: &[f64]| {
+        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return "-".to_string();
+        }
+        let m = median(&mut v);
+        format!("{m:.1} ({:.1}-{:.1})", v[0], v[v.len() - 1])
+    };
+    println!(
+        "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
+        "variant", "TPS", "TCP egr ns", "TCP ing ns", "ICMP egr ns", "ICMP ing ns"
+    );
+    let mut json = serde_json::Map::new();
+    for (v, vals) in res {
         println!(
-            "  {name}: {:.1} ns/packet over {cnt} runs",
-            *ns as f64 / (*cnt).max(1) as f64
+            "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
+            v,
+            fmt(&vals[0]),
+            fmt(&vals[1]),
+            fmt(&vals[2]),
+            fmt(&vals[3]),
+            fmt(&vals[4])
+        );
+        json.insert(
+            v.to_string(),
+            serde_json::json!({
+                "tps": vals[0], "tcp_egr_ns": vals[1], "tcp_ing_ns": vals[2],
+                "icmp_egr_ns": vals[3], "icmp_ing_ns": vals[4],
+            }),
         );
     }
-    for (name, ns) in &test_run {
-        println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats; egress: a data segment, ingress: an ACK)");
+    for (name, ns) in test_run {
+        println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats of one packet)");
     }
     println!(
         "{}",
         serde_json::json!({
+            "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds,
+            "secs": secs, "variants": json,
             "test_run_ns": test_run.iter().map(|(n, ns)| serde_json::json!({"name": n, "ns_per_run": ns})).collect::<Vec<_>>(),
-            "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds, "secs": secs,
-            "tps_off": off, "tps_on": on, "drop_pct": drop_pct, "per_round": per_round,
-            "progs": per_prog.iter().map(|(n, (ns, c))| serde_json::json!({"name": n, "run_time_ns": ns, "run_cnt": c, "ns_per_packet": *ns as f64 / (*c).max(1) as f64})).collect::<Vec<_>>(),
         })
     );
 }

@@ -54,3 +54,61 @@ pub fn frame(t: Tcp, ihl_extra: usize, frag: bool, doff: u8) -> Vec<u8> {
     f.extend(std::iter::repeat_n(b'x', t.payload));
     f
 }
+
+/// An ICMP or ICMPv6 message: echo (request/reply) carries `id` and `seq`;
+/// for other types they fill the second header word.
+#[derive(Clone, Copy)]
+pub struct Icmp {
+    pub typ: u8,
+    pub id: u16,
+    pub seq: u16,
+    /// Bytes after the 8-byte header.
+    pub payload: usize,
+}
+
+/// ICMP echo types.
+pub const ECHO_REQUEST: u8 = 8;
+pub const ECHO_REPLY: u8 = 0;
+pub const ECHO6_REQUEST: u8 = 128;
+pub const ECHO6_REPLY: u8 = 129;
+
+fn icmp_body(m: Icmp) -> Vec<u8> {
+    let mut b = vec![m.typ, 0, 0, 0];
+    b.extend(m.id.to_be_bytes());
+    b.extend(m.seq.to_be_bytes());
+    b.extend(std::iter::repeat_n(b'p', m.payload));
+    b
+}
+
+/// Ethernet + IPv4 + ICMP (checksums set; ICMPv4's over the message).
+pub fn icmp_frame(src: [u8; 4], dst: [u8; 4], m: Icmp) -> Vec<u8> {
+    let mut body = icmp_body(m);
+    let c = csum(&body);
+    body[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = vec![0xff; 6];
+    f.extend([0x02, 0, 0, 0, 0, 1, 0x08, 0x00]);
+    let mut ip = vec![0x45, 0];
+    ip.extend(((20 + body.len()) as u16).to_be_bytes());
+    ip.extend([0, 1, 0x40, 0, 64, 1, 0, 0]);
+    ip.extend(src);
+    ip.extend(dst);
+    let c = csum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend(ip);
+    f.extend(body);
+    f
+}
+
+/// Ethernet + IPv6 + ICMPv6 (checksum left 0: tc programs do not check it).
+pub fn icmp6_frame(src: [u8; 16], dst: [u8; 16], m: Icmp) -> Vec<u8> {
+    let body = icmp_body(m);
+    let mut f = vec![0xff; 6];
+    f.extend([0x02, 0, 0, 0, 0, 1, 0x86, 0xdd]);
+    f.extend([0x60, 0, 0, 0]);
+    f.extend((body.len() as u16).to_be_bytes());
+    f.extend([58, 64]);
+    f.extend(src);
+    f.extend(dst);
+    f.extend(body);
+    f
+}

@@ -13,7 +13,8 @@ use crate::analysis::hist::{Hist, HistSummary, Snapshot};
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::netns;
 use crate::views::flow::{Flow, Side};
-use crate::views::sampler::{IfaceSpec, SamplerConfig, SamplerFlowStats, SamplerView};
+use crate::views::sampler::sides::SideResolver;
+use crate::views::sampler::{FlowKind, IfaceSpec, SamplerConfig, SamplerFlowStats, SamplerView};
 use crate::views::tcp::{self, TcpFlowState, TcpView, TcpViewConfig};
 use crate::views::LoaderKind;
 
@@ -47,6 +48,9 @@ pub struct FlowRow {
     pub local: String,
     pub remote: String,
     pub side: Side,
+    /// Sampler flows of ICMP echo: `icmp` or `icmpv6` (absent: a TCP flow).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proto: Option<&'static str>,
     /// How the TCP view found the flow: established (after attach), existing (iterator), late.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin: Option<&'static str>,
@@ -136,6 +140,8 @@ pub struct Session {
     names: NsNames,
     tracker: Tracker,
     sampler_ways: SamplerTracker,
+    /// Sides of sampler flows the kernel could not label (socket table).
+    sampler_sides: SideResolver,
     keep_rows: bool,
     watch: Watch,
 }
@@ -336,6 +342,7 @@ impl Session {
             None => None,
         };
         let watch = Watch::new(&tcp_netns, sampler.as_deref());
+        let sampler_sides = SideResolver::new(sampler_namespaces(sampler.as_deref()));
         Ok(Session {
             tcp,
             sampler,
@@ -343,6 +350,7 @@ impl Session {
             names: NsNames::new(),
             tracker: Tracker::default(),
             sampler_ways: SamplerTracker::default(),
+            sampler_sides,
             keep_rows: cfg.keep_rows,
         })
     }
@@ -491,7 +499,8 @@ impl Session {
         let s = self.sampler.as_mut().expect("sampler attached");
         let mut totals = SideTotals::new();
         // One entry per way: a flow in two ways (rare) has its deltas merged.
-        let mut deltas: BTreeMap<Flow, Hist> = BTreeMap::new();
+        let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
+        self.sampler_sides.begin();
         for f in &s.read_flows()? {
             let (mut delta, first) = self.sampler_ways.way(f);
             if delta.count() == 0 {
@@ -504,33 +513,33 @@ impl Session {
                     .or(if first { f.hist.max_us } else { None }),
             );
             match deltas.entry(f.flow) {
-                std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().merge(&delta),
+                std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(delta);
+                    let side = sampler_side(&self.tracker, &mut self.sampler_sides, f);
+                    v.insert((delta, f.kind, side));
                 }
             }
         }
-        for (flow, delta) in deltas {
+        self.sampler_sides.end();
+        for (flow, (delta, kind, side)) in deltas {
             // daemon mode: the sampler's samples since the last read.
             if let Some(d) = sink.as_deref_mut() {
                 let ns = self.names.get(flow.netns);
-                d.sampler_delta(&flow, self.tracker.side_of(&flow), &ns, &delta);
+                d.sampler_delta(&flow, side, &ns, &delta);
             }
-            totals
-                .entry(self.tracker.side_of(&flow))
-                .or_default()
-                .merge(&delta);
+            totals.entry(side).or_default().merge(&delta);
             if !self.keep_rows {
                 continue; // nothing prints rows
             }
             let stats = ViewStats::from_hist(&delta);
-            let (names, tracker) = (&mut self.names, &self.tracker);
+            let names = &mut self.names;
             let row = rows.entry(flow).or_insert_with(|| FlowRow {
                 netns: flow.netns,
                 netns_name: names.get(flow.netns),
                 local: flow.local.to_string(),
                 remote: flow.remote.to_string(),
-                side: tracker.side_of(&flow),
+                side,
+                proto: icmp_proto(kind),
                 origin: None,
                 state: None,
                 closed: false,
@@ -562,6 +571,7 @@ impl Session {
                 local: f.local.to_string(),
                 remote: f.remote.to_string(),
                 side,
+                proto: None,
                 origin,
                 state: None,
                 closed,
@@ -626,8 +636,9 @@ impl Session {
             flows.insert(*flow, (v, r));
         }
         if let Some(s) = self.sampler.as_mut() {
+            self.sampler_sides.begin();
             for f in crate::views::sampler::merge_ways(s.read_flows()?) {
-                let side = self.tracker.side_of(&f.flow);
+                let side = sampler_side(&self.tracker, &mut self.sampler_sides, &f);
                 totals
                     .entry("sampler")
                     .or_default()
@@ -636,12 +647,17 @@ impl Session {
                     .merge(&f.hist);
                 let entry = flows.entry(f.flow).or_insert_with(|| {
                     let name = names.get(f.flow.netns);
-                    let v = json!({
+                    let mut v = json!({
                         "netns": f.flow.netns, "netns_name": name,
                         "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
                         "side": side,
                     });
-                    (v, row(&f.flow, name, side, None, false))
+                    let mut r = row(&f.flow, name, side, None, false);
+                    if let Some(p) = icmp_proto(f.kind) {
+                        v["proto"] = json!(p);
+                        r.proto = Some(p);
+                    }
+                    (v, r)
                 });
                 entry.0["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
                 entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
@@ -669,6 +685,39 @@ impl Session {
             counters,
         })
     }
+}
+
+/// `proto` of a sampler flow's row: `icmp`/`icmpv6`, None for TCP.
+fn icmp_proto(kind: FlowKind) -> Option<&'static str> {
+    (kind != FlowKind::Tcp).then(|| kind.as_str())
+}
+
+/// The side of a sampler flow: what the TCP view found for the same flow,
+/// else what the sampler's programs saw (the handshake; ICMP: pinger or
+/// pinged), else the socket table of the interface's namespace (issue 15).
+fn sampler_side(tcp: &Tracker, sockets: &mut SideResolver, f: &SamplerFlowStats) -> Side {
+    if f.kind != FlowKind::Tcp {
+        return f.side;
+    }
+    match tcp.side_of(&f.flow) {
+        Side::Unknown if f.side != Side::Unknown => f.side,
+        Side::Unknown => sockets.side(&f.flow),
+        s => s,
+    }
+}
+
+/// The namespaces of the sampler's interfaces (for the socket table).
+fn sampler_namespaces(s: Option<&dyn SamplerView>) -> Vec<netns::NetNs> {
+    let mut out: Vec<netns::NetNs> = Vec::new();
+    for a in s.map(|s| s.attach_info()).unwrap_or_default() {
+        match netns::resolve(&a.netns) {
+            Ok(ns) if ns.inode == a.netns_inode && !out.iter().any(|n| n.inode == ns.inode) => {
+                out.push(ns)
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// The whole run (see [`Session::summary`]).
@@ -899,6 +948,7 @@ impl Tracker {
             local: f.flow.local.to_string(),
             remote: f.flow.remote.to_string(),
             side: f.side,
+            proto: None,
             origin: Some(f.origin),
             state: Some(tcp::state_name(f.state)),
             closed: f.closed,

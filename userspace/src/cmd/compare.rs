@@ -270,6 +270,8 @@ struct RawCollector {
     sampler_raw: Option<RawSamples>,
     sampler_events: Vec<crate::bpf::Event>,
     sampler_samples: Vec<SamplerSample>,
+    /// The sampler's ICMP echo samples where this host is the pinger (issue 17).
+    sampler_icmp: Vec<SamplerSample>,
 }
 
 impl RawCollector {
@@ -288,6 +290,7 @@ impl RawCollector {
             sampler_raw,
             sampler_events: Vec::new(),
             sampler_samples: Vec::new(),
+            sampler_icmp: Vec::new(),
         })
     }
 
@@ -317,6 +320,12 @@ impl RawCollector {
                 .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
             {
                 let t = self.secs_since_start(x.ts_ns);
+                if x.kind != crate::views::sampler::FlowKind::Tcp {
+                    if x.side == Side::Pinger {
+                        self.sampler_icmp.push((x.flow, t, x.rtt_us as f64));
+                    }
+                    continue;
+                }
                 self.sampler_samples.push((x.flow, t, x.rtt_us as f64));
             }
             self.sampler_events = evs;
@@ -375,6 +384,8 @@ struct Sides {
     tcp_server: Series,
     smp_client: Series,
     smp_server: Series,
+    /// The sampler's passive reading of the ICMP probe's pings (to the target, from here).
+    smp_icmp: Series,
     retrans: u64,
 }
 
@@ -421,11 +432,18 @@ fn split_sides(
     let (tcp_client, tcp_server) = by_side(&mut raw.tcp_samples.iter().map(|s| (&s.0, s.2, s.3)));
     let (smp_client, smp_server) =
         by_side(&mut raw.sampler_samples.iter().map(|s| (&s.0, s.1, s.2)));
+    let smp_icmp = raw
+        .sampler_icmp
+        .iter()
+        .filter(|s| s.0.netns == my_netns && Some(s.0.remote.ip()) == target_ip)
+        .map(|s| (s.1, s.2))
+        .collect();
     Ok(Sides {
         tcp_client,
         tcp_server,
         smp_client,
         smp_server,
+        smp_icmp,
         retrans,
     })
 }
@@ -568,6 +586,16 @@ impl Report {
                 format!("packet sampler, responding side ({label})"),
                 &sides.smp_server,
                 set,
+            );
+        }
+        if !sides.smp_icmp.is_empty() {
+            self.add_series(
+                "sampler icmp",
+                ViewKind::Sampler,
+                Some("pinger"),
+                "packet sampler at the interface, the ICMP probe's echoes (passive)".into(),
+                &sides.smp_icmp,
+                json!({"sample_every": s.config().sample_every, "match": "echo"}),
             );
         }
         let all: Series = sides

@@ -148,7 +148,7 @@ pub fn print_table(
     // One TOTAL row per side: the two ends of a connection see different
     // RTTs (the responding side times the other's think time), so a total
     // over both would describe neither.
-    for side in ["client", "server", "unknown"] {
+    for side in ["client", "server", "unknown", "pinger", "pinged"] {
         if !iv.totals.values().any(|t| t.contains_key(side)) {
             continue;
         }
@@ -229,6 +229,7 @@ mod tests {
             local: "10.0.0.1:40000".into(),
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
+            proto: None,
             origin: Some("established"),
             state: Some("ESTABLISHED"),
             closed: false,
@@ -278,6 +279,7 @@ mod tests {
             local: "10.0.0.1:40000".into(),
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
+            proto: None,
             origin: Some("established"),
             state: Some("ESTABLISHED"),
             closed: false,
@@ -333,6 +335,7 @@ mod tests {
             local: local.into(),
             remote: remote.into(),
             side,
+            proto: None,
             origin: Some("established"),
             state: Some("ESTABLISHED"),
             closed: false,

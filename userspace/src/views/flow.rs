@@ -93,6 +93,10 @@ pub enum Side {
     Client,
     Server,
     Unknown,
+    /// ICMP echo (sampler): this host sent the request.
+    Pinger,
+    /// ICMP echo (sampler): this host answered it (the RTT is its own reply time).
+    Pinged,
 }
 
 impl Side {
@@ -108,6 +112,8 @@ impl Side {
             Side::Client => "client",
             Side::Server => "server",
             Side::Unknown => "?",
+            Side::Pinger => "pinger",
+            Side::Pinged => "pinged",
         }
     }
 }

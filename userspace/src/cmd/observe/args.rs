@@ -54,6 +54,9 @@ pub struct ObserveArgs {
     /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
     #[arg(long = "match", value_enum, default_value = "seq")]
     pub matching: crate::views::sampler::Matching,
+    /// Sampler view: protocols to time, comma separated: tcp (data segments and their ACKs), icmp (ICMP and ICMPv6 echo, like ePPing).
+    #[arg(long = "proto", value_delimiter = ',', value_enum, default_values = ["tcp", "icmp"], value_name = "PROTO")]
+    pub protos: Vec<crate::views::sampler::Proto>,
     /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
     #[arg(long, value_enum, default_value = "auto")]
     pub attach: crate::views::sampler::AttachMode,
@@ -135,6 +138,7 @@ impl ObserveArgs {
             max_flows: self.max_flows,
             pending_timeout: self.pending_timeout,
             attach: self.attach,
+            protos: self.protos.clone(),
         }
     }
 }

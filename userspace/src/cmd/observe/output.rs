@@ -77,9 +77,14 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
             .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
             .collect();
         header += &format!(
-            " | view sampler: 1/{} sampling, match {}, no Karn, on {}",
+            " | view sampler: 1/{} sampling, match {}, no Karn, proto {}, on {}",
             c.sample_every,
             c.matching.as_str(),
+            c.protos
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(","),
             ifs.join(" ")
         );
     }
@@ -276,12 +281,20 @@ pub(super) fn sampler_raw_lines(
         let line = match fmt {
             // --raw is refused with --format cloud-monitoring (check()).
             Format::CloudMonitoring => continue,
-            Format::Json => json!({
-                "type": "sample", "view": "sampler", "t": t, "t_us": t * 1e6, "netns": smp.flow.netns,
-                "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
-                "rtt_us": smp.rtt_us, "match": smp.matching.as_str(),
-            })
-            .to_string(),
+            Format::Json => {
+                let icmp = smp.kind != crate::views::sampler::FlowKind::Tcp;
+                let mut v = json!({
+                    "type": "sample", "view": "sampler", "t": t, "t_us": t * 1e6, "netns": smp.flow.netns,
+                    "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
+                    "rtt_us": smp.rtt_us,
+                    "match": if icmp { "echo" } else { smp.matching.as_str() },
+                    "side": smp.side,
+                });
+                if icmp {
+                    v["proto"] = json!(smp.kind.as_str());
+                }
+                v.to_string()
+            }
             Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
         };
         lines.borrow_mut().push(line);

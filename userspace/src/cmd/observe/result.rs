@@ -305,6 +305,7 @@ mod tests {
             local: "10.0.0.1:40000".into(),
             remote: "10.0.0.2:5001".into(),
             side,
+            proto: None,
             origin: None,
             state: None,
             closed: false,

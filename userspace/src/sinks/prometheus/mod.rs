@@ -188,7 +188,18 @@ impl LabelPolicy {
             netns: netns.to_string(),
             remote_prefix: self.remote_prefix(flow.remote.ip()),
             local_port: self.local_port(flow.local.port()),
+            proto: proto_label(flow, side).to_string(),
         }
+    }
+}
+
+/// The flow's protocol: ICMP echo flows (the sampler's, side pinger or
+/// pinged) are `icmp` or `icmpv6`, every other flow `tcp`.
+fn proto_label(flow: &Flow, side: Side) -> &'static str {
+    match (side, flow.remote.ip()) {
+        (Side::Pinger | Side::Pinged, IpAddr::V6(_)) => "icmpv6",
+        (Side::Pinger | Side::Pinged, IpAddr::V4(_)) => "icmp",
+        _ => "tcp",
     }
 }
 
@@ -197,6 +208,8 @@ fn side_label(s: Side) -> &'static str {
         Side::Client => "client",
         Side::Server => "server",
         Side::Unknown => "unknown",
+        Side::Pinger => "pinger",
+        Side::Pinged => "pinged",
     }
 }
 
@@ -208,6 +221,8 @@ pub struct RttLabels {
     pub netns: String,
     pub remote_prefix: String,
     pub local_port: String,
+    /// `tcp`, or `icmp`/`icmpv6` for the sampler's ICMP echo flows.
+    pub proto: String,
 }
 
 impl RttLabels {
@@ -219,7 +234,8 @@ impl RttLabels {
             side: o.clone(),
             netns: o.clone(),
             remote_prefix: o.clone(),
-            local_port: o,
+            local_port: o.clone(),
+            proto: o,
         }
     }
 }

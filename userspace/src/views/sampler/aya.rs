@@ -130,6 +130,7 @@ impl AyaSampler {
         let timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
         let set_mask = cfg.set_mask();
         let seed = hash_seed();
+        let protos = cfg.proto_mask();
         // Create the maps of every copy (EbpfLoader::load), sharing them
         // through pins when there is more than one copy (one interface needs
         // no pins, hence no bpffs and no CAP_SYS_ADMIN); the programs are
@@ -153,7 +154,8 @@ impl AyaSampler {
                     .override_global("cfg_raw", &raw, true)
                     .override_global("cfg_timeout_ns", &timeout_ns, true)
                     .override_global("cfg_set_mask", &set_mask, true)
-                    .override_global("cfg_hash_seed", &seed, true);
+                    .override_global("cfg_hash_seed", &seed, true)
+                    .override_global("cfg_protos", &protos, true);
                 for (m, p) in SHARED_MAPS.iter().zip(&pin_paths) {
                     loader.map_pin_path(m, p.as_path());
                 }

@@ -256,6 +256,7 @@ fn load_copy(
         ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
         ro.cfg_set_mask = cfg.set_mask();
         ro.cfg_hash_seed = seed;
+        ro.cfg_protos = cfg.proto_mask();
     }
     match shared {
         None => {

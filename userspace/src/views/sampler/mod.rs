@@ -63,7 +63,7 @@ const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 pub const MAX_TABLE: u32 = 1 << 24;
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
-use crate::views::flow::Flow;
+use crate::views::flow::{Flow, Side};
 use crate::views::PassiveView;
 
 /// Base of our clsact filters' handles and priorities ("rs"): an observer in
@@ -84,6 +84,57 @@ pub(crate) const SHARED_MAPS: [&str; 4] = [
 const ARPHRD_ETHER: u16 = 1;
 const ARPHRD_LOOPBACK: u16 = 772;
 const ARPHRD_NONE: u16 = 0xfffe;
+
+/// A protocol the sampler times (`--proto`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// TCP data segments and the ACKs (or TSecr) answering them.
+    Tcp,
+    /// ICMP and ICMPv6 echo: request and reply matched by addresses, identifier and sequence.
+    Icmp,
+}
+
+/// What kind of flow a sampler flow is (from its key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowKind {
+    Tcp,
+    Icmp,
+    Icmpv6,
+}
+
+impl FlowKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FlowKind::Tcp => "tcp",
+            FlowKind::Icmp => "icmp",
+            FlowKind::Icmpv6 => "icmpv6",
+        }
+    }
+
+    /// The kind and, for ICMP, the side, from the key's `reserved` field
+    /// (bpf/rttscope.h, sampler section): 0 for TCP, else the IP protocol
+    /// in the low byte and `enum rttscope_sampler_icmp_side` in the high one.
+    pub fn from_key(key: &FlowKey) -> (FlowKind, Side) {
+        let side = match (key.reserved >> 8) as u32 {
+            x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGER.0 => Side::Pinger,
+            x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGED.0 => Side::Pinged,
+            _ => Side::Unknown,
+        };
+        match key.reserved & 0xff {
+            1 => (FlowKind::Icmp, side),
+            58 => (FlowKind::Icmpv6, side),
+            _ => (FlowKind::Tcp, Side::Unknown),
+        }
+    }
+}
+
+fn default_protos() -> Vec<Proto> {
+    vec![Proto::Tcp, Proto::Icmp]
+}
 
 /// How an outgoing segment and an incoming packet are paired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -138,6 +189,9 @@ pub struct SamplerConfig {
     #[serde(with = "duration_ms")]
     pub pending_timeout: Duration,
     pub attach: AttachMode,
+    /// Protocols timed (`--proto`; default both): TCP, ICMP/ICMPv6 echo.
+    #[serde(default = "default_protos")]
+    pub protos: Vec<Proto>,
 }
 
 impl Default for SamplerConfig {
@@ -149,6 +203,7 @@ impl Default for SamplerConfig {
             max_flows: 16384,
             pending_timeout: Duration::from_secs(10),
             attach: AttachMode::Auto,
+            protos: default_protos(),
         }
     }
 }
@@ -183,7 +238,21 @@ impl SamplerConfig {
         if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
             bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
         }
+        if self.protos.is_empty() {
+            bail!("--proto needs at least one of tcp, icmp");
+        }
         Ok(())
+    }
+
+    /// `cfg_protos` of the programs: a bit per protocol timed.
+    pub(crate) fn proto_mask(&self) -> u32 {
+        self.protos
+            .iter()
+            .map(|p| match p {
+                Proto::Tcp => t::rttscope_sampler_proto::RTTSCOPE_PROTO_TCP.0,
+                Proto::Icmp => t::rttscope_sampler_proto::RTTSCOPE_PROTO_ICMP.0,
+            })
+            .fold(0, |a, b| a | b)
     }
 
     /// Entries of the kernel's flow table: `max_flows` rounded up to a
@@ -264,6 +333,12 @@ pub struct AttachInfo {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SamplerFlowStats {
     pub flow: Flow,
+    /// TCP, or ICMP/ICMPv6 echo.
+    pub kind: FlowKind,
+    /// What the kernel knows of the side: TCP from the handshake it saw
+    /// (SYN out: client, SYN-ACK out: server), ICMP pinger/pinged; else
+    /// unknown (the session then asks the socket table).
+    pub side: Side,
     /// Interface of the last sample (name, as attached).
     pub iface: String,
     /// Cumulative histogram since the flow was first sampled.
@@ -293,6 +368,10 @@ pub struct SamplerFlowStats {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SamplerSample {
     pub flow: Flow,
+    pub kind: FlowKind,
+    /// The programs' own label: TCP from the handshake (unknown if not
+    /// seen), ICMP pinger/pinged.
+    pub side: Side,
     pub rtt_us: u32,
     pub ts_ns: u64,
     pub ifindex: u32,
@@ -304,8 +383,14 @@ impl SamplerSample {
         if e.r#type as u32 != t::rttscope_event_type::RTTSCOPE_EV_SAMPLER_RTT.0 {
             return None;
         }
+        let (kind, icmp_side) = FlowKind::from_key(&e.key);
         Some(SamplerSample {
             flow: Flow::from_key(&e.key)?,
+            kind,
+            side: match kind {
+                FlowKind::Tcp => Side::from_raw(e.side),
+                _ => icmp_side,
+            },
             rtt_us: e.rtt_us,
             ts_ns: e.ts_ns,
             ifindex: e.reserved2,
@@ -360,6 +445,15 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("flows_evicted", C::RTTSCOPE_SAMPLER_FLOWS_EVICTED),
     ("evicted_segments", C::RTTSCOPE_SAMPLER_EVICTED_SEGMENTS),
     ("send_time_clock", C::RTTSCOPE_SAMPLER_SEND_TIME_CLOCK),
+    ("icmp_egress", C::RTTSCOPE_SAMPLER_ICMP_EGRESS),
+    ("icmp_ingress", C::RTTSCOPE_SAMPLER_ICMP_INGRESS),
+    ("icmp_errors", C::RTTSCOPE_SAMPLER_ICMP_ERRORS),
+    ("icmp_other", C::RTTSCOPE_SAMPLER_ICMP_OTHER),
+    ("icmp_unmatched", C::RTTSCOPE_SAMPLER_ICMP_UNMATCHED),
+    ("icmp_dup_request", C::RTTSCOPE_SAMPLER_ICMP_DUP_REQUEST),
+    ("icmp_dup_reply", C::RTTSCOPE_SAMPLER_ICMP_DUP_REPLY),
+    ("icmp_truncated", C::RTTSCOPE_SAMPLER_ICMP_TRUNCATED),
+    ("skip_proto_off", C::RTTSCOPE_SAMPLER_SKIP_PROTO_OFF),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
@@ -474,6 +568,11 @@ pub(crate) fn flow_stats(
     f: &SamplerFlow,
 ) -> Option<SamplerFlowStats> {
     let flow = Flow::from_key(key)?;
+    let (kind, icmp_side) = FlowKind::from_key(key);
+    let side = match kind {
+        FlowKind::Tcp => Side::from_raw(f.side),
+        _ => icmp_side,
+    };
     let a = &f.agg;
     let (min, max) = if a.samples > 0 {
         (Some(a.min_us), Some(a.max_us))
@@ -488,6 +587,8 @@ pub(crate) fn flow_stats(
         .unwrap_or_else(|| format!("if{}", f.ifindex));
     Some(SamplerFlowStats {
         flow,
+        kind,
+        side,
         iface,
         hist: Hist::from_counts(&a.hist, a.sum_us, min, max),
         samples: a.samples,
@@ -632,6 +733,7 @@ pub trait SamplerView: PassiveView {
 pub(crate) mod aya;
 #[cfg(feature = "libbpf")]
 pub(crate) mod libbpf;
+pub mod sides;
 #[cfg(feature = "libbpf")]
 mod tc;
 
@@ -752,6 +854,60 @@ mod tests {
         derived_counters(&mut c);
         assert_eq!(c["flows_live"], 4);
         assert_eq!(c["pending_live"], 6);
+    }
+
+    #[test]
+    fn icmp_flows_are_told_apart_by_the_key() {
+        let mut key = Flow {
+            netns: 5,
+            local: "10.0.0.1:4242".parse().unwrap(),
+            remote: "10.0.0.2:0".parse().unwrap(),
+        }
+        .to_key();
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Tcp, Side::Unknown));
+        key.reserved = 1 | (1 << 8);
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmp, Side::Pinger));
+        key.reserved = 58 | (2 << 8);
+        assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmpv6, Side::Pinged));
+        // a flow entry of an ICMP key: its side comes from the key, not the handshake
+        let f = SamplerFlow {
+            side: 1,
+            ..Default::default()
+        };
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        assert_eq!((s.kind, s.side), (FlowKind::Icmpv6, Side::Pinged));
+        key.reserved = 0;
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        assert_eq!((s.kind, s.side), (FlowKind::Tcp, Side::Client));
+        // raw samples: the same rules
+        let mut e = Event {
+            r#type: 2,
+            side: 2,
+            ..Default::default()
+        };
+        e.key = key;
+        let smp = SamplerSample::from_event(&e).unwrap();
+        assert_eq!((smp.kind, smp.side), (FlowKind::Tcp, Side::Server));
+        e.key.reserved = 1 | (1 << 8);
+        let smp = SamplerSample::from_event(&e).unwrap();
+        assert_eq!((smp.kind, smp.side), (FlowKind::Icmp, Side::Pinger));
+    }
+
+    #[test]
+    fn protocols_to_the_kernel_mask() {
+        let mut c = SamplerConfig::default();
+        assert_eq!(c.proto_mask(), 3);
+        c.protos = vec![Proto::Icmp];
+        assert_eq!(c.proto_mask(), 2);
+        c.protos = vec![Proto::Tcp];
+        assert_eq!(c.proto_mask(), 1);
+        c.protos.clear();
+        assert!(c.validate().is_err());
+        // settings saved before --proto existed still load (both protocols)
+        let mut j = serde_json::to_value(SamplerConfig::default()).unwrap();
+        j.as_object_mut().unwrap().remove("protos");
+        let back: SamplerConfig = serde_json::from_value(j).unwrap();
+        assert_eq!(back.protos, vec![Proto::Tcp, Proto::Icmp]);
     }
 
     #[test]

@@ -1,0 +1,570 @@
+//! Privileged end-to-end tests of the sampler's ICMP echo path (issue 17)
+//! and of the sides it labels on its own (issue 15), with real tc programs
+//! on veth interfaces of namespaces the tests create.
+//!
+//! Truths: ping's own per-reply times (`time=`, received packets timed by
+//! the kernel), `rttscope probe icmp`'s, the delay the lab's link emulator
+//! adds, frames the test crafts, and which end opened a connection.
+use std::io::{BufRead, BufReader};
+use std::process::Output;
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use rttscope::lab::emulator::{Impairment, LinkConfig};
+use rttscope::lab::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
+use rttscope_e2e::frames::{
+    icmp6_frame, icmp_frame, Icmp, ECHO6_REPLY, ECHO6_REQUEST, ECHO_REPLY, ECHO_REQUEST,
+};
+use rttscope_e2e::{
+    require_root, rttscope_bin, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR, A_ADDR6,
+    B_ADDR, B_ADDR6,
+};
+use serde_json::Value;
+
+/// `rttscope observe --view sampler --format json ARGS` until it ends by
+/// itself (`--duration`); started once its `start` line is out.
+struct Observer {
+    child: ChildGuard,
+    lines: Receiver<String>,
+}
+
+impl Observer {
+    fn start(args: &[&str]) -> Observer {
+        let mut cmd = std::process::Command::new(rttscope_bin());
+        cmd.args(["observe", "--view", "sampler", "--format", "json"])
+            .args(args);
+        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
+        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(l) => {
+                let v: Value = serde_json::from_str(&l).expect("start line is JSON");
+                assert_eq!(v["type"], "start", "{l}");
+            }
+            Err(_) => {
+                let out = child.wait_output(Duration::from_secs(1));
+                panic!("observe did not start: {out:?}");
+            }
+        }
+        Observer { child, lines: rx }
+    }
+
+    /// The `end` line, and the raw samples (`--raw`) printed before it.
+    fn finish(self, timeout: Duration) -> (Value, Vec<Value>) {
+        let deadline = Instant::now() + timeout;
+        let (mut end, mut raw) = (None, Vec::new());
+        while Instant::now() < deadline && end.is_none() {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(l) => {
+                    let v: Value = serde_json::from_str(&l).expect("observe line is JSON");
+                    match v["type"].as_str() {
+                        Some("end") => end = Some(v),
+                        Some("sample") => raw.push(v),
+                        _ => {}
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(_) => break,
+            }
+        }
+        let out = self.child.wait_output(Duration::from_secs(10)).unwrap();
+        assert!(
+            out.status.success(),
+            "observe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (end.expect("no end line from observe"), raw)
+    }
+}
+
+fn iface(ns: &NetNs, name: &str) -> String {
+    format!("{}:{}", ns.name, name)
+}
+
+/// Per-reply times (ms) from ping's (or `rttscope probe icmp`'s) `time=` lines.
+fn reply_times(out: &Output) -> Vec<f64> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next())
+        .filter_map(|t| t.parse().ok())
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    assert!(!v.is_empty(), "no values");
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn counter(end: &Value, name: &str) -> u64 {
+    end["counters"]["sampler"][name].as_u64().unwrap_or(0)
+}
+
+/// The `end` record's sampler flows with this side and remote address.
+fn flows<'a>(end: &'a Value, side: &str, remote_ip: &str) -> Vec<&'a Value> {
+    end["flows"]
+        .as_array()
+        .expect("end.flows")
+        .iter()
+        .filter(|f| f["sampler"].is_object() && f["side"] == side)
+        .filter(|f| {
+            let r = f["remote"].as_str().unwrap_or("");
+            r.starts_with(&format!("{remote_ip}:")) || r.starts_with(&format!("[{remote_ip}]:"))
+        })
+        .collect()
+}
+
+/// The exact median (ms) of a flow's raw samples (`--raw`), and their
+/// count: the measurement itself, free of the histogram's bucket width
+/// (12.5%, interpolated: up to ~6% off at a few dozen samples).
+fn raw_n_p50(raw: &[Value], f: &Value) -> (usize, f64) {
+    let v: Vec<f64> = raw
+        .iter()
+        .filter(|s| {
+            s["view"] == "sampler" && s["local"] == f["local"] && s["remote"] == f["remote"]
+        })
+        .map(|s| s["rtt_us"].as_f64().unwrap() / 1000.0)
+        .collect();
+    (v.len(), if v.is_empty() { f64::NAN } else { median(&v) })
+}
+
+/// (samples, p50 in ms) of a flow's whole run.
+fn n_p50(f: &Value) -> (u64, f64) {
+    let s = &f["sampler"]["summary"];
+    (
+        s["n"].as_u64().unwrap(),
+        s["p50_us"].as_f64().unwrap() / 1000.0,
+    )
+}
+
+/// ping from `a` to `b` on a bare veth, IPv4 and IPv6 at once, the sampler
+/// on both ends: every echo is timed on the pinger's interface (pinger
+/// flow, RTT of the path and the peer) and on the pinged host's (pinged
+/// flow, its own reply time, which is part of the RTT); the pinger's
+/// median is compared with ping's own.
+#[test]
+fn ping_on_a_bare_veth_is_timed_at_both_ends() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let obs = Observer::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--iface",
+        &iface(&pair.b, &pair.b_if),
+        "--raw",
+        "--duration",
+        "8s",
+        "--interval",
+        "8s",
+    ]);
+    let ping = |dst: &str| {
+        pair.a
+            .command("ping")
+            .args(["-n", "-c", "30", "-i", "0.2", "-W", "2", dst])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ping")
+    };
+    let (p4, p6) = (ping(B_ADDR), ping(B_ADDR6));
+    let (p4, p6) = (
+        p4.wait_with_output().unwrap(),
+        p6.wait_with_output().unwrap(),
+    );
+    let (end, raw) = obs.finish(Duration::from_secs(30));
+    for (label, out, peer, me, proto) in [
+        ("IPv4", &p4, B_ADDR, A_ADDR, "icmp"),
+        ("IPv6", &p6, B_ADDR6, A_ADDR6, "icmpv6"),
+    ] {
+        let times = reply_times(out);
+        let pinger = flows(&end, "pinger", peer);
+        let pinged = flows(&end, "pinged", me);
+        eprintln!(
+            "{label}: ping n={} p50 {:.3} ms; pinger {:?}; pinged {:?}",
+            times.len(),
+            median(&times),
+            pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
+            pinged.iter().map(|f| n_p50(f)).collect::<Vec<_>>()
+        );
+        assert_eq!(times.len(), 30, "{label}: ping lost replies");
+        assert_eq!(pinger.len(), 1, "{label}: one pinger flow: {end}");
+        assert_eq!(pinged.len(), 1, "{label}: one pinged flow: {end}");
+        assert_eq!(pinger[0]["proto"], proto);
+        assert_eq!(pinger[0]["sampler"]["iface"], pair.a_if.as_str());
+        assert_eq!(pinged[0]["sampler"]["iface"], pair.b_if.as_str());
+        let (n, _) = n_p50(pinger[0]);
+        let (n_b, _) = n_p50(pinged[0]);
+        let ((raw_n, p50), (_, p50_b)) = (raw_n_p50(&raw, pinger[0]), raw_n_p50(&raw, pinged[0]));
+        assert_eq!(
+            raw_n as u64, n,
+            "{label}: the raw stream carries every sample"
+        );
+        assert_eq!(n, 30, "{label}: every echo timed at the pinger");
+        assert_eq!(n_b, 30, "{label}: every echo timed at the pinged host");
+        // the identifier: the pinger's local port is the pinged flow's remote one
+        let id = |a: &str| a.rsplit(':').next().unwrap().to_string();
+        assert_eq!(
+            id(pinger[0]["local"].as_str().unwrap()),
+            id(pinged[0]["remote"].as_str().unwrap())
+        );
+        assert!(
+            p50_b < p50,
+            "{label}: the reply time ({p50_b:.3} ms) is part of the RTT ({p50:.3} ms)"
+        );
+        // ping's span starts at its userspace send stamp and ends at the
+        // kernel's receive stamp (taken as the reply is queued, before tc
+        // ingress); the tap's starts at tc egress. On a bare veth the
+        // difference, the pinger's own send path (syscall, socket, IP
+        // output: 10-25 us on this VM), is a large part of a 40 us RTT, so
+        // "within 20%" (issue 17) does not hold here (measured: passive
+        // 22 us vs ping 40 us); what must hold is that the tap's span lies
+        // inside ping's and the gap is no more than a send path.
+        let ping_p50 = median(&times);
+        eprintln!(
+            "{label}: passive p50 {:.1}% of ping's, gap {:.1} us",
+            100.0 * p50 / ping_p50,
+            (ping_p50 - p50) * 1000.0
+        );
+        assert!(
+            p50 <= ping_p50 + 0.003,
+            "{label}: passive p50 {p50:.3} ms above ping's {ping_p50:.3} ms"
+        );
+        assert!(
+            ping_p50 - p50 <= 0.05,
+            "{label}: passive p50 {p50:.3} ms more than 50 us below ping's {ping_p50:.3} ms"
+        );
+    }
+    assert_eq!(counter(&end, "samples"), 120, "{}", end["counters"]);
+    assert_eq!(counter(&end, "icmp_unmatched"), 0);
+}
+
+/// ping and `rttscope probe icmp` through the lab's router with 2 ms of
+/// delay added each way by its link emulator: the pinger's passive median
+/// within 5% of each tool's own median.
+#[test]
+fn ping_through_a_delayed_path_within_5_percent() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig::delay(Duration::from_millis(2)))
+        .unwrap();
+    let obs = Observer::start(&[
+        "--iface",
+        &format!("{}:{HOST_IF}", tb.ns(Role::Cli)),
+        "--raw",
+        "--duration",
+        "7s",
+        "--interval",
+        "7s",
+    ]);
+    let dst = SRV_ADDR.to_string();
+    let ping = tb
+        .command(Role::Cli, "ping")
+        .args(["-n", "-c", "25", "-i", "0.2", "-W", "2", &dst])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("ping");
+    let bin = rttscope_bin();
+    let probe = tb
+        .command(Role::Cli, &bin.to_string_lossy())
+        .args(["probe", "icmp", &dst, "-c", "20", "-i", "0.2", "-W", "2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("rttscope probe icmp");
+    let (ping, probe) = (
+        ping.wait_with_output().unwrap(),
+        probe.wait_with_output().unwrap(),
+    );
+    let (end, raw) = obs.finish(Duration::from_secs(30));
+    let pinger = flows(&end, "pinger", &dst);
+    eprintln!(
+        "delayed: ping {:?}; probe {:?}; pinger flows (histogram n, p50) {:?}, raw (n, p50) {:?}; emulator {:?}",
+        reply_times(&ping),
+        reply_times(&probe),
+        pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
+        pinger.iter().map(|f| raw_n_p50(&raw, f)).collect::<Vec<_>>(),
+        imp.report()
+    );
+    assert_eq!(pinger.len(), 2, "ping's and the probe's flows: {end}");
+    for (tool, out, count) in [("ping", &ping, 25), ("probe icmp", &probe, 20)] {
+        let times = reply_times(out);
+        assert_eq!(times.len(), count, "{tool} lost replies: {out:?}");
+        // the two flows are told apart by their sample counts
+        let f = pinger
+            .iter()
+            .find(|f| n_p50(f).0 == count as u64)
+            .unwrap_or_else(|| panic!("no pinger flow with {count} samples: {end}"));
+        let (p50, truth) = (raw_n_p50(&raw, f).1, median(&times));
+        assert!(
+            truth > 3.5,
+            "{tool}: the path has 4 ms of added delay, p50 {truth}"
+        );
+        assert!(
+            (p50 - truth).abs() <= 0.05 * truth,
+            "{tool}: passive p50 {p50:.3} ms not within 5% of its own {truth:.3} ms"
+        );
+    }
+}
+
+/// Crafted ICMP at a's interface: echo requests go out of a to a host that
+/// does not exist (nothing answers but the test), then ICMP errors,
+/// truncated echo replies, replies nobody asked for, and a duplicated
+/// request and reply arrive. Each is counted under its own counter and
+/// skipped; the one well-formed reply to a recorded request gives exactly
+/// one sample, spanning the time the test waited.
+#[test]
+fn malformed_icmp_is_counted_and_skipped() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let obs = Observer::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--duration",
+        "3s",
+        "--interval",
+        "3s",
+    ]);
+    let ip4 = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let ip6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let (me, peer) = (ip4(A_ADDR), [10, 77, 0, 99]);
+    let (me6, peer6) = (ip6(A_ADDR6), ip6("fd77::99"));
+    let echo = |typ, seq| Icmp {
+        typ,
+        id: 4242,
+        seq,
+        payload: 16,
+    };
+    let requests = vec![
+        icmp_frame(me, peer, echo(ECHO_REQUEST, 1)),
+        icmp_frame(me, peer, echo(ECHO_REQUEST, 1)), // duplicate request
+        icmp_frame(me, peer, echo(ECHO_REQUEST, 2)), // never answered
+        icmp6_frame(me6, peer6, echo(ECHO6_REQUEST, 7)),
+    ];
+    let a_if = pair.a_if.clone();
+    pair.a.run(move || send_frames(&a_if, &requests));
+    std::thread::sleep(Duration::from_millis(250));
+
+    let err = |typ| Icmp {
+        typ,
+        id: 0,
+        seq: 0,
+        payload: 28, // the offending packet's headers
+    };
+    let mut short_ip = icmp_frame(peer, me, echo(ECHO_REPLY, 1));
+    short_ip[16..18].copy_from_slice(&24u16.to_be_bytes()); // IP length: 4 bytes of ICMP
+    let mut cut = icmp_frame(peer, me, echo(ECHO_REPLY, 1));
+    cut.truncate(14 + 20 + 6); // frame ends inside the ICMP header
+    let mut cut6 = icmp6_frame(peer6, me6, echo(ECHO6_REPLY, 7));
+    cut6.truncate(14 + 40 + 5);
+    let replies = vec![
+        icmp_frame(peer, me, err(3)),              // destination unreachable
+        icmp_frame(peer, me, err(11)),             // time exceeded
+        icmp6_frame(peer6, me6, err(1)),           // ICMPv6 unreachable
+        short_ip,                                  // truncated (IP length)
+        cut,                                       // truncated (frame)
+        cut6,                                      // truncated (IPv6)
+        icmp_frame(peer, me, echo(ECHO_REPLY, 9)), // sequence never sent
+        icmp_frame(
+            peer,
+            me,
+            Icmp {
+                id: 999,
+                ..echo(ECHO_REPLY, 1)
+            },
+        ), // unknown identifier
+        icmp_frame(peer, me, echo(ECHO_REPLY, 1)), // the answer: one sample
+        icmp_frame(peer, me, echo(ECHO_REPLY, 1)), // duplicate reply
+    ];
+    let b_if = pair.b_if.clone();
+    pair.b.run(move || send_frames(&b_if, &replies));
+    let (end, _) = obs.finish(Duration::from_secs(20));
+    let c = |n| counter(&end, n);
+    eprintln!("malformed ICMP: counters {}", end["counters"]["sampler"]);
+    assert_eq!(c("recorded"), 3, "seq 1, seq 2 and the IPv6 request");
+    assert_eq!(c("icmp_dup_request"), 1);
+    assert_eq!(c("icmp_errors"), 3);
+    assert_eq!(c("icmp_truncated"), 3);
+    assert_eq!(c("icmp_unmatched"), 2);
+    assert_eq!(c("icmp_dup_reply"), 1);
+    assert_eq!(c("samples"), 1, "only the good reply is timed");
+    let f = flows(&end, "pinger", "10.77.0.99");
+    assert_eq!(f.len(), 1, "{end}");
+    assert_eq!(f[0]["local"], format!("{A_ADDR}:4242"));
+    let rtt = f[0]["sampler"]["summary"]["max_us"].as_f64().unwrap();
+    assert!(
+        (250_000.0..5_000_000.0).contains(&rtt),
+        "the sample spans the 250 ms the test waited: {rtt} us"
+    );
+}
+
+/// Send raw Ethernet frames out of `ifname` in the calling thread's namespace.
+fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
+    let cname = std::ffi::CString::new(ifname).unwrap();
+    // SAFETY: plain socket calls with valid buffers.
+    unsafe {
+        let idx = libc::if_nametoindex(cname.as_ptr());
+        assert!(idx > 0, "no interface {ifname}");
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = idx as i32;
+        sll.sll_halen = 6;
+        for fr in frames {
+            let r = libc::sendto(
+                fd,
+                fr.as_ptr().cast(),
+                fr.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
+        }
+        libc::close(fd);
+    }
+}
+
+/// Issue 15: a sampler-only run labels client and server. One connection
+/// is opened before the sampler starts (no handshake seen: the socket
+/// table says), one after (the handshake says); on a's interface both
+/// are the client's flows, on b's the server's. The raw samples show which
+/// rule labelled them: the programs' own label is in each raw sample.
+#[test]
+fn sampler_alone_labels_client_and_server() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let server = format!("{B_ADDR}:5013").parse().unwrap();
+    let _srv = RrServer::start(&pair.b, server, 1).unwrap();
+    let before = RrClient::start(&pair.a, server, 1, Duration::from_millis(20)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let obs = Observer::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--iface",
+        &iface(&pair.b, &pair.b_if),
+        "--raw",
+        "--proto",
+        "tcp",
+        "--duration",
+        "3s",
+        "--interval",
+        "1s",
+    ]);
+    let after = RrClient::start(&pair.a, server, 1, Duration::from_millis(20)).unwrap();
+    let (end, raw) = obs.finish(Duration::from_secs(30));
+    for (label, c, handshake) in [("before", &before, false), ("after", &after, true)] {
+        let find = |local: String, remote: String| {
+            end["flows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["local"] == local && f["remote"] == remote)
+                .unwrap_or_else(|| panic!("{label}: no flow {local} -> {remote}: {end}"))
+                .clone()
+        };
+        let cli = find(c.local.to_string(), server.to_string());
+        let srv = find(server.to_string(), c.local.to_string());
+        let kernel_side = |local: String, remote: String| -> Vec<String> {
+            let mut v: Vec<String> = raw
+                .iter()
+                .filter(|s| s["view"] == "sampler" && s["local"] == local && s["remote"] == remote)
+                .map(|s| s["side"].as_str().unwrap_or("").to_string())
+                .collect();
+            v.dedup();
+            v
+        };
+        let (kc, ks) = (
+            kernel_side(c.local.to_string(), server.to_string()),
+            kernel_side(server.to_string(), c.local.to_string()),
+        );
+        eprintln!(
+            "{label}: client flow side {}, server flow side {}; programs' labels {kc:?} / {ks:?}",
+            cli["side"], srv["side"]
+        );
+        assert_eq!(cli["side"], "client", "{label}: {cli}");
+        assert_eq!(srv["side"], "server", "{label}: {srv}");
+        assert!(
+            cli["sampler"]["summary"]["n"].as_u64().unwrap() > 10,
+            "{cli}"
+        );
+        if handshake {
+            assert_eq!(kc, ["client"], "{label}: the SYN was seen");
+            assert_eq!(ks, ["server"], "{label}: the SYN-ACK was seen");
+        } else {
+            assert_eq!(kc, ["unknown"], "{label}: no handshake seen");
+            assert_eq!(ks, ["unknown"], "{label}: no handshake seen");
+        }
+    }
+    assert_eq!(counter(&end, "icmp_egress"), 0, "--proto tcp");
+}
+
+/// `rttscope compare --icmp --iface` through the lab's router (2 ms each
+/// way): the `sampler icmp` row (the sampler's passive reading of the ICMP
+/// probe's echoes) has the probe's sample count and a median within 5% of
+/// the `ICMP` row's (the probe's own, kernel receive stamps).
+#[test]
+fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
+    if !require_root() {
+        return;
+    }
+    let tb = Testbed::new().unwrap();
+    let mut imp = Impairment::new(&tb).unwrap();
+    imp.set_both(LinkConfig::delay(Duration::from_millis(2)))
+        .unwrap();
+    let bin = rttscope_bin();
+    let dst = SRV_ADDR.to_string();
+    let mut serve = tb.command(Role::Srv, &bin.to_string_lossy());
+    serve.args(["serve", "--listen", &format!("{dst}:7878")]);
+    let _srv = ChildGuard::spawn(&mut serve).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut cmd = tb.command(Role::Cli, &bin.to_string_lossy());
+    cmd.args(["compare", &dst, "-l", "3s", "-w", "100ms", "--icmp"])
+        .args(["--iface", HOST_IF]);
+    let out = ChildGuard::spawn(&mut cmd)
+        .unwrap()
+        .wait_output(Duration::from_secs(60))
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "compare failed: {text} {out:?}");
+    eprintln!("{text}");
+    // (N, P50 ms) of a row: VIEW N MIN MEAN P50 ...
+    let row = |view: &str| -> (f64, f64) {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{view} ")))
+            .unwrap_or_else(|| panic!("no row {view}: {text}"));
+        let v: Vec<f64> = line[view.len()..]
+            .split_whitespace()
+            .take(4)
+            .map(|x| x.parse().unwrap())
+            .collect();
+        (v[0], v[3])
+    };
+    let ((n_passive, p50_passive), (n_probe, p50_probe)) = (row("sampler icmp"), row("ICMP"));
+    assert!(n_probe >= 20.0, "{text}");
+    assert!(
+        (n_passive - n_probe).abs() <= 1.0,
+        "one passive sample per echo: {n_passive} vs {n_probe}"
+    );
+    assert!(
+        (p50_passive - p50_probe).abs() <= 0.05 * p50_probe,
+        "passive p50 {p50_passive} ms not within 5% of the probe's {p50_probe} ms"
+    );
+}
