@@ -291,7 +291,8 @@ impl DelayedServer {
                 };
                 s.set_nonblocking(false).unwrap();
                 s.set_nodelay(true).unwrap();
-                s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
                 let mut b = [0u8; 1];
                 while !stop2.load(Relaxed) {
                     match s.read(&mut b) {
@@ -336,11 +337,22 @@ fn nearest_rank(sorted: &[u32], p: f64) -> f64 {
 /// Every percentile (and min/max) of `stats` against the exact ones of
 /// `samples`: failures (with both values) are pushed to `bad`; returns the
 /// worst relative error.
-fn check_stats(what: &str, stats: &serde_json::Value, samples: &[u32], bad: &mut Vec<String>) -> f64 {
+fn check_stats(
+    what: &str,
+    stats: &serde_json::Value,
+    samples: &[u32],
+    bad: &mut Vec<String>,
+) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable();
     let mut worst: f64 = 0.0;
-    for (key, p) in [("min_us", 0.0), ("p50_us", 50.0), ("p90_us", 90.0), ("p99_us", 99.0), ("max_us", 100.0)] {
+    for (key, p) in [
+        ("min_us", 0.0),
+        ("p50_us", 50.0),
+        ("p90_us", 90.0),
+        ("p99_us", 99.0),
+        ("max_us", 100.0),
+    ] {
         let exact = nearest_rank(&sorted, p);
         let got = stats[key].as_f64().unwrap_or(f64::NAN);
         let err = (got - exact).abs() / exact.max(1.0);
@@ -357,7 +369,9 @@ fn check_stats(what: &str, stats: &serde_json::Value, samples: &[u32], bad: &mut
 }
 
 /// Raw samples (`--raw`) per (view, netns, local, remote), in time order.
-fn raw_by_flow(lines: &[serde_json::Value]) -> std::collections::HashMap<(String, u64, String, String), Vec<u32>> {
+fn raw_by_flow(
+    lines: &[serde_json::Value],
+) -> std::collections::HashMap<(String, u64, String, String), Vec<u32>> {
     let mut m: std::collections::HashMap<_, Vec<(f64, u32)>> = std::collections::HashMap::new();
     for l in lines.iter().filter(|l| l["type"] == "sample") {
         let key = (
@@ -366,9 +380,10 @@ fn raw_by_flow(lines: &[serde_json::Value]) -> std::collections::HashMap<(String
             l["local"].as_str().unwrap().to_string(),
             l["remote"].as_str().unwrap().to_string(),
         );
-        m.entry(key)
-            .or_default()
-            .push((l["t"].as_f64().unwrap(), l["rtt_us"].as_u64().unwrap() as u32));
+        m.entry(key).or_default().push((
+            l["t"].as_f64().unwrap(),
+            l["rtt_us"].as_u64().unwrap() as u32,
+        ));
     }
     m.into_iter()
         .map(|(k, mut v)| {
@@ -394,17 +409,37 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
     let p = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5004").parse().unwrap();
     let _srv = DelayedServer::start(&p.b, server, Duration::from_millis(3));
-    let (ia, ib) = (format!("{}:{}", p.a.name, p.a_if), format!("{}:{}", p.b.name, p.b_if));
+    let (ia, ib) = (
+        format!("{}:{}", p.a.name, p.a_if),
+        format!("{}:{}", p.b.name, p.b_if),
+    );
     let path = std::env::temp_dir().join(unique("rtspct"));
     let mut cmd = Command::new(rttscope_bin());
-    cmd.args(["observe", "--format", "json", "--raw", "--view", "tcp,sampler"])
-        .args(["--netns", &p.a.name, "--netns", &p.b.name, "--iface", &ia, "--iface", &ib])
-        .args(["--interval", "1s", "--duration", "5s"])
-        .stdout(std::fs::File::create(&path).unwrap());
-    let obs = ChildGuard(Some(cmd.stderr(std::process::Stdio::piped()).spawn().unwrap()));
+    cmd.args([
+        "observe",
+        "--format",
+        "json",
+        "--raw",
+        "--view",
+        "tcp,sampler",
+    ])
+    .args([
+        "--netns", &p.a.name, "--netns", &p.b.name, "--iface", &ia, "--iface", &ib,
+    ])
+    .args(["--interval", "1s", "--duration", "5s"])
+    .stdout(std::fs::File::create(&path).unwrap());
+    let obs = ChildGuard(Some(
+        cmd.stderr(std::process::Stdio::piped()).spawn().unwrap(),
+    ));
     let t0 = std::time::Instant::now();
-    while std::fs::read_to_string(&path).unwrap_or_default().is_empty() {
-        assert!(t0.elapsed() < Duration::from_secs(20), "observer did not start");
+    while std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "observer did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(5)).unwrap();
@@ -414,11 +449,18 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
     drop(cli);
     let stdout = std::fs::read(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = parse_lines(&stdout).unwrap();
-    let end = lines.iter().find(|l| l["type"] == "end").expect("end record");
-    for view in ["tcp", "sampler"] {
-        assert_eq!(end["counters"][view]["raw_drops"], 0, "raw samples lost: {end}");
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "end")
+        .expect("end record");
+    for (view, dropped) in [("tcp", "raw_events_dropped"), ("sampler", "raw_drops")] {
+        assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
     }
     let raw = raw_by_flow(&lines);
     let mut next: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
@@ -441,7 +483,11 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
                 let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
                 let from = *next.get(&k).unwrap_or(&0);
                 let to = from + n as usize;
-                assert!(to <= all.len(), "interval {i} {k:?}: n {n} but only {} raw samples left", all.len() - from);
+                assert!(
+                    to <= all.len(),
+                    "interval {i} {k:?}: n {n} but only {} raw samples left",
+                    all.len() - from
+                );
                 next.insert(k.clone(), to);
                 let what = format!("interval {i} {view} {} {}", f["side"], f["local"]);
                 worst = worst.max(check_stats(&what, &f[view], &all[from..to], &mut bad));
@@ -456,14 +502,31 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
             };
             let k = key(view, f);
             let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
-            assert_eq!(s["n"].as_u64().unwrap() as usize, all.len(), "end {k:?}: n vs raw samples");
+            assert_eq!(
+                s["n"].as_u64().unwrap() as usize,
+                all.len(),
+                "end {k:?}: n vs raw samples"
+            );
             let what = format!("end {view} {} {}", f["side"], f["local"]);
             worst = worst.max(check_stats(&what, &f[view]["summary"], all, &mut bad));
-            checked.push((what, s["n"].as_u64().unwrap(), s["p50_us"].as_f64().unwrap()));
+            checked.push((
+                what,
+                s["n"].as_u64().unwrap(),
+                s["p50_us"].as_f64().unwrap(),
+            ));
         }
     }
-    println!("worst relative error {:.3}% over {} rows: {checked:?}", 100.0 * worst, checked.len());
-    assert!(bad.is_empty(), "{} percentiles off by more than 1%:\n{}", bad.len(), bad.join("\n"));
+    println!(
+        "worst relative error {:.3}% over {} rows: {checked:?}",
+        100.0 * worst,
+        checked.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} percentiles off by more than 1%:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
     // The scenario happened: both views, both sides, a few ms, enough samples.
     for view in ["tcp", "sampler"] {
         for side in ["client", "server"] {
@@ -471,8 +534,14 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
                 .iter()
                 .filter(|c| c.0.starts_with("interval") && c.0.contains(view) && c.0.contains(side))
                 .collect();
-            let full = rows.iter().filter(|r| r.1 >= 50 && r.2 > 2_000.0 && r.2 < 10_000.0).count();
-            assert!(full >= 2, "{view} {side}: expected 2+ intervals of 50+ samples at a few ms: {rows:?}");
+            let full = rows
+                .iter()
+                .filter(|r| r.1 >= 50 && r.2 > 2_000.0 && r.2 < 10_000.0)
+                .count();
+            assert!(
+                full >= 2,
+                "{view} {side}: expected 2+ intervals of 50+ samples at a few ms: {rows:?}"
+            );
         }
     }
 }

@@ -223,7 +223,10 @@ impl Hist {
     /// Take (bucket, count) pairs away (saturating), then drop empty ends.
     fn subtract(&mut self, pairs: impl Iterator<Item = (usize, u64)>) {
         for (i, c) in pairs {
-            if let Some(b) = i.checked_sub(self.first).and_then(|j| self.counts.get_mut(j)) {
+            if let Some(b) = i
+                .checked_sub(self.first)
+                .and_then(|j| self.counts.get_mut(j))
+            {
                 *b = b.saturating_sub(c);
             }
         }
@@ -457,7 +460,10 @@ mod tests {
         for i in 0..BUCKETS - 1 {
             let (lo, hi) = bucket_bounds(i);
             // every value below 128 us has a bucket of its own
-            assert!(hi - lo == 1.0 || (hi - lo) / lo <= 1.0 / 64.0 + 1e-12, "bucket {i}");
+            assert!(
+                hi - lo == 1.0 || (hi - lo) / lo <= 1.0 / 64.0 + 1e-12,
+                "bucket {i}"
+            );
         }
         assert_eq!(bucket_bounds(127), (127.0, 128.0));
     }
@@ -601,10 +607,16 @@ mod tests {
         let mut sorted: Vec<f64> = v.iter().map(|&x| x as f64).collect();
         sorted.sort_by(f64::total_cmp);
         let mut worst = (0.0, 0.0, 0.0, 0.0);
-        for p in [0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0] {
+        for p in [
+            0.0, 1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9, 100.0,
+        ] {
             let exact = crate::analysis::stats::percentile_sorted(&sorted, p);
             let got = h.percentile(p);
-            let err = if exact == 0.0 { got.abs() } else { (got - exact).abs() / exact };
+            let err = if exact == 0.0 {
+                got.abs()
+            } else {
+                (got - exact).abs() / exact
+            };
             if err > worst.0 {
                 worst = (err, p, exact, got);
             }
@@ -632,18 +644,21 @@ mod tests {
                 .map(|_| {
                     let g = gauss();
                     let x = match shape {
-                        0 => centre * (1.0 + cv * g),             // normal
-                        1 => centre * (cv * g).exp(),             // log-normal
+                        0 => centre * (1.0 + cv * g),                             // normal
+                        1 => centre * (cv * g).exp(),                             // log-normal
                         2 => centre * (1.0 + cv * (g.abs() * 0.5)), // half-normal tail
                         3 => centre * if g > 0.0 { 1.0 } else { 1.0 + 3.0 * cv }, // two points
                         4 => centre * (1.0 - cv * (1.0 - (g * 0.3).tanh().abs()).ln()), // exponential-like tail
                         5 => centre * (1.0 + cv * (g * 2.0).round()), // a few discrete values
-                        _ => centre * (1.0 + cv * g.abs().powi(3)), // heavy tail
+                        _ => centre * (1.0 + cv * g.abs().powi(3)),   // heavy tail
                     };
                     x.clamp(0.0, (1u64 << 24) as f64) as u32
                 })
                 .collect();
-            out.push((format!("shape {shape} centre {centre:.0} us cv {cv} n {n}"), v));
+            out.push((
+                format!("shape {shape} centre {centre:.0} us cv {cv} n {n}"),
+                v,
+            ));
         }
         out
     }
@@ -679,7 +694,11 @@ mod tests {
             }
             let mut interval = cum.delta(&before);
             interval.set_range(exact_range.min_us, exact_range.max_us);
-            for (how, h) in [("exact range", &exact_range), ("counts only", &counts_only), ("interval", &interval)] {
+            for (how, h) in [
+                ("exact range", &exact_range),
+                ("counts only", &counts_only),
+                ("interval", &interval),
+            ] {
                 let w = worst_error(h, &v);
                 errs.push(w.0);
                 if w.0 > worst.0 {
@@ -770,7 +789,12 @@ int main(void) {
         let exe = dir.join("b");
         let cc = ["clang-19", "clang", "cc"]
             .into_iter()
-            .find(|c| std::process::Command::new(c).arg("--version").output().is_ok())
+            .find(|c| {
+                std::process::Command::new(c)
+                    .arg("--version")
+                    .output()
+                    .is_ok()
+            })
             .expect("a C compiler (scripts/setup.sh installs clang-19)");
         let st = std::process::Command::new(cc)
             .args(["-O2", "-o"])

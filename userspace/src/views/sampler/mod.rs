@@ -54,8 +54,9 @@ pub(crate) type TableEntry = t::rttscope_sampler_entry;
 // SAFETY: a generated `#[repr(C)]` struct of integers and arrays of integers
 // (Copy, no pointers, no invariants): any bit pattern is a valid value.
 unsafe impl plain::Plain for TableEntry {}
-const _: () = assert!(std::mem::size_of::<TableEntry>() == 256 + 4 * crate::bpf::consts::HIST_BUCKETS);
-const _: () = assert!(std::mem::size_of::<TableEntry>() % 64 == 0);
+const _: () =
+    assert!(std::mem::size_of::<TableEntry>() == 256 + 4 * crate::bpf::consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TableEntry>().is_multiple_of(64));
 const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
 const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
 const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
