@@ -17,15 +17,20 @@
 #endif
 
 enum rttscope_consts {
-	/* Log-linear histogram over microseconds: values 0..7 get a bucket
+	/* Log-linear histogram over microseconds: values 0..63 get a bucket
 	 * each, then every power of two [2^e, 2^(e+1)) is split into
-	 * RTTSCOPE_HIST_SUB linear sub-buckets (relative width <= 12.5%,
-	 * ~26 buckets per decade: finer than netperf's 10 per decade).
-	 * The last bucket is open ended (>= ~126 s). */
-	RTTSCOPE_HIST_SUB_BITS = 3,
-	RTTSCOPE_HIST_SUB = 8,
-	RTTSCOPE_HIST_MAX_EXP = 27,
-	RTTSCOPE_HIST_BUCKETS = 8 + (27 - 3) * 8, /* 200 */
+	 * RTTSCOPE_HIST_SUB linear sub-buckets of 2^(e-6) us (so every value
+	 * below 128 us has a bucket of its own; relative width <= 1/64 = 1.56%,
+	 * which lets userspace place any percentile within 0.8% of the exact
+	 * one: analysis/hist.rs). 64 sub-buckets are a refinement of the 8 used
+	 * before (every old bound is still a bound). The last bucket is open
+	 * ended (>= ~33.3 s; TCP's RTO tops out at 120 s, and an RTT sample that
+	 * long is a stall, reported as ">= 33 s" with its exact max).
+	 * 1280 buckets of u32: 5 KiB per flow. */
+	RTTSCOPE_HIST_SUB_BITS = 6,
+	RTTSCOPE_HIST_SUB = 64,
+	RTTSCOPE_HIST_MAX_EXP = 25,
+	RTTSCOPE_HIST_BUCKETS = 64 + (25 - 6) * 64, /* 1280 */
 
 	RTTSCOPE_MAX_NETNS = 64,     /* --netns filter entries */
 	RTTSCOPE_MAX_PORTS = 64,     /* --port filter entries */
@@ -178,6 +183,8 @@ struct rttscope_event {
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
+_Static_assert(__builtin_offsetof(struct rttscope_rtt_agg, hist) % 8 == 0 && RTTSCOPE_HIST_BUCKETS % 2 == 0,
+	       "rttscope_agg_reset() clears the histogram 8 bytes at a time");
 _Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
@@ -209,6 +216,25 @@ static __inline __attribute__((always_inline)) void rttscope_agg_init(struct rtt
 	a->min_us = 0xffffffff;
 	a->win_min_us = 0xffffffff;
 	a->win_epoch = epoch;
+}
+
+/* Empty an aggregate for a new flow. The histogram (5 KiB) is cleared by a
+ * loop: BPF has no memset/memcpy to call, and clang expands only small ones
+ * inline. Runs once per new flow, never per sample. */
+static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rttscope_rtt_agg *a, __u32 epoch)
+{
+	volatile __u64 *h = (volatile __u64 *)a->hist; /* volatile: not turned back into a memset */
+	__u32 i;
+
+	a->samples = 0;
+	a->sum_us = 0;
+	a->max_us = 0;
+	a->win_max_us = 0;
+	a->last_rtt_us = 0;
+#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_HIST_BUCKETS / 2; i++)
+		h[i] = 0;
+	rttscope_agg_init(a, epoch);
 }
 
 /* Add one RTT sample (us) in report epoch `epoch`. Callers hold the only
@@ -394,6 +420,7 @@ struct rttscope_sampler_entry {
 	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
 	__u64 lock;
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
+	__u64 reserved_pad[4]; /* the entry stays a whole number of cache lines */
 	/* Samples of every flow evicted from this way so far (each evicted
 	 * entry's agg.samples, added while gen is odd): with gen, userspace
 	 * tells exactly how many samples of an evicted flow it never read. */
@@ -406,7 +433,8 @@ struct rttscope_sampler_entry {
 
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
-_Static_assert(sizeof(struct rttscope_sampler_entry) == 1024, "sampler table entry layout");
+_Static_assert(sizeof(struct rttscope_sampler_entry) == 256 + 4 * RTTSCOPE_HIST_BUCKETS, "sampler table entry layout");
+_Static_assert(sizeof(struct rttscope_sampler_entry) % 64 == 0, "sampler table entries start on a cache line");
 _Static_assert(__builtin_offsetof(struct rttscope_sampler_entry, pend.slot) == 64, "slots in cache line 1");
 
 /* ==================== end of the sampler view section ==================== */

@@ -553,10 +553,14 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->pend.touched_ns = now;
 	e->pend.last_tsval = 0;
 	e->pend.flags = 0;
-	__builtin_memset(&e->flow, 0, sizeof(e->flow));
 	e->flow.first_ns = now;
+	e->flow.last_ns = 0;
+	e->flow.side = 0;
+	e->flow.reserved[0] = 0;
+	e->flow.reserved[1] = 0;
+	e->flow.reserved[2] = 0;
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_init(&e->flow.agg, ep ? *ep : 0);
+	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0); /* 5 KiB: a loop, not a memset */
 	e->flow.ifindex = cfg_ifindex;
 	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */

@@ -152,14 +152,6 @@ struct {
 	__type(value, __u8);
 } tcp_listeners SEC(".maps");
 
-/* Scratch space for a new flow entry (too large for the 512-byte stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct rttscope_tcp_flow);
-} tcp_flow_scratch SEC(".maps");
-
 static __always_inline void count(__u32 idx)
 {
 	__u64 *c = bpf_map_lookup_elem(&tcp_counters, &idx);
@@ -279,13 +271,10 @@ static __always_inline struct rttscope_tcp_flow *
 new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin,
 	 __u32 srtt_us, __u8 state, __u32 *slotp)
 {
-	__u32 zero = 0, slot;
-	struct rttscope_tcp_flow *init, *f;
+	__u32 slot;
+	struct rttscope_tcp_flow *f;
 	struct rttscope_tcp_sk *ts;
 
-	init = bpf_map_lookup_elem(&tcp_flow_scratch, &zero);
-	if (!init)
-		return NULL;
 	if (take_slot(&slot)) {
 		count(RTTSCOPE_TCP_FLOW_MAP_FULL);
 		return NULL;
@@ -300,21 +289,30 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 		count(RTTSCOPE_TCP_NO_SOCK);
 		return NULL;
 	}
-	__builtin_memset(init, 0, sizeof(*init));
-	init->gen = f->gen + 1;
-	init->flags = RTTSCOPE_FLOW_IN_USE;
-	init->sk_addr = (__u64)sk;
-	init->cookie = cookie;
-	init->first_ns = bpf_ktime_get_ns();
-	rttscope_agg_init(&init->agg, epoch);
-	init->side = side;
-	init->origin = origin;
-	init->srtt_us = srtt_us;
-	init->state = state;
-	init->key = *key;
-	*f = *init;
+	/* Every field written in place (the entry is 5 KiB: no copy through a
+	 * scratch entry, no memset); IN_USE last, so that a reader sees a
+	 * complete flow or a free slot. */
+	f->flags = 0;
+	__asm__ __volatile__("" ::: "memory");
+	f->gen = f->gen + 1;
+	f->srtt_us = srtt_us;
+	f->retrans = 0;
+	f->side = side;
+	f->origin = origin;
+	f->state = state;
+	f->sk_addr = (__u64)sk;
+	f->hint_tag = 0;
+	f->reserved0 = 0;
+	rttscope_agg_reset(&f->agg, epoch);
+	f->cookie = cookie;
+	f->first_ns = bpf_ktime_get_ns();
+	f->last_ns = 0;
+	f->key = *key;
+	f->reserved = 0;
+	__asm__ __volatile__("" ::: "memory");
+	f->flags = RTTSCOPE_FLOW_IN_USE;
 	ts->slot = slot;
-	ts->gen = init->gen;
+	ts->gen = f->gen;
 	*slotp = slot;
 	count(RTTSCOPE_TCP_FLOWS_CREATED);
 	return f;

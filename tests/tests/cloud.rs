@@ -21,12 +21,12 @@ fn vm_flow_index(us: f64) -> usize {
 }
 
 /// Whether a sample lies in a kernel histogram bucket that straddles a vm_flow bound (the only
-/// samples the export may place on the other side of a bound): kernel buckets are 1/8 of a power
-/// of two wide, so one straddling bound B spans at most B/8 on each side.
+/// samples the export may place on the other side of a bound): kernel buckets are at most 1/64 of
+/// a power of two wide, so one straddling bound B spans at most B/64 on each side.
 fn near_a_bound(us: f64) -> bool {
     vm_flow_bounds_us()
         .iter()
-        .any(|&b| (us - b).abs() <= b / 8.0)
+        .any(|&b| (us - b).abs() <= b / 64.0)
 }
 
 fn netns_inode(name: &str) -> u64 {

@@ -264,3 +264,284 @@ fn closed_flows_are_in_the_whole_run_summary() {
         }
     }
 }
+
+/// A request/response server that waits `delay` before each reply (this
+/// kernel has no netem: the RTT the client's TCP measures then includes the
+/// delay, as its request is ACKed by the reply). One connection at a time.
+struct DelayedServer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DelayedServer {
+    fn start(ns: &NetNs, addr: SocketAddr, delay: Duration) -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = ns.spawn(move || {
+            let l = std::net::TcpListener::bind(addr).unwrap();
+            l.set_nonblocking(true).unwrap();
+            tx.send(()).unwrap();
+            while !stop2.load(Relaxed) {
+                let Ok((mut s, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                s.set_nonblocking(false).unwrap();
+                s.set_nodelay(true).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                let mut b = [0u8; 1];
+                while !stop2.load(Relaxed) {
+                    match s.read(&mut b) {
+                        Ok(0) => break,
+                        Ok(_) => {
+                            std::thread::sleep(delay);
+                            if s.write_all(b"rr").is_err() {
+                                break;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("delayed server did not start");
+        DelayedServer {
+            stop,
+            handle: Some(handle),
+        }
+    }
+}
+
+impl Drop for DelayedServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Exact nearest-rank percentile (the smallest sample with at least p% of
+/// the samples at or below it) of sorted samples.
+fn nearest_rank(sorted: &[u32], p: f64) -> f64 {
+    let rank = ((p / 100.0 * sorted.len() as f64) - 1e-9).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1] as f64
+}
+
+/// Every percentile (and min/max) of `stats` against the exact ones of
+/// `samples`: failures (with both values) are pushed to `bad`; returns the
+/// worst relative error.
+fn check_stats(
+    what: &str,
+    stats: &serde_json::Value,
+    samples: &[u32],
+    bad: &mut Vec<String>,
+) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let mut worst: f64 = 0.0;
+    for (key, p) in [
+        ("min_us", 0.0),
+        ("p50_us", 50.0),
+        ("p90_us", 90.0),
+        ("p99_us", 99.0),
+        ("max_us", 100.0),
+    ] {
+        let exact = nearest_rank(&sorted, p);
+        let got = stats[key].as_f64().unwrap_or(f64::NAN);
+        let err = (got - exact).abs() / exact.max(1.0);
+        worst = worst.max(err);
+        if err.is_nan() || err > 0.01 {
+            bad.push(format!(
+                "{what}: {key} reported {got:.1} us, exact {exact} us ({:.2}% off, n {})",
+                100.0 * err,
+                samples.len()
+            ));
+        }
+    }
+    worst
+}
+
+/// Raw samples (`--raw`) per (view, netns, local, remote), in time order.
+fn raw_by_flow(
+    lines: &[serde_json::Value],
+) -> std::collections::HashMap<(String, u64, String, String), Vec<u32>> {
+    let mut m: std::collections::HashMap<_, Vec<(f64, u32)>> = std::collections::HashMap::new();
+    for l in lines.iter().filter(|l| l["type"] == "sample") {
+        let key = (
+            l["view"].as_str().unwrap().to_string(),
+            l["netns"].as_u64().unwrap(),
+            l["local"].as_str().unwrap().to_string(),
+            l["remote"].as_str().unwrap().to_string(),
+        );
+        m.entry(key).or_default().push((
+            l["t"].as_f64().unwrap(),
+            l["rtt_us"].as_u64().unwrap() as u32,
+        ));
+    }
+    m.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (k, v.into_iter().map(|s| s.1).collect())
+        })
+        .collect()
+}
+
+/// Percentile precision (issue 15): a paced request/response flow with a
+/// few ms of RTT on both sides (the server waits 3 ms before each reply, the
+/// client 5 ms before each request: the server's TCP times the client's
+/// pause, delayed ACK), observed by both views with `--raw`. Every
+/// percentile of every interval row and of the end record is within 1% of
+/// the exact nearest-rank percentile of the raw samples of the same interval
+/// (a flow's samples are added in time order, so an interval row's n samples
+/// are the next n raw samples of that flow) or of the whole run.
+#[test]
+fn percentiles_are_within_one_percent_of_the_raw_samples() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5004").parse().unwrap();
+    let _srv = DelayedServer::start(&p.b, server, Duration::from_millis(3));
+    let (ia, ib) = (
+        format!("{}:{}", p.a.name, p.a_if),
+        format!("{}:{}", p.b.name, p.b_if),
+    );
+    let path = std::env::temp_dir().join(unique("rtspct"));
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args([
+        "observe",
+        "--format",
+        "json",
+        "--raw",
+        "--view",
+        "tcp,sampler",
+    ])
+    .args([
+        "--netns", &p.a.name, "--netns", &p.b.name, "--iface", &ia, "--iface", &ib,
+    ])
+    .args(["--interval", "1s", "--duration", "5s"])
+    .stdout(std::fs::File::create(&path).unwrap());
+    let obs = ChildGuard(Some(
+        cmd.stderr(std::process::Stdio::piped()).spawn().unwrap(),
+    ));
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "observer did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(3300));
+    cli.pause(); // quiet before the observer ends: the end record sees every raw sample
+    let out = obs.wait_output(Duration::from_secs(30)).unwrap();
+    drop(cli);
+    let stdout = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = parse_lines(&stdout).unwrap();
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "end")
+        .expect("end record");
+    for (view, dropped) in [("tcp", "raw_events_dropped"), ("sampler", "raw_drops")] {
+        assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
+    }
+    let raw = raw_by_flow(&lines);
+    let mut next: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
+    let (mut bad, mut checked, mut worst) = (Vec::new(), Vec::new(), 0.0f64);
+    let key = |view: &str, f: &serde_json::Value| {
+        (
+            view.to_string(),
+            f["netns"].as_u64().unwrap(),
+            f["local"].as_str().unwrap().to_string(),
+            f["remote"].as_str().unwrap().to_string(),
+        )
+    };
+    for (i, iv) in lines.iter().filter(|l| l["type"] == "interval").enumerate() {
+        for f in iv["flows"].as_array().unwrap() {
+            for view in ["tcp", "sampler"] {
+                let Some(n) = f[view]["n"].as_u64().filter(|&n| n > 0) else {
+                    continue;
+                };
+                let k = key(view, f);
+                let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
+                let from = *next.get(&k).unwrap_or(&0);
+                let to = from + n as usize;
+                assert!(
+                    to <= all.len(),
+                    "interval {i} {k:?}: n {n} but only {} raw samples left",
+                    all.len() - from
+                );
+                next.insert(k.clone(), to);
+                let what = format!("interval {i} {view} {} {}", f["side"], f["local"]);
+                worst = worst.max(check_stats(&what, &f[view], &all[from..to], &mut bad));
+                checked.push((what, n, f[view]["p50_us"].as_f64().unwrap()));
+            }
+        }
+    }
+    for f in end["flows"].as_array().unwrap() {
+        for view in ["tcp", "sampler"] {
+            let Some(s) = f[view]["summary"].as_object() else {
+                continue;
+            };
+            let k = key(view, f);
+            let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
+            assert_eq!(
+                s["n"].as_u64().unwrap() as usize,
+                all.len(),
+                "end {k:?}: n vs raw samples"
+            );
+            let what = format!("end {view} {} {}", f["side"], f["local"]);
+            worst = worst.max(check_stats(&what, &f[view]["summary"], all, &mut bad));
+            checked.push((
+                what,
+                s["n"].as_u64().unwrap(),
+                s["p50_us"].as_f64().unwrap(),
+            ));
+        }
+    }
+    println!(
+        "worst relative error {:.3}% over {} rows: {checked:?}",
+        100.0 * worst,
+        checked.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} percentiles off by more than 1%:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    // The scenario happened: both views, both sides, a few ms, enough samples.
+    for view in ["tcp", "sampler"] {
+        for side in ["client", "server"] {
+            let rows: Vec<_> = checked
+                .iter()
+                .filter(|c| c.0.starts_with("interval") && c.0.contains(view) && c.0.contains(side))
+                .collect();
+            let full = rows
+                .iter()
+                .filter(|r| r.1 >= 50 && r.2 > 2_000.0 && r.2 < 10_000.0)
+                .count();
+            assert!(
+                full >= 2,
+                "{view} {side}: expected 2+ intervals of 50+ samples at a few ms: {rows:?}"
+            );
+        }
+    }
+}

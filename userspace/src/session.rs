@@ -752,11 +752,8 @@ impl Summary {
 
 /// Non-empty histogram buckets as [lower_us, upper_us, count].
 pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
-    h.counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &c)| c > 0)
-        .map(|(i, &c)| {
+    h.buckets()
+        .map(|(i, c)| {
             let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
             (lo, if hi.is_finite() { hi } else { -1.0 }, c)
         })

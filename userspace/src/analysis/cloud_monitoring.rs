@@ -1027,11 +1027,9 @@ impl LiveExport {
             return;
         }
         let d = self.group(labels, n);
-        for (i, &c) in h.counts.iter().enumerate() {
-            if c > 0 {
-                let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
-                d.add_spread_us(lo, hi, c);
-            }
+        for (i, c) in h.buckets() {
+            let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
+            d.add_spread_us(lo, hi, c);
         }
     }
 

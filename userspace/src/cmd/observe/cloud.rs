@@ -10,7 +10,7 @@ use crate::views::flow::{Flow, Side};
 
 /// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
 /// histograms' interval deltas go into a Cloud Monitoring distribution, each
-/// kernel bucket at its midpoint (kernel buckets are <= 12.5% wide, far
+/// kernel bucket at its midpoint (kernel buckets are <= 1.6% wide, far
 /// narrower than the cloud's 0-1, 1-2, 2-4 ms buckets).
 pub(super) struct CloudAgg {
     layout: crate::analysis::dist::BucketOptions,
@@ -34,16 +34,14 @@ impl CloudAgg {
     }
 
     pub(super) fn add(&mut self, h: &Hist) {
-        for (i, &c) in h.counts.iter().enumerate() {
-            if c > 0 {
-                let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
-                let mid = if hi.is_finite() { (lo + hi) / 2.0 } else { lo };
-                let v = match (h.min_us, h.max_us) {
-                    (Some(mn), Some(mx)) => mid.clamp(mn as f64, mx as f64),
-                    _ => mid,
-                };
-                self.dist.add_n(v / 1000.0, c);
-            }
+        for (i, c) in h.buckets() {
+            let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
+            let mid = if hi.is_finite() { (lo + hi) / 2.0 } else { lo };
+            let v = match (h.min_us, h.max_us) {
+                (Some(mn), Some(mx)) => mid.clamp(mn as f64, mx as f64),
+                _ => mid,
+            };
+            self.dist.add_n(v / 1000.0, c);
         }
     }
 

@@ -47,7 +47,7 @@ pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
         "max_flows": args.max_flows,
         "ack_hook": args.ack_hook,
         "loader": args.loader,
-        "histogram": "log-linear: 1 us buckets below 8 us, then 8 linear sub-buckets per power of two (<= 12.5% wide)",
+        "histogram": "log-linear: 1 us buckets below 128 us, then 64 linear sub-buckets per power of two (<= 1.6% wide, open above 33 s); percentiles within 0.8% of the exact ones",
     })
 }
 

@@ -320,9 +320,9 @@ impl RttHist {
         let map = kernel_to_prom();
         let mut g = self.inner.lock();
         let mut n = 0u64;
-        for (i, &c) in cur.counts.iter().enumerate() {
+        for (i, c) in cur.buckets() {
             let d = match prev {
-                Some(p) => c.saturating_sub(p.counts.get(i).copied().unwrap_or(0)),
+                Some(p) => c.saturating_sub(p.get(i)),
                 None => c,
             };
             if d > 0 {
@@ -585,7 +585,7 @@ impl Exporter {
         prev: Option<&Hist>,
     ) -> u64 {
         // Cheap check first: most flows in a busy host have nothing new.
-        if prev.is_some_and(|p| p.counts == cur.counts) {
+        if prev.is_some_and(|p| p.same_counts(cur)) {
             return 0;
         }
         let labels = self.policy.labels(view, flow, side, netns);

@@ -54,12 +54,15 @@ pub(crate) type TableEntry = t::rttscope_sampler_entry;
 // SAFETY: a generated `#[repr(C)]` struct of integers and arrays of integers
 // (Copy, no pointers, no invariants): any bit pattern is a valid value.
 unsafe impl plain::Plain for TableEntry {}
-const _: () = assert!(std::mem::size_of::<TableEntry>() == 1024);
+const _: () =
+    assert!(std::mem::size_of::<TableEntry>() == 256 + 4 * crate::bpf::consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TableEntry>().is_multiple_of(64));
 const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
 const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
 const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
 const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
-/// Largest flow table (entries): 16 GiB of kernel memory at 1 KiB each.
+/// Largest flow table (entries): 84 GiB of kernel memory at 5.25 KiB each (the kernel refuses
+/// what it cannot allocate: ENOMEM at load, reported as such).
 pub const MAX_TABLE: u32 = 1 << 24;
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
@@ -220,11 +223,11 @@ mod duration_ms {
 }
 
 /// The bound on `--max-flows` both views apply: at least 1,
-/// at most `MAX_TABLE` (the sampler's table takes 1 KiB per flow; the TCP view's maps grow with it
+/// at most `MAX_TABLE` (the sampler's table takes 5.25 KiB per flow; the TCP view's maps grow with it
 /// too, and a size the kernel cannot allocate failed as ENOMEM at load time).
 pub fn check_max_flows(n: u32) -> Result<()> {
     if n == 0 || n > MAX_TABLE {
-        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 1 KiB per flow)");
+        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 5.3 KiB per flow)");
     }
     Ok(())
 }
@@ -636,7 +639,7 @@ pub(crate) fn read_table(
         entries as usize,
         |k, v| {
             // Most entries of a sparse table are empty: look at the key's
-            // family in place before copying the 1 KiB entry out.
+            // family in place before copying the 5.25 KiB entry out.
             const FAMILY: usize =
                 std::mem::offset_of!(TableEntry, key) + std::mem::offset_of!(FlowKey, family);
             if v.get(FAMILY..FAMILY + 2).is_none_or(|b| b == [0, 0]) {

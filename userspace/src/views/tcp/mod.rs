@@ -461,7 +461,7 @@ mod tests {
             let e = e.unwrap_or_else(|e| e.to_string());
             assert_eq!(
                 e,
-                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 1 KiB per flow)"),
+                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 5.3 KiB per flow)"),
                 "--max-flows {bad}"
             );
             // The sampler says the same.
