@@ -917,10 +917,7 @@ impl Tracker {
         self.sides.insert(f.flow, f.side);
         self.tracked += 1;
         let first = !self.prev.contains_key(&f.flow);
-        let mut delta = self
-            .prev
-            .get(&f.flow)
-            .map_or_else(|| f.hist(), |p| p.0.delta(&f.counts, f.sum_us));
+        let mut delta = f.since(self.prev.get(&f.flow).map(|p| &p.0));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
             delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
         } else if first && delta.count() > 0 {

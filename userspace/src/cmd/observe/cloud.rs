@@ -126,10 +126,7 @@ impl FlowSink for CloudSink {
         prev: Option<&crate::analysis::hist::Snapshot>,
         netns_name: &mut dyn FnMut(u32) -> String,
     ) {
-        let delta = match prev {
-            Some(p) => p.delta(&f.counts, f.sum_us),
-            None => f.hist(),
-        };
+        let delta = f.since(prev);
         if delta.count() > 0 {
             let ns = netns_name(f.flow.netns);
             self.add("tcp", &f.flow, f.side, ns, &delta);

@@ -162,10 +162,7 @@ impl FlowSink for Daemon {
         prev: Option<&crate::analysis::hist::Snapshot>,
         netns_name: &mut dyn FnMut(u32) -> String,
     ) {
-        let delta = match prev {
-            Some(p) => p.delta(&f.counts, f.sum_us),
-            None => f.hist(),
-        };
+        let delta = f.since(prev);
         if delta.count() == 0 {
             return;
         }

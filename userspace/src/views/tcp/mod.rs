@@ -288,6 +288,15 @@ impl TcpFlowState {
             self.life_max_us,
         )
     }
+
+    /// The samples since `prev`, a snapshot of this flow's histogram at an earlier read (all of
+    /// them for a flow not read before).
+    pub fn since(&self, prev: Option<&crate::analysis::hist::Snapshot>) -> Hist {
+        match prev {
+            Some(p) => p.delta(&self.counts, self.sum_us),
+            None => self.hist(),
+        }
+    }
 }
 
 pub(crate) fn origin_name(o: u8) -> &'static str {
