@@ -1104,7 +1104,7 @@ fn probe_recv_calls(ns: &NetNs, args: &[&str]) -> (ProbeResult, u64) {
     a.push(&b);
     a.push("probe");
     a.extend_from_slice(args);
-    a.push("--json");
+    a.extend(["--json", "-"]);
     let out = ns.exec(&a).expect("strace");
     let table = std::fs::read_to_string(&trace).unwrap_or_default();
     let _ = std::fs::remove_file(&trace);
@@ -1114,7 +1114,7 @@ fn probe_recv_calls(ns: &NetNs, args: &[&str]) -> (ProbeResult, u64) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: ProbeResult = serde_json::from_slice(&out.stdout).expect("result JSON");
+    let r = probe_result(&out.stdout).expect("result document");
     let calls = table
         .lines()
         .find(|l| l.trim_end().ends_with("recvfrom"))
