@@ -54,6 +54,8 @@ pub struct ConfigFile {
     pub ifaces: Option<Vec<String>>,
     /// Sampler view: take every N-th packet.
     pub sample_every: Option<u32>,
+    /// Sampler view: protocols to time, ["tcp", "icmp"] (see observe --proto).
+    pub proto: Option<Vec<crate::views::sampler::Proto>>,
     /// Address for /metrics, e.g. "127.0.0.1:9464".
     pub listen: Option<String>,
     /// Flow-table capacity (see observe --max-flows).
@@ -196,6 +198,9 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
             bail!("ifaces: '{i}' is not an interface name ([NETNS:]NAME, at most 15 characters)");
         }
     }
+    if file.proto.as_ref().is_some_and(|p| p.is_empty()) {
+        bail!("proto must name at least one protocol: \"tcp\", \"icmp\" or both");
+    }
     if file.sample_every == Some(0) {
         bail!("sample_every must be at least 1 (1 = every packet)");
     }
@@ -276,6 +281,7 @@ merged_options!(
     view,
     ifaces,
     sample_every,
+    protos,
     max_flows,
     listen,
     quiet,
@@ -418,6 +424,9 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     }
     if let (true, Some(n)) = (from_file("sample_every"), f.sample_every) {
         args.sample_every = n;
+    }
+    if let (true, Some(p)) = (from_file("protos"), &f.proto) {
+        args.protos = p.clone();
     }
     if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
         args.max_flows = m;
@@ -619,6 +628,8 @@ series_idle = "5min"
             ("views = [\"udp\"]", "views: 'udp' is not a view"),
             ("views = []", "at least one view"),
             ("sample_every = 0", "sample_every must be at least 1"),
+            ("proto = []", "proto must name at least one protocol"),
+            ("proto = [\"udp\"]", "line 1"),
             ("max_flows = 1", "max_flows must be between 16"),
             ("max_flows = -5", "line 1"),
             ("netns = [\"a/b\"]", "'a/b' is not a network namespace name"),
@@ -671,12 +682,13 @@ series_idle = "5min"
     #[test]
     fn sampler_options_merge() {
         let cfg =
-            parse("views = [\"tcp\", \"sampler\"]\nifaces = [\"ns1:eth0\"]\nsample_every = 8\n")
+            parse("views = [\"tcp\", \"sampler\"]\nifaces = [\"ns1:eth0\"]\nsample_every = 8\nproto = [\"icmp\"]\n")
                 .unwrap();
         let (mut a, explicit) = observe(&[]);
         assert!(explicit.merged_ids().is_empty());
         merge(&cfg, &mut a, &explicit);
         assert_eq!(a.sample_every, 8);
+        assert_eq!(a.protos, vec![crate::views::sampler::Proto::Icmp]);
         assert_eq!(a.ifaces.len(), 1);
         assert_eq!(
             a.view,
@@ -719,13 +731,14 @@ series_idle = "5min"
             ("addrs", "addr"),
             ("ifaces", "iface"),
             ("label_ports", "label-port"),
+            ("protos", "proto"),
         ] {
             let a = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
             assert_eq!(a.get_long(), Some(long));
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
