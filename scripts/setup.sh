@@ -11,6 +11,7 @@ APT_PKGS=(
   nftables iptables           # lab: loss, NFQUEUE steering
   irtt iperf3 tcpdump procps ethtool  # peers and tools for tests, lab and benchmarks
   systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
+  strace bsdutils             # syscall counts (probe --spin/--busy-poll test), script's pty (progress, log colour tests)
   prometheus                  # promtool check metrics on a live scrape (metrics tests)
   ca-certificates curl
   qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM
