@@ -369,7 +369,7 @@ pub struct ViewSummary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stddev_us: Option<f64>,
     /// How the percentiles were computed when not exactly from the samples (`hdr histogram`,
-    /// `log-linear histogram, <= 12.5% wide buckets`).
+    /// `log-linear histogram ..., <= 1.6% wide`: within 0.8% of the exact percentiles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
     /// Further named values in microseconds (`cloud_p50_us`, `netperf_p90_us`, ...).
