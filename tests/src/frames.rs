@@ -112,3 +112,31 @@ pub fn icmp6_frame(src: [u8; 16], dst: [u8; 16], m: Icmp) -> Vec<u8> {
     f.extend(body);
     f
 }
+
+/// Send raw Ethernet frames out of `ifname` in the calling thread's namespace.
+pub fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
+    let cname = std::ffi::CString::new(ifname).unwrap();
+    // SAFETY: plain socket calls with valid buffers.
+    unsafe {
+        let idx = libc::if_nametoindex(cname.as_ptr());
+        assert!(idx > 0, "no interface {ifname}");
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
+        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_ifindex = idx as i32;
+        sll.sll_halen = 6;
+        for fr in frames {
+            let r = libc::sendto(
+                fd,
+                fr.as_ptr().cast(),
+                fr.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
+        }
+        libc::close(fd);
+    }
+}

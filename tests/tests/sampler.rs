@@ -12,7 +12,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rttscope_e2e::frames::{csum, frame, Tcp};
+use rttscope_e2e::frames::{csum, frame, send_frames, Tcp};
 use rttscope_e2e::{
     require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
     RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
@@ -718,38 +718,6 @@ fn bulk_flow_with_segmentation_offload() {
 // ---- crafted packets -------------------------------------------------------
 
 const PEER: [u8; 4] = [10, 77, 0, 99]; // nobody: b does not forward, a drops it (nft)
-
-/// Send raw Ethernet frames out of `ifname` in the calling thread's namespace.
-fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
-    let cname = std::ffi::CString::new(ifname).unwrap();
-    // SAFETY: plain socket calls with valid buffers.
-    unsafe {
-        let idx = libc::if_nametoindex(cname.as_ptr());
-        assert!(idx > 0, "no interface {ifname}");
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        assert!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_ifindex = idx as i32;
-        sll.sll_halen = 6;
-        for fr in frames {
-            let r = libc::sendto(
-                fd,
-                fr.as_ptr().cast(),
-                fr.len(),
-                0,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            );
-            assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
-        }
-        libc::close(fd);
-    }
-}
 
 /// A data segment is recorded at a's egress; malformed packets that would
 /// acknowledge it if mis-parsed arrive at a's ingress and must be skipped

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use rttscope::lab::emulator::{Impairment, LinkConfig};
 use rttscope::lab::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
 use rttscope_e2e::frames::{
-    icmp6_frame, icmp_frame, Icmp, ECHO6_REPLY, ECHO6_REQUEST, ECHO_REPLY, ECHO_REQUEST,
+    icmp6_frame, icmp_frame, send_frames, Icmp, ECHO6_REPLY, ECHO6_REQUEST, ECHO_REPLY,
+    ECHO_REQUEST,
 };
 use rttscope_e2e::{
     require_root, rttscope_bin, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR, A_ADDR6,
@@ -409,34 +410,6 @@ fn malformed_icmp_is_counted_and_skipped() {
         (250_000.0..5_000_000.0).contains(&rtt),
         "the sample spans the 250 ms the test waited: {rtt} us"
     );
-}
-
-/// Send raw Ethernet frames out of `ifname` in the calling thread's namespace.
-fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
-    let cname = std::ffi::CString::new(ifname).unwrap();
-    // SAFETY: plain socket calls with valid buffers.
-    unsafe {
-        let idx = libc::if_nametoindex(cname.as_ptr());
-        assert!(idx > 0, "no interface {ifname}");
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_ifindex = idx as i32;
-        sll.sll_halen = 6;
-        for fr in frames {
-            let r = libc::sendto(
-                fd,
-                fr.as_ptr().cast(),
-                fr.len(),
-                0,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            );
-            assert!(r >= 0, "sendto: {}", std::io::Error::last_os_error());
-        }
-        libc::close(fd);
-    }
 }
 
 /// Issue 15: a sampler-only run labels client and server. One connection
