@@ -1180,3 +1180,37 @@ fn spin_spins_the_pacing_wait_and_busy_poll_polls_the_reply() {
         "--busy-poll made only {poll_calls} recvfrom calls for {n} 30 ms replies"
     );
 }
+
+/// netperf's -l ends the test: a TCP transaction still in flight when -l is over (a responder
+/// holding its reply, as TCP's backoff does under loss) ends with the run and does not count; it
+/// does not hold the run until -W and fail it. Both I/O modes.
+#[test]
+fn a_transaction_in_flight_at_the_end_of_l_ends_with_the_run() {
+    if !require_root() {
+        return;
+    }
+    let _serial = serial();
+    let p = Pair::new().unwrap();
+    let addr = format!("{B_ADDR}:7883");
+    let srv = slow_responder(&p.b, &addr, Duration::from_millis(2500));
+    for extra in [None, Some("--async-io")] {
+        let mut args = vec!["tcp-rr", B_ADDR, "-p", "7883", "-l", "1", "-W", "10"];
+        args.extend(extra);
+        let t0 = std::time::Instant::now();
+        let r = probe_json(&p.a, &args, Duration::from_secs(30));
+        let took = t0.elapsed();
+        assert_eq!(
+            (r.counts.sent, r.counts.received),
+            (0, 0),
+            "{extra:?}: the one transaction in flight at the end does not count: {:?}",
+            r.counts
+        );
+        assert!(
+            took < Duration::from_millis(2300),
+            "{extra:?}: the run took {took:?}: it waited for the held reply (2.5 s) or -W (10 s)"
+        );
+        // The responder answers one connection at a time: let it give up the first.
+        std::thread::sleep(Duration::from_millis(1800));
+    }
+    srv.join().unwrap();
+}

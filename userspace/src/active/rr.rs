@@ -811,6 +811,7 @@ async fn tcp_blocking(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let run_end = StopAt::new(cfg.stop, mono_ns()).end;
     let mut fired = false;
     let r = loop {
         tokio::select! {
@@ -820,11 +821,12 @@ async fn tcp_blocking(
                 fired = true;
             }
             _ = tick.tick(), if !fired => {
-                let t = inflight.load(Ordering::Relaxed);
-                if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
-                    timed_out.store(true, Ordering::Relaxed);
-                    fired = true;
+                match in_flight_verdict(inflight.load(Ordering::Relaxed), run_end, timeout_ns) {
+                    InFlight::Ended => stop_flag.store(true, Ordering::Relaxed),
+                    InFlight::TimedOut => timed_out.store(true, Ordering::Relaxed),
+                    InFlight::Waiting => {}
                 }
+                fired = stop_flag.load(Ordering::Relaxed) || timed_out.load(Ordering::Relaxed);
             }
         }
         if fired {
@@ -857,6 +859,7 @@ async fn tcp_loop(
     let fired = AtomicU8::new(0);
     let fd = conn.s.as_raw_fd();
     let timeout_ns = cfg.timeout.as_nanos() as u64;
+    let run_end = StopAt::new(cfg.stop, mono_ns()).end;
     let mut cancel2 = cancel.clone();
     let watchdog = async {
         let period = (cfg.timeout / 4).clamp(Duration::from_millis(1), Duration::from_millis(100));
@@ -865,10 +868,16 @@ async fn tcp_loop(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    let t = inflight.load(Relaxed);
-                    if t != 0 && mono_ns().saturating_sub(t) > timeout_ns {
-                        fired.store(TIMED_OUT, Relaxed);
-                        break;
+                    match in_flight_verdict(inflight.load(Relaxed), run_end, timeout_ns) {
+                        InFlight::Ended => {
+                            fired.store(CANCELLED, Relaxed);
+                            break;
+                        }
+                        InFlight::TimedOut => {
+                            fired.store(TIMED_OUT, Relaxed);
+                            break;
+                        }
+                        InFlight::Waiting => {}
                     }
                 }
                 _ = cancelled(&mut cancel2) => {
@@ -938,6 +947,31 @@ async fn tcp_loop(
         biased;
         r = main => r,
         _ = watchdog => unreachable!("the watchdog never completes"),
+    }
+}
+
+/// What the watchdog makes of the transaction in flight (started at `inflight`, 0: none).
+#[derive(Debug, PartialEq, Eq)]
+enum InFlight {
+    Waiting,
+    /// Older than -W: the run fails, as before.
+    TimedOut,
+    /// Still in flight after -l is over (TCP's backoff under loss): it ends with the run and
+    /// does not count, as a transaction netperf's -l timer interrupts.
+    Ended,
+}
+
+fn in_flight_verdict(inflight: u64, run_end: u64, timeout_ns: u64) -> InFlight {
+    if inflight == 0 {
+        return InFlight::Waiting;
+    }
+    let now = mono_ns();
+    if now > run_end {
+        InFlight::Ended
+    } else if now.saturating_sub(inflight) > timeout_ns {
+        InFlight::TimedOut
+    } else {
+        InFlight::Waiting
     }
 }
 
@@ -1607,6 +1641,21 @@ mod tests {
     }
 
     /// Transactions/s divide by `-l` (netperf), not by first send -> last reply.
+    #[test]
+    fn in_flight_at_the_end_of_the_run_ends_with_it() {
+        let now = mono_ns();
+        let hour = 3_600_000_000_000u64;
+        assert_eq!(in_flight_verdict(0, now - 1, 1), InFlight::Waiting);
+        // -l over, a transaction in flight: it ends with the run, even before its -W.
+        assert_eq!(in_flight_verdict(now, now - 1, hour), InFlight::Ended);
+        // Within -l: -W decides.
+        assert_eq!(
+            in_flight_verdict(now - 2_000, now + hour, 1_000),
+            InFlight::TimedOut
+        );
+        assert_eq!(in_flight_verdict(now, now + hour, hour), InFlight::Waiting);
+    }
+
     #[test]
     fn throughput_divides_by_the_run_length() {
         let l = Duration::from_secs(2);
