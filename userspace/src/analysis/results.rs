@@ -512,28 +512,17 @@ impl RunResult {
         Ok(r)
     }
 
-    /// Write the result as pretty JSON (to a temporary file renamed into place, so a reader never
-    /// sees half a file).
+    /// Write the result as pretty JSON, atomically and never through a planted link
+    /// (`sys::files::write_atomically`: a reader never sees half a file).
     pub fn save(&self, path: &Path) -> Result<(), ResultError> {
-        let name = path.display().to_string();
         let werr = |source| ResultError::Write {
-            path: name.clone(),
+            path: path.display().to_string(),
             source,
         };
-        let text = serde_json::to_string_pretty(self)
+        let text = self
+            .to_json()
             .map_err(|e| werr(std::io::Error::other(e.to_string())))?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            werr(e)
-        })
+        crate::sys::files::write_atomically(path, text.as_bytes()).map_err(werr)
     }
 
     /// The consistency rules `load` enforces.
@@ -772,8 +761,8 @@ mod tests {
             })
             .collect();
         r.views.push(awkward);
-        let dir = std::env::temp_dir().join(format!("rttscope-results-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("run.json");
         r.save(&path).unwrap();
         let back = RunResult::load(&path).unwrap();
@@ -781,7 +770,6 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains("\"format\": \"rttscope-result\""), "{text}");
         assert!(text.contains("\"kind\": \"sampler\""), "{text}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -886,9 +874,8 @@ mod tests {
     /// `load` streams the file into the typed result; its errors are those of `from_json`.
     #[test]
     fn load_streams_and_reports_like_from_json() {
-        let dir =
-            std::env::temp_dir().join(format!("rttscope-results-load-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("r.json");
         let r = sample_result();
         r.save(&path).unwrap();
@@ -909,7 +896,6 @@ mod tests {
             let e = RunResult::load(&path).unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl Observer {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let err = std::fs::File::create(&stderr_path)
+        let err = crate::sys::files::create_replacing(&stderr_path)
             .with_context(|| format!("creating {}", stderr_path.display()))?;
         let mut cmd = Command::new(exe);
         cmd.args(&args)
@@ -1375,7 +1375,8 @@ fn write_report(
         matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
     );
     let p = out.join("summary.csv");
-    std::fs::write(&p, table.csv()).with_context(|| format!("writing {}", p.display()))?;
+    crate::sys::files::write_atomically(&p, table.csv().as_bytes())
+        .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
     let mut charts = Vec::new();
@@ -1432,7 +1433,8 @@ fn write_report(
     }
     md += ".\n";
     let p = out.join("SUMMARY.md");
-    std::fs::write(&p, &md).with_context(|| format!("writing {}", p.display()))?;
+    crate::sys::files::write_atomically(&p, md.as_bytes())
+        .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
     println!("{}", table.text());

@@ -470,8 +470,9 @@ pub fn run_plan(
     progress: bool,
     env: &mut dyn ScenarioEnv,
 ) -> Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    std::fs::write(out.join("plan.json"), serde_json::to_vec_pretty(&plan)?)
+    crate::sys::files::create_output_dir(out)
+        .with_context(|| format!("creating {}", out.display()))?;
+    crate::sys::files::write_atomically(&out.join("plan.json"), &serde_json::to_vec_pretty(&plan)?)
         .with_context(|| format!("writing {}", out.join("plan.json").display()))?;
 
     let tb = Testbed::new()?;
@@ -541,9 +542,9 @@ pub fn run_plan(
             observe,
         });
         *bar.base.lock().unwrap() += ph.duration;
-        std::fs::write(
-            out.join("phases.json"),
-            serde_json::to_vec_pretty(&records)?,
+        crate::sys::files::write_atomically(
+            &out.join("phases.json"),
+            &serde_json::to_vec_pretty(&records)?,
         )?;
     }
     if let Some(b) = &bar.bar {

@@ -280,7 +280,7 @@ impl Testbed {
                 .map(|r| self.ns(*r))
                 .collect(),
         };
-        std::fs::write(&self.state_file, serde_json::to_vec_pretty(&st)?)
+        crate::sys::files::write_atomically(&self.state_file, &serde_json::to_vec_pretty(&st)?)
             .with_context(|| format!("writing {}", self.state_file.display()))
     }
 

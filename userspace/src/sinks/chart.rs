@@ -201,23 +201,22 @@ pub fn render_file(result: &RunResult, opts: &ChartOptions, path: &Path) -> anyh
         );
     }
     let ctx = || format!("writing the chart to {}", path.display());
-    match format {
-        ImageFormat::Png => {
-            let root = BitMapBackend::new(path, opts.size).into_drawing_area();
-            draw(&root, result, opts)?;
-            root.present()
-                .map_err(|e| anyhow!("{e}"))
-                .with_context(ctx)?;
-        }
-        ImageFormat::Svg => {
-            let root = SVGBackend::new(path, opts.size).into_drawing_area();
-            draw(&root, result, opts)?;
-            root.present()
-                .map_err(|e| anyhow!("{e}"))
-                .with_context(ctx)?;
-        }
-    }
-    Ok(())
+    let bytes = match format {
+        ImageFormat::Png => render_png(result, opts)?,
+        ImageFormat::Svg => render_svg_string(result, opts)?.into_bytes(),
+    };
+    crate::sys::files::write_atomically(path, &bytes).with_context(ctx)
+}
+
+/// Render into a PNG file's bytes in memory (written atomically by `render_file`).
+pub fn render_png(result: &RunResult, opts: &ChartOptions) -> anyhow::Result<Vec<u8>> {
+    use image::ImageEncoder;
+    let rgb = render_rgb(result, opts)?;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(&rgb, opts.size.0, opts.size.1, image::ColorType::Rgb8)
+        .map_err(|e| anyhow!("encoding PNG: {e}"))?;
+    Ok(png)
 }
 
 /// Render into an SVG document in memory.
@@ -990,8 +989,8 @@ mod tests {
 
     #[test]
     fn writes_valid_png_and_svg_files() {
-        let dir = std::env::temp_dir().join(format!("rttscope-chart-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let r = result_with_views();
         let png = dir.join("run.png");
         render_file(&r, &small(), &png).unwrap();
@@ -1016,7 +1015,6 @@ mod tests {
         assert!(text.contains("tcp server p50 (band p5-p95)"), "legend");
         assert!(text.contains("<polygon"), "percentile band");
         assert_well_nested(&text);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Every element opened is closed in order (a small XML well-nestedness check).

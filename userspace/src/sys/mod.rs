@@ -4,5 +4,6 @@
 pub mod bpf;
 pub mod caps;
 pub mod clock;
+pub mod files;
 pub mod netns;
 pub mod preflight;

@@ -94,8 +94,8 @@ pub fn open_cgroup(path: Option<&Path>) -> Result<(std::fs::File, PathBuf)> {
         return Ok((f, root));
     }
     cgroup2_root()?; // the kernel-has-no-cgroup2 sentence
-    let dir = std::env::temp_dir().join(format!("rttscope-cgroup2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+                     // A fresh 0700 directory with a random name (sys/files.rs), never a guessable one.
+    let dir = crate::sys::files::create_private_dir("rttscope-cgroup2-")?;
     let mounted = nix::mount::mount(
         Some("cgroup2"),
         &dir,

@@ -352,7 +352,8 @@ fn write_output(args: &IrttArgs, result: &IrttResult) -> Result<()> {
             use std::io::Write;
             std::io::stdout().write_all(json.as_bytes())?;
         } else {
-            std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
+            crate::sys::files::write_atomically(path, json.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
         }
     }
     Ok(())

@@ -59,22 +59,14 @@ struct PinDir(PathBuf);
 
 impl PinDir {
     fn create() -> Result<PinDir> {
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let dir = PathBuf::from(format!(
-            "/sys/fs/bpf/rttscope-sampler-{}-{n}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir(&dir).with_context(|| {
-            format!(
-                "creating {} to share the sampler's maps between interfaces (is bpffs mounted on /sys/fs/bpf?)",
-                dir.display()
-            )
-        })?;
+        // Random name, mode 0700, made exclusively (sys/files.rs).
+        let dir = crate::sys::files::create_private_dir_in(
+            std::path::Path::new("/sys/fs/bpf"),
+            &format!("rttscope-sampler-{}-", std::process::id()),
+        )
+        .context(
+            "creating a directory in /sys/fs/bpf to share the sampler's maps between interfaces (is bpffs mounted on /sys/fs/bpf?)",
+        )?;
         Ok(PinDir(dir))
     }
 
