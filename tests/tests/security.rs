@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use rttscope::analysis::results::RunResult;
+use rttscope::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use rttscope_e2e::*;
 
 const VICTIM_TEXT: &str = "precious: root's file, not to be overwritten\n";
@@ -281,4 +281,85 @@ fn planted_links_never_redirect_what_root_writes() {
         .collect();
     left.sort();
     assert!(left.is_empty(), "temporaries left behind: {left:?}");
+}
+
+/// Every reader of files ends in one sentence, within 2 s, on endless or huge input
+/// (`/dev/zero`, a 2 GB sparse file, a 900 MB one), under a 2 GB address-space cap (issue 26.2:
+/// `bucket /dev/zero` grew to 24.2 GB before).
+#[test]
+fn readers_refuse_endless_input_in_one_sentence() {
+    let dir = std::env::temp_dir().join(unique("rtsread"));
+    std::fs::create_dir(&dir).unwrap();
+    let _rm = scopeguard_dir(&dir);
+    let sparse = dir.join("sparse-2g");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(2_000_000_000)
+        .unwrap();
+    let sparse900 = dir.join("sparse-900m");
+    std::fs::File::create(&sparse900)
+        .unwrap()
+        .set_len(900_000_000)
+        .unwrap();
+    let png = dir.join("c.png");
+    let (png, s2, s9) = (
+        png.to_str().unwrap(),
+        sparse.to_str().unwrap(),
+        sparse900.to_str().unwrap(),
+    );
+    let ok_result = dir.join("ok.json");
+    let mut r = RunResult::new("probe icmp", serde_json::json!({}));
+    let mut v = ViewSeries::new("ICMP", ViewKind::Probe);
+    v.samples = vec![Sample::at_s(0.0, 100.0), Sample::at_s(1.0, 200.0)];
+    r.views.push(v);
+    r.save(&ok_result).unwrap();
+    let ok = ok_result.to_str().unwrap();
+    for input in ["/dev/zero", s2, s9] {
+        let cases: Vec<Vec<&str>> = vec![
+            vec!["bucket", input],
+            vec!["chart", input, "-o", png],
+            vec!["chart", ok, "--cloud", input, "-o", png],
+            vec!["bucket", ok, "--layout-from", input],
+            vec!["bucket", input, "--local", ok],
+            vec!["observe", "--config", input, "--check-config"],
+        ];
+        for args in cases {
+            let t0 = Instant::now();
+            let out = Command::new("prlimit")
+                .arg("--as=2147483648")
+                .arg(rttscope_bin())
+                .args(&args)
+                .output()
+                .unwrap();
+            let took = t0.elapsed();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let what = format!("rttscope {args:?}");
+            assert!(!out.status.success(), "{what}: succeeded: {}", text(&out));
+            assert!(took < Duration::from_secs(2), "{what}: took {took:?}");
+            let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+            let sentence = lines
+                .iter()
+                .find(|l| l.contains(input))
+                .unwrap_or_else(|| panic!("{what}: no sentence naming {input}: {err}"));
+            assert!(
+                sentence.contains("not text")
+                    || sentence.contains("larger than 1 GiB")
+                    || sentence.contains("larger than 256 MiB")
+                    || sentence.contains("not an rttscope result"),
+                "{what}: {sentence}"
+            );
+            assert!(!err.contains("panicked"), "{what}: {err}");
+        }
+    }
+}
+
+/// Removes `dir` when dropped.
+fn scopeguard_dir(dir: &Path) -> impl Drop {
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    Rm(dir.to_path_buf())
 }

@@ -589,13 +589,8 @@ pub fn layout_from_json(text: &str, name: &str) -> Result<BucketOptions, String>
 /// [`layout_from_json`] of a file (at most [`MAX_LAYOUT_FILE_BYTES`]).
 pub fn layout_from_file(path: &std::path::Path) -> Result<BucketOptions, String> {
     let name = path.display().to_string();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {name}: {e}"))?;
-    if meta.len() > MAX_LAYOUT_FILE_BYTES {
-        return Err(format!(
-            "{name} is larger than {MAX_LAYOUT_FILE_BYTES} bytes"
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {name}: {e}"))?;
+    let text = crate::sys::files::read_to_string_capped(path, MAX_LAYOUT_FILE_BYTES)
+        .map_err(|e| e.to_string())?;
     layout_from_json(&text, &name)
 }
 

@@ -24,7 +24,7 @@ pub const FORMAT: &str = "rttscope-result";
 /// The format version this build writes; it reads this version and older ones.
 pub const VERSION: u32 = 2;
 /// Largest result file `load` accepts (bounded memory for a file that is charted later).
-pub const MAX_FILE_BYTES: u64 = 1 << 30;
+pub const MAX_FILE_BYTES: u64 = crate::sys::files::MAX_READ_BYTES;
 /// Largest magnitude of a time (`t_us`, in seconds) or a sweep's `x` that `load` accepts: about
 /// 31,700 years, room for Unix times, and far from the float range where axis arithmetic breaks.
 pub const MAX_ABS_TIME: f64 = 1e12;
@@ -43,7 +43,10 @@ pub enum ResultError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{path} is larger than {MAX_FILE_BYTES} bytes")]
+    #[error(
+        "{path} is larger than {}, the most rttscope reads of one input",
+        crate::sys::files::human_bytes(MAX_FILE_BYTES)
+    )]
     TooLarge { path: String },
     #[error("{path} is not an rttscope result: {why}")]
     NotAResult { path: String, why: String },
@@ -455,13 +458,12 @@ impl RunResult {
             path: name.clone(),
             source,
         };
-        let meta = std::fs::metadata(path).map_err(read_err)?;
-        if meta.len() > MAX_FILE_BYTES {
-            return Err(ResultError::TooLarge { path: name });
-        }
         let open = || {
             std::fs::File::open(path)
-                .map(|f| std::io::BufReader::with_capacity(1 << 16, f))
+                .map(|f| {
+                    let capped = crate::sys::files::Capped::new(f, &name, MAX_FILE_BYTES);
+                    std::io::BufReader::with_capacity(1 << 16, capped)
+                })
                 .map_err(read_err)
         };
         let typed = serde_json::from_reader(open()?);
@@ -475,9 +477,17 @@ impl RunResult {
         typed: Result<RunResult, serde_json::Error>,
         head: impl FnOnce() -> Result<Result<Head, serde_json::Error>, ResultError>,
     ) -> Result<RunResult, ResultError> {
-        let io = |e: serde_json::Error| ResultError::Read {
-            path: path.to_string(),
-            source: std::io::Error::other(e.to_string()),
+        let io = |e: serde_json::Error| {
+            let e = std::io::Error::from(e);
+            match e.kind() {
+                std::io::ErrorKind::FileTooLarge => ResultError::TooLarge {
+                    path: path.to_string(),
+                },
+                _ => ResultError::Read {
+                    path: path.to_string(),
+                    source: e,
+                },
+            }
         };
         let r = match typed {
             Ok(r) => r,

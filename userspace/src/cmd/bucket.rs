@@ -4,7 +4,6 @@
 //! Input is an rttscope result (JSON, every view is bucketed on its own) or plain text with one RTT
 //! per line: a number with an optional unit `ns`, `us` (`µs`), `ms`, `s`; a bare number is in
 //! milliseconds, like the cloud metric. `#` starts a comment.
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,7 +20,7 @@ use crate::analysis::units::period_arg;
 use crate::sinks::table::{count, Align, Table};
 
 /// Largest input accepted (bounded memory).
-pub const MAX_INPUT_BYTES: u64 = 1 << 30;
+pub const MAX_INPUT_BYTES: u64 = crate::sys::files::MAX_READ_BYTES;
 
 #[derive(Debug, Clone, Args)]
 pub struct BucketArgs {
@@ -433,22 +432,13 @@ pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>
 }
 
 fn read_input(path: &std::path::Path) -> anyhow::Result<(String, String)> {
+    use crate::sys::files;
     if path.as_os_str() == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .take(MAX_INPUT_BYTES)
-            .read_to_string(&mut s)
-            .context("reading samples from standard input")?;
+        let s =
+            files::read_text_capped(std::io::stdin().lock(), "standard input", MAX_INPUT_BYTES)?;
         return Ok((s, "<stdin>".into()));
     }
-    let name = path.display().to_string();
-    let meta = std::fs::metadata(path).with_context(|| format!("cannot read {name}"))?;
-    anyhow::ensure!(
-        meta.len() <= MAX_INPUT_BYTES,
-        "{name} is larger than {MAX_INPUT_BYTES} bytes"
-    );
-    let s = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
-    Ok((s, name))
+    Ok((files::read_to_string(path)?, path.display().to_string()))
 }
 
 pub fn run(args: BucketArgs) -> anyhow::Result<()> {

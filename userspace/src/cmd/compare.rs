@@ -671,7 +671,7 @@ fn read_cloud_file(
     path: &std::path::Path,
 ) -> Result<(String, crate::analysis::cloud_monitoring::CloudFile)> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {name}"))?;
+    let text = crate::sys::files::read_to_string(path)?;
     Ok((
         name.clone(),
         crate::analysis::cloud_monitoring::parse(&text, &name)?,

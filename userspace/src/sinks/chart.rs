@@ -95,8 +95,7 @@ impl CloudCdf {
     pub fn from_file(path: &Path) -> anyhow::Result<CloudCdf> {
         use crate::analysis::cloud_monitoring as cm;
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read {name}: {e}"))?;
+        let text = crate::sys::files::read_to_string(path)?;
         let m = cm::merge_file(&cm::parse(&text, &name)?);
         let Some(d) = m.distribution else {
             bail!("{name} holds no distribution point to draw (already-aligned values carry no buckets)");
@@ -157,7 +156,7 @@ fn load_any(path: &Path) -> anyhow::Result<RunResult> {
         Ok(r) => Ok(r),
         Err(e @ crate::analysis::results::ResultError::NotAResult { .. }) => {
             let name = path.display().to_string();
-            match std::fs::read_to_string(path) {
+            match crate::sys::files::read_to_string(path) {
                 Ok(t) if !t.trim_start().starts_with('{') => Err(e.into()),
                 Ok(t) if crate::cmd::bucket::is_observe_output(&t) => {
                     crate::cmd::bucket::result_from_text(&t, &name)

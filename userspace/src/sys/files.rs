@@ -241,17 +241,18 @@ impl<R: Read> Read for Capped<R> {
     }
 }
 
-fn over_cap(name: &str, cap: u64) -> io::Error {
+/// The one sentence for an input over its cap (kind `FileTooLarge`, which readers can tell apart).
+pub fn over_cap(name: &str, cap: u64) -> io::Error {
     io::Error::new(
-        io::ErrorKind::InvalidData,
+        io::ErrorKind::FileTooLarge,
         format!(
-            "{name} is larger than {} (rttscope reads at most that much of one input)",
+            "{name} is larger than {}, the most rttscope reads of one input",
             human_bytes(cap)
         ),
     )
 }
 
-fn human_bytes(n: u64) -> String {
+pub fn human_bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
         n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
@@ -265,10 +266,42 @@ pub fn open_capped(path: &Path) -> io::Result<Capped<std::fs::File>> {
     Ok(Capped::new(f, &path.display().to_string(), MAX_READ_BYTES))
 }
 
-/// The whole text of `r` (named `name` in errors), at most `cap` bytes.
+/// The whole text of `r` (named `name` in errors), at most `cap` bytes. Every input rttscope
+/// reads is text (JSON, TOML, sample lists), where a NUL byte never belongs: the first one
+/// ends the read at once (`/dev/zero`, a sparse file's hole), before megabytes pile up. The
+/// buffer never grows past `cap` + one read.
 pub fn read_text_capped(r: impl Read, name: &str, cap: u64) -> io::Result<String> {
-    let mut bytes = Vec::new();
-    Capped::new(r, name, cap).read_to_end(&mut bytes)?;
+    const CHUNK: usize = 1 << 16;
+    let mut r = Capped::new(r, name, cap);
+    let mut bytes: Vec<u8> = Vec::new();
+    loop {
+        if bytes.capacity() - bytes.len() < CHUNK {
+            let want = (bytes.capacity() * 2).max(CHUNK * 4);
+            let want = want.min(cap.min(usize::MAX as u64 / 2) as usize + CHUNK);
+            bytes.reserve_exact(want.saturating_sub(bytes.len()).max(CHUNK));
+        }
+        let start = bytes.len();
+        bytes.resize(start + CHUNK, 0);
+        let got = r.read(&mut bytes[start..]);
+        bytes.truncate(start + *got.as_ref().unwrap_or(&0));
+        let n = match got {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(i) = bytes[start..].iter().position(|&b| b == 0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{name} is not text: it holds a NUL byte at offset {}",
+                    start + i
+                ),
+            ));
+        }
+        if n == 0 {
+            break; // the end (Capped says when the input goes on past the cap)
+        }
+    }
     String::from_utf8(bytes).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -280,10 +313,23 @@ pub fn read_text_capped(r: impl Read, name: &str, cap: u64) -> io::Result<String
 /// The whole text of the file at `path`, at most [`MAX_READ_BYTES`]; a read error is
 /// `cannot read PATH: why`, one sentence.
 pub fn read_to_string(path: &Path) -> io::Result<String> {
+    read_to_string_capped(path, MAX_READ_BYTES)
+}
+
+/// [`read_to_string`] with another cap.
+pub fn read_to_string_capped(path: &Path, cap: u64) -> io::Result<String> {
     let name = path.display().to_string();
-    let f = std::fs::File::open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot read {name}: {e}")))?;
-    read_text_capped(f, &name, MAX_READ_BYTES)
+    let cannot = |e: io::Error| match e.kind() {
+        io::ErrorKind::FileTooLarge | io::ErrorKind::InvalidData => e,
+        k => io::Error::new(k, format!("cannot read {name}: {e}")),
+    };
+    let f = std::fs::File::open(path).map_err(cannot)?;
+    // A regular file's size is known: refuse at once (the cap still holds while reading, for
+    // a file that grows and for devices and pipes, whose size says nothing).
+    if f.metadata().is_ok_and(|m| m.is_file() && m.len() > cap) {
+        return Err(over_cap(&name, cap));
+    }
+    read_text_capped(f, &name, cap).map_err(cannot)
 }
 
 #[cfg(test)]
@@ -296,16 +342,35 @@ mod tests {
         let e = Capped::new(io::repeat(b'a'), "zeros", 1000)
             .read_to_string(&mut s)
             .unwrap_err();
-        assert!(
-            e.to_string().contains("zeros is larger than 1000 bytes"),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "zeros is larger than 1000 bytes, the most rttscope reads of one input"
         );
+        assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
         let mut s = String::new();
         Capped::new(&b"0123456789"[..], "ten", 10)
             .read_to_string(&mut s)
             .unwrap();
         assert_eq!(s, "0123456789");
         assert_eq!(human_bytes(MAX_READ_BYTES), "1 GiB");
+    }
+
+    #[test]
+    fn text_reader_stops_at_a_nul_and_at_the_cap() {
+        let e = read_text_capped(io::repeat(0), "zeros", MAX_READ_BYTES).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "zeros is not text: it holds a NUL byte at offset 0"
+        );
+        let e = read_text_capped(io::repeat(b'7'), "sevens", 3 << 20).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::FileTooLarge, "{e}");
+        let big = "1\n".repeat(300_000);
+        assert_eq!(
+            read_text_capped(big.as_bytes(), "ok", 600_000).unwrap(),
+            big
+        );
+        assert!(read_text_capped(big.as_bytes(), "over", 599_999).is_err());
+        assert!(read_text_capped(&b"\xff\xfe"[..], "bin", 10).is_err());
     }
 
     #[test]

@@ -95,8 +95,8 @@ pub const VIEWS: &[&str] = &["tcp", "sampler"];
 
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<ObserveConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let text = crate::sys::files::read_to_string(path)
+        .with_context(|| format!("config file {}", path.display()))?;
     parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
 }
 
