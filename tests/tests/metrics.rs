@@ -782,3 +782,58 @@ fn sampler_samples_are_all_accounted_under_connection_churn() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The host's namespace is `host` in /metrics after the switch to uid 65534, in every
+/// scrape, and no label names a PID (issue 26.3: it was `pid:<own pid>`, and changed mid-run).
+#[test]
+fn host_namespace_is_host_and_labels_never_change() {
+    if !require_root() {
+        return;
+    }
+    // A server on the host's loopback, on a port labelled by its number.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let lport = listener.local_addr().unwrap().port();
+    let port = free_port();
+    let obs = start_observer(port, &["--view", "tcp", "--label-port", &lport.to_string()]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = stop.clone();
+    let srv = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let (mut s, _) = listener.accept().unwrap();
+        let mut b = [0u8; 1];
+        while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
+    });
+    let cli = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", lport)).unwrap();
+        let mut b = [0u8; 1];
+        while !st.load(Ordering::Relaxed) {
+            c.write_all(b"x").unwrap();
+            c.read_exact(&mut b).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    let status = std::fs::read_to_string(format!("/proc/{}/status", obs.pid())).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(700));
+        let (s, body) = scrape(port);
+        let ours = rtt_series(&s, &[("view", "tcp"), ("local_port", &lport.to_string())]);
+        let names: std::collections::BTreeSet<&str> =
+            ours.iter().filter_map(|x| x.labels.get("netns")).collect();
+        assert!(
+            !body.contains("netns=\"pid:"),
+            "a label names a PID:\n{body}"
+        );
+        seen.push(format!("{names:?}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    cli.join().unwrap();
+    let _ = srv.join();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap_or("");
+    eprintln!("netns labels of port {lport} per scrape: {seen:?}; {uid_line}");
+    assert!(
+        seen.iter().all(|s| s == "{\"host\"}"),
+        "the host's namespace is `host` in every scrape: {seen:?}"
+    );
+}

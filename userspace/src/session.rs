@@ -787,10 +787,14 @@ impl NsNames {
             refreshed: Instant::now(),
         }
     }
+    /// A namespace's name, decided the first time it is seen and never changed after (a
+    /// label must not change mid-run); only unknown namespaces are looked up again.
     pub fn get(&mut self, inode: u32) -> String {
         if !self.names.contains_key(&inode) && self.refreshed.elapsed() > Duration::from_millis(500)
         {
-            self.names = netns::names();
+            for (k, v) in netns::names() {
+                self.names.entry(k).or_insert(v);
+            }
             self.refreshed = Instant::now();
         }
         self.names

@@ -59,12 +59,41 @@ pub fn resolve(name: &str) -> Result<NetNs> {
     })
 }
 
+/// The inode of PID 1's namespace, read once (the first call, made before daemon mode switches
+/// to uid 65534, which can no longer read /proc/1/ns/net): the host is `host` for the whole run.
+pub fn host_inode() -> Option<u32> {
+    static HOST_INODE: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *HOST_INODE.get_or_init(|| {
+        inode_of(Path::new("/proc/1/ns/net"))
+            .ok()
+            .or(Some(INIT_NET_INODE))
+    })
+}
+
+/// The inode of the kernel's initial network namespace on kernels that give it a fixed one
+/// (`PROC_NET_INIT_INO`, 0xEFFFFFF9; dynamic inodes start at 0xF0000000, so no other namespace
+/// can have it). Used as the host's when /proc/1/ns/net cannot be read (PID 1 more privileged
+/// than rttscope, e.g. in a sandbox, or after the switch to uid 65534).
+pub const INIT_NET_INODE: u32 = 0xEFFF_FFF9;
+
 /// Every network namespace we can find: named ones (/var/run/netns), the
-/// host's, and those of running processes, keyed by inode.
+/// host's, and those of running processes, keyed by inode. Namespaces known only
+/// through a process are named `net:<inode>` (never by a PID: a PID names a process, not
+/// the namespace, and changes with whichever process is found first).
 pub fn all() -> BTreeMap<u32, NetNs> {
     let mut out = BTreeMap::new();
+    let _ = host_inode(); // remembered while still readable
     if let Ok(host) = resolve(HOST) {
         out.insert(host.inode, host);
+    } else if let Some(ino) = host_inode() {
+        out.insert(
+            ino,
+            NetNs {
+                name: HOST.to_string(),
+                path: PathBuf::from("/proc/1/ns/net"),
+                inode: ino,
+            },
+        );
     }
     if let Ok(rd) = std::fs::read_dir(NETNS_RUN_DIR) {
         for e in rd.flatten() {
@@ -87,7 +116,7 @@ pub fn all() -> BTreeMap<u32, NetNs> {
             let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
             if let Ok(ino) = inode_of(&path) {
                 out.entry(ino).or_insert(NetNs {
-                    name: format!("pid:{pid}"),
+                    name: format!("net:{ino}"),
                     path,
                     inode: ino,
                 });
