@@ -137,7 +137,7 @@ struct rttscope_tcp_flow {
 	__u8 flags;         /* enum rttscope_flow_flags */
 	__u64 sk_addr;      /* the socket's kernel address: tells the socket's hint (tcp_hints) from another's */
 	__u32 hint_tag;     /* high half of the hint hash (0: no hint for this flow yet) */
-	__u32 reserved0;
+	__u32 cgroup;       /* the socket's cgroup v2: low 32 bits of its id (= the directory's inode) */
 	struct rttscope_rtt_agg agg;
 	__u64 cookie;       /* socket cookie (as `ss -e` prints it: sk:<hex>) */
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */

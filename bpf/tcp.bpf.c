@@ -205,6 +205,23 @@ static __always_inline __u32 sock_netns(struct bpf_sock *sk)
 	return BPF_CORE_READ(tp, inet_conn.icsk_inet.sk.__sk_common.skc_net.net, ns.inum);
 }
 
+/* The socket's cgroup v2 (the one its creator was in; an accepted socket
+ * inherits its listener's): the low 32 bits of the cgroup id, which on 64-bit
+ * kernels is the cgroup directory's inode number (the high half counts
+ * wraps of the id allocator, so the low half tells live cgroups apart).
+ * Read once per new flow. 0: no full TCP socket or no cgroup. */
+static __always_inline __u32 sock_cgroup(struct bpf_sock *sk)
+{
+	struct tcp_sock *tp;
+
+	if (!sk)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	return (__u32)BPF_CORE_READ(tp, inet_conn.icsk_inet.sk.sk_cgrp_data.cgroup, kn, id);
+}
+
 /* Flow key of a sock_ops context. Returns 0 if the family is not IP. */
 static __always_inline int skops_key(struct bpf_sock_ops *skops, struct rttscope_flow_key *key)
 {
@@ -302,7 +319,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	f->state = state;
 	f->sk_addr = (__u64)sk;
 	f->hint_tag = 0;
-	f->reserved0 = 0;
+	f->cgroup = sock_cgroup(sk);
 	rttscope_agg_reset(&f->agg, epoch);
 	f->cookie = cookie;
 	f->first_ns = bpf_ktime_get_ns();

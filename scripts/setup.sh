@@ -13,6 +13,8 @@ APT_PKGS=(
   systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
   strace bsdutils             # syscall counts (probe --spin/--busy-poll test), script's pty (progress, log colour tests)
   prometheus                  # promtool check metrics on a live scrape (metrics tests)
+  podman buildah skopeo uidmap mmdebstrap binutils  # the container image: scripts/build-image.sh, tests/image.rs
+  python3-yaml                # image test: the rendered manifests as JSON
   ca-certificates curl
   qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM
 )
@@ -55,6 +57,13 @@ if ! command -v vng >/dev/null 2>&1; then
       DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx >/dev/null
     pipx install virtme-ng >/dev/null
   fi
+fi
+
+# kubectl renders examples/deploy/ (kustomize, offline) for the image test:
+# any kubectl will do; Debian's is kubernetes-client.
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "setup: installing kubernetes-client (kubectl)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
 
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.

@@ -9,8 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
+use std::sync::Arc;
+
 use crate::analysis::hist::{Hist, HistSummary, Snapshot};
+use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
+use crate::sys::cgroup::CgroupIndex;
 use crate::sys::netns;
 use crate::views::flow::{Flow, Side};
 use crate::views::sampler::sides::SideResolver;
@@ -61,8 +65,21 @@ pub struct FlowRow {
     pub tcp: Option<ViewStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sampler: Option<ViewStats>,
+    /// `--label-workload`: who owns the local socket (its cgroup as a unit, container, pod).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ser_workload"
+    )]
+    pub workload: Option<Arc<Workload>>,
     #[serde(skip)]
     pub flow: Option<Flow>,
+}
+
+fn ser_workload<S: serde::Serializer>(
+    w: &Option<Arc<Workload>>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    w.as_deref().serialize(s)
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -104,6 +121,8 @@ pub struct SessionConfig {
     pub sampler: Option<(Vec<IfaceSpec>, SamplerConfig)>,
     /// Build per-flow rows (nothing prints them with --quiet).
     pub keep_rows: bool,
+    /// `--label-workload`: name each TCP flow's owner from its socket's cgroup.
+    pub workloads: bool,
 }
 
 /// One view's samples of an interval by side (the two ends of a connection
@@ -144,6 +163,8 @@ pub struct Session {
     sampler_sides: SideResolver,
     keep_rows: bool,
     watch: Watch,
+    /// Socket cgroups to owners (`--label-workload`).
+    workloads: Option<CgroupIndex>,
 }
 
 /// The observed namespaces (`--netns`, `--iface NETNS:DEV`) and interfaces,
@@ -352,6 +373,7 @@ impl Session {
             sampler_ways: SamplerTracker::default(),
             sampler_sides,
             keep_rows: cfg.keep_rows,
+            workloads: cfg.workloads.then(workload_index),
         })
     }
 
@@ -431,6 +453,7 @@ impl Session {
         raw_bad: Option<u64>,
     ) -> Result<(SideTotals, BTreeMap<&'static str, u64>)> {
         let (tracker, names, keep_rows) = (&mut self.tracker, &mut self.names, self.keep_rows);
+        let workloads = &mut self.workloads;
         let view = self.tcp.as_mut().expect("TCP view attached");
         let epoch = view.epoch();
         let mut totals = SideTotals::new();
@@ -438,7 +461,10 @@ impl Session {
         let mut live = Vec::new();
         let collect_live = tracker.near_full(view.info().max_flows);
         tracker.begin();
-        view.for_each_flow(&mut |f| {
+        view.for_each_flow(&mut |mut f| {
+            if let Some(idx) = workloads.as_mut() {
+                own(idx, names, &mut f);
+            }
             // daemon mode: this flow's samples since the last read.
             if let Some(d) = sink.as_deref_mut() {
                 d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), &mut |ns| {
@@ -545,6 +571,7 @@ impl Session {
                 closed: false,
                 tcp: None,
                 sampler: None,
+                workload: None,
                 flow: Some(flow),
             });
             row.sampler = Some(stats);
@@ -577,6 +604,7 @@ impl Session {
                 closed,
                 tcp: None,
                 sampler: None,
+                workload: None,
                 flow: Some(*f),
             };
         let tcp_entry = |h: &Hist, srtt_us: u32, retrans: u32| {
@@ -588,8 +616,12 @@ impl Session {
                 vs,
             )
         };
+        let workloads = &mut self.workloads;
         if let Some(view) = &self.tcp {
-            view.for_each_flow(&mut |f| {
+            view.for_each_flow(&mut |mut f| {
+                if let Some(idx) = workloads.as_mut() {
+                    own(idx, names, &mut f);
+                }
                 let h = f.hist();
                 totals
                     .entry("tcp")
@@ -601,11 +633,15 @@ impl Session {
                 let name = names.get(f.flow.netns);
                 let mut r = row(&f.flow, name.clone(), f.side, Some(f.origin), f.closed);
                 r.tcp = Some(vs);
-                let v = json!({
+                let mut v = json!({
                     "netns": f.flow.netns, "netns_name": name,
                     "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
                     "side": f.side, "origin": f.origin, "closed": f.closed, "tcp": j,
                 });
+                if let Some(w) = &f.workload {
+                    v["workload"] = json!(w.as_ref());
+                    r.workload = Some(w.clone());
+                }
                 flows.insert(f.flow, (v, r));
             })?;
         }
@@ -628,11 +664,15 @@ impl Session {
                 true,
             );
             r.tcp = Some(vs);
-            let v = json!({
+            let mut v = json!({
                 "netns": flow.netns, "netns_name": fin.netns_name,
                 "local": flow.local.to_string(), "remote": flow.remote.to_string(),
                 "side": fin.side, "origin": fin.origin, "closed": true, "tcp": j,
             });
+            if let Some(w) = &fin.workload {
+                v["workload"] = json!(w.as_ref());
+                r.workload = Some(w.clone());
+            }
             flows.insert(*flow, (v, r));
         }
         if let Some(s) = self.sampler.as_mut() {
@@ -772,12 +812,31 @@ struct Finished {
     side: Side,
     origin: &'static str,
     netns_name: String,
+    workload: Option<Arc<Workload>>,
+}
+
+/// The index of socket cgroups, at the cgroup v2 root (`--label-workload`).
+fn workload_index() -> CgroupIndex {
+    let root = crate::sys::preflight::cgroup2_mount().unwrap_or_else(|| "/sys/fs/cgroup".into());
+    CgroupIndex::new(root)
+}
+
+/// Fill a TCP flow's owner; a network namespace with no other name is named
+/// by the pod or container that holds it.
+fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
+    f.workload = idx.get(f.cgroup);
+    if let Some(n) = f.workload.as_ref().and_then(|w| w.netns_name()) {
+        names.set_owner(f.flow.netns, n);
+    }
 }
 
 /// Display names of network namespaces, refreshed when an unknown one shows up.
 pub(crate) struct NsNames {
     names: BTreeMap<u32, String>,
     refreshed: Instant,
+    /// Names from the pod or container holding a namespace (`--label-workload`):
+    /// they win over `ip netns` names (not over `host`); the first one found stays.
+    owners: BTreeMap<u32, String>,
 }
 
 impl NsNames {
@@ -785,11 +844,24 @@ impl NsNames {
         NsNames {
             names: netns::names(),
             refreshed: Instant::now(),
+            owners: BTreeMap::new(),
+        }
+    }
+    /// Name a namespace by the pod or container that holds it.
+    pub fn set_owner(&mut self, inode: u32, name: String) {
+        if self.owners.len() < 65_536 {
+            self.owners.entry(inode).or_insert(name);
         }
     }
     /// A namespace's name, decided the first time it is seen and never changed after (a
     /// label must not change mid-run); only unknown namespaces are looked up again.
     pub fn get(&mut self, inode: u32) -> String {
+        if let Some(o) = self.owners.get(&inode) {
+            // The pod or container first, then the `ip netns` name; the host's stays `host`.
+            if self.names.get(&inode).is_none_or(|n| n != netns::HOST) {
+                return o.clone();
+            }
+        }
         if !self.names.contains_key(&inode) && self.refreshed.elapsed() > Duration::from_millis(500)
         {
             for (k, v) in netns::names() {
@@ -860,6 +932,7 @@ impl Tracker {
                 side: f.side,
                 origin: f.origin,
                 netns_name: names.get(f.flow.netns),
+                workload: f.workload.clone(),
             },
         );
     }
@@ -952,6 +1025,7 @@ impl Tracker {
             closed: f.closed,
             tcp: Some(vs),
             sampler: None,
+            workload: f.workload.clone(),
             flow: Some(f.flow),
         })
     }

@@ -6,3 +6,4 @@ pub mod hist;
 pub mod results;
 pub mod stats;
 pub mod units;
+pub mod workload;

@@ -235,6 +235,7 @@ mod tests {
             closed: false,
             tcp: Some(vs.clone()),
             sampler: None,
+            workload: None,
             flow: None,
         };
         let iv = Interval {
@@ -285,6 +286,7 @@ mod tests {
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: Some(smp.clone()),
+            workload: None,
             flow: None,
         };
         let iv = Interval {
@@ -341,6 +343,7 @@ mod tests {
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: None,
+            workload: None,
             flow: None,
         };
         let iv = Interval {

@@ -3,6 +3,7 @@
 //! checks and the monotonic clock.
 pub mod bpf;
 pub mod caps;
+pub mod cgroup;
 pub mod clock;
 pub mod files;
 pub mod netns;

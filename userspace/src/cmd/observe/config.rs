@@ -75,6 +75,8 @@ pub struct LabelsSection {
     pub v4_prefix: Option<u8>,
     pub v6_prefix: Option<u8>,
     pub ports: Option<Vec<u16>>,
+    /// Workload labels (unit, container, pod): off by default.
+    pub workload: Option<bool>,
     pub max_series: Option<usize>,
     /// A label set without samples for this long is removed, e.g. "10min".
     pub series_idle: Option<String>,
@@ -289,6 +291,7 @@ merged_options!(
     v4_prefix,
     v6_prefix,
     label_ports,
+    label_workload,
     max_series,
     series_idle,
 );
@@ -450,6 +453,9 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
         if let (true, Some(v)) = (from_file("label_ports"), &l.ports) {
             args.label_ports = v.clone();
         }
+        if let (true, Some(v)) = (from_file("label_workload"), l.workload) {
+            args.label_workload = v;
+        }
         if let (true, Some(v)) = (from_file("max_series"), l.max_series) {
             args.max_series = Some(v);
         }
@@ -466,6 +472,7 @@ pub fn label_policy(args: &ObserveArgs) -> Result<LabelPolicy> {
         v4_prefix: args.v4_prefix.unwrap_or(d.v4_prefix),
         v6_prefix: args.v6_prefix.unwrap_or(d.v6_prefix),
         ports: args.label_ports.clone(),
+        workload: args.label_workload,
         max_series: args.max_series.unwrap_or(d.max_series),
         series_idle: args.series_idle.unwrap_or(d.series_idle),
     };
@@ -738,7 +745,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);

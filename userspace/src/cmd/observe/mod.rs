@@ -113,6 +113,7 @@ fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfi
         tcp,
         sampler,
         keep_rows: !args.quiet,
+        workloads: args.label_workload,
     })
 }
 

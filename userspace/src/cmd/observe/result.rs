@@ -163,6 +163,9 @@ fn flow_series(r: &FlowRow, kind: ViewKind, st: &ViewStats) -> ViewSeries {
         "netns": r.netns, "netns_name": r.netns_name, "origin": r.origin, "state": r.state,
         "closed": r.closed, "srtt_us": st.srtt_us, "retrans": st.retrans,
     });
+    if let Some(w) = &r.workload {
+        v.details["workload"] = json!(w.as_ref());
+    }
     v
 }
 
@@ -311,6 +314,7 @@ mod tests {
             closed: false,
             tcp: tcp.then(|| ViewStats::from_hist(&Hist::default())),
             sampler: (!tcp).then(|| ViewStats::from_hist(&Hist::default())),
+            workload: None,
             flow: None,
         }
     }

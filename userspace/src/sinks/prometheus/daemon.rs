@@ -168,8 +168,15 @@ impl FlowSink for Daemon {
         }
         let ns = netns_name(f.flow.netns);
         let ns = self.ns_label(f.flow.netns, ns);
-        self.exporter
-            .observe_flow(ViewKind::Tcp, &f.flow, f.side, &ns, &delta, None);
+        self.exporter.observe_owned_flow(
+            ViewKind::Tcp,
+            &f.flow,
+            f.side,
+            &ns,
+            f.workload.as_deref(),
+            &delta,
+            None,
+        );
     }
 
     /// One sampler flow's samples since the previous read.

@@ -47,6 +47,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::analysis::hist::{self, Hist};
+use crate::analysis::workload::Workload;
 use crate::sys::bpf::ProgRun;
 use crate::views::flow::{Flow, Side};
 use crate::views::ViewKind;
@@ -104,6 +105,9 @@ pub struct LabelPolicy {
     pub v6_prefix: u8,
     /// Local ports kept as label values; every other port becomes "other".
     pub ports: Vec<u16>,
+    /// Workload labels (unit, container, pod_namespace, pod, qos) from the
+    /// socket's cgroup: off by default (a label set per workload).
+    pub workload: bool,
     /// At most this many RTT label sets; more go to the overflow series.
     pub max_series: usize,
     /// A label set without samples for this long is removed.
@@ -116,6 +120,7 @@ impl Default for LabelPolicy {
             v4_prefix: 24,
             v6_prefix: 48,
             ports: Vec::new(),
+            workload: false,
             max_series: 1000,
             series_idle: Duration::from_secs(600),
         }
@@ -189,7 +194,44 @@ impl LabelPolicy {
             remote_prefix: self.remote_prefix(flow.remote.ip()),
             local_port: self.local_port(flow.local.port()),
             proto: proto_label(flow, side).to_string(),
+            workload: None,
         }
+    }
+}
+
+/// The workload labels of a flow (`--label-workload`): only those the
+/// cgroup path tells are exported (an empty value is no label in Prometheus).
+#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub struct WorkloadLabels {
+    pub unit: String,
+    pub container: String,
+    pub pod_namespace: String,
+    pub pod: String,
+    pub qos: String,
+}
+
+impl WorkloadLabels {
+    pub fn of(w: &Workload) -> WorkloadLabels {
+        WorkloadLabels {
+            unit: w.unit.clone().unwrap_or_default(),
+            container: w.container_short().unwrap_or_default().to_string(),
+            pod_namespace: w.pod_namespace.clone().unwrap_or_default(),
+            pod: match (&w.pod_name, &w.pod_uid) {
+                (Some(n), _) => n.clone(),
+                (None, Some(uid)) => format!("pod-{uid}"),
+                _ => String::new(),
+            },
+            qos: w.qos.map(|q| q.as_str().to_string()).unwrap_or_default(),
+        }
+    }
+    fn pairs(&self) -> [(&'static str, &str); 5] {
+        [
+            ("unit", &self.unit),
+            ("container", &self.container),
+            ("pod_namespace", &self.pod_namespace),
+            ("pod", &self.pod),
+            ("qos", &self.qos),
+        ]
     }
 }
 
@@ -214,7 +256,7 @@ fn side_label(s: Side) -> &'static str {
 }
 
 /// Labels of an RTT histogram series.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RttLabels {
     pub view: String,
     pub side: String,
@@ -223,6 +265,34 @@ pub struct RttLabels {
     pub local_port: String,
     /// `tcp`, or `icmp`/`icmpv6` for the sampler's ICMP echo flows.
     pub proto: String,
+    /// `--label-workload`: who owns the socket (None: the option is off).
+    pub workload: Option<WorkloadLabels>,
+}
+
+impl EncodeLabelSet for RttLabels {
+    fn encode(
+        &self,
+        mut enc: prometheus_client::encoding::LabelSetEncoder,
+    ) -> std::result::Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeLabel;
+        let fixed = [
+            ("view", &self.view),
+            ("side", &self.side),
+            ("netns", &self.netns),
+            ("remote_prefix", &self.remote_prefix),
+            ("local_port", &self.local_port),
+            ("proto", &self.proto),
+        ];
+        for (k, v) in fixed {
+            (k, v.as_str()).encode(enc.encode_label())?;
+        }
+        for (k, v) in self.workload.iter().flat_map(|w| w.pairs()) {
+            if !v.is_empty() {
+                (k, v).encode(enc.encode_label())?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl RttLabels {
@@ -236,6 +306,7 @@ impl RttLabels {
             remote_prefix: o.clone(),
             local_port: o.clone(),
             proto: o,
+            workload: None,
         }
     }
 }
@@ -584,11 +655,30 @@ impl Exporter {
         cur: &Hist,
         prev: Option<&Hist>,
     ) -> u64 {
+        self.observe_owned_flow(view, flow, side, netns, None, cur, prev)
+    }
+
+    /// [`Exporter::observe_flow`] for a flow whose owner is known: with
+    /// `--label-workload`, its workload labels too.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe_owned_flow(
+        &mut self,
+        view: ViewKind,
+        flow: &Flow,
+        side: Side,
+        netns: &str,
+        owner: Option<&Workload>,
+        cur: &Hist,
+        prev: Option<&Hist>,
+    ) -> u64 {
         // Cheap check first: most flows in a busy host have nothing new.
         if prev.is_some_and(|p| p.same_counts(cur)) {
             return 0;
         }
-        let labels = self.policy.labels(view, flow, side, netns);
+        let mut labels = self.policy.labels(view, flow, side, netns);
+        if self.policy.workload {
+            labels.workload = Some(owner.map(WorkloadLabels::of).unwrap_or_default());
+        }
         self.observe_labels(view, labels, cur, prev)
     }
 

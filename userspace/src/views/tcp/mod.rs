@@ -228,6 +228,10 @@ pub struct TcpFlowState {
     pub gen: u32,
     /// The socket cookie (`ss -e` prints it as sk:<hex>).
     pub cookie: u64,
+    /// The socket's cgroup v2: low 32 bits of its id (the directory's inode; 0: none).
+    pub cgroup: u32,
+    /// Its owner, when `--label-workload` asked for it (filled by the session, not the view).
+    pub workload: Option<std::sync::Arc<crate::analysis::workload::Workload>>,
     pub flow: Flow,
     pub side: Side,
     pub origin: &'static str,
@@ -338,6 +342,8 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         slot,
         gen: val.gen,
         cookie: val.cookie,
+        cgroup: val.cgroup,
+        workload: None,
         flow,
         side,
         origin: origin_name(val.origin),

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Build the rttscope container image offline, from Debian bookworm's packages
+# (docs/deploy.md). The same steps as the Containerfile's, without a registry:
+#
+#   1. the production binary: cargo build --release --no-default-features
+#      --features libbpf (no lab), debug info stripped;
+#   2. the runtime root: `mmdebstrap --variant=extract` of the packages that
+#      hold the binary's shared libraries (libc6, libelf1, zlib1g, libgcc-s1),
+#      cached as a tarball; from it only the files the binary loads (its
+#      NEEDED libraries, followed recursively, and the dynamic loader) and
+#      the packages' copyright files are kept;
+#   3. one layer (binary + that root, files owned by 0:0, mtimes clamped to
+#      SOURCE_DATE_EPOCH, sorted), committed by buildah with
+#      --timestamp SOURCE_DATE_EPOCH, tagged localhost/rttscope:<version>.
+#
+#   scripts/build-image.sh               # build (reuse the image if its inputs are unchanged)
+#   scripts/build-image.sh --print-name  # the image name the recipe produces
+#   scripts/build-image.sh --root DIR    # steps 1-2 only: the runtime root in DIR (the Containerfile uses this)
+#
+# Environment: RTTSCOPE_IMAGE (name; default localhost/rttscope:<version>),
+# RTTSCOPE_CACHE (default /var/cache/rttscope: the mmdebstrap tarball),
+# RTTSCOPE_IMAGE_TARGET (cargo target dir, default target/image),
+# SOURCE_DATE_EPOCH (default: the last commit's time), RTTSCOPE_IMAGE_REBUILD=1
+# (commit even when an image with the same inputs exists),
+# RTTSCOPE_MIRROR (default http://deb.debian.org/debian).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+cd "$ROOT"
+
+VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)"
+IMAGE="${RTTSCOPE_IMAGE:-localhost/rttscope:$VERSION}"
+if [ "${1:-}" = "--print-name" ]; then
+  echo "$IMAGE"
+  exit 0
+fi
+CACHE="${RTTSCOPE_CACHE:-/var/cache/rttscope}"
+TARGET="${RTTSCOPE_IMAGE_TARGET:-$ROOT/target/image}"
+MIRROR="${RTTSCOPE_MIRROR:-http://deb.debian.org/debian}"
+SUITE=bookworm
+RUNTIME_PKGS=(libc6 libelf1 zlib1g libgcc-s1)
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+  SOURCE_DATE_EPOCH="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
+fi
+export SOURCE_DATE_EPOCH
+
+die() { echo "build-image: $*" >&2; exit 1; }
+
+build_binary() {
+  echo "== cargo build --release -p rttscope --no-default-features --features libbpf (target: $TARGET)" >&2
+  cargo build --release -p rttscope --no-default-features --features libbpf --target-dir "$TARGET" >&2
+  local bin="$TARGET/release/rttscope"
+  "$bin" lab --help >/dev/null 2>&1 && die "the production build has a lab subcommand"
+  BIN="$bin"
+}
+
+# The runtime packages extracted by mmdebstrap, cached per package list.
+rootfs_tar() {
+  local key tar
+  key="$(echo "$SUITE ${RUNTIME_PKGS[*]} $MIRROR" | sha256sum | cut -c1-12)"
+  tar="$CACHE/rootfs-$SUITE-$key.tar"
+  if [ ! -s "$tar" ]; then
+    command -v mmdebstrap >/dev/null || die "mmdebstrap is missing (scripts/setup.sh installs it)"
+    mkdir -p "$CACHE"
+    echo "== mmdebstrap --variant=extract $SUITE: ${RUNTIME_PKGS[*]} -> $tar" >&2
+    local inc
+    inc="$(IFS=,; echo "${RUNTIME_PKGS[*]}")"
+    mmdebstrap --quiet --format=tar --variant=extract --include="$inc" --skip=output/dev --skip=output/mknod \
+      "$SUITE" "$tar.tmp" "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
+      "deb ${MIRROR%/debian}/debian-security $SUITE-security main" >&2 ||
+      die "mmdebstrap failed (is $MIRROR reachable?)"
+    mv "$tar.tmp" "$tar"
+  fi
+  ROOTFS_TAR="$tar"
+}
+
+# Path of library $1 inside root $2 (the loader's multiarch directories).
+find_lib() {
+  local d
+  for d in lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib usr/lib; do
+    if [ -e "$2/$d/$1" ]; then echo "$d/$1"; return; fi
+  done
+  return 1
+}
+
+# Copy a path (and what a symlink points to) from $1 into $2.
+copy_rel() {
+  local src="$1" dst="$2" rel="$3"
+  mkdir -p "$dst/$(dirname "$rel")"
+  cp -a "$src/$rel" "$dst/$rel"
+  if [ -L "$src/$rel" ]; then
+    local t
+    t="$(readlink "$src/$rel")"
+    case "$t" in
+      /*) copy_rel "$src" "$dst" "${t#/}" ;;
+      *) copy_rel "$src" "$dst" "$(dirname "$rel")/$t" ;;
+    esac
+  fi
+}
+
+# The runtime root in $1: the binary, the libraries it loads, the loader, copyrights.
+make_root() {
+  local out="$1" full
+  full="$(mktemp -d)"
+  tar -xf "$ROOTFS_TAR" -C "$full"
+  rm -rf "$out" && mkdir -p "$out/usr/local/bin" "$out/etc/rttscope"
+  install -m 0755 "$BIN" "$out/usr/local/bin/rttscope"
+  strip --strip-debug "$out/usr/local/bin/rttscope"
+  local -a todo=("$out/usr/local/bin/rttscope") seen=()
+  while ((${#todo[@]})); do
+    local f="${todo[0]}" lib rel
+    todo=("${todo[@]:1}")
+    for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+      [[ " ${seen[*]} " == *" $lib "* ]] && continue
+      seen+=("$lib")
+      rel="$(find_lib "$lib" "$full")" || die "$lib (needed by $(basename "$f")) is in none of ${RUNTIME_PKGS[*]}"
+      copy_rel "$full" "$out" "$rel"
+      todo+=("$out/$rel")
+    done
+  done
+  copy_rel "$full" "$out" lib64/ld-linux-x86-64.so.2
+  local p
+  for p in "$full"/usr/share/doc/*/copyright; do
+    copy_rel "$full" "$out" "${p#"$full"/}"
+  done
+  install -m 0644 examples/deploy/rttscope.toml "$out/etc/rttscope/rttscope.toml"
+  rm -rf "$full"
+  echo "== runtime root: ${seen[*]} + loader ($(du -sh "$out" | cut -f1))" >&2
+}
+
+# One reproducible layer tarball of root $1 into $2.
+pack_layer() {
+  tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --clamp-mtime --owner=0 --group=0 --numeric-owner \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -cf "$2" -C "$1" .
+}
+
+commit_image() {
+  local layer="$1" inputs="$2" ctr
+  command -v buildah >/dev/null || die "buildah is missing (scripts/setup.sh installs it)"
+  ctr="$(buildah from scratch)"
+  trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' RETURN
+  buildah add --quiet "$ctr" "$layer" / >/dev/null
+  # Keep in step with the Containerfile's runtime stage.
+  buildah config \
+    --entrypoint '["/usr/local/bin/rttscope"]' \
+    --cmd '["observe", "--config", "/etc/rttscope/rttscope.toml"]' \
+    --port 9464/tcp \
+    --label org.opencontainers.image.title=rttscope \
+    --label org.opencontainers.image.version="$VERSION" \
+    --label org.opencontainers.image.source=https://example.invalid/rttscope \
+    --label io.rttscope.inputs="$inputs" \
+    "$ctr"
+  buildah commit --quiet --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$IMAGE" >/dev/null
+}
+
+main() {
+  build_binary
+  rootfs_tar
+  if [ "${1:-}" = "--root" ]; then
+    [ -n "${2:-}" ] || die "--root needs a directory"
+    make_root "$2"
+    exit 0
+  fi
+  local inputs have
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+  local work="$WORK"
+  make_root "$work/root"
+  pack_layer "$work/root" "$work/layer.tar"
+  inputs="$(cat "$work/layer.tar" scripts/build-image.sh | sha256sum | cut -c1-16)-$SOURCE_DATE_EPOCH"
+  have="$(podman image inspect --format '{{index .Labels "io.rttscope.inputs"}}' "$IMAGE" 2>/dev/null || true)"
+  if [ "$have" = "$inputs" ] && [ -z "${RTTSCOPE_IMAGE_REBUILD:-}" ]; then
+    echo "== $IMAGE is up to date (inputs $inputs)" >&2
+  else
+    commit_image "$work/layer.tar" "$inputs"
+  fi
+  local id size
+  id="$(podman image inspect --format '{{.Id}}' "$IMAGE")"
+  size="$(podman image inspect --format '{{.Size}}' "$IMAGE")"
+  echo "== $IMAGE id sha256:$id, $size bytes (layer $(stat -c %s "$work/layer.tar") bytes)" >&2
+  echo "$IMAGE"
+}
+
+main "$@"

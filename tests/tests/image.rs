@@ -1,0 +1,438 @@
+//! The container image (docs/deploy.md): built offline by
+//! scripts/build-image.sh (reused when its inputs did not change), then run
+//! under podman exactly as examples/deploy/ (through its kustomization) runs
+//! it: the DaemonSet's capabilities and nothing more, its seccomp, no new
+//! privileges, read-only root, uid, resource limits, host PID namespace,
+//! every volume it mounts, its image and arguments. The node's network
+//! namespace (hostNetwork) is a namespace the test made, so the test adds no
+//! interface to the real host: namespace A plays the node, B a peer.
+//! Truths: the transactions the test's client completed, the programs the
+//! container's process held (bpftool), tc/tcx on the interface.
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use prometheus_parse::{Scrape, Value};
+use rttscope_e2e::*;
+use serde_json::Value as Json;
+
+const PORT: u16 = 5001;
+const METRICS_PORT: u16 = 9464;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The manifests as `kubectl kustomize examples/deploy` renders them, as JSON.
+fn rendered_manifests() -> Vec<Json> {
+    let out = sh(&[
+        "kubectl",
+        "kustomize",
+        repo().join("examples/deploy").to_str().unwrap(),
+    ])
+    .expect("kubectl kustomize examples/deploy (scripts/setup.sh installs kubectl)");
+    let mut py = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; json.dump([d for d in yaml.safe_load_all(sys.stdin) if d], sys.stdout)",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with yaml (scripts/setup.sh installs python3-yaml)");
+    py.stdin.take().unwrap().write_all(&out.stdout).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "YAML to JSON failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn kind<'a>(docs: &'a [Json], k: &str) -> &'a Json {
+    docs.iter()
+        .find(|d| d["kind"] == k)
+        .unwrap_or_else(|| panic!("no {k} in the rendered manifests"))
+}
+
+/// `podman run` arguments for the DaemonSet's pod, with the node's network
+/// namespace at `node_netns`; files the ConfigMap holds are written under `tmp`.
+fn podman_args(docs: &[Json], node_netns: &str, tmp: &Path) -> (Vec<String>, Vec<String>) {
+    let ds = kind(docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let sc = &c["securityContext"];
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |v: &[&str]| a.extend(v.iter().map(|s| s.to_string()));
+    assert_eq!(
+        pod["hostNetwork"], true,
+        "the DaemonSet runs in the node's network namespace"
+    );
+    push(&["--network", &format!("ns:/var/run/netns/{node_netns}")]);
+    if pod["hostPID"] == true {
+        push(&["--pid", "host"]);
+    }
+    assert_eq!(sc["privileged"], false);
+    push(&["--cap-drop", "all"]);
+    let add: Vec<String> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| format!("CAP_{}", c.as_str().unwrap()))
+        .collect();
+    push(&["--cap-add", &add.join(",")]);
+    if sc["allowPrivilegeEscalation"] == false {
+        push(&["--security-opt", "no-new-privileges"]);
+    }
+    if sc["seccompProfile"]["type"] == "Unconfined" {
+        push(&["--security-opt", "seccomp=unconfined"]);
+    }
+    if sc["readOnlyRootFilesystem"] == true {
+        // Kubernetes adds no tmpfs of its own.
+        push(&["--read-only", "--read-only-tmpfs=false"]);
+    }
+    push(&["--user", &sc["runAsUser"].as_u64().unwrap().to_string()]);
+    let lim = &c["resources"]["limits"];
+    let mem = lim["memory"].as_str().unwrap().trim_end_matches("Mi");
+    let cpu: f64 = lim["cpu"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches('m')
+        .parse::<f64>()
+        .unwrap()
+        / 1000.0;
+    push(&["--memory", &format!("{mem}m"), "--cpus", &cpu.to_string()]);
+    for m in c["volumeMounts"].as_array().unwrap() {
+        let name = m["name"].as_str().unwrap();
+        let vol = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("volume {name} mounted but not declared"));
+        let src = volume_source(docs, vol, tmp);
+        let mut opts = vec![if m["readOnly"] == true { "ro" } else { "rw" }];
+        if m["mountPropagation"] == "HostToContainer" {
+            opts.push("rslave");
+        }
+        push(&[
+            "-v",
+            &format!(
+                "{}:{}:{}",
+                src.display(),
+                m["mountPath"].as_str().unwrap(),
+                opts.join(",")
+            ),
+        ]);
+    }
+    let image = c["image"].as_str().unwrap().to_string();
+    let mut cmd = vec![image];
+    cmd.extend(
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string()),
+    );
+    (a, cmd)
+}
+
+/// A volume's host side: a hostPath (a missing DirectoryOrCreate one is a
+/// fresh directory of the test's, not created on the host), or the
+/// ConfigMap's files written out.
+fn volume_source(docs: &[Json], vol: &Json, tmp: &Path) -> PathBuf {
+    if let Some(cm) = vol["configMap"]["name"].as_str() {
+        let dir = tmp.join(cm);
+        std::fs::create_dir_all(&dir).unwrap();
+        let cmap = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == cm)
+            .unwrap();
+        for (file, text) in cmap["data"].as_object().unwrap() {
+            std::fs::write(dir.join(file), text.as_str().unwrap()).unwrap();
+        }
+        return dir;
+    }
+    let hp = &vol["hostPath"];
+    let path = PathBuf::from(hp["path"].as_str().expect("hostPath or configMap volume"));
+    if !path.exists() {
+        assert_eq!(
+            hp["type"],
+            "DirectoryOrCreate",
+            "{} missing on this host",
+            path.display()
+        );
+        let dir = tmp.join(vol["name"].as_str().unwrap());
+        std::fs::create_dir_all(&dir).unwrap();
+        return dir;
+    }
+    path
+}
+
+/// GET /metrics from inside `ns`.
+fn scrape_in(ns: &NetNs) -> std::io::Result<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
+    ns.run(move || -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+}
+
+/// (count, sum in seconds) of the RTT histograms of `view` and `side`.
+fn rtt(body: &str, view: &str, side: Option<&str>) -> (f64, f64) {
+    let body = body.split_once("\r\n\r\n").map_or(body, |(_, b)| b);
+    let s = Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse");
+    let mut out = (0.0, 0.0);
+    for x in s.samples.iter().filter(|x| {
+        x.metric == "rttscope_rtt_seconds"
+            && x.labels.get("view") == Some(view)
+            && side.is_none_or(|sd| x.labels.get("side") == Some(sd))
+    }) {
+        match &x.value {
+            Value::Histogram(h) => out.0 += h.last().map_or(0.0, |b| b.count),
+            Value::Untyped(v) | Value::Gauge(v) | Value::Counter(v)
+                if x.metric.ends_with("_sum") =>
+            {
+                out.1 += v
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A podman container removed on drop.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["rm", "-f", "-t", "0", &self.0])
+            .output();
+    }
+}
+
+fn podman(args: &[&str]) -> String {
+    let mut v = vec!["podman"];
+    v.extend_from_slice(args);
+    String::from_utf8_lossy(&sh(&v).unwrap().stdout)
+        .trim()
+        .to_string()
+}
+
+/// Program and link ids held by `pid` (bpftool lists each object's holders).
+fn held_by(pid: u32) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for what in ["prog", "link"] {
+        let o = sh(&["bpftool", "-j", what, "show"]).unwrap();
+        let v: Json = serde_json::from_slice(&o.stdout).unwrap_or(Json::Null);
+        for p in v.as_array().into_iter().flatten() {
+            if p["pids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| h["pid"] == pid)
+            {
+                out.insert(format!("{what} {}", p["id"]));
+            }
+        }
+    }
+    out
+}
+
+fn still_loaded(ids: &BTreeSet<String>) -> Vec<String> {
+    ids.iter()
+        .filter(|id| {
+            let (what, n) = id.split_once(' ').unwrap();
+            Command::new("bpftool")
+                .args([what, "show", "id", n])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .cloned()
+        .collect()
+}
+
+/// Build (or reuse) the image; its name must be the one the manifests use.
+fn build_image() -> String {
+    let t0 = Instant::now();
+    let out = Command::new(repo().join("scripts/build-image.sh"))
+        .output()
+        .expect("scripts/build-image.sh");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scripts/build-image.sh failed:\n{err}"
+    );
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    eprintln!(
+        "image {name} ready in {:.1} s:\n{}",
+        t0.elapsed().as_secs_f64(),
+        err.lines()
+            .filter(|l| l.starts_with("=="))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    name
+}
+
+#[test]
+fn image_runs_as_the_daemonset_declares() {
+    if !require_root() {
+        return;
+    }
+    let image = build_image();
+    let docs = rendered_manifests();
+    let tmp = std::env::temp_dir().join(unique("rtsimg"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let p = Pair::new().unwrap();
+    let (run_args, cmd) = podman_args(&docs, &p.a.name, &tmp);
+    assert_eq!(
+        cmd[0], image,
+        "examples/deploy/ runs the image the recipe produces"
+    );
+
+    let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    let name = unique("rtsimg");
+    let mut args: Vec<String> = ["run", "-d", "--name", &name].map(String::from).to_vec();
+    args.extend(run_args.iter().cloned());
+    args.extend(cmd.iter().cloned());
+    // The test's own settings, as flags (they win over the ConfigMap's file).
+    args.extend(
+        [
+            "--interval",
+            "300ms",
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &p.a_if,
+        ]
+        .map(String::from),
+    );
+    eprintln!("podman {}", args.join(" "));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t0 = Instant::now();
+    podman(&argv);
+    let ctr = Container(name.clone());
+    while scrape_in(&p.a).is_err() {
+        let running = podman(&["inspect", "--format", "{{.State.Running}}", &ctr.0]);
+        if t0.elapsed() > Duration::from_secs(30) || running != "true" {
+            panic!(
+                "the container did not serve /metrics within 30 s (running: {running}):\n{}",
+                podman(&["logs", &ctr.0])
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ready = t0.elapsed();
+    let pid: u32 = podman(&["inspect", "--format", "{{.State.Pid}}", &ctr.0])
+        .parse()
+        .unwrap();
+    let held = held_by(pid);
+
+    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    cli.pause();
+    std::thread::sleep(Duration::from_millis(900));
+    let body = scrape_in(&p.a).expect("scrape");
+    let transactions = cli.transactions.load(Ordering::Relaxed) as f64;
+    let (tcp_c, tcp_sum) = rtt(&body, "tcp", Some("client"));
+    let (tcp_all, _) = rtt(&body, "tcp", None);
+    let (sampler, _) = rtt(&body, "sampler", None);
+    let ss = ss_minrtt_ms(&p.a, cli.local.port()).ok().flatten();
+    drop(cli);
+
+    let t1 = Instant::now();
+    podman(&["stop", "-t", "10", &ctr.0]);
+    let stop = t1.elapsed();
+    let code = podman(&["inspect", "--format", "{{.State.ExitCode}}", &ctr.0]);
+    let logs = podman(&["logs", &ctr.0]);
+    let left = still_loaded(&held);
+    let tc: Vec<String> = ["ingress", "egress"]
+        .iter()
+        .map(|d| {
+            String::from_utf8_lossy(
+                &p.a.exec(&["tc", "filter", "show", "dev", &p.a_if, d])
+                    .unwrap()
+                    .stdout,
+            )
+            .trim()
+            .to_string()
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mean_ms = if tcp_c > 0.0 {
+        tcp_sum / tcp_c * 1e3
+    } else {
+        f64::NAN
+    };
+    eprintln!(
+        "container ready in {ready:?}, stopped in {stop:?} (exit {code}); held {held:?}; client: {tcp_c} tcp samples (mean {mean_ms:.3} ms, ss min_rtt {ss:?} ms) for {transactions} transactions; tcp all {tcp_all}, sampler {sampler}"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(
+        held.iter().any(|h| h.starts_with("prog")),
+        "the container's process held no program: {held:?}"
+    );
+    // One RTT sample per completed transaction on the client (the data sender of each request).
+    let tol = (0.05 * transactions).max(3.0);
+    assert!(
+        transactions >= 50.0 && (tcp_c - transactions).abs() <= tol,
+        "client samples {tcp_c} vs transactions {transactions} (tolerance {tol}); scrape:\n{body}\nlogs:\n{logs}"
+    );
+    // A veth without delay: the mean RTT is far below the 2 ms think time and at least the path's minimum.
+    assert!(
+        mean_ms < 2.0 && ss.is_none_or(|m| mean_ms >= 0.5 * m),
+        "client mean RTT {mean_ms} ms, ss min_rtt {ss:?}"
+    );
+    assert!(
+        sampler >= 50.0,
+        "sampler samples of the same traffic: {sampler}; logs:\n{logs}"
+    );
+    assert_eq!(
+        code, "0",
+        "SIGTERM (podman stop) ends it cleanly; logs:\n{logs}"
+    );
+    assert!(
+        left.is_empty() && tc.is_empty(),
+        "left loaded after stop: {left:?}, tc filters: {tc:?}"
+    );
+}
+
+/// The manifests render offline (kustomize) and declare what the image test runs.
+#[test]
+fn manifests_render_and_use_the_recipe_image() {
+    let docs = rendered_manifests();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(kinds, ["Namespace", "ConfigMap", "DaemonSet"]);
+    let out = Command::new(repo().join("scripts/build-image.sh"))
+        .arg("--print-name")
+        .output()
+        .unwrap();
+    let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let ds = kind(&docs, "DaemonSet");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["containers"][0]["image"],
+        name.as_str()
+    );
+    // The Containerfile builds the same thing: entrypoint, command, port.
+    let cf = std::fs::read_to_string(repo().join("Containerfile")).unwrap();
+    let script = std::fs::read_to_string(repo().join("scripts/build-image.sh")).unwrap();
+    assert!(
+        cf.contains("ENTRYPOINT [\"/usr/local/bin/rttscope\"]")
+            && script.contains("--entrypoint '[\"/usr/local/bin/rttscope\"]'")
+    );
+    assert!(cf.contains("CMD [\"observe\", \"--config\", \"/etc/rttscope/rttscope.toml\"]"));
+    assert!(script.contains("--cmd '[\"observe\", \"--config\", \"/etc/rttscope/rttscope.toml\"]'"));
+    assert!(cf.contains("EXPOSE 9464/tcp") && script.contains("--port 9464/tcp"));
+    assert!(cf.contains("scripts/build-image.sh --root /rootfs"));
+}
