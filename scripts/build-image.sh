@@ -138,7 +138,6 @@ commit_image() {
   local layer="$1" inputs="$2" ctr
   command -v buildah >/dev/null || die "buildah is missing (scripts/setup.sh installs it)"
   ctr="$(buildah from scratch)"
-  trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' RETURN
   buildah add --quiet "$ctr" "$layer" / >/dev/null
   # Keep in step with the Containerfile's runtime stage.
   buildah config \
@@ -150,7 +149,7 @@ commit_image() {
     --label org.opencontainers.image.source=https://example.invalid/rttscope \
     --label io.rttscope.inputs="$inputs" \
     "$ctr"
-  buildah commit --quiet --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$IMAGE" >/dev/null
+  buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$IMAGE" >/dev/null
 }
 
 main() {

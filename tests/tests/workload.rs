@@ -282,7 +282,9 @@ fn flows_carry_pod_container_and_unit_labels() {
     // (the test's own scrapes of /metrics, to 127.0.0.1, are not theirs).
     let cli: Vec<_> = all
         .iter()
-        .filter(|m| m["side"] == "client" && m["netns"] == p.a.name && m["remote_prefix"] != "127.0.0.0/24")
+        .filter(|m| {
+            m["side"] == "client" && m["netns"] == p.a.name && m["remote_prefix"] != "127.0.0.0/24"
+        })
         .collect();
     assert!(
         !cli.is_empty()
