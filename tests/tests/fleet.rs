@@ -270,6 +270,9 @@ impl Node {
     }
 }
 
+/// One node's raw samples: (side, rtt_us).
+type Samples<'a> = &'a [(String, u32)];
+
 /// Nearest-rank percentile (seconds) of µs samples.
 fn pct(v: &mut [u32], q: f64) -> f64 {
     v.sort_unstable();
@@ -336,7 +339,7 @@ fn fleet_percentiles_from_native_and_otlp_histograms_within_5_percent() {
     let mut failures = Vec::new();
     for side in ["client", "server"] {
         for q in [0.5, 0.99] {
-            let cases: [(&str, String, &str, Vec<&[(String, u32)]>); 3] = [
+            let cases: [(&str, String, &str, Vec<Samples>); 3] = [
                 (
                     "scraped (native)",
                     format!("histogram_quantile({q}, sum by (side) (rate({sel_scraped}[1m])))"),
