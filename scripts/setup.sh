@@ -57,5 +57,65 @@ if ! command -v vng >/dev/null 2>&1; then
   fi
 fi
 
+# Prometheus 2.53 (Debian 13's `prometheus`, one static binary) for the fleet test
+# (tests/tests/fleet.rs): native histograms and the OTLP receiver, which bookworm's
+# 2.42 lacks. Taken from a private apt list (the machine's own sources untouched),
+# from the archive URI the machine's apt sources already name.
+PROM_DIR=/var/cache/rttscope/prometheus-2.53
+if [ ! -x "$PROM_DIR/usr/bin/prometheus" ]; then
+  echo "setup: fetching Prometheus 2.53 (trixie) into $PROM_DIR"
+  work=/var/cache/rttscope/apt-trixie
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$PROM_DIR"
+  uri=$(grep -rhoE 'https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
+    grep -v security | head -1 | tr -d ' ')
+  uri=${uri:-http://deb.debian.org/debian}
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${uri%/} trixie main" >"$work/sources.list"
+  aptopts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+    -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache" -oAPT::Architecture=amd64)
+  apt-get "${aptopts[@]}" -qq update
+  (cd "$work" && apt-get "${aptopts[@]}" -qq download prometheus)
+  deb=$(ls "$work"/prometheus_2.53*.deb 2>/dev/null | head -1)
+  [ -n "$deb" ] || { echo "setup: trixie's prometheus is not 2.53.x: $(ls "$work"/prometheus_*.deb)"; exit 1; }
+  dpkg -x "$deb" "$PROM_DIR"
+  "$PROM_DIR/usr/bin/prometheus" --version | head -1
+fi
+
+# Prometheus with its OTLP receiver for the fleet test's pushed series: Debian
+# builds its prometheus packages (2.53.3 in trixie, 3.5.3 in sid) with the OTLP
+# receiver removed (Debian bug #1080354), so build upstream 2.53.3 from its Go
+# module source (the Go module proxy; once, several minutes on 2 cores). Needs Go >= 1.22:
+# the machine's, else Debian's golang-1.22 from bookworm-backports (dpkg -x, private list).
+PROM_OTLP=/var/cache/rttscope/prometheus-otlp/prometheus
+if [ ! -x "$PROM_OTLP" ]; then
+  GO=$(command -v go || true)
+  [ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
+  if [ -n "$GO" ] && ! "$GO" version | grep -qE 'go1\.(2[2-9]|[3-9][0-9])'; then GO=; fi
+  if [ -z "$GO" ]; then
+    work=/var/cache/rttscope/apt-bpo
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial" /var/cache/rttscope/golang
+    uri=$(grep -rhoE 'https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
+      grep -v security | head -1 | tr -d ' ')
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${uri:-http://deb.debian.org/debian} bookworm-backports main" >"$work/sources.list"
+    aptopts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+      -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
+    apt-get "${aptopts[@]}" -qq update
+    (cd "$work" && apt-get "${aptopts[@]}" -qq download golang-1.22-go golang-1.22-src)
+    for d in "$work"/golang-1.22-*.deb; do dpkg -x "$d" /var/cache/rttscope/golang; done
+    GO=/var/cache/rttscope/golang/usr/lib/go-1.22/bin/go
+    export GOROOT=/var/cache/rttscope/golang/usr/lib/go-1.22
+  fi
+  echo "setup: building Prometheus 2.53.3 with its OTLP receiver ($("$GO" version))"
+  export GOPATH=/var/cache/rttscope/go GOFLAGS=-mod=mod CGO_ENABLED=0
+  "$GO" mod download github.com/prometheus/prometheus@v0.53.3
+  src=/var/cache/rttscope/prometheus-src
+  rm -rf "$src" && cp -r "$GOPATH/pkg/mod/github.com/prometheus/prometheus@v0.53.3" "$src" && chmod -R u+w "$src"
+  # Only the minimum service discovery (static, file, http): the cloud SDKs would
+  # double the build time and the test needs none of them.
+  printf '// Trimmed by rttscope scripts/setup.sh: only the minimum discovery.\n\npackage plugins\n' >"$src/plugins/plugins.go"
+  mkdir -p "$(dirname "$PROM_OTLP")"
+  (cd "$src" && "$GO" build -o "$PROM_OTLP" ./cmd/prometheus)
+  "$PROM_OTLP" --version | head -1
+fi
+
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
 echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

@@ -459,7 +459,10 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
         .iter()
         .find(|l| l["type"] == "end")
         .expect("end record");
-    for (view, dropped) in [("tcp", "raw_events_dropped"), ("sampler", "raw_drops")] {
+    for (view, dropped) in [
+        ("tcp", "raw_events_dropped"),
+        ("sampler", "raw_events_dropped"),
+    ] {
         assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
     }
     let raw = raw_by_flow(&lines);

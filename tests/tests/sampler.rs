@@ -330,7 +330,7 @@ fn server_side_sees_client_pause() {
         "{}",
         report["counters"]
     );
-    assert_eq!(counter(&report, "raw_drops"), 0);
+    assert_eq!(counter(&report, "raw_events_dropped"), 0);
     let raw_here: Vec<f64> = raw
         .iter()
         .filter(|r| r["local"].as_str() == Some(&server.to_string()))

@@ -167,6 +167,12 @@ mod tests {
             Bare::NeedsUnit,
         ),
         (
+            &["observe"],
+            "--otlp-interval",
+            "otlp_interval",
+            Bare::NeedsUnit,
+        ),
+        (
             &["serve"],
             "--idle-timeout",
             "idle_timeout",

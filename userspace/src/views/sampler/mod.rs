@@ -442,7 +442,7 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("skip_nonlinear", C::RTTSCOPE_SAMPLER_SKIP_NONLINEAR),
     ("skip_malformed", C::RTTSCOPE_SAMPLER_SKIP_MALFORMED),
     ("raw_events", C::RTTSCOPE_SAMPLER_RAW_EVENTS),
-    ("raw_drops", C::RTTSCOPE_SAMPLER_RAW_DROPS),
+    ("raw_events_dropped", C::RTTSCOPE_SAMPLER_RAW_DROPS),
     ("acked_together", C::RTTSCOPE_SAMPLER_ACKED_TOGETHER),
     ("pending_evicted", C::RTTSCOPE_SAMPLER_PENDING_EVICTED),
     ("flows_evicted", C::RTTSCOPE_SAMPLER_FLOWS_EVICTED),
