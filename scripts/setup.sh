@@ -57,29 +57,6 @@ if ! command -v vng >/dev/null 2>&1; then
   fi
 fi
 
-# Prometheus 2.53 (Debian 13's `prometheus`, one static binary) for the fleet test
-# (tests/tests/fleet.rs): native histograms and the OTLP receiver, which bookworm's
-# 2.42 lacks. Taken from a private apt list (the machine's own sources untouched),
-# from the archive URI the machine's apt sources already name.
-PROM_DIR=/var/cache/rttscope/prometheus-2.53
-if [ ! -x "$PROM_DIR/usr/bin/prometheus" ]; then
-  echo "setup: fetching Prometheus 2.53 (trixie) into $PROM_DIR"
-  work=/var/cache/rttscope/apt-trixie
-  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$PROM_DIR"
-  uri=$(grep -rhoE 'https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
-    grep -v security | head -1 | tr -d ' ')
-  uri=${uri:-http://deb.debian.org/debian}
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${uri%/} trixie main" >"$work/sources.list"
-  aptopts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
-    -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache" -oAPT::Architecture=amd64)
-  apt-get "${aptopts[@]}" -qq update
-  (cd "$work" && apt-get "${aptopts[@]}" -qq download prometheus)
-  deb=$(ls "$work"/prometheus_2.53*.deb 2>/dev/null | head -1)
-  [ -n "$deb" ] || { echo "setup: trixie's prometheus is not 2.53.x: $(ls "$work"/prometheus_*.deb)"; exit 1; }
-  dpkg -x "$deb" "$PROM_DIR"
-  "$PROM_DIR/usr/bin/prometheus" --version | head -1
-fi
-
 # Prometheus with its OTLP receiver for the fleet test's pushed series: Debian
 # builds its prometheus packages (2.53.3 in trixie, 3.5.3 in sid) with the OTLP
 # receiver removed (Debian bug #1080354), so build upstream 2.53.3 from its Go
