@@ -474,6 +474,7 @@ mod tests {
             throughput_units: "Trans/s".into(),
             samples: vec![(0, 10_000), (1, 20_000), (2, 30_000), (3, 40_000)],
             last_error: None,
+            ident: Default::default(),
         }
     }
 
