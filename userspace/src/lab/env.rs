@@ -965,6 +965,16 @@ impl Table {
     }
 }
 
+/// The unit of the swept parameter, in the table, the CSV and the chart's axis.
+fn swept_unit(plan: &Plan) -> &'static str {
+    match plan.scenario {
+        Scenario::Loss => "%",
+        Scenario::Bufferbloat => "KiB queue, 0 = idle",
+        Scenario::RttStep => "s",
+        _ => "ms",
+    }
+}
+
 /// Short column header of a view.
 fn short(name: &str) -> &'static str {
     match name {
@@ -985,7 +995,11 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
             .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
     };
     let mut head = vec![
-        plan.swept.split(" (").next().unwrap_or("phase").to_string(),
+        format!(
+            "{} ({})",
+            plan.swept.split(" (").next().unwrap_or("phase"),
+            swept_unit(plan)
+        ),
         "RR_N".into(),
         "RR_MIN".into(),
         "RR_MEAN".into(),
@@ -1317,11 +1331,7 @@ fn write_report(
     if sweep_kind {
         rr.sweep = Some(Sweep {
             parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
-            unit: match plan.scenario {
-                Scenario::Loss => "%".into(),
-                Scenario::Bufferbloat => "KiB queue, 0 = idle".into(),
-                _ => "ms".into(),
-            },
+            unit: swept_unit(plan).into(),
             points: points
                 .iter()
                 .enumerate()
