@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod busy;
 pub mod frames;
 pub mod lab;
 
@@ -344,6 +345,9 @@ pub struct RrClient {
     pause: Arc<AtomicBool>,
     pub local: SocketAddr,
     pub transactions: Arc<AtomicU32>,
+    /// The longest transaction (write to the end of the read) the client itself timed, ns; a test
+    /// may reset it (store 0) to see one stretch of time.
+    pub max_rtt_ns: Arc<std::sync::atomic::AtomicU64>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -386,8 +390,10 @@ impl RrClient {
         let stop = Arc::new(AtomicBool::new(false));
         let pause = Arc::new(AtomicBool::new(paused));
         let transactions = Arc::new(AtomicU32::new(0));
+        let max_rtt_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
         let (stop2, pause2, tr2) = (stop.clone(), pause.clone(), transactions.clone());
+        let max2 = max_rtt_ns.clone();
         let handle = ns.spawn(move || {
             let connect = || -> std::io::Result<TcpStream> {
                 let Some(local) = bind else {
@@ -419,9 +425,11 @@ impl RrClient {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
+                let t0 = Instant::now();
                 if s.write_all(b"q").is_err() || s.read_exact(&mut buf).is_err() {
                     break;
                 }
+                max2.fetch_max(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 tr2.fetch_add(1, Ordering::Relaxed);
                 if !think.is_zero() {
                     std::thread::sleep(think);
@@ -434,6 +442,7 @@ impl RrClient {
                 pause,
                 local,
                 transactions,
+                max_rtt_ns,
                 handle: Some(handle),
             }),
             Ok(Err(e)) => bail!("RR client connect {server}: {e}"),

@@ -189,6 +189,8 @@ fn closed_flows_are_in_the_whole_run_summary() {
     let p = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    // Other connections to the same port open before the observer, pings, other namespaces.
+    let busy = busy::BusyHost::start(&p, server, busy::Responder::Plain { resp: 2 }).unwrap();
     for format in ["json", "table"] {
         // The observer first (its output in a file, to see when it has
         // attached), then the client: every transaction is the truth.
@@ -233,10 +235,12 @@ fn closed_flows_are_in_the_whole_run_summary() {
             });
             assert_eq!(f["closed"], true, "{f}");
             let n = f["tcp"]["summary"]["n"].as_u64().unwrap();
-            // one RTT sample per completed transaction on the client (+- a few)
+            // One RTT sample per transaction of this flow, whatever else runs: + the handshake's
+            // sample and the one transaction that may end between the count and the close.
             assert!(
-                n + 5 >= transactions && n <= transactions + 5,
-                "whole-run n {n} vs {transactions} transactions: {f}"
+                n + 1 >= transactions && n <= transactions + 2,
+                "whole-run n {n} vs {transactions} transactions: {f}\n{}",
+                busy.describe()
             );
             let end = lines.iter().find(|l| l["type"] == "end").unwrap();
             for k in [

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rttscope_e2e::frames::{csum, frame, send_frames, Tcp};
 use rttscope_e2e::{
-    require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
+    busy, require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
     RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
 };
 use serde_json::{json, Value};
@@ -235,6 +235,8 @@ fn steady_rr_client_side_matches_tcp() {
     let server6: SocketAddr = format!("[{B_ADDR6}]:5001").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
     let _s6 = RrServer::start(&pair.b, server6, 1).unwrap();
+    // Other connections to the same port open before the sampler, pings, other namespaces.
+    let _busy = busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
     let sampler = Sampler::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),

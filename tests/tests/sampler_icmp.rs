@@ -240,9 +240,15 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
             p50 <= ping_p50 + 0.003,
             "{label}: passive p50 {p50:.3} ms above ping's {ping_p50:.3} ms"
         );
+        // The send path is ~10-25 us on a quiet machine; on a busy one ping's own times spread
+        // above its minimum by what the host adds to every span, the send path included: the
+        // bound grows by that spread, seen in this run (ping's median over its minimum).
+        let ping_min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let slack = 0.05 + (ping_p50 - ping_min).max(0.0);
         assert!(
-            ping_p50 - p50 <= 0.05,
-            "{label}: passive p50 {p50:.3} ms more than 50 us below ping's {ping_p50:.3} ms"
+            ping_p50 - p50 <= slack,
+            "{label}: passive p50 {p50:.3} ms more than {:.0} us below ping's {ping_p50:.3} ms (50 us + ping's median over its minimum {ping_min:.3} ms)",
+            slack * 1000.0
         );
     }
     assert_eq!(counter(&end, "samples"), 120, "{}", end["counters"]);
