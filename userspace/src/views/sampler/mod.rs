@@ -462,6 +462,9 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("icmp_truncated", C::RTTSCOPE_SAMPLER_ICMP_TRUNCATED),
     ("skip_proto_off", C::RTTSCOPE_SAMPLER_SKIP_PROTO_OFF),
     ("hist_overflow", C::RTTSCOPE_SAMPLER_HIST_OVERFLOW),
+    ("icmp_not_for_host", C::RTTSCOPE_SAMPLER_ICMP_NOT_HOST),
+    ("icmp_bad_checksum", C::RTTSCOPE_SAMPLER_ICMP_BAD_CSUM),
+    ("icmp_unverified", C::RTTSCOPE_SAMPLER_ICMP_UNVERIFIED),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
