@@ -97,6 +97,8 @@ pub(crate) struct AyaSampler {
     epoch_map: Array<MapData, u32>,
     ring: Option<AyaRing>,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: crate::views::khist::KernelHists,
     prog_ids: Vec<(String, u32)>,
     // last: dropping a copy closes its tcx links (detach) and unloads it
     #[allow(dead_code)] // held for its Drop
@@ -225,6 +227,7 @@ impl AyaSampler {
             epoch_map,
             ring,
             epoch: 0,
+            hists: Default::default(),
             prog_ids,
             copies,
         })
@@ -353,7 +356,12 @@ impl SamplerView for AyaSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
+        let out = table_flows(
+            self.table.fd().as_fd(),
+            &self.cfg,
+            &self.info,
+            (&mut self.hists, self.epoch),
+        )?;
         self.epoch = self.epoch.wrapping_add(1);
         self.epoch_map
             .set(0, self.epoch, 0)

@@ -29,6 +29,8 @@ pub(crate) struct LibbpfSampler {
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: crate::views::khist::KernelHists,
     // the skeletons last: their programs must outlive the attachments above.
     // skels[0] created the shared maps; the others reuse them.
     skels: Vec<SamplerSkel<'static>>,
@@ -137,6 +139,7 @@ impl LibbpfSampler {
             info,
             raw_taken: false,
             epoch: 0,
+            hists: Default::default(),
             skels,
         })
     }
@@ -208,10 +211,10 @@ impl SamplerView for LibbpfSampler {
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
         let out = table_flows(
-            self.maps().sampler_table.as_fd(),
+            self.skels[0].maps.sampler_table.as_fd(),
             &self.cfg,
             &self.info,
-            self.epoch,
+            (&mut self.hists, self.epoch),
         )?;
         self.epoch = self.epoch.wrapping_add(1);
         self.maps().sampler_epoch.update(
