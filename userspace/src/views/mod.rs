@@ -19,6 +19,7 @@ pub mod flow;
 #[cfg(feature = "libbpf")]
 pub(crate) mod libbpf;
 pub mod passive;
+pub mod probe;
 pub mod sampler;
 pub mod tcp;
 

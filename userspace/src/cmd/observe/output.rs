@@ -131,12 +131,21 @@ pub(super) fn print_start(
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
+                let i = v.info();
                 writeln!(
                     out,
-                    "existing connections enabled: {} (in {})",
-                    v.info().existing_enabled,
-                    v.info().iter_netns.join(",")
+                    "existing connections enabled: {} (in {}; {})",
+                    i.existing_enabled,
+                    i.iter_netns.join(","),
+                    i.existing_path
                 )?;
+                if i.existing_not_timed > 0 {
+                    writeln!(
+                        out,
+                        "existing connections NOT timed: {} (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook; see `rttscope features`)",
+                        i.existing_not_timed
+                    )?;
+                }
             }
             writeln!(out, "waiting for samples...\n")?;
         }
