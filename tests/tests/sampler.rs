@@ -1245,12 +1245,16 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
             filters("egress").contains("rtt_sampler_egr"),
             "legacy filters outlive the process"
         );
-        // the next run cleans up at start, works, and removes its own filters on exit
+        // the next run cleans up at start, works, and removes its own filters on exit; with the
+        // peer too (another namespace, often the same ifindex: one claim per interface)
+        let ifb = iface(&pair.b, &pair.b_if);
         let s = Sampler::start(&[
             "--loader",
             next,
             "--iface",
             &ifa,
+            "--iface",
+            &ifb,
             "--attach",
             "clsact",
             "--duration",

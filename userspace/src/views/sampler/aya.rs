@@ -323,7 +323,10 @@ fn clsact_attach_in(
         .as_fd()
         .as_raw_fd();
     let claimed = attached.0.iter().rev().find_map(|a| match a {
-        Attached::Claim { claim, .. } if claim.ifindex == ifindex => Some(claim.slot),
+        // ifindexes repeat across namespaces: the claim of this interface in this namespace
+        Attached::Claim { ns: n, claim } if claim.ifindex == ifindex && n.inode == ns.inode => {
+            Some(claim.slot)
+        }
         _ => None,
     });
     let slot = match claimed {
