@@ -65,8 +65,12 @@ fetch_kernel() { # suite uri package-regex
   local suite=$1 uri=$2 re=$3 dir=/var/cache/rttscope/kernels/$1
   if compgen -G "$dir/root/boot/vmlinuz-*" >/dev/null; then
     local v; v=$(basename "$(ls "$dir"/root/boot/vmlinuz-* | head -1)"); v=${v#vmlinuz-}
-    [ -d "/lib/modules/$v" ] || cp -a "$dir/root/lib/modules/$v" /lib/modules/ 2>/dev/null ||
-      cp -a "$dir/root/usr/lib/modules/$v" /lib/modules/
+    if [ ! -d "/lib/modules/$v" ]; then
+      cp -a "$dir/root/lib/modules/$v" /lib/modules/ 2>/dev/null ||
+        cp -a "$dir/root/usr/lib/modules/$v" /lib/modules/
+    fi
+    # dpkg -x runs no postinst: the module index (modprobe veth in the guest) is ours to build
+    [ -e "/lib/modules/$v/modules.dep" ] || depmod "$v"
     return 0
   fi
   echo "setup: fetching a $suite kernel from Debian's archive"
