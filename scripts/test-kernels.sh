@@ -426,10 +426,10 @@ elif [ -n "${RTTSCOPE_TEST_KERNELS:-}" ]; then
   read -r -a kernels <<<"$RTTSCOPE_TEST_KERNELS"
 else
   kernels=()
-  # bookworm's own, then what scripts/setup.sh fetched from Debian's archive (5.10, 6.12)
-  for k in /boot/vmlinuz-* /var/cache/rttscope/kernels/*/root/boot/vmlinuz-*; do
-    [ -e "$k" ] && kernels+=("$k")
-  done
+  # bookworm's own. The 5.10 and 6.12 that scripts/setup.sh fetches into
+  # /var/cache/rttscope/kernels boot, but their guests find no veth module yet
+  # (docs/kernels.md): pass them explicitly (RTTSCOPE_TEST_KERNELS) until that is fixed.
+  for k in /boot/vmlinuz-*; do [ -e "$k" ] && kernels+=("$k"); done
 fi
 if ((${#kernels[@]} == 0)); then
   echo "test-kernels: no kernel image to boot (/boot/vmlinuz-*: apt-get install linux-image-amd64, which scripts/setup.sh does)" >&2
