@@ -94,5 +94,37 @@ if [ ! -x "$PROM_OTLP" ]; then
   "$PROM_OTLP" --version | head -1
 fi
 
+# More kernels for scripts/test-kernels.sh, from Debian's archive with a private apt
+# list (the machine's own sources are not touched): Debian 11's 5.10 and Debian 13's
+# 6.12, besides bookworm's 6.1 above. Cached under /var/cache/rttscope/kernels/<suite>;
+# the modules go to /lib/modules/<version> (virtme-ng looks there).
+fetch_kernel() { # suite uri package-regex
+  local suite=$1 uri=$2 re=$3 dir=/var/cache/rttscope/kernels/$1
+  if compgen -G "$dir/root/boot/vmlinuz-*" >/dev/null; then
+    local v; v=$(basename "$(ls "$dir"/root/boot/vmlinuz-* | head -1)"); v=${v#vmlinuz-}
+    if [ ! -d "/lib/modules/$v" ]; then
+      cp -a "$dir/root/lib/modules/$v" /lib/modules/ 2>/dev/null ||
+        cp -a "$dir/root/usr/lib/modules/$v" /lib/modules/
+    fi
+    # dpkg -x runs no postinst: the module index (modprobe veth in the guest) is ours to build
+    [ -e "/lib/modules/$v/modules.dep" ] || depmod "$v"
+    return 0
+  fi
+  echo "setup: fetching a $suite kernel from Debian's archive"
+  mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/root"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main" >"$dir/sources.list"
+  local o=(-oDir::Etc::SourceList="$dir/sources.list" -oDir::Etc::SourceParts=/dev/null
+    -oDir::State::Lists="$dir/lists" -oDir::Cache="$dir/cache" -oAPT::Sandbox::User=root -qq)
+  apt-get "${o[@]}" update
+  local pkg; pkg=$(apt-cache "${o[@]}" pkgnames linux-image- | grep -E "$re" | sort -V | tail -1)
+  [ -n "$pkg" ] || { echo "setup: no $re in $suite" >&2; return 1; }
+  (cd "$dir" && apt-get "${o[@]}" download "$pkg")
+  dpkg -x "$dir"/"$pkg"_*.deb "$dir/root"
+  rm -f "$dir"/"$pkg"_*.deb
+  fetch_kernel "$@"
+}
+fetch_kernel bullseye-security http://deb.debian.org/debian-security '^linux-image-5\.10\.0-[0-9]+-amd64$'
+fetch_kernel trixie http://deb.debian.org/debian '^linux-image-6\.12\.[0-9.]+\+deb13-amd64$'
+
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
 echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

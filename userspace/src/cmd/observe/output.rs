@@ -100,9 +100,10 @@ pub(super) fn seen_line(args: &ObserveArgs, info: &crate::views::tcp::TcpHookInf
         format!("new connections: in {}", args.netns.join(","))
     };
     let open = format!(
-        "connections already open: {} enabled, in {} only",
+        "connections already open: {} enabled, in {} only ({})",
         info.existing_enabled,
-        info.iter_netns.join(",")
+        info.iter_netns.join(","),
+        info.existing_path
     );
     let hint = if args.all_netns {
         ""
@@ -154,7 +155,15 @@ pub(super) fn print_start(
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
-                writeln!(out, "{}", seen_line(args, v.info()))?;
+                let i = v.info();
+                writeln!(out, "{}", seen_line(args, i))?;
+                if i.existing_not_timed > 0 {
+                    writeln!(
+                        out,
+                        "existing connections NOT timed: {} (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook; see `rttscope features`)",
+                        i.existing_not_timed
+                    )?;
+                }
             }
             writeln!(out, "waiting for samples...\n")?;
         }

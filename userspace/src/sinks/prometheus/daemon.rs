@@ -276,6 +276,13 @@ fn hooks_report(
                 i.iter_netns.join(",")
             }
         ));
+        out.push(format!("existing connections: {}", i.existing_path));
+        if i.existing_not_timed > 0 {
+            out.push(format!(
+                "unavailable: tcp view: {} connections open before attach are not timed (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook)",
+                i.existing_not_timed
+            ));
+        }
         if i.rtt_source.starts_with("srtt") {
             out.push(format!("degraded: tcp view: {}", i.rtt_source));
         }

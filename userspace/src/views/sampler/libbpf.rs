@@ -73,7 +73,13 @@ impl LibbpfSampler {
                 let prog_fd = prog.as_fd().as_raw_fd();
                 let ifindex = meta.ifindex;
                 let mode = cfg.attach;
-                let tcx = if mode != AttachMode::Clsact {
+                // auto: tcx where the feature probe found it (`rttscope features`), as under aya
+                let try_tcx = match mode {
+                    AttachMode::Clsact => false,
+                    AttachMode::Tcx => true,
+                    AttachMode::Auto => crate::views::probe::Features::get().tcx.ok,
+                };
+                let tcx = if try_tcx {
                     match netns::run_in(&ns, move || tcx_attach(prog_fd, ifindex, egress)) {
                         Ok(fd) => Some(fd),
                         Err(e) if mode == AttachMode::Auto => {

@@ -198,7 +198,11 @@ impl AyaTcp {
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TCP_ENABLED);
+        let (enabled, refused) = (
+            view.counter(C::RTTSCOPE_TCP_ENABLED),
+            view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
+        );
+        view.info.set_existing(enabled, refused);
         view.load_listeners()?;
         Ok(view)
     }

@@ -68,6 +68,7 @@ pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
         m["samples"]
     };
     m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
+    m.insert("existing_not_timed", v.info().existing_not_timed);
     m
 }
 
@@ -98,7 +99,9 @@ pub const ACK_HOOK: &str = "fexit/tcp_ack_update_rtt";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AckHook {
-    /// Try it only where the RTT callback carries no sample (kernel < 6.10); else off.
+    /// Use it where the feature probes say it attaches and something needs it: the RTT callback
+    /// carries no sample, or the iterator cannot turn on the callbacks of connections open before
+    /// attach (`rttscope features`); else off.
     #[default]
     Auto,
     /// Never: samples come from the RTT callback.
@@ -113,7 +116,10 @@ impl AckHook {
     /// Should the hook be tried on this kernel?
     pub fn wanted(self) -> bool {
         match self {
-            AckHook::Auto => crate::sys::preflight::kernel_version() < (6, 10),
+            AckHook::Auto => {
+                let f = crate::views::probe::Features::get();
+                f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
+            }
             AckHook::Off => false,
             AckHook::Try | AckHook::Require => true,
         }
@@ -143,6 +149,12 @@ pub struct TcpHookInfo {
     pub cgroup: String,
     pub iter_netns: Vec<String>,
     pub existing_enabled: u64,
+    /// How connections open before attach are timed here, and why (from the feature probes and
+    /// the per-ACK hook's outcome).
+    pub existing_path: String,
+    /// Connections open before attach that the iterator found and no path can time (kernels
+    /// that refuse both bpf_setsockopt from iter/tcp and the per-ACK hook).
+    pub existing_not_timed: u64,
     pub rtt_source: String,
     /// The optional per-ACK hook: "attached", "off" or "refused: <reason>".
     pub ack_hook: String,
@@ -182,6 +194,8 @@ impl TcpHookInfo {
             cgroup: cgroup.display().to_string(),
             iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
             existing_enabled: 0,
+            existing_path: String::new(),
+            existing_not_timed: 0,
             rtt_source: rtt_source(),
             ack_hook: "off".into(),
             kernel: crate::sys::preflight::kernel_release(),
@@ -202,6 +216,24 @@ impl TcpHookInfo {
             }
             Err(status) => self.ack_hook = status,
         }
+    }
+
+    /// After the iterator ran: how existing connections are timed, and how many are not.
+    pub(crate) fn set_existing(&mut self, enabled: u64, setsockopt_failed: u64) {
+        self.existing_enabled = enabled;
+        let iter_ok = crate::views::probe::Features::get().iter_setsockopt.ok;
+        self.existing_path = if iter_ok && setsockopt_failed == 0 {
+            "iterator: iter/tcp turns their RTT callback on (bpf_setsockopt)".into()
+        } else if self.ack_hook_attached() {
+            "per-ACK hook: iter/tcp records them (bpf_setsockopt refused there), fexit/tcp_ack_update_rtt times them; their close is not seen".into()
+        } else {
+            "none: bpf_setsockopt from iter/tcp refused and the per-ACK hook not attached; they are not timed".into()
+        };
+        self.existing_not_timed = if self.ack_hook_attached() {
+            0
+        } else {
+            setsockopt_failed
+        };
     }
 
     /// Whether the per-ACK hook has the samples.
@@ -444,11 +476,10 @@ pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
 }
 
 pub(crate) fn rtt_source() -> String {
-    let (maj, min) = crate::sys::preflight::kernel_version();
-    if (maj, min) >= (6, 10) {
+    if crate::views::probe::Features::get().rtt_cb_args.ok {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
     } else {
-        "srtt fallback: kernel < 6.10 passes no RTT_CB arguments, samples are TCP's previous srtt"
+        "srtt fallback: this kernel's RTT_CB passes no arguments (probed; added in 6.10), samples are TCP's previous srtt"
             .into()
     }
 }
@@ -512,10 +543,11 @@ mod tests {
     fn ack_hook_modes() {
         assert!(!AckHook::Off.wanted());
         assert!(AckHook::Try.wanted() && AckHook::Require.wanted());
-        // auto: only where the RTT callback carries no sample
+        // auto: where the probes say it attaches and a path needs it
+        let f = crate::views::probe::Features::get();
         assert_eq!(
             AckHook::Auto.wanted(),
-            crate::sys::preflight::kernel_version() < (6, 10)
+            f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
         );
         assert_eq!(AckHook::default(), AckHook::Auto);
         let e = anyhow::anyhow!("Operation not permitted (os error 1)").context("loading");
