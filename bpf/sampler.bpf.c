@@ -560,7 +560,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.reserved[1] = 0;
 	e->flow.reserved[2] = 0;
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0); /* 5 KiB: a loop, not a memset */
+	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0);
 	e->flow.ifindex = cfg_ifindex;
 	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
@@ -627,7 +627,8 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 	__u32 zero = 0, *ep;
 
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0);
+	if (unlikely(!rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0)))
+		count(RTTSCOPE_SAMPLER_HIST_OVERFLOW);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
 	count(RTTSCOPE_SAMPLER_SAMPLES);
@@ -900,6 +901,83 @@ __noinline int icmp_packet(struct seg *s, __u32 ingress)
 }
 
 
+/* Fold a 32-bit one's complement sum (bpf_csum_diff) to 16 bits. */
+static __always_inline __u16 csum_fold32(__u64 sum)
+{
+	sum = (sum & 0xffffffff) + (sum >> 32);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)((sum & 0xffff) + (sum >> 16));
+}
+
+/* An incoming echo the stack would drop is not looked at (issue 26.5): a
+ * frame to another host's MAC (the stack's ip_rcv drops PACKET_OTHERHOST;
+ * broadcast and multicast frames it keeps), and for ICMPv4 a bad IPv4
+ * header checksum (ip_rcv) or a bad ICMP checksum (icmp_rcv) over a message
+ * of up to 2047 bytes in the linear part of the packet (a longer one, or one
+ * not in the linear part, is counted as unverified and not timed). 0 if the
+ * packet may be timed, else the counter saying why not. */
+static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip;
+	__u32 len, tail, i, k;
+	__u8 *ic, t[4] = {};
+	__s64 sum;
+
+	if (skb->pkt_type == 3 /* PACKET_OTHERHOST */)
+		return RTTSCOPE_SAMPLER_ICMP_NOT_HOST;
+	if (family != AF_INET)
+		return 0;
+	ip = data + (cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0);
+	if ((void *)(ip + 1) > end)
+		return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+	sum = bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0);
+	if (sum < 0 || csum_fold32(sum) != 0xffff)
+		return RTTSCOPE_SAMPLER_ICMP_BAD_CSUM;
+	ic = (__u8 *)(ip + 1);
+	len = bpf_ntohs(ip->tot_len) - sizeof(*ip); /* >= 8: parse_icmp() checked */
+	/* whole words in chunks of constant size (the verifier checks a helper's
+	 * packet range against a constant, not against len; bpf_csum_diff takes
+	 * at most 512 bytes): 512-byte chunks, then one of each power of two */
+	sum = 0;
+	for (i = 0; i < 3 && len >= 512; i++) {
+		if ((void *)(ic + 512) > end)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		sum = bpf_csum_diff(0, 0, (__be32 *)ic, 512, (__u32)sum);
+		if (sum < 0)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		ic += 512;
+		len -= 512;
+	}
+	if (len >= 512)
+		return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+	tail = len & 3;
+#pragma unroll
+	for (k = 256; k >= 4; k >>= 1) {
+		if (!(len & k))
+			continue;
+		if ((void *)(ic + k) > end)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		sum = bpf_csum_diff(0, 0, (__be32 *)ic, k, (__u32)sum);
+		if (sum < 0)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		ic += k;
+	}
+	for (i = 0; i < 3; i++) {
+		if (i >= tail)
+			break;
+		if ((void *)(ic + i + 1) > end)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		t[i] = ic[i];
+	}
+	sum = bpf_csum_diff(0, 0, (__be32 *)t, 4, (__u32)sum);
+	if (sum < 0 || csum_fold32(sum) != 0xffff)
+		return RTTSCOPE_SAMPLER_ICMP_BAD_CSUM;
+	return 0;
+}
+
 /* Hand a parsed echo to icmp_packet() through a copy: `s` itself must not
  * escape into a call, or the compiler keeps the whole struct in memory on
  * the TCP path too (measured: +27 ns per egress packet). */
@@ -1018,8 +1096,12 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	count(RTTSCOPE_SAMPLER_SAMPLED_INGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why)) {
-		if (unlikely(why == PARSED_ICMP))
+		if (unlikely(why == PARSED_ICMP)) {
+			why = icmp_ingress_check(skb, s.key.family);
+			if (why)
+				goto out;
 			return icmp_out_of_line(&s, 1);
+		}
 		goto out;
 	}
 	count(RTTSCOPE_SAMPLER_TCP_INGRESS);

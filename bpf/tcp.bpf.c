@@ -10,7 +10,8 @@
  *  - rtt_tcp_ack (fexit/tcp_ack_update_rtt): optional, where the kernel
  *    allows fentry/fexit (`observe --ack-hook`). Takes each sample as the
  *    kernel hands it to tcp_rtt_estimator(), also on kernels < 6.10 whose
- *    RTT callback carries no arguments. Loaded separately and skipped with a
+ *    RTT callback carries no arguments, and for connections open before
+ *    attach where the iterator cannot turn their callbacks on (< 6.12). Loaded separately and skipped with a
  *    notice when refused; when attached (`ack_hook_on`), connections get the
  *    state and retransmit callbacks only and their samples come from it.
  *
@@ -306,7 +307,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 		count(RTTSCOPE_TCP_NO_SOCK);
 		return NULL;
 	}
-	/* Every field written in place (the entry is 5 KiB: no copy through a
+	/* Every field written in place (the entry is 784 bytes: no copy through a
 	 * scratch entry, no memset); IN_USE last, so that a reader sees a
 	 * complete flow or a free slot. */
 	f->flags = 0;
@@ -415,7 +416,8 @@ static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 rtt
 {
 	__u64 now;
 
-	rttscope_agg_add(&f->agg, rtt, epoch);
+	if (unlikely(!rttscope_agg_add(&f->agg, rtt, epoch)))
+		count(RTTSCOPE_TCP_HIST_OVERFLOW);
 	f->srtt_us = srtt;
 	count(RTTSCOPE_TCP_SAMPLES);
 	if (cfg_raw) {
@@ -631,8 +633,13 @@ int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 	}
 	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
 	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
+		/* kernels < 6.12 refuse the option from an iterator */
 		count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
-		return 0;
+		if (!ack_hook_on)
+			return 0; /* no path: counted, reported as not timed */
+		/* the per-ACK hook sees every ACK of every socket: a flow (and
+		 * its socket storage) is all it needs to time this one. No
+		 * state callback: its close is not seen (docs/kernels.md). */
 	}
 	count(RTTSCOPE_TCP_ENABLED);
 	/* no hint here (no sock_ops context): the first RTT callback sets it */

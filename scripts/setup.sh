@@ -66,5 +66,74 @@ if ! command -v kubectl >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kubernetes-client >/dev/null
 fi
 
+# Prometheus with its OTLP receiver for the fleet test's pushed series: Debian
+# builds its prometheus packages (2.53.3 in trixie, 3.5.3 in sid) with the OTLP
+# receiver removed (Debian bug #1080354), so build upstream 2.53.3 from its Go
+# module source (the Go module proxy; once, several minutes on 2 cores). Needs Go >= 1.22:
+# the machine's, else Debian's golang-1.22 from bookworm-backports (dpkg -x, private list).
+PROM_OTLP=/var/cache/rttscope/prometheus-otlp/prometheus
+if [ ! -x "$PROM_OTLP" ]; then
+  GO=$(command -v go || true)
+  [ -z "$GO" ] && [ -x /usr/local/go/bin/go ] && GO=/usr/local/go/bin/go
+  if [ -n "$GO" ] && ! "$GO" version | grep -qE 'go1\.(2[2-9]|[3-9][0-9])'; then GO=; fi
+  if [ -z "$GO" ]; then
+    work=/var/cache/rttscope/apt-bpo
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial" /var/cache/rttscope/golang
+    uri=$(grep -rhoE 'https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
+      grep -v security | head -1 | tr -d ' ')
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${uri:-http://deb.debian.org/debian} bookworm-backports main" >"$work/sources.list"
+    aptopts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+      -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
+    apt-get "${aptopts[@]}" -qq update
+    (cd "$work" && apt-get "${aptopts[@]}" -qq download golang-1.22-go golang-1.22-src)
+    for d in "$work"/golang-1.22-*.deb; do dpkg -x "$d" /var/cache/rttscope/golang; done
+    GO=/var/cache/rttscope/golang/usr/lib/go-1.22/bin/go
+    export GOROOT=/var/cache/rttscope/golang/usr/lib/go-1.22
+  fi
+  echo "setup: building Prometheus 2.53.3 with its OTLP receiver ($("$GO" version))"
+  export GOPATH=/var/cache/rttscope/go GOFLAGS=-mod=mod CGO_ENABLED=0
+  "$GO" mod download github.com/prometheus/prometheus@v0.53.3
+  src=/var/cache/rttscope/prometheus-src
+  rm -rf "$src" && cp -r "$GOPATH/pkg/mod/github.com/prometheus/prometheus@v0.53.3" "$src" && chmod -R u+w "$src"
+  # Only the minimum service discovery (static, file, http): the cloud SDKs would
+  # double the build time and the test needs none of them.
+  printf '// Trimmed by rttscope scripts/setup.sh: only the minimum discovery.\n\npackage plugins\n' >"$src/plugins/plugins.go"
+  mkdir -p "$(dirname "$PROM_OTLP")"
+  (cd "$src" && "$GO" build -o "$PROM_OTLP" ./cmd/prometheus)
+  "$PROM_OTLP" --version | head -1
+fi
+
+# More kernels for scripts/test-kernels.sh, from Debian's archive with a private apt
+# list (the machine's own sources are not touched): Debian 11's 5.10 and Debian 13's
+# 6.12, besides bookworm's 6.1 above. Cached under /var/cache/rttscope/kernels/<suite>;
+# the modules go to /lib/modules/<version> (virtme-ng looks there).
+fetch_kernel() { # suite uri package-regex
+  local suite=$1 uri=$2 re=$3 dir=/var/cache/rttscope/kernels/$1
+  if compgen -G "$dir/root/boot/vmlinuz-*" >/dev/null; then
+    local v; v=$(basename "$(ls "$dir"/root/boot/vmlinuz-* | head -1)"); v=${v#vmlinuz-}
+    if [ ! -d "/lib/modules/$v" ]; then
+      cp -a "$dir/root/lib/modules/$v" /lib/modules/ 2>/dev/null ||
+        cp -a "$dir/root/usr/lib/modules/$v" /lib/modules/
+    fi
+    # dpkg -x runs no postinst: the module index (modprobe veth in the guest) is ours to build
+    [ -e "/lib/modules/$v/modules.dep" ] || depmod "$v"
+    return 0
+  fi
+  echo "setup: fetching a $suite kernel from Debian's archive"
+  mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial" "$dir/root"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $suite main" >"$dir/sources.list"
+  local o=(-oDir::Etc::SourceList="$dir/sources.list" -oDir::Etc::SourceParts=/dev/null
+    -oDir::State::Lists="$dir/lists" -oDir::Cache="$dir/cache" -oAPT::Sandbox::User=root -qq)
+  apt-get "${o[@]}" update
+  local pkg; pkg=$(apt-cache "${o[@]}" pkgnames linux-image- | grep -E "$re" | sort -V | tail -1)
+  [ -n "$pkg" ] || { echo "setup: no $re in $suite" >&2; return 1; }
+  (cd "$dir" && apt-get "${o[@]}" download "$pkg")
+  dpkg -x "$dir"/"$pkg"_*.deb "$dir/root"
+  rm -f "$dir"/"$pkg"_*.deb
+  fetch_kernel "$@"
+}
+fetch_kernel bullseye-security http://deb.debian.org/debian-security '^linux-image-5\.10\.0-[0-9]+-amd64$'
+fetch_kernel trixie http://deb.debian.org/debian '^linux-image-6\.12\.[0-9.]+\+deb13-amd64$'
+
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
 echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

@@ -26,12 +26,15 @@ echo "== end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
+# attach_midflow (issue 27.2) runs only with RTTSCOPE_E2E_MIDFLOW=1: export it here once the
+# sampler's mid-flow first-sample fix (bpf/sampler.bpf.c) is on main; until then it skips.
+# RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the compare e2e off (tests/src/busy.rs).
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
 echo "== the passive views' end-to-end tests again, loaded by aya"
 RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
 
-echo "== other kernels in a VM (Debian 12's 6.1 under virtme-ng, TCG: ~2 min; docs/kernels.md)"
+echo "== other kernels in a VM (Debian 12's 6.1 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
 "$ROOT/scripts/test-kernels.sh"
 
 echo "== leftovers"

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+pub mod busy;
 pub mod frames;
 pub mod lab;
 
@@ -344,6 +345,9 @@ pub struct RrClient {
     pause: Arc<AtomicBool>,
     pub local: SocketAddr,
     pub transactions: Arc<AtomicU32>,
+    /// The longest transaction (write to the end of the read) the client itself timed, ns; a test
+    /// may reset it (store 0) to see one stretch of time.
+    pub max_rtt_ns: Arc<std::sync::atomic::AtomicU64>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -386,8 +390,10 @@ impl RrClient {
         let stop = Arc::new(AtomicBool::new(false));
         let pause = Arc::new(AtomicBool::new(paused));
         let transactions = Arc::new(AtomicU32::new(0));
+        let max_rtt_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (tx, rx) = std::sync::mpsc::channel();
         let (stop2, pause2, tr2) = (stop.clone(), pause.clone(), transactions.clone());
+        let max2 = max_rtt_ns.clone();
         let handle = ns.spawn(move || {
             let connect = || -> std::io::Result<TcpStream> {
                 let Some(local) = bind else {
@@ -419,9 +425,11 @@ impl RrClient {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 }
+                let t0 = Instant::now();
                 if s.write_all(b"q").is_err() || s.read_exact(&mut buf).is_err() {
                     break;
                 }
+                max2.fetch_max(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 tr2.fetch_add(1, Ordering::Relaxed);
                 if !think.is_zero() {
                     std::thread::sleep(think);
@@ -434,6 +442,7 @@ impl RrClient {
                 pause,
                 local,
                 transactions,
+                max_rtt_ns,
                 handle: Some(handle),
             }),
             Ok(Err(e)) => bail!("RR client connect {server}: {e}"),
@@ -586,4 +595,82 @@ ESTAB 0 0 10.77.0.1:45680 10.77.0.2:5001\n\
         assert_eq!(parse_ss_rtt(text, 45680), Some(20.5));
         assert_eq!(parse_ss_rtt(text, 5001), None);
     }
+}
+
+/// What a scrape storm saw: answers, failures and latencies.
+#[derive(Debug, Default)]
+pub struct Storm {
+    pub ok: u64,
+    pub failed: u64,
+    pub slowest: Duration,
+    /// Latencies of every answered scrape, sorted.
+    pub latencies: Vec<Duration>,
+}
+
+impl Storm {
+    pub fn pct(&self, q: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((q * self.latencies.len() as f64).ceil() as usize).clamp(1, self.latencies.len());
+        self.latencies[i - 1]
+    }
+}
+
+/// `scrapers` threads each scraping http://127.0.0.1:port/metrics in a loop
+/// (one request per connection, as Prometheus does) for `dur`; bounded in
+/// count and time, loopback only.
+pub fn scrape_storm(port: u16, scrapers: usize, dur: Duration) -> Storm {
+    let end = Instant::now() + dur;
+    let handles: Vec<_> = (0..scrapers)
+        .map(|_| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    let mut lat = Vec::new();
+                    let mut failed = 0u64;
+                    while Instant::now() < end {
+                        let t0 = Instant::now();
+                        match scrape_once(port) {
+                            Ok(true) => lat.push(t0.elapsed()),
+                            _ => failed += 1,
+                        }
+                    }
+                    (lat, failed)
+                })
+                .expect("scraper thread")
+        })
+        .collect();
+    let mut s = Storm::default();
+    for h in handles {
+        let (lat, failed) = h.join().unwrap_or_default();
+        s.ok += lat.len() as u64;
+        s.failed += failed;
+        s.latencies.extend(lat);
+    }
+    s.latencies.sort();
+    s.slowest = s.latencies.last().copied().unwrap_or_default();
+    s
+}
+
+/// One scrape: Ok(true) when answered 200 with a whole body.
+fn scrape_once(port: u16) -> std::io::Result<bool> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nAccept: application/openmetrics-text;version=1.0.0\r\n\r\n")?;
+    let mut out = Vec::with_capacity(64 * 1024);
+    s.read_to_end(&mut out)?;
+    Ok(out.starts_with(b"HTTP/1.1 200 ") && out.ends_with(b"# EOF\n"))
+}
+
+/// VmHWM and VmRSS of a process (kB).
+pub fn rss_kb(pid: u32) -> (u64, u64) {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let get = |k: &str| {
+        st.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (get("VmHWM:"), get("VmRSS:"))
 }

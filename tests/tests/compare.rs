@@ -1,5 +1,6 @@
-//! `rttscope compare` between two namespaces: every view filled, the JSON
-//! result rendered by `rttscope chart`.
+//! `rttscope compare` between two namespaces on a busy host: every view filled with exactly the
+//! probes' own transactions (other connections to the same port, pings and other namespaces'
+//! traffic run beside it), the JSON result rendered by `rttscope chart`.
 use std::process::Command;
 use std::time::Duration;
 
@@ -16,6 +17,14 @@ fn compare_fills_every_view_and_charts() {
     serve.args(["serve", "--listen", &format!("{B_ADDR}:7878")]);
     let _srv = ChildGuard::spawn(&mut serve).unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    // Long-lived connections to the same port (probe tcp-rr -w 10ms), pings to the same host,
+    // and traffic in other namespaces, all opened before compare attaches.
+    let busy = busy::BusyHost::start(
+        &p,
+        format!("{B_ADDR}:7878").parse().unwrap(),
+        busy::Responder::Rttscope,
+    )
+    .unwrap();
     let dir = std::env::temp_dir().join(unique("rtscmp"));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("result.json");
@@ -47,29 +56,48 @@ fn compare_fills_every_view_and_charts() {
         "compare failed: {text} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Every view has a row with samples.
-    for view in [
-        "tcp client",
-        "tcp server",
-        "sampler client",
-        "sampler cloud",
-        "TCP_RR",
-        "UDP_RR",
-        "ICMP",
-    ] {
+    eprintln!("{text}\n{}", busy.describe());
+    let n_of = |view: &str| -> u64 {
         let line = text
             .lines()
-            .find(|l| l.starts_with(view))
-            .unwrap_or_else(|| panic!("no row {view}: {text}"));
-        let n: u64 = line[view.len()..]
+            .find(|l| l.starts_with(&format!("{view} ")))
+            .unwrap_or_else(|| panic!("no row {view}: {text}\n{}", busy.describe()));
+        line[view.len()..]
             .split_whitespace()
             .next()
             .unwrap()
             .parse()
-            .unwrap();
+            .unwrap()
+    };
+    // Every view has a row with samples.
+    for view in ["sampler cloud", "TCP_RR", "UDP_RR", "ICMP"] {
+        let n = n_of(view);
         assert!(
             n >= 50,
             "row {view} has {n} samples (3 s at 20 ms: ~150): {text}"
+        );
+    }
+    // These flows only: each passive row holds one sample per transaction of the probe it
+    // watches (+-1 per side: the last response's ACK may fall after the window), however much
+    // else runs on the host.
+    let (rr, icmp) = (n_of("TCP_RR") as i64, n_of("ICMP") as i64);
+    for (view, own) in [
+        ("tcp client", rr),
+        ("tcp server", rr),
+        ("sampler client", rr),
+        ("sampler icmp", icmp),
+    ] {
+        let n = n_of(view) as i64;
+        assert!(
+            (n - own).abs() <= 1,
+            "row {view} has {n} samples for its probe's {own} transactions: {text}\n{}",
+            busy.describe()
+        );
+    }
+    if busy::enabled() {
+        assert!(
+            text.contains("passive sample(s) of other traffic"),
+            "--explain says what was left out: {text}"
         );
     }
     // The delayed-ACK note, with its numbers (20 ms think time, server side).
@@ -85,6 +113,24 @@ fn compare_fills_every_view_and_charts() {
         r.views.iter().map(|v| &v.name).collect::<Vec<_>>()
     );
     assert!(r.settings["tcp_view"]["prog_ids"].is_array());
+    // The same window: no passive sample before the TCP probe's first transaction (time 0) or
+    // after the end of its last one.
+    let probe = r.views.iter().find(|v| v.name == "TCP_RR").unwrap();
+    let end_s = probe
+        .samples
+        .iter()
+        .map(|s| s.t_s() + s.rtt_us / 1e6)
+        .fold(0.0, f64::max);
+    for v in r.views.iter().filter(|v| v.name.starts_with("tcp ")) {
+        let (lo, hi) = v.samples.iter().fold((f64::MAX, 0.0f64), |(lo, hi), s| {
+            (lo.min(s.t_s()), hi.max(s.t_s()))
+        });
+        assert!(
+            lo >= 0.0 && hi <= end_s + 0.001,
+            "{}: samples from {lo:.4} s to {hi:.4} s, the probe's window 0 to {end_s:.4} s",
+            v.name
+        );
+    }
     let png = dir.join("chart.png");
     let st = Command::new(&bin)
         .args(["chart"])

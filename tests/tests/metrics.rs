@@ -837,3 +837,128 @@ fn host_namespace_is_host_and_labels_never_change() {
         "the host's namespace is `host` in every scrape: {seen:?}"
     );
 }
+
+/// Issue 26.6/26.10/27.6 against a live observer with both views: the
+/// protobuf format carries native buckets that add up to the classic
+/// `_count`; levels are gauges (never counters); every view has
+/// `rttscope_flows_tracked`; drops and evictions apart; and a storm of
+/// concurrent scrapers is served from the one prepared render: every scrape
+/// answered, the observer's peak RSS bounded (figures, not timing, are
+/// asserted; scripts/bench-metrics.sh storm measures the 2,000-scraper case).
+#[test]
+fn protobuf_native_buckets_gauges_and_a_scrape_storm() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let _srv = RrServer::start(&p.b, server_addr(), 100).unwrap();
+    let port = free_port();
+    let iface = format!("{}:{}", p.b.name, p.b_if);
+    let obs = start_observer(
+        port,
+        &[
+            "--netns",
+            &p.a.name,
+            "--netns",
+            &p.b.name,
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &iface,
+        ],
+    );
+    let clients: Vec<RrClient> = (0..4)
+        .map(|_| RrClient::start(&p.a, server_addr(), 100, Duration::from_millis(2)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+
+    // Protobuf: what Prometheus asks for with native histograms enabled.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,text/plain;q=0.3\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let split = out.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&out[..split]).to_string();
+    assert!(head.contains("application/vnd.google.protobuf"), "{head}");
+    let fams = rttscope::sinks::prometheus::proto::decode(&out[split + 4..]).unwrap();
+    let rtt = fams
+        .iter()
+        .find(|f| f.name == "rttscope_rtt_seconds")
+        .expect("rtt family");
+    let mut natives = 0;
+    for m in &rtt.metric {
+        let h = m.histogram.as_ref().unwrap();
+        if h.sample_count == 0 {
+            continue;
+        }
+        assert!(h.schema <= 3 && h.schema >= -4, "{h:?}");
+        let mut acc = 0i64;
+        let total: i64 = h
+            .positive_delta
+            .iter()
+            .map(|d| {
+                acc += d;
+                acc
+            })
+            .sum();
+        assert_eq!(
+            total as u64 + h.zero_count,
+            h.sample_count,
+            "native buckets add up to the count: {m:?}"
+        );
+        let spans: u32 = h.positive_span.iter().map(|s| s.length).sum();
+        assert_eq!(spans as usize, h.positive_delta.len());
+        assert!(spans <= 160);
+        natives += 1;
+    }
+    assert!(natives >= 2, "RTT series with native buckets: {natives}");
+    // Levels are gauges; every view has rttscope_flows_tracked.
+    let kind = |name: &str| fams.iter().find(|f| f.name == name).map(|f| f.r#type);
+    assert_eq!(kind("rttscope_view_level"), Some(1), "gauge");
+    assert_eq!(kind("rttscope_flows_tracked"), Some(1), "gauge");
+    let (_, text) = scrape(port);
+    for view in ["tcp", "sampler"] {
+        assert!(
+            text.contains(&format!("rttscope_flows_tracked{{view=\"{view}\"}}")),
+            "{view}: {text}"
+        );
+    }
+    for level in ["flows_live", "pending_live", "flows_tracked"] {
+        assert!(
+            !text.contains(&format!("event=\"{level}\"")),
+            "{level} exported as a counter"
+        );
+    }
+    assert!(
+        !text.contains("reason=\"flows_evicted\""),
+        "evictions are not drops"
+    );
+    assert!(
+        text.contains("rttscope_evictions_total{view=\"sampler\",event=\"flows_evicted\"}"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("raw_drops"),
+        "one name for ring-buffer drops"
+    );
+
+    // The storm.
+    let pid = obs.pid();
+    let (hwm0, rss0) = rss_kb(pid);
+    let storm = scrape_storm(port, 300, Duration::from_secs(6));
+    let (hwm1, rss1) = rss_kb(pid);
+    eprintln!(
+        "storm: 300 scrapers for 6 s: {} answered, {} failed, p50 {:?}, p99 {:?}, slowest {:?}; observer VmHWM {} -> {} kB, VmRSS {} -> {} kB",
+        storm.ok, storm.failed, storm.pct(0.5), storm.pct(0.99), storm.slowest, hwm0, hwm1, rss0, rss1
+    );
+    assert!(storm.ok > 300, "{storm:?}");
+    assert_eq!(storm.failed, 0, "every scrape answered");
+    // 256 connections at most, each holding a shared body: tens of MB would
+    // mean a copy per scrape (the body alone is ~100 kB here).
+    assert!(
+        hwm1 < hwm0 + 48 * 1024,
+        "peak RSS grew from {hwm0} to {hwm1} kB"
+    );
+    drop(clients);
+}

@@ -126,10 +126,27 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         "--duration",
         "4s",
     ]);
-    let child = ChildGuard::spawn(&mut cmd).unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    let path = std::env::temp_dir().join(unique("rtsdel"));
+    cmd.stdout(std::fs::File::create(&path).unwrap())
+        .stderr(std::process::Stdio::piped());
+    let child = ChildGuard(Some(cmd.spawn().unwrap()));
+    // delete the interface once the observer is attached and reported an
+    // interval (loading takes longer on a busy machine: no fixed sleep)
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .contains("\"type\":\"interval\"")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "observer did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     p.a.exec(&["ip", "link", "del", &if2]).unwrap();
     let out = child.wait_output(Duration::from_secs(30)).unwrap();
+    let stdout = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "observe failed: {stderr}");
     let notices: Vec<&str> = stderr
@@ -142,10 +159,10 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         "{stderr}"
     );
     assert!(!stderr.contains(&p.a_if), "if1 is not mentioned: {stderr}");
-    let lines = parse_lines(&out.stdout).unwrap();
+    let lines = parse_lines(&stdout).unwrap();
     let ivs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
     assert!(
-        ivs.len() >= 10,
+        ivs.len() >= 8,
         "intervals keep coming: {} of them",
         ivs.len()
     );
@@ -189,6 +206,8 @@ fn closed_flows_are_in_the_whole_run_summary() {
     let p = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    // Other connections to the same port open before the observer, pings, other namespaces.
+    let busy = busy::BusyHost::start(&p, server, busy::Responder::Plain { resp: 2 }).unwrap();
     for format in ["json", "table"] {
         // The observer first (its output in a file, to see when it has
         // attached), then the client: every transaction is the truth.
@@ -233,10 +252,12 @@ fn closed_flows_are_in_the_whole_run_summary() {
             });
             assert_eq!(f["closed"], true, "{f}");
             let n = f["tcp"]["summary"]["n"].as_u64().unwrap();
-            // one RTT sample per completed transaction on the client (+- a few)
+            // One RTT sample per transaction of this flow, whatever else runs: + the handshake's
+            // sample and the one transaction that may end between the count and the close.
             assert!(
-                n + 5 >= transactions && n <= transactions + 5,
-                "whole-run n {n} vs {transactions} transactions: {f}"
+                n + 1 >= transactions && n <= transactions + 2,
+                "whole-run n {n} vs {transactions} transactions: {f}\n{}",
+                busy.describe()
             );
             let end = lines.iter().find(|l| l["type"] == "end").unwrap();
             for k in [
@@ -459,7 +480,10 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
         .iter()
         .find(|l| l["type"] == "end")
         .expect("end record");
-    for (view, dropped) in [("tcp", "raw_events_dropped"), ("sampler", "raw_drops")] {
+    for (view, dropped) in [
+        ("tcp", "raw_events_dropped"),
+        ("sampler", "raw_events_dropped"),
+    ] {
         assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
     }
     let raw = raw_by_flow(&lines);

@@ -240,9 +240,15 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
             p50 <= ping_p50 + 0.003,
             "{label}: passive p50 {p50:.3} ms above ping's {ping_p50:.3} ms"
         );
+        // The send path is ~10-25 us on a quiet machine; on a busy one ping's own times spread
+        // above its minimum by what the host adds to every span, the send path included: the
+        // bound grows by that spread, seen in this run (ping's median over its minimum).
+        let ping_min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let slack = 0.05 + (ping_p50 - ping_min).max(0.0);
         assert!(
-            ping_p50 - p50 <= 0.05,
-            "{label}: passive p50 {p50:.3} ms more than 50 us below ping's {ping_p50:.3} ms"
+            ping_p50 - p50 <= slack,
+            "{label}: passive p50 {p50:.3} ms more than {:.0} us below ping's {ping_p50:.3} ms (50 us + ping's median over its minimum {ping_min:.3} ms)",
+            slack * 1000.0
         );
     }
     assert_eq!(counter(&end, "samples"), 120, "{}", end["counters"]);
@@ -410,6 +416,89 @@ fn malformed_icmp_is_counted_and_skipped() {
         (250_000.0..5_000_000.0).contains(&rtt),
         "the sample spans the 250 ms the test waited: {rtt} us"
     );
+}
+
+/// Issue 26.5: echo replies the kernel would drop are never timed. Requests
+/// leave a's interface (crafted, recorded at egress); b sends back replies
+/// with a bad ICMP checksum, a bad IPv4 header checksum, and to another
+/// host's MAC (PACKET_OTHERHOST): each is counted under its own counter and
+/// gives no sample, though it names a pending request. Then the good reply
+/// to the same request gives exactly one sample (spanning the wait), and
+/// ping's replies through the same interface are all timed.
+#[test]
+fn replies_the_kernel_would_drop_are_not_timed() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let obs = Observer::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--duration",
+        "3s",
+        "--interval",
+        "3s",
+    ]);
+    let ip4 = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let (me, peer) = (ip4(A_ADDR), [10, 77, 0, 98]);
+    let echo = |typ, seq, payload| Icmp {
+        typ,
+        id: 4343,
+        seq,
+        payload,
+    };
+    let requests = vec![
+        icmp_frame(me, peer, echo(ECHO_REQUEST, 1, 16)),
+        icmp_frame(me, peer, echo(ECHO_REQUEST, 2, 17)),
+    ];
+    let a_if = pair.a_if.clone();
+    pair.a.run(move || send_frames(&a_if, &requests));
+    std::thread::sleep(Duration::from_millis(250));
+    let mut bad_icmp = icmp_frame(peer, me, echo(ECHO_REPLY, 1, 16));
+    bad_icmp[14 + 20 + 2] ^= 0x40; // ICMP checksum
+    let mut bad_icmp_odd = icmp_frame(peer, me, echo(ECHO_REPLY, 2, 17));
+    let n = bad_icmp_odd.len();
+    bad_icmp_odd[n - 1] ^= 1; // the odd last byte of the message
+    let mut bad_ip = icmp_frame(peer, me, echo(ECHO_REPLY, 1, 16));
+    bad_ip[14 + 10] ^= 0x01; // IPv4 header checksum
+    let mut foreign = icmp_frame(peer, me, echo(ECHO_REPLY, 1, 16));
+    foreign[..6].copy_from_slice(&[0x02, 0x77, 0, 0, 0, 0x99]); // another host's MAC
+    let replies = vec![
+        bad_icmp,
+        bad_icmp_odd,
+        bad_ip,
+        foreign,
+        icmp_frame(peer, me, echo(ECHO_REPLY, 1, 16)), // the answer: one sample
+        icmp_frame(peer, me, echo(ECHO_REPLY, 2, 17)), // an odd length, good: one sample
+    ];
+    let b_if = pair.b_if.clone();
+    pair.b.run(move || send_frames(&b_if, &replies));
+    let ping = pair
+        .a
+        .exec(&["ping", "-c", "5", "-i", "0.2", "-q", B_ADDR])
+        .unwrap();
+    assert!(ping.status.success(), "{ping:?}");
+    let (end, _) = obs.finish(Duration::from_secs(20));
+    let c = |n| counter(&end, n);
+    eprintln!("dropped replies: counters {}", end["counters"]["sampler"]);
+    assert_eq!(
+        c("icmp_bad_checksum"),
+        3,
+        "ICMP (even and odd length) and IPv4 header"
+    );
+    assert_eq!(c("icmp_not_for_host"), 1);
+    let f = flows(&end, "pinger", "10.77.0.98");
+    assert_eq!(f.len(), 1, "{end}");
+    let (n, _) = n_p50(f[0]);
+    assert_eq!(n, 2, "only the two good replies are timed: {}", f[0]);
+    let rtt = f[0]["sampler"]["summary"]["min_us"].as_f64().unwrap();
+    assert!(
+        (250_000.0..5_000_000.0).contains(&rtt),
+        "the samples span the 250 ms the test waited: {rtt} us"
+    );
+    let p = flows(&end, "pinger", B_ADDR);
+    assert_eq!(p.len(), 1, "{end}");
+    assert_eq!(n_p50(p[0]).0, 5, "every ping reply timed: {}", p[0]);
 }
 
 /// Issue 15: a sampler-only run labels client and server. One connection

@@ -67,6 +67,8 @@ pub enum Command {
     Probe(crate::cmd::probe::ProbeArgs),
     /// All views side by side for the same flows and window: TCP, sampler, cloud buckets, probes; --explain.
     Compare(crate::cmd::compare::CompareArgs),
+    /// What this kernel allows (feature probes) and which path each view takes here; non-zero exit if observe cannot run.
+    Features(crate::cmd::features::FeaturesArgs),
     /// Run a scenario (delayed ACKs, loss, RTT steps, bufferbloat, probe intervals) on a testbed of network namespaces with emulated links, and record every view.
     #[cfg(feature = "lab")]
     Lab(crate::lab::LabArgs),
@@ -164,6 +166,12 @@ mod tests {
             &["observe"],
             "--series-idle",
             "series_idle",
+            Bare::NeedsUnit,
+        ),
+        (
+            &["observe"],
+            "--otlp-interval",
+            "otlp_interval",
             Bare::NeedsUnit,
         ),
         (

@@ -24,6 +24,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => rttscope::cmd::serve::run(args),
         Command::Probe(args) => rttscope::cmd::probe::run(args),
         Command::Compare(args) => rttscope::cmd::compare::run(args),
+        Command::Features(args) => rttscope::cmd::features::run(args),
         #[cfg(feature = "lab")]
         Command::Lab(args) => rttscope::lab::env::run(args),
     };

@@ -123,6 +123,9 @@ pub struct SessionConfig {
     pub keep_rows: bool,
     /// `--label-workload`: name each TCP flow's owner from its socket's cgroup.
     pub workloads: bool,
+    /// Keep closed flows for the whole-run summary (daemon mode exports per
+    /// interval and keeps none: its memory must not grow with churn).
+    pub keep_summary: bool,
 }
 
 /// One view's samples of an interval by side (the two ends of a connection
@@ -369,7 +372,10 @@ impl Session {
             sampler,
             watch,
             names: NsNames::new(),
-            tracker: Tracker::default(),
+            tracker: Tracker {
+                keep_finished: cfg.keep_summary,
+                ..Tracker::default()
+            },
             sampler_ways: SamplerTracker::default(),
             sampler_sides,
             keep_rows: cfg.keep_rows,
@@ -885,6 +891,8 @@ pub(crate) struct Tracker {
     /// [`MAX_FINISHED`]; past that `summary_flows_dropped` counts them).
     finished: BTreeMap<Flow, Finished>,
     finished_dropped: u64,
+    /// Whether `finished` is kept at all (not in daemon mode).
+    keep_finished: bool,
     /// Each flow's histogram at the last read, and the interval of its last sample.
     prev: HashMap<Flow, (Snapshot, u64)>,
     sides: HashMap<Flow, Side>,
@@ -913,6 +921,9 @@ impl Tracker {
     /// Keep a closed flow's whole run for the end summary (a 4-tuple used
     /// again later in the run adds to the same entry).
     fn finish(&mut self, f: &TcpFlowState, names: &mut NsNames) {
+        if !self.keep_finished {
+            return;
+        }
         if let Some(e) = self.finished.get_mut(&f.flow) {
             e.hist.merge(&f.hist());
             e.srtt_us = f.srtt_us;

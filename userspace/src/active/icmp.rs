@@ -146,6 +146,21 @@ impl IcmpSocket {
         })
     }
 
+    /// The echo identifier on the wire: a datagram socket's is the "port" the kernel bound it
+    /// to (it rewrites the field), a raw socket's is the one it writes.
+    pub fn identifier(&self) -> Option<u16> {
+        match self.kind {
+            IcmpSocketKind::Raw => Some(self.id),
+            IcmpSocketKind::Dgram => self
+                .fd
+                .get_ref()
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .map(|a| a.port()),
+        }
+    }
+
     /// Build and send echo request `seq` with `payload` bytes of payload.
     /// Returns the send time, read on both clocks immediately before `sendto()`
     /// (again on each retry, should the socket not be writable at once).

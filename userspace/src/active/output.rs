@@ -348,16 +348,19 @@ pub fn human(r: &ProbeResult) -> String {
             ms(s.max),
             ms(s.stddev)
         );
-        let _ = writeln!(
-            o,
-            "rtt p50/p90/p99 = {}/{}/{} ms (netperf histogram: {}/{}/{} us)",
-            ms(s.p50),
-            ms(s.p90),
-            ms(s.p99),
-            r.netperf.p50,
-            r.netperf.p90,
-            r.netperf.p99
-        );
+        // Percentiles say something from 2 samples on; netperf's histogram the same.
+        if s.n >= 2 {
+            let _ = writeln!(
+                o,
+                "rtt p50/p90/p99 = {}/{}/{} ms (netperf histogram: {}/{}/{} us)",
+                ms(s.p50),
+                ms(s.p90),
+                ms(s.p99),
+                r.netperf.p50,
+                r.netperf.p90,
+                r.netperf.p99
+            );
+        }
         let _ = writeln!(
             o,
             "settings: payload {} B, interval {}, burst {}, timeout {}, {} socket, clock {}",
@@ -395,11 +398,13 @@ pub fn human(r: &ProbeResult) -> String {
         r.summary_source,
         crate::sinks::table::count(s.n, "sample")
     );
-    let _ = writeln!(
-        o,
-        "netperf histogram us: p50 {} p90 {} p99 {}",
-        r.netperf.p50, r.netperf.p90, r.netperf.p99
-    );
+    if s.n >= 2 {
+        let _ = writeln!(
+            o,
+            "netperf histogram us: p50 {} p90 {} p99 {}",
+            r.netperf.p50, r.netperf.p90, r.netperf.p99
+        );
+    }
     if st.kind == Kind::UdpRr || c.errors > 0 {
         let _ = writeln!(
             o,
@@ -474,6 +479,7 @@ mod tests {
             throughput_units: "Trans/s".into(),
             samples: vec![(0, 10_000), (1, 20_000), (2, 30_000), (3, 40_000)],
             last_error: None,
+            ident: Default::default(),
         }
     }
 
@@ -508,6 +514,29 @@ mod tests {
             t.contains("rtt min/avg/max/mdev = 0.010/0.025/0.040/"),
             "{t}"
         );
+    }
+
+    /// With fewer than 2 samples there is no percentile worth a line (it read `netperf
+    /// histogram: 0/0/0 us`); from 2 on, the line is there.
+    #[test]
+    fn no_histogram_line_below_two_samples() {
+        for kind in [Kind::TcpRr, Kind::Icmp] {
+            for (samples, want) in [
+                (vec![], false),
+                (vec![25.0], false),
+                (vec![25.0, 30.0], true),
+            ] {
+                let mut r = result(kind);
+                r.summary = Summary::from_us(&samples);
+                r.counts.received = samples.len() as u64;
+                let t = human(&r);
+                assert_eq!(
+                    t.contains("netperf histogram"),
+                    want,
+                    "{kind:?} {samples:?}: {t}"
+                );
+            }
+        }
     }
 
     #[test]

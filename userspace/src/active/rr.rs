@@ -243,6 +243,31 @@ pub struct ProbeResult {
     pub samples: Vec<(u64, u64)>,
     /// Last error seen, if any.
     pub last_error: Option<String>,
+    /// What identifies this probe's packets, and its window (not saved: `compare` selects the
+    /// passive views' samples with it).
+    #[serde(skip)]
+    pub ident: ProbeIdent,
+}
+
+/// What identifies one probe's packets to the passive views, and when it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProbeIdent {
+    /// TCP_RR and UDP_RR: the probe socket's own address (`getsockname`); with the target's
+    /// address it is the 4-tuple of every packet of the probe.
+    pub local: Option<SocketAddr>,
+    /// ICMP: the echo identifier (a datagram socket's "port", or the raw socket's own).
+    pub icmp_id: Option<u16>,
+    /// The first transaction's send (CLOCK_MONOTONIC, ns).
+    pub start_mono_ns: u64,
+    /// The end of the last transaction (CLOCK_MONOTONIC, ns).
+    pub end_mono_ns: u64,
+}
+
+impl ProbeIdent {
+    /// Whether a monotonic time falls inside the probe's window.
+    pub fn in_window(&self, ts_ns: u64) -> bool {
+        ts_ns >= self.start_mono_ns && ts_ns <= self.end_mono_ns
+    }
 }
 
 struct Recorder {
@@ -580,10 +605,12 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0);
 
+    let mut ident = ProbeIdent::default();
     let end_ns = match cfg.kind {
         Kind::TcpRr => {
             let mut conn =
                 TcpConn::connect(addr, req_size, resp_size, cfg.nodelay, cfg.timeout).await?;
+            ident.local = conn.s.local_addr().ok();
             if cfg.io == IoMode::BlockingThread {
                 let (r, end) = tcp_blocking(conn, cfg, addr, pacer, rec, &mut cancel).await?;
                 rec = r;
@@ -605,6 +632,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
                 u.connect(addr)
                     .await
                     .with_context(|| format!("connecting UDP to {addr}"))?;
+                ident.local = u.local_addr().ok();
                 let peer = UdpPeer {
                     sock: u,
                     cookie_mode: resp_size > req_size,
@@ -631,6 +659,8 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
             )
             .await?;
             if let DgramSock::Icmp(s) = &sock {
+                // After the first send: a datagram socket is bound to its identifier then.
+                ident.icmp_id = s.identifier();
                 let stamped = rec.counts.received - rec.counts.rx_timestamp_fallbacks;
                 settings.clock = if s.rx_timestamps && stamped > 0 {
                     super::icmp::CLOCK_KERNEL_RX
@@ -643,6 +673,8 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         }
     };
     let elapsed_s = end_ns.saturating_sub(rec.start) as f64 / 1e9;
+    ident.start_mono_ns = rec.start;
+    ident.end_mono_ns = end_ns;
     let run_s = run_length(cfg.stop, rec.counts.sent, *cancel.borrow(), elapsed_s);
     let (summary, source) = if rec.counts.samples_dropped == 0 {
         let ns: Vec<u64> = rec.samples.iter().map(|s| s.1).collect();
@@ -667,6 +699,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
         counts: rec.counts,
         samples: rec.samples,
         last_error: rec.last_error,
+        ident,
     })
 }
 

@@ -204,9 +204,10 @@ impl HdrRecorder {
 /// `num` the result is `trunc((i + (num - last) / (current - last)) * scale / 10)`
 /// with `scale` the decade's unit, i.e. linear interpolation inside the
 /// bucket, evaluated in double precision in netperf's order (so an exact
-/// 199 can come out as 198.99999 and truncate to 198, as in netperf). A result that truncates to 0 makes netperf continue with the next
-/// decade (only possible below 1 us); we do the same, guarding the division
-/// netperf leaves unguarded. Past every decade the answer is 100 s.
+/// 199 can come out as 198.99999 and truncate to 198, as in netperf). A result that
+/// truncates to 0 (below 1 us) makes netperf continue with the next decade and, those
+/// being empty, report 100 s; we answer 0 there instead (issue 26.7). Past every decade
+/// the answer is 100 s.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetperfHist {
     /// 8 decades x 100 buckets.
@@ -281,7 +282,6 @@ impl NetperfHist {
         let mut scale = 1.0f64;
         for decade in 0..Self::DECADES {
             let row = &self.buckets[decade * Self::PER_DECADE..(decade + 1) * Self::PER_DECADE];
-            let mut result = 0i64;
             for (i, &c) in row.iter().enumerate() {
                 let last = current;
                 current += c as i64;
@@ -291,12 +291,12 @@ impl NetperfHist {
                     } else {
                         0.0
                     };
-                    result = ((i as f64 + frac) * scale / Self::BASE as f64) as i64;
-                    break;
+                    let result = ((i as f64 + frac) * scale / Self::BASE as f64) as i64;
+                    // Reached in this decade: the answer is here, even when it truncates to
+                    // 0 (below 1 us). netperf goes on to the next decades and, all of them
+                    // empty, reports 100 s (issue 26.7); we do not.
+                    return result.max(0) as u64;
                 }
-            }
-            if result != 0 {
-                return result as u64;
             }
             scale *= 10.0;
         }
@@ -482,7 +482,17 @@ mod tests {
             h.record_us(0);
         }
         // netperf's walk gives 0 in the unit decade and goes on; every later
-        // decade is empty, so it falls through to 100 s. We reproduce that.
-        assert_eq!(h.percentile_us(0.5), 100_000_000);
+        // decade is empty, so it falls through to 100 s. We stop at 0 (issue 26.7).
+        assert_eq!(h.percentile_us(0.5), 0);
+        // 60% zeros: p50 below 1 us, p95 the larger values' decade.
+        let mut h = NetperfHist::new();
+        for _ in 0..6 {
+            h.record_us(0);
+        }
+        for _ in 0..4 {
+            h.record_us(108);
+        }
+        assert_eq!(h.percentile_us(0.5), 0);
+        assert!((100..=110).contains(&h.percentile_us(0.95)));
     }
 }

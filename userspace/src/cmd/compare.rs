@@ -103,11 +103,11 @@ pub struct Row {
     pub bucketed: Option<String>,
 }
 
-/// A raw TCP-view sample: flow, side, seconds since start, rtt us.
-type TcpSample = (Flow, Side, f64, f64);
+/// A raw TCP-view sample: flow, side, CLOCK_MONOTONIC ns, rtt us.
+type TcpSample = (Flow, Side, u64, f64);
 
-/// A raw sampler sample: flow, seconds since start, rtt us.
-type SamplerSample = (Flow, f64, f64);
+/// A raw sampler sample: flow, CLOCK_MONOTONIC ns, rtt us.
+type SamplerSample = (Flow, u64, f64);
 
 /// Samples collected for one view: (seconds since start, rtt us).
 type Series = Vec<(f64, f64)>;
@@ -135,10 +135,6 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let mut views = attach_views(&args)?;
     // The live line counts the TCP_RR transactions (the first probe).
     let live = crate::cmd::probe::rr_progress("compare", &mut plan.rr[0], args.quiet);
-    let start_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
     let mut raw = RawCollector::new(&mut views)?;
     let (rr_results, irtt_result) = run_window(&plan, &mut raw).await?;
     drop(live);
@@ -147,10 +143,12 @@ async fn compare(args: CompareArgs) -> Result<()> {
         Some(s) => Some(s.counters()?),
         None => None,
     };
-    let target_ip = rr_results
-        .iter()
-        .find_map(|r| r.as_ref().ok().map(|r| r.settings.address));
-    let sides = split_sides(&args, &views, &raw, target_ip)?;
+    let sel = Selection::new(
+        crate::sys::netns::current_inode()?,
+        &rr_results,
+        raw.start_mono,
+    );
+    let sides = split_sides(&views, &raw, &sel)?;
     let mut report = Report {
         result: RunResult::new(
             std::env::args().collect::<Vec<_>>().join(" "),
@@ -165,14 +163,16 @@ async fn compare(args: CompareArgs) -> Result<()> {
         ),
         rows: Vec::new(),
     };
-    report.result.start_unix_s = Some(start_unix);
+    report.result.start_unix_s =
+        Some(raw.start_unix + (sel.origin_mono as f64 - raw.start_mono as f64) / 1e9);
     report.result.title = Some(title(&args, views.sampler.is_some()));
     let cloud = report.add_passive(&args, &views, &sides);
     if let Some((name, f)) = &cloud_file {
         report.add_cloud_file(name, f);
     }
-    report.add_probes(rr_results, irtt_result, plan.irtt.as_ref())?;
+    report.add_probes(rr_results, irtt_result, plan.irtt.as_ref(), sel.origin_mono)?;
     let footer = Footer {
+        others: sides.others,
         retrans: sides.retrans,
         hook: views.tcp.info().hook.clone(),
         loader: args.loader,
@@ -260,10 +260,12 @@ fn attach_views(args: &CompareArgs) -> Result<Views> {
     Ok(Views { tcp, sampler })
 }
 
-/// The passive views' raw samples as they arrive through their ring buffers,
-/// timed from the start of the window.
+/// The passive views' raw samples as they arrive through their ring buffers, with the
+/// kernel's monotonic time (the probes' windows select them afterwards).
 struct RawCollector {
+    /// When the views' ring buffers were opened (CLOCK_MONOTONIC ns and Unix seconds).
     start_mono: u64,
+    start_unix: f64,
     tcp_raw: RawSamples,
     tcp_events: Vec<crate::bpf::Event>,
     tcp_samples: Vec<TcpSample>,
@@ -277,6 +279,10 @@ struct RawCollector {
 impl RawCollector {
     fn new(views: &mut Views) -> Result<Self> {
         let start_mono = crate::sys::clock::mono_ns();
+        let start_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
         let tcp_raw = views.tcp.raw_samples()?;
         let sampler_raw = match views.sampler.as_mut() {
             Some(s) => Some(s.raw_samples()?),
@@ -284,6 +290,7 @@ impl RawCollector {
         };
         Ok(RawCollector {
             start_mono,
+            start_unix,
             tcp_raw,
             tcp_events: Vec::new(),
             tcp_samples: Vec::new(),
@@ -294,41 +301,33 @@ impl RawCollector {
         })
     }
 
-    fn secs_since_start(&self, ts_ns: u64) -> f64 {
-        (ts_ns as i64 - self.start_mono as i64) as f64 / 1e9
-    }
-
     /// Take every sample available now, without waiting.
     fn drain(&mut self) -> Result<()> {
         self.tcp_raw.drain_now(&mut self.tcp_events)?;
-        let mut evs = std::mem::take(&mut self.tcp_events);
-        for ev in evs.drain(..) {
+        for ev in self.tcp_events.drain(..) {
             if ev.r#type == 1 {
                 if let Some(f) = Flow::from_key(&ev.key) {
-                    let t = self.secs_since_start(ev.ts_ns);
                     self.tcp_samples
-                        .push((f, Side::from_raw(ev.side), t, ev.rtt_us as f64));
+                        .push((f, Side::from_raw(ev.side), ev.ts_ns, ev.rtt_us as f64));
                 }
             }
         }
-        self.tcp_events = evs;
         if let Some(r) = self.sampler_raw.as_mut() {
             r.drain_now(&mut self.sampler_events)?;
-            let mut evs = std::mem::take(&mut self.sampler_events);
-            for x in evs
+            for x in self
+                .sampler_events
                 .drain(..)
                 .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
             {
-                let t = self.secs_since_start(x.ts_ns);
+                let v = (x.flow, x.ts_ns, x.rtt_us as f64);
                 if x.kind != crate::views::sampler::FlowKind::Tcp {
                     if x.side == Side::Pinger {
-                        self.sampler_icmp.push((x.flow, t, x.rtt_us as f64));
+                        self.sampler_icmp.push(v);
                     }
                     continue;
                 }
-                self.sampler_samples.push((x.flow, t, x.rtt_us as f64));
+                self.sampler_samples.push(v);
             }
-            self.sampler_events = evs;
         }
         Ok(())
     }
@@ -342,19 +341,21 @@ type IrttOutcome = Option<Result<crate::active::irtt::IrttResult>>;
 async fn run_window(plan: &ProbePlan, raw: &mut RawCollector) -> Result<(RrResults, IrttOutcome)> {
     let (cancel_tx, cancel_rx) = crate::active::cancel::cancel_pair();
     let irtt_stop = Arc::new(AtomicBool::new(false));
+    // Every probe over the same window: irtt beside the others, not after them.
     let probes = async {
         let rr = futures_join_all(
             plan.rr
                 .iter()
                 .map(|c| run_probe(c, cancel_rx.clone()))
                 .collect(),
-        )
-        .await;
-        let ir = match plan.irtt.clone() {
-            Some(c) => Some(crate::active::irtt::run_irtt(c, irtt_stop.clone()).await),
-            None => None,
+        );
+        let ir = async {
+            match plan.irtt.clone() {
+                Some(c) => Some(crate::active::irtt::run_irtt(c, irtt_stop.clone()).await),
+                None => None,
+            }
         };
-        (rr, ir)
+        tokio::join!(rr, ir)
     };
     tokio::pin!(probes);
     let mut poll = tokio::time::interval(Duration::from_millis(50));
@@ -377,8 +378,8 @@ async fn run_window(plan: &ProbePlan, raw: &mut RawCollector) -> Result<(RrResul
     Ok(out)
 }
 
-/// This run's samples by view and side, and the retransmissions on its
-/// connections.
+/// This run's samples by view and side, the retransmissions on its connections, and how many
+/// samples of other traffic were left out.
 struct Sides {
     tcp_client: Series,
     tcp_server: Series,
@@ -387,44 +388,103 @@ struct Sides {
     /// The sampler's passive reading of the ICMP probe's pings (to the target, from here).
     smp_icmp: Series,
     retrans: u64,
+    /// Samples of other connections and pings (or of the probes' connections outside their
+    /// windows: handshake, hello, close) that no row holds.
+    others: u64,
 }
 
-/// Sort samples into views. Only this run's connections count: on the
-/// client side, flows in this namespace to the target's address and port;
-/// on the server side (when visible), the reverse of those tuples.
-fn split_sides(
-    args: &CompareArgs,
-    views: &Views,
-    raw: &RawCollector,
-    target_ip: Option<std::net::IpAddr>,
-) -> Result<Sides> {
-    let my_netns = crate::sys::netns::current_inode()?;
-    let is_client = |f: &Flow| {
-        f.netns == my_netns && f.remote.port() == args.port && Some(f.remote.ip()) == target_ip
-    };
-    let client_tuples: std::collections::HashSet<(std::net::SocketAddr, std::net::SocketAddr)> =
-        raw.tcp_samples
-            .iter()
-            .map(|s| s.0)
-            .chain(raw.sampler_samples.iter().map(|s| s.0))
-            .filter(|f| is_client(f))
-            .map(|f| (f.local, f.remote))
-            .collect();
-    let is_server = |f: &Flow| client_tuples.contains(&(f.remote, f.local));
-    // Retransmissions of this run's connections (TCP view).
+/// What identifies this run's probes to the passive views: the TCP probe's 4-tuple in this
+/// namespace, the ICMP probe's identifier, and each probe's window (first transaction to last)
+/// on the monotonic clock. Everything else on the host (other connections to the same port,
+/// connections opened before, other namespaces' traffic, other pings) is left out.
+#[derive(Debug, Clone, Copy)]
+struct Selection {
+    netns: u32,
+    /// The TCP probe's (local, remote) and window; no local address: no TCP probe ran.
+    tcp_local: Option<std::net::SocketAddr>,
+    tcp_remote: std::net::SocketAddr,
+    tcp: crate::active::rr::ProbeIdent,
+    /// The ICMP probe's target, identifier and window.
+    icmp: Option<(std::net::IpAddr, u16, crate::active::rr::ProbeIdent)>,
+    /// Time 0 of the rows: the TCP probe's first transaction (CLOCK_MONOTONIC ns).
+    origin_mono: u64,
+}
+
+impl Selection {
+    fn new(netns: u32, rr: &RrResults, fallback_origin: u64) -> Selection {
+        let ok = |k: Kind| {
+            rr.iter()
+                .filter_map(|r| r.as_ref().ok())
+                .find(|r| r.settings.kind == k)
+        };
+        let tcp = ok(Kind::TcpRr);
+        let tcp_ident = tcp.map(|r| r.ident).unwrap_or_default();
+        let icmp =
+            ok(Kind::Icmp).and_then(|r| Some((r.settings.address, r.ident.icmp_id?, r.ident)));
+        Selection {
+            netns,
+            tcp_local: tcp_ident.local,
+            tcp_remote: tcp.map_or(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), |r| {
+                std::net::SocketAddr::new(r.settings.address, r.settings.port)
+            }),
+            tcp: tcp_ident,
+            icmp,
+            origin_mono: if tcp_ident.start_mono_ns > 0 {
+                tcp_ident.start_mono_ns
+            } else {
+                fallback_origin
+            },
+        }
+    }
+
+    /// Seconds from time 0 of the rows.
+    fn secs(&self, ts_ns: u64) -> f64 {
+        (ts_ns as i64 - self.origin_mono as i64) as f64 / 1e9
+    }
+
+    /// The TCP probe's connection seen from its own end (this namespace).
+    fn is_client(&self, f: &Flow) -> bool {
+        f.netns == self.netns && Some(f.local) == self.tcp_local && f.remote == self.tcp_remote
+    }
+
+    /// The same connection seen from the responder's end (when it is in view).
+    fn is_server(&self, f: &Flow) -> bool {
+        Some(f.remote) == self.tcp_local && f.local == self.tcp_remote
+    }
+
+    /// The ICMP probe's echoes, seen by the sampler as the pinger.
+    fn is_icmp(&self, f: &Flow, ts_ns: u64) -> bool {
+        self.icmp.is_some_and(|(ip, id, w)| {
+            f.netns == self.netns
+                && f.remote.ip() == ip
+                && f.local.port() == id
+                && w.in_window(ts_ns)
+        })
+    }
+}
+
+/// Sort samples into views: only the probes' own connections and pings, inside their windows.
+fn split_sides(views: &Views, raw: &RawCollector, sel: &Selection) -> Result<Sides> {
+    // Retransmissions of this run's connection (TCP view).
     let mut retrans = 0u64;
     views.tcp.for_each_flow(&mut |f| {
-        if is_client(&f.flow) || is_server(&f.flow) {
+        if sel.is_client(&f.flow) || sel.is_server(&f.flow) {
             retrans += f.retrans as u64;
         }
     })?;
-    let by_side = |samples: &mut dyn Iterator<Item = (&Flow, f64, f64)>| {
+    let mut others = 0u64;
+    let mut by_side = |samples: &mut dyn Iterator<Item = (&Flow, u64, f64)>| {
         let (mut client, mut server): (Series, Series) = (Vec::new(), Vec::new());
-        for (f, t, rtt) in samples {
-            if is_client(f) {
+        for (f, ts, rtt) in samples {
+            let t = sel.secs(ts);
+            if !sel.tcp.in_window(ts) {
+                others += 1;
+            } else if sel.is_client(f) {
                 client.push((t, rtt));
-            } else if is_server(f) {
+            } else if sel.is_server(f) {
                 server.push((t, rtt));
+            } else {
+                others += 1;
             }
         }
         (client, server)
@@ -432,12 +492,13 @@ fn split_sides(
     let (tcp_client, tcp_server) = by_side(&mut raw.tcp_samples.iter().map(|s| (&s.0, s.2, s.3)));
     let (smp_client, smp_server) =
         by_side(&mut raw.sampler_samples.iter().map(|s| (&s.0, s.1, s.2)));
-    let smp_icmp = raw
+    let smp_icmp: Series = raw
         .sampler_icmp
         .iter()
-        .filter(|s| s.0.netns == my_netns && Some(s.0.remote.ip()) == target_ip)
-        .map(|s| (s.1, s.2))
+        .filter(|s| sel.is_icmp(&s.0, s.1))
+        .map(|s| (sel.secs(s.1), s.2))
         .collect();
+    others += (raw.sampler_icmp.len() - smp_icmp.len()) as u64;
     Ok(Sides {
         tcp_client,
         tcp_server,
@@ -445,6 +506,7 @@ fn split_sides(
         smp_server,
         smp_icmp,
         retrans,
+        others,
     })
 }
 
@@ -616,6 +678,7 @@ impl Report {
         rr_results: RrResults,
         irtt_result: IrttOutcome,
         irtt_cfg: Option<&crate::active::irtt::IrttConfig>,
+        origin_mono: u64,
     ) -> Result<()> {
         for r in rr_results {
             let r = r?;
@@ -624,10 +687,12 @@ impl Report {
                 Kind::UdpRr => "UDP_RR",
                 Kind::Icmp => "ICMP",
             };
+            // On the rows' clock: from the TCP probe's first transaction.
+            let shift = r.ident.start_mono_ns as f64 - origin_mono as f64;
             let s: Series = r
                 .samples
                 .iter()
-                .map(|&(off, rtt)| ((off as f64) / 1e9, rtt as f64 / 1e3))
+                .map(|&(off, rtt)| ((off as f64 + shift) / 1e9, rtt as f64 / 1e3))
                 .collect();
             let kind = if r.settings.kind == Kind::Icmp {
                 ViewKind::Ping
@@ -788,6 +853,8 @@ fn cloud_row(layout: &BucketOptions, all: &Series) -> (Row, Option<CloudEvidence
 
 /// What the table's last line says about the TCP view.
 struct Footer {
+    /// Samples of other traffic left out (said by `--explain`).
+    others: u64,
     retrans: u64,
     hook: String,
     loader: LoaderKind,
@@ -815,7 +882,13 @@ fn output(
         render_table(&mut out, &title, &report.rows, footer)?;
     }
     if args.explain {
-        let notes = explain(&report.rows, args.interval, footer.retrans, cloud);
+        let mut notes = explain(&report.rows, args.interval, footer.retrans, cloud);
+        if footer.others > 0 {
+            notes.push(format!(
+                "{} passive sample(s) of other traffic (other connections or pings on this host, or the probes' own handshake and close outside their windows) are in no row: each row holds only this run's probes, from their first transaction to their last.",
+                footer.others
+            ));
+        }
         render_notes(&mut out, &notes)?;
         report.result.settings["notes"] = json!(notes);
     }
@@ -1149,6 +1222,7 @@ mod tests {
             series_row("ICMP", "ICMP_ECHO; 0 lost", &[20.0, 30.0, 40.0]),
         ];
         let footer = Footer {
+            others: 0,
             retrans: 2,
             hook: "cgroup sock_ops".into(),
             loader: LoaderKind::Libbpf,

@@ -1,6 +1,7 @@
 //! One driver per subcommand.
 pub mod bucket;
 pub mod compare;
+pub mod features;
 pub mod observe;
 pub mod probe;
 pub mod serve;

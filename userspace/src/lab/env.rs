@@ -695,7 +695,14 @@ impl ScenarioEnv for LabEnv {
                 .map(|(&p, _)| p)
                 .collect();
             self.current.flows = mine.len();
-            for r in s.samples.iter().filter(|r| mine.contains(&r.client_port)) {
+            // The probes' window: from the first transaction's send to the end of the last one
+            // (the connect, hello and close of each probe connection are not in a row).
+            let (t0, t1) = probe_window(&self.current.rr).unwrap_or((ws, we));
+            for r in s
+                .samples
+                .iter()
+                .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
+            {
                 let v = (r.t_unix, r.rtt_us);
                 match (r.view, r.side) {
                     (PView::Tcp, Side::Client) => self.current.tcp_cli.push(v),
@@ -729,6 +736,15 @@ impl ScenarioEnv for LabEnv {
     }
 }
 
+/// The window of a phase's request/response probes, Unix seconds: the first send to the end of
+/// the last transaction, widened by 2 ms for the two processes' wall clocks (the probe's and
+/// the observer's times are taken in different processes). None without a transaction.
+fn probe_window(rr: &[(f64, f64)]) -> Option<(f64, f64)> {
+    let first = rr.iter().map(|s| s.0).reduce(f64::min)?;
+    let last = rr.iter().map(|s| s.0 + s.1 / 1e6).reduce(f64::max)?;
+    Some((first - 0.002, last + 0.002))
+}
+
 // ---------------------------------------------------------------- statistics
 
 /// Summary of one view in one phase.
@@ -745,18 +761,9 @@ pub struct Stats {
     pub max: f64,
 }
 
-/// Exact percentile (linear interpolation between closest ranks) of sorted values.
-pub fn percentile_sorted(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let r = (p / 100.0) * (v.len() - 1) as f64;
-    let lo = r.floor() as usize;
-    let hi = r.ceil() as usize;
-    v[lo] + (v[hi] - v[lo]) * (r - lo as f64)
-}
-
-/// n, min, mean, p5, p50, p90, p95, p99, max of RTTs in us; None when empty.
+/// n, min, mean, p5, p50, p90, p95, p99, max of RTTs in us; None when empty. The percentiles
+/// are the one definition every command reports (nearest rank, an observed value:
+/// [`crate::analysis::stats::percentile_sorted`]; docs/results.md).
 pub fn stats(values: &[f64]) -> Option<Stats> {
     if values.is_empty() {
         return None;
@@ -766,7 +773,7 @@ pub fn stats(values: &[f64]) -> Option<Stats> {
         return None;
     }
     v.sort_by(|a, b| a.total_cmp(b));
-    let p = |q| percentile_sorted(&v, q);
+    let p = |q| crate::analysis::stats::percentile_sorted(&v, q);
     Some(Stats {
         n: v.len(),
         min: v[0],
@@ -958,6 +965,16 @@ impl Table {
     }
 }
 
+/// The unit of the swept parameter, in the table, the CSV and the chart's axis.
+fn swept_unit(plan: &Plan) -> &'static str {
+    match plan.scenario {
+        Scenario::Loss => "%",
+        Scenario::Bufferbloat => "KiB queue, 0 = idle",
+        Scenario::RttStep => "s",
+        _ => "ms",
+    }
+}
+
 /// Short column header of a view.
 fn short(name: &str) -> &'static str {
     match name {
@@ -978,7 +995,11 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
             .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
     };
     let mut head = vec![
-        plan.swept.split(" (").next().unwrap_or("phase").to_string(),
+        format!(
+            "{} ({})",
+            plan.swept.split(" (").next().unwrap_or("phase"),
+            swept_unit(plan)
+        ),
         "RR_N".into(),
         "RR_MIN".into(),
         "RR_MEAN".into(),
@@ -1310,11 +1331,7 @@ fn write_report(
     if sweep_kind {
         rr.sweep = Some(Sweep {
             parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
-            unit: match plan.scenario {
-                Scenario::Loss => "%".into(),
-                Scenario::Bufferbloat => "KiB queue, 0 = idle".into(),
-                _ => "ms".into(),
-            },
+            unit: swept_unit(plan).into(),
             points: points
                 .iter()
                 .enumerate()
@@ -1453,7 +1470,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_interpolate() {
+    fn percentiles_are_nearest_rank() {
         let v: Vec<f64> = (1..=101).map(|x| x as f64).collect();
         let s = stats(&v).unwrap();
         assert_eq!(s.n, 101);
@@ -1464,6 +1481,37 @@ mod tests {
         assert_eq!(s.max, 101.0);
         assert!((s.mean - 51.0).abs() < 1e-9);
         assert!(stats(&[]).is_none());
+        // An even count: an observed value (the lower middle one), never a mean of two.
+        let s = stats(&[10.0, 40.0, 20.0, 30.0]).unwrap();
+        assert_eq!((s.p50, s.p90), (20.0, 40.0));
+    }
+
+    /// The lab's p50 of a view is the statistic observe (and compare) report for the same
+    /// samples: observe's result summarises a raw series with `ViewSummary::of_samples`, its
+    /// tables with `Summary`.
+    #[test]
+    fn lab_and_observe_give_the_same_p50() {
+        let samples: Vec<f64> = (0..1000)
+            .map(|i| 40.0 + ((i * 7919) % 997) as f64 * 0.37)
+            .collect();
+        for n in [1, 2, 3, 4, 10, 101, 1000] {
+            let v = &samples[..n];
+            let lab = view_summary(
+                "tcp client",
+                ViewKind::Tcp,
+                &v.iter().map(|&r| (0.0, r)).collect::<Vec<_>>(),
+            );
+            let observe = ViewSummary::of_samples("tcp client", Some(ViewKind::Tcp), v);
+            let table = crate::analysis::stats::Summary::from_us(v);
+            assert_eq!(lab.p50_us, observe.p50_us, "n={n}");
+            assert_eq!(lab.p50_us, Some(table.p50), "n={n}");
+            assert_eq!(
+                (lab.p5_us, lab.p95_us, lab.p99_us),
+                (observe.p5_us, observe.p95_us, observe.p99_us),
+                "n={n}"
+            );
+            assert!(v.contains(&table.p50), "n={n}: p50 is an observed value");
+        }
     }
 
     #[test]

@@ -329,7 +329,10 @@ pub fn draw<DB: DrawingBackend>(
         &opts.title.clone().unwrap_or_else(|| result.display_title()),
         120,
     );
-    let subtitle = short(&result.settings_line(), 160);
+    let subtitle = subtitle(
+        &result.settings_line(),
+        subtitle_chars(root.dim_in_pixel().0),
+    );
     let (w, _) = root.dim_in_pixel();
     let head = if subtitle.is_empty() { 44 } else { 68 };
     let (top, body) = root.split_vertically(head);
@@ -359,6 +362,64 @@ pub fn draw<DB: DrawingBackend>(
         ChartKind::Sweep => sweep(&body, result, opts),
         ChartKind::Auto => unreachable!("plan resolves auto"),
     }
+}
+
+/// How many characters of the 15 px subtitle fit across `width` pixels (~8 px a character).
+fn subtitle_chars(width: u32) -> usize {
+    (width.saturating_sub(40) / 8).max(20) as usize
+}
+
+/// The settings in the user's words, cut between two settings (never inside a word) to
+/// `max` characters: `interval_ns=10000000` reads `interval 10ms`, `length_s=3` reads
+/// `length 3s`; what does not fit is counted (`+N more`).
+fn subtitle(settings_line: &str, max: usize) -> String {
+    let words: Vec<String> = settings_line
+        .split(", ")
+        .filter(|p| !p.is_empty())
+        .map(user_words)
+        .collect();
+    let mut out = String::new();
+    for (i, w) in words.iter().enumerate() {
+        let more = words.len() - i;
+        let tail = if more > 1 { 12 } else { 0 };
+        let sep = if out.is_empty() { 0 } else { 2 };
+        if out.chars().count() + sep + w.chars().count() + tail > max {
+            out.push_str(&format!(
+                "{}+{more} more",
+                if out.is_empty() { "" } else { ", " }
+            ));
+            return out;
+        }
+        if sep > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(w);
+    }
+    out
+}
+
+/// One `key=value` setting in the user's words: durations kept in a unit suffix of the key
+/// (`_ns`, `_us`, `_ms`, `_s`) as a duration, the rest as `key value`.
+fn user_words(kv: &str) -> String {
+    let Some((k, v)) = kv.split_once('=') else {
+        return short(kv, 60);
+    };
+    let (k, v) = (short(k, 40), short(v, 60));
+    let scale = [("_ns", 1.0), ("_us", 1e3), ("_ms", 1e6), ("_s", 1e9)]
+        .into_iter()
+        .find(|(suffix, _)| k.ends_with(suffix));
+    if let (Some((suffix, ns_per)), Ok(x)) = (scale, v.parse::<f64>()) {
+        let ns = x * ns_per;
+        if ns.is_finite() && (0.0..1e18).contains(&ns) {
+            let d = std::time::Duration::from_nanos(ns.round() as u64);
+            return format!(
+                "{} {}",
+                k.trim_end_matches(suffix).replace('_', " "),
+                crate::analysis::units::fmt_duration_short(d)
+            );
+        }
+    }
+    format!("{} {v}", k.replace('_', " "))
 }
 
 fn label(v: &ViewSeries) -> String {
@@ -452,8 +513,57 @@ fn pad(lo: f64, hi: f64) -> Range<f64> {
 
 /// A point of a series: (x, y).
 type Pt = (f64, f64);
-/// x, p5, p50, p95 (ms) of one view at one sweep point.
-type SweepRow = (f64, Option<f64>, Option<f64>, Option<f64>);
+/// x, p5, p50, p95 (ms) and the sample count of one view at one sweep point.
+type SweepRow = (f64, Option<f64>, Option<f64>, Option<f64>, u64);
+
+/// Fewest samples at a sweep point for its p5-p95 range to join a band with its neighbour's;
+/// below it (a handful of handshake samples) the range is a whisker at the point alone.
+pub const MIN_BAND_SAMPLES: u64 = 20;
+
+/// How a view's p5-p95 ranges are drawn along a sweep (rows sorted by x): runs of at least two
+/// consecutive points each with `min_n` samples or more become a band; every other point with a
+/// range gets a whisker of its own. Indices into `rows`.
+fn band_runs(rows: &[SweepRow], min_n: u64) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut runs: Vec<Vec<usize>> = Vec::new();
+    let mut whiskers = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let close = |cur: &mut Vec<usize>, runs: &mut Vec<Vec<usize>>, whiskers: &mut Vec<usize>| {
+        match cur.len() {
+            0 => {}
+            1 => whiskers.push(cur[0]),
+            _ => runs.push(cur.clone()),
+        }
+        cur.clear();
+    };
+    for (i, r) in rows.iter().enumerate() {
+        let has_range = r.1.is_some() && r.3.is_some();
+        if has_range && r.4 >= min_n {
+            cur.push(i);
+            continue;
+        }
+        close(&mut cur, &mut runs, &mut whiskers);
+        if has_range {
+            whiskers.push(i);
+        }
+    }
+    close(&mut cur, &mut runs, &mut whiskers);
+    whiskers.sort_unstable();
+    (runs, whiskers)
+}
+
+/// A view's name as a legend says it: the name and what kind of measurement it is.
+fn full_name(name: &str, kind: Option<crate::analysis::results::ViewKind>) -> String {
+    use crate::analysis::results::ViewKind as K;
+    let what = match kind {
+        Some(K::Probe) => "request/response probe, send() to recv()",
+        Some(K::Ping) => "ICMP echo probe",
+        Some(K::Tcp) => "TCP view, the kernel's RTT samples",
+        Some(K::Sampler) => "packet sampler at the interface",
+        Some(K::Irtt) => "irtt probe",
+        _ => return short(name, 60),
+    };
+    format!("{} ({what})", short(name, 40))
+}
 
 /// At most ~2 points per bin: the min and max of each time bin, so spikes survive thinning. Works
 /// from the samples in place (no copy of a long series).
@@ -692,21 +802,51 @@ fn cdf<DB: DrawingBackend>(
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
     }
     if let Some(c) = cloud.filter(|_| !cloud_pts.is_empty()) {
-        // Linear inside each bucket (what the percentile aligner assumes), a dot at each bound.
-        let pts: Vec<(f64, f64)> = cloud_pts
-            .iter()
-            .map(|&(x, y)| (x.max(lo / 1.3), y))
-            .collect();
+        // Uniform inside each bucket (what the percentile aligner assumes): linear in the RTT,
+        // so a curve on this log axis, drawn through many points; a dot at each bucket bound.
+        let left = lo / 1.3;
+        let curve = cloud_curve(&cloud_pts, left, 64);
         chart
-            .draw_series(LineSeries::new(pts.clone(), BLACK.stroke_width(2)))
+            .draw_series(LineSeries::new(curve, BLACK.stroke_width(2)))
             .map_err(derr)?
             .label(short(&c.label, 80))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
         chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 3, BLACK.filled())))
+            .draw_series(
+                cloud_pts
+                    .iter()
+                    .filter(|p| p.0 >= left)
+                    .map(|&p| Circle::new(p, 3, BLACK.filled())),
+            )
             .map_err(derr)?;
     }
     legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
+/// The cloud distribution's CDF as drawn on a log RTT axis starting at `left` ms: between two
+/// bucket bounds (x0, y0), (x1, y1) the samples are uniform (the percentile aligner's
+/// assumption), F(x) = y0 + (y1 - y0) (x - x0) / (x1 - x0), sampled at `per_bucket` points spaced
+/// evenly on the log axis. A bucket starting at 0 (or left of the axis) is drawn from `left`,
+/// where F is small, not from its lower bound's value clamped to the edge.
+fn cloud_curve(bounds_ms: &[(f64, f64)], left: f64, per_bucket: usize) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    let per_bucket = per_bucket.max(1);
+    for w in bounds_ms.windows(2) {
+        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
+        if x1 <= left || x1 <= x0 {
+            continue;
+        }
+        let f = |x: f64| y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+        let start = x0.max(left);
+        let ratio = (x1 / start).powf(1.0 / per_bucket as f64);
+        let mut x = start;
+        for _ in 0..per_bucket {
+            out.push((x, f(x)));
+            x *= ratio;
+        }
+        out.push((x1, y1));
+    }
+    out
 }
 
 fn fmt_tick(v: f64) -> String {
@@ -816,7 +956,7 @@ where
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!(
-                "RTT against {}: p50 line, p5-p95 band",
+                "RTT against {}: p50 line; p5-p95 as a band (>= {MIN_BAND_SAMPLES} samples at neighbouring points) or a whisker",
                 short(&sw.parameter, 60)
             ),
             font(18),
@@ -839,36 +979,45 @@ where
         .draw()
         .map_err(derr)?;
     for (name, &c) in names.iter().zip(colors) {
+        let mut kind = None;
         let mut rows: Vec<SweepRow> = sw
             .points
             .iter()
             .filter_map(|p| {
                 let x = axis_value(p.x)?;
                 p.views.iter().find(|s| s.view == *name).map(|s| {
+                    kind = kind.or(s.kind);
                     let ms = |v: Option<f64>| v.and_then(rtt_ms).map(|v| v.max(floor));
-                    (x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us))
+                    (x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us), s.count)
                 })
             })
             .collect();
         rows.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let band: Vec<(f64, f64, f64)> = rows
-            .iter()
-            .filter_map(|r| Some((r.0, r.1?, r.3?)))
-            .collect();
-        if band.len() >= 2 {
-            let mut poly: Vec<(f64, f64)> = band.iter().map(|b| (b.0, b.2)).collect();
-            poly.extend(band.iter().rev().map(|b| (b.0, b.1)));
+        let (runs, whiskers) = band_runs(&rows, MIN_BAND_SAMPLES);
+        for run in &runs {
+            let mut poly: Vec<(f64, f64)> = run
+                .iter()
+                .filter_map(|&i| Some((rows[i].0, rows[i].3?)))
+                .collect();
+            poly.extend(
+                run.iter()
+                    .rev()
+                    .filter_map(|&i| Some((rows[i].0, rows[i].1?))),
+            );
             chart
                 .draw_series(std::iter::once(Polygon::new(poly, c.mix(0.18).filled())))
                 .map_err(derr)?;
-        } else {
-            // A single point: draw the band as an error bar.
-            chart
-                .draw_series(band.iter().map(|b| {
-                    PathElement::new(vec![(b.0, b.1), (b.0, b.2)], c.mix(0.5).stroke_width(6))
-                }))
-                .map_err(derr)?;
         }
+        // A point alone (too few samples, or neighbours without a range): a whisker.
+        chart
+            .draw_series(whiskers.iter().filter_map(|&i| {
+                let r = rows[i];
+                Some(PathElement::new(
+                    vec![(r.0, r.1?), (r.0, r.3?)],
+                    c.mix(0.5).stroke_width(3),
+                ))
+            }))
+            .map_err(derr)?;
         let line: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.0, r.2?))).collect();
         chart
             .draw_series(LineSeries::new(line.iter().copied(), c.stroke_width(2)))
@@ -876,7 +1025,7 @@ where
         chart
             .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
             .map_err(derr)?
-            .label(format!("{} p50 (band p5-p95)", short(name, 60)))
+            .label(format!("{}: p50", full_name(name, kind)))
             .legend(move |(x, y)| {
                 EmptyElement::at((x, y))
                     + Rectangle::new([(0, -6), (20, 6)], c.mix(0.18).filled())
@@ -921,6 +1070,7 @@ mod tests {
                     views: vec![
                         ViewSummary {
                             view: "tcp server".into(),
+                            kind: Some(ViewKind::Tcp),
                             count: 100,
                             p5_us: Some(100.0 + x * 900.0),
                             p50_us: Some(150.0 + x * 1000.0),
@@ -1011,7 +1161,11 @@ mod tests {
             text.contains("response/request interval (ms)"),
             "axis label"
         );
-        assert!(text.contains("tcp server p50 (band p5-p95)"), "legend");
+        assert!(
+            text.contains("tcp server (TCP view, the kernel&apos;s RTT samples): p50")
+                || text.contains("tcp server (TCP view, the kernel's RTT samples): p50"),
+            "legend"
+        );
         assert!(text.contains("<polygon"), "percentile band");
         assert_well_nested(&text);
     }
@@ -1048,7 +1202,7 @@ mod tests {
         let s = render_svg_string(&result_with_views(), &small()).unwrap();
         for want in [
             "test run",
-            "duration=5s, interval=10ms",
+            "duration 5s, interval 10ms",
             "RTT over time",
             "CDF of RTT samples",
             "RTT (ms, log scale)",
@@ -1148,6 +1302,95 @@ mod tests {
         assert!(ImageFormat::from_path(Path::new("a.jpg")).is_err());
         let e = render_file(&r, &small(), Path::new("/nonexistent-dir/a.png")).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn cloud_cdf_is_uniform_inside_each_bucket_on_the_log_axis() {
+        // 100 samples in [0, 1) ms, 100 in [1, 2) ms: F(0.1 ms) = 0.05, F(0.5) = 0.25, F(1.5) = 0.75.
+        let bounds = [(0.0, 0.0), (1.0, 0.5), (2.0, 1.0)];
+        let curve = cloud_curve(&bounds, 0.01, 64);
+        // The value at x as drawn: linear between curve points on the log axis.
+        let at = |x: f64| {
+            let w = curve
+                .windows(2)
+                .find(|w| w[0].0 <= x && x <= w[1].0)
+                .unwrap_or_else(|| panic!("{x} not on the curve {curve:?}"));
+            let t = (x.ln() - w[0].0.ln()) / (w[1].0.ln() - w[0].0.ln());
+            w[0].1 + t * (w[1].1 - w[0].1)
+        };
+        for (x, want) in [
+            (0.1, 0.05),
+            (0.5, 0.25),
+            (1.0, 0.5),
+            (1.5, 0.75),
+            (2.0, 1.0),
+        ] {
+            let got = at(x);
+            assert!((got - want).abs() < 0.002, "F({x} ms) = {got}, want {want}");
+        }
+        // It starts at the axis' left edge near 0, not at the bucket's upper value.
+        assert_eq!(curve[0].0, 0.01);
+        assert!(curve[0].1 < 0.01, "{:?}", curve[0]);
+        // The fixture's cloud file draws the same way through the chart.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/cloud");
+        let c = CloudCdf::from_file(&dir.join("explicit-vm_flow.json")).unwrap();
+        let ms: Vec<(f64, f64)> = c.points_us.iter().map(|&(u, y)| (u / 1000.0, y)).collect();
+        let curve = cloud_curve(&ms, 0.01, 64);
+        assert!(curve
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1 + 1e-12));
+    }
+
+    #[test]
+    fn sweep_bands_never_join_points_with_too_few_samples() {
+        let row = |x: f64, n: u64| -> SweepRow { (x, Some(1.0), Some(2.0), Some(3.0), n) };
+        // 16 ms and 32 ms with a handful of samples each, 39 and 41 with plenty: no band across
+        // a thin point; thin points and lone points are whiskers.
+        let rows = [
+            row(0.0, 300),
+            row(16.0, 4),
+            row(32.0, 3),
+            row(39.0, 300),
+            row(41.0, 290),
+            row(50.0, 5),
+        ];
+        let (runs, whiskers) = band_runs(&rows, MIN_BAND_SAMPLES);
+        assert_eq!(runs, vec![vec![3, 4]]);
+        assert_eq!(whiskers, vec![0, 1, 2, 5]);
+        for run in &runs {
+            assert!(run.iter().all(|&i| rows[i].4 >= MIN_BAND_SAMPLES));
+            assert!(
+                run.windows(2).all(|w| w[1] == w[0] + 1),
+                "a band joins neighbours only"
+            );
+        }
+        // A point without p5/p95 breaks a band and has no whisker.
+        let mut gap = rows;
+        gap[4].1 = None;
+        let (runs, whiskers) = band_runs(&gap, MIN_BAND_SAMPLES);
+        assert!(runs.is_empty(), "{runs:?}");
+        assert_eq!(whiskers, vec![0, 1, 2, 3, 5]);
+    }
+
+    #[test]
+    fn subtitles_fit_and_use_the_users_words() {
+        let line = "interval_ns=10000000, length_s=3, burst=1, sizes=1/1, sampler.sample_every=1";
+        assert_eq!(
+            subtitle(line, 200),
+            "interval 10ms, length 3s, burst 1, sizes 1/1, sampler.sample every 1"
+        );
+        let cut = subtitle(line, 40);
+        assert!(cut.chars().count() <= 40, "{cut}");
+        assert!(
+            cut.starts_with("interval 10ms, length 3s") && cut.ends_with("more"),
+            "{cut}"
+        );
+        assert_eq!(subtitle("", 40), "");
+        // The legend names what a view measures.
+        assert_eq!(
+            full_name("rr", Some(ViewKind::Probe)),
+            "rr (request/response probe, send() to recv())"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Where results go: the per-interval table, charts and the Prometheus exporter.
+//! Where results go: the per-interval table, charts the Prometheus exporter and OTLP export.
 pub mod chart;
+pub mod otlp;
 pub mod progress;
 pub mod prometheus;
 pub mod table;

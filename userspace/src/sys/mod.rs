@@ -2,6 +2,8 @@
 //! loaders lack, entering a network namespace, capabilities, preflight
 //! checks and the monotonic clock.
 pub mod bpf;
+pub mod bpfprog;
+pub mod btf;
 pub mod caps;
 pub mod cgroup;
 pub mod clock;

@@ -16,9 +16,11 @@ pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};
 #[cfg(feature = "aya")]
 pub(crate) mod aya;
 pub mod flow;
+pub mod khist;
 #[cfg(feature = "libbpf")]
 pub(crate) mod libbpf;
 pub mod passive;
+pub mod probe;
 pub mod sampler;
 pub mod tcp;
 
@@ -28,6 +30,7 @@ compile_error!("build at least one BPF loader: feature `libbpf` (default) or `ay
 /// Load and attach the TCP view with the chosen loader. Fails with one
 /// clear sentence (also when that loader is not built into this binary).
 pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn tcp::TcpView>> {
+    require_atomics(kind)?;
     match kind {
         #[cfg(feature = "libbpf")]
         LoaderKind::Libbpf => Ok(Box::new(tcp::libbpf::LibbpfTcp::attach(cfg)?)),
@@ -46,6 +49,7 @@ pub fn attach_sampler(
     ifaces: &[sampler::IfaceSpec],
     cfg: sampler::SamplerConfig,
 ) -> Result<Box<dyn sampler::SamplerView>> {
+    require_atomics(kind)?;
     match kind {
         #[cfg(feature = "libbpf")]
         LoaderKind::Libbpf => Ok(Box::new(sampler::libbpf::LibbpfSampler::attach(
@@ -56,6 +60,23 @@ pub fn attach_sampler(
         #[allow(unreachable_patterns)]
         other => Err(passive::not_built(other)),
     }
+}
+
+/// Both objects use BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG): where the feature probe
+/// finds them refused (5.10), one sentence instead of a verifier error. Only for a loader built in.
+fn require_atomics(kind: LoaderKind) -> Result<()> {
+    if !kind.built_in() {
+        return Ok(());
+    }
+    let f = probe::Features::get();
+    if f.privileges.ok && !f.atomics.ok {
+        anyhow::bail!(
+            "this kernel ({}) refuses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, kernel 5.12 upstream) that rttscope's kernel programs use: {} (see `rttscope features`)",
+            f.kernel,
+            f.atomics.detail
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -88,6 +88,12 @@ pub struct ObserveArgs {
     /// Serve Prometheus /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::sinks::prometheus::DEFAULT_LISTEN, value_parser = crate::sinks::prometheus::http::parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Push the metrics over OTLP/HTTP (protobuf) to this http:// URL: an OpenTelemetry Collector (http://127.0.0.1:4318) or any OTLP receiver (Prometheus: http://HOST:9090/api/v1/otlp/v1/metrics); RTT as exponential histograms.
+    #[arg(long, value_name = "URL")]
+    pub otlp: Option<String>,
+    /// How often to push OTLP, a duration with a unit [default: --interval].
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub otlp_interval: Option<Duration>,
     /// Metrics labels: remote IPv4 addresses aggregated to this prefix length [default: 24].
     #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
     pub v4_prefix: Option<u8>,
@@ -123,6 +129,15 @@ pub struct ObserveArgs {
 }
 
 impl ObserveArgs {
+    /// Daemon mode (`--listen` or `--otlp`) that keeps no whole-run summary:
+    /// only what is exported, unless a result (`--json`) or JSON Lines
+    /// (`--format json`, whose `end` record is the summary) is asked for.
+    pub fn daemon_without_summary(&self) -> bool {
+        (self.listen.is_some() || self.otlp.is_some())
+            && self.json.is_none()
+            && self.format == Format::Table
+    }
+
     /// The views this run shows.
     pub fn views(&self) -> Vec<ViewKind> {
         match &self.view {

@@ -11,6 +11,8 @@
 //! netns = ["web1", "web2"]     # or omit: all namespaces
 //! interval = "10s"
 //! listen = "127.0.0.1:9464"
+//! otlp = "http://127.0.0.1:4318"  # OTLP/HTTP push (optional)
+//! otlp_interval = "30s"           # default: interval
 //! views = ["tcp"]
 //! [labels]
 //! v4_prefix = 24
@@ -58,6 +60,10 @@ pub struct ConfigFile {
     pub proto: Option<Vec<crate::views::sampler::Proto>>,
     /// Address for /metrics, e.g. "127.0.0.1:9464".
     pub listen: Option<String>,
+    /// OTLP/HTTP endpoint to push the metrics to, e.g. "http://127.0.0.1:4318".
+    pub otlp: Option<String>,
+    /// How often to push OTLP, e.g. "30s" (default: interval).
+    pub otlp_interval: Option<String>,
     /// Flow-table capacity (see observe --max-flows).
     pub max_flows: Option<u32>,
     pub raw: Option<bool>,
@@ -91,6 +97,7 @@ pub struct ObserveConfig {
     pub duration: Option<Duration>,
     pub listen: Option<SocketAddr>,
     pub series_idle: Option<Duration>,
+    pub otlp_interval: Option<Duration>,
 }
 
 pub const VIEWS: &[&str] = &["tcp", "sampler"];
@@ -219,6 +226,13 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         Some(l) => Some(parse_listen(l).map_err(|e| anyhow::anyhow!("listen: {e}"))?),
         None => None,
     };
+    if let Some(u) = &file.otlp {
+        crate::sinks::otlp::Endpoint::parse(u).map_err(|e| anyhow::anyhow!("otlp: {e}"))?;
+    }
+    let otlp_interval = dur("otlp_interval", &file.otlp_interval)?;
+    if otlp_interval.is_some_and(|d| d < Duration::from_millis(100)) {
+        bail!("otlp_interval must be at least 100ms");
+    }
     if let Some(l) = &file.labels {
         for p in l.ports.iter().flatten() {
             if *p == 0 {
@@ -244,6 +258,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         duration,
         listen,
         series_idle,
+        otlp_interval,
     })
 }
 
@@ -286,6 +301,8 @@ merged_options!(
     protos,
     max_flows,
     listen,
+    otlp,
+    otlp_interval,
     quiet,
     bpf_stats,
     v4_prefix,
@@ -436,6 +453,12 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     }
     if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
         args.listen = Some(l);
+    }
+    if let (true, Some(u)) = (from_file("otlp"), &f.otlp) {
+        args.otlp = Some(u.clone());
+    }
+    if let (true, Some(d)) = (from_file("otlp_interval"), cfg.otlp_interval) {
+        args.otlp_interval = Some(d);
     }
     if let (true, Some(v)) = (from_file("quiet"), f.quiet) {
         args.quiet = v;
@@ -745,7 +768,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\notlp = \"http://127.0.0.1:4318\"\notlp_interval = \"30s\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);

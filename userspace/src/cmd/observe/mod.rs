@@ -77,6 +77,21 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
     Ok(())
 }
 
+/// `--otlp URL` / `--otlp-interval` (checked before anything is attached).
+fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::daemon::OtlpConfig>> {
+    let Some(url) = &args.otlp else {
+        return Ok(None);
+    };
+    let interval = args.otlp_interval.unwrap_or(args.interval);
+    if interval < Duration::from_millis(100) {
+        anyhow::bail!("--otlp-interval must be at least 100ms");
+    }
+    Ok(Some(crate::sinks::prometheus::daemon::OtlpConfig {
+        endpoint: crate::sinks::otlp::Endpoint::parse(url)?,
+        interval,
+    }))
+}
+
 /// What the session attaches, from the options.
 fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfig> {
     let netns_filter: Vec<NetNs> = args
@@ -114,6 +129,7 @@ fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfi
         sampler,
         keep_rows: !args.quiet,
         workloads: args.label_workload,
+        keep_summary: !args.daemon_without_summary(),
     })
 }
 
@@ -159,6 +175,7 @@ impl Raw {
 async fn observe(args: ObserveArgs) -> Result<()> {
     let views = args.views();
     check(&args, &views)?;
+    otlp_config(&args)?;
     let cfg = session_config(&args, &views)?;
     // daemon mode: bind /metrics before attaching, so a bad address fails early.
     let listener = match args.listen {
@@ -167,15 +184,18 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     };
     let mut session = Session::attach(cfg)?;
     // daemon mode: serve /metrics, report hooks, drop capabilities.
-    let mut daemon = match listener {
-        Some(l) => Some(Daemon::start(
-            l,
+    let otlp = otlp_config(&args)?;
+    let mut daemon = if listener.is_some() || otlp.is_some() {
+        Some(Daemon::start(
+            listener,
+            otlp,
             config::label_policy(&args)?,
             args.bpf_stats,
             session.tcp.as_deref(),
             session.sampler.as_deref(),
-        )?),
-        None => None,
+        )?)
+    } else {
+        None
     };
     let header = output::header(&args, &session);
     result::start(&args, &session, output::settings(&args));
@@ -191,6 +211,11 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         &mut raw,
     )
     .await?;
+    if args.daemon_without_summary() {
+        // daemon mode keeps no whole-run summary (only what is exported).
+        eprintln!("rttscope: done after {:.1}s", start.elapsed().as_secs_f64());
+        return Ok(());
+    }
     let summary = session.summary()?;
     result::finish(&args, &summary, start.elapsed().as_secs_f64())?;
     output::print_end(

@@ -12,29 +12,84 @@ use crate::sys::bpf::ProgStats;
 use crate::views::flow::{Flow, Side};
 use crate::views::ViewKind;
 
-/// Daemon mode inside `observe`: the exporter, the `/metrics` server task and
-/// the program statistics. Started after attach (it drops capabilities).
+/// Daemon mode inside `observe`: the exporter, the `/metrics` server task,
+/// the OTLP pusher and the program statistics. Started after attach (it
+/// drops capabilities).
 pub struct Daemon {
     pub exporter: Exporter,
     progs: ProgStats,
-    server: tokio::task::JoinHandle<()>,
+    server: Option<tokio::task::JoinHandle<()>>,
+    otlp: Option<Otlp>,
     /// Namespace names known at start (with full privileges: the host's
     /// namespace is named through /proc/1, which needs CAP_SYS_PTRACE later).
     start_names: BTreeMap<u32, String>,
 }
 
+/// `--otlp`: where and how often to push.
+#[derive(Debug, Clone)]
+pub struct OtlpConfig {
+    pub endpoint: crate::sinks::otlp::Endpoint,
+    pub interval: std::time::Duration,
+}
+
+/// The OTLP side of the daemon.
+struct Otlp {
+    pusher: crate::sinks::otlp::Pusher,
+    resource: crate::sinks::otlp::proto::Resource,
+    interval: std::time::Duration,
+    last: Option<std::time::Instant>,
+    start_ns: u64,
+}
+
+impl Otlp {
+    /// Queue a request of this render when the push interval is due (or `force`).
+    fn maybe_push(&mut self, r: &super::Rendered, force: bool) {
+        let due = self.last.is_none_or(|t| t.elapsed() >= self.interval);
+        if !(due || force) {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        let times = crate::sinks::otlp::Times {
+            start_ns: self.start_ns,
+            now_ns: crate::sinks::otlp::unix_ns(),
+        };
+        let req = crate::sinks::otlp::request(r, &self.resource, times);
+        self.pusher.push(prost::Message::encode_to_vec(&req));
+    }
+}
+
 impl Daemon {
-    /// Start serving on `listener` (bound before attach), enable program
-    /// statistics if asked, print what was attached, then drop capabilities.
-    /// Needs a tokio runtime (the server is a task on it).
+    /// Start serving on `listener` (bound before attach) and pushing OTLP
+    /// (`otlp`), enable program statistics if asked, print what was
+    /// attached, then drop capabilities. Needs a tokio runtime (the server
+    /// is a task on it).
     pub fn start(
-        listener: tokio::net::TcpListener,
+        listener: Option<tokio::net::TcpListener>,
+        otlp: Option<OtlpConfig>,
         policy: LabelPolicy,
         bpf_stats: bool,
         tcp: Option<&dyn crate::views::tcp::TcpView>,
         sampler: Option<&dyn crate::views::sampler::SamplerView>,
     ) -> Result<Daemon> {
-        let exporter = Exporter::new(policy)?;
+        let mut exporter = Exporter::new(policy)?;
+        let otlp = match otlp {
+            Some(c) => {
+                let stats = crate::sinks::otlp::Stats::register(exporter.registry_mut());
+                let host = crate::analysis::results::HostInfo::current().hostname;
+                eprintln!(
+                    "rttscope: pushing OTLP to http://{}{} every {:?}",
+                    c.endpoint.authority, c.endpoint.path, c.interval
+                );
+                Some(Otlp {
+                    pusher: crate::sinks::otlp::Pusher::start(c.endpoint, stats)?,
+                    resource: crate::sinks::otlp::resource(&host),
+                    interval: c.interval,
+                    last: None,
+                    start_ns: crate::sinks::otlp::unix_ns(),
+                })
+            }
+            None => None,
+        };
         let mut ids: Vec<(String, u32)> = Vec::new();
         if let Some(t) = tcp {
             ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
@@ -90,7 +145,7 @@ impl Daemon {
                 *l = "unavailable: tcp view: not requested (--view)".into();
             }
         }
-        let addr = listener.local_addr().ok();
+        let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let start_names = crate::sys::netns::names();
         for l in lines {
             eprintln!("rttscope: {l}");
@@ -118,11 +173,13 @@ impl Daemon {
             };
             eprintln!("rttscope: serving /metrics on http://{a}/metrics{note}");
         }
-        let server = tokio::spawn(serve(listener, exporter.handle()));
+        exporter.render();
+        let server = listener.map(|l| tokio::spawn(serve(l, exporter.handle())));
         Ok(Daemon {
             exporter,
             progs,
             server,
+            otlp,
             start_names,
         })
     }
@@ -137,7 +194,8 @@ impl Daemon {
     }
 
     /// The interval's counters of every view (observe's `counters` map), and
-    /// the program statistics; expire idle series.
+    /// the program statistics; expire idle series; render what `/metrics`
+    /// serves until the next interval and push OTLP when due.
     pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
         for (view, c) in counters {
             let v = match *view {
@@ -150,6 +208,10 @@ impl Daemon {
         self.exporter.set_prog_stats(&self.progs);
         self.exporter.set_process_stats();
         self.exporter.expire_idle();
+        let r = self.exporter.render();
+        if let Some(o) = self.otlp.as_mut() {
+            o.maybe_push(&r, false);
+        }
     }
 }
 
@@ -188,8 +250,15 @@ impl FlowSink for Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stop serving; push the last counts (the pusher sends what is queued).
     fn drop(&mut self) {
-        self.server.abort();
+        if let Some(s) = &self.server {
+            s.abort();
+        }
+        if let Some(o) = self.otlp.as_mut() {
+            let r = self.exporter.render();
+            o.maybe_push(&r, true);
+        }
     }
 }
 
@@ -214,6 +283,13 @@ fn hooks_report(
                 i.iter_netns.join(",")
             }
         ));
+        out.push(format!("existing connections: {}", i.existing_path));
+        if i.existing_not_timed > 0 {
+            out.push(format!(
+                "unavailable: tcp view: {} connections open before attach are not timed (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook)",
+                i.existing_not_timed
+            ));
+        }
         if i.rtt_source.starts_with("srtt") {
             out.push(format!("degraded: tcp view: {}", i.rtt_source));
         }

@@ -105,13 +105,72 @@ pub async fn serve_with(
     }
 }
 
-/// The status, content type and body for a request's method and path
-/// (hyper has already parsed the request; malformed ones never get here).
+type Body = http_body_util::Full<hyper::body::Bytes>;
+type Bytes = hyper::body::Bytes;
+
+/// The Prometheus text format (0.0.4), what a scraper gets unless it asks
+/// for OpenMetrics or protobuf.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The exposition formats `/metrics` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4 (the default).
+    Text,
+    /// OpenMetrics text 1.0.
+    OpenMetrics,
+    /// Delimited `io.prometheus.client.MetricFamily` protobuf: native histograms.
+    Protobuf,
+}
+
+/// The format an `Accept` header asks for: the supported media type with
+/// the highest `q` (ties: protobuf, then OpenMetrics, then text; what
+/// Prometheus sends with native histograms enabled picks protobuf).
+pub fn negotiate(accept: Option<&str>) -> Format {
+    let mut best = (0.0f64, Format::Text);
+    for entry in accept.unwrap_or("").split(',') {
+        let mut parts = entry.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let params: Vec<String> = parts
+            .map(|p| p.replace(' ', "").to_ascii_lowercase())
+            .collect();
+        let q = params
+            .iter()
+            .find_map(|p| p.strip_prefix("q=").and_then(|v| v.parse::<f64>().ok()))
+            .unwrap_or(1.0);
+        let format = match media.as_str() {
+            "application/vnd.google.protobuf"
+                if params
+                    .iter()
+                    .any(|p| p == "proto=io.prometheus.client.metricfamily")
+                    && params.iter().any(|p| p == "encoding=delimited") =>
+            {
+                Format::Protobuf
+            }
+            "application/openmetrics-text" => Format::OpenMetrics,
+            _ => continue,
+        };
+        let rank = |f: Format| match f {
+            Format::Protobuf => 2,
+            Format::OpenMetrics => 1,
+            Format::Text => 0,
+        };
+        if q > best.0 || (q == best.0 && q > 0.0 && rank(format) > rank(best.1)) {
+            best = (q, format);
+        }
+    }
+    best.1
+}
+
+/// The status, content type and body for a request's method, path and
+/// wanted format, from the last render (hyper has already parsed the
+/// request; malformed ones never get here).
 pub fn respond(
     method: &str,
     path: &str,
     handle: Option<&MetricsHandle>,
-) -> (u16, &'static str, String) {
+    format: Format,
+) -> (u16, &'static str, Bytes) {
     if method != "GET" && method != "HEAD" {
         return (
             405,
@@ -119,27 +178,28 @@ pub fn respond(
             "only GET and HEAD\n".into(),
         );
     }
-    match (path, handle) {
-        ("/metrics", Some(h)) => (200, CONTENT_TYPE, h.encode()),
-        ("/metrics", None) => (200, CONTENT_TYPE, "# EOF\n".into()),
-        _ => (
+    if path != "/metrics" {
+        return (
             404,
             "text/plain; charset=utf-8",
             "not found: try /metrics\n".into(),
-        ),
+        );
+    }
+    let Some(h) = handle else {
+        return (200, CONTENT_TYPE, "# EOF\n".into());
+    };
+    let r = h.scrape();
+    match format {
+        Format::Protobuf => (200, super::proto::CONTENT_TYPE, r.protobuf.clone()),
+        Format::OpenMetrics => (200, CONTENT_TYPE, r.openmetrics.clone()),
+        Format::Text => (200, TEXT_CONTENT_TYPE, r.text.clone()),
     }
 }
-
-type Body = http_body_util::Full<hyper::body::Bytes>;
-
-/// The Prometheus text format (0.0.4), what a scraper gets unless it asks
-/// for OpenMetrics.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Whether an `Accept` header asks for OpenMetrics (Prometheus sends
 /// `application/openmetrics-text;version=1.0.0,...` when it prefers it).
 pub fn wants_openmetrics(accept: Option<&str>) -> bool {
-    accept.is_some_and(|a| a.contains("application/openmetrics-text"))
+    negotiate(accept) == Format::OpenMetrics
 }
 
 /// OpenMetrics text as the Prometheus text format: no `# EOF` and no
@@ -176,16 +236,17 @@ pub fn to_text_format(om: &str) -> String {
 }
 
 fn answer<B>(req: &hyper::Request<B>, h: &MetricsHandle) -> hyper::Response<Body> {
-    let (code, mut ctype, mut body) = respond(req.method().as_str(), req.uri().path(), Some(h));
     let accept = req
         .headers()
         .get(hyper::header::ACCEPT)
         .and_then(|v| v.to_str().ok());
-    if code == 200 && !wants_openmetrics(accept) {
-        body = to_text_format(&body);
-        ctype = TEXT_CONTENT_TYPE;
-    }
-    let mut res = hyper::Response::new(Body::new(body.into()));
+    let (code, ctype, body) = respond(
+        req.method().as_str(),
+        req.uri().path(),
+        Some(h),
+        negotiate(accept),
+    );
+    let mut res = hyper::Response::new(Body::new(body));
     *res.status_mut() =
         hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let headers = res.headers_mut();
@@ -210,14 +271,44 @@ mod tests {
     #[test]
     fn http_responses() {
         let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        ex.render();
         let h = ex.handle();
-        let (c, t, b) = respond("GET", "/metrics", Some(&h));
+        let om = Format::OpenMetrics;
+        let (c, t, b) = respond("GET", "/metrics", Some(&h), om);
         assert_eq!((c, t), (200, CONTENT_TYPE));
+        let b = String::from_utf8_lossy(&b);
         assert!(b.contains("# TYPE rttscope_rtt_seconds histogram"), "{b}");
-        assert_eq!(respond("HEAD", "/metrics", Some(&h)).0, 200);
-        assert_eq!(respond("GET", "/", Some(&h)).0, 404);
-        assert_eq!(respond("GET", "/metricsx", Some(&h)).0, 404);
-        assert_eq!(respond("POST", "/metrics", Some(&h)).0, 405);
+        assert_eq!(respond("HEAD", "/metrics", Some(&h), om).0, 200);
+        assert_eq!(respond("GET", "/", Some(&h), om).0, 404);
+        assert_eq!(respond("GET", "/metricsx", Some(&h), om).0, 404);
+        assert_eq!(respond("POST", "/metrics", Some(&h), om).0, 405);
+        let (c, t, b) = respond("GET", "/metrics", Some(&h), Format::Protobuf);
+        assert_eq!((c, t), (200, super::super::proto::CONTENT_TYPE));
+        let fams = super::super::proto::decode(&b).unwrap();
+        assert!(fams.iter().any(|f| f.name == "rttscope_rtt_seconds"));
+    }
+
+    #[test]
+    fn accept_negotiation() {
+        // What Prometheus 2.53 sends with --enable-feature=native-histograms.
+        let prom = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,application/openmetrics-text;version=1.0.0;q=0.6,application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=0.0.4;q=0.4,*/*;q=0.1";
+        assert_eq!(negotiate(Some(prom)), Format::Protobuf);
+        // ... and without it.
+        let plain = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(negotiate(Some(plain)), Format::OpenMetrics);
+        assert_eq!(negotiate(None), Format::Text);
+        assert_eq!(negotiate(Some("text/plain")), Format::Text);
+        // Protobuf of another message, or not delimited: not ours.
+        assert_eq!(
+            negotiate(Some(
+                "application/vnd.google.protobuf;proto=x.Y;encoding=delimited"
+            )),
+            Format::Text
+        );
+        assert_eq!(
+            negotiate(Some("application/openmetrics-text;q=0.9, application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited; q=0.5")),
+            Format::OpenMetrics
+        );
     }
 
     /// Send raw bytes, read until the server closes: (status, head, body).
@@ -247,6 +338,7 @@ mod tests {
     async fn http_server_on_loopback() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let ex = Exporter::new(LabelPolicy::default()).unwrap();
+        ex.render();
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let limits = ServeLimits {
@@ -357,7 +449,7 @@ mod tests {
     fn text_format_passes_promtool() {
         let mut ex = Exporter::new(LabelPolicy::default()).unwrap();
         ex.set_process_stats();
-        let text = to_text_format(&ex.handle().encode());
+        let text = to_text_format(&ex.encode());
         assert!(
             text.contains("# TYPE process_cpu_seconds_total counter"),
             "{text}"

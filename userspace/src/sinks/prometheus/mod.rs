@@ -54,14 +54,14 @@ use crate::views::ViewKind;
 
 pub mod daemon;
 pub mod http;
+pub mod native;
+pub mod proto;
 
 /// A std Mutex that shrugs off poisoning (a panicked scrape must not stop the exporter).
 mod parking_lot_free {
+    #[derive(Default)]
     pub struct Mutex<T>(std::sync::Mutex<T>);
     impl<T> Mutex<T> {
-        pub fn new(v: T) -> Self {
-            Mutex(std::sync::Mutex::new(v))
-        }
         pub fn lock(&self) -> std::sync::MutexGuard<'_, T> {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
         }
@@ -255,7 +255,9 @@ fn side_label(s: Side) -> &'static str {
     }
 }
 
-/// Labels of an RTT histogram series.
+/// Labels of an RTT histogram series. A label added here is exported by
+/// every format: the text formats through `EncodeLabelSet`, the protobuf
+/// native buckets and OTLP through [`RttLabels::pairs`].
 #[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RttLabels {
     pub view: String,
@@ -275,27 +277,36 @@ impl EncodeLabelSet for RttLabels {
         mut enc: prometheus_client::encoding::LabelSetEncoder,
     ) -> std::result::Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeLabel;
-        let fixed = [
-            ("view", &self.view),
-            ("side", &self.side),
-            ("netns", &self.netns),
-            ("remote_prefix", &self.remote_prefix),
-            ("local_port", &self.local_port),
-            ("proto", &self.proto),
-        ];
-        for (k, v) in fixed {
-            (k, v.as_str()).encode(enc.encode_label())?;
-        }
-        for (k, v) in self.workload.iter().flat_map(|w| w.pairs()) {
-            if !v.is_empty() {
-                (k, v).encode(enc.encode_label())?;
-            }
+        for (k, v) in self.in_order() {
+            (k, v).encode(enc.encode_label())?;
         }
         Ok(())
     }
 }
 
 impl RttLabels {
+    /// (name, value) of every label, sorted by name.
+    pub fn pairs(&self) -> proto::LabelKey {
+        let pairs = self.in_order().map(|(k, v)| (k.to_string(), v.to_string()));
+        proto::label_key(pairs.collect())
+    }
+
+    /// Every label in the text format's order; the workload's only where known.
+    fn in_order(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let fixed = [
+            ("view", self.view.as_str()),
+            ("side", self.side.as_str()),
+            ("netns", self.netns.as_str()),
+            ("remote_prefix", self.remote_prefix.as_str()),
+            ("local_port", self.local_port.as_str()),
+            ("proto", self.proto.as_str()),
+        ];
+        let workload = self.workload.iter().flat_map(|w| w.pairs());
+        fixed
+            .into_iter()
+            .chain(workload.filter(|(_, v)| !v.is_empty()))
+    }
+
     /// The one overflow series of a view.
     pub fn overflow(view: ViewKind) -> RttLabels {
         let o = "overflow".to_string();
@@ -336,32 +347,28 @@ struct ProgLabels {
 
 /// A Prometheus histogram fed with whole kernel histograms at once
 /// (prometheus-client's own `Histogram` takes one observation at a time).
-#[derive(Debug, Clone)]
+/// It keeps the series' cumulative kernel histogram; the classic buckets
+/// and the native (exponential) buckets are both derived from it when the
+/// exporter renders.
+#[derive(Debug, Clone, Default)]
 pub struct RttHist {
     inner: Arc<Mutex<RttHistInner>>,
 }
 
 #[derive(Debug)]
 struct RttHistInner {
-    sum_s: f64,
-    count: u64,
-    /// Per-bucket (not cumulative) counts; the last one is +Inf.
-    buckets: Vec<(f64, u64)>,
+    /// Every sample of the series, in the kernel's log-linear layout.
+    hist: Hist,
+    /// The native histogram's schema: lowered (for good) when the series
+    /// needs more than `native::MAX_BUCKETS` buckets.
+    schema: i32,
 }
 
-impl Default for RttHist {
+impl Default for RttHistInner {
     fn default() -> Self {
-        let buckets = RTT_BOUNDS_US[..N_BOUNDS]
-            .iter()
-            .map(|&b| (b as f64 / 1e6, 0))
-            .chain(std::iter::once((f64::MAX, 0)))
-            .collect();
-        RttHist {
-            inner: Arc::new(Mutex::new(RttHistInner {
-                sum_s: 0.0,
-                count: 0,
-                buckets,
-            })),
+        RttHistInner {
+            hist: Hist::default(),
+            schema: native::SCHEMA,
         }
     }
 }
@@ -384,27 +391,39 @@ fn kernel_to_prom() -> &'static [u8; hist::BUCKETS] {
     })
 }
 
+/// Classic buckets (per bucket, not cumulative; the last is +Inf) of a kernel histogram.
+fn classic_buckets(h: &Hist) -> Vec<(f64, u64)> {
+    let map = kernel_to_prom();
+    let mut out: Vec<(f64, u64)> = RTT_BOUNDS_US[..N_BOUNDS]
+        .iter()
+        .map(|&b| (b as f64 / 1e6, 0))
+        .chain(std::iter::once((f64::MAX, 0)))
+        .collect();
+    for (i, c) in h.buckets() {
+        out[map[i.min(hist::BUCKETS - 1)] as usize].1 += c;
+    }
+    out
+}
+
 impl RttHist {
     /// Add `cur - prev` (cumulative kernel histograms of one flow; `prev`
     /// None: all of `cur`). Returns the number of samples added.
     pub fn add_delta(&self, cur: &Hist, prev: Option<&Hist>) -> u64 {
-        let map = kernel_to_prom();
-        let mut g = self.inner.lock();
-        let mut n = 0u64;
-        for (i, c) in cur.buckets() {
-            let d = match prev {
-                Some(p) => c.saturating_sub(p.get(i)),
-                None => c,
-            };
-            if d > 0 {
-                g.buckets[map[i.min(hist::BUCKETS - 1)] as usize].1 += d;
-                n += d;
+        let d;
+        let delta = match prev {
+            Some(p) => {
+                d = cur.delta(p);
+                &d
             }
-        }
+            None => cur,
+        };
+        let n = delta.count();
         if n > 0 {
-            let sum_us = cur.sum_us.saturating_sub(prev.map_or(0, |p| p.sum_us));
-            g.sum_s += sum_us as f64 / 1e6;
-            g.count += n;
+            let mut g = self.inner.lock();
+            g.hist.merge(delta);
+            // The series' range is known from the buckets; exact min/max are not exported.
+            g.hist.min_us = None;
+            g.hist.max_us = None;
         }
         n
     }
@@ -413,15 +432,22 @@ impl RttHist {
     pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
         let g = self.inner.lock();
         let mut acc = 0;
-        let cum = g
-            .buckets
-            .iter()
-            .map(|&(b, c)| {
+        let cum = classic_buckets(&g.hist)
+            .into_iter()
+            .map(|(b, c)| {
                 acc += c;
                 (b, acc)
             })
             .collect();
-        (g.sum_s, g.count, cum)
+        (g.hist.sum_us as f64 / 1e6, g.hist.count(), cum)
+    }
+
+    /// The native (exponential) buckets, at the series' schema or lower.
+    pub fn native(&self) -> native::Native {
+        let mut g = self.inner.lock();
+        let n = native::from_hist(&g.hist, g.schema);
+        g.schema = n.schema;
+        n
     }
 }
 
@@ -432,38 +458,65 @@ impl TypedMetric for RttHist {
 impl EncodeMetric for RttHist {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
         let g = self.inner.lock();
-        encoder.encode_histogram::<()>(g.sum_s, g.count, &g.buckets, None)
+        let buckets = classic_buckets(&g.hist);
+        encoder.encode_histogram::<()>(g.hist.sum_us as f64 / 1e6, g.hist.count(), &buckets, None)
     }
     fn metric_type(&self) -> MetricType {
         Self::TYPE
     }
 }
 
-/// Counter names that are drops (something not recorded), by view counter name.
-fn is_drop(name: &str) -> bool {
-    name.contains("drop")
+/// Counter names that are drops: samples or records lost (a ring buffer
+/// overrun, a table full, a flow gone unread, samples of evicted flows never
+/// read). Normal table churn (evictions of idle flows and segments) is not a
+/// drop: see [`is_eviction`].
+pub fn is_drop(name: &str) -> bool {
+    name.contains("dropped")
         || name.ends_with("_full")
         || name.contains("vanished")
-        || name.contains("evict")
+        || name == "samples_evicted"
         || name.contains("overrun")
+        || name.ends_with("_bad")
 }
 
-/// Counter names that are levels, not event counts (each has a gauge of its own).
+/// Counter names that count normal LRU churn: flows and pending segments
+/// evicted to make room (their samples, if any were unread, are counted by
+/// `samples_evicted`, a drop).
+pub fn is_eviction(name: &str) -> bool {
+    !is_drop(name) && name.contains("evict")
+}
+
+/// Counter names that are levels, not event counts: exported as gauges
+/// (`rttscope_view_level`), never as counters.
 fn is_gauge(name: &str) -> bool {
-    name == "flows_tracked"
+    name == "flows_tracked" || name.ends_with("_live")
+}
+
+/// The level that is the view's tracked flows: the TCP view's own count,
+/// the sampler's flow-table entries in use.
+fn is_flows_tracked(view: ViewKind, name: &str) -> bool {
+    matches!(
+        (view, name),
+        (ViewKind::Tcp, "flows_tracked") | (ViewKind::Sampler, "flows_live")
+    )
 }
 
 /// The exporter: metric families, the label policy, the series cap.
 pub struct Exporter {
-    registry: Arc<Registry>,
+    registry: Registry,
     policy: LabelPolicy,
     rtt: Family<RttLabels, RttHist>,
-    series: HashMap<RttLabels, Instant>,
+    /// Label sets in use: when last updated, and their histogram.
+    series: HashMap<RttLabels, (Instant, RttHist)>,
+    /// The overflow series of each view that has one.
+    overflow_series: HashMap<ViewKind, RttHist>,
     series_gauge: Gauge,
     overflow: Family<ViewLabel, Counter>,
     samples: Family<ViewLabel, Counter>,
     drops: Family<DropLabels, Counter>,
+    evictions: Family<EventLabels, Counter>,
     events: Family<EventLabels, Counter>,
+    levels: Family<LevelLabels, Gauge>,
     flows_tracked: Family<ViewLabel, Gauge>,
     prog_time: Family<ProgLabels, Counter<f64, AtomicU64>>,
     prog_cnt: Family<ProgLabels, Counter>,
@@ -478,6 +531,28 @@ pub struct Exporter {
     last_counters: HashMap<(ViewKind, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
+    /// What `/metrics` serves: the last render, shared with the server.
+    rendered: Arc<std::sync::RwLock<Arc<Rendered>>>,
+}
+
+/// One render of every metric, in each format a scraper may ask for
+/// (prepared once per read interval; a scrape only clones the `Arc`).
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// OpenMetrics text 1.0.
+    pub openmetrics: hyper::body::Bytes,
+    /// The Prometheus text format 0.0.4.
+    pub text: hyper::body::Bytes,
+    /// The protobuf exposition format with native buckets.
+    pub protobuf: hyper::body::Bytes,
+    /// The RTT series' native buckets by label set (OTLP reads them).
+    pub natives: Vec<(RttLabels, native::Native)>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabels {
+    view: String,
+    level: String,
 }
 
 impl Exporter {
@@ -500,19 +575,31 @@ impl Exporter {
         let drops = Family::<DropLabels, Counter>::default();
         r.register(
             "rttscope_drops",
-            "Things a view could not record: ring-buffer overruns, flow-table-full, flows that left a table unreported (flows_vanished)",
+            "Samples or records a view lost: ring-buffer overruns (raw_events_dropped), table full (flow_map_full, pending_map_full), flows that left a table unread (flows_vanished), samples of evicted flows never read (samples_evicted); normal evictions are rttscope_evictions_total",
             drops.clone(),
+        );
+        let evictions = Family::<EventLabels, Counter>::default();
+        r.register(
+            "rttscope_evictions",
+            "Normal table churn, not a loss: flows and pending segments evicted to make room (samples of evicted flows that were never read are a drop, reason samples_evicted)",
+            evictions.clone(),
+        );
+        let levels = Family::<LevelLabels, Gauge>::default();
+        r.register(
+            "rttscope_view_level",
+            "Levels of a view at the last read (table entries in use: flows_live, pending_live, flows_tracked)",
+            levels.clone(),
         );
         let events = Family::<EventLabels, Counter>::default();
         r.register(
             "rttscope_view_events",
-            "Every counter of a view, by name",
+            "Every counter of a view that counts events, by name (levels are rttscope_view_level)",
             events.clone(),
         );
         let flows_tracked = Family::<ViewLabel, Gauge>::default();
         r.register(
             "rttscope_flows_tracked",
-            "Flows in the view's flow map at the last read",
+            "Flows tracked by the view at the last read (tcp: flows in its table; sampler: flow-table entries in use)",
             flows_tracked.clone(),
         );
         let prog_time = Family::<ProgLabels, Counter<f64, AtomicU64>>::default();
@@ -613,15 +700,18 @@ impl Exporter {
             ])
             .set(1);
         Ok(Exporter {
-            registry: Arc::new(r),
+            registry: r,
             policy,
             rtt,
             series: HashMap::new(),
+            overflow_series: HashMap::new(),
             series_gauge,
             overflow,
             samples,
             drops,
+            evictions,
             events,
+            levels,
             flows_tracked,
             prog_time,
             prog_cnt,
@@ -636,6 +726,7 @@ impl Exporter {
             last_counters: HashMap::new(),
             last_prog: HashMap::new(),
             last_expiry: Instant::now(),
+            rendered: Arc::default(),
         })
     }
 
@@ -691,26 +782,29 @@ impl Exporter {
         prev: Option<&Hist>,
     ) -> u64 {
         let now = Instant::now();
-        let labels = if let Some(t) = self.series.get_mut(&labels) {
+        if let Some((t, h)) = self.series.get_mut(&labels) {
             *t = now;
-            labels
-        } else if self.series.len() < self.policy.max_series {
-            self.series.insert(labels.clone(), now);
+            return h.add_delta(cur, prev);
+        }
+        if self.series.len() < self.policy.max_series {
+            let h = self.rtt.get_or_create(&labels).clone();
+            let n = h.add_delta(cur, prev);
+            self.series.insert(labels, (now, h));
             self.series_gauge.set(self.series.len() as i64);
-            labels
-        } else {
-            let n = self
-                .rtt
-                .get_or_create(&RttLabels::overflow(view))
-                .add_delta(cur, prev);
-            self.overflow
-                .get_or_create(&ViewLabel {
-                    view: view.as_str().into(),
-                })
-                .inc_by(n);
             return n;
-        };
-        self.rtt.get_or_create(&labels).add_delta(cur, prev)
+        }
+        let rtt = &self.rtt;
+        let n = self
+            .overflow_series
+            .entry(view)
+            .or_insert_with(|| rtt.get_or_create(&RttLabels::overflow(view)).clone())
+            .add_delta(cur, prev);
+        self.overflow
+            .get_or_create(&ViewLabel {
+                view: view.as_str().into(),
+            })
+            .inc_by(n);
+        n
     }
 
     /// Remove label sets idle for longer than the policy allows (call once per interval).
@@ -724,7 +818,7 @@ impl Exporter {
         let old: Vec<RttLabels> = self
             .series
             .iter()
-            .filter(|(_, t)| now.duration_since(**t) > idle)
+            .filter(|(_, (t, _))| now.duration_since(*t) > idle)
             .map(|(l, _)| l.clone())
             .collect();
         for l in &old {
@@ -749,8 +843,16 @@ impl Exporter {
         for (&name, &value) in counters {
             if is_gauge(name) {
                 let g = value.min(i64::MAX as u64) as i64;
-                self.flows_tracked
-                    .get_or_create(&ViewLabel { view: v.clone() })
+                if is_flows_tracked(view, name) {
+                    self.flows_tracked
+                        .get_or_create(&ViewLabel { view: v.clone() })
+                        .set(g);
+                }
+                self.levels
+                    .get_or_create(&LevelLabels {
+                        view: v.clone(),
+                        level: name.into(),
+                    })
                     .set(g);
                 continue;
             }
@@ -776,6 +878,13 @@ impl Exporter {
                     .get_or_create(&DropLabels {
                         view: v.clone(),
                         reason: name.into(),
+                    })
+                    .inc_by(d);
+            } else if is_eviction(name) {
+                self.evictions
+                    .get_or_create(&EventLabels {
+                        view: v.clone(),
+                        event: name.into(),
                     })
                     .inc_by(d);
             }
@@ -841,15 +950,51 @@ impl Exporter {
         }
     }
 
-    /// The OpenMetrics text of everything registered.
-    pub fn encode(&self) -> String {
-        encode_registry(&self.registry, &self.scrapes)
+    /// Render every format now and publish it to `/metrics` (once per
+    /// read interval); returns the render.
+    pub fn render(&self) -> Arc<Rendered> {
+        let mut om = String::with_capacity(64 * 1024);
+        // Encoding into a String cannot fail except on a formatting bug.
+        let _ = prometheus_client::encoding::text::encode(&mut om, &self.registry);
+        let natives: Vec<(RttLabels, native::Native)> = self
+            .series
+            .iter()
+            .map(|(l, (_, h))| (l.clone(), h.native()))
+            .chain(
+                self.overflow_series
+                    .iter()
+                    .map(|(v, h)| (RttLabels::overflow(*v), h.native())),
+            )
+            .collect();
+        let by_key: HashMap<proto::LabelKey, native::Native> = natives
+            .iter()
+            .map(|(l, n)| (l.pairs(), n.clone()))
+            .collect();
+        let fams = proto::families(&om, "rttscope_rtt_seconds", &by_key);
+        let r = Arc::new(Rendered {
+            text: http::to_text_format(&om).into(),
+            protobuf: proto::encode(&fams).into(),
+            openmetrics: om.into(),
+            natives,
+        });
+        *self.rendered.write().unwrap_or_else(|e| e.into_inner()) = r.clone();
+        r
     }
 
-    /// What the HTTP server needs: registry and scrape counter.
+    /// Render now; the OpenMetrics text (tests, and callers without a server).
+    pub fn encode(&self) -> String {
+        String::from_utf8_lossy(&self.render().openmetrics).into_owned()
+    }
+
+    /// The registry, for metrics of other parts of the daemon (OTLP delivery).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// What the HTTP server needs: the last render and the scrape counter.
     pub fn handle(&self) -> MetricsHandle {
         MetricsHandle {
-            registry: self.registry.clone(),
+            rendered: self.rendered.clone(),
             scrapes: self.scrapes.clone(),
         }
     }
@@ -884,24 +1029,22 @@ fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-fn encode_registry(r: &Registry, scrapes: &Counter) -> String {
-    scrapes.inc();
-    let mut s = String::with_capacity(64 * 1024);
-    // Encoding into a String cannot fail except on a formatting bug.
-    let _ = prometheus_client::encoding::text::encode(&mut s, r);
-    s
-}
-
-/// A cheap, cloneable reference for the HTTP server.
+/// A cheap, cloneable reference for the HTTP server: each scrape takes the
+/// last render (an `Arc`), whatever the number of flows or of scrapers.
 #[derive(Clone)]
 pub struct MetricsHandle {
-    registry: Arc<Registry>,
+    rendered: Arc<std::sync::RwLock<Arc<Rendered>>>,
     scrapes: Counter,
 }
 
 impl MetricsHandle {
-    pub fn encode(&self) -> String {
-        encode_registry(&self.registry, &self.scrapes)
+    /// The last render, counted as a scrape (the count shows from the next render on).
+    pub fn scrape(&self) -> Arc<Rendered> {
+        self.scrapes.inc();
+        self.rendered
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -1185,8 +1328,14 @@ mod tests {
         assert!(t.contains("rttscope_view_events_total{view=\"tcp\",event=\"samples\"} 250"));
         assert!(t.trim_end().ends_with("# EOF"));
         assert!(t.contains("rttscope_series_overflow_total{view=\"tcp\"} 0"));
-        // No family that is always empty, no label that changes at every restart.
-        assert!(!t.contains("rttscope_view_level"), "{t}");
+        // Levels are gauges, never counters (issue 26.6).
+        assert!(t.contains("# TYPE rttscope_view_level gauge"), "{t}");
+        assert!(
+            t.contains("rttscope_view_level{view=\"tcp\",level=\"flows_tracked\"} 5"),
+            "{t}"
+        );
+        assert!(!t.contains("event=\"flows_tracked\""), "{t}");
+        // No label that changes at every restart.
         assert!(!t.contains(",id=\"") && !t.contains("{id=\""), "{t}");
         ex.set_process_stats();
         ex.observe_flow(

@@ -22,9 +22,12 @@
 //!   a thread that entered the interface's namespace (the interface is
 //!   looked up by name there); a link detaches when its fd closes, i.e. when
 //!   the `Ebpf` is dropped or the process dies;
-//! - clsact filters (kernels < 6.6, or `--attach clsact`) are not done here:
-//!   they need netlink calls inside the namespace on drop and a stale-filter
-//!   cleanup, which the libbpf loader has; aya refuses them in one sentence;
+//! - clsact filters (where the feature probe finds no tcx, or `--attach
+//!   clsact`): the programs aya loaded are attached by the same netlink code
+//!   as the libbpf loader's (`tc.rs`: a claimed slot per interface, stale
+//!   filters of killed observers removed, ours removed on drop), so both
+//!   loaders attach the same way on every kernel. That code is built with the
+//!   `libbpf` feature; an aya-only build refuses clsact in one sentence;
 //! - reading and decoding (flow table, counters, raw samples) is shared
 //!   with the libbpf loader: `sampler::{table_flows, derived_counters}` (the
 //!   table is read with a raw `BPF_MAP_LOOKUP_BATCH` on the map's fd) and
@@ -97,7 +100,13 @@ pub(crate) struct AyaSampler {
     epoch_map: Array<MapData, u32>,
     ring: Option<AyaRing>,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: crate::views::khist::KernelHists,
     prog_ids: Vec<(String, u32)>,
+    /// clsact filters and claims (before the copies: removed first).
+    #[cfg(feature = "libbpf")]
+    #[allow(dead_code)] // held for its Drop
+    attached: super::tc::Attachments,
     // last: dropping a copy closes its tcx links (detach) and unloads it
     #[allow(dead_code)] // held for its Drop
     copies: Vec<Ebpf>,
@@ -110,8 +119,13 @@ fn err(what: &str, e: impl std::error::Error) -> anyhow::Error {
 impl AyaSampler {
     pub(crate) fn attach(ifaces: &[IfaceSpec], cfg: SamplerConfig) -> Result<AyaSampler> {
         let resolved = resolve_ifaces(ifaces, &cfg)?;
-        if cfg.attach == AttachMode::Clsact {
-            bail!("clsact filters need the libbpf loader: under aya the sampler attaches through tcx links only (kernel 6.6 or later)");
+        let clsact = match cfg.attach {
+            AttachMode::Clsact => true,
+            AttachMode::Tcx => false,
+            AttachMode::Auto => !crate::views::probe::Features::get().tcx.ok,
+        };
+        if clsact && !cfg!(feature = "libbpf") {
+            bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
         }
         crate::sys::preflight::require_bpf_caps()?;
         let btf =
@@ -169,6 +183,8 @@ impl AyaSampler {
         let mut copies = Vec::new();
         let mut info = Vec::new();
         let mut prog_ids = Vec::new();
+        #[cfg(feature = "libbpf")]
+        let mut attached = super::tc::Attachments::default();
         for (
             mut ebpf,
             ResolvedIface {
@@ -194,10 +210,17 @@ impl AyaSampler {
                 if let Ok(i) = prog.info() {
                     prog_ids.push((pname.to_string(), i.id()));
                 }
-                tcx_attach_in(&ns, prog, &spec.name, egress)
-                    .with_context(|| format!("attaching a tcx link to {spec}"))?;
+                if clsact {
+                    #[cfg(feature = "libbpf")]
+                    clsact_attach_in(&mut attached, &ns, prog, meta.ifindex, egress)
+                        .with_context(|| format!("attaching a clsact filter to {spec}"))?;
+                } else {
+                    tcx_attach_in(&ns, prog, &spec.name, egress)
+                        .with_context(|| format!("attaching a tcx link to {spec}"))?;
+                }
             }
-            info.push(attach_info(&spec, &ns, meta.ifindex, "tcx", link));
+            let how = if clsact { "clsact" } else { "tcx" };
+            info.push(attach_info(&spec, &ns, meta.ifindex, how, link));
             copies.push(ebpf);
         }
         let first = copies.first_mut().context("no sampler object loaded")?;
@@ -225,7 +248,10 @@ impl AyaSampler {
             epoch_map,
             ring,
             epoch: 0,
+            hists: Default::default(),
             prog_ids,
+            #[cfg(feature = "libbpf")]
+            attached,
             copies,
         })
     }
@@ -281,6 +307,54 @@ fn private_bpffs() -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Attach `prog` as a clsact filter on `ifindex` in `ns`, through the libbpf
+/// loader's netlink code (its slot claim first, once per interface: the
+/// egress program comes first, the ingress one reuses the claim).
+#[cfg(feature = "libbpf")]
+fn clsact_attach_in(
+    attached: &mut super::tc::Attachments,
+    ns: &crate::sys::netns::NetNs,
+    prog: &SchedClassifier,
+    ifindex: u32,
+    egress: bool,
+) -> Result<()> {
+    use super::tc::{clsact_attach, clsact_claim, Attached};
+    use std::os::fd::AsRawFd;
+    let prog_fd = prog
+        .fd()
+        .map_err(|e| err("the sampler program's fd", e))?
+        .as_fd()
+        .as_raw_fd();
+    let claimed = attached.0.iter().rev().find_map(|a| match a {
+        // ifindexes repeat across namespaces: the claim of this interface in this namespace
+        Attached::Claim { ns: n, claim } if claim.ifindex == ifindex && n.inode == ns.inode => {
+            Some(claim.slot)
+        }
+        _ => None,
+    });
+    let slot = match claimed {
+        Some(s) => s,
+        None => {
+            let claim = crate::sys::netns::run_in(ns, move || clsact_claim(ifindex))
+                .context("claiming a clsact slot")?;
+            let s = claim.slot;
+            attached.0.push(Attached::Claim {
+                ns: ns.clone(),
+                claim,
+            });
+            s
+        }
+    };
+    crate::sys::netns::run_in(ns, move || clsact_attach(prog_fd, ifindex, egress, slot))?;
+    attached.0.push(Attached::Clsact {
+        ns: ns.clone(),
+        ifindex,
+        egress,
+        slot,
+    });
+    Ok(())
+}
+
 /// Attach `prog` as a tcx link on `iface` from a thread inside `ns` (the
 /// interface name and the link's ifindex are resolved in that namespace).
 fn tcx_attach_in(
@@ -299,7 +373,7 @@ fn tcx_attach_in(
         prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::default()))
             .map_err(|e| {
                 err(
-                    "tcx attach (tcx links need kernel 6.6 or later; under aya there is no clsact fallback: use --loader libbpf on older kernels)",
+                    "tcx attach (tcx links need kernel 6.6 or later: `rttscope features` says whether this kernel has them; --attach auto uses clsact where it has not)",
                     e,
                 )
             })?;
@@ -353,7 +427,12 @@ impl SamplerView for AyaSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
+        let out = table_flows(
+            self.table.fd().as_fd(),
+            &self.cfg,
+            &self.info,
+            (&mut self.hists, self.epoch),
+        )?;
         self.epoch = self.epoch.wrapping_add(1);
         self.epoch_map
             .set(0, self.epoch, 0)
@@ -373,6 +452,7 @@ mod tests {
         // EM_BPF
     }
 
+    #[cfg(not(feature = "libbpf"))]
     #[test]
     fn clsact_is_refused_in_one_sentence() {
         // Resolving the interface comes first; "lo" exists in every namespace.

@@ -29,6 +29,8 @@ pub(crate) struct LibbpfSampler {
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: crate::views::khist::KernelHists,
     // the skeletons last: their programs must outlive the attachments above.
     // skels[0] created the shared maps; the others reuse them.
     skels: Vec<SamplerSkel<'static>>,
@@ -71,7 +73,13 @@ impl LibbpfSampler {
                 let prog_fd = prog.as_fd().as_raw_fd();
                 let ifindex = meta.ifindex;
                 let mode = cfg.attach;
-                let tcx = if mode != AttachMode::Clsact {
+                // auto: tcx where the feature probe found it (`rttscope features`), as under aya
+                let try_tcx = match mode {
+                    AttachMode::Clsact => false,
+                    AttachMode::Tcx => true,
+                    AttachMode::Auto => crate::views::probe::Features::get().tcx.ok,
+                };
+                let tcx = if try_tcx {
                     match netns::run_in(&ns, move || tcx_attach(prog_fd, ifindex, egress)) {
                         Ok(fd) => Some(fd),
                         Err(e) if mode == AttachMode::Auto => {
@@ -137,6 +145,7 @@ impl LibbpfSampler {
             info,
             raw_taken: false,
             epoch: 0,
+            hists: Default::default(),
             skels,
         })
     }
@@ -208,10 +217,10 @@ impl SamplerView for LibbpfSampler {
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
         let out = table_flows(
-            self.maps().sampler_table.as_fd(),
+            self.skels[0].maps.sampler_table.as_fd(),
             &self.cfg,
             &self.info,
-            self.epoch,
+            (&mut self.hists, self.epoch),
         )?;
         self.epoch = self.epoch.wrapping_add(1);
         self.maps().sampler_epoch.update(

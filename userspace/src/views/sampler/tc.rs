@@ -1,4 +1,4 @@
-//! Attaching the sampler's programs (libbpf loader): tcx links, or clsact
+//! Attaching the sampler's programs (libbpf loader; aya's clsact too): tcx links, or clsact
 //! filters where tcx is unavailable or clsact is asked for.
 //!
 //! clsact filters do not die with their process, and several observers may
@@ -95,7 +95,7 @@ impl Drop for Attachments {
 
 /// One observer's slot on one interface, held while its filters are there.
 pub(super) struct ClsactClaim {
-    ifindex: u32,
+    pub(super) ifindex: u32,
     pub(super) slot: u32,
     /// Bound to the slot's name: the proof that we are alive.
     _name: UnixDatagram,

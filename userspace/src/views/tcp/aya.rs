@@ -60,6 +60,8 @@ pub struct AyaTcp {
     listeners: HashSet<(u32, u16)>,
     info: TcpHookInfo,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: std::sync::Mutex<crate::views::khist::KernelHists>,
 }
 
 fn map_err(what: &str, e: impl std::fmt::Display) -> anyhow::Error {
@@ -189,13 +191,18 @@ impl AyaTcp {
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
+            hists: Default::default(),
         };
         view.info.set_ack_hook(hook_status);
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TCP_ENABLED);
+        let (enabled, refused) = (
+            view.counter(C::RTTSCOPE_TCP_ENABLED),
+            view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
+        );
+        view.info.set_existing(enabled, refused);
         view.load_listeners()?;
         Ok(view)
     }
@@ -327,6 +334,7 @@ impl TcpView for AyaTcp {
             hwm,
             self.info.max_flows,
             &self.listeners,
+            (&self.hists, self.epoch),
             f,
         )
     }

@@ -29,6 +29,8 @@ pub struct LibbpfTcp {
     listeners: HashSet<(u32, u16)>,
     info: TcpHookInfo,
     epoch: u32,
+    /// The flows' histograms made cumulative (views/khist.rs).
+    hists: std::sync::Mutex<crate::views::khist::KernelHists>,
     raw: bool,
     raw_taken: bool,
 }
@@ -116,6 +118,7 @@ impl LibbpfTcp {
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
+            hists: Default::default(),
             raw: cfg.raw,
             raw_taken: false,
         };
@@ -124,7 +127,11 @@ impl LibbpfTcp {
         for ns in &cfg.iter_netns {
             view.enable_existing(ns)?;
         }
-        view.info.existing_enabled = view.counter(C::RTTSCOPE_TCP_ENABLED);
+        let (enabled, refused) = (
+            view.counter(C::RTTSCOPE_TCP_ENABLED),
+            view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
+        );
+        view.info.set_existing(enabled, refused);
         view.load_listeners();
         Ok(view)
     }
@@ -328,6 +335,7 @@ impl TcpView for LibbpfTcp {
             hwm,
             self.info.max_flows,
             &self.listeners,
+            (&self.hists, self.epoch),
             f,
         )
     }

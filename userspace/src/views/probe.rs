@@ -1,0 +1,454 @@
+//! What this kernel allows, found out once by trying it: tiny programs
+//! loaded, attached and discarded (as `bpftool feature probe` and libbpf's
+//! own probes do), never a version number. Distribution kernels backport
+//! features and leave others out (our own 6.18 refuses fentry/fexit), so a
+//! version says little; a probe says what this kernel does.
+//!
+//! Each view picks its path from [`Features`], the same under both loaders
+//! (the probes are raw bpf(2) calls, `crate::sys::bpfprog`), and the
+//! feature-report command (`rttscope features`) prints them.
+//!
+//! | capability | how it is probed |
+//! |---|---|
+//! | `atomics` | a socket filter using BPF_CMPXCHG and BPF_XCHG on its stack loads |
+//! | `rtt_cb_args` | a sock_ops program attached (link) at the cgroup v2 root for a few ms turns on the RTT callback of one loopback connection of ours and records `args[1]` (the new srtt x 8): nonzero = the callback carries the sample. Nothing in BTF marks it: the change (6.10) only passed two values where zeros went before. |
+//! | `ack_hook` | a fexit program on `tcp_ack_update_rtt` (its BTF id) loads and attaches |
+//! | `iter_setsockopt` | an `iter/tcp` program calls `bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS)` on that connection's client socket and writes the helper's result into the iterator's output: 0 = allowed. The verifier accepts the call on 6.1, the helper refuses the option at run time there. |
+//! | `tcx` | a classifier returning TCX_NEXT attached to `lo` by a tcx link (BPF_LINK_CREATE, BPF_TCX_INGRESS) and closed at once |
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::sys::bpfprog::{self as bp, asm, Insn, ProgSpec};
+
+/// One capability: whether this kernel has it, and what the probe saw.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Capability {
+    pub name: &'static str,
+    pub ok: bool,
+    /// What the probe saw (the error when refused).
+    pub detail: String,
+}
+
+/// What this kernel allows (probed once per process: [`Features::get`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct Features {
+    pub kernel: String,
+    /// BTF, privileges, cgroup v2: without them nothing loads.
+    pub btf: Capability,
+    pub privileges: Capability,
+    pub cgroup2: Capability,
+    pub atomics: Capability,
+    pub rtt_cb_args: Capability,
+    pub ack_hook: Capability,
+    pub iter_setsockopt: Capability,
+    pub tcx: Capability,
+}
+
+fn cap(name: &'static str, r: Result<String, String>) -> Capability {
+    match r {
+        Ok(detail) => Capability {
+            name,
+            ok: true,
+            detail,
+        },
+        Err(detail) => Capability {
+            name,
+            ok: false,
+            detail,
+        },
+    }
+}
+
+impl Features {
+    /// The probes' answers, run on first use and kept for the process.
+    pub fn get() -> &'static Features {
+        static F: OnceLock<Features> = OnceLock::new();
+        F.get_or_init(Features::probe)
+    }
+
+    /// Run every probe now.
+    pub fn probe() -> Features {
+        let btf = cap(
+            "btf",
+            crate::sys::preflight::require_btf()
+                .map(|_| "/sys/kernel/btf/vmlinux".into())
+                .map_err(|e| e.to_string()),
+        );
+        let privileges = cap(
+            "privileges",
+            crate::sys::preflight::require_bpf_caps()
+                .map(|_| "CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN".into())
+                .map_err(|e| e.to_string()),
+        );
+        let cgroup2 = cap(
+            "cgroup2",
+            crate::sys::preflight::cgroup2_root()
+                .map(|p| p.display().to_string())
+                .map_err(|e| e.to_string()),
+        );
+        let (rtt, iter) = probe_tcp_callbacks();
+        Features {
+            kernel: crate::sys::preflight::kernel_release(),
+            btf,
+            privileges,
+            cgroup2,
+            atomics: cap("atomics", probe_atomics()),
+            rtt_cb_args: cap("rtt_cb_args", rtt),
+            ack_hook: cap("ack_hook", probe_ack_hook()),
+            iter_setsockopt: cap("iter_setsockopt", iter),
+            tcx: cap("tcx", probe_tcx()),
+        }
+    }
+
+    /// Every capability, in report order.
+    pub fn all(&self) -> [&Capability; 8] {
+        [
+            &self.btf,
+            &self.privileges,
+            &self.cgroup2,
+            &self.atomics,
+            &self.rtt_cb_args,
+            &self.ack_hook,
+            &self.iter_setsockopt,
+            &self.tcx,
+        ]
+    }
+
+    /// Why `observe` cannot load its views here, if it cannot.
+    pub fn blocker(&self) -> Option<String> {
+        [&self.btf, &self.privileges, &self.cgroup2, &self.atomics]
+            .into_iter()
+            .find(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+    }
+
+    /// Where the TCP view's RTT samples come from here.
+    pub fn tcp_rtt_path(&self) -> TcpRttPath {
+        if self.rtt_cb_args.ok {
+            TcpRttPath::RttCbArgs
+        } else if self.ack_hook.ok {
+            TcpRttPath::AckHook
+        } else {
+            TcpRttPath::SrttFallback
+        }
+    }
+
+    /// How connections open before attach are timed here.
+    pub fn existing_path(&self) -> ExistingPath {
+        if self.iter_setsockopt.ok {
+            ExistingPath::Iterator
+        } else if self.ack_hook.ok {
+            ExistingPath::AckHook
+        } else {
+            ExistingPath::None
+        }
+    }
+
+    /// How the sampler attaches with `--attach auto`.
+    pub fn sampler_attach(&self) -> &'static str {
+        if self.tcx.ok {
+            "tcx"
+        } else {
+            "clsact"
+        }
+    }
+}
+
+/// Where the TCP view's RTT samples come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TcpRttPath {
+    /// BPF_SOCK_OPS_RTT_CB's arguments (the sample and the new srtt).
+    RttCbArgs,
+    /// fexit on tcp_ack_update_rtt: the sample tcp_rtt_estimator() gets.
+    AckHook,
+    /// RTT_CB without arguments: TCP's srtt before each update.
+    SrttFallback,
+}
+
+/// How connections open before attach get samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExistingPath {
+    /// The iterator turns their RTT callback on (bpf_setsockopt).
+    Iterator,
+    /// The iterator records them; the per-ACK hook times them.
+    AckHook,
+    /// Not timed: no path on this kernel.
+    None,
+}
+
+fn load(spec: ProgSpec<'_>, insns: &[Insn]) -> Result<OwnedFd, String> {
+    bp::prog_load(spec, insns).map_err(|e| e.to_string())
+}
+
+/// BPF_CMPXCHG and BPF_XCHG (kernel 5.12+ upstream) on the stack.
+fn probe_atomics() -> Result<String, String> {
+    let p = [
+        asm::mov_imm(1, 0),
+        asm::stx(8, 10, 1, -8),
+        asm::mov_imm(0, 0),
+        asm::mov_imm(2, 1),
+        asm::atomic64(0xf1, 10, 2, -8), // r0 = cmpxchg(r10-8, r0, r2)
+        asm::mov_imm(2, 2),
+        asm::atomic64(0xe1, 10, 2, -8), // r2 = xchg(r10-8, r2)
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ];
+    let spec = ProgSpec {
+        prog_type: bp::PROG_SOCKET_FILTER,
+        name: "rtt_probe_atom",
+        ..Default::default()
+    };
+    load(spec, &p).map(|_| "BPF_CMPXCHG and BPF_XCHG load".into())
+}
+
+/// fexit on tcp_ack_update_rtt: loads and attaches.
+fn probe_ack_hook() -> Result<String, String> {
+    let id = crate::sys::btf::vmlinux_func_id("tcp_ack_update_rtt").map_err(|e| e.to_string())?;
+    let spec = ProgSpec {
+        prog_type: bp::PROG_TRACING,
+        expected_attach_type: bp::ATTACH_TRACE_FEXIT,
+        attach_btf_id: id,
+        name: "rtt_probe_fexit",
+    };
+    let prog = load(spec, &[asm::mov_imm(0, 0), asm::exit()])?;
+    bp::tracing_attach(&prog)
+        .map(|_| "fexit/tcp_ack_update_rtt attaches".into())
+        .map_err(|e| format!("attach: {e}"))
+}
+
+/// A tcx link on lo, closed at once.
+fn probe_tcx() -> Result<String, String> {
+    let spec = ProgSpec {
+        prog_type: bp::PROG_SCHED_CLS,
+        name: "rtt_probe_tcx",
+        ..Default::default()
+    };
+    let prog = load(spec, &[asm::mov_imm(0, -1), asm::exit()])?;
+    // SAFETY: a NUL-terminated literal.
+    let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+    if lo == 0 {
+        return Err("no loopback interface to try a tcx link on".into());
+    }
+    bp::link_create(&prog, lo, bp::ATTACH_TCX_INGRESS)
+        .map(|_| "a tcx link attaches (tried on lo, closed at once)".into())
+        .map_err(|e| format!("tcx link: {e}"))
+}
+
+/// One loopback connection of ours (client, accepted server socket).
+struct Conn {
+    client: TcpStream,
+    server: TcpStream,
+}
+
+impl Conn {
+    fn open(listener: &TcpListener) -> std::io::Result<Conn> {
+        let client = TcpStream::connect(listener.local_addr()?)?;
+        let (server, _) = listener.accept()?;
+        for s in [&client, &server] {
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.set_nodelay(true)?;
+        }
+        Ok(Conn { client, server })
+    }
+
+    /// Server-to-client data, read by the client: the server's ACK-driven RTT samples.
+    fn exchange(&mut self, rounds: usize) -> std::io::Result<()> {
+        let mut buf = [0u8; 64];
+        for _ in 0..rounds {
+            self.server.write_all(&buf)?;
+            self.client.read_exact(&mut buf)?;
+            self.client.write_all(&buf[..1])?;
+            self.server.read_exact(&mut buf[..1])?;
+        }
+        Ok(())
+    }
+}
+
+/// The RTT callback's arguments and bpf_setsockopt from iter/tcp, both on
+/// one loopback connection of ours.
+fn probe_tcp_callbacks() -> (Result<String, String>, Result<String, String>) {
+    let listener = match TcpListener::bind("127.0.0.1:0") {
+        Ok(l) => l,
+        Err(e) => {
+            let why = format!("no loopback socket to probe with: {e}");
+            return (Err(why.clone()), Err(why));
+        }
+    };
+    let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+    let rtt = probe_rtt_cb_args(&listener, port);
+    let iter = Conn::open(&listener)
+        .map_err(|e| format!("loopback connection: {e}"))
+        .and_then(|c| probe_iter_setsockopt(&c));
+    (rtt, iter)
+}
+
+/// sock_ops program: on the passive side of connections to `port`, turn
+/// the RTT callback on; at each RTT callback record args[0], args[1] and a count.
+fn rtt_cb_prog(map: &OwnedFd, port: u16) -> Vec<Insn> {
+    const OUT: i16 = 25;
+    let mut p = vec![
+        asm::mov(6, 1),
+        asm::ldx(4, 2, 6, 68), // local_port
+        asm::jne_imm(2, port as i32, OUT - 3),
+        asm::ldx(4, 2, 6, 0),  // op
+        asm::jne_imm(2, 5, 5), // PASSIVE_ESTABLISHED_CB
+        asm::mov(1, 6),
+        asm::ldx(4, 2, 6, 84), // bpf_sock_ops_cb_flags
+        asm::or_imm(2, 8),     // | BPF_SOCK_OPS_RTT_CB_FLAG
+        asm::call(59),         // bpf_sock_ops_cb_flags_set
+        asm::ja(OUT - 10),
+        asm::jne_imm(2, 12, OUT - 11), // BPF_SOCK_OPS_RTT_CB
+        asm::ldx(4, 7, 6, 4),          // args[0]
+        asm::ldx(4, 8, 6, 8),          // args[1]
+        asm::st_imm(4, 10, -4, 0),
+    ];
+    p.extend(asm::ld_map_fd(1, map.as_raw_fd()));
+    p.extend([
+        asm::mov(2, 10),
+        asm::add_imm(2, -4),
+        asm::call(1), // bpf_map_lookup_elem
+        asm::jeq_imm(0, 0, OUT - 20),
+        asm::stx(4, 0, 7, 0),
+        asm::stx(4, 0, 8, 4),
+        asm::ldx(8, 1, 0, 8),
+        asm::add_imm(1, 1),
+        asm::stx(8, 0, 1, 8),
+        asm::mov_imm(0, 1),
+        asm::exit(),
+    ]);
+    debug_assert_eq!(p.len(), OUT as usize + 2);
+    p
+}
+
+fn probe_rtt_cb_args(listener: &TcpListener, port: u16) -> Result<String, String> {
+    let map = bp::array_map(16).map_err(|e| format!("map: {e}"))?;
+    let spec = ProgSpec {
+        prog_type: bp::PROG_SOCK_OPS,
+        name: "rtt_probe_rttcb",
+        ..Default::default()
+    };
+    let prog = load(spec, &rtt_cb_prog(&map, port))?;
+    let (cg, _) = crate::sys::preflight::open_cgroup(None).map_err(|e| format!("{e:#}"))?;
+    let link = bp::link_create(&prog, cg.as_raw_fd() as u32, bp::ATTACH_CGROUP_SOCK_OPS)
+        .map_err(|e| format!("attaching sock_ops at the cgroup v2 root: {e}"))?;
+    let mut conn = Conn::open(listener).map_err(|e| format!("loopback connection: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut v = [0u8; 16];
+    loop {
+        conn.exchange(4)
+            .map_err(|e| format!("loopback traffic: {e}"))?;
+        bp::array_get(&map, &mut v).map_err(|e| format!("map read: {e}"))?;
+        let n = u64::from_ne_bytes(v[8..].try_into().unwrap_or_default());
+        if n > 0 || Instant::now() > deadline {
+            break;
+        }
+    }
+    drop(link);
+    let (a0, a1, n) = (
+        u32::from_ne_bytes(v[0..4].try_into().unwrap_or_default()),
+        u32::from_ne_bytes(v[4..8].try_into().unwrap_or_default()),
+        u64::from_ne_bytes(v[8..].try_into().unwrap_or_default()),
+    );
+    match (n, a1) {
+        (0, _) => Err("no RTT callback seen on a loopback connection within 3 s".into()),
+        (_, 0) => Err(format!(
+            "{n} RTT callbacks carried no arguments (args[0] = args[1] = 0)"
+        )),
+        _ => Ok(format!(
+            "{n} RTT callbacks, last sample {a0} us, srtt {} us",
+            a1 >> 3
+        )),
+    }
+}
+
+/// iter/tcp program: for the socket whose local port is `port`, call
+/// bpf_setsockopt(SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, 0) and write its
+/// result (8 bytes) to the iterator's output.
+fn iter_prog(port: u16) -> Vec<Insn> {
+    const OUT: i16 = 24;
+    vec![
+        asm::mov(6, 1),
+        asm::ldx(8, 7, 6, 8), // ctx->sk_common
+        asm::jeq_imm(7, 0, OUT - 3),
+        asm::mov(1, 7),
+        asm::call(137), // bpf_skc_to_tcp_sock
+        asm::jeq_imm(0, 0, OUT - 6),
+        asm::mov(8, 0),
+        asm::ldx(2, 2, 8, 14), // __sk_common.skc_num
+        asm::jne_imm(2, port as i32, OUT - 9),
+        asm::st_imm(4, 10, -4, 0),
+        asm::mov(1, 8),
+        asm::mov_imm(2, 6),    // SOL_TCP
+        asm::mov_imm(3, 1008), // TCP_BPF_SOCK_OPS_CB_FLAGS
+        asm::mov(4, 10),
+        asm::add_imm(4, -4),
+        asm::mov_imm(5, 4),
+        asm::call(49), // bpf_setsockopt
+        asm::stx(8, 10, 0, -16),
+        asm::ldx(8, 1, 6, 0), // ctx->meta
+        asm::ldx(8, 1, 1, 0), // meta->seq
+        asm::mov(2, 10),
+        asm::add_imm(2, -16),
+        asm::mov_imm(3, 8),
+        asm::call(127), // bpf_seq_write
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]
+}
+
+fn probe_iter_setsockopt(conn: &Conn) -> Result<String, String> {
+    let port = conn
+        .client
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())?;
+    let id = crate::sys::btf::vmlinux_func_id("bpf_iter_tcp").map_err(|e| e.to_string())?;
+    let spec = ProgSpec {
+        prog_type: bp::PROG_TRACING,
+        expected_attach_type: bp::ATTACH_TRACE_ITER,
+        attach_btf_id: id,
+        name: "rtt_probe_iter",
+    };
+    let prog = load(spec, &iter_prog(port))?;
+    let link = bp::link_create(&prog, 0, bp::ATTACH_TRACE_ITER)
+        .map_err(|e| format!("iterator link: {e}"))?;
+    let mut out = Vec::new();
+    bp::iter_create(&link)
+        .and_then(|mut f| f.read_to_end(&mut out))
+        .map_err(|e| format!("reading the iterator: {e}"))?;
+    let Some(r) = out.get(..8) else {
+        return Err("the iterator did not see the probe's own connection".into());
+    };
+    match i64::from_ne_bytes(r.try_into().unwrap_or_default()) {
+        0 => Ok("bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) from iter/tcp returns 0".into()),
+        e => Err(format!(
+            "bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS) from iter/tcp returns {e} ({})",
+            std::io::Error::from_raw_os_error(-e as i32)
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_have_their_exits_where_the_jumps_go() {
+        let map = bp::array_map(16);
+        if let Ok(map) = map {
+            let p = rtt_cb_prog(&map, 1234);
+            assert_eq!(p[25].code, 0xb7);
+            assert_eq!(p[26].code, 0x95);
+        }
+        let p = iter_prog(1234);
+        assert_eq!(p.len(), 26);
+        assert_eq!(p[24].code, 0xb7);
+    }
+}
