@@ -26,22 +26,11 @@ enum rttscope_consts {
 	 * before (every old bound is still a bound). The last bucket is open
 	 * ended (>= ~33.3 s; TCP's RTO tops out at 120 s, and an RTT sample that
 	 * long is a stall, reported as ">= 33 s" with its exact max).
-	 * The kernel does not keep the 1,280 counters of a flow (5 KiB): it
-	 * keeps the buckets hit in the current report interval, sparse (struct
-	 * rttscope_hist_half), and userspace adds each finished interval into
-	 * the flow's full histogram (views/khist.rs). */
+	 * 1280 buckets of u32: 5 KiB per flow. */
 	RTTSCOPE_HIST_SUB_BITS = 6,
 	RTTSCOPE_HIST_SUB = 64,
 	RTTSCOPE_HIST_MAX_EXP = 25,
 	RTTSCOPE_HIST_BUCKETS = 64 + (25 - 6) * 64, /* 1280 */
-	/* Entries of one interval's sparse histogram: (bucket + 1) << 21 | count,
-	 * 0 = free. Up to 78 distinct buckets per flow and interval (a span of
-	 * 1.2 octaves when every bucket is hit), each counting up to 2^21 - 1
-	 * samples per interval; a sample past either limit is counted in
-	 * `dropped` (and the view's hist_overflow counter), never guessed. */
-	RTTSCOPE_HIST_ENTRIES = 78,
-	RTTSCOPE_HIST_COUNT_BITS = 21,
-	RTTSCOPE_HIST_COUNT_MASK = (1 << 21) - 1,
 
 	RTTSCOPE_MAX_NETNS = 64,     /* --netns filter entries */
 	RTTSCOPE_MAX_PORTS = 64,     /* --port filter entries */
@@ -94,7 +83,6 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TCP_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_TCP_NO_SOCK,           /* callback without a full socket */
 	RTTSCOPE_TCP_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
-	RTTSCOPE_TCP_HIST_OVERFLOW,     /* samples (in `samples`) the flow's interval histogram could not hold */
 	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
@@ -111,26 +99,10 @@ struct rttscope_flow_key {
 	__u8 raddr[16];
 };
 
-/* The log-linear histogram of one flow in one report interval (epoch),
- * sparse: entry i holds bucket b at i = b % RTTSCOPE_HIST_ENTRIES or at the
- * next free entry after it (linear probing), so the buckets of a flow's
- * usual range (neighbours) take neighbouring entries without collisions.
- * A flow has two: the programs write half[epoch & 1] (cleared when its
- * epoch is not the current one), userspace adds a half to the flow's
- * cumulative histogram once its epoch is over (it reads every interval,
- * before it moves the epoch on; the programs clear a half only two epochs
- * later). */
-struct rttscope_hist_half {
-	__u32 epoch;        /* report epoch these counts belong to */
-	__u32 dropped;      /* samples of that epoch the entries could not hold */
-	__u32 e[RTTSCOPE_HIST_ENTRIES];
-};
-
 /* The RTT aggregate of one flow, the same in every view: exact moments,
  * min/max over the flow's life and over the current report interval (the
  * interval restarts when userspace moves the report epoch on), and the
- * log-linear histogram of the current and the previous interval. Updated by
- * rttscope_agg_add() below. */
+ * log-linear histogram. Updated by rttscope_agg_add() below. */
 struct rttscope_rtt_agg {
 	__u64 samples;
 	__u64 sum_us;
@@ -140,7 +112,7 @@ struct rttscope_rtt_agg {
 	__u32 win_min_us;   /* min/max within the current report interval */
 	__u32 win_max_us;
 	__u32 last_rtt_us;
-	struct rttscope_hist_half half[2];
+	__u32 hist[RTTSCOPE_HIST_BUCKETS];
 };
 
 /* Per-flow state and in-kernel aggregate of the TCP view: one slot of the
@@ -210,11 +182,9 @@ struct rttscope_event {
 };
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
-_Static_assert(sizeof(struct rttscope_hist_half) == 8 + 4 * RTTSCOPE_HIST_ENTRIES, "histogram half layout");
-_Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 2 * sizeof(struct rttscope_hist_half), "rtt aggregate layout");
-_Static_assert(__builtin_offsetof(struct rttscope_rtt_agg, half) % 8 == 0 && RTTSCOPE_HIST_ENTRIES % 2 == 0,
-	       "rttscope_hist_clear() clears a half 8 bytes at a time");
-_Static_assert(RTTSCOPE_HIST_BUCKETS < (1 << (32 - RTTSCOPE_HIST_COUNT_BITS)), "bucket + 1 fits above the count");
+_Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
+_Static_assert(__builtin_offsetof(struct rttscope_rtt_agg, hist) % 8 == 0 && RTTSCOPE_HIST_BUCKETS % 2 == 0,
+	       "rttscope_agg_reset() clears the histogram 8 bytes at a time");
 _Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
@@ -248,77 +218,29 @@ static __inline __attribute__((always_inline)) void rttscope_agg_init(struct rtt
 	a->win_epoch = epoch;
 }
 
-/* Clear one half (40 8-byte stores: BPF has no memset to call, and clang
- * expands only small ones inline). */
-static __inline __attribute__((always_inline)) void rttscope_hist_clear(struct rttscope_hist_half *h, __u32 epoch)
-{
-	volatile __u64 *w = (volatile __u64 *)h->e; /* volatile: not turned back into a memset */
-	__u32 i;
-
-#pragma clang loop unroll(disable)
-	for (i = 0; i < RTTSCOPE_HIST_ENTRIES / 2; i++)
-		w[i] = 0;
-	h->dropped = 0;
-	h->epoch = epoch;
-}
-
-/* Empty an aggregate for a new flow. Runs once per new flow, never per sample. */
+/* Empty an aggregate for a new flow. The histogram (5 KiB) is cleared by a
+ * loop: BPF has no memset/memcpy to call, and clang expands only small ones
+ * inline. Runs once per new flow, never per sample. */
 static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rttscope_rtt_agg *a, __u32 epoch)
 {
+	volatile __u64 *h = (volatile __u64 *)a->hist; /* volatile: not turned back into a memset */
+	__u32 i;
+
 	a->samples = 0;
 	a->sum_us = 0;
 	a->max_us = 0;
 	a->win_max_us = 0;
 	a->last_rtt_us = 0;
-	rttscope_hist_clear(&a->half[0], epoch); /* userspace adds a half only if its */
-	rttscope_hist_clear(&a->half[1], epoch); /* epoch's parity is its index */
+#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_HIST_BUCKETS / 2; i++)
+		h[i] = 0;
 	rttscope_agg_init(a, epoch);
 }
 
-/* Count bucket b in the half of `epoch`. 1 if held, 0 if the half had no
- * room for it (more than RTTSCOPE_HIST_ENTRIES distinct buckets this
- * interval, or 2^21 - 1 samples in the bucket): counted in `dropped`. */
-static __inline __attribute__((always_inline)) int rttscope_hist_add(struct rttscope_rtt_agg *a, __u32 b, __u32 epoch)
-{
-	struct rttscope_hist_half *h = &a->half[epoch & 1];
-	__u32 tag = (b + 1) << RTTSCOPE_HIST_COUNT_BITS;
-	__u32 i, j, v, at = RTTSCOPE_HIST_ENTRIES;
-
-	if (h->epoch != epoch)
-		rttscope_hist_clear(h, epoch);
-	j = b % RTTSCOPE_HIST_ENTRIES;
-	/* find the bucket's entry, or the first free one: one exit from the
-	 * loop, so the verifier walks it once, not once per way out */
-#pragma clang loop unroll(disable)
-	for (i = 0; i < RTTSCOPE_HIST_ENTRIES; i++) {
-		/* keep the bounds check: clang can prove it redundant, the verifier cannot */
-		__asm__ __volatile__("" : "+r"(j));
-		if (j >= RTTSCOPE_HIST_ENTRIES)
-			break;
-		v = h->e[j];
-		if (v == 0 || (v & ~(__u32)RTTSCOPE_HIST_COUNT_MASK) == tag) {
-			at = j;
-			break;
-		}
-		j = j + 1 == RTTSCOPE_HIST_ENTRIES ? 0 : j + 1;
-	}
-	__asm__ __volatile__("" : "+r"(at));
-	if (at < RTTSCOPE_HIST_ENTRIES) {
-		v = h->e[at];
-		if ((v & RTTSCOPE_HIST_COUNT_MASK) != RTTSCOPE_HIST_COUNT_MASK) {
-			h->e[at] = v ? v + 1 : tag | 1;
-			return 1;
-		}
-	}
-	h->dropped++;
-	return 0;
-}
-
 /* Add one RTT sample (us) in report epoch `epoch`. Callers hold the only
- * writer for the flow (TCP: the socket lock; sampler: the way's lock), so
- * plain stores suffice. 1 if the histogram holds it, 0 if not (the caller
- * counts it: hist_overflow; the sample is still in count, sum, min, max). */
-static __inline __attribute__((always_inline)) int rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
+ * writer for the flow (TCP: the socket lock; sampler: one flow's samples come
+ * from its ingress program), so plain stores suffice. */
+static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
 {
 	__u32 b;
 
@@ -339,7 +261,10 @@ static __inline __attribute__((always_inline)) int rttscope_agg_add(struct rttsc
 		a->win_max_us = rtt;
 	a->last_rtt_us = rtt;
 	b = rttscope_hist_bucket(rtt);
-	return rttscope_hist_add(a, b, epoch);
+	/* keep the bounds check: clang can prove it redundant, the verifier cannot */
+	__asm__ __volatile__("" : "+r"(b));
+	if (b < RTTSCOPE_HIST_BUCKETS)
+		a->hist[b]++;
 }
 
 /* ======================================================================
@@ -421,7 +346,6 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_ICMP_DUP_REPLY,    /* echo reply to a sequence already answered (ping's DUP!) */
 	RTTSCOPE_SAMPLER_ICMP_TRUNCATED,    /* ICMP header shorter than 8 bytes, or packet shorter than its IP length */
 	RTTSCOPE_SAMPLER_SKIP_PROTO_OFF,    /* TCP or ICMP left out by --proto */
-	RTTSCOPE_SAMPLER_HIST_OVERFLOW,     /* samples (in `samples`) the flow's interval histogram could not hold */
 	RTTSCOPE_SAMPLER_ICMP_NOT_HOST,     /* ingress ICMP echo to another host's MAC (PACKET_OTHERHOST): the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_BAD_CSUM,     /* ingress ICMPv4 echo with a bad IPv4 header or ICMP checksum: the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress ICMPv4 echo longer than 2047 bytes or not linear: checksum not checked, not timed */
@@ -512,9 +436,7 @@ struct rttscope_sampler_entry {
 
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
-_Static_assert(sizeof(struct rttscope_sampler_entry) == 216 + sizeof(struct rttscope_rtt_agg), "sampler table entry layout");
-_Static_assert(sizeof(struct rttscope_sampler_entry) <= 1024 && sizeof(struct rttscope_tcp_flow) <= 1024,
-	       "at most 1 KiB of kernel state per flow and view (issue 28)");
+_Static_assert(sizeof(struct rttscope_sampler_entry) == 256 + 4 * RTTSCOPE_HIST_BUCKETS, "sampler table entry layout");
 _Static_assert(sizeof(struct rttscope_sampler_entry) % 64 == 0, "sampler table entries start on a cache line");
 _Static_assert(__builtin_offsetof(struct rttscope_sampler_entry, pend.slot) == 64, "slots in cache line 1");
 

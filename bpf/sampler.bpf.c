@@ -560,7 +560,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.reserved[1] = 0;
 	e->flow.reserved[2] = 0;
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0);
+	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0); /* 5 KiB: a loop, not a memset */
 	e->flow.ifindex = cfg_ifindex;
 	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
@@ -627,8 +627,7 @@ static __always_inline void add_sample(struct rttscope_sampler_flow *f, const st
 	__u32 zero = 0, *ep;
 
 	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	if (unlikely(!rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0)))
-		count(RTTSCOPE_SAMPLER_HIST_OVERFLOW);
+	rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
 	count(RTTSCOPE_SAMPLER_SAMPLES);

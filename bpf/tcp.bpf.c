@@ -307,7 +307,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 		count(RTTSCOPE_TCP_NO_SOCK);
 		return NULL;
 	}
-	/* Every field written in place (the entry is 784 bytes: no copy through a
+	/* Every field written in place (the entry is 5 KiB: no copy through a
 	 * scratch entry, no memset); IN_USE last, so that a reader sees a
 	 * complete flow or a free slot. */
 	f->flags = 0;
@@ -416,8 +416,7 @@ static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 rtt
 {
 	__u64 now;
 
-	if (unlikely(!rttscope_agg_add(&f->agg, rtt, epoch)))
-		count(RTTSCOPE_TCP_HIST_OVERFLOW);
+	rttscope_agg_add(&f->agg, rtt, epoch);
 	f->srtt_us = srtt;
 	count(RTTSCOPE_TCP_SAMPLES);
 	if (cfg_raw) {

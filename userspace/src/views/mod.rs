@@ -16,7 +16,6 @@ pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};
 #[cfg(feature = "aya")]
 pub(crate) mod aya;
 pub mod flow;
-pub mod khist;
 #[cfg(feature = "libbpf")]
 pub(crate) mod libbpf;
 pub mod passive;

@@ -100,8 +100,6 @@ pub(crate) struct AyaSampler {
     epoch_map: Array<MapData, u32>,
     ring: Option<AyaRing>,
     epoch: u32,
-    /// The flows' histograms made cumulative (views/khist.rs).
-    hists: crate::views::khist::KernelHists,
     prog_ids: Vec<(String, u32)>,
     /// clsact filters and claims (before the copies: removed first).
     #[cfg(feature = "libbpf")]
@@ -248,7 +246,6 @@ impl AyaSampler {
             epoch_map,
             ring,
             epoch: 0,
-            hists: Default::default(),
             prog_ids,
             #[cfg(feature = "libbpf")]
             attached,
@@ -427,12 +424,7 @@ impl SamplerView for AyaSampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let out = table_flows(
-            self.table.fd().as_fd(),
-            &self.cfg,
-            &self.info,
-            (&mut self.hists, self.epoch),
-        )?;
+        let out = table_flows(self.table.fd().as_fd(), &self.cfg, &self.info, self.epoch)?;
         self.epoch = self.epoch.wrapping_add(1);
         self.epoch_map
             .set(0, self.epoch, 0)

@@ -29,8 +29,6 @@ pub(crate) struct LibbpfSampler {
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
     epoch: u32,
-    /// The flows' histograms made cumulative (views/khist.rs).
-    hists: crate::views::khist::KernelHists,
     // the skeletons last: their programs must outlive the attachments above.
     // skels[0] created the shared maps; the others reuse them.
     skels: Vec<SamplerSkel<'static>>,
@@ -145,7 +143,6 @@ impl LibbpfSampler {
             info,
             raw_taken: false,
             epoch: 0,
-            hists: Default::default(),
             skels,
         })
     }
@@ -217,10 +214,10 @@ impl SamplerView for LibbpfSampler {
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
         let out = table_flows(
-            self.skels[0].maps.sampler_table.as_fd(),
+            self.maps().sampler_table.as_fd(),
             &self.cfg,
             &self.info,
-            (&mut self.hists, self.epoch),
+            self.epoch,
         )?;
         self.epoch = self.epoch.wrapping_add(1);
         self.maps().sampler_epoch.update(

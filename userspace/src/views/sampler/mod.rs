@@ -54,23 +54,19 @@ pub(crate) type TableEntry = t::rttscope_sampler_entry;
 // SAFETY: a generated `#[repr(C)]` struct of integers and arrays of integers
 // (Copy, no pointers, no invariants): any bit pattern is a valid value.
 unsafe impl plain::Plain for TableEntry {}
-const _: () = assert!(
-    std::mem::size_of::<TableEntry>() == 256 + 2 * (8 + 4 * crate::bpf::consts::HIST_ENTRIES)
-);
-/// At most 1 KiB of kernel memory per flow (issue 28).
-const _: () = assert!(std::mem::size_of::<TableEntry>() <= 1024);
+const _: () =
+    assert!(std::mem::size_of::<TableEntry>() == 256 + 4 * crate::bpf::consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<TableEntry>().is_multiple_of(64));
 const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
 const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
 const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
 const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
-/// Largest flow table (entries): 14 GiB of kernel memory at 896 bytes each (the kernel refuses
+/// Largest flow table (entries): 84 GiB of kernel memory at 5.25 KiB each (the kernel refuses
 /// what it cannot allocate: ENOMEM at load, reported as such).
 pub const MAX_TABLE: u32 = 1 << 24;
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
 use crate::views::flow::{Flow, Side};
-use crate::views::khist::{Half, KernelHists};
 use crate::views::PassiveView;
 
 /// Base of our clsact filters' handles and priorities ("rs"): an observer in
@@ -227,11 +223,11 @@ mod duration_ms {
 }
 
 /// The bound on `--max-flows` both views apply: at least 1,
-/// at most `MAX_TABLE` (the sampler's table takes 896 bytes per flow; the TCP view's maps grow with it
+/// at most `MAX_TABLE` (the sampler's table takes 5.25 KiB per flow; the TCP view's maps grow with it
 /// too, and a size the kernel cannot allocate failed as ENOMEM at load time).
 pub fn check_max_flows(n: u32) -> Result<()> {
     if n == 0 || n > MAX_TABLE {
-        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 1 KiB per flow and view)");
+        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 5.3 KiB per flow)");
     }
     Ok(())
 }
@@ -461,7 +457,6 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("icmp_dup_reply", C::RTTSCOPE_SAMPLER_ICMP_DUP_REPLY),
     ("icmp_truncated", C::RTTSCOPE_SAMPLER_ICMP_TRUNCATED),
     ("skip_proto_off", C::RTTSCOPE_SAMPLER_SKIP_PROTO_OFF),
-    ("hist_overflow", C::RTTSCOPE_SAMPLER_HIST_OVERFLOW),
     ("icmp_not_for_host", C::RTTSCOPE_SAMPLER_ICMP_NOT_HOST),
     ("icmp_bad_checksum", C::RTTSCOPE_SAMPLER_ICMP_BAD_CSUM),
     ("icmp_unverified", C::RTTSCOPE_SAMPLER_ICMP_UNVERIFIED),
@@ -577,7 +572,6 @@ pub(crate) fn flow_stats(
     epoch: u32,
     key: &FlowKey,
     f: &SamplerFlow,
-    counts: &[u32],
 ) -> Option<SamplerFlowStats> {
     let flow = Flow::from_key(key)?;
     let (kind, icmp_side) = FlowKind::from_key(key);
@@ -602,7 +596,7 @@ pub(crate) fn flow_stats(
         kind,
         side,
         iface,
-        hist: Hist::from_counts(counts, a.sum_us, min, max),
+        hist: Hist::from_counts(&a.hist, a.sum_us, min, max),
         samples: a.samples,
         last_rtt_us: a.last_rtt_us,
         interval_min_us: in_window.then_some(a.win_min_us),
@@ -648,7 +642,7 @@ pub(crate) fn read_table(
         entries as usize,
         |k, v| {
             // Most entries of a sparse table are empty: look at the key's
-            // family in place before copying the entry out.
+            // family in place before copying the 5.25 KiB entry out.
             const FAMILY: usize =
                 std::mem::offset_of!(TableEntry, key) + std::mem::offset_of!(FlowKey, family);
             if v.get(FAMILY..FAMILY + 2).is_none_or(|b| b == [0, 0]) {
@@ -683,20 +677,13 @@ pub(crate) fn table_flows(
     fd: BorrowedFd<'_>,
     cfg: &SamplerConfig,
     info: &[AttachInfo],
-    (hists, epoch): (&mut KernelHists, u32),
+    epoch: u32,
 ) -> Result<Vec<SamplerFlowStats>> {
     let mut out: Vec<SamplerFlowStats> = Vec::new();
-    hists.begin();
     read_table(fd, cfg.table_entries(), |way, e| {
         // the key opens the entry (the sampler object's own copy of the type)
         if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
-            let a = &e.flow.agg;
-            let halves = [0, 1].map(|i| Half {
-                epoch: a.half[i].epoch,
-                entries: &a.half[i].e,
-            });
-            let counts = hists.counts(way, e.gen, halves, epoch);
-            if let Some(mut s) = flow_stats(info, epoch, &key, &e.flow, &counts) {
+            if let Some(mut s) = flow_stats(info, epoch, &key, &e.flow) {
                 s.way = way;
                 s.gen = e.gen;
                 s.evicted_samples = e.evicted_samples;
@@ -704,7 +691,6 @@ pub(crate) fn table_flows(
             }
         }
     })?;
-    hists.end();
     out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
     Ok(out)
 }
@@ -847,8 +833,7 @@ mod tests {
             },
             ..Default::default()
         };
-        let mut counts = vec![0u32; crate::analysis::hist::BUCKETS];
-        counts[1] = 2;
+        f.agg.hist[1] = 2;
         let info = [AttachInfo {
             iface: "veth0".into(),
             netns: "a".into(),
@@ -857,18 +842,15 @@ mod tests {
             how: "tcx".into(),
             link: "ether".into(),
         }];
-        let s = flow_stats(&info, 7, &key, &f, &counts).unwrap();
+        let s = flow_stats(&info, 7, &key, &f).unwrap();
         assert_eq!(s.iface, "veth0");
         assert_eq!(s.samples, 2);
         assert_eq!(s.interval_max_us, Some(30));
         // another epoch: the window belongs to an earlier interval
-        let s = flow_stats(&info, 8, &key, &f, &counts).unwrap();
+        let s = flow_stats(&info, 8, &key, &f).unwrap();
         assert_eq!(s.interval_min_us, None);
         f.ifindex = 4;
-        assert_eq!(
-            flow_stats(&info, 7, &key, &f, &counts).unwrap().iface,
-            "if4"
-        );
+        assert_eq!(flow_stats(&info, 7, &key, &f).unwrap().iface, "if4");
 
         let mut c = BTreeMap::new();
         c.insert("flows_created", 10);
@@ -898,10 +880,10 @@ mod tests {
             side: 1,
             ..Default::default()
         };
-        let s = flow_stats(&[], 0, &key, &f, &[]).unwrap();
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Icmpv6, Side::Pinged));
         key.reserved = 0;
-        let s = flow_stats(&[], 0, &key, &f, &[]).unwrap();
+        let s = flow_stats(&[], 0, &key, &f).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Tcp, Side::Client));
         // raw samples: the same rules
         let mut e = Event {

@@ -60,8 +60,6 @@ pub struct AyaTcp {
     listeners: HashSet<(u32, u16)>,
     info: TcpHookInfo,
     epoch: u32,
-    /// The flows' histograms made cumulative (views/khist.rs).
-    hists: std::sync::Mutex<crate::views::khist::KernelHists>,
 }
 
 fn map_err(what: &str, e: impl std::fmt::Display) -> anyhow::Error {
@@ -191,7 +189,6 @@ impl AyaTcp {
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
-            hists: Default::default(),
         };
         view.info.set_ack_hook(hook_status);
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
@@ -334,7 +331,6 @@ impl TcpView for AyaTcp {
             hwm,
             self.info.max_flows,
             &self.listeners,
-            (&self.hists, self.epoch),
             f,
         )
     }

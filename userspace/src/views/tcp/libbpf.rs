@@ -29,8 +29,6 @@ pub struct LibbpfTcp {
     listeners: HashSet<(u32, u16)>,
     info: TcpHookInfo,
     epoch: u32,
-    /// The flows' histograms made cumulative (views/khist.rs).
-    hists: std::sync::Mutex<crate::views::khist::KernelHists>,
     raw: bool,
     raw_taken: bool,
 }
@@ -118,7 +116,6 @@ impl LibbpfTcp {
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
             epoch: 0,
-            hists: Default::default(),
             raw: cfg.raw,
             raw_taken: false,
         };
@@ -335,7 +332,6 @@ impl TcpView for LibbpfTcp {
             hwm,
             self.info.max_flows,
             &self.listeners,
-            (&self.hists, self.epoch),
             f,
         )
     }

@@ -22,9 +22,7 @@ use crate::bpf::tcp::types::{
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
 use crate::views::flow::{Flow, Side};
-use crate::views::khist::{Half, KernelHists};
 use crate::views::PassiveView;
-use std::sync::Mutex;
 
 /// A loaded and attached TCP view (sock_ops on a cgroup, iterator run in
 /// the configured namespaces), whichever loader did it.
@@ -307,7 +305,6 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_RAW_DROPS, "raw_events_dropped"),
     (C::RTTSCOPE_TCP_NO_SOCK, "no_socket"),
     (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
-    (C::RTTSCOPE_TCP_HIST_OVERFLOW, "hist_overflow"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -351,13 +348,7 @@ pub(crate) fn origin_name(o: u8) -> &'static str {
 /// from the map); `None` for a free slot. Flows whose side the kernel could
 /// not tell (found by the iterator) are servers if their local port was
 /// listening in their namespace. Shared by both loaders.
-pub fn decode_flow(
-    k: &[u8],
-    v: &[u8],
-    listeners: &HashSet<(u32, u16)>,
-    hists: &mut KernelHists,
-    epoch: u32,
-) -> Option<TcpFlowState> {
+pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Option<TcpFlowState> {
     let slot = u32::from_ne_bytes(k.get(..4)?.try_into().ok()?);
     let val: TcpFlow = bpf::decode(v).ok()?;
     if val.flags & FLOW_IN_USE == 0 {
@@ -392,7 +383,7 @@ pub fn decode_flow(
         closed: val.flags & FLOW_CLOSED != 0,
         srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
-        counts: hists.counts(slot, val.gen as u64, halves(agg), epoch),
+        counts: Box::new(agg.hist),
         sum_us: agg.sum_us,
         life_min_us: min,
         life_max_us: max,
@@ -409,42 +400,28 @@ const FLOW_SRTT_FALLBACK: u8 = F::RTTSCOPE_FLOW_SRTT_FALLBACK.0 as u8;
 const FLOW_CLOSED: u8 = F::RTTSCOPE_FLOW_CLOSED.0 as u8;
 const FLOW_IN_USE: u8 = F::RTTSCOPE_FLOW_IN_USE.0 as u8;
 
-/// The two interval halves of a flow's kernel histogram (views/khist.rs).
-fn halves(agg: &crate::bpf::tcp::types::rttscope_rtt_agg) -> [Half<'_>; 2] {
-    [0, 1].map(|i| Half {
-        epoch: agg.half[i].epoch,
-        entries: &agg.half[i].e,
-    })
-}
-
 /// Read the taken slots of the flow array (up to the high-water mark),
-/// decoded, one at a time; `hists` makes their histograms cumulative
-/// (`epoch`: the current report epoch). Shared by both loaders.
+/// decoded, one at a time. Shared by both loaders.
 pub(crate) fn read_slots(
     flows: BorrowedFd<'_>,
     hwm: u64,
     max_flows: u32,
     listeners: &HashSet<(u32, u16)>,
-    (hists, epoch): (&Mutex<KernelHists>, u32),
     mut f: impl FnMut(TcpFlowState),
 ) -> Result<()> {
     let limit = hwm.min(max_flows as u64) as usize;
-    let mut hists = hists.lock().unwrap_or_else(|e| e.into_inner());
-    hists.begin();
     crate::sys::bpf::lookup_batch(
         flows,
         std::mem::size_of::<u32>(),
         std::mem::size_of::<TcpFlow>(),
         limit,
         |k, v| {
-            if let Some(s) = decode_flow(k, v, listeners, &mut hists, epoch) {
+            if let Some(s) = decode_flow(k, v, listeners) {
                 f(s);
             }
         },
     )
-    .context("reading the TCP view's flow slots")?;
-    hists.end();
-    Ok(())
+    .context("reading the TCP view's flow slots")
 }
 
 /// Give slot `slot` (taken with generation `gen`) back: mark it free with
@@ -530,7 +507,7 @@ mod tests {
             let e = e.unwrap_or_else(|e| e.to_string());
             assert_eq!(
                 e,
-                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 1 KiB per flow and view)"),
+                format!("--max-flows must be between 1 and 16777216, not {bad} (the flow tables take up to 5.3 KiB per flow)"),
                 "--max-flows {bad}"
             );
             // The sampler says the same.
