@@ -13,7 +13,7 @@ APT_PKGS=(
   systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
   strace bsdutils             # syscall counts (probe --spin/--busy-poll test), script's pty (progress, log colour tests)
   prometheus                  # promtool check metrics on a live scrape (metrics tests)
-  podman buildah skopeo uidmap mmdebstrap binutils  # the container image: scripts/build-image.sh, tests/image.rs
+  podman buildah skopeo uidmap mmdebstrap binutils runc  # the container image: scripts/build-image.sh, tests/image.rs (runc: crun refuses hybrid-cgroup hosts)
   python3-yaml                # image test: the rendered manifests as JSON
   ca-certificates curl
   qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM

@@ -117,14 +117,23 @@ fn git_commit(manifest: &Path) -> String {
         let s = String::from_utf8(o.stdout).ok()?.trim().to_string();
         (o.status.success() && !s.is_empty()).then_some(s)
     };
+    // Only files that exist: cargo reruns a build script whose watched file
+    // is missing on every build (a checkout without packed-refs recompiled
+    // the crate each time, 5 min for the release image).
+    let watch = |p: String| {
+        let p = manifest.join(p);
+        if p.exists() {
+            println!("cargo:rerun-if-changed={}", p.display());
+        }
+    };
     for f in ["HEAD", "packed-refs"] {
         if let Some(p) = git(&["rev-parse", "--git-path", f]) {
-            println!("cargo:rerun-if-changed={}", manifest.join(p).display());
+            watch(p);
         }
     }
     if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
         if let Some(p) = git(&["rev-parse", "--git-path", &r]) {
-            println!("cargo:rerun-if-changed={}", manifest.join(p).display());
+            watch(p);
         }
     }
     git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".to_string())

@@ -103,6 +103,19 @@ fn podman_args(docs: &[Json], node_netns: &str, tmp: &Path) -> (Vec<String>, Vec
         .unwrap()
         / 1000.0;
     push(&["--memory", &format!("{mem}m"), "--cpus", &cpu.to_string()]);
+    // Kubernetes sets no rlimits of its own: containerd's default spec gives
+    // RLIMIT_NOFILE 1024:1024 and inherits the rest. podman instead raises
+    // NOFILE and NPROC to maxima a container without CAP_SYS_RESOURCE may not
+    // set ("setrlimit RLIMIT_NOFILE: Operation not permitted"; conmon here
+    // holds NPROC 32768, the host 96365): give containerd's NOFILE and an
+    // NPROC below conmon's. NPROC does not bind uid 0 (kernel/fork.c exempts
+    // the initial user's root), the DaemonSet's runAsUser.
+    push(&[
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+    ]);
     for m in c["volumeMounts"].as_array().unwrap() {
         let name = m["name"].as_str().unwrap();
         let vol = pod["volumes"]
@@ -186,15 +199,18 @@ fn scrape_in(ns: &NetNs) -> std::io::Result<String> {
     })
 }
 
-/// (count, sum in seconds) of the RTT histograms of `view` and `side`.
-fn rtt(body: &str, view: &str, side: Option<&str>) -> (f64, f64) {
+/// (count, sum in seconds) of the RTT histograms of `view` and `side` in the
+/// network namespaces `netns` (labels): other tests' flows on the host are
+/// seen too (the DaemonSet watches every namespace) and must not be counted.
+fn rtt(body: &str, view: &str, side: Option<&str>, netns: &[&str]) -> (f64, f64) {
     let body = body.split_once("\r\n\r\n").map_or(body, |(_, b)| b);
     let s = Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse");
     let mut out = (0.0, 0.0);
     for x in s.samples.iter().filter(|x| {
-        x.metric == "rttscope_rtt_seconds"
+        (x.metric == "rttscope_rtt_seconds" || x.metric == "rttscope_rtt_seconds_sum")
             && x.labels.get("view") == Some(view)
             && side.is_none_or(|sd| x.labels.get("side") == Some(sd))
+            && x.labels.get("netns").is_some_and(|n| netns.contains(&n))
     }) {
         match &x.value {
             Value::Histogram(h) => out.0 += h.last().map_or(0.0, |b| b.count),
@@ -220,6 +236,16 @@ impl Drop for Container {
     }
 }
 
+/// The container's output: podman logs replays its stdout and stderr on its own.
+fn logs_of(ctr: &str) -> String {
+    let o = sh(&["podman", "logs", ctr]).unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 fn podman(args: &[&str]) -> String {
     let mut v = vec!["podman"];
     v.extend_from_slice(args);
@@ -228,21 +254,22 @@ fn podman(args: &[&str]) -> String {
         .to_string()
 }
 
-/// Program and link ids held by `pid` (bpftool lists each object's holders).
+/// Program and link ids held by `pid`, from its file descriptors' fdinfo
+/// (`prog_id:` / `link_id:`; Debian 12's bpftool lists no holders).
 fn held_by(pid: u32) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for what in ["prog", "link"] {
-        let o = sh(&["bpftool", "-j", what, "show"]).unwrap();
-        let v: Json = serde_json::from_slice(&o.stdout).unwrap_or(Json::Null);
-        for p in v.as_array().into_iter().flatten() {
-            if p["pids"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|h| h["pid"] == pid)
-            {
-                out.insert(format!("{what} {}", p["id"]));
-            }
+    let dir = format!("/proc/{pid}/fdinfo");
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let field = |k: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+        };
+        if let Some(id) = field("link_id:") {
+            out.insert(format!("link {id}"));
+        } else if let Some(id) = field("prog_id:") {
+            out.insert(format!("prog {id}"));
         }
     }
     out
@@ -284,12 +311,13 @@ fn build_image() -> String {
     name
 }
 
-// Not passing yet: on this host `podman run --cap-drop all` fails before the
-// daemon starts: crun cannot set RLIMIT_NOFILE / RLIMIT_NPROC without
-// CAP_SYS_RESOURCE (also with --ulimit nofile=4096:4096 and nproc=hard
-// limit). Run by hand with `-- --ignored` while that is worked out.
+/// The OCI runtime: runc, as under containerd on most Kubernetes nodes. crun
+/// (podman's default here) refuses hosts with cgroups in hybrid mode ("cgroups
+/// in hybrid mode not supported, drop all controllers from cgroupv2"), as our
+/// machines are (v1 controllers, hugetlb on the v2 hierarchy).
+const RUNTIME: &str = "runc";
+
 #[test]
-#[ignore = "crun: setrlimit RLIMIT_NPROC refused with --cap-drop all on this host (see comment)"]
 fn image_runs_as_the_daemonset_declares() {
     if !require_root() {
         return;
@@ -308,7 +336,9 @@ fn image_runs_as_the_daemonset_declares() {
     let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
     let name = unique("rtsimg");
-    let mut args: Vec<String> = ["run", "-d", "--name", &name].map(String::from).to_vec();
+    let mut args: Vec<String> = ["--runtime", RUNTIME, "run", "-d", "--name", &name]
+        .map(String::from)
+        .to_vec();
     args.extend(run_args.iter().cloned());
     args.extend(cmd.iter().cloned());
     // The test's own settings, as flags (they win over the ConfigMap's file).
@@ -333,7 +363,7 @@ fn image_runs_as_the_daemonset_declares() {
         if t0.elapsed() > Duration::from_secs(30) || running != "true" {
             panic!(
                 "the container did not serve /metrics within 30 s (running: {running}):\n{}",
-                podman(&["logs", &ctr.0])
+                logs_of(&ctr.0)
             );
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -350,9 +380,13 @@ fn image_runs_as_the_daemonset_declares() {
     std::thread::sleep(Duration::from_millis(900));
     let body = scrape_in(&p.a).expect("scrape");
     let transactions = cli.transactions.load(Ordering::Relaxed) as f64;
-    let (tcp_c, tcp_sum) = rtt(&body, "tcp", Some("client"));
-    let (tcp_all, _) = rtt(&body, "tcp", None);
-    let (sampler, _) = rtt(&body, "sampler", None);
+    // The node's namespace is named after the container that joined it.
+    let id = podman(&["inspect", "--format", "{{.Id}}", &ctr.0]);
+    let node_label = format!("container:{}", &id[..12.min(id.len())]);
+    let ours = [p.a.name.as_str(), p.b.name.as_str(), node_label.as_str()];
+    let (tcp_c, tcp_sum) = rtt(&body, "tcp", Some("client"), &ours);
+    let (tcp_all, _) = rtt(&body, "tcp", None, &ours);
+    let (sampler, _) = rtt(&body, "sampler", None, &ours);
     let ss = ss_minrtt_ms(&p.a, cli.local.port()).ok().flatten();
     drop(cli);
 
@@ -360,7 +394,7 @@ fn image_runs_as_the_daemonset_declares() {
     podman(&["stop", "-t", "10", &ctr.0]);
     let stop = t1.elapsed();
     let code = podman(&["inspect", "--format", "{{.State.ExitCode}}", &ctr.0]);
-    let logs = podman(&["logs", &ctr.0]);
+    let logs = logs_of(&ctr.0);
     let left = still_loaded(&held);
     let tc: Vec<String> = ["ingress", "egress"]
         .iter()
@@ -440,4 +474,30 @@ fn manifests_render_and_use_the_recipe_image() {
     assert!(script.contains("--cmd '[\"observe\", \"--config\", \"/etc/rttscope/rttscope.toml\"]'"));
     assert!(cf.contains("EXPOSE 9464/tcp") && script.contains("--port 9464/tcp"));
     assert!(cf.contains("scripts/build-image.sh --root /rootfs"));
+    // The flow tables are preallocated kernel memory charged to the pod's
+    // memory cgroup: with the observer's own memory they must fit the limit
+    // (the DaemonSet once asked 65536 flows under 256Mi and could not start).
+    let c = &ds["spec"]["template"]["spec"]["containers"][0];
+    let limit_mib: u64 = c["resources"]["limits"]["memory"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("Mi")
+        .parse()
+        .unwrap();
+    let cm = kind(&docs, "ConfigMap")["data"]["rttscope.toml"]
+        .as_str()
+        .unwrap();
+    let flows: u64 = cm
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("max_flows = "))
+        .map_or(16384, |v| v.trim().parse().unwrap());
+    let per_flow = (std::mem::size_of::<rttscope::bpf::TcpFlow>()
+        + std::mem::size_of::<rttscope::bpf::sampler::types::rttscope_sampler_entry>())
+        as u64;
+    let kernel_mib = flows * per_flow / (1 << 20);
+    // The observer's RSS at 16384 flows stays under 40 MB (docs/PERFORMANCE.md); 64 MiB of room.
+    assert!(
+        kernel_mib + 64 <= limit_mib,
+        "max_flows {flows} x {per_flow} B = {kernel_mib} MiB of flow tables + 64 MiB for the observer exceed the {limit_mib}Mi memory limit"
+    );
 }
