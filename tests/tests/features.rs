@@ -121,3 +121,68 @@ fn observe_takes_the_paths_the_features_report_announces() {
         }
     }
 }
+
+/// In a network namespace whose `lo` is down (a fresh one, or a node's before its network is up)
+/// no loopback connection can be made, so the TCP callback probes cannot run: `features` says
+/// "not probed" ("?"), not that the kernel lacks them, and the plan is the RTT callback (the
+/// kernel program takes the arguments where passed). A run of `observe` there says the same
+/// and the host's answers elsewhere are unchanged.
+#[test]
+fn probes_that_cannot_run_say_so() {
+    if !require_root() {
+        return;
+    }
+    let host = features();
+    let ns = NetNs::new("rtsfp").unwrap();
+    ns.exec(&["ip", "link", "set", "lo", "down"]).unwrap();
+    let out = ns
+        .command(rttscope_bin().to_str().unwrap())
+        .args(["features", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = |name: &str| {
+        v["capabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    for name in ["rtt_cb_args", "iter_setsockopt"] {
+        let c = c(name);
+        assert_eq!(c["probed"], false, "{name} with lo down: {c}");
+        assert_eq!(c["ok"], false, "{name}: {c}");
+        assert!(
+            c["detail"].as_str().unwrap().contains("is lo up?"),
+            "{name}: {c}"
+        );
+    }
+    // The probes that need no connection answer as on the host.
+    for name in ["btf", "atomics", "ack_hook"] {
+        assert_eq!(c(name)["ok"], cap(&host, name), "{name}: {v}");
+    }
+    let rtt = v["views"]["tcp_rtt_source"].as_str().unwrap();
+    let host_ack = cap(&host, "ack_hook");
+    assert_eq!(rtt, if host_ack { "ack_hook" } else { "rtt_cb" }, "{v}");
+    assert!(
+        v["views"]["missing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m.as_str().unwrap().contains("not probed")),
+        "{v}"
+    );
+    let text = ns
+        .command(rttscope_bin().to_str().unwrap())
+        .arg("features")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("rtt_cb_args") && l.contains(" ?  ")),
+        "{text}"
+    );
+}

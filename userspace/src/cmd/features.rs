@@ -54,6 +54,12 @@ impl Plan {
                     .into(),
             );
         }
+        for c in f.all().into_iter().filter(|c| !c.probed) {
+            missing.push(format!(
+                "{} {} (the path above is a guess, not the kernel's answer)",
+                c.name, c.detail
+            ));
+        }
         if !f.tcx.ok {
             missing.push("tcx links: the sampler uses clsact filters (removed on exit; a killed observer's are removed by the next start)".into());
         }
@@ -75,6 +81,9 @@ pub fn rtt_words(p: TcpRttPath) -> &'static str {
             "the per-ACK hook fexit/tcp_ack_update_rtt (no RTT_CB arguments here)"
         }
         TcpRttPath::SrttFallback => "the srtt fallback (no RTT_CB arguments, per-ACK hook refused)",
+        TcpRttPath::RttCb => {
+            "the sock_ops RTT callback: its arguments where passed, else srtt (not probed here)"
+        }
     }
 }
 
@@ -114,7 +123,11 @@ pub fn run(args: FeaturesArgs) -> Result<()> {
                 out,
                 "  {:<16} {:<3}  {}",
                 c.name,
-                if c.ok { "yes" } else { "no" },
+                match (c.ok, c.probed) {
+                    (true, _) => "yes",
+                    (false, true) => "no",
+                    (false, false) => "?",
+                },
                 c.detail
             )?;
         }

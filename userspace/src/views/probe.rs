@@ -30,7 +30,10 @@ use crate::sys::bpfprog::{self as bp, asm, Insn, ProgSpec};
 pub struct Capability {
     pub name: &'static str,
     pub ok: bool,
-    /// What the probe saw (the error when refused).
+    /// False when the probe could not run here (not a kernel answer: e.g. no
+    /// loopback connection in this network namespace); `ok` is then false too.
+    pub probed: bool,
+    /// What the probe saw (the error when refused; why not, when not probed).
     pub detail: String,
 }
 
@@ -54,13 +57,25 @@ fn cap(name: &'static str, r: Result<String, String>) -> Capability {
         Ok(detail) => Capability {
             name,
             ok: true,
+            probed: true,
             detail,
         },
         Err(detail) => Capability {
             name,
             ok: false,
+            probed: true,
             detail,
         },
+    }
+}
+
+/// A probe that could not run here: no answer about the kernel.
+fn not_probed(name: &'static str, why: String) -> Capability {
+    Capability {
+        name,
+        ok: false,
+        probed: false,
+        detail: format!("not probed: {why}"),
     }
 }
 
@@ -91,16 +106,22 @@ impl Features {
                 .map(|p| p.display().to_string())
                 .map_err(|e| e.to_string()),
         );
-        let (rtt, iter) = probe_tcp_callbacks();
+        let (rtt_cb_args, iter_setsockopt) = match probe_tcp_callbacks() {
+            Ok((rtt, iter)) => (cap("rtt_cb_args", rtt), cap("iter_setsockopt", iter)),
+            Err(why) => (
+                not_probed("rtt_cb_args", why.clone()),
+                not_probed("iter_setsockopt", why),
+            ),
+        };
         Features {
             kernel: crate::sys::preflight::kernel_release(),
             btf,
             privileges,
             cgroup2,
             atomics: cap("atomics", probe_atomics()),
-            rtt_cb_args: cap("rtt_cb_args", rtt),
+            rtt_cb_args,
             ack_hook: cap("ack_hook", probe_ack_hook()),
-            iter_setsockopt: cap("iter_setsockopt", iter),
+            iter_setsockopt,
             tcx: cap("tcx", probe_tcx()),
         }
     }
@@ -133,6 +154,8 @@ impl Features {
             TcpRttPath::RttCbArgs
         } else if self.ack_hook.ok {
             TcpRttPath::AckHook
+        } else if !self.rtt_cb_args.probed {
+            TcpRttPath::RttCb
         } else {
             TcpRttPath::SrttFallback
         }
@@ -140,7 +163,8 @@ impl Features {
 
     /// How connections open before attach are timed here.
     pub fn existing_path(&self) -> ExistingPath {
-        if self.iter_setsockopt.ok {
+        // Not probed: the iterator tries anyway (its refusals are counted).
+        if self.iter_setsockopt.ok || (!self.iter_setsockopt.probed && !self.ack_hook.ok) {
             ExistingPath::Iterator
         } else if self.ack_hook.ok {
             ExistingPath::AckHook
@@ -169,6 +193,10 @@ pub enum TcpRttPath {
     AckHook,
     /// RTT_CB without arguments: TCP's srtt before each update.
     SrttFallback,
+    /// RTT_CB, not probed here (no loopback connection to probe with): the
+    /// kernel program takes the arguments where they are passed and srtt
+    /// where not (counted as srtt_fallback_samples).
+    RttCb,
 }
 
 /// How connections open before attach get samples.
@@ -271,22 +299,26 @@ impl Conn {
     }
 }
 
+/// The probes' result type: what the kernel answered, or why not.
+type Answer = Result<String, String>;
+
 /// The RTT callback's arguments and bpf_setsockopt from iter/tcp, both on
-/// one loopback connection of ours.
-fn probe_tcp_callbacks() -> (Result<String, String>, Result<String, String>) {
-    let listener = match TcpListener::bind("127.0.0.1:0") {
-        Ok(l) => l,
-        Err(e) => {
-            let why = format!("no loopback socket to probe with: {e}");
-            return (Err(why.clone()), Err(why));
-        }
-    };
+/// one loopback connection of ours. `Err`: no loopback connection can be made
+/// in this network namespace (e.g. `lo` down in a fresh one), so neither
+/// probe can run: that says nothing about the kernel.
+fn probe_tcp_callbacks() -> Result<(Answer, Answer), String> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("no loopback socket in this network namespace: {e}"))?;
+    // One connection first: where none can be made the probes cannot run.
+    drop(Conn::open(&listener).map_err(|e| {
+        format!("no loopback connection in this network namespace ({e}; is lo up?)")
+    })?);
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
     let rtt = probe_rtt_cb_args(&listener, port);
     let iter = Conn::open(&listener)
         .map_err(|e| format!("loopback connection: {e}"))
         .and_then(|c| probe_iter_setsockopt(&c));
-    (rtt, iter)
+    Ok((rtt, iter))
 }
 
 /// sock_ops program: on the passive side of connections to `port`, turn

@@ -219,7 +219,9 @@ impl TcpHookInfo {
     /// After the iterator ran: how existing connections are timed, and how many are not.
     pub(crate) fn set_existing(&mut self, enabled: u64, setsockopt_failed: u64) {
         self.existing_enabled = enabled;
-        let iter_ok = crate::views::probe::Features::get().iter_setsockopt.ok;
+        // Not probed here (no loopback connection): what the iterator did decides.
+        let probe = &crate::views::probe::Features::get().iter_setsockopt;
+        let iter_ok = probe.ok || !probe.probed;
         self.existing_path = if iter_ok && setsockopt_failed == 0 {
             "iterator: iter/tcp turns their RTT callback on (bpf_setsockopt)".into()
         } else if self.ack_hook_attached() {
@@ -245,6 +247,8 @@ impl TcpHookInfo {
             "fexit tcp_ack_update_rtt"
         } else if self.rtt_source.starts_with("srtt") {
             "srtt fallback (kernel < 6.10)"
+        } else if self.rtt_source.starts_with("RTT_CB args or srtt") {
+            "RTT_CB args or srtt (not probed)"
         } else {
             "RTT_CB args"
         }
@@ -459,8 +463,14 @@ pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
 }
 
 pub(crate) fn rtt_source() -> String {
-    if crate::views::probe::Features::get().rtt_cb_args.ok {
+    let probe = &crate::views::probe::Features::get().rtt_cb_args;
+    if probe.ok {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
+    } else if !probe.probed {
+        format!(
+            "RTT_CB args or srtt: the arguments where this kernel passes them (6.10+), else TCP's previous srtt (counted as srtt_fallback_samples); {}",
+            probe.detail
+        )
     } else {
         "srtt fallback: this kernel's RTT_CB passes no arguments (probed; added in 6.10), samples are TCP's previous srtt"
             .into()
