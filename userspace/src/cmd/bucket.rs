@@ -15,6 +15,7 @@ use crate::analysis::cloud_monitoring::{self, CloudPoint, CloudSeries, PointValu
 use crate::analysis::dist::{
     self, align, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
+use crate::analysis::records::Record;
 use crate::analysis::results::{RunResult, Sample, ViewKind};
 use crate::analysis::units::period_arg;
 use crate::sinks::table::{count, Align, Table};
@@ -318,9 +319,7 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
 /// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
 pub fn is_observe_output(text: &str) -> bool {
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    first.trim_start().starts_with('{')
-        && serde_json::from_str::<serde_json::Value>(first)
-            .is_ok_and(|v| v["type"] == "start" && v.get("views").is_some())
+    first.trim_start().starts_with('{') && matches!(Record::parse(first), Ok(Record::Start(_)))
 }
 
 /// The raw samples of `observe --format json --raw` output: one set per view and side, anchored
@@ -332,26 +331,21 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
         if line.trim().is_empty() {
             continue;
         }
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{name} line {}: not a JSON record", i + 1))?;
-        match v["type"].as_str() {
-            Some("start") => start = start.or(v["ts"].as_f64()),
-            Some("sample") => {
-                let t = v["t_us"].as_f64().map(|us| us / 1e6).or(v["t"].as_f64());
-                let (Some(t), Some(rtt)) = (t, v["rtt_us"].as_f64()) else {
-                    anyhow::bail!("{name} line {}: a sample record without t or rtt_us", i + 1);
-                };
-                let view = v["view"].as_str().unwrap_or("?");
-                let set_name = match v["side"].as_str() {
-                    Some(side) => format!("{view} {side}"),
-                    None => view.to_string(),
+        let record =
+            Record::parse(line).map_err(|e| anyhow::anyhow!("{name} line {}: {e}", i + 1))?;
+        match record {
+            Record::Start(s) => start = start.or(s.ts),
+            Record::Sample(smp) => {
+                let set_name = match smp.side {
+                    Some(side) => format!("{} {}", smp.view, side.as_str()),
+                    None => smp.view.to_string(),
                 };
                 let set = match sets.iter().position(|s| s.name == set_name) {
                     Some(k) => &mut sets[k],
                     None => {
                         sets.push(SampleSet {
                             name: set_name,
-                            kind: Some(match view {
+                            kind: Some(match smp.view.as_ref() {
                                 "tcp" => ViewKind::Tcp,
                                 "sampler" => ViewKind::Sampler,
                                 _ => ViewKind::Other,
@@ -363,7 +357,7 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
                         sets.last_mut().expect("just pushed")
                     }
                 };
-                set.samples.push(Sample::at_s(t, rtt));
+                set.samples.push(Sample::at_s(smp.t_s(), smp.rtt_us));
             }
             _ => {}
         }

@@ -24,6 +24,7 @@ use super::scenarios::{
 };
 use super::signals;
 use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
+use crate::analysis::records::{self, Record};
 use crate::analysis::results::{
     RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
 };
@@ -90,12 +91,11 @@ struct RawSample {
 #[derive(Default)]
 struct ObsShared {
     start_ts: Option<f64>,
-    start_line: Option<Value>,
+    start_line: Option<records::Start>,
     samples: Vec<RawSample>,
     /// First time each flow (by client port) was seen.
     first_seen: HashMap<u16, f64>,
-    counters: Value,
-    end_line: Option<Value>,
+    counters: Option<records::Counters>,
     bad_lines: u64,
     other_port: u64,
 }
@@ -231,68 +231,54 @@ fn port_of(addr: &str) -> Option<u16> {
 fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
     for line in r.lines() {
         let Ok(line) = line else { break };
-        let v: Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(_) => {
-                sh.lock().unwrap().bad_lines += 1;
-                continue;
-            }
+        let Ok(record) = Record::parse(&line) else {
+            sh.lock().unwrap().bad_lines += 1;
+            continue;
         };
         let mut s = sh.lock().unwrap();
-        match v["type"].as_str() {
-            Some("start") => {
-                s.start_ts = v["ts"].as_f64();
-                s.start_line = Some(v);
+        match record {
+            Record::Start(start) => {
+                s.start_ts = start.ts;
+                s.start_line = Some(start);
             }
-            Some("sample") => {
-                let view = match v["view"].as_str() {
-                    Some("tcp") => PView::Tcp,
-                    Some("sampler") => PView::Sampler,
-                    _ => continue,
-                };
-                let (Some(local), Some(remote), Some(t), Some(rtt)) = (
-                    v["local"].as_str(),
-                    v["remote"].as_str(),
-                    v["t"].as_f64(),
-                    v["rtt_us"].as_f64(),
-                ) else {
-                    s.bad_lines += 1;
-                    continue;
-                };
-                let Some(side) = side_of_local(local) else {
-                    s.other_port += 1;
-                    continue;
-                };
-                let (lp, rp) = (port_of(local), port_of(remote));
-                let client_port = match side {
-                    Side::Client if rp == Some(PORT) => lp,
-                    Side::Server if lp == Some(PORT) => rp,
-                    _ => None,
-                };
-                let Some(client_port) = client_port else {
-                    s.other_port += 1;
-                    continue;
-                };
-                let t_unix = s.start_ts.unwrap_or(0.0) + t;
-                s.first_seen.entry(client_port).or_insert(t_unix);
-                s.samples.push(RawSample {
-                    view,
-                    side,
-                    t_unix,
-                    rtt_us: rtt,
-                    client_port,
-                });
-            }
-            Some("interval") => {
-                s.counters = v["counters"].clone();
-            }
-            Some("end") => {
-                s.counters = v["counters"].clone();
-                s.end_line = Some(v);
-            }
+            Record::Sample(smp) => observed_sample(&mut s, &smp),
+            Record::Interval(iv) => s.counters = Some(iv.counters),
+            Record::End(end) => s.counters = Some(end.counters),
             _ => {}
         }
     }
+}
+
+/// One raw sample of the observer: kept if it belongs to one of the lab's flows.
+fn observed_sample(s: &mut ObsShared, smp: &records::Sample) {
+    let view = match smp.view.as_ref() {
+        "tcp" => PView::Tcp,
+        "sampler" => PView::Sampler,
+        _ => return,
+    };
+    let Some(side) = side_of_local(&smp.local) else {
+        s.other_port += 1;
+        return;
+    };
+    let (lp, rp) = (port_of(&smp.local), port_of(&smp.remote));
+    let client_port = match side {
+        Side::Client if rp == Some(PORT) => lp,
+        Side::Server if lp == Some(PORT) => rp,
+        _ => None,
+    };
+    let Some(client_port) = client_port else {
+        s.other_port += 1;
+        return;
+    };
+    let t_unix = s.start_ts.unwrap_or(0.0) + smp.t;
+    s.first_seen.entry(client_port).or_insert(t_unix);
+    s.samples.push(RawSample {
+        view,
+        side,
+        t_unix,
+        rtt_us: smp.rtt_us,
+        client_port,
+    });
 }
 
 fn pdeathsig(cmd: &mut Command) {
@@ -331,8 +317,8 @@ pub struct LabEnv {
     phase_idx: usize,
     sample_every: u32,
     observer: Option<Observer>,
-    obs_start_line: Option<Value>,
-    obs_counters: Value,
+    obs_start_line: Option<records::Start>,
+    obs_counters: Option<records::Counters>,
     obs_bad: (u64, u64),
     current: PhaseData,
     data: Vec<PhaseData>,
@@ -361,7 +347,7 @@ impl LabEnv {
             sample_every,
             observer: None,
             obs_start_line: None,
-            obs_counters: Value::Null,
+            obs_counters: None,
             obs_bad: (0, 0),
             current: PhaseData::default(),
             data: Vec::new(),

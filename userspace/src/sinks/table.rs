@@ -161,7 +161,7 @@ pub fn print_table(
         ];
         for v in views {
             cells.extend(cols(
-                iv.totals.get(v).and_then(|t| t.get(side)),
+                iv.totals.get(*v).and_then(|t| t.get(side)),
                 *v == "tcp",
             ));
         }
@@ -230,8 +230,8 @@ mod tests {
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(vs.clone()),
             sampler: None,
@@ -239,12 +239,12 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 1.0,
             ts: 0.0,
             interval_s: 1.0,
             flows: vec![row],
-            totals: [("tcp", [("client", vs)].into_iter().collect())]
+            totals: [("tcp".into(), [("client".into(), vs)].into_iter().collect())]
                 .into_iter()
                 .collect(),
             counters: BTreeMap::new(),
@@ -259,7 +259,8 @@ mod tests {
         let j = serde_json::to_value(&iv).unwrap();
         assert_eq!(j["flows"][0]["tcp"]["n"], 3);
         assert_eq!(j["flows"][0]["side"], "client");
-        assert_eq!(j["type"], "interval");
+        let line = serde_json::to_string(&iv).unwrap();
+        assert!(line.starts_with(r#"{"type":"interval","#), "{line}");
     }
 
     /// The table and the JSON record of one fixed interval, to the byte:
@@ -281,8 +282,8 @@ mod tests {
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: Some(smp.clone()),
@@ -290,20 +291,26 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 2.0,
             ts: 1_700_000_000.5,
             interval_s: 1.0,
             flows: vec![row],
             totals: [
-                ("tcp", [("client", tcp)].into_iter().collect()),
-                ("sampler", [("client", smp)].into_iter().collect()),
+                ("tcp".into(), [("client".into(), tcp)].into_iter().collect()),
+                (
+                    "sampler".into(),
+                    [("client".into(), smp)].into_iter().collect(),
+                ),
             ]
             .into_iter()
             .collect(),
-            counters: [("tcp", [("samples", 4u64)].into_iter().collect())]
-                .into_iter()
-                .collect(),
+            counters: [(
+                "tcp".into(),
+                [("samples".into(), 4u64)].into_iter().collect(),
+            )]
+            .into_iter()
+            .collect(),
         };
         let mut out = Vec::new();
         print_table(
@@ -338,8 +345,8 @@ mod tests {
             remote: remote.into(),
             side,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: None,
@@ -347,7 +354,7 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 3.0,
             ts: 0.0,
             interval_s: 1.0,
@@ -361,10 +368,13 @@ mod tests {
                 row("ns-b", "10.0.0.2:5001", "10.0.0.1:40000", Side::Server),
             ],
             totals: [(
-                "tcp",
-                [("client", tcp.clone()), ("server", tcp.clone())]
-                    .into_iter()
-                    .collect(),
+                "tcp".into(),
+                [
+                    ("client".into(), tcp.clone()),
+                    ("server".into(), tcp.clone()),
+                ]
+                .into_iter()
+                .collect(),
             )]
             .into_iter()
             .collect(),
