@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use crate::analysis::units::fmt_ms;
-use crate::session::{Interval, ViewStats};
+use crate::analysis::records::{Interval, ViewStats};
 
 /// How a column lines its cells up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +210,7 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::analysis::hist::Hist;
-    use crate::session::FlowRow;
+    use crate::analysis::records::FlowRow;
     use crate::views::flow::Side;
     use std::collections::BTreeMap;
 
