@@ -265,7 +265,8 @@ pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
         .collect()
 }
 
-/// Statistics of one view for one flow over one interval.
+/// Statistics of one view for one flow over one interval: the histogram's summary and, for the
+/// TCP view, TCP's own srtt and retransmissions (a row's cells, not a summary of its own).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ViewStats {
     #[serde(flatten)]

@@ -19,6 +19,8 @@ pub use crate::analysis::input::{
     is_observe_output, parse_observe_output, parse_rtt_us, parse_sample_list, quote_input,
 };
 use crate::analysis::results::RunResult;
+// The one percentile of exact samples (docs/results.md): the nearest rank, an observed value.
+use crate::analysis::stats::percentile_sorted as nearest_rank;
 use crate::analysis::units::period_arg;
 use crate::sinks::table::{count, Align, Table};
 
@@ -129,13 +131,6 @@ pub struct BucketReport {
     /// Per alignment period (timed input only).
     pub alignment_period_s: f64,
     pub aligned: Vec<AlignedRow>,
-}
-
-/// Exact percentile by nearest rank: the smallest sample such that at least p % of the samples are
-/// less than or equal to it (rank = ceil(p/100 * n), at least 1). Always an observed value.
-/// `sorted` must be sorted ascending and non-empty.
-fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    crate::analysis::stats::percentile_sorted(sorted, p)
 }
 
 /// The lenses for one sample set.

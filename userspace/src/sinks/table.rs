@@ -2,8 +2,8 @@
 //! view, a totals row; as a table or as JSON Lines (schema: docs/observe.md).
 use std::io::Write;
 
-use crate::analysis::units::fmt_ms;
 use crate::analysis::records::{Interval, ViewStats};
+use crate::analysis::units::fmt_ms;
 
 /// How a column lines its cells up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
