@@ -918,7 +918,17 @@ fn indent(o: &mut String, t: &Table) {
 /// `--format csv`: one row per bucket (empty ones too) of every view's distribution, bounds in
 /// microseconds (empty for the infinite ends).
 pub fn buckets_csv(reports: &[BucketReport]) -> String {
-    let mut o = String::from("view,bucket,lower_us,upper_us,count,cumulative_fraction\n");
+    let heads = [
+        "view",
+        "bucket",
+        "lower_us",
+        "upper_us",
+        "count",
+        "cumulative_fraction",
+    ];
+    let mut t = heads
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
     for r in reports {
         let d = &r.distribution;
         let bound = |b: f64| {
@@ -936,15 +946,17 @@ pub fn buckets_csv(reports: &[BucketReport]) -> String {
             } else {
                 0.0
             };
-            o.push_str(&format!(
-                "{},{i},{},{},{c},{frac}\n",
-                crate::analysis::results::csv_field(&r.name),
+            t.row([
+                r.name.clone(),
+                i.to_string(),
                 bound(d.bucket_options.lower(i)),
                 bound(d.bucket_options.upper(i)),
-            ));
+                c.to_string(),
+                frac.to_string(),
+            ]);
         }
     }
-    o
+    t.csv()
 }
 
 pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {

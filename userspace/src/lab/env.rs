@@ -28,6 +28,7 @@ use crate::analysis::records::{self, Record};
 use crate::analysis::results::{
     RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
 };
+use crate::sinks::table::{Align, Table};
 
 /// The responder's port; the observer only follows flows to it.
 pub const PORT: u16 = 7878;
@@ -858,57 +859,6 @@ fn fmt_ms(us: Option<f64>) -> String {
     }
 }
 
-struct Table {
-    head: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn markdown(&self) -> String {
-        let mut s = format!("| {} |\n", self.head.join(" | "));
-        s += &format!(
-            "|{}\n",
-            self.head.iter().map(|_| "---:|").collect::<String>()
-        );
-        for r in &self.rows {
-            s += &format!("| {} |\n", r.join(" | "));
-        }
-        s
-    }
-    fn text(&self) -> String {
-        let mut w: Vec<usize> = self.head.iter().map(|h| h.len()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                w[i] = w[i].max(c.len());
-            }
-        }
-        let line = |r: &Vec<String>| {
-            r.iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c:>w$}", w = w[i]))
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
-        let mut s = line(&self.head) + "\n";
-        for r in &self.rows {
-            s += &(line(r) + "\n");
-        }
-        s
-    }
-    fn csv(&self) -> String {
-        let mut s = self.head.join(",") + "\n";
-        for r in &self.rows {
-            s += &(r
-                .iter()
-                .map(|c| c.replace(',', ";"))
-                .collect::<Vec<_>>()
-                .join(",")
-                + "\n");
-        }
-        s
-    }
-}
-
 /// The unit of the swept parameter, in the table, the CSV and the chart's axis.
 fn swept_unit(plan: &Plan) -> &'static str {
     match plan.scenario {
@@ -1010,7 +960,13 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
         }
         rows.push(r);
     }
-    Table { head, rows }
+    let mut t = head
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
+    for r in rows {
+        t.row(r);
+    }
+    t
 }
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
@@ -1336,7 +1292,7 @@ fn write_report(
         matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
     );
     let p = out.join("summary.csv");
-    crate::sys::files::write_atomically(&p, table.csv().as_bytes())
+    crate::sys::files::write_atomically(&p, table.csv_unquoted().as_bytes())
         .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
@@ -1398,7 +1354,7 @@ fn write_report(
         .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
-    println!("{}", table.text());
+    println!("{}", table.render());
     for o in &obs {
         println!("{o}");
     }

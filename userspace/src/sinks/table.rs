@@ -1,8 +1,9 @@
-//! Per-interval reports of the passive views: one row per flow, columns per
-//! view, a totals row; as a table or as JSON Lines (schema: docs/observe.md).
+//! The one table type every command renders through ([`Table`]: text, CSV, Markdown), and
+//! observe's per-interval report: one row per flow, columns per view, a totals row.
 use std::io::Write;
 
 use crate::analysis::records::{Interval, ViewStats};
+use crate::analysis::results::csv_field;
 use crate::analysis::units::fmt_ms;
 
 /// How a column lines its cells up.
@@ -81,6 +82,48 @@ impl Table {
         let mut out = line(&self.heads);
         for r in &self.rows {
             out += &line(r);
+        }
+        out
+    }
+
+    /// Markdown: the header, the alignment row (`---:` right, `:---` left), the rows.
+    pub fn markdown(&self) -> String {
+        let align: String = self
+            .align
+            .iter()
+            .map(|a| match a {
+                Align::Right => "---:|",
+                Align::Left => ":---|",
+            })
+            .collect();
+        let mut out = format!("| {} |\n|{align}\n", self.heads.join(" | "));
+        for r in &self.rows {
+            out += &format!("| {} |\n", r.join(" | "));
+        }
+        out
+    }
+
+    /// CSV (RFC 4180: a field holding a comma, a quote or a line break is quoted), the header
+    /// first.
+    pub fn csv(&self) -> String {
+        let line = |cells: &[String]| {
+            let f: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+            f.join(",") + "\n"
+        };
+        let mut out = line(&self.heads);
+        for r in &self.rows {
+            out += &line(r);
+        }
+        out
+    }
+
+    /// CSV without quoting, as the lab's summary.csv has always been written: the header as
+    /// is, a comma inside a row's cell replaced by `;`.
+    pub fn csv_unquoted(&self) -> String {
+        let mut out = self.heads.join(",") + "\n";
+        for r in &self.rows {
+            let f: Vec<String> = r.iter().map(|c| c.replace(',', ";")).collect();
+            out += &(f.join(",") + "\n");
         }
         out
     }
@@ -213,6 +256,37 @@ mod tests {
     use crate::analysis::records::FlowRow;
     use crate::views::flow::Side;
     use std::collections::BTreeMap;
+
+    /// The lab's table through the one table type: text, Markdown and its unquoted CSV are the
+    /// bytes the lab's own table wrote (expected strings computed by its former code); the
+    /// quoted CSV is RFC 4180.
+    #[test]
+    fn text_markdown_and_csv_forms() {
+        let mut t = ["phase (KiB queue, 0 = idle)", "RR_N", "RR_P50 ms"]
+            .into_iter()
+            .fold(Table::new(), |t, h| t.col(h, Align::Right));
+        t.row(["idle", "3", "0.120"]);
+        t.row(["deep 1MiB", "10", "12.5"]);
+        t.row(["a,b", "1", "-"]);
+        assert_eq!(
+            t.render(),
+            "phase (KiB queue, 0 = idle)  RR_N  RR_P50 ms\n                       idle     3      0.120\n                  deep 1MiB    10       12.5\n                        a,b     1          -\n"
+        );
+        assert_eq!(
+            t.markdown(),
+            "| phase (KiB queue, 0 = idle) | RR_N | RR_P50 ms |\n|---:|---:|---:|\n| idle | 3 | 0.120 |\n| deep 1MiB | 10 | 12.5 |\n| a,b | 1 | - |\n"
+        );
+        assert_eq!(
+            t.csv_unquoted(),
+            "phase (KiB queue, 0 = idle),RR_N,RR_P50 ms\nidle,3,0.120\ndeep 1MiB,10,12.5\na;b,1,-\n"
+        );
+        assert_eq!(
+            t.csv(),
+            "\"phase (KiB queue, 0 = idle)\",RR_N,RR_P50 ms\nidle,3,0.120\ndeep 1MiB,10,12.5\n\"a,b\",1,-\n"
+        );
+        let left = Table::new().col("VIEW", Align::Left).col("N", Align::Right);
+        assert_eq!(left.markdown(), "| VIEW | N |\n|:---|---:|\n");
+    }
 
     #[test]
     fn table_has_header_rows_and_totals() {
