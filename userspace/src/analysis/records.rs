@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::analysis::hist::{Hist, HistSummary};
@@ -37,6 +38,14 @@ macro_rules! tag {
                 s.serialize_str($s)
             }
         }
+        impl JsonSchema for $t {
+            fn schema_name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($t))
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({"type": "string", "const": $s})
+            }
+        }
     };
 }
 tag!(StartTag, "start");
@@ -45,8 +54,13 @@ tag!(CloudTag, "cloud");
 tag!(EndTag, "end");
 
 /// One line of `observe --format json`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
+#[schemars(
+    title = "rttscope observe record",
+    description = "One line of `rttscope observe --format json` (JSON Lines, docs/observe.md).",
+    extend("$id" = "https://example.invalid/rttscope/observe-record.schema.json")
+)]
 pub enum Record {
     Start(Start),
     Interval(Box<Interval>),
@@ -72,6 +86,16 @@ impl Serialize for Record {
     }
 }
 
+/// The JSON Schema of the records (draft 2020-12, what observe writes), generated from these
+/// types; checked in as `docs/observe-record.schema.json`.
+pub fn schema_json() -> String {
+    let gen = schemars::generate::SchemaSettings::draft2020_12()
+        .for_serialize()
+        .into_generator();
+    let schema = gen.into_root_schema_for::<Record>();
+    serde_json::to_string_pretty(&schema).expect("a schema serializes") + "\n"
+}
+
 /// Why a line is not a record.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -92,7 +116,7 @@ impl Record {
 }
 
 /// The first record: versions, views, settings and what each view attached.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Start {
     #[serde(default)]
     pub clock: String,
@@ -113,7 +137,7 @@ pub struct Start {
 }
 
 /// The sampler view in the start record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SamplerStart {
     pub attached: serde_json::Value,
     pub prog_ids: serde_json::Value,
@@ -122,7 +146,7 @@ pub struct SamplerStart {
 
 /// One raw sample (`--raw`): the TCP view's (with TCP's srtt), the sampler's (with its
 /// matching), or a flow's end (`view: flow_end`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Sample {
     pub local: String,
     /// Sampler: how the ACK was matched (`seq`, `ts`; ICMP: `echo`).
@@ -139,6 +163,7 @@ pub struct Sample {
     pub rtt_us: f64,
     /// Always written.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
     pub side: Option<Side>,
     /// TCP view: TCP's smoothed RTT after the sample (us).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -161,7 +186,7 @@ impl Sample {
 }
 
 /// `--cloud-buckets`: one view's cloud-metric period (so far, or completed).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Cloud {
     pub point: CloudPoint,
     #[serde(rename = "type", skip_deserializing)]
@@ -170,7 +195,7 @@ pub struct Cloud {
 }
 
 /// A cloud period's percentiles through the cloud layout.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CloudPoint {
     /// Whether the period is over (else: so far).
     pub complete: bool,
@@ -185,7 +210,7 @@ pub struct CloudPoint {
 }
 
 /// The last record: every flow's whole run and the counters.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct End {
     pub counters: Counters,
@@ -197,7 +222,7 @@ pub struct End {
 }
 
 /// One flow's whole run in the end record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct EndFlow {
     /// TCP flows: whether it closed during the run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -214,6 +239,7 @@ pub struct EndFlow {
     pub remote: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sampler: Option<EndView>,
+    #[schemars(with = "String")]
     pub side: Side,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tcp: Option<EndView>,
@@ -226,7 +252,7 @@ pub struct EndFlow {
 }
 
 /// One view's whole run of a flow: summary and histogram.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct EndView {
     /// Non-empty buckets as [lower_us, upper_us (-1: open), count].
     pub histogram: Vec<(f64, f64, u64)>,
@@ -267,7 +293,7 @@ pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
 
 /// Statistics of one view for one flow over one interval: the histogram's summary and, for the
 /// TCP view, TCP's own srtt and retransmissions (a row's cells, not a summary of its own).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ViewStats {
     #[serde(flatten)]
     pub summary: HistSummary,
@@ -290,12 +316,13 @@ impl ViewStats {
 }
 
 /// One flow's row of an interval.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct FlowRow {
     pub netns: u32,
     pub netns_name: String,
     pub local: String,
     pub remote: String,
+    #[schemars(with = "String")]
     pub side: Side,
     /// Sampler flows of ICMP echo: `icmp` or `icmpv6` (absent: a TCP flow).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -319,11 +346,12 @@ pub struct FlowRow {
     )]
     pub workload: Option<Arc<Workload>>,
     #[serde(skip)]
+    #[schemars(skip)]
     pub flow: Option<crate::views::flow::Flow>,
 }
 
 /// One interval (`type: interval`; the whole-run table uses the same shape as `summary`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct Interval {
     #[serde(rename = "type", skip_deserializing, default = "interval_kind")]
@@ -473,5 +501,43 @@ mod tests {
         let sorted = serde_json::to_value(&*w).unwrap().to_string();
         assert!(end.ends_with(&format!(r#""workload":{sorted}}}"#)), "{end}");
         assert!(end.contains(r#""summary":{"max_us":"#), "{end}");
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    use super::*;
+
+    /// docs/observe-record.schema.json is what the Rust types generate (regenerate with
+    /// RTTSCOPE_WRITE_SCHEMA=1), and every line of observe's output fixture is valid against it.
+    #[test]
+    fn checked_in_record_schema_matches_the_types_and_the_output() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let path = dir.join("docs/observe-record.schema.json");
+        let want = schema_json();
+        if std::env::var_os("RTTSCOPE_WRITE_SCHEMA").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} differs from the schema the Rust types generate; regenerate it with\n  \
+             RTTSCOPE_WRITE_SCHEMA=1 cargo test -p rttscope --features rttscope/aya -- \
+             checked_in_record_schema\nand commit it",
+            path.display()
+        );
+        let schema: serde_json::Value = serde_json::from_str(&want).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let text = std::fs::read_to_string(dir.join("tests/fixtures/observe/raw.jsonl")).unwrap();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{errors:?}\n{line}");
+        }
+        let bad = serde_json::json!({"type": "sample", "view": "tcp", "t": 1.0});
+        assert!(
+            !validator.is_valid(&bad),
+            "a sample without rtt_us is refused"
+        );
     }
 }
