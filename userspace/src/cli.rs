@@ -60,7 +60,7 @@ pub enum Command {
     /// Bucket RTT samples like the cloud metric (Cloud Monitoring distribution) and show its percentiles next to exact ones.
     Bucket(crate::cmd::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
-    Chart(crate::sinks::chart::ChartArgs),
+    Chart(crate::cmd::chart::ChartArgs),
     /// Answer TCP and UDP request/response probes (the responder for `probe tcp-rr|udp-rr`).
     Serve(crate::cmd::serve::ServeArgs),
     /// Active probes: request/response (netperf TCP_RR/UDP_RR), ICMP echo (ping), irtt.

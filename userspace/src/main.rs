@@ -20,7 +20,7 @@ fn main() -> ExitCode {
             rttscope::cmd::observe::run_with(args, &explicit)
         }
         Command::Bucket(args) => rttscope::cmd::bucket::run(args),
-        Command::Chart(args) => rttscope::sinks::chart::run(args),
+        Command::Chart(args) => rttscope::cmd::chart::run(args),
         Command::Serve(args) => rttscope::cmd::serve::run(args),
         Command::Probe(args) => rttscope::cmd::probe::run(args),
         Command::Compare(args) => rttscope::cmd::compare::run(args),

@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use serde::Serialize;
 
 use std::sync::Arc;
 
-use crate::analysis::hist::{Hist, HistSummary, Snapshot};
+use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::cgroup::CgroupIndex;
@@ -22,80 +21,8 @@ use crate::views::sampler::{FlowKind, IfaceSpec, SamplerConfig, SamplerFlowStats
 use crate::views::tcp::{self, TcpFlowState, TcpView, TcpViewConfig};
 use crate::views::LoaderKind;
 
-/// Statistics of one view for one flow over one interval.
-#[derive(Debug, Clone, Serialize)]
-pub struct ViewStats {
-    #[serde(flatten)]
-    pub summary: HistSummary,
-    /// TCP view only: TCP's smoothed RTT after the last sample (us).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub srtt_us: Option<u32>,
-    /// TCP view only: retransmissions over the flow's life.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retrans: Option<u32>,
-}
-
-impl ViewStats {
-    pub fn from_hist(h: &Hist) -> Self {
-        ViewStats {
-            summary: h.summary(),
-            srtt_us: None,
-            retrans: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FlowRow {
-    pub netns: u32,
-    pub netns_name: String,
-    pub local: String,
-    pub remote: String,
-    pub side: Side,
-    /// Sampler flows of ICMP echo: `icmp` or `icmpv6` (absent: a TCP flow).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub proto: Option<&'static str>,
-    /// How the TCP view found the flow: established (after attach), existing (iterator), late.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub origin: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub state: Option<&'static str>,
-    pub closed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<ViewStats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sampler: Option<ViewStats>,
-    /// `--label-workload`: who owns the local socket (its cgroup as a unit, container, pod).
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "ser_workload"
-    )]
-    pub workload: Option<Arc<Workload>>,
-    #[serde(skip)]
-    pub flow: Option<Flow>,
-}
-
-fn ser_workload<S: serde::Serializer>(
-    w: &Option<Arc<Workload>>,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    w.as_deref().serialize(s)
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Interval {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// Seconds since the observer started (end of the interval).
-    pub t: f64,
-    /// Unix time (seconds) at the end of the interval.
-    pub ts: f64,
-    pub interval_s: f64,
-    pub flows: Vec<FlowRow>,
-    /// Per view, per side (`client`, `server`, `unknown`): never both ends together.
-    pub totals: BTreeMap<&'static str, BTreeMap<&'static str, ViewStats>>,
-    pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
-}
+use crate::analysis::records::{self, EndFlow, EndView, Name};
+pub use crate::analysis::records::{FlowRow, Interval, ViewStats};
 
 /// Where each flow's new samples go as they are read (daemon mode's
 /// exporter), besides the interval's rows.
@@ -133,10 +60,10 @@ pub struct SessionConfig {
 pub type SideTotals = BTreeMap<Side, Hist>;
 
 /// Each side's statistics, keyed `client`, `server`, `unknown`.
-fn side_stats(t: &SideTotals) -> BTreeMap<&'static str, ViewStats> {
+fn side_stats(t: &SideTotals) -> BTreeMap<Name, ViewStats> {
     t.iter()
         .filter(|(_, h)| h.count() > 0)
-        .map(|(s, h)| (s.as_str(), ViewStats::from_hist(h)))
+        .map(|(s, h)| (Name::from(s.as_str()), ViewStats::from_hist(h)))
         .collect()
 }
 
@@ -425,19 +352,19 @@ impl Session {
         let mut counters = BTreeMap::new();
         if self.tcp.is_some() {
             let (by_side, tc) = self.read_tcp(&mut rows, sink.as_deref_mut(), raw_bad)?;
-            counters.insert("tcp", tc);
-            totals.insert("tcp", side_stats(&by_side));
+            counters.insert("tcp".into(), records::names(tc));
+            totals.insert("tcp".into(), side_stats(&by_side));
             totals_hist.insert("tcp", merged(&by_side));
         }
         if self.sampler.is_some() {
             let (by_side, sc) = self.read_sampler(&mut rows, sink)?;
-            counters.insert("sampler", sc);
-            totals.insert("sampler", side_stats(&by_side));
+            counters.insert("sampler".into(), records::names(sc));
+            totals.insert("sampler".into(), side_stats(&by_side));
             totals_hist.insert("sampler", merged(&by_side));
         }
         Ok(IntervalRead {
             interval: Interval {
-                kind: "interval",
+                kind: "interval".into(),
                 t: 0.0,
                 ts: 0.0,
                 interval_s: 0.0,
@@ -571,7 +498,7 @@ impl Session {
                 local: flow.local.to_string(),
                 remote: flow.remote.to_string(),
                 side,
-                proto: icmp_proto(kind),
+                proto: icmp_proto(kind).map(Name::from),
                 origin: None,
                 state: None,
                 closed: false,
@@ -593,35 +520,9 @@ impl Session {
     /// `end` record's flows and as rows for the closing table; each view's
     /// counters.
     pub fn summary(&mut self) -> Result<Summary> {
-        use serde_json::json;
-        let mut flows: BTreeMap<Flow, (serde_json::Value, FlowRow)> = BTreeMap::new();
+        let mut flows: BTreeMap<Flow, (EndFlow, FlowRow)> = BTreeMap::new();
         let mut totals: BTreeMap<&'static str, SideTotals> = BTreeMap::new();
         let names = &mut self.names;
-        let row =
-            |f: &Flow, name: String, side: Side, origin: Option<&'static str>, closed| FlowRow {
-                netns: f.netns,
-                netns_name: name,
-                local: f.local.to_string(),
-                remote: f.remote.to_string(),
-                side,
-                proto: None,
-                origin,
-                state: None,
-                closed,
-                tcp: None,
-                sampler: None,
-                workload: None,
-                flow: Some(*f),
-            };
-        let tcp_entry = |h: &Hist, srtt_us: u32, retrans: u32| {
-            let mut vs = ViewStats::from_hist(h);
-            vs.srtt_us = Some(srtt_us);
-            vs.retrans = Some(retrans);
-            (
-                json!({ "summary": h.summary(), "srtt_us": srtt_us, "retrans": retrans, "histogram": sparse(h) }),
-                vs,
-            )
-        };
         let workloads = &mut self.workloads;
         if let Some(view) = &self.tcp {
             view.for_each_flow(&mut |mut f| {
@@ -629,83 +530,46 @@ impl Session {
                     own(idx, names, &mut f);
                 }
                 let h = f.hist();
-                totals
-                    .entry("tcp")
-                    .or_default()
-                    .entry(f.side)
-                    .or_default()
-                    .merge(&h);
-                let (j, vs) = tcp_entry(&h, f.srtt_us, f.retrans);
+                add_total(&mut totals, "tcp", f.side, &h);
                 let name = names.get(f.flow.netns);
-                let mut r = row(&f.flow, name.clone(), f.side, Some(f.origin), f.closed);
-                r.tcp = Some(vs);
-                let mut v = json!({
-                    "netns": f.flow.netns, "netns_name": name,
-                    "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
-                    "side": f.side, "origin": f.origin, "closed": f.closed, "tcp": j,
-                });
-                if let Some(w) = &f.workload {
-                    v["workload"] = json!(w.as_ref());
-                    r.workload = Some(w.clone());
-                }
-                flows.insert(f.flow, (v, r));
+                let (mut e, mut r) = whole_run(&f.flow, name, f.side);
+                tcp_whole_run(&mut e, &mut r, &h, (f.srtt_us, f.retrans));
+                e.origin = Some(f.origin.into());
+                r.origin = e.origin.clone();
+                (e.closed, r.closed) = (Some(f.closed), f.closed);
+                e.workload = f.workload.clone();
+                r.workload = f.workload.clone();
+                flows.insert(f.flow, (e, r));
             })?;
         }
         for (flow, fin) in &self.tracker.finished {
             if flows.contains_key(flow) {
                 continue; // the same 4-tuple, open again at the end
             }
-            totals
-                .entry("tcp")
-                .or_default()
-                .entry(fin.side)
-                .or_default()
-                .merge(&fin.hist);
-            let (j, vs) = tcp_entry(&fin.hist, fin.srtt_us, fin.retrans);
-            let mut r = row(
-                flow,
-                fin.netns_name.clone(),
-                fin.side,
-                Some(fin.origin),
-                true,
-            );
-            r.tcp = Some(vs);
-            let mut v = json!({
-                "netns": flow.netns, "netns_name": fin.netns_name,
-                "local": flow.local.to_string(), "remote": flow.remote.to_string(),
-                "side": fin.side, "origin": fin.origin, "closed": true, "tcp": j,
-            });
-            if let Some(w) = &fin.workload {
-                v["workload"] = json!(w.as_ref());
-                r.workload = Some(w.clone());
-            }
-            flows.insert(*flow, (v, r));
+            add_total(&mut totals, "tcp", fin.side, &fin.hist);
+            let (mut e, mut r) = whole_run(flow, fin.netns_name.clone(), fin.side);
+            tcp_whole_run(&mut e, &mut r, &fin.hist, (fin.srtt_us, fin.retrans));
+            e.origin = Some(fin.origin.into());
+            r.origin = e.origin.clone();
+            (e.closed, r.closed) = (Some(true), true);
+            e.workload = fin.workload.clone();
+            r.workload = fin.workload.clone();
+            flows.insert(*flow, (e, r));
         }
         if let Some(s) = self.sampler.as_mut() {
             self.sampler_sides.begin();
             for f in crate::views::sampler::merge_ways(s.read_flows()?) {
                 let side = sampler_side(&self.tracker, &mut self.sampler_sides, &f);
-                totals
-                    .entry("sampler")
-                    .or_default()
-                    .entry(side)
-                    .or_default()
-                    .merge(&f.hist);
+                add_total(&mut totals, "sampler", side, &f.hist);
                 let entry = flows.entry(f.flow).or_insert_with(|| {
-                    let name = names.get(f.flow.netns);
-                    let mut v = json!({
-                        "netns": f.flow.netns, "netns_name": name,
-                        "local": f.flow.local.to_string(), "remote": f.flow.remote.to_string(),
-                        "side": side,
-                    });
-                    let mut r = row(&f.flow, name, side, None, false);
-                    if let Some(p) = icmp_proto(f.kind) {
-                        v["proto"] = json!(p);
-                        r.proto = Some(p);
-                    }
-                    (v, r)
+                    let (mut e, mut r) = whole_run(&f.flow, names.get(f.flow.netns), side);
+                    e.proto = icmp_proto(f.kind).map(Name::from);
+                    r.proto = e.proto.clone();
+                    (e, r)
                 });
-                entry.0["sampler"] = json!({ "summary": f.hist.summary(), "iface": f.iface, "histogram": sparse(&f.hist) });
+                let mut v = EndView::of(&f.hist);
+                v.iface = Some(f.iface.clone());
+                entry.0.sampler = Some(v);
                 entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
             }
         }
@@ -723,14 +587,72 @@ impl Session {
             sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
             counters.insert("sampler", sc);
         }
-        let (json_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
+        let (end_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
         Ok(Summary {
-            flows: json_flows,
+            flows: end_flows,
             rows,
             totals,
             counters,
         })
     }
+}
+
+/// A flow's whole run: its end-record entry and its row, views to be filled in.
+fn whole_run(f: &Flow, netns_name: String, side: Side) -> (EndFlow, FlowRow) {
+    let e = EndFlow {
+        closed: None,
+        local: f.local.to_string(),
+        netns: f.netns,
+        netns_name: netns_name.clone(),
+        origin: None,
+        proto: None,
+        remote: f.remote.to_string(),
+        sampler: None,
+        side,
+        tcp: None,
+        workload: None,
+    };
+    let r = FlowRow {
+        netns: f.netns,
+        netns_name,
+        local: e.local.clone(),
+        remote: e.remote.clone(),
+        side,
+        proto: None,
+        origin: None,
+        state: None,
+        closed: false,
+        tcp: None,
+        sampler: None,
+        workload: None,
+        flow: Some(*f),
+    };
+    (e, r)
+}
+
+/// The TCP view's whole run of a flow, into its end-record entry and its row.
+fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, (srtt_us, retrans): (u32, u32)) {
+    let mut v = EndView::of(h);
+    (v.srtt_us, v.retrans) = (Some(srtt_us), Some(retrans));
+    e.tcp = Some(v);
+    let mut vs = ViewStats::from_hist(h);
+    (vs.srtt_us, vs.retrans) = (Some(srtt_us), Some(retrans));
+    r.tcp = Some(vs);
+}
+
+/// A flow's whole-run histogram into its view's total for its side.
+fn add_total(
+    totals: &mut BTreeMap<&'static str, SideTotals>,
+    view: &'static str,
+    side: Side,
+    h: &Hist,
+) {
+    totals
+        .entry(view)
+        .or_default()
+        .entry(side)
+        .or_default()
+        .merge(h);
 }
 
 /// `proto` of a sampler flow's row: `icmp`/`icmpv6`, None for TCP.
@@ -769,7 +691,7 @@ fn sampler_namespaces(s: Option<&dyn SamplerView>) -> Vec<netns::NetNs> {
 /// The whole run (see [`Session::summary`]).
 pub struct Summary {
     /// The `end` record's flows.
-    pub flows: Vec<serde_json::Value>,
+    pub flows: Vec<EndFlow>,
     /// The same flows as rows (whole-run statistics) for the closing table.
     pub rows: Vec<FlowRow>,
     /// Each view's whole run, per side.
@@ -781,7 +703,7 @@ impl Summary {
     /// The rows as an interval report (totals per side) for the table.
     pub fn as_interval(&self, t: f64) -> Interval {
         Interval {
-            kind: "summary",
+            kind: "summary".into(),
             t,
             ts: 0.0,
             interval_s: t,
@@ -789,21 +711,11 @@ impl Summary {
             totals: self
                 .totals
                 .iter()
-                .map(|(v, t)| (*v, side_stats(t)))
+                .map(|(v, t)| (Name::from(*v), side_stats(t)))
                 .collect(),
-            counters: self.counters.clone(),
+            counters: records::counters(&self.counters),
         }
     }
-}
-
-/// Non-empty histogram buckets as [lower_us, upper_us, count].
-pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
-    h.buckets()
-        .map(|(i, c)| {
-            let (lo, hi) = crate::analysis::hist::bucket_bounds(i);
-            (lo, if hi.is_finite() { hi } else { -1.0 }, c)
-        })
-        .collect()
 }
 
 /// The most closed flows the end summary keeps (a connection churn of hours
@@ -1031,8 +943,8 @@ impl Tracker {
             remote: f.flow.remote.to_string(),
             side: f.side,
             proto: None,
-            origin: Some(f.origin),
-            state: Some(tcp::state_name(f.state)),
+            origin: Some(f.origin.into()),
+            state: Some(tcp::state_name(f.state).into()),
             closed: f.closed,
             tcp: Some(vs),
             sampler: None,

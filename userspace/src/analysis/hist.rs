@@ -79,7 +79,7 @@ pub struct Hist {
 }
 
 /// Percentiles and moments of a histogram (microseconds).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HistSummary {
     pub n: u64,
     pub min_us: f64,

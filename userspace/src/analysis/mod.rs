@@ -3,6 +3,8 @@
 pub mod cloud_monitoring;
 pub mod dist;
 pub mod hist;
+pub mod input;
+pub mod records;
 pub mod results;
 pub mod stats;
 pub mod units;

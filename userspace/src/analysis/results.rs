@@ -383,10 +383,11 @@ pub struct ViewSummary {
 impl ViewSummary {
     /// Exact statistics of `rtts_us` (nearest-rank percentiles, population stddev).
     pub fn of_samples(view: &str, kind: Option<ViewKind>, rtts_us: &[f64]) -> ViewSummary {
-        let s = crate::analysis::stats::Summary::from_us(rtts_us);
-        let mut v = ViewSummary::from_stats(view, kind, &s);
-        v.p5_us = nan_none(crate::analysis::stats::percentile_exact(rtts_us, 5.0));
-        v.p95_us = nan_none(crate::analysis::stats::percentile_exact(rtts_us, 95.0));
+        use crate::analysis::stats::{percentile_sorted, sorted, Summary};
+        let sorted = sorted(rtts_us);
+        let mut v = ViewSummary::from_stats(view, kind, &Summary::from_sorted(&sorted));
+        v.p5_us = nan_none(percentile_sorted(&sorted, 5.0));
+        v.p95_us = nan_none(percentile_sorted(&sorted, 95.0));
         v
     }
 

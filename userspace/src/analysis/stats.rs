@@ -6,11 +6,27 @@
 //!
 //! # Exact percentile definition
 //!
-//! [`percentile_exact`] uses the *nearest-rank* definition: the p-th
+//! [`percentile_sorted`], the one percentile function of exact samples every command uses, has
+//! the *nearest-rank* definition: the p-th
 //! percentile of `n` sorted samples is the smallest sample `x` such that at
 //! least `p`% of the samples are `<= x`, i.e. the sample at 1-based rank
 //! `ceil(p/100 * n)` (rank 1 for p = 0). It always returns one of the samples
 //! (no interpolation), so `min <= p50 <= p90 <= p99 <= max` holds exactly.
+//! The other `percentile` functions take the same rank in bucketed data (the kernel's
+//! log-linear histogram, [`HdrRecorder`]) or are lenses `bucket` shows beside it on purpose
+//! (netperf's histogram walk, the cloud aligner's interpolation in `analysis::dist`).
+//!
+//! # One summary
+//!
+//! [`Summary`] is the summary of exact samples: probe, compare and the lab (through
+//! `ViewSummary::of_samples`) compute it and nothing else. Apart, because they are different:
+//! - `analysis::hist::HistSummary`: from a histogram, not samples (observe's per-flow
+//!   histograms), and observe's record format (`min_us`, ..., no stddev);
+//! - `analysis::results::ViewSummary`: the result file's per-view summary (its schema): optional
+//!   statistics, `method`, `extra`, filled from a `Summary` or a `HistSummary`;
+//! - `analysis::records::ViewStats`: a table row's cells, a `HistSummary` plus TCP's srtt and
+//!   retransmissions;
+//! - irtt's `Stats` (active/irtt): irtt's own JSON, field for field, for irtt compatibility.
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -67,11 +83,14 @@ impl Summary {
 
     /// Exact summary of samples in microseconds (order does not matter).
     pub fn from_us(samples: &[f64]) -> Self {
-        let mut v: Vec<f64> = samples.iter().copied().filter(|x| !x.is_nan()).collect();
+        Self::from_sorted(&sorted(samples))
+    }
+
+    /// Exact summary of samples already sorted ascending (see [`sorted`]).
+    pub fn from_sorted(v: &[f64]) -> Self {
         if v.is_empty() {
             return Self::empty();
         }
-        v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len() as f64;
         let mean = v.iter().sum::<f64>() / n;
         let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
@@ -79,9 +98,9 @@ impl Summary {
             n: v.len() as u64,
             min: v[0],
             mean,
-            p50: percentile_sorted(&v, 50.0),
-            p90: percentile_sorted(&v, 90.0),
-            p99: percentile_sorted(&v, 99.0),
+            p50: percentile_sorted(v, 50.0),
+            p90: percentile_sorted(v, 90.0),
+            p99: percentile_sorted(v, 99.0),
             max: v[v.len() - 1],
             stddev: var.sqrt(),
         }
@@ -94,11 +113,11 @@ impl Summary {
     }
 }
 
-/// Exact nearest-rank percentile (`p` in 0..=100) of unsorted samples; NaN when empty.
-pub fn percentile_exact(samples: &[f64], p: f64) -> f64 {
+/// The samples without NaN, sorted ascending: what [`percentile_sorted`] takes.
+pub fn sorted(samples: &[f64]) -> Vec<f64> {
     let mut v: Vec<f64> = samples.iter().copied().filter(|x| !x.is_nan()).collect();
     v.sort_by(|a, b| a.total_cmp(b));
-    percentile_sorted(&v, p)
+    v
 }
 
 /// Nearest-rank percentile of samples already sorted ascending; NaN when empty.
@@ -343,15 +362,15 @@ mod tests {
     #[test]
     fn nearest_rank() {
         let v: Vec<f64> = (1..=100).map(|x| x as f64).collect();
-        assert_eq!(percentile_exact(&v, 50.0), 50.0);
-        assert_eq!(percentile_exact(&v, 90.0), 90.0);
-        assert_eq!(percentile_exact(&v, 99.0), 99.0);
-        assert_eq!(percentile_exact(&v, 100.0), 100.0);
-        assert_eq!(percentile_exact(&v, 0.0), 1.0);
-        assert_eq!(percentile_exact(&[3.0, 1.0, 2.0], 50.0), 2.0);
-        assert_eq!(percentile_exact(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
-        assert_eq!(percentile_exact(&[7.0], 99.0), 7.0);
-        assert!(percentile_exact(&[], 50.0).is_nan());
+        assert_eq!(percentile_sorted(&v, 50.0), 50.0);
+        assert_eq!(percentile_sorted(&v, 90.0), 90.0);
+        assert_eq!(percentile_sorted(&v, 99.0), 99.0);
+        assert_eq!(percentile_sorted(&v, 100.0), 100.0);
+        assert_eq!(percentile_sorted(&v, 0.0), 1.0);
+        assert_eq!(percentile_sorted(&sorted(&[3.0, 1.0, 2.0]), 50.0), 2.0);
+        assert_eq!(percentile_sorted(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
+        assert_eq!(percentile_sorted(&[7.0], 99.0), 7.0);
+        assert!(percentile_sorted(&[], 50.0).is_nan());
     }
 
     #[test]
@@ -465,7 +484,7 @@ mod tests {
             h.record_us(us);
             v.push(us as f64);
         }
-        let exact = percentile_exact(&v, 50.0);
+        let exact = percentile_sorted(&sorted(&v), 50.0);
         let np = h.percentile_us(0.5) as f64;
         assert!(
             (np - exact).abs() / exact < 0.1,

@@ -23,7 +23,9 @@
 use serde::Serialize;
 
 /// A Kubernetes pod's quality-of-service class (its cgroup parent).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Qos {
     Guaranteed,
@@ -49,7 +51,9 @@ impl Qos {
 }
 
 /// What the cgroup path says about its owner.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, schemars::JsonSchema,
+)]
 pub struct Workload {
     /// The cgroup path relative to the v2 root.
     pub cgroup: String,

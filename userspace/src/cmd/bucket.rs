@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
@@ -15,7 +14,13 @@ use crate::analysis::cloud_monitoring::{self, CloudPoint, CloudSeries, PointValu
 use crate::analysis::dist::{
     self, align, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
-use crate::analysis::results::{RunResult, Sample, ViewKind};
+use crate::analysis::input::{self, SampleSet};
+pub use crate::analysis::input::{
+    is_observe_output, parse_observe_output, parse_rtt_us, parse_sample_list, quote_input,
+};
+use crate::analysis::results::RunResult;
+// The one percentile of exact samples (docs/results.md): the nearest rank, an observed value.
+use crate::analysis::stats::percentile_sorted as nearest_rank;
 use crate::analysis::units::period_arg;
 use crate::sinks::table::{count, Align, Table};
 
@@ -78,18 +83,6 @@ pub enum BucketFormat {
     CloudMonitoring,
 }
 
-/// A named set of RTT samples.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SampleSet {
-    pub name: String,
-    pub kind: Option<ViewKind>,
-    /// Whether `t_s` is meaningful (result files) or not (plain lists).
-    pub timed: bool,
-    /// Unix time of `t_s = 0`, when known (a result's `start_unix_s`, observe's start record).
-    pub start_unix_s: Option<f64>,
-    pub samples: Vec<Sample>,
-}
-
 /// Which way a percentile was computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -138,13 +131,6 @@ pub struct BucketReport {
     /// Per alignment period (timed input only).
     pub alignment_period_s: f64,
     pub aligned: Vec<AlignedRow>,
-}
-
-/// Exact percentile by nearest rank: the smallest sample such that at least p % of the samples are
-/// less than or equal to it (rank = ceil(p/100 * n), at least 1). Always an observed value.
-/// `sorted` must be sorted ascending and non-empty.
-fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
-    crate::analysis::stats::percentile_sorted(sorted, p)
 }
 
 /// The lenses for one sample set.
@@ -246,189 +232,20 @@ pub fn analyze(
     })
 }
 
-/// Parse one RTT as typed in a sample list: a number, optional unit, bare = milliseconds.
-/// Returns microseconds.
-pub fn parse_rtt_us(s: &str) -> Option<f64> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let v: f64 = num.parse().ok()?;
-    let us_per = match unit.trim() {
-        "" | "ms" => 1e3,
-        "ns" => 1e-3,
-        "us" | "µs" => 1.0,
-        "s" => 1e6,
-        _ => return None,
-    };
-    let us = v * us_per;
-    (us.is_finite() && us >= 0.0).then_some(us)
+/// rttscope 0.1's `probe --json` as a result document (the reader in analysis/ takes it as a
+/// hook: the probe's types live in active/).
+pub fn legacy_probe(text: &str) -> Option<RunResult> {
+    crate::active::output::parse_probe_json(text).map(|p| crate::active::output::probe_document(&p))
 }
 
-/// Longest piece of an input line an error message repeats.
-const QUOTE_CHARS: usize = 80;
-
-/// A piece of input for an error message: at most `QUOTE_CHARS` characters, then how much more
-/// there was; control characters escaped (`\u{1b}`), so a file's escape sequences never reach the
-/// terminal raw and a 200 MB line does not become a 200 MB message.
-pub fn quote_input(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.char_indices();
-    for (_, c) in chars.by_ref().take(QUOTE_CHARS) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    if let Some((at, _)) = chars.next() {
-        out.push_str(&format!("... ({} more bytes)", s.len() - at));
-    }
-    out
-}
-
-/// Parse a plain sample list (one value per line).
-pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
-    let mut samples = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let us = parse_rtt_us(line).with_context(|| {
-            format!(
-                "{name} line {}: '{}' is not an RTT (use a number with an optional unit ns, us, ms, s; bare numbers are ms)",
-                i + 1,
-                quote_input(line)
-            )
-        })?;
-        samples.push(Sample::at_s(0.0, us));
-    }
-    anyhow::ensure!(!samples.is_empty(), "{name} contains no samples");
-    Ok(SampleSet {
-        name: name.to_string(),
-        kind: None,
-        timed: false,
-        start_unix_s: None,
-        samples,
-    })
-}
-
-/// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
-pub fn is_observe_output(text: &str) -> bool {
-    let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    first.trim_start().starts_with('{')
-        && serde_json::from_str::<serde_json::Value>(first)
-            .is_ok_and(|v| v["type"] == "start" && v.get("views").is_some())
-}
-
-/// The raw samples of `observe --format json --raw` output: one set per view and side, anchored
-/// at the start record's `ts`.
-pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
-    let mut start = None;
-    let mut sets: Vec<SampleSet> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{name} line {}: not a JSON record", i + 1))?;
-        match v["type"].as_str() {
-            Some("start") => start = start.or(v["ts"].as_f64()),
-            Some("sample") => {
-                let t = v["t_us"].as_f64().map(|us| us / 1e6).or(v["t"].as_f64());
-                let (Some(t), Some(rtt)) = (t, v["rtt_us"].as_f64()) else {
-                    anyhow::bail!("{name} line {}: a sample record without t or rtt_us", i + 1);
-                };
-                let view = v["view"].as_str().unwrap_or("?");
-                let set_name = match v["side"].as_str() {
-                    Some(side) => format!("{view} {side}"),
-                    None => view.to_string(),
-                };
-                let set = match sets.iter().position(|s| s.name == set_name) {
-                    Some(k) => &mut sets[k],
-                    None => {
-                        sets.push(SampleSet {
-                            name: set_name,
-                            kind: Some(match view {
-                                "tcp" => ViewKind::Tcp,
-                                "sampler" => ViewKind::Sampler,
-                                _ => ViewKind::Other,
-                            }),
-                            timed: true,
-                            start_unix_s: None,
-                            samples: Vec::new(),
-                        });
-                        sets.last_mut().expect("just pushed")
-                    }
-                };
-                set.samples.push(Sample::at_s(t, rtt));
-            }
-            _ => {}
-        }
-    }
-    anyhow::ensure!(
-        !sets.is_empty(),
-        "{name} is observe output without raw samples: run observe with --format json --raw, or give a result file"
-    );
-    for s in &mut sets {
-        s.start_unix_s = start;
-    }
-    Ok(sets)
-}
-
-/// Any measuring command's output as a result document: a result (version 1 or 2, what `probe`,
-/// `observe`, `compare` and `lab` write with `--json`), rttscope 0.1's `probe --json`, or
-/// `observe --format json --raw` JSON Lines (one view per view and side).
+/// Any measuring command's output as a result document (see [`input::result_from_text`]).
 pub fn result_from_text(text: &str, name: &str) -> anyhow::Result<RunResult> {
-    if is_observe_output(text) {
-        let sets = parse_observe_output(text, name)?;
-        let mut r = RunResult::new("observe", serde_json::json!({"source": name}));
-        r.start_unix_s = sets.first().and_then(|s| s.start_unix_s);
-        r.views = sets
-            .into_iter()
-            .map(|s| {
-                let mut v = crate::analysis::results::ViewSeries::new(
-                    s.name,
-                    s.kind.unwrap_or(ViewKind::Other),
-                );
-                v.samples = s.samples;
-                v
-            })
-            .collect();
-        return Ok(r);
-    }
-    match RunResult::from_json(text, name) {
-        Ok(r) => Ok(r),
-        Err(e) => match crate::active::output::parse_probe_json(text) {
-            Some(p) => Ok(crate::active::output::probe_document(&p)),
-            None => Err(e.into()),
-        },
-    }
+    input::result_from_text(text, name, Some(legacy_probe))
 }
 
-/// Read the sample sets of a file: a result document (one set per view), `observe --format json
-/// --raw` output (one set per view and side) or a plain list.
+/// The sample sets of a file (see [`input::load_sample_sets`]).
 pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
-    if is_observe_output(text) {
-        parse_observe_output(text, name)
-    } else if text.trim_start().starts_with('{') {
-        let r = result_from_text(text, name)?;
-        let start = r.start_unix_s;
-        Ok(r.views
-            .into_iter()
-            .map(|v| SampleSet {
-                name: v.name,
-                kind: Some(v.kind),
-                timed: true,
-                start_unix_s: start,
-                samples: v.samples,
-            })
-            .collect())
-    } else {
-        Ok(vec![parse_sample_list(text, name)?])
-    }
+    input::load_sample_sets(text, name, Some(legacy_probe))
 }
 
 fn read_input(path: &std::path::Path) -> anyhow::Result<(String, String)> {
@@ -1101,7 +918,17 @@ fn indent(o: &mut String, t: &Table) {
 /// `--format csv`: one row per bucket (empty ones too) of every view's distribution, bounds in
 /// microseconds (empty for the infinite ends).
 pub fn buckets_csv(reports: &[BucketReport]) -> String {
-    let mut o = String::from("view,bucket,lower_us,upper_us,count,cumulative_fraction\n");
+    let heads = [
+        "view",
+        "bucket",
+        "lower_us",
+        "upper_us",
+        "count",
+        "cumulative_fraction",
+    ];
+    let mut t = heads
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
     for r in reports {
         let d = &r.distribution;
         let bound = |b: f64| {
@@ -1119,15 +946,17 @@ pub fn buckets_csv(reports: &[BucketReport]) -> String {
             } else {
                 0.0
             };
-            o.push_str(&format!(
-                "{},{i},{},{},{c},{frac}\n",
-                crate::analysis::results::csv_field(&r.name),
+            t.row([
+                r.name.clone(),
+                i.to_string(),
                 bound(d.bucket_options.lower(i)),
                 bound(d.bucket_options.upper(i)),
-            ));
+                c.to_string(),
+                frac.to_string(),
+            ]);
         }
     }
-    o
+    t.csv()
 }
 
 pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
@@ -1200,6 +1029,7 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::results::Sample;
     use crate::analysis::results::{ViewKind, ViewSeries};
 
     fn set(values_ms: &[f64]) -> SampleSet {

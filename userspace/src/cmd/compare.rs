@@ -945,7 +945,7 @@ fn render_table(
 
 /// `--format csv`: one row per view summary, RTTs in microseconds (empty when not known).
 fn rows_csv(rows: &[Row]) -> String {
-    use crate::analysis::results::csv_field;
+    use crate::sinks::table::{Align, Table};
     let us = |v: f64| {
         if v.is_nan() {
             String::new()
@@ -953,15 +953,27 @@ fn rows_csv(rows: &[Row]) -> String {
             v.to_string()
         }
     };
-    let mut out = String::from(
-        "view,count,min_us,mean_us,p50_us,p90_us,p99_us,max_us,stddev_us,bucketed,what\n",
-    );
+    let heads = [
+        "view",
+        "count",
+        "min_us",
+        "mean_us",
+        "p50_us",
+        "p90_us",
+        "p99_us",
+        "max_us",
+        "stddev_us",
+        "bucketed",
+        "what",
+    ];
+    let mut t = heads
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
     for r in rows {
         let s = &r.summary;
-        out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{}\n",
-            csv_field(&r.view),
-            s.n,
+        t.row([
+            r.view.clone(),
+            s.n.to_string(),
             us(s.min),
             us(s.mean),
             us(s.p50),
@@ -969,11 +981,11 @@ fn rows_csv(rows: &[Row]) -> String {
             us(s.p99),
             us(s.max),
             us(s.stddev),
-            csv_field(r.bucketed.as_deref().unwrap_or("")),
-            csv_field(&r.what)
-        ));
+            r.bucketed.clone().unwrap_or_default(),
+            r.what.clone(),
+        ]);
     }
-    out
+    t.csv()
 }
 
 /// The `--explain` block: a blank line, then the notes (or the sentence

@@ -24,9 +24,11 @@ use super::scenarios::{
 };
 use super::signals;
 use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
+use crate::analysis::records::{self, Record};
 use crate::analysis::results::{
     RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
 };
+use crate::sinks::table::{Align, Table};
 
 /// The responder's port; the observer only follows flows to it.
 pub const PORT: u16 = 7878;
@@ -90,12 +92,11 @@ struct RawSample {
 #[derive(Default)]
 struct ObsShared {
     start_ts: Option<f64>,
-    start_line: Option<Value>,
+    start_line: Option<records::Start>,
     samples: Vec<RawSample>,
     /// First time each flow (by client port) was seen.
     first_seen: HashMap<u16, f64>,
-    counters: Value,
-    end_line: Option<Value>,
+    counters: Option<records::Counters>,
     bad_lines: u64,
     other_port: u64,
 }
@@ -231,68 +232,54 @@ fn port_of(addr: &str) -> Option<u16> {
 fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
     for line in r.lines() {
         let Ok(line) = line else { break };
-        let v: Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(_) => {
-                sh.lock().unwrap().bad_lines += 1;
-                continue;
-            }
+        let Ok(record) = Record::parse(&line) else {
+            sh.lock().unwrap().bad_lines += 1;
+            continue;
         };
         let mut s = sh.lock().unwrap();
-        match v["type"].as_str() {
-            Some("start") => {
-                s.start_ts = v["ts"].as_f64();
-                s.start_line = Some(v);
+        match record {
+            Record::Start(start) => {
+                s.start_ts = start.ts;
+                s.start_line = Some(start);
             }
-            Some("sample") => {
-                let view = match v["view"].as_str() {
-                    Some("tcp") => PView::Tcp,
-                    Some("sampler") => PView::Sampler,
-                    _ => continue,
-                };
-                let (Some(local), Some(remote), Some(t), Some(rtt)) = (
-                    v["local"].as_str(),
-                    v["remote"].as_str(),
-                    v["t"].as_f64(),
-                    v["rtt_us"].as_f64(),
-                ) else {
-                    s.bad_lines += 1;
-                    continue;
-                };
-                let Some(side) = side_of_local(local) else {
-                    s.other_port += 1;
-                    continue;
-                };
-                let (lp, rp) = (port_of(local), port_of(remote));
-                let client_port = match side {
-                    Side::Client if rp == Some(PORT) => lp,
-                    Side::Server if lp == Some(PORT) => rp,
-                    _ => None,
-                };
-                let Some(client_port) = client_port else {
-                    s.other_port += 1;
-                    continue;
-                };
-                let t_unix = s.start_ts.unwrap_or(0.0) + t;
-                s.first_seen.entry(client_port).or_insert(t_unix);
-                s.samples.push(RawSample {
-                    view,
-                    side,
-                    t_unix,
-                    rtt_us: rtt,
-                    client_port,
-                });
-            }
-            Some("interval") => {
-                s.counters = v["counters"].clone();
-            }
-            Some("end") => {
-                s.counters = v["counters"].clone();
-                s.end_line = Some(v);
-            }
+            Record::Sample(smp) => observed_sample(&mut s, &smp),
+            Record::Interval(iv) => s.counters = Some(iv.counters),
+            Record::End(end) => s.counters = Some(end.counters),
             _ => {}
         }
     }
+}
+
+/// One raw sample of the observer: kept if it belongs to one of the lab's flows.
+fn observed_sample(s: &mut ObsShared, smp: &records::Sample) {
+    let view = match smp.view.as_ref() {
+        "tcp" => PView::Tcp,
+        "sampler" => PView::Sampler,
+        _ => return,
+    };
+    let Some(side) = side_of_local(&smp.local) else {
+        s.other_port += 1;
+        return;
+    };
+    let (lp, rp) = (port_of(&smp.local), port_of(&smp.remote));
+    let client_port = match side {
+        Side::Client if rp == Some(PORT) => lp,
+        Side::Server if lp == Some(PORT) => rp,
+        _ => None,
+    };
+    let Some(client_port) = client_port else {
+        s.other_port += 1;
+        return;
+    };
+    let t_unix = s.start_ts.unwrap_or(0.0) + smp.t;
+    s.first_seen.entry(client_port).or_insert(t_unix);
+    s.samples.push(RawSample {
+        view,
+        side,
+        t_unix,
+        rtt_us: smp.rtt_us,
+        client_port,
+    });
 }
 
 fn pdeathsig(cmd: &mut Command) {
@@ -331,8 +318,8 @@ pub struct LabEnv {
     phase_idx: usize,
     sample_every: u32,
     observer: Option<Observer>,
-    obs_start_line: Option<Value>,
-    obs_counters: Value,
+    obs_start_line: Option<records::Start>,
+    obs_counters: Option<records::Counters>,
     obs_bad: (u64, u64),
     current: PhaseData,
     data: Vec<PhaseData>,
@@ -361,7 +348,7 @@ impl LabEnv {
             sample_every,
             observer: None,
             obs_start_line: None,
-            obs_counters: Value::Null,
+            obs_counters: None,
             obs_bad: (0, 0),
             current: PhaseData::default(),
             data: Vec::new(),
@@ -747,46 +734,6 @@ fn probe_window(rr: &[(f64, f64)]) -> Option<(f64, f64)> {
 
 // ---------------------------------------------------------------- statistics
 
-/// Summary of one view in one phase.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct Stats {
-    pub n: usize,
-    pub min: f64,
-    pub mean: f64,
-    pub p5: f64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p95: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-/// n, min, mean, p5, p50, p90, p95, p99, max of RTTs in us; None when empty. The percentiles
-/// are the one definition every command reports (nearest rank, an observed value:
-/// [`crate::analysis::stats::percentile_sorted`]; docs/results.md).
-pub fn stats(values: &[f64]) -> Option<Stats> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let p = |q| crate::analysis::stats::percentile_sorted(&v, q);
-    Some(Stats {
-        n: v.len(),
-        min: v[0],
-        mean: v.iter().sum::<f64>() / v.len() as f64,
-        p5: p(5.0),
-        p50: p(50.0),
-        p90: p(90.0),
-        p95: p(95.0),
-        p99: p(99.0),
-        max: v[v.len() - 1],
-    })
-}
-
 /// The cloud metric's bucketed median (vm_flow/rtt layout) of RTTs in us.
 pub fn cloud_p50_us(values: &[f64]) -> Option<f64> {
     use crate::analysis::dist::{vm_flow_preset, Distribution, ValueUnit};
@@ -802,11 +749,18 @@ fn rtts(s: &[(f64, f64)]) -> Vec<f64> {
     s.iter().map(|x| x.1).collect()
 }
 
+/// A view's phase statistics in the phase record: n, min, mean, p5, p50, p90, p95, p99, max
+/// (us) from [`ViewSummary::of_samples`], the one exact summary (nearest-rank percentiles,
+/// docs/results.md).
 fn summary_json(s: &[(f64, f64)]) -> Value {
-    match stats(&rtts(s)) {
-        Some(st) => serde_json::to_value(st).unwrap_or(Value::Null),
-        None => json!({"n": 0}),
+    let v = ViewSummary::of_samples("", None, &rtts(s));
+    if v.count == 0 {
+        return json!({"n": 0});
     }
+    json!({
+        "n": v.count, "min": v.min_us, "mean": v.mean_us, "p5": v.p5_us, "p50": v.p50_us,
+        "p90": v.p90_us, "p95": v.p95_us, "p99": v.p99_us, "max": v.max_us,
+    })
 }
 
 // ---------------------------------------------------------------- report
@@ -857,22 +811,13 @@ fn read_probe_document(stdout: &str) -> Result<crate::active::ProbeResult> {
         .ok_or_else(|| anyhow!("the probe's result document holds no probe result"))
 }
 
+/// A view's summary in the lab's result: the one exact summary, with p90 among the extras and
+/// no stddev (as the lab's result always had them).
 fn view_summary(name: &str, kind: ViewKind, s: &[(f64, f64)]) -> ViewSummary {
-    let mut vs = ViewSummary {
-        view: name.to_string(),
-        kind: Some(kind),
-        ..Default::default()
-    };
-    if let Some(st) = stats(&rtts(s)) {
-        vs.count = st.n as u64;
-        vs.min_us = Some(st.min);
-        vs.mean_us = Some(st.mean);
-        vs.p5_us = Some(st.p5);
-        vs.p50_us = Some(st.p50);
-        vs.p95_us = Some(st.p95);
-        vs.p99_us = Some(st.p99);
-        vs.max_us = Some(st.max);
-        vs.extra.insert("p90_us".into(), st.p90);
+    let mut vs = ViewSummary::of_samples(name, Some(kind), &rtts(s));
+    vs.stddev_us = None;
+    if let Some(p90) = vs.p90_us.take() {
+        vs.extra.insert("p90_us".into(), p90);
         if kind == ViewKind::Sampler {
             if let Some(c) = cloud_p50_us(&rtts(s)) {
                 vs.extra.insert("cloud_p50_us".into(), c);
@@ -911,57 +856,6 @@ fn fmt_ms(us: Option<f64>) -> String {
                 format!("{m:.0}")
             }
         }
-    }
-}
-
-struct Table {
-    head: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn markdown(&self) -> String {
-        let mut s = format!("| {} |\n", self.head.join(" | "));
-        s += &format!(
-            "|{}\n",
-            self.head.iter().map(|_| "---:|").collect::<String>()
-        );
-        for r in &self.rows {
-            s += &format!("| {} |\n", r.join(" | "));
-        }
-        s
-    }
-    fn text(&self) -> String {
-        let mut w: Vec<usize> = self.head.iter().map(|h| h.len()).collect();
-        for r in &self.rows {
-            for (i, c) in r.iter().enumerate() {
-                w[i] = w[i].max(c.len());
-            }
-        }
-        let line = |r: &Vec<String>| {
-            r.iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c:>w$}", w = w[i]))
-                .collect::<Vec<_>>()
-                .join("  ")
-        };
-        let mut s = line(&self.head) + "\n";
-        for r in &self.rows {
-            s += &(line(r) + "\n");
-        }
-        s
-    }
-    fn csv(&self) -> String {
-        let mut s = self.head.join(",") + "\n";
-        for r in &self.rows {
-            s += &(r
-                .iter()
-                .map(|c| c.replace(',', ";"))
-                .collect::<Vec<_>>()
-                .join(",")
-                + "\n");
-        }
-        s
     }
 }
 
@@ -1066,7 +960,13 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
         }
         rows.push(r);
     }
-    Table { head, rows }
+    let mut t = head
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
+    for r in rows {
+        t.row(r);
+    }
+    t
 }
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
@@ -1275,7 +1175,7 @@ fn med_in(v: &[(f64, f64)], t0: f64, wins: &[(f64, f64)]) -> Option<f64> {
         .filter(|(t, _)| wins.iter().any(|w| t - t0 >= w.0 && t - t0 < w.1))
         .map(|s| s.1)
         .collect();
-    stats(&x).map(|s| s.p50)
+    ViewSummary::of_samples("", None, &x).p50_us
 }
 
 fn write_report(
@@ -1392,7 +1292,7 @@ fn write_report(
         matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
     );
     let p = out.join("summary.csv");
-    crate::sys::files::write_atomically(&p, table.csv().as_bytes())
+    crate::sys::files::write_atomically(&p, table.csv_unquoted().as_bytes())
         .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
@@ -1454,7 +1354,7 @@ fn write_report(
         .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
-    println!("{}", table.text());
+    println!("{}", table.render());
     for o in &obs {
         println!("{o}");
     }
@@ -1471,19 +1371,29 @@ mod tests {
 
     #[test]
     fn percentiles_are_nearest_rank() {
+        let at = |v: &[f64]| v.iter().map(|&r| (0.0, r)).collect::<Vec<_>>();
         let v: Vec<f64> = (1..=101).map(|x| x as f64).collect();
-        let s = stats(&v).unwrap();
-        assert_eq!(s.n, 101);
-        assert_eq!(s.p50, 51.0);
-        assert_eq!(s.p5, 6.0);
-        assert_eq!(s.p95, 96.0);
-        assert_eq!(s.min, 1.0);
-        assert_eq!(s.max, 101.0);
-        assert!((s.mean - 51.0).abs() < 1e-9);
-        assert!(stats(&[]).is_none());
+        let s = view_summary("tcp client", ViewKind::Tcp, &at(&v));
+        assert_eq!(s.count, 101);
+        assert_eq!(s.p50_us, Some(51.0));
+        assert_eq!(s.p5_us, Some(6.0));
+        assert_eq!(s.p95_us, Some(96.0));
+        assert_eq!(s.min_us, Some(1.0));
+        assert_eq!(s.max_us, Some(101.0));
+        assert!((s.mean_us.unwrap() - 51.0).abs() < 1e-9);
+        assert_eq!(
+            (s.p90_us, s.stddev_us, s.extra["p90_us"]),
+            (None, None, 91.0)
+        );
+        let e = view_summary("tcp client", ViewKind::Tcp, &[]);
+        assert_eq!((e.count, e.p50_us, e.extra.len()), (0, None, 0));
+        assert_eq!(summary_json(&[]).to_string(), r#"{"n":0}"#);
         // An even count: an observed value (the lower middle one), never a mean of two.
-        let s = stats(&[10.0, 40.0, 20.0, 30.0]).unwrap();
-        assert_eq!((s.p50, s.p90), (20.0, 40.0));
+        let j = summary_json(&at(&[10.0, 40.0, 20.0, 30.0])).to_string();
+        assert_eq!(
+            j,
+            r#"{"max":40.0,"mean":25.0,"min":10.0,"n":4,"p5":10.0,"p50":20.0,"p90":40.0,"p95":40.0,"p99":40.0}"#
+        );
     }
 
     /// The lab's p50 of a view is the statistic observe (and compare) report for the same

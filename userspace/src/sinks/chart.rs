@@ -8,11 +8,10 @@
 //! Text is drawn with DejaVu Sans embedded in the binary (`userspace/assets/`, Bitstream Vera
 //! license), so rendering needs no system font libraries.
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Once;
 
 use anyhow::{anyhow, bail, Context};
-use clap::Args;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -31,35 +30,6 @@ pub fn register_font() {
             tracing::error!("the embedded chart font could not be parsed");
         }
     });
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ChartArgs {
-    /// A saved rttscope result (JSON).
-    #[arg(value_name = "RESULT.json")]
-    pub result: PathBuf,
-    /// Output file; the extension chooses the format: .png or .svg.
-    #[arg(short, long, value_name = "FILE")]
-    pub output: PathBuf,
-    /// What to draw.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub kind: ChartKind,
-    /// Only these views (repeatable) [default: all].
-    #[arg(long = "view", value_name = "NAME")]
-    pub views: Vec<String>,
-    /// Chart title [default: the result's title or command].
-    #[arg(long)]
-    pub title: Option<String>,
-    /// Image width in pixels.
-    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u32).range(200..=8000))]
-    pub width: u32,
-    /// Image height in pixels.
-    #[arg(long, default_value_t = 800, value_parser = clap::value_parser!(u32).range(150..=8000))]
-    pub height: u32,
-    /// Also draw the cloud's distribution from a Cloud Monitoring file (projects.timeSeries.list
-    /// response; docs/cloud.md) in the CDF: its bucket counts, joined linearly inside each bucket.
-    #[arg(long, value_name = "FILE")]
-    pub cloud: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -147,40 +117,6 @@ impl ImageFormat {
             ),
         }
     }
-}
-
-/// A result file (streamed), or any other measuring command's output that bucket reads too
-/// (rttscope 0.1's `probe --json`, `observe --format json --raw` JSON Lines).
-fn load_any(path: &Path) -> anyhow::Result<RunResult> {
-    match RunResult::load(path) {
-        Ok(r) => Ok(r),
-        Err(e @ crate::analysis::results::ResultError::NotAResult { .. }) => {
-            let name = path.display().to_string();
-            match crate::sys::files::read_to_string(path) {
-                Ok(t) if !t.trim_start().starts_with('{') => Err(e.into()),
-                Ok(t) if crate::cmd::bucket::is_observe_output(&t) => {
-                    crate::cmd::bucket::result_from_text(&t, &name)
-                }
-                Ok(t) => crate::cmd::bucket::result_from_text(&t, &name).map_err(|_| e.into()),
-                Err(_) => Err(e.into()),
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub fn run(args: ChartArgs) -> anyhow::Result<()> {
-    let result = load_any(&args.result)?;
-    let opts = ChartOptions {
-        kind: args.kind,
-        views: args.views,
-        title: args.title,
-        size: (args.width, args.height),
-        cloud: args.cloud.as_deref().map(CloudCdf::from_file).transpose()?,
-    };
-    render_file(&result, &opts, &args.output)?;
-    println!("wrote {}", args.output.display());
-    Ok(())
 }
 
 /// Render `result` into a PNG or SVG file (format from the extension).

@@ -1,9 +1,10 @@
-//! Per-interval reports of the passive views: one row per flow, columns per
-//! view, a totals row; as a table or as JSON Lines (schema: docs/observe.md).
+//! The one table type every command renders through ([`Table`]: text, CSV, Markdown), and
+//! observe's per-interval report: one row per flow, columns per view, a totals row.
 use std::io::Write;
 
+use crate::analysis::records::{Interval, ViewStats};
+use crate::analysis::results::csv_field;
 use crate::analysis::units::fmt_ms;
-use crate::session::{Interval, ViewStats};
 
 /// How a column lines its cells up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,48 @@ impl Table {
         }
         out
     }
+
+    /// Markdown: the header, the alignment row (`---:` right, `:---` left), the rows.
+    pub fn markdown(&self) -> String {
+        let align: String = self
+            .align
+            .iter()
+            .map(|a| match a {
+                Align::Right => "---:|",
+                Align::Left => ":---|",
+            })
+            .collect();
+        let mut out = format!("| {} |\n|{align}\n", self.heads.join(" | "));
+        for r in &self.rows {
+            out += &format!("| {} |\n", r.join(" | "));
+        }
+        out
+    }
+
+    /// CSV (RFC 4180: a field holding a comma, a quote or a line break is quoted), the header
+    /// first.
+    pub fn csv(&self) -> String {
+        let line = |cells: &[String]| {
+            let f: Vec<String> = cells.iter().map(|c| csv_field(c)).collect();
+            f.join(",") + "\n"
+        };
+        let mut out = line(&self.heads);
+        for r in &self.rows {
+            out += &line(r);
+        }
+        out
+    }
+
+    /// CSV without quoting, as the lab's summary.csv has always been written: the header as
+    /// is, a comma inside a row's cell replaced by `;`.
+    pub fn csv_unquoted(&self) -> String {
+        let mut out = self.heads.join(",") + "\n";
+        for r in &self.rows {
+            let f: Vec<String> = r.iter().map(|c| c.replace(',', ";")).collect();
+            out += &(f.join(",") + "\n");
+        }
+        out
+    }
 }
 
 /// `1 flow`, `2 flows`: a count and its noun, plural with -s unless one.
@@ -161,7 +204,7 @@ pub fn print_table(
         ];
         for v in views {
             cells.extend(cols(
-                iv.totals.get(v).and_then(|t| t.get(side)),
+                iv.totals.get(*v).and_then(|t| t.get(side)),
                 *v == "tcp",
             ));
         }
@@ -210,9 +253,40 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::analysis::hist::Hist;
-    use crate::session::FlowRow;
+    use crate::analysis::records::FlowRow;
     use crate::views::flow::Side;
     use std::collections::BTreeMap;
+
+    /// The lab's table through the one table type: text, Markdown and its unquoted CSV are the
+    /// bytes the lab's own table wrote (expected strings computed by its former code); the
+    /// quoted CSV is RFC 4180.
+    #[test]
+    fn text_markdown_and_csv_forms() {
+        let mut t = ["phase (KiB queue, 0 = idle)", "RR_N", "RR_P50 ms"]
+            .into_iter()
+            .fold(Table::new(), |t, h| t.col(h, Align::Right));
+        t.row(["idle", "3", "0.120"]);
+        t.row(["deep 1MiB", "10", "12.5"]);
+        t.row(["a,b", "1", "-"]);
+        assert_eq!(
+            t.render(),
+            "phase (KiB queue, 0 = idle)  RR_N  RR_P50 ms\n                       idle     3      0.120\n                  deep 1MiB    10       12.5\n                        a,b     1          -\n"
+        );
+        assert_eq!(
+            t.markdown(),
+            "| phase (KiB queue, 0 = idle) | RR_N | RR_P50 ms |\n|---:|---:|---:|\n| idle | 3 | 0.120 |\n| deep 1MiB | 10 | 12.5 |\n| a,b | 1 | - |\n"
+        );
+        assert_eq!(
+            t.csv_unquoted(),
+            "phase (KiB queue, 0 = idle),RR_N,RR_P50 ms\nidle,3,0.120\ndeep 1MiB,10,12.5\na;b,1,-\n"
+        );
+        assert_eq!(
+            t.csv(),
+            "\"phase (KiB queue, 0 = idle)\",RR_N,RR_P50 ms\nidle,3,0.120\ndeep 1MiB,10,12.5\n\"a,b\",1,-\n"
+        );
+        let left = Table::new().col("VIEW", Align::Left).col("N", Align::Right);
+        assert_eq!(left.markdown(), "| VIEW | N |\n|:---|---:|\n");
+    }
 
     #[test]
     fn table_has_header_rows_and_totals() {
@@ -230,8 +304,8 @@ mod tests {
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(vs.clone()),
             sampler: None,
@@ -239,12 +313,12 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 1.0,
             ts: 0.0,
             interval_s: 1.0,
             flows: vec![row],
-            totals: [("tcp", [("client", vs)].into_iter().collect())]
+            totals: [("tcp".into(), [("client".into(), vs)].into_iter().collect())]
                 .into_iter()
                 .collect(),
             counters: BTreeMap::new(),
@@ -259,7 +333,8 @@ mod tests {
         let j = serde_json::to_value(&iv).unwrap();
         assert_eq!(j["flows"][0]["tcp"]["n"], 3);
         assert_eq!(j["flows"][0]["side"], "client");
-        assert_eq!(j["type"], "interval");
+        let line = serde_json::to_string(&iv).unwrap();
+        assert!(line.starts_with(r#"{"type":"interval","#), "{line}");
     }
 
     /// The table and the JSON record of one fixed interval, to the byte:
@@ -281,8 +356,8 @@ mod tests {
             remote: "10.0.0.2:5001".into(),
             side: Side::Client,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: Some(smp.clone()),
@@ -290,20 +365,26 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 2.0,
             ts: 1_700_000_000.5,
             interval_s: 1.0,
             flows: vec![row],
             totals: [
-                ("tcp", [("client", tcp)].into_iter().collect()),
-                ("sampler", [("client", smp)].into_iter().collect()),
+                ("tcp".into(), [("client".into(), tcp)].into_iter().collect()),
+                (
+                    "sampler".into(),
+                    [("client".into(), smp)].into_iter().collect(),
+                ),
             ]
             .into_iter()
             .collect(),
-            counters: [("tcp", [("samples", 4u64)].into_iter().collect())]
-                .into_iter()
-                .collect(),
+            counters: [(
+                "tcp".into(),
+                [("samples".into(), 4u64)].into_iter().collect(),
+            )]
+            .into_iter()
+            .collect(),
         };
         let mut out = Vec::new();
         print_table(
@@ -338,8 +419,8 @@ mod tests {
             remote: remote.into(),
             side,
             proto: None,
-            origin: Some("established"),
-            state: Some("ESTABLISHED"),
+            origin: Some("established".into()),
+            state: Some("ESTABLISHED".into()),
             closed: false,
             tcp: Some(tcp.clone()),
             sampler: None,
@@ -347,7 +428,7 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval",
+            kind: "interval".into(),
             t: 3.0,
             ts: 0.0,
             interval_s: 1.0,
@@ -361,10 +442,13 @@ mod tests {
                 row("ns-b", "10.0.0.2:5001", "10.0.0.1:40000", Side::Server),
             ],
             totals: [(
-                "tcp",
-                [("client", tcp.clone()), ("server", tcp.clone())]
-                    .into_iter()
-                    .collect(),
+                "tcp".into(),
+                [
+                    ("client".into(), tcp.clone()),
+                    ("server".into(), tcp.clone()),
+                ]
+                .into_iter()
+                .collect(),
             )]
             .into_iter()
             .collect(),

@@ -2,9 +2,8 @@
 //! cloud-monitoring`: each flow group's distribution as Cloud Monitoring time series.
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::analysis::hist::Hist;
+use crate::analysis::records::CloudPoint;
 use crate::session::FlowSink;
 use crate::views::flow::{Flow, Side};
 
@@ -45,8 +44,8 @@ impl CloudAgg {
         }
     }
 
-    /// The period so far (or the completed one) as JSON.
-    pub(super) fn point(&self, t: f64, complete: bool) -> serde_json::Value {
+    /// The period so far (or the completed one).
+    pub(super) fn point(&self, t: f64, complete: bool) -> CloudPoint {
         let p = |q: f64| {
             self.dist
                 .percentile(q)
@@ -54,19 +53,21 @@ impl CloudAgg {
                 .flatten()
                 .map(|x| x.value * 1000.0)
         };
-        json!({
-            "period_start_s": self.period_start,
-            "period_s": self.period.as_secs_f64(),
-            "complete": complete,
-            "t": t,
-            "count": self.dist.count,
-            "layout": self.layout.spec(),
-            "p50_us": p(50.0), "p95_us": p(95.0), "p99_us": p(99.0),
-        })
+        CloudPoint {
+            complete,
+            count: self.dist.count,
+            layout: self.layout.spec(),
+            p50_us: p(50.0),
+            p95_us: p(95.0),
+            p99_us: p(99.0),
+            period_s: self.period.as_secs_f64(),
+            period_start_s: self.period_start,
+            t,
+        }
     }
 
     /// Close the period if it is over: returns the completed point.
-    pub(super) fn roll(&mut self, t: f64) -> Option<serde_json::Value> {
+    pub(super) fn roll(&mut self, t: f64) -> Option<CloudPoint> {
         if t - self.period_start + 1e-6 < self.period.as_secs_f64() {
             return None;
         }

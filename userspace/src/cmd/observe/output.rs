@@ -4,9 +4,10 @@ use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
-use serde_json::json;
+use serde::Serialize;
 
 use super::args::{Format, ObserveArgs};
+use crate::analysis::records::{self, CloudPoint, SamplerStart};
 use crate::analysis::units::fmt_duration_short;
 use crate::session::{Interval, Session};
 use crate::views::flow::Flow;
@@ -34,20 +35,68 @@ pub(super) fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The settings recorded in the start record (and in the `--json` document); keys in
+/// alphabetical order, as they always were.
+#[derive(Serialize)]
+struct Settings<'a> {
+    ack_hook: &'a crate::views::tcp::AckHook,
+    addrs: Vec<String>,
+    all_netns: bool,
+    duration_s: Option<f64>,
+    histogram: &'static str,
+    interval_s: f64,
+    loader: &'a crate::views::LoaderKind,
+    max_flows: u32,
+    netns: &'a [String],
+    ports: &'a [u16],
+    raw: bool,
+}
+
 /// The settings recorded in the start record (and in the `--json` document).
 pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
-    json!({
-        "interval_s": args.interval.as_secs_f64(),
-        "duration_s": args.duration.map(|d| d.as_secs_f64()),
-        "netns": args.netns,
-        "all_netns": args.all_netns,
-        "ports": args.ports,
-        "addrs": args.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        "raw": args.raw,
-        "max_flows": args.max_flows,
-        "ack_hook": args.ack_hook,
-        "loader": args.loader,
-        "histogram": "log-linear: 1 us buckets below 128 us, then 64 linear sub-buckets per power of two (<= 1.6% wide, open above 33 s); percentiles within 0.8% of the exact ones",
+    serde_json::to_value(Settings {
+        ack_hook: &args.ack_hook,
+        addrs: args.addrs.iter().map(|a| a.to_string()).collect(),
+        all_netns: args.all_netns,
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        histogram: "log-linear: 1 us buckets below 128 us, then 64 linear sub-buckets per power of two (<= 1.6% wide, open above 33 s); percentiles within 0.8% of the exact ones",
+        interval_s: args.interval.as_secs_f64(),
+        loader: &args.loader,
+        max_flows: args.max_flows,
+        netns: &args.netns,
+        ports: &args.ports,
+        raw: args.raw,
+    })
+    .expect("settings serialise")
+}
+
+/// The start record.
+pub(super) fn start_record(
+    args: &ObserveArgs,
+    session: &Session,
+    views: &[ViewKind],
+) -> Result<records::Start> {
+    let sampler = match &session.sampler {
+        Some(s) => Some(SamplerStart {
+            attached: serde_json::to_value(s.attach_info())?,
+            prog_ids: serde_json::to_value(s.prog_ids())?,
+            settings: serde_json::to_value(s.config())?,
+        }),
+        None => None,
+    };
+    Ok(records::Start {
+        clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
+        sampler,
+        settings: settings(args),
+        tcp: session
+            .tcp
+            .as_ref()
+            .map(|v| serde_json::to_value(v.info()))
+            .transpose()?,
+        ts: Some(unix_now()),
+        kind: records::StartTag,
+        version: 1,
+        views: views.iter().map(|v| v.as_str().to_string()).collect(),
     })
 }
 
@@ -126,20 +175,7 @@ pub(super) fn print_start(
     let mut out = stdout.lock();
     match args.format {
         Format::Json => {
-            let line = json!({
-                "type": "start",
-                "version": 1,
-                "ts": unix_now(),
-                "views": views.iter().map(|v| v.as_str()).collect::<Vec<_>>(),
-                "settings": settings(args),
-                "tcp": session.tcp.as_ref().map(|v| v.info()),
-                "sampler": session.sampler.as_ref().map(|s| json!({
-                    "settings": s.config(),
-                    "attached": s.attach_info(),
-                    "prog_ids": s.prog_ids(),
-                })),
-                "clock": "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start",
-            });
+            let line = serde_json::to_string(&start_record(args, session, views)?)?;
             writeln!(out, "{line}")?;
         }
         Format::CloudMonitoring => {
@@ -178,7 +214,7 @@ pub(super) fn print_interval(
     header: &str,
     views: &[&str],
     iv: &Interval,
-    cloud_lines: &[(&str, serde_json::Value)],
+    cloud_lines: &[(&'static str, CloudPoint)],
 ) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -188,31 +224,31 @@ pub(super) fn print_interval(
         Format::Json => {
             writeln!(out, "{}", serde_json::to_string(iv)?)?;
             for (name, p) in cloud_lines {
-                writeln!(
-                    out,
-                    "{}",
-                    json!({"type": "cloud", "view": name, "point": p})
-                )?;
+                let c = records::Cloud {
+                    point: p.clone(),
+                    kind: records::CloudTag,
+                    view: (*name).into(),
+                };
+                writeln!(out, "{}", serde_json::to_string(&c)?)?;
             }
         }
         Format::Table => {
             crate::sinks::table::print_table(&mut out, header, iv, views)?;
             for (name, p) in cloud_lines {
-                let f = |k: &str| {
-                    p[k].as_f64()
-                        .map(crate::analysis::units::fmt_ms)
+                let f = |v: Option<f64>| {
+                    v.map(crate::analysis::units::fmt_ms)
                         .unwrap_or_else(|| "-".into())
                 };
                 writeln!(
                     out,
                     "cloud buckets {name}: {} period from t={:.1}s ({:.0}s): n {} p50 {} p95 {} p99 {} ms ({})",
-                    if p["complete"] == true { "completed" } else { "so far," },
-                    p["period_start_s"].as_f64().unwrap_or(0.0),
-                    p["period_s"].as_f64().unwrap_or(0.0),
-                    p["count"],
-                    f("p50_us"),
-                    f("p95_us"),
-                    f("p99_us"),
+                    if p.complete { "completed" } else { "so far," },
+                    p.period_start_s,
+                    p.period_s,
+                    p.count,
+                    f(p.p50_us),
+                    f(p.p95_us),
+                    f(p.p99_us),
                     args.cloud_layout.spec()
                 )?;
             }
@@ -245,8 +281,14 @@ pub(super) fn print_end(
         return Ok(());
     }
     if args.format == Format::Json {
-        let line = json!({ "type": "end", "t": elapsed_s, "ts": unix_now(), "flows": summary.flows, "counters": counters });
-        writeln!(out, "{line}")?;
+        let end = records::End {
+            counters: records::counters(counters),
+            flows: summary.flows,
+            t: elapsed_s,
+            ts: unix_now(),
+            kind: records::EndTag,
+        };
+        writeln!(out, "{}", serde_json::to_string(&end)?)?;
     } else {
         if !args.quiet && args.format == Format::Table {
             // The whole run, every flow seen (closed ones marked `*`).
@@ -310,17 +352,21 @@ pub(super) fn sampler_raw_lines(
             Format::CloudMonitoring => continue,
             Format::Json => {
                 let icmp = smp.kind != crate::views::sampler::FlowKind::Tcp;
-                let mut v = json!({
-                    "type": "sample", "view": "sampler", "t": t, "t_us": t * 1e6, "netns": smp.flow.netns,
-                    "local": smp.flow.local.to_string(), "remote": smp.flow.remote.to_string(),
-                    "rtt_us": smp.rtt_us,
-                    "match": if icmp { "echo" } else { smp.matching.as_str() },
-                    "side": smp.side,
-                });
-                if icmp {
-                    v["proto"] = json!(smp.kind.as_str());
-                }
-                v.to_string()
+                let r = records::Sample {
+                    local: smp.flow.local.to_string(),
+                    matching: Some(if icmp { "echo" } else { smp.matching.as_str() }.into()),
+                    netns: smp.flow.netns,
+                    proto: icmp.then(|| smp.kind.as_str().into()),
+                    remote: smp.flow.remote.to_string(),
+                    rtt_us: smp.rtt_us.into(),
+                    side: Some(smp.side),
+                    srtt_us: None,
+                    t,
+                    t_us: Some(t * 1e6),
+                    kind: records::SampleTag,
+                    view: "sampler".into(),
+                };
+                serde_json::to_string(&r).expect("a sample serialises")
             }
             Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
         };
@@ -339,12 +385,21 @@ pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> 
     };
     let side = crate::views::flow::Side::from_raw(ev.side);
     match (fmt, flow) {
-        (Format::Json, Some(f)) => json!({
-            "type": "sample", "view": kind, "t": t, "t_us": t * 1e6, "netns": f.netns,
-            "local": f.local.to_string(), "remote": f.remote.to_string(),
-            "side": side, "rtt_us": ev.rtt_us, "srtt_us": ev.srtt_us,
+        (Format::Json, Some(f)) => serde_json::to_string(&records::Sample {
+            local: f.local.to_string(),
+            matching: None,
+            netns: f.netns,
+            proto: None,
+            remote: f.remote.to_string(),
+            rtt_us: ev.rtt_us.into(),
+            side: Some(side),
+            srtt_us: Some(ev.srtt_us),
+            t,
+            t_us: Some(t * 1e6),
+            kind: records::SampleTag,
+            view: kind.into(),
         })
-        .to_string(),
+        .expect("a sample serialises"),
         (Format::Table, Some(f)) => format!(
             "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={}us",
             side.as_str(),

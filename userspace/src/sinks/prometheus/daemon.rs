@@ -196,14 +196,15 @@ impl Daemon {
     /// The interval's counters of every view (observe's `counters` map), and
     /// the program statistics; expire idle series; render what `/metrics`
     /// serves until the next interval and push OTLP when due.
-    pub fn counters(&mut self, counters: &BTreeMap<&str, BTreeMap<&str, u64>>) {
+    pub fn counters(&mut self, counters: &crate::analysis::records::Counters) {
         for (view, c) in counters {
-            let v = match *view {
+            let v = match view.as_ref() {
                 "tcp" => ViewKind::Tcp,
                 "sampler" => ViewKind::Sampler,
                 _ => continue,
             };
-            self.exporter.set_counters(v, c);
+            let c: BTreeMap<&str, u64> = c.iter().map(|(k, n)| (k.as_ref(), *n)).collect();
+            self.exporter.set_counters(v, &c);
         }
         self.exporter.set_prog_stats(&self.progs);
         self.exporter.set_process_stats();
