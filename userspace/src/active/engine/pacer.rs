@@ -19,6 +19,7 @@ pub(crate) enum Signal {
 }
 
 impl Signal {
+    #[inline]
     pub fn is_set(&self) -> bool {
         match self {
             Signal::Cancel(c) => *c.borrow(),
@@ -88,6 +89,7 @@ impl Pacer {
 
     /// Advance the schedule for the next transaction; returns the deadline
     /// to wait for, if it may not start now.
+    #[inline]
     pub(super) fn plan(&mut self) -> Option<u64> {
         if self.interval == 0 {
             return None;
@@ -112,17 +114,26 @@ impl Pacer {
     }
 
     /// Wait until the next transaction may start. False: the run is to stop.
+    /// Back to back (or within a burst) nothing is awaited: the hot path stays
+    /// one flag check.
+    #[inline]
     pub async fn wait(&mut self) -> Result<bool> {
         let go = match self.plan() {
             None => true,
-            Some(deadline) if self.spin => self.spin_until(deadline),
-            Some(deadline) => match &self.sleep {
-                Sleep::Timerfd(t) => timerfd_wait(t, deadline, &mut self.signal).await?,
-                Sleep::Nanosleep => nanosleep_until(deadline, &self.signal),
-                Sleep::None => true,
-            },
+            Some(deadline) => self.wait_until(deadline).await?,
         };
         Ok(go && !self.signal.is_set())
+    }
+
+    async fn wait_until(&mut self, deadline: u64) -> Result<bool> {
+        if self.spin {
+            return Ok(self.spin_until(deadline));
+        }
+        Ok(match &self.sleep {
+            Sleep::Timerfd(t) => timerfd_wait(t, deadline, &mut self.signal).await?,
+            Sleep::Nanosleep => nanosleep_until(deadline, &self.signal),
+            Sleep::None => true,
+        })
     }
 
     fn spin_until(&self, deadline: u64) -> bool {
