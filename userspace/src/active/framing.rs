@@ -54,7 +54,7 @@
 //! and sends the request again. A response to a request that carried a valid
 //! cookie holds the server's current cookie in its bytes 16..24, so a running
 //! client keeps a fresh one without asking. The cookie is a keyed hash of the
-//! peer's address and port and a time window (see `serve.rs`).
+//! peer's address and port and a time window (see `serve/limits.rs`).
 use thiserror::Error;
 
 pub const HELLO_MAGIC: [u8; 4] = *b"RTS1";

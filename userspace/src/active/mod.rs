@@ -9,12 +9,14 @@
 //! their [`cancel::Cancel`] receiver sees `true`. The commands that drive them
 //! are `cmd::probe` and `cmd::serve`.
 pub mod cancel;
+pub(crate) mod engine;
 pub mod framing;
 pub mod icmp;
 pub mod irtt;
 pub mod output;
 pub mod rr;
 pub mod serve;
+pub(crate) mod transport;
 
 pub use rr::{
     run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, ReplyHook, Settings, Stop,

@@ -306,19 +306,30 @@ pub fn parse_probe_json(text: &str) -> Option<ProbeResult> {
     serde_json::from_str(text).ok()
 }
 
+/// The text summary: ping's lines for ICMP, netperf-like lines otherwise.
 pub fn human(r: &ProbeResult) -> String {
+    if r.settings.kind == Kind::Icmp {
+        human_ping(r)
+    } else {
+        human_rr(r)
+    }
+}
+
+/// Milliseconds with three decimals, as ping prints them ("-": no value).
+fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{:.3}", v / 1000.0)
+    }
+}
+
+fn human_ping(r: &ProbeResult) -> String {
     let st = &r.settings;
     let c = &r.counts;
     let s = &r.summary;
     let mut o = String::new();
-    let ms = |v: f64| {
-        if v.is_nan() {
-            "-".to_string()
-        } else {
-            format!("{:.3}", v / 1000.0)
-        }
-    };
-    if st.kind == Kind::Icmp {
+    {
         let loss = if c.sent > 0 {
             100.0 * c.lost as f64 / c.sent as f64
         } else {
@@ -371,8 +382,15 @@ pub fn human(r: &ProbeResult) -> String {
             st.icmp_socket.as_deref().unwrap_or("?"),
             st.clock
         );
-        return o;
     }
+    o
+}
+
+fn human_rr(r: &ProbeResult) -> String {
+    let st = &r.settings;
+    let c = &r.counts;
+    let s = &r.summary;
+    let mut o = String::new();
     let _ = writeln!(
         o,
         "{} to {} ({}) port {}: {} in {:.2} s, {:.2} {}",

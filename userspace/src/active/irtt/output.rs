@@ -57,8 +57,8 @@ fn pct(n: u64, d: u64) -> f64 {
     }
 }
 
+/// irtt's text summary: the parameters, the statistics table, the counts.
 pub fn text(r: &IrttResult) -> String {
-    let s = &r.stats;
     let set = &r.settings;
     let p = &set.negotiated;
     let mut o = String::new();
@@ -80,34 +80,44 @@ pub fn text(r: &IrttResult) -> String {
         let _ = writeln!(o, "parameters accepted by the server (no test run, -n)");
         return o;
     }
+    stats_table(&mut o, &r.stats);
+    let _ = writeln!(o);
+    counts(&mut o, r);
+    rejected_and_errors(&mut o, r);
+    o
+}
+
+/// Min/mean/median/max/stddev of each statistic.
+fn stats_table(o: &mut String, s: &super::Stats) {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
         "{:>20}  {:>10}  {:>10}  {:>10}  {:>10}  {:>10}",
         "", "Min", "Mean", "Median", "Max", "Stddev"
     );
-    row(&mut o, "RTT", &s.rtt, true);
-    row(&mut o, "send delay", &s.send_delay, true);
-    row(&mut o, "receive delay", &s.receive_delay, true);
+    row(o, "RTT", &s.rtt, true);
+    row(o, "send delay", &s.send_delay, true);
+    row(o, "receive delay", &s.receive_delay, true);
     let _ = writeln!(o);
-    row(&mut o, "IPDV (jitter)", &s.ipdv_round_trip, true);
-    row(&mut o, "send IPDV", &s.ipdv_send, true);
-    row(&mut o, "receive IPDV", &s.ipdv_receive, true);
+    row(o, "IPDV (jitter)", &s.ipdv_round_trip, true);
+    row(o, "send IPDV", &s.ipdv_send, true);
+    row(o, "receive IPDV", &s.ipdv_receive, true);
     let _ = writeln!(o);
-    row(&mut o, "send call time", &s.send_call, false);
-    row(&mut o, "timer error", &s.timer_error, false);
-    row(
-        &mut o,
-        "server proc. time",
-        &s.server_processing_time,
-        false,
-    );
-    let _ = writeln!(o);
-    let kv = |o: &mut String, k: &str, v: String| {
-        let _ = writeln!(o, "{k:>26}: {v}");
-    };
+    row(o, "send call time", &s.send_call, false);
+    row(o, "timer error", &s.timer_error, false);
+    row(o, "server proc. time", &s.server_processing_time, false);
+}
+
+fn kv(o: &mut String, k: &str, v: String) {
+    let _ = writeln!(o, "{k:>26}: {v}");
+}
+
+/// Duration, packets, loss, late, duplicates, bytes, rates, timer.
+fn counts(o: &mut String, r: &IrttResult) {
+    let s = &r.stats;
+    let p = &r.settings.negotiated;
     kv(
-        &mut o,
+        o,
         "duration",
         format!(
             "{} (wait {})",
@@ -116,7 +126,7 @@ pub fn text(r: &IrttResult) -> String {
         ),
     );
     kv(
-        &mut o,
+        o,
         "packets sent/received",
         format!(
             "{}/{} ({:.2}% loss)",
@@ -129,7 +139,7 @@ pub fn text(r: &IrttResult) -> String {
         s.downstream_loss_percent,
     ) {
         kv(
-            &mut o,
+            o,
             "server packets received",
             format!(
                 "{srv}/{} ({up:.2}%/{down:.2}% loss up/down)",
@@ -139,7 +149,7 @@ pub fn text(r: &IrttResult) -> String {
     }
     if p.received_stats.window() {
         kv(
-            &mut o,
+            o,
             "lost up/down/unknown",
             format!(
                 "{}/{}/{} (per packet, from the server's received window)",
@@ -148,22 +158,27 @@ pub fn text(r: &IrttResult) -> String {
         );
     }
     kv(
-        &mut o,
+        o,
         "late (out-of-order) pkts",
         format!("{} ({:.2}%)", s.late_packets, s.late_packets_percent),
     );
     kv(
-        &mut o,
+        o,
         "duplicates",
         format!("{} ({:.2}%)", s.duplicates, s.duplicate_percent),
     );
     kv(
-        &mut o,
+        o,
         "bytes sent/received",
         format!("{}/{}", s.bytes_sent, s.bytes_received),
     );
+    rates_and_timer(o, s);
+}
+
+/// Send and receive rates, the timer's misses and error, local send failures.
+fn rates_and_timer(o: &mut String, s: &super::Stats) {
     kv(
-        &mut o,
+        o,
         "send/receive rate",
         format!(
             "{} / {}",
@@ -172,7 +187,7 @@ pub fn text(r: &IrttResult) -> String {
         ),
     );
     kv(
-        &mut o,
+        o,
         "timer misses",
         format!(
             "{}/{} ({:.2}% missed)",
@@ -182,13 +197,13 @@ pub fn text(r: &IrttResult) -> String {
         ),
     );
     kv(
-        &mut o,
+        o,
         "timer error",
         format!("{:.2}% of the interval (mean)", s.timer_err_percent),
     );
     if s.send_failures > 0 {
         kv(
-            &mut o,
+            o,
             "local send failures",
             format!(
                 "{} (refused by this host: firewall or full queue; counted as lost up)",
@@ -196,10 +211,14 @@ pub fn text(r: &IrttResult) -> String {
             ),
         );
     }
+}
+
+/// Rejected replies, interruption, errors and notes.
+fn rejected_and_errors(o: &mut String, r: &IrttResult) {
     let rej = &r.rejected;
     if rej.total() + rej.icmp_errors > 0 {
         kv(
-            &mut o,
+            o,
             "rejected replies",
             format!(
                 "{} (bad magic {}, truncated {}, bad HMAC {}, missing HMAC {}, unexpected HMAC {}, bad flags {}, not reply {}, wrong token {}, unknown seqno {}), ICMP errors {}",
@@ -226,7 +245,6 @@ pub fn text(r: &IrttResult) -> String {
     for n in &r.notes {
         let _ = writeln!(o, "note: {n}");
     }
-    o
 }
 
 /// The run as an rttscope result document (`probe irtt --json FILE`, docs/results.md): the

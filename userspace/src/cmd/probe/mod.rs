@@ -3,6 +3,8 @@
 //! (`-l -n -w -b -r -o`, a bare `-w` in milliseconds), ping's for ICMP (`-c -i
 //! -W -w -s -q`, a line per reply), irtt's for irtt - parsed into an
 //! [`crate::active::ProbeConfig`], run, and printed.
+pub mod irtt;
+
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -46,7 +48,7 @@ pub enum ProbeKind {
         ping: PingOpts,
     },
     /// Isochronous UDP probe speaking irtt's protocol, against any `irtt server`: RTT, one-way delays, IPDV, up/down loss.
-    Irtt(crate::active::irtt::IrttArgs),
+    Irtt(irtt::IrttArgs),
 }
 
 /// netperf's options, for the request/response probes.
@@ -293,7 +295,7 @@ pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
 /// `rttscope probe ...`
 pub fn run(args: ProbeArgs) -> Result<()> {
     match &args.kind {
-        ProbeKind::Irtt(a) => crate::active::irtt::run(a.clone()),
+        ProbeKind::Irtt(a) => irtt::run(a.clone()),
         ProbeKind::TcpRr { common, tcp } => run_rr(rr_config(Kind::TcpRr, common, tcp)?, common),
         ProbeKind::UdpRr { common } => {
             run_rr(rr_config(Kind::UdpRr, common, &TcpOpts::default())?, common)
