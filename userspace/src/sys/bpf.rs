@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
 /// `union bpf_attr` for the element commands.
@@ -66,6 +68,104 @@ pub fn update(fd: BorrowedFd<'_>, key: Option<&[u8]>, value: &[u8], flags: u64) 
         ..Default::default()
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut a)
+}
+
+/// Read the value under `key` into `value` (exactly the map's value size;
+/// for a per-CPU map, the value size rounded up to 8 bytes times the
+/// possible CPUs). `Ok(false)`: no such key.
+pub fn lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bool> {
+    let mut a = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: key.as_ptr() as u64,
+        value: value.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    match bpf(BPF_MAP_LOOKUP_ELEM, &mut a) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The key after `key` (`None`: the first key) into `next`; `Ok(false)`: no more keys.
+pub fn next_key(fd: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> io::Result<bool> {
+    let mut a = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: key.map_or(0, |k| k.as_ptr() as u64),
+        value: next.as_mut_ptr() as u64,
+        ..Default::default()
+    };
+    match bpf(BPF_MAP_GET_NEXT_KEY, &mut a) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// What the kernel says of a map (the start of `struct bpf_map_info`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MapInfo {
+    pub map_type: u32,
+    pub id: u32,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub max_entries: u32,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` on a map.
+pub fn map_info(fd: BorrowedFd<'_>) -> io::Result<MapInfo> {
+    let mut info = [0u32; 32];
+    obj_info(
+        fd.as_raw_fd(),
+        info.as_mut_ptr().cast(),
+        std::mem::size_of_val(&info),
+    )?;
+    Ok(MapInfo {
+        map_type: info[0],
+        id: info[1],
+        key_size: info[2],
+        value_size: info[3],
+        max_entries: info[4],
+    })
+}
+
+/// The kernel id of the program behind `fd` (`bpftool prog show id N`).
+pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut info = [0u64; 64];
+    obj_info(
+        fd.as_raw_fd(),
+        info.as_mut_ptr().cast(),
+        std::mem::size_of_val(&info),
+    )?;
+    // struct bpf_prog_info { __u32 type; __u32 id; ... }
+    Ok((info[0] >> 32) as u32)
+}
+
+/// Possible CPUs (`/sys/devices/system/cpu/possible`, e.g. "0-3"): the
+/// number of values a per-CPU map returns per key.
+pub fn possible_cpus() -> io::Result<usize> {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    if let Some(n) = CPUS.get() {
+        return Ok(*n);
+    }
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let n = parse_cpu_list(&text).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unreadable /sys/devices/system/cpu/possible: {text:?}"),
+        )
+    })?;
+    Ok(*CPUS.get_or_init(|| n))
+}
+
+/// The highest CPU number + 1 of a CPU list ("0", "0-3", "0-3,8-11").
+fn parse_cpu_list(text: &str) -> Option<usize> {
+    let mut max = None;
+    for part in text.trim().split(',') {
+        let last = part.rsplit('-').next()?.trim().parse::<usize>().ok()?;
+        max = Some(max.unwrap_or(0).max(last + 1));
+    }
+    max
 }
 
 /// Walk a map with BPF_MAP_LOOKUP_BATCH, handing each (key, value) to `f`,
@@ -238,27 +338,21 @@ const BPF_ENABLE_STATS: libc::c_long = 32;
 const INFO_RUN_TIME_NS: usize = 192;
 const INFO_RUN_CNT: usize = 200;
 
-/// run_time_ns / run_cnt of the program behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
-fn prog_run(fd: i32) -> Option<ProgRun> {
-    // Zeroed and larger than the kernel's struct: the kernel fills what it
-    // knows and checks that the rest is zero.
-    let mut info = [0u64; 64];
+/// BPF_OBJ_GET_INFO_BY_FD into `info` (`len` bytes, zeroed and larger than
+/// the kernel's struct: the kernel fills what it knows and checks that the
+/// rest is zero).
+fn obj_info(fd: i32, info: *mut u8, len: usize) -> io::Result<()> {
     // union bpf_attr, info: { __u32 bpf_fd; __u32 info_len; __aligned_u64 info; }
     let mut attr = [0u64; 2];
-    attr[0] = (fd as u32 as u64) | ((std::mem::size_of_val(&info) as u64) << 32);
-    attr[1] = info.as_mut_ptr() as u64;
-    // SAFETY: bpf(2) with a valid attr and an out-buffer of the size given in it.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET_INFO_BY_FD,
-            attr.as_mut_ptr(),
-            std::mem::size_of_val(&attr),
-        )
-    };
-    if rc != 0 {
-        return None;
-    }
+    attr[0] = (fd as u32 as u64) | ((len as u64) << 32);
+    attr[1] = info as u64;
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
+}
+
+/// run_time_ns / run_cnt of the program behind `fd` (BPF_OBJ_GET_INFO_BY_FD).
+fn prog_run(fd: i32) -> Option<ProgRun> {
+    let mut info = [0u64; 64];
+    obj_info(fd, info.as_mut_ptr().cast(), std::mem::size_of_val(&info)).ok()?;
     Some(ProgRun {
         run_time_ns: info[INFO_RUN_TIME_NS / 8],
         run_cnt: info[INFO_RUN_CNT / 8],
@@ -268,6 +362,15 @@ fn prog_run(fd: i32) -> Option<ProgRun> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0\n"), Some(1));
+        assert_eq!(parse_cpu_list("0-3\n"), Some(4));
+        assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
+        assert_eq!(parse_cpu_list("x"), None);
+        assert!(possible_cpus().unwrap() >= 1);
+    }
+
     #[cfg(feature = "libbpf")]
     #[test]
     fn prog_info_offsets_match_the_uapi_struct() {

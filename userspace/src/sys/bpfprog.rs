@@ -3,7 +3,7 @@
 //! found by loading and attaching a few instructions, as `bpftool feature
 //! probe` and libbpf's own probes do, under either loader.
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 const BPF_MAP_CREATE: libc::c_long = 0;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
@@ -22,6 +22,7 @@ pub const ATTACH_CGROUP_SOCK_OPS: u32 = 3;
 pub const ATTACH_TRACE_FEXIT: u32 = 25;
 pub const ATTACH_TRACE_ITER: u32 = 28;
 pub const ATTACH_TCX_INGRESS: u32 = 46;
+pub const ATTACH_TCX_EGRESS: u32 = 47;
 
 /// One BPF instruction (`struct bpf_insn`).
 #[repr(C)]
@@ -179,9 +180,9 @@ pub fn prog_load(spec: ProgSpec<'_>, insns: &[Insn]) -> io::Result<OwnedFd> {
 }
 
 /// BPF_LINK_CREATE: `target` is an ifindex or a cgroup fd (0 for an iterator).
-pub fn link_create(prog: &OwnedFd, target: u32, attach_type: u32) -> io::Result<OwnedFd> {
+pub fn link_create(prog: &impl AsFd, target: u32, attach_type: u32) -> io::Result<OwnedFd> {
     let mut a = [0u64; 6];
-    a[0] = prog.as_raw_fd() as u32 as u64 | ((target as u64) << 32);
+    a[0] = prog.as_fd().as_raw_fd() as u32 as u64 | ((target as u64) << 32);
     a[1] = attach_type as u64; // flags 0
     sys(BPF_LINK_CREATE, &mut a).map(fd)
 }
@@ -194,9 +195,9 @@ pub fn tracing_attach(prog: &OwnedFd) -> io::Result<OwnedFd> {
 }
 
 /// BPF_ITER_CREATE: an iterator file to read from an iterator link.
-pub fn iter_create(link: &OwnedFd) -> io::Result<std::fs::File> {
+pub fn iter_create(link: &impl AsFd) -> io::Result<std::fs::File> {
     let mut a = [0u64; 1];
-    a[0] = link.as_raw_fd() as u32 as u64;
+    a[0] = link.as_fd().as_raw_fd() as u32 as u64;
     sys(BPF_ITER_CREATE, &mut a).map(|r| std::fs::File::from(fd(r)))
 }
 

@@ -13,11 +13,8 @@ use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};
 
-#[cfg(feature = "aya")]
-pub(crate) mod aya;
 pub mod flow;
-#[cfg(feature = "libbpf")]
-pub(crate) mod libbpf;
+pub(crate) mod loader;
 pub mod passive;
 pub mod probe;
 pub mod sampler;
@@ -29,15 +26,11 @@ compile_error!("build at least one BPF loader: feature `libbpf` (default) or `ay
 /// Load and attach the TCP view with the chosen loader. Fails with one
 /// clear sentence (also when that loader is not built into this binary).
 pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn tcp::TcpView>> {
-    require_atomics(kind)?;
-    match kind {
-        #[cfg(feature = "libbpf")]
-        LoaderKind::Libbpf => Ok(Box::new(tcp::libbpf::LibbpfTcp::attach(cfg)?)),
-        #[cfg(feature = "aya")]
-        LoaderKind::Aya => Ok(Box::new(tcp::aya::AyaTcp::attach(cfg)?)),
-        #[allow(unreachable_patterns)]
-        other => Err(passive::not_built(other)),
+    if !kind.built_in() {
+        return Err(passive::not_built(kind));
     }
+    require_atomics(kind)?;
+    Ok(Box::new(tcp::attach::Tcp::attach(kind, cfg)?))
 }
 
 /// Load one copy of the sampler's programs per interface with the chosen
@@ -48,17 +41,13 @@ pub fn attach_sampler(
     ifaces: &[sampler::IfaceSpec],
     cfg: sampler::SamplerConfig,
 ) -> Result<Box<dyn sampler::SamplerView>> {
-    require_atomics(kind)?;
-    match kind {
-        #[cfg(feature = "libbpf")]
-        LoaderKind::Libbpf => Ok(Box::new(sampler::libbpf::LibbpfSampler::attach(
-            ifaces, cfg,
-        )?)),
-        #[cfg(feature = "aya")]
-        LoaderKind::Aya => Ok(Box::new(sampler::aya::AyaSampler::attach(ifaces, cfg)?)),
-        #[allow(unreachable_patterns)]
-        other => Err(passive::not_built(other)),
+    if !kind.built_in() {
+        return Err(passive::not_built(kind));
     }
+    require_atomics(kind)?;
+    Ok(Box::new(sampler::attach::Sampler::attach(
+        kind, ifaces, cfg,
+    )?))
 }
 
 /// Both objects use BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG): where the feature probe

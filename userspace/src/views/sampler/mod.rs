@@ -735,12 +735,8 @@ pub trait SamplerView: PassiveView {
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
 }
 
-#[cfg(feature = "aya")]
-pub(crate) mod aya;
-#[cfg(feature = "libbpf")]
-pub(crate) mod libbpf;
+pub(crate) mod attach;
 pub mod sides;
-#[cfg(feature = "libbpf")]
 mod tc;
 
 #[cfg(test)]

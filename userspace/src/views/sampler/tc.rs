@@ -21,7 +21,7 @@
 //! created it (each holds a second name, `...-<k>-qdisc`, while it knows the
 //! qdisc to be rttscope's); a qdisc that existed before is left alone.
 use std::io::ErrorKind;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 
@@ -37,6 +37,7 @@ pub(super) enum Attached {
     /// A tcx link: closing the fd detaches it.
     Tcx(#[allow(dead_code)] OwnedFd),
     /// A clsact filter in our slot: removed explicitly on drop.
+    #[cfg(feature = "libbpf")]
     Clsact {
         ns: NetNs,
         ifindex: u32,
@@ -45,6 +46,7 @@ pub(super) enum Attached {
     },
     /// Our claim on a clsact slot of an interface (before its filters in the
     /// list; released after them).
+    #[cfg(feature = "libbpf")]
     Claim { ns: NetNs, claim: ClsactClaim },
 }
 
@@ -55,41 +57,49 @@ pub(super) struct Attachments(pub(super) Vec<Attached>);
 
 impl Drop for Attachments {
     fn drop(&mut self) {
-        let mut claims = Vec::new();
-        for a in self.0.drain(..) {
-            match a {
-                Attached::Clsact {
-                    ns,
-                    ifindex,
-                    egress,
-                    slot,
-                } => {
-                    if let Err(e) = netns::run_in(&ns, move || clsact_detach(ifindex, egress, slot))
-                    {
-                        tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
-                    }
-                }
-                Attached::Claim { ns, claim } => claims.push((ns, claim)),
-                Attached::Tcx(_) => {} // the link fd closes here
-            }
-        }
-        // our filters are gone: now the qdisc (if we are the last observer
-        // of a qdisc an observer created), then the claim itself
-        for (ns, claim) in claims {
-            let (ifindex, slot, marked) = (claim.ifindex, claim.slot, claim.qdisc.is_some());
-            if marked {
-                let r = netns::run_in(&ns, move || {
-                    if other_observers(ifindex, slot) {
-                        return Ok(());
-                    }
-                    clsact_qdisc_destroy(ifindex)
-                });
-                if let Err(e) = r {
-                    tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+        #[cfg(feature = "libbpf")]
+        clsact_release(&mut self.0);
+        self.0.clear(); // tcx link fds close here
+    }
+}
+
+/// Remove our clsact filters, then the qdisc if we are the last observer of
+/// a qdisc an observer created, then release our claims.
+#[cfg(feature = "libbpf")]
+fn clsact_release(list: &mut Vec<Attached>) {
+    let mut claims = Vec::new();
+    for a in list.drain(..) {
+        match a {
+            Attached::Clsact {
+                ns,
+                ifindex,
+                egress,
+                slot,
+            } => {
+                if let Err(e) = netns::run_in(&ns, move || clsact_detach(ifindex, egress, slot)) {
+                    tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
                 }
             }
-            drop(claim);
+            Attached::Claim { ns, claim } => claims.push((ns, claim)),
+            Attached::Tcx(_) => {} // the link fd closes here
         }
+    }
+    // our filters are gone: now the qdisc (if we are the last observer
+    // of a qdisc an observer created), then the claim itself
+    for (ns, claim) in claims {
+        let (ifindex, slot, marked) = (claim.ifindex, claim.slot, claim.qdisc.is_some());
+        if marked {
+            let r = netns::run_in(&ns, move || {
+                if other_observers(ifindex, slot) {
+                    return Ok(());
+                }
+                clsact_qdisc_destroy(ifindex)
+            });
+            if let Err(e) = r {
+                tracing::warn!("removing clsact qdisc (ifindex {ifindex}): {e:#}");
+            }
+        }
+        drop(claim);
     }
 }
 
@@ -135,23 +145,21 @@ fn other_observers(ifindex: u32, slot: u32) -> bool {
     any_held(ifindex, slot, slot_name)
 }
 
-pub(super) fn tcx_attach(prog_fd: i32, ifindex: u32, egress: bool) -> Result<OwnedFd> {
+/// Attach `prog` as a tcx link at the ingress or egress of `ifindex` (in
+/// the calling thread's namespace), appended after the programs already
+/// there (libbpf's NULL opts, aya's default `LinkOrder`): one
+/// `BPF_LINK_CREATE`, whichever loader loaded the program.
+pub(super) fn tcx_attach(prog: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<OwnedFd> {
+    use crate::sys::bpfprog::{link_create, ATTACH_TCX_EGRESS, ATTACH_TCX_INGRESS};
     let at = if egress {
-        libbpf_rs::libbpf_sys::BPF_TCX_EGRESS
+        ATTACH_TCX_EGRESS
     } else {
-        libbpf_rs::libbpf_sys::BPF_TCX_INGRESS
+        ATTACH_TCX_INGRESS
     };
-    // SAFETY: plain syscall wrapper; NULL opts = append after existing programs.
-    let fd = unsafe {
-        libbpf_rs::libbpf_sys::bpf_link_create(prog_fd, ifindex as i32, at, std::ptr::null())
-    };
-    if fd < 0 {
-        return Err(std::io::Error::from_raw_os_error(-fd).into());
-    }
-    // SAFETY: a fresh fd we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(link_create(&prog, ifindex, at)?)
 }
 
+#[cfg(feature = "libbpf")]
 fn clsact_hook(
     prog_fd: BorrowedFd<'_>,
     ifindex: u32,
@@ -172,6 +180,7 @@ fn clsact_hook(
     })
 }
 
+#[cfg(feature = "libbpf")]
 /// Name of a loaded program, by id.
 fn prog_name(id: u32) -> Option<String> {
     libbpf_rs::query::ProgInfoIter::default()
@@ -179,6 +188,7 @@ fn prog_name(id: u32) -> Option<String> {
         .map(|p| p.name.to_string_lossy().into_owned())
 }
 
+#[cfg(feature = "libbpf")]
 /// Whether a process we can see holds an fd of program `id` (as bpftool
 /// finds a program's holders: `prog_id:` in `/proc/PID/fdinfo/FD`).
 fn prog_held(id: u32) -> bool {
@@ -212,6 +222,7 @@ fn prog_held(id: u32) -> bool {
     false
 }
 
+#[cfg(feature = "libbpf")]
 /// The filter in `slot` of a hook: `Some((prog id, prog name))`.
 fn slot_filter(ifindex: u32, egress: bool, slot: u32) -> Result<Option<(u32, String)>> {
     // the fd is not used by query (handle/priority identify the filter)
@@ -223,6 +234,7 @@ fn slot_filter(ifindex: u32, egress: bool, slot: u32) -> Result<Option<(u32, Str
     Ok(Some((id, prog_name(id).unwrap_or_default())))
 }
 
+#[cfg(feature = "libbpf")]
 /// Claim a slot on `ifindex` for our filters, removing on the way the
 /// filters of ours that dead observers left in any free slot, and make sure
 /// the clsact qdisc exists. Runs inside the interface's namespace.
@@ -284,6 +296,7 @@ pub(super) fn clsact_claim(ifindex: u32) -> Result<ClsactClaim> {
     })
 }
 
+#[cfg(feature = "libbpf")]
 fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
     libbpf_rs::libbpf_sys::bpf_tc_hook {
         sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_tc_hook>() as _,
@@ -293,6 +306,7 @@ fn qdisc_hook(ifindex: u32) -> libbpf_rs::libbpf_sys::bpf_tc_hook {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// Create the clsact qdisc if missing; true if we created it.
 fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
     let mut h = qdisc_hook(ifindex);
@@ -305,6 +319,7 @@ fn clsact_qdisc_create(ifindex: u32) -> Result<bool> {
     }
 }
 
+#[cfg(feature = "libbpf")]
 /// Remove the clsact qdisc (with it, any filter left on it).
 fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     let mut h = qdisc_hook(ifindex);
@@ -316,15 +331,20 @@ fn clsact_qdisc_destroy(ifindex: u32) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "libbpf")]
 /// Attach our filter in our claimed `slot`. Runs inside the interface's namespace.
-pub(super) fn clsact_attach(prog_fd: i32, ifindex: u32, egress: bool, slot: u32) -> Result<()> {
-    // SAFETY: prog_fd belongs to a loaded skeleton that outlives this call.
-    let fd = unsafe { BorrowedFd::borrow_raw(prog_fd) };
-    let mut hook = clsact_hook(fd, ifindex, egress, slot);
+pub(super) fn clsact_attach(
+    prog: BorrowedFd<'_>,
+    ifindex: u32,
+    egress: bool,
+    slot: u32,
+) -> Result<()> {
+    let mut hook = clsact_hook(prog, ifindex, egress, slot);
     hook.attach().context("attaching the clsact filter")?;
     Ok(())
 }
 
+#[cfg(feature = "libbpf")]
 fn clsact_detach(ifindex: u32, egress: bool, slot: u32) -> Result<()> {
     // the fd is not used by detach (handle/priority identify the filter)
     let devnull = std::fs::File::open("/dev/null")?;

@@ -495,10 +495,7 @@ pub fn state_name(s: u8) -> &'static str {
     }
 }
 
-#[cfg(feature = "aya")]
-pub mod aya;
-#[cfg(feature = "libbpf")]
-pub mod libbpf;
+pub(crate) mod attach;
 
 #[cfg(test)]
 mod tests {

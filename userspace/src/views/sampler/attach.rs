@@ -1,0 +1,332 @@
+//! The sampler view's attach and read logic, written once against the loader
+//! layer (`views::loader`): one copy of `bpf/sampler.bpf.c`'s object per
+//! interface, with that interface's `.rodata`, the copies after the first
+//! sharing the first one's maps ([`SHARED_MAPS`]); each copy's programs
+//! attached at egress and ingress by `tc.rs` (tcx links, or clsact filters
+//! where tcx is unavailable or asked against).
+use std::collections::BTreeMap;
+use std::mem::offset_of;
+
+use anyhow::{bail, Context, Result};
+
+use super::tc::{tcx_attach, Attached, Attachments};
+use super::{
+    attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
+    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
+    PROG_INGRESS, SHARED_MAPS,
+};
+use crate::bpf::SamplerRodata as rodata;
+use crate::sys::netns;
+use crate::views::loader::{
+    self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
+};
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
+
+/// The compiled sampler.
+pub(crate) static OBJECT: ObjectDef = ObjectDef {
+    what: "the sampler",
+    name: "sampler_bpf",
+    bytes: include_object!("sampler"),
+    progs: &[
+        Prog {
+            name: PROG_EGRESS,
+            kind: ProgKind::Classifier,
+        },
+        Prog {
+            name: PROG_INGRESS,
+            kind: ProgKind::Classifier,
+        },
+    ],
+};
+
+/// The sampler view, loaded and attached.
+pub(crate) struct Sampler {
+    cfg: SamplerConfig,
+    info: Vec<AttachInfo>,
+    /// The raw-sample ring buffer was handed out (`raw_samples`).
+    raw_taken: bool,
+    epoch: u32,
+    /// tcx links and clsact filters: removed before the programs go.
+    #[allow(dead_code)] // held for its Drop: detaches
+    attached: Attachments,
+    /// One copy per interface; the first one's maps are everybody's.
+    objs: Vec<Box<dyn Object>>,
+}
+
+/// Whether the programs go in as clsact filters from the start (else tcx
+/// links first): where asked, or where the feature probe finds no tcx.
+fn clsact_first(mode: AttachMode) -> bool {
+    match mode {
+        AttachMode::Clsact => true,
+        AttachMode::Tcx => false,
+        AttachMode::Auto => !crate::views::probe::Features::get().tcx.ok,
+    }
+}
+
+/// One copy's settings: its interface's `.rodata`, the table's size.
+fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
+    // (the generated layout has private padding fields: start from zeroes)
+    let mut ro: rodata = crate::bpf::zeroed();
+    ro.cfg_netns = r.ns.inode;
+    ro.cfg_ifindex = r.meta.ifindex;
+    ro.cfg_link = r.link.0;
+    ro.cfg_sample_threshold = cfg.threshold();
+    ro.cfg_match = cfg.matching.raw();
+    ro.cfg_raw = cfg.raw as u32;
+    ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
+    ro.cfg_set_mask = cfg.set_mask();
+    ro.cfg_hash_seed = seed;
+    ro.cfg_protos = cfg.proto_mask();
+    Settings {
+        globals: globals!(
+            rodata,
+            ro,
+            [
+                cfg_netns,
+                cfg_ifindex,
+                cfg_link,
+                cfg_sample_threshold,
+                cfg_match,
+                cfg_raw,
+                cfg_timeout_ns,
+                cfg_set_mask,
+                cfg_hash_seed,
+                cfg_protos
+            ]
+        ),
+        max_entries: vec![("sampler_table", cfg.table_entries())],
+        label: format!("loading the sampler programs for {}", r.spec),
+        ..Settings::default()
+    }
+}
+
+impl Sampler {
+    /// Load one copy of the programs per interface and attach them at
+    /// ingress and egress.
+    pub(crate) fn attach(
+        kind: LoaderKind,
+        ifaces: &[IfaceSpec],
+        cfg: SamplerConfig,
+    ) -> Result<Sampler> {
+        let resolved = resolve_ifaces(ifaces, &cfg)?;
+        if !cfg!(feature = "libbpf") && clsact_first(cfg.attach) {
+            bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
+        }
+        let seed = hash_seed();
+        let copies = resolved.iter().map(|r| settings(&cfg, seed, r)).collect();
+        let objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
+        let mut attached = Attachments::default();
+        let mut info = Vec::new();
+        for (obj, r) in objs.iter().zip(&resolved) {
+            let how = attach_copy(obj.as_ref(), r, cfg.attach, &mut attached)?;
+            info.push(attach_info(&r.spec, &r.ns, r.meta.ifindex, how, r.link));
+        }
+        Ok(Sampler {
+            cfg,
+            info,
+            raw_taken: false,
+            epoch: 0,
+            attached,
+            objs,
+        })
+    }
+
+    /// The first copy: its maps are the shared ones.
+    fn first(&self) -> &dyn Object {
+        self.objs[0].as_ref()
+    }
+}
+
+/// Attach one copy's programs at egress and ingress of its interface: tcx
+/// links where the kernel has them (auto: falling back to clsact if the
+/// attach fails), else clsact filters in our claimed slot. Returns how.
+fn attach_copy(
+    obj: &dyn Object,
+    r: &ResolvedIface,
+    mode: AttachMode,
+    attached: &mut Attachments,
+) -> Result<&'static str> {
+    let mut how = None;
+    // our clsact slot on this interface, claimed at its first filter
+    let mut slot = None;
+    for (egress, prog) in [(true, PROG_EGRESS), (false, PROG_INGRESS)] {
+        let fd = obj.prog_fd(prog)?;
+        let ifindex = r.meta.ifindex;
+        let tcx = if clsact_first(mode) {
+            None
+        } else {
+            match netns::scoped(&r.ns, move || tcx_attach(fd, ifindex, egress)) {
+                Ok(link) => Some(link),
+                Err(e) if mode == AttachMode::Auto && cfg!(feature = "libbpf") => {
+                    tracing::info!("tcx attach on {} failed ({e:#}); using clsact", r.spec);
+                    None
+                }
+                Err(e) => {
+                    return Err(e.context(format!(
+                        "attaching a tcx link to {} (tcx links need kernel 6.6 or later: `rttscope features` says whether this kernel has them; --attach auto uses clsact where it has not)",
+                        r.spec
+                    )))
+                }
+            }
+        };
+        how = Some(match tcx {
+            Some(link) => {
+                attached.0.push(Attached::Tcx(link));
+                "tcx"
+            }
+            None => {
+                clsact(fd, r, egress, &mut slot, attached)?;
+                // mixed only if tcx worked one way and not the other
+                if how == Some("tcx") {
+                    "tcx+clsact"
+                } else {
+                    "clsact"
+                }
+            }
+        });
+    }
+    Ok(how.unwrap_or("?"))
+}
+
+/// Attach `prog` as a clsact filter in our slot of the interface (claimed
+/// at its first filter: `slot`).
+#[cfg(feature = "libbpf")]
+fn clsact(
+    prog: std::os::fd::BorrowedFd<'_>,
+    r: &ResolvedIface,
+    egress: bool,
+    slot: &mut Option<u32>,
+    attached: &mut Attachments,
+) -> Result<()> {
+    use super::tc::{clsact_attach, clsact_claim};
+    let (ns, ifindex, spec) = (&r.ns, r.meta.ifindex, &r.spec);
+    let slot = match *slot {
+        Some(s) => s,
+        None => {
+            let claim = netns::run_in(ns, move || clsact_claim(ifindex))
+                .with_context(|| format!("claiming a clsact slot on {spec}"))?;
+            let s = claim.slot;
+            attached.0.push(Attached::Claim {
+                ns: ns.clone(),
+                claim,
+            });
+            *slot.insert(s)
+        }
+    };
+    netns::scoped(ns, move || clsact_attach(prog, ifindex, egress, slot))
+        .with_context(|| format!("attaching a clsact filter to {spec}"))?;
+    attached.0.push(Attached::Clsact {
+        ns: ns.clone(),
+        ifindex,
+        egress,
+        slot,
+    });
+    Ok(())
+}
+
+/// Without libbpf's netlink code there are no clsact filters (refused
+/// before loading, in `Sampler::attach`).
+#[cfg(not(feature = "libbpf"))]
+fn clsact(
+    _prog: std::os::fd::BorrowedFd<'_>,
+    r: &ResolvedIface,
+    _egress: bool,
+    _slot: &mut Option<u32>,
+    _attached: &mut Attachments,
+) -> Result<()> {
+    bail!(
+        "clsact filters on {} need a build with the libbpf feature (its netlink code attaches them)",
+        r.spec
+    )
+}
+
+impl PassiveView for Sampler {
+    fn view(&self) -> ViewKind {
+        ViewKind::Sampler
+    }
+
+    fn loader(&self) -> LoaderKind {
+        self.first().loader()
+    }
+
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        for o in &self.objs {
+            for p in [PROG_EGRESS, PROG_INGRESS] {
+                if let Ok(id) = o
+                    .prog_fd(p)
+                    .and_then(|fd| Ok(crate::sys::bpf::prog_id(fd)?))
+                {
+                    out.push((p.to_string(), id));
+                }
+            }
+        }
+        out
+    }
+
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        let m = self.first().map("sampler_counters")?;
+        let mut out = BTreeMap::new();
+        for (name, idx) in COUNTERS {
+            let sum = m
+                .percpu_sum(&idx.0.to_ne_bytes())
+                .with_context(|| format!("reading sampler counter {name}"))?;
+            out.insert(*name, sum.unwrap_or(0));
+        }
+        derived_counters(&mut out);
+        Ok(out)
+    }
+
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        if !self.cfg.raw || self.raw_taken {
+            bail!(
+                "raw samples were not enabled when the sampler was loaded, or were already taken"
+            );
+        }
+        let ring = self.objs[0].ring("sampler_events")?;
+        self.raw_taken = true;
+        RawSamples::new(ring)
+    }
+}
+
+impl SamplerView for Sampler {
+    fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    fn attach_info(&self) -> &[AttachInfo] {
+        &self.info
+    }
+
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let table = self.first().map_fd("sampler_table")?;
+        let out = table_flows(table, &self.cfg, &self.info, self.epoch)?;
+        self.epoch = self.epoch.wrapping_add(1);
+        self.first()
+            .map("sampler_epoch")?
+            .update(&0u32.to_ne_bytes(), &self.epoch.to_ne_bytes())
+            .context("writing the sampler's report epoch")?;
+        Ok(out)
+    }
+}
+
+const _: () = assert!(offset_of!(rodata, cfg_netns) == 0);
+
+#[cfg(all(test, not(feature = "libbpf")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clsact_is_refused_in_one_sentence() {
+        // Resolving the interface comes first; "lo" exists in every namespace.
+        let cfg = SamplerConfig {
+            attach: AttachMode::Clsact,
+            ..Default::default()
+        };
+        let Err(e) = Sampler::attach(LoaderKind::Aya, &["lo".parse().unwrap()], cfg) else {
+            panic!("clsact accepted under aya");
+        };
+        let s = format!("{e:#}");
+        assert!(s.contains("libbpf") && !s.contains('\n'), "{s}");
+    }
+}

@@ -1,0 +1,292 @@
+//! The TCP view's attach and read logic, written once against the loader
+//! layer (`views::loader`): `bpf/tcp.bpf.c`'s sock_ops, iter/tcp and optional
+//! per-ACK programs, under whichever loader was chosen.
+//!
+//! Order: load (the per-ACK hook optional: the kernel may refuse it), attach
+//! the hook if loaded (before the sock_ops program, so that no connection
+//! gets the RTT callback while the hook has its samples), fill the filters,
+//! attach sock_ops to the cgroup, run the iterator in each namespace asked
+//! for, read the listeners it found.
+use std::collections::{BTreeMap, HashSet};
+use std::mem::{offset_of, size_of};
+use std::os::fd::AsFd;
+
+use anyhow::{Context, Result};
+
+use super::{
+    all_counters, cidr_key, free_slot, hint_entries, read_slots, TcpFlowState, TcpHookInfo,
+    TcpView, TcpViewConfig,
+};
+use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
+use crate::views::loader::{
+    self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
+};
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
+
+const SOCKOPS: &str = "rtt_tcp_sockops";
+const ITER: &str = "rtt_tcp_iter";
+const ACK: &str = "rtt_tcp_ack";
+
+/// The compiled TCP view.
+pub(crate) static OBJECT: ObjectDef = ObjectDef {
+    what: "the TCP view",
+    name: "tcp_bpf",
+    bytes: include_object!("tcp"),
+    progs: &[
+        Prog {
+            name: SOCKOPS,
+            kind: ProgKind::SockOps,
+        },
+        Prog {
+            name: ITER,
+            kind: ProgKind::Iter("tcp"),
+        },
+        Prog {
+            name: ACK,
+            kind: ProgKind::FExit("tcp_ack_update_rtt"),
+        },
+    ],
+};
+
+// SAFETY: a generated `#[repr(C)]` struct of integers (u32 + [u8; 16]): any
+// bit pattern is a valid value, no padding.
+unsafe impl plain::Plain for rttscope_cidr_key {}
+
+/// The TCP view, loaded and attached.
+pub struct Tcp {
+    obj: Box<dyn Object>,
+    listeners: HashSet<(u32, u16)>,
+    info: TcpHookInfo,
+    epoch: u32,
+    raw: bool,
+    raw_taken: bool,
+}
+
+/// What the object is loaded with: sizes, `.rodata`, the per-ACK hook left
+/// out, or optional.
+fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
+    let hints = hint_entries(max_flows);
+    let ro = rodata {
+        cfg_netns_filter: !cfg.netns_filter.is_empty() as u32,
+        cfg_port_filter: !cfg.ports.is_empty() as u32,
+        cfg_addr_filter: !cfg.cidrs.is_empty() as u32,
+        cfg_raw: cfg.raw as u32,
+        cfg_max_slots: max_flows,
+        cfg_hint_mask: hints - 1,
+    };
+    Settings {
+        globals: globals!(
+            rodata,
+            ro,
+            [
+                cfg_netns_filter,
+                cfg_port_filter,
+                cfg_addr_filter,
+                cfg_raw,
+                cfg_max_slots,
+                cfg_hint_mask
+            ]
+        ),
+        max_entries: vec![
+            ("tcp_flows", max_flows),
+            ("tcp_free_slots", max_flows),
+            ("tcp_hints", hints),
+        ],
+        skip: if with_hook { vec![] } else { vec![ACK] },
+        optional: if with_hook { vec![ACK] } else { vec![] },
+        memory: format!(
+            "its maps of {max_flows} flows (lower --max-flows, or check the memory cgroup and RLIMIT_MEMLOCK)"
+        ),
+        label: String::new(),
+    }
+}
+
+impl Tcp {
+    /// Load, configure and attach. Fails with one clear sentence.
+    pub(crate) fn attach(kind: LoaderKind, cfg: &TcpViewConfig) -> Result<Tcp> {
+        cfg.validate()?;
+        crate::sys::preflight::require_bpf_caps()?;
+        crate::sys::preflight::require_btf()?;
+        let (cg, cgroup) = crate::sys::preflight::open_cgroup(cfg.cgroup.as_deref())?;
+        let max_flows = cfg.max_flows.max(16);
+        let with_hook = cfg.ack_hook.wanted();
+        let mut obj = loader::load(
+            kind,
+            &OBJECT,
+            vec![settings(cfg, max_flows, with_hook)],
+            &[],
+        )?
+        .pop()
+        .context("the TCP view's object was not loaded")?;
+        let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
+        fill_filters(obj.as_ref(), cfg)?;
+        obj.attach_cgroup(SOCKOPS, cg.as_fd())
+            .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
+        let mut view = Tcp {
+            obj,
+            listeners: HashSet::new(),
+            info: TcpHookInfo::new(cfg, &cgroup, max_flows),
+            epoch: 0,
+            raw: cfg.raw,
+            raw_taken: false,
+        };
+        view.info.set_ack_hook(hook_status);
+        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
+        for ns in &cfg.iter_netns {
+            view.obj.run_iter(ITER, ns)?;
+        }
+        let (enabled, refused) = (
+            view.counter(C::RTTSCOPE_TCP_ENABLED),
+            view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
+        );
+        view.info.set_existing(enabled, refused);
+        view.load_listeners()?;
+        Ok(view)
+    }
+
+    /// The listening sockets the iterator found: (netns, port).
+    fn load_listeners(&mut self) -> Result<()> {
+        for k in self.obj.map("tcp_listeners")?.keys()? {
+            if let (Some(ns), Some(port)) = (k.get(0..4), k.get(4..6)) {
+                let ns = u32::from_ne_bytes(ns.try_into().unwrap_or_default());
+                let port = u16::from_ne_bytes(port.try_into().unwrap_or_default());
+                self.listeners.insert((ns, port));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Attach the optional per-ACK hook where it was asked for and loaded, and
+/// tell the other programs (`ack_hook_on`): `Ok(())` attached, `Err(status)`
+/// not (a refusal is a notice, or with `--ack-hook require` an error).
+fn attach_ack_hook(
+    obj: &mut dyn Object,
+    cfg: &TcpViewConfig,
+    with_hook: bool,
+) -> Result<Result<(), String>> {
+    if !with_hook {
+        return Ok(Err("off".to_string()));
+    }
+    if let Some(e) = obj.refused(ACK) {
+        return Ok(Err(cfg.ack_hook.refused(&e)?));
+    }
+    if let Err(e) = obj.attach_trace(ACK) {
+        let e = e.context("attaching the per-ACK hook");
+        return Ok(Err(cfg.ack_hook.refused(&e)?));
+    }
+    obj.write_data(".bss", offset_of!(bss, ack_hook_on), &1u32.to_ne_bytes())
+        .context("writing the TCP view's .bss")?;
+    Ok(Ok(()))
+}
+
+/// The netns, port and address filters, filled before sock_ops is attached.
+fn fill_filters(obj: &dyn Object, cfg: &TcpViewConfig) -> Result<()> {
+    let m = obj.map("netns_filter")?;
+    for ns in &cfg.netns_filter {
+        m.update(&ns.inode.to_ne_bytes(), &[1])
+            .context("filling the netns filter")?;
+    }
+    let m = obj.map("port_filter")?;
+    for p in &cfg.ports {
+        m.update(&p.to_ne_bytes(), &[1])
+            .context("filling the port filter")?;
+    }
+    let m = obj.map("addr_filter")?;
+    for c in &cfg.cidrs {
+        m.update(crate::bpf::as_bytes(&cidr_key(c)), &[1])
+            .context("filling the address filter")?;
+    }
+    Ok(())
+}
+
+impl PassiveView for Tcp {
+    fn view(&self) -> ViewKind {
+        ViewKind::Tcp
+    }
+
+    fn loader(&self) -> LoaderKind {
+        self.obj.loader()
+    }
+
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        let mut ids = vec![
+            ("tcp_sockops", self.obj.prog_id(SOCKOPS)),
+            ("tcp_iter", self.obj.prog_id(ITER)),
+        ];
+        if self.info.ack_hook_attached() {
+            ids.push(("tcp_ack_hook", self.obj.prog_id(ACK)));
+        }
+        ids.into_iter().map(|(n, i)| (n.to_string(), i)).collect()
+    }
+
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        Ok(all_counters(self))
+    }
+
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        if !self.raw {
+            anyhow::bail!("raw samples were not enabled when the TCP view was loaded");
+        }
+        if self.raw_taken {
+            anyhow::bail!("the raw-sample stream was already taken");
+        }
+        let ring = self.obj.ring("tcp_events")?;
+        self.raw_taken = true;
+        RawSamples::new(ring)
+    }
+}
+
+impl TcpView for Tcp {
+    fn info(&self) -> &TcpHookInfo {
+        &self.info
+    }
+
+    /// Sum of one per-CPU counter.
+    fn counter(&self, c: C) -> u64 {
+        self.obj
+            .map("tcp_counters")
+            .and_then(|m| m.percpu_sum(&c.0.to_ne_bytes()))
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    fn next_epoch(&mut self) {
+        self.epoch = self.epoch.wrapping_add(1);
+        // Only userspace writes `epoch` (the kernel programs read it).
+        let at = offset_of!(bss, epoch);
+        if let Err(e) = self.obj.write_data(".bss", at, &self.epoch.to_ne_bytes()) {
+            tracing::warn!("writing the report epoch: {e:#}");
+        }
+    }
+
+    /// Read every flow entry (batched: a few syscalls for thousands of
+    /// flows), handing each to `f` without keeping them all in memory.
+    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
+        let hwm = self
+            .obj
+            .read_u64(".bss", offset_of!(bss, slots_hwm), size_of::<u64>())
+            .unwrap_or(u64::MAX);
+        read_slots(
+            self.obj.map_fd("tcp_flows")?,
+            hwm,
+            self.info.max_flows,
+            &self.listeners,
+            f,
+        )
+    }
+
+    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+        free_slot(
+            self.obj.map_fd("tcp_flows")?,
+            self.obj.map_fd("tcp_free_slots")?,
+            slot,
+            gen,
+        )
+    }
+}
