@@ -1,4 +1,4 @@
-//! The kernel objects' skeletons and the types generated from `bpf/rttscope.h`.
+//! The types generated from the kernel objects' BTF (`bpf/rttscope.h`).
 //!
 //! Never mirror a kernel-side struct by hand: the types below come from the
 //! objects' BTF through libbpf-cargo. Raw bytes from the kernel are turned

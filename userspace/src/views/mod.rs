@@ -2,13 +2,16 @@
 //! one interface ([`passive`]), each loadable by two loaders:
 //!
 //! - libbpf (feature `libbpf`, the default): libbpf-rs over C libbpf, the
-//!   reference CO-RE loader, through the generated skeletons;
+//!   reference CO-RE loader;
 //! - aya (feature `aya`): aya 0.14, a pure-Rust loader with no C libbpf.
 //!
 //! Both load the same compiled objects (`$OUT_DIR/<name>.bpf.o` from `bpf/`)
-//! and decode with the same generated types (`crate::bpf`). See
-//! docs/loaders.md for when to choose which. This module is the registry:
-//! a view is registered by its `pub mod` line and its `attach_*` function.
+//! through one loader layer ([`loader`]: one `Object` trait, a libbpf and an
+//! aya implementation), against which each view's attach and read logic is
+//! written once (`<view>/attach.rs`); both decode with the same generated
+//! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
+//! module is the registry: a view is registered by its `pub mod` line and
+//! its `attach_*` function.
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};

@@ -13,7 +13,7 @@
 //!
 //! The programs are `SEC("classifier")` (type SCHED_CLS, no expected attach
 //! type), the only tc section aya 0.14 accepts. They are attached as tcx links
-//! with `bpf_link_create(prog_fd, ifindex, BPF_TCX_INGRESS/EGRESS)` called
+//! with `BPF_LINK_CREATE(prog_fd, ifindex, BPF_TCX_INGRESS/EGRESS)` called
 //! from a thread inside the interface's namespace: the kernel accepts tcx
 //! attach types for any SCHED_CLS program, so no expected attach type is
 //! needed. A link detaches when its fd closes (also when the process dies).
@@ -22,10 +22,10 @@
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
 //!
-//! Two loaders implement [`SamplerView`], chosen by `LoaderKind`:
-//! `libbpf.rs` (libbpf-rs, tcx or clsact, attached by `tc.rs`) and `aya.rs`
-//! (aya, tcx only; maps shared through pins in a private bpffs directory).
-//! Both decode with the shared functions below ([`flow_stats`],
+//! [`SamplerView`] is implemented once, in `attach.rs`, against the loader
+//! layer (either loader, chosen by `LoaderKind`; tcx or clsact attached by
+//! `tc.rs`; clsact needs the libbpf feature's netlink code). It decodes with
+//! the shared functions below ([`flow_stats`],
 //! [`derived_counters`], [`read_table`]); raw samples are the views'
 //! common [`crate::views::RawSamples`] stream of `bpf::Event`s, turned into
 //! [`SamplerSample`]s with [`SamplerSample::from_event`].
@@ -35,7 +35,7 @@
 //! programs hash the flow key themselves (a random seed per view) and keep the LRU order within a set; each entry holds the
 //! flow key, its pending segments and its histogram. Userspace reads it whole
 //! with `BPF_MAP_LOOKUP_BATCH` and skips empty ways.
-// The aya-only build keeps everything but the libbpf loader.
+// The aya-only build keeps everything but the clsact code (libbpf's netlink).
 #![cfg_attr(not(feature = "libbpf"), allow(unused_imports, dead_code))]
 
 use std::collections::BTreeMap;

@@ -5,9 +5,9 @@
 //! Everything attached is a BPF link (cgroup link, iterator link): when the
 //! process exits, even by SIGKILL, the kernel detaches it.
 //!
-//! The libbpf-rs loader (`TcpView`) is built with the `libbpf` feature; the
-//! configuration, the decoded flow state and the decoding itself
-//! (`decode_flow`) are shared with the aya loader (`crate::views`).
+//! Loaded, attached and read once for both loaders in `attach.rs` (through
+//! `views::loader`); here: the configuration, the decoded flow state and the
+//! decoding itself (`decode_flow`).
 use std::collections::{BTreeMap, HashSet};
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
