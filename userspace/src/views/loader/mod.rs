@@ -107,6 +107,7 @@ pub(crate) struct ObjectDef {
     /// For messages: "the TCP view".
     pub what: &'static str,
     /// libbpf's object name (its internal maps' kernel names start with it).
+    #[cfg_attr(not(feature = "libbpf"), allow(dead_code))]
     pub name: &'static str,
     pub bytes: &'static [u8],
     pub progs: &'static [Prog],
@@ -125,6 +126,8 @@ impl ObjectDef {
 #[derive(Debug, Clone)]
 pub(crate) struct Global {
     pub name: &'static str,
+    /// Its offset in `.rodata` (libbpf writes there; aya patches by name).
+    #[cfg_attr(not(feature = "libbpf"), allow(dead_code))]
     pub offset: usize,
     pub bytes: Vec<u8>,
 }
@@ -244,6 +247,7 @@ impl<'a> Map<'a> {
     }
 
     /// The value under `key` (`None`: no such key).
+    #[cfg_attr(not(feature = "aya"), allow(dead_code))]
     pub(crate) fn lookup(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let mut v = vec![0u8; self.info()?.value_size as usize];
         let found = crate::sys::bpf::lookup(self.fd, key, &mut v)
@@ -303,7 +307,9 @@ pub(crate) fn walk_iter(
     })
 }
 
-/// Whether `e` or one of its causes is ENOMEM (a map the kernel could not allocate).
+/// Whether `e` or one of its causes is ENOMEM (a map the kernel could not
+/// allocate): aya's errors (libbpf's carry their kind).
+#[cfg_attr(not(feature = "aya"), allow(dead_code))]
 pub(crate) fn is_enomem(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(c) = cur {
