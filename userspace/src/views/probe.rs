@@ -277,7 +277,9 @@ struct Conn {
 
 impl Conn {
     fn open(listener: &TcpListener) -> std::io::Result<Conn> {
-        let client = TcpStream::connect(listener.local_addr()?)?;
+        // Bounded: on a `lo` set down after it was up the SYNs are dropped and a
+        // plain connect() waits out its retries (~2 min).
+        let client = TcpStream::connect_timeout(&listener.local_addr()?, Duration::from_secs(2))?;
         let (server, _) = listener.accept()?;
         for s in [&client, &server] {
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
