@@ -40,6 +40,10 @@ echo "== other kernels in a VM (Debian 12's 6.1 under virtme-ng, TCG; expectatio
 echo "== leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
 if [ -n "$left" ]; then echo "test namespaces left behind: $left" >&2; exit 1; fi
+if command -v podman >/dev/null; then
+  ctrs=$(podman ps -a --format '{{.Names}}' | grep -E '^rts' || true)
+  if [ -n "$ctrs" ]; then echo "test containers left behind: $ctrs" >&2; exit 1; fi
+fi
 if bpftool prog show 2>/dev/null | grep -qE 'name rtt_(tcp|sampler)_'; then
   echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep -E 'rtt_(tcp|sampler)_' >&2; exit 1
 fi

@@ -356,8 +356,9 @@ fn image_runs_as_the_daemonset_declares() {
     eprintln!("podman {}", args.join(" "));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let t0 = Instant::now();
-    podman(&argv);
+    // Removed on drop also when `podman run` fails (it may leave the container created).
     let ctr = Container(name.clone());
+    podman(&argv);
     while scrape_in(&p.a).is_err() {
         let running = podman(&["inspect", "--format", "{{.State.Running}}", &ctr.0]);
         if t0.elapsed() > Duration::from_secs(30) || running != "true" {
