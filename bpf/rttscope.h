@@ -26,7 +26,8 @@ enum rttscope_consts {
 	 * before (every old bound is still a bound). The last bucket is open
 	 * ended (>= ~33.3 s; TCP's RTO tops out at 120 s, and an RTT sample that
 	 * long is a stall, reported as ">= 33 s" with its exact max).
-	 * 1280 buckets of u32: 5 KiB per flow. */
+	 * 1280 buckets of u32: 5 KiB, per flow with samples in a read interval
+	 * (the fine-histogram pool below), not per tracked flow. */
 	RTTSCOPE_HIST_SUB_BITS = 6,
 	RTTSCOPE_HIST_SUB = 64,
 	RTTSCOPE_HIST_MAX_EXP = 25,
@@ -83,6 +84,7 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TCP_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_TCP_NO_SOCK,           /* callback without a full socket */
 	RTTSCOPE_TCP_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
+	RTTSCOPE_TCP_NOT_BINNED,        /* samples not in a fine histogram: the pool generation's half was used up */
 	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
@@ -99,19 +101,49 @@ struct rttscope_flow_key {
 	__u8 raddr[16];
 };
 
-/* The RTT aggregate of one flow, the same in every view: exact moments,
- * min/max over the flow's life and over the current report interval (the
- * interval restarts when userspace moves the report epoch on), and the
- * log-linear histogram. Updated by rttscope_agg_add() below. */
+/* The RTT aggregate of one flow, the same in every view: exact moments and
+ * min/max over the flow's life, and where the flow's fine histogram of the
+ * current pool generation lives (struct rttscope_fine_hist). Updated by
+ * rttscope_agg_add() below. 40 bytes: the 5 KiB histogram is not per flow. */
 struct rttscope_rtt_agg {
-	__u64 samples;
+	__u64 samples;      /* every sample of the flow's life (in a fine histogram or not) */
 	__u64 sum_us;
 	__u32 min_us;       /* over the flow's life */
 	__u32 max_us;
-	__u32 win_epoch;    /* report epoch the win_* fields belong to */
-	__u32 win_min_us;   /* min/max within the current report interval */
-	__u32 win_max_us;
 	__u32 last_rtt_us;
+	__u32 pool_tag;     /* pool generation + 1 that pool_idx belongs to (0: none yet) */
+	__u32 pool_idx;     /* the flow's fine histogram in that generation's half;
+	                     * RTTSCOPE_POOL_NONE: that half was used up (samples counted, not binned) */
+	__u32 reserved;
+};
+
+/* The fine-histogram pool (one per view; docs/metrics.md "Kernel memory").
+ * A flow gets a fine histogram only in a pool generation in which it has
+ * samples: the first sample of a generation takes the next free entry of
+ * the generation's half of the pool (an atomic counter), the following ones
+ * go to that entry. Userspace starts a new generation at each read (the
+ * other half), waits for the programs already running to finish, copies
+ * out and zeroes the entries of the finished generation, and keeps each
+ * flow's cumulative histogram itself (sparse). So kernel memory is ~200 bytes
+ * per flow plus the pool (2 halves x entries x 5 KiB), and precision is
+ * the same 1,280-bucket histogram as before. When a half is used up, a
+ * flow's samples of that generation still count in its exact moments
+ * (samples, sum, min, max) and are counted as not binned
+ * (`samples_not_binned`), never lost silently. */
+enum rttscope_pool_consts {
+	RTTSCOPE_POOL_NONE = 0xffffffff,
+	RTTSCOPE_POOL_CTL_GEN = 0,   /* pool control array: [0] generation (userspace writes), */
+	RTTSCOPE_POOL_CTL_NEXT = 1,  /* [1 + half]: entries taken in that half (programs add) */
+	RTTSCOPE_POOL_CTL_ENTRIES = 3,
+};
+
+struct rttscope_fine_hist {
+	__u32 owner;        /* TCP: the flow's slot; sampler: its table way */
+	__u32 owner_gen;    /* TCP: the slot's gen; sampler: the way's gen (low half) */
+	__u64 count;        /* samples in this generation */
+	__u64 sum_us;
+	__u32 min_us;       /* min/max in this generation (valid when count > 0) */
+	__u32 max_us;
 	__u32 hist[RTTSCOPE_HIST_BUCKETS];
 };
 
@@ -182,9 +214,8 @@ struct rttscope_event {
 };
 
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
-_Static_assert(sizeof(struct rttscope_rtt_agg) == 40 + 4 * RTTSCOPE_HIST_BUCKETS, "rtt aggregate layout");
-_Static_assert(__builtin_offsetof(struct rttscope_rtt_agg, hist) % 8 == 0 && RTTSCOPE_HIST_BUCKETS % 2 == 0,
-	       "rttscope_agg_reset() clears the histogram 8 bytes at a time");
+_Static_assert(sizeof(struct rttscope_rtt_agg) == 40, "rtt aggregate layout");
+_Static_assert(sizeof(struct rttscope_fine_hist) == 32 + 4 * RTTSCOPE_HIST_BUCKETS, "fine histogram layout");
 _Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
@@ -210,61 +241,98 @@ static __inline __attribute__((always_inline)) __u32 rttscope_hist_bucket(__u32 
 	       ((v >> (e - RTTSCOPE_HIST_SUB_BITS)) & (RTTSCOPE_HIST_SUB - 1));
 }
 
-/* A new, empty aggregate (the rest of the entry is zeroed by the caller). */
-static __inline __attribute__((always_inline)) void rttscope_agg_init(struct rttscope_rtt_agg *a, __u32 epoch)
+/* Empty an aggregate for a new flow (no fine histogram yet). */
+static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rttscope_rtt_agg *a)
 {
-	a->min_us = 0xffffffff;
-	a->win_min_us = 0xffffffff;
-	a->win_epoch = epoch;
-}
-
-/* Empty an aggregate for a new flow. The histogram (5 KiB) is cleared by a
- * loop: BPF has no memset/memcpy to call, and clang expands only small ones
- * inline. Runs once per new flow, never per sample. */
-static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rttscope_rtt_agg *a, __u32 epoch)
-{
-	volatile __u64 *h = (volatile __u64 *)a->hist; /* volatile: not turned back into a memset */
-	__u32 i;
-
 	a->samples = 0;
 	a->sum_us = 0;
+	a->min_us = 0xffffffff;
 	a->max_us = 0;
-	a->win_max_us = 0;
 	a->last_rtt_us = 0;
-#pragma clang loop unroll(disable)
-	for (i = 0; i < RTTSCOPE_HIST_BUCKETS / 2; i++)
-		h[i] = 0;
-	rttscope_agg_init(a, epoch);
+	a->pool_tag = 0;
+	a->pool_idx = 0;
+	a->reserved = 0;
 }
 
-/* Add one RTT sample (us) in report epoch `epoch`. Callers hold the only
- * writer for the flow (TCP: the socket lock; sampler: one flow's samples come
- * from its ingress program), so plain stores suffice. */
-static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rttscope_rtt_agg *a, __u32 rtt, __u32 epoch)
+#ifdef __bpf__ /* map helpers: only in the kernel programs (the header compiles on its own too) */
+/* The flow's fine histogram of the current pool generation: the one it took
+ * earlier in this generation, or the next free entry of the generation's
+ * half, which it then owns (owner, owner_gen). NULL when the half is used
+ * up (then also for the flow's later samples of this generation, without
+ * another try). `pool`: the view's pool array (2 x `entries` entries);
+ * `ctl`: its control array. Callers hold the only writer for the flow
+ * (TCP: the socket lock; sampler: the way's lock). Inlined: the map
+ * arguments are constants to the verifier. */
+static __inline __attribute__((always_inline)) struct rttscope_fine_hist *
+rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg *a, __u32 owner, __u32 owner_gen)
+{
+	struct rttscope_fine_hist *h;
+	__u32 k = RTTSCOPE_POOL_CTL_GEN, gen, half, idx;
+	__u64 *g, *next;
+
+	g = bpf_map_lookup_elem(ctl, &k);
+	if (!g)
+		return (void *)0;
+	gen = (__u32)*g;
+	half = gen & 1;
+	if (a->pool_tag == gen + 1) {
+		idx = a->pool_idx;
+		if (idx >= entries)
+			return (void *)0;
+		k = half * entries + idx;
+		return bpf_map_lookup_elem(pool, &k);
+	}
+	k = RTTSCOPE_POOL_CTL_NEXT + half;
+	next = bpf_map_lookup_elem(ctl, &k);
+	if (!next)
+		return (void *)0;
+	idx = (__u32)__sync_fetch_and_add(next, 1);
+	a->pool_tag = gen + 1;
+	if (idx >= entries) {
+		a->pool_idx = RTTSCOPE_POOL_NONE;
+		return (void *)0;
+	}
+	a->pool_idx = idx;
+	k = half * entries + idx;
+	h = bpf_map_lookup_elem(pool, &k);
+	if (h) {
+		/* zeroed by userspace when its generation was read */
+		h->owner = owner;
+		h->owner_gen = owner_gen;
+	}
+	return h;
+}
+#endif
+
+/* Add one RTT sample (us): the life aggregate, and the generation's fine
+ * histogram `h` (NULL: not binned; the caller counts it). Callers hold the
+ * only writer for the flow (TCP: the socket lock; sampler: the way's lock),
+ * so plain stores suffice. */
+static __inline __attribute__((always_inline)) void rttscope_agg_add(struct rttscope_rtt_agg *a,
+								      struct rttscope_fine_hist *h, __u32 rtt)
 {
 	__u32 b;
 
-	if (a->win_epoch != epoch) {
-		a->win_epoch = epoch;
-		a->win_min_us = 0xffffffff;
-		a->win_max_us = 0;
-	}
 	a->samples++;
 	a->sum_us += rtt;
 	if (rtt < a->min_us)
 		a->min_us = rtt;
 	if (rtt > a->max_us)
 		a->max_us = rtt;
-	if (rtt < a->win_min_us)
-		a->win_min_us = rtt;
-	if (rtt > a->win_max_us)
-		a->win_max_us = rtt;
 	a->last_rtt_us = rtt;
+	if (!h)
+		return;
+	if (h->count == 0 || rtt < h->min_us)
+		h->min_us = rtt;
+	if (rtt > h->max_us)
+		h->max_us = rtt;
+	h->count++;
+	h->sum_us += rtt;
 	b = rttscope_hist_bucket(rtt);
 	/* keep the bounds check: clang can prove it redundant, the verifier cannot */
 	__asm__ __volatile__("" : "+r"(b));
 	if (b < RTTSCOPE_HIST_BUCKETS)
-		a->hist[b]++;
+		h->hist[b]++;
 }
 
 /* ======================================================================
@@ -349,6 +417,7 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_ICMP_NOT_HOST,     /* ingress ICMP echo to another host's MAC (PACKET_OTHERHOST): the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_BAD_CSUM,     /* ingress ICMPv4 echo with a bad IPv4 header or ICMP checksum: the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress ICMPv4 echo longer than 2047 bytes or not linear: checksum not checked, not timed */
+	RTTSCOPE_SAMPLER_NOT_BINNED,        /* samples not in a fine histogram: the pool generation's half was used up */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
 };
 
@@ -397,8 +466,9 @@ struct rttscope_sampler_pending {
 /* One entry (way) of the flow table `sampler_table`, a BPF array of
  * 2^k * RTTSCOPE_SAMPLER_WAYS entries: a flow's set is picked by a seeded
  * hash of its key computed in the program; within the set the key is
- * compared in full. Pending segments and the histogram share the entry, so
- * each packet does one table access and no hash-map call.
+ * compared in full. Pending segments and the flow's aggregate share the
+ * entry (256 bytes), so each packet does one table access and no hash-map
+ * call; a sample adds one access to the flow's fine histogram (the pool).
  *
  * Concurrency (egress and ingress may run on different CPUs):
  *  - `gen` is a sequence count: even = stable, odd = being re-keyed. It
@@ -423,7 +493,9 @@ struct rttscope_sampler_entry {
 	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
 	__u64 lock;
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
-	__u64 reserved_pad[4]; /* the entry stays a whole number of cache lines */
+	__u32 way;          /* this entry's index in the table (the owner of its fine histograms) */
+	__u32 reserved32;
+	__u64 reserved_pad[3]; /* the entry stays a whole number of cache lines */
 	/* Samples of every flow evicted from this way so far (each evicted
 	 * entry's agg.samples, added while gen is odd): with gen, userspace
 	 * tells exactly how many samples of an evicted flow it never read. */
@@ -436,7 +508,7 @@ struct rttscope_sampler_entry {
 
 _Static_assert(sizeof(struct rttscope_sampler_flow) == 24 + sizeof(struct rttscope_rtt_agg), "sampler flow layout");
 _Static_assert(sizeof(struct rttscope_sampler_pending) == 8 * RTTSCOPE_SAMPLER_SLOTS + 16, "sampler pending layout");
-_Static_assert(sizeof(struct rttscope_sampler_entry) == 256 + 4 * RTTSCOPE_HIST_BUCKETS, "sampler table entry layout");
+_Static_assert(sizeof(struct rttscope_sampler_entry) == 256, "sampler table entry layout");
 _Static_assert(sizeof(struct rttscope_sampler_entry) % 64 == 0, "sampler table entries start on a cache line");
 _Static_assert(__builtin_offsetof(struct rttscope_sampler_entry, pend.slot) == 64, "slots in cache line 1");
 

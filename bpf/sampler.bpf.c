@@ -94,6 +94,7 @@ const volatile __u64 cfg_timeout_ns = 10000000000ULL;
 /* Flow table geometry and hash seed (the same in every copy: they share the table). */
 const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
 const volatile __u64 cfg_hash_seed = 0;
+const volatile __u32 cfg_pool_entries = 1024; /* fine histograms per half of sampler_pool */
 
 /* Make the types reach the generated Rust. */
 struct rttscope_event _sm_event_type = {};
@@ -112,7 +113,7 @@ enum rttscope_event_type _event_type_type = 0;
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 16384);
-	/* mmapable: the values start page-aligned, so each 1 KiB entry's hot
+	/* mmapable: the values start page-aligned, so each 256-byte entry's hot
 	 * part sits in two cache lines (lookups stay inlined) */
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
@@ -126,13 +127,25 @@ struct {
 	__type(value, __u64);
 } sampler_counters SEC(".maps");
 
-/* [0] = report epoch: userspace bumps it after each read (win_min/win_max restart). */
+/* Fine histograms of the flows with samples in the current pool generation
+ * (rttscope.h: rttscope_fine_get): two halves of cfg_pool_entries, the
+ * current generation's half written here, the other read and zeroed by
+ * userspace through its memory mapping. Shared by every copy. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 2048); /* resized by userspace: 2 x cfg_pool_entries */
 	__type(key, __u32);
-	__type(value, __u32);
-} sampler_epoch SEC(".maps");
+	__type(value, struct rttscope_fine_hist);
+} sampler_pool SEC(".maps");
+
+/* [0] pool generation (userspace), [1 + half] entries taken in that half. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RTTSCOPE_POOL_CTL_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} sampler_pool_ctl SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -497,7 +510,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 {
 	struct rttscope_sampler_entry *e, *victim = NULL;
 	__u64 oldest = ~0ULL, g;
-	__u32 idx, zero = 0, n = 0, *ep;
+	__u32 idx, victim_idx = 0, n = 0;
 	int w, i;
 
 #pragma unroll
@@ -510,11 +523,13 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 			continue;
 		if (e->key.family == 0) {
 			victim = e;
+			victim_idx = idx;
 			break;
 		}
 		if (e->pend.touched_ns < oldest) {
 			oldest = e->pend.touched_ns;
 			victim = e;
+			victim_idx = idx;
 		}
 	}
 	if (!victim || __sync_val_compare_and_swap(&victim->lock, 0, 1) != 0) {
@@ -559,8 +574,8 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.reserved[0] = 0;
 	e->flow.reserved[1] = 0;
 	e->flow.reserved[2] = 0;
-	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_reset(&e->flow.agg, ep ? *ep : 0); /* 5 KiB: a loop, not a memset */
+	rttscope_agg_reset(&e->flow.agg);
+	e->way = victim_idx;
 	e->flow.ifindex = cfg_ifindex;
 	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
@@ -621,13 +636,16 @@ static __always_inline void forget(struct rttscope_sampler_entry *e)
 	count(RTTSCOPE_SAMPLER_PENDING_DELETED);
 }
 
-static __always_inline void add_sample(struct rttscope_sampler_flow *f, const struct rttscope_flow_key *key,
+static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g, const struct rttscope_flow_key *key,
 				       __u32 rtt, __u64 now, __u32 kind)
 {
-	__u32 zero = 0, *ep;
+	struct rttscope_sampler_flow *f = &e->flow;
+	struct rttscope_fine_hist *h;
 
-	ep = bpf_map_lookup_elem(&sampler_epoch, &zero);
-	rttscope_agg_add(&f->agg, rtt, ep ? *ep : 0);
+	h = rttscope_fine_get(&sampler_pool, &sampler_pool_ctl, cfg_pool_entries, &f->agg, e->way, (__u32)g);
+	if (!h)
+		count(RTTSCOPE_SAMPLER_NOT_BINNED);
+	rttscope_agg_add(&f->agg, h, rtt);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
 	count(RTTSCOPE_SAMPLER_SAMPLES);
@@ -729,7 +747,7 @@ static __always_inline __u32 commit_sample(struct rttscope_sampler_entry *e, __u
 	}
 	if (unlikely(e->flow.agg.samples == 0))
 		count(RTTSCOPE_SAMPLER_FLOWS_CREATED);
-	add_sample(&e->flow, key, rtt, now, kind);
+	add_sample(e, g, key, rtt, now, kind);
 	unlock(e);
 	return 0;
 }

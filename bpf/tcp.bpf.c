@@ -26,9 +26,10 @@
  * `tcp_free_slots` stack) or else the next never-used one (`slots_hwm`);
  * userspace gives a slot back after reporting its flow closed, or evicts the
  * least recently active flows when few slots are left (docs/tcp.md). Samples are
- * aggregated here into a log-linear histogram per flow so userspace cost
- * does not grow with the packet rate. A raw sample stream (ring buffer) is
- * optional (cfg_raw).
+ * aggregated here (exact moments per flow, and a fine log-linear histogram
+ * from a pool for the flows with samples in the current read interval:
+ * rttscope.h, rttscope_fine_get) so userspace cost does not grow with the
+ * packet rate. A raw sample stream (ring buffer) is optional (cfg_raw).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -58,9 +59,8 @@ const volatile __u32 cfg_addr_filter = 0;  /* restrict to CIDRs in `addr_filter`
 const volatile __u32 cfg_raw = 0;          /* write every sample to the ring buffer */
 const volatile __u32 cfg_max_slots = 16384; /* tcp_flows' size (--max-flows) */
 const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of two, >= 2 x --max-flows) */
+const volatile __u32 cfg_pool_entries = 1024; /* fine histograms per half of tcp_pool */
 
-/* Report epoch: userspace bumps it after each read, so win_min/win_max restart. */
-__u32 epoch = 0;
 /* 1 when rtt_tcp_ack is attached: set by userspace before the sock_ops
  * program is attached, never changed after. */
 __u32 ack_hook_on = 0;
@@ -77,6 +77,7 @@ enum rttscope_origin _origin_type = 0;
 enum rttscope_flow_flags _flow_flags_type = 0;
 enum rttscope_event_type _event_type_type = 0;
 struct rttscope_tcp_sk _tcp_sk_type = {};
+enum rttscope_pool_consts _pool_consts_type = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -84,6 +85,26 @@ struct {
 	__type(key, __u32);         /* slot */
 	__type(value, struct rttscope_tcp_flow);
 } tcp_flows SEC(".maps");
+
+/* Fine histograms of the flows with samples in the current pool generation
+ * (rttscope.h: rttscope_fine_get): two halves of cfg_pool_entries, the
+ * current generation's half written here, the other read and zeroed by
+ * userspace through its memory mapping. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 2048); /* resized by userspace: 2 x cfg_pool_entries */
+	__type(key, __u32);
+	__type(value, struct rttscope_fine_hist);
+} tcp_pool SEC(".maps");
+
+/* [0] pool generation (userspace), [1 + half] entries taken in that half. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RTTSCOPE_POOL_CTL_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} tcp_pool_ctl SEC(".maps");
 
 /* Slots of tcp_flows given back by userspace, reused before fresh ones (so
  * the taken ones stay packed below slots_hwm). */
@@ -307,8 +328,8 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 		count(RTTSCOPE_TCP_NO_SOCK);
 		return NULL;
 	}
-	/* Every field written in place (the entry is 5 KiB: no copy through a
-	 * scratch entry, no memset); IN_USE last, so that a reader sees a
+	/* Every field written in place (no copy through a scratch entry, no
+	 * memset); IN_USE last, so that a reader sees a
 	 * complete flow or a free slot. */
 	f->flags = 0;
 	__asm__ __volatile__("" ::: "memory");
@@ -321,7 +342,7 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	f->sk_addr = (__u64)sk;
 	f->hint_tag = 0;
 	f->cgroup = sock_cgroup(sk);
-	rttscope_agg_reset(&f->agg, epoch);
+	rttscope_agg_reset(&f->agg);
 	f->cookie = cookie;
 	f->first_ns = bpf_ktime_get_ns();
 	f->last_ns = 0;
@@ -412,11 +433,15 @@ static __always_inline void set_hint(__u64 *hint, struct rttscope_tcp_flow *f, _
 
 /* One RTT sample (us) and TCP's srtt after it, into the flow (both sample
  * sources: the RTT callback and the per-ACK hook). */
-static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 rtt, __u32 srtt)
+static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 slot, __u32 rtt, __u32 srtt)
 {
+	struct rttscope_fine_hist *h;
 	__u64 now;
 
-	rttscope_agg_add(&f->agg, rtt, epoch);
+	h = rttscope_fine_get(&tcp_pool, &tcp_pool_ctl, cfg_pool_entries, &f->agg, slot, f->gen);
+	if (!h)
+		count(RTTSCOPE_TCP_NOT_BINNED);
+	rttscope_agg_add(&f->agg, h, rtt);
 	f->srtt_us = srtt;
 	count(RTTSCOPE_TCP_SAMPLES);
 	if (cfg_raw) {
@@ -493,7 +518,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		f->flags |= RTTSCOPE_FLOW_SRTT_FALLBACK;
 		count(RTTSCOPE_TCP_SRTT_FALLBACK);
 	}
-	record_sample(f, rtt, srtt);
+	record_sample(f, slot, rtt, srtt);
 }
 
 /* A connection was established after attach: turn our callbacks on and
@@ -675,6 +700,6 @@ int BPF_PROG(rtt_tcp_ack, struct sock *sk, const int flag, long seq_rtt_us, long
 	f = sock_flow((struct bpf_sock *)sk, &slot);
 	if (!f || (f->flags & RTTSCOPE_FLOW_CLOSED))
 		return 0; /* not a flow of ours */
-	record_sample(f, (__u32)mrtt, BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3);
+	record_sample(f, slot, (__u32)mrtt, BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3);
 	return 0;
 }

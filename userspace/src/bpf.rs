@@ -37,7 +37,8 @@ pub use sampler::types::{
 };
 
 pub use tcp::types::{
-    rttscope_event as Event, rttscope_flow_key as FlowKey, rttscope_tcp_flow as TcpFlow,
+    rttscope_event as Event, rttscope_fine_hist as FineHist, rttscope_flow_key as FlowKey,
+    rttscope_tcp_flow as TcpFlow,
 };
 
 /// Constants of `enum rttscope_consts`, as usize.
@@ -50,22 +51,27 @@ pub mod consts {
     pub const MAX_NETNS: u32 = C::RTTSCOPE_MAX_NETNS.0;
     pub const MAX_PORTS: u32 = C::RTTSCOPE_MAX_PORTS.0;
     pub const MAX_CIDRS: u32 = C::RTTSCOPE_MAX_CIDRS.0;
+    use super::tcp::types::rttscope_pool_consts as P;
+    pub const POOL_CTL_GEN: u32 = P::RTTSCOPE_POOL_CTL_GEN.0;
+    pub const POOL_CTL_NEXT: u32 = P::RTTSCOPE_POOL_CTL_NEXT.0;
 }
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 44);
-const _: () = assert!(std::mem::size_of::<TcpFlow>() == 104 + 40 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 104 + 40);
+const _: () = assert!(std::mem::size_of::<FineHist>() == 32 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
 
 // SAFETY: the generated types are plain C structs of integers and arrays.
 unsafe impl plain::Plain for FlowKey {}
 unsafe impl plain::Plain for TcpFlow {}
+unsafe impl plain::Plain for FineHist {}
 unsafe impl plain::Plain for Event {}
 unsafe impl plain::Plain for SamplerFlow {}
 unsafe impl plain::Plain for SamplerPending {}
 unsafe impl plain::Plain for SamplerRodata {}
 
-const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 24 + 40 + 4 * consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<SamplerFlow>() == 24 + 40);
 const _: () = assert!(
     std::mem::size_of::<SamplerPending>()
         == 8 * sampler::types::rttscope_sampler_consts::RTTSCOPE_SAMPLER_SLOTS.0 as usize + 16

@@ -16,6 +16,7 @@ use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};
 
+pub mod fine;
 pub mod flow;
 pub(crate) mod loader;
 pub mod passive;

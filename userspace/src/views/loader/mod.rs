@@ -402,6 +402,7 @@ mod tests {
             cfg_raw: 1,
             cfg_max_slots: 7,
             cfg_hint_mask: 0,
+            cfg_pool_entries: 64,
         };
         let g = globals!(rodata, ro, [cfg_raw, cfg_max_slots]);
         assert_eq!(g[0].name, "cfg_raw");

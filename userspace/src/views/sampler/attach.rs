@@ -17,6 +17,7 @@ use super::{
 };
 use crate::bpf::SamplerRodata as rodata;
 use crate::sys::netns;
+use crate::views::fine::{pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };
@@ -45,7 +46,9 @@ pub(crate) struct Sampler {
     info: Vec<AttachInfo>,
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
-    epoch: u32,
+    /// The fine-histogram pool (`sampler_pool`, shared by every copy) and
+    /// the flows' histograms read from it.
+    fine: FinePool,
     /// tcx links and clsact filters: removed before the programs go.
     #[allow(dead_code)] // held for its Drop: detaches
     attached: Attachments,
@@ -77,6 +80,7 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
     ro.cfg_set_mask = cfg.set_mask();
     ro.cfg_hash_seed = seed;
     ro.cfg_protos = cfg.proto_mask();
+    ro.cfg_pool_entries = pool_entries(cfg.table_entries());
     Settings {
         globals: globals!(
             rodata,
@@ -91,10 +95,14 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
                 cfg_timeout_ns,
                 cfg_set_mask,
                 cfg_hash_seed,
-                cfg_protos
+                cfg_protos,
+                cfg_pool_entries
             ]
         ),
-        max_entries: vec![("sampler_table", cfg.table_entries())],
+        max_entries: vec![
+            ("sampler_table", cfg.table_entries()),
+            ("sampler_pool", 2 * pool_entries(cfg.table_entries())),
+        ],
         label: format!("loading the sampler programs for {}", r.spec),
         ..Settings::default()
     }
@@ -115,6 +123,13 @@ impl Sampler {
         let seed = hash_seed();
         let copies = resolved.iter().map(|r| settings(&cfg, seed, r)).collect();
         let objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
+        let entries = pool_entries(cfg.table_entries());
+        let fine = FinePool::new(
+            objs[0].as_ref(),
+            "sampler_pool",
+            "sampler_pool_ctl",
+            entries,
+        )?;
         let mut attached = Attachments::default();
         let mut info = Vec::new();
         for (obj, r) in objs.iter().zip(&resolved) {
@@ -125,7 +140,7 @@ impl Sampler {
             cfg,
             info,
             raw_taken: false,
-            epoch: 0,
+            fine,
             attached,
             objs,
         })
@@ -299,13 +314,11 @@ impl SamplerView for Sampler {
     }
 
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let table = self.first().map_fd("sampler_table")?;
-        let out = table_flows(table, &self.cfg, &self.info, self.epoch)?;
-        self.epoch = self.epoch.wrapping_add(1);
-        self.first()
-            .map("sampler_epoch")?
-            .update(&0u32.to_ne_bytes(), &self.epoch.to_ne_bytes())
-            .context("writing the sampler's report epoch")?;
+        let first = self.objs[0].as_ref();
+        self.fine.drain(first)?;
+        let table = first.map_fd("sampler_table")?;
+        let out = table_flows(table, &self.cfg, &self.info, &mut self.fine)?;
+        self.fine.next_interval();
         Ok(out)
     }
 }

@@ -54,8 +54,7 @@ pub(crate) type TableEntry = t::rttscope_sampler_entry;
 // SAFETY: a generated `#[repr(C)]` struct of integers and arrays of integers
 // (Copy, no pointers, no invariants): any bit pattern is a valid value.
 unsafe impl plain::Plain for TableEntry {}
-const _: () =
-    assert!(std::mem::size_of::<TableEntry>() == 256 + 4 * crate::bpf::consts::HIST_BUCKETS);
+const _: () = assert!(std::mem::size_of::<TableEntry>() == 256);
 const _: () = assert!(std::mem::size_of::<TableEntry>().is_multiple_of(64));
 const _: () = assert!(std::mem::offset_of!(TableEntry, key) == 0);
 const _: () = assert!(std::mem::offset_of!(TableEntry, pend) == 56);
@@ -66,6 +65,7 @@ const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 pub const MAX_TABLE: u32 = 1 << 24;
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
+use crate::views::fine::{FineAcc, FinePool};
 use crate::views::flow::{Flow, Side};
 use crate::views::PassiveView;
 
@@ -77,10 +77,11 @@ pub const CLSACT_PRIORITY: u32 = 0x7273;
 pub const PROG_EGRESS: &str = "rtt_sampler_egr";
 pub const PROG_INGRESS: &str = "rtt_sampler_ing";
 /// The maps every copy of the object shares (the first copy creates them).
-pub(crate) const SHARED_MAPS: [&str; 4] = [
+pub(crate) const SHARED_MAPS: [&str; 5] = [
     "sampler_table",
     "sampler_counters",
-    "sampler_epoch",
+    "sampler_pool",
+    "sampler_pool_ctl",
     "sampler_events",
 ];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
@@ -460,6 +461,7 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("icmp_not_for_host", C::RTTSCOPE_SAMPLER_ICMP_NOT_HOST),
     ("icmp_bad_checksum", C::RTTSCOPE_SAMPLER_ICMP_BAD_CSUM),
     ("icmp_unverified", C::RTTSCOPE_SAMPLER_ICMP_UNVERIFIED),
+    ("samples_not_binned", C::RTTSCOPE_SAMPLER_NOT_BINNED),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
@@ -564,14 +566,15 @@ pub(crate) fn attach_info(
     }
 }
 
-/// Decode one `sampler_flows` entry (both loaders). `epoch` is the current
-/// report epoch: the entry's window min/max belong to this interval only
-/// when its `win_epoch` equals it. None: not an IPv4/IPv6 flow key.
+/// Decode one `sampler_flows` entry (both loaders), with its histogram as
+/// read from the fine-histogram pool (`acc`; its interval min/max count when
+/// they belong to report interval `interval`). None: not an IPv4/IPv6 flow key.
 pub(crate) fn flow_stats(
     info: &[AttachInfo],
-    epoch: u32,
     key: &FlowKey,
     f: &SamplerFlow,
+    acc: Option<&FineAcc>,
+    interval: u32,
 ) -> Option<SamplerFlowStats> {
     let flow = Flow::from_key(key)?;
     let (kind, icmp_side) = FlowKind::from_key(key);
@@ -580,12 +583,8 @@ pub(crate) fn flow_stats(
         _ => icmp_side,
     };
     let a = &f.agg;
-    let (min, max) = if a.samples > 0 {
-        (Some(a.min_us), Some(a.max_us))
-    } else {
-        (None, None)
-    };
-    let in_window = a.win_epoch == epoch && a.win_max_us >= a.win_min_us;
+    let (min, max) = acc.map_or((None, None), |h| h.range());
+    let window = acc.and_then(|h| h.interval_range(interval));
     let iface = info
         .iter()
         .find(|i| i.ifindex == f.ifindex && i.netns_inode == key.netns)
@@ -596,11 +595,14 @@ pub(crate) fn flow_stats(
         kind,
         side,
         iface,
-        hist: Hist::from_counts(&a.hist, a.sum_us, min, max),
+        hist: match acc {
+            Some(h) => Hist::from_counts(&h.dense()[..], h.sum_us, min, max),
+            None => Hist::default(),
+        },
         samples: a.samples,
         last_rtt_us: a.last_rtt_us,
-        interval_min_us: in_window.then_some(a.win_min_us),
-        interval_max_us: in_window.then_some(a.win_max_us),
+        interval_min_us: window.map(|w| w.0),
+        interval_max_us: window.map(|w| w.1),
         first_ns: f.first_ns,
         last_ns: f.last_ns,
         way: 0,
@@ -677,13 +679,22 @@ pub(crate) fn table_flows(
     fd: BorrowedFd<'_>,
     cfg: &SamplerConfig,
     info: &[AttachInfo],
-    epoch: u32,
+    fine: &mut FinePool,
 ) -> Result<Vec<SamplerFlowStats>> {
     let mut out: Vec<SamplerFlowStats> = Vec::new();
+    let mut live = std::collections::HashSet::new();
     read_table(fd, cfg.table_entries(), |way, e| {
         // the key opens the entry (the sampler object's own copy of the type)
         if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
-            if let Some(mut s) = flow_stats(info, epoch, &key, &e.flow) {
+            let owner = (way, e.gen as u32);
+            live.insert(owner);
+            if let Some(mut s) = flow_stats(
+                info,
+                &key,
+                &e.flow,
+                fine.get(owner.0, owner.1),
+                fine.interval(),
+            ) {
                 s.way = way;
                 s.gen = e.gen;
                 s.evicted_samples = e.evicted_samples;
@@ -691,6 +702,9 @@ pub(crate) fn table_flows(
             }
         }
     })?;
+    // ways re-keyed since (their flows evicted: counted by the reader from
+    // `evicted_samples`), or torn in this read and re-keyed: not asked for again
+    fine.retain(&live);
     out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
     Ok(out)
 }
@@ -822,14 +836,17 @@ mod tests {
                 min_us: 10,
                 max_us: 30,
                 sum_us: 40,
-                win_epoch: 7,
-                win_min_us: 10,
-                win_max_us: 30,
                 ..Default::default()
             },
             ..Default::default()
         };
-        f.agg.hist[1] = 2;
+        let mut h: crate::bpf::FineHist = crate::bpf::zeroed();
+        (h.count, h.sum_us, h.min_us, h.max_us) = (2, 40, 10, 30);
+        h.hist[10] = 1;
+        h.hist[30] = 1;
+        let mut acc = FineAcc::default();
+        acc.add(&h, 7);
+        let acc = Some(&acc);
         let info = [AttachInfo {
             iface: "veth0".into(),
             netns: "a".into(),
@@ -838,15 +855,17 @@ mod tests {
             how: "tcx".into(),
             link: "ether".into(),
         }];
-        let s = flow_stats(&info, 7, &key, &f).unwrap();
+        let s = flow_stats(&info, &key, &f, acc, 7).unwrap();
         assert_eq!(s.iface, "veth0");
         assert_eq!(s.samples, 2);
+        assert_eq!(s.hist.count(), 2);
+        assert_eq!((s.hist.min_us, s.hist.max_us), (Some(10), Some(30)));
         assert_eq!(s.interval_max_us, Some(30));
-        // another epoch: the window belongs to an earlier interval
-        let s = flow_stats(&info, 8, &key, &f).unwrap();
+        // another interval: the window belongs to an earlier one
+        let s = flow_stats(&info, &key, &f, acc, 8).unwrap();
         assert_eq!(s.interval_min_us, None);
         f.ifindex = 4;
-        assert_eq!(flow_stats(&info, 7, &key, &f).unwrap().iface, "if4");
+        assert_eq!(flow_stats(&info, &key, &f, acc, 7).unwrap().iface, "if4");
 
         let mut c = BTreeMap::new();
         c.insert("flows_created", 10);
@@ -876,10 +895,10 @@ mod tests {
             side: 1,
             ..Default::default()
         };
-        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        let s = flow_stats(&[], &key, &f, None, 0).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Icmpv6, Side::Pinged));
         key.reserved = 0;
-        let s = flow_stats(&[], 0, &key, &f).unwrap();
+        let s = flow_stats(&[], &key, &f, None, 0).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Tcp, Side::Client));
         // raw samples: the same rules
         let mut e = Event {

@@ -18,6 +18,7 @@ use super::{
     TcpView, TcpViewConfig,
 };
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
+use crate::views::fine::{pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };
@@ -60,6 +61,8 @@ pub struct Tcp {
     epoch: u32,
     raw: bool,
     raw_taken: bool,
+    /// The fine-histogram pool (`tcp_pool`) and the flows' histograms read from it.
+    fine: std::sync::Mutex<FinePool>,
 }
 
 /// What the object is loaded with: sizes, `.rodata`, the per-ACK hook left
@@ -73,6 +76,7 @@ fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
         cfg_raw: cfg.raw as u32,
         cfg_max_slots: max_flows,
         cfg_hint_mask: hints - 1,
+        cfg_pool_entries: pool_entries(max_flows),
     };
     Settings {
         globals: globals!(
@@ -84,13 +88,15 @@ fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
                 cfg_addr_filter,
                 cfg_raw,
                 cfg_max_slots,
-                cfg_hint_mask
+                cfg_hint_mask,
+                cfg_pool_entries
             ]
         ),
         max_entries: vec![
             ("tcp_flows", max_flows),
             ("tcp_free_slots", max_flows),
             ("tcp_hints", hints),
+            ("tcp_pool", 2 * pool_entries(max_flows)),
         ],
         skip: if with_hook { vec![] } else { vec![ACK] },
         optional: if with_hook { vec![ACK] } else { vec![] },
@@ -120,9 +126,16 @@ impl Tcp {
         .context("the TCP view's object was not loaded")?;
         let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
         fill_filters(obj.as_ref(), cfg)?;
+        let fine = FinePool::new(
+            obj.as_ref(),
+            "tcp_pool",
+            "tcp_pool_ctl",
+            pool_entries(max_flows),
+        )?;
         obj.attach_cgroup(SOCKOPS, cg.as_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
         let mut view = Tcp {
+            fine: std::sync::Mutex::new(fine),
             obj,
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows),
@@ -142,6 +155,12 @@ impl Tcp {
         view.info.set_existing(enabled, refused);
         view.load_listeners()?;
         Ok(view)
+    }
+
+    /// The pool (a poisoned lock only means a panic elsewhere mid-read: the
+    /// histograms are still whole).
+    fn fine_pool(&self) -> std::sync::MutexGuard<'_, FinePool> {
+        self.fine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The listening sockets the iterator found: (netns, port).
@@ -258,30 +277,38 @@ impl TcpView for Tcp {
 
     fn next_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
-        // Only userspace writes `epoch` (the kernel programs read it).
-        let at = offset_of!(bss, epoch);
-        if let Err(e) = self.obj.write_data(".bss", at, &self.epoch.to_ne_bytes()) {
-            tracing::warn!("writing the report epoch: {e:#}");
-        }
+        self.fine_pool().next_interval();
     }
 
-    /// Read every flow entry (batched: a few syscalls for thousands of
+    /// Fold the pool's finished generation into the flows' histograms, then
+    /// read every flow entry (batched: a few syscalls for thousands of
     /// flows), handing each to `f` without keeping them all in memory.
     fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
+        let mut fine = self.fine_pool();
+        fine.drain(self.obj.as_ref())?;
         let hwm = self
             .obj
             .read_u64(".bss", offset_of!(bss, slots_hwm), size_of::<u64>())
             .unwrap_or(u64::MAX);
+        let mut live = HashSet::new();
         read_slots(
             self.obj.map_fd("tcp_flows")?,
             hwm,
             self.info.max_flows,
             &self.listeners,
-            f,
-        )
+            &fine,
+            self.epoch,
+            |s| {
+                live.insert((s.slot, s.gen));
+                f(s)
+            },
+        )?;
+        fine.retain(&live);
+        Ok(())
     }
 
     fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+        self.fine_pool().forget(slot, gen);
         free_slot(
             self.obj.map_fd("tcp_flows")?,
             self.obj.map_fd("tcp_free_slots")?,

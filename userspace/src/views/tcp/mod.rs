@@ -21,6 +21,7 @@ use crate::bpf::tcp::types::{
 };
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
+use crate::views::fine::FinePool;
 use crate::views::flow::{Flow, Side};
 use crate::views::PassiveView;
 
@@ -275,7 +276,8 @@ pub struct TcpFlowState {
     pub closed: bool,
     pub srtt_fallback: bool,
     pub samples: u64,
-    /// Cumulative histogram counts over the flow's life, as the kernel keeps them.
+    /// Cumulative histogram counts over the flow's life (the kernel's bucket
+    /// layout; empty before the first binned sample), read from the pool.
     pub counts: Box<[u32]>,
     pub sum_us: u64,
     pub life_min_us: Option<u32>,
@@ -309,6 +311,7 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_RAW_DROPS, "raw_events_dropped"),
     (C::RTTSCOPE_TCP_NO_SOCK, "no_socket"),
     (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
+    (C::RTTSCOPE_TCP_NOT_BINNED, "samples_not_binned"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -351,8 +354,16 @@ pub(crate) fn origin_name(o: u8) -> &'static str {
 /// Decode one `tcp_flows` slot (key: the slot index; value bytes as read
 /// from the map); `None` for a free slot. Flows whose side the kernel could
 /// not tell (found by the iterator) are servers if their local port was
-/// listening in their namespace. Shared by both loaders.
-pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Option<TcpFlowState> {
+/// listening in their namespace. The histogram, its sum and min/max are the
+/// flow's as read from the fine-histogram pool (`fine`; the interval min/max
+/// belong to report epoch `epoch`). Shared by both loaders.
+pub fn decode_flow(
+    k: &[u8],
+    v: &[u8],
+    listeners: &HashSet<(u32, u16)>,
+    fine: &FinePool,
+    epoch: u32,
+) -> Option<TcpFlowState> {
     let slot = u32::from_ne_bytes(k.get(..4)?.try_into().ok()?);
     let val: TcpFlow = bpf::decode(v).ok()?;
     if val.flags & FLOW_IN_USE == 0 {
@@ -369,11 +380,9 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         };
     }
     let agg = &val.agg;
-    let (min, max) = if agg.samples > 0 {
-        (Some(agg.min_us), Some(agg.max_us))
-    } else {
-        (None, None)
-    };
+    let acc = fine.get(slot, val.gen);
+    let (min, max) = acc.map_or((None, None), |a| a.range());
+    let win = acc.and_then(|a| a.interval_range(fine.interval()));
     Some(TcpFlowState {
         slot,
         gen: val.gen,
@@ -387,16 +396,20 @@ pub fn decode_flow(k: &[u8], v: &[u8], listeners: &HashSet<(u32, u16)>) -> Optio
         closed: val.flags & FLOW_CLOSED != 0,
         srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
-        counts: Box::new(agg.hist),
-        sum_us: agg.sum_us,
+        counts: acc.map_or_else(|| Box::new([]) as Box<[u32]>, |a| a.dense()),
+        sum_us: acc.map_or(0, |a| a.sum_us),
         life_min_us: min,
         life_max_us: max,
         srtt_us: val.srtt_us,
         last_rtt_us: agg.last_rtt_us,
         retrans: val.retrans,
-        win_epoch: agg.win_epoch,
-        win_min_us: agg.win_min_us,
-        win_max_us: agg.win_max_us,
+        win_epoch: if win.is_some() {
+            epoch
+        } else {
+            epoch.wrapping_sub(1)
+        },
+        win_min_us: win.map_or(u32::MAX, |w| w.0),
+        win_max_us: win.map_or(0, |w| w.1),
     })
 }
 
@@ -411,6 +424,8 @@ pub(crate) fn read_slots(
     hwm: u64,
     max_flows: u32,
     listeners: &HashSet<(u32, u16)>,
+    fine: &FinePool,
+    epoch: u32,
     mut f: impl FnMut(TcpFlowState),
 ) -> Result<()> {
     let limit = hwm.min(max_flows as u64) as usize;
@@ -420,7 +435,7 @@ pub(crate) fn read_slots(
         std::mem::size_of::<TcpFlow>(),
         limit,
         |k, v| {
-            if let Some(s) = decode_flow(k, v, listeners) {
+            if let Some(s) = decode_flow(k, v, listeners, fine, epoch) {
                 f(s);
             }
         },

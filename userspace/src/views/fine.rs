@@ -1,0 +1,310 @@
+//! The fine-histogram pool, read once for both views and both loaders.
+//!
+//! Kernel side: `bpf/rttscope.h` (`rttscope_fine_get`). A flow's 1,280-bucket
+//! histogram is not kept per flow in the kernel: in each pool generation,
+//! the flows that have samples take an entry of that generation's half of the
+//! view's pool (an mmapable array), and userspace, at each read, starts the
+//! next generation (the other half), waits for programs still running on the
+//! old one, copies the old half's entries out into each flow's cumulative
+//! histogram kept here (sparse: a flow fills a few buckets), and zeroes them.
+//! The views then hand out the same cumulative per-flow histograms as before
+//! (`TcpFlowState::counts`, `SamplerFlowStats::hist`), so everything above
+//! the views is unchanged. Memory: docs/metrics.md, "Kernel memory".
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::bpf::{consts, FineHist};
+use crate::views::loader::Object;
+
+/// How long programs that read the old generation may still be adding to
+/// it after the switch. BPF programs at tc and sock_ops run to completion
+/// with preemption off (non-RT kernels) in microseconds; a millisecond is
+/// three orders of magnitude of margin.
+const GRACE: Duration = Duration::from_millis(1);
+
+/// Fine histograms per half of a view's pool for a table of `flows`
+/// entries: every flow when the table is small (up to 256), else one in
+/// 16 (1,024 at the default 16,384), so that kernel memory stays ~1 KiB per
+/// tracked flow. More flows with samples in one read interval than this:
+/// their samples are counted as not binned (`samples_not_binned`).
+pub fn pool_entries(flows: u32) -> u32 {
+    flows.min((flows / 16).max(256)).max(1)
+}
+
+/// Bytes of kernel memory of one view's pool of `entries` per half.
+pub fn pool_bytes(entries: u32) -> u64 {
+    2 * entries as u64 * std::mem::size_of::<FineHist>() as u64
+}
+
+/// One flow's histogram as read so far (cumulative), and its min/max in the
+/// current report interval.
+#[derive(Debug, Clone, Default)]
+pub struct FineAcc {
+    /// Non-empty buckets, ascending.
+    buckets: Vec<(u16, u32)>,
+    pub count: u64,
+    pub sum_us: u64,
+    pub min_us: u32,
+    pub max_us: u32,
+    /// Report interval the interval min/max belong to.
+    interval: u32,
+    interval_min_us: u32,
+    interval_max_us: u32,
+}
+
+impl FineAcc {
+    /// Add one generation's entry.
+    pub(crate) fn add(&mut self, h: &FineHist, interval: u32) {
+        if h.count == 0 {
+            return;
+        }
+        if self.count == 0 || h.min_us < self.min_us {
+            self.min_us = h.min_us;
+        }
+        self.max_us = self.max_us.max(h.max_us);
+        if self.count == 0 || self.interval != interval || self.interval_min_us > self.interval_max_us {
+            (self.interval, self.interval_min_us, self.interval_max_us) = (interval, u32::MAX, 0);
+        }
+        self.interval_min_us = self.interval_min_us.min(h.min_us);
+        self.interval_max_us = self.interval_max_us.max(h.max_us);
+        self.count += h.count;
+        self.sum_us += h.sum_us;
+        merge_dense(&mut self.buckets, &h.hist);
+    }
+
+    /// The cumulative counts as the kernel's array layout.
+    pub fn dense(&self) -> Box<[u32; consts::HIST_BUCKETS]> {
+        let mut out = Box::new([0u32; consts::HIST_BUCKETS]);
+        for &(i, c) in &self.buckets {
+            out[i as usize] = c;
+        }
+        out
+    }
+
+    /// Life min/max (None before the first sample).
+    pub fn range(&self) -> (Option<u32>, Option<u32>) {
+        if self.count == 0 {
+            (None, None)
+        } else {
+            (Some(self.min_us), Some(self.max_us))
+        }
+    }
+
+    /// Min/max of the samples read in report interval `interval` (None: none).
+    pub fn interval_range(&self, interval: u32) -> Option<(u32, u32)> {
+        (self.count > 0
+            && self.interval == interval
+            && self.interval_min_us <= self.interval_max_us)
+            .then_some((self.interval_min_us, self.interval_max_us))
+    }
+}
+
+/// Add the dense counts `h` into the sorted sparse `buckets`.
+fn merge_dense(buckets: &mut Vec<(u16, u32)>, h: &[u32]) {
+    let mut added = Vec::new();
+    for (i, &c) in h.iter().enumerate().filter(|(_, &c)| c > 0) {
+        match buckets.binary_search_by_key(&(i as u16), |b| b.0) {
+            Ok(j) => buckets[j].1 = buckets[j].1.saturating_add(c),
+            Err(_) => added.push((i as u16, c)),
+        }
+    }
+    if !added.is_empty() {
+        buckets.extend(added);
+        buckets.sort_unstable_by_key(|b| b.0);
+    }
+}
+
+/// A view's pool: its memory mapping, the generation, and every flow's
+/// cumulative histogram, keyed by (owner, owner_gen) as the programs write
+/// them (TCP: slot and its gen; sampler: table way and its gen).
+pub struct FinePool {
+    ctl: &'static str,
+    entries: u32,
+    mem: Mapping,
+    gen: u64,
+    interval: u32,
+    acc: HashMap<(u32, u32), FineAcc>,
+}
+
+impl FinePool {
+    /// Map the pool `pool` (2 x `entries` entries) of `obj`; `ctl` is its control array.
+    pub(crate) fn new(
+        obj: &dyn Object,
+        pool: &'static str,
+        ctl: &'static str,
+        entries: u32,
+    ) -> Result<FinePool> {
+        let len = pool_bytes(entries) as usize;
+        let mem = Mapping::new(obj.map_fd(pool)?, len)
+            .with_context(|| format!("mapping the fine-histogram pool {pool} ({len} bytes)"))?;
+        Ok(FinePool {
+            ctl,
+            entries,
+            mem,
+            gen: 0,
+            interval: 0,
+            acc: HashMap::new(),
+        })
+    }
+
+    /// Start the next generation and fold the finished one into the flows'
+    /// histograms (entries copied out, then zeroed for their next use).
+    pub(crate) fn drain(&mut self, obj: &dyn Object) -> Result<()> {
+        let ctl = obj.map(self.ctl)?;
+        let old = self.gen;
+        self.gen += 1;
+        ctl.update(&consts::POOL_CTL_GEN.to_ne_bytes(), &self.gen.to_ne_bytes())?;
+        std::thread::sleep(GRACE);
+        let half = (old & 1) as u32;
+        let next_key = (consts::POOL_CTL_NEXT + half).to_ne_bytes();
+        let taken = ctl
+            .lookup(&next_key)?
+            .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+            .unwrap_or(0);
+        let n = taken.min(self.entries as u64) as usize;
+        let size = std::mem::size_of::<FineHist>();
+        let base = half as usize * self.entries as usize;
+        for i in base..base + n {
+            let bytes = self.mem.slice_mut(i * size, size);
+            let h: FineHist = crate::bpf::decode(bytes)?;
+            bytes.fill(0);
+            if h.count > 0 {
+                self.acc
+                    .entry((h.owner, h.owner_gen))
+                    .or_default()
+                    .add(&h, self.interval);
+            }
+        }
+        ctl.update(&next_key, &0u64.to_ne_bytes())
+    }
+
+    /// The histogram read so far of the flow (owner, gen).
+    pub fn get(&self, owner: u32, gen: u32) -> Option<&FineAcc> {
+        self.acc.get(&(owner, gen))
+    }
+
+    /// The current report interval (interval min/max belong to it).
+    pub fn interval(&self) -> u32 {
+        self.interval
+    }
+
+    /// A new report interval starts: interval min/max restart.
+    pub fn next_interval(&mut self) {
+        self.interval = self.interval.wrapping_add(1);
+    }
+
+    /// Forget a flow (its slot given back).
+    pub fn forget(&mut self, owner: u32, gen: u32) {
+        self.acc.remove(&(owner, gen));
+    }
+
+    /// Keep only the flows in `live` (after a whole-table read: the others
+    /// were evicted or given back, and their histograms are not asked for again).
+    pub fn retain(&mut self, live: &HashSet<(u32, u32)>) {
+        self.acc.retain(|k, _| live.contains(k));
+    }
+
+}
+
+/// A shared read-write mapping of an mmapable array map, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is memory shared with the kernel, reached only through
+// `&mut self` methods of its single owner.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Mapping> {
+        // SAFETY: a new shared mapping of the map's fd; the kernel checks the
+        // length against the map's size and the map's BPF_F_MMAPABLE flag.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// Bytes [off, off + len) of the mapping (panics outside it).
+    fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.len, "pool entry outside the mapping");
+        // SAFETY: inside the mapping (checked); the programs do not write
+        // the finished generation's half any more (GRACE), and `&mut self`
+        // keeps this the only reference from userspace.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(owner: u32, samples: &[u32]) -> FineHist {
+        let mut h: FineHist = crate::bpf::zeroed();
+        h.owner = owner;
+        for &s in samples {
+            if h.count == 0 || s < h.min_us {
+                h.min_us = s;
+            }
+            h.max_us = h.max_us.max(s);
+            h.count += 1;
+            h.sum_us += s as u64;
+            h.hist[crate::analysis::hist::bucket_of(s)] += 1;
+        }
+        h
+    }
+
+    #[test]
+    fn generations_add_up_to_the_same_histogram_as_one() {
+        let (a, b) = ([40, 41, 5000, 40], [39, 70_000, 41]);
+        let mut acc = FineAcc::default();
+        acc.add(&entry(1, &a), 0);
+        assert_eq!(acc.interval_range(0), Some((40, 5000)));
+        acc.add(&entry(1, &b), 1);
+        let all: Vec<u32> = a.iter().chain(&b).copied().collect();
+        let one = entry(1, &all);
+        assert_eq!(&acc.dense()[..], &one.hist[..]);
+        assert_eq!((acc.count, acc.sum_us), (7, one.sum_us));
+        assert_eq!(acc.range(), (Some(39), Some(70_000)));
+        // interval 1 saw only b
+        assert_eq!(acc.interval_range(1), Some((39, 70_000)));
+        assert_eq!(acc.interval_range(0), None);
+        acc.add(&entry(1, &[]), 2);
+        assert_eq!(acc.count, 7);
+    }
+
+    #[test]
+    fn pool_sizes() {
+        assert_eq!(pool_entries(16384), 1024);
+        assert_eq!(pool_entries(64), 64);
+        assert_eq!(pool_entries(1000), 256);
+        assert_eq!(pool_entries(131072), 8192);
+        // 1,024 x 2 x 5,152 bytes: 10.1 MiB per view at the default
+        assert_eq!(pool_bytes(1024), 10_551_296);
+    }
+}
