@@ -84,7 +84,8 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TCP_RAW_DROPS,         /* raw events dropped: ring buffer full */
 	RTTSCOPE_TCP_NO_SOCK,           /* callback without a full socket */
 	RTTSCOPE_TCP_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
-	RTTSCOPE_TCP_NOT_BINNED,        /* samples not in a fine histogram: the pool generation's half was used up */
+	RTTSCOPE_TCP_NOT_BINNED,        /* samples in no histogram: pool half used up and overflow ring full */
+	RTTSCOPE_TCP_POOL_OVERFLOW,     /* samples sent through the overflow ring (pool half used up) */
 	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
@@ -113,8 +114,8 @@ struct rttscope_rtt_agg {
 	__u32 last_rtt_us;
 	__u32 pool_tag;     /* pool generation + 1 that pool_idx belongs to (0: none yet) */
 	__u32 pool_idx;     /* the flow's fine histogram in that generation's half;
-	                     * RTTSCOPE_POOL_NONE: that half was used up (samples counted, not binned) */
-	__u32 reserved;
+	                     * RTTSCOPE_POOL_NONE: that half was used up (samples go to the overflow ring) */
+	__u32 reserved;     /* TCP: pool generation + 1 the connection closed in (0: open) */
 };
 
 /* The fine-histogram pool (one per view; docs/metrics.md "Kernel memory").
@@ -135,6 +136,17 @@ enum rttscope_pool_consts {
 	RTTSCOPE_POOL_CTL_GEN = 0,   /* pool control array: [0] generation (userspace writes), */
 	RTTSCOPE_POOL_CTL_NEXT = 1,  /* [1 + half]: entries taken in that half (programs add) */
 	RTTSCOPE_POOL_CTL_ENTRIES = 3,
+};
+
+/* A sample of a flow that found its pool half used up: sent through the
+ * view's overflow ring buffer instead, and added to the flow's histogram by
+ * userspace when it reads that generation (so nothing is less precise; only
+ * a full ring loses the sample for the histogram: `samples_not_binned`). */
+struct rttscope_fine_overflow {
+	__u32 owner;
+	__u32 owner_gen;
+	__u32 pool_gen;     /* the generation the sample belongs to */
+	__u32 rtt_us;
 };
 
 struct rttscope_fine_hist {
@@ -216,6 +228,7 @@ struct rttscope_event {
 _Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40, "rtt aggregate layout");
 _Static_assert(sizeof(struct rttscope_fine_hist) == 32 + 4 * RTTSCOPE_HIST_BUCKETS, "fine histogram layout");
+_Static_assert(sizeof(struct rttscope_fine_overflow) == 16, "fine overflow record layout");
 _Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
@@ -264,7 +277,8 @@ static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rt
  * (TCP: the socket lock; sampler: the way's lock). Inlined: the map
  * arguments are constants to the verifier. */
 static __inline __attribute__((always_inline)) struct rttscope_fine_hist *
-rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg *a, __u32 owner, __u32 owner_gen)
+rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg *a, __u32 owner, __u32 owner_gen,
+		  __u32 *genp)
 {
 	struct rttscope_fine_hist *h;
 	__u32 k = RTTSCOPE_POOL_CTL_GEN, gen, half, idx;
@@ -274,6 +288,7 @@ rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg 
 	if (!g)
 		return (void *)0;
 	gen = (__u32)*g;
+	*genp = gen;
 	half = gen & 1;
 	if (a->pool_tag == gen + 1) {
 		idx = a->pool_idx;
@@ -301,6 +316,21 @@ rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg 
 		h->owner_gen = owner_gen;
 	}
 	return h;
+}
+
+/* A sample that got no fine histogram (the generation's half is used up):
+ * into the overflow ring. 0 when sent; else not binned (the ring is full). */
+static __inline __attribute__((always_inline)) int rttscope_fine_overflow(void *ring, __u32 owner, __u32 owner_gen,
+									 __u32 gen, __u32 rtt)
+{
+	struct rttscope_fine_overflow r = {
+		.owner = owner,
+		.owner_gen = owner_gen,
+		.pool_gen = gen,
+		.rtt_us = rtt,
+	};
+
+	return bpf_ringbuf_output(ring, &r, sizeof(r), BPF_RB_NO_WAKEUP) ? -1 : 0;
 }
 #endif
 
@@ -417,7 +447,8 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_ICMP_NOT_HOST,     /* ingress ICMP echo to another host's MAC (PACKET_OTHERHOST): the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_BAD_CSUM,     /* ingress ICMPv4 echo with a bad IPv4 header or ICMP checksum: the stack drops it */
 	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress ICMPv4 echo longer than 2047 bytes or not linear: checksum not checked, not timed */
-	RTTSCOPE_SAMPLER_NOT_BINNED,        /* samples not in a fine histogram: the pool generation's half was used up */
+	RTTSCOPE_SAMPLER_NOT_BINNED,        /* samples in no histogram: pool half used up and overflow ring full */
+	RTTSCOPE_SAMPLER_POOL_OVERFLOW,     /* samples sent through the overflow ring (pool half used up) */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
 };
 

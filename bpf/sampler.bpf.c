@@ -147,6 +147,12 @@ struct {
 	__type(value, __u64);
 } sampler_pool_ctl SEC(".maps");
 
+/* Samples of flows that found their pool half used up (rttscope_fine_overflow). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 19);
+} sampler_pool_overflow SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
@@ -641,10 +647,13 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 {
 	struct rttscope_sampler_flow *f = &e->flow;
 	struct rttscope_fine_hist *h;
+	__u32 gen = 0;
 
-	h = rttscope_fine_get(&sampler_pool, &sampler_pool_ctl, cfg_pool_entries, &f->agg, e->way, (__u32)g);
+	h = rttscope_fine_get(&sampler_pool, &sampler_pool_ctl, cfg_pool_entries, &f->agg, e->way, (__u32)g, &gen);
 	if (!h)
-		count(RTTSCOPE_SAMPLER_NOT_BINNED);
+		count(rttscope_fine_overflow(&sampler_pool_overflow, e->way, (__u32)g, gen, rtt)
+			      ? RTTSCOPE_SAMPLER_NOT_BINNED
+			      : RTTSCOPE_SAMPLER_POOL_OVERFLOW);
 	rttscope_agg_add(&f->agg, h, rtt);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;

@@ -70,6 +70,7 @@ __u64 slots_hwm = 0;
 
 /* Make the ring-buffer record type and the enums reach the generated Rust types. */
 struct rttscope_event _event_type = {};
+struct rttscope_fine_overflow _fine_overflow_type = {};
 enum rttscope_tcp_counter _tcp_counter_type = 0;
 enum rttscope_consts _consts_type = 0;
 enum rttscope_side _side_type = 0;
@@ -105,6 +106,12 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } tcp_pool_ctl SEC(".maps");
+
+/* Samples of flows that found their pool half used up (rttscope_fine_overflow). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 19);
+} tcp_pool_overflow SEC(".maps");
 
 /* Slots of tcp_flows given back by userspace, reused before fresh ones (so
  * the taken ones stay packed below slots_hwm). */
@@ -436,11 +443,13 @@ static __always_inline void set_hint(__u64 *hint, struct rttscope_tcp_flow *f, _
 static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 slot, __u32 rtt, __u32 srtt)
 {
 	struct rttscope_fine_hist *h;
+	__u32 gen = 0;
 	__u64 now;
 
-	h = rttscope_fine_get(&tcp_pool, &tcp_pool_ctl, cfg_pool_entries, &f->agg, slot, f->gen);
+	h = rttscope_fine_get(&tcp_pool, &tcp_pool_ctl, cfg_pool_entries, &f->agg, slot, f->gen, &gen);
 	if (!h)
-		count(RTTSCOPE_TCP_NOT_BINNED);
+		count(rttscope_fine_overflow(&tcp_pool_overflow, slot, f->gen, gen, rtt) ? RTTSCOPE_TCP_NOT_BINNED
+											: RTTSCOPE_TCP_POOL_OVERFLOW);
 	rttscope_agg_add(&f->agg, h, rtt);
 	f->srtt_us = srtt;
 	count(RTTSCOPE_TCP_SAMPLES);
@@ -587,6 +596,12 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 			break;
 		f->state = (__u8)skops->args[1];
 		if (skops->args[1] == TCP_CLOSE) {
+			__u32 k = RTTSCOPE_POOL_CTL_GEN;
+			__u64 *g = bpf_map_lookup_elem(&tcp_pool_ctl, &k);
+
+			/* the pool generation it closed in: userspace reports it
+			 * closed once that generation was read (all its samples) */
+			f->agg.reserved = g ? (__u32)*g + 1 : 0;
 			f->flags |= RTTSCOPE_FLOW_CLOSED;
 			count(RTTSCOPE_TCP_CLOSED);
 			if (cfg_raw)

@@ -495,10 +495,14 @@ fn manifests_render_and_use_the_recipe_image() {
     let per_flow = (std::mem::size_of::<rttscope::bpf::TcpFlow>()
         + std::mem::size_of::<rttscope::bpf::sampler::types::rttscope_sampler_entry>())
         as u64;
-    let kernel_mib = flows * per_flow / (1 << 20);
+    // each view's fine-histogram pool (the sampler's sized by its table: a power of two)
+    use rttscope::views::fine::{pool_bytes, pool_entries};
+    let table = (flows as u32).next_power_of_two();
+    let pools = pool_bytes(pool_entries(flows as u32)) + pool_bytes(pool_entries(table));
+    let kernel_mib = (flows * per_flow + pools) / (1 << 20);
     // The observer's RSS at 16384 flows stays under 40 MB (docs/PERFORMANCE.md); 64 MiB of room.
     assert!(
         kernel_mib + 64 <= limit_mib,
-        "max_flows {flows} x {per_flow} B = {kernel_mib} MiB of flow tables + 64 MiB for the observer exceed the {limit_mib}Mi memory limit"
+        "max_flows {flows} x {per_flow} B + {pools} B of histogram pools = {kernel_mib} MiB of kernel maps + 64 MiB for the observer exceed the {limit_mib}Mi memory limit"
     );
 }

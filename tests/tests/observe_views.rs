@@ -569,3 +569,71 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
         }
     }
 }
+
+/// Kernel memory of the maps of a process, from /proc/PID/fdinfo (what
+/// `bpftool map show` prints as memlock): (total bytes, one line per map).
+fn maps_memlock(pid: u32) -> (u64, Vec<String>) {
+    let mut seen = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        if let (Some(id), Some(mem)) = (field("map_id:"), field("memlock:")) {
+            let desc = format!(
+                "map {id}: type {} value {} B x {} entries: {mem} B",
+                field("map_type:").unwrap_or_default(),
+                field("value_size:").unwrap_or_default(),
+                field("max_entries:").unwrap_or_default()
+            );
+            seen.insert(id, (mem.parse::<u64>().unwrap_or(0), desc));
+        }
+    }
+    let total = seen.values().map(|v| v.0).sum();
+    (total, seen.into_values().map(|v| v.1).collect())
+}
+
+/// Issue 28.1: one `observe --view tcp,sampler` at its defaults (16,384
+/// flows per view) holds at most 32 MiB of kernel maps (168 MiB when each
+/// flow had its own 5 KiB histogram), and a flow entry is at most 1 KiB.
+#[test]
+fn both_views_at_their_defaults_hold_at_most_32_mib_of_kernel_maps() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let ia = format!("{}:{}", p.a.name, p.a_if);
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args(["observe", "--view", "tcp,sampler", "--netns", &p.a.name])
+        .args(["--iface", &ia, "--duration", "20s", "--format", "json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut obs = ChildGuard(Some(cmd.spawn().unwrap()));
+    let pid = obs.pid();
+    // the start record is written once everything is attached
+    let mut out = std::io::BufReader::new(obs.0.as_mut().unwrap().stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut out, &mut first).unwrap();
+    assert!(first.contains("\"start\""), "no start record: {first:?}");
+    let (total, maps) = maps_memlock(pid);
+    let mib = total as f64 / (1 << 20) as f64;
+    println!("kernel maps: {mib:.2} MiB\n{}", maps.join("\n"));
+    assert!(
+        total <= 32 << 20,
+        "kernel maps of observe --view tcp,sampler at the defaults: {mib:.2} MiB > 32 MiB:\n{}",
+        maps.join("\n")
+    );
+    let tcp = std::mem::size_of::<rttscope::bpf::TcpFlow>();
+    let way = std::mem::size_of::<rttscope::bpf::sampler::types::rttscope_sampler_entry>();
+    assert!(
+        tcp <= 1024 && way <= 1024,
+        "flow entries: TCP {tcp} B, sampler {way} B"
+    );
+}

@@ -37,7 +37,8 @@ pub use sampler::types::{
 };
 
 pub use tcp::types::{
-    rttscope_event as Event, rttscope_fine_hist as FineHist, rttscope_flow_key as FlowKey,
+    rttscope_event as Event, rttscope_fine_hist as FineHist,
+    rttscope_fine_overflow as FineOverflow, rttscope_flow_key as FlowKey,
     rttscope_tcp_flow as TcpFlow,
 };
 
@@ -66,6 +67,7 @@ const _: () = assert!(std::mem::size_of::<Event>() == 72);
 unsafe impl plain::Plain for FlowKey {}
 unsafe impl plain::Plain for TcpFlow {}
 unsafe impl plain::Plain for FineHist {}
+unsafe impl plain::Plain for FineOverflow {}
 unsafe impl plain::Plain for Event {}
 unsafe impl plain::Plain for SamplerFlow {}
 unsafe impl plain::Plain for SamplerPending {}

@@ -16,14 +16,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::bpf::{consts, FineHist};
+use crate::bpf::{consts, FineHist, FineOverflow};
 use crate::views::loader::Object;
+use crate::views::RingSource;
 
 /// How long programs that read the old generation may still be adding to
 /// it after the switch. BPF programs at tc and sock_ops run to completion
 /// with preemption off (non-RT kernels) in microseconds; a millisecond is
 /// three orders of magnitude of margin.
-const GRACE: Duration = Duration::from_millis(1);
+const GRACE: Duration = Duration::from_millis(5);
 
 /// Fine histograms per half of a view's pool for a table of `flows`
 /// entries: every flow when the table is small (up to 256), else one in
@@ -65,7 +66,10 @@ impl FineAcc {
             self.min_us = h.min_us;
         }
         self.max_us = self.max_us.max(h.max_us);
-        if self.count == 0 || self.interval != interval || self.interval_min_us > self.interval_max_us {
+        if self.count == 0
+            || self.interval != interval
+            || self.interval_min_us > self.interval_max_us
+        {
             (self.interval, self.interval_min_us, self.interval_max_us) = (interval, u32::MAX, 0);
         }
         self.interval_min_us = self.interval_min_us.min(h.min_us);
@@ -73,6 +77,14 @@ impl FineAcc {
         self.count += h.count;
         self.sum_us += h.sum_us;
         merge_dense(&mut self.buckets, &h.hist);
+    }
+
+    /// Add one sample that came through the overflow ring.
+    fn add_one(&mut self, rtt: u32, interval: u32) {
+        let mut h: FineHist = crate::bpf::zeroed();
+        (h.count, h.sum_us, h.min_us, h.max_us) = (1, rtt as u64, rtt, rtt);
+        h.hist[crate::analysis::hist::bucket_of(rtt)] = 1;
+        self.add(&h, interval);
     }
 
     /// The cumulative counts as the kernel's array layout.
@@ -124,26 +136,43 @@ pub struct FinePool {
     ctl: &'static str,
     entries: u32,
     mem: Mapping,
+    /// Samples of flows that found their half used up (`*_pool_overflow`).
+    overflow: Box<dyn RingSource>,
+    /// Overflow records of the generation after the one read (written
+    /// between the switch and the read): added at the next read.
+    early: Vec<FineOverflow>,
     gen: u64,
     interval: u32,
     acc: HashMap<(u32, u32), FineAcc>,
 }
 
 impl FinePool {
-    /// Map the pool `pool` (2 x `entries` entries) of `obj`; `ctl` is its control array.
-    pub(crate) fn new(
-        obj: &dyn Object,
-        pool: &'static str,
-        ctl: &'static str,
-        entries: u32,
-    ) -> Result<FinePool> {
+    /// Map the pool `{prefix}_pool` (2 x `entries` entries) of `obj`, with its
+    /// control array `{prefix}_pool_ctl` and overflow ring `{prefix}_pool_overflow`.
+    pub(crate) fn new(obj: &mut dyn Object, prefix: &str, entries: u32) -> Result<FinePool> {
+        let name = |s: &str| -> &'static str {
+            match (prefix, s) {
+                ("tcp", "pool") => "tcp_pool",
+                ("tcp", "ctl") => "tcp_pool_ctl",
+                ("tcp", _) => "tcp_pool_overflow",
+                (_, "pool") => "sampler_pool",
+                (_, "ctl") => "sampler_pool_ctl",
+                _ => "sampler_pool_overflow",
+            }
+        };
         let len = pool_bytes(entries) as usize;
-        let mem = Mapping::new(obj.map_fd(pool)?, len)
-            .with_context(|| format!("mapping the fine-histogram pool {pool} ({len} bytes)"))?;
+        let mem = Mapping::new(obj.map_fd(name("pool"))?, len).with_context(|| {
+            format!(
+                "mapping the fine-histogram pool {} ({len} bytes)",
+                name("pool")
+            )
+        })?;
         Ok(FinePool {
-            ctl,
+            ctl: name("ctl"),
             entries,
             mem,
+            overflow: obj.ring(name("overflow"))?,
+            early: Vec::new(),
             gen: 0,
             interval: 0,
             acc: HashMap::new(),
@@ -178,12 +207,43 @@ impl FinePool {
                     .add(&h, self.interval);
             }
         }
-        ctl.update(&next_key, &0u64.to_ne_bytes())
+        ctl.update(&next_key, &0u64.to_ne_bytes())?;
+        self.drain_overflow(old as u32)
+    }
+
+    /// The overflow ring's records of generation `gen` (and older) into the
+    /// flows' histograms; those of the next one are kept for the next read.
+    fn drain_overflow(&mut self, gen: u32) -> Result<()> {
+        let mut now = std::mem::take(&mut self.early);
+        let mut later = Vec::new();
+        self.overflow.drain(&mut |b| {
+            if let Ok(r) = crate::bpf::decode::<FineOverflow>(b) {
+                if r.pool_gen.wrapping_sub(gen) as i32 > 0 {
+                    later.push(r);
+                } else {
+                    now.push(r);
+                }
+            }
+        })?;
+        for r in now {
+            self.acc
+                .entry((r.owner, r.owner_gen))
+                .or_default()
+                .add_one(r.rtt_us, self.interval);
+        }
+        self.early = later;
+        Ok(())
     }
 
     /// The histogram read so far of the flow (owner, gen).
     pub fn get(&self, owner: u32, gen: u32) -> Option<&FineAcc> {
         self.acc.get(&(owner, gen))
+    }
+
+    /// The generation the programs write now: everything of the earlier
+    /// ones was read.
+    pub fn generation(&self) -> u64 {
+        self.gen
     }
 
     /// The current report interval (interval min/max belong to it).
@@ -206,7 +266,6 @@ impl FinePool {
     pub fn retain(&mut self, live: &HashSet<(u32, u32)>) {
         self.acc.retain(|k, _| live.contains(k));
     }
-
 }
 
 /// A shared read-write mapping of an mmapable array map, unmapped on drop.

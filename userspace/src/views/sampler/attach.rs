@@ -122,14 +122,9 @@ impl Sampler {
         }
         let seed = hash_seed();
         let copies = resolved.iter().map(|r| settings(&cfg, seed, r)).collect();
-        let objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
+        let mut objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
         let entries = pool_entries(cfg.table_entries());
-        let fine = FinePool::new(
-            objs[0].as_ref(),
-            "sampler_pool",
-            "sampler_pool_ctl",
-            entries,
-        )?;
+        let fine = FinePool::new(objs[0].as_mut(), "sampler", entries)?;
         let mut attached = Attachments::default();
         let mut info = Vec::new();
         for (obj, r) in objs.iter().zip(&resolved) {

@@ -77,11 +77,12 @@ pub const CLSACT_PRIORITY: u32 = 0x7273;
 pub const PROG_EGRESS: &str = "rtt_sampler_egr";
 pub const PROG_INGRESS: &str = "rtt_sampler_ing";
 /// The maps every copy of the object shares (the first copy creates them).
-pub(crate) const SHARED_MAPS: [&str; 5] = [
+pub(crate) const SHARED_MAPS: [&str; 6] = [
     "sampler_table",
     "sampler_counters",
     "sampler_pool",
     "sampler_pool_ctl",
+    "sampler_pool_overflow",
     "sampler_events",
 ];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
@@ -462,6 +463,7 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("icmp_bad_checksum", C::RTTSCOPE_SAMPLER_ICMP_BAD_CSUM),
     ("icmp_unverified", C::RTTSCOPE_SAMPLER_ICMP_UNVERIFIED),
     ("samples_not_binned", C::RTTSCOPE_SAMPLER_NOT_BINNED),
+    ("samples_pool_overflow", C::RTTSCOPE_SAMPLER_POOL_OVERFLOW),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 

@@ -126,12 +126,7 @@ impl Tcp {
         .context("the TCP view's object was not loaded")?;
         let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
         fill_filters(obj.as_ref(), cfg)?;
-        let fine = FinePool::new(
-            obj.as_ref(),
-            "tcp_pool",
-            "tcp_pool_ctl",
-            pool_entries(max_flows),
-        )?;
+        let fine = FinePool::new(obj.as_mut(), "tcp", pool_entries(max_flows))?;
         obj.attach_cgroup(SOCKOPS, cg.as_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
         let mut view = Tcp {

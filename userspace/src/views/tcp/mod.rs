@@ -312,6 +312,7 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_NO_SOCK, "no_socket"),
     (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
     (C::RTTSCOPE_TCP_NOT_BINNED, "samples_not_binned"),
+    (C::RTTSCOPE_TCP_POOL_OVERFLOW, "samples_pool_overflow"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -393,7 +394,10 @@ pub fn decode_flow(
         side,
         origin: origin_name(val.origin),
         state: val.state,
-        closed: val.flags & FLOW_CLOSED != 0,
+        // closed in a generation already read: all its samples are in
+        // (else it is reported closed at the next read)
+        closed: val.flags & FLOW_CLOSED != 0
+            && (agg.reserved as u64) <= fine.generation() % (1 << 32),
         srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
         counts: acc.map_or_else(|| Box::new([]) as Box<[u32]>, |a| a.dense()),
