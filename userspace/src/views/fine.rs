@@ -81,10 +81,25 @@ impl FineAcc {
 
     /// Add one sample that came through the overflow ring.
     fn add_one(&mut self, rtt: u32, interval: u32) {
-        let mut h: FineHist = crate::bpf::zeroed();
-        (h.count, h.sum_us, h.min_us, h.max_us) = (1, rtt as u64, rtt, rtt);
-        h.hist[crate::analysis::hist::bucket_of(rtt)] = 1;
-        self.add(&h, interval);
+        if self.count == 0 || rtt < self.min_us {
+            self.min_us = rtt;
+        }
+        self.max_us = self.max_us.max(rtt);
+        if self.count == 0
+            || self.interval != interval
+            || self.interval_min_us > self.interval_max_us
+        {
+            (self.interval, self.interval_min_us, self.interval_max_us) = (interval, u32::MAX, 0);
+        }
+        self.interval_min_us = self.interval_min_us.min(rtt);
+        self.interval_max_us = self.interval_max_us.max(rtt);
+        self.count += 1;
+        self.sum_us += rtt as u64;
+        let b = crate::analysis::hist::bucket_of(rtt) as u16;
+        match self.buckets.binary_search_by_key(&b, |x| x.0) {
+            Ok(j) => self.buckets[j].1 = self.buckets[j].1.saturating_add(1),
+            Err(j) => self.buckets.insert(j, (b, 1)),
+        }
     }
 
     /// The cumulative counts as the kernel's array layout.
@@ -208,7 +223,14 @@ impl FinePool {
             }
         }
         ctl.update(&next_key, &0u64.to_ne_bytes())?;
-        self.drain_overflow(old as u32)
+        let r = self.drain_overflow(old as u32);
+        tracing::debug!(
+            "{}: generation {old} read: {n} of {taken} entries, {} overflow records kept for the next, {} flows",
+            self.ctl,
+            self.early.len(),
+            self.acc.len()
+        );
+        r
     }
 
     /// The overflow ring's records of generation `gen` (and older) into the
@@ -225,6 +247,11 @@ impl FinePool {
                 }
             }
         })?;
+        tracing::debug!(
+            "{}: {} overflow records of generation {gen}",
+            self.ctl,
+            now.len()
+        );
         for r in now {
             self.acc
                 .entry((r.owner, r.owner_gen))
@@ -355,6 +382,14 @@ mod tests {
         assert_eq!(acc.interval_range(0), None);
         acc.add(&entry(1, &[]), 2);
         assert_eq!(acc.count, 7);
+        // one at a time (the overflow ring) is the same as a whole entry
+        let mut one_by_one = FineAcc::default();
+        for &v in &all {
+            one_by_one.add_one(v, 1);
+        }
+        assert_eq!(&one_by_one.dense()[..], &one.hist[..]);
+        assert_eq!((one_by_one.count, one_by_one.sum_us), (7, one.sum_us));
+        assert_eq!(one_by_one.range(), acc.range());
     }
 
     #[test]
