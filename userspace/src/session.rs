@@ -95,6 +95,8 @@ pub struct Session {
     watch: Watch,
     /// Socket cgroups to owners (`--label-workload`).
     workloads: Option<CgroupIndex>,
+    /// Each view's `samples_not_binned` when last said (TCP, sampler).
+    not_binned: [u64; 2],
 }
 
 /// The observed namespaces (`--netns`, `--iface NETNS:DEV`) and interfaces,
@@ -307,6 +309,7 @@ impl Session {
             sampler_sides,
             keep_rows: cfg.keep_rows,
             workloads: cfg.workloads.then(workload_index),
+            not_binned: [0; 2],
         })
     }
 
@@ -314,7 +317,49 @@ impl Session {
     /// disappeared since the last call, one notice each (counted in the
     /// TCP view's `netns_vanished`, the sampler's `ifaces_vanished`).
     pub fn check_vanished(&mut self) -> Vec<String> {
-        self.watch.check()
+        let mut notices = self.watch.check();
+        notices.extend(self.not_binned_notices());
+        notices
+    }
+
+    /// Samples a view left out of its histograms since the last call (more
+    /// flows with samples in one read than its fine-histogram pool and
+    /// overflow ring hold: `samples_not_binned`), one notice per view.
+    fn not_binned_notices(&mut self) -> Vec<String> {
+        let now = [
+            self.tcp
+                .as_ref()
+                .map_or(0, |v| v.counter(C::RTTSCOPE_TCP_NOT_BINNED)),
+            self.sampler
+                .as_ref()
+                .and_then(|s| s.counters().ok())
+                .and_then(|c| c.get("samples_not_binned").copied())
+                .unwrap_or(0),
+        ];
+        let mut out = Vec::new();
+        for (i, view) in ["tcp", "sampler"].into_iter().enumerate() {
+            let new = now[i].saturating_sub(self.not_binned[i]);
+            if new > 0 {
+                out.push(format!(
+                    "{new} samples of the {view} view were left out of its histograms (counted in samples_not_binned): more flows had samples between two reads than its fine-histogram pool and overflow ring hold (docs/metrics.md, \"Kernel memory\"); a shorter --interval or a larger --max-flows holds more"
+                ));
+            }
+        }
+        self.not_binned = now;
+        out
+    }
+
+    /// Between reports: fold each view's fine-histogram pool in when its
+    /// current half is half taken (busy hosts, long intervals), so that the
+    /// pool and its overflow ring hold the samples until the report.
+    pub fn drain_pools_if_due(&mut self) -> Result<()> {
+        if let Some(v) = self.tcp.as_ref() {
+            v.drain_pool_if_busy()?;
+        }
+        if let Some(s) = self.sampler.as_mut() {
+            s.drain_pool_if_busy()?;
+        }
+        Ok(())
     }
 
     /// Between reports: when the TCP view's table is filling up, read the

@@ -28,11 +28,11 @@ const GRACE: Duration = Duration::from_millis(5);
 
 /// Fine histograms per half of a view's pool for a table of `flows`
 /// entries: every flow when the table is small (up to 256), else one in
-/// 16 (1,024 at the default 16,384), so that kernel memory stays ~1 KiB per
-/// tracked flow. More flows with samples in one read interval than this:
-/// their samples are counted as not binned (`samples_not_binned`).
+/// 16 (1,024 at the default 16,384), at most 4,096 (40 MiB a view), so that
+/// kernel memory stays under ~1 KiB per tracked flow. The samples of more
+/// flows with samples between two reads go through the overflow ring.
 pub fn pool_entries(flows: u32) -> u32 {
-    flows.min((flows / 16).max(256)).max(1)
+    flows.min((flows / 16).clamp(256, 4096)).max(1)
 }
 
 /// Bytes of kernel memory of one view's pool of `entries` per half.
@@ -233,6 +233,22 @@ impl FinePool {
         r
     }
 
+    /// Drain (see `drain`) when the current generation's half is at least
+    /// half taken. Returns whether it did.
+    pub(crate) fn drain_if_busy(&mut self, obj: &dyn Object) -> Result<bool> {
+        let key = (consts::POOL_CTL_NEXT + (self.gen & 1) as u32).to_ne_bytes();
+        let taken = obj
+            .map(self.ctl)?
+            .lookup(&key)?
+            .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+            .unwrap_or(0);
+        if taken < (self.entries as u64).div_ceil(2) {
+            return Ok(false);
+        }
+        self.drain(obj)?;
+        Ok(true)
+    }
+
     /// The overflow ring's records of generation `gen` (and older) into the
     /// flows' histograms; those of the next one are kept for the next read.
     fn drain_overflow(&mut self, gen: u32) -> Result<()> {
@@ -397,7 +413,8 @@ mod tests {
         assert_eq!(pool_entries(16384), 1024);
         assert_eq!(pool_entries(64), 64);
         assert_eq!(pool_entries(1000), 256);
-        assert_eq!(pool_entries(131072), 8192);
+        assert_eq!(pool_entries(131072), 4096);
+        assert_eq!(pool_entries(100_000), 4096);
         // 1,024 x 2 x 5,152 bytes: 10.1 MiB per view at the default
         assert_eq!(pool_bytes(1024), 10_551_296);
     }

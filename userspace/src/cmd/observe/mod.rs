@@ -251,7 +251,7 @@ async fn run_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let has_tcp = session.tcp.is_some();
+    let has_views = session.tcp.is_some() || session.sampler.is_some();
     loop {
         let until_deadline = async {
             match deadline {
@@ -285,9 +285,10 @@ async fn run_loop(
                 flush_raw(&raw.lines, &std::io::stdout())?;
                 continue;
             }
-            _ = reclaim_tick.tick(), if has_tcp => {
+            _ = reclaim_tick.tick(), if has_views => {
                 let mut sinks = report.sinks(daemon.as_deref_mut());
                 session.reclaim_if_due(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?;
+                session.drain_pools_if_due()?;
                 continue;
             }
             _ = until_deadline => true,

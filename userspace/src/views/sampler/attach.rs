@@ -308,6 +308,10 @@ impl SamplerView for Sampler {
         &self.info
     }
 
+    fn drain_pool_if_busy(&mut self) -> Result<()> {
+        self.fine.drain_if_busy(self.objs[0].as_ref()).map(drop)
+    }
+
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
         let first = self.objs[0].as_ref();
         self.fine.drain(first)?;

@@ -348,6 +348,7 @@ pub struct SamplerFlowStats {
     pub iface: String,
     /// Cumulative histogram since the flow was first sampled.
     pub hist: Hist,
+    /// Samples in `hist` (read from the pool so far; the kernel's count may be ahead).
     pub samples: u64,
     pub last_rtt_us: u32,
     /// Min/max of samples since the previous `read_flows()` (None: no sample in it).
@@ -587,6 +588,9 @@ pub(crate) fn flow_stats(
     let a = &f.agg;
     let (min, max) = acc.map_or((None, None), |h| h.range());
     let window = acc.and_then(|h| h.interval_range(interval));
+    // the samples read so far (those since the last read are counted with
+    // the next one: the histogram and its count stay one)
+    let read = acc.map_or(0, |h| h.count);
     let iface = info
         .iter()
         .find(|i| i.ifindex == f.ifindex && i.netns_inode == key.netns)
@@ -601,7 +605,7 @@ pub(crate) fn flow_stats(
             Some(h) => Hist::from_counts(&h.dense()[..], h.sum_us, min, max),
             None => Hist::default(),
         },
-        samples: a.samples,
+        samples: read,
         last_rtt_us: a.last_rtt_us,
         interval_min_us: window.map(|w| w.0),
         interval_max_us: window.map(|w| w.1),
@@ -749,6 +753,9 @@ pub trait SamplerView: PassiveView {
     /// call (the kernel's per-flow window restarts when the epoch moves on):
     /// one entry per table way (`table_flows`; `merge_ways` for one per flow).
     fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
+    /// Between reads: fold the fine-histogram pool in if its current half
+    /// is half taken (`views::fine`).
+    fn drain_pool_if_busy(&mut self) -> Result<()>;
 }
 
 pub(crate) mod attach;
@@ -860,6 +867,7 @@ mod tests {
         let s = flow_stats(&info, &key, &f, acc, 7).unwrap();
         assert_eq!(s.iface, "veth0");
         assert_eq!(s.samples, 2);
+        assert_eq!(flow_stats(&info, &key, &f, None, 7).unwrap().samples, 0);
         assert_eq!(s.hist.count(), 2);
         assert_eq!((s.hist.min_us, s.hist.max_us), (Some(10), Some(30)));
         assert_eq!(s.interval_max_us, Some(30));

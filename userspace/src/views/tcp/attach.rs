@@ -275,6 +275,10 @@ impl TcpView for Tcp {
         self.fine_pool().next_interval();
     }
 
+    fn drain_pool_if_busy(&self) -> Result<()> {
+        self.fine_pool().drain_if_busy(self.obj.as_ref()).map(drop)
+    }
+
     /// Fold the pool's finished generation into the flows' histograms, then
     /// read every flow entry (batched: a few syscalls for thousands of
     /// flows), handing each to `f` without keeping them all in memory.

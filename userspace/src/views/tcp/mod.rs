@@ -38,6 +38,9 @@ pub trait TcpView: PassiveView {
     fn epoch(&self) -> u32;
     /// Start a new report interval: flows' win_min/win_max restart.
     fn next_epoch(&mut self);
+    /// Between reads: fold the fine-histogram pool in if its current half
+    /// is half taken (`views::fine`).
+    fn drain_pool_if_busy(&self) -> Result<()>;
     /// Give a flow's slot back (after it was reported closed, or to evict
     /// it): `slot` and `gen` as read in its `TcpFlowState`.
     fn forget(&mut self, slot: u32, gen: u32) -> Result<()>;
