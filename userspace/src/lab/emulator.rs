@@ -395,17 +395,14 @@ fn thread_cpu_ns() -> u64 {
 
 /// The emulator loop: receive, schedule, release when due.
 fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Result<()> {
-    let mut heap: BinaryHeap<Held> = BinaryHeap::new();
-    let mut last_due = [Instant::now(); 2];
-    let mut counts = [0usize; 2];
-    let mut seq = 0u64;
-    let mut rng = rand::thread_rng();
+    let mut s = Schedule::new(queues, max_held);
     let mut batch: Vec<QueuedPacket> = Vec::with_capacity(1024);
     // Poll at least every 50 ms to notice `stop`.
     const IDLE: Duration = Duration::from_millis(50);
     while !sh.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
-        let timeout = heap
+        let timeout = s
+            .heap
             .peek()
             .map(|h| h.due.saturating_duration_since(now).min(IDLE))
             .unwrap_or(IDLE);
@@ -413,76 +410,9 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
             batch.clear();
             let bad = q.recv_packets(&mut batch)?;
             sh.bad.fetch_add(bad as u64, Ordering::Relaxed);
-            let now = Instant::now();
-            let wall_us = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0);
-            let cfg = *sh.cfg.lock().unwrap();
-            for p in &batch {
-                let Some(d) = queues.iter().position(|&x| x == p.queue) else {
-                    // Not one of ours (cannot happen: we bound only these).
-                    q.push_verdict(*p, NF_ACCEPT);
-                    continue;
-                };
-                let c = &sh.counters[d];
-                c.received.fetch_add(1, Ordering::Relaxed);
-                if counts[d] >= max_held {
-                    q.push_verdict(*p, NF_DROP);
-                    c.dropped_full.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                // Arrival: the kernel's queueing time when it sent one (so the
-                // wake-up latency of this thread is not added to the delay),
-                // else now. A stamp older than 100 ms or in the future is ignored.
-                let arrived = match p.tstamp_us.and_then(|t| wall_us.checked_sub(t)) {
-                    Some(age) if age <= 100_000 => {
-                        sh.stamped.fetch_add(1, Ordering::Relaxed);
-                        now - Duration::from_micros(age)
-                    }
-                    _ => now,
-                };
-                let DelayCfg { delay, jitter } = cfg[d];
-                let due = if jitter.is_zero() {
-                    // Keep order: never earlier than the previous release.
-                    (arrived + delay).max(last_due[d])
-                } else {
-                    let j = jitter.as_nanos() as i64;
-                    let off = rng.gen_range(-j..=j);
-                    let base = delay.as_nanos() as i64 + off;
-                    arrived + Duration::from_nanos(base.max(0) as u64)
-                };
-                last_due[d] = last_due[d].max(due);
-                counts[d] += 1;
-                seq += 1;
-                heap.push(Held {
-                    due,
-                    seq,
-                    pkt: (p.queue, p.id),
-                });
-                c.held.store(counts[d] as u64, Ordering::Relaxed);
-                c.max_held.fetch_max(counts[d] as u64, Ordering::Relaxed);
-            }
+            s.admit(&mut q, &batch, sh);
         }
-        let now = Instant::now();
-        let mut late = Vec::new();
-        while heap.peek().is_some_and(|h| h.due <= now) {
-            let h = heap.pop().unwrap();
-            let d = if h.pkt.0 == queues[0] { 0 } else { 1 };
-            q.push_verdict(
-                QueuedPacket {
-                    queue: h.pkt.0,
-                    id: h.pkt.1,
-                    tstamp_us: None,
-                },
-                NF_ACCEPT,
-            );
-            counts[d] -= 1;
-            let c = &sh.counters[d];
-            c.released.fetch_add(1, Ordering::Relaxed);
-            c.held.store(counts[d] as u64, Ordering::Relaxed);
-            late.push(now.duration_since(h.due).as_micros() as u64);
-        }
+        let late = s.release_due(&mut q, sh);
         q.flush_verdicts()?;
         sh.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         if !late.is_empty() {
@@ -493,7 +423,7 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
         }
     }
     // Stopping: release everything still held.
-    while let Some(h) = heap.pop() {
+    while let Some(h) = s.heap.pop() {
         q.push_verdict(
             QueuedPacket {
                 queue: h.pkt.0,
@@ -505,6 +435,118 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
     }
     q.flush_verdicts()?;
     Ok(())
+}
+
+/// The packets held by the emulator loop, by release time, and per direction
+/// how many are held and the latest release time given.
+struct Schedule {
+    queues: [u16; 2],
+    max_held: usize,
+    heap: BinaryHeap<Held>,
+    last_due: [Instant; 2],
+    counts: [usize; 2],
+    seq: u64,
+    rng: rand::rngs::ThreadRng,
+}
+
+impl Schedule {
+    fn new(queues: [u16; 2], max_held: usize) -> Schedule {
+        Schedule {
+            queues,
+            max_held,
+            heap: BinaryHeap::new(),
+            last_due: [Instant::now(); 2],
+            counts: [0usize; 2],
+            seq: 0,
+            rng: rand::thread_rng(),
+        }
+    }
+
+    /// Hold each packet of `batch` until its due time (dropped when its
+    /// direction already holds `max_held`).
+    fn admit(&mut self, q: &mut NfQueue, batch: &[QueuedPacket], sh: &Shared) {
+        let now = Instant::now();
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let cfg = *sh.cfg.lock().unwrap();
+        for p in batch {
+            let Some(d) = self.queues.iter().position(|&x| x == p.queue) else {
+                // Not one of ours (cannot happen: we bound only these).
+                q.push_verdict(*p, NF_ACCEPT);
+                continue;
+            };
+            let c = &sh.counters[d];
+            c.received.fetch_add(1, Ordering::Relaxed);
+            if self.counts[d] >= self.max_held {
+                q.push_verdict(*p, NF_DROP);
+                c.dropped_full.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            // Arrival: the kernel's queueing time when it sent one (so the
+            // wake-up latency of this thread is not added to the delay),
+            // else now. A stamp older than 100 ms or in the future is ignored.
+            let arrived = match p.tstamp_us.and_then(|t| wall_us.checked_sub(t)) {
+                Some(age) if age <= 100_000 => {
+                    sh.stamped.fetch_add(1, Ordering::Relaxed);
+                    now - Duration::from_micros(age)
+                }
+                _ => now,
+            };
+            let due = self.due(d, arrived, cfg[d]);
+            self.counts[d] += 1;
+            self.seq += 1;
+            self.heap.push(Held {
+                due,
+                seq: self.seq,
+                pkt: (p.queue, p.id),
+            });
+            c.held.store(self.counts[d] as u64, Ordering::Relaxed);
+            c.max_held
+                .fetch_max(self.counts[d] as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// When a packet of direction `d` that `arrived` is due.
+    fn due(&mut self, d: usize, arrived: Instant, cfg: DelayCfg) -> Instant {
+        let DelayCfg { delay, jitter } = cfg;
+        let due = if jitter.is_zero() {
+            // Keep order: never earlier than the previous release.
+            (arrived + delay).max(self.last_due[d])
+        } else {
+            let j = jitter.as_nanos() as i64;
+            let off = self.rng.gen_range(-j..=j);
+            let base = delay.as_nanos() as i64 + off;
+            arrived + Duration::from_nanos(base.max(0) as u64)
+        };
+        self.last_due[d] = self.last_due[d].max(due);
+        due
+    }
+
+    /// Release the packets that are due; returns how late each was (us).
+    fn release_due(&mut self, q: &mut NfQueue, sh: &Shared) -> Vec<u64> {
+        let now = Instant::now();
+        let mut late = Vec::new();
+        while self.heap.peek().is_some_and(|h| h.due <= now) {
+            let h = self.heap.pop().unwrap();
+            let d = if h.pkt.0 == self.queues[0] { 0 } else { 1 };
+            q.push_verdict(
+                QueuedPacket {
+                    queue: h.pkt.0,
+                    id: h.pkt.1,
+                    tstamp_us: None,
+                },
+                NF_ACCEPT,
+            );
+            self.counts[d] -= 1;
+            let c = &sh.counters[d];
+            c.released.fetch_add(1, Ordering::Relaxed);
+            c.held.store(self.counts[d] as u64, Ordering::Relaxed);
+            late.push(now.duration_since(h.due).as_micros() as u64);
+        }
+        late
+    }
 }
 
 /// The nftables ruleset for both directions: random loss, at priority -200
