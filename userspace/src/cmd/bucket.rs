@@ -588,8 +588,26 @@ fn point_report(
 /// The human text for one cloud point.
 pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
     use std::fmt::Write as _;
-    let unit = r.unit;
     let mut o = String::new();
+    write_cloud_series_line(&mut o, r);
+    write_cloud_value(&mut o, r, all_buckets);
+    let (t, notes) = lens_table(r);
+    indent(&mut o, &t);
+    for n in &notes {
+        let _ = writeln!(o, "    - {n}");
+    }
+    if r.local.is_empty() {
+        let _ = writeln!(
+            o,
+            "  (give --local RESULT_OR_OBSERVE_FILE to put local samples of the same window beside it)"
+        );
+    }
+    o
+}
+
+/// The point's series: metric, resource, kinds and unit.
+fn write_cloud_series_line(o: &mut String, r: &CloudPointReport) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         o,
         "cloud series {}: {} | resource {} | {} {} | unit {}{}",
@@ -606,13 +624,20 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
         } else {
             &r.value_type
         },
-        unit,
+        r.unit,
         if r.unit_given {
             ""
         } else {
             " (not in the file: assumed, the vm_flow/rtt metric's unit)"
         }
     );
+}
+
+/// The point's value: its distribution (with the layout and buckets), an
+/// already reduced value, or that it is empty.
+fn write_cloud_value(o: &mut String, r: &CloudPointReport, all_buckets: bool) {
+    use std::fmt::Write as _;
+    let unit = r.unit;
     let hidden = if r.earlier_cumulative_points > 0 {
         format!(
             " (CUMULATIVE: this last point holds the {} earlier ones)",
@@ -620,14 +645,6 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
         )
     } else {
         String::new()
-    };
-    let cells = |name: String, vals: &[Option<f64>], open: &[bool], method: String| {
-        let mut c = vec![name];
-        for (i, v) in vals.iter().enumerate() {
-            c.push(pct_cell(*v, open.get(i).copied().unwrap_or(false), unit));
-        }
-        c.push(method);
-        c
     };
     match (&r.distribution, r.value) {
         (Some(d), _) => {
@@ -651,7 +668,7 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
                 d.bucket_options.spec(),
                 d.bucket_options.num_buckets()
             );
-            write_buckets(&mut o, d, all_buckets);
+            write_buckets(o, d, all_buckets);
         }
         (None, Some(v)) => {
             let _ = writeln!(
@@ -668,18 +685,41 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
             );
         }
     }
+}
+
+/// One row of the lens table: a name, a cell per percentile, the method.
+fn lens_row(
+    name: String,
+    vals: &[Option<f64>],
+    open: &[bool],
+    method: String,
+    unit: ValueUnit,
+) -> Vec<String> {
+    let mut c = vec![name];
+    for (i, v) in vals.iter().enumerate() {
+        c.push(pct_cell(*v, open.get(i).copied().unwrap_or(false), unit));
+    }
+    c.push(method);
+    c
+}
+
+/// The percentiles through each lens (the cloud's, each local set's exact
+/// and re-bucketed ones), and the notes on their gaps.
+fn lens_table(r: &CloudPointReport) -> (Table, Vec<String>) {
+    let unit = r.unit;
     let mut t = pct_table("LENS", &r.percentiles, unit, &["METHOD"]);
     if r.distribution.is_some() {
-        t.row(cells(
+        t.row(lens_row(
             "cloud".into(),
             &r.cloud_us,
             &r.cloud_open_above,
             "ALIGN_PERCENTILE interpolation in the file's buckets".into(),
+            unit,
         ));
     }
     let mut notes = Vec::new();
     for l in &r.local {
-        t.row(cells(
+        t.row(lens_row(
             format!("{} exact", l.name),
             &l.exact_us,
             &[],
@@ -688,28 +728,20 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
                 count(l.count as u64, "sample"),
                 l.window
             ),
+            unit,
         ));
         if r.distribution.is_some() {
-            t.row(cells(
+            t.row(lens_row(
                 format!("{} cloud-b.", l.name),
                 &l.rebucketed_us,
                 &l.rebucketed_open_above,
                 "the same samples through the cloud's layout, same interpolation".into(),
+                unit,
             ));
         }
         notes.extend(l.notes.iter().map(|n| format!("{}: {n}", l.name)));
     }
-    indent(&mut o, &t);
-    for n in &notes {
-        let _ = writeln!(o, "    - {n}");
-    }
-    if r.local.is_empty() {
-        let _ = writeln!(
-            o,
-            "  (give --local RESULT_OR_OBSERVE_FILE to put local samples of the same window beside it)"
-        );
-    }
-    o
+    (t, notes)
 }
 
 fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
