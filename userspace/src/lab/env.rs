@@ -926,6 +926,33 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
             .iter()
             .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
     };
+    let others: Vec<&str> = [
+        "ping",
+        "tcp client",
+        "tcp server",
+        "sampler client",
+        "sampler server",
+    ]
+    .into_iter()
+    .filter(|n| has(n))
+    .collect();
+    let head = table_head(plan, &others, with_p95);
+    let mut rows = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        rows.push(table_row(&plan.phases[i].label, p, &others, with_p95));
+    }
+    let mut t = head
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
+    for r in rows {
+        t.row(r);
+    }
+    t
+}
+
+/// The table's headers: the swept value, the RR columns, then the other
+/// views that saw samples (`others`).
+fn table_head(plan: &Plan, others: &[&str], with_p95: bool) -> Vec<String> {
     let mut head = vec![
         format!(
             "{} ({})",
@@ -942,17 +969,7 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
         head.push("RR_P95".into());
     }
     head.push("RR_P99".into());
-    let others: Vec<&str> = [
-        "ping",
-        "tcp client",
-        "tcp server",
-        "sampler client",
-        "sampler server",
-    ]
-    .into_iter()
-    .filter(|n| has(n))
-    .collect();
-    for n in &others {
+    for n in others {
         head.push(format!("{}_P50", short(n)));
         if with_p95 {
             head.push(format!("{}_P95", short(n)));
@@ -965,46 +982,41 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
     for h in head.iter_mut().skip(1).filter(|h| !h.ends_with("_N")) {
         h.push_str(" ms");
     }
-    let mut rows = Vec::new();
-    for (i, p) in points.iter().enumerate() {
-        let get = |name: &str| {
-            p.iter()
-                .find(|v| v.view == name)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let rr = get("rr");
-        let mut r = vec![
-            plan.phases[i].label.clone(),
-            rr.count.to_string(),
-            fmt_ms(rr.min_us),
-            fmt_ms(rr.mean_us),
-            fmt_ms(rr.p50_us),
-            fmt_ms(rr.extra.get("p90_us").copied()),
-        ];
+    head
+}
+
+/// One phase's row (`p`: its views' summaries), in [`table_head`]'s order.
+fn table_row(label: &str, p: &[ViewSummary], others: &[&str], with_p95: bool) -> Vec<String> {
+    let get = |name: &str| {
+        p.iter()
+            .find(|v| v.view == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let rr = get("rr");
+    let mut r = vec![
+        label.to_string(),
+        rr.count.to_string(),
+        fmt_ms(rr.min_us),
+        fmt_ms(rr.mean_us),
+        fmt_ms(rr.p50_us),
+        fmt_ms(rr.extra.get("p90_us").copied()),
+    ];
+    if with_p95 {
+        r.push(fmt_ms(rr.p95_us));
+    }
+    r.push(fmt_ms(rr.p99_us));
+    for n in others {
+        let v = get(n);
+        r.push(fmt_ms(v.p50_us));
         if with_p95 {
-            r.push(fmt_ms(rr.p95_us));
+            r.push(fmt_ms(v.p95_us));
         }
-        r.push(fmt_ms(rr.p99_us));
-        for n in &others {
-            let v = get(n);
-            r.push(fmt_ms(v.p50_us));
-            if with_p95 {
-                r.push(fmt_ms(v.p95_us));
-            }
-        }
-        for n in others.iter().filter(|n| n.starts_with("sampler")) {
-            r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
-        }
-        rows.push(r);
     }
-    let mut t = head
-        .into_iter()
-        .fold(Table::new(), |t, h| t.col(h, Align::Right));
-    for r in rows {
-        t.row(r);
+    for n in others.iter().filter(|n| n.starts_with("sampler")) {
+        r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
     }
-    t
+    r
 }
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
@@ -1545,5 +1557,125 @@ mod tests {
         assert_eq!(side_of_local("10.77.0.1:1"), None);
         assert_eq!(port_of("10.79.2.2:7878"), Some(7878));
         assert_eq!(port_of("[fd79:2::2]:7878"), Some(7878));
+    }
+}
+
+/// The lab's report (result.json, summary.csv, SUMMARY.md) of every scenario for made-up
+/// phase data is byte-identical to tests/fixtures/lab/report.txt (result.json without its
+/// `created` time and `host`). Regenerate with RTTSCOPE_WRITE_GOLDEN=1; with
+/// RTTSCOPE_LAB_REPORT_DIR=DIR the report files (charts too) are kept in DIR/<scenario>/.
+#[cfg(test)]
+mod report_golden {
+    use super::*;
+
+    /// Phase `i`'s made-up samples: 200 per view, spread over the phase, RTTs that depend on
+    /// the phase and the view, with a deterministic spread.
+    fn phase_data(plan: &Plan, i: usize, t0: f64) -> PhaseData {
+        let start = t0 + 100.0 * i as f64;
+        let len = plan.phases[i].duration.as_secs_f64();
+        let series = |base_us: f64, salt: u64| -> Vec<(f64, f64)> {
+            (0..200u64)
+                .map(|k| {
+                    let noise = ((k * 7919 + salt * 104_729) % 1000) as f64 / 1000.0;
+                    let step = if (k / 25) % 2 == 1 { 2.0 } else { 1.0 };
+                    (
+                        start + len * k as f64 / 200.0,
+                        base_us * step * (1.0 + noise),
+                    )
+                })
+                .collect()
+        };
+        let b = 150.0 * (i as f64 + 1.0);
+        PhaseData {
+            start_unix: start,
+            end_unix: start + len,
+            rr: series(b, 1),
+            ping: if i.is_multiple_of(2) { series(b * 0.9, 2) } else { Vec::new() },
+            tcp_cli: series(b * 0.8, 3),
+            tcp_srv: series(b * 1.3, 4),
+            smp_cli: series(b * 0.85, 5),
+            smp_srv: series(b * 1.4, 6),
+            rr_failed: i as u64,
+            ping_lost: 2 * i as u64,
+            bulk: (plan.scenario == Scenario::Bufferbloat && i > 0).then(
+                || json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": 9.5e6 - i as f64, "sender_congestion": "cubic"}),
+            ),
+            flows: i + 1,
+        }
+    }
+
+    fn report_of(scenario: Scenario, keep: Option<&Path>) -> String {
+        let args = LabArgs {
+            scenario,
+            quick: true,
+            out: None,
+            json: None,
+            plan: false,
+            no_progress: true,
+            hold: false,
+            hold_for: None,
+        };
+        let plan = scenarios::plan(scenario, true);
+        let mut env = LabEnv::new(&args).unwrap();
+        let t0 = 1_795_000_000.0;
+        env.run_start_unix = Some(t0);
+        env.data = (0..plan.phases.len())
+            .map(|i| phase_data(&plan, i, t0))
+            .collect();
+        let name = scenario.to_possible_value().unwrap().get_name().to_string();
+        let out = match keep {
+            Some(d) => d.join(&name),
+            None => {
+                std::env::temp_dir().join(format!("rts-lab-report-{}-{name}", std::process::id()))
+            }
+        };
+        std::fs::create_dir_all(&out).unwrap();
+        write_report(&env, &plan, &[], &out).unwrap();
+        let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+        let mut doc: Value = serde_json::from_str(&read("result.json")).unwrap();
+        let o = doc.as_object_mut().unwrap();
+        o.remove("created");
+        o.remove("host");
+        // The samples as their count and a hash (FNV-1a of their JSON), to keep the file small.
+        for v in o["views"].as_array_mut().unwrap() {
+            let s = v["samples"].to_string();
+            let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+            let n = v["samples"].as_array().map_or(0, |a| a.len());
+            v["samples"] = json!(format!("{n} samples, fnv1a64 {h:016x}"));
+        }
+        let text = format!(
+            "==== {name} result.json\n{}\n==== {name} summary.csv\n{}==== {name} SUMMARY.md\n{}",
+            serde_json::to_string_pretty(&doc).unwrap(),
+            read("summary.csv"),
+            read("SUMMARY.md")
+        );
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&out);
+        }
+        text
+    }
+
+    #[test]
+    fn lab_report_is_unchanged() {
+        let keep = std::env::var_os("RTTSCOPE_LAB_REPORT_DIR").map(PathBuf::from);
+        let got: String = Scenario::value_variants()
+            .iter()
+            .map(|&s| report_of(s, keep.as_deref()))
+            .collect();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/lab/report.txt");
+        if std::env::var_os("RTTSCOPE_WRITE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            got == want,
+            "the lab's report differs from {}; if the change is meant, regenerate it with \
+             RTTSCOPE_WRITE_GOLDEN=1 cargo test -p rttscope --features rttscope/aya -- \
+             lab_report_is_unchanged",
+            path.display()
+        );
     }
 }
