@@ -159,60 +159,12 @@ pub fn analyze(
     for s in &set.samples {
         distribution.add_us(s.rtt_us);
     }
-    let cloud_points = percentiles
-        .iter()
-        .map(|&p| distribution.percentile(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let cloud = LensValues {
-        lens: Lens::Cloud,
-        method: "Cloud Monitoring ALIGN_PERCENTILE: linear interpolation inside the bucket".into(),
-        values_us: cloud_points
-            .iter()
-            .map(|c| c.map(|c| unit.to_us(c.value)))
-            .collect(),
-        open_above: cloud_points
-            .iter()
-            .map(|c| c.is_some_and(|c| c.open_above))
-            .collect(),
-    };
-
-    let mut np = crate::analysis::stats::NetperfHist::new();
-    for s in &set.samples {
-        np.record_us(s.rtt_us.max(0.0) as u64);
-    }
-    let netperf = LensValues {
-        lens: Lens::Netperf,
-        method: "netperf's log-linear histogram (100 buckets per decade from 1 us), HIST_get_percentile walk; whole microseconds".into(),
-        values_us: percentiles.iter().map(|&p| (count > 0).then(|| np.percentile_us(p / 100.0) as f64)).collect(),
-        open_above: vec![false; percentiles.len()],
-    };
+    let cloud = cloud_lens(&distribution, percentiles, unit)?;
+    let netperf = netperf_lens(set, percentiles);
     let lenses = vec![exact, netperf, cloud];
 
     let aligned = if set.timed {
-        align(
-            set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
-            period_s,
-            layout,
-            unit,
-        )?
-        .into_iter()
-        .map(|pt| {
-            let values_us = percentiles
-                .iter()
-                .map(|&p| {
-                    pt.distribution
-                        .percentile(p)
-                        .map(|o| o.map(|c| unit.to_us(c.value)))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(AlignedRow {
-                start_s: pt.start_s,
-                end_s: pt.end_s,
-                count: pt.distribution.count,
-                values_us,
-            })
-        })
-        .collect::<Result<Vec<_>, dist::DistError>>()?
+        aligned_rows(set, period_s, layout, unit, percentiles)?
     } else {
         Vec::new()
     };
@@ -230,6 +182,79 @@ pub fn analyze(
         alignment_period_s: period_s,
         aligned,
     })
+}
+
+/// The cloud's lens: Cloud Monitoring's interpolation in the distribution's buckets.
+fn cloud_lens(
+    distribution: &Distribution,
+    percentiles: &[f64],
+    unit: ValueUnit,
+) -> anyhow::Result<LensValues> {
+    let cloud_points = percentiles
+        .iter()
+        .map(|&p| distribution.percentile(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LensValues {
+        lens: Lens::Cloud,
+        method: "Cloud Monitoring ALIGN_PERCENTILE: linear interpolation inside the bucket".into(),
+        values_us: cloud_points
+            .iter()
+            .map(|c| c.map(|c| unit.to_us(c.value)))
+            .collect(),
+        open_above: cloud_points
+            .iter()
+            .map(|c| c.is_some_and(|c| c.open_above))
+            .collect(),
+    })
+}
+
+/// netperf's lens: its log-linear histogram, whole microseconds.
+fn netperf_lens(set: &SampleSet, percentiles: &[f64]) -> LensValues {
+    let count = set.samples.len();
+    let mut np = crate::analysis::stats::NetperfHist::new();
+    for s in &set.samples {
+        np.record_us(s.rtt_us.max(0.0) as u64);
+    }
+    LensValues {
+        lens: Lens::Netperf,
+        method: "netperf's log-linear histogram (100 buckets per decade from 1 us), HIST_get_percentile walk; whole microseconds".into(),
+        values_us: percentiles.iter().map(|&p| (count > 0).then(|| np.percentile_us(p / 100.0) as f64)).collect(),
+        open_above: vec![false; percentiles.len()],
+    }
+}
+
+/// The cloud's percentiles per alignment period of timed samples.
+fn aligned_rows(
+    set: &SampleSet,
+    period_s: f64,
+    layout: &BucketOptions,
+    unit: ValueUnit,
+    percentiles: &[f64],
+) -> anyhow::Result<Vec<AlignedRow>> {
+    Ok(align(
+        set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
+        period_s,
+        layout,
+        unit,
+    )?
+    .into_iter()
+    .map(|pt| {
+        let values_us = percentiles
+            .iter()
+            .map(|&p| {
+                pt.distribution
+                    .percentile(p)
+                    .map(|o| o.map(|c| unit.to_us(c.value)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(AlignedRow {
+            start_s: pt.start_s,
+            end_s: pt.end_s,
+            count: pt.distribution.count,
+            values_us,
+        })
+    })
+    .collect::<Result<Vec<_>, dist::DistError>>()?)
 }
 
 /// rttscope 0.1's `probe --json` as a result document (the reader in analysis/ takes it as a

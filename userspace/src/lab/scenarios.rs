@@ -501,24 +501,7 @@ pub fn run_plan(
     env.start_server(&tb)
         .context("starting the responder in the server namespace")?;
 
-    let bar = Bar {
-        bar: progress.then(|| {
-            let b = indicatif::ProgressBar::new(plan.total().as_millis() as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{bar:40}] {elapsed}/{duration} {msg}",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            );
-            b.set_prefix(format!(
-                "lab {}",
-                plan.scenario.to_possible_value().unwrap().get_name()
-            ));
-            b
-        }),
-        base: Mutex::new(Duration::ZERO),
-    };
+    let bar = Bar::new(plan, progress);
     let start = Instant::now();
     let mut records = Vec::new();
     for (i, ph) in plan.phases.iter().enumerate() {
@@ -532,36 +515,7 @@ pub fn run_plan(
                 ph.label
             ));
         }
-        imp.set(Direction::Up, ph.up)?;
-        imp.set(Direction::Down, ph.down)?;
-        let started_after = start.elapsed();
-        env.observe_start(&tb, ph)?;
-        let imp_m = Mutex::new(&mut imp);
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let probe = std::thread::scope(|s| -> Result<serde_json::Value> {
-            let stepper = s.spawn(|| -> Result<()> { apply_steps(ph, &imp_m, &done) });
-            let r = env.probe(&tb, ph, &bar);
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            stepper
-                .join()
-                .map_err(|_| anyhow::anyhow!("link step thread panicked"))??;
-            r
-        })?;
-        let observe = env.observe_stop()?;
-        if !imp.emulator().alive() {
-            bail!(
-                "the delay emulator stopped during phase {} ({}): the results would be without the configured delay",
-                i + 1,
-                ph.label
-            );
-        }
-        records.push(PhaseRecord {
-            phase: ph.clone(),
-            started_after,
-            impairment: imp.report(),
-            probe,
-            observe,
-        });
+        records.push(run_phase(env, &tb, &mut imp, (i, ph), &bar, start)?);
         *bar.base.lock().unwrap() += ph.duration;
         crate::sys::files::write_atomically(
             &out.join("phases.json"),
@@ -574,6 +528,72 @@ pub fn run_plan(
     imp.shutdown()?;
     drop(tb);
     env.report(plan, &records, out)
+}
+
+impl Bar {
+    /// The progress bar over the plan's whole length (none without `progress`).
+    fn new(plan: &Plan, progress: bool) -> Bar {
+        Bar {
+            bar: progress.then(|| {
+                let b = indicatif::ProgressBar::new(plan.total().as_millis() as u64);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{prefix} [{bar:40}] {elapsed}/{duration} {msg}",
+                    )
+                    .unwrap()
+                    .progress_chars("=> "),
+                );
+                b.set_prefix(format!(
+                    "lab {}",
+                    plan.scenario.to_possible_value().unwrap().get_name()
+                ));
+                b
+            }),
+            base: Mutex::new(Duration::ZERO),
+        }
+    }
+}
+
+/// Phase `i` of the plan: set the link, observe, probe while the link steps
+/// are applied, stop observing; its record.
+fn run_phase(
+    env: &mut dyn ScenarioEnv,
+    tb: &Testbed,
+    imp: &mut Impairment,
+    (i, ph): (usize, &Phase),
+    bar: &Bar,
+    start: Instant,
+) -> Result<PhaseRecord> {
+    imp.set(Direction::Up, ph.up)?;
+    imp.set(Direction::Down, ph.down)?;
+    let started_after = start.elapsed();
+    env.observe_start(tb, ph)?;
+    let imp_m = Mutex::new(&mut *imp);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let probe = std::thread::scope(|s| -> Result<serde_json::Value> {
+        let stepper = s.spawn(|| -> Result<()> { apply_steps(ph, &imp_m, &done) });
+        let r = env.probe(tb, ph, bar);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        stepper
+            .join()
+            .map_err(|_| anyhow::anyhow!("link step thread panicked"))??;
+        r
+    })?;
+    let observe = env.observe_stop()?;
+    if !imp.emulator().alive() {
+        bail!(
+            "the delay emulator stopped during phase {} ({}): the results would be without the configured delay",
+            i + 1,
+            ph.label
+        );
+    }
+    Ok(PhaseRecord {
+        phase: ph.clone(),
+        started_after,
+        impairment: imp.report(),
+        probe,
+        observe,
+    })
 }
 
 /// Print a line to stdout; a closed pipe (`| head`) is not an error.
