@@ -488,23 +488,32 @@ fn gap_notes(
         ));
     }
     if let Some(c) = cloud_us {
-        let responding = local.name.contains("server");
-        if responding && exact >= 3.0 * c && exact >= 2000.0 {
-            notes.push(format!(
-                "delayed ACKs: this local view is the responding side ({pl} {}, {:.0}x the cloud's {}): in a request/response flow the client's ACK of each response waits for its next request (or the 40 ms delayed-ACK timer), so the responding side times the client's think time; compare the cloud with a client-side view.",
-                ms(exact),
-                exact / c.max(1e-9),
-                ms(c)
-            ));
-        }
-        if c >= 3.0 * exact && c >= 2000.0 && !responding {
-            notes.push(format!(
-                "delayed ACKs: the cloud's {pl} {} is {:.0}x the local {}; if the cloud's samples come from the responding side of a request/response flow, its ACKs wait for the next request (or the 40 ms delayed-ACK timer) and the RTT includes the other side's think time: compare with a local server-side view (e.g. `tcp server`).",
-                ms(c),
-                c / exact.max(1e-9),
-                ms(exact)
-            ));
-        }
+        notes.extend(delayed_ack_notes(&local.name, exact, c, &pl));
+    }
+    notes
+}
+
+/// When one side's percentile is far above the other's: the responding
+/// side of a request/response flow times the other side's think time.
+fn delayed_ack_notes(name: &str, exact: f64, c: f64, pl: &str) -> Vec<String> {
+    let ms = |us: f64| format!("{:.3} ms", us / 1000.0);
+    let mut notes = Vec::new();
+    let responding = name.contains("server");
+    if responding && exact >= 3.0 * c && exact >= 2000.0 {
+        notes.push(format!(
+            "delayed ACKs: this local view is the responding side ({pl} {}, {:.0}x the cloud's {}): in a request/response flow the client's ACK of each response waits for its next request (or the 40 ms delayed-ACK timer), so the responding side times the client's think time; compare the cloud with a client-side view.",
+            ms(exact),
+            exact / c.max(1e-9),
+            ms(c)
+        ));
+    }
+    if c >= 3.0 * exact && c >= 2000.0 && !responding {
+        notes.push(format!(
+            "delayed ACKs: the cloud's {pl} {} is {:.0}x the local {}; if the cloud's samples come from the responding side of a request/response flow, its ACKs wait for the next request (or the 40 ms delayed-ACK timer) and the RTT includes the other side's think time: compare with a local server-side view (e.g. `tcp server`).",
+            ms(c),
+            c / exact.max(1e-9),
+            ms(exact)
+        ));
     }
     notes
 }
@@ -554,38 +563,14 @@ fn point_report(
     };
     let mut beside = Vec::new();
     for set in local {
-        let (mut v, window) = local_window(set, p);
-        v.sort_by(f64::total_cmp);
-        let exact_us: Vec<Option<f64>> = percentiles
-            .iter()
-            .map(|&q| (!v.is_empty()).then(|| nearest_rank(&v, q)))
-            .collect();
-        let layout = distribution
-            .as_ref()
-            .map(|d| (d.bucket_options.clone(), d.unit))
-            .unwrap_or((dist::vm_flow_preset(), s.unit));
-        let mut rb = Distribution::new(layout.0, layout.1);
-        for &us in &v {
-            rb.add_us(us);
-        }
-        let (rebucketed_us, rebucketed_open_above) = if distribution.is_some() {
-            pct_of(&rb, percentiles)?
-        } else {
-            (none.clone(), vec![false; percentiles.len()])
-        };
-        let mut l = LocalBeside {
-            name: set.name.clone(),
-            window,
-            count: v.len(),
-            exact_us,
-            rebucketed_us,
-            rebucketed_open_above,
-            rebucketed: rb,
-            notes: Vec::new(),
-        };
-        if let Some(d) = &distribution {
-            l.notes = gap_notes(d, cloud_us[k], &l, percentiles[k], k);
-        }
+        let l = local_beside(
+            set,
+            (s, p),
+            distribution.as_ref(),
+            percentiles,
+            k,
+            cloud_us[k],
+        )?;
         beside.push(l);
     }
     Ok(CloudPointReport {
@@ -608,6 +593,53 @@ fn point_report(
         earlier_cumulative_points: hidden,
         local: beside,
     })
+}
+
+/// One local sample set beside cloud point `p` of series `s`: its samples in
+/// the point's window, exactly and through the cloud's buckets, and the notes
+/// on how they differ from the cloud's (`k`: the percentile the notes are on,
+/// `cloud_k` the cloud's value of it).
+fn local_beside(
+    set: &SampleSet,
+    (s, p): (&CloudSeries, &CloudPoint),
+    distribution: Option<&Distribution>,
+    percentiles: &[f64],
+    k: usize,
+    cloud_k: Option<f64>,
+) -> anyhow::Result<LocalBeside> {
+    let none = vec![None; percentiles.len()];
+    let (mut v, window) = local_window(set, p);
+    v.sort_by(f64::total_cmp);
+    let exact_us: Vec<Option<f64>> = percentiles
+        .iter()
+        .map(|&q| (!v.is_empty()).then(|| nearest_rank(&v, q)))
+        .collect();
+    let layout = distribution
+        .map(|d| (d.bucket_options.clone(), d.unit))
+        .unwrap_or((dist::vm_flow_preset(), s.unit));
+    let mut rb = Distribution::new(layout.0, layout.1);
+    for &us in &v {
+        rb.add_us(us);
+    }
+    let (rebucketed_us, rebucketed_open_above) = if distribution.is_some() {
+        pct_of(&rb, percentiles)?
+    } else {
+        (none, vec![false; percentiles.len()])
+    };
+    let mut l = LocalBeside {
+        name: set.name.clone(),
+        window,
+        count: v.len(),
+        exact_us,
+        rebucketed_us,
+        rebucketed_open_above,
+        rebucketed: rb,
+        notes: Vec::new(),
+    };
+    if let Some(d) = distribution {
+        l.notes = gap_notes(d, cloud_k, &l, percentiles[k], k);
+    }
+    Ok(l)
 }
 
 /// The human text for one cloud point.
@@ -1062,25 +1094,32 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     }
     indent(&mut o, &t);
     if r.aligned.len() > 1 {
-        let _ = writeln!(
-            o,
-            "aligned series (period {} s, ALIGN_PERCENTILE per period, stamped at the period end):",
-            fmt_bound(r.alignment_period_s)
-        );
-        let mut t = Table::new()
-            .col("END s", Align::Right)
-            .col("COUNT", Align::Right);
-        for &p in &r.percentiles {
-            t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
-        }
-        for row in &r.aligned {
-            let mut cells = vec![fmt_bound(row.end_s), row.count.to_string()];
-            cells.extend(row.values_us.iter().map(|v| pct_cell(*v, false, unit)));
-            t.row(cells);
-        }
-        indent(&mut o, &t);
+        write_aligned(&mut o, r);
     }
     o
+}
+
+/// The aligned series: the cloud's percentiles per alignment period.
+fn write_aligned(o: &mut String, r: &BucketReport) {
+    use std::fmt::Write as _;
+    let unit = r.distribution.unit;
+    let _ = writeln!(
+        o,
+        "aligned series (period {} s, ALIGN_PERCENTILE per period, stamped at the period end):",
+        fmt_bound(r.alignment_period_s)
+    );
+    let mut t = Table::new()
+        .col("END s", Align::Right)
+        .col("COUNT", Align::Right);
+    for &p in &r.percentiles {
+        t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
+    }
+    for row in &r.aligned {
+        let mut cells = vec![fmt_bound(row.end_s), row.count.to_string()];
+        cells.extend(row.values_us.iter().map(|v| pct_cell(*v, false, unit)));
+        t.row(cells);
+    }
+    indent(o, &t);
 }
 
 #[cfg(test)]
