@@ -32,7 +32,7 @@
 //! and the thread dies with the process, after which `bypass` keeps the
 //! link up until the testbed is removed.
 use std::collections::BinaryHeap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -224,6 +224,55 @@ impl PartialOrd for Held {
     }
 }
 
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            realtime: AtomicBool::new(false),
+            stamped: AtomicU64::new(0),
+            cfg: Mutex::new([DelayCfg::default(); 2]),
+            counters: Default::default(),
+            bad: AtomicU64::new(0),
+            late: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
+        }
+    }
+}
+
+/// In the emulator thread: enter `netns`, ask for a 1 us timer slack and
+/// real-time priority, keep receive timestamps on, and bind the queues.
+fn open_queues(
+    netns: Option<&Path>,
+    queues: [u16; 2],
+    max_held: usize,
+    sh: &Shared,
+) -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
+    if let Some(p) = netns {
+        crate::sys::netns::enter_path(p, &p.to_string_lossy())?;
+    }
+    // Timer slack 1 us: release times are honoured to the microsecond, not 50 us.
+    // SAFETY: prctl on the calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
+    // Real-time priority (best effort): on a busy machine a
+    // normal thread can wait 10+ ms for a CPU, which would be
+    // added to packets' delay. The loop sleeps in ppoll, and the
+    // kernel's RT throttling keeps 5 % of each CPU for others.
+    let param = libc::sched_param {
+        sched_priority: RT_PRIORITY,
+    };
+    // SAFETY: pthread_self is the calling thread; param is valid.
+    let rt =
+        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) } == 0;
+    sh.realtime.store(rt, Ordering::Relaxed);
+    let stamps = enable_rx_timestamps();
+    let mut q = NfQueue::open().context("opening an NFQUEUE netlink socket")?;
+    for qn in queues {
+        q.bind(qn, (max_held + 1024) as u32, NFQA_CFG_F_GSO)
+            .with_context(|| format!("binding NFQUEUE {qn}"))?;
+    }
+    Ok((q, stamps))
+}
+
 /// The delay emulator: one thread, one netlink socket bound to two queues.
 pub struct DelayEmulator {
     pub queues: [u16; 2],
@@ -237,48 +286,13 @@ impl DelayEmulator {
     /// one), bound to `queues` = [up, down]. The queues are bound before
     /// this returns, so steering rules may be installed right after.
     pub fn start(netns: Option<PathBuf>, queues: [u16; 2], max_held: usize) -> Result<Self> {
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            cpu_ns: AtomicU64::new(0),
-            realtime: AtomicBool::new(false),
-            stamped: AtomicU64::new(0),
-            cfg: Mutex::new([DelayCfg::default(); 2]),
-            counters: Default::default(),
-            bad: AtomicU64::new(0),
-            late: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
-        });
+        let shared = Arc::new(Shared::new());
         let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("lab-emulator".into())
             .spawn(move || {
-                let q = (|| -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
-                    if let Some(p) = &netns {
-                        crate::sys::netns::enter_path(p, &p.to_string_lossy())?;
-                    }
-                    // Timer slack 1 us: release times are honoured to the microsecond, not 50 us.
-                    // SAFETY: prctl on the calling thread.
-                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
-                    // Real-time priority (best effort): on a busy machine a
-                    // normal thread can wait 10+ ms for a CPU, which would be
-                    // added to packets' delay. The loop sleeps in ppoll, and the
-                    // kernel's RT throttling keeps 5 % of each CPU for others.
-                    let param = libc::sched_param {
-                        sched_priority: RT_PRIORITY,
-                    };
-                    // SAFETY: pthread_self is the calling thread; param is valid.
-                    let rt = unsafe {
-                        libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param)
-                    } == 0;
-                    sh.realtime.store(rt, Ordering::Relaxed);
-                    let stamps = enable_rx_timestamps();
-                    let mut q = NfQueue::open().context("opening an NFQUEUE netlink socket")?;
-                    for qn in queues {
-                        q.bind(qn, (max_held + 1024) as u32, NFQA_CFG_F_GSO)
-                            .with_context(|| format!("binding NFQUEUE {qn}"))?;
-                    }
-                    Ok((q, stamps))
-                })();
+                let q = open_queues(netns.as_deref(), queues, max_held, &sh);
                 match q {
                     Ok((q, _stamps)) => {
                         let _ = tx.send(Ok(()));

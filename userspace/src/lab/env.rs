@@ -116,33 +116,7 @@ impl Observer {
         sample_every: u32,
         stderr_path: PathBuf,
     ) -> Result<Observer> {
-        let cli = tb.ns(Role::Cli);
-        let srv = tb.ns(Role::Srv);
-        let args: Vec<String> = [
-            "observe",
-            "--format",
-            "json",
-            "--netns",
-            &cli,
-            "--netns",
-            &srv,
-            "--view",
-            "tcp,sampler",
-            "--iface",
-            &format!("{cli}:{HOST_IF}"),
-            "--iface",
-            &format!("{srv}:{HOST_IF}"),
-            "--port",
-            &PORT.to_string(),
-            "--sample-every",
-            &sample_every.to_string(),
-            "--raw",
-            "--interval",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = observer_args(tb, sample_every);
         let err = crate::sys::files::create_replacing(&stderr_path)
             .with_context(|| format!("creating {}", stderr_path.display()))?;
         let mut cmd = Command::new(exe);
@@ -163,13 +137,19 @@ impl Observer {
             stderr_path,
             args,
         };
+        obs.wait_started()?;
+        Ok(obs)
+    }
+
+    /// Wait (up to 60 s) for the observer's start record.
+    fn wait_started(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if obs.shared.lock().unwrap().start_ts.is_some() {
-                break;
+            if self.shared.lock().unwrap().start_ts.is_some() {
+                return Ok(());
             }
-            if let Some(st) = obs.child.try_wait()? {
-                let msg = std::fs::read_to_string(&obs.stderr_path).unwrap_or_default();
+            if let Some(st) = self.child.try_wait()? {
+                let msg = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
                 bail!(
                     "rttscope observe exited ({st}) before starting: {}",
                     msg.trim()
@@ -181,7 +161,6 @@ impl Observer {
             signals::check()?;
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(obs)
     }
 
     /// SIGINT, wait for its end line (up to 10 s), then SIGKILL.
@@ -201,6 +180,38 @@ impl Observer {
             let _ = r.join();
         }
     }
+}
+
+/// `rttscope observe` for the whole run: both views on both ends, raw
+/// samples of the flows to the responder's port.
+fn observer_args(tb: &Testbed, sample_every: u32) -> Vec<String> {
+    let cli = tb.ns(Role::Cli);
+    let srv = tb.ns(Role::Srv);
+    [
+        "observe",
+        "--format",
+        "json",
+        "--netns",
+        &cli,
+        "--netns",
+        &srv,
+        "--view",
+        "tcp,sampler",
+        "--iface",
+        &format!("{cli}:{HOST_IF}"),
+        "--iface",
+        &format!("{srv}:{HOST_IF}"),
+        "--port",
+        &PORT.to_string(),
+        "--sample-every",
+        &sample_every.to_string(),
+        "--raw",
+        "--interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 impl Drop for Observer {
@@ -307,6 +318,37 @@ struct PhaseData {
     ping_lost: u64,
     bulk: Option<Value>,
     flows: usize,
+}
+
+impl PhaseData {
+    /// The observer's samples of this phase's flows (first seen between the
+    /// phase's start and `end`) within the probes' window, by view and side.
+    fn take_observed(&mut self, s: &ObsShared, end: f64) {
+        let (ws, we) = (self.start_unix, end);
+        let mine: std::collections::HashSet<u16> = s
+            .first_seen
+            .iter()
+            .filter(|(_, &t)| t >= ws - 0.05 && t < we)
+            .map(|(&p, _)| p)
+            .collect();
+        self.flows = mine.len();
+        // The probes' window: from the first transaction's send to the end of the last one
+        // (the connect, hello and close of each probe connection are not in a row).
+        let (t0, t1) = probe_window(&self.rr).unwrap_or((ws, we));
+        for r in s
+            .samples
+            .iter()
+            .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
+        {
+            let v = (r.t_unix, r.rtt_us);
+            match (r.view, r.side) {
+                (PView::Tcp, Side::Client) => self.tcp_cli.push(v),
+                (PView::Tcp, Side::Server) => self.tcp_srv.push(v),
+                (PView::Sampler, Side::Client) => self.smp_cli.push(v),
+                (PView::Sampler, Side::Server) => self.smp_srv.push(v),
+            }
+        }
+    }
 }
 
 /// The real lab environment.
@@ -710,32 +752,9 @@ impl ScenarioEnv for LabEnv {
                 msg.trim()
             );
         }
-        let (ws, we) = (self.current.start_unix, end);
         {
             let s = obs.shared.lock().unwrap();
-            let mine: std::collections::HashSet<u16> = s
-                .first_seen
-                .iter()
-                .filter(|(_, &t)| t >= ws - 0.05 && t < we)
-                .map(|(&p, _)| p)
-                .collect();
-            self.current.flows = mine.len();
-            // The probes' window: from the first transaction's send to the end of the last one
-            // (the connect, hello and close of each probe connection are not in a row).
-            let (t0, t1) = probe_window(&self.current.rr).unwrap_or((ws, we));
-            for r in s
-                .samples
-                .iter()
-                .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
-            {
-                let v = (r.t_unix, r.rtt_us);
-                match (r.view, r.side) {
-                    (PView::Tcp, Side::Client) => self.current.tcp_cli.push(v),
-                    (PView::Tcp, Side::Server) => self.current.tcp_srv.push(v),
-                    (PView::Sampler, Side::Client) => self.current.smp_cli.push(v),
-                    (PView::Sampler, Side::Server) => self.current.smp_srv.push(v),
-                }
-            }
+            self.current.take_observed(&s, end);
             self.obs_counters = s.counters.clone();
             self.obs_bad = (s.bad_lines, s.other_port);
         }
