@@ -7,9 +7,47 @@ and the module -> module "uses" graph is checked for cycles (Tarjan's strongly
 connected components). cargo-modules' own --acyclic works at item level,
 where a type and its methods always form a cycle, so it cannot answer this.
 Exit 0 when acyclic; else print every cycle and exit 1.
+
+Run it with the graph on stdin, or with nothing piped in to have it run
+`cargo modules dependencies` itself (from the repository root). When
+cargo-modules is not installed (`cargo install cargo-modules`), or its output
+is empty, it says so in one line and exits 2: nothing was checked.
 """
+import os
 import re
+import shutil
+import subprocess
 import sys
+
+CMD = [
+    "cargo", "modules", "dependencies", "--package", "rttscope", "--lib",
+    "--features", "aya", "--no-externs", "--no-sysroot", "--layout", "none",
+]
+NOT_INSTALLED = "check-modules: cargo-modules is not installed (cargo install cargo-modules): module graph not checked"
+
+
+def not_checked(why):
+    print(why, file=sys.stderr)
+    sys.exit(2)
+
+
+def graph_lines():
+    """The DOT graph: stdin when piped, else what cargo modules prints."""
+    if not sys.stdin.isatty():
+        text = sys.stdin.read()
+        if not text.strip():
+            not_checked("check-modules: empty input (did `cargo modules dependencies` run? "
+                        "is cargo-modules installed?): module graph not checked")
+        return text.splitlines()
+    if shutil.which("cargo-modules") is None:
+        not_checked(NOT_INSTALLED)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    r = subprocess.run(CMD, cwd=root, capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip():
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        not_checked(f"check-modules: `{' '.join(CMD)}` failed: {last}")
+    return r.stdout.splitlines()
+
 
 node_re = re.compile(r'^\s*"([^"]+)" \[label="([^|"]*)\|')
 edge_re = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')
@@ -17,7 +55,7 @@ edge_re = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')
 modules = set()
 items = set()
 edges = []
-for line in sys.stdin:
+for line in graph_lines():
     m = edge_re.match(line)
     if m:
         edges.append((m.group(1), m.group(2)))

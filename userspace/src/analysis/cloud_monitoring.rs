@@ -222,26 +222,14 @@ fn parse_distribution(v: &Value, unit: ValueUnit) -> std::result::Result<PointVa
     let m = v
         .as_object()
         .ok_or_else(|| format!("value.distributionValue is not an object: {}", quote(v)))?;
-    let f = |k: &str| format!("value.distributionValue.{k}");
-    let count = match m.get("count") {
-        None => 0,
-        Some(x) => int64(x)
-            .filter(|c| *c >= 0)
-            .ok_or_else(|| format!("{} is not a non-negative int64: {}", f("count"), quote(x)))?
-            as u64,
-    };
-    let num = |k: &str| -> std::result::Result<f64, String> {
-        match m.get(k) {
-            None => Ok(0.0),
-            Some(x) => double(x)
-                .filter(|d| d.is_finite())
-                .ok_or_else(|| format!("{} is not a finite number: {}", f(k), quote(x))),
-        }
-    };
-    let mean = num("mean")?;
-    let ssd = num("sumOfSquaredDeviation")?;
+    let count = dist_count(m)?;
+    let mean = dist_number(m, "mean")?;
+    let ssd = dist_number(m, "sumOfSquaredDeviation")?;
     if ssd < 0.0 {
-        return Err(format!("{} is negative: {ssd}", f("sumOfSquaredDeviation")));
+        return Err(format!(
+            "{} is negative: {ssd}",
+            dist_field("sumOfSquaredDeviation")
+        ));
     }
     let options = match m.get("bucketOptions") {
         None => None,
@@ -255,7 +243,7 @@ fn parse_distribution(v: &Value, unit: ValueUnit) -> std::result::Result<PointVa
         Some(other) => {
             return Err(format!(
                 "{} is not an array: {}",
-                f("bucketCounts"),
+                dist_field("bucketCounts"),
                 quote(other)
             ))
         }
@@ -268,6 +256,61 @@ fn parse_distribution(v: &Value, unit: ValueUnit) -> std::result::Result<PointVa
             "value.distributionValue has {count} samples but no bucketOptions"
         ));
     };
+    let counts = bucket_counts(raw_counts, &options, count)?;
+    if count == 0 {
+        return Ok(PointValue::EmptyDistribution);
+    }
+    let range = dist_range(m)?;
+    Ok(PointValue::Distribution(Box::new(Distribution {
+        bucket_options: options,
+        unit,
+        bucket_counts: counts,
+        count,
+        mean,
+        sum_of_squared_deviation: ssd,
+        min: range.0,
+        max: range.1,
+        rejected: 0,
+    })))
+}
+
+/// The path of a field of a `distributionValue`, for errors.
+fn dist_field(k: &str) -> String {
+    format!("value.distributionValue.{k}")
+}
+
+/// A `distributionValue`'s `count` (0 when absent).
+fn dist_count(m: &Map<String, Value>) -> std::result::Result<u64, String> {
+    Ok(match m.get("count") {
+        None => 0,
+        Some(x) => int64(x).filter(|c| *c >= 0).ok_or_else(|| {
+            format!(
+                "{} is not a non-negative int64: {}",
+                dist_field("count"),
+                quote(x)
+            )
+        })? as u64,
+    })
+}
+
+/// A finite number field of a `distributionValue` (0 when absent).
+fn dist_number(m: &Map<String, Value>, k: &str) -> std::result::Result<f64, String> {
+    match m.get(k) {
+        None => Ok(0.0),
+        Some(x) => double(x)
+            .filter(|d| d.is_finite())
+            .ok_or_else(|| format!("{} is not a finite number: {}", dist_field(k), quote(x))),
+    }
+}
+
+/// The `bucketCounts` in `options`' buckets (missing trailing ones 0), which
+/// must add up to `count`.
+fn bucket_counts(
+    raw_counts: &[Value],
+    options: &BucketOptions,
+    count: u64,
+) -> std::result::Result<Vec<u64>, String> {
+    let f = dist_field;
     let n = options.num_buckets();
     if raw_counts.len() > n {
         return Err(format!(
@@ -300,37 +343,31 @@ fn parse_distribution(v: &Value, unit: ValueUnit) -> std::result::Result<PointVa
             sum.map_or("more than 2^64".to_string(), |s| s.to_string())
         ));
     }
-    if count == 0 {
-        return Ok(PointValue::EmptyDistribution);
-    }
-    let range = match m.get("range") {
-        None => (None, None),
-        Some(r) => {
-            let g = |k: &str| -> std::result::Result<Option<f64>, String> {
-                match r.get(k) {
-                    None => Ok(Some(0.0)),
-                    Some(x) => double(x)
-                        .filter(|d| d.is_finite())
-                        .map(Some)
-                        .ok_or_else(|| {
-                            format!("{}.{k} is not a finite number: {}", f("range"), quote(x))
-                        }),
-                }
-            };
-            (g("min")?, g("max")?)
+    Ok(counts)
+}
+
+/// A `distributionValue`'s `range` (min, max; an absent bound is 0), or
+/// none when there is no range.
+fn dist_range(m: &Map<String, Value>) -> std::result::Result<(Option<f64>, Option<f64>), String> {
+    let Some(r) = m.get("range") else {
+        return Ok((None, None));
+    };
+    let g = |k: &str| -> std::result::Result<Option<f64>, String> {
+        match r.get(k) {
+            None => Ok(Some(0.0)),
+            Some(x) => double(x)
+                .filter(|d| d.is_finite())
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "{}.{k} is not a finite number: {}",
+                        dist_field("range"),
+                        quote(x)
+                    )
+                }),
         }
     };
-    Ok(PointValue::Distribution(Box::new(Distribution {
-        bucket_options: options,
-        unit,
-        bucket_counts: counts,
-        count,
-        mean,
-        sum_of_squared_deviation: ssd,
-        min: range.0,
-        max: range.1,
-        rejected: 0,
-    })))
+    Ok((g("min")?, g("max")?))
 }
 
 fn parse_point(p: &Value, unit: ValueUnit) -> std::result::Result<CloudPoint, String> {

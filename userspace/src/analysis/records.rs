@@ -513,18 +513,11 @@ mod schema_tests {
     #[test]
     fn checked_in_record_schema_matches_the_types_and_the_output() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let path = dir.join("docs/observe-record.schema.json");
         let want = schema_json();
-        if std::env::var_os("RTTSCOPE_WRITE_SCHEMA").is_some() {
-            std::fs::write(&path, &want).unwrap();
-        }
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "{} differs from the schema the Rust types generate; regenerate it with\n  \
-             RTTSCOPE_WRITE_SCHEMA=1 cargo test -p rttscope --features rttscope/aya -- \
-             checked_in_record_schema\nand commit it",
-            path.display()
+        crate::analysis::assert_checked_in_schema(
+            "docs/observe-record.schema.json",
+            &want,
+            "checked_in_record_schema",
         );
         let schema: serde_json::Value = serde_json::from_str(&want).unwrap();
         let validator = jsonschema::validator_for(&schema).unwrap();

@@ -928,18 +928,11 @@ mod tests {
     /// and the checked-in schema did not.
     #[test]
     fn checked_in_schema_matches_the_types() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/result.schema.json");
         let want = schema_json();
-        if std::env::var_os("RTTSCOPE_WRITE_SCHEMA").is_some() {
-            std::fs::write(&path, &want).unwrap();
-        }
-        let have = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            have == want,
-            "{} differs from the schema the Rust types generate; regenerate it with\n  \
-             RTTSCOPE_WRITE_SCHEMA=1 cargo test -p rttscope --features rttscope/aya -- \
-             checked_in_schema_matches_the_types\nand commit it",
-            path.display()
+        crate::analysis::assert_checked_in_schema(
+            "docs/result.schema.json",
+            &want,
+            "checked_in_schema_matches_the_types",
         );
         // The schema names the v2 sample encoding and the document's required fields.
         let v: serde_json::Value = serde_json::from_str(&want).unwrap();

@@ -159,60 +159,12 @@ pub fn analyze(
     for s in &set.samples {
         distribution.add_us(s.rtt_us);
     }
-    let cloud_points = percentiles
-        .iter()
-        .map(|&p| distribution.percentile(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    let cloud = LensValues {
-        lens: Lens::Cloud,
-        method: "Cloud Monitoring ALIGN_PERCENTILE: linear interpolation inside the bucket".into(),
-        values_us: cloud_points
-            .iter()
-            .map(|c| c.map(|c| unit.to_us(c.value)))
-            .collect(),
-        open_above: cloud_points
-            .iter()
-            .map(|c| c.is_some_and(|c| c.open_above))
-            .collect(),
-    };
-
-    let mut np = crate::analysis::stats::NetperfHist::new();
-    for s in &set.samples {
-        np.record_us(s.rtt_us.max(0.0) as u64);
-    }
-    let netperf = LensValues {
-        lens: Lens::Netperf,
-        method: "netperf's log-linear histogram (100 buckets per decade from 1 us), HIST_get_percentile walk; whole microseconds".into(),
-        values_us: percentiles.iter().map(|&p| (count > 0).then(|| np.percentile_us(p / 100.0) as f64)).collect(),
-        open_above: vec![false; percentiles.len()],
-    };
+    let cloud = cloud_lens(&distribution, percentiles, unit)?;
+    let netperf = netperf_lens(set, percentiles);
     let lenses = vec![exact, netperf, cloud];
 
     let aligned = if set.timed {
-        align(
-            set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
-            period_s,
-            layout,
-            unit,
-        )?
-        .into_iter()
-        .map(|pt| {
-            let values_us = percentiles
-                .iter()
-                .map(|&p| {
-                    pt.distribution
-                        .percentile(p)
-                        .map(|o| o.map(|c| unit.to_us(c.value)))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(AlignedRow {
-                start_s: pt.start_s,
-                end_s: pt.end_s,
-                count: pt.distribution.count,
-                values_us,
-            })
-        })
-        .collect::<Result<Vec<_>, dist::DistError>>()?
+        aligned_rows(set, period_s, layout, unit, percentiles)?
     } else {
         Vec::new()
     };
@@ -230,6 +182,79 @@ pub fn analyze(
         alignment_period_s: period_s,
         aligned,
     })
+}
+
+/// The cloud's lens: Cloud Monitoring's interpolation in the distribution's buckets.
+fn cloud_lens(
+    distribution: &Distribution,
+    percentiles: &[f64],
+    unit: ValueUnit,
+) -> anyhow::Result<LensValues> {
+    let cloud_points = percentiles
+        .iter()
+        .map(|&p| distribution.percentile(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LensValues {
+        lens: Lens::Cloud,
+        method: "Cloud Monitoring ALIGN_PERCENTILE: linear interpolation inside the bucket".into(),
+        values_us: cloud_points
+            .iter()
+            .map(|c| c.map(|c| unit.to_us(c.value)))
+            .collect(),
+        open_above: cloud_points
+            .iter()
+            .map(|c| c.is_some_and(|c| c.open_above))
+            .collect(),
+    })
+}
+
+/// netperf's lens: its log-linear histogram, whole microseconds.
+fn netperf_lens(set: &SampleSet, percentiles: &[f64]) -> LensValues {
+    let count = set.samples.len();
+    let mut np = crate::analysis::stats::NetperfHist::new();
+    for s in &set.samples {
+        np.record_us(s.rtt_us.max(0.0) as u64);
+    }
+    LensValues {
+        lens: Lens::Netperf,
+        method: "netperf's log-linear histogram (100 buckets per decade from 1 us), HIST_get_percentile walk; whole microseconds".into(),
+        values_us: percentiles.iter().map(|&p| (count > 0).then(|| np.percentile_us(p / 100.0) as f64)).collect(),
+        open_above: vec![false; percentiles.len()],
+    }
+}
+
+/// The cloud's percentiles per alignment period of timed samples.
+fn aligned_rows(
+    set: &SampleSet,
+    period_s: f64,
+    layout: &BucketOptions,
+    unit: ValueUnit,
+    percentiles: &[f64],
+) -> anyhow::Result<Vec<AlignedRow>> {
+    Ok(align(
+        set.samples.iter().map(|s| (s.t_s(), s.rtt_us)),
+        period_s,
+        layout,
+        unit,
+    )?
+    .into_iter()
+    .map(|pt| {
+        let values_us = percentiles
+            .iter()
+            .map(|&p| {
+                pt.distribution
+                    .percentile(p)
+                    .map(|o| o.map(|c| unit.to_us(c.value)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(AlignedRow {
+            start_s: pt.start_s,
+            end_s: pt.end_s,
+            count: pt.distribution.count,
+            values_us,
+        })
+    })
+    .collect::<Result<Vec<_>, dist::DistError>>()?)
 }
 
 /// rttscope 0.1's `probe --json` as a result document (the reader in analysis/ takes it as a
@@ -463,23 +488,32 @@ fn gap_notes(
         ));
     }
     if let Some(c) = cloud_us {
-        let responding = local.name.contains("server");
-        if responding && exact >= 3.0 * c && exact >= 2000.0 {
-            notes.push(format!(
-                "delayed ACKs: this local view is the responding side ({pl} {}, {:.0}x the cloud's {}): in a request/response flow the client's ACK of each response waits for its next request (or the 40 ms delayed-ACK timer), so the responding side times the client's think time; compare the cloud with a client-side view.",
-                ms(exact),
-                exact / c.max(1e-9),
-                ms(c)
-            ));
-        }
-        if c >= 3.0 * exact && c >= 2000.0 && !responding {
-            notes.push(format!(
-                "delayed ACKs: the cloud's {pl} {} is {:.0}x the local {}; if the cloud's samples come from the responding side of a request/response flow, its ACKs wait for the next request (or the 40 ms delayed-ACK timer) and the RTT includes the other side's think time: compare with a local server-side view (e.g. `tcp server`).",
-                ms(c),
-                c / exact.max(1e-9),
-                ms(exact)
-            ));
-        }
+        notes.extend(delayed_ack_notes(&local.name, exact, c, &pl));
+    }
+    notes
+}
+
+/// When one side's percentile is far above the other's: the responding
+/// side of a request/response flow times the other side's think time.
+fn delayed_ack_notes(name: &str, exact: f64, c: f64, pl: &str) -> Vec<String> {
+    let ms = |us: f64| format!("{:.3} ms", us / 1000.0);
+    let mut notes = Vec::new();
+    let responding = name.contains("server");
+    if responding && exact >= 3.0 * c && exact >= 2000.0 {
+        notes.push(format!(
+            "delayed ACKs: this local view is the responding side ({pl} {}, {:.0}x the cloud's {}): in a request/response flow the client's ACK of each response waits for its next request (or the 40 ms delayed-ACK timer), so the responding side times the client's think time; compare the cloud with a client-side view.",
+            ms(exact),
+            exact / c.max(1e-9),
+            ms(c)
+        ));
+    }
+    if c >= 3.0 * exact && c >= 2000.0 && !responding {
+        notes.push(format!(
+            "delayed ACKs: the cloud's {pl} {} is {:.0}x the local {}; if the cloud's samples come from the responding side of a request/response flow, its ACKs wait for the next request (or the 40 ms delayed-ACK timer) and the RTT includes the other side's think time: compare with a local server-side view (e.g. `tcp server`).",
+            ms(c),
+            c / exact.max(1e-9),
+            ms(exact)
+        ));
     }
     notes
 }
@@ -529,38 +563,14 @@ fn point_report(
     };
     let mut beside = Vec::new();
     for set in local {
-        let (mut v, window) = local_window(set, p);
-        v.sort_by(f64::total_cmp);
-        let exact_us: Vec<Option<f64>> = percentiles
-            .iter()
-            .map(|&q| (!v.is_empty()).then(|| nearest_rank(&v, q)))
-            .collect();
-        let layout = distribution
-            .as_ref()
-            .map(|d| (d.bucket_options.clone(), d.unit))
-            .unwrap_or((dist::vm_flow_preset(), s.unit));
-        let mut rb = Distribution::new(layout.0, layout.1);
-        for &us in &v {
-            rb.add_us(us);
-        }
-        let (rebucketed_us, rebucketed_open_above) = if distribution.is_some() {
-            pct_of(&rb, percentiles)?
-        } else {
-            (none.clone(), vec![false; percentiles.len()])
-        };
-        let mut l = LocalBeside {
-            name: set.name.clone(),
-            window,
-            count: v.len(),
-            exact_us,
-            rebucketed_us,
-            rebucketed_open_above,
-            rebucketed: rb,
-            notes: Vec::new(),
-        };
-        if let Some(d) = &distribution {
-            l.notes = gap_notes(d, cloud_us[k], &l, percentiles[k], k);
-        }
+        let l = local_beside(
+            set,
+            (s, p),
+            distribution.as_ref(),
+            percentiles,
+            k,
+            cloud_us[k],
+        )?;
         beside.push(l);
     }
     Ok(CloudPointReport {
@@ -585,11 +595,76 @@ fn point_report(
     })
 }
 
+/// One local sample set beside cloud point `p` of series `s`: its samples in
+/// the point's window, exactly and through the cloud's buckets, and the notes
+/// on how they differ from the cloud's (`k`: the percentile the notes are on,
+/// `cloud_k` the cloud's value of it).
+fn local_beside(
+    set: &SampleSet,
+    (s, p): (&CloudSeries, &CloudPoint),
+    distribution: Option<&Distribution>,
+    percentiles: &[f64],
+    k: usize,
+    cloud_k: Option<f64>,
+) -> anyhow::Result<LocalBeside> {
+    let none = vec![None; percentiles.len()];
+    let (mut v, window) = local_window(set, p);
+    v.sort_by(f64::total_cmp);
+    let exact_us: Vec<Option<f64>> = percentiles
+        .iter()
+        .map(|&q| (!v.is_empty()).then(|| nearest_rank(&v, q)))
+        .collect();
+    let layout = distribution
+        .map(|d| (d.bucket_options.clone(), d.unit))
+        .unwrap_or((dist::vm_flow_preset(), s.unit));
+    let mut rb = Distribution::new(layout.0, layout.1);
+    for &us in &v {
+        rb.add_us(us);
+    }
+    let (rebucketed_us, rebucketed_open_above) = if distribution.is_some() {
+        pct_of(&rb, percentiles)?
+    } else {
+        (none, vec![false; percentiles.len()])
+    };
+    let mut l = LocalBeside {
+        name: set.name.clone(),
+        window,
+        count: v.len(),
+        exact_us,
+        rebucketed_us,
+        rebucketed_open_above,
+        rebucketed: rb,
+        notes: Vec::new(),
+    };
+    if let Some(d) = distribution {
+        l.notes = gap_notes(d, cloud_k, &l, percentiles[k], k);
+    }
+    Ok(l)
+}
+
 /// The human text for one cloud point.
 pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
     use std::fmt::Write as _;
-    let unit = r.unit;
     let mut o = String::new();
+    write_cloud_series_line(&mut o, r);
+    write_cloud_value(&mut o, r, all_buckets);
+    let (t, notes) = lens_table(r);
+    indent(&mut o, &t);
+    for n in &notes {
+        let _ = writeln!(o, "    - {n}");
+    }
+    if r.local.is_empty() {
+        let _ = writeln!(
+            o,
+            "  (give --local RESULT_OR_OBSERVE_FILE to put local samples of the same window beside it)"
+        );
+    }
+    o
+}
+
+/// The point's series: metric, resource, kinds and unit.
+fn write_cloud_series_line(o: &mut String, r: &CloudPointReport) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         o,
         "cloud series {}: {} | resource {} | {} {} | unit {}{}",
@@ -606,13 +681,20 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
         } else {
             &r.value_type
         },
-        unit,
+        r.unit,
         if r.unit_given {
             ""
         } else {
             " (not in the file: assumed, the vm_flow/rtt metric's unit)"
         }
     );
+}
+
+/// The point's value: its distribution (with the layout and buckets), an
+/// already reduced value, or that it is empty.
+fn write_cloud_value(o: &mut String, r: &CloudPointReport, all_buckets: bool) {
+    use std::fmt::Write as _;
+    let unit = r.unit;
     let hidden = if r.earlier_cumulative_points > 0 {
         format!(
             " (CUMULATIVE: this last point holds the {} earlier ones)",
@@ -620,14 +702,6 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
         )
     } else {
         String::new()
-    };
-    let cells = |name: String, vals: &[Option<f64>], open: &[bool], method: String| {
-        let mut c = vec![name];
-        for (i, v) in vals.iter().enumerate() {
-            c.push(pct_cell(*v, open.get(i).copied().unwrap_or(false), unit));
-        }
-        c.push(method);
-        c
     };
     match (&r.distribution, r.value) {
         (Some(d), _) => {
@@ -651,7 +725,7 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
                 d.bucket_options.spec(),
                 d.bucket_options.num_buckets()
             );
-            write_buckets(&mut o, d, all_buckets);
+            write_buckets(o, d, all_buckets);
         }
         (None, Some(v)) => {
             let _ = writeln!(
@@ -668,18 +742,41 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
             );
         }
     }
+}
+
+/// One row of the lens table: a name, a cell per percentile, the method.
+fn lens_row(
+    name: String,
+    vals: &[Option<f64>],
+    open: &[bool],
+    method: String,
+    unit: ValueUnit,
+) -> Vec<String> {
+    let mut c = vec![name];
+    for (i, v) in vals.iter().enumerate() {
+        c.push(pct_cell(*v, open.get(i).copied().unwrap_or(false), unit));
+    }
+    c.push(method);
+    c
+}
+
+/// The percentiles through each lens (the cloud's, each local set's exact
+/// and re-bucketed ones), and the notes on their gaps.
+fn lens_table(r: &CloudPointReport) -> (Table, Vec<String>) {
+    let unit = r.unit;
     let mut t = pct_table("LENS", &r.percentiles, unit, &["METHOD"]);
     if r.distribution.is_some() {
-        t.row(cells(
+        t.row(lens_row(
             "cloud".into(),
             &r.cloud_us,
             &r.cloud_open_above,
             "ALIGN_PERCENTILE interpolation in the file's buckets".into(),
+            unit,
         ));
     }
     let mut notes = Vec::new();
     for l in &r.local {
-        t.row(cells(
+        t.row(lens_row(
             format!("{} exact", l.name),
             &l.exact_us,
             &[],
@@ -688,28 +785,20 @@ pub fn render_cloud_point(r: &CloudPointReport, all_buckets: bool) -> String {
                 count(l.count as u64, "sample"),
                 l.window
             ),
+            unit,
         ));
         if r.distribution.is_some() {
-            t.row(cells(
+            t.row(lens_row(
                 format!("{} cloud-b.", l.name),
                 &l.rebucketed_us,
                 &l.rebucketed_open_above,
                 "the same samples through the cloud's layout, same interpolation".into(),
+                unit,
             ));
         }
         notes.extend(l.notes.iter().map(|n| format!("{}: {n}", l.name)));
     }
-    indent(&mut o, &t);
-    for n in &notes {
-        let _ = writeln!(o, "    - {n}");
-    }
-    if r.local.is_empty() {
-        let _ = writeln!(
-            o,
-            "  (give --local RESULT_OR_OBSERVE_FILE to put local samples of the same window beside it)"
-        );
-    }
-    o
+    (t, notes)
 }
 
 fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
@@ -1005,25 +1094,32 @@ pub fn render_table(r: &BucketReport, all_buckets: bool) -> String {
     }
     indent(&mut o, &t);
     if r.aligned.len() > 1 {
-        let _ = writeln!(
-            o,
-            "aligned series (period {} s, ALIGN_PERCENTILE per period, stamped at the period end):",
-            fmt_bound(r.alignment_period_s)
-        );
-        let mut t = Table::new()
-            .col("END s", Align::Right)
-            .col("COUNT", Align::Right);
-        for &p in &r.percentiles {
-            t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
-        }
-        for row in &r.aligned {
-            let mut cells = vec![fmt_bound(row.end_s), row.count.to_string()];
-            cells.extend(row.values_us.iter().map(|v| pct_cell(*v, false, unit)));
-            t.row(cells);
-        }
-        indent(&mut o, &t);
+        write_aligned(&mut o, r);
     }
     o
+}
+
+/// The aligned series: the cloud's percentiles per alignment period.
+fn write_aligned(o: &mut String, r: &BucketReport) {
+    use std::fmt::Write as _;
+    let unit = r.distribution.unit;
+    let _ = writeln!(
+        o,
+        "aligned series (period {} s, ALIGN_PERCENTILE per period, stamped at the period end):",
+        fmt_bound(r.alignment_period_s)
+    );
+    let mut t = Table::new()
+        .col("END s", Align::Right)
+        .col("COUNT", Align::Right);
+    for &p in &r.percentiles {
+        t = t.col(format!("{} {unit}", pct_label(p)), Align::Right);
+    }
+    for row in &r.aligned {
+        let mut cells = vec![fmt_bound(row.end_s), row.count.to_string()];
+        cells.extend(row.values_us.iter().map(|v| pct_cell(*v, false, unit)));
+        t.row(cells);
+    }
+    indent(o, &t);
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@
 //! and the thread dies with the process, after which `bypass` keeps the
 //! link up until the testbed is removed.
 use std::collections::BinaryHeap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -224,6 +224,55 @@ impl PartialOrd for Held {
     }
 }
 
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            stop: AtomicBool::new(false),
+            cpu_ns: AtomicU64::new(0),
+            realtime: AtomicBool::new(false),
+            stamped: AtomicU64::new(0),
+            cfg: Mutex::new([DelayCfg::default(); 2]),
+            counters: Default::default(),
+            bad: AtomicU64::new(0),
+            late: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
+        }
+    }
+}
+
+/// In the emulator thread: enter `netns`, ask for a 1 us timer slack and
+/// real-time priority, keep receive timestamps on, and bind the queues.
+fn open_queues(
+    netns: Option<&Path>,
+    queues: [u16; 2],
+    max_held: usize,
+    sh: &Shared,
+) -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
+    if let Some(p) = netns {
+        crate::sys::netns::enter_path(p, &p.to_string_lossy())?;
+    }
+    // Timer slack 1 us: release times are honoured to the microsecond, not 50 us.
+    // SAFETY: prctl on the calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
+    // Real-time priority (best effort): on a busy machine a
+    // normal thread can wait 10+ ms for a CPU, which would be
+    // added to packets' delay. The loop sleeps in ppoll, and the
+    // kernel's RT throttling keeps 5 % of each CPU for others.
+    let param = libc::sched_param {
+        sched_priority: RT_PRIORITY,
+    };
+    // SAFETY: pthread_self is the calling thread; param is valid.
+    let rt =
+        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) } == 0;
+    sh.realtime.store(rt, Ordering::Relaxed);
+    let stamps = enable_rx_timestamps();
+    let mut q = NfQueue::open().context("opening an NFQUEUE netlink socket")?;
+    for qn in queues {
+        q.bind(qn, (max_held + 1024) as u32, NFQA_CFG_F_GSO)
+            .with_context(|| format!("binding NFQUEUE {qn}"))?;
+    }
+    Ok((q, stamps))
+}
+
 /// The delay emulator: one thread, one netlink socket bound to two queues.
 pub struct DelayEmulator {
     pub queues: [u16; 2],
@@ -237,48 +286,13 @@ impl DelayEmulator {
     /// one), bound to `queues` = [up, down]. The queues are bound before
     /// this returns, so steering rules may be installed right after.
     pub fn start(netns: Option<PathBuf>, queues: [u16; 2], max_held: usize) -> Result<Self> {
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            cpu_ns: AtomicU64::new(0),
-            realtime: AtomicBool::new(false),
-            stamped: AtomicU64::new(0),
-            cfg: Mutex::new([DelayCfg::default(); 2]),
-            counters: Default::default(),
-            bad: AtomicU64::new(0),
-            late: Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()),
-        });
+        let shared = Arc::new(Shared::new());
         let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("lab-emulator".into())
             .spawn(move || {
-                let q = (|| -> Result<(NfQueue, Option<std::os::fd::OwnedFd>)> {
-                    if let Some(p) = &netns {
-                        crate::sys::netns::enter_path(p, &p.to_string_lossy())?;
-                    }
-                    // Timer slack 1 us: release times are honoured to the microsecond, not 50 us.
-                    // SAFETY: prctl on the calling thread.
-                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64) };
-                    // Real-time priority (best effort): on a busy machine a
-                    // normal thread can wait 10+ ms for a CPU, which would be
-                    // added to packets' delay. The loop sleeps in ppoll, and the
-                    // kernel's RT throttling keeps 5 % of each CPU for others.
-                    let param = libc::sched_param {
-                        sched_priority: RT_PRIORITY,
-                    };
-                    // SAFETY: pthread_self is the calling thread; param is valid.
-                    let rt = unsafe {
-                        libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param)
-                    } == 0;
-                    sh.realtime.store(rt, Ordering::Relaxed);
-                    let stamps = enable_rx_timestamps();
-                    let mut q = NfQueue::open().context("opening an NFQUEUE netlink socket")?;
-                    for qn in queues {
-                        q.bind(qn, (max_held + 1024) as u32, NFQA_CFG_F_GSO)
-                            .with_context(|| format!("binding NFQUEUE {qn}"))?;
-                    }
-                    Ok((q, stamps))
-                })();
+                let q = open_queues(netns.as_deref(), queues, max_held, &sh);
                 match q {
                     Ok((q, _stamps)) => {
                         let _ = tx.send(Ok(()));
@@ -395,17 +409,14 @@ fn thread_cpu_ns() -> u64 {
 
 /// The emulator loop: receive, schedule, release when due.
 fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Result<()> {
-    let mut heap: BinaryHeap<Held> = BinaryHeap::new();
-    let mut last_due = [Instant::now(); 2];
-    let mut counts = [0usize; 2];
-    let mut seq = 0u64;
-    let mut rng = rand::thread_rng();
+    let mut s = Schedule::new(queues, max_held);
     let mut batch: Vec<QueuedPacket> = Vec::with_capacity(1024);
     // Poll at least every 50 ms to notice `stop`.
     const IDLE: Duration = Duration::from_millis(50);
     while !sh.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
-        let timeout = heap
+        let timeout = s
+            .heap
             .peek()
             .map(|h| h.due.saturating_duration_since(now).min(IDLE))
             .unwrap_or(IDLE);
@@ -413,76 +424,9 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
             batch.clear();
             let bad = q.recv_packets(&mut batch)?;
             sh.bad.fetch_add(bad as u64, Ordering::Relaxed);
-            let now = Instant::now();
-            let wall_us = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0);
-            let cfg = *sh.cfg.lock().unwrap();
-            for p in &batch {
-                let Some(d) = queues.iter().position(|&x| x == p.queue) else {
-                    // Not one of ours (cannot happen: we bound only these).
-                    q.push_verdict(*p, NF_ACCEPT);
-                    continue;
-                };
-                let c = &sh.counters[d];
-                c.received.fetch_add(1, Ordering::Relaxed);
-                if counts[d] >= max_held {
-                    q.push_verdict(*p, NF_DROP);
-                    c.dropped_full.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                // Arrival: the kernel's queueing time when it sent one (so the
-                // wake-up latency of this thread is not added to the delay),
-                // else now. A stamp older than 100 ms or in the future is ignored.
-                let arrived = match p.tstamp_us.and_then(|t| wall_us.checked_sub(t)) {
-                    Some(age) if age <= 100_000 => {
-                        sh.stamped.fetch_add(1, Ordering::Relaxed);
-                        now - Duration::from_micros(age)
-                    }
-                    _ => now,
-                };
-                let DelayCfg { delay, jitter } = cfg[d];
-                let due = if jitter.is_zero() {
-                    // Keep order: never earlier than the previous release.
-                    (arrived + delay).max(last_due[d])
-                } else {
-                    let j = jitter.as_nanos() as i64;
-                    let off = rng.gen_range(-j..=j);
-                    let base = delay.as_nanos() as i64 + off;
-                    arrived + Duration::from_nanos(base.max(0) as u64)
-                };
-                last_due[d] = last_due[d].max(due);
-                counts[d] += 1;
-                seq += 1;
-                heap.push(Held {
-                    due,
-                    seq,
-                    pkt: (p.queue, p.id),
-                });
-                c.held.store(counts[d] as u64, Ordering::Relaxed);
-                c.max_held.fetch_max(counts[d] as u64, Ordering::Relaxed);
-            }
+            s.admit(&mut q, &batch, sh);
         }
-        let now = Instant::now();
-        let mut late = Vec::new();
-        while heap.peek().is_some_and(|h| h.due <= now) {
-            let h = heap.pop().unwrap();
-            let d = if h.pkt.0 == queues[0] { 0 } else { 1 };
-            q.push_verdict(
-                QueuedPacket {
-                    queue: h.pkt.0,
-                    id: h.pkt.1,
-                    tstamp_us: None,
-                },
-                NF_ACCEPT,
-            );
-            counts[d] -= 1;
-            let c = &sh.counters[d];
-            c.released.fetch_add(1, Ordering::Relaxed);
-            c.held.store(counts[d] as u64, Ordering::Relaxed);
-            late.push(now.duration_since(h.due).as_micros() as u64);
-        }
+        let late = s.release_due(&mut q, sh);
         q.flush_verdicts()?;
         sh.cpu_ns.store(thread_cpu_ns(), Ordering::Relaxed);
         if !late.is_empty() {
@@ -493,7 +437,7 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
         }
     }
     // Stopping: release everything still held.
-    while let Some(h) = heap.pop() {
+    while let Some(h) = s.heap.pop() {
         q.push_verdict(
             QueuedPacket {
                 queue: h.pkt.0,
@@ -505,6 +449,118 @@ fn emulate(mut q: NfQueue, queues: [u16; 2], max_held: usize, sh: &Shared) -> Re
     }
     q.flush_verdicts()?;
     Ok(())
+}
+
+/// The packets held by the emulator loop, by release time, and per direction
+/// how many are held and the latest release time given.
+struct Schedule {
+    queues: [u16; 2],
+    max_held: usize,
+    heap: BinaryHeap<Held>,
+    last_due: [Instant; 2],
+    counts: [usize; 2],
+    seq: u64,
+    rng: rand::rngs::ThreadRng,
+}
+
+impl Schedule {
+    fn new(queues: [u16; 2], max_held: usize) -> Schedule {
+        Schedule {
+            queues,
+            max_held,
+            heap: BinaryHeap::new(),
+            last_due: [Instant::now(); 2],
+            counts: [0usize; 2],
+            seq: 0,
+            rng: rand::thread_rng(),
+        }
+    }
+
+    /// Hold each packet of `batch` until its due time (dropped when its
+    /// direction already holds `max_held`).
+    fn admit(&mut self, q: &mut NfQueue, batch: &[QueuedPacket], sh: &Shared) {
+        let now = Instant::now();
+        let wall_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let cfg = *sh.cfg.lock().unwrap();
+        for p in batch {
+            let Some(d) = self.queues.iter().position(|&x| x == p.queue) else {
+                // Not one of ours (cannot happen: we bound only these).
+                q.push_verdict(*p, NF_ACCEPT);
+                continue;
+            };
+            let c = &sh.counters[d];
+            c.received.fetch_add(1, Ordering::Relaxed);
+            if self.counts[d] >= self.max_held {
+                q.push_verdict(*p, NF_DROP);
+                c.dropped_full.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            // Arrival: the kernel's queueing time when it sent one (so the
+            // wake-up latency of this thread is not added to the delay),
+            // else now. A stamp older than 100 ms or in the future is ignored.
+            let arrived = match p.tstamp_us.and_then(|t| wall_us.checked_sub(t)) {
+                Some(age) if age <= 100_000 => {
+                    sh.stamped.fetch_add(1, Ordering::Relaxed);
+                    now - Duration::from_micros(age)
+                }
+                _ => now,
+            };
+            let due = self.due(d, arrived, cfg[d]);
+            self.counts[d] += 1;
+            self.seq += 1;
+            self.heap.push(Held {
+                due,
+                seq: self.seq,
+                pkt: (p.queue, p.id),
+            });
+            c.held.store(self.counts[d] as u64, Ordering::Relaxed);
+            c.max_held
+                .fetch_max(self.counts[d] as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// When a packet of direction `d` that `arrived` is due.
+    fn due(&mut self, d: usize, arrived: Instant, cfg: DelayCfg) -> Instant {
+        let DelayCfg { delay, jitter } = cfg;
+        let due = if jitter.is_zero() {
+            // Keep order: never earlier than the previous release.
+            (arrived + delay).max(self.last_due[d])
+        } else {
+            let j = jitter.as_nanos() as i64;
+            let off = self.rng.gen_range(-j..=j);
+            let base = delay.as_nanos() as i64 + off;
+            arrived + Duration::from_nanos(base.max(0) as u64)
+        };
+        self.last_due[d] = self.last_due[d].max(due);
+        due
+    }
+
+    /// Release the packets that are due; returns how late each was (us).
+    fn release_due(&mut self, q: &mut NfQueue, sh: &Shared) -> Vec<u64> {
+        let now = Instant::now();
+        let mut late = Vec::new();
+        while self.heap.peek().is_some_and(|h| h.due <= now) {
+            let h = self.heap.pop().unwrap();
+            let d = if h.pkt.0 == self.queues[0] { 0 } else { 1 };
+            q.push_verdict(
+                QueuedPacket {
+                    queue: h.pkt.0,
+                    id: h.pkt.1,
+                    tstamp_us: None,
+                },
+                NF_ACCEPT,
+            );
+            self.counts[d] -= 1;
+            let c = &sh.counters[d];
+            c.released.fetch_add(1, Ordering::Relaxed);
+            c.held.store(self.counts[d] as u64, Ordering::Relaxed);
+            late.push(now.duration_since(h.due).as_micros() as u64);
+        }
+        late
+    }
 }
 
 /// The nftables ruleset for both directions: random loss, at priority -200

@@ -116,33 +116,7 @@ impl Observer {
         sample_every: u32,
         stderr_path: PathBuf,
     ) -> Result<Observer> {
-        let cli = tb.ns(Role::Cli);
-        let srv = tb.ns(Role::Srv);
-        let args: Vec<String> = [
-            "observe",
-            "--format",
-            "json",
-            "--netns",
-            &cli,
-            "--netns",
-            &srv,
-            "--view",
-            "tcp,sampler",
-            "--iface",
-            &format!("{cli}:{HOST_IF}"),
-            "--iface",
-            &format!("{srv}:{HOST_IF}"),
-            "--port",
-            &PORT.to_string(),
-            "--sample-every",
-            &sample_every.to_string(),
-            "--raw",
-            "--interval",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = observer_args(tb, sample_every);
         let err = crate::sys::files::create_replacing(&stderr_path)
             .with_context(|| format!("creating {}", stderr_path.display()))?;
         let mut cmd = Command::new(exe);
@@ -163,13 +137,19 @@ impl Observer {
             stderr_path,
             args,
         };
+        obs.wait_started()?;
+        Ok(obs)
+    }
+
+    /// Wait (up to 60 s) for the observer's start record.
+    fn wait_started(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if obs.shared.lock().unwrap().start_ts.is_some() {
-                break;
+            if self.shared.lock().unwrap().start_ts.is_some() {
+                return Ok(());
             }
-            if let Some(st) = obs.child.try_wait()? {
-                let msg = std::fs::read_to_string(&obs.stderr_path).unwrap_or_default();
+            if let Some(st) = self.child.try_wait()? {
+                let msg = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
                 bail!(
                     "rttscope observe exited ({st}) before starting: {}",
                     msg.trim()
@@ -181,7 +161,6 @@ impl Observer {
             signals::check()?;
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(obs)
     }
 
     /// SIGINT, wait for its end line (up to 10 s), then SIGKILL.
@@ -201,6 +180,38 @@ impl Observer {
             let _ = r.join();
         }
     }
+}
+
+/// `rttscope observe` for the whole run: both views on both ends, raw
+/// samples of the flows to the responder's port.
+fn observer_args(tb: &Testbed, sample_every: u32) -> Vec<String> {
+    let cli = tb.ns(Role::Cli);
+    let srv = tb.ns(Role::Srv);
+    [
+        "observe",
+        "--format",
+        "json",
+        "--netns",
+        &cli,
+        "--netns",
+        &srv,
+        "--view",
+        "tcp,sampler",
+        "--iface",
+        &format!("{cli}:{HOST_IF}"),
+        "--iface",
+        &format!("{srv}:{HOST_IF}"),
+        "--port",
+        &PORT.to_string(),
+        "--sample-every",
+        &sample_every.to_string(),
+        "--raw",
+        "--interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 impl Drop for Observer {
@@ -309,6 +320,37 @@ struct PhaseData {
     flows: usize,
 }
 
+impl PhaseData {
+    /// The observer's samples of this phase's flows (first seen between the
+    /// phase's start and `end`) within the probes' window, by view and side.
+    fn take_observed(&mut self, s: &ObsShared, end: f64) {
+        let (ws, we) = (self.start_unix, end);
+        let mine: std::collections::HashSet<u16> = s
+            .first_seen
+            .iter()
+            .filter(|(_, &t)| t >= ws - 0.05 && t < we)
+            .map(|(&p, _)| p)
+            .collect();
+        self.flows = mine.len();
+        // The probes' window: from the first transaction's send to the end of the last one
+        // (the connect, hello and close of each probe connection are not in a row).
+        let (t0, t1) = probe_window(&self.rr).unwrap_or((ws, we));
+        for r in s
+            .samples
+            .iter()
+            .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
+        {
+            let v = (r.t_unix, r.rtt_us);
+            match (r.view, r.side) {
+                (PView::Tcp, Side::Client) => self.tcp_cli.push(v),
+                (PView::Tcp, Side::Server) => self.tcp_srv.push(v),
+                (PView::Sampler, Side::Client) => self.smp_cli.push(v),
+                (PView::Sampler, Side::Server) => self.smp_srv.push(v),
+            }
+        }
+    }
+}
+
 /// The real lab environment.
 pub struct LabEnv {
     exe: PathBuf,
@@ -404,6 +446,211 @@ fn kill_all(kids: &mut [Running]) {
     }
 }
 
+/// `rttscope probe tcp-rr` arguments: `req`/`resp` bytes every `interval` for `len` s.
+fn rr_args(srv: &str, req: usize, resp: usize, interval: Duration, len: f64) -> Vec<String> {
+    vec![
+        "probe".into(),
+        "tcp-rr".into(),
+        srv.to_string(),
+        "-p".into(),
+        PORT.to_string(),
+        "-l".into(),
+        format!("{len:.3}"),
+        "-w".into(),
+        format!("{}us", interval.as_micros()),
+        "-r".into(),
+        format!("{req},{resp}"),
+        "--nodelay".into(),
+        // A transaction in TCP's exponential backoff (the loss
+        // scenarios) is the application tail being measured, not a
+        // failure: let it last as long as the phase (the probe's -l
+        // ends it with the phase).
+        "-W".into(),
+        format!("{:.0}s", len.max(0.0) + 10.0),
+        "--json".into(),
+        "-".into(),
+    ]
+}
+
+/// `rttscope probe icmp` arguments: one echo every `interval` for `len` s.
+fn ping_args(srv: &str, interval: Duration, len: f64) -> Vec<String> {
+    vec![
+        "probe".into(),
+        "icmp".into(),
+        srv.to_string(),
+        "-w".into(),
+        format!("{len:.3}"),
+        "-i".into(),
+        format!("{}us", interval.as_micros()),
+        "-W".into(),
+        "5s".into(),
+        "--json".into(),
+        "-".into(),
+    ]
+}
+
+/// `iperf3` arguments of the bulk download (server to client) for `secs` s.
+fn bulk_args(srv: &str, secs: f64) -> Vec<String> {
+    [
+        "-c",
+        srv,
+        "-p",
+        &BULK_PORT.to_string(),
+        "-R",
+        "-C",
+        super::testbed::CONGESTION_CONTROL,
+        "-t",
+        &format!("{}", secs.ceil() as u64),
+        "-J",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Waits for the probes, reporting progress and honouring Ctrl-C.
+fn wait_for_probes(
+    kids: &mut [Running],
+    phase: &Phase,
+    started: Instant,
+    progress: &dyn Progress,
+) -> Result<()> {
+    loop {
+        progress.at(started.elapsed().min(phase.duration));
+        signals::check()?;
+        let mut all = true;
+        for k in kids.iter_mut() {
+            if k.child.try_wait()?.is_none() {
+                all = false;
+            }
+        }
+        if all {
+            break;
+        }
+        if started.elapsed() > phase.duration + Duration::from_secs(30) {
+            bail!(
+                "the probes of phase {} did not end 30 s after its length",
+                phase.label
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Stops the bulk flow once iperf3 has printed its JSON (when its -t ends,
+/// about now) and returns what the report says of it.
+fn finish_bulk(mut b: Running) -> Result<Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && b.child.try_wait()?.is_none() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = b.child.kill();
+    let _ = b.child.wait();
+    let (so, _) = b.out.join().unwrap_or_default();
+    let v: Value = serde_json::from_str(so.trim()).unwrap_or(Value::Null);
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64();
+    let cc = v["end"]["sender_tcp_congestion"].clone();
+    Ok(
+        json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": bps, "sender_congestion": cc}),
+    )
+}
+
+impl LabEnv {
+    fn spawn_probe(&self, tb: &Testbed, what: &str, prog: &str, a: Vec<String>) -> Result<Running> {
+        Ok(collect(self.spawn_cli(tb, prog, &a)?, what.to_string()))
+    }
+
+    /// Starts the phase's probes (and bulk flow) in the client namespace.
+    fn start_workload(
+        &self,
+        tb: &Testbed,
+        phase: &Phase,
+        kids: &mut Vec<Running>,
+        bulk: &mut Option<Running>,
+    ) -> Result<()> {
+        let secs = phase.duration.as_secs_f64();
+        let srv = SRV_ADDR.to_string();
+        let exe = self.exe_str().to_string();
+        match &phase.workload {
+            Workload::TcpRr {
+                request,
+                response,
+                interval,
+                sessions,
+            } => {
+                for s in 0..*sessions {
+                    // stagger parallel sessions over the interval
+                    let a = rr_args(&srv, *request, *response, *interval, secs);
+                    kids.push(self.spawn_probe(tb, &format!("rr{s}"), &exe, a)?);
+                    if *sessions > 1 {
+                        std::thread::sleep((*interval / *sessions).min(Duration::from_millis(50)));
+                    }
+                }
+            }
+            Workload::PingAndRr { interval } => {
+                let a = rr_args(&srv, 1, 1, *interval, secs);
+                kids.push(self.spawn_probe(tb, "rr", &exe, a)?);
+                kids.push(self.spawn_probe(tb, "ping", &exe, ping_args(&srv, *interval, secs))?);
+            }
+            Workload::BulkWithProbes { probe_interval, .. } => {
+                *bulk = Some(self.spawn_probe(tb, "bulk", "iperf3", bulk_args(&srv, secs))?);
+                // let the bulk flow fill the queue before probing
+                let warm = Duration::from_millis(1500).min(phase.duration / 4);
+                std::thread::sleep(warm);
+                let len = secs - warm.as_secs_f64();
+                let a = rr_args(&srv, 1, 1, *probe_interval, len);
+                kids.push(self.spawn_probe(tb, "rr", &exe, a)?);
+                let a = ping_args(&srv, *probe_interval, len);
+                kids.push(self.spawn_probe(tb, "ping", &exe, a)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one ended probe's result into the phase's samples; returns its
+    /// document without the samples, named by `probe`.
+    fn probe_result(&mut self, k: Running, phase: &Phase) -> Result<Value> {
+        let Running {
+            what,
+            mut child,
+            out,
+        } = k;
+        let st = child.wait()?;
+        let (so, se) = out
+            .join()
+            .map_err(|_| anyhow!("probe output thread panicked"))?;
+        if !st.success() {
+            bail!(
+                "probe {what} in phase {} failed ({st}): {}",
+                phase.label,
+                se.trim()
+            );
+        }
+        let p = read_probe_document(&so)
+            .with_context(|| format!("reading the {what} probe's result: {}", se.trim()))?;
+        let samples: Vec<(f64, f64)> = p
+            .samples
+            .iter()
+            .map(|&(t, rtt)| (p.start_unix_s + t as f64 / 1e9, rtt as f64 / 1e3))
+            .collect();
+        let lost = p.counts.lost + p.counts.errors;
+        if what == "ping" {
+            self.current.ping.extend(samples);
+            self.current.ping_lost += lost;
+        } else {
+            self.current.rr.extend(samples);
+            self.current.rr_failed += lost;
+        }
+        let mut v = serde_json::to_value(&p)?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("samples");
+            o.insert("probe".into(), json!(what));
+        }
+        Ok(v)
+    }
+}
+
 impl ScenarioEnv for LabEnv {
     fn missing(&self) -> Vec<&'static str> {
         Vec::new()
@@ -460,130 +707,12 @@ impl ScenarioEnv for LabEnv {
     }
 
     fn probe(&mut self, tb: &Testbed, phase: &Phase, progress: &dyn Progress) -> Result<Value> {
-        let secs = phase.duration.as_secs_f64();
-        let srv = SRV_ADDR.to_string();
-        let exe = self.exe_str().to_string();
-        let rr_args = |req: usize, resp: usize, interval: Duration, len: f64| -> Vec<String> {
-            vec![
-                "probe".into(),
-                "tcp-rr".into(),
-                srv.clone(),
-                "-p".into(),
-                PORT.to_string(),
-                "-l".into(),
-                format!("{len:.3}"),
-                "-w".into(),
-                format!("{}us", interval.as_micros()),
-                "-r".into(),
-                format!("{req},{resp}"),
-                "--nodelay".into(),
-                // A transaction in TCP's exponential backoff (the loss
-                // scenarios) is the application tail being measured, not a
-                // failure: let it last as long as the phase (the probe's -l
-                // ends it with the phase).
-                "-W".into(),
-                format!("{:.0}s", len.max(0.0) + 10.0),
-                "--json".into(),
-                "-".into(),
-            ]
-        };
-        let ping_args = |interval: Duration, len: f64| -> Vec<String> {
-            vec![
-                "probe".into(),
-                "icmp".into(),
-                srv.clone(),
-                "-w".into(),
-                format!("{len:.3}"),
-                "-i".into(),
-                format!("{}us", interval.as_micros()),
-                "-W".into(),
-                "5s".into(),
-                "--json".into(),
-                "-".into(),
-            ]
-        };
         let mut kids: Vec<Running> = Vec::new();
         let mut bulk: Option<Running> = None;
-        let spawn = |me: &LabEnv, what: &str, prog: &str, a: Vec<String>| -> Result<Running> {
-            Ok(collect(me.spawn_cli(tb, prog, &a)?, what.to_string()))
-        };
         let started = Instant::now();
-        let res = (|| -> Result<()> {
-            match &phase.workload {
-                Workload::TcpRr {
-                    request,
-                    response,
-                    interval,
-                    sessions,
-                } => {
-                    for s in 0..*sessions {
-                        // stagger parallel sessions over the interval
-                        let a = rr_args(*request, *response, *interval, secs);
-                        kids.push(spawn(self, &format!("rr{s}"), &exe, a)?);
-                        if *sessions > 1 {
-                            std::thread::sleep(
-                                (*interval / *sessions).min(Duration::from_millis(50)),
-                            );
-                        }
-                    }
-                }
-                Workload::PingAndRr { interval } => {
-                    kids.push(spawn(self, "rr", &exe, rr_args(1, 1, *interval, secs))?);
-                    kids.push(spawn(self, "ping", &exe, ping_args(*interval, secs))?);
-                }
-                Workload::BulkWithProbes { probe_interval, .. } => {
-                    let a: Vec<String> = [
-                        "-c",
-                        &srv,
-                        "-p",
-                        &BULK_PORT.to_string(),
-                        "-R",
-                        "-C",
-                        super::testbed::CONGESTION_CONTROL,
-                        "-t",
-                        &format!("{}", secs.ceil() as u64),
-                        "-J",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect();
-                    bulk = Some(spawn(self, "bulk", "iperf3", a)?);
-                    // let the bulk flow fill the queue before probing
-                    let warm = Duration::from_millis(1500).min(phase.duration / 4);
-                    std::thread::sleep(warm);
-                    let len = secs - warm.as_secs_f64();
-                    kids.push(spawn(
-                        self,
-                        "rr",
-                        &exe,
-                        rr_args(1, 1, *probe_interval, len),
-                    )?);
-                    kids.push(spawn(self, "ping", &exe, ping_args(*probe_interval, len))?);
-                }
-            }
-            // wait for the probes, reporting progress, honouring Ctrl-C
-            loop {
-                progress.at(started.elapsed().min(phase.duration));
-                signals::check()?;
-                let mut all = true;
-                for k in kids.iter_mut() {
-                    if k.child.try_wait()?.is_none() {
-                        all = false;
-                    }
-                }
-                if all {
-                    break;
-                }
-                if started.elapsed() > phase.duration + Duration::from_secs(30) {
-                    bail!(
-                        "the probes of phase {} did not end 30 s after its length",
-                        phase.label
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Ok(())
-        })();
+        let res = self
+            .start_workload(tb, phase, &mut kids, &mut bulk)
+            .and_then(|()| wait_for_probes(&mut kids, phase, started, progress));
         if let Err(e) = res {
             kill_all(&mut kids);
             if let Some(b) = bulk.as_mut() {
@@ -594,59 +723,10 @@ impl ScenarioEnv for LabEnv {
         }
         let mut results = Vec::new();
         for k in kids {
-            let Running {
-                what,
-                mut child,
-                out,
-            } = k;
-            let st = child.wait()?;
-            let (so, se) = out
-                .join()
-                .map_err(|_| anyhow!("probe output thread panicked"))?;
-            if !st.success() {
-                bail!(
-                    "probe {what} in phase {} failed ({st}): {}",
-                    phase.label,
-                    se.trim()
-                );
-            }
-            let p = read_probe_document(&so)
-                .with_context(|| format!("reading the {what} probe's result: {}", se.trim()))?;
-            let samples: Vec<(f64, f64)> = p
-                .samples
-                .iter()
-                .map(|&(t, rtt)| (p.start_unix_s + t as f64 / 1e9, rtt as f64 / 1e3))
-                .collect();
-            let lost = p.counts.lost + p.counts.errors;
-            if what == "ping" {
-                self.current.ping.extend(samples);
-                self.current.ping_lost += lost;
-            } else {
-                self.current.rr.extend(samples);
-                self.current.rr_failed += lost;
-            }
-            let mut v = serde_json::to_value(&p)?;
-            if let Some(o) = v.as_object_mut() {
-                o.remove("samples");
-                o.insert("probe".into(), json!(what));
-            }
-            results.push(v);
+            results.push(self.probe_result(k, phase)?);
         }
-        if let Some(mut b) = bulk {
-            // iperf3 prints its JSON when its -t ends (about now); then stop it
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && b.child.try_wait()?.is_none() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = b.child.kill();
-            let _ = b.child.wait();
-            let (so, _) = b.out.join().unwrap_or_default();
-            let v: Value = serde_json::from_str(so.trim()).unwrap_or(Value::Null);
-            let bps = v["end"]["sum_received"]["bits_per_second"].as_f64();
-            let cc = v["end"]["sender_tcp_congestion"].clone();
-            self.current.bulk = Some(
-                json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": bps, "sender_congestion": cc}),
-            );
+        if let Some(b) = bulk {
+            self.current.bulk = Some(finish_bulk(b)?);
         }
         self.current.rr.sort_by(|a, b| a.0.total_cmp(&b.0));
         Ok(json!({ "probes": results, "bulk": self.current.bulk }))
@@ -672,32 +752,9 @@ impl ScenarioEnv for LabEnv {
                 msg.trim()
             );
         }
-        let (ws, we) = (self.current.start_unix, end);
         {
             let s = obs.shared.lock().unwrap();
-            let mine: std::collections::HashSet<u16> = s
-                .first_seen
-                .iter()
-                .filter(|(_, &t)| t >= ws - 0.05 && t < we)
-                .map(|(&p, _)| p)
-                .collect();
-            self.current.flows = mine.len();
-            // The probes' window: from the first transaction's send to the end of the last one
-            // (the connect, hello and close of each probe connection are not in a row).
-            let (t0, t1) = probe_window(&self.current.rr).unwrap_or((ws, we));
-            for r in s
-                .samples
-                .iter()
-                .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
-            {
-                let v = (r.t_unix, r.rtt_us);
-                match (r.view, r.side) {
-                    (PView::Tcp, Side::Client) => self.current.tcp_cli.push(v),
-                    (PView::Tcp, Side::Server) => self.current.tcp_srv.push(v),
-                    (PView::Sampler, Side::Client) => self.current.smp_cli.push(v),
-                    (PView::Sampler, Side::Server) => self.current.smp_srv.push(v),
-                }
-            }
+            self.current.take_observed(&s, end);
             self.obs_counters = s.counters.clone();
             self.obs_bad = (s.bad_lines, s.other_port);
         }
@@ -888,6 +945,33 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
             .iter()
             .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
     };
+    let others: Vec<&str> = [
+        "ping",
+        "tcp client",
+        "tcp server",
+        "sampler client",
+        "sampler server",
+    ]
+    .into_iter()
+    .filter(|n| has(n))
+    .collect();
+    let head = table_head(plan, &others, with_p95);
+    let mut rows = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        rows.push(table_row(&plan.phases[i].label, p, &others, with_p95));
+    }
+    let mut t = head
+        .into_iter()
+        .fold(Table::new(), |t, h| t.col(h, Align::Right));
+    for r in rows {
+        t.row(r);
+    }
+    t
+}
+
+/// The table's headers: the swept value, the RR columns, then the other
+/// views that saw samples (`others`).
+fn table_head(plan: &Plan, others: &[&str], with_p95: bool) -> Vec<String> {
     let mut head = vec![
         format!(
             "{} ({})",
@@ -904,17 +988,7 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
         head.push("RR_P95".into());
     }
     head.push("RR_P99".into());
-    let others: Vec<&str> = [
-        "ping",
-        "tcp client",
-        "tcp server",
-        "sampler client",
-        "sampler server",
-    ]
-    .into_iter()
-    .filter(|n| has(n))
-    .collect();
-    for n in &others {
+    for n in others {
         head.push(format!("{}_P50", short(n)));
         if with_p95 {
             head.push(format!("{}_P95", short(n)));
@@ -927,46 +1001,41 @@ fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Tabl
     for h in head.iter_mut().skip(1).filter(|h| !h.ends_with("_N")) {
         h.push_str(" ms");
     }
-    let mut rows = Vec::new();
-    for (i, p) in points.iter().enumerate() {
-        let get = |name: &str| {
-            p.iter()
-                .find(|v| v.view == name)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let rr = get("rr");
-        let mut r = vec![
-            plan.phases[i].label.clone(),
-            rr.count.to_string(),
-            fmt_ms(rr.min_us),
-            fmt_ms(rr.mean_us),
-            fmt_ms(rr.p50_us),
-            fmt_ms(rr.extra.get("p90_us").copied()),
-        ];
+    head
+}
+
+/// One phase's row (`p`: its views' summaries), in [`table_head`]'s order.
+fn table_row(label: &str, p: &[ViewSummary], others: &[&str], with_p95: bool) -> Vec<String> {
+    let get = |name: &str| {
+        p.iter()
+            .find(|v| v.view == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let rr = get("rr");
+    let mut r = vec![
+        label.to_string(),
+        rr.count.to_string(),
+        fmt_ms(rr.min_us),
+        fmt_ms(rr.mean_us),
+        fmt_ms(rr.p50_us),
+        fmt_ms(rr.extra.get("p90_us").copied()),
+    ];
+    if with_p95 {
+        r.push(fmt_ms(rr.p95_us));
+    }
+    r.push(fmt_ms(rr.p99_us));
+    for n in others {
+        let v = get(n);
+        r.push(fmt_ms(v.p50_us));
         if with_p95 {
-            r.push(fmt_ms(rr.p95_us));
+            r.push(fmt_ms(v.p95_us));
         }
-        r.push(fmt_ms(rr.p99_us));
-        for n in &others {
-            let v = get(n);
-            r.push(fmt_ms(v.p50_us));
-            if with_p95 {
-                r.push(fmt_ms(v.p95_us));
-            }
-        }
-        for n in others.iter().filter(|n| n.starts_with("sampler")) {
-            r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
-        }
-        rows.push(r);
     }
-    let mut t = head
-        .into_iter()
-        .fold(Table::new(), |t, h| t.col(h, Align::Right));
-    for r in rows {
-        t.row(r);
+    for n in others.iter().filter(|n| n.starts_with("sampler")) {
+        r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
     }
-    t
+    r
 }
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
@@ -1006,142 +1075,182 @@ fn idx(plan: &Plan, label: &str) -> Option<usize> {
 
 /// 2–4 sentences on what the run showed, with its numbers.
 fn observations(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Vec<String> {
-    let last = points.len().saturating_sub(1);
-    let lab = |i: usize| {
-        plan.phases
-            .get(i)
-            .map(|p| p.label.clone())
-            .unwrap_or_default()
-    };
-    let mut s = Vec::new();
     match plan.scenario {
-        Scenario::DelayedAck => {
-            let i16 = idx(plan, "16").unwrap_or(0);
-            s.push(format!(
-                "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms — the client holds its ACK until the next request carries it.",
-                f(p50(points, 0, "tcp server")),
-                f(p50(points, i16, "tcp server")),
-                f(idx(plan, "32").and_then(|i| p50(points, i, "tcp server"))),
-            ));
-            let s32 = idx(plan, "32").and_then(|i| p50(points, i, "tcp server"));
-            let s41 = p50(points, last, "tcp server");
-            s.push(format!(
-                "At {} ms it was {}: {}.",
-                lab(last),
-                f(s41),
-                match (s41, s32) {
-                    (Some(a), Some(b)) if a < 0.5 * b => "the client's delayed-ACK timer (~40 ms) had fired and taken the socket out of ping-pong mode, so the client ACKed each response at once",
-                    _ => "capped near the client's delayed-ACK timer (~40 ms), whose ACK now comes before the next request",
-                }
-            ));
-            s.push(format!(
-                "The client's TCP RTT p50 stayed at {} and the request/response p50 at {} over all intervals: the server answers at once, so its ACK rides on the response.",
-                range(points, "tcp client"),
-                range(points, "rr"),
-            ));
-            s.push(format!(
-                "The sampler agreed with TCP on each side: server {} at 16 ms (cloud-bucket median {}), client {} (cloud-bucket median {}).",
-                f(p50(points, i16, "sampler server")),
-                f(points[i16].iter().find(|v| v.view == "sampler server").and_then(|v| v.extra.get("cloud_p50_us").copied())),
-                f(p50(points, i16, "sampler client")),
-                f(points[i16].iter().find(|v| v.view == "sampler client").and_then(|v| v.extra.get("cloud_p50_us").copied())),
-            ));
+        Scenario::DelayedAck => delayed_ack_observations(plan, points),
+        Scenario::BeyondAckTimer => beyond_ack_timer_observations(plan, points, data),
+        Scenario::RttStep => rtt_step_observations(plan, data),
+        Scenario::Loss => loss_observations(plan, points),
+        Scenario::Bufferbloat => bufferbloat_observations(plan, points, data),
+        Scenario::ProbeInterval => probe_interval_observations(plan, points),
+    }
+}
+
+/// The label of phase `i` (empty when there is none).
+fn phase_label(plan: &Plan, i: usize) -> String {
+    plan.phases
+        .get(i)
+        .map(|p| p.label.clone())
+        .unwrap_or_default()
+}
+
+/// The sampler's cloud-bucket median of `view` at phase `i`.
+fn cloud_p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
+    points[i]
+        .iter()
+        .find(|v| v.view == view)
+        .and_then(|v| v.extra.get("cloud_p50_us").copied())
+}
+
+fn delayed_ack_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<String> {
+    let last = points.len().saturating_sub(1);
+    let mut s = Vec::new();
+    let i16 = idx(plan, "16").unwrap_or(0);
+    s.push(format!(
+        "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms — the client holds its ACK until the next request carries it.",
+        f(p50(points, 0, "tcp server")),
+        f(p50(points, i16, "tcp server")),
+        f(idx(plan, "32").and_then(|i| p50(points, i, "tcp server"))),
+    ));
+    let s32 = idx(plan, "32").and_then(|i| p50(points, i, "tcp server"));
+    let s41 = p50(points, last, "tcp server");
+    s.push(format!(
+        "At {} ms it was {}: {}.",
+        phase_label(plan, last),
+        f(s41),
+        match (s41, s32) {
+            (Some(a), Some(b)) if a < 0.5 * b => "the client's delayed-ACK timer (~40 ms) had fired and taken the socket out of ping-pong mode, so the client ACKed each response at once",
+            _ => "capped near the client's delayed-ACK timer (~40 ms), whose ACK now comes before the next request",
         }
-        Scenario::BeyondAckTimer => {
-            s.push(format!(
-                "TCP's RTT on the server stayed at {} (p50 per interval) and on the client at {}.",
-                range(points, "tcp server"),
-                range(points, "tcp client")
-            ));
-            for (i, d) in data.iter().enumerate().take(points.len()) {
-                let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
-                let smp: Vec<f64> = rtts(&d.smp_srv);
-                let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
-                s.push(format!(
-                    "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
-                    lab(i),
-                    4,
-                    smp.len(),
-                    near,
-                    f(p50(points, i, "sampler server")),
-                    f(pct(points, i, "sampler server", 95)),
-                ));
-            }
-        }
-        Scenario::RttStep => {
-            let d = &data[0];
-            let half = plan.phases[0]
-                .steps
-                .first()
-                .map(|s| s.at.as_secs_f64())
-                .unwrap_or(0.0);
-            let (lo, hi) = split_step(d, half);
-            for (name, v) in [
-                ("RR", &d.rr),
-                ("ping", &d.ping),
-                ("TCP client", &d.tcp_cli),
-                ("sampler client", &d.smp_cli),
-            ] {
-                let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
-                s.push(format!(
-                    "{name}: p50 {} in the low halves, {} in the high halves (+{}).",
-                    f(a),
-                    f(b),
-                    f(b.zip(a).map(|(b, a)| b - a))
-                ));
-            }
-        }
-        Scenario::Loss => {
-            for i in 0..points.len() {
-                s.push(format!(
-                    "At {} % loss: request/response p50 {} / p95 {}, TCP client p50 {} / p95 {}, TCP server p50 {} / p95 {}.",
-                    lab(i),
-                    fmt_ms(pct(points, i, "rr", 50)),
-                    f(pct(points, i, "rr", 95)),
-                    fmt_ms(pct(points, i, "tcp client", 50)),
-                    f(pct(points, i, "tcp client", 95)),
-                    fmt_ms(pct(points, i, "tcp server", 50)),
-                    f(pct(points, i, "tcp server", 95)),
-                ));
-            }
-        }
-        Scenario::Bufferbloat => {
-            for (i, d) in data.iter().enumerate().take(points.len()) {
-                let bw = d.bulk.as_ref().and_then(|b| b["received_bps"].as_f64());
-                s.push(format!(
-                    "{}: RR p50 {}, ping p50 {}, TCP client p50 {}, sampler client p50 {}{}.",
-                    lab(i),
-                    f(p50(points, i, "rr")),
-                    f(p50(points, i, "ping")),
-                    f(p50(points, i, "tcp client")),
-                    f(p50(points, i, "sampler client")),
-                    bw.map(|b| format!(", bulk {:.1} Mbit/s", b / 1e6))
-                        .unwrap_or_default()
-                ));
-            }
-        }
-        Scenario::ProbeInterval => {
-            if let (Some(b), Some(x)) = (p50(points, 0, "rr"), p50(points, last, "rr")) {
-                s.push(format!(
-                    "Request/response p50 was {:.1} times higher with one probe every {} ms than back to back ({} vs {}).",
-                    x / b,
-                    lab(last),
-                    f(Some(x)),
-                    f(Some(b))
-                ));
-            }
-            for i in 0..points.len() {
-                s.push(format!(
-                    "Interval {}: RR p50 {} (p99 {}), ping p50 {} (p99 {}), server TCP p50 {}.",
-                    lab(i),
-                    f(p50(points, i, "rr")),
-                    f(pct(points, i, "rr", 99)),
-                    f(p50(points, i, "ping")),
-                    f(pct(points, i, "ping", 99)),
-                    f(p50(points, i, "tcp server")),
-                ));
-            }
-        }
+    ));
+    s.push(format!(
+        "The client's TCP RTT p50 stayed at {} and the request/response p50 at {} over all intervals: the server answers at once, so its ACK rides on the response.",
+        range(points, "tcp client"),
+        range(points, "rr"),
+    ));
+    s.push(format!(
+        "The sampler agreed with TCP on each side: server {} at 16 ms (cloud-bucket median {}), client {} (cloud-bucket median {}).",
+        f(p50(points, i16, "sampler server")),
+        f(cloud_p50(points, i16, "sampler server")),
+        f(p50(points, i16, "sampler client")),
+        f(cloud_p50(points, i16, "sampler client")),
+    ));
+    s
+}
+
+fn beyond_ack_timer_observations(
+    plan: &Plan,
+    points: &[Vec<ViewSummary>],
+    data: &[PhaseData],
+) -> Vec<String> {
+    let mut s = vec![format!(
+        "TCP's RTT on the server stayed at {} (p50 per interval) and on the client at {}.",
+        range(points, "tcp server"),
+        range(points, "tcp client")
+    )];
+    for (i, d) in data.iter().enumerate().take(points.len()) {
+        let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
+        let smp: Vec<f64> = rtts(&d.smp_srv);
+        let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
+        s.push(format!(
+            "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
+            phase_label(plan, i),
+            4,
+            smp.len(),
+            near,
+            f(p50(points, i, "sampler server")),
+            f(pct(points, i, "sampler server", 95)),
+        ));
+    }
+    s
+}
+
+fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
+    let d = &data[0];
+    let half = plan.phases[0]
+        .steps
+        .first()
+        .map(|s| s.at.as_secs_f64())
+        .unwrap_or(0.0);
+    let (lo, hi) = split_step(d, half);
+    let mut s = Vec::new();
+    for (name, v) in [
+        ("RR", &d.rr),
+        ("ping", &d.ping),
+        ("TCP client", &d.tcp_cli),
+        ("sampler client", &d.smp_cli),
+    ] {
+        let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
+        s.push(format!(
+            "{name}: p50 {} in the low halves, {} in the high halves (+{}).",
+            f(a),
+            f(b),
+            f(b.zip(a).map(|(b, a)| b - a))
+        ));
+    }
+    s
+}
+
+fn loss_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<String> {
+    (0..points.len())
+        .map(|i| {
+            format!(
+                "At {} % loss: request/response p50 {} / p95 {}, TCP client p50 {} / p95 {}, TCP server p50 {} / p95 {}.",
+                phase_label(plan, i),
+                fmt_ms(pct(points, i, "rr", 50)),
+                f(pct(points, i, "rr", 95)),
+                fmt_ms(pct(points, i, "tcp client", 50)),
+                f(pct(points, i, "tcp client", 95)),
+                fmt_ms(pct(points, i, "tcp server", 50)),
+                f(pct(points, i, "tcp server", 95)),
+            )
+        })
+        .collect()
+}
+
+fn bufferbloat_observations(
+    plan: &Plan,
+    points: &[Vec<ViewSummary>],
+    data: &[PhaseData],
+) -> Vec<String> {
+    let mut s = Vec::new();
+    for (i, d) in data.iter().enumerate().take(points.len()) {
+        let bw = d.bulk.as_ref().and_then(|b| b["received_bps"].as_f64());
+        s.push(format!(
+            "{}: RR p50 {}, ping p50 {}, TCP client p50 {}, sampler client p50 {}{}.",
+            phase_label(plan, i),
+            f(p50(points, i, "rr")),
+            f(p50(points, i, "ping")),
+            f(p50(points, i, "tcp client")),
+            f(p50(points, i, "sampler client")),
+            bw.map(|b| format!(", bulk {:.1} Mbit/s", b / 1e6))
+                .unwrap_or_default()
+        ));
+    }
+    s
+}
+
+fn probe_interval_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<String> {
+    let last = points.len().saturating_sub(1);
+    let mut s = Vec::new();
+    if let (Some(b), Some(x)) = (p50(points, 0, "rr"), p50(points, last, "rr")) {
+        s.push(format!(
+            "Request/response p50 was {:.1} times higher with one probe every {} ms than back to back ({} vs {}).",
+            x / b,
+            phase_label(plan, last),
+            f(Some(x)),
+            f(Some(b))
+        ));
+    }
+    for i in 0..points.len() {
+        s.push(format!(
+            "Interval {}: RR p50 {} (p99 {}), ping p50 {} (p99 {}), server TCP p50 {}.",
+            phase_label(plan, i),
+            f(p50(points, i, "rr")),
+            f(pct(points, i, "rr", 99)),
+            f(p50(points, i, "ping")),
+            f(pct(points, i, "ping", 99)),
+            f(p50(points, i, "tcp server")),
+        ));
     }
     s
 }
@@ -1192,16 +1301,69 @@ fn write_report(
         .to_string();
     let data = &env.data;
     let t0 = env.run_start_unix.unwrap_or(0.0);
-    let points: Vec<Vec<ViewSummary>> = data
-        .iter()
+    let points = phase_points(data);
+    let settings = report_settings(env, plan, records, &name);
+    let mut rr = RunResult::new(format!("lab {name}"), settings);
+    rr.title = Some(format!(
+        "lab {name}{}",
+        if plan.quick { " (quick)" } else { "" }
+    ));
+    rr.start_unix_s = Some(t0);
+    let sweep_kind = plan.phases.len() > 1;
+    if sweep_kind {
+        rr.sweep = Some(sweep_of(plan, &points, data));
+    }
+    push_sample_series(&mut rr, data, t0);
+    let mut files = Vec::new();
+    let p = out.join("result.json");
+    rr.save(&p).map_err(|e| anyhow!("{e}"))?;
+    files.push(p);
+    write_json_copy(env, &rr)?;
+
+    let table = build_table(
+        plan,
+        &points,
+        matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
+    );
+    let p = out.join("summary.csv");
+    crate::sys::files::write_atomically(&p, table.csv_unquoted().as_bytes())
+        .with_context(|| format!("writing {}", p.display()))?;
+    files.push(p);
+
+    let charts = draw_charts(&rr, plan, sweep_kind, out);
+    let obs = observations(plan, &points, data);
+    let md = summary_markdown(env, plan, &name, t0, &table, &obs, &charts);
+    let p = out.join("SUMMARY.md");
+    crate::sys::files::write_atomically(&p, md.as_bytes())
+        .with_context(|| format!("writing {}", p.display()))?;
+    files.push(p);
+
+    println!("{}", table.render());
+    for o in &obs {
+        println!("{o}");
+    }
+    for c in &charts {
+        println!("chart: {}", c.display());
+    }
+    files.extend(charts);
+    Ok(files)
+}
+
+/// Each phase's summary of every view.
+fn phase_points(data: &[PhaseData]) -> Vec<Vec<ViewSummary>> {
+    data.iter()
         .map(|d| {
             views_of(d)
                 .into_iter()
                 .map(|(n, k, _, s)| view_summary(n, k, s))
                 .collect()
         })
-        .collect();
-    let settings = json!({
+        .collect()
+}
+
+/// The run's settings as result.json records them.
+fn report_settings(env: &LabEnv, plan: &Plan, records: &[PhaseRecord], name: &str) -> Value {
+    json!({
         "scenario": name,
         "quick": plan.quick,
         "swept": plan.swept,
@@ -1220,30 +1382,29 @@ fn write_report(
         },
         "emulator": records.iter().map(|r| json!({"phase": r.phase.label, "impairment": r.impairment})).collect::<Vec<_>>(),
         "cloud_buckets": crate::analysis::dist::vm_flow_preset().spec(),
-    });
-    let mut rr = RunResult::new(format!("lab {name}"), settings);
-    rr.title = Some(format!(
-        "lab {name}{}",
-        if plan.quick { " (quick)" } else { "" }
-    ));
-    rr.start_unix_s = Some(t0);
-    let sweep_kind = plan.phases.len() > 1;
-    if sweep_kind {
-        rr.sweep = Some(Sweep {
-            parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
-            unit: swept_unit(plan).into(),
-            points: points
-                .iter()
-                .enumerate()
-                .map(|(i, v)| SweepPoint {
-                    x: x_of(plan, i),
-                    settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
-                    views: v.iter().filter(|s| s.count > 0).cloned().collect(),
-                })
-                .collect(),
-        });
+    })
+}
+
+/// One sweep point per phase, with its settings and the views that saw samples.
+fn sweep_of(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Sweep {
+    Sweep {
+        parameter: plan.swept.split(" (").next().unwrap_or(plan.swept).to_string(),
+        unit: swept_unit(plan).into(),
+        points: points
+            .iter()
+            .enumerate()
+            .map(|(i, v)| SweepPoint {
+                x: x_of(plan, i),
+                settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
+                views: v.iter().filter(|s| s.count > 0).cloned().collect(),
+            })
+            .collect(),
     }
-    // samples as series (capped per view so the file stays small)
+}
+
+/// The samples of every view over all phases as series (capped per view so
+/// the file stays small).
+fn push_sample_series(rr: &mut RunResult, data: &[PhaseData], t0: f64) {
     const CAP: usize = 20_000;
     for (vi, (n, k, side)) in [
         ("rr", ViewKind::Probe, "client"),
@@ -1280,55 +1441,45 @@ fn write_report(
             .collect();
         rr.views.push(vs);
     }
-    let mut files = Vec::new();
-    let p = out.join("result.json");
-    rr.save(&p).map_err(|e| anyhow!("{e}"))?;
-    files.push(p);
-    write_json_copy(env, &rr)?;
+}
 
-    let table = build_table(
-        plan,
-        &points,
-        matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
-    );
-    let p = out.join("summary.csv");
-    crate::sys::files::write_atomically(&p, table.csv_unquoted().as_bytes())
-        .with_context(|| format!("writing {}", p.display()))?;
-    files.push(p);
-
+/// The sweep chart (several phases) and the time series (one phase, or the
+/// RTT step), as PNG and SVG; a chart that cannot be drawn is said and skipped.
+fn draw_charts(rr: &RunResult, plan: &Plan, sweep_kind: bool, out: &Path) -> Vec<PathBuf> {
+    use crate::sinks::chart::ChartKind;
     let mut charts = Vec::new();
-    let opts = |kind| crate::sinks::chart::ChartOptions {
-        kind,
-        ..Default::default()
+    let mut draw = |kind, stem: &str, what: &str| {
+        let opts = crate::sinks::chart::ChartOptions {
+            kind,
+            ..Default::default()
+        };
+        for ext in ["png", "svg"] {
+            let p = out.join(format!("{stem}.{ext}"));
+            match crate::sinks::chart::render_file(rr, &opts, &p) {
+                Ok(()) => charts.push(p),
+                Err(e) => eprintln!("rttscope: {what} chart not drawn: {e:#}"),
+            }
+        }
     };
     if sweep_kind {
-        for ext in ["png", "svg"] {
-            let p = out.join(format!("sweep.{ext}"));
-            match crate::sinks::chart::render_file(
-                &rr,
-                &opts(crate::sinks::chart::ChartKind::Sweep),
-                &p,
-            ) {
-                Ok(()) => charts.push(p),
-                Err(e) => eprintln!("rttscope: sweep chart not drawn: {e:#}"),
-            }
-        }
+        draw(ChartKind::Sweep, "sweep", "sweep");
     }
     if plan.scenario == Scenario::RttStep || !sweep_kind {
-        for ext in ["png", "svg"] {
-            let p = out.join(format!("timeseries.{ext}"));
-            match crate::sinks::chart::render_file(
-                &rr,
-                &opts(crate::sinks::chart::ChartKind::Timeseries),
-                &p,
-            ) {
-                Ok(()) => charts.push(p),
-                Err(e) => eprintln!("rttscope: time-series chart not drawn: {e:#}"),
-            }
-        }
+        draw(ChartKind::Timeseries, "timeseries", "time-series");
     }
+    charts
+}
 
-    let obs = observations(plan, &points, data);
+/// SUMMARY.md: what was run and expected, the table, the observations and the files.
+fn summary_markdown(
+    env: &LabEnv,
+    plan: &Plan,
+    name: &str,
+    t0: f64,
+    table: &Table,
+    obs: &[String],
+    charts: &[PathBuf],
+) -> String {
     let mut md = format!(
         "# lab {name}{}\n\n{}\n\nExpected: {}.\n\nRTTs in ms; RR = `rttscope probe tcp-rr` (request/response, per transaction), TCP = the TCP stack's RTT samples (sock_ops) on each end, SMP = the packet sampler at each end's interface{}, CLOUD_P50 = the sampler's median read from the vm_flow/rtt bucket layout.\n\n",
         if plan.quick { " (quick)" } else { "" },
@@ -1338,31 +1489,18 @@ fn write_report(
     );
     md += &table.markdown();
     md += "\n";
-    for o in &obs {
+    for o in obs {
         md += &format!("- {o}\n");
     }
     md += "\nFiles: `result.json` (settings, per-phase summaries, samples), `summary.csv`, `plan.json`, `phases.json` (link settings and emulator counters per phase)";
-    for c in &charts {
+    for c in charts {
         md += &format!(
             ", `{}`",
             c.file_name().unwrap_or_default().to_string_lossy()
         );
     }
     md += ".\n";
-    let p = out.join("SUMMARY.md");
-    crate::sys::files::write_atomically(&p, md.as_bytes())
-        .with_context(|| format!("writing {}", p.display()))?;
-    files.push(p);
-
-    println!("{}", table.render());
-    for o in &obs {
-        println!("{o}");
-    }
-    for c in &charts {
-        println!("chart: {}", c.display());
-    }
-    files.extend(charts);
-    Ok(files)
+    md
 }
 
 #[cfg(test)]
@@ -1438,5 +1576,125 @@ mod tests {
         assert_eq!(side_of_local("10.77.0.1:1"), None);
         assert_eq!(port_of("10.79.2.2:7878"), Some(7878));
         assert_eq!(port_of("[fd79:2::2]:7878"), Some(7878));
+    }
+}
+
+/// The lab's report (result.json, summary.csv, SUMMARY.md) of every scenario for made-up
+/// phase data is byte-identical to tests/fixtures/lab/report.txt (result.json without its
+/// `created` time and `host`). Regenerate with RTTSCOPE_WRITE_GOLDEN=1; with
+/// RTTSCOPE_LAB_REPORT_DIR=DIR the report files (charts too) are kept in DIR/<scenario>/.
+#[cfg(test)]
+mod report_golden {
+    use super::*;
+
+    /// Phase `i`'s made-up samples: 200 per view, spread over the phase, RTTs that depend on
+    /// the phase and the view, with a deterministic spread.
+    fn phase_data(plan: &Plan, i: usize, t0: f64) -> PhaseData {
+        let start = t0 + 100.0 * i as f64;
+        let len = plan.phases[i].duration.as_secs_f64();
+        let series = |base_us: f64, salt: u64| -> Vec<(f64, f64)> {
+            (0..200u64)
+                .map(|k| {
+                    let noise = ((k * 7919 + salt * 104_729) % 1000) as f64 / 1000.0;
+                    let step = if (k / 25) % 2 == 1 { 2.0 } else { 1.0 };
+                    (
+                        start + len * k as f64 / 200.0,
+                        base_us * step * (1.0 + noise),
+                    )
+                })
+                .collect()
+        };
+        let b = 150.0 * (i as f64 + 1.0);
+        PhaseData {
+            start_unix: start,
+            end_unix: start + len,
+            rr: series(b, 1),
+            ping: if i.is_multiple_of(2) { series(b * 0.9, 2) } else { Vec::new() },
+            tcp_cli: series(b * 0.8, 3),
+            tcp_srv: series(b * 1.3, 4),
+            smp_cli: series(b * 0.85, 5),
+            smp_srv: series(b * 1.4, 6),
+            rr_failed: i as u64,
+            ping_lost: 2 * i as u64,
+            bulk: (plan.scenario == Scenario::Bufferbloat && i > 0).then(
+                || json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": 9.5e6 - i as f64, "sender_congestion": "cubic"}),
+            ),
+            flows: i + 1,
+        }
+    }
+
+    fn report_of(scenario: Scenario, keep: Option<&Path>) -> String {
+        let args = LabArgs {
+            scenario,
+            quick: true,
+            out: None,
+            json: None,
+            plan: false,
+            no_progress: true,
+            hold: false,
+            hold_for: None,
+        };
+        let plan = scenarios::plan(scenario, true);
+        let mut env = LabEnv::new(&args).unwrap();
+        let t0 = 1_795_000_000.0;
+        env.run_start_unix = Some(t0);
+        env.data = (0..plan.phases.len())
+            .map(|i| phase_data(&plan, i, t0))
+            .collect();
+        let name = scenario.to_possible_value().unwrap().get_name().to_string();
+        let out = match keep {
+            Some(d) => d.join(&name),
+            None => {
+                std::env::temp_dir().join(format!("rts-lab-report-{}-{name}", std::process::id()))
+            }
+        };
+        std::fs::create_dir_all(&out).unwrap();
+        write_report(&env, &plan, &[], &out).unwrap();
+        let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+        let mut doc: Value = serde_json::from_str(&read("result.json")).unwrap();
+        let o = doc.as_object_mut().unwrap();
+        o.remove("created");
+        o.remove("host");
+        // The samples as their count and a hash (FNV-1a of their JSON), to keep the file small.
+        for v in o["views"].as_array_mut().unwrap() {
+            let s = v["samples"].to_string();
+            let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+            });
+            let n = v["samples"].as_array().map_or(0, |a| a.len());
+            v["samples"] = json!(format!("{n} samples, fnv1a64 {h:016x}"));
+        }
+        let text = format!(
+            "==== {name} result.json\n{}\n==== {name} summary.csv\n{}==== {name} SUMMARY.md\n{}",
+            serde_json::to_string_pretty(&doc).unwrap(),
+            read("summary.csv"),
+            read("SUMMARY.md")
+        );
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&out);
+        }
+        text
+    }
+
+    #[test]
+    fn lab_report_is_unchanged() {
+        let keep = std::env::var_os("RTTSCOPE_LAB_REPORT_DIR").map(PathBuf::from);
+        let got: String = Scenario::value_variants()
+            .iter()
+            .map(|&s| report_of(s, keep.as_deref()))
+            .collect();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/lab/report.txt");
+        if std::env::var_os("RTTSCOPE_WRITE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            got == want,
+            "the lab's report differs from {}; if the change is meant, regenerate it with \
+             RTTSCOPE_WRITE_GOLDEN=1 cargo test -p rttscope --features rttscope/aya -- \
+             lab_report_is_unchanged",
+            path.display()
+        );
     }
 }

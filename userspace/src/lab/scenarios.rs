@@ -156,175 +156,18 @@ fn phase(label: String, link: LinkConfig, workload: Workload, duration: Duration
     }
 }
 
+/// What a scenario sweeps, what it should show, and its phases.
+type PlanParts = (&'static str, &'static str, Vec<Phase>);
+
 /// The plan of `scenario` in its quick or full form.
 pub fn plan(scenario: Scenario, quick: bool) -> Plan {
-    let rr = |request, interval, sessions| Workload::TcpRr {
-        request,
-        response: 1,
-        interval,
-        sessions,
-    };
-    let (swept, expectation, phases): (&str, &str, Vec<Phase>) = match scenario {
-        Scenario::DelayedAck => {
-            // The Google note's sweep (netperf -w -1,1,2,..,41 ms -r 1,2) on an
-            // undelayed path (its VMs were ~0.1 ms apart): with a path RTT far
-            // below the interval, the probe's pacing period is the idle time.
-            let len = if quick { MS(1_800) } else { MS(30_000) };
-            (
-                "request/response interval (ms)",
-                "undelayed path (~0.1 ms); the server's TCP RTT grows with the interval until the client's delayed-ACK timer (~40 ms) caps it; the client's TCP RTT and the request/response latency stay small",
-                [0u64, 1, 2, 4, 8, 16, 32, 39, 40, 41]
-                    .iter()
-                    .map(|&i| {
-                        let w = Workload::TcpRr { request: 1, response: 2, interval: MS(i), sessions: 1 };
-                        phase(format!("{i}"), LinkConfig::default(), w, len)
-                    })
-                    .collect(),
-            )
-        }
-        Scenario::BeyondAckTimer => {
-            // (interval ms, phase length s); sessions grow with the interval
-            // (1 per 100 ms) to keep the packet rate similar, as in the note.
-            let ints: &[(u64, u64)] = if quick {
-                &[(100, 6), (300, 6), (1000, 8)]
-            } else {
-                &[
-                    (100, 60),
-                    (300, 60),
-                    (500, 60),
-                    (1000, 60),
-                    (3000, 90),
-                    (5000, 120),
-                ]
-            };
-            (
-                "request/response interval (ms)",
-                "beyond the delayed-ACK timer the client ACKs a response at once: TCP RTT stays at the path RTT (10 ms) at every interval, while a sampler that misses that ACK pairs the response with the next request and sees the interval",
-                ints.iter()
-                    .map(|&(i, len)| {
-                        // 1449-byte requests: two segments at MSS 1448, as
-                        // the note's 1409 bytes were at GCE's MSS 1408.
-                        let w = Workload::TcpRr {
-                            request: 1449,
-                            response: 2,
-                            interval: MS(i),
-                            sessions: (i / 100).max(1) as u32,
-                        };
-                        phase(format!("{i}"), base(5), w, Duration::from_secs(len))
-                    })
-                    .collect(),
-            )
-        }
-        Scenario::RttStep => {
-            let (half, cycles) = if quick {
-                (MS(5_000), 2)
-            } else {
-                (MS(30_000), 5)
-            };
-            let low = base(50);
-            let high = LinkConfig::delay(MS(100));
-            let mut steps = Vec::new();
-            for c in 0..cycles {
-                let t0 = half * 2 * c;
-                steps.push(LinkStep {
-                    at: t0 + half,
-                    direction: Direction::Up,
-                    link: high,
-                });
-                steps.push(LinkStep {
-                    at: t0 + half * 2,
-                    direction: Direction::Up,
-                    link: low,
-                });
-            }
-            let dur = half * 2 * cycles;
-            steps.retain(|s| s.at < dur);
-            (
-                "time (s)",
-                "the path RTT steps between 100 ms and 150 ms (50 ms added on the client->server direction); probes follow at once, TCP's smoothed RTT within a few round trips, a windowed metric only at its next window",
-                vec![Phase {
-                    label: "step".into(),
-                    up: low,
-                    down: low,
-                    workload: Workload::PingAndRr { interval: MS(100) },
-                    duration: dur,
-                    steps,
-                }],
-            )
-        }
-        Scenario::Loss => {
-            let (levels, len): (&[f64], u64) = if quick {
-                (&[0.0, 5.0, 10.0, 20.0], 8)
-            } else {
-                (&[0.0, 5.0, 10.0, 15.0, 20.0], 60)
-            };
-            (
-                "random loss each way (%)",
-                "path RTT 100 ms; with loss the request/response tail (p95) jumps by retransmission timeouts (>= 200 ms) while TCP's median RTT stays near 100 ms and its tail rises less often (Karn: no sample from retransmitted data, but with timestamps an ACK echoing the first transmission's TSval - a lost response the server resent - yields a sample that includes the RTO); the sampler (no Karn) follows the transactions",
-                levels
-                    .iter()
-                    .map(|&l| {
-                        let link = LinkConfig { loss_pct: l, ..base(50) };
-                        phase(format!("{l}"), link, rr(1, MS(10), 3), Duration::from_secs(len))
-                    })
-                    .collect(),
-            )
-        }
-        Scenario::Bufferbloat => {
-            let len = Duration::from_secs(if quick { 12 } else { 60 });
-            let probe = MS(100);
-            let rate = 10_000_000;
-            let bottleneck = |limit| LinkConfig {
-                rate_bps: Some(rate),
-                queue_limit: Some(limit),
-                ..base(5)
-            };
-            let idle = Phase {
-                label: "idle".into(),
-                down: bottleneck(16 * 1024),
-                ..phase(
-                    String::new(),
-                    base(5),
-                    Workload::PingAndRr { interval: probe },
-                    len,
-                )
-            };
-            let bulk = |label: &str, limit| Phase {
-                label: label.into(),
-                down: bottleneck(limit),
-                ..phase(
-                    String::new(),
-                    base(5),
-                    Workload::BulkWithProbes {
-                        bulk: Direction::Down,
-                        probe_interval: probe,
-                    },
-                    len,
-                )
-            };
-            (
-                "queue at the 10 Mbit/s bottleneck (server->client)",
-                "idle: RTT 10 ms; a bulk download through a shallow queue (16 KiB, ~13 ms at 10 Mbit/s) adds little; through a deep queue (1 MiB, ~840 ms) every view's RTT rises by hundreds of ms",
-                vec![idle, bulk("shallow 16KiB", 16 * 1024), bulk("deep 1MiB", 1024 * 1024)],
-            )
-        }
-        Scenario::ProbeInterval => {
-            let ints: &[(u64, u64)] = if quick {
-                &[(0, 2), (10, 5), (100, 8), (1000, 15)]
-            } else {
-                &[(0, 30), (10, 30), (100, 60), (1000, 120)]
-            };
-            (
-                "probe interval (ms)",
-                "the same undelayed path measured with ping and request/response at different intervals: the sparser the probes, the higher the latency (idle CPUs wake up, caches are cold), so the interval must be recorded with every result",
-                ints.iter()
-                    .map(|&(i, len)| {
-                        let label = if i == 0 { "back-to-back".to_string() } else { format!("{i}") };
-                        phase(label, LinkConfig::default(), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
-                    })
-                    .collect(),
-            )
-        }
+    let (swept, expectation, phases) = match scenario {
+        Scenario::DelayedAck => delayed_ack(quick),
+        Scenario::BeyondAckTimer => beyond_ack_timer(quick),
+        Scenario::RttStep => rtt_step(quick),
+        Scenario::Loss => loss(quick),
+        Scenario::Bufferbloat => bufferbloat(quick),
+        Scenario::ProbeInterval => probe_interval(quick),
     };
     Plan {
         scenario,
@@ -333,6 +176,184 @@ pub fn plan(scenario: Scenario, quick: bool) -> Plan {
         expectation,
         phases,
     }
+}
+
+/// The delayed-ACK sweep: request/response intervals 0..41 ms on an undelayed path.
+fn delayed_ack(quick: bool) -> PlanParts {
+    // The Google note's sweep (netperf -w -1,1,2,..,41 ms -r 1,2) on an
+    // undelayed path (its VMs were ~0.1 ms apart): with a path RTT far
+    // below the interval, the probe's pacing period is the idle time.
+    let len = if quick { MS(1_800) } else { MS(30_000) };
+    (
+        "request/response interval (ms)",
+        "undelayed path (~0.1 ms); the server's TCP RTT grows with the interval until the client's delayed-ACK timer (~40 ms) caps it; the client's TCP RTT and the request/response latency stay small",
+        [0u64, 1, 2, 4, 8, 16, 32, 39, 40, 41]
+            .iter()
+            .map(|&i| {
+                let w = Workload::TcpRr { request: 1, response: 2, interval: MS(i), sessions: 1 };
+                phase(format!("{i}"), LinkConfig::default(), w, len)
+            })
+            .collect(),
+    )
+}
+
+/// Intervals beyond the delayed-ACK timer (100 ms..5 s), two-segment requests.
+fn beyond_ack_timer(quick: bool) -> PlanParts {
+    // (interval ms, phase length s); sessions grow with the interval
+    // (1 per 100 ms) to keep the packet rate similar, as in the note.
+    let ints: &[(u64, u64)] = if quick {
+        &[(100, 6), (300, 6), (1000, 8)]
+    } else {
+        &[
+            (100, 60),
+            (300, 60),
+            (500, 60),
+            (1000, 60),
+            (3000, 90),
+            (5000, 120),
+        ]
+    };
+    (
+        "request/response interval (ms)",
+        "beyond the delayed-ACK timer the client ACKs a response at once: TCP RTT stays at the path RTT (10 ms) at every interval, while a sampler that misses that ACK pairs the response with the next request and sees the interval",
+        ints.iter()
+            .map(|&(i, len)| {
+                // 1449-byte requests: two segments at MSS 1448, as
+                // the note's 1409 bytes were at GCE's MSS 1408.
+                let w = Workload::TcpRr {
+                    request: 1449,
+                    response: 2,
+                    interval: MS(i),
+                    sessions: (i / 100).max(1) as u32,
+                };
+                phase(format!("{i}"), base(5), w, Duration::from_secs(len))
+            })
+            .collect(),
+    )
+}
+
+/// 50 ms added to and removed from the client->server direction periodically.
+fn rtt_step(quick: bool) -> PlanParts {
+    let (half, cycles) = if quick {
+        (MS(5_000), 2)
+    } else {
+        (MS(30_000), 5)
+    };
+    let low = base(50);
+    let high = LinkConfig::delay(MS(100));
+    let mut steps = Vec::new();
+    for c in 0..cycles {
+        let t0 = half * 2 * c;
+        steps.push(LinkStep {
+            at: t0 + half,
+            direction: Direction::Up,
+            link: high,
+        });
+        steps.push(LinkStep {
+            at: t0 + half * 2,
+            direction: Direction::Up,
+            link: low,
+        });
+    }
+    let dur = half * 2 * cycles;
+    steps.retain(|s| s.at < dur);
+    (
+        "time (s)",
+        "the path RTT steps between 100 ms and 150 ms (50 ms added on the client->server direction); probes follow at once, TCP's smoothed RTT within a few round trips, a windowed metric only at its next window",
+        vec![Phase {
+            label: "step".into(),
+            up: low,
+            down: low,
+            workload: Workload::PingAndRr { interval: MS(100) },
+            duration: dur,
+            steps,
+        }],
+    )
+}
+
+/// Random loss each way on a 100 ms path.
+fn loss(quick: bool) -> PlanParts {
+    let rr = |request, interval, sessions| Workload::TcpRr {
+        request,
+        response: 1,
+        interval,
+        sessions,
+    };
+    let (levels, len): (&[f64], u64) = if quick {
+        (&[0.0, 5.0, 10.0, 20.0], 8)
+    } else {
+        (&[0.0, 5.0, 10.0, 15.0, 20.0], 60)
+    };
+    (
+        "random loss each way (%)",
+        "path RTT 100 ms; with loss the request/response tail (p95) jumps by retransmission timeouts (>= 200 ms) while TCP's median RTT stays near 100 ms and its tail rises less often (Karn: no sample from retransmitted data, but with timestamps an ACK echoing the first transmission's TSval - a lost response the server resent - yields a sample that includes the RTO); the sampler (no Karn) follows the transactions",
+        levels
+            .iter()
+            .map(|&l| {
+                let link = LinkConfig { loss_pct: l, ..base(50) };
+                phase(format!("{l}"), link, rr(1, MS(10), 3), Duration::from_secs(len))
+            })
+            .collect(),
+    )
+}
+
+/// Idle, then a bulk download through a shallow and a deep queue at 10 Mbit/s.
+fn bufferbloat(quick: bool) -> PlanParts {
+    let len = Duration::from_secs(if quick { 12 } else { 60 });
+    let probe = MS(100);
+    let rate = 10_000_000;
+    let bottleneck = |limit| LinkConfig {
+        rate_bps: Some(rate),
+        queue_limit: Some(limit),
+        ..base(5)
+    };
+    let idle = Phase {
+        label: "idle".into(),
+        down: bottleneck(16 * 1024),
+        ..phase(
+            String::new(),
+            base(5),
+            Workload::PingAndRr { interval: probe },
+            len,
+        )
+    };
+    let bulk = |label: &str, limit| Phase {
+        label: label.into(),
+        down: bottleneck(limit),
+        ..phase(
+            String::new(),
+            base(5),
+            Workload::BulkWithProbes {
+                bulk: Direction::Down,
+                probe_interval: probe,
+            },
+            len,
+        )
+    };
+    (
+        "queue at the 10 Mbit/s bottleneck (server->client)",
+        "idle: RTT 10 ms; a bulk download through a shallow queue (16 KiB, ~13 ms at 10 Mbit/s) adds little; through a deep queue (1 MiB, ~840 ms) every view's RTT rises by hundreds of ms",
+        vec![idle, bulk("shallow 16KiB", 16 * 1024), bulk("deep 1MiB", 1024 * 1024)],
+    )
+}
+
+/// The same undelayed path probed back to back, every 10 ms, 100 ms and 1 s.
+fn probe_interval(quick: bool) -> PlanParts {
+    let ints: &[(u64, u64)] = if quick {
+        &[(0, 2), (10, 5), (100, 8), (1000, 15)]
+    } else {
+        &[(0, 30), (10, 30), (100, 60), (1000, 120)]
+    };
+    (
+        "probe interval (ms)",
+        "the same undelayed path measured with ping and request/response at different intervals: the sparser the probes, the higher the latency (idle CPUs wake up, caches are cold), so the interval must be recorded with every result",
+        ints.iter()
+            .map(|&(i, len)| {
+                let label = if i == 0 { "back-to-back".to_string() } else { format!("{i}") };
+                phase(label, LinkConfig::default(), Workload::PingAndRr { interval: MS(i) }, Duration::from_secs(len))
+            })
+            .collect(),
+    )
 }
 
 /// What a phase produced, with its settings and the router's counters.
@@ -480,24 +501,7 @@ pub fn run_plan(
     env.start_server(&tb)
         .context("starting the responder in the server namespace")?;
 
-    let bar = Bar {
-        bar: progress.then(|| {
-            let b = indicatif::ProgressBar::new(plan.total().as_millis() as u64);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{bar:40}] {elapsed}/{duration} {msg}",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            );
-            b.set_prefix(format!(
-                "lab {}",
-                plan.scenario.to_possible_value().unwrap().get_name()
-            ));
-            b
-        }),
-        base: Mutex::new(Duration::ZERO),
-    };
+    let bar = Bar::new(plan, progress);
     let start = Instant::now();
     let mut records = Vec::new();
     for (i, ph) in plan.phases.iter().enumerate() {
@@ -511,36 +515,7 @@ pub fn run_plan(
                 ph.label
             ));
         }
-        imp.set(Direction::Up, ph.up)?;
-        imp.set(Direction::Down, ph.down)?;
-        let started_after = start.elapsed();
-        env.observe_start(&tb, ph)?;
-        let imp_m = Mutex::new(&mut imp);
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let probe = std::thread::scope(|s| -> Result<serde_json::Value> {
-            let stepper = s.spawn(|| -> Result<()> { apply_steps(ph, &imp_m, &done) });
-            let r = env.probe(&tb, ph, &bar);
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            stepper
-                .join()
-                .map_err(|_| anyhow::anyhow!("link step thread panicked"))??;
-            r
-        })?;
-        let observe = env.observe_stop()?;
-        if !imp.emulator().alive() {
-            bail!(
-                "the delay emulator stopped during phase {} ({}): the results would be without the configured delay",
-                i + 1,
-                ph.label
-            );
-        }
-        records.push(PhaseRecord {
-            phase: ph.clone(),
-            started_after,
-            impairment: imp.report(),
-            probe,
-            observe,
-        });
+        records.push(run_phase(env, &tb, &mut imp, (i, ph), &bar, start)?);
         *bar.base.lock().unwrap() += ph.duration;
         crate::sys::files::write_atomically(
             &out.join("phases.json"),
@@ -553,6 +528,72 @@ pub fn run_plan(
     imp.shutdown()?;
     drop(tb);
     env.report(plan, &records, out)
+}
+
+impl Bar {
+    /// The progress bar over the plan's whole length (none without `progress`).
+    fn new(plan: &Plan, progress: bool) -> Bar {
+        Bar {
+            bar: progress.then(|| {
+                let b = indicatif::ProgressBar::new(plan.total().as_millis() as u64);
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{prefix} [{bar:40}] {elapsed}/{duration} {msg}",
+                    )
+                    .unwrap()
+                    .progress_chars("=> "),
+                );
+                b.set_prefix(format!(
+                    "lab {}",
+                    plan.scenario.to_possible_value().unwrap().get_name()
+                ));
+                b
+            }),
+            base: Mutex::new(Duration::ZERO),
+        }
+    }
+}
+
+/// Phase `i` of the plan: set the link, observe, probe while the link steps
+/// are applied, stop observing; its record.
+fn run_phase(
+    env: &mut dyn ScenarioEnv,
+    tb: &Testbed,
+    imp: &mut Impairment,
+    (i, ph): (usize, &Phase),
+    bar: &Bar,
+    start: Instant,
+) -> Result<PhaseRecord> {
+    imp.set(Direction::Up, ph.up)?;
+    imp.set(Direction::Down, ph.down)?;
+    let started_after = start.elapsed();
+    env.observe_start(tb, ph)?;
+    let imp_m = Mutex::new(&mut *imp);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let probe = std::thread::scope(|s| -> Result<serde_json::Value> {
+        let stepper = s.spawn(|| -> Result<()> { apply_steps(ph, &imp_m, &done) });
+        let r = env.probe(tb, ph, bar);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        stepper
+            .join()
+            .map_err(|_| anyhow::anyhow!("link step thread panicked"))??;
+        r
+    })?;
+    let observe = env.observe_stop()?;
+    if !imp.emulator().alive() {
+        bail!(
+            "the delay emulator stopped during phase {} ({}): the results would be without the configured delay",
+            i + 1,
+            ph.label
+        );
+    }
+    Ok(PhaseRecord {
+        phase: ph.clone(),
+        started_after,
+        impairment: imp.report(),
+        probe,
+        observe,
+    })
 }
 
 /// Print a line to stdout; a closed pipe (`| head`) is not an error.

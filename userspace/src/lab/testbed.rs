@@ -302,80 +302,8 @@ impl Testbed {
             "ip", "link", "add", RTR_SRV_IF, "netns", &rtr, "type", "veth", "peer", "name",
             HOST_IF, "netns", &srv,
         ])?;
-        let addr = |ns: &str, a: String, dev: &str| -> Result<()> {
-            run_in(ns, &["ip", "addr", "add", &a, "dev", dev])?;
-            Ok(())
-        };
-        let addr6 = |ns: &str, a: String, dev: &str| -> Result<()> {
-            run_in(ns, &["ip", "-6", "addr", "add", &a, "dev", dev, "nodad"])?;
-            Ok(())
-        };
-        // IPv6 first: disable DAD so addresses are usable at once.
-        for ns in [&cli, &rtr, &srv] {
-            run_in(ns, &["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0"])?;
-            run_in(ns, &["sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"])?;
-        }
-        addr(&cli, format!("{CLI_ADDR}/24"), HOST_IF)?;
-        addr(&rtr, format!("{RTR_CLI_ADDR}/24"), RTR_CLI_IF)?;
-        addr(&rtr, format!("{RTR_SRV_ADDR}/24"), RTR_SRV_IF)?;
-        addr(&srv, format!("{SRV_ADDR}/24"), HOST_IF)?;
-        addr6(&cli, format!("{CLI_ADDR6}/64"), HOST_IF)?;
-        addr6(&rtr, format!("{RTR_CLI_ADDR6}/64"), RTR_CLI_IF)?;
-        addr6(&rtr, format!("{RTR_SRV_ADDR6}/64"), RTR_SRV_IF)?;
-        addr6(&srv, format!("{SRV_ADDR6}/64"), HOST_IF)?;
-        run_in(&cli, &["ip", "link", "set", HOST_IF, "up"])?;
-        run_in(&srv, &["ip", "link", "set", HOST_IF, "up"])?;
-        run_in(&rtr, &["ip", "link", "set", RTR_CLI_IF, "up"])?;
-        run_in(&rtr, &["ip", "link", "set", RTR_SRV_IF, "up"])?;
-        run_in(
-            &cli,
-            &[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "via",
-                &RTR_CLI_ADDR.to_string(),
-            ],
-        )?;
-        run_in(
-            &srv,
-            &[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "via",
-                &RTR_SRV_ADDR.to_string(),
-            ],
-        )?;
-        run_in(
-            &cli,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                &RTR_CLI_ADDR6.to_string(),
-            ],
-        )?;
-        run_in(
-            &srv,
-            &[
-                "ip",
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                &RTR_SRV_ADDR6.to_string(),
-            ],
-        )?;
-        run_in(&rtr, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
-        run_in(&rtr, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
-        Ok(())
+        address_links(&cli, &rtr, &srv)?;
+        route_through_router(&cli, &rtr, &srv)
     }
 
     /// A `Command` that runs `program` inside the namespace of `role`.
@@ -472,6 +400,55 @@ impl Drop for Testbed {
         }
         let _ = std::fs::remove_file(&self.state_file);
     }
+}
+
+/// IPv4 and IPv6 addresses on both veth pairs (DAD off, so they are usable
+/// at once), links up.
+fn address_links(cli: &str, rtr: &str, srv: &str) -> Result<()> {
+    let addr = |ns: &str, a: String, dev: &str| -> Result<()> {
+        run_in(ns, &["ip", "addr", "add", &a, "dev", dev])?;
+        Ok(())
+    };
+    let addr6 = |ns: &str, a: String, dev: &str| -> Result<()> {
+        run_in(ns, &["ip", "-6", "addr", "add", &a, "dev", dev, "nodad"])?;
+        Ok(())
+    };
+    // IPv6 first: disable DAD so addresses are usable at once.
+    for ns in [cli, rtr, srv] {
+        run_in(ns, &["sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0"])?;
+        run_in(ns, &["sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"])?;
+    }
+    addr(cli, format!("{CLI_ADDR}/24"), HOST_IF)?;
+    addr(rtr, format!("{RTR_CLI_ADDR}/24"), RTR_CLI_IF)?;
+    addr(rtr, format!("{RTR_SRV_ADDR}/24"), RTR_SRV_IF)?;
+    addr(srv, format!("{SRV_ADDR}/24"), HOST_IF)?;
+    addr6(cli, format!("{CLI_ADDR6}/64"), HOST_IF)?;
+    addr6(rtr, format!("{RTR_CLI_ADDR6}/64"), RTR_CLI_IF)?;
+    addr6(rtr, format!("{RTR_SRV_ADDR6}/64"), RTR_SRV_IF)?;
+    addr6(srv, format!("{SRV_ADDR6}/64"), HOST_IF)?;
+    run_in(cli, &["ip", "link", "set", HOST_IF, "up"])?;
+    run_in(srv, &["ip", "link", "set", HOST_IF, "up"])?;
+    run_in(rtr, &["ip", "link", "set", RTR_CLI_IF, "up"])?;
+    run_in(rtr, &["ip", "link", "set", RTR_SRV_IF, "up"])?;
+    Ok(())
+}
+
+/// Default routes of the client and the server through the router, which forwards.
+fn route_through_router(cli: &str, rtr: &str, srv: &str) -> Result<()> {
+    let via = |ns: &str, family: &[&str], gw: String| -> Result<()> {
+        let mut cmd = vec!["ip"];
+        cmd.extend_from_slice(family);
+        cmd.extend_from_slice(&["route", "add", "default", "via", gw.as_str()]);
+        run_in(ns, &cmd)?;
+        Ok(())
+    };
+    via(cli, &[], RTR_CLI_ADDR.to_string())?;
+    via(srv, &[], RTR_SRV_ADDR.to_string())?;
+    via(cli, &["-6"], RTR_CLI_ADDR6.to_string())?;
+    via(srv, &["-6"], RTR_SRV_ADDR6.to_string())?;
+    run_in(rtr, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+    run_in(rtr, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"])?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -42,6 +42,23 @@ struct Otlp {
 }
 
 impl Otlp {
+    /// Start the pusher of `c` (its statistics registered in the exporter's registry).
+    fn start(exporter: &mut Exporter, c: OtlpConfig) -> Result<Otlp> {
+        let stats = crate::sinks::otlp::Stats::register(exporter.registry_mut());
+        let host = crate::analysis::results::HostInfo::current().hostname;
+        eprintln!(
+            "rttscope: pushing OTLP to http://{}{} every {:?}",
+            c.endpoint.authority, c.endpoint.path, c.interval
+        );
+        Ok(Otlp {
+            pusher: crate::sinks::otlp::Pusher::start(c.endpoint, stats)?,
+            resource: crate::sinks::otlp::resource(&host),
+            interval: c.interval,
+            last: None,
+            start_ns: crate::sinks::otlp::unix_ns(),
+        })
+    }
+
     /// Queue a request of this render when the push interval is due (or `force`).
     fn maybe_push(&mut self, r: &super::Rendered, force: bool) {
         let due = self.last.is_none_or(|t| t.elapsed() >= self.interval);
@@ -73,98 +90,17 @@ impl Daemon {
     ) -> Result<Daemon> {
         let mut exporter = Exporter::new(policy)?;
         let otlp = match otlp {
-            Some(c) => {
-                let stats = crate::sinks::otlp::Stats::register(exporter.registry_mut());
-                let host = crate::analysis::results::HostInfo::current().hostname;
-                eprintln!(
-                    "rttscope: pushing OTLP to http://{}{} every {:?}",
-                    c.endpoint.authority, c.endpoint.path, c.interval
-                );
-                Some(Otlp {
-                    pusher: crate::sinks::otlp::Pusher::start(c.endpoint, stats)?,
-                    resource: crate::sinks::otlp::resource(&host),
-                    interval: c.interval,
-                    last: None,
-                    start_ns: crate::sinks::otlp::unix_ns(),
-                })
-            }
+            Some(c) => Some(Otlp::start(&mut exporter, c)?),
             None => None,
         };
-        let mut ids: Vec<(String, u32)> = Vec::new();
-        if let Some(t) = tcp {
-            ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
-        }
-        if let Some(s) = sampler {
-            ids.extend(s.prog_ids());
-        }
-        let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
-        let mut progs = ProgStats::from_ids(&id_refs);
-        let mut notes: Vec<(&str, String)> = Vec::new();
-        if bpf_stats {
-            if let Err(e) = progs.enable_kernel_stats() {
-                notes.push(("bpf run-time statistics", crate::error::sentence(&e)));
-            }
-        } else if !progs.kernel_stats_enabled() {
-            notes.push((
-                "bpf run-time statistics",
-                "off (kernel.bpf_stats_enabled=0; use --bpf-stats or set the sysctl): run time/count read 0".to_string(),
-            ));
-        }
-        if progs.programs().len() < ids.len() {
-            notes.push((
-                "program statistics",
-                format!(
-                    "found {} of {} programs among our file descriptors",
-                    progs.programs().len(),
-                    ids.len()
-                ),
-            ));
-        }
-        let mut lines = hooks_report(tcp.map(|t| t.info()), &notes);
-        match sampler {
-            Some(s) => {
-                for a in s.attach_info() {
-                    lines.insert(
-                        lines.len() - notes.len(),
-                        format!(
-                            "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
-                            a.how, a.iface, a.netns, a.link
-                        ),
-                    );
-                }
-            }
-            None => lines.push(
-                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)".into(),
-            ),
-        }
-        if tcp.is_none() {
-            if let Some(l) = lines
-                .iter_mut()
-                .find(|l| l.starts_with("unavailable: tcp view"))
-            {
-                *l = "unavailable: tcp view: not requested (--view)".into();
-            }
-        }
+        let (progs, notes) = prog_stats(tcp, sampler, bpf_stats);
+        let lines = attach_lines(tcp, sampler, &notes);
         let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let start_names = crate::sys::netns::names();
         for l in lines {
             eprintln!("rttscope: {l}");
         }
-        // Run as nobody from here on: the maps and programs are read
-        // through file descriptors already open (docs/security.md).
-        let id = crate::sys::caps::UNPRIVILEGED_ID;
-        if crate::sys::caps::switch_user(id, id)? {
-            eprintln!("rttscope: running as uid {id}, gid {id}");
-        } else if crate::sys::caps::is_root() {
-            eprintln!("rttscope: still uid 0: no CAP_SETUID/CAP_SETGID to switch to uid {id} (see docs/security.md)");
-        }
-        let state = crate::sys::caps::drop_to_needed()?;
-        eprintln!("rttscope: {}", crate::sys::caps::describe(&state));
-        let more =
-            crate::sys::caps::threads_holding_more(crate::sys::caps::mask(&crate::sys::caps::KEEP));
-        if !more.is_empty() {
-            eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
-        }
+        drop_privileges()?;
         if let Some(a) = addr {
             let note = if a.ip().is_loopback() {
                 ""
@@ -261,6 +197,99 @@ impl Drop for Daemon {
             o.maybe_push(&r, true);
         }
     }
+}
+
+/// Our programs' statistics (kernel run-time statistics enabled when
+/// `bpf_stats`), and notes on what they cannot tell.
+fn prog_stats(
+    tcp: Option<&dyn crate::views::tcp::TcpView>,
+    sampler: Option<&dyn crate::views::sampler::SamplerView>,
+    bpf_stats: bool,
+) -> (ProgStats, Vec<(&'static str, String)>) {
+    let mut ids: Vec<(String, u32)> = Vec::new();
+    if let Some(t) = tcp {
+        ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
+    }
+    if let Some(s) = sampler {
+        ids.extend(s.prog_ids());
+    }
+    let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
+    let mut progs = ProgStats::from_ids(&id_refs);
+    let mut notes: Vec<(&str, String)> = Vec::new();
+    if bpf_stats {
+        if let Err(e) = progs.enable_kernel_stats() {
+            notes.push(("bpf run-time statistics", crate::error::sentence(&e)));
+        }
+    } else if !progs.kernel_stats_enabled() {
+        notes.push((
+            "bpf run-time statistics",
+            "off (kernel.bpf_stats_enabled=0; use --bpf-stats or set the sysctl): run time/count read 0".to_string(),
+        ));
+    }
+    if progs.programs().len() < ids.len() {
+        notes.push((
+            "program statistics",
+            format!(
+                "found {} of {} programs among our file descriptors",
+                progs.programs().len(),
+                ids.len()
+            ),
+        ));
+    }
+    (progs, notes)
+}
+
+/// The lines that say what was attached (or why not), then the notes.
+fn attach_lines(
+    tcp: Option<&dyn crate::views::tcp::TcpView>,
+    sampler: Option<&dyn crate::views::sampler::SamplerView>,
+    notes: &[(&str, String)],
+) -> Vec<String> {
+    let mut lines = hooks_report(tcp.map(|t| t.info()), notes);
+    match sampler {
+        Some(s) => {
+            for a in s.attach_info() {
+                lines.insert(
+                    lines.len() - notes.len(),
+                    format!(
+                        "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
+                        a.how, a.iface, a.netns, a.link
+                    ),
+                );
+            }
+        }
+        None => lines.push(
+            "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)".into(),
+        ),
+    }
+    if tcp.is_none() {
+        if let Some(l) = lines
+            .iter_mut()
+            .find(|l| l.starts_with("unavailable: tcp view"))
+        {
+            *l = "unavailable: tcp view: not requested (--view)".into();
+        }
+    }
+    lines
+}
+
+/// Run as nobody from here on: the maps and programs are read through file
+/// descriptors already open (docs/security.md). Says what is left.
+fn drop_privileges() -> Result<()> {
+    let id = crate::sys::caps::UNPRIVILEGED_ID;
+    if crate::sys::caps::switch_user(id, id)? {
+        eprintln!("rttscope: running as uid {id}, gid {id}");
+    } else if crate::sys::caps::is_root() {
+        eprintln!("rttscope: still uid 0: no CAP_SETUID/CAP_SETGID to switch to uid {id} (see docs/security.md)");
+    }
+    let state = crate::sys::caps::drop_to_needed()?;
+    eprintln!("rttscope: {}", crate::sys::caps::describe(&state));
+    let more =
+        crate::sys::caps::threads_holding_more(crate::sys::caps::mask(&crate::sys::caps::KEEP));
+    if !more.is_empty() {
+        eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
+    }
+    Ok(())
 }
 
 /// Startup lines: hooks attached and unavailable (with the reason), for

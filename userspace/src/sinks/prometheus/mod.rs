@@ -501,6 +501,30 @@ fn is_flows_tracked(view: ViewKind, name: &str) -> bool {
     )
 }
 
+/// What is running: the version, the loaders built in, the kernel.
+fn register_build_info(r: &mut Registry) {
+    let build = Family::<Vec<(String, String)>, Gauge>::default();
+    r.register(
+        "rttscope_build_info",
+        "rttscope's version, the BPF loaders built in and the kernel it runs on (always 1)",
+        build.clone(),
+    );
+    build
+        .get_or_create(&vec![
+            ("version".into(), env!("CARGO_PKG_VERSION").into()),
+            (
+                "loaders".into(),
+                crate::views::LoaderKind::available()
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("kernel".into(), kernel_release()),
+        ])
+        .set(1);
+}
+
 /// The exporter: metric families, the label policy, the series cap.
 pub struct Exporter {
     registry: Registry,
@@ -558,117 +582,148 @@ struct LevelLabels {
 impl Exporter {
     pub fn new(policy: LabelPolicy) -> Result<Exporter> {
         policy.validate()?;
-        let mut r = Registry::default();
-        let rtt = Family::<RttLabels, RttHist>::default();
+        let mut e = Exporter {
+            registry: Registry::default(),
+            policy,
+            rtt: Family::default(),
+            series: HashMap::new(),
+            overflow_series: HashMap::new(),
+            series_gauge: Gauge::default(),
+            overflow: Family::default(),
+            samples: Family::default(),
+            drops: Family::default(),
+            evictions: Family::default(),
+            events: Family::default(),
+            levels: Family::default(),
+            flows_tracked: Family::default(),
+            prog_time: Family::default(),
+            prog_cnt: Family::default(),
+            stats_enabled: Gauge::default(),
+            scrapes: Counter::default(),
+            cpu: Counter::default(),
+            rss: Gauge::default(),
+            vsz: Gauge::default(),
+            fds: Gauge::default(),
+            max_fds: Gauge::default(),
+            last_cpu: 0,
+            last_counters: HashMap::new(),
+            last_prog: HashMap::new(),
+            last_expiry: Instant::now(),
+            rendered: Arc::default(),
+        };
+        // The registration order is the order of the families in /metrics.
+        e.register_view_metrics();
+        e.register_kernel_and_series_metrics();
+        e.register_process_metrics();
+        register_build_info(&mut e.registry);
+        Ok(e)
+    }
+
+    /// The views' RTT histograms, samples, drops, evictions, levels, events
+    /// and tracked flows.
+    fn register_view_metrics(&mut self) {
+        let r = &mut self.registry;
         r.register_with_unit(
             "rttscope_rtt",
             "RTT samples per view (tcp: TCP's own RTT samples; sampler: packet-sampler RTT); le=B counts samples < B us (integer microseconds)",
             Unit::Seconds,
-            rtt.clone(),
+            self.rtt.clone(),
         );
-        let samples = Family::<ViewLabel, Counter>::default();
         r.register(
             "rttscope_samples",
             "RTT samples taken by a view (kernel counter)",
-            samples.clone(),
+            self.samples.clone(),
         );
-        let drops = Family::<DropLabels, Counter>::default();
         r.register(
             "rttscope_drops",
             "Samples or records a view lost: ring-buffer overruns (raw_events_dropped), table full (flow_map_full, pending_map_full), flows that left a table unread (flows_vanished), samples of evicted flows never read (samples_evicted); normal evictions are rttscope_evictions_total",
-            drops.clone(),
+            self.drops.clone(),
         );
-        let evictions = Family::<EventLabels, Counter>::default();
         r.register(
             "rttscope_evictions",
             "Normal table churn, not a loss: flows and pending segments evicted to make room (samples of evicted flows that were never read are a drop, reason samples_evicted)",
-            evictions.clone(),
+            self.evictions.clone(),
         );
-        let levels = Family::<LevelLabels, Gauge>::default();
         r.register(
             "rttscope_view_level",
             "Levels of a view at the last read (table entries in use: flows_live, pending_live, flows_tracked)",
-            levels.clone(),
+            self.levels.clone(),
         );
-        let events = Family::<EventLabels, Counter>::default();
         r.register(
             "rttscope_view_events",
             "Every counter of a view that counts events, by name (levels are rttscope_view_level)",
-            events.clone(),
+            self.events.clone(),
         );
-        let flows_tracked = Family::<ViewLabel, Gauge>::default();
         r.register(
             "rttscope_flows_tracked",
             "Flows tracked by the view at the last read (tcp: flows in its table; sampler: flow-table entries in use)",
-            flows_tracked.clone(),
+            self.flows_tracked.clone(),
         );
-        let prog_time = Family::<ProgLabels, Counter<f64, AtomicU64>>::default();
+    }
+
+    /// The kernel programs' run-time statistics, the series cap and the scrapes.
+    fn register_kernel_and_series_metrics(&mut self) {
+        let r = &mut self.registry;
         r.register_with_unit(
             "rttscope_bpf_prog_run_time",
             "Time spent in our kernel programs (kernel run-time statistics; 0 unless enabled)",
             Unit::Seconds,
-            prog_time.clone(),
+            self.prog_time.clone(),
         );
-        let prog_cnt = Family::<ProgLabels, Counter>::default();
         r.register(
             "rttscope_bpf_prog_run_count",
             "Invocations of our kernel programs (kernel run-time statistics; 0 unless enabled)",
-            prog_cnt.clone(),
+            self.prog_cnt.clone(),
         );
-        let stats_enabled = Gauge::default();
         r.register(
             "rttscope_bpf_stats_enabled",
             "1 when kernel BPF run-time statistics are being collected",
-            stats_enabled.clone(),
+            self.stats_enabled.clone(),
         );
-        let series_gauge = Gauge::default();
-        r.register("rttscope_series", "RTT histogram label sets in use (the cap is max_series, plus one overflow set per view)", series_gauge.clone());
-        let overflow = Family::<ViewLabel, Counter>::default();
+        r.register("rttscope_series", "RTT histogram label sets in use (the cap is max_series, plus one overflow set per view)", self.series_gauge.clone());
         r.register(
             "rttscope_series_overflow",
             "Samples recorded into the overflow series because the series cap was reached",
-            overflow.clone(),
+            self.overflow.clone(),
         );
-        let scrapes = Counter::default();
         r.register(
             "rttscope_scrapes",
             "Scrapes of /metrics served",
-            scrapes.clone(),
+            self.scrapes.clone(),
         );
-        // The standard process metrics (the names every Prometheus client
-        // library exports, so existing dashboards and alerts apply).
-        let cpu = Counter::<f64, AtomicU64>::default();
+    }
+
+    /// The standard process metrics (the names every Prometheus client
+    /// library exports, so existing dashboards and alerts apply).
+    fn register_process_metrics(&mut self) {
+        let r = &mut self.registry;
         r.register_with_unit(
             "process_cpu",
             "Total user and system CPU time spent in seconds",
             Unit::Seconds,
-            cpu.clone(),
+            self.cpu.clone(),
         );
-        let rss = Gauge::default();
         r.register_with_unit(
             "process_resident_memory",
             "Resident memory size in bytes",
             Unit::Bytes,
-            rss.clone(),
+            self.rss.clone(),
         );
-        let vsz = Gauge::default();
         r.register_with_unit(
             "process_virtual_memory",
             "Virtual memory size in bytes",
             Unit::Bytes,
-            vsz.clone(),
+            self.vsz.clone(),
         );
-        let fds = Gauge::default();
         r.register(
             "process_open_fds",
             "Number of open file descriptors",
-            fds.clone(),
+            self.fds.clone(),
         );
-        let max_fds = Gauge::default();
         r.register(
             "process_max_fds",
             "Maximum number of open file descriptors",
-            max_fds.clone(),
+            self.max_fds.clone(),
         );
         let start = Gauge::<f64, AtomicU64>::default();
         r.register_with_unit(
@@ -678,56 +733,6 @@ impl Exporter {
             start.clone(),
         );
         start.set(process_start_unix_s());
-        // What is running: the version, the loaders built in, the kernel.
-        let build = Family::<Vec<(String, String)>, Gauge>::default();
-        r.register(
-            "rttscope_build_info",
-            "rttscope's version, the BPF loaders built in and the kernel it runs on (always 1)",
-            build.clone(),
-        );
-        build
-            .get_or_create(&vec![
-                ("version".into(), env!("CARGO_PKG_VERSION").into()),
-                (
-                    "loaders".into(),
-                    crate::views::LoaderKind::available()
-                        .iter()
-                        .map(|k| k.as_str())
-                        .collect::<Vec<_>>()
-                        .join(","),
-                ),
-                ("kernel".into(), kernel_release()),
-            ])
-            .set(1);
-        Ok(Exporter {
-            registry: r,
-            policy,
-            rtt,
-            series: HashMap::new(),
-            overflow_series: HashMap::new(),
-            series_gauge,
-            overflow,
-            samples,
-            drops,
-            evictions,
-            events,
-            levels,
-            flows_tracked,
-            prog_time,
-            prog_cnt,
-            stats_enabled,
-            scrapes,
-            cpu,
-            rss,
-            last_cpu: 0,
-            vsz,
-            fds,
-            max_fds,
-            last_counters: HashMap::new(),
-            last_prog: HashMap::new(),
-            last_expiry: Instant::now(),
-            rendered: Arc::default(),
-        })
     }
 
     pub fn policy(&self) -> &LabelPolicy {
