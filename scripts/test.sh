@@ -26,8 +26,6 @@ echo "== end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
-# attach_midflow (issue 27.2) runs only with RTTSCOPE_E2E_MIDFLOW=1: export it here once the
-# sampler's mid-flow first-sample fix (bpf/sampler.bpf.c) is on main; until then it skips.
 # RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the compare e2e off (tests/src/busy.rs).
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
