@@ -26,8 +26,8 @@
 # same target directory (RTTSCOPE_BIN overrides).
 set -euo pipefail
 # paths given relative to where the script is started from
-if [[ -n "${BENCH_EPPING_SRC:-}" ]]; then BENCH_EPPING_SRC=$(realpath "$BENCH_EPPING_SRC"); fi
-if [[ -n "${BENCH_EPPING_BIN:-}" ]]; then export BENCH_EPPING_BIN=$(realpath "$BENCH_EPPING_BIN"); fi
+if [[ -n "${BENCH_EPPING_SRC:-}" ]]; then BENCH_EPPING_SRC=$(realpath -m "$BENCH_EPPING_SRC"); fi
+if [[ -n "${BENCH_EPPING_BIN:-}" ]]; then export BENCH_EPPING_BIN=$(realpath -m "$BENCH_EPPING_BIN"); fi
 cd "$(dirname "$0")/.."
 profile=()
 if [[ "${RELEASE:-0}" == 1 ]]; then profile=(--release); fi

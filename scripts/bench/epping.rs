@@ -47,7 +47,8 @@ fn tcx_prog_ids(ns: &NetNs, ifname: &str, attach_type: u32) -> Vec<u64> {
         a[16..24].copy_from_slice(&(ids.as_mut_ptr() as u64).to_ne_bytes());
         a[24..28].copy_from_slice(&(ids.len() as u32).to_ne_bytes());
         // SAFETY: bpf(2) BPF_PROG_QUERY with an id buffer of the count we pass.
-        let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_QUERY, a.as_ptr(), a.len()) };
+        // (as_mut_ptr: the kernel writes the count back into `a`)
+        let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_QUERY, a.as_mut_ptr(), a.len()) };
         let n = u32::from_ne_bytes(a[24..28].try_into().unwrap()) as usize;
         if r != 0 {
             return Vec::new();

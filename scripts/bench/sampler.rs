@@ -250,13 +250,15 @@ impl Floor {
 
 /// A program's id from its fd (BPF_OBJ_GET_INFO_BY_FD: bpf_prog_info.id).
 fn prog_id(fd: i32) -> u64 {
-    let info = [0u32; 64];
+    // mutable: the kernel writes it (read back from an immutable array, the
+    // id was folded to its initial 0 in release builds: a floor of 0 ns)
+    let mut info = [0u32; 64];
     let mut attr = [0u8; 16];
     attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&((info.len() * 4) as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_ptr() as u64).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
     // SAFETY: bpf(2) with an info buffer of the length we pass.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), attr.len()) };
+    let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_mut_ptr(), attr.len()) };
     assert!(
         r == 0,
         "BPF_OBJ_GET_INFO_BY_FD: {}",
@@ -333,6 +335,10 @@ fn variants_from_env(sampler_args: &[String]) -> Vec<Variant> {
         println!("bench_sampler: ePPing reference skipped (no BENCH_EPPING_BIN; scripts/bench-sampler.sh builds it from BENCH_EPPING_SRC=/path/to/bpf-examples)");
         return v;
     };
+    if !std::path::Path::new(&bin).is_file() {
+        eprintln!("bench_sampler: BENCH_EPPING_BIN={bin} is not a file (a pping built by scripts/build-epping.sh)");
+        std::process::exit(2);
+    }
     let sets = std::env::var("BENCH_EPPING_ARGS").unwrap_or_else(|_| epping::DEFAULT_ARGS.into());
     for (i, set) in sets.split(';').filter(|s| !s.trim().is_empty()).enumerate() {
         let name = if i == 0 {
