@@ -14,7 +14,8 @@
 #   scripts/bench-sampler.sh                 # 5 rounds x 3 s, --match seq
 #   BENCH_BEFORE_BIN=/path/to/old/rttscope scripts/bench-sampler.sh   # before/after in one run
 #   BENCH_EPPING_SRC=/path/to/bpf-examples scripts/bench-sampler.sh   # + ePPing, same run
-#   BENCH_EPPING_ARGS='-r 0 -T -C -I tc'   # pping's options (these are the default)
+#   BENCH_EPPING_ARGS='-r 0 -T -C -I tc -a 1;-r 0 -T -C -I tc'   # pping's option sets,
+#                                          # one variant each (these are the default)
 #   BENCH_EPPING_BIN=/path/to/built/pping  # an ePPing already built (no rebuild)
 #   BENCH_MATCH=tsval BENCH_ROUNDS=7 BENCH_SECS=5 scripts/bench-sampler.sh
 #   RELEASE=1 scripts/bench-sampler.sh       # release build (rttscope and the RR client)
