@@ -6,12 +6,18 @@
 //! ICMP echo flood (ping -f), each measured alone, for several variants in
 //! the same run, rotating their order each round: no program, a do-nothing
 //! program (the floor), the sampler built before (BENCH_BEFORE_BIN, an
-//! older rttscope binary) and this one (`rttscope observe --view sampler`
-//! on both veth ends). Medians over the rounds are compared.
+//! older rttscope binary), this one (`rttscope observe --view sampler`
+//! on both veth ends) and ePPing as a reference (BENCH_EPPING_BIN, see
+//! epping.rs). Medians over the rounds are compared, and this sampler's
+//! cost above the floor is given as a fraction of ePPing's.
 //!
 //! Environment: BENCH_ROUNDS (5), BENCH_SECS (3), BENCH_MATCH (seq),
-//! BENCH_SAMPLE_EVERY (1), BENCH_BEFORE_BIN (none); RTTSCOPE_BIN (default:
-//! the rttscope binary next to this program's target directory).
+//! BENCH_SAMPLE_EVERY (1), BENCH_BEFORE_BIN (none), BENCH_EPPING_BIN (a
+//! built pping, none), BENCH_EPPING_ARGS (epping::DEFAULT_ARGS);
+//! RTTSCOPE_BIN (default: the rttscope binary next to this program's target
+//! directory).
+mod epping;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -244,13 +250,15 @@ impl Floor {
 
 /// A program's id from its fd (BPF_OBJ_GET_INFO_BY_FD: bpf_prog_info.id).
 fn prog_id(fd: i32) -> u64 {
-    let info = [0u32; 64];
+    // mutable: the kernel writes it (read back from an immutable array, the
+    // id was folded to its initial 0 in release builds: a floor of 0 ns)
+    let mut info = [0u32; 64];
     let mut attr = [0u8; 16];
     attr[0..4].copy_from_slice(&(fd as u32).to_ne_bytes());
     attr[4..8].copy_from_slice(&((info.len() * 4) as u32).to_ne_bytes());
-    attr[8..16].copy_from_slice(&(info.as_ptr() as u64).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
     // SAFETY: bpf(2) with an info buffer of the length we pass.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_ptr(), attr.len()) };
+    let r = unsafe { libc::syscall(libc::SYS_bpf, 15, attr.as_mut_ptr(), attr.len()) };
     assert!(
         r == 0,
         "BPF_OBJ_GET_INFO_BY_FD: {}",
@@ -296,7 +304,53 @@ fn icmp_flood(pair: &Pair, secs: f64) {
     );
 }
 
-type Variant = (&'static str, Option<String>);
+/// A variant: `off`, `floor`, `before` (BENCH_BEFORE_BIN), `after` (this
+/// rttscope), or `epping`, `epping2`, ... (BENCH_EPPING_BIN with each
+/// option set of BENCH_EPPING_ARGS); `bin` and `args` where they apply.
+struct Variant {
+    name: String,
+    bin: Option<String>,
+    args: Vec<String>,
+}
+
+impl Variant {
+    fn new(name: &str, bin: Option<String>, args: Vec<String>) -> Variant {
+        let name = name.to_string();
+        Variant { name, bin, args }
+    }
+}
+
+/// The variants of the run, from the environment (see the module doc);
+/// prints one line when ePPing is skipped.
+fn variants_from_env(sampler_args: &[String]) -> Vec<Variant> {
+    let mut v = vec![
+        Variant::new("off", None, Vec::new()),
+        Variant::new("floor", None, Vec::new()),
+    ];
+    if let Ok(b) = std::env::var("BENCH_BEFORE_BIN") {
+        v.push(Variant::new("before", Some(b), sampler_args.to_vec()));
+    }
+    v.push(Variant::new("after", None, sampler_args.to_vec()));
+    let Ok(bin) = std::env::var("BENCH_EPPING_BIN") else {
+        println!("bench_sampler: ePPing reference skipped (no BENCH_EPPING_BIN; scripts/bench-sampler.sh builds it from BENCH_EPPING_SRC=/path/to/bpf-examples)");
+        return v;
+    };
+    if !std::path::Path::new(&bin).is_file() {
+        eprintln!("bench_sampler: BENCH_EPPING_BIN={bin} is not a file (a pping built by scripts/build-epping.sh)");
+        std::process::exit(2);
+    }
+    let sets = std::env::var("BENCH_EPPING_ARGS").unwrap_or_else(|_| epping::DEFAULT_ARGS.into());
+    for (i, set) in sets.split(';').filter(|s| !s.trim().is_empty()).enumerate() {
+        let name = if i == 0 {
+            "epping".to_string()
+        } else {
+            format!("epping{}", i + 1)
+        };
+        let args = set.split_whitespace().map(String::from).collect();
+        v.push(Variant::new(&name, Some(bin.clone()), args));
+    }
+    v
+}
 
 /// ns and runs per program kind over one phase (see [`measured`]).
 type Runs = BTreeMap<String, (u64, u64)>;
@@ -308,25 +362,31 @@ fn round(
     pair: &Pair,
     server: SocketAddr,
     v: &Variant,
-    args: &[String],
     secs: f64,
 ) -> (f64, Runs, Runs, Option<Sampler>) {
-    let (floor, sampler) = match v.0 {
-        "off" => (None, None),
-        "floor" => (Some(Floor::attach(pair)), None),
-        _ => {
-            let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-            (None, Some(Sampler::start_bin(v.1.as_deref(), &a)))
+    let (mut floor, mut sampler, mut epping) = (None, None, None);
+    match v.name.as_str() {
+        "off" => {}
+        "floor" => floor = Some(Floor::attach(pair)),
+        n if n.starts_with("epping") => {
+            let bin = std::path::Path::new(v.bin.as_deref().unwrap());
+            epping = Some(epping::Epping::start(bin, &v.args, pair));
         }
-    };
-    let progs = match (&floor, &sampler) {
-        (Some(f), _) => f.ids.clone(),
-        (_, Some(s)) => s.progs.clone(),
+        _ => {
+            let a: Vec<&str> = v.args.iter().map(|s| s.as_str()).collect();
+            sampler = Some(Sampler::start_bin(v.bin.as_deref(), &a));
+        }
+    }
+    let progs = match (&floor, &sampler, &epping) {
+        (Some(f), _, _) => f.ids.clone(),
+        (_, Some(s), _) => s.progs.clone(),
+        (_, _, Some(e)) => e.progs.clone(),
         _ => Vec::new(),
     };
     let mut tps = 0.0;
     let tcp = measured(&progs, || tps = rr_tps(pair, server, secs));
     let icmp = measured(&progs, || icmp_flood(pair, secs / 2.0));
+    drop(epping); // stopped here: the next variant runs alone
     (tps, tcp, icmp, sampler)
 }
 
@@ -337,7 +397,8 @@ fn per_run(m: &Runs, k: &str) -> f64 {
 }
 
 /// Every variant (no program, the do-nothing floor, the sampler built
-/// before — BENCH_BEFORE_BIN — and this one) in each round, in rotating
+/// before — BENCH_BEFORE_BIN —, this one and ePPing — BENCH_EPPING_BIN)
+/// in each round, in rotating
 /// order, on the same TCP request/response flow and then an ICMP echo
 /// flood: TPS and ns per program run (BPF run-time statistics) per
 /// variant and protocol, medians over the rounds.
@@ -374,41 +435,19 @@ fn main() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut variants: Vec<Variant> = vec![("off", None), ("floor", None)];
-    if let Ok(b) = std::env::var("BENCH_BEFORE_BIN") {
-        variants.push(("before", Some(b)));
-    }
-    variants.push(("after", None));
+    let variants = variants_from_env(&args);
     // per variant: TPS, TCP egr/ing ns, ICMP egr/ing ns, one per round
-    let mut res: BTreeMap<&str, [Vec<f64>; 5]> = BTreeMap::new();
+    let mut res: BTreeMap<String, [Vec<f64>; 5]> = BTreeMap::new();
     let mut test_run: Vec<(String, f64)> = Vec::new();
     for r in 0..rounds {
         for k in 0..variants.len() {
             let v = &variants[(r + k) % variants.len()];
-            let (tps, tcp, icmp, sampler) = round(&pair, server, v, &args, secs);
-            let vals = [
-                tps,
-                per_run(&tcp, "egr"),
-                per_run(&tcp, "ing"),
-                per_run(&icmp, "egr"),
-                per_run(&icmp, "ing"),
-            ];
-            let (vals, floor) = if v.0 == "floor" {
-                let f = [per_run(&tcp, "floor"), per_run(&icmp, "floor")];
-                ([tps, f[0], f[0], f[1], f[1]], true)
-            } else {
-                (vals, false)
-            };
-            println!(
-                "  round {r} {:<6}: TPS {:.0}; TCP egr {:.1} ing {:.1} ns/run; ICMP egr {:.1} ing {:.1} ns/run{}",
-                v.0, vals[0], vals[1], vals[2], vals[3], vals[4],
-                if floor { " (the floor program, both hooks)" } else { "" }
-            );
-            let e = res.entry(v.0).or_default();
-            for (i, x) in vals.iter().enumerate() {
+            let (tps, tcp, icmp, sampler) = round(&pair, server, v, secs);
+            let e = res.entry(v.name.clone()).or_default();
+            for (i, x) in round_figures(r, v, tps, &tcp, &icmp).iter().enumerate() {
                 e[i].push(*x);
             }
-            if let (Some(s), true) = (&sampler, test_run.is_empty() && v.0 == "after") {
+            if let (Some(s), true) = (&sampler, test_run.is_empty() && v.name == "after") {
                 test_run = test_runs(s);
             }
             if let Some(s) = sampler {
@@ -418,7 +457,37 @@ fn main() {
             }
         }
     }
-    report(&matching, &every, rounds, secs, &res, &test_run);
+    let eppings: Vec<(String, String)> = variants
+        .iter()
+        .filter(|v| v.name.starts_with("epping"))
+        .map(|v| (v.name.clone(), v.args.join(" ")))
+        .collect();
+    report(&matching, &every, rounds, secs, &res, &test_run, &eppings);
+}
+
+/// One round's figures of a variant, printed: TPS, TCP egr/ing, ICMP
+/// egr/ing ns per run (the floor's one program counts for both hooks).
+fn round_figures(r: usize, v: &Variant, tps: f64, tcp: &Runs, icmp: &Runs) -> [f64; 5] {
+    let floor = v.name == "floor";
+    let vals = if floor {
+        let f = [per_run(tcp, "floor"), per_run(icmp, "floor")];
+        [tps, f[0], f[0], f[1], f[1]]
+    } else {
+        let (e, i) = ("egr", "ing");
+        [
+            tps,
+            per_run(tcp, e),
+            per_run(tcp, i),
+            per_run(icmp, e),
+            per_run(icmp, i),
+        ]
+    };
+    println!(
+        "  round {r} {:<7}: TPS {:.0}; TCP egr {:.1} ing {:.1} ns/run; ICMP egr {:.1} ing {:.1} ns/run{}",
+        v.name, vals[0], vals[1], vals[2], vals[3], vals[4],
+        if floor { " (the floor program, both hooks)" } else { "" }
+    );
+    vals
 }
 
 /// BPF_PROG_TEST_RUN, 1e6 repeats, of the sampler's programs on one TCP
@@ -479,10 +548,15 @@ fn report(
     every: &str,
     rounds: usize,
     secs: f64,
-    res: &BTreeMap<&str, [Vec<f64>; 5]>,
+    res: &BTreeMap<String, [Vec<f64>; 5]>,
     test_run: &[(String, f64)],
+    eppings: &[(String, String)],
 ) {
-    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s TCP RR + {} s ICMP flood, both veth ends, --sample-every {every}; medians (range)", secs / 2.0);
+    let ep: String = eppings
+        .iter()
+        .map(|(n, a)| format!("; {n}: pping {a}"))
+        .collect();
+    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s TCP RR + {} s ICMP flood, both veth ends, --sample-every {every}{ep}; medians (range)", secs / 2.0);
     let fmt = |v: &[f64]| {
         let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
         if v.is_empty() {
@@ -517,12 +591,70 @@ fn report(
     for (name, ns) in test_run {
         println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats of one packet)");
     }
+    let mut ratios = serde_json::Map::new();
+    for (ep, _) in eppings {
+        for ours in ["after", "before"] {
+            if let Some(r) = above_floor_ratios(res, ours, ep) {
+                ratios.insert(format!("{ours}/{ep}"), r);
+            }
+        }
+    }
     println!(
         "{}",
         serde_json::json!({
             "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds,
-            "secs": secs, "variants": json,
+            "secs": secs, "epping_args": eppings.iter().map(|(n, a)| (n.clone(), Value::from(a.clone()))).collect::<serde_json::Map<_, _>>(), "variants": json,
+            "ratio_above_floor_to_epping": ratios,
             "test_run_ns": test_run.iter().map(|(n, ns)| serde_json::json!({"name": n, "ns_per_run": ns})).collect::<Vec<_>>(),
         })
     );
+}
+
+/// `(ours - floor) / (epping - floor)` per direction and protocol: of the medians over
+/// the rounds, and per round (each round has every variant, run one after
+/// the other on the same flow), printed and returned for the JSON line.
+/// None without an ePPing or a floor figure.
+fn above_floor_ratios(
+    res: &BTreeMap<String, [Vec<f64>; 5]>,
+    ours: &str,
+    epping: &str,
+) -> Option<Value> {
+    let (o, f, e) = (res.get(ours)?, res.get("floor")?, res.get(epping)?);
+    let med = |v: &[f64]| {
+        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        (!v.is_empty()).then(|| median(&mut v))
+    };
+    let mut line = format!("  ({ours} - floor) / ({epping} - floor):");
+    let mut json = serde_json::Map::new();
+    for (i, what) in [
+        (1, "tcp_egr"),
+        (2, "tcp_ing"),
+        (3, "icmp_egr"),
+        (4, "icmp_ing"),
+    ] {
+        let of_medians = match (med(&o[i]), med(&f[i]), med(&e[i])) {
+            (Some(o), Some(f), Some(e)) => (o - f) / (e - f),
+            _ => f64::NAN,
+        };
+        let mut per_round: Vec<f64> = (0..o[i].len().min(f[i].len()).min(e[i].len()))
+            .map(|r| (o[i][r] - f[i][r]) / (e[i][r] - f[i][r]))
+            .filter(|x| x.is_finite())
+            .collect();
+        let paired = med(&per_round);
+        per_round.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        line += &match paired {
+            Some(p) => format!(
+                " {what} {of_medians:.2} (per round {p:.2}, {:.2}-{:.2});",
+                per_round[0],
+                per_round[per_round.len() - 1]
+            ),
+            None => format!(" {what} -;"),
+        };
+        json.insert(
+            what.to_string(),
+            serde_json::json!({"of_medians": of_medians, "per_round_median": paired, "per_round": per_round}),
+        );
+    }
+    println!("{}", line.trim_end_matches(';'));
+    Some(Value::Object(json))
 }
