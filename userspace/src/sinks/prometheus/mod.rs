@@ -475,6 +475,7 @@ pub fn is_drop(name: &str) -> bool {
         || name.ends_with("_full")
         || name.contains("vanished")
         || name == "samples_evicted"
+        || name == "samples_not_binned"
         || name.contains("overrun")
         || name.ends_with("_bad")
 }
@@ -636,7 +637,7 @@ impl Exporter {
         );
         r.register(
             "rttscope_drops",
-            "Samples or records a view lost: ring-buffer overruns (raw_events_dropped), table full (flow_map_full, pending_map_full), flows that left a table unread (flows_vanished), samples of evicted flows never read (samples_evicted); normal evictions are rttscope_evictions_total",
+            "Samples or records a view lost: ring-buffer overruns (raw_events_dropped), table full (flow_map_full, pending_map_full), flows that left a table unread (flows_vanished), samples of evicted flows never read (samples_evicted), samples left out of the histograms (samples_not_binned: the fine-histogram pool and its overflow ring were full); normal evictions are rttscope_evictions_total",
             self.drops.clone(),
         );
         r.register(
