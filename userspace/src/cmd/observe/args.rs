@@ -120,7 +120,9 @@ pub struct ObserveArgs {
     /// on standard output and sends everything else observe prints to stderr.
     #[arg(short = 'o', long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// No per-interval output (daemon mode: metrics only).
+    /// Nothing on standard output but the --json - document: no header, table, raw sample
+    /// lines nor closing line (daemon mode: metrics only; --raw samples only into --json's
+    /// document). Refused with --format json or cloud-monitoring.
     #[arg(long)]
     pub quiet: bool,
     /// Turn on kernel BPF run-time statistics while running (needs CAP_SYS_ADMIN; else set sysctl kernel.bpf_stats_enabled=1).

@@ -58,6 +58,14 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
     if args.cloud_period.is_zero() {
         anyhow::bail!(crate::analysis::units::ZERO_PERIOD);
     }
+    if args.quiet && args.format != args::Format::Table {
+        anyhow::bail!(
+            "--quiet prints nothing on standard output, so --format {} would have nothing to print: drop one of them (--json FILE saves the whole run either way)",
+            clap::ValueEnum::to_possible_value(&args.format)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_default()
+        );
+    }
     if args.raw && args.format == args::Format::CloudMonitoring {
         anyhow::bail!(
             "--raw cannot be used with --format cloud-monitoring: standard output carries only the create requests (use --format json --raw for the samples)"
@@ -159,7 +167,7 @@ impl Raw {
     }
 
     /// Print whatever has arrived, without waiting.
-    fn drain(&mut self, start_mono: u64, fmt: Format) -> Result<()> {
+    fn drain(&mut self, start_mono: u64, fmt: Option<Format>) -> Result<()> {
         if let Some(r) = self.tcp.as_mut() {
             r.drain_now(&mut self.tcp_events)?;
             tcp_raw_lines(&mut self.tcp_events, start_mono, fmt, &self.lines);
@@ -252,6 +260,8 @@ async fn run_loop(
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let has_views = session.tcp.is_some() || session.sampler.is_some();
+    // --quiet: raw samples go only into the result document (--json), never to stdout.
+    let raw_fmt = (!args.quiet).then_some(args.format);
     loop {
         let until_deadline = async {
             match deadline {
@@ -275,13 +285,13 @@ async fn run_loop(
             _ = ticker.tick() => false,
             r = tcp_ready => {
                 r?;
-                tcp_raw_lines(&mut raw.tcp_events, start_mono, args.format, &raw.lines);
+                tcp_raw_lines(&mut raw.tcp_events, start_mono, raw_fmt, &raw.lines);
                 flush_raw(&raw.lines, &std::io::stdout())?;
                 continue;
             }
             r = sampler_ready => {
                 r?;
-                sampler_raw_lines(&mut raw.sampler_events, start_mono, args.format, &raw.lines);
+                sampler_raw_lines(&mut raw.sampler_events, start_mono, raw_fmt, &raw.lines);
                 flush_raw(&raw.lines, &std::io::stdout())?;
                 continue;
             }
@@ -295,7 +305,7 @@ async fn run_loop(
             _ = tokio::signal::ctrl_c() => true,
             _ = sigterm.recv() => true,
         };
-        raw.drain(start_mono, args.format)?;
+        raw.drain(start_mono, raw_fmt)?;
         if stop && report.last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }

@@ -171,6 +171,9 @@ pub(super) fn print_start(
     views: &[ViewKind],
     header: &str,
 ) -> Result<()> {
+    if args.quiet {
+        return Ok(()); // --quiet: no start record, header nor attach lines
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match args.format {
@@ -186,8 +189,6 @@ pub(super) fn print_start(
                 args.cloud_layout.spec()
             );
         }
-        // --quiet: only what was asked (metrics): no header, no attach lines.
-        Format::Table if args.quiet => {}
         Format::Table => {
             writeln!(out, "{header}")?;
             if let Some(v) = &session.tcp {
@@ -276,8 +277,8 @@ pub(super) fn print_end(
         _ => Box::new(std::io::stdout().lock()),
     };
     let counters = &summary.counters;
-    if args.quiet && args.format == Format::Table {
-        // --quiet: no whole-run table and no closing line.
+    if args.quiet {
+        // --quiet: no end record, whole-run table nor closing line.
         return Ok(());
     }
     if args.format == Format::Json {
@@ -290,7 +291,7 @@ pub(super) fn print_end(
         };
         writeln!(out, "{}", serde_json::to_string(&end)?)?;
     } else {
-        if !args.quiet && args.format == Format::Table {
+        if args.format == Format::Table {
             // The whole run, every flow seen (closed ones marked `*`).
             let names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
             let iv = summary.as_interval(elapsed_s);
@@ -335,13 +336,19 @@ pub(super) fn print_end(
     Ok(())
 }
 
+/// Raw sampler events: into the result document (--json), and as output lines unless `fmt` is
+/// None (--quiet).
 pub(super) fn sampler_raw_lines(
     events: &mut Vec<crate::bpf::Event>,
     start_mono: u64,
-    fmt: Format,
+    fmt: Option<Format>,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 ) {
     super::result::record_sampler(events, start_mono);
+    let Some(fmt) = fmt else {
+        events.clear();
+        return;
+    };
     for smp in events
         .drain(..)
         .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
@@ -426,14 +433,19 @@ pub(super) fn flush_raw(
     Ok(())
 }
 
-/// Raw TCP-view events to output lines.
+/// Raw TCP-view events: into the result document (--json), and as output lines unless `fmt` is
+/// None (--quiet).
 pub(super) fn tcp_raw_lines(
     events: &mut Vec<crate::bpf::Event>,
     start_mono: u64,
-    fmt: Format,
+    fmt: Option<Format>,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
 ) {
     super::result::record_tcp(events, start_mono);
+    let Some(fmt) = fmt else {
+        events.clear();
+        return;
+    };
     let mut l = lines.borrow_mut();
     for ev in events.drain(..) {
         l.push(raw_line(&ev, start_mono, fmt));
