@@ -94,9 +94,21 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
 }
 
 /// Whether a text is `observe --format json` output (JSON Lines starting with the start record).
+///
+/// The first line's `type` is looked at first, every other field skipped unread: a result
+/// document written on one line is one huge first line, and parsing it as a [`Record`] (an
+/// internally tagged enum, which buffers the whole object into a generic tree before it can see
+/// the tag) cost ~700 bytes per sample (issue 26 item 11).
 pub fn is_observe_output(text: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Tag<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    first.trim_start().starts_with('{') && matches!(Record::parse(first), Ok(Record::Start(_)))
+    first.trim_start().starts_with('{')
+        && matches!(serde_json::from_str::<Tag>(first), Ok(Tag { kind: Some(k) }) if k == "start")
+        && matches!(Record::parse(first), Ok(Record::Start(_)))
 }
 
 /// The raw samples of `observe --format json --raw` output: one set per view and side, anchored
@@ -210,6 +222,50 @@ pub fn load_sample_sets(
     }
 }
 
+/// The sample sets of a result document in a regular file, read streamed (issue 26 item 11):
+/// straight from the file into the compact samples (16 bytes each, no whole-file string, no
+/// generic JSON tree). None when `path` is standard input (`-`), not a regular file, or does not
+/// hold a valid result document: the caller then reads the text as before (a Cloud Monitoring
+/// file, JSON Lines, a sample list, an older format), and an invalid document is reported from
+/// there in the same words.
+pub fn stream_result_sets(path: &Path) -> Option<Vec<SampleSet>> {
+    if path.as_os_str() == "-" || !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    // The first bytes decide: a result document is one JSON object, and not a Cloud Monitoring
+    // file (whose reader comes first) nor observe's JSON Lines.
+    let mut head = Vec::with_capacity(4096);
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(path).ok()?, 4096),
+        &mut head,
+    )
+    .ok()?;
+    let head = String::from_utf8_lossy(&head);
+    if !head.trim_start().starts_with('{')
+        || crate::analysis::cloud_monitoring::looks_like_cloud(&head)
+    {
+        return None;
+    }
+    let r = RunResult::load(path).ok()?;
+    let start = r.start_unix_s;
+    Some(
+        r.views
+            .into_iter()
+            .map(|v| {
+                let mut samples = v.samples;
+                samples.shrink_to_fit();
+                SampleSet {
+                    name: v.name,
+                    kind: Some(v.kind),
+                    timed: true,
+                    start_unix_s: start,
+                    samples,
+                }
+            })
+            .collect(),
+    )
+}
+
 /// A result file (streamed), or any other measuring command's output read as one (an older
 /// format through `legacy`, `observe --format json --raw` JSON Lines).
 pub fn load_result(path: &Path, legacy: Option<LegacyReader>) -> anyhow::Result<RunResult> {
@@ -225,5 +281,54 @@ pub fn load_result(path: &Path, legacy: Option<LegacyReader>) -> anyhow::Result<
             }
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str, text: &str) -> std::path::PathBuf {
+        let p = std::env::temp_dir().join(format!("rts-input-{}-{name}", std::process::id()));
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    /// A result document on one line is not observe output (its first line is not parsed as a
+    /// record), is read streamed from a regular file into the same sets as from its text, and
+    /// every other input is left to the text readers.
+    #[test]
+    fn result_documents_stream_and_the_rest_is_left_to_the_text_readers() {
+        let mut r = RunResult::new("observe", serde_json::json!({}));
+        let mut v = crate::analysis::results::ViewSeries::new("tcp client", ViewKind::Tcp);
+        v.samples = vec![Sample::at_s(0.5, 80.0), Sample::at_s(1.0, 95.5)];
+        r.views.push(v);
+        r.start_unix_s = Some(1_795_240_800.0);
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(!is_observe_output(&text));
+        let p = scratch("one-line.json", &text);
+        let streamed = stream_result_sets(&p).expect("a result document streams");
+        assert_eq!(streamed, load_sample_sets(&text, "x", None).unwrap());
+        assert_eq!(streamed[0].samples.len(), 2);
+        std::fs::remove_file(&p).unwrap();
+        let start = r#"{"type":"start","ts":1795240800.0,"version":1,"views":["tcp"]}"#;
+        let sample = r#"{"local":"10.0.0.1:1","remote":"10.0.0.2:2","rtt_us":80,"t":0.5,"type":"sample","view":"tcp"}"#;
+        for (name, other) in [
+            ("jsonl", format!("{start}\n{sample}\n")),
+            ("cloud", r#"{"timeSeries":[]}"#.to_string()),
+            ("list", "1ms\n2ms\n".to_string()),
+            (
+                "invalid",
+                text.replace("\"rtt_us\":80.0", "\"rtt_us\":-1.0"),
+            ),
+        ] {
+            assert!(name != "invalid" || other.contains("-1.0"), "{other}");
+            let p = scratch(name, &other);
+            assert!(stream_result_sets(&p).is_none(), "{name}");
+            std::fs::remove_file(&p).unwrap();
+        }
+        assert!(is_observe_output(&format!("{start}\n{sample}\n")));
+        assert!(stream_result_sets(Path::new("-")).is_none());
+        assert!(stream_result_sets(Path::new("/dev/null")).is_none());
     }
 }

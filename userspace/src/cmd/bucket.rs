@@ -284,11 +284,17 @@ fn read_input(path: &std::path::Path) -> anyhow::Result<(String, String)> {
 }
 
 pub fn run(args: BucketArgs) -> anyhow::Result<()> {
-    let (text, name) = read_input(&args.file)?;
     let layout = args
         .layout_from
         .clone()
         .unwrap_or_else(|| args.layout.clone());
+    // A result document in a file is read streamed, not as a whole-file string (issue 26 item 11).
+    if args.local.is_none() && args.format != BucketFormat::CloudMonitoring {
+        if let Some(sets) = input::stream_result_sets(&args.file) {
+            return report(&args, &layout, sets, &args.file.display().to_string());
+        }
+    }
+    let (text, name) = read_input(&args.file)?;
     if cloud_monitoring::looks_like_cloud(&text) {
         return run_cloud(&args, &text, &name);
     }
@@ -301,8 +307,19 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
         print!("{out}");
         return Ok(());
     }
-    let mut sets = load_sample_sets(&text, &name)?;
-    check_views(sets.iter().map(|s| s.name.as_str()), &args.views, &name)?;
+    let sets = load_sample_sets(&text, &name)?;
+    drop(text);
+    report(&args, &layout, sets, &name)
+}
+
+/// The lenses of every view of `sets` that `--view` keeps, printed in `--format`.
+fn report(
+    args: &BucketArgs,
+    layout: &BucketOptions,
+    mut sets: Vec<SampleSet>,
+    name: &str,
+) -> anyhow::Result<()> {
+    check_views(sets.iter().map(|s| s.name.as_str()), &args.views, name)?;
     if !args.views.is_empty() {
         sets.retain(|s| args.views.contains(&s.name));
     }
@@ -318,7 +335,7 @@ pub fn run(args: BucketArgs) -> anyhow::Result<()> {
     anyhow::ensure!(period_s > 0.0, crate::analysis::units::ZERO_PERIOD);
     let reports = sets
         .iter()
-        .map(|s| analyze(s, &layout, args.unit, &args.percentiles, period_s))
+        .map(|s| analyze(s, layout, args.unit, &args.percentiles, period_s))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let out = match args.format {
         BucketFormat::Json | BucketFormat::CloudMonitoring => {
@@ -809,8 +826,14 @@ fn run_cloud(args: &BucketArgs, text: &str, name: &str) -> anyhow::Result<()> {
     let file = cloud_monitoring::parse(text, name)?;
     let mut local = Vec::new();
     if let Some(path) = &args.local {
-        let (t, n) = read_input(path)?;
-        local = load_sample_sets(&t, &n)?;
+        let n;
+        (local, n) = match input::stream_result_sets(path) {
+            Some(sets) => (sets, path.display().to_string()),
+            None => {
+                let (t, n) = read_input(path)?;
+                (load_sample_sets(&t, &n)?, n)
+            }
+        };
         check_views(local.iter().map(|s| s.name.as_str()), &args.views, &n)?;
         if !args.views.is_empty() {
             local.retain(|s| args.views.contains(&s.name));
