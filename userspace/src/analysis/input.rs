@@ -331,4 +331,53 @@ mod tests {
         assert!(stream_result_sets(Path::new("-")).is_none());
         assert!(stream_result_sets(Path::new("/dev/null")).is_none());
     }
+
+    /// A sample (or start) record with a value observe cannot have measured is refused in one
+    /// sentence naming the line, as a line that does not parse already was; the bounds are the
+    /// result reader's (RTT 0..=1e12 us, times within +-1e12 s; t may be negative: a sample
+    /// taken just before the start record).
+    #[test]
+    fn nonsense_values_in_observe_output_are_refused_naming_the_line() {
+        let start = r#"{"type":"start","ts":1795240800.0,"version":1,"views":["tcp"]}"#;
+        let smp = |rtt: &str, t: &str| {
+            format!(
+                r#"{{"local":"10.0.0.1:1","remote":"10.0.0.2:2","rtt_us":{rtt},"t":{t},"type":"sample","view":"tcp"}}"#
+            )
+        };
+        let good = smp("80", "-0.25");
+        let sets = parse_observe_output(
+            &format!(
+                "{start}
+{good}
+"
+            ),
+            "o.jsonl",
+        )
+        .unwrap();
+        assert_eq!(sets[0].samples, vec![Sample::at_s(-0.25, 80.0)]);
+        for (line, want) in [
+            (smp("-1", "0.5"), "o.jsonl line 3: not a valid observe record: rtt_us -1 is not an RTT from 0 to 1e12 us"),
+            (smp("1e308", "0.5"), "o.jsonl line 3: not a valid observe record: rtt_us 1e308 is not an RTT from 0 to 1e12 us"),
+            (smp("80", "1e300"), "o.jsonl line 3: not a valid observe record: t 1e300 is not a time within +-1e12"),
+            (
+                smp("80", "0.5").replace(r#""t":0.5"#, r#""t":0.5,"t_us":-1e19"#),
+                "o.jsonl line 3: not a valid observe record: t_us -1e19 is not a time within +-1e18",
+            ),
+        ] {
+            let text = format!("{start}
+{good}
+{line}
+");
+            let e = parse_observe_output(&text, "o.jsonl").unwrap_err().to_string();
+            assert_eq!(e, want);
+            let e = load_sample_sets(&text, "o.jsonl", None).unwrap_err().to_string();
+            assert_eq!(e, want);
+        }
+        let bad_start = start.replace("1795240800.0", "1e300");
+        assert!(!is_observe_output(&format!(
+            "{bad_start}
+{good}
+"
+        )));
+    }
 }

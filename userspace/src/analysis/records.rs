@@ -103,15 +103,57 @@ pub enum RecordError {
     NotJson(#[source] serde_json::Error),
     #[error("not a valid observe record ({0})")]
     Invalid(#[source] serde_json::Error),
+    #[error("not a valid observe record: {0}")]
+    BadValue(String),
 }
 
 impl Record {
-    /// One line of JSON Lines.
+    /// One line of JSON Lines. A record whose values cannot be what observe measured (a
+    /// sample's RTT outside 0..=1e12 us, a time that is not finite or beyond +-1e12 s: the result
+    /// reader's bounds, [`crate::analysis::results::MAX_RTT_US`]) is refused as
+    /// [`RecordError::BadValue`]; each reader applies its own bad-record policy to it.
     pub fn parse(line: &str) -> Result<Record, RecordError> {
-        serde_json::from_str(line).map_err(|e| match e.classify() {
+        let r: Record = serde_json::from_str(line).map_err(|e| match e.classify() {
             serde_json::error::Category::Data => RecordError::Invalid(e),
             _ => RecordError::NotJson(e),
-        })
+        })?;
+        r.check().map_err(RecordError::BadValue)?;
+        Ok(r)
+    }
+
+    /// The values a reader uses are within the result reader's bounds.
+    fn check(&self) -> Result<(), String> {
+        use crate::analysis::results::{MAX_ABS_TIME, MAX_RTT_US};
+        // -1 as -1, 1e308 as 1e308 (not 309 digits)
+        let num = |v: f64| {
+            if v.abs() < 1e15 {
+                format!("{v}")
+            } else {
+                format!("{v:e}")
+            }
+        };
+        let time = |what: &str, v: f64, max: f64| {
+            if v.is_finite() && v.abs() <= max {
+                Ok(())
+            } else {
+                Err(format!("{what} {} is not a time within +-{max:e}", num(v)))
+            }
+        };
+        match self {
+            Record::Sample(s) => {
+                if !(0.0..=MAX_RTT_US).contains(&s.rtt_us) {
+                    return Err(format!(
+                        "rtt_us {} is not an RTT from 0 to {MAX_RTT_US:e} us",
+                        num(s.rtt_us)
+                    ));
+                }
+                time("t", s.t, MAX_ABS_TIME)?;
+                s.t_us
+                    .map_or(Ok(()), |t| time("t_us", t, MAX_ABS_TIME * 1e6))
+            }
+            Record::Start(s) => s.ts.map_or(Ok(()), |t| time("ts", t, MAX_ABS_TIME)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -410,6 +452,24 @@ fn as_deref<S: Serializer>(w: &Option<Arc<Workload>>, s: S) -> Result<S::Ok, S::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sample whose RTT or time cannot be a measurement is not a record: every reader's
+    /// bad-record policy applies to it (bucket and chart refuse the file naming the line; the
+    /// lab's observer reader counts it in `bad_lines` and skips it).
+    #[test]
+    fn samples_with_nonsense_values_are_not_records() {
+        let smp = |rtt: &str| {
+            format!(
+                r#"{{"local":"a","remote":"b","rtt_us":{rtt},"t":0.5,"type":"sample","view":"tcp"}}"#
+            )
+        };
+        assert!(matches!(Record::parse(&smp("0")), Ok(Record::Sample(_))));
+        assert!(matches!(Record::parse(&smp("1e12")), Ok(Record::Sample(_))));
+        for bad in ["-1", "1e308", "1000000000001", "-0.5"] {
+            let e = Record::parse(&smp(bad)).unwrap_err();
+            assert!(matches!(e, RecordError::BadValue(_)), "{bad}: {e}");
+        }
+    }
 
     /// Lines `observe --format json --raw --cloud-buckets` wrote before the records had types
     /// (start, samples of both views and ICMP, flow_end, intervals, cloud points with and without
