@@ -498,16 +498,25 @@ fn parse_series(
 /// lines or pages) are merged. Errors are one sentence naming the file, the series, the point and
 /// the field.
 pub fn parse(text: &str, name: &str) -> Result<CloudFile> {
-    let docs: Vec<(Option<usize>, Value)> = match serde_json::from_str::<Value>(text) {
+    // strict_json: an object that names a key twice is refused (serde_json keeps the last).
+    let dup = |e: &serde_json::Error| e.classify() == serde_json::error::Category::Data;
+    let docs: Vec<(Option<usize>, Value)> = match crate::analysis::strict_json::from_str(text) {
         Ok(v) => vec![(None, v)],
+        Err(e) if dup(&e) => bail!("{name} is not a Cloud Monitoring file: {e}"),
         Err(whole) => {
             let mut docs = Vec::new();
             for (i, line) in text.lines().enumerate() {
                 if line.trim().is_empty() {
                     continue;
                 }
-                match serde_json::from_str::<Value>(line) {
+                match crate::analysis::strict_json::from_str(line) {
                     Ok(v) => docs.push((Some(i + 1), v)),
+                    Err(e) if dup(&e) => {
+                        bail!(
+                            "{name} line {} is not a Cloud Monitoring request: {e}",
+                            i + 1
+                        )
+                    }
                     Err(_) if docs.is_empty() => bail!("{name} is not JSON: {whole}"),
                     Err(e) => bail!("{name} line {} is not JSON: {e}", i + 1),
                 }

@@ -48,22 +48,45 @@ pub fn parse_rtt_us(s: &str) -> Option<f64> {
 const QUOTE_CHARS: usize = 80;
 
 /// A piece of input for an error message: at most `QUOTE_CHARS` characters, then how much more
-/// there was; control characters escaped (`\u{1b}`), so a file's escape sequences never reach the
-/// terminal raw and a 200 MB line does not become a 200 MB message.
+/// there was; control and bidirectional formatting characters escaped (`\u{1b}`, `\u{202e}`), so
+/// a file's escape sequences never reach the terminal raw and a 200 MB line does not become a
+/// 200 MB message.
 pub fn quote_input(s: &str) -> String {
+    quote_input_max(s, QUOTE_CHARS)
+}
+
+/// [`quote_input`] with another limit (a whole message that may hold a value: at most `max`
+/// characters).
+pub fn quote_input_max(s: &str, max: usize) -> String {
     let mut out = String::new();
     let mut chars = s.char_indices();
-    for (_, c) in chars.by_ref().take(QUOTE_CHARS) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
+    for (_, c) in chars.by_ref().take(max) {
+        push_shown(&mut out, c);
     }
     if let Some((at, _)) = chars.next() {
         out.push_str(&format!("... ({} more bytes)", s.len() - at));
     }
     out
+}
+
+/// Text from a file or a command line, shown on a terminal: control characters and the
+/// bidirectional formatting characters (a right-to-left override makes `exe.txt` read `txt.exe`)
+/// escaped as `\u{...}`; everything else as it is.
+pub fn escape_for_terminal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        push_shown(&mut out, c);
+    }
+    out
+}
+
+fn push_shown(out: &mut String, c: char) {
+    let bidi = matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if c.is_control() || bidi {
+        out.extend(c.escape_default());
+    } else {
+        out.push(c);
+    }
 }
 
 /// Parse a plain sample list (one value per line).

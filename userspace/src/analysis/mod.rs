@@ -7,6 +7,7 @@ pub mod input;
 pub mod records;
 pub mod results;
 pub mod stats;
+pub mod strict_json;
 pub mod units;
 pub mod workload;
 

@@ -106,16 +106,40 @@ pub const VIEWS: &[&str] = &["tcp", "sampler"];
 pub fn load(path: &Path) -> Result<ObserveConfig> {
     let text = crate::sys::files::read_to_string(path)
         .with_context(|| format!("config file {}", path.display()))?;
-    parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+    parse(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", shown(path)))
 }
+
+/// A path for a message or `--check-config`: control and bidirectional characters escaped.
+fn shown(path: &Path) -> String {
+    crate::analysis::input::escape_for_terminal(&path.display().to_string())
+}
+
+/// A value from the file in a message: at most 80 characters, then how many bytes more; control
+/// and bidirectional characters escaped (a 50 MB line is not echoed whole).
+fn q(v: &str) -> String {
+    crate::analysis::input::quote_input(v)
+}
+
+/// Longest message `parse` returns (a message from toml or another parser may quote a value).
+const MAX_MESSAGE_CHARS: usize = 300;
 
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
-/// Parse and validate config text. Errors are one sentence (no newline).
+/// Parse and validate config text. Errors are one sentence (no newline), at most
+/// `MAX_MESSAGE_CHARS` characters: a value is quoted in at most 80.
 pub fn parse(text: &str) -> Result<ObserveConfig> {
+    parse_text(text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}",
+            crate::analysis::input::quote_input_max(&e.to_string(), MAX_MESSAGE_CHARS)
+        )
+    })
+}
+
+fn parse_text(text: &str) -> Result<ObserveConfig> {
     let file: ConfigFile = toml::from_str(text).map_err(|e| {
         let msg = e.message().trim().replace('\n', " ");
         match e.span() {
@@ -131,7 +155,11 @@ fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>> {
         None => Ok(None),
         Some(s) => parse_duration(s)
             .map(Some)
-            .map_err(|e| anyhow::anyhow!("{key}: {e}")),
+            .map_err(|e| match s.chars().count() > 80 {
+                // the parser quotes the value whole: say it here, cut
+                true => anyhow::anyhow!("{key}: '{}' is not a duration", q(s)),
+                false => anyhow::anyhow!("{key}: {e}"),
+            }),
     }
 }
 
@@ -142,7 +170,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         if i < Duration::from_millis(10) {
             bail!(
                 "interval must be at least 10ms, not '{}'",
-                file.interval.as_deref().unwrap_or("")
+                q(file.interval.as_deref().unwrap_or(""))
             );
         }
         if i > Duration::from_secs(3600) {
@@ -162,7 +190,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     }
     for n in file.netns.iter().flatten() {
         if n.is_empty() || (n.contains('/') && !n.starts_with('/')) {
-            bail!("netns: '{n}' is not a network namespace name");
+            bail!("netns: '{}' is not a network namespace name", q(n));
         }
     }
     if file.netns.as_ref().is_some_and(|v| v.len() > 64) {
@@ -170,7 +198,10 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     }
     if let Some(c) = &file.cgroup {
         if !c.is_absolute() {
-            bail!("cgroup must be an absolute path, not '{}'", c.display());
+            bail!(
+                "cgroup must be an absolute path, not '{}'",
+                q(&c.display().to_string())
+            );
         }
     }
     for p in file.ports.iter().flatten() {
@@ -184,7 +215,10 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     let mut addrs = Vec::new();
     for a in file.addrs.iter().flatten() {
         addrs.push(a.parse::<ipnet::IpNet>().map_err(|_| {
-            anyhow::anyhow!("addrs: '{a}' is not a CIDR such as 10.0.0.0/8 or fd00::/8")
+            anyhow::anyhow!(
+                "addrs: '{}' is not a CIDR such as 10.0.0.0/8 or fd00::/8",
+                q(a)
+            )
         })?);
     }
     if addrs.len() > 64 {
@@ -193,7 +227,8 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     for v in file.views.iter().flatten() {
         if !VIEWS.contains(&v.as_str()) {
             bail!(
-                "views: '{v}' is not a view (choose from: {})",
+                "views: '{}' is not a view (choose from: {})",
+                q(v),
                 VIEWS.join(", ")
             );
         }
@@ -204,7 +239,10 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     for i in file.ifaces.iter().flatten() {
         let name = i.rsplit(':').next().unwrap_or("");
         if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
-            bail!("ifaces: '{i}' is not an interface name ([NETNS:]NAME, at most 15 characters)");
+            bail!(
+                "ifaces: '{}' is not an interface name ([NETNS:]NAME, at most 15 characters)",
+                q(i)
+            );
         }
     }
     if file.proto.as_ref().is_some_and(|p| p.is_empty()) {
@@ -517,26 +555,32 @@ pub fn resolve(mut args: ObserveArgs, explicit: &Explicit) -> Result<Option<Obse
     merge(&cfg, &mut args, explicit);
     let policy = label_policy(&args)?;
     if args.check_config {
-        println!(
-            "{}: OK (interval {}, listen {}, netns {}, labels /{} /{} ports {:?}, max_series {})",
-            path.display(),
-            crate::analysis::units::fmt_duration_short(args.interval),
-            args.listen
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "off".into()),
-            if args.netns.is_empty() {
-                "all".into()
-            } else {
-                args.netns.join(",")
-            },
-            policy.v4_prefix,
-            policy.v6_prefix,
-            policy.ports,
-            policy.max_series
-        );
+        println!("{}", check_line(&path, &args, &policy));
         return Ok(None);
     }
     Ok(Some(args))
+}
+
+/// `--check-config`'s line; what came from the file or the command line (path, namespace names)
+/// with control and bidirectional characters escaped.
+fn check_line(path: &Path, args: &ObserveArgs, policy: &LabelPolicy) -> String {
+    format!(
+        "{}: OK (interval {}, listen {}, netns {}, labels /{} /{} ports {:?}, max_series {})",
+        shown(path),
+        crate::analysis::units::fmt_duration_short(args.interval),
+        args.listen
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "off".into()),
+        if args.netns.is_empty() {
+            "all".into()
+        } else {
+            crate::analysis::input::escape_for_terminal(&args.netns.join(","))
+        },
+        policy.v4_prefix,
+        policy.v6_prefix,
+        policy.ports,
+        policy.max_series
+    )
 }
 
 #[cfg(test)]
@@ -726,6 +770,66 @@ series_idle = "5min"
                 crate::views::ViewKind::Tcp,
                 crate::views::ViewKind::Sampler
             ])
+        );
+    }
+
+    /// A 50 MB value is not echoed whole: each message quotes at most 80 characters of it and
+    /// says how many bytes more there were, whichever key it is under (validated here, or
+    /// refused by the TOML parser or another parser), and stays one line.
+    #[test]
+    fn a_huge_value_is_quoted_cut() {
+        let big = "x".repeat(1 << 20);
+        for (key, text) in [
+            ("interval", format!("interval = \"{big}\"")),
+            ("netns", format!("netns = [\"a/{big}\"]")),
+            ("cgroup", format!("cgroup = \"{big}\"")),
+            ("addrs", format!("addrs = [\"{big}\"]")),
+            ("views", format!("views = [\"{big}\"]")),
+            ("ifaces", format!("ifaces = [\"{big}\"]")),
+            ("listen", format!("listen = \"{big}\"")),
+            ("otlp", format!("otlp = \"{big}\"")),
+            ("ports", format!("ports = [\"{big}\"]")),
+            ("unknown key", format!("{big} = 1")),
+        ] {
+            let e = err(&text);
+            assert!(e.len() <= 400, "{key}: {} bytes: {}", e.len(), &e[..400]);
+            assert!(e.contains("more bytes)"), "{key}: {e}");
+            assert!(!e.contains(&"x".repeat(301)), "{key}: {e}");
+        }
+        assert_eq!(
+            err(&format!("interval = \"{big}\"")),
+            format!(
+                "interval: '{}... ({} more bytes)' is not a duration",
+                "x".repeat(80),
+                (1 << 20) - 80
+            )
+        );
+        // Control characters in a value are escaped in the message.
+        assert_eq!(
+            err("netns = [\"a/\\u001b[31m\"]"),
+            "netns: 'a/\\u{1b}[31m' is not a network namespace name"
+        );
+    }
+
+    /// `--check-config` shows a namespace name (or path) with a right-to-left override or an
+    /// escape character escaped, not raw.
+    #[test]
+    fn check_config_escapes_what_it_echoes() {
+        let cfg = parse("netns = [\"web\\u202egnp.exe\", \"b\\u001b[2J\"]\n").unwrap();
+        let (mut args, explicit) = observe(&[]);
+        merge(&cfg, &mut args, &explicit);
+        let line = check_line(
+            Path::new("/etc/r\u{1b}t.toml"),
+            &args,
+            &label_policy(&args).unwrap(),
+        );
+        assert!(
+            line.starts_with("/etc/r\\u{1b}t.toml: OK (interval 1s, listen off, netns web\\u{202e}gnp.exe,b\\u{1b}[2J, labels"),
+            "{line}"
+        );
+        assert!(
+            !line.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{line:?}"
         );
     }
 
