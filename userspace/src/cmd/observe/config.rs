@@ -163,8 +163,28 @@ fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>> {
     }
 }
 
-/// Check every value; one sentence per problem (the first found).
+/// Check every value; one sentence per problem (the first found, in the order below).
 pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
+    let (interval, duration, series_idle) = check_durations(&file)?;
+    let addrs = check_places(&file)?;
+    check_sampler_keys(&file)?;
+    let (listen, otlp_interval) = check_exporters(&file)?;
+    check_labels(&file)?;
+    Ok(ObserveConfig {
+        file,
+        addrs,
+        interval,
+        duration,
+        listen,
+        series_idle,
+        otlp_interval,
+    })
+}
+
+/// interval, duration, labels.series_idle.
+fn check_durations(
+    file: &ConfigFile,
+) -> Result<(Option<Duration>, Option<Duration>, Option<Duration>)> {
     let interval = dur("interval", &file.interval)?;
     if let Some(i) = interval {
         if i < Duration::from_millis(10) {
@@ -188,6 +208,11 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     if series_idle == Some(Duration::ZERO) {
         bail!("labels.series_idle must be longer than 0");
     }
+    Ok((interval, duration, series_idle))
+}
+
+/// netns, cgroup, ports, addrs (returned parsed).
+fn check_places(file: &ConfigFile) -> Result<Vec<ipnet::IpNet>> {
     for n in file.netns.iter().flatten() {
         if n.is_empty() || (n.contains('/') && !n.starts_with('/')) {
             bail!("netns: '{}' is not a network namespace name", q(n));
@@ -224,6 +249,11 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     if addrs.len() > 64 {
         bail!("addrs: at most 64 CIDRs may be listed");
     }
+    Ok(addrs)
+}
+
+/// views, ifaces, proto, sample_every, max_flows.
+fn check_sampler_keys(file: &ConfigFile) -> Result<()> {
     for v in file.views.iter().flatten() {
         if !VIEWS.contains(&v.as_str()) {
             bail!(
@@ -260,6 +290,11 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         i.parse::<crate::views::sampler::IfaceSpec>()
             .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
     }
+    Ok(())
+}
+
+/// listen, otlp, otlp_interval.
+fn check_exporters(file: &ConfigFile) -> Result<(Option<SocketAddr>, Option<Duration>)> {
     let listen = match &file.listen {
         Some(l) => Some(parse_listen(l).map_err(|e| anyhow::anyhow!("listen: {e}"))?),
         None => None,
@@ -271,6 +306,11 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     if otlp_interval.is_some_and(|d| d < Duration::from_millis(100)) {
         bail!("otlp_interval must be at least 100ms");
     }
+    Ok((listen, otlp_interval))
+}
+
+/// The [labels] table.
+fn check_labels(file: &ConfigFile) -> Result<()> {
     if let Some(l) = &file.labels {
         for p in l.ports.iter().flatten() {
             if *p == 0 {
@@ -289,15 +329,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         }
         pol.validate().map_err(|e| anyhow::anyhow!("labels: {e}"))?;
     }
-    Ok(ObserveConfig {
-        file,
-        addrs,
-        interval,
-        duration,
-        listen,
-        series_idle,
-        otlp_interval,
-    })
+    Ok(())
 }
 
 /// The ids of the options given explicitly, which win over the config file.
@@ -462,6 +494,28 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(v)) = (from_file("raw"), f.raw) {
         args.raw = v;
     }
+    merge_sampler(cfg, args, &from_file);
+    if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
+        args.listen = Some(l);
+    }
+    if let (true, Some(u)) = (from_file("otlp"), &f.otlp) {
+        args.otlp = Some(u.clone());
+    }
+    if let (true, Some(d)) = (from_file("otlp_interval"), cfg.otlp_interval) {
+        args.otlp_interval = Some(d);
+    }
+    if let (true, Some(v)) = (from_file("quiet"), f.quiet) {
+        args.quiet = v;
+    }
+    if let (true, Some(v)) = (from_file("bpf_stats"), f.bpf_stats) {
+        args.bpf_stats = v;
+    }
+    merge_labels(cfg, args, &from_file);
+}
+
+/// [`merge`]: the views and the sampler's keys.
+fn merge_sampler(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(&str) -> bool) {
+    let f = &cfg.file;
     if let (true, Some(v)) = (from_file("view"), &f.views) {
         use crate::views::ViewKind as View;
         args.view = Some(
@@ -489,21 +543,11 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
         args.max_flows = m;
     }
-    if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
-        args.listen = Some(l);
-    }
-    if let (true, Some(u)) = (from_file("otlp"), &f.otlp) {
-        args.otlp = Some(u.clone());
-    }
-    if let (true, Some(d)) = (from_file("otlp_interval"), cfg.otlp_interval) {
-        args.otlp_interval = Some(d);
-    }
-    if let (true, Some(v)) = (from_file("quiet"), f.quiet) {
-        args.quiet = v;
-    }
-    if let (true, Some(v)) = (from_file("bpf_stats"), f.bpf_stats) {
-        args.bpf_stats = v;
-    }
+}
+
+/// [`merge`]: the [labels] table.
+fn merge_labels(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(&str) -> bool) {
+    let f = &cfg.file;
     if let Some(l) = &f.labels {
         if let (true, Some(v)) = (from_file("v4_prefix"), l.v4_prefix) {
             args.v4_prefix = Some(v);
