@@ -1,6 +1,7 @@
 //! `observe --quiet` (issue 27 item 5): nothing on standard output but what an option sent
 //! there explicitly (`--json -`); raw samples only into the result document that asked for
-//! them. Real flows between two namespaces, both passive views with `--raw`.
+//! them. Real flows between two namespaces, both passive views with `--raw`, with the busy-host
+//! load on (`RTTSCOPE_E2E_BUSY=0` turns it off).
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -54,6 +55,10 @@ fn quiet_sends_raw_samples_only_into_the_document() {
     let server: SocketAddr = format!("{B_ADDR}:5011").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
     let _cli = RrClient::start(&p.a, server, 2, Duration::from_millis(2)).unwrap();
+    // The busy host's load (issue 27): other flows to the same port, pings, other namespaces.
+    // --quiet must keep their raw samples off stdout too.
+    let busy = busy::BusyHost::start(&p, server, busy::Responder::Plain { resp: 2 }).unwrap();
+    eprintln!("{}", busy.describe());
     std::thread::sleep(Duration::from_millis(200));
     let ia = format!("{}:{}", p.a.name, p.a_if);
     let ib = format!("{}:{}", p.b.name, p.b_if);
