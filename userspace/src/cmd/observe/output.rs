@@ -1,5 +1,6 @@
 //! What `observe` prints: the start record or header, each interval (table
 //! or JSON Lines, cloud-bucket lines), raw samples, and the end record.
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -302,38 +303,44 @@ pub(super) fn print_end(
                 &names,
             )?;
         }
-        write!(out, "done after {elapsed_s:.1}s")?;
-        if let Some(c) = counters.get("tcp") {
-            use crate::sinks::table::count;
-            write!(
-                out,
-                " | tcp: {}, {} created, {} flow-map-full, {} raw dropped",
-                count(c["samples"], "sample"),
-                count(c["flows_created"], "flow"),
-                c["flow_map_full"],
-                c["raw_events_dropped"]
-            )?;
-        }
-        if let Some(c) = counters.get("sampler") {
-            let get = |k: &str| c.get(k).copied().unwrap_or(0);
-            let skipped: u64 = c
-                .iter()
-                .filter(|(k, _)| k.starts_with("skip_"))
-                .map(|(_, v)| v)
-                .sum();
-            write!(
-                out,
-                " | sampler: {}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
-                crate::sinks::table::count(get("samples"), "sample"),
-                crate::sinks::table::count(skipped, "packet"),
-                get("expired"),
-                get("flow_map_full") + get("pending_map_full")
-            )?;
-        }
-        writeln!(out)?;
+        writeln!(out, "{}", closing_line(elapsed_s, counters))?;
     }
     out.flush()?;
     Ok(())
+}
+
+/// The closing line of the table: the run's length and each view's main counters.
+fn closing_line(
+    elapsed_s: f64,
+    counters: &BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+) -> String {
+    let mut line = format!("done after {elapsed_s:.1}s");
+    if let Some(c) = counters.get("tcp") {
+        use crate::sinks::table::count;
+        line += &format!(
+            " | tcp: {}, {} created, {} flow-map-full, {} raw dropped",
+            count(c["samples"], "sample"),
+            count(c["flows_created"], "flow"),
+            c["flow_map_full"],
+            c["raw_events_dropped"]
+        );
+    }
+    if let Some(c) = counters.get("sampler") {
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        let skipped: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("skip_"))
+            .map(|(_, v)| v)
+            .sum();
+        line += &format!(
+            " | sampler: {}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+            crate::sinks::table::count(get("samples"), "sample"),
+            crate::sinks::table::count(skipped, "packet"),
+            get("expired"),
+            get("flow_map_full") + get("pending_map_full")
+        );
+    }
+    line
 }
 
 /// Raw sampler events: into the result document (--json), and as output lines unless `fmt` is
