@@ -18,6 +18,8 @@ cargo build --workspace --all-targets "${FEATURES[@]}"
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${FEATURES[@]}" -q -- -D warnings
+# No function over 100 lines outside tests (issue 24).
+python3 "$ROOT/scripts/check-fn-length.py"
 
 echo "== unit tests (no privileges needed)"
 cargo test -p rttscope "${FEATURES[@]}" -- "$@"
