@@ -27,7 +27,7 @@ enum rttscope_consts {
 	 * ended (>= ~33.3 s; TCP's RTO tops out at 120 s, and an RTT sample that
 	 * long is a stall, reported as ">= 33 s" with its exact max).
 	 * 1280 buckets of u32: 5 KiB, per flow with samples in a read interval
-	 * (the fine-histogram pool below), not per tracked flow. */
+	 * (the fine-histogram pool below, bpf/fine_pool.bpf.h), not per tracked flow. */
 	RTTSCOPE_HIST_SUB_BITS = 6,
 	RTTSCOPE_HIST_SUB = 64,
 	RTTSCOPE_HIST_MAX_EXP = 25,
@@ -267,72 +267,6 @@ static __inline __attribute__((always_inline)) void rttscope_agg_reset(struct rt
 	a->reserved = 0;
 }
 
-#ifdef __bpf__ /* map helpers: only in the kernel programs (the header compiles on its own too) */
-/* The flow's fine histogram of the current pool generation: the one it took
- * earlier in this generation, or the next free entry of the generation's
- * half, which it then owns (owner, owner_gen). NULL when the half is used
- * up (then also for the flow's later samples of this generation, without
- * another try). `pool`: the view's pool array (2 x `entries` entries);
- * `ctl`: its control array. Callers hold the only writer for the flow
- * (TCP: the socket lock; sampler: the way's lock). Inlined: the map
- * arguments are constants to the verifier. */
-static __inline __attribute__((always_inline)) struct rttscope_fine_hist *
-rttscope_fine_get(void *pool, void *ctl, __u32 entries, struct rttscope_rtt_agg *a, __u32 owner, __u32 owner_gen,
-		  __u32 *genp)
-{
-	struct rttscope_fine_hist *h;
-	__u32 k = RTTSCOPE_POOL_CTL_GEN, gen, half, idx;
-	__u64 *g, *next;
-
-	g = bpf_map_lookup_elem(ctl, &k);
-	if (!g)
-		return (void *)0;
-	gen = (__u32)*g;
-	*genp = gen;
-	half = gen & 1;
-	if (a->pool_tag == gen + 1) {
-		idx = a->pool_idx;
-		if (idx >= entries)
-			return (void *)0;
-		k = half * entries + idx;
-		return bpf_map_lookup_elem(pool, &k);
-	}
-	k = RTTSCOPE_POOL_CTL_NEXT + half;
-	next = bpf_map_lookup_elem(ctl, &k);
-	if (!next)
-		return (void *)0;
-	idx = (__u32)__sync_fetch_and_add(next, 1);
-	a->pool_tag = gen + 1;
-	if (idx >= entries) {
-		a->pool_idx = RTTSCOPE_POOL_NONE;
-		return (void *)0;
-	}
-	a->pool_idx = idx;
-	k = half * entries + idx;
-	h = bpf_map_lookup_elem(pool, &k);
-	if (h) {
-		/* zeroed by userspace when its generation was read */
-		h->owner = owner;
-		h->owner_gen = owner_gen;
-	}
-	return h;
-}
-
-/* A sample that got no fine histogram (the generation's half is used up):
- * into the overflow ring. 0 when sent; else not binned (the ring is full). */
-static __inline __attribute__((always_inline)) int rttscope_fine_overflow(void *ring, __u32 owner, __u32 owner_gen,
-									 __u32 gen, __u32 rtt)
-{
-	struct rttscope_fine_overflow r = {
-		.owner = owner,
-		.owner_gen = owner_gen,
-		.pool_gen = gen,
-		.rtt_us = rtt,
-	};
-
-	return bpf_ringbuf_output(ring, &r, sizeof(r), BPF_RB_NO_WAKEUP) ? -1 : 0;
-}
-#endif
 
 /* Add one RTT sample (us): the life aggregate, and the generation's fine
  * histogram `h` (NULL: not binned; the caller counts it). Callers hold the

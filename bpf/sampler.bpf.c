@@ -94,7 +94,8 @@ const volatile __u64 cfg_timeout_ns = 10000000000ULL;
 /* Flow table geometry and hash seed (the same in every copy: they share the table). */
 const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
 const volatile __u64 cfg_hash_seed = 0;
-const volatile __u32 cfg_pool_entries = 1024; /* fine histograms per half of sampler_pool */
+/* the fine-histogram pool: its maps and cfg_pool_entries (after the other settings) */
+#include "fine_pool.bpf.h"
 
 /* Make the types reach the generated Rust. */
 struct rttscope_event _sm_event_type = {};
@@ -126,32 +127,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } sampler_counters SEC(".maps");
-
-/* Fine histograms of the flows with samples in the current pool generation
- * (rttscope.h: rttscope_fine_get): two halves of cfg_pool_entries, the
- * current generation's half written here, the other read and zeroed by
- * userspace through its memory mapping. Shared by every copy. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 2048); /* resized by userspace: 2 x cfg_pool_entries */
-	__type(key, __u32);
-	__type(value, struct rttscope_fine_hist);
-} sampler_pool SEC(".maps");
-
-/* [0] pool generation (userspace), [1 + half] entries taken in that half. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RTTSCOPE_POOL_CTL_ENTRIES);
-	__type(key, __u32);
-	__type(value, __u64);
-} sampler_pool_ctl SEC(".maps");
-
-/* Samples of flows that found their pool half used up (rttscope_fine_overflow). */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 19);
-} sampler_pool_overflow SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -646,15 +621,10 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 				       __u32 rtt, __u64 now, __u32 kind)
 {
 	struct rttscope_sampler_flow *f = &e->flow;
-	struct rttscope_fine_hist *h;
-	__u32 gen = 0;
+	enum fine_outcome o = fine_add(&f->agg, e->way, (__u32)g, rtt);
 
-	h = rttscope_fine_get(&sampler_pool, &sampler_pool_ctl, cfg_pool_entries, &f->agg, e->way, (__u32)g, &gen);
-	if (!h)
-		count(rttscope_fine_overflow(&sampler_pool_overflow, e->way, (__u32)g, gen, rtt)
-			      ? RTTSCOPE_SAMPLER_NOT_BINNED
-			      : RTTSCOPE_SAMPLER_POOL_OVERFLOW);
-	rttscope_agg_add(&f->agg, h, rtt);
+	if (o != FINE_BINNED)
+		count(o == FINE_OVERFLOW ? RTTSCOPE_SAMPLER_POOL_OVERFLOW : RTTSCOPE_SAMPLER_NOT_BINNED);
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
 	count(RTTSCOPE_SAMPLER_SAMPLES);

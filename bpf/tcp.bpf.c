@@ -28,7 +28,7 @@
  * least recently active flows when few slots are left (docs/tcp.md). Samples are
  * aggregated here (exact moments per flow, and a fine log-linear histogram
  * from a pool for the flows with samples in the current read interval:
- * rttscope.h, rttscope_fine_get) so userspace cost does not grow with the
+ * fine_pool.bpf.h) so userspace cost does not grow with the
  * packet rate. A raw sample stream (ring buffer) is optional (cfg_raw).
  */
 #include "vmlinux.h"
@@ -59,7 +59,8 @@ const volatile __u32 cfg_addr_filter = 0;  /* restrict to CIDRs in `addr_filter`
 const volatile __u32 cfg_raw = 0;          /* write every sample to the ring buffer */
 const volatile __u32 cfg_max_slots = 16384; /* tcp_flows' size (--max-flows) */
 const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of two, >= 2 x --max-flows) */
-const volatile __u32 cfg_pool_entries = 1024; /* fine histograms per half of tcp_pool */
+/* the fine-histogram pool: its maps and cfg_pool_entries (after the other settings) */
+#include "fine_pool.bpf.h"
 
 /* 1 when rtt_tcp_ack is attached: set by userspace before the sock_ops
  * program is attached, never changed after. */
@@ -70,7 +71,6 @@ __u64 slots_hwm = 0;
 
 /* Make the ring-buffer record type and the enums reach the generated Rust types. */
 struct rttscope_event _event_type = {};
-struct rttscope_fine_overflow _fine_overflow_type = {};
 enum rttscope_tcp_counter _tcp_counter_type = 0;
 enum rttscope_consts _consts_type = 0;
 enum rttscope_side _side_type = 0;
@@ -78,7 +78,6 @@ enum rttscope_origin _origin_type = 0;
 enum rttscope_flow_flags _flow_flags_type = 0;
 enum rttscope_event_type _event_type_type = 0;
 struct rttscope_tcp_sk _tcp_sk_type = {};
-enum rttscope_pool_consts _pool_consts_type = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -86,32 +85,6 @@ struct {
 	__type(key, __u32);         /* slot */
 	__type(value, struct rttscope_tcp_flow);
 } tcp_flows SEC(".maps");
-
-/* Fine histograms of the flows with samples in the current pool generation
- * (rttscope.h: rttscope_fine_get): two halves of cfg_pool_entries, the
- * current generation's half written here, the other read and zeroed by
- * userspace through its memory mapping. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 2048); /* resized by userspace: 2 x cfg_pool_entries */
-	__type(key, __u32);
-	__type(value, struct rttscope_fine_hist);
-} tcp_pool SEC(".maps");
-
-/* [0] pool generation (userspace), [1 + half] entries taken in that half. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RTTSCOPE_POOL_CTL_ENTRIES);
-	__type(key, __u32);
-	__type(value, __u64);
-} tcp_pool_ctl SEC(".maps");
-
-/* Samples of flows that found their pool half used up (rttscope_fine_overflow). */
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 19);
-} tcp_pool_overflow SEC(".maps");
 
 /* Slots of tcp_flows given back by userspace, reused before fresh ones (so
  * the taken ones stay packed below slots_hwm). */
@@ -442,15 +415,11 @@ static __always_inline void set_hint(__u64 *hint, struct rttscope_tcp_flow *f, _
  * sources: the RTT callback and the per-ACK hook). */
 static __always_inline void record_sample(struct rttscope_tcp_flow *f, __u32 slot, __u32 rtt, __u32 srtt)
 {
-	struct rttscope_fine_hist *h;
-	__u32 gen = 0;
+	enum fine_outcome o = fine_add(&f->agg, slot, f->gen, rtt);
 	__u64 now;
 
-	h = rttscope_fine_get(&tcp_pool, &tcp_pool_ctl, cfg_pool_entries, &f->agg, slot, f->gen, &gen);
-	if (!h)
-		count(rttscope_fine_overflow(&tcp_pool_overflow, slot, f->gen, gen, rtt) ? RTTSCOPE_TCP_NOT_BINNED
-											: RTTSCOPE_TCP_POOL_OVERFLOW);
-	rttscope_agg_add(&f->agg, h, rtt);
+	if (o != FINE_BINNED)
+		count(o == FINE_OVERFLOW ? RTTSCOPE_TCP_POOL_OVERFLOW : RTTSCOPE_TCP_NOT_BINNED);
 	f->srtt_us = srtt;
 	count(RTTSCOPE_TCP_SAMPLES);
 	if (cfg_raw) {
@@ -596,12 +565,9 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 			break;
 		f->state = (__u8)skops->args[1];
 		if (skops->args[1] == TCP_CLOSE) {
-			__u32 k = RTTSCOPE_POOL_CTL_GEN;
-			__u64 *g = bpf_map_lookup_elem(&tcp_pool_ctl, &k);
-
 			/* the pool generation it closed in: userspace reports it
 			 * closed once that generation was read (all its samples) */
-			f->agg.reserved = g ? (__u32)*g + 1 : 0;
+			f->agg.reserved = fine_generation() + 1;
 			f->flags |= RTTSCOPE_FLOW_CLOSED;
 			count(RTTSCOPE_TCP_CLOSED);
 			if (cfg_raw)

@@ -155,10 +155,9 @@ fn main() -> Result<()> {
 
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
     println!("cargo:rerun-if-env-changed=RTTSCOPE_VMLINUX_H");
-    println!(
-        "cargo:rerun-if-changed={}",
-        bpf_dir.join("rttscope.h").display()
-    );
+    for header in ["rttscope.h", "fine_pool.bpf.h"] {
+        println!("cargo:rerun-if-changed={}", bpf_dir.join(header).display());
+    }
     for name in OBJECTS {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
         if !src.exists() {

@@ -26,6 +26,11 @@ use crate::views::RingSource;
 /// three orders of magnitude of margin.
 const GRACE: Duration = Duration::from_millis(5);
 
+/// The pool's maps, the same in both objects (bpf/fine_pool.bpf.h).
+pub(crate) const POOL: &str = "fine_pool";
+const CTL: &str = "fine_pool_ctl";
+pub(crate) const OVERFLOW: &str = "fine_ring";
+
 /// Fine histograms per half of a view's pool for a table of `flows`
 /// entries: every flow when the table is small (up to 256), else one in
 /// 16 (1,024 at the default 16,384), at most 4,096 (40 MiB a view), so that
@@ -148,7 +153,6 @@ fn merge_dense(buckets: &mut Vec<(u16, u32)>, h: &[u32]) {
 /// cumulative histogram, keyed by (owner, owner_gen) as the programs write
 /// them (TCP: slot and its gen; sampler: table way and its gen).
 pub struct FinePool {
-    ctl: &'static str,
     entries: u32,
     mem: Mapping,
     /// Samples of flows that found their half used up (`*_pool_overflow`).
@@ -162,31 +166,17 @@ pub struct FinePool {
 }
 
 impl FinePool {
-    /// Map the pool `{prefix}_pool` (2 x `entries` entries) of `obj`, with its
-    /// control array `{prefix}_pool_ctl` and overflow ring `{prefix}_pool_overflow`.
-    pub(crate) fn new(obj: &mut dyn Object, prefix: &str, entries: u32) -> Result<FinePool> {
-        let name = |s: &str| -> &'static str {
-            match (prefix, s) {
-                ("tcp", "pool") => "tcp_pool",
-                ("tcp", "ctl") => "tcp_pool_ctl",
-                ("tcp", _) => "tcp_pool_overflow",
-                (_, "pool") => "sampler_pool",
-                (_, "ctl") => "sampler_pool_ctl",
-                _ => "sampler_pool_overflow",
-            }
-        };
+    /// Map the pool (`fine_pool`, 2 x `entries` entries) of `obj`, with its
+    /// control array and overflow ring (bpf/fine_pool.bpf.h: the same names
+    /// in every view's object).
+    pub(crate) fn new(obj: &mut dyn Object, entries: u32) -> Result<FinePool> {
         let len = pool_bytes(entries) as usize;
-        let mem = Mapping::new(obj.map_fd(name("pool"))?, len).with_context(|| {
-            format!(
-                "mapping the fine-histogram pool {} ({len} bytes)",
-                name("pool")
-            )
-        })?;
+        let mem = Mapping::new(obj.map_fd(POOL)?, len)
+            .with_context(|| format!("mapping the fine-histogram pool ({len} bytes)"))?;
         Ok(FinePool {
-            ctl: name("ctl"),
             entries,
             mem,
-            overflow: obj.ring(name("overflow"))?,
+            overflow: obj.ring(OVERFLOW)?,
             early: Vec::new(),
             gen: 0,
             interval: 0,
@@ -197,17 +187,14 @@ impl FinePool {
     /// Start the next generation and fold the finished one into the flows'
     /// histograms (entries copied out, then zeroed for their next use).
     pub(crate) fn drain(&mut self, obj: &dyn Object) -> Result<()> {
-        let ctl = obj.map(self.ctl)?;
+        let ctl = obj.map(CTL)?;
         let old = self.gen;
         self.gen += 1;
         ctl.update(&consts::POOL_CTL_GEN.to_ne_bytes(), &self.gen.to_ne_bytes())?;
         std::thread::sleep(GRACE);
         let half = (old & 1) as u32;
         let next_key = (consts::POOL_CTL_NEXT + half).to_ne_bytes();
-        let taken = ctl
-            .lookup(&next_key)?
-            .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
-            .unwrap_or(0);
+        let taken = taken(obj, old)?;
         let n = taken.min(self.entries as u64) as usize;
         let size = std::mem::size_of::<FineHist>();
         let base = half as usize * self.entries as usize;
@@ -225,8 +212,7 @@ impl FinePool {
         ctl.update(&next_key, &0u64.to_ne_bytes())?;
         let r = self.drain_overflow(old as u32);
         tracing::debug!(
-            "{}: generation {old} read: {n} of {taken} entries, {} overflow records kept for the next, {} flows",
-            self.ctl,
+            "generation {old} read: {n} of {taken} entries, {} overflow records kept for the next, {} flows",
             self.early.len(),
             self.acc.len()
         );
@@ -236,13 +222,7 @@ impl FinePool {
     /// Drain (see `drain`) when the current generation's half is at least
     /// half taken. Returns whether it did.
     pub(crate) fn drain_if_busy(&mut self, obj: &dyn Object) -> Result<bool> {
-        let key = (consts::POOL_CTL_NEXT + (self.gen & 1) as u32).to_ne_bytes();
-        let taken = obj
-            .map(self.ctl)?
-            .lookup(&key)?
-            .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
-            .unwrap_or(0);
-        if taken < (self.entries as u64).div_ceil(2) {
+        if taken(obj, self.gen)? < (self.entries as u64).div_ceil(2) {
             return Ok(false);
         }
         self.drain(obj)?;
@@ -263,11 +243,7 @@ impl FinePool {
                 }
             }
         })?;
-        tracing::debug!(
-            "{}: {} overflow records of generation {gen}",
-            self.ctl,
-            now.len()
-        );
+        tracing::debug!("{} overflow records of generation {gen}", now.len());
         for r in now {
             self.acc
                 .entry((r.owner, r.owner_gen))
@@ -309,6 +285,17 @@ impl FinePool {
     pub fn retain(&mut self, live: &HashSet<(u32, u32)>) {
         self.acc.retain(|k, _| live.contains(k));
     }
+}
+
+/// Entries taken in generation `gen`'s half (the programs' counter; may
+/// exceed the half's size: every flow that found it used up counted too).
+fn taken(obj: &dyn Object, gen: u64) -> Result<u64> {
+    let key = (consts::POOL_CTL_NEXT + (gen & 1) as u32).to_ne_bytes();
+    Ok(obj
+        .map(CTL)?
+        .lookup(&key)?
+        .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
+        .unwrap_or(0))
 }
 
 /// A shared read-write mapping of an mmapable array map, unmapped on drop.

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::bpf::SamplerRodata as rodata;
 use crate::sys::netns;
-use crate::views::fine::{pool_entries, FinePool};
+use crate::views::fine::{self, pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };
@@ -46,7 +46,7 @@ pub(crate) struct Sampler {
     info: Vec<AttachInfo>,
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
-    /// The fine-histogram pool (`sampler_pool`, shared by every copy) and
+    /// The fine-histogram pool (`fine_pool`, shared by every copy) and
     /// the flows' histograms read from it.
     fine: FinePool,
     /// tcx links and clsact filters: removed before the programs go.
@@ -101,7 +101,7 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
         ),
         max_entries: vec![
             ("sampler_table", cfg.table_entries()),
-            ("sampler_pool", 2 * pool_entries(cfg.table_entries())),
+            (fine::POOL, 2 * pool_entries(cfg.table_entries())),
         ],
         label: format!("loading the sampler programs for {}", r.spec),
         ..Settings::default()
@@ -124,7 +124,7 @@ impl Sampler {
         let copies = resolved.iter().map(|r| settings(&cfg, seed, r)).collect();
         let mut objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
         let entries = pool_entries(cfg.table_entries());
-        let fine = FinePool::new(objs[0].as_mut(), "sampler", entries)?;
+        let fine = FinePool::new(objs[0].as_mut(), entries)?;
         let mut attached = Attachments::default();
         let mut info = Vec::new();
         for (obj, r) in objs.iter().zip(&resolved) {

@@ -80,9 +80,9 @@ pub const PROG_INGRESS: &str = "rtt_sampler_ing";
 pub(crate) const SHARED_MAPS: [&str; 6] = [
     "sampler_table",
     "sampler_counters",
-    "sampler_pool",
-    "sampler_pool_ctl",
-    "sampler_pool_overflow",
+    "fine_pool",
+    "fine_pool_ctl",
+    "fine_ring",
     "sampler_events",
 ];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.

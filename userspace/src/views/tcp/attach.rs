@@ -18,7 +18,7 @@ use super::{
     TcpView, TcpViewConfig,
 };
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
-use crate::views::fine::{pool_entries, FinePool};
+use crate::views::fine::{self, pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };
@@ -61,7 +61,7 @@ pub struct Tcp {
     epoch: u32,
     raw: bool,
     raw_taken: bool,
-    /// The fine-histogram pool (`tcp_pool`) and the flows' histograms read from it.
+    /// The fine-histogram pool (`fine_pool`) and the flows' histograms read from it.
     fine: std::sync::Mutex<FinePool>,
 }
 
@@ -96,7 +96,7 @@ fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
             ("tcp_flows", max_flows),
             ("tcp_free_slots", max_flows),
             ("tcp_hints", hints),
-            ("tcp_pool", 2 * pool_entries(max_flows)),
+            (fine::POOL, 2 * pool_entries(max_flows)),
         ],
         skip: if with_hook { vec![] } else { vec![ACK] },
         optional: if with_hook { vec![ACK] } else { vec![] },
@@ -126,7 +126,7 @@ impl Tcp {
         .context("the TCP view's object was not loaded")?;
         let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
         fill_filters(obj.as_ref(), cfg)?;
-        let fine = FinePool::new(obj.as_mut(), "tcp", pool_entries(max_flows))?;
+        let fine = FinePool::new(obj.as_mut(), pool_entries(max_flows))?;
         obj.attach_cgroup(SOCKOPS, cg.as_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
         let mut view = Tcp {
