@@ -379,8 +379,8 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_ICMP_TRUNCATED,    /* ICMP header shorter than 8 bytes, or packet shorter than its IP length */
 	RTTSCOPE_SAMPLER_SKIP_PROTO_OFF,    /* TCP or ICMP left out by --proto */
 	RTTSCOPE_SAMPLER_ICMP_NOT_HOST,     /* ingress ICMP echo to another host's MAC (PACKET_OTHERHOST): the stack drops it */
-	RTTSCOPE_SAMPLER_ICMP_BAD_CSUM,     /* ingress ICMPv4 echo with a bad IPv4 header or ICMP checksum: the stack drops it */
-	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress ICMPv4 echo longer than 2047 bytes or not linear: checksum not checked, not timed */
+	RTTSCOPE_SAMPLER_ICMP_BAD_CSUM,     /* ingress echo with a bad IPv4 header, ICMP or ICMPv6 checksum: the stack drops it */
+	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress echo longer than 2047 bytes or not linear: checksum not checked, not timed */
 	RTTSCOPE_SAMPLER_NOT_BINNED,        /* samples in no histogram: pool half used up and overflow ring full */
 	RTTSCOPE_SAMPLER_POOL_OVERFLOW,     /* samples sent through the overflow ring (pool half used up) */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */

@@ -91,6 +91,7 @@ const volatile __u32 cfg_match = RTTSCOPE_MATCH_SEQ;
 const volatile __u32 cfg_raw = 0;
 const volatile __u32 cfg_protos = RTTSCOPE_PROTO_TCP | RTTSCOPE_PROTO_ICMP; /* --proto */
 const volatile __u64 cfg_timeout_ns = 10000000000ULL;
+const volatile __u32 cfg_tso = 0; /* 1 on x86-64: a plain store releases (unlock()) */
 /* Flow table geometry and hash seed (the same in every copy: they share the table). */
 const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
 const volatile __u64 cfg_hash_seed = 0;
@@ -402,9 +403,17 @@ static __always_inline void swap_key(struct rttscope_flow_key *k)
 	__builtin_memcpy(k->raddr, tmp, 16);
 }
 
+/* Microseconds (the low 32 bits) of a nanosecond time, never 0. A
+ * multiply and shifts, not a division: BPF has no multiply-high, so
+ * `now / 1000` is a 64-bit DIV in the JIT (~20-40 cycles, ~2% of the
+ * ingress program's samples in `perf`). now / 1000 = (now / 8) / 125, and
+ * 1/125 = 34359738.368 / 2^32: the product keeps bits 32..63 exact (the
+ * wrap at 2^64 only drops bits above them), the constant's rounding makes
+ * an age 1.1e-8 too short (0.1 us in 10 s), and the result wraps at 2^32
+ * like the division's. */
 static __always_inline __u32 now_us32(__u64 now)
 {
-	__u32 t = (__u32)(now / 1000);
+	__u32 t = (__u32)(((now >> 3) * 34359738ULL) >> 32);
 
 	return t ? t : 1;
 }
@@ -449,9 +458,21 @@ static __always_inline int key_eq(const struct rttscope_flow_key *a, const struc
 		(__u64)(*(const __u32 *)&a->raddr[12] ^ *(const __u32 *)&b->raddr[12])) == 0;
 }
 
+/* Release the way's lock. On x86-64 (userspace sets cfg_tso) a plain store
+ * after a compiler barrier is a release, as the kernel's own
+ * smp_store_release() there: stores are not reordered with earlier loads
+ * or stores (TSO), and the JIT emits one mov. Elsewhere an xchg, a full
+ * barrier (BPF has a store-release instruction only from 6.15 on). The
+ * verifier drops the branch not taken. Measured: the xchg was ~4% of the
+ * ingress program's `perf` samples. */
 static __always_inline void unlock(struct rttscope_sampler_entry *e)
 {
-	__sync_lock_test_and_set(&e->lock, 0); /* xchg: a full barrier */
+	if (cfg_tso) {
+		compiler_barrier();
+		*(volatile __u64 *)&e->lock = 0;
+	} else {
+		__sync_lock_test_and_set(&e->lock, 0); /* xchg: a full barrier */
+	}
 }
 
 /* The flow's way in its set, or NULL; *genp = the way's generation, to be
@@ -906,70 +927,146 @@ static __always_inline __u16 csum_fold32(__u64 sum)
 	return (__u16)((sum & 0xffff) + (sum >> 16));
 }
 
-/* An incoming echo the stack would drop is not looked at (issue 26.5): a
- * frame to another host's MAC (the stack's ip_rcv drops PACKET_OTHERHOST;
- * broadcast and multicast frames it keeps), and for ICMPv4 a bad IPv4
- * header checksum (ip_rcv) or a bad ICMP checksum (icmp_rcv) over a message
- * of up to 2047 bytes in the linear part of the packet (a longer one, or one
- * not in the linear part, is counted as unverified and not timed). 0 if the
- * packet may be timed, else the counter saying why not. */
-static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 family)
-{
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct iphdr *ip;
-	__u32 len, tail, i, k;
-	__u8 *ic, t[4] = {};
-	__s64 sum;
+/* Largest ICMP message whose checksum is summed inline (ping's default is
+ * 64 bytes); a longer one goes through bpf_csum_diff(). */
+#define ICMP_INLINE_SUM 256
 
-	if (skb->pkt_type == 3 /* PACKET_OTHERHOST */)
-		return RTTSCOPE_SAMPLER_ICMP_NOT_HOST;
-	if (family != AF_INET)
-		return 0;
-	ip = data + (cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0);
-	if ((void *)(ip + 1) > end)
-		return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-	sum = bpf_csum_diff(0, 0, (__be32 *)ip, sizeof(*ip), 0);
-	if (sum < 0 || csum_fold32(sum) != 0xffff)
-		return RTTSCOPE_SAMPLER_ICMP_BAD_CSUM;
-	ic = (__u8 *)(ip + 1);
-	len = bpf_ntohs(ip->tot_len) - sizeof(*ip); /* >= 8: parse_icmp() checked */
-	/* whole words in chunks of constant size (the verifier checks a helper's
-	 * packet range against a constant, not against len; bpf_csum_diff takes
-	 * at most 512 bytes): 512-byte chunks, then one of each power of two */
-	sum = 0;
+/* One's complement sum (not folded) of the `len` bytes at p, len <=
+ * ICMP_INLINE_SUM, added to sum: 8-byte words as two 32-bit halves into
+ * the 64-bit sum (no carry is lost), then the last len & 7 bytes padded
+ * with zeroes. Summed in memory order, as the checksum's 16-bit words are:
+ * the result is right in either byte order. ~0 (an impossible sum) when
+ * the bytes are not in the linear part of the packet. No helper call: the
+ * three bpf_csum_diff() calls of a 64-byte echo were ~1/3 of the ICMP
+ * ingress path. */
+static __always_inline __u64 sum_inline(__u8 *p, void *end, __u32 len, __u64 sum)
+{
+	__u8 t[8] = {};
+	__u32 i, j, tail = len & 7;
+
+#pragma unroll
+	for (i = 0; i < ICMP_INLINE_SUM / 8; i++) {
+		__u64 w;
+
+		if (len < 8 * (i + 1))
+			break;
+		if ((void *)(p + 8 * (i + 1)) > end)
+			return ~0ULL;
+		w = *(__u64 *)(p + 8 * i);
+		sum += (w & 0xffffffff) + (w >> 32);
+	}
+	p += len & ~7U;
+	for (j = 0; j < 7; j++) {
+		if (j >= tail)
+			break;
+		if ((void *)(p + j + 1) > end)
+			return ~0ULL;
+		t[j] = p[j];
+	}
+	return sum + (*(__u32 *)t) + (*(__u32 *)(t + 4));
+}
+
+/* The same through bpf_csum_diff() for a message of up to 2047 bytes:
+ * whole words in chunks of constant size (the verifier checks a helper's
+ * packet range against a constant, not against len; bpf_csum_diff takes at
+ * most 512 bytes), 512-byte chunks, then one of each power of two, then
+ * the tail. `seed`: a sum to start from (at most 32 bits). ~0 when the
+ * bytes are not in the linear part or the message is longer. */
+static __always_inline __u64 sum_helper(__u8 *p, void *end, __u32 len, __u32 seed)
+{
+	__u8 t[4] = {};
+	__u32 i, k, tail;
+	__s64 sum = seed;
+
 	for (i = 0; i < 3 && len >= 512; i++) {
-		if ((void *)(ic + 512) > end)
-			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-		sum = bpf_csum_diff(0, 0, (__be32 *)ic, 512, (__u32)sum);
+		if ((void *)(p + 512) > end)
+			return ~0ULL;
+		sum = bpf_csum_diff(0, 0, (__be32 *)p, 512, (__u32)sum);
 		if (sum < 0)
-			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-		ic += 512;
+			return ~0ULL;
+		p += 512;
 		len -= 512;
 	}
 	if (len >= 512)
-		return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		return ~0ULL;
 	tail = len & 3;
 #pragma unroll
 	for (k = 256; k >= 4; k >>= 1) {
 		if (!(len & k))
 			continue;
-		if ((void *)(ic + k) > end)
-			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-		sum = bpf_csum_diff(0, 0, (__be32 *)ic, k, (__u32)sum);
+		if ((void *)(p + k) > end)
+			return ~0ULL;
+		sum = bpf_csum_diff(0, 0, (__be32 *)p, k, (__u32)sum);
 		if (sum < 0)
-			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-		ic += k;
+			return ~0ULL;
+		p += k;
 	}
 	for (i = 0; i < 3; i++) {
 		if (i >= tail)
 			break;
-		if ((void *)(ic + i + 1) > end)
-			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
-		t[i] = ic[i];
+		if ((void *)(p + i + 1) > end)
+			return ~0ULL;
+		t[i] = p[i];
 	}
 	sum = bpf_csum_diff(0, 0, (__be32 *)t, 4, (__u32)sum);
-	if (sum < 0 || csum_fold32(sum) != 0xffff)
+	return sum < 0 ? ~0ULL : (__u64)sum;
+}
+
+/* An incoming echo the stack would drop is not looked at (issue 26.5): a
+ * frame to another host's MAC (the stack's ip_rcv drops PACKET_OTHERHOST;
+ * broadcast and multicast frames it keeps); for ICMPv4 a bad IPv4 header
+ * checksum (ip_rcv) or a bad ICMP checksum (icmp_rcv); for ICMPv6 a bad
+ * checksum over the pseudo-header (addresses, length, next header 58) and
+ * the message (icmpv6_rcv). Up to 2047 bytes in the linear part of the
+ * packet (a longer message, or one not in the linear part, is counted as
+ * unverified and not timed). 0 if the packet may be timed, else the
+ * counter saying why not. parse_icmp() checked the lengths (>= 8, within
+ * the packet). */
+static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	void *l3 = data + (cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0);
+	__u64 sum = 0;
+	__u32 len, i;
+	__u8 *ic;
+
+	if (skb->pkt_type == 3 /* PACKET_OTHERHOST */)
+		return RTTSCOPE_SAMPLER_ICMP_NOT_HOST;
+	if (family == AF_INET) {
+		struct iphdr *ip = l3;
+
+		if ((void *)(ip + 1) > end)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+#pragma unroll
+		for (i = 0; i < 5; i++)
+			sum += ((__u32 *)ip)[i];
+		if (csum_fold32(sum) != 0xffff)
+			return RTTSCOPE_SAMPLER_ICMP_BAD_CSUM;
+		ic = (__u8 *)(ip + 1);
+		len = bpf_ntohs(ip->tot_len) - sizeof(*ip);
+		sum = 0;
+	} else {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > end)
+			return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+		/* the pseudo-header: source and destination (8 words), the
+		 * length and the next header as 32-bit big-endian words */
+#pragma unroll
+		for (i = 0; i < 8; i++)
+			sum += ((__u32 *)&ip6->saddr)[i];
+		len = bpf_ntohs(ip6->payload_len);
+		sum += bpf_htonl(len) + bpf_htonl(IPPROTO_ICMPV6);
+		ic = (__u8 *)(ip6 + 1);
+	}
+	if (len <= ICMP_INLINE_SUM)
+		sum = sum_inline(ic, end, len, sum);
+	else
+		sum = sum_helper(ic, end, len, csum_fold32(sum));
+	if (sum == ~0ULL)
+		return RTTSCOPE_SAMPLER_ICMP_UNVERIFIED;
+	if (csum_fold32(sum) != 0xffff)
 		return RTTSCOPE_SAMPLER_ICMP_BAD_CSUM;
 	return 0;
 }
@@ -1016,7 +1113,8 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 	count(RTTSCOPE_SAMPLER_SEEN_EGRESS);
 	if (!sampled())
 		return PASS;
-	count(RTTSCOPE_SAMPLER_SAMPLED_EGRESS);
+	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */
+		count(RTTSCOPE_SAMPLER_SAMPLED_EGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why)) {
 		if (unlikely(why == PARSED_ICMP))
@@ -1089,7 +1187,8 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	count(RTTSCOPE_SAMPLER_SEEN_INGRESS);
 	if (!sampled())
 		return PASS;
-	count(RTTSCOPE_SAMPLER_SAMPLED_INGRESS);
+	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */
+		count(RTTSCOPE_SAMPLER_SAMPLED_INGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why)) {
 		if (unlikely(why == PARSED_ICMP)) {

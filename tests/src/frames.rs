@@ -99,9 +99,18 @@ pub fn icmp_frame(src: [u8; 4], dst: [u8; 4], m: Icmp) -> Vec<u8> {
     f
 }
 
-/// Ethernet + IPv6 + ICMPv6 (checksum left 0: tc programs do not check it).
+/// Ethernet + IPv6 + ICMPv6, its checksum over the pseudo-header
+/// (addresses, length, next header 58) and the message (RFC 4443).
 pub fn icmp6_frame(src: [u8; 16], dst: [u8; 16], m: Icmp) -> Vec<u8> {
-    let body = icmp_body(m);
+    let mut body = icmp_body(m);
+    let mut pseudo = Vec::with_capacity(40 + body.len());
+    pseudo.extend(src);
+    pseudo.extend(dst);
+    pseudo.extend((body.len() as u32).to_be_bytes());
+    pseudo.extend([0, 0, 0, 58]);
+    pseudo.extend(&body);
+    let c = csum(&pseudo);
+    body[2..4].copy_from_slice(&c.to_be_bytes());
     let mut f = vec![0xff; 6];
     f.extend([0x02, 0, 0, 0, 0, 1, 0x86, 0xdd]);
     f.extend([0x60, 0, 0, 0]);

@@ -640,3 +640,105 @@ fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
         "passive p50 {p50_passive} ms not within 5% of the probe's {p50_probe} ms"
     );
 }
+
+/// Issue 26.5 for ICMPv6 and for long messages: the checksum is checked
+/// over ICMPv6's pseudo-header and message (inline up to 256 bytes, through
+/// bpf_csum_diff() above), and over long ICMPv4 messages. Each request
+/// leaves a's interface (recorded at egress); b answers each first with a
+/// reply whose checksum is wrong (a flipped payload byte, or a reply from
+/// another source address, which only the pseudo-header covers), then with
+/// the good reply. Only the good replies are timed; real ping6 replies too.
+#[test]
+fn bad_icmpv6_and_long_message_checksums_are_not_timed() {
+    if !require_root() {
+        return;
+    }
+    let pair = Pair::new().unwrap();
+    let obs = Observer::start(&[
+        "--iface",
+        &iface(&pair.a, &pair.a_if),
+        "--duration",
+        "3s",
+        "--interval",
+        "3s",
+    ]);
+    let ip4 = |s: &str| s.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let ip6 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let (me, peer) = (ip4(A_ADDR), [10, 77, 0, 97]);
+    let (me6, peer6) = (ip6(A_ADDR6), ip6("fd77::97"));
+    let echo = |typ, seq, payload| Icmp {
+        typ,
+        id: 4444,
+        seq,
+        payload,
+    };
+    // (payload bytes after the 8-byte header): inline even, inline odd,
+    // the helper's path (> 256 bytes), even and odd
+    let v6 = [(1u16, 16usize), (2, 17), (3, 1200), (4, 1201)];
+    let mut requests = vec![icmp_frame(me, peer, echo(ECHO_REQUEST, 1, 1000))];
+    for (seq, len) in v6 {
+        requests.push(icmp6_frame(me6, peer6, echo(ECHO6_REQUEST, seq, len)));
+    }
+    let a_if = pair.a_if.clone();
+    pair.a.run(move || send_frames(&a_if, &requests));
+    std::thread::sleep(Duration::from_millis(250));
+    let flip_last = |mut f: Vec<u8>| {
+        let n = f.len();
+        f[n - 1] ^= 0x10;
+        f
+    };
+    let mut replies = vec![flip_last(icmp_frame(peer, me, echo(ECHO_REPLY, 1, 1000)))];
+    for (seq, len) in v6 {
+        replies.push(flip_last(icmp6_frame(
+            peer6,
+            me6,
+            echo(ECHO6_REPLY, seq, len),
+        )));
+    }
+    // a reply made for another source: right for its own pseudo-header,
+    // wrong for the source it arrives from
+    let mut spoofed = icmp6_frame(ip6("fd77::96"), me6, echo(ECHO6_REPLY, 1, 16));
+    spoofed[14 + 8..14 + 24].copy_from_slice(&peer6);
+    replies.push(spoofed);
+    replies.push(icmp_frame(peer, me, echo(ECHO_REPLY, 1, 1000)));
+    for (seq, len) in v6 {
+        replies.push(icmp6_frame(peer6, me6, echo(ECHO6_REPLY, seq, len)));
+    }
+    let b_if = pair.b_if.clone();
+    pair.b.run(move || send_frames(&b_if, &replies));
+    let ping = pair
+        .a
+        .exec(&[
+            "ping", "-6", "-c", "5", "-i", "0.2", "-s", "600", "-q", B_ADDR6,
+        ])
+        .unwrap();
+    assert!(ping.status.success(), "{ping:?}");
+    let (end, _) = obs.finish(Duration::from_secs(20));
+    let c = |n| counter(&end, n);
+    eprintln!("bad checksums: counters {}", end["counters"]["sampler"]);
+    assert_eq!(
+        c("icmp_bad_checksum"),
+        6,
+        "one long ICMPv4, four ICMPv6 (inline and helper, even and odd), one spoofed source"
+    );
+    assert_eq!(c("icmp_unverified"), 0);
+    let f = flows(&end, "pinger", "10.77.0.97");
+    assert_eq!(f.len(), 1, "{end}");
+    assert_eq!(n_p50(f[0]).0, 1, "the good long ICMPv4 reply: {}", f[0]);
+    let f6 = flows(&end, "pinger", "fd77::97");
+    assert_eq!(f6.len(), 1, "{end}");
+    assert_eq!(n_p50(f6[0]).0, 4, "the four good ICMPv6 replies: {}", f6[0]);
+    let rtt = f6[0]["sampler"]["summary"]["min_us"].as_f64().unwrap();
+    assert!(
+        (250_000.0..5_000_000.0).contains(&rtt),
+        "the samples span the 250 ms the test waited: {rtt} us"
+    );
+    let p = flows(&end, "pinger", B_ADDR6);
+    assert_eq!(p.len(), 1, "{end}");
+    assert_eq!(
+        n_p50(p[0]).0,
+        5,
+        "every ping6 reply timed (608-byte messages): {}",
+        p[0]
+    );
+}

@@ -81,6 +81,8 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
     ro.cfg_hash_seed = seed;
     ro.cfg_protos = cfg.proto_mask();
     ro.cfg_pool_entries = pool_entries(cfg.table_entries());
+    // x86-64 is TSO: the programs release a lock with a plain store (unlock())
+    ro.cfg_tso = cfg!(target_arch = "x86_64") as u32;
     Settings {
         globals: globals!(
             rodata,
@@ -96,7 +98,8 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
                 cfg_set_mask,
                 cfg_hash_seed,
                 cfg_protos,
-                cfg_pool_entries
+                cfg_pool_entries,
+                cfg_tso
             ]
         ),
         max_entries: vec![
@@ -289,7 +292,7 @@ impl PassiveView for Sampler {
                 .with_context(|| format!("reading sampler counter {name}"))?;
             out.insert(*name, sum.unwrap_or(0));
         }
-        derived_counters(&mut out);
+        derived_counters(&mut out, self.cfg.sample_every <= 1);
         Ok(out)
     }
 

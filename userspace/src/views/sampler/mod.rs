@@ -622,7 +622,18 @@ pub(crate) fn flow_stats(
 /// re-keyed (each eviction counted by the kernel), so live entries are
 /// created - evicted: `pending_live` (entries in use), `flows_live` (of
 /// those, entries with a histogram).
-pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>) {
+pub(crate) fn derived_counters(out: &mut BTreeMap<&'static str, u64>, every_packet: bool) {
+    if every_packet {
+        // the programs count sampled_* only when sampling (one counter
+        // less per packet): with every packet sampled, sampled = seen
+        for (sampled, seen) in [
+            ("sampled_egress", "seen_egress"),
+            ("sampled_ingress", "seen_ingress"),
+        ] {
+            let n = out.get(seen).copied().unwrap_or(0);
+            out.insert(sampled, n);
+        }
+    }
     let get = |k: &str| out.get(k).copied().unwrap_or(0);
     let flows_live = get("flows_created").saturating_sub(get("flows_evicted"));
     let pending_live = get("pending_created").saturating_sub(get("pending_evicted"));
@@ -882,9 +893,15 @@ mod tests {
         c.insert("flows_evicted", 6);
         c.insert("pending_created", 9);
         c.insert("pending_evicted", 3);
-        derived_counters(&mut c);
+        c.insert("seen_ingress", 50);
+        c.insert("sampled_ingress", 0);
+        derived_counters(&mut c, false);
         assert_eq!(c["flows_live"], 4);
         assert_eq!(c["pending_live"], 6);
+        assert_eq!(c["sampled_ingress"], 0, "sampling: the kernel's own count");
+        derived_counters(&mut c, true);
+        assert_eq!(c["sampled_ingress"], 50, "every packet: sampled = seen");
+        assert_eq!(c["sampled_egress"], 0);
     }
 
     #[test]
