@@ -420,7 +420,8 @@ struct rttscope_sampler_flow {
 /* Pending outgoing segments of one flow (part of its flow-table entry).
  * slot = (end_seq or TSval) << 32 | (send time in us, low 32 bits, never 0);
  * 0 = free; ((u32)gen | 1) << 32 = reserved by an egress program (not valid yet).
- * One 64-bit word, so both CPUs claim/free it with cmpxchg. */
+ * One 64-bit word: egress claims a free one with cmpxchg; a recorded one
+ * is freed only under the way's lock (struct rttscope_sampler_entry). */
 struct rttscope_sampler_pending {
 	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
 	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
@@ -440,8 +441,13 @@ struct rttscope_sampler_pending {
  *    changes only under `lock` (+1 before the key is rewritten, +1 after);
  *    a reader takes gen, compares the key, and checks gen again before
  *    anything it did counts.
- *  - `lock` (0/1, taken with cmpxchg, never waited for) is held while a
- *    way is re-keyed and while a sample is added to the histogram.
+ *  - `lock` (0/1, taken with cmpxchg, a few tries, never waited for
+ *    longer) is held while a way is re-keyed, while an ACK or echo reply
+ *    frees the slots it answers and adds its sample, and while slots past
+ *    the timeout are freed. A recorded (valid) slot becomes free only
+ *    under the lock, so its holder frees slots with plain stores; egress
+ *    programs only fill free slots, with cmpxchg (below), and take the
+ *    lock only to free expired ones.
  *  - a pending slot is first reserved as ((u32)gen | 1) << 32, the time part 0
  *    marking "not valid yet", then gen is checked, then the reservation is
  *    turned into the real value with cmpxchg: a segment of a flow whose way

@@ -475,6 +475,21 @@ static __always_inline void unlock(struct rttscope_sampler_entry *e)
 	}
 }
 
+/* Take the way's lock: 0 when taken. Holders keep it for well under a
+ * microsecond and never on this CPU (tc programs run with bottom halves
+ * off), so a few more tries almost always get it; after 16 the caller
+ * gives up and counts why. */
+static __always_inline int lock_way(struct rttscope_sampler_entry *e)
+{
+	int i;
+
+	for (i = 0; i < 16; i++) {
+		if (READ_ONCE_U64(e->lock) == 0 && __sync_val_compare_and_swap(&e->lock, 0, 1) == 0)
+			return 0;
+	}
+	return -1;
+}
+
 /* The flow's way in its set, or NULL; *genp = the way's generation, to be
  * checked again before what the caller did there counts. */
 static __always_inline struct rttscope_sampler_entry *table_find(const struct rttscope_flow_key *k, __u32 set,
@@ -607,35 +622,65 @@ static __always_inline __u32 slot_age(__u32 t, __u64 sl)
 	return age > 0 ? (__u32)age : 0;
 }
 
-/* Free every recorded slot: the entry was not visited for longer than the timeout. */
-static __always_inline void expire_all(struct rttscope_sampler_pending *pd)
+/* Free every recorded slot, under the way's lock: the entry was not
+ * visited for longer than the timeout. */
+static __always_inline void expire_all_locked(struct rttscope_sampler_pending *pd)
 {
 	int i;
 
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
-		__u64 s = pd->slot[i];
-
-		if (slot_valid(s) && __sync_val_compare_and_swap(&pd->slot[i], s, 0) == s)
+		if (slot_valid(pd->slot[i])) {
+			pd->slot[i] = 0;
 			count(RTTSCOPE_SAMPLER_EXPIRED);
+		}
 	}
 }
 
-/* A reset: drop the flow's pending segments (they will never be acknowledged). */
+/* A reset: drop the flow's pending segments (they will never be
+ * acknowledged). Under the lock; if it cannot be had, they expire. */
 static __always_inline void forget(struct rttscope_sampler_entry *e)
 {
 	int i;
 
 	if (!e)
 		return;
+	if (lock_way(e)) {
+		count(RTTSCOPE_SAMPLER_RACE);
+		return;
+	}
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
-		__u64 s = e->pend.slot[i];
-
-		if (slot_valid(s))
-			__sync_val_compare_and_swap(&e->pend.slot[i], s, 0);
+		if (slot_valid(e->pend.slot[i]))
+			e->pend.slot[i] = 0;
 	}
+	unlock(e);
 	count(RTTSCOPE_SAMPLER_PENDING_DELETED);
+}
+
+/* Free the recorded slots past the timeout at time t (us), under the way's
+ * lock (a try: if it is busy they are freed later). Returns the first free
+ * slot (`free_i` if one was free already), RTTSCOPE_SAMPLER_SLOTS if none. */
+static __always_inline __u32 expire_slots(struct rttscope_sampler_entry *e, __u32 t, __u32 free_i)
+{
+	struct rttscope_sampler_pending *pd = &e->pend;
+	int i;
+
+	if (lock_way(e))
+		return free_i;
+	#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 sl = pd->slot[i];
+
+		if (!slot_valid(sl) || (__u64)slot_age(t, sl) * 1000 <= cfg_timeout_ns)
+			continue;
+		pd->slot[i] = 0;
+		count(RTTSCOPE_SAMPLER_EXPIRED);
+		if (free_i == RTTSCOPE_SAMPLER_SLOTS)
+			free_i = i;
+	}
+	unlock(e);
+	return free_i;
 }
 
 static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g, const struct rttscope_flow_key *key,
@@ -672,11 +717,20 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 }
 
 /* A visit that records or times something: an entry not visited for longer
- * than the timeout has only stale slots. */
-static __always_inline void touch(struct rttscope_sampler_pending *pd, __u64 now)
+ * than the timeout has only stale slots (freed under the way's lock:
+ * `locked` says the caller holds it). */
+static __always_inline void touch(struct rttscope_sampler_entry *e, __u64 now, int locked)
 {
-	if (unlikely(stale(now, pd->touched_ns)))
-		expire_all(pd);
+	struct rttscope_sampler_pending *pd = &e->pend;
+
+	if (unlikely(stale(now, pd->touched_ns))) {
+		if (locked) {
+			expire_all_locked(pd);
+		} else if (!lock_way(e)) {
+			expire_all_locked(pd);
+			unlock(e);
+		}
+	}
 	pd->touched_ns = now;
 }
 
@@ -686,7 +740,7 @@ static __always_inline void touch(struct rttscope_sampler_pending *pd, __u64 now
 static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64 g, __u32 v, __u64 now, __u32 dup)
 {
 	struct rttscope_sampler_pending *pd = &e->pend;
-	__u32 t = now_us32(now), free_i = RTTSCOPE_SAMPLER_SLOTS;
+	__u32 t = now_us32(now), free_i = RTTSCOPE_SAMPLER_SLOTS, expired = 0;
 	__u64 nv, rv;
 	int i;
 
@@ -702,11 +756,7 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 		if (unlikely(!slot_valid(sl)))
 			continue; /* reserved by another CPU */
 		if (unlikely((__u64)slot_age(t, sl) * 1000 > cfg_timeout_ns)) {
-			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl) {
-				count(RTTSCOPE_SAMPLER_EXPIRED);
-				if (free_i == RTTSCOPE_SAMPLER_SLOTS)
-					free_i = i;
-			}
+			expired = 1; /* freed below, under the lock */
 			continue;
 		}
 		/* a retransmission of a pending segment (or a repeated echo
@@ -714,6 +764,8 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 		if ((__u32)(sl >> 32) == v)
 			return dup;
 	}
+	if (unlikely(expired))
+		free_i = expire_slots(e, t, free_i);
 	if (unlikely(free_i >= RTTSCOPE_SAMPLER_SLOTS))
 		return RTTSCOPE_SAMPLER_SLOTS_FULL;
 	/* reserve the slot under this generation, check the way still holds
@@ -732,24 +784,30 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 	return RTTSCOPE_SAMPLER_RECORDED;
 }
 
-/* Add a sample of `rtt` us to entry e's histogram: under the way's lock,
- * and only if the way still holds our flow, generation g (a slot of a
- * re-keyed way is never used: the slots matched were cleared, or were
- * ours, before the re-key). 0, or the counter saying why not. */
-static __always_inline __u32 commit_sample(struct rttscope_sampler_entry *e, __u64 g,
-					   const struct rttscope_flow_key *key, __u32 rtt, __u64 now, __u32 kind)
+/* Take the way's lock for a flow found as generation g: 0 when taken and
+ * the way still holds that flow, else the counter saying why not (lock
+ * busy: flow_map_full; the way was re-keyed meanwhile, its flow evicted
+ * with its pending segments, counted then: ack_no_pending). */
+static __always_inline __u32 lock_flow(struct rttscope_sampler_entry *e, __u64 g)
 {
-	if (unlikely(__sync_val_compare_and_swap(&e->lock, 0, 1) != 0))
+	if (unlikely(lock_way(e)))
 		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
 	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
 		unlock(e);
-		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
+		return RTTSCOPE_SAMPLER_ACK_NO_PENDING;
 	}
+	return 0;
+}
+
+/* Add a sample of `rtt` us to entry e's histogram, under the way's lock
+ * (lock_flow()), and release it. */
+static __always_inline void commit_sample(struct rttscope_sampler_entry *e, __u64 g,
+					  const struct rttscope_flow_key *key, __u32 rtt, __u64 now, __u32 kind)
+{
 	if (unlikely(e->flow.agg.samples == 0))
 		count(RTTSCOPE_SAMPLER_FLOWS_CREATED);
 	add_sample(e, g, key, rtt, now, kind);
 	unlock(e);
-	return 0;
 }
 
 /* The TCP packet answering v (cumulative ACK or TSecr; `kind`: cfg_match)
@@ -760,7 +818,7 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 					   const struct rttscope_flow_key *key, __u32 v, __u32 kind)
 {
 	struct rttscope_sampler_pending *pd = &e->pend;
-	__u32 t, matched = 0, oldest = 0, need = 0;
+	__u32 t, matched = 0, oldest = 0, need = 0, why;
 	__u64 now;
 	int i;
 
@@ -783,7 +841,12 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 	if (!need)
 		return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 	now = bpf_ktime_get_ns();
-	touch(pd, now);
+	/* A recorded slot is freed only under the way's lock (egress only
+	 * fills free slots, with cmpxchg): plain stores below. */
+	why = lock_flow(e, g);
+	if (why)
+		return why;
+	touch(e, now, 1);
 	t = now_us32(now);
 	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
@@ -795,16 +858,17 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 		sv = (__u32)(sl >> 32);
 		age = slot_age(t, sl);
 		if (unlikely((__u64)age * 1000 > cfg_timeout_ns)) {
-			if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
-				count(RTTSCOPE_SAMPLER_EXPIRED);
+			pd->slot[i] = 0;
+			count(RTTSCOPE_SAMPLER_EXPIRED);
 			continue;
 		}
 		if (kind == RTTSCOPE_MATCH_TSVAL) {
 			if (sv != v) {
 				/* an older TSval than the one echoed will never be echoed */
-				if ((__s32)(v - sv) > 0 &&
-				    __sync_val_compare_and_swap(&pd->slot[i], sl, 0) == sl)
+				if ((__s32)(v - sv) > 0) {
+					pd->slot[i] = 0;
 					count(RTTSCOPE_SAMPLER_SUPERSEDED);
+				}
 				continue;
 			}
 		} else {
@@ -812,21 +876,21 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 			if (v - sv >= RTTSCOPE_SAMPLER_MAX_ACK_AHEAD)
 				continue;
 		}
-		if (unlikely(__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)) {
-			count(RTTSCOPE_SAMPLER_RACE);
-			continue;
-		}
+		pd->slot[i] = 0;
 		matched++;
 		if (age > oldest)
 			oldest = age;
 	}
-	if (!matched)
+	if (!matched) {
+		unlock(e);
 		return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
+	}
 	/* one sample per ACK, from the oldest segment it covers (as TCP's
 	 * seq_rtt); the others are freed and counted */
 	if (unlikely(matched > 1))
 		count_n(RTTSCOPE_SAMPLER_ACKED_TOGETHER, matched - 1);
-	return commit_sample(e, g, key, oldest, now, kind);
+	commit_sample(e, g, key, oldest, now, kind);
+	return 0;
 }
 
 /* An echo reply with sequence v: the pending slot holding v (at most one:
@@ -839,10 +903,13 @@ static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 
 {
 	struct rttscope_sampler_pending *pd = &e->pend;
 	__u64 now = bpf_ktime_get_ns();
-	__u32 t = now_us32(now), age;
+	__u32 t = now_us32(now), age, why;
 	int i;
 
-	touch(pd, now);
+	why = lock_flow(e, g); /* slots are freed under it: plain stores */
+	if (why)
+		return why;
+	touch(e, now, 1);
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
@@ -850,14 +917,15 @@ static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 
 		if (!slot_valid(sl) || (__u32)(sl >> 32) != v)
 			continue;
 		age = slot_age(t, sl);
-		if (__sync_val_compare_and_swap(&pd->slot[i], sl, 0) != sl)
-			return RTTSCOPE_SAMPLER_RACE;
+		pd->slot[i] = 0;
 		if ((__u64)age * 1000 > cfg_timeout_ns) {
 			count(RTTSCOPE_SAMPLER_EXPIRED);
-			return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
+			break;
 		}
-		return commit_sample(e, g, key, age, now, RTTSCOPE_MATCH_ECHO);
+		commit_sample(e, g, key, age, now, RTTSCOPE_MATCH_ECHO);
+		return 0;
 	}
+	unlock(e);
 	return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 }
 
@@ -897,7 +965,7 @@ __noinline int icmp_packet(struct seg *s, __u32 ingress)
 			e = table_insert(&s->key, set, tag, now, &g);
 		if (!e)
 			return 0; /* counted: pending_map_full */
-		touch(&e->pend, now);
+		touch(e, now, 0);
 		why = record_slot(e, g, seq, now, RTTSCOPE_SAMPLER_ICMP_DUP_REQUEST);
 	} else if (!e) {
 		why = RTTSCOPE_SAMPLER_ICMP_UNMATCHED;
@@ -1160,7 +1228,7 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 	/* If the way is re-keyed from here on, these plain stores and the
 	 * expiry only touch the new flow's LRU stamp, TSval memory or stale
 	 * slots: never a sample (slots are published under the gen check). */
-	touch(pd, now);
+	touch(e, now, 0);
 	if (cfg_match == RTTSCOPE_MATCH_TSVAL) {
 		/* pping: time only the first packet that carries a TSval */
 		if ((pd->flags & 1) && pd->last_tsval == v) {
