@@ -20,11 +20,26 @@ use crate::bpf::{consts, FineHist, FineOverflow};
 use crate::views::loader::Object;
 use crate::views::RingSource;
 
-/// How long programs that read the old generation may still be adding to
-/// it after the switch. BPF programs at tc and sock_ops run to completion
-/// with preemption off (non-RT kernels) in microseconds; a millisecond is
-/// three orders of magnitude of margin.
+/// How long to wait after the switch where the kernel cannot wait for the
+/// programs itself (see `wait_for_programs`).
 const GRACE: Duration = Duration::from_millis(5);
+
+/// Wait until no program that may have read the old generation is still
+/// running. tc and sock_ops programs run inside an RCU read-side critical
+/// section, and `membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()`:
+/// it returns once every such section that began before it has ended,
+/// including one preempted in process context (sock_ops on a PREEMPT
+/// kernel, where a fixed wait would not be a bound). ~8 ms here. Where the
+/// kernel refuses it (nohz_full CPUs: EINVAL), GRACE: the programs run in
+/// microseconds, and softirq context is not preempted.
+fn wait_for_programs() {
+    const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
+    // SAFETY: membarrier(2) takes no pointers.
+    let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
+    if r != 0 {
+        std::thread::sleep(GRACE);
+    }
+}
 
 /// The pool's maps, the same in both objects (bpf/fine_pool.bpf.h).
 pub(crate) const POOL: &str = "fine_pool";
@@ -191,7 +206,7 @@ impl FinePool {
         let old = self.gen;
         self.gen += 1;
         ctl.update(&consts::POOL_CTL_GEN.to_ne_bytes(), &self.gen.to_ne_bytes())?;
-        std::thread::sleep(GRACE);
+        wait_for_programs();
         let half = (old & 1) as u32;
         let next_key = (consts::POOL_CTL_NEXT + half).to_ne_bytes();
         let taken = taken(obj, old)?;
@@ -336,7 +351,7 @@ impl Mapping {
     fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
         assert!(off + len <= self.len, "pool entry outside the mapping");
         // SAFETY: inside the mapping (checked); the programs do not write
-        // the finished generation's half any more (GRACE), and `&mut self`
+        // the finished generation's half any more (wait_for_programs), and `&mut self`
         // keeps this the only reference from userspace.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
     }
