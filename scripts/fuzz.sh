@@ -80,7 +80,7 @@ if ((kernel)); then
   echo "== the sampler's kernel packet parser (BPF_PROG_TEST_RUN, root)"
   require_root
   # frames per program: a minute's worth on this machine by default
-  export RTTSCOPE_FUZZ_FRAMES="${RTTSCOPE_FUZZ_FRAMES:-$((secs * 2000))}"
+  export RTTSCOPE_FUZZ_FRAMES="${RTTSCOPE_FUZZ_FRAMES:-$((secs * 500))}"
   export RTTSCOPE_BIN="$ROOT/target/debug/rttscope" RTTSCOPE_REQUIRE_PRIVILEGED=1
   unset CARGO_TARGET_DIR
   cargo build -q --features rttscope/aya

@@ -37,9 +37,9 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("nfqueue", nfqueue),
 ];
 
-/// Longest refusal a file reader may print (a value is quoted in at most 80 characters; the
-/// path and the reason around it stay well below this).
-pub const MAX_MESSAGE_CHARS: usize = 600;
+/// Longest refusal a file reader may print: a value is quoted in at most 80 characters, each
+/// escaped in at most 10 (`\u{10ffff}`), the path and the reason around it stay below the rest.
+pub const MAX_MESSAGE_CHARS: usize = 1200;
 
 /// A refusal of file input: one line, no control or bidirectional-override character, not
 /// empty, at most `MAX_MESSAGE_CHARS` characters.
