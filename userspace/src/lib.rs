@@ -9,6 +9,10 @@ pub mod bpf;
 pub mod cli;
 pub mod cmd;
 pub mod error;
+/// Fuzz harnesses (the `fuzz/` crate and the unit suite; docs/fuzzing.md).
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[cfg(feature = "lab")]
 pub mod lab;
 pub mod logging;

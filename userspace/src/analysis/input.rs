@@ -25,8 +25,14 @@ pub struct SampleSet {
 }
 
 /// Parse one RTT as typed in a sample list: a number, optional unit, bare = milliseconds.
-/// Returns microseconds.
+/// Returns microseconds; None for text that is no RTT or an RTT outside 0..=1e12 us (the result
+/// reader's bounds: issue 26, found by fuzzing).
 pub fn parse_rtt_us(s: &str) -> Option<f64> {
+    number_us(s).filter(|us| (0.0..=crate::analysis::results::MAX_RTT_US).contains(us))
+}
+
+/// A number with an optional unit, in microseconds (any finite value, negative or huge).
+fn number_us(s: &str) -> Option<f64> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -41,7 +47,7 @@ pub fn parse_rtt_us(s: &str) -> Option<f64> {
         _ => return None,
     };
     let us = v * us_per;
-    (us.is_finite() && us >= 0.0).then_some(us)
+    us.is_finite().then_some(us)
 }
 
 /// Longest piece of an input line an error message repeats.
@@ -97,12 +103,18 @@ pub fn parse_sample_list(text: &str, name: &str) -> anyhow::Result<SampleSet> {
         if line.is_empty() {
             continue;
         }
-        let us = parse_rtt_us(line).with_context(|| {
-            format!(
+        let us = parse_rtt_us(line).with_context(|| match number_us(line) {
+            Some(_) => format!(
+                "{name} line {}: '{}' is not an RTT from 0 to {:e} us",
+                i + 1,
+                quote_input(line),
+                crate::analysis::results::MAX_RTT_US
+            ),
+            None => format!(
                 "{name} line {}: '{}' is not an RTT (use a number with an optional unit ns, us, ms, s; bare numbers are ms)",
                 i + 1,
                 quote_input(line)
-            )
+            ),
         })?;
         samples.push(Sample::at_s(0.0, us));
     }
@@ -353,6 +365,32 @@ mod tests {
         assert!(is_observe_output(&format!("{start}\n{sample}\n")));
         assert!(stream_result_sets(Path::new("-")).is_none());
         assert!(stream_result_sets(Path::new("/dev/null")).is_none());
+    }
+
+    /// Fuzzing found the sample list taking any finite number (`6666...6` ms, 6.7e48 us) where
+    /// the result and JSON Lines readers refuse RTTs above 1e12 us: the same bounds, one sentence.
+    #[test]
+    fn sample_lists_refuse_rtts_the_result_reader_refuses() {
+        assert_eq!(
+            parse_rtt_us("1000000000"),
+            Some(1e12),
+            "1e9 ms = 1e12 us, the bound"
+        );
+        for bad in ["10000000000", "1000001s", &"6".repeat(46)] {
+            assert_eq!(parse_rtt_us(bad), None, "{bad}");
+            let e = parse_sample_list(&format!("1\n{bad}\n"), "f.txt")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "f.txt line 2: '{}' is not an RTT from 0 to 1e12 us",
+                    quote_input(bad)
+                )),
+                "{e}"
+            );
+        }
+        let e = parse_sample_list("-1\n", "f.txt").unwrap_err().to_string();
+        assert_eq!(e, "f.txt line 1: '-1' is not an RTT (use a number with an optional unit ns, us, ms, s; bare numbers are ms)");
     }
 
     /// A sample (or start) record with a value observe cannot have measured is refused in one

@@ -500,14 +500,14 @@ impl RunResult {
                     Err(e) => {
                         return Err(ResultError::NotAResult {
                             path: path.to_string(),
-                            why: e.to_string(),
+                            why: serde_why(&e),
                         })
                     }
                 };
                 h.check(path)?;
                 return Err(ResultError::Invalid {
                     path: path.to_string(),
-                    why: typed_err.to_string(),
+                    why: serde_why(&typed_err),
                 });
             }
         };
@@ -736,6 +736,12 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// serde_json's reason, cut: it quotes a string value whole (`invalid type: string "..."`), and
+/// fuzzing found a 600-character value echoed in the refusal (a 50 MB one would be too).
+fn serde_why(e: &serde_json::Error) -> String {
+    crate::analysis::input::quote_input_max(&e.to_string(), 200)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -957,6 +963,25 @@ mod tests {
             serde_json::json!({"t_us": 500000.0, "rtt_us": 151.0})
         );
         assert!(!text.contains("t_s"), "{text}");
+    }
+
+    /// Fuzzing found a document that is one long JSON string refused with the string whole in
+    /// the message; the reason is now cut at 200 characters.
+    #[test]
+    fn a_long_value_is_not_echoed_whole() {
+        let text = format!("\"{}\"", "x".repeat(1 << 20));
+        let e = RunResult::from_json(&text, "p.json")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("p.json is not an rttscope result: invalid type: string"),
+            "{e}"
+        );
+        assert!(
+            e.contains("more bytes)") && e.chars().count() < 300,
+            "{} chars",
+            e.len()
+        );
     }
 
     proptest::proptest! {

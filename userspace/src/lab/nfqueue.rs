@@ -115,7 +115,8 @@ pub fn parse_datagram(data: &[u8], out: &mut Vec<QueuedPacket>, errors: &mut Vec
         match ty {
             NLMSG_ERROR if msg.len() >= NLMSG_HDRLEN + 4 => {
                 let e = i32::from_ne_bytes(msg[16..20].try_into().unwrap());
-                errors.push(-e);
+                // i32::MIN has no negation (found by fuzzing: a debug build panicked)
+                errors.push(e.saturating_neg());
             }
             NLMSG_ERROR => bad += 1,
             NLMSG_DONE => {}
@@ -472,6 +473,18 @@ mod tests {
             ]
         );
         assert_eq!(errs, vec![0]);
+    }
+
+    /// Fuzzing found an NLMSG_ERROR carrying i32::MIN: negating it panicked (debug builds).
+    #[test]
+    fn error_message_with_the_most_negative_errno() {
+        let mut m = vec![0u8; 36];
+        m[0..4].copy_from_slice(&36u32.to_ne_bytes());
+        m[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        m[16..20].copy_from_slice(&i32::MIN.to_ne_bytes());
+        let (mut out, mut errs) = (Vec::new(), Vec::new());
+        assert_eq!(parse_datagram(&m, &mut out, &mut errs), 0);
+        assert_eq!(errs, vec![i32::MAX]);
     }
 
     #[test]

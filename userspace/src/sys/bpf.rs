@@ -159,7 +159,7 @@ pub fn possible_cpus() -> io::Result<usize> {
 }
 
 /// The highest CPU number + 1 of a CPU list ("0", "0-3", "0-3,8-11").
-fn parse_cpu_list(text: &str) -> Option<usize> {
+pub(crate) fn parse_cpu_list(text: &str) -> Option<usize> {
     let mut max = None;
     for part in text.trim().split(',') {
         let last = part.rsplit('-').next()?.trim().parse::<usize>().ok()?;

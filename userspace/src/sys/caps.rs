@@ -48,7 +48,7 @@ pub struct CapState {
 }
 
 impl CapState {
-    fn parse(status: &str) -> CapState {
+    pub(crate) fn parse(status: &str) -> CapState {
         let hex = |k: &str| {
             status
                 .lines()

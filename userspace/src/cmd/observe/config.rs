@@ -131,17 +131,35 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// Parse and validate config text. Errors are one sentence (no newline), at most
 /// `MAX_MESSAGE_CHARS` characters: a value is quoted in at most 80.
 pub fn parse(text: &str) -> Result<ObserveConfig> {
+    // room for the "... (N more bytes)" that says how much was cut
+    const CUT: usize = MAX_MESSAGE_CHARS - 30;
     parse_text(text).map_err(|e| {
         anyhow::anyhow!(
             "{}",
-            crate::analysis::input::quote_input_max(&e.to_string(), MAX_MESSAGE_CHARS)
+            crate::analysis::input::quote_input_max(&e.to_string(), CUT)
         )
     })
 }
 
+/// toml's message with every `name` it quotes (an unknown key: the file's text) cut to 80
+/// characters. Fuzzing found a 130-character key echoed whole.
+fn cut_backquoted(msg: &str) -> String {
+    msg.split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 {
+                q(part)
+            } else {
+                part.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("`")
+}
+
 fn parse_text(text: &str) -> Result<ObserveConfig> {
     let file: ConfigFile = toml::from_str(text).map_err(|e| {
-        let msg = e.message().trim().replace('\n', " ");
+        let msg = cut_backquoted(&e.message().trim().replace('\n', " "));
         match e.span() {
             Some(s) => anyhow::anyhow!("line {}: {msg}", line_of(text, s.start)),
             None => anyhow::anyhow!("{msg}"),
@@ -814,6 +832,32 @@ series_idle = "5min"
                 crate::views::ViewKind::Tcp,
                 crate::views::ViewKind::Sampler
             ])
+        );
+    }
+
+    /// Fuzzing found an unknown key of 130 characters quoted whole by toml's message (80 is the
+    /// rule), and a message cut at 300 characters that became longer with its "(N more bytes)".
+    #[test]
+    fn an_unknown_key_is_quoted_cut_and_messages_stay_within_300_characters() {
+        let key = format!("view{}s", "-".repeat(125));
+        let e = err(&format!("# a comment\n{key} = 1\n"));
+        assert!(
+            e.starts_with(&format!(
+                "line 2: unknown field `{}... (50 more bytes)`, expected one of `netns`",
+                &key[..80]
+            )),
+            "{e}"
+        );
+        assert!(
+            e.chars().count() <= MAX_MESSAGE_CHARS,
+            "{} characters: {e}",
+            e.chars().count()
+        );
+        let e = err(&format!("{} = 1", "k".repeat(1 << 16)));
+        assert!(
+            e.chars().count() <= MAX_MESSAGE_CHARS,
+            "{} characters: {e}",
+            e.chars().count()
         );
     }
 

@@ -89,7 +89,7 @@ pub struct IrttArgs {
     pub out: OutputOpts,
 }
 
-fn parse_byte(s: &str) -> Result<u8, String> {
+pub(crate) fn parse_byte(s: &str) -> Result<u8, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u8::from_str_radix(h, 16),
         None => s.parse::<u8>(),
@@ -107,7 +107,7 @@ fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
         .collect())
 }
 
-fn parse_fill(s: &str) -> Result<Fill, String> {
+pub(crate) fn parse_fill(s: &str) -> Result<Fill, String> {
     match s {
         "none" => Ok(Fill::None),
         "rand" => Ok(Fill::Rand),

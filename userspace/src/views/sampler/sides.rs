@@ -86,7 +86,7 @@ fn mapped(a: SocketAddr) -> SocketAddr {
 
 /// One line of /proc/net/tcp or tcp6: (local, remote, state); None for the
 /// header or anything malformed.
-fn parse_line(line: &str) -> Option<(SocketAddr, SocketAddr, u8)> {
+pub(crate) fn parse_line(line: &str) -> Option<(SocketAddr, SocketAddr, u8)> {
     let mut it = line.split_whitespace();
     let _slot = it.next()?.strip_suffix(':')?;
     let local = parse_addr(it.next()?)?;
