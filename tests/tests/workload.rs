@@ -79,13 +79,16 @@ impl Drop for Cgroups {
     }
 }
 
-/// `rttscope ARGS` started inside cgroup `cg` and network namespace `ns`:
-/// the shell moves itself into the cgroup, then becomes nsenter, then rttscope.
-fn spawn_in(cg: &Path, ns: &NetNs, args: &[&str]) -> ChildGuard {
+/// `rttscope ARGS` started inside cgroup `cg` and network namespace `ns`
+/// (None: the host's): the shell moves itself into the cgroup, then becomes
+/// nsenter, then rttscope.
+fn spawn_in(cg: &Path, ns: Option<&NetNs>, args: &[&str]) -> ChildGuard {
+    let enter = ns.map_or(String::new(), |n| {
+        format!("nsenter --net=/var/run/netns/{} ", n.name)
+    });
     let script = format!(
-        "echo $$ > {}/cgroup.procs && exec nsenter --net=/var/run/netns/{} {} {}",
+        "echo $$ > {}/cgroup.procs && exec {enter}{} {}",
         cg.display(),
-        ns.name,
         rttscope_bin().display(),
         args.join(" ")
     );
@@ -125,7 +128,7 @@ fn observer(
         .args(["--interval", "500ms", "--duration", "7s", "--view", views])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--label-port", "7101", "--label-port", "7102"])
-        .args(["--label-port", "7103", "-o"])
+        .args(["--label-port", "7103", "--label-port", "7104", "-o"])
         .arg(result);
     for i in ifaces {
         cmd.args(["--iface", i]);
@@ -193,13 +196,15 @@ fn flows_carry_pod_container_and_unit_labels() {
     let c_if = link(&p.a, &c);
     let _pod_srv = spawn_in(
         &pod_cg,
-        &p.b,
+        Some(&p.b),
         &["serve", "--listen", &format!("{B_ADDR}:7101")],
     );
-    let _crio_srv = spawn_in(&crio_cg, &c, &["serve", "--listen", "10.78.0.2:7102"]);
+    let _crio_srv = spawn_in(&crio_cg, Some(&c), &["serve", "--listen", "10.78.0.2:7102"]);
+    // The host's loopback: sockets only, nothing added to the host's network.
+    let _host_srv = spawn_in(&svc_cg, None, &["serve", "--listen", "127.0.0.1:7104"]);
     let _svc_srv = spawn_in(
         &svc_cg,
-        &p.a,
+        Some(&p.a),
         &["serve", "--listen", &format!("{A_ADDR}:7103")],
     );
 
@@ -226,7 +231,7 @@ fn flows_carry_pod_container_and_unit_labels() {
     let rr = |host: &str, port: &str| -> ChildGuard {
         spawn_in(
             &cli_cg,
-            &p.a,
+            (host != "127.0.0.1").then_some(&p.a),
             &[
                 "probe", "tcp-rr", host, "-p", port, "-l", "2", "-w", "5ms", "-q",
             ],
@@ -236,6 +241,7 @@ fn flows_carry_pod_container_and_unit_labels() {
         rr(B_ADDR, "7101"),
         rr("10.78.0.2", "7102"),
         rr(A_ADDR, "7103"),
+        rr("127.0.0.1", "7104"),
     ];
     for cl in clients {
         let out = cl.wait_output(Duration::from_secs(20)).unwrap();
@@ -296,6 +302,13 @@ fn flows_carry_pod_container_and_unit_labels() {
         (crio.get("container"), crio.get("netns"), crio.get("pod")),
         (Some(&CTR_CRIO[..12].to_string()), Some(&crio_ns), None),
         "{crio:?}"
+    );
+    // The same service's second server on the host's loopback: its namespace is `host`.
+    let host = find("7104", "server").unwrap_or_else(|| panic!("no host series: {all:#?}"));
+    assert_eq!(
+        (host.get("unit"), host.get("netns")),
+        (Some(&"rts-web.service".into()), Some(&"host".into())),
+        "{host:?}"
     );
     let svc = find("7103", "server").unwrap_or_else(|| panic!("no service series: {all:#?}"));
     assert_eq!(
