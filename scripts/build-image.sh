@@ -166,13 +166,17 @@ layer_of() {
 # the image id (config digest) and manifest digest must be $IMAGE's.
 check_reproducible() {
   local again="${IMAGE%:*}-repro-$$:check" a b
+  a="$(podman image inspect --format '{{.Id}} {{.Digest}}' "$IMAGE")"
   mkdir "$WORK/again"
   layer_of "$WORK/again"
   IMAGE="$again" commit_image "$WORK/again/layer.tar" "$INPUTS"
-  a="$(podman image inspect --format '{{.Id}} {{.Digest}}' "$IMAGE")"
   b="$(podman image inspect --format '{{.Id}} {{.Digest}}' "$again")"
-  podman untag "$again" >/dev/null 2>&1 || true
-  [ "$a" = "$b" ] || die "not reproducible: $IMAGE is $a, the same inputs again gave $b"
+  if [ "$a" != "$b" ]; then
+    podman rmi "$again" >/dev/null 2>&1 || true
+    die "not reproducible: $IMAGE is $a, the same inputs again gave $b"
+  fi
+  # The same image: drop only the scratch name (`podman untag IMAGE` alone drops every name).
+  podman untag "$again" "$again" >/dev/null
   echo "== reproducible: a second root, layer and commit gave the same id and digest ($a)" >&2
 }
 

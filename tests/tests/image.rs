@@ -290,7 +290,7 @@ fn still_loaded(ids: &BTreeSet<String>) -> Vec<String> {
 
 /// Build (or reuse) the image; its name must be the one the manifests use.
 /// `--check-reproducible`: the root, layer and commit made a second time
-/// from the same inputs give the same image id and digest (~3 s).
+/// from the same inputs give the same image id and digest (~4.5 s).
 fn build_image() -> String {
     let t0 = Instant::now();
     let out = Command::new(repo().join("scripts/build-image.sh"))
