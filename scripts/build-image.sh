@@ -16,6 +16,9 @@
 #   scripts/build-image.sh               # build (reuse the image if its inputs are unchanged)
 #   scripts/build-image.sh --print-name  # the image name the recipe produces
 #   scripts/build-image.sh --root DIR    # steps 1-2 only: the runtime root in DIR (the Containerfile uses this)
+#   scripts/build-image.sh --check-reproducible
+#       # build (or reuse), then steps 2-3 again into a scratch name: both
+#       # must have the same image id and manifest digest (exit 1 if not)
 #
 # Environment: RTTSCOPE_IMAGE (name; default localhost/rttscope:<version>),
 # RTTSCOPE_CACHE (default /var/cache/rttscope: the mmdebstrap tarball),
@@ -152,6 +155,31 @@ commit_image() {
   buildah commit --quiet --rm --timestamp "$SOURCE_DATE_EPOCH" "$ctr" "$IMAGE" >/dev/null
 }
 
+# The root, its layer and the inputs' hash, from scratch in $1.
+layer_of() {
+  make_root "$1/root"
+  pack_layer "$1/root" "$1/layer.tar"
+  INPUTS="$(cat "$1/layer.tar" scripts/build-image.sh | sha256sum | cut -c1-16)-$SOURCE_DATE_EPOCH"
+}
+
+# Steps 2-3 again (a fresh root, layer and commit) into a scratch name;
+# the image id (config digest) and manifest digest must be $IMAGE's.
+check_reproducible() {
+  local again="${IMAGE%:*}-repro-$$:check" a b
+  a="$(podman image inspect --format '{{.Id}} {{.Digest}}' "$IMAGE")"
+  mkdir "$WORK/again"
+  layer_of "$WORK/again"
+  IMAGE="$again" commit_image "$WORK/again/layer.tar" "$INPUTS"
+  b="$(podman image inspect --format '{{.Id}} {{.Digest}}' "$again")"
+  if [ "$a" != "$b" ]; then
+    podman rmi "$again" >/dev/null 2>&1 || true
+    die "not reproducible: $IMAGE is $a, the same inputs again gave $b"
+  fi
+  # The same image: drop only the scratch name (`podman untag IMAGE` alone drops every name).
+  podman untag "$again" "$again" >/dev/null
+  echo "== reproducible: a second root, layer and commit gave the same id and digest ($a)" >&2
+}
+
 main() {
   build_binary
   rootfs_tar
@@ -160,23 +188,24 @@ main() {
     make_root "$2"
     exit 0
   fi
-  local inputs have
+  local have
   WORK="$(mktemp -d)"
   trap 'rm -rf "$WORK"' EXIT
-  local work="$WORK"
-  make_root "$work/root"
-  pack_layer "$work/root" "$work/layer.tar"
-  inputs="$(cat "$work/layer.tar" scripts/build-image.sh | sha256sum | cut -c1-16)-$SOURCE_DATE_EPOCH"
+  mkdir "$WORK/first"
+  layer_of "$WORK/first"
   have="$(podman image inspect --format '{{index .Labels "io.rttscope.inputs"}}' "$IMAGE" 2>/dev/null || true)"
-  if [ "$have" = "$inputs" ] && [ -z "${RTTSCOPE_IMAGE_REBUILD:-}" ]; then
-    echo "== $IMAGE is up to date (inputs $inputs)" >&2
+  if [ "$have" = "$INPUTS" ] && [ -z "${RTTSCOPE_IMAGE_REBUILD:-}" ]; then
+    echo "== $IMAGE is up to date (inputs $INPUTS)" >&2
   else
-    commit_image "$work/layer.tar" "$inputs"
+    commit_image "$WORK/first/layer.tar" "$INPUTS"
   fi
   local id size
   id="$(podman image inspect --format '{{.Id}}' "$IMAGE")"
   size="$(podman image inspect --format '{{.Size}}' "$IMAGE")"
-  echo "== $IMAGE id sha256:$id, $size bytes (layer $(stat -c %s "$work/layer.tar") bytes)" >&2
+  echo "== $IMAGE id sha256:$id, $size bytes (layer $(stat -c %s "$WORK/first/layer.tar") bytes)" >&2
+  if [ "${1:-}" = "--check-reproducible" ]; then
+    check_reproducible
+  fi
   echo "$IMAGE"
 }
 

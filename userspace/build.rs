@@ -152,6 +152,12 @@ fn main() -> Result<()> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     let vmlinux_dir = vmlinux_h(&out)?;
     let clang = find_clang();
+    // The objects' BTF names their source files: relative to the checkout,
+    // so that two checkouts build the same bytes (a reproducible image).
+    let prefix_map = format!(
+        "-ffile-prefix-map={}=.",
+        bpf_dir.parent().context("bpf/'s parent")?.display()
+    );
 
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
     println!("cargo:rerun-if-env-changed=RTTSCOPE_VMLINUX_H");
@@ -176,6 +182,7 @@ fn main() -> Result<()> {
                 bpf_dir.as_os_str(),
                 "-O2".as_ref(),
                 "-g".as_ref(),
+                prefix_map.as_ref(),
                 "-Wall".as_ref(),
                 "-Werror".as_ref(),
             ])

@@ -289,9 +289,12 @@ fn still_loaded(ids: &BTreeSet<String>) -> Vec<String> {
 }
 
 /// Build (or reuse) the image; its name must be the one the manifests use.
+/// `--check-reproducible`: the root, layer and commit made a second time
+/// from the same inputs give the same image id and digest (~4.5 s).
 fn build_image() -> String {
     let t0 = Instant::now();
     let out = Command::new(repo().join("scripts/build-image.sh"))
+        .arg("--check-reproducible")
         .output()
         .expect("scripts/build-image.sh");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -505,4 +508,100 @@ fn manifests_render_and_use_the_recipe_image() {
         kernel_mib + 64 <= limit_mib,
         "max_flows {flows} x {per_flow} B + {pools} B of histogram pools = {kernel_mib} MiB of kernel maps + 64 MiB for the observer exceed the {limit_mib}Mi memory limit"
     );
+}
+
+/// What can be checked of the Containerfile without a registry (its base
+/// images cannot be pulled here): the same labels and version as the
+/// offline recipe's, a runtime stage of the recipe's root and nothing else,
+/// the packages its build stage installs cover the tools the recipe and
+/// build.rs call and exist in Debian bookworm (this host's package lists),
+/// and the build context leaves the build directories out.
+#[test]
+fn containerfile_matches_the_offline_recipe() {
+    let cf = std::fs::read_to_string(repo().join("Containerfile")).unwrap();
+    let script = std::fs::read_to_string(repo().join("scripts/build-image.sh")).unwrap();
+    let cargo = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let version = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap();
+    // Labels: the script's (less its reuse label), the same values.
+    for l in script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("--label "))
+    {
+        let l = l.trim_end_matches(" \\").replace("\"$VERSION\"", version);
+        if l.starts_with("io.rttscope.inputs") {
+            continue;
+        }
+        assert!(cf.contains(&l), "the Containerfile lacks the label {l}");
+    }
+    // The runtime stage: scratch plus the recipe's root.
+    let runtime = cf
+        .split("FROM scratch AS runtime")
+        .nth(1)
+        .expect("a scratch runtime stage");
+    let steps: Vec<&str> = runtime
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with("org."))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        steps,
+        ["COPY", "EXPOSE", "LABEL", "ENTRYPOINT", "CMD"],
+        "{runtime}"
+    );
+    assert!(runtime.contains("COPY --from=build /rootfs/ /"));
+    // The build stage's packages: what build.rs (clang-19, bpftool for
+    // vmlinux.h, libbpf's build) and the recipe (mmdebstrap, readelf/strip)
+    // call, each in bookworm.
+    let install = cf
+        .split("apt-get install -y --no-install-recommends")
+        .nth(1)
+        .and_then(|s| s.split("&&").next())
+        .expect("an apt-get install in the build stage");
+    let pkgs: Vec<&str> = install.split_whitespace().filter(|w| *w != "\\").collect();
+    for need in [
+        "clang-19",
+        "bpftool",
+        "libelf-dev",
+        "zlib1g-dev",
+        "pkg-config",
+        "mmdebstrap",
+        "binutils",
+    ] {
+        assert!(
+            pkgs.contains(&need),
+            "the build stage does not install {need}: {pkgs:?}"
+        );
+    }
+    let bookworm = std::fs::read_to_string("/etc/os-release")
+        .is_ok_and(|s| s.contains("VERSION_CODENAME=bookworm"));
+    if bookworm {
+        // One `apt-cache policy` (it exits 0 when some are missing): each
+        // package's block must name a candidate version.
+        let mut args = vec!["apt-cache", "policy"];
+        args.extend(&pkgs);
+        let out = sh(&args).expect("apt-cache policy");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let candidate = |p: &str| {
+            text.split(&format!("\n{p}:\n"))
+                .nth(1)
+                .or_else(|| text.strip_prefix(&format!("{p}:\n")))
+                .and_then(|b| b.lines().find_map(|l| l.trim().strip_prefix("Candidate: ")))
+                .is_some_and(|v| v != "(none)")
+        };
+        let missing: Vec<&&str> = pkgs.iter().filter(|p| !candidate(p)).collect();
+        assert!(
+            missing.is_empty(),
+            "packages of the Containerfile missing from bookworm's lists: {missing:?}"
+        );
+    } else {
+        eprintln!("not a bookworm host: the Containerfile's packages were not looked up");
+    }
+    // The build context: no target directories (`COPY . .`).
+    let ignore = std::fs::read_to_string(repo().join(".containerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l.trim() == "target/"));
 }

@@ -19,6 +19,8 @@ use rttscope_e2e::*;
 use serde_json::Value;
 
 const METRICS_PORT: u16 = 9465;
+/// The second observer's (the sampler alone).
+const METRICS_PORT_S: u16 = 9466;
 const CTR_POD: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 const CTR_CRIO: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
@@ -77,21 +79,24 @@ impl Drop for Cgroups {
     }
 }
 
-/// `rttscope ARGS` started inside cgroup `cg` and network namespace `ns`:
-/// the shell moves itself into the cgroup, then becomes nsenter, then rttscope.
-fn spawn_in(cg: &Path, ns: &NetNs, args: &[&str]) -> ChildGuard {
+/// `rttscope ARGS` started inside cgroup `cg` and network namespace `ns`
+/// (None: the host's): the shell moves itself into the cgroup, then becomes
+/// nsenter, then rttscope.
+fn spawn_in(cg: &Path, ns: Option<&NetNs>, args: &[&str]) -> ChildGuard {
+    let enter = ns.map_or(String::new(), |n| {
+        format!("nsenter --net=/var/run/netns/{} ", n.name)
+    });
     let script = format!(
-        "echo $$ > {}/cgroup.procs && exec nsenter --net=/var/run/netns/{} {} {}",
+        "echo $$ > {}/cgroup.procs && exec {enter}{} {}",
         cg.display(),
-        ns.name,
         rttscope_bin().display(),
         args.join(" ")
     );
     ChildGuard::spawn(Command::new("sh").args(["-c", &script])).unwrap()
 }
 
-fn scrape_in(ns: &NetNs) -> std::io::Result<String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
+fn scrape_in(ns: &NetNs, port: u16) -> std::io::Result<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     ns.run(move || -> std::io::Result<String> {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -105,13 +110,39 @@ fn scrape_in(ns: &NetNs) -> std::io::Result<String> {
     })
 }
 
-/// The label sets (as maps) of RTT series of the TCP view with samples.
-fn series(body: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+/// `rttscope observe --label-workload` in namespace `a` for 7 s: `views`,
+/// the sampler on `ifaces`, JSON lines on stdout, the result document at `result`.
+fn observer(
+    a: &NetNs,
+    logs: &Path,
+    port: u16,
+    views: &str,
+    ifaces: &[String],
+    result: &Path,
+) -> ChildGuard {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/var/run/netns/{}", a.name))
+        .env("RTTSCOPE_POD_LOG_DIR", logs)
+        .arg(rttscope_bin())
+        .args(["observe", "--label-workload", "--format", "json"])
+        .args(["--interval", "500ms", "--duration", "7s", "--view", views])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--label-port", "7101", "--label-port", "7102"])
+        .args(["--label-port", "7103", "--label-port", "7104", "-o"])
+        .arg(result);
+    for i in ifaces {
+        cmd.args(["--iface", i]);
+    }
+    ChildGuard::spawn(&mut cmd).unwrap()
+}
+
+/// The label sets (as maps) of RTT series of `view` with samples.
+fn series(body: &str, view: &str) -> Vec<std::collections::BTreeMap<String, String>> {
     let body = body.split_once("\r\n\r\n").map_or(body, |(_, b)| b);
     let s = Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).expect("parse");
     s.samples
         .iter()
-        .filter(|x| x.metric == "rttscope_rtt_seconds" && x.labels.get("view") == Some("tcp"))
+        .filter(|x| x.metric == "rttscope_rtt_seconds" && x.labels.get("view") == Some(view))
         .map(|x| {
             let mut m: std::collections::BTreeMap<String, String> = x
                 .labels
@@ -124,8 +155,8 @@ fn series(body: &str) -> Vec<std::collections::BTreeMap<String, String>> {
         .collect()
 }
 
-/// A veth pair between `a` (10.78.0.1/24) and `c` (10.78.0.2/24).
-fn link(a: &NetNs, c: &NetNs) {
+/// A veth pair between `a` (10.78.0.1/24) and `c` (10.78.0.2/24); `c`'s end's name.
+fn link(a: &NetNs, c: &NetNs) -> String {
     let (ia, ic) = (unique("vc"), unique("vd"));
     sh(&[
         "ip", "link", "add", &ia, "netns", &a.name, "type", "veth", "peer", "name", &ic, "netns",
@@ -138,6 +169,7 @@ fn link(a: &NetNs, c: &NetNs) {
         .unwrap();
     a.exec(&["ip", "link", "set", &ia, "up"]).unwrap();
     c.exec(&["ip", "link", "set", &ic, "up"]).unwrap();
+    ic
 }
 
 #[test]
@@ -161,45 +193,35 @@ fn flows_carry_pod_container_and_unit_labels() {
     // a: clients and the systemd service; b: the pod's namespace; c: the CRI-O container's.
     let p = Pair::new().unwrap();
     let c = NetNs::new("rtsc").unwrap();
-    link(&p.a, &c);
+    let c_if = link(&p.a, &c);
     let _pod_srv = spawn_in(
         &pod_cg,
-        &p.b,
+        Some(&p.b),
         &["serve", "--listen", &format!("{B_ADDR}:7101")],
     );
-    let _crio_srv = spawn_in(&crio_cg, &c, &["serve", "--listen", "10.78.0.2:7102"]);
+    let _crio_srv = spawn_in(&crio_cg, Some(&c), &["serve", "--listen", "10.78.0.2:7102"]);
+    // The host's loopback: sockets only, nothing added to the host's network.
+    let _host_srv = spawn_in(&svc_cg, None, &["serve", "--listen", "127.0.0.1:7104"]);
     let _svc_srv = spawn_in(
         &svc_cg,
-        &p.a,
+        Some(&p.a),
         &["serve", "--listen", &format!("{A_ADDR}:7103")],
     );
 
+    // Two observers of the same traffic: both views (the sampler's owners
+    // then come from the TCP view where it has the flow), and the sampler
+    // alone (owners from each flow's local socket through sock_diag only).
     let result = std::env::temp_dir().join(format!("{}.json", unique("rtswl")));
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/var/run/netns/{}", p.a.name))
-        .env("RTTSCOPE_POD_LOG_DIR", &logs)
-        .arg(rttscope_bin())
-        .args([
-            "observe",
-            "--label-workload",
-            "--format",
-            "json",
-            "--interval",
-            "500ms",
-            "--duration",
-            "7s",
-        ])
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{METRICS_PORT}"),
-            "--label-port",
-            "7101",
-        ])
-        .args(["--label-port", "7102", "--label-port", "7103", "-o"])
-        .arg(&result);
-    let obs = ChildGuard::spawn(&mut cmd).unwrap();
+    let result_s = std::env::temp_dir().join(format!("{}.json", unique("rtswl")));
+    let ifaces = [
+        format!("{}:{}", p.b.name, p.b_if),
+        format!("{}:{c_if}", c.name),
+        format!("{}:lo", p.a.name),
+    ];
+    let obs = observer(&p.a, &logs, METRICS_PORT, "tcp,sampler", &ifaces, &result);
+    let obs_s = observer(&p.a, &logs, METRICS_PORT_S, "sampler", &ifaces, &result_s);
     let t0 = Instant::now();
-    while scrape_in(&p.a).is_err() {
+    while scrape_in(&p.a, METRICS_PORT).is_err() || scrape_in(&p.a, METRICS_PORT_S).is_err() {
         assert!(
             t0.elapsed() < Duration::from_secs(15),
             "observer did not serve /metrics"
@@ -209,7 +231,7 @@ fn flows_carry_pod_container_and_unit_labels() {
     let rr = |host: &str, port: &str| -> ChildGuard {
         spawn_in(
             &cli_cg,
-            &p.a,
+            (host != "127.0.0.1").then_some(&p.a),
             &[
                 "probe", "tcp-rr", host, "-p", port, "-l", "2", "-w", "5ms", "-q",
             ],
@@ -219,6 +241,7 @@ fn flows_carry_pod_container_and_unit_labels() {
         rr(B_ADDR, "7101"),
         rr("10.78.0.2", "7102"),
         rr(A_ADDR, "7103"),
+        rr("127.0.0.1", "7104"),
     ];
     for cl in clients {
         let out = cl.wait_output(Duration::from_secs(20)).unwrap();
@@ -229,8 +252,15 @@ fn flows_carry_pod_container_and_unit_labels() {
         );
     }
     std::thread::sleep(Duration::from_millis(1200));
-    let body = scrape_in(&p.a).expect("scrape");
+    let body = scrape_in(&p.a, METRICS_PORT).expect("scrape");
+    let body_s = scrape_in(&p.a, METRICS_PORT_S).expect("scrape");
     let out = obs.wait_output(Duration::from_secs(20)).unwrap();
+    let out_s = obs_s.wait_output(Duration::from_secs(20)).unwrap();
+    let lines_s = parse_lines(&out_s.stdout).unwrap();
+    let doc_s: Value =
+        serde_json::from_str(&std::fs::read_to_string(&result_s).unwrap_or_default())
+            .unwrap_or(Value::Null);
+    let _ = std::fs::remove_file(&result_s);
     let lines = parse_lines(&out.stdout).unwrap();
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap_or_default())
         .unwrap_or(Value::Null);
@@ -240,7 +270,8 @@ fn flows_carry_pod_container_and_unit_labels() {
 
     let pod_ns = "pod:shop/checkout-0".to_string();
     let crio_ns = format!("container:{}", &CTR_CRIO[..12]);
-    let all = series(&body);
+    let all = series(&body, "tcp");
+    let sampled = series(&body, "sampler");
     let find = |port: &str, side: &str| {
         all.iter()
             .find(|m| m["local_port"] == port && m["side"] == side)
@@ -272,6 +303,13 @@ fn flows_carry_pod_container_and_unit_labels() {
         (Some(&CTR_CRIO[..12].to_string()), Some(&crio_ns), None),
         "{crio:?}"
     );
+    // The same service's second server on the host's loopback: its namespace is `host`.
+    let host = find("7104", "server").unwrap_or_else(|| panic!("no host series: {all:#?}"));
+    assert_eq!(
+        (host.get("unit"), host.get("netns")),
+        (Some(&"rts-web.service".into()), Some(&"host".into())),
+        "{host:?}"
+    );
     let svc = find("7103", "server").unwrap_or_else(|| panic!("no service series: {all:#?}"));
     assert_eq!(
         (svc.get("unit"), svc.get("container"), svc.get("netns")),
@@ -294,47 +332,117 @@ fn flows_carry_pod_container_and_unit_labels() {
         "{cli:#?}"
     );
 
-    // observe --format json: the interval rows; the result document: every flow's details.
-    let rows: Vec<&Value> = lines
+    // The sampler's flows of the same servers and clients carry the same
+    // labels as the TCP view's: with both views, and with the sampler alone.
+    let err_s = String::from_utf8_lossy(&out_s.stderr);
+    let sampled_alone = series(&body_s, "sampler");
+    for (sampled, how) in [(&sampled, "with the TCP view"), (&sampled_alone, "alone")] {
+        for (port, want) in [("7101", &pod), ("7102", &crio), ("7103", &svc)] {
+            let got = sampled
+                .iter()
+                .find(|m| m["local_port"] == port && m["side"] == "server")
+                .unwrap_or_else(|| {
+                    panic!("no sampler series of {port} ({how}): {sampled:#?}\n{err}\n{err_s}")
+                });
+            let mut want = want.clone();
+            want.insert("view".into(), "sampler".into());
+            assert_eq!(
+                got, &want,
+                "the sampler's {port} server series ({how}) vs the TCP view's"
+            );
+            eprintln!("sampler {port} server series ({how}): {got:?}");
+        }
+        let scli: Vec<_> = sampled
+            .iter()
+            .filter(|m| {
+                m["side"] == "client"
+                    && m["netns"] == p.a.name
+                    && m["local_port"] == "other"
+                    && m["remote_prefix"] != "127.0.0.0/24"
+            })
+            .collect();
+        assert!(
+            !scli.is_empty()
+                && scli
+                    .iter()
+                    .all(|m| m.get("unit") == Some(&"rts-client.scope".into())
+                        && m.get("pod").is_none()),
+            "sampler client series ({how}): {scli:#?}"
+        );
+    }
+
+    // observe --format json: the interval rows; the result document: every
+    // flow's details. Both observers (the second has only sampler rows).
+    for (lines, doc, how) in [
+        (&lines, &doc, "both views"),
+        (&lines_s, &doc_s, "sampler alone"),
+    ] {
+        let row = |port: &str| server_row(lines, port, how == "sampler alone");
+        let r = row("7101").unwrap_or_else(|| panic!("no pod row in --format json ({how})"));
+        assert_eq!(
+            (
+                &r["workload"]["pod_uid"],
+                &r["workload"]["pod_name"],
+                &r["workload"]["runtime"]
+            ),
+            (
+                &Value::from(uid),
+                &Value::from("checkout-0"),
+                &Value::from("containerd")
+            ),
+            "{how}: {r}"
+        );
+        assert_eq!(r["netns_name"], pod_ns.as_str(), "{how}");
+        assert_eq!(
+            row("7102").unwrap()["workload"]["runtime"],
+            "cri-o",
+            "{how}"
+        );
+        assert_eq!(
+            row("7103").unwrap()["workload"]["unit"],
+            "rts-web.service",
+            "{how}"
+        );
+        let text = doc.to_string();
+        for want in [
+            uid,
+            "checkout-0",
+            CTR_CRIO,
+            "rts-web.service",
+            pod_ns.as_str(),
+        ] {
+            assert!(
+                text.contains(want),
+                "the result document ({how}) names {want}"
+            );
+        }
+    }
+    // The sampler alone looked its flows' sockets up (counted).
+    let last = lines_s
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "interval")
+        .unwrap();
+    assert!(
+        last["counters"]["sampler"]["owner_lookups"].as_u64() > Some(0),
+        "{}",
+        last["counters"]
+    );
+}
+
+/// The first interval row of the server end of local port `port` (with
+/// sampler statistics when `sampled`).
+fn server_row(lines: &[Value], port: &str, sampled: bool) -> Option<Value> {
+    lines
         .iter()
         .filter(|l| l["type"] == "interval")
         .flat_map(|l| l["flows"].as_array().unwrap())
-        .collect();
-    let row = |port: &str| {
-        rows.iter()
-            .find(|r| {
-                r["local"]
-                    .as_str()
-                    .is_some_and(|l| l.ends_with(&format!(":{port}")))
-                    && r["side"] == "server"
-            })
-            .copied()
-    };
-    let r = row("7101").unwrap_or_else(|| panic!("no pod row in --format json: {rows:#?}"));
-    assert_eq!(
-        (
-            &r["workload"]["pod_uid"],
-            &r["workload"]["pod_name"],
-            &r["workload"]["runtime"]
-        ),
-        (
-            &Value::from(uid),
-            &Value::from("checkout-0"),
-            &Value::from("containerd")
-        ),
-        "{r}"
-    );
-    assert_eq!(r["netns_name"], pod_ns.as_str());
-    assert_eq!(row("7102").unwrap()["workload"]["runtime"], "cri-o");
-    assert_eq!(row("7103").unwrap()["workload"]["unit"], "rts-web.service");
-    let text = doc.to_string();
-    for want in [
-        uid,
-        "checkout-0",
-        CTR_CRIO,
-        "rts-web.service",
-        pod_ns.as_str(),
-    ] {
-        assert!(text.contains(want), "the result document names {want}");
-    }
+        .find(|r| {
+            r["local"]
+                .as_str()
+                .is_some_and(|l| l.ends_with(&format!(":{port}")))
+                && r["side"] == "server"
+                && (!sampled || !r["sampler"].is_null())
+        })
+        .cloned()
 }

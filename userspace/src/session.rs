@@ -15,6 +15,7 @@ use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::cgroup::CgroupIndex;
 use crate::sys::netns;
+use crate::sys::sockdiag::FlowOwners;
 use crate::views::flow::{Flow, Side};
 use crate::views::sampler::sides::SideResolver;
 use crate::views::sampler::{FlowKind, IfaceSpec, SamplerConfig, SamplerFlowStats, SamplerView};
@@ -36,7 +37,15 @@ pub trait FlowSink {
         netns_name: &mut dyn FnMut(u32) -> String,
     );
     /// One sampler flow's samples since the previous read.
-    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist);
+    /// `owner`: the flow's workload (`--label-workload`), when known.
+    fn sampler_delta(
+        &mut self,
+        flow: &Flow,
+        side: Side,
+        netns_name: &str,
+        owner: Option<&Workload>,
+        delta: &Hist,
+    );
 }
 
 /// What to attach.
@@ -95,6 +104,8 @@ pub struct Session {
     watch: Watch,
     /// Socket cgroups to owners (`--label-workload`).
     workloads: Option<CgroupIndex>,
+    /// The owners of the sampler's flows (`--label-workload` with the sampler).
+    sampler_owners: SamplerOwners,
     /// Each view's `samples_not_binned` when last said (TCP, sampler).
     not_binned: [u64; 2],
 }
@@ -296,6 +307,11 @@ impl Session {
         };
         let watch = Watch::new(&tcp_netns, sampler.as_deref());
         let sampler_sides = SideResolver::new(sampler_namespaces(sampler.as_deref()));
+        let sampler_owners = SamplerOwners {
+            tcp: HashMap::new(),
+            diag: (cfg.workloads && sampler.is_some())
+                .then(|| FlowOwners::open(&sampler_namespaces(sampler.as_deref()))),
+        };
         Ok(Session {
             tcp,
             sampler,
@@ -309,6 +325,7 @@ impl Session {
             sampler_sides,
             keep_rows: cfg.keep_rows,
             workloads: cfg.workloads.then(workload_index),
+            sampler_owners,
             not_binned: [0; 2],
         })
     }
@@ -432,6 +449,8 @@ impl Session {
     ) -> Result<(SideTotals, BTreeMap<&'static str, u64>)> {
         let (tracker, names, keep_rows) = (&mut self.tracker, &mut self.names, self.keep_rows);
         let workloads = &mut self.workloads;
+        let tcp_owners = &mut self.sampler_owners.tcp;
+        tcp_owners.clear();
         let view = self.tcp.as_mut().expect("TCP view attached");
         let epoch = view.epoch();
         let mut totals = SideTotals::new();
@@ -442,6 +461,9 @@ impl Session {
         view.for_each_flow(&mut |mut f| {
             if let Some(idx) = workloads.as_mut() {
                 own(idx, names, &mut f);
+                if let Some(w) = &f.workload {
+                    tcp_owners.insert(f.flow, w.clone());
+                }
             }
             // daemon mode: this flow's samples since the last read.
             if let Some(d) = sink.as_deref_mut() {
@@ -505,9 +527,11 @@ impl Session {
         // One entry per way: a flow in two ways (rare) has its deltas merged.
         let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
         self.sampler_sides.begin();
+        self.sampler_owners.begin();
         for f in &s.read_flows()? {
             let (mut delta, first) = self.sampler_ways.way(f);
             if delta.count() == 0 {
+                self.sampler_owners.keep(&f.flow);
                 continue;
             }
             delta.set_range(
@@ -526,10 +550,13 @@ impl Session {
         }
         self.sampler_sides.end();
         for (flow, (delta, kind, side)) in deltas {
+            let owner = self
+                .sampler_owners
+                .get(&mut self.workloads, &mut self.names, &flow, kind);
             // daemon mode: the sampler's samples since the last read.
             if let Some(d) = sink.as_deref_mut() {
                 let ns = self.names.get(flow.netns);
-                d.sampler_delta(&flow, side, &ns, &delta);
+                d.sampler_delta(&flow, side, &ns, owner.as_deref(), &delta);
             }
             totals.entry(side).or_default().merge(&delta);
             if !self.keep_rows {
@@ -553,10 +580,15 @@ impl Session {
                 flow: Some(flow),
             });
             row.sampler = Some(stats);
+            if row.workload.is_none() {
+                row.workload = owner;
+            }
         }
+        self.sampler_owners.end();
         let mut sc = s.counters()?;
         sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
         sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
+        self.sampler_owners.counters(&mut sc);
         Ok((totals, sc))
     }
 
@@ -603,13 +635,16 @@ impl Session {
         }
         if let Some(s) = self.sampler.as_mut() {
             self.sampler_sides.begin();
+            self.sampler_owners.begin();
             for f in crate::views::sampler::merge_ways(s.read_flows()?) {
                 let side = sampler_side(&self.tracker, &mut self.sampler_sides, &f);
                 add_total(&mut totals, "sampler", side, &f.hist);
+                let owner = self.sampler_owners.get(workloads, names, &f.flow, f.kind);
                 let entry = flows.entry(f.flow).or_insert_with(|| {
                     let (mut e, mut r) = whole_run(&f.flow, names.get(f.flow.netns), side);
                     e.proto = icmp_proto(f.kind).map(Name::from);
                     r.proto = e.proto.clone();
+                    (e.workload, r.workload) = (owner.clone(), owner);
                     (e, r)
                 });
                 let mut v = EndView::of(&f.hist);
@@ -630,6 +665,7 @@ impl Session {
             let mut sc = s.counters()?;
             sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
             sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
+            self.sampler_owners.counters(&mut sc);
             counters.insert("sampler", sc);
         }
         let (end_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
@@ -790,6 +826,66 @@ fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
     f.workload = idx.get(f.cgroup);
     if let Some(n) = f.workload.as_ref().and_then(|w| w.netns_name()) {
         names.set_owner(f.flow.netns, n);
+    }
+}
+
+/// The owners of the sampler's flows (`--label-workload`): what the TCP
+/// view found for the same 4-tuple in this read, else the flow's local
+/// socket through sock_diag ([`FlowOwners`], cached per flow).
+struct SamplerOwners {
+    /// This read's TCP flows with an owner.
+    tcp: HashMap<Flow, Arc<Workload>>,
+    /// None: `--label-workload` is off or no sampler.
+    diag: Option<FlowOwners>,
+}
+
+impl SamplerOwners {
+    fn begin(&mut self) {
+        if let Some(d) = self.diag.as_mut() {
+            d.begin();
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(d) = self.diag.as_mut() {
+            d.end();
+        }
+    }
+
+    fn keep(&mut self, f: &Flow) {
+        if let Some(d) = self.diag.as_mut() {
+            d.keep(f);
+        }
+    }
+
+    /// A TCP flow's owner; its namespace is named by it as the TCP view's are.
+    fn get(
+        &mut self,
+        idx: &mut Option<CgroupIndex>,
+        names: &mut NsNames,
+        f: &Flow,
+        kind: FlowKind,
+    ) -> Option<Arc<Workload>> {
+        let (idx, diag) = (idx.as_mut()?, self.diag.as_mut()?);
+        if kind != FlowKind::Tcp {
+            return None;
+        }
+        let w = match self.tcp.get(f) {
+            Some(w) => Some(w.clone()),
+            None => idx.get(diag.cgroup(f)),
+        };
+        if let Some(n) = w.as_ref().and_then(|w| w.netns_name()) {
+            names.set_owner(f.netns, n);
+        }
+        w
+    }
+
+    /// `owner_lookups` and `owners_unknown` (only with `--label-workload`).
+    fn counters(&self, c: &mut BTreeMap<&'static str, u64>) {
+        if let Some(d) = &self.diag {
+            c.insert("owner_lookups", d.lookups);
+            c.insert("owners_unknown", d.unknown);
+        }
     }
 }
 

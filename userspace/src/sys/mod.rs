@@ -10,3 +10,4 @@ pub mod clock;
 pub mod files;
 pub mod netns;
 pub mod preflight;
+pub mod sockdiag;

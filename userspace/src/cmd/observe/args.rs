@@ -103,8 +103,8 @@ pub struct ObserveArgs {
     /// Metrics labels: keep this local port as a label value (others: "other"); repeatable.
     #[arg(long = "label-port", value_name = "N")]
     pub label_ports: Vec<u16>,
-    /// Name flows by their owners: the socket's cgroup as a systemd unit, a container, a
-    /// Kubernetes pod (labels unit, container, pod_namespace, pod, qos; the `workload` of
+    /// Name flows by their owners: the socket's cgroup (the sampler's flows: their local
+    /// socket's) as a systemd unit, a container, a Kubernetes pod (labels unit, container, pod_namespace, pod, qos; the `workload` of
     /// --format json and the result document), and unnamed network namespaces by the pod or
     /// container that holds them (docs/deploy.md#labels).
     #[arg(long)]

@@ -134,7 +134,14 @@ impl FlowSink for CloudSink {
         }
     }
 
-    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+    fn sampler_delta(
+        &mut self,
+        flow: &Flow,
+        side: Side,
+        netns_name: &str,
+        _owner: Option<&crate::analysis::workload::Workload>,
+        delta: &Hist,
+    ) {
         self.add("sampler", flow, side, netns_name.to_string(), delta);
     }
 }
@@ -160,12 +167,19 @@ impl FlowSink for Both<'_> {
         }
     }
 
-    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+    fn sampler_delta(
+        &mut self,
+        flow: &Flow,
+        side: Side,
+        netns_name: &str,
+        owner: Option<&crate::analysis::workload::Workload>,
+        delta: &Hist,
+    ) {
         for s in [self.0.as_deref_mut(), self.1.as_deref_mut()]
             .into_iter()
             .flatten()
         {
-            s.sampler_delta(flow, side, netns_name, delta);
+            s.sampler_delta(flow, side, netns_name, owner, delta);
         }
     }
 }

@@ -493,11 +493,11 @@ mod tests {
         for rtt in [150u32, 250, 3000] {
             h.record(rtt);
         }
-        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", &h);
+        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", None, &h);
         // A second read of the same flow adds to the same series.
         let mut h2 = crate::analysis::hist::Hist::default();
         h2.record(1500);
-        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", &h2);
+        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", None, &h2);
         let mut out = Vec::new();
         cloud_requests(&sink.export, 1_795_240_801.0, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();

@@ -179,10 +179,17 @@ impl FlowSink for Daemon {
     }
 
     /// One sampler flow's samples since the previous read.
-    fn sampler_delta(&mut self, flow: &Flow, side: Side, netns_name: &str, delta: &Hist) {
+    fn sampler_delta(
+        &mut self,
+        flow: &Flow,
+        side: Side,
+        netns_name: &str,
+        owner: Option<&crate::analysis::workload::Workload>,
+        delta: &Hist,
+    ) {
         let ns = self.ns_label(flow.netns, netns_name.to_string());
         self.exporter
-            .observe_flow(ViewKind::Sampler, flow, side, &ns, delta, None);
+            .observe_owned_flow(ViewKind::Sampler, flow, side, &ns, owner, delta, None);
     }
 }
 
