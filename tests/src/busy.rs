@@ -99,6 +99,16 @@ impl BusyHost {
         Ok(())
     }
 
+    /// Pings every 20 ms from `ns` to `ip` (ping's own echo identifier), beside the load
+    /// [`BusyHost::start`] runs (e.g. to the peer's other address family). Nothing when the
+    /// load is switched off.
+    pub fn also_ping(&mut self, ns: &crate::NetNs, ip: std::net::IpAddr) -> Result<()> {
+        if enabled() {
+            self.ping(ns, ip)?;
+        }
+        Ok(())
+    }
+
     /// Pings every 20 ms from `ns` to `ip` (ping's own echo identifier).
     fn ping(&mut self, ns: &crate::NetNs, ip: std::net::IpAddr) -> Result<()> {
         let fam = if ip.is_ipv6() { "-6" } else { "-4" };
