@@ -305,7 +305,7 @@ fn run(scenario: &str) -> Run {
 /// passive view's sample count per side is the point's own transactions (`rr`'s count) within
 /// 3. Measured at the 10 ms point: +1 to +3 (tcp client 502, server 501, sampler 503/502 for
 /// 500 transactions) with the load on, and the same +1 to +2 with it off (492/491/493/492 for
-/// 491): the lab's own window edge (lab/env.rs), not the load; at 100 ms and 1 s, 0 and +1.
+/// 491): the lab's own window edge (lab/env.rs), not the load; at 100 ms and 1 s, 0 to +2.
 /// Back to back TCP takes one RTT sample per round-trip window, not per transaction, and the
 /// sampler one per ACKed segment (54,254 transactions gave 20,209 and 10,844): not compared.
 fn own_counts(r: &Run, labels: &[&str]) {
