@@ -28,7 +28,7 @@ echo "== end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
-# RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the compare e2e off (tests/src/busy.rs).
+# RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the e2e tests off (compare, observe, sampler, icmp, lab; tests/src/busy.rs).
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
 echo "== the passive views' end-to-end tests again, loaded by aya"

@@ -99,6 +99,26 @@ impl BusyHost {
         Ok(())
     }
 
+    /// Run `cmd` (e.g. a ping inside the lab's testbed) as more load until drop, described as
+    /// `what`. Nothing when the load is switched off.
+    pub fn also_run(&mut self, cmd: &mut Command, what: &str) -> Result<()> {
+        if enabled() {
+            self.spawn(cmd)?;
+            self.what.push(what.to_string());
+        }
+        Ok(())
+    }
+
+    /// Pings every 20 ms from `ns` to `ip` (ping's own echo identifier), beside the load
+    /// [`BusyHost::start`] runs (e.g. to the peer's other address family). Nothing when the
+    /// load is switched off.
+    pub fn also_ping(&mut self, ns: &crate::NetNs, ip: std::net::IpAddr) -> Result<()> {
+        if enabled() {
+            self.ping(ns, ip)?;
+        }
+        Ok(())
+    }
+
     /// Pings every 20 ms from `ns` to `ip` (ping's own echo identifier).
     fn ping(&mut self, ns: &crate::NetNs, ip: std::net::IpAddr) -> Result<()> {
         let fam = if ip.is_ipv6() { "-6" } else { "-4" };

@@ -429,7 +429,7 @@ fn icmp_probe_prints_like_ping() {
     for (i, l) in lines[1..4].iter().enumerate() {
         assert!(
             l.starts_with(&format!(
-                "64 bytes from 127.0.0.1: icmp_seq={} time=",
+                "64 bytes from 127.0.0.1: icmp_seq={} ttl=64 time=",
                 i + 1
             )) && l.ends_with(" ms"),
             "reply line {i}: {text}"

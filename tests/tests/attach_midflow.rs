@@ -13,6 +13,11 @@
 //! attach. A sample that pairs across the start is a whole think time (30 ms here) with no
 //! transaction near that long, and fails.
 //!
+//! The sampler's raw samples of these flows (opened before it started, so it never saw their
+//! handshake) must carry the side the socket table gives (27.2's second half): they said
+//! `unknown`, every one (40 of 40 flow-rounds, 33-34 samples each), until the raw lines took
+//! the side the flow's row has (`Session::sampler_sample_side`).
+//!
 //! Both views are asserted. The sampler's first sample was one think time plus the RTT in 40 of
 //! 40 attaches (30.2-30.8 ms on a ~90 us path) while its egress program was attached before its
 //! ingress program: a request recorded in that gap had its response pass unseen, and the next
@@ -98,6 +103,13 @@ fn first_samples_after_attaching_mid_flow_are_the_paths() {
                 seen.push(what);
             }
         }
+        // The sampler's raw samples of these flows (opened before it started: no handshake
+        // seen) carry the side the socket table gives, as docs/observe.md promises (27.2).
+        failures.extend(
+            sampler_sides_wrong(&lines, &ports)
+                .into_iter()
+                .map(|w| format!("round {round}: {w}")),
+        );
         // Every view saw each running flow's client side at least.
         for view in ["tcp", "sampler"] {
             for &lp in &ports {
@@ -111,7 +123,7 @@ fn first_samples_after_attaching_mid_flow_are_the_paths() {
     }
     assert!(
         failures.is_empty(),
-        "{} first sample(s) over the bound:\n{}\n(within: {})",
+        "{} failure(s) (a first sample over its bound, a raw sample of the wrong side, a flow not seen):\n{}\n(within: {})",
         failures.len(),
         failures.join("\n"),
         seen.len()
@@ -161,6 +173,40 @@ fn first_and_median(
             rest.sort_by(f64::total_cmp);
             (k, (first, rest[rest.len() / 2]))
         })
+        .collect()
+}
+
+/// The sampler's raw samples of the clients' flows whose `side` is not the one their addresses
+/// give (the client's end: its local port is not the server port), one line per wrong label.
+fn sampler_sides_wrong(lines: &[serde_json::Value], ports: &[u16]) -> Vec<String> {
+    let mut wrong: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for l in lines
+        .iter()
+        .filter(|l| l["type"] == "sample" && l["view"] == "sampler")
+    {
+        let Some(local) = l["local"]
+            .as_str()
+            .and_then(|s| s.parse::<SocketAddr>().ok())
+        else {
+            continue;
+        };
+        let want = if local.port() == PORT {
+            "server"
+        } else {
+            "client"
+        };
+        let lport = local.port();
+        if !ports.contains(&lport) && local.port() != PORT {
+            continue;
+        }
+        let got = l["side"].as_str().unwrap_or("none").to_string();
+        if got != want {
+            *wrong.entry((format!(":{lport} {want}"), got)).or_default() += 1;
+        }
+    }
+    wrong
+        .into_iter()
+        .map(|((flow, got), n)| format!("{n} sampler raw sample(s) of {flow} side say {got}"))
         .collect()
 }
 

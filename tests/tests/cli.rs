@@ -73,7 +73,7 @@ fn ping_flags_through_the_binary() {
             "{out}"
         );
         assert!(
-            out.contains("24 bytes from 127.0.0.1: icmp_seq=1 time="),
+            out.contains("24 bytes from 127.0.0.1: icmp_seq=1 ttl=64 time="),
             "{out}"
         );
     } else {

@@ -13,7 +13,29 @@ use std::time::{Duration, Instant};
 use rttscope::lab::emulator::{Direction, Impairment, LinkConfig};
 use rttscope::lab::testbed::{self, Role, Testbed, SRV_ADDR, SRV_ADDR6};
 use rttscope_e2e::lab::{ping, set_rcvbuf};
-use rttscope_e2e::require_root;
+use rttscope_e2e::{busy, require_root, Pair, RrServer};
+
+/// The busy host's load (issue 27) beside a testbed: request/response flows and pings between
+/// other namespaces; with `through`, also a ping every 20 ms from the testbed's client to its
+/// server, through the router and its emulator (the tests' own pings are told apart by their
+/// process: each parses its own ping's output). Everything stops when dropped.
+fn busy_host(tb: &Testbed, through: bool) -> (busy::BusyHost, RrServer, Pair) {
+    let pair = Pair::new().unwrap();
+    let server = format!("{}:7878", rttscope_e2e::B_ADDR).parse().unwrap();
+    let srv = RrServer::start(&pair.b, server, 1).unwrap();
+    let mut b = busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
+    if through {
+        let dst = SRV_ADDR.to_string();
+        b.also_run(
+            tb.command(Role::Cli, "ping")
+                .args(["-q", "-i", "0.02", "-w", "600", &dst]),
+            &format!("ping -i 0.02 {dst} through the testbed's router"),
+        )
+        .unwrap();
+    }
+    eprintln!("{}", b.describe());
+    (b, srv, pair)
+}
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
@@ -169,6 +191,7 @@ fn delay_50ms_each_way_gives_100ms_rtt_within_10_percent() {
         return;
     }
     let tb = Testbed::new().unwrap();
+    let _load = busy_host(&tb, true);
     let base = ping(&tb, &SRV_ADDR.to_string(), 10, "0.02");
     let mut imp = Impairment::new(&tb).unwrap();
     imp.set_both(LinkConfig::delay(MS(50))).unwrap();
@@ -213,6 +236,8 @@ fn loss_20_percent_one_way() {
         return;
     }
     let tb = Testbed::new().unwrap();
+    // Load in other namespaces only: every nft drop below must be one of this ping's.
+    let _load = busy_host(&tb, false);
     let mut imp = Impairment::new(&tb).unwrap();
     // 20 % on client->server only: each echo request is dropped with p = 0.2.
     imp.set(

@@ -17,7 +17,7 @@ use rttscope_e2e::frames::{
     ECHO_REQUEST,
 };
 use rttscope_e2e::{
-    require_root, rttscope_bin, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR, A_ADDR6,
+    busy, require_root, rttscope_bin, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR, A_ADDR6,
     B_ADDR, B_ADDR6,
 };
 use serde_json::Value;
@@ -147,17 +147,44 @@ fn n_p50(f: &Value) -> (u64, f64) {
     )
 }
 
+/// ping's echo identifier, from the `ident=` of its verbose reply lines (`ping -v`).
+fn ping_ident(out: &Output) -> u16 {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("ident=").nth(1))
+        .filter_map(|t| t.split_whitespace().next())
+        .find_map(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no ident= in ping -v's output: {out:?}"))
+}
+
+/// The port of an address (`a:p` or `[a]:p`): an ICMP flow's echo identifier.
+fn port_of(a: &Value) -> u16 {
+    a.as_str()
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {a}"))
+}
+
 /// ping from `a` to `b` on a bare veth, IPv4 and IPv6 at once, the sampler
-/// on both ends: every echo is timed on the pinger's interface (pinger
-/// flow, RTT of the path and the peer) and on the pinged host's (pinged
-/// flow, its own reply time, which is part of the RTT); the pinger's
-/// median is compared with ping's own.
+/// on both ends, on a busy host (other pings from `a` to both of `b`'s
+/// addresses, a request/response flow to `b`, traffic in other namespaces):
+/// every echo of the test's own pings is timed on the pinger's interface
+/// (pinger flow, RTT of the path and the peer) and on the pinged host's
+/// (pinged flow, its own reply time, which is part of the RTT), told apart
+/// from the load by ping's identifier; the pinger's median is compared with
+/// ping's own.
 #[test]
 fn ping_on_a_bare_veth_is_timed_at_both_ends() {
     if !require_root() {
         return;
     }
     let pair = Pair::new().unwrap();
+    let server: std::net::SocketAddr = format!("{B_ADDR}:7301").parse().unwrap();
+    let _srv = RrServer::start(&pair.b, server, 1).unwrap();
+    let mut busy =
+        busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
+    busy.also_ping(&pair.a, B_ADDR6.parse().unwrap()).unwrap();
+    eprintln!("{}", busy.describe());
     let obs = Observer::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
@@ -172,7 +199,7 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
     let ping = |dst: &str| {
         pair.a
             .command("ping")
-            .args(["-n", "-c", "30", "-i", "0.2", "-W", "2", dst])
+            .args(["-n", "-v", "-c", "30", "-i", "0.2", "-W", "2", dst])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("ping")
@@ -188,18 +215,34 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
         ("IPv6", &p6, B_ADDR6, A_ADDR6, "icmpv6"),
     ] {
         let times = reply_times(out);
-        let pinger = flows(&end, "pinger", peer);
-        let pinged = flows(&end, "pinged", me);
+        let ident = ping_ident(out);
+        let pinger: Vec<_> = flows(&end, "pinger", peer)
+            .into_iter()
+            .filter(|f| port_of(&f["local"]) == ident)
+            .collect();
+        let pinged: Vec<_> = flows(&end, "pinged", me)
+            .into_iter()
+            .filter(|f| port_of(&f["remote"]) == ident)
+            .collect();
         eprintln!(
-            "{label}: ping n={} p50 {:.3} ms; pinger {:?}; pinged {:?}",
+            "{label}: ping ident {ident} n={} p50 {:.3} ms; pinger {:?}; pinged {:?}; all pinger flows {:?}",
             times.len(),
             median(&times),
             pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
-            pinged.iter().map(|f| n_p50(f)).collect::<Vec<_>>()
+            pinged.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
+            flows(&end, "pinger", peer).iter().map(|f| (f["local"].clone(), n_p50(f))).collect::<Vec<_>>()
         );
         assert_eq!(times.len(), 30, "{label}: ping lost replies");
-        assert_eq!(pinger.len(), 1, "{label}: one pinger flow: {end}");
-        assert_eq!(pinged.len(), 1, "{label}: one pinged flow: {end}");
+        assert_eq!(
+            pinger.len(),
+            1,
+            "{label}: one pinger flow of ident {ident}: {end}"
+        );
+        assert_eq!(
+            pinged.len(),
+            1,
+            "{label}: one pinged flow of ident {ident}: {end}"
+        );
         assert_eq!(pinger[0]["proto"], proto);
         assert_eq!(pinger[0]["sampler"]["iface"], pair.a_if.as_str());
         assert_eq!(pinged[0]["sampler"]["iface"], pair.b_if.as_str());
@@ -210,7 +253,10 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
             raw_n as u64, n,
             "{label}: the raw stream carries every sample"
         );
-        assert_eq!(n, 30, "{label}: every echo timed at the pinger");
+        assert_eq!(
+            n, 30,
+            "{label}: every echo timed at the pinger, none of the load's"
+        );
         // Known open issue (closing note, session 8): in about one full suite run in three, the
         // pinged host's IPv6 flow has 29 of the 30 echoes (the pinger all 30; IPv4 30 and 30);
         // the cause is not found yet. One missing there is allowed and printed; more fails.
@@ -222,47 +268,56 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
             n_b >= want_b && n_b <= 30,
             "{label}: {n_b} echoes timed at the pinged host, want 30 (at least {want_b})"
         );
-        // the identifier: the pinger's local port is the pinged flow's remote one
-        let id = |a: &str| a.rsplit(':').next().unwrap().to_string();
-        assert_eq!(
-            id(pinger[0]["local"].as_str().unwrap()),
-            id(pinged[0]["remote"].as_str().unwrap())
-        );
         assert!(
             p50_b < p50,
             "{label}: the reply time ({p50_b:.3} ms) is part of the RTT ({p50:.3} ms)"
         );
-        // ping's span starts at its userspace send stamp and ends at the
-        // kernel's receive stamp (taken as the reply is queued, before tc
-        // ingress); the tap's starts at tc egress. On a bare veth the
-        // difference, the pinger's own send path (syscall, socket, IP
-        // output: 10-25 us on this VM), is a large part of a 40 us RTT, so
-        // "within 20%" (issue 17) does not hold here (measured: passive
-        // 22 us vs ping 40 us); what must hold is that the tap's span lies
-        // inside ping's and the gap is no more than a send path.
-        let ping_p50 = median(&times);
-        eprintln!(
-            "{label}: passive p50 {:.1}% of ping's, gap {:.1} us",
-            100.0 * p50 / ping_p50,
-            (ping_p50 - p50) * 1000.0
-        );
-        assert!(
-            p50 <= ping_p50 + 0.003,
-            "{label}: passive p50 {p50:.3} ms above ping's {ping_p50:.3} ms"
-        );
-        // The send path is ~10-25 us on a quiet machine; on a busy one ping's own times spread
-        // above its minimum by what the host adds to every span, the send path included: the
-        // bound grows by that spread, seen in this run (ping's median over its minimum).
-        let ping_min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let slack = 0.05 + (ping_p50 - ping_min).max(0.0);
-        assert!(
-            ping_p50 - p50 <= slack,
-            "{label}: passive p50 {p50:.3} ms more than {:.0} us below ping's {ping_p50:.3} ms (50 us + ping's median over its minimum {ping_min:.3} ms)",
-            slack * 1000.0
-        );
+        passive_within_ping(label, &times, p50, p50_b);
     }
-    assert_eq!(counter(&end, "samples"), 120, "{}", end["counters"]);
-    assert_eq!(counter(&end, "icmp_unmatched"), 0);
+    // On a clean testbed: no unmatched echo and no other sample. With the load on, its pings
+    // (every 20 ms) were running while the sampler attached its four programs, one after the
+    // other: their replies whose request left before the egress program was there have no
+    // partner (4 and 5 seen), and their samples are in their own flows. That the test's own
+    // echoes all matched is the exact counts above.
+    let unmatched = counter(&end, "icmp_unmatched");
+    eprintln!("{unmatched} unmatched echoes; {}", busy.describe());
+    if !busy::enabled() {
+        assert_eq!(unmatched, 0);
+        assert_eq!(counter(&end, "samples"), 120, "{}", end["counters"]);
+    }
+}
+
+/// ping's span starts at its userspace send stamp and ends at the kernel's receive stamp
+/// (taken as the reply is queued, before tc ingress); the tap's starts at tc egress. On a bare
+/// veth the difference, the pinger's own send path (syscall, socket, IP output), is a large
+/// part of a 40 us RTT, so "within 20%" (issue 17) does not hold here (measured: passive 22 us
+/// vs ping 40 us); what must hold is that the tap's span lies inside ping's, and that the gap
+/// is no more than a send path, bounded by what this run's path shows: the pinged host's own
+/// reply time `p50_b` (ingress to egress through the same kernel's IP and ICMP code), twice for
+/// the syscall and socket around it, plus what the host adds to ping's spans in this run
+/// (ping's median over its minimum).
+fn passive_within_ping(label: &str, times: &[f64], p50: f64, p50_b: f64) {
+    let ping_p50 = median(times);
+    let ping_min = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let gap = ping_p50 - p50;
+    eprintln!(
+        "{label}: passive p50 {:.1}% of ping's, gap {:.1} us; ping min {:.1} us; pinged reply time {:.1} us",
+        100.0 * p50 / ping_p50,
+        gap * 1000.0,
+        ping_min * 1000.0,
+        p50_b * 1000.0
+    );
+    assert!(
+        p50 <= ping_p50 + 0.003,
+        "{label}: passive p50 {p50:.3} ms above ping's {ping_p50:.3} ms"
+    );
+    let slack = 2.0 * p50_b + (ping_p50 - ping_min).max(0.0);
+    assert!(
+        gap <= slack,
+        "{label}: passive p50 {p50:.3} ms more than {:.0} us below ping's {ping_p50:.3} ms (twice the pinged reply time {:.0} us + ping's median over its minimum {ping_min:.3} ms)",
+        slack * 1000.0,
+        p50_b * 1000.0
+    );
 }
 
 /// ping and `rttscope probe icmp` through the lab's router with 2 ms of
@@ -514,8 +569,9 @@ fn replies_the_kernel_would_drop_are_not_timed() {
 /// Issue 15: a sampler-only run labels client and server. One connection
 /// is opened before the sampler starts (no handshake seen: the socket
 /// table says), one after (the handshake says); on a's interface both
-/// are the client's flows, on b's the server's. The raw samples show which
-/// rule labelled them: the programs' own label is in each raw sample.
+/// are the client's flows, on b's the server's. Every raw sample carries its
+/// flow's side too (issue 27.2: those of the connection opened before said
+/// `unknown`, the programs' own label, although its row had the side).
 #[test]
 fn sampler_alone_labels_client_and_server() {
     if !require_root() {
@@ -567,7 +623,7 @@ fn sampler_alone_labels_client_and_server() {
             kernel_side(server.to_string(), c.local.to_string()),
         );
         eprintln!(
-            "{label}: client flow side {}, server flow side {}; programs' labels {kc:?} / {ks:?}",
+            "{label}: client flow side {}, server flow side {}; raw samples' sides {kc:?} / {ks:?}",
             cli["side"], srv["side"]
         );
         assert_eq!(cli["side"], "client", "{label}: {cli}");
@@ -576,13 +632,13 @@ fn sampler_alone_labels_client_and_server() {
             cli["sampler"]["summary"]["n"].as_u64().unwrap() > 10,
             "{cli}"
         );
-        if handshake {
-            assert_eq!(kc, ["client"], "{label}: the SYN was seen");
-            assert_eq!(ks, ["server"], "{label}: the SYN-ACK was seen");
+        let how = if handshake {
+            "the SYN and SYN-ACK were seen"
         } else {
-            assert_eq!(kc, ["unknown"], "{label}: no handshake seen");
-            assert_eq!(ks, ["unknown"], "{label}: no handshake seen");
-        }
+            "no handshake seen: the socket table's"
+        };
+        assert_eq!(kc, ["client"], "{label}: {how}");
+        assert_eq!(ks, ["server"], "{label}: {how}");
     }
     assert_eq!(counter(&end, "icmp_egress"), 0, "--proto tcp");
 }

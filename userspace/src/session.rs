@@ -592,6 +592,19 @@ impl Session {
         Ok((totals, sc))
     }
 
+    /// The side of a raw sampler sample, as its flow's row says it ([`sampler_side`]): the
+    /// programs' label, else the TCP view's, else the socket table's (a connection opened
+    /// before the sampler started: its SYN was never seen).
+    pub fn sampler_sample_side(&mut self, s: &crate::views::sampler::SamplerSample) -> Side {
+        if s.kind != FlowKind::Tcp || s.side != Side::Unknown {
+            return s.side;
+        }
+        match self.tracker.side_of(&s.flow) {
+            Side::Unknown => self.sampler_sides.side(&s.flow),
+            known => known,
+        }
+    }
+
     /// The whole run, per flow: every flow still in the views' tables and
     /// every TCP flow that closed during the run (`closed: true`), as the
     /// `end` record's flows and as rows for the closing table; each view's

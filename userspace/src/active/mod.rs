@@ -19,6 +19,7 @@ pub mod serve;
 pub(crate) mod transport;
 
 pub use rr::{
-    run_probe, Counts, IoMode, Kind, ProbeConfig, ProbeResult, ReplyHook, Settings, Stop,
+    run_probe, Counts, IcmpHook, IcmpLine, IoMode, Kind, ProbeConfig, ProbeResult, ReplyHook,
+    Settings, Stop,
 };
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};

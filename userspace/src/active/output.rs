@@ -342,6 +342,9 @@ fn human_ping(r: &ProbeResult) -> String {
         if c.duplicates > 0 {
             line += &format!(", +{} duplicates", c.duplicates);
         }
+        if c.errors > 0 {
+            line += &format!(", +{} errors", c.errors);
+        }
         let _ = writeln!(
             o,
             "{line}, {}% packet loss, time {:.0}ms",
@@ -477,6 +480,7 @@ mod tests {
                 clock: "CLOCK_MONOTONIC".into(),
                 icmp_socket: None,
                 io: IoMode::TokioReactor,
+                ttl: None,
             },
             start_unix_s: 0.0,
             elapsed_s: 2.0,

@@ -62,6 +62,40 @@ impl ReplyHook {
     }
 }
 
+/// ICMP: what ping prints per packet, as it arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IcmpLine {
+    /// An echo reply: its sequence, RTT (ns) and TTL or hop limit, if the kernel gave it.
+    Reply {
+        seq: u64,
+        rtt_ns: u64,
+        ttl: Option<u8>,
+    },
+    /// An ICMP error about request `seq` (its 16-bit ICMP sequence when it is not the one
+    /// waiting), from `from`, in ping's words.
+    Error {
+        seq: u64,
+        from: std::net::IpAddr,
+        text: String,
+    },
+}
+
+/// Called with every [`IcmpLine`] (ICMP only).
+#[derive(Clone)]
+pub struct IcmpHook(pub(crate) std::sync::Arc<dyn Fn(&IcmpLine) + Send + Sync>);
+
+impl IcmpHook {
+    pub fn new(f: impl Fn(&IcmpLine) + Send + Sync + 'static) -> Self {
+        IcmpHook(std::sync::Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for IcmpHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IcmpHook")
+    }
+}
+
 impl std::fmt::Debug for ReplyHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ReplyHook")
@@ -113,6 +147,10 @@ pub struct ProbeConfig {
     pub io: IoMode,
     /// Told of every reply as it arrives (none by default).
     pub on_reply: Option<ReplyHook>,
+    /// ICMP: told of every reply (with its TTL) and every ICMP error, for ping's lines.
+    pub on_icmp: Option<IcmpHook>,
+    /// ICMP: the requests' TTL or hop limit (ping's -t); None: the system's.
+    pub ttl: Option<u8>,
 }
 
 impl ProbeConfig {
@@ -140,6 +178,8 @@ impl ProbeConfig {
             max_samples: 1_000_000,
             io: IoMode::BlockingThread,
             on_reply: None,
+            on_icmp: None,
+            ttl: None,
         }
     }
 }
@@ -179,6 +219,9 @@ pub struct Settings {
     pub icmp_socket: Option<String>,
     /// How the transactions' I/O was done.
     pub io: IoMode,
+    /// ICMP: the requests' TTL or hop limit when one was asked for (`-t`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u8>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -371,6 +414,7 @@ fn settings(cfg: &ProbeConfig, addr: SocketAddr, (req_size, resp_size): (u32, u3
         } else {
             IoMode::TokioReactor
         },
+        ttl: cfg.ttl,
     }
 }
 
@@ -385,7 +429,8 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     let addr = resolve(cfg).await?;
     let sizes = wire_sizes(cfg);
     let mut settings = settings(cfg, addr, sizes);
-    let rec = Recorder::new(cfg.max_samples, cfg.on_reply.clone());
+    let mut rec = Recorder::new(cfg.max_samples, cfg.on_reply.clone());
+    rec.on_icmp = cfg.on_icmp.clone();
     let start_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -487,7 +532,7 @@ async fn run_dgram(
         let end = engine::run(&mut t, &mut pacer, &mut rec, &plan(cfg)).await?;
         return Ok((rec, end));
     }
-    let s = IcmpSocket::open(addr.ip()).context("opening an ICMP socket")?;
+    let s = IcmpSocket::open(addr.ip(), cfg.ttl).context("opening an ICMP socket")?;
     settings.icmp_socket = Some(s.kind.name().to_string());
     let mut t = Dgram::new(Icmp::new(s), req, to, busy, cancel.clone());
     let end = engine::run(&mut t, &mut pacer, &mut rec, &plan(cfg)).await?;

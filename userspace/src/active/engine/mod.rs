@@ -31,6 +31,8 @@ pub(crate) struct Stamp {
 pub(crate) struct Reply {
     pub seq: u64,
     pub rx_real_ns: Option<u64>,
+    /// ICMP: the reply's TTL or hop limit, for ping's `ttl=`.
+    pub ttl: Option<u8>,
 }
 
 /// What a send did.
@@ -56,6 +58,9 @@ pub(crate) enum Event {
     TimedOut,
     /// The receive failed (e.g. ECONNREFUSED from an ICMP port unreachable): lost.
     Failed(std::io::Error),
+    /// ICMP: an error about one of our echo requests (a router's "Time to live exceeded", a
+    /// "Destination Host Unreachable"): that request is lost, counted in `errors`.
+    IcmpError(crate::active::icmp::IcmpError),
     Stopped,
 }
 
@@ -169,6 +174,14 @@ async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> R
                 rec.failed(seq, "receive", &e, true)?;
                 t.pause().await;
                 return Ok(true);
+            }
+            Event::IcmpError(e) => {
+                // The request waiting now, if the error quotes it (an older one's is counted).
+                let ours = e.seq16 == seq as u16;
+                rec.icmp_error(ours.then_some(seq), &e);
+                if ours {
+                    return Ok(true);
+                }
             }
             Event::Stopped => return Ok(false),
         }

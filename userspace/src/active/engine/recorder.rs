@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 
 use super::{Reply, Stamp};
-use crate::active::rr::{Counts, ReplyHook};
+use crate::active::rr::{Counts, IcmpHook, IcmpLine, ReplyHook};
 use crate::analysis::stats::{HdrRecorder, NetperfHist};
 
 /// State of the last `WINDOW` sequence numbers, for late/duplicate accounting.
@@ -61,6 +61,8 @@ pub(crate) struct Recorder {
     pub np: NetperfHist,
     pub last_error: Option<String>,
     on_reply: Option<ReplyHook>,
+    /// ICMP: ping's line per reply and per error.
+    pub on_icmp: Option<IcmpHook>,
     max_samples: usize,
     window: SeqWindow,
     consecutive_errors: u32,
@@ -76,6 +78,7 @@ impl Recorder {
             np: NetperfHist::new(),
             last_error: None,
             on_reply,
+            on_icmp: None,
             max_samples,
             window: SeqWindow::new(),
             consecutive_errors: 0,
@@ -166,18 +169,27 @@ impl Recorder {
     /// kernel's receive time against the realtime send stamp (ICMP: ping).
     fn answered(&mut self, seq: u64, sent: Stamp, reply: Reply, t1: u64) {
         let t0 = sent.mono_ns;
-        let Some(sent_real) = sent.real_ns else {
-            return self.sample(seq, t0, t1.saturating_sub(t0));
+        let user = t1.saturating_sub(t0);
+        let rtt = match sent.real_ns {
+            None => user,
+            Some(sent_real) => match reply
+                .rx_real_ns
+                .and_then(|rx| crate::active::icmp::kernel_rtt(sent_real, rx, t1 - t0))
+            {
+                Some(rtt) => rtt,
+                None => {
+                    self.counts.rx_timestamp_fallbacks += 1;
+                    user
+                }
+            },
         };
-        match reply
-            .rx_real_ns
-            .and_then(|rx| crate::active::icmp::kernel_rtt(sent_real, rx, t1 - t0))
-        {
-            Some(rtt) => self.sample(seq, t0, rtt),
-            None => {
-                self.counts.rx_timestamp_fallbacks += 1;
-                self.sample(seq, t0, t1.saturating_sub(t0));
-            }
+        self.sample(seq, t0, rtt);
+        if let Some(h) = &self.on_icmp {
+            (h.0)(&IcmpLine::Reply {
+                seq,
+                rtt_ns: rtt,
+                ttl: reply.ttl,
+            });
         }
     }
 
@@ -193,6 +205,23 @@ impl Recorder {
             self.samples.push((t0 - self.start, rtt));
         } else {
             self.counts.samples_dropped += 1;
+        }
+    }
+
+    /// ICMP: an error about request `seq` (None: an older request's, already done): counted in
+    /// `errors` and, for the waiting request, lost; ping's line through the ICMP hook. It does
+    /// not end the run (ping goes on through unreachables).
+    pub fn icmp_error(&mut self, seq: Option<u64>, e: &crate::active::icmp::IcmpError) {
+        self.error(format!("from {}: {}", e.from, e.text));
+        if let Some(seq) = seq {
+            self.timed_out(seq);
+        }
+        if let Some(h) = &self.on_icmp {
+            (h.0)(&IcmpLine::Error {
+                seq: seq.unwrap_or(e.seq16.into()),
+                from: e.from,
+                text: e.text.clone(),
+            });
         }
     }
 

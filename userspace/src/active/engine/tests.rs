@@ -61,6 +61,7 @@ impl Scripted {
             Reply {
                 seq,
                 rx_real_ns: None,
+                ttl: None,
             },
         ));
     }
@@ -308,6 +309,7 @@ fn kernel_stamps_time_icmp_and_their_absence_falls_back_to_userspace() {
     let r = Reply {
         seq: 1,
         rx_real_ns: Some(5_000_000 + 40_000),
+        ttl: None,
     };
     assert_eq!(rec.reply(1, sent, r, 2_000 + 60_000), Verdict::Answered);
     assert_eq!(rec.samples, vec![(1_000, 40_000)]);
@@ -315,6 +317,7 @@ fn kernel_stamps_time_icmp_and_their_absence_falls_back_to_userspace() {
     let r = Reply {
         seq: 2,
         rx_real_ns: None,
+        ttl: None,
     };
     assert_eq!(rec.reply(2, sent, r, 2_000 + 70_000), Verdict::Answered);
     assert_eq!(rec.samples[1], (1_000, 70_000));

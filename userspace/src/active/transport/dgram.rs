@@ -25,6 +25,8 @@ pub(crate) enum Rx {
     NewCookie,
     /// Not a reply to us.
     Foreign,
+    /// ICMP: an error about one of our requests.
+    IcmpError(crate::active::icmp::IcmpError),
 }
 
 /// A datagram socket: UDP to `rttscope serve`, or ICMP echo.
@@ -95,6 +97,7 @@ fn event(rx: Rx) -> Event {
         Rx::Reply(r) => Event::Reply(r, mono_ns()),
         Rx::NewCookie => Event::Resend,
         Rx::Foreign => Event::Foreign,
+        Rx::IcmpError(e) => Event::IcmpError(e),
     }
 }
 
@@ -241,6 +244,7 @@ impl UdpPeer {
             return Rx::Reply(Reply {
                 seq: h.seq,
                 rx_real_ns: None,
+                ttl: None,
             });
         }
         match decode_cookie(d) {
@@ -295,6 +299,18 @@ impl Datagrams for UdpPeer {
     }
 }
 
+/// An ICMP reply or error as the engine takes it.
+fn icmp_rx(r: crate::active::icmp::Received) -> Rx {
+    match r {
+        crate::active::icmp::Received::Reply(r) => Rx::Reply(Reply {
+            seq: r.seq,
+            rx_real_ns: r.rx_real_ns,
+            ttl: r.ttl,
+        }),
+        crate::active::icmp::Received::Error(e) => Rx::IcmpError(e),
+    }
+}
+
 /// ICMP echo: the RTT from the kernel's receive stamp (see `icmp.rs`).
 pub(crate) struct Icmp {
     pub sock: IcmpSocket,
@@ -318,23 +334,15 @@ impl Datagrams for Icmp {
     }
 
     async fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Rx> {
-        let r = self.sock.recv(buf, &mut self.foreign).await?;
-        Ok(Rx::Reply(Reply {
-            seq: r.seq,
-            rx_real_ns: r.rx_real_ns,
-        }))
+        Ok(icmp_rx(self.sock.recv(buf, &mut self.foreign).await?))
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<Rx>> {
-        // A packet that is not our reply is counted in `foreign` (once) and polling goes on.
-        Ok(self.sock.try_recv(buf, &mut self.foreign)?.and_then(|r| {
-            r.map(|r| {
-                Rx::Reply(Reply {
-                    seq: r.seq,
-                    rx_real_ns: r.rx_real_ns,
-                })
-            })
-        }))
+        // A packet that is not ours is counted in `foreign` (once) and polling goes on.
+        Ok(self
+            .sock
+            .try_recv(buf, &mut self.foreign)?
+            .and_then(|r| r.map(icmp_rx)))
     }
 
     fn foreign(&self) -> u64 {

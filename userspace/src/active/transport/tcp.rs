@@ -184,6 +184,7 @@ impl Transport for Reactor<'_> {
                 Reply {
                     seq: self.seq,
                     rx_real_ns: None,
+                    ttl: None,
                 },
                 t1,
             )),

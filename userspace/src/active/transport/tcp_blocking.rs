@@ -119,6 +119,7 @@ impl Transport for Blocking {
             Reply {
                 seq: self.seq,
                 rx_real_ns: None,
+                ttl: None,
             },
             t1,
         ))

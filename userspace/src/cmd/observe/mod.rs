@@ -167,14 +167,20 @@ impl Raw {
     }
 
     /// Print whatever has arrived, without waiting.
-    fn drain(&mut self, start_mono: u64, fmt: Option<Format>) -> Result<()> {
+    fn drain(&mut self, session: &mut Session, start_mono: u64, fmt: Option<Format>) -> Result<()> {
         if let Some(r) = self.tcp.as_mut() {
             r.drain_now(&mut self.tcp_events)?;
             tcp_raw_lines(&mut self.tcp_events, start_mono, fmt, &self.lines);
         }
         if let Some(r) = self.sampler.as_mut() {
             r.drain_now(&mut self.sampler_events)?;
-            sampler_raw_lines(&mut self.sampler_events, start_mono, fmt, &self.lines);
+            sampler_raw_lines(
+                &mut self.sampler_events,
+                start_mono,
+                fmt,
+                &self.lines,
+                &mut |smp| session.sampler_sample_side(smp),
+            );
         }
         flush_raw(&self.lines, &std::io::stdout())
     }
@@ -291,7 +297,13 @@ async fn run_loop(
             }
             r = sampler_ready => {
                 r?;
-                sampler_raw_lines(&mut raw.sampler_events, start_mono, raw_fmt, &raw.lines);
+                sampler_raw_lines(
+                    &mut raw.sampler_events,
+                    start_mono,
+                    raw_fmt,
+                    &raw.lines,
+                    &mut |smp| session.sampler_sample_side(smp),
+                );
                 flush_raw(&raw.lines, &std::io::stdout())?;
                 continue;
             }
@@ -305,7 +317,7 @@ async fn run_loop(
             _ = tokio::signal::ctrl_c() => true,
             _ = sigterm.recv() => true,
         };
-        raw.drain(start_mono, raw_fmt)?;
+        raw.drain(session, start_mono, raw_fmt)?;
         if stop && report.last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }

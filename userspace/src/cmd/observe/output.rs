@@ -344,12 +344,14 @@ fn closing_line(
 }
 
 /// Raw sampler events: into the result document (--json), and as output lines unless `fmt` is
-/// None (--quiet).
+/// None (--quiet). `side`: a sample's side as its flow's row has it (the programs' label, else
+/// the TCP view's or the socket table's, for a flow opened before the sampler started).
 pub(super) fn sampler_raw_lines(
     events: &mut Vec<crate::bpf::Event>,
     start_mono: u64,
     fmt: Option<Format>,
     lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    side: &mut dyn FnMut(&crate::views::sampler::SamplerSample) -> crate::views::flow::Side,
 ) {
     super::result::record_sampler(events, start_mono);
     let Some(fmt) = fmt else {
@@ -373,7 +375,7 @@ pub(super) fn sampler_raw_lines(
                     proto: icmp.then(|| smp.kind.as_str().into()),
                     remote: smp.flow.remote.to_string(),
                     rtt_us: smp.rtt_us.into(),
-                    side: Some(smp.side),
+                    side: Some(side(&smp)),
                     srtt_us: None,
                     t,
                     t_us: Some(t * 1e6),

@@ -180,6 +180,10 @@ pub struct PingOpts {
     /// Payload bytes per echo request (as ping).
     #[arg(short = 's', long = "size", default_value_t = crate::active::icmp::DEFAULT_PAYLOAD as u32, value_name = "SIZE")]
     pub size: u32,
+    /// The echo requests' TTL (IPv4) or hop limit (IPv6), 1 to 255, as ping's -t; a router
+    /// that it runs out at answers "Time to live exceeded" [default: the system's].
+    #[arg(short = 't', long = "ttl", value_name = "TTL", value_parser = clap::value_parser!(u8).range(1..))]
+    pub ttl: Option<u8>,
     /// Quiet: no line per reply, only the statistics at the end.
     #[arg(short = 'q', long)]
     pub quiet: bool,
@@ -279,6 +283,7 @@ pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
     c.busy_poll = o.busy_poll;
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
+    c.ttl = o.ttl;
     // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
     let forever = Duration::from_secs(u32::MAX as u64);
     c.stop = match (o.count, o.deadline) {
@@ -316,8 +321,8 @@ fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
     finish(&result, &text, &o.out)
 }
 
-/// ping's output: a header line, a line per reply as it arrives (unless -q,
-/// `--json -` or `--format csv`), the statistics at the end.
+/// ping's output: a header line, a line per reply and per ICMP error as they arrive (unless
+/// -q, `--json -` or `--format csv`), the statistics at the end.
 fn run_ping(o: &PingOpts) -> Result<()> {
     let mut cfg = ping_config(o)?;
     // Per-reply lines only where the summary goes to a terminal or a pipe of ping's text.
@@ -325,12 +330,8 @@ fn run_ping(o: &PingOpts) -> Result<()> {
     if lines {
         let (host, size) = (o.host.clone(), o.size);
         println!("PING {host} {size}({}) bytes of data.", size + 28);
-        cfg.on_reply = Some(crate::active::ReplyHook::new(move |seq, rtt_ns| {
-            println!(
-                "{} bytes from {host}: icmp_seq={seq} time={} ms",
-                size + 8,
-                output::ping_ms(rtt_ns)
-            );
+        cfg.on_icmp = Some(crate::active::IcmpHook::new(move |l| {
+            println!("{}", ping_line(&host, size, l));
         }));
     }
     let result = run_blocking(cfg)?;
@@ -340,6 +341,23 @@ fn run_ping(o: &PingOpts) -> Result<()> {
         output::human(&result)
     };
     finish(&result, &text, &o.out)
+}
+
+/// ping's line for a reply (`64 bytes from H: icmp_seq=1 ttl=64 time=0.049 ms`; no `ttl=`
+/// when the kernel gave none) or an ICMP error (`From 10.0.0.1 icmp_seq=1 Destination Host
+/// Unreachable`).
+fn ping_line(host: &str, size: u32, l: &crate::active::IcmpLine) -> String {
+    match l {
+        crate::active::IcmpLine::Reply { seq, rtt_ns, ttl } => format!(
+            "{} bytes from {host}: icmp_seq={seq} {}time={} ms",
+            size + 8,
+            ttl.map(|t| format!("ttl={t} ")).unwrap_or_default(),
+            output::ping_ms(*rtt_ns)
+        ),
+        crate::active::IcmpLine::Error { seq, from, text } => {
+            format!("From {from} icmp_seq={seq} {text}")
+        }
+    }
 }
 
 /// The live line of a request/response run (on a terminal, unless quiet):
