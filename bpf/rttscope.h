@@ -419,7 +419,9 @@ struct rttscope_sampler_flow {
 
 /* Pending outgoing segments of one flow (part of its flow-table entry).
  * slot = (end_seq or TSval) << 32 | (send time in us, low 32 bits, never 0);
- * 0 = free. Written only under the way's lock (struct rttscope_sampler_entry). */
+ * 0 = free; ((u32)gen | 1) << 32 = reserved by an egress program (not valid yet).
+ * One 64-bit word: egress claims a free one with cmpxchg; a recorded one
+ * is freed only under the way's lock (struct rttscope_sampler_entry). */
 struct rttscope_sampler_pending {
 	__u64 touched_ns;   /* last egress or ingress visit: older than the timeout = all stale */
 	__u64 slot[RTTSCOPE_SAMPLER_SLOTS];
@@ -440,14 +442,16 @@ struct rttscope_sampler_pending {
  *    a reader takes gen, compares the key, and checks gen again before
  *    anything it did counts.
  *  - `lock` (0/1, taken with cmpxchg, a few tries, never waited for
- *    longer) is held whenever a pending slot is written: a segment or echo
- *    request recorded, an ACK or echo reply freeing the slots it answers
- *    and adding its sample, slots past the timeout freed, a way re-keyed.
- *    So the holder writes slots with plain stores: one locked instruction
- *    per recorded segment and per sample. Before writing, the holder
- *    checks gen again: a segment of a flow whose way was re-keyed in
- *    between never becomes a slot of the new flow, and a sample is added
- *    only to the flow whose slots it matched.
+ *    longer) is held while a way is re-keyed, while an ACK or echo reply
+ *    frees the slots it answers and adds its sample, and while slots past
+ *    the timeout are freed. A recorded (valid) slot becomes free only
+ *    under the lock, so its holder frees slots with plain stores; egress
+ *    programs only fill free slots, with cmpxchg (below), and take the
+ *    lock only to free expired ones.
+ *  - a pending slot is first reserved as ((u32)gen | 1) << 32, the time part 0
+ *    marking "not valid yet", then gen is checked, then the reservation is
+ *    turned into the real value with cmpxchg: a segment of a flow whose way
+ *    was re-keyed in between can never become a slot of the new flow.
  *  - a reader copying the whole entry (userspace) trusts it only when gen
  *    is even and equals gen_end, the last field: set to gen + 1 before
  *    anything is rewritten and to gen + 2 at the end (a seqlock whose

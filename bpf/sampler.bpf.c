@@ -423,7 +423,7 @@ static __always_inline __u32 now_us32(__u64 now)
 #define HASH_MUL 0x9E3779B97F4A7C15ULL
 #define HASH_MUL2 0xBF58476D1CE4E5B9ULL
 
-/* A slot that holds a recorded segment (not free). */
+/* A slot that holds a recorded segment (not free, not a reservation). */
 static __always_inline int slot_valid(__u64 sl)
 {
 	return (__u32)sl != 0;
@@ -565,10 +565,9 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	__sync_lock_test_and_set(&e->gen_end, g + 1); /* a copy from here on is torn */
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
-		/* every slot is written under the lock: plain stores */
-		if (slot_valid(e->pend.slot[i]))
+		/* clears reservations too: their owners' final cmpxchg fails */
+		if (slot_valid(__sync_lock_test_and_set(&e->pend.slot[i], 0)))
 			n++;
-		e->pend.slot[i] = 0;
 	}
 	if (e->key.family) {
 		count(RTTSCOPE_SAMPLER_PENDING_EVICTED);
@@ -742,7 +741,7 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 {
 	struct rttscope_sampler_pending *pd = &e->pend;
 	__u32 t = now_us32(now), free_i = RTTSCOPE_SAMPLER_SLOTS, expired = 0;
-	__u64 nv;
+	__u64 nv, rv;
 	int i;
 
 	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
@@ -754,6 +753,8 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 				free_i = i;
 			continue;
 		}
+		if (unlikely(!slot_valid(sl)))
+			continue; /* reserved by another CPU */
 		if (unlikely((__u64)slot_age(t, sl) * 1000 > cfg_timeout_ns)) {
 			expired = 1; /* freed below, under the lock */
 			continue;
@@ -769,19 +770,17 @@ static __always_inline __u32 record_slot(struct rttscope_sampler_entry *e, __u64
 		return RTTSCOPE_SAMPLER_SLOTS_FULL;
 	/* reserve the slot under this generation, check the way still holds
 	 * our flow, then publish: see struct rttscope_sampler_entry */
-	/* publish under the way's lock, if the way still holds our flow
-	 * (generation g) and the slot is still free: one locked instruction;
-	 * a segment of a flow whose way was re-keyed meanwhile never becomes
-	 * a slot of the new flow */
+	rv = (__u64)((__u32)g | 1) << 32; /* g is even: | 1 keeps it unique, never 0 */
 	nv = ((__u64)v << 32) | t;
-	if (unlikely(lock_way(e)))
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], 0, rv) != 0))
 		return RTTSCOPE_SAMPLER_RACE;
-	if (unlikely(READ_ONCE_U64(e->gen) != g || pd->slot[free_i] != 0)) {
-		unlock(e);
+	compiler_barrier();
+	if (unlikely(READ_ONCE_U64(e->gen) != g)) {
+		__sync_val_compare_and_swap(&pd->slot[free_i], rv, 0);
 		return RTTSCOPE_SAMPLER_RACE;
 	}
-	pd->slot[free_i] = nv;
-	unlock(e);
+	if (unlikely(__sync_val_compare_and_swap(&pd->slot[free_i], rv, nv) != rv))
+		return RTTSCOPE_SAMPLER_RACE;
 	return RTTSCOPE_SAMPLER_RECORDED;
 }
 
