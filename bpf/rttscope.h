@@ -466,7 +466,11 @@ struct rttscope_sampler_entry {
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
 	__u32 way;          /* this entry's index in the table (the owner of its fine histograms) */
 	__u32 reserved32;
-	__u64 reserved_pad[3]; /* the entry stays a whole number of cache lines */
+	/* An ACK that found the lock busy: (ACK or TSecr) << 32 | 1. The next
+	 * lock holder frees the slots it covered without a sample (it was
+	 * counted lost, flow_map_full): a later ACK must not time them. */
+	__u64 race_ack;
+	__u64 reserved_pad[2]; /* the entry stays a whole number of cache lines */
 	/* Samples of every flow evicted from this way so far (each evicted
 	 * entry's agg.samples, added while gen is odd): with gen, userspace
 	 * tells exactly how many samples of an evicted flow it never read. */

@@ -585,6 +585,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->pend.touched_ns = now;
 	e->pend.last_tsval = 0;
 	e->pend.flags = 0;
+	e->race_ack = 0;
 	e->flow.first_ns = now;
 	e->flow.last_ns = 0;
 	e->flow.side = 0;
@@ -810,6 +811,32 @@ static __always_inline void commit_sample(struct rttscope_sampler_entry *e, __u6
 	unlock(e);
 }
 
+/* Under the way's lock: free, without a sample, the slots covered by an
+ * ACK (or TSecr) `rv` that found the lock busy and was counted lost
+ * (flow_map_full, struct rttscope_sampler_entry's race_ack): a later ACK
+ * must not time them across both. */
+static __always_inline void drop_lost(struct rttscope_sampler_pending *pd, __u32 rv, __u32 kind)
+{
+	__u32 lost = 0;
+	int i;
+
+	#pragma clang loop unroll(disable)
+	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
+		__u64 sl = pd->slot[i];
+		__u32 sv = (__u32)(sl >> 32);
+
+		if (!slot_valid(sl))
+			continue;
+		if (kind == RTTSCOPE_MATCH_TSVAL ? sv == rv || (__s32)(rv - sv) > 0
+						 : rv - sv < RTTSCOPE_SAMPLER_MAX_ACK_AHEAD) {
+			pd->slot[i] = 0;
+			lost++;
+		}
+	}
+	if (lost > 1) /* the lost ACK's own sample is counted; the others: */
+		count_n(RTTSCOPE_SAMPLER_ACKED_TOGETHER, lost - 1);
+}
+
 /* The TCP packet answering v (cumulative ACK or TSecr; `kind`: cfg_match)
  * frees the pending slots it answers; the oldest gives one sample, added to
  * entry e (generation g). Returns 0 when a sample was added, else the
@@ -819,7 +846,7 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 {
 	struct rttscope_sampler_pending *pd = &e->pend;
 	__u32 t, matched = 0, oldest = 0, need = 0, why;
-	__u64 now;
+	__u64 now, ra;
 	int i;
 
 	/* Read the clock (~50-70 ns, a third of this program) only if this ACK
@@ -844,8 +871,16 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 	/* A recorded slot is freed only under the way's lock (egress only
 	 * fills free slots, with cmpxchg): plain stores below. */
 	why = lock_flow(e, g);
-	if (why)
+	if (why) {
+		if (why == RTTSCOPE_SAMPLER_FLOW_MAP_FULL) /* lost: see race_ack */
+			e->race_ack = ((__u64)v << 32) | 1;
 		return why;
+	}
+	ra = e->race_ack;
+	if (unlikely(ra)) {
+		e->race_ack = 0;
+		drop_lost(pd, (__u32)(ra >> 32), kind);
+	}
 	touch(e, now, 1);
 	t = now_us32(now);
 	#pragma clang loop unroll(disable) /* compact code: fewer cold i-cache lines */
