@@ -942,8 +942,8 @@ static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 
 	int i;
 
 	why = lock_flow(e, g); /* slots are freed under it: plain stores */
-	if (why)
-		return why;
+	if (why) /* a way re-keyed meanwhile: its echo requests were evicted */
+		return why == RTTSCOPE_SAMPLER_ACK_NO_PENDING ? RTTSCOPE_SAMPLER_ICMP_UNMATCHED : why;
 	touch(e, now, 1);
 	#pragma clang loop unroll(disable)
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
