@@ -383,6 +383,9 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_ICMP_UNVERIFIED,   /* ingress echo longer than 2047 bytes or not linear: checksum not checked, not timed */
 	RTTSCOPE_SAMPLER_NOT_BINNED,        /* samples in no histogram: pool half used up and overflow ring full */
 	RTTSCOPE_SAMPLER_POOL_OVERFLOW,     /* samples sent through the overflow ring (pool half used up) */
+	RTTSCOPE_SAMPLER_TCP_NOT_HOST,      /* ingress TCP ACK to another host's MAC (PACKET_OTHERHOST): the stack drops it, not timed */
+	RTTSCOPE_SAMPLER_TCP_BAD_CSUM,      /* ingress TCP ACK with a bad IPv4 header or TCP checksum: the stack drops it, not timed */
+	RTTSCOPE_SAMPLER_TCP_UNCHECKED,     /* ingress TCP ACK timed with its TCP checksum unchecked (not verified by the NIC, segment not linear or > 2047 bytes) */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
 };
 

@@ -841,19 +841,17 @@ static __always_inline void drop_lost(struct rttscope_sampler_pending *pd, __u32
  * frees the pending slots it answers; the oldest gives one sample, added to
  * entry e (generation g). Returns 0 when a sample was added, else the
  * counter saying why not (ACK_NO_MATCH: nothing pending answered). */
-static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u64 g,
-					   const struct rttscope_flow_key *key, __u32 v, __u32 kind)
+/* Whether an ACK with value v (ack number, or TSecr) would take or free a
+ * pending slot: in a bulk flow most ACKs arrive while the recorded segment
+ * is still in flight and cover nothing. Only such an ACK has its checksums
+ * checked and reads the clock (~50-70 ns, a third of this program); slots
+ * past the timeout are then freed by the next egress visit, or by an ACK
+ * that covers something. A read without the lock: match_pending() looks
+ * again under it. */
+static __always_inline int covers_pending(const struct rttscope_sampler_pending *pd, __u32 v, __u32 kind)
 {
-	struct rttscope_sampler_pending *pd = &e->pend;
-	__u32 t, matched = 0, oldest = 0, need = 0, why;
-	__u64 now, ra;
-	int i;
+	int i, need = 0;
 
-	/* Read the clock (~50-70 ns, a third of this program) only if this ACK
-	 * will take or free a slot: in a bulk flow most ACKs arrive while the
-	 * recorded segment is still in flight and cover nothing. Slots past the
-	 * timeout are then freed by the next egress visit, or by an ACK that
-	 * covers something. */
 	for (i = 0; i < RTTSCOPE_SAMPLER_SLOTS; i++) {
 		__u64 sl = pd->slot[i];
 		__u32 sv = (__u32)(sl >> 32);
@@ -865,8 +863,19 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 		else
 			need |= v - sv < RTTSCOPE_SAMPLER_MAX_ACK_AHEAD; /* covered */
 	}
-	if (!need)
-		return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
+	return need;
+}
+
+/* An ACK that covers_pending(), under the way's lock: frees what it covers and
+ * gives one sample. 0, or the counter saying why not. */
+static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u64 g,
+					   const struct rttscope_flow_key *key, __u32 v, __u32 kind)
+{
+	struct rttscope_sampler_pending *pd = &e->pend;
+	__u32 t, matched = 0, oldest = 0, why;
+	__u64 now, ra;
+	int i;
+
 	now = bpf_ktime_get_ns();
 	/* A recorded slot is freed only under the way's lock (egress only
 	 * fills free slots, with cmpxchg): plain stores below. */
@@ -1174,6 +1183,79 @@ static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 fam
 	return 0;
 }
 
+/* A TCP ACK the stack would drop is not timed (issue 26.5, its TCP side),
+ * checked only for an ACK that covers_pending(): one that would give a
+ * sample or free a slot. As ip_rcv and tcp_v4_rcv/tcp_v6_rcv: a frame to
+ * another host's MAC (PACKET_OTHERHOST); a bad IPv4 header checksum; a bad
+ * TCP checksum over the pseudo-header and the segment, unless the stack
+ * would not check it either:
+ *  - the NIC verified it (CHECKSUM_UNNECESSARY: bpf_csum_level() answers);
+ *  - the field holds the pseudo-header's sum, as CHECKSUM_PARTIAL leaves it:
+ *    a segment built by a local socket (veth, loopback; the receiving stack
+ *    trusts it) or merged by GRO (tcp_gro_complete sets it so). A segment
+ *    from the wire with exactly that value in a wrong checksum would be
+ *    timed: nothing else here can tell the two apart.
+ * Else the sum is computed over up to 2,047 bytes in the linear part of the
+ * packet; a longer or non-linear segment (a NIC that checks nothing, or
+ * CHECKSUM_COMPLETE with the payload in pages) is timed unchecked and
+ * counted (tcp_checksum_unchecked): not timing it would blind the sampler
+ * on such NICs. 0 if the ACK may be timed, else the counter saying why not.
+ * parse() checked the headers are in the linear part and the lengths. */
+static __always_inline __u32 tcp_ingress_check(struct __sk_buff *skb, __u16 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 l3off = cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0;
+	void *l3 = data + l3off;
+	__u64 sum = 0;
+	__u32 len, i;
+	__u16 pseudo;
+	__u8 *th;
+
+	if (skb->pkt_type == 3 /* PACKET_OTHERHOST */)
+		return RTTSCOPE_SAMPLER_TCP_NOT_HOST;
+	if (family == AF_INET) {
+		struct iphdr *ip = l3;
+
+		if ((void *)(ip + 1) > end)
+			return RTTSCOPE_SAMPLER_SKIP_NONLINEAR;
+#pragma unroll
+		for (i = 0; i < 5; i++)
+			sum += ((__u32 *)ip)[i];
+		if (csum_fold32(sum) != 0xffff)
+			return RTTSCOPE_SAMPLER_TCP_BAD_CSUM;
+		len = bpf_ntohs(ip->tot_len);
+		len = len ? len - sizeof(*ip) : skb->len - l3off - sizeof(*ip); /* BIG TCP */
+		sum = (__u64)ip->saddr + ip->daddr;
+		th = (__u8 *)(ip + 1);
+	} else {
+		struct ipv6hdr *ip6 = l3;
+
+		if ((void *)(ip6 + 1) > end)
+			return RTTSCOPE_SAMPLER_SKIP_NONLINEAR;
+#pragma unroll
+		for (i = 0; i < 8; i++)
+			sum += ((__u32 *)&ip6->saddr)[i];
+		len = bpf_ntohs(ip6->payload_len);
+		len = len ? len : skb->len - l3off - sizeof(*ip6); /* BIG TCP */
+		th = (__u8 *)(ip6 + 1);
+	}
+	sum += bpf_htonl(len) + bpf_htonl(IPPROTO_TCP);
+	if ((void *)(th + 18) > end)
+		return RTTSCOPE_SAMPLER_SKIP_NONLINEAR;
+	pseudo = csum_fold32(sum);
+	if (*(__u16 *)(th + 16) == pseudo)
+		return 0; /* CHECKSUM_PARTIAL: built by a local socket, or GRO */
+	if (bpf_csum_level(skb, BPF_CSUM_LEVEL_QUERY) >= 0)
+		return 0; /* CHECKSUM_UNNECESSARY: the NIC checked it */
+	sum = sum_helper(th, end, len, pseudo);
+	if (sum == ~0ULL) {
+		count(RTTSCOPE_SAMPLER_TCP_UNCHECKED);
+		return 0;
+	}
+	return csum_fold32(sum) == 0xffff ? 0 : RTTSCOPE_SAMPLER_TCP_BAD_CSUM;
+}
+
 /* Hand a parsed echo to icmp_packet() through a copy: `s` itself must not
  * escape into a call, or the compiler keeps the whole struct in memory on
  * the TCP path too (measured: +27 ns per egress packet). */
@@ -1321,6 +1403,9 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	e = table_find(&s.key, (__u32)(h >> 32) & cfg_set_mask, (__u32)h, &g);
 	if (unlikely(s.flags & TH_RST)) {
 		/* the connection is gone: nothing pending will be acknowledged */
+		why = e ? tcp_ingress_check(skb, s.key.family) : 0;
+		if (why)
+			goto out;
 		forget(e);
 		why = RTTSCOPE_SAMPLER_NOT_ACK;
 		goto out;
@@ -1329,6 +1414,13 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 		why = RTTSCOPE_SAMPLER_ACK_NO_PENDING;
 		goto out;
 	}
+	if (!covers_pending(&e->pend, v, cfg_match)) {
+		why = RTTSCOPE_SAMPLER_ACK_NO_MATCH;
+		goto out;
+	}
+	why = tcp_ingress_check(skb, s.key.family);
+	if (unlikely(why))
+		goto out;
 	why = match_pending(e, g, &s.key, v, cfg_match);
 	if (!why)
 		return PASS;

@@ -52,7 +52,21 @@ pub fn frame(t: Tcp, ihl_extra: usize, frag: bool, doff: u8) -> Vec<u8> {
     f.extend([doff << 4, t.flags]);
     f.extend([0xff, 0xff, 0, 0, 0, 0]);
     f.extend(std::iter::repeat_n(b'x', t.payload));
+    set_tcp_csum(&mut f, 14 + ihl * 4);
     f
+}
+
+/// Sets the TCP checksum of an Ethernet + IPv4 frame whose TCP header starts at `l4`: over
+/// the pseudo-header and the rest of the frame (the stack drops a segment whose checksum is
+/// wrong, and so does the sampler).
+pub fn set_tcp_csum(f: &mut [u8], l4: usize) {
+    f[l4 + 16..l4 + 18].copy_from_slice(&[0, 0]);
+    let mut pseudo = f[26..34].to_vec();
+    pseudo.extend([0, 6]);
+    pseudo.extend(((f.len() - l4) as u16).to_be_bytes());
+    pseudo.extend(&f[l4..]);
+    let c = csum(&pseudo);
+    f[l4 + 16..l4 + 18].copy_from_slice(&c.to_be_bytes());
 }
 
 /// An ICMP or ICMPv6 message: echo (request/reply) carries `id` and `seq`;

@@ -298,6 +298,15 @@ fn steady_rr_client_side_matches_tcp() {
         0,
         "local TCP segments timed by the clock: {report}"
     );
+    // Segments of local sockets reach the veth with CHECKSUM_PARTIAL: no ACK is refused for its
+    // checksum (a wrong reading of that state would refuse them all) and none goes unchecked.
+    for name in [
+        "tcp_bad_checksum",
+        "tcp_not_for_host",
+        "tcp_checksum_unchecked",
+    ] {
+        assert_eq!(counter(&report, name), 0, "{name}: {report}");
+    }
 }
 
 #[test]
@@ -816,6 +825,17 @@ fn garbage_is_counted_and_never_sampled() {
     v6.extend([6, 0, 0, 1, 0, 0, 0, 1]);
     v6.extend(&good[34..54]);
     bad.push(v6);
+    // ACKs that cover the segment but that the stack drops (issue 26.5): checked over a real
+    // veth, where a frame from a packet socket arrives with CHECKSUM_NONE and is summed here
+    let mut ipsum = good.clone();
+    ipsum[22] = 63; // TTL changed, IPv4 header checksum not
+    bad.push(ipsum);
+    let mut tcpsum = good.clone();
+    tcpsum[48] = 0x7f; // window changed, TCP checksum not
+    bad.push(tcpsum);
+    let mut other = good.clone();
+    other[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x42]); // another host's MAC
+    bad.push(other);
 
     // well formed, but one byte short of the data segment's end: covers nothing
     let partial = frame(Tcp { ack: 1009, ..ack }, 0, false, 5);
@@ -845,6 +865,9 @@ fn garbage_is_counted_and_never_sampled() {
         assert!(c(name) >= 1, "{name} not counted: {}", report["counters"]);
     }
     assert_eq!(c("ack_no_match"), 1, "the partial ACK covers nothing");
+    assert_eq!(c("tcp_bad_checksum"), 2, "{}", report["counters"]);
+    assert_eq!(c("tcp_not_for_host"), 1, "{}", report["counters"]);
+    assert_eq!(c("tcp_checksum_unchecked"), 0, "{}", report["counters"]);
     // no bogus sample from the garbage; the one good ACK gives exactly one
     assert_eq!(c("samples"), 1, "{}", report["counters"]);
     let flows = report["flows"].as_array().unwrap();

@@ -465,6 +465,9 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("icmp_unverified", C::RTTSCOPE_SAMPLER_ICMP_UNVERIFIED),
     ("samples_not_binned", C::RTTSCOPE_SAMPLER_NOT_BINNED),
     ("samples_pool_overflow", C::RTTSCOPE_SAMPLER_POOL_OVERFLOW),
+    ("tcp_not_for_host", C::RTTSCOPE_SAMPLER_TCP_NOT_HOST),
+    ("tcp_bad_checksum", C::RTTSCOPE_SAMPLER_TCP_BAD_CSUM),
+    ("tcp_checksum_unchecked", C::RTTSCOPE_SAMPLER_TCP_UNCHECKED),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
