@@ -468,15 +468,19 @@ struct rttscope_sampler_entry {
 	__u64 lock;
 	struct rttscope_sampler_flow flow;    /* agg.samples 0: no sample yet */
 	__u32 way;          /* this entry's index in the table (the owner of its fine histograms) */
-	__u32 reserved32;
+	/* Samples of the current flow stay that got no histogram (FINE_LOST:
+	 * counted in samples_not_binned already): left out of evicted_samples,
+	 * so that no sample is counted lost twice. */
+	__u32 not_binned;
 	/* An ACK that found the lock busy: (ACK or TSecr) << 32 | 1. The next
 	 * lock holder frees the slots it covered without a sample (it was
 	 * counted lost, flow_map_full): a later ACK must not time them. */
 	__u64 race_ack;
 	__u64 reserved_pad[2]; /* the entry stays a whole number of cache lines */
 	/* Samples of every flow evicted from this way so far (each evicted
-	 * entry's agg.samples, added while gen is odd): with gen, userspace
-	 * tells exactly how many samples of an evicted flow it never read. */
+	 * entry's agg.samples less its not_binned, added while gen is odd):
+	 * with gen, userspace tells exactly how many samples of an evicted
+	 * flow it never read. */
 	__u64 evicted_samples;
 	/* The last field: gen + 1 (odd) as a re-key starts, gen + 2 as it
 	 * ends. A copy of the entry (BPF_MAP_LOOKUP_BATCH copies upwards)

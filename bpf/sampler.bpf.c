@@ -574,8 +574,9 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 		if (e->flow.agg.samples) {
 			count(RTTSCOPE_SAMPLER_FLOWS_EVICTED);
 			/* the way's running total of evicted samples (read or
-			 * not): userspace subtracts what it had read */
-			e->evicted_samples += e->flow.agg.samples;
+			 * not): userspace subtracts what it had read. Those
+			 * that got no histogram are counted (not_binned). */
+			e->evicted_samples += e->flow.agg.samples - e->not_binned;
 		}
 		if (n)
 			count_n(RTTSCOPE_SAMPLER_EVICTED_SEGMENTS, n);
@@ -586,6 +587,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->pend.last_tsval = 0;
 	e->pend.flags = 0;
 	e->race_ack = 0;
+	e->not_binned = 0;
 	e->flow.first_ns = now;
 	e->flow.last_ns = 0;
 	e->flow.side = 0;
@@ -690,8 +692,11 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 	struct rttscope_sampler_flow *f = &e->flow;
 	enum fine_outcome o = fine_add(&f->agg, e->way, (__u32)g, rtt);
 
-	if (o != FINE_BINNED)
+	if (o != FINE_BINNED) {
 		count(o == FINE_OVERFLOW ? RTTSCOPE_SAMPLER_POOL_OVERFLOW : RTTSCOPE_SAMPLER_NOT_BINNED);
+		if (o == FINE_LOST)
+			e->not_binned++;
+	}
 	f->last_ns = now;
 	f->ifindex = cfg_ifindex;
 	count(RTTSCOPE_SAMPLER_SAMPLES);

@@ -458,6 +458,12 @@ impl Session {
         let mut live = Vec::new();
         let collect_live = tracker.near_full(view.info().max_flows);
         tracker.begin();
+        // Closed flows freed early (the table was filling up) are reported
+        // with this interval too; a row of this read for the same 4-tuple (a
+        // new connection on it) replaces theirs and holds their samples too.
+        for (flow, r) in tracker.early_rows.drain(..) {
+            rows.insert(flow, r);
+        }
         view.for_each_flow(&mut |mut f| {
             if let Some(idx) = workloads.as_mut() {
                 own(idx, names, &mut f);
@@ -467,9 +473,11 @@ impl Session {
             }
             // daemon mode: this flow's samples since the last read.
             if let Some(d) = sink.as_deref_mut() {
-                d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), &mut |ns| {
-                    names.get(ns)
-                });
+                d.tcp_flow(
+                    &f,
+                    tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.0),
+                    &mut |ns| names.get(ns),
+                );
             }
             if f.closed {
                 closed.push((f.slot, f.gen, f.flow));
@@ -484,26 +492,21 @@ impl Session {
         })?;
         tracker.end();
         view.next_epoch();
-        // Closed flows freed early (the table was filling up) are
-        // reported with this interval too.
-        for (flow, r) in tracker.early_rows.drain(..) {
-            rows.insert(flow, r);
-        }
         for (side, h) in std::mem::take(&mut tracker.early_totals) {
             totals.entry(side).or_default().merge(&h);
         }
         // Closed flows are reported once (this interval), then their
         // slots are given back.
-        for (slot, gen, flow) in closed {
+        for (slot, gen, _) in closed {
             view.forget(slot, gen)?;
-            tracker.forget(&flow);
+            tracker.forget(slot, gen);
             tracker.closed_reported += 1;
         }
         // Few slots left: evict the least recently active live flows
         // (their sockets take a new slot at their next sample).
-        for (slot, gen, flow) in tracker.to_evict(live, view.info().max_flows) {
+        for (slot, gen, _) in tracker.to_evict(live, view.info().max_flows) {
             view.forget(slot, gen)?;
-            tracker.forget(&flow);
+            tracker.forget(slot, gen);
             tracker.evicted += 1;
         }
         let mut tc = view.counters()?;
@@ -959,10 +962,18 @@ pub(crate) struct Tracker {
     finished_dropped: u64,
     /// Whether `finished` is kept at all (not in daemon mode).
     keep_finished: bool,
-    /// Each flow's histogram at the last read, and the interval of its last sample.
-    prev: HashMap<Flow, (Snapshot, u64)>,
+    /// Each flow stay's histogram at the last read, and the interval of its
+    /// last sample, by (slot, gen): not by 4-tuple, which a new connection
+    /// can take again while the closed one is still in the table (under
+    /// churn the new one's samples were subtracted from the old one's).
+    prev: HashMap<(u32, u32), (Snapshot, u64)>,
     sides: HashMap<Flow, Side>,
     seen: std::collections::HashSet<Flow>,
+    seen_stays: std::collections::HashSet<(u32, u32)>,
+    /// This interval's samples per 4-tuple so far (over the stays of that
+    /// 4-tuple read since the last report, early ones included): a row
+    /// stands for all of them.
+    row_deltas: HashMap<Flow, Hist>,
     interval: u64,
     vanished: u64,
     evicted: u64,
@@ -980,6 +991,7 @@ pub(crate) struct Tracker {
 impl Tracker {
     fn begin(&mut self) {
         self.seen.clear();
+        self.seen_stays.clear();
         self.tracked = 0;
         self.interval += 1;
     }
@@ -1022,8 +1034,8 @@ impl Tracker {
         tc.insert("flows_tracked", self.tracked);
     }
 
-    fn forget(&mut self, flow: &Flow) {
-        self.prev.remove(flow);
+    fn forget(&mut self, slot: u32, gen: u32) {
+        self.prev.remove(&(slot, gen));
         self.freed += 1;
     }
 
@@ -1051,7 +1063,7 @@ impl Tracker {
             return Vec::new();
         }
         let n = live.len() - (cap - cap / 4);
-        live.sort_by_key(|l| self.prev.get(&l.2).map_or(0, |p| p.1));
+        live.sort_by_key(|l| self.prev.get(&(l.0, l.1)).map_or(0, |p| p.1));
         live.truncate(n);
         live
     }
@@ -1067,27 +1079,31 @@ impl Tracker {
         if f.closed {
             self.finish(f, names);
         }
+        let stay = (f.slot, f.gen);
         self.seen.insert(f.flow);
+        self.seen_stays.insert(stay);
         self.sides.insert(f.flow, f.side);
         self.tracked += 1;
-        let first = !self.prev.contains_key(&f.flow);
-        let mut delta = f.since(self.prev.get(&f.flow).map(|p| &p.0));
+        let first = !self.prev.contains_key(&stay);
+        let mut delta = f.since(self.prev.get(&stay).map(|p| &p.0));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
             delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
         } else if first && delta.count() > 0 {
             delta.set_range(f.life_min_us, f.life_max_us);
         }
-        let active = match self.prev.get(&f.flow) {
+        let active = match self.prev.get(&stay) {
             Some(p) if !first && delta.count() == 0 => p.1,
             _ => self.interval,
         };
         self.prev
-            .insert(f.flow, (Snapshot::of_counts(&f.counts, f.sum_us), active));
+            .insert(stay, (Snapshot::of_counts(&f.counts, f.sum_us), active));
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
         totals.entry(f.side).or_default().merge(&delta);
-        let mut vs = ViewStats::from_hist(&delta);
+        let merged = self.row_deltas.entry(f.flow).or_default();
+        merged.merge(&delta);
+        let mut vs = ViewStats::from_hist(merged);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
         Some(FlowRow {
@@ -1115,10 +1131,11 @@ impl Tracker {
     /// After a full read: flows that disappeared without a close were evicted.
     fn end(&mut self) {
         let before = self.prev.len();
-        let seen = &self.seen;
-        self.prev.retain(|k, _| seen.contains(k));
+        let (seen, stays) = (&self.seen, &self.seen_stays);
+        self.prev.retain(|k, _| stays.contains(k));
         self.sides.retain(|k, _| seen.contains(k));
         self.vanished += (before - self.prev.len()) as u64;
+        self.row_deltas.clear();
     }
 }
 
@@ -1141,9 +1158,11 @@ fn reclaim_closed<'s>(
             return;
         }
         if let Some(d) = sink.as_deref_mut() {
-            d.tcp_flow(&f, tracker.prev.get(&f.flow).map(|p| &p.0), &mut |ns| {
-                names.get(ns)
-            });
+            d.tcp_flow(
+                &f,
+                tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.0),
+                &mut |ns| names.get(ns),
+            );
         }
         if let Some(r) = tracker.flow_row(&f, epoch, names, &mut totals) {
             if keep_rows {
@@ -1154,9 +1173,9 @@ fn reclaim_closed<'s>(
     })?;
     tracker.early_totals = totals;
     tracker.tracked = tracked; // a partial read: the interval's count stays
-    for (slot, gen, flow) in closed {
+    for (slot, gen, _) in closed {
         view.forget(slot, gen)?;
-        tracker.forget(&flow);
+        tracker.forget(slot, gen);
         tracker.closed_reported += 1;
     }
     Ok(())
@@ -1180,13 +1199,85 @@ mod tests {
         // 16 of 16: evict 4 (down to 12), the ones active longest ago.
         for i in 0..16u32 {
             let snap = Snapshot::of_counts(&[], 0);
-            t.prev.insert(flow(i as u16), (snap, (16 - i) as u64));
+            t.prev.insert((i, 7), (snap, (16 - i) as u64));
         }
         let live: Vec<_> = (0..16).map(|i| (i, 7, flow(i as u16))).collect();
         let ev = t.to_evict(live, 16);
         let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
         assert_eq!(slots, vec![15, 14, 13, 12]);
         assert!(ev.iter().all(|e| e.1 == 7));
+    }
+
+    /// A connection that takes the 4-tuple of a closed one still in the table (issue 26.4):
+    /// each keeps its own snapshot (by slot and generation), and the interval's row holds the
+    /// samples of both. Before, the new one's samples were subtracted from the old one's.
+    #[test]
+    fn a_reused_four_tuple_keeps_both_connections_samples() {
+        let flow = Flow {
+            netns: 1,
+            local: "10.0.0.1:40000".parse().unwrap(),
+            remote: "10.0.0.2:80".parse().unwrap(),
+        };
+        let stay = |slot: u32, gen: u32, n: u32, closed: bool| {
+            let mut counts = vec![0u32; 100];
+            counts[50] = n;
+            TcpFlowState {
+                slot,
+                gen,
+                cookie: 0,
+                cgroup: 0,
+                workload: None,
+                flow,
+                side: Side::Client,
+                origin: "established",
+                state: 1,
+                closed,
+                srtt_fallback: false,
+                samples: n as u64,
+                counts: counts.into_boxed_slice(),
+                sum_us: 0,
+                life_min_us: None,
+                life_max_us: None,
+                srtt_us: 0,
+                last_rtt_us: 0,
+                retrans: 0,
+                win_epoch: 0,
+                win_min_us: u32::MAX,
+                win_max_us: 0,
+            }
+        };
+        let mut t = Tracker::default();
+        let mut names = NsNames::new();
+        let mut totals = SideTotals::new();
+        // read 1: the old connection (slot 5) with 2 samples
+        t.begin();
+        t.flow_row(&stay(5, 1, 2, false), 0, &mut names, &mut totals);
+        t.end();
+        // read 2: it closed after 3 samples; the new one (slot 9) has 4
+        t.begin();
+        let mut totals = SideTotals::new();
+        t.flow_row(&stay(5, 1, 3, true), 1, &mut names, &mut totals);
+        let row = t
+            .flow_row(&stay(9, 1, 4, false), 1, &mut names, &mut totals)
+            .expect("a row");
+        t.end();
+        assert_eq!(
+            totals[&Side::Client].count(),
+            1 + 4,
+            "this interval's samples"
+        );
+        assert_eq!(
+            row.tcp.as_ref().unwrap().summary.n,
+            1 + 4,
+            "one row for both"
+        );
+        // read 3: the new one again, 2 more
+        t.forget(5, 1);
+        t.begin();
+        let mut totals = SideTotals::new();
+        t.flow_row(&stay(9, 1, 6, false), 2, &mut names, &mut totals);
+        t.end();
+        assert_eq!(totals[&Side::Client].count(), 2);
     }
 
     #[test]
