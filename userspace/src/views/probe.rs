@@ -142,7 +142,7 @@ impl Features {
 
     /// Why `observe` cannot load its views here, if it cannot.
     pub fn blocker(&self) -> Option<String> {
-        [&self.btf, &self.privileges, &self.cgroup2, &self.atomics]
+        [&self.btf, &self.privileges, &self.cgroup2]
             .into_iter()
             .find(|c| !c.ok)
             .map(|c| format!("{}: {}", c.name, c.detail))
@@ -179,6 +179,48 @@ impl Features {
             "tcx"
         } else {
             "clsact"
+        }
+    }
+}
+
+/// Which build of the kernel objects a view loads: with BPF atomics that
+/// return a value (`tcp.bpf.o`), or the build without them
+/// (`tcp_noatomic.bpf.o`, bpf/*.c with RTTSCOPE_NO_ATOMICS) where the
+/// `atomics` probe says they are refused (< 5.12), or where the test setting
+/// `RTTSCOPE_BPF_ATOMICS=off` asks for it (so the host suite runs both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtomicsChoice {
+    /// Load the objects that use atomics with a result.
+    pub used: bool,
+    /// Why, in a few words (start line, result settings, `features`).
+    pub why: String,
+}
+
+/// The environment variable that forces the objects without atomics (tests).
+pub const ATOMICS_ENV: &str = "RTTSCOPE_BPF_ATOMICS";
+
+impl Features {
+    /// Which object build to load here (the same under both loaders).
+    pub fn atomics_choice(&self) -> AtomicsChoice {
+        if std::env::var(ATOMICS_ENV).is_ok_and(|v| v == "off") {
+            return AtomicsChoice {
+                used: false,
+                why: format!("forced by {ATOMICS_ENV}=off (a test setting)"),
+            };
+        }
+        if self.atomics.ok {
+            AtomicsChoice {
+                used: true,
+                why: "BPF atomics with a result (atomics probe)".into(),
+            }
+        } else {
+            AtomicsChoice {
+                used: false,
+                why: format!(
+                    "this kernel refuses BPF atomics with a result ({})",
+                    self.atomics.detail
+                ),
+            }
         }
     }
 }
