@@ -657,6 +657,16 @@ int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 		count(RTTSCOPE_TCP_FILTERED);
 		return 0;
 	}
+#ifdef RTTSCOPE_NO_ATOMICS
+	/* This build is for kernels < 5.12, whose verifier refuses
+	 * bpf_setsockopt from an iterator (6.0) and socket storage from tracing
+	 * programs (5.11): the iterator only counts the connection, reported as
+	 * not timed (docs/kernels.md). */
+	(void)flags;
+	(void)slot;
+	count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
+	return 0;
+#endif
 	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
 	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 		/* kernels < 6.12 refuse the option from an iterator */

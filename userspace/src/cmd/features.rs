@@ -36,14 +36,18 @@ pub struct Plan {
 
 impl Plan {
     pub fn of(f: &Features) -> Plan {
+        let atomics = f.atomics_choice();
         let rtt = f.tcp_rtt_path();
         let existing = f.existing_path();
-        let atomics = f.atomics_choice();
         let mut lines = vec![
             format!("tcp view: RTT samples from {}", rtt_words(rtt)),
             format!(
                 "tcp view: connections open before attach: {}",
-                existing_words(existing)
+                if atomics.used || existing != ExistingPath::None {
+                    existing_words(existing)
+                } else {
+                    "NOT timed (the build without BPF atomics, for kernels < 5.12, has no path for them: iter/tcp can neither turn their callbacks on nor give them a flow)"
+                }
             ),
             format!(
                 "sampler view: attaches by {} under both loaders (--attach auto)",

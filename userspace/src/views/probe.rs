@@ -163,6 +163,10 @@ impl Features {
 
     /// How connections open before attach are timed here.
     pub fn existing_path(&self) -> ExistingPath {
+        if !self.atomics_choice().used {
+            // the build without atomics (< 5.12) has no such path: bpf/tcp.bpf.c's iterator
+            return ExistingPath::None;
+        }
         // Not probed: the iterator tries anyway (its refusals are counted).
         if self.iter_setsockopt.ok || (!self.iter_setsockopt.probed && !self.ack_hook.ok) {
             ExistingPath::Iterator
@@ -288,9 +292,33 @@ fn probe_ack_hook() -> Result<String, String> {
         name: "rtt_probe_fexit",
     };
     let prog = load(spec, &[asm::mov_imm(0, 0), asm::exit()])?;
-    bp::tracing_attach(&prog)
-        .map(|_| "fexit/tcp_ack_update_rtt attaches".into())
-        .map_err(|e| format!("attach: {e}"))
+    drop(bp::tracing_attach(&prog).map_err(|e| format!("attach: {e}"))?);
+    sk_storage_in_tracing(spec)?;
+    Ok("fexit/tcp_ack_update_rtt attaches".into())
+}
+
+/// The hook finds a socket's flow through its socket storage: is
+/// bpf_sk_storage_get known to fexit programs (5.11 upstream)? As libbpf's
+/// helper probes: a call with arguments the verifier refuses (an array map,
+/// a NULL socket) fails with "unknown func" only where the helper is missing.
+fn sk_storage_in_tracing(spec: ProgSpec<'_>) -> Result<(), String> {
+    const SK_STORAGE_GET: i32 = 107;
+    let map = bp::array_map(8).map_err(|e| format!("probe map: {e}"))?;
+    let mut p = asm::ld_map_fd(1, map.as_raw_fd()).to_vec();
+    p.extend([
+        asm::mov_imm(2, 0),
+        asm::mov_imm(3, 0),
+        asm::mov_imm(4, 0),
+        asm::call(SK_STORAGE_GET),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]);
+    match bp::prog_load(spec, &p) {
+        Err(e) if e.to_string().contains("unknown func") || e.to_string().contains("invalid func") => {
+            Err(format!("fexit programs cannot call bpf_sk_storage_get here, which the hook needs to find a socket's flow ({e})"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A tcx link on lo, closed at once.

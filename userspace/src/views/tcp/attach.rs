@@ -190,6 +190,11 @@ impl Tcp {
             view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
         );
         view.info.set_existing(enabled, refused);
+        if !atomics.used {
+            // this build's iterator only counts them (bpf/tcp.bpf.c)
+            view.info.existing_path = "none: the build without BPF atomics (kernels < 5.12) cannot turn their callbacks on (bpf_setsockopt from iter/tcp) nor give them a flow (socket storage from iter/tcp); they are not timed".into();
+            view.info.existing_not_timed = refused;
+        }
         view.load_listeners()?;
         Ok(view)
     }
