@@ -40,6 +40,44 @@ struct {
 	__uint(max_entries, 1 << 19);
 } fine_ring SEC(".maps");
 
+#ifdef RTTSCOPE_NO_ATOMICS
+/* Kernels without BPF atomics that return a value (< 5.12: no
+ * fetch_add with its result): the free entries of each half, a stack
+ * filled by userspace with cfg_pool_entries - 1 .. 0 (0 on top) and
+ * refilled when it reads the half (views/fine.rs). A pop hands an entry to
+ * one flow only (the map's own lock); the half's counter in fine_pool_ctl
+ * is raised before the pop by an atomic add whose result is not used
+ * (BPF_XADD, in every kernel), so it always covers the entries taken:
+ * pops give 0, 1, 2, ... and userspace reads below the counter, as with
+ * the fetch_add. */
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, 1024); /* resized by userspace: cfg_pool_entries */
+	__type(value, __u32);
+} fine_pool_free0 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, 1024); /* resized by userspace: cfg_pool_entries */
+	__type(value, __u32);
+} fine_pool_free1 SEC(".maps");
+
+/* The next free entry of the half (counted in *next first), or
+ * cfg_pool_entries when the half is used up. */
+static __always_inline __u32 fine_take(__u64 *next, __u32 half)
+{
+	__u32 idx = 0;
+	long err;
+
+	__sync_fetch_and_add(next, 1); /* result unused: BPF_XADD */
+	if (half)
+		err = bpf_map_pop_elem(&fine_pool_free1, &idx);
+	else
+		err = bpf_map_pop_elem(&fine_pool_free0, &idx);
+	return err ? cfg_pool_entries : idx;
+}
+#endif
+
 /* The current pool generation (0 if the control array cannot be read). */
 static __always_inline __u32 fine_generation(void)
 {
@@ -79,7 +117,11 @@ static __always_inline struct rttscope_fine_hist *fine_get(struct rttscope_rtt_a
 	next = bpf_map_lookup_elem(&fine_pool_ctl, &k);
 	if (!next)
 		return NULL;
+#ifdef RTTSCOPE_NO_ATOMICS
+	idx = fine_take(next, half);
+#else
 	idx = (__u32)__sync_fetch_and_add(next, 1);
+#endif
 	a->pool_tag = gen + 1;
 	if (idx >= cfg_pool_entries) {
 		a->pool_idx = RTTSCOPE_POOL_NONE;

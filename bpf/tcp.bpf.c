@@ -94,6 +94,16 @@ struct {
 	__type(value, __u32);
 } tcp_free_slots SEC(".maps");
 
+#ifdef RTTSCOPE_NO_ATOMICS
+/* Slots never handed out yet (see take_slot()): only in the object built
+ * for kernels without BPF atomics that return a value. */
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK);
+	__uint(max_entries, 16384); /* resized with tcp_flows */
+	__type(value, __u32);
+} tcp_fresh_slots SEC(".maps");
+#endif
+
 /* Hints: hash of a socket's addresses and ports -> slot << 32 | gen. A
  * cache in front of `tcp_sk`: a hint is used only if the slot's gen, socket
  * address and tag match; a wrong or overwritten hint costs a storage lookup,
@@ -271,6 +281,17 @@ static __always_inline int take_slot(__u32 *slot)
 
 	if (bpf_map_pop_elem(&tcp_free_slots, slot) == 0)
 		return 0;
+#ifdef RTTSCOPE_NO_ATOMICS
+	/* No cmpxchg (< 5.12): fresh slots come from tcp_fresh_slots, filled
+	 * by userspace with cfg_max_slots - 1 .. 0 (0 on top), so pops hand
+	 * them out in order, each to one flow (the map's own lock). slots_hwm
+	 * is raised first, by an add whose result is not used (BPF_XADD, in
+	 * every kernel): it covers every slot taken (when the stack is empty
+	 * it runs past cfg_max_slots; userspace reads up to the smaller). */
+	(void)i;
+	__sync_fetch_and_add(&slots_hwm, 1);
+	return bpf_map_pop_elem(&tcp_fresh_slots, slot) ? -1 : 0;
+#endif
 	for (i = 0; i < 8; i++) { /* several CPUs may take fresh slots at once */
 		__u64 cur = slots_hwm;
 
@@ -636,6 +657,16 @@ int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 		count(RTTSCOPE_TCP_FILTERED);
 		return 0;
 	}
+#ifdef RTTSCOPE_NO_ATOMICS
+	/* This build is for kernels < 5.12, whose verifier refuses
+	 * bpf_setsockopt from an iterator (6.0) and socket storage from tracing
+	 * programs (5.11): the iterator only counts the connection, reported as
+	 * not timed (docs/kernels.md). */
+	(void)flags;
+	(void)slot;
+	count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
+	return 0;
+#endif
 	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
 	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 		/* kernels < 6.12 refuse the option from an iterator */

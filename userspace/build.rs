@@ -25,6 +25,13 @@ use libbpf_cargo::SkeletonBuilder;
 
 const OBJECTS: &[&str] = &["tcp", "sampler"];
 
+/// Objects also compiled a second time with `-DRTTSCOPE_NO_ATOMICS`, as
+/// `<name>_noatomic.bpf.o`: for kernels without BPF atomics that return a
+/// value (< 5.12; the loader picks by the `atomics` feature probe). Same
+/// `.rodata`/`.bss` layout, so the types generated from `<name>.bpf.o`
+/// serve both; no skeleton of their own.
+const NOATOMIC_OBJECTS: &[&str] = &["tcp"];
+
 fn find_clang() -> String {
     if let Ok(c) = env::var("BPF_CLANG") {
         return c;
@@ -164,6 +171,17 @@ fn main() -> Result<()> {
     for header in ["rttscope.h", "fine_pool.bpf.h"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(header).display());
     }
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "-I".as_ref(),
+        vmlinux_dir.as_os_str(),
+        "-I".as_ref(),
+        bpf_dir.as_os_str(),
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        prefix_map.as_ref(),
+        "-Wall".as_ref(),
+        "-Werror".as_ref(),
+    ];
     for name in OBJECTS {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
         if !src.exists() {
@@ -175,19 +193,20 @@ fn main() -> Result<()> {
             .source(&src)
             .obj(out.join(format!("{name}.bpf.o")))
             .clang(&clang)
-            .clang_args([
-                "-I".as_ref(),
-                vmlinux_dir.as_os_str(),
-                "-I".as_ref(),
-                bpf_dir.as_os_str(),
-                "-O2".as_ref(),
-                "-g".as_ref(),
-                prefix_map.as_ref(),
-                "-Wall".as_ref(),
-                "-Werror".as_ref(),
-            ])
+            .clang_args(&args)
             .build_and_generate(&skel)
             .with_context(|| format!("compiling {}", src.display()))?;
+        if NOATOMIC_OBJECTS.contains(name) {
+            let mut na = args.clone();
+            na.push("-DRTTSCOPE_NO_ATOMICS".as_ref());
+            SkeletonBuilder::new()
+                .source(&src)
+                .obj(out.join(format!("{name}_noatomic.bpf.o")))
+                .clang(&clang)
+                .clang_args(&na)
+                .build()
+                .with_context(|| format!("compiling {} without atomics", src.display()))?;
+        }
         let types = out.join(format!("{name}.types.rs"));
         extract_types(&skel, &types)?;
         println!("cargo:rustc-cfg=has_{name}_skel");

@@ -58,6 +58,13 @@ fn observe_takes_the_paths_the_features_report_announces() {
         (false, false) => "none",
     };
     assert_eq!(plan["tcp_existing_connections"], existing, "{f}");
+    let atomics = cap(&f, "atomics");
+    assert_eq!(
+        plan["tcp_object"],
+        if atomics { "tcp" } else { "tcp_noatomic" },
+        "{f}"
+    );
+    assert_eq!(plan["sampler_available"], atomics, "{f}");
     let attach = if cap(&f, "tcx") { "tcx" } else { "clsact" };
     assert_eq!(plan["sampler_attach"], attach, "{f}");
 

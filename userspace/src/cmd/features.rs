@@ -23,6 +23,11 @@ pub struct Plan {
     pub tcp_rtt_source: TcpRttPath,
     pub tcp_existing_connections: ExistingPath,
     pub sampler_attach: &'static str,
+    /// The TCP view's object build: "tcp" (BPF atomics with a result) or
+    /// "tcp_noatomic" (built without them, where the kernel refuses them).
+    pub tcp_object: &'static str,
+    /// Whether `observe --sampler` can load here (its object needs the atomics).
+    pub sampler_available: bool,
     pub lines: Vec<String>,
     pub missing: Vec<String>,
     /// Why `observe` cannot run here (None: it can).
@@ -31,13 +36,18 @@ pub struct Plan {
 
 impl Plan {
     pub fn of(f: &Features) -> Plan {
+        let atomics = f.atomics_choice();
         let rtt = f.tcp_rtt_path();
         let existing = f.existing_path();
-        let lines = vec![
+        let mut lines = vec![
             format!("tcp view: RTT samples from {}", rtt_words(rtt)),
             format!(
                 "tcp view: connections open before attach: {}",
-                existing_words(existing)
+                if atomics.used || existing != ExistingPath::None {
+                    existing_words(existing)
+                } else {
+                    "NOT timed (the build without BPF atomics, for kernels < 5.12, has no path for them: iter/tcp can neither turn their callbacks on nor give them a flow)"
+                }
             ),
             format!(
                 "sampler view: attaches by {} under both loaders (--attach auto)",
@@ -45,6 +55,12 @@ impl Plan {
             ),
         ];
         let mut missing = Vec::new();
+        if !atomics.used {
+            lines.insert(2, format!("tcp view: kernel programs built without BPF atomics with a result ({}): fresh flow slots and fine-histogram entries come from stacks rttscope fills; the same samples and histograms", atomics.why));
+        }
+        if !f.atomics.ok {
+            missing.push("BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, 5.12 upstream): the sampler view cannot load here (`observe --sampler` refuses in one sentence); the TCP view runs its build without them".into());
+        }
         if rtt == TcpRttPath::SrttFallback {
             missing.push("per-sample RTT: neither RTT_CB arguments nor the per-ACK hook; samples are TCP's srtt before each update".into());
         }
@@ -67,6 +83,8 @@ impl Plan {
             tcp_rtt_source: rtt,
             tcp_existing_connections: existing,
             sampler_attach: f.sampler_attach(),
+            tcp_object: if atomics.used { "tcp" } else { "tcp_noatomic" },
+            sampler_available: f.atomics.ok,
             lines,
             missing,
             blocker: f.blocker(),

@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
 /// `union bpf_attr` for the element commands.
@@ -85,6 +86,46 @@ pub fn lookup(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> io::Result<bo
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// The top of a stack map of u32 values: `pop` takes it off, else it is
+/// only read. `Ok(None)`: the stack is empty.
+pub fn stack_top(fd: BorrowedFd<'_>, pop: bool) -> io::Result<Option<u32>> {
+    let mut v = 0u32;
+    let mut a = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: 0, // stacks have no key: the kernel wants a NULL pointer
+        value: (&mut v as *mut u32) as u64,
+        ..Default::default()
+    };
+    let cmd = if pop {
+        BPF_MAP_LOOKUP_AND_DELETE_ELEM
+    } else {
+        BPF_MAP_LOOKUP_ELEM
+    };
+    match bpf(cmd, &mut a) {
+        Ok(()) => Ok(Some(v)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Refill a stack map of u32 values that was filled with `n - 1 .. 0` (0
+/// on top) and from which exactly `taken` values were popped since (so
+/// `taken` is on top, or it is empty when `taken >= n`): push `taken - 1 ..
+/// 0` back. If the top is not what that says, empty it and fill it whole.
+pub fn refill_stack(fd: BorrowedFd<'_>, n: u32, taken: u32) -> io::Result<()> {
+    let taken = taken.min(n);
+    let expected = (taken < n).then_some(taken);
+    let mut from = taken;
+    if stack_top(fd, false)? != expected {
+        while stack_top(fd, true)?.is_some() {}
+        from = n;
+    }
+    for i in (0..from).rev() {
+        update(fd, None, &i.to_ne_bytes(), 0)?;
+    }
+    Ok(())
 }
 
 /// The key after `key` (`None`: the first key) into `next`; `Ok(false)`: no more keys.

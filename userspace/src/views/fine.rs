@@ -178,6 +178,10 @@ pub struct FinePool {
     gen: u64,
     interval: u32,
     acc: HashMap<(u32, u32), FineAcc>,
+    /// The object built without BPF atomics (bpf/fine_pool.bpf.h,
+    /// RTTSCOPE_NO_ATOMICS): each half's free entries are a stack
+    /// (`fine_pool_free0`/`1`) that this side fills and refills.
+    free_stacks: bool,
 }
 
 impl FinePool {
@@ -188,7 +192,14 @@ impl FinePool {
         let len = pool_bytes(entries) as usize;
         let mem = Mapping::new(obj.map_fd(POOL)?, len)
             .with_context(|| format!("mapping the fine-histogram pool ({len} bytes)"))?;
+        let free_stacks = obj.map_fd(FREE[0]).is_ok();
+        if free_stacks {
+            for half in 0..2 {
+                refill(&*obj, half, entries, 0)?;
+            }
+        }
         Ok(FinePool {
+            free_stacks,
             entries,
             mem,
             overflow: obj.ring(OVERFLOW)?,
@@ -223,6 +234,9 @@ impl FinePool {
                     .or_default()
                     .add(&h, self.interval);
             }
+        }
+        if self.free_stacks {
+            refill(obj, half, self.entries, n as u32)?;
         }
         ctl.update(&next_key, &0u64.to_ne_bytes())?;
         let r = self.drain_overflow(old as u32);
@@ -300,6 +314,19 @@ impl FinePool {
     pub fn retain(&mut self, live: &HashSet<(u32, u32)>) {
         self.acc.retain(|k, _| live.contains(k));
     }
+}
+
+/// The free-entry stacks of the halves in the object built without BPF
+/// atomics (bpf/fine_pool.bpf.h).
+const FREE: [&str; 2] = ["fine_pool_free0", "fine_pool_free1"];
+
+/// Give the `taken` entries of `half` (0, 1, .. taken - 1: the stack's
+/// pops, read and zeroed now) back to its free stack; with `taken` 0 on an
+/// empty stack, fill it.
+fn refill(obj: &dyn Object, half: u32, entries: u32, taken: u32) -> Result<()> {
+    let fd = obj.map_fd(FREE[half as usize & 1])?;
+    crate::sys::bpf::refill_stack(fd, entries, taken)
+        .with_context(|| format!("refilling the fine-histogram pool's free stack {half}"))
 }
 
 /// Entries taken in generation `gen`'s half (the programs' counter; may

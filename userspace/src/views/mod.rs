@@ -33,7 +33,6 @@ pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn 
     if !kind.built_in() {
         return Err(passive::not_built(kind));
     }
-    require_atomics(kind)?;
     Ok(Box::new(tcp::attach::Tcp::attach(kind, cfg)?))
 }
 
@@ -54,8 +53,9 @@ pub fn attach_sampler(
     )?))
 }
 
-/// Both objects use BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG): where the feature probe
-/// finds them refused (5.10), one sentence instead of a verifier error. Only for a loader built in.
+/// The sampler's object uses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG; the TCP view has
+/// a build without them): where the feature probe finds them refused (5.10), one sentence
+/// instead of a verifier error. Only for a loader built in.
 fn require_atomics(kind: LoaderKind) -> Result<()> {
     if !kind.built_in() {
         return Ok(());
@@ -63,7 +63,7 @@ fn require_atomics(kind: LoaderKind) -> Result<()> {
     let f = probe::Features::get();
     if f.privileges.ok && !f.atomics.ok {
         anyhow::bail!(
-            "this kernel ({}) refuses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, kernel 5.12 upstream) that rttscope's kernel programs use: {} (see `rttscope features`)",
+            "this kernel ({}) refuses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, kernel 5.12 upstream) that the sampler's kernel programs use: {}; the TCP view runs without them (see `rttscope features`)",
             f.kernel,
             f.atomics.detail
         );

@@ -142,7 +142,7 @@ impl Features {
 
     /// Why `observe` cannot load its views here, if it cannot.
     pub fn blocker(&self) -> Option<String> {
-        [&self.btf, &self.privileges, &self.cgroup2, &self.atomics]
+        [&self.btf, &self.privileges, &self.cgroup2]
             .into_iter()
             .find(|c| !c.ok)
             .map(|c| format!("{}: {}", c.name, c.detail))
@@ -163,6 +163,10 @@ impl Features {
 
     /// How connections open before attach are timed here.
     pub fn existing_path(&self) -> ExistingPath {
+        if !self.atomics_choice().used {
+            // the build without atomics (< 5.12) has no such path: bpf/tcp.bpf.c's iterator
+            return ExistingPath::None;
+        }
         // Not probed: the iterator tries anyway (its refusals are counted).
         if self.iter_setsockopt.ok || (!self.iter_setsockopt.probed && !self.ack_hook.ok) {
             ExistingPath::Iterator
@@ -179,6 +183,48 @@ impl Features {
             "tcx"
         } else {
             "clsact"
+        }
+    }
+}
+
+/// Which build of the kernel objects a view loads: with BPF atomics that
+/// return a value (`tcp.bpf.o`), or the build without them
+/// (`tcp_noatomic.bpf.o`, bpf/*.c with RTTSCOPE_NO_ATOMICS) where the
+/// `atomics` probe says they are refused (< 5.12), or where the test setting
+/// `RTTSCOPE_BPF_ATOMICS=off` asks for it (so the host suite runs both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtomicsChoice {
+    /// Load the objects that use atomics with a result.
+    pub used: bool,
+    /// Why, in a few words (start line, result settings, `features`).
+    pub why: String,
+}
+
+/// The environment variable that forces the objects without atomics (tests).
+pub const ATOMICS_ENV: &str = "RTTSCOPE_BPF_ATOMICS";
+
+impl Features {
+    /// Which object build to load here (the same under both loaders).
+    pub fn atomics_choice(&self) -> AtomicsChoice {
+        if std::env::var(ATOMICS_ENV).is_ok_and(|v| v == "off") {
+            return AtomicsChoice {
+                used: false,
+                why: format!("forced by {ATOMICS_ENV}=off (a test setting)"),
+            };
+        }
+        if self.atomics.ok {
+            AtomicsChoice {
+                used: true,
+                why: "BPF atomics with a result (atomics probe)".into(),
+            }
+        } else {
+            AtomicsChoice {
+                used: false,
+                why: format!(
+                    "this kernel refuses BPF atomics with a result ({})",
+                    self.atomics.detail
+                ),
+            }
         }
     }
 }
@@ -246,9 +292,33 @@ fn probe_ack_hook() -> Result<String, String> {
         name: "rtt_probe_fexit",
     };
     let prog = load(spec, &[asm::mov_imm(0, 0), asm::exit()])?;
-    bp::tracing_attach(&prog)
-        .map(|_| "fexit/tcp_ack_update_rtt attaches".into())
-        .map_err(|e| format!("attach: {e}"))
+    drop(bp::tracing_attach(&prog).map_err(|e| format!("attach: {e}"))?);
+    sk_storage_in_tracing(spec)?;
+    Ok("fexit/tcp_ack_update_rtt attaches".into())
+}
+
+/// The hook finds a socket's flow through its socket storage: is
+/// bpf_sk_storage_get known to fexit programs (5.11 upstream)? As libbpf's
+/// helper probes: a call with arguments the verifier refuses (an array map,
+/// a NULL socket) fails with "unknown func" only where the helper is missing.
+fn sk_storage_in_tracing(spec: ProgSpec<'_>) -> Result<(), String> {
+    const SK_STORAGE_GET: i32 = 107;
+    let map = bp::array_map(8).map_err(|e| format!("probe map: {e}"))?;
+    let mut p = asm::ld_map_fd(1, map.as_raw_fd()).to_vec();
+    p.extend([
+        asm::mov_imm(2, 0),
+        asm::mov_imm(3, 0),
+        asm::mov_imm(4, 0),
+        asm::call(SK_STORAGE_GET),
+        asm::mov_imm(0, 0),
+        asm::exit(),
+    ]);
+    match bp::prog_load(spec, &p) {
+        Err(e) if e.to_string().contains("unknown func") || e.to_string().contains("invalid func") => {
+            Err(format!("fexit programs cannot call bpf_sk_storage_get here, which the hook needs to find a socket's flow ({e})"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A tcx link on lo, closed at once.

@@ -195,6 +195,9 @@ pub(super) fn print_start(
             if let Some(v) = &session.tcp {
                 let i = v.info();
                 writeln!(out, "{}", seen_line(args, i))?;
+                if let Some(w) = &i.without_atomics {
+                    writeln!(out, "tcp view without BPF atomics: {w}")?;
+                }
                 if i.existing_not_timed > 0 {
                     writeln!(
                         out,

@@ -28,26 +28,57 @@ const SOCKOPS: &str = "rtt_tcp_sockops";
 const ITER: &str = "rtt_tcp_iter";
 const ACK: &str = "rtt_tcp_ack";
 
+const PROGS: &[Prog] = &[
+    Prog {
+        name: SOCKOPS,
+        kind: ProgKind::SockOps,
+    },
+    Prog {
+        name: ITER,
+        kind: ProgKind::Iter("tcp"),
+    },
+    Prog {
+        name: ACK,
+        kind: ProgKind::FExit("tcp_ack_update_rtt"),
+    },
+];
+
 /// The compiled TCP view.
 pub(crate) static OBJECT: ObjectDef = ObjectDef {
     what: "the TCP view",
     name: "tcp_bpf",
     bytes: include_object!("tcp"),
-    progs: &[
-        Prog {
-            name: SOCKOPS,
-            kind: ProgKind::SockOps,
-        },
-        Prog {
-            name: ITER,
-            kind: ProgKind::Iter("tcp"),
-        },
-        Prog {
-            name: ACK,
-            kind: ProgKind::FExit("tcp_ack_update_rtt"),
-        },
-    ],
+    progs: PROGS,
 };
+
+/// The same sources built without BPF atomics that return a value
+/// (RTTSCOPE_NO_ATOMICS), for kernels that refuse them (< 5.12): fresh flow
+/// slots and fine-histogram entries are popped from stacks this side fills
+/// (`tcp_fresh_slots`, `fine_pool_free0`/`1`). Same samples, same maps
+/// otherwise, same `.rodata` and `.bss` layout.
+pub(crate) static OBJECT_NOATOMIC: ObjectDef = ObjectDef {
+    what: "the TCP view (built without BPF atomics)",
+    name: "tcp_bpf",
+    bytes: include_object!("tcp_noatomic"),
+    progs: PROGS,
+};
+
+/// The object to load here (the `atomics` probe, or the test setting).
+fn object(atomics: bool) -> &'static ObjectDef {
+    if atomics {
+        &OBJECT
+    } else {
+        &OBJECT_NOATOMIC
+    }
+}
+
+/// Fill the stack of never-used slots of the object without atomics:
+/// `max_flows - 1 .. 0`, so that pops hand out 0, 1, 2, ... (bpf/tcp.bpf.c
+/// take_slot(), which raises `slots_hwm` before each pop).
+fn fill_fresh_slots(obj: &dyn Object, max_flows: u32) -> Result<()> {
+    crate::sys::bpf::refill_stack(obj.map_fd("tcp_fresh_slots")?, max_flows, 0)
+        .context("filling the TCP view's stack of fresh flow slots")
+}
 
 // SAFETY: a generated `#[repr(C)]` struct of integers (u32 + [u8; 16]): any
 // bit pattern is a valid value, no padding.
@@ -67,7 +98,7 @@ pub struct Tcp {
 
 /// What the object is loaded with: sizes, `.rodata`, the per-ACK hook left
 /// out, or optional.
-fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
+fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool, atomics: bool) -> Settings {
     let hints = hint_entries(max_flows);
     let ro = rodata {
         cfg_netns_filter: !cfg.netns_filter.is_empty() as u32,
@@ -97,7 +128,14 @@ fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool) -> Settings {
             ("tcp_free_slots", max_flows),
             ("tcp_hints", hints),
             (fine::POOL, 2 * pool_entries(max_flows)),
-        ],
+        ]
+        .into_iter()
+        .chain((!atomics).then_some([
+            ("tcp_fresh_slots", max_flows),
+            ("fine_pool_free0", pool_entries(max_flows)),
+            ("fine_pool_free1", pool_entries(max_flows)),
+        ]).into_iter().flatten())
+        .collect(),
         skip: if with_hook { vec![] } else { vec![ACK] },
         optional: if with_hook { vec![ACK] } else { vec![] },
         memory: format!(
@@ -116,16 +154,20 @@ impl Tcp {
         let (cg, cgroup) = crate::sys::preflight::open_cgroup(cfg.cgroup.as_deref())?;
         let max_flows = cfg.max_flows.max(16);
         let with_hook = cfg.ack_hook.wanted();
+        let atomics = crate::views::probe::Features::get().atomics_choice();
         let mut obj = loader::load(
             kind,
-            &OBJECT,
-            vec![settings(cfg, max_flows, with_hook)],
+            object(atomics.used),
+            vec![settings(cfg, max_flows, with_hook, atomics.used)],
             &[],
         )?
         .pop()
         .context("the TCP view's object was not loaded")?;
         let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
         fill_filters(obj.as_ref(), cfg)?;
+        if !atomics.used {
+            fill_fresh_slots(obj.as_ref(), max_flows)?;
+        }
         let fine = FinePool::new(obj.as_mut(), pool_entries(max_flows))?;
         obj.attach_cgroup(SOCKOPS, cg.as_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
@@ -133,7 +175,7 @@ impl Tcp {
             fine: std::sync::Mutex::new(fine),
             obj,
             listeners: HashSet::new(),
-            info: TcpHookInfo::new(cfg, &cgroup, max_flows),
+            info: TcpHookInfo::new(cfg, &cgroup, max_flows).with_atomics(&atomics),
             epoch: 0,
             raw: cfg.raw,
             raw_taken: false,
@@ -148,6 +190,11 @@ impl Tcp {
             view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
         );
         view.info.set_existing(enabled, refused);
+        if !atomics.used {
+            // this build's iterator only counts them (bpf/tcp.bpf.c)
+            view.info.existing_path = "none: the build without BPF atomics (kernels < 5.12) cannot turn their callbacks on (bpf_setsockopt from iter/tcp) nor give them a flow (socket storage from iter/tcp); they are not timed".into();
+            view.info.existing_not_timed = refused;
+        }
         view.load_listeners()?;
         Ok(view)
     }

@@ -161,6 +161,11 @@ pub struct TcpHookInfo {
     /// The optional per-ACK hook: "attached", "off" or "refused: <reason>".
     pub ack_hook: String,
     pub kernel: String,
+    /// Set only where the view runs its build without BPF atomics that
+    /// return a value (bpf/tcp.bpf.c with RTTSCOPE_NO_ATOMICS), and why;
+    /// absent (and not in the JSON) with the atomics build.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without_atomics: Option<String>,
     pub max_flows: u32,
     /// Kernel IDs of our programs (bpftool prog show id N).
     pub prog_ids: Vec<u32>,
@@ -201,9 +206,21 @@ impl TcpHookInfo {
             rtt_source: rtt_source(),
             ack_hook: "off".into(),
             kernel: crate::sys::preflight::kernel_release(),
+            without_atomics: None,
             max_flows,
             prog_ids: Vec::new(),
         }
+    }
+
+    /// Record which object build was loaded (`without_atomics`).
+    pub(crate) fn with_atomics(mut self, c: &crate::views::probe::AtomicsChoice) -> Self {
+        self.without_atomics = (!c.used).then(|| {
+            format!(
+                "{}: kernel programs built without them (fresh flow slots and fine-histogram entries popped from stacks rttscope fills; the same samples)",
+                c.why
+            )
+        });
+        self
     }
 
     /// Record the outcome of the optional hook: `Ok(())` attached, `Err(status)` not.
