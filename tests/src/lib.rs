@@ -546,6 +546,44 @@ pub fn observe_json(args: &[&str], timeout: Duration) -> Result<Vec<serde_json::
     parse_lines(&out.stdout)
 }
 
+/// [`observe_json`] in a thread, returned once the observer has attached: its first line, the
+/// start record, is written after the programs are attached. No fixed wait for start-up, which
+/// takes seconds on a loaded machine (a connection closed before the attach is never seen). An
+/// observer that exits without a start record gives its error through the handle.
+pub fn observe_json_attached(
+    args: Vec<String>,
+    timeout: Duration,
+) -> std::thread::JoinHandle<Result<Vec<serde_json::Value>>> {
+    use std::io::BufRead;
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.arg("observe").arg("--format").arg("json").args(&args);
+    let mut child = match ChildGuard::spawn(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => return std::thread::spawn(move || Err(e)),
+    };
+    let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
+    let mut r = std::io::BufReader::new(stdout);
+    let mut first = String::new();
+    let _ = r.read_line(&mut first);
+    std::thread::spawn(move || {
+        let rest = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = r.read_to_end(&mut b);
+            b
+        });
+        let out = child.wait_output(timeout)?;
+        if !out.status.success() {
+            bail!(
+                "rttscope observe {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let mut all = first.into_bytes();
+        all.extend(rest.join().unwrap_or_default());
+        parse_lines(&all)
+    })
+}
+
 pub fn parse_lines(stdout: &[u8]) -> Result<Vec<serde_json::Value>> {
     String::from_utf8_lossy(stdout)
         .lines()

@@ -33,10 +33,7 @@ fn observe_netns(
         args.extend(["--netns".to_string(), ns.name.clone()]);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    std::thread::spawn(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        observe_json(&args, timeout)
-    })
+    observe_json_attached(args, timeout)
 }
 
 /// With an observer starting: 0.7 s later a request/response client (5 ms
