@@ -178,6 +178,14 @@ pub struct FinePool {
     gen: u64,
     interval: u32,
     acc: HashMap<(u32, u32), FineAcc>,
+    /// Flow stays given back (`forget`), with the generation current then:
+    /// their samples written between their last read and the give-back are
+    /// drained afterwards and counted in `orphaned`, not added to a
+    /// histogram nobody reads again (issue 26.4). Kept for 3 generations,
+    /// the longest a sample can wait (its generation's half, or the
+    /// overflow ring's records kept for the next read).
+    forgotten: HashMap<(u32, u32), u64>,
+    orphaned: u64,
     /// The object built without BPF atomics (bpf/fine_pool.bpf.h,
     /// RTTSCOPE_NO_ATOMICS): each half's free entries are a stack
     /// (`fine_pool_free0`/`1`) that this side fills and refills.
@@ -207,6 +215,8 @@ impl FinePool {
             gen: 0,
             interval: 0,
             acc: HashMap::new(),
+            forgotten: HashMap::new(),
+            orphaned: 0,
         })
     }
 
@@ -228,7 +238,12 @@ impl FinePool {
             let bytes = self.mem.slice_mut(i * size, size);
             let h: FineHist = crate::bpf::decode(bytes)?;
             bytes.fill(0);
-            if h.count > 0 {
+            if h.count == 0 {
+                continue;
+            }
+            if self.forgotten.contains_key(&(h.owner, h.owner_gen)) {
+                self.orphaned += h.count;
+            } else {
                 self.acc
                     .entry((h.owner, h.owner_gen))
                     .or_default()
@@ -274,12 +289,18 @@ impl FinePool {
         })?;
         tracing::debug!("{} overflow records of generation {gen}", now.len());
         for r in now {
+            if self.forgotten.contains_key(&(r.owner, r.owner_gen)) {
+                self.orphaned += 1;
+                continue;
+            }
             self.acc
                 .entry((r.owner, r.owner_gen))
                 .or_default()
                 .add_one(r.rtt_us, self.interval);
         }
         self.early = later;
+        let g = self.gen;
+        self.forgotten.retain(|_, at| *at + 3 > g);
         Ok(())
     }
 
@@ -307,6 +328,13 @@ impl FinePool {
     /// Forget a flow (its slot given back).
     pub fn forget(&mut self, owner: u32, gen: u32) {
         self.acc.remove(&(owner, gen));
+        self.forgotten.insert((owner, gen), self.gen);
+    }
+
+    /// Samples of given-back flow stays that were drained after their last
+    /// read (cumulative): the TCP view's `samples_evicted`.
+    pub fn orphaned(&self) -> u64 {
+        self.orphaned
     }
 
     /// Keep only the flows in `live` (after a whole-table read: the others

@@ -353,6 +353,10 @@ impl TcpView for Tcp {
         Ok(())
     }
 
+    fn samples_orphaned(&self) -> u64 {
+        self.fine_pool().orphaned()
+    }
+
     fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
         self.fine_pool().forget(slot, gen);
         free_slot(

@@ -44,6 +44,9 @@ pub trait TcpView: PassiveView {
     /// Give a flow's slot back (after it was reported closed, or to evict
     /// it): `slot` and `gen` as read in its `TcpFlowState`.
     fn forget(&mut self, slot: u32, gen: u32) -> Result<()>;
+    /// Samples of flows given back (`forget`) that arrived between their
+    /// last read and the give-back: counted as `samples_evicted`.
+    fn samples_orphaned(&self) -> u64;
 
     /// Every flow entry, collected.
     fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
@@ -71,6 +74,7 @@ pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
     };
     m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
     m.insert("existing_not_timed", v.info().existing_not_timed);
+    m.insert("samples_evicted", v.samples_orphaned());
     m
 }
 
