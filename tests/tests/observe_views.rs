@@ -198,6 +198,84 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
 /// stopped is still in the `end` record (closed: true, with its whole-run
 /// statistics) and in the closing table (side marked `*`); the end record's
 /// TCP counters carry the tracker's counters like the interval records.
+/// A `--cgroup` removed while observe runs (issue 26.12): one notice, `cgroup_vanished` 1 in
+/// the TCP view's counters from then on, and observe goes on. Before, nothing was said: the
+/// programs stay on the removed cgroup and see no new connection.
+#[test]
+fn a_removed_cgroup_is_said_once() {
+    if !require_root() {
+        return;
+    }
+    // the cgroup v2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host)
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let root = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| f[1].to_string())
+        .expect("a cgroup v2 mount");
+    let dir = std::path::Path::new(&root).join(unique("rtscg"));
+    std::fs::create_dir(&dir).unwrap();
+    struct Rm(std::path::PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let guard = Rm(dir.clone());
+    let out_path = std::env::temp_dir().join(unique("rtscgout"));
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args(["observe", "--view", "tcp", "--cgroup"])
+        .arg(&dir)
+        .args([
+            "--format",
+            "json",
+            "--interval",
+            "300ms",
+            "--duration",
+            "3s",
+        ]);
+    cmd.stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::piped());
+    let child = ChildGuard(Some(cmd.spawn().unwrap()));
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(&out_path)
+        .unwrap_or_default()
+        .contains("\"type\":\"interval\"")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "observer did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::remove_dir(&dir).unwrap();
+    drop(guard);
+    let out = child.wait_output(Duration::from_secs(30)).unwrap();
+    let stdout = std::fs::read(&out_path).unwrap();
+    let _ = std::fs::remove_file(&out_path);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "observe failed: {stderr}");
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rttscope: notice:"))
+        .collect();
+    assert_eq!(notices.len(), 1, "one notice expected: {stderr}");
+    assert!(
+        notices[0].contains(&format!("cgroup {} is gone", dir.display())),
+        "{stderr}"
+    );
+    let lines = parse_lines(&stdout).unwrap();
+    let ivs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert_eq!(
+        ivs[0]["counters"]["tcp"]["cgroup_vanished"], 0,
+        "{}",
+        ivs[0]
+    );
+    let last = ivs.last().unwrap();
+    assert_eq!(last["counters"]["tcp"]["cgroup_vanished"], 1, "{last}");
+}
+
 #[test]
 fn closed_flows_are_in_the_whole_run_summary() {
     if !require_root() {

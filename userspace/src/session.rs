@@ -121,6 +121,11 @@ struct Watch {
     netns_vanished: u64,
     /// Interfaces gone, with their namespace or alone (the sampler's counter).
     ifaces_vanished: u64,
+    /// The TCP view's `--cgroup` directory and its inode at attach (None:
+    /// the root, or not asked for): a removed one gets a notice
+    /// (`cgroup_vanished`, only in the counters when `--cgroup` was given).
+    cgroup: Option<(std::path::PathBuf, u64)>,
+    cgroup_vanished: u64,
 }
 
 struct WatchedNs {
@@ -144,8 +149,16 @@ struct WatchedIface {
 }
 
 impl Watch {
-    fn new(tcp_netns: &[netns::NetNs], sampler: Option<&dyn SamplerView>) -> Watch {
-        let mut w = Watch::default();
+    fn new(
+        tcp_netns: &[netns::NetNs],
+        cgroup: Option<&std::path::Path>,
+        sampler: Option<&dyn SamplerView>,
+    ) -> Watch {
+        use std::os::unix::fs::MetadataExt;
+        let mut w = Watch {
+            cgroup: cgroup.and_then(|c| Some((c.to_path_buf(), std::fs::metadata(c).ok()?.ino()))),
+            ..Watch::default()
+        };
         let ns_index = |w: &mut Watch, ns: &netns::NetNs, tcp: bool| -> Option<usize> {
             // the observer's own namespace and the host's do not go away
             if ns.name == "self" || ns.name == netns::HOST || netns::is_current(ns) {
@@ -196,7 +209,20 @@ impl Watch {
 
     /// What disappeared since the last check, one notice line each.
     fn check(&mut self) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
         let mut notices = Vec::new();
+        if let Some((path, ino)) = &self.cgroup {
+            // removed, or removed and made again (the programs stay on the old one)
+            if self.cgroup_vanished == 0
+                && std::fs::metadata(path).map_or(true, |m| m.ino() != *ino)
+            {
+                self.cgroup_vanished = 1;
+                notices.push(format!(
+                    "cgroup {} is gone (removed?); the TCP view attached to it sees no new connections, the rest goes on",
+                    path.display()
+                ));
+            }
+        }
         for n in self.netns.iter_mut().filter(|n| !n.gone) {
             if !netns::still_there(&n.path, n.inode) {
                 n.gone = true;
@@ -297,6 +323,7 @@ impl Session {
             .as_ref()
             .map(|c| c.netns_filter.clone())
             .unwrap_or_default();
+        let tcp_cgroup = cfg.tcp.as_ref().and_then(|c| c.cgroup.clone());
         let sampler = match cfg.sampler {
             Some((ifaces, sc)) => {
                 crate::sys::preflight::require_bpf_caps()?;
@@ -305,7 +332,7 @@ impl Session {
             }
             None => None,
         };
-        let watch = Watch::new(&tcp_netns, sampler.as_deref());
+        let watch = Watch::new(&tcp_netns, tcp_cgroup.as_deref(), sampler.as_deref());
         let sampler_sides = SideResolver::new(sampler_namespaces(sampler.as_deref()));
         let sampler_owners = SamplerOwners {
             tcp: HashMap::new(),
@@ -512,6 +539,9 @@ impl Session {
         let mut tc = view.counters()?;
         tracker.counters(&mut tc);
         tc.insert("netns_vanished", self.watch.netns_vanished);
+        if self.watch.cgroup.is_some() {
+            tc.insert("cgroup_vanished", self.watch.cgroup_vanished);
+        }
         if let Some(bad) = raw_bad {
             tc.insert("raw_records_bad", bad);
         }
@@ -673,6 +703,9 @@ impl Session {
         if let Some(v) = &self.tcp {
             let mut tc = v.counters()?;
             tc.insert("netns_vanished", self.watch.netns_vanished);
+            if self.watch.cgroup.is_some() {
+                tc.insert("cgroup_vanished", self.watch.cgroup_vanished);
+            }
             self.tracker.counters(&mut tc);
             tc.insert("summary_flows_dropped", self.tracker.finished_dropped);
             counters.insert("tcp", tc);
