@@ -165,6 +165,105 @@ fn port_of(a: &Value) -> u16 {
         .unwrap_or_else(|| panic!("no port in {a}"))
 }
 
+/// The busy host (issue 27) beside a lab testbed, started before the test's observer: the
+/// harness's load in other namespaces (a request/response flow to a port of their own, pings),
+/// and inside the testbed pings every 20 ms from the client namespace to `dst` (`ping -v`, so
+/// that their echo identifier is known and their flow told apart from the test's own) and, with
+/// `port`, a long-lived `probe tcp-rr -w 10ms` to that port. Nothing when the load is off.
+struct TestbedLoad {
+    _busy: busy::BusyHost,
+    _srv: Option<RrServer>,
+    _pair: Option<Pair>,
+    ping: Option<std::process::Child>,
+    /// The load's pings' echo identifier.
+    ident: Option<u16>,
+    describe: String,
+}
+
+impl TestbedLoad {
+    fn start(tb: &Testbed, dst: &str, port: Option<u16>) -> TestbedLoad {
+        if !busy::enabled() {
+            return TestbedLoad {
+                _busy: busy::BusyHost::default(),
+                _srv: None,
+                _pair: None,
+                ping: None,
+                ident: None,
+                describe: "busy-host load off".into(),
+            };
+        }
+        let pair = Pair::new().unwrap();
+        let server: std::net::SocketAddr = format!("{B_ADDR}:7302").parse().unwrap();
+        let srv = RrServer::start(&pair.b, server, 1).unwrap();
+        let mut b =
+            busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
+        if let Some(port) = port {
+            let bin = rttscope_bin();
+            b.also_run(
+                tb.command(Role::Cli, &bin.to_string_lossy()).args([
+                    "probe",
+                    "tcp-rr",
+                    dst,
+                    "-p",
+                    &port.to_string(),
+                    "-l",
+                    "600",
+                    "-w",
+                    "10ms",
+                ]),
+                &format!("probe tcp-rr -w 10ms to {dst}:{port} in the testbed's client namespace"),
+            )
+            .unwrap();
+        }
+        let mut ping = tb
+            .command(Role::Cli, "ping")
+            .args(["-n", "-v", "-i", "0.02", "-w", "600", dst])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("load ping");
+        // Read its identifier from its first reply line, then keep draining its output.
+        let out = ping.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(id) = l
+                    .split("ident=")
+                    .nth(1)
+                    .and_then(|t| t.split_whitespace().next())
+                    .and_then(|t| t.parse::<u16>().ok())
+                {
+                    let _ = tx.send(id);
+                }
+            }
+        });
+        let ident = rx.recv_timeout(Duration::from_secs(10)).ok();
+        assert!(ident.is_some(), "the load's ping gave no ident= line");
+        let describe = format!(
+            "{}; ping -i 0.02 {dst} (ident {}) in the testbed's client namespace",
+            b.describe(),
+            ident.unwrap()
+        );
+        TestbedLoad {
+            _busy: b,
+            _srv: Some(srv),
+            _pair: Some(pair),
+            ping: Some(ping),
+            ident,
+            describe,
+        }
+    }
+}
+
+impl Drop for TestbedLoad {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.ping.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+}
+
 /// ping from `a` to `b` on a bare veth, IPv4 and IPv6 at once, the sampler
 /// on both ends, on a busy host (other pings from `a` to both of `b`'s
 /// addresses, a request/response flow to `b`, traffic in other namespaces):
@@ -321,8 +420,9 @@ fn passive_within_ping(label: &str, times: &[f64], p50: f64, p50_b: f64) {
 }
 
 /// ping and `rttscope probe icmp` through the lab's router with 2 ms of
-/// delay added each way by its link emulator: the pinger's passive median
-/// within 5% of each tool's own median.
+/// delay added each way by its link emulator, on a busy host (other pings from the same
+/// namespace to the same host, told apart by their echo identifier): each tool's pinger flow
+/// has one sample per echo and a passive median within 5% of the tool's own median.
 #[test]
 fn ping_through_a_delayed_path_within_5_percent() {
     if !require_root() {
@@ -332,6 +432,9 @@ fn ping_through_a_delayed_path_within_5_percent() {
     let mut imp = Impairment::new(&tb).unwrap();
     imp.set_both(LinkConfig::delay(Duration::from_millis(2)))
         .unwrap();
+    let dst = SRV_ADDR.to_string();
+    let load = TestbedLoad::start(&tb, &dst, None);
+    eprintln!("{}", load.describe);
     let obs = Observer::start(&[
         "--iface",
         &format!("{}:{HOST_IF}", tb.ns(Role::Cli)),
@@ -341,10 +444,9 @@ fn ping_through_a_delayed_path_within_5_percent() {
         "--interval",
         "7s",
     ]);
-    let dst = SRV_ADDR.to_string();
     let ping = tb
         .command(Role::Cli, "ping")
-        .args(["-n", "-c", "25", "-i", "0.2", "-W", "2", &dst])
+        .args(["-n", "-v", "-c", "25", "-i", "0.2", "-W", "2", &dst])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("ping");
@@ -360,24 +462,41 @@ fn ping_through_a_delayed_path_within_5_percent() {
         probe.wait_with_output().unwrap(),
     );
     let (end, raw) = obs.finish(Duration::from_secs(30));
-    let pinger = flows(&end, "pinger", &dst);
+    let all = flows(&end, "pinger", &dst);
     eprintln!(
-        "delayed: ping {:?}; probe {:?}; pinger flows (histogram n, p50) {:?}, raw (n, p50) {:?}; emulator {:?}",
+        "delayed: ping {:?}; probe {:?}; pinger flows (ident, histogram n, p50) {:?}, raw (n, p50) {:?}; emulator {:?}; {}",
         reply_times(&ping),
         reply_times(&probe),
-        pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
-        pinger.iter().map(|f| raw_n_p50(&raw, f)).collect::<Vec<_>>(),
-        imp.report()
+        all.iter().map(|f| (port_of(&f["local"]), n_p50(f))).collect::<Vec<_>>(),
+        all.iter().map(|f| raw_n_p50(&raw, f)).collect::<Vec<_>>(),
+        imp.report(),
+        load.describe
     );
-    assert_eq!(pinger.len(), 2, "ping's and the probe's flows: {end}");
+    // The flows by echo identifier: ping's (ping -v), the load's, and the probe's (the one
+    // left; its identifier is the kernel's choice for its datagram socket).
+    let ping_id = ping_ident(&ping);
+    let not_load: Vec<&Value> = all
+        .iter()
+        .copied()
+        .filter(|f| Some(port_of(&f["local"])) != load.ident)
+        .collect();
+    assert_eq!(
+        not_load.len(),
+        2,
+        "ping's and the probe's flows besides the load's: {end}"
+    );
     for (tool, out, count) in [("ping", &ping, 25), ("probe icmp", &probe, 20)] {
         let times = reply_times(out);
         assert_eq!(times.len(), count, "{tool} lost replies: {out:?}");
-        // the two flows are told apart by their sample counts
-        let f = pinger
+        let f = *not_load
             .iter()
-            .find(|f| n_p50(f).0 == count as u64)
-            .unwrap_or_else(|| panic!("no pinger flow with {count} samples: {end}"));
+            .find(|f| (port_of(&f["local"]) == ping_id) == (tool == "ping"))
+            .unwrap_or_else(|| panic!("no pinger flow of {tool}: {end}"));
+        assert_eq!(
+            n_p50(f).0,
+            count as u64,
+            "{tool}: one sample per echo, none of the load's: {end}"
+        );
         let (p50, truth) = (raw_n_p50(&raw, f).1, median(&times));
         assert!(
             truth > 3.5,
@@ -646,7 +765,8 @@ fn sampler_alone_labels_client_and_server() {
 /// `rttscope compare --icmp --iface` through the lab's router (2 ms each
 /// way): the `sampler icmp` row (the sampler's passive reading of the ICMP
 /// probe's echoes) has the probe's sample count and a median within 5% of
-/// the `ICMP` row's (the probe's own, kernel receive stamps).
+/// the `ICMP` row's (the probe's own, kernel receive stamps), on a busy host (other pings
+/// from the same namespace to the same host, another connection to the responder's port).
 #[test]
 fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
     if !require_root() {
@@ -662,6 +782,10 @@ fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
     serve.args(["serve", "--listen", &format!("{dst}:7878")]);
     let _srv = ChildGuard::spawn(&mut serve).unwrap();
     std::thread::sleep(Duration::from_millis(300));
+    // Other pings from the same namespace to the same host, and another connection to the
+    // responder's port, both before compare starts: compare takes the probe's own identifier.
+    let load = TestbedLoad::start(&tb, &dst, Some(7878));
+    eprintln!("{}", load.describe);
     let mut cmd = tb.command(Role::Cli, &bin.to_string_lossy());
     cmd.args(["compare", &dst, "-l", "3s", "-w", "100ms", "--icmp"])
         .args(["--iface", HOST_IF]);
@@ -689,7 +813,8 @@ fn compare_icmp_shows_the_passive_reading_next_to_the_probe() {
     assert!(n_probe >= 20.0, "{text}");
     assert!(
         (n_passive - n_probe).abs() <= 1.0,
-        "one passive sample per echo: {n_passive} vs {n_probe}"
+        "one passive sample per echo: {n_passive} vs {n_probe}; {}",
+        load.describe
     );
     assert!(
         (p50_passive - p50_probe).abs() <= 0.05 * p50_probe,

@@ -1,14 +1,17 @@
 //! The lab's real environment: `rttscope serve` in the server namespace,
-//! `rttscope probe` in the client namespace (active view), one `rttscope
-//! observe --view tcp,sampler --raw` from the host namespace for the whole
-//! run (TCP view on both ends, sampler on both ends' veths), and the report
-//! (result.json, summary.csv, charts, SUMMARY.md).
+//! `rttscope probe`'s probes in this process on threads inside the client
+//! namespace (active view; each tells the 4-tuple of its connection and its
+//! window), one `rttscope observe --view tcp,sampler --raw` from the host
+//! namespace for the whole run (TCP view on both ends, sampler on both ends'
+//! veths), whose samples each phase selects by its own connections' 4-tuples
+//! and windows, and the report (result.json, summary.csv, charts, SUMMARY.md).
 //!
 //! Every process is a child of this one, started with PR_SET_PDEATHSIG from
 //! the thread that runs the scenario (it outlives them all), and stopped
-//! when its phase (probes) or the run (observer, responder) ends.
-use std::collections::HashMap;
+//! when its phase (bulk flow) or the run (observer, responder) ends; the
+//! probe threads are cancelled and joined when their phase fails.
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -66,27 +69,48 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Which end of the connection a passive sample was taken at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Side {
-    Client,
-    Server,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum PView {
     Tcp,
     Sampler,
 }
 
-/// One raw sample from the observer: unix time, RTT, and the flow's client port.
+/// One raw sample from the observer: unix time, RTT, and its connection as seen where it was
+/// taken (local, remote).
 #[derive(Debug, Clone, Copy)]
 struct RawSample {
     view: PView,
-    side: Side,
     t_unix: f64,
     rtt_us: f64,
-    client_port: u16,
+    local: SocketAddr,
+    remote: SocketAddr,
+}
+
+/// A phase's request/response connection: the probe socket's own address (with the responder's
+/// address and port, the connection's 4-tuple) and its window, Unix seconds from the first
+/// transaction's send to the end of the last one (the probe's own CLOCK_MONOTONIC times).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OwnFlow {
+    local: SocketAddr,
+    start: f64,
+    end: f64,
+}
+
+/// The observer's samples of the lab's port that a phase's rows do not hold, and why.
+#[derive(Debug, Default, Clone, Copy, PartialEq, serde::Serialize)]
+struct LeftOut {
+    /// Samples of the phase's own connections before its first transaction or after its last:
+    /// the handshake, the probe's hello, the close, a last response's late ACK.
+    own_outside_window: u64,
+    /// Samples of other connections to the lab's port while the phase ran (a connection that
+    /// was open before the lab, another client in the testbed's namespaces).
+    other_connections: u64,
+}
+
+impl LeftOut {
+    fn total(&self) -> u64 {
+        self.own_outside_window + self.other_connections
+    }
 }
 
 #[derive(Default)]
@@ -94,8 +118,9 @@ struct ObsShared {
     start_ts: Option<f64>,
     start_line: Option<records::Start>,
     samples: Vec<RawSample>,
-    /// First time each flow (by client port) was seen.
-    first_seen: HashMap<u16, f64>,
+    /// Each interval's (and the end's) reading of the observer's ring-buffer drops, both views:
+    /// (Unix time, total so far).
+    drops: Vec<(f64, u64)>,
     counters: Option<records::Counters>,
     bad_lines: u64,
     other_port: u64,
@@ -163,6 +188,45 @@ impl Observer {
         }
     }
 
+    /// The first reading of the ring-buffer drops taken after `t` (Unix seconds), waiting up
+    /// to `within` for it.
+    fn drops_after(&self, t: f64, within: Duration) -> Result<Option<u64>> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(&(_, d)) = self.shared.lock().unwrap().drops.iter().find(|r| r.0 > t) {
+                return Ok(Some(d));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            signals::check()?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The drops so far once the ring buffers accept every sample again: a back-to-back phase
+    /// can overflow them, and they drop until the observer has caught up. Waits (up to 10 s)
+    /// for a reading after `since` that dropped nothing since the one before it.
+    fn settled(&self, since: f64) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut t = since;
+        loop {
+            let last = {
+                let s = self.shared.lock().unwrap();
+                let n = s.drops.len();
+                (n >= 2 && s.drops[n - 1].0 > t).then(|| (s.drops[n - 2].1, s.drops[n - 1]))
+            };
+            if let Some((prev, (ts, now))) = last {
+                if prev == now || Instant::now() > deadline {
+                    return Ok(now);
+                }
+                t = ts;
+            }
+            signals::check()?;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGINT, wait for its end line (up to 10 s), then SIGKILL.
     fn stop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
@@ -207,7 +271,7 @@ fn observer_args(tb: &Testbed, sample_every: u32) -> Vec<String> {
         &sample_every.to_string(),
         "--raw",
         "--interval",
-        "1s",
+        "500ms",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -218,26 +282,6 @@ impl Drop for Observer {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-fn side_of_local(local: &str) -> Option<Side> {
-    if local.starts_with("10.79.1.")
-        || local.starts_with("[fd79:1:")
-        || local.starts_with("fd79:1:")
-    {
-        Some(Side::Client)
-    } else if local.starts_with("10.79.2.")
-        || local.starts_with("[fd79:2:")
-        || local.starts_with("fd79:2:")
-    {
-        Some(Side::Server)
-    } else {
-        None
-    }
-}
-
-fn port_of(addr: &str) -> Option<u16> {
-    addr.rsplit(':').next()?.parse().ok()
 }
 
 fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
@@ -254,42 +298,60 @@ fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
                 s.start_line = Some(start);
             }
             Record::Sample(smp) => observed_sample(&mut s, &smp),
-            Record::Interval(iv) => s.counters = Some(iv.counters),
-            Record::End(end) => s.counters = Some(end.counters),
+            Record::Interval(iv) => {
+                s.drops.push((iv.ts, ring_drops(&iv.counters)));
+                s.counters = Some(iv.counters);
+            }
+            Record::End(end) => {
+                s.drops.push((end.ts, ring_drops(&end.counters)));
+                s.counters = Some(end.counters);
+            }
             _ => {}
         }
     }
 }
 
-/// One raw sample of the observer: kept if it belongs to one of the lab's flows.
+/// The samples the observer's ring buffers dropped so far (both views; a full ring buffer drops
+/// and counts what does not fit until the observer has read it empty).
+fn ring_drops(c: &records::Counters) -> u64 {
+    c.values()
+        .flat_map(|m| m.iter())
+        .filter(|(k, _)| k.as_ref() == "raw_events_dropped" || k.as_ref() == "raw_drops")
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+/// A socket address as the observer prints it (`10.79.1.2:40000`, `[fd79:1::2]:40000`), an
+/// IPv4-mapped IPv6 address as its IPv4 one.
+fn addr_of(s: &str) -> Option<SocketAddr> {
+    let a: SocketAddr = s.parse().ok()?;
+    Some(SocketAddr::new(a.ip().to_canonical(), a.port()))
+}
+
+/// One raw sample of the observer: kept if it is one of a connection to or from the lab's port
+/// (the phases select their own connections from them); anything else is counted.
 fn observed_sample(s: &mut ObsShared, smp: &records::Sample) {
     let view = match smp.view.as_ref() {
         "tcp" => PView::Tcp,
         "sampler" => PView::Sampler,
         _ => return,
     };
-    let Some(side) = side_of_local(&smp.local) else {
+    let (Some(local), Some(remote)) = (addr_of(&smp.local), addr_of(&smp.remote)) else {
         s.other_port += 1;
         return;
     };
-    let (lp, rp) = (port_of(&smp.local), port_of(&smp.remote));
-    let client_port = match side {
-        Side::Client if rp == Some(PORT) => lp,
-        Side::Server if lp == Some(PORT) => rp,
-        _ => None,
-    };
-    let Some(client_port) = client_port else {
+    if local.port() != PORT && remote.port() != PORT {
         s.other_port += 1;
         return;
-    };
-    let t_unix = s.start_ts.unwrap_or(0.0) + smp.t;
-    s.first_seen.entry(client_port).or_insert(t_unix);
+    }
+    let t = smp.t_us.map_or(smp.t, |us| us / 1e6);
+    let t_unix = s.start_ts.unwrap_or(0.0) + t;
     s.samples.push(RawSample {
         view,
-        side,
         t_unix,
         rtt_us: smp.rtt_us,
-        client_port,
+        local,
+        remote,
     });
 }
 
@@ -317,37 +379,51 @@ struct PhaseData {
     rr_failed: u64,
     ping_lost: u64,
     bulk: Option<Value>,
+    /// The phase's own connections with samples in their windows.
     flows: usize,
+    /// The phase's request/response connections (from its probes).
+    own: Vec<OwnFlow>,
+    left_out: LeftOut,
+    /// The observer's ring-buffer drops (any connection's samples) while the phase ran: its
+    /// rows may lack up to this many. `drops_before`: the count when it started.
+    observer_dropped: u64,
+    drops_before: u64,
 }
 
 impl PhaseData {
-    /// The observer's samples of this phase's flows (first seen between the
-    /// phase's start and `end`) within the probes' window, by view and side.
+    /// The observer's samples of this phase's own connections (by 4-tuple) inside their
+    /// windows, by view and side; the rest of what the observer saw on the lab's port while the
+    /// phase ran (`start_unix` to `end`) and its own connections' samples outside their windows
+    /// are counted in `left_out`.
     fn take_observed(&mut self, s: &ObsShared, end: f64) {
-        let (ws, we) = (self.start_unix, end);
-        let mine: std::collections::HashSet<u16> = s
-            .first_seen
-            .iter()
-            .filter(|(_, &t)| t >= ws - 0.05 && t < we)
-            .map(|(&p, _)| p)
-            .collect();
-        self.flows = mine.len();
-        // The probes' window: from the first transaction's send to the end of the last one
-        // (the connect, hello and close of each probe connection are not in a row).
-        let (t0, t1) = probe_window(&self.rr).unwrap_or((ws, we));
-        for r in s
-            .samples
-            .iter()
-            .filter(|r| mine.contains(&r.client_port) && r.t_unix >= t0 && r.t_unix <= t1)
-        {
+        let srv = SocketAddr::from((SRV_ADDR, PORT));
+        let mut seen: Vec<SocketAddr> = Vec::new();
+        for r in &s.samples {
+            let own = self.own.iter().find(|o| {
+                (r.local == o.local && r.remote == srv) || (r.local == srv && r.remote == o.local)
+            });
+            let Some(o) = own else {
+                if r.t_unix >= self.start_unix && r.t_unix <= end {
+                    self.left_out.other_connections += 1;
+                }
+                continue;
+            };
+            if r.t_unix < o.start || r.t_unix > o.end {
+                self.left_out.own_outside_window += 1;
+                continue;
+            }
+            if !seen.contains(&o.local) {
+                seen.push(o.local);
+            }
             let v = (r.t_unix, r.rtt_us);
-            match (r.view, r.side) {
-                (PView::Tcp, Side::Client) => self.tcp_cli.push(v),
-                (PView::Tcp, Side::Server) => self.tcp_srv.push(v),
-                (PView::Sampler, Side::Client) => self.smp_cli.push(v),
-                (PView::Sampler, Side::Server) => self.smp_srv.push(v),
+            match (r.view, r.local == srv) {
+                (PView::Tcp, false) => self.tcp_cli.push(v),
+                (PView::Tcp, true) => self.tcp_srv.push(v),
+                (PView::Sampler, false) => self.smp_cli.push(v),
+                (PView::Sampler, true) => self.smp_srv.push(v),
             }
         }
+        self.flows = seen.len();
     }
 }
 
@@ -366,6 +442,8 @@ pub struct LabEnv {
     current: PhaseData,
     data: Vec<PhaseData>,
     run_start_unix: Option<f64>,
+    /// CLOCK_REALTIME - CLOCK_MONOTONIC (ns): the probes' monotonic times as Unix times.
+    realtime_minus_mono_ns: i64,
     /// `--json FILE`: where the result document goes besides OUT/result.json.
     json: Option<PathBuf>,
 }
@@ -395,6 +473,7 @@ impl LabEnv {
             current: PhaseData::default(),
             data: Vec::new(),
             run_start_unix: None,
+            realtime_minus_mono_ns: crate::sys::clock::realtime_minus_mono_ns(),
         })
     }
 
@@ -402,7 +481,7 @@ impl LabEnv {
         self.exe.to_str().unwrap_or("rttscope")
     }
 
-    /// Start `rttscope probe ...` (or another program) in the client namespace, stdout piped.
+    /// Start a program (the bulk flow's iperf3) in the client namespace, stdout piped.
     fn spawn_cli(&self, tb: &Testbed, program: &str, args: &[String]) -> Result<Child> {
         let mut cmd = tb.command(Role::Cli, program);
         cmd.args(args)
@@ -415,14 +494,13 @@ impl LabEnv {
     }
 }
 
-/// A probe child and the thread collecting its output.
+/// A child process (the bulk flow's iperf3) and the thread collecting its output.
 struct Running {
-    what: String,
     child: Child,
     out: std::thread::JoinHandle<(String, String)>,
 }
 
-fn collect(mut child: Child, what: String) -> Running {
+fn collect(mut child: Child) -> Running {
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let out = std::thread::spawn(move || {
@@ -436,13 +514,46 @@ fn collect(mut child: Child, what: String) -> Running {
         let _ = so.read_to_string(&mut a);
         (a, h.join().unwrap_or_default())
     });
-    Running { what, child, out }
+    Running { child, out }
 }
 
-fn kill_all(kids: &mut [Running]) {
-    for k in kids.iter_mut() {
-        let _ = k.child.kill();
-        let _ = k.child.wait();
+/// A probe running in this process, on a thread inside the client namespace (its sockets are
+/// the client's): what identifies its packets (`ProbeResult::ident`) comes back with its result.
+struct ProbeRun {
+    what: String,
+    cancel: tokio::sync::watch::Sender<bool>,
+    handle: std::thread::JoinHandle<Result<crate::active::ProbeResult>>,
+}
+
+/// The probe's options as `rttscope probe` parses them (the lab's argument lists are the
+/// command lines it records).
+#[derive(clap::Parser)]
+#[command(no_binary_name = true)]
+struct ProbeLine {
+    #[command(subcommand)]
+    kind: crate::cmd::probe::ProbeKind,
+}
+
+/// The configuration of `rttscope probe tcp-rr|icmp ARGS` (`args[0]` is `probe`).
+fn probe_config(args: &[String]) -> Result<crate::active::ProbeConfig> {
+    use crate::cmd::probe::{ping_config, rr_config, ProbeKind};
+    use clap::Parser;
+    let line = ProbeLine::try_parse_from(args.iter().skip(1))
+        .map_err(|e| anyhow!("the lab's probe arguments {args:?}: {e}"))?;
+    match line.kind {
+        ProbeKind::TcpRr { common, tcp } => rr_config(crate::active::Kind::TcpRr, &common, &tcp),
+        ProbeKind::Icmp { ping } => ping_config(&ping),
+        _ => bail!("the lab runs tcp-rr and icmp probes only: {args:?}"),
+    }
+}
+
+/// Stop the probes (cancel) and wait for their threads.
+fn cancel_all(kids: Vec<ProbeRun>) {
+    for k in &kids {
+        let _ = k.cancel.send(true);
+    }
+    for k in kids {
+        let _ = k.handle.join();
     }
 }
 
@@ -510,7 +621,7 @@ fn bulk_args(srv: &str, secs: f64) -> Vec<String> {
 
 /// Waits for the probes, reporting progress and honouring Ctrl-C.
 fn wait_for_probes(
-    kids: &mut [Running],
+    kids: &[ProbeRun],
     phase: &Phase,
     started: Instant,
     progress: &dyn Progress,
@@ -518,13 +629,7 @@ fn wait_for_probes(
     loop {
         progress.at(started.elapsed().min(phase.duration));
         signals::check()?;
-        let mut all = true;
-        for k in kids.iter_mut() {
-            if k.child.try_wait()?.is_none() {
-                all = false;
-            }
-        }
-        if all {
+        if kids.iter().all(|k| k.handle.is_finished()) {
             break;
         }
         if started.elapsed() > phase.duration + Duration::from_secs(30) {
@@ -557,8 +662,29 @@ fn finish_bulk(mut b: Running) -> Result<Value> {
 }
 
 impl LabEnv {
-    fn spawn_probe(&self, tb: &Testbed, what: &str, prog: &str, a: Vec<String>) -> Result<Running> {
-        Ok(collect(self.spawn_cli(tb, prog, &a)?, what.to_string()))
+    /// Start iperf3 (the bulk flow) in the client namespace.
+    fn spawn_bulk(&self, tb: &Testbed, a: Vec<String>) -> Result<Running> {
+        Ok(collect(self.spawn_cli(tb, "iperf3", &a)?))
+    }
+
+    /// Start `rttscope probe ARGS` in this process, on a thread inside the client namespace.
+    fn spawn_probe(&self, tb: &Testbed, what: &str, args: Vec<String>) -> Result<ProbeRun> {
+        let cfg = probe_config(&args)?;
+        let (cancel, rx) = crate::active::cancel::cancel_pair();
+        let (path, name) = (tb.ns_path(Role::Cli), tb.ns(Role::Cli));
+        let handle = std::thread::Builder::new()
+            .name(format!("lab-{what}"))
+            .spawn(move || {
+                crate::sys::netns::enter_path(&path, &name)?;
+                let rt = crate::active::cancel::runtime()?;
+                rt.block_on(crate::active::run_probe(&cfg, rx))
+            })
+            .context("starting a probe thread")?;
+        Ok(ProbeRun {
+            what: what.into(),
+            cancel,
+            handle,
+        })
     }
 
     /// Starts the phase's probes (and bulk flow) in the client namespace.
@@ -566,12 +692,11 @@ impl LabEnv {
         &self,
         tb: &Testbed,
         phase: &Phase,
-        kids: &mut Vec<Running>,
+        kids: &mut Vec<ProbeRun>,
         bulk: &mut Option<Running>,
     ) -> Result<()> {
         let secs = phase.duration.as_secs_f64();
         let srv = SRV_ADDR.to_string();
-        let exe = self.exe_str().to_string();
         match &phase.workload {
             Workload::TcpRr {
                 request,
@@ -582,7 +707,7 @@ impl LabEnv {
                 for s in 0..*sessions {
                     // stagger parallel sessions over the interval
                     let a = rr_args(&srv, *request, *response, *interval, secs);
-                    kids.push(self.spawn_probe(tb, &format!("rr{s}"), &exe, a)?);
+                    kids.push(self.spawn_probe(tb, &format!("rr{s}"), a)?);
                     if *sessions > 1 {
                         std::thread::sleep((*interval / *sessions).min(Duration::from_millis(50)));
                     }
@@ -590,49 +715,56 @@ impl LabEnv {
             }
             Workload::PingAndRr { interval } => {
                 let a = rr_args(&srv, 1, 1, *interval, secs);
-                kids.push(self.spawn_probe(tb, "rr", &exe, a)?);
-                kids.push(self.spawn_probe(tb, "ping", &exe, ping_args(&srv, *interval, secs))?);
+                kids.push(self.spawn_probe(tb, "rr", a)?);
+                kids.push(self.spawn_probe(tb, "ping", ping_args(&srv, *interval, secs))?);
             }
             Workload::BulkWithProbes { probe_interval, .. } => {
-                *bulk = Some(self.spawn_probe(tb, "bulk", "iperf3", bulk_args(&srv, secs))?);
+                *bulk = Some(self.spawn_bulk(tb, bulk_args(&srv, secs))?);
                 // let the bulk flow fill the queue before probing
                 let warm = Duration::from_millis(1500).min(phase.duration / 4);
                 std::thread::sleep(warm);
                 let len = secs - warm.as_secs_f64();
                 let a = rr_args(&srv, 1, 1, *probe_interval, len);
-                kids.push(self.spawn_probe(tb, "rr", &exe, a)?);
+                kids.push(self.spawn_probe(tb, "rr", a)?);
                 let a = ping_args(&srv, *probe_interval, len);
-                kids.push(self.spawn_probe(tb, "ping", &exe, a)?);
+                kids.push(self.spawn_probe(tb, "ping", a)?);
             }
         }
         Ok(())
     }
 
-    /// Reads one ended probe's result into the phase's samples; returns its
-    /// document without the samples, named by `probe`.
-    fn probe_result(&mut self, k: Running, phase: &Phase) -> Result<Value> {
-        let Running {
-            what,
-            mut child,
-            out,
-        } = k;
-        let st = child.wait()?;
-        let (so, se) = out
+    /// Unix seconds of a CLOCK_MONOTONIC time (ns).
+    fn unix_of_mono(&self, ns: u64) -> f64 {
+        (ns as i64 + self.realtime_minus_mono_ns) as f64 / 1e9
+    }
+
+    /// Reads one ended probe's result into the phase's samples (and a request/response probe's
+    /// connection and window into the phase's own connections); returns its result without the
+    /// samples, named by `probe`.
+    fn probe_result(&mut self, k: ProbeRun, phase: &Phase) -> Result<Value> {
+        let what = k.what;
+        let p = k
+            .handle
             .join()
-            .map_err(|_| anyhow!("probe output thread panicked"))?;
-        if !st.success() {
+            .map_err(|_| anyhow!("probe {what} in phase {} panicked", phase.label))?
+            .with_context(|| format!("probe {what} in phase {} failed", phase.label))?;
+        if p.counts.received == 0 && p.counts.sent > 0 {
             bail!(
-                "probe {what} in phase {} failed ({st}): {}",
+                "probe {what} in phase {} had no replies from {} ({} sent{})",
                 phase.label,
-                se.trim()
+                p.settings.address,
+                p.counts.sent,
+                p.last_error
+                    .as_ref()
+                    .map(|e| format!(", last error: {e}"))
+                    .unwrap_or_default()
             );
         }
-        let p = read_probe_document(&so)
-            .with_context(|| format!("reading the {what} probe's result: {}", se.trim()))?;
+        let t0 = p.ident.start_mono_ns;
         let samples: Vec<(f64, f64)> = p
             .samples
             .iter()
-            .map(|&(t, rtt)| (p.start_unix_s + t as f64 / 1e9, rtt as f64 / 1e3))
+            .map(|&(t, rtt)| (self.unix_of_mono(t0 + t), rtt as f64 / 1e3))
             .collect();
         let lost = p.counts.lost + p.counts.errors;
         if what == "ping" {
@@ -641,11 +773,21 @@ impl LabEnv {
         } else {
             self.current.rr.extend(samples);
             self.current.rr_failed += lost;
+            if let Some(local) = p.ident.local {
+                self.current.own.push(OwnFlow {
+                    local: SocketAddr::new(local.ip().to_canonical(), local.port()),
+                    start: self.unix_of_mono(p.ident.start_mono_ns),
+                    end: self.unix_of_mono(p.ident.end_mono_ns),
+                });
+            }
         }
         let mut v = serde_json::to_value(&p)?;
         if let Some(o) = v.as_object_mut() {
             o.remove("samples");
             o.insert("probe".into(), json!(what));
+            if let Some(local) = p.ident.local {
+                o.insert("local".into(), json!(local.to_string()));
+            }
         }
         Ok(v)
     }
@@ -696,25 +838,31 @@ impl ScenarioEnv for LabEnv {
             self.obs_start_line = obs.shared.lock().unwrap().start_line.clone();
             self.observer = Some(obs);
         }
+        let since = self.data.last().map_or(0.0, |d| d.end_unix);
+        let drops_before = match &self.observer {
+            Some(o) => o.settled(since)?,
+            None => 0,
+        };
         let now = unix_now();
         self.run_start_unix.get_or_insert(now);
         let _ = phase;
         self.current = PhaseData {
             start_unix: now,
+            drops_before,
             ..Default::default()
         };
         Ok(())
     }
 
     fn probe(&mut self, tb: &Testbed, phase: &Phase, progress: &dyn Progress) -> Result<Value> {
-        let mut kids: Vec<Running> = Vec::new();
+        let mut kids: Vec<ProbeRun> = Vec::new();
         let mut bulk: Option<Running> = None;
         let started = Instant::now();
         let res = self
             .start_workload(tb, phase, &mut kids, &mut bulk)
-            .and_then(|()| wait_for_probes(&mut kids, phase, started, progress));
+            .and_then(|()| wait_for_probes(&kids, phase, started, progress));
         if let Err(e) = res {
-            kill_all(&mut kids);
+            cancel_all(kids);
             if let Some(b) = bulk.as_mut() {
                 let _ = b.child.kill();
                 let _ = b.child.wait();
@@ -752,6 +900,13 @@ impl ScenarioEnv for LabEnv {
                 msg.trim()
             );
         }
+        // The drops while the phase ran: the first reading after its end (the end record's
+        // when the observer was stopped).
+        let after = match obs.drops_after(end, Duration::from_secs(3))? {
+            Some(d) => d,
+            None => obs.shared.lock().unwrap().drops.last().map_or(0, |r| r.1),
+        };
+        self.current.observer_dropped = after.saturating_sub(self.current.drops_before);
         {
             let s = obs.shared.lock().unwrap();
             self.current.take_observed(&s, end);
@@ -762,6 +917,8 @@ impl ScenarioEnv for LabEnv {
         let v = json!({
             "observer": obs.args,
             "flows": d.flows,
+            "left_out": d.left_out,
+            "observer_dropped": d.observer_dropped,
             "tcp_client": summary_json(&d.tcp_cli),
             "tcp_server": summary_json(&d.tcp_srv),
             "sampler_client": summary_json(&d.smp_cli),
@@ -778,15 +935,6 @@ impl ScenarioEnv for LabEnv {
         }
         write_report(self, plan, records, out)
     }
-}
-
-/// The window of a phase's request/response probes, Unix seconds: the first send to the end of
-/// the last transaction, widened by 2 ms for the two processes' wall clocks (the probe's and
-/// the observer's times are taken in different processes). None without a transaction.
-fn probe_window(rr: &[(f64, f64)]) -> Option<(f64, f64)> {
-    let first = rr.iter().map(|s| s.0).reduce(f64::min)?;
-    let last = rr.iter().map(|s| s.0 + s.1 / 1e6).reduce(f64::max)?;
-    Some((first - 0.002, last + 0.002))
 }
 
 // ---------------------------------------------------------------- statistics
@@ -859,13 +1007,6 @@ fn write_json_copy(env: &LabEnv, rr: &RunResult) -> Result<()> {
         }
         Some(p) => rr.save(p).map_err(|e| anyhow!("{e}")),
     }
-}
-
-/// The probe's result from what `probe ... --json -` printed (the result document).
-fn read_probe_document(stdout: &str) -> Result<crate::active::ProbeResult> {
-    let doc = RunResult::from_json(stdout.trim(), "probe output").map_err(|e| anyhow!("{e}"))?;
-    crate::active::output::probe_from_document(&doc)
-        .ok_or_else(|| anyhow!("the probe's result document holds no probe result"))
 }
 
 /// A view's summary in the lab's result: the one exact summary, with p90 among the extras and
@@ -1326,7 +1467,7 @@ fn write_report(
         matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
     );
     let p = out.join("summary.csv");
-    crate::sys::files::write_atomically(&p, table.csv_unquoted().as_bytes())
+    crate::sys::files::write_atomically(&p, table.csv().as_bytes())
         .with_context(|| format!("writing {}", p.display()))?;
     files.push(p);
 
@@ -1379,10 +1520,48 @@ fn report_settings(env: &LabEnv, plan: &Plan, records: &[PhaseRecord], name: &st
             "counters": env.obs_counters,
             "unparsed_lines": env.obs_bad.0,
             "samples_of_other_flows": env.obs_bad.1,
+            "selection": SELECTION,
+            "left_out": left_out_total(&env.data),
         },
         "emulator": records.iter().map(|r| json!({"phase": r.phase.label, "impairment": r.impairment})).collect::<Vec<_>>(),
         "cloud_buckets": crate::analysis::dist::vm_flow_preset().spec(),
     })
+}
+
+/// How the lab's rows select the passive views' samples (result.json's settings).
+const SELECTION: &str = "each phase's rows hold its own request/response connections only (the probe socket's address and the responder's: the 4-tuple), from each one's first transaction to the end of its last (the probe's CLOCK_MONOTONIC times, the kernel's sample times); every other sample on the lab's port is left out and counted (left_out)";
+
+/// The samples left out over all phases.
+fn left_out_total(data: &[PhaseData]) -> LeftOut {
+    data.iter().fold(LeftOut::default(), |a, d| LeftOut {
+        own_outside_window: a.own_outside_window + d.left_out.own_outside_window,
+        other_connections: a.other_connections + d.left_out.other_connections,
+    })
+}
+
+/// SUMMARY.md's sentence on what the rows hold and what was left out.
+fn left_out_sentence(data: &[PhaseData]) -> String {
+    let l = left_out_total(data);
+    let mut s = format!(
+        "The passive columns hold each phase's own request/response connections only, from their first transaction to their last: {} of the observer's samples on port {PORT} were left out ({} of those connections outside their windows: handshake, hello, close, a last response's late ACK; {} of other connections).",
+        l.total(),
+        l.own_outside_window,
+        l.other_connections
+    );
+    let dropped: u64 = data.iter().map(|d| d.observer_dropped).sum();
+    if dropped > 0 {
+        let at: Vec<String> = data
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.observer_dropped > 0)
+            .map(|(i, d)| format!("phase {}: {}", i + 1, d.observer_dropped))
+            .collect();
+        s += &format!(
+            " The observer's ring buffers dropped {dropped} samples while phases ran ({}; counted in observer_dropped): those rows may lack up to that many.",
+            at.join(", ")
+        );
+    }
+    s
 }
 
 /// One sweep point per phase, with its settings and the views that saw samples.
@@ -1395,7 +1574,7 @@ fn sweep_of(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Swe
             .enumerate()
             .map(|(i, v)| SweepPoint {
                 x: x_of(plan, i),
-                settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
+                settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "left_out": data[i].left_out, "observer_dropped": data[i].observer_dropped, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
                 views: v.iter().filter(|s| s.count > 0).cloned().collect(),
             })
             .collect(),
@@ -1492,6 +1671,7 @@ fn summary_markdown(
     for o in obs {
         md += &format!("- {o}\n");
     }
+    md += &format!("\n{}\n", left_out_sentence(&env.data));
     md += "\nFiles: `result.json` (settings, per-phase summaries, samples), `summary.csv`, `plan.json`, `phases.json` (link settings and emulator counters per phase)";
     for c in charts {
         md += &format!(
@@ -1569,13 +1749,102 @@ mod tests {
         assert!(c > 100.0 && c <= 1000.0, "{c}");
     }
 
+    /// The observer's lines as `observe --raw --format json` prints them.
+    fn observed(lines: &[(&str, &str, &str, f64, f64)]) -> ObsShared {
+        let mut s = ObsShared {
+            start_ts: Some(1000.0),
+            ..Default::default()
+        };
+        for (view, local, remote, t, rtt) in lines {
+            let l = format!(
+                r#"{{"type":"sample","view":"{view}","local":"{local}","remote":"{remote}","t":{t},"t_us":{},"rtt_us":{rtt},"netns":1}}"#,
+                t * 1e6
+            );
+            let Ok(Record::Sample(smp)) = Record::parse(&l) else {
+                panic!("{l}")
+            };
+            observed_sample(&mut s, &smp);
+        }
+        s
+    }
+
+    /// A phase takes exactly its own connection (by 4-tuple, both ends) inside its window;
+    /// everything else on the lab's port is counted, by reason.
     #[test]
-    fn sides_and_ports() {
-        assert_eq!(side_of_local("10.79.1.2:4000"), Some(Side::Client));
-        assert_eq!(side_of_local("10.79.2.2:7878"), Some(Side::Server));
-        assert_eq!(side_of_local("10.77.0.1:1"), None);
-        assert_eq!(port_of("10.79.2.2:7878"), Some(7878));
-        assert_eq!(port_of("[fd79:2::2]:7878"), Some(7878));
+    fn a_phase_takes_its_own_connection_inside_its_window() {
+        let cli = "10.79.1.2:40000";
+        let srv = "10.79.2.2:7878";
+        let s = observed(&[
+            ("tcp", cli, srv, 0.5, 40.0),       // handshake: before the window
+            ("tcp", cli, srv, 1.0, 50.0),       // client, first transaction
+            ("tcp", srv, cli, 1.2, 9000.0),     // server
+            ("sampler", cli, srv, 1.2, 45.0),   // sampler client
+            ("sampler", srv, cli, 1.3, 9000.0), // sampler server
+            ("tcp", cli, srv, 2.0, 50.0),       // client, last transaction's end
+            ("tcp", srv, cli, 2.04, 40000.0),   // the last response's delayed ACK: after
+            ("tcp", "10.79.1.2:39999", srv, 1.1, 30.0), // a connection open before the lab
+            ("tcp", srv, "10.79.1.2:39999", 1.1, 30.0),
+            ("tcp", "10.79.1.2:41000", srv, 9.0, 30.0), // another phase's connection, later
+            ("sampler", "10.79.1.2:0", "10.79.2.2:0", 1.1, 30.0), // a ping: not the lab's port
+        ]);
+        assert_eq!(s.other_port, 1);
+        let mut d = PhaseData {
+            start_unix: 1000.2,
+            own: vec![OwnFlow {
+                local: "10.79.1.2:40000".parse().unwrap(),
+                start: 1000.9,
+                end: 1002.0,
+            }],
+            ..Default::default()
+        };
+        d.take_observed(&s, 1002.3);
+        let n = |v: &Series| v.len();
+        assert_eq!(
+            (n(&d.tcp_cli), n(&d.tcp_srv), n(&d.smp_cli), n(&d.smp_srv)),
+            (2, 1, 1, 1)
+        );
+        assert_eq!(d.flows, 1);
+        assert_eq!(
+            d.left_out,
+            LeftOut {
+                own_outside_window: 2,
+                other_connections: 2
+            }
+        );
+        assert_eq!(d.tcp_cli[0], (1001.0, 50.0));
+        // IPv6 and IPv4-mapped addresses name the same sockets.
+        assert_eq!(
+            addr_of("[::ffff:10.79.1.2]:40000"),
+            Some("10.79.1.2:40000".parse().unwrap())
+        );
+        assert_eq!(
+            addr_of("[fd79:2::2]:7878"),
+            Some("[fd79:2::2]:7878".parse().unwrap())
+        );
+        assert_eq!(addr_of("nonsense"), None);
+    }
+
+    /// The observer's drops are read from its interval and end records, both views' names.
+    #[test]
+    fn ring_drops_of_both_views() {
+        let l = r#"{"type":"interval","t":1.0,"ts":1000.0,"interval_s":0.5,"flows":[],"totals":{},"counters":{"tcp":{"raw_events_dropped":5,"samples":9},"sampler":{"raw_drops":2,"raw_events_dropped":1}}}"#;
+        let sh = Mutex::new(ObsShared::default());
+        read_observer(std::io::Cursor::new(l), &sh);
+        assert_eq!(sh.lock().unwrap().drops, vec![(1000.0, 8)]);
+    }
+
+    /// The lab runs the probes in-process with `rttscope probe`'s own parser and configuration.
+    #[test]
+    fn probe_arguments_parse_as_probe_does() {
+        let c = probe_config(&rr_args("10.79.2.2", 1, 2, Duration::from_millis(10), 1.8)).unwrap();
+        assert_eq!(c.kind, crate::active::Kind::TcpRr);
+        assert_eq!((c.port, c.req_size, c.resp_size), (PORT, 1, 2));
+        assert_eq!(c.interval, Duration::from_millis(10));
+        assert!(c.nodelay);
+        let c = probe_config(&ping_args("10.79.2.2", Duration::from_millis(100), 5.0)).unwrap();
+        assert_eq!(c.kind, crate::active::Kind::Icmp);
+        assert_eq!(c.interval, Duration::from_millis(100));
+        assert!(probe_config(&["probe".into(), "udp-rr".into(), "x".into()]).is_err());
     }
 }
 
@@ -1620,6 +1889,13 @@ mod report_golden {
                 || json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": 9.5e6 - i as f64, "sender_congestion": "cubic"}),
             ),
             flows: i + 1,
+            own: Vec::new(),
+            left_out: LeftOut {
+                own_outside_window: 2 + i as u64,
+                other_connections: 3 * i as u64,
+            },
+            observer_dropped: if i == 1 { 7 } else { 0 },
+            drops_before: 0,
         }
     }
 
@@ -1651,6 +1927,22 @@ mod report_golden {
         std::fs::create_dir_all(&out).unwrap();
         write_report(&env, &plan, &[], &out).unwrap();
         let read = |f: &str| std::fs::read_to_string(out.join(f)).unwrap();
+        // summary.csv: every line has the header's number of fields (RFC 4180: a comma inside
+        // quotes is not a separator; the bufferbloat header's "(KiB queue, 0 = idle)" is quoted).
+        let fields = |l: &str| {
+            l.chars()
+                .fold((1, false), |(n, q), c| match c {
+                    '"' => (n, !q),
+                    ',' if !q => (n + 1, q),
+                    _ => (n, q),
+                })
+                .0
+        };
+        let csv = read("summary.csv");
+        let head = fields(csv.lines().next().unwrap());
+        for l in csv.lines() {
+            assert_eq!(fields(l), head, "{name} summary.csv: {l}");
+        }
         let mut doc: Value = serde_json::from_str(&read("result.json")).unwrap();
         let o = doc.as_object_mut().unwrap();
         o.remove("created");

@@ -116,17 +116,6 @@ impl Table {
         }
         out
     }
-
-    /// CSV without quoting, as the lab's summary.csv has always been written: the header as
-    /// is, a comma inside a row's cell replaced by `;`.
-    pub fn csv_unquoted(&self) -> String {
-        let mut out = self.heads.join(",") + "\n";
-        for r in &self.rows {
-            let f: Vec<String> = r.iter().map(|c| c.replace(',', ";")).collect();
-            out += &(f.join(",") + "\n");
-        }
-        out
-    }
 }
 
 /// `1 flow`, `2 flows`: a count and its noun, plural with -s unless one.
@@ -275,10 +264,6 @@ mod tests {
         assert_eq!(
             t.markdown(),
             "| phase (KiB queue, 0 = idle) | RR_N | RR_P50 ms |\n|---:|---:|---:|\n| idle | 3 | 0.120 |\n| deep 1MiB | 10 | 12.5 |\n| a,b | 1 | - |\n"
-        );
-        assert_eq!(
-            t.csv_unquoted(),
-            "phase (KiB queue, 0 = idle),RR_N,RR_P50 ms\nidle,3,0.120\ndeep 1MiB,10,12.5\na;b,1,-\n"
         );
         assert_eq!(
             t.csv(),

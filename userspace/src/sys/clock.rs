@@ -24,6 +24,23 @@ pub fn realtime_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC in nanoseconds: add it to a monotonic time for its Unix
+/// time. Read as a monotonic, realtime, monotonic triple, the tightest of five (a triple the
+/// scheduler interrupted would be off by the interruption).
+pub fn realtime_minus_mono_ns() -> i64 {
+    let mut best = (u64::MAX, 0i64);
+    for _ in 0..5 {
+        let a = mono_ns();
+        let r = realtime_ns();
+        let b = mono_ns();
+        let mid = a + (b - a) / 2;
+        if b - a < best.0 {
+            best = (b - a, r - mid as i64);
+        }
+    }
+    best.1
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -33,5 +50,13 @@ mod tests {
         assert!(b >= a);
         // After 2020-01-01.
         assert!(super::realtime_ns() > 1_577_836_800_000_000_000);
+    }
+
+    #[test]
+    fn realtime_minus_mono_maps_now_to_now() {
+        let off = super::realtime_minus_mono_ns();
+        let mapped = super::mono_ns() as i64 + off;
+        let real = super::realtime_ns();
+        assert!((real - mapped).abs() < 50_000_000, "{real} vs {mapped}");
     }
 }

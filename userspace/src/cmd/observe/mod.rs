@@ -213,7 +213,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     };
     let header = output::header(&args, &session);
     result::start(&args, &session, output::settings(&args));
-    output::print_start(&args, &session, &views, &header)?;
+    // t = 0 of the raw samples, and the start record's `ts` (its Unix time).
+    let start_mono = crate::sys::clock::mono_ns();
+    output::print_start(&args, &session, &views, &header, start_mono)?;
     let start = Instant::now();
     let mut raw = Raw::open(&mut session, args.raw)?;
     run_loop(
@@ -223,6 +225,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         &mut session,
         daemon.as_mut(),
         &mut raw,
+        start_mono,
     )
     .await?;
     if args.daemon_without_summary() {
@@ -251,9 +254,9 @@ async fn run_loop(
     session: &mut Session,
     mut daemon: Option<&mut Daemon>,
     raw: &mut Raw,
+    start_mono: u64,
 ) -> Result<()> {
     let view_names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
-    let start_mono = crate::sys::clock::mono_ns();
     let mut report = Report::new(args, header, &view_names);
     // Between reports, a check that frees closed flows early when the TCP
     // view's table fills up (Tracker::reclaim_due).

@@ -71,11 +71,18 @@ pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
     .expect("settings serialise")
 }
 
-/// The start record.
+/// Unix time (seconds) of `mono_ns` (CLOCK_MONOTONIC): the start record's `ts` is the Unix time
+/// of t = 0 itself, so `ts + t` of a raw sample is its Unix time (the lab selects samples by it).
+pub(super) fn unix_at(mono_ns: u64) -> f64 {
+    (mono_ns as i64 + crate::sys::clock::realtime_minus_mono_ns()) as f64 / 1e9
+}
+
+/// The start record; `start_mono`: t = 0 of the raw samples.
 pub(super) fn start_record(
     args: &ObserveArgs,
     session: &Session,
     views: &[ViewKind],
+    start_mono: u64,
 ) -> Result<records::Start> {
     let sampler = match &session.sampler {
         Some(s) => Some(SamplerStart {
@@ -94,7 +101,7 @@ pub(super) fn start_record(
             .as_ref()
             .map(|v| serde_json::to_value(v.info()))
             .transpose()?,
-        ts: Some(unix_now()),
+        ts: Some(unix_at(start_mono)),
         kind: records::StartTag,
         version: 1,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
@@ -171,6 +178,7 @@ pub(super) fn print_start(
     session: &Session,
     views: &[ViewKind],
     header: &str,
+    start_mono: u64,
 ) -> Result<()> {
     if args.quiet {
         return Ok(()); // --quiet: no start record, header nor attach lines
@@ -179,7 +187,7 @@ pub(super) fn print_start(
     let mut out = stdout.lock();
     match args.format {
         Format::Json => {
-            let line = serde_json::to_string(&start_record(args, session, views)?)?;
+            let line = serde_json::to_string(&start_record(args, session, views, start_mono)?)?;
             writeln!(out, "{line}")?;
         }
         Format::CloudMonitoring => {
