@@ -202,7 +202,9 @@ def end_flow(lines, netns, local):
     return None
 
 
-def nothing_left(what):
+def nothing_left(what, empty_qdisc_ok=False):
+    """No rttscope program loaded, no filter on vc/vs, and no clsact qdisc
+    (empty_qdisc_ok: after a crash an empty one may stay, docs/sampler.md)."""
     progs = sh("bpftool", "prog", "show").stdout
     ours = [l for l in progs.splitlines() if re.search(r"name rtt_(tcp|sampler)_", l)]
     check(not ours, f"{what}: no rttscope program left loaded {ours if ours else ''}")
@@ -210,7 +212,12 @@ def nothing_left(what):
         q = sh("ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev).stdout
         f = sh("ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev, "ingress",
                check_rc=False).stdout
-        check("clsact" not in q and not f.strip(), f"{what}: no clsact qdisc or filter left on {dev}")
+        if empty_qdisc_ok:
+            e = sh("ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev, "egress", check_rc=False).stdout
+            check(not f.strip() and not e.strip(), f"{what}: no filter left on {dev} (clsact qdisc: {'clsact' in q})")
+        else:
+            check("clsact" not in q and not f.strip(), f"{what}: no clsact qdisc or filter left on {dev}")
+    check(pins() == PINS0, f"{what}: no pin left in /sys/fs/bpf ({sorted(set(pins()) - set(PINS0))})")
 
 
 def traffic_run(label, args, before=False, v6=False):
@@ -391,7 +398,8 @@ def compare_run():
             log(f"| {l}")
         n = {row: n_of(p.stdout, row) for row in ("TCP_RR", "tcp client", "tcp server", "sampler client")}
         rr = n["TCP_RR"] or 0
-        check(p.returncode == 0 and rr >= 50, f"compare: exit 0 and TCP_RR has >= 50 of ~150 transactions "
+        # ~150 at 20 ms; TCG on a loaded host gave 79: the rows' match is the check
+        check(p.returncode == 0 and rr >= 20, f"compare: exit 0 and TCP_RR has >= 20 of ~150 transactions "
               f"({rr}; {p.stderr.strip()[-300:]})")
         for row in ("tcp client", "tcp server", "sampler client"):
             check(n[row] is not None and abs(n[row] - rr) <= 1, f"compare: row {row} has one sample per transaction "
@@ -435,11 +443,11 @@ def rtt_count(body, view):
 CAP_BITS = {"net_admin": 12, "perfmon": 38, "bpf": 39}
 
 
-def daemon_run():
+def daemon_run(how):
     """The daemon as the shipped unit runs it: uid 0 with exactly the unit's
     capabilities (setpriv), the shipped config, in kc (nsenter, which leaves
-    /sys as it is), TCP view and sampler; scraped once during real traffic.
-    As tests/tests/deploy.rs on the host."""
+    /sys as it is), TCP view and sampler; scraped once after real traffic, as
+    tests/tests/deploy.rs on the host. Then kill -9 (kill9_checks)."""
     caps = unit_caps()
     testbed_up()
     srv = Server()
@@ -456,32 +464,31 @@ def daemon_run():
         except OSError:
             time.sleep(0.5)
     log(f"daemon ({','.join(sorted(caps))}): /metrics served after {time.monotonic() - t0:.1f} s")
-    if check(body is not None, "daemon: started with the unit's capabilities and serves /metrics"):
-        st = open(f"/proc/{d.pid}/status").read()
-        eff = int(re.search(r"^CapEff:\s*(\S+)", st, re.M).group(1), 16)
-        allowed = sum(1 << CAP_BITS[c] for c in caps)
-        check(eff & ~allowed == 0, f"daemon: effective capabilities {eff:#x} within the unit's {allowed:#x}")
-        check(re.search(r"^NoNewPrivs:\s*1", st, re.M) is not None, "daemon: no_new_privs set after attach")
-        cli = Client()
-        cli.go.set()
-        cli.done.wait(RR_SECONDS + 30)
-        time.sleep(1.0)
-        body = scrape()
-        tcp, smp = rtt_count(body, "tcp"), rtt_count(body, "sampler")
-        log(f"daemon: {cli.transactions} transactions; scraped: tcp {tcp:.0f} samples, sampler {smp:.0f}")
-        check(tcp >= cli.transactions and smp >= 0.5 * cli.transactions,
-              "daemon: the scrape holds the traffic in both views (tcp >= one per transaction, both ends; "
-              "sampler >= half)")
-        cli.release.set()
-    d.terminate()
-    try:
-        _, err = d.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
+    if body is None:
         d.kill()
-        _, err = d.communicate()
-    check(d.returncode == 0, f"daemon: SIGTERM ends it with exit 0 ({d.returncode}: {err.strip()[-300:]})")
-    srv.sock.close()
-    nothing_left("daemon")
+        _, err = d.communicate(timeout=60)
+        check(False, f"daemon: started with the unit's capabilities and serves /metrics ({err.strip()[-500:]})")
+        srv.sock.close()
+        testbed_down()
+        return
+    check(True, "daemon: started with the unit's capabilities and serves /metrics")
+    st = open(f"/proc/{d.pid}/status").read()
+    eff = int(re.search(r"^CapEff:\s*(\S+)", st, re.M).group(1), 16)
+    allowed = sum(1 << CAP_BITS[c] for c in caps)
+    check(eff & ~allowed == 0, f"daemon: effective capabilities {eff:#x} within the unit's {allowed:#x}")
+    check(re.search(r"^NoNewPrivs:\s*1", st, re.M) is not None, "daemon: no_new_privs set after attach")
+    cli = Client()
+    cli.go.set()
+    cli.done.wait(RR_SECONDS + 30)
+    time.sleep(1.0)
+    body = scrape()
+    tcp, smp = rtt_count(body, "tcp"), rtt_count(body, "sampler")
+    log(f"daemon: {cli.transactions} transactions; scraped: tcp {tcp:.0f} samples, sampler {smp:.0f}")
+    check(tcp >= cli.transactions and smp >= 0.5 * cli.transactions,
+          "daemon: the scrape holds the traffic in both views (tcp >= one per transaction, both ends; "
+          "sampler >= half)")
+    cli.release.set()
+    kill9_checks(d, how, srv)
     testbed_down()
 
 
@@ -489,50 +496,46 @@ def pins():
     return sorted(os.path.join(d, f) for d, ds, fs in os.walk("/sys/fs/bpf") for f in ds + fs)
 
 
-def kill9_run(how):
-    """kill -9 of an observer (aya: the loader that pins, in a private
-    directory) with the TCP view and the sampler on both ends: its programs
-    and links must go with the process, and no pin stay. tcx links go too;
-    legacy clsact filters (where the probe found no tcx) outlive any process
-    by design (docs/sampler.md): then the next start must remove them and its
-    own exit leave nothing."""
-    testbed_up()
-    before = pins()
-    p, start = observe(["--loader", "aya", "--view", "tcp,sampler", "--netns", "kc", "--netns", "ks",
-                        "--iface", "kc:vc", "--iface", "ks:vs", "--duration", "300s"])
-    if not check(start is not None, "kill -9: observe started"):
-        finish(p)
-        testbed_down()
-        return
-    ids = start["tcp"]["prog_ids"] + [i for _, i in start["sampler"]["prog_ids"]]
-    p.kill()
-    p.wait(30)
+def our_prog_ids(pattern=r"^rtt_(tcp|sampler)_"):
+    """In the guest every rttscope program is this suite's."""
+    progs = json.loads(sh("bpftool", "-j", "prog", "show").stdout or "[]")
+    return [p["id"] for p in progs if re.match(pattern, p.get("name", ""))]
+
+
+def kill9_checks(d, how, srv):
+    """kill -9 of the daemon (as the OOM killer or systemd's final SIGKILL
+    would): its links and the TCP view's programs must go with the process,
+    and no pin stay. tcx links go too; legacy clsact filters (where the probe
+    found no tcx) outlive any process by design (docs/sampler.md): then they
+    must be there, the next start must remove them, and its exit leave no
+    program or filter (an empty clsact qdisc may stay after a crash)."""
+    ids, tcp_ids = our_prog_ids(), our_prog_ids(r"^rtt_tcp_")
+    d.kill()
+    _, err = d.communicate(timeout=60)
+    srv.sock.close()
     t0 = time.monotonic()
     while True:
-        alive = [i for i in ids if sh("bpftool", "prog", "show", "id", str(i), check_rc=False).returncode == 0]
+        alive = [i for i in ids if i in our_prog_ids()]
         links = json.loads(sh("bpftool", "-j", "link", "show").stdout or "[]")
         linked = [l.get("prog_id") for l in links if l.get("prog_id") in ids]
-        tcp_alive = [i for i in alive if i in start["tcp"]["prog_ids"]]
-        done = not linked and not tcp_alive and (how == "clsact" or not alive)
-        if done or time.monotonic() - t0 > 10:
+        tcp_alive = [i for i in alive if i in tcp_ids]
+        if (not linked and not tcp_alive and (how == "clsact" or not alive)) or time.monotonic() - t0 > 10:
             break
         time.sleep(0.2)
-    log(f"kill -9: programs {ids}; after: loaded {alive}, linked {linked}")
+    log(f"kill -9 (exit {d.returncode}): programs {ids}; after: loaded {alive}, linked {linked}")
+    check(tcp_ids and d.returncode == -signal.SIGKILL, "kill -9: the daemon's TCP view was loaded, and it died of SIGKILL")
     check(not linked, "kill -9: no link left")
     check(not tcp_alive, "kill -9: the TCP view's programs gone")
-    check(pins() == before, f"kill -9: no pin left in /sys/fs/bpf ({sorted(set(pins()) - set(before))})")
     if how != "clsact":
         nothing_left("kill -9")
-        testbed_down()
         return
     f = sh("ip", "netns", "exec", "kc", "tc", "filter", "show", "dev", "vc", "egress").stdout
     check("rtt_sampler_egr" in f, "kill -9: clsact's filters outlive the process (as documented)")
-    r = sh(BIN, "observe", "--loader", "libbpf", "--view", "sampler", "--iface", "kc:vc", "--iface", "ks:vs",
+    r = sh(BIN, "observe", "--loader", "libbpf", "--view", "sampler", "--iface", "kc:vc",
            "--duration", "1s", "-v", check_rc=False)
-    check(r.returncode == 0 and "stale" in r.stderr,
+    check(r.returncode == 0 and "removed a stale rttscope clsact filter" in r.stderr,
           f"kill -9: the next start removes the stale filters ({r.returncode}: {r.stderr.strip()[-300:]})")
-    nothing_left("kill -9, then the next run")
-    testbed_down()
+    nothing_left("kill -9, then the next run", empty_qdisc_ok=True)
 
 
 def refusals(blocker):
@@ -590,14 +593,14 @@ def runs(feat, caps):
     if r:
         tcp_checks("aya off (before, v6)", r, off, caps["iter_setsockopt"])
     compare_run()
-    daemon_run()
-    kill9_run(how)
+    daemon_run(how)
 
 
 t_all = time.monotonic()
 print(f"test-kernels: guest {KERNEL}: {BIN}", flush=True)
 check(os.path.exists("/sys/kernel/btf/vmlinux"), "kernel BTF at /sys/kernel/btf/vmlinux")
 testbed_down()
+PINS0 = pins()
 try:
     # What this kernel allows, probed by rttscope itself: every expectation below
     # follows from these answers, never from the kernel's version.
@@ -669,9 +672,12 @@ fi
 export RTTSCOPE_BIN
 
 status=0
+t_all=$(date +%s)
 for k in "${kernels[@]}"; do
   log=$(mktemp /tmp/rttscope-test-kernels.XXXXXX)
-  echo "== kernel $(basename "$k") (vng --disable-kvm: QEMU TCG)"
+  name=$(basename "$k")
+  [ "$name" = vmlinuz ] && name=vmlinuz-$(basename "$(dirname "$k")")
+  echo "== kernel $name (vng --disable-kvm: QEMU TCG)"
   t0=$(date +%s)
   # KVM does not boot these guests on our machines (docs/kernels.md).
   set +e
@@ -682,12 +688,13 @@ for k in "${kernels[@]}"; do
   t1=$(date +%s)
   if grep -q "^test-kernels: guest .*: PASS$" "$log"; then
     grep -E "^(test-kernels|  )" "$log"
-    echo "test-kernels: $(basename "$k"): PASS in $((t1 - t0)) s wall time (boot included)"
+    echo "test-kernels: $name: PASS in $((t1 - t0)) s wall time (boot included)"
   else
     cat "$log"
-    echo "test-kernels: $(basename "$k"): FAILED (vng exit $rc, $((t1 - t0)) s; guest output above)" >&2
+    echo "test-kernels: $name: FAILED (vng exit $rc, $((t1 - t0)) s; guest output above)" >&2
     status=1
   fi
   rm -f "$log"
 done
+echo "test-kernels: ${#kernels[@]} kernel(s) in $(($(date +%s) - t_all)) s"
 exit $status
