@@ -106,7 +106,10 @@ fi
 # More kernels for scripts/test-kernels.sh, from Debian's archive with a private apt
 # list (the machine's own sources are not touched): Debian 11's 5.10 and Debian 13's
 # 6.12, besides bookworm's 6.1 above. Cached under /var/cache/rttscope/kernels/<suite>;
-# the modules go to /lib/modules/<version> (virtme-ng looks there).
+# the modules and the image go to /lib/modules/<version> (the image as `vmlinuz`, where
+# Fedora and Arch keep theirs). Booted from there, virtme-ng takes the host's /lib/modules
+# for the guest's; booted from the cache, it links the guest's /lib/modules/<version> into
+# /var/cache, which its guest init hides under a tmpfs: no veth, no sch_ingress.
 fetch_kernel() { # suite uri package-regex
   local suite=$1 uri=$2 re=$3 dir=/var/cache/rttscope/kernels/$1
   if compgen -G "$dir/root/boot/vmlinuz-*" >/dev/null; then
@@ -117,6 +120,7 @@ fetch_kernel() { # suite uri package-regex
     fi
     # dpkg -x runs no postinst: the module index (modprobe veth in the guest) is ours to build
     [ -e "/lib/modules/$v/modules.dep" ] || depmod "$v"
+    [ -e "/lib/modules/$v/vmlinuz" ] || cp "$dir/root/boot/vmlinuz-$v" "/lib/modules/$v/vmlinuz"
     return 0
   fi
   echo "setup: fetching a $suite kernel from Debian's archive"

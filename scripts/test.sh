@@ -34,7 +34,7 @@ cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "
 echo "== the passive views' end-to-end tests again, loaded by aya"
 RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
 
-echo "== other kernels in a VM (Debian 12's 6.1 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
+echo "== other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
 "$ROOT/scripts/test-kernels.sh"
 
 echo "== leftovers"
