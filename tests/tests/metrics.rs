@@ -409,24 +409,33 @@ fn series_cap_holds_under_5000_remote_addresses() {
     });
     let t0 = Instant::now();
     let done = p.a.run(move || {
-        let mut ok = 0u32;
+        let (mut ok, mut errors) = (0u32, std::collections::BTreeMap::new());
         for i in 0..N {
             let src: SocketAddr = format!("10.88.{}.{}:0", i / 250, 1 + i % 250)
                 .parse()
                 .unwrap();
-            let s =
-                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            s.bind(&src.into()).unwrap();
-            if s.connect_timeout(&server_addr().into(), Duration::from_secs(2))
-                .is_err()
-            {
-                continue;
+            // A connect that fails at once (seen beside the other tests on two cores: 83 and
+            // 100 of 5,000, never alone) is tried again from the same address, up to 3 times:
+            // the load must reach 5,000 addresses; the failures are printed.
+            for _ in 0..3 {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                s.bind(&src.into()).unwrap();
+                if let Err(e) = s.connect_timeout(&server_addr().into(), Duration::from_secs(2)) {
+                    *errors.entry(e.kind().to_string()).or_insert(0u32) += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+                let mut s: TcpStream = s.into();
+                let mut b = [0u8; 1];
+                if s.write_all(b"q").is_ok() && s.read_exact(&mut b).is_ok() {
+                    ok += 1;
+                }
+                break;
             }
-            let mut s: TcpStream = s.into();
-            let mut b = [0u8; 1];
-            if s.write_all(b"q").is_ok() && s.read_exact(&mut b).is_ok() {
-                ok += 1;
-            }
+        }
+        if !errors.is_empty() {
+            eprintln!("series_cap: connect failures tried again: {errors:?}");
         }
         ok
     });
