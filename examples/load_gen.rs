@@ -19,15 +19,21 @@ fn serve(addr: &str) {
     let l = TcpListener::bind(addr).expect("bind");
     for s in l.incoming() {
         let Ok(mut s) = s else { continue };
-        std::thread::spawn(move || {
-            s.set_nodelay(true).ok();
-            let mut b = [0u8; 1];
-            while let Ok(1) = s.read(&mut b) {
-                if s.write_all(&b).is_err() {
-                    break;
+        // small stacks: `hold` keeps tens of thousands of connections, a thread each
+        let spawned = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || {
+                s.set_nodelay(true).ok();
+                let mut b = [0u8; 1];
+                while let Ok(1) = s.read(&mut b) {
+                    if s.write_all(&b).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            });
+        if let Err(e) = spawned {
+            eprintln!("load_gen server: no thread for a connection: {e}");
+        }
     }
 }
 

@@ -4,7 +4,10 @@
 # (load_gen hold: one request/response each, then idle), then SCRAPERS
 # concurrent scrapers for SECONDS (bench_scrape, loopback only). Prints the
 # scrapes answered/failed, latency p50/p99/max and the observer's RSS before
-# and after. Nothing is left behind.
+# and after, the observer's idle CPU over 10 s with the flows held, and the
+# loss identity of both views (samples_total = sum of _count + counted
+# losses; docs/metrics.md) after RR traffic on 500 more connections while
+# the held flows stay tracked. Nothing is left behind.
 # Usage: sudo scripts/bench-scrape.sh [FLOWS [SCRAPERS [SECONDS]]]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -21,7 +24,9 @@ STORM="$ROOT/target/release/examples/bench_scrape"
 A="rtssca$$"; B="rtsscb$$"
 PORT=$((20000 + $$ % 20000))
 OUT=$(mktemp -d)
+MAPS0=$(sysctl -n vm.max_map_count)
 cleanup() {
+  sysctl -q -w vm.max_map_count="$MAPS0" || true
   [ -n "${HOLD:-}" ] && kill "$HOLD" 2>/dev/null || true
   [ -n "${OBS:-}" ] && kill "$OBS" 2>/dev/null && wait "$OBS" 2>/dev/null || true
   [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
@@ -31,6 +36,9 @@ cleanup() {
 }
 trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)"
+# the server's thread per connection takes two mappings (stack, guard page):
+# 65,530 by default would stop it near 32,000 connections
+sysctl -q -w vm.max_map_count=$((FLOWS * 4 + 65530))
 ip netns add "$A"; ip netns add "$B"
 ip link add "va$$" netns "$A" type veth peer name "vb$$" netns "$B"
 ip -n "$A" addr add 10.79.0.1/24 dev "va$$"; ip -n "$B" addr add 10.79.0.2/24 dev "vb$$"
@@ -40,7 +48,7 @@ ip netns exec "$A" sysctl -q -w net.ipv4.ip_local_port_range="1024 65535"
 ip netns exec "$B" "$LOAD" server 10.79.0.2:7001 & SRV=$!
 sleep 0.3
 "$BIN" observe --listen "127.0.0.1:$PORT" --netns "$A" --netns "$B" --quiet \
-  --interval 1s --max-flows 131072 >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
+  --iface "$A:va$$" --interval 1s --max-flows 131072 >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/metrics" && break; sleep 0.1; done
 ip netns exec "$A" "$LOAD" hold 10.79.0.2:7001 "$FLOWS" $((SECS + 60)) >"$OUT/hold.out" 2>&1 & HOLD=$!
 # Wait until the observer tracks the flows (both ends: 2 per connection).
@@ -52,5 +60,26 @@ done
 echo "flows tracked: ${n:-0}"
 t0=$(date +%s%N)
 curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
+read -r _ _ _ _ _ _ _ _ _ _ _ _ _ u0 s0 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
+sleep 10
+read -r _ _ _ _ _ _ _ _ _ _ _ _ _ u1 s1 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
+echo "idle CPU with the flows held: $(( (u1 + s1 - u0 - s0) * 100 / $(getconf CLK_TCK) / 10 ))% of a core over 10 s"
+grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' '; echo
+t0=$(date +%s%N)
+curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
 echo "one scrape alone: $(( ($(date +%s%N) - t0) / 1000000 )) ms, $(wc -c <"$OUT/one") bytes"
 "$STORM" "$PORT" "$SCRAPERS" "$SECS" "$OBS"
+# The identity at this size, with traffic: 500 more connections, 20 s of RR.
+ip netns exec "$A" "$LOAD" rr 10.79.0.2:7001 20 500 0 >"$OUT/rr.out" 2>&1
+sleep 3
+curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/after"
+grep -E '^rttscope_flows_tracked' "$OUT/after"
+for v in tcp sampler; do
+  awk -v v="$v" '
+    $0 ~ "^rttscope_samples_total\\{view=\""v"\"\\}" {taken=$2}
+    $0 ~ "^rttscope_rtt_seconds_count\\{.*view=\""v"\"" {counted+=$2}
+    $0 ~ "^rttscope_drops_total\\{.*view=\""v"\".*reason=\"samples_(evicted|not_binned)\"" {lost+=$2}
+    END {printf "%s: samples_total %d = sum of _count %d + counted losses %d: %s\n", v, taken, counted, lost, (taken==counted+lost) ? "holds" : "DOES NOT HOLD"}
+  ' "$OUT/after"
+done
+grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' '; echo

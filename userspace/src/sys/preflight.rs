@@ -21,6 +21,7 @@ pub fn effective_caps() -> u64 {
 }
 
 /// The passive views need CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN (or CAP_SYS_ADMIN).
+/// With them, RLIMIT_MEMLOCK is raised (`raise_memlock`) before anything loads.
 pub fn require_bpf_caps() -> Result<()> {
     let caps = effective_caps();
     let has = |c: u32| caps & (1u64 << c) != 0;
@@ -40,7 +41,33 @@ pub fn require_bpf_caps() -> Result<()> {
             missing.join(", ")
         );
     }
+    raise_memlock();
     Ok(())
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (later ones to the
+/// memory cgroup), whose default (8 MiB, 64 KiB in many containers) is far
+/// below the views' maps. Raise it to unlimited (allowed with
+/// CAP_SYS_RESOURCE, or when the hard limit already is), else the soft limit
+/// to the hard one (always allowed), as libbpf and Cilium do. Returns the soft
+/// limit now in force (`None`: unlimited).
+pub fn raise_memlock() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource, RLIM_INFINITY};
+    if setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY).is_err() {
+        if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_MEMLOCK) {
+            let _ = setrlimit(Resource::RLIMIT_MEMLOCK, hard, hard);
+        }
+    }
+    memlock_limit()
+}
+
+/// The soft RLIMIT_MEMLOCK in bytes (`None`: unlimited).
+pub fn memlock_limit() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+    match getrlimit(Resource::RLIMIT_MEMLOCK) {
+        Ok((soft, _)) if soft != RLIM_INFINITY => Some(soft),
+        _ => None,
+    }
 }
 
 /// Kernel BTF is needed for CO-RE relocations.

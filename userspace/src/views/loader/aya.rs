@@ -26,7 +26,9 @@ use aya::programs::{
 };
 use aya::{Btf, Ebpf, EbpfLoader};
 
-use super::{is_enomem, load_error, walk_iter, Object, ObjectDef, Prog, ProgKind, Settings};
+use super::{
+    is_errno, load_error, walk_iter, LoadErrno, Object, ObjectDef, Prog, ProgKind, Settings,
+};
 use crate::sys::netns::NetNs;
 use crate::views::{LoaderKind, RingSource};
 
@@ -144,10 +146,16 @@ fn open(
         loader.map_pin_path(m, p.as_path());
     }
     loader.load(def.bytes).map_err(|e| {
-        let enomem = is_enomem(&e);
+        let errno = if is_errno(&e, libc::ENOMEM) {
+            LoadErrno::NoMemory
+        } else if is_errno(&e, libc::EPERM) && crate::sys::preflight::memlock_limit().is_some() {
+            LoadErrno::NotPermitted
+        } else {
+            LoadErrno::Other
+        };
         let e = anyhow::anyhow!("{}", chain(&e));
-        if enomem {
-            load_error(def.what, &s.memory, true, e, "")
+        if errno != LoadErrno::Other {
+            load_error(def.what, &s.memory, errno, e, "")
         } else {
             e.context(format!("opening {}'s BPF object with aya", def.what))
         }

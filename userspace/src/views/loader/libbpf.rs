@@ -11,7 +11,7 @@ use std::rc::Rc;
 use anyhow::{bail, Context, Result};
 use libbpf_rs::{AsRawLibbpf, MapCore};
 
-use super::{load_error, walk_iter, Object, ObjectDef, ProgKind, Settings};
+use super::{load_error, walk_iter, LoadErrno, Object, ObjectDef, ProgKind, Settings};
 use crate::sys::netns::NetNs;
 use crate::views::{LoaderKind, RingSource};
 
@@ -62,11 +62,15 @@ fn load_copy(
     reuse: &[(&str, RawFd)],
 ) -> Result<LibbpfObject> {
     let fail = |e: libbpf_rs::Error| {
-        let enomem = e.kind() == libbpf_rs::ErrorKind::OutOfMemory;
+        let errno = match e.kind() {
+            libbpf_rs::ErrorKind::OutOfMemory => LoadErrno::NoMemory,
+            libbpf_rs::ErrorKind::PermissionDenied => LoadErrno::NotPermitted,
+            _ => LoadErrno::Other,
+        };
         load_error(
             def.what,
             &s.memory,
-            enomem,
+            errno,
             anyhow::Error::new(e),
             "run with -vv for libbpf's log",
         )

@@ -307,14 +307,14 @@ pub(crate) fn walk_iter(
     })
 }
 
-/// Whether `e` or one of its causes is ENOMEM (a map the kernel could not
-/// allocate): aya's errors (libbpf's carry their kind).
+/// Whether `e` or one of its causes is the OS error `errno` (ENOMEM: a map
+/// the kernel could not allocate): aya's errors (libbpf's carry their kind).
 #[cfg_attr(not(feature = "aya"), allow(dead_code))]
-pub(crate) fn is_enomem(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn is_errno(e: &(dyn std::error::Error + 'static), errno: i32) -> bool {
     let mut cur = Some(e);
     while let Some(c) = cur {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            if io.raw_os_error() == Some(libc::ENOMEM) {
+            if io.raw_os_error() == Some(errno) {
                 return true;
             }
         }
@@ -323,17 +323,37 @@ pub(crate) fn is_enomem(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// How a load failed, as far as the sentence for it goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoadErrno {
+    /// ENOMEM: a map the kernel could not allocate.
+    NoMemory,
+    /// EPERM: with a finite RLIMIT_MEMLOCK, what kernels before 5.11 say when
+    /// the maps exceed it.
+    NotPermitted,
+    Other,
+}
+
 /// A failed load in one sentence: ENOMEM is a memory problem (`memory`:
 /// the view's hint, e.g. "its maps of 4096 flows (lower --max-flows, ...)"),
+/// EPERM under a finite RLIMIT_MEMLOCK that limit (kernels before 5.11),
 /// anything else a verifier or BTF problem (`hint`: where the details are).
 pub(crate) fn load_error(
     what: &str,
     memory: &str,
-    enomem: bool,
+    errno: LoadErrno,
     err: anyhow::Error,
     hint: &str,
 ) -> anyhow::Error {
-    if enomem {
+    let memlock = crate::sys::preflight::memlock_limit();
+    if let (LoadErrno::NotPermitted, Some(limit)) = (errno, memlock) {
+        return anyhow::anyhow!(
+            "loading {what} into the kernel: not permitted with RLIMIT_MEMLOCK at {limit} bytes \
+             (kernels before 5.11 charge BPF maps to it): raise it (systemd LimitMEMLOCK=infinity, \
+             ulimit -l unlimited, or CAP_SYS_RESOURCE so that rttscope raises it): {err}"
+        );
+    }
+    if errno == LoadErrno::NoMemory {
         let memory = if memory.is_empty() {
             "its maps (check the memory cgroup and RLIMIT_MEMLOCK)"
         } else {
@@ -351,20 +371,21 @@ pub(crate) fn load_error(
 mod tests {
     use super::*;
 
-    /// ENOMEM at load is reported as memory, with the size asked for; anything else keeps the
-    /// verifier/BTF hint.
+    /// ENOMEM at load is reported as memory, with the size asked for; EPERM under a finite
+    /// RLIMIT_MEMLOCK names the limit; anything else keeps the verifier/BTF hint.
     #[test]
-    fn enomem_at_load_is_a_memory_problem() {
+    fn enomem_and_memlock_at_load_are_memory_problems() {
         let io = std::io::Error::from_raw_os_error(libc::ENOMEM);
-        assert!(is_enomem(&io));
+        assert!(is_errno(&io, libc::ENOMEM));
         let e = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::ENOMEM))
             .context("creating map");
-        assert!(is_enomem(e.as_ref()));
-        assert!(!is_enomem(&std::io::Error::from_raw_os_error(libc::EINVAL)));
+        assert!(is_errno(e.as_ref(), libc::ENOMEM));
+        let einval = std::io::Error::from_raw_os_error(libc::EINVAL);
+        assert!(!is_errno(&einval, libc::ENOMEM));
         let e = load_error(
             "the TCP view",
             "its maps of 4096 flows",
-            true,
+            LoadErrno::NoMemory,
             anyhow::anyhow!("Cannot allocate memory"),
             "-vv",
         )
@@ -373,10 +394,29 @@ mod tests {
             e.contains("not enough memory for its maps of 4096 flows") && !e.contains("verifier"),
             "{e}"
         );
-        let e = load_error("the TCP view", "", false, anyhow::anyhow!("EINVAL"), "-vv");
+        let e = load_error(
+            "the TCP view",
+            "",
+            LoadErrno::Other,
+            anyhow::anyhow!("EINVAL"),
+            "-vv",
+        );
         assert!(
             format!("{e:#}").contains("verifier or BTF problem") && !e.to_string().contains('\n'),
             "{e:#}"
+        );
+        // EPERM with a finite soft limit (lowering it is always allowed; put back after)
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_MEMLOCK).unwrap();
+        setrlimit(Resource::RLIMIT_MEMLOCK, 65536, hard).unwrap();
+        let eperm = anyhow::anyhow!("Operation not permitted");
+        let e = load_error("the TCP view", "", LoadErrno::NotPermitted, eperm, "-vv").to_string();
+        setrlimit(Resource::RLIMIT_MEMLOCK, soft, hard).unwrap();
+        assert!(
+            e.contains("RLIMIT_MEMLOCK at 65536 bytes")
+                && e.contains("before 5.11")
+                && !e.contains('\n'),
+            "{e}"
         );
     }
 
