@@ -50,7 +50,10 @@ die() { echo "build-image: $*" >&2; exit 1; }
 
 build_binary() {
   echo "== cargo build --release -p rttscope --no-default-features --features libbpf (target: $TARGET)" >&2
-  cargo build --release -p rttscope --no-default-features --features libbpf --target-dir "$TARGET" >&2
+  # No debug info compiled (the release profile's debug = 1 is for perf and benchmarks): the
+  # image strips it anyway, and a clean build (CI) spends less time generating it.
+  CARGO_PROFILE_RELEASE_DEBUG=0 \
+    cargo build --release -p rttscope --no-default-features --features libbpf --target-dir "$TARGET" >&2
   local bin="$TARGET/release/rttscope"
   "$bin" lab --help >/dev/null 2>&1 && die "the production build has a lab subcommand"
   BIN="$bin"

@@ -209,6 +209,8 @@ def nothing_left(what, empty_qdisc_ok=False):
     ours = [l for l in progs.splitlines() if re.search(r"name rtt_(tcp|sampler)_", l)]
     check(not ours, f"{what}: no rttscope program left loaded {ours if ours else ''}")
     for ns, dev in (("kc", "vc"), ("ks", "vs")):
+        if not os.path.exists(f"/run/netns/{ns}"):
+            continue  # the testbed is down (its interfaces went with it)
         q = sh("ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev).stdout
         f = sh("ip", "netns", "exec", ns, "tc", "filter", "show", "dev", dev, "ingress",
                check_rc=False).stdout

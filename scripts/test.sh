@@ -12,32 +12,41 @@ cd "$ROOT"
 # and the second pass below need them.
 FEATURES=(--features rttscope/aya)
 
-echo "== build"
+# Each phase prints how long the one before it took (the suite's budget is 30 minutes on
+# 2 cores, docs/kernels.md), and the total at the end.
+PHASE=""; PHASE_START=$SECONDS
+phase() {
+  if [ -n "$PHASE" ]; then echo "-- $PHASE: $((SECONDS - PHASE_START)) s"; fi
+  PHASE="$1"; PHASE_START=$SECONDS
+  [ -z "$1" ] || echo "== $1"
+}
+
+phase "build"
 cargo build --workspace --all-targets "${FEATURES[@]}"
 
-echo "== format and lints"
+phase "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets "${FEATURES[@]}" -q -- -D warnings
 # No function over 100 lines outside tests (issue 24).
 python3 "$ROOT/scripts/check-fn-length.py"
 
-echo "== unit tests (no privileges needed)"
+phase "unit tests (no privileges needed)"
 cargo test -p rttscope "${FEATURES[@]}" -- "$@"
 
-echo "== end-to-end tests (privileged, network namespaces)"
+phase "end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
 # RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the e2e tests off (compare, observe, sampler, icmp, lab; tests/src/busy.rs).
 cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -- --test-threads=2 "$@"
 
-echo "== the passive views' end-to-end tests again, loaded by aya"
+phase "the passive views' end-to-end tests again, loaded by aya"
 RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
 
-echo "== other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
+phase "other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
 "$ROOT/scripts/test-kernels.sh"
 
-echo "== leftovers"
+phase "leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
 if [ -n "$left" ]; then echo "test namespaces left behind: $left" >&2; exit 1; fi
 if command -v podman >/dev/null; then
@@ -47,4 +56,5 @@ fi
 if bpftool prog show 2>/dev/null | grep -qE 'name rtt_(tcp|sampler)_'; then
   echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep -E 'rtt_(tcp|sampler)_' >&2; exit 1
 fi
-echo "all tests passed"
+phase ""
+echo "all tests passed (${SECONDS} s)"

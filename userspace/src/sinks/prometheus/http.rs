@@ -19,11 +19,28 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// Length of the `/metrics` listener's accept queue (the kernel caps it at
+/// `net.core.somaxconn`, 4096 by default since 5.4). Connections beyond
+/// [`ServeLimits::max_conns`] wait there; tokio's default of 1,024 made the
+/// rest of 2,000 concurrent scrapers lose their handshake's last ACK and wait
+/// for a SYN-ACK retransmission (1 s, 3 s, ...: docs/PERFORMANCE.md).
+pub const ACCEPT_BACKLOG: u32 = 4096;
+
 /// Bind the `/metrics` listener (before capabilities are dropped).
 pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen for /metrics on {addr}"))
+    let listen = || -> std::io::Result<tokio::net::TcpListener> {
+        let sock = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        // As tokio's own bind (mio sets it): a restarted daemon rebinds its port
+        // while the old connections sit in TIME_WAIT.
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        sock.listen(ACCEPT_BACKLOG)
+    };
+    listen().with_context(|| format!("cannot listen for /metrics on {addr}"))
 }
 
 /// How the `/metrics` server bounds what clients can hold.
@@ -329,6 +346,35 @@ mod tests {
             .and_then(|c| c.parse().ok())
             .unwrap_or(0);
         (code, head.to_string(), body.to_string())
+    }
+
+    /// The listener's accept queue is ACCEPT_BACKLOG long (or somaxconn's cap),
+    /// as `ss -ltn` prints it (Send-Q of a listening socket), not tokio's 1,024.
+    #[tokio::test]
+    async fn listener_accept_queue_holds_a_scrape_storm() {
+        let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let cap: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4096);
+        let Ok(out) = std::process::Command::new("ss")
+            .args(["-Hltn", &format!("sport = :{port}")])
+            .output()
+        else {
+            eprintln!("skipped: no ss");
+            return;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let send_q: Vec<u32> = text
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+            .collect();
+        assert_eq!(
+            send_q,
+            vec![ACCEPT_BACKLOG.min(cap)],
+            "ss -ltn printed: {text}"
+        );
     }
 
     /// The hyper server on loopback: status codes, headers and body as the
