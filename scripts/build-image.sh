@@ -16,6 +16,8 @@
 #   scripts/build-image.sh               # build (reuse the image if its inputs are unchanged)
 #   scripts/build-image.sh --print-name  # the image name the recipe produces
 #   scripts/build-image.sh --root DIR    # steps 1-2 only: the runtime root in DIR (the Containerfile uses this)
+#   scripts/build-image.sh --prepare     # the binary and the packages' tarball only (scripts/test.sh
+#                                        # does this in the background, at nice 19, while other tests run)
 #   scripts/build-image.sh --check-reproducible
 #       # build (or reuse), then steps 2-3 again into a scratch name: both
 #       # must have the same image id and manifest digest (exit 1 if not)
@@ -186,6 +188,9 @@ check_reproducible() {
 main() {
   build_binary
   rootfs_tar
+  if [ "${1:-}" = "--prepare" ]; then
+    exit 0
+  fi
   if [ "${1:-}" = "--root" ]; then
     [ -n "${2:-}" ] || die "--root needs a directory"
     make_root "$2"
