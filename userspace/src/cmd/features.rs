@@ -46,7 +46,7 @@ impl Plan {
                 if atomics.used || existing != ExistingPath::None {
                     existing_words(existing)
                 } else {
-                    "NOT timed (the build without BPF atomics, for kernels < 5.12, has no path for them: iter/tcp can neither turn their callbacks on nor give them a flow)"
+                    "NOT timed (the build without BPF atomics, for kernels < 5.12, times them only through the per-ACK hook, refused here: iter/tcp can neither turn their callbacks on nor give them socket storage)"
                 }
             ),
             format!(
@@ -110,6 +110,9 @@ pub fn existing_words(p: ExistingPath) -> &'static str {
         ExistingPath::Iterator => "enabled by iter/tcp (bpf_setsockopt)",
         ExistingPath::AckHook => {
             "found by iter/tcp, timed by the per-ACK hook (bpf_setsockopt from iter/tcp refused)"
+        }
+        ExistingPath::AckHookTable => {
+            "found by iter/tcp and recorded by socket address in a bounded table (tcp_existing, up to --max-flows), timed by the per-ACK hook fexit/tcp_ack_update_rtt from their first ACK after attach (the build without BPF atomics: no bpf_setsockopt nor socket storage in iter/tcp, no socket storage in fexit)"
         }
         ExistingPath::None => {
             "NOT timed (bpf_setsockopt from iter/tcp and the per-ACK hook both refused)"
