@@ -86,6 +86,12 @@ enum rttscope_tcp_counter {
 	RTTSCOPE_TCP_HINT_MISSES,       /* RTT callbacks whose hint did not lead to their flow (then: socket storage) */
 	RTTSCOPE_TCP_NOT_BINNED,        /* samples in no histogram: pool half used up and overflow ring full */
 	RTTSCOPE_TCP_POOL_OVERFLOW,     /* samples sent through the overflow ring (pool half used up) */
+	RTTSCOPE_TCP_EXISTING_TABLE_FULL,  /* build without atomics: connections open before attach the
+	                                    * iterator could not record (tcp_existing full): not timed */
+	RTTSCOPE_TCP_EXISTING_TABLE_STALE, /* build without atomics: tcp_existing entries removed because
+	                                    * the socket at that address is no longer the recorded one */
+	RTTSCOPE_TCP_EXISTING_SAMPLES,     /* build without atomics: samples the per-ACK hook took for
+	                                    * connections in tcp_existing (the rest are RTT_CB's) */
 	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
@@ -196,6 +202,23 @@ struct rttscope_tcp_sk {
 	__u32 gen;          /* generation of the slot when it was taken */
 };
 
+/* Build without atomics (kernels < 5.12), per-ACK hook attached: a
+ * connection open before attach, recorded by the iterator in `tcp_existing`
+ * (a hash keyed by the socket's kernel address: 5.10 has no socket storage
+ * in tracing programs) and timed by the hook from its first ACK after
+ * attach. The slot's gen, sk_addr and 4-tuple, and two offsets that stay
+ * constant for one connection's life (snd_una - bytes_acked, rcv_nxt -
+ * bytes_received: the initial sequence numbers, random per connection)
+ * tell the recorded connection from a new socket at the same address. */
+struct rttscope_tcp_existing {
+	__u32 slot;         /* index into `tcp_flows` */
+	__u32 gen;          /* generation of the slot when it was taken */
+	__u32 snd_off;      /* snd_una - (u32)bytes_acked */
+	__u32 rcv_off;      /* rcv_nxt - (u32)bytes_received */
+	__u32 confirmed;    /* 0 until the hook's first match (the iterator may read a pair mid-update) */
+	__u32 reserved;
+};
+
 /* Listening sockets found by the iterator (to tell server from client for
  * connections that existed before attach). */
 struct rttscope_listener_key {
@@ -231,6 +254,7 @@ _Static_assert(sizeof(struct rttscope_fine_hist) == 32 + 4 * RTTSCOPE_HIST_BUCKE
 _Static_assert(sizeof(struct rttscope_fine_overflow) == 16, "fine overflow record layout");
 _Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
+_Static_assert(sizeof(struct rttscope_tcp_existing) == 24, "tcp existing-connection entry layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");
 _Static_assert(sizeof(struct rttscope_listener_key) == 8, "listener key layout");
 _Static_assert(sizeof(struct rttscope_cidr_key) == 20, "cidr key layout");

@@ -63,8 +63,20 @@ const volatile __u32 cfg_hint_mask = 32767; /* tcp_hints' size - 1 (a power of t
 #include "fine_pool.bpf.h"
 
 /* 1 when rtt_tcp_ack is attached: set by userspace before the sock_ops
- * program is attached, never changed after. */
+ * program is attached, never changed after. In the build without atomics
+ * (RTTSCOPE_NO_ATOMICS): 2 when rtt_tcp_ack is loaded to time the
+ * connections the iterator records in `tcp_existing` (set before the
+ * iterator runs); the RTT callback keeps the samples of the others. */
 __u32 ack_hook_on = 0;
+
+#ifdef RTTSCOPE_NO_ATOMICS
+/* This build's hook has only the samples of connections open before attach
+ * (tcp_existing): the RTT callback keeps every other connection's. */
+#define HOOK_HAS_SAMPLES 0
+#else
+/* The hook, when attached, has every sample: the RTT callback is not used. */
+#define HOOK_HAS_SAMPLES ack_hook_on
+#endif
 /* Slots ever handed out fresh (0..slots_hwm-1): userspace reads tcp_flows up
  * to here. 64-bit: cmpxchg on 32 bits needs -mcpu=v3. */
 __u64 slots_hwm = 0;
@@ -102,6 +114,20 @@ struct {
 	__uint(max_entries, 16384); /* resized with tcp_flows */
 	__type(value, __u32);
 } tcp_fresh_slots SEC(".maps");
+
+/* Connections open before attach, by socket address (the kernel pointer),
+ * for the per-ACK hook: 5.10 has neither bpf_setsockopt nor socket storage
+ * in iter/tcp, nor socket storage in fexit programs. Filled only by the
+ * iterator (at start), emptied by the hook as it finds entries stale; a
+ * full table is counted (RTTSCOPE_TCP_EXISTING_TABLE_FULL), never evicts.
+ * Preallocated (tracing programs may need it): sized by userspace to
+ * --max-flows when the hook is loaded, else 1. docs/kernels.md. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* resized by userspace */
+	__type(key, __u64);         /* the socket's address */
+	__type(value, struct rttscope_tcp_existing);
+} tcp_existing SEC(".maps");
 #endif
 
 /* Hints: hash of a socket's addresses and ports -> slot << 32 | gen. A
@@ -305,30 +331,26 @@ static __always_inline int take_slot(__u32 *slot)
 	return -1;
 }
 
-/* Take a free slot for the socket `sk` and fill it. NULL (counted) when no
- * slot is free or the socket storage cannot be created. */
-static __always_inline struct rttscope_tcp_flow *
-new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin,
-	 __u32 srtt_us, __u8 state, __u32 *slotp)
+/* A free slot and its entry, not yet filled. NULL (counted) when none is free. */
+static __always_inline struct rttscope_tcp_flow *free_flow(__u32 *slot)
 {
-	__u32 slot;
 	struct rttscope_tcp_flow *f;
-	struct rttscope_tcp_sk *ts;
 
-	if (take_slot(&slot)) {
+	if (take_slot(slot)) {
 		count(RTTSCOPE_TCP_FLOW_MAP_FULL);
 		return NULL;
 	}
-	f = bpf_map_lookup_elem(&tcp_flows, &slot);
+	f = bpf_map_lookup_elem(&tcp_flows, slot);
 	if (!f)
 		return NULL; /* out of range: cannot happen (slots < cfg_max_slots) */
-	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!ts) {
-		/* no memory for the socket storage: give the slot back */
-		bpf_map_push_elem(&tcp_free_slots, &slot, 0);
-		count(RTTSCOPE_TCP_NO_SOCK);
-		return NULL;
-	}
+	return f;
+}
+
+/* Fill a slot just taken (its gen becomes gen + 1). */
+static __always_inline void fill_flow(struct rttscope_tcp_flow *f, struct bpf_sock *sk, __u64 cookie,
+				      const struct rttscope_flow_key *key, __u8 side, __u8 origin, __u32 srtt_us,
+				      __u8 state)
+{
 	/* Every field written in place (no copy through a scratch entry, no
 	 * memset); IN_USE last, so that a reader sees a
 	 * complete flow or a free slot. */
@@ -351,6 +373,29 @@ new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key,
 	f->reserved = 0;
 	__asm__ __volatile__("" ::: "memory");
 	f->flags = RTTSCOPE_FLOW_IN_USE;
+}
+
+/* Take a free slot for the socket `sk` and fill it. NULL (counted) when no
+ * slot is free or the socket storage cannot be created. */
+static __always_inline struct rttscope_tcp_flow *
+new_flow(struct bpf_sock *sk, __u64 cookie, const struct rttscope_flow_key *key, __u8 side, __u8 origin,
+	 __u32 srtt_us, __u8 state, __u32 *slotp)
+{
+	__u32 slot;
+	struct rttscope_tcp_flow *f;
+	struct rttscope_tcp_sk *ts;
+
+	f = free_flow(&slot);
+	if (!f)
+		return NULL;
+	ts = bpf_sk_storage_get(&tcp_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!ts) {
+		/* no memory for the socket storage: give the slot back */
+		bpf_map_push_elem(&tcp_free_slots, &slot, 0);
+		count(RTTSCOPE_TCP_NO_SOCK);
+		return NULL;
+	}
+	fill_flow(f, sk, cookie, key, side, origin, srtt_us, state);
 	ts->slot = slot;
 	ts->gen = f->gen;
 	*slotp = slot;
@@ -482,7 +527,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 		count(RTTSCOPE_TCP_RTT_CB_SKIPPED);
 		return;
 	}
-	if (ack_hook_on) {
+	if (HOOK_HAS_SAMPLES) {
 		/* someone else turned the callback on: the hook has this sample */
 		count(RTTSCOPE_TCP_RTT_CB_SKIPPED);
 		return;
@@ -541,7 +586,7 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 		count(RTTSCOPE_TCP_FILTERED);
 		return;
 	}
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS));
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | (HOOK_HAS_SAMPLES ? HOOK_CB_FLAGS : OUR_CB_FLAGS));
 	count(RTTSCOPE_TCP_ENABLED);
 	f = new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
 		     skops->srtt_us >> 3, TCP_ESTABLISHED, &slot);
@@ -600,10 +645,143 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+/* Flow key (addresses, ports, family; not the netns) of a full socket, read
+ * through its BTF type (iter/tcp and the per-ACK hook: direct reads). 0: not IP. */
+static __always_inline int skc_key(struct sock_common *skc, struct rttscope_flow_key *key)
+{
+	key->lport = skc->skc_num;
+	key->rport = bpf_ntohs(skc->skc_dport);
+	if (skc->skc_family == AF_INET) {
+		key->family = AF_INET;
+		__builtin_memcpy(key->laddr, &skc->skc_rcv_saddr, 4);
+		__builtin_memcpy(key->raddr, &skc->skc_daddr, 4);
+	} else if (skc->skc_family == AF_INET6) {
+		__u32 l[4], r[4];
+
+		BPF_CORE_READ_INTO(&l, skc, skc_v6_rcv_saddr.in6_u.u6_addr32);
+		BPF_CORE_READ_INTO(&r, skc, skc_v6_daddr.in6_u.u6_addr32);
+		if (v4mapped(l) && v4mapped(r)) {
+			key->family = AF_INET;
+			__builtin_memcpy(key->laddr, &l[3], 4);
+			__builtin_memcpy(key->raddr, &r[3], 4);
+		} else {
+			key->family = AF_INET6;
+			__builtin_memcpy(key->laddr, l, 16);
+			__builtin_memcpy(key->raddr, r, 16);
+		}
+	} else {
+		return 0;
+	}
+	return 1;
+}
+
+#ifdef RTTSCOPE_NO_ATOMICS
+/* The two offsets that stay constant for one connection's life: snd_una and
+ * bytes_acked move together (tcp_snd_una_update), rcv_nxt and bytes_received
+ * too (tcp_rcv_nxt_update); what is left is set by the initial sequence
+ * numbers, random per connection. */
+static __always_inline void seq_offsets(struct tcp_sock *tp, __u32 *snd, __u32 *rcv)
+{
+	*snd = BPF_CORE_READ(tp, snd_una) - (__u32)BPF_CORE_READ(tp, bytes_acked);
+	*rcv = BPF_CORE_READ(tp, rcv_nxt) - (__u32)BPF_CORE_READ(tp, bytes_received);
+}
+
+/* A connection open before attach, in the build without atomics with the
+ * per-ACK hook loaded: a flow slot (no socket storage: 5.10's iter/tcp has
+ * none) and a tcp_existing entry by the socket's address, for the hook. The
+ * entry is inserted before the slot is filled, so a full table gives the
+ * slot back unseen (counted: RTTSCOPE_TCP_EXISTING_TABLE_FULL). */
+static __always_inline void record_existing(struct tcp_sock *tp, const struct rttscope_flow_key *key, __u8 state)
+{
+	struct rttscope_tcp_existing e = {};
+	struct rttscope_tcp_flow *f;
+	__u64 addr = (__u64)tp;
+
+	if (bpf_map_lookup_elem(&tcp_existing, &addr))
+		return; /* recorded already (its namespace walked twice) */
+	f = free_flow(&e.slot);
+	if (!f)
+		return;
+	e.gen = f->gen + 1; /* fill_flow's */
+	/* The iterator does not hold the socket's lock here (5.10): the hook
+	 * checks these loosely at its first match and then exactly. */
+	seq_offsets(tp, &e.snd_off, &e.rcv_off);
+	if (bpf_map_update_elem(&tcp_existing, &addr, &e, BPF_NOEXIST)) {
+		bpf_map_push_elem(&tcp_free_slots, &e.slot, 0);
+		count(RTTSCOPE_TCP_EXISTING_TABLE_FULL);
+		return;
+	}
+	/* No bpf_get_socket_cookie in 5.10's iter/tcp: the cookie if the
+	 * socket has one already (0 otherwise). */
+	fill_flow(f, (struct bpf_sock *)tp, BPF_CORE_READ(tp, inet_conn.icsk_inet.sk.__sk_common.skc_cookie.counter),
+		  key, RTTSCOPE_SIDE_UNKNOWN, RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, state);
+	count(RTTSCOPE_TCP_FLOWS_CREATED);
+	count(RTTSCOPE_TCP_ENABLED);
+}
+
+/* |a - b| (mod 2^32) below 2^24: the offsets of one connection read mid-update
+ * (one ACK's bytes apart), not another connection's (random). */
+static __always_inline int near(__u32 a, __u32 b)
+{
+	return a - b + (1U << 24) < (1U << 25);
+}
+
+/* The per-ACK hook's flow for `sk` in this build: its tcp_existing entry if
+ * it still names this connection. A stale entry (the recorded socket closed
+ * and another took its address: 4-tuple or offsets differ) is removed and
+ * counted; one whose flow was evicted (slot given back) is removed. */
+static __always_inline struct rttscope_tcp_flow *existing_flow(struct sock *sk, __u32 *slotp)
+{
+	struct rttscope_flow_key key = {};
+	struct rttscope_tcp_existing *e;
+	struct rttscope_tcp_flow *f;
+	__u64 addr = (__u64)sk;
+	__u32 snd, rcv, i;
+
+	e = bpf_map_lookup_elem(&tcp_existing, &addr);
+	if (!e)
+		return NULL;
+	f = bpf_map_lookup_elem(&tcp_flows, &e->slot);
+	if (!f || f->gen != e->gen || f->sk_addr != addr || !(f->flags & RTTSCOPE_FLOW_IN_USE)) {
+		bpf_map_delete_elem(&tcp_existing, &addr);
+		return NULL;
+	}
+	seq_offsets((struct tcp_sock *)sk, &snd, &rcv);
+	if (!skc_key(&sk->__sk_common, &key) || key.family != f->key.family || key.lport != f->key.lport ||
+	    key.rport != f->key.rport)
+		goto stale;
+#pragma unroll
+	for (i = 0; i < 16; i += 4)
+		if (*(__u32 *)&key.laddr[i] != *(__u32 *)&f->key.laddr[i] ||
+		    *(__u32 *)&key.raddr[i] != *(__u32 *)&f->key.raddr[i])
+			goto stale;
+	if (e->confirmed) {
+		if (snd != e->snd_off || rcv != e->rcv_off)
+			goto stale;
+	} else {
+		if (!near(snd, e->snd_off) || !near(rcv, e->rcv_off))
+			goto stale;
+		/* read here under the socket's lock: exact from now on */
+		e->snd_off = snd;
+		e->rcv_off = rcv;
+		e->confirmed = 1;
+	}
+	*slotp = e->slot;
+	return f;
+stale:
+	bpf_map_delete_elem(&tcp_existing, &addr);
+	count(RTTSCOPE_TCP_EXISTING_TABLE_STALE);
+	return NULL;
+}
+#endif
+
 /* Connections that existed before attach: turn on our callbacks, create
- * their flow entry with the current srtt; record listening ports. */
-SEC("iter/tcp")
-int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
+ * their flow entry with the current srtt; record listening ports. Two
+ * programs of one body: rtt_tcp_iter calls bpf_setsockopt, rtt_tcp_iter_ns
+ * does not (userspace loads it where the iter_setsockopt probe found the
+ * call refused: at run time on 6.1, by the verifier before 5.15, where a
+ * program calling it would not load at all) and acts as if it were refused. */
+static __always_inline int iter_tcp(struct bpf_iter__tcp *ctx, const int with_setsockopt)
 {
 	struct sock_common *skc = ctx->sk_common;
 	struct rttscope_flow_key key = {};
@@ -630,45 +808,29 @@ int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 		return 0;
 
 	key.netns = netns;
-	key.lport = skc->skc_num;
-	key.rport = bpf_ntohs(skc->skc_dport);
-	if (skc->skc_family == AF_INET) {
-		key.family = AF_INET;
-		__builtin_memcpy(key.laddr, &skc->skc_rcv_saddr, 4);
-		__builtin_memcpy(key.raddr, &skc->skc_daddr, 4);
-	} else if (skc->skc_family == AF_INET6) {
-		__u32 l[4], r[4];
-
-		BPF_CORE_READ_INTO(&l, skc, skc_v6_rcv_saddr.in6_u.u6_addr32);
-		BPF_CORE_READ_INTO(&r, skc, skc_v6_daddr.in6_u.u6_addr32);
-		if (v4mapped(l) && v4mapped(r)) {
-			key.family = AF_INET;
-			__builtin_memcpy(key.laddr, &l[3], 4);
-			__builtin_memcpy(key.raddr, &r[3], 4);
-		} else {
-			key.family = AF_INET6;
-			__builtin_memcpy(key.laddr, l, 16);
-			__builtin_memcpy(key.raddr, r, 16);
-		}
-	} else {
+	if (!skc_key(skc, &key))
 		return 0;
-	}
 	if (!wanted(&key)) {
 		count(RTTSCOPE_TCP_FILTERED);
 		return 0;
 	}
 #ifdef RTTSCOPE_NO_ATOMICS
 	/* This build is for kernels < 5.12, whose verifier refuses
-	 * bpf_setsockopt from an iterator (6.0) and socket storage from tracing
-	 * programs (5.11): the iterator only counts the connection, reported as
-	 * not timed (docs/kernels.md). */
+	 * bpf_setsockopt from an iterator and socket storage from tracing
+	 * programs (5.11): with the per-ACK hook loaded the iterator records
+	 * the connection in tcp_existing for it, else it only counts it,
+	 * reported as not timed (docs/kernels.md). */
 	(void)flags;
 	(void)slot;
-	count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
+	if (!ack_hook_on) {
+		count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
+		return 0;
+	}
+	record_existing(tp, &key, (__u8)state);
 	return 0;
 #endif
 	flags = tp->bpf_sock_ops_cb_flags | (ack_hook_on ? HOOK_CB_FLAGS : OUR_CB_FLAGS);
-	if (bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
+	if (!with_setsockopt || bpf_setsockopt(tp, SOL_TCP, TCP_BPF_SOCK_OPS_CB_FLAGS, &flags, sizeof(flags))) {
 		/* kernels < 6.12 refuse the option from an iterator */
 		count(RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL);
 		if (!ack_hook_on)
@@ -683,6 +845,18 @@ int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
 		new_flow((struct bpf_sock *)tp, bpf_get_socket_cookie(tp), &key, RTTSCOPE_SIDE_UNKNOWN,
 			 RTTSCOPE_ORIGIN_ITER, tp->srtt_us >> 3, (__u8)state, &slot);
 	return 0;
+}
+
+SEC("iter/tcp")
+int rtt_tcp_iter(struct bpf_iter__tcp *ctx)
+{
+	return iter_tcp(ctx, 1);
+}
+
+SEC("iter/tcp")
+int rtt_tcp_iter_ns(struct bpf_iter__tcp *ctx)
+{
+	return iter_tcp(ctx, 0);
 }
 
 /* The optional per-ACK hook. tcp_ack_update_rtt() picks the RTT sample of an
@@ -708,10 +882,19 @@ int BPF_PROG(rtt_tcp_ack, struct sock *sk, const int flag, long seq_rtt_us, long
 		mrtt = BPF_CORE_READ(rs, rtt_us);
 	if (mrtt < 0)
 		return 0;
+#ifdef RTTSCOPE_NO_ATOMICS
+	/* 5.10: no socket storage in fexit programs; this build's hook times
+	 * the connections open before attach, found by address */
+	f = existing_flow(sk, &slot);
+	if (!f)
+		return 0; /* not one of them */
+	count(RTTSCOPE_TCP_EXISTING_SAMPLES);
+#else
 	/* the storage helper takes a struct sock here (tracing flavour) */
 	f = sock_flow((struct bpf_sock *)sk, &slot);
 	if (!f || (f->flags & RTTSCOPE_FLOW_CLOSED))
 		return 0; /* not a flow of ours */
+#endif
 	record_sample(f, slot, (__u32)mrtt, BPF_CORE_READ((struct tcp_sock *)sk, srtt_us) >> 3);
 	return 0;
 }

@@ -264,9 +264,11 @@ def traffic_run(label, args, before=False, v6=False):
 def tcp_checks(label, r, source, existing_timed=True):
     """The TCP view's samples against TCP's own srtt (TCP_INFO readings during
     the traffic, `ss -ti` once the flow is still), both ends. source: "hook"
-    (per-ACK hook), "args" (RTT_CB arguments) or "fallback" (srtt), as the
-    feature probes predict. A connection opened before the start that no path
-    can time (existing_timed False) must be absent and counted as not timed."""
+    (per-ACK hook), "args" (RTT_CB arguments), "fallback" (srtt) or "table"
+    (a connection open before the start, timed by the build without atomics'
+    per-ACK hook from its table by socket address), as the feature probes
+    predict. A connection opened before the start that no path can time
+    (existing_timed False) must be absent and counted as not timed."""
     tcp = r["start"]["tcp"]
     if r["before"]:
         log(f"{label}: connection opened before the start; existing path: {tcp.get('existing_path')}, "
@@ -293,7 +295,7 @@ def tcp_checks(label, r, source, existing_timed=True):
             f"end srtt {srtt:.3f} ms | TCP's srtt: {len(r[ssk])} readings p50 {ss_med:.3f} mean {ss_mean:.3f} ms, "
             f"ss -ti once still: rtt {ss_still:.3f} minrtt {ss_min:.3f} ms")
         check(n >= 0.5 * r["tx"], f"{label} {side}: samples >= half the transactions")
-        if source in ("hook", "args"):
+        if source in ("hook", "args", "table"):
             # Both record the sample and srtt after it: srtt equals ss's
             # once the flow is still.
             check(within(srtt, ss_still, 0.2, 0.05),
@@ -321,7 +323,18 @@ def tcp_checks(label, r, source, existing_timed=True):
                   f"{label} {side}: samples' median within 20% (or 50 us) of the srtt readings' median")
     c = [l for l in r["lines"] if l.get("type") == "end"]
     cnt = c[0]["counters"]["tcp"] if c else {}
-    if source == "hook":
+    if source == "table":
+        check(tcp.get("ack_hook") == "attached: connections open before attach only",
+              f"{label}: ack_hook attached for connections open before attach ({tcp.get('ack_hook')})")
+        check(tcp.get("existing_path", "").startswith("per-ACK hook, by socket address"),
+              f"{label}: existing path is the hook's table ({tcp.get('existing_path')})")
+        check(cnt.get("existing_hook_samples", 0) == cnt.get("samples", -1) > 0
+              and cnt.get("srtt_fallback_samples", 1) == 0,
+              f"{label}: every sample the hook's ({cnt.get('existing_hook_samples')} of {cnt.get('samples')}, "
+              f"srtt fallback {cnt.get('srtt_fallback_samples')})")
+        check(cnt.get("existing_table_full", 1) == 0 and cnt.get("existing_table_stale", 1) == 0,
+              f"{label}: table neither full nor stale ({cnt.get('existing_table_full')}, {cnt.get('existing_table_stale')})")
+    elif source == "hook":
         check(tcp.get("ack_hook") == "attached", f"{label}: ack_hook attached ({tcp.get('ack_hook')})")
         check("tcp_ack_update_rtt" in tcp.get("rtt_source", ""), f"{label}: rtt source is the hook")
         check(cnt.get("srtt_fallback_samples", 1) == 0, f"{label}: no srtt fallback sample")
@@ -606,40 +619,58 @@ def sampler_refused():
     testbed_down()
 
 
+def rates(label, before, after):
+    """A connection open before the start gets, per side, at least half as
+    many samples per second as one opened after it (both runs RR_SECONDS of
+    the same paced traffic)."""
+    for side in ("c", "s"):
+        n = [((r[side] or {}).get("tcp") or {}).get("summary", {}).get("n", 0) for r in (before, after)]
+        log(f"{label} {side}: samples/s opened before {n[0] / RR_SECONDS:.1f}, after {n[1] / RR_SECONDS:.1f}")
+        check(n[0] >= 0.5 * n[1] > 0, f"{label} {'client' if side == 'c' else 'server'}: opened before the start, "
+              f">= half the samples per second of one opened after ({n[0]} vs {n[1]} in {RR_SECONDS} s)")
+
+
 def runs(feat, caps):
-    """The traffic runs (three, or two where --ack-hook off is auto's path),
-    expectations from the probes' answers."""
-    auto = "hook" if caps["ack_hook"] and not (caps["rtt_cb_args"] and caps["iter_setsockopt"]) else (
-        "args" if caps["rtt_cb_args"] else "fallback")
+    """The traffic runs (three, or two where --ack-hook off is auto's path
+    for connections opened before and after), expectations from the probes'
+    answers (`rttscope features --json`: the plan)."""
+    auto = {"rtt_cb_args": "args", "ack_hook": "hook"}.get(feat["views"]["tcp_rtt_source"], "fallback")
     off = "args" if caps["rtt_cb_args"] else "fallback"
+    existing = feat["views"]["tcp_existing_connections"]
+    # connections open before the start: timed as the others, or by the hook's table
+    before = "table" if existing == "ack_hook_table" else auto
     # where the probes find no atomics (5.10) the TCP view runs its build
     # without them and the sampler refuses: then no sampler in the runs
     smp = feat["views"].get("sampler_available", True)
     how = feat["views"]["sampler_attach"] if smp else "none"
     ifaces = ["--iface", "kc:vc", "--iface", "ks:vs"] if smp else []
-    hook_on = auto == "hook"
     if not smp:
         sampler_refused()
     # libbpf, default --ack-hook (auto), both interfaces for the sampler; the
     # connection opened before the start
-    r = traffic_run("libbpf auto+sampler (before)", ["--loader", "libbpf", "--raw", *ifaces], before=True)
+    r_before = r = traffic_run("libbpf auto+sampler (before)", ["--loader", "libbpf", "--raw", *ifaces], before=True)
     if r:
-        tcp_checks("libbpf auto (before)", r, auto, caps["iter_setsockopt"] or hook_on)
+        tcp_checks("libbpf auto (before)", r, before, existing != "none")
         if smp:
             sampler_checks("libbpf", r, how)
     # the other two over IPv6: the other path (where there is one) opened after
     # the start, and aya with its own sampler on a connection opened before. The
     # suite's time is mostly observe starting under TCG (11-25 s a start), so the
     # loaders are not crossed with the paths: the host's aya pass runs every path.
-    if off != auto:
-        r = traffic_run("libbpf off (after, v6)", ["--loader", "libbpf", "--raw", "--ack-hook", "off"], v6=True)
+    r_after = None
+    if off != auto or before == "table":
+        r_after = r = traffic_run("libbpf off (after, v6)", ["--loader", "libbpf", "--raw", "--ack-hook", "off"], v6=True)
         if r:
             tcp_checks("libbpf off (after, v6)", r, off)
+            if r_before and before == "table":
+                rates("libbpf: table (before) vs off (after)", r_before, r)
     else:
         log(f"--ack-hook off takes the same path as auto here ({auto}): no separate run")
     r = traffic_run("aya auto+sampler (before, v6)", ["--loader", "aya", "--raw", *ifaces], before=True, v6=True)
     if r:
-        tcp_checks("aya auto (before, v6)", r, auto, caps["iter_setsockopt"] or hook_on)
+        tcp_checks("aya auto (before, v6)", r, before, existing != "none")
+        if r_after and before == "table":
+            rates("aya: table (before) vs libbpf off (after)", r, r_after)
         if smp:
             sampler_checks("aya (v6)", r, how)
     compare_run(smp)

@@ -46,19 +46,24 @@ fn observe_takes_the_paths_the_features_report_announces() {
         assert!(!c["detail"].as_str().unwrap().is_empty(), "{c}");
     }
     let plan = &f["views"];
-    let rtt_path = match (cap(&f, "rtt_cb_args"), cap(&f, "ack_hook")) {
+    let atomics = cap(&f, "atomics");
+    // the atomics build's hook finds every flow in socket storage; the build without atomics'
+    // hook times only connections open before attach, found by address
+    let hook_all = atomics && cap(&f, "ack_hook") && cap(&f, "sk_storage_fexit");
+    let rtt_path = match (cap(&f, "rtt_cb_args"), hook_all) {
         (true, _) => "rtt_cb_args",
         (false, true) => "ack_hook",
         (false, false) => "srtt_fallback",
     };
     assert_eq!(plan["tcp_rtt_source"], rtt_path, "{f}");
-    let existing = match (cap(&f, "iter_setsockopt"), cap(&f, "ack_hook")) {
-        (true, _) => "iterator",
-        (false, true) => "ack_hook",
-        (false, false) => "none",
+    let existing = match (atomics, cap(&f, "iter_setsockopt"), hook_all) {
+        (false, _, _) if cap(&f, "ack_hook") => "ack_hook_table",
+        (false, _, _) => "none",
+        (true, true, _) => "iterator",
+        (true, false, true) => "ack_hook",
+        (true, false, false) => "none",
     };
     assert_eq!(plan["tcp_existing_connections"], existing, "{f}");
-    let atomics = cap(&f, "atomics");
     assert_eq!(
         plan["tcp_object"],
         if atomics { "tcp" } else { "tcp_noatomic" },
@@ -167,11 +172,12 @@ fn probes_that_cannot_run_say_so() {
         );
     }
     // The probes that need no connection answer as on the host.
-    for name in ["btf", "atomics", "ack_hook"] {
+    for name in ["btf", "atomics", "ack_hook", "sk_storage_fexit"] {
         assert_eq!(c(name)["ok"], cap(&host, name), "{name}: {v}");
     }
     let rtt = v["views"]["tcp_rtt_source"].as_str().unwrap();
-    let host_ack = cap(&host, "ack_hook");
+    let host_ack =
+        cap(&host, "atomics") && cap(&host, "ack_hook") && cap(&host, "sk_storage_fexit");
     assert_eq!(rtt, if host_ack { "ack_hook" } else { "rtt_cb" }, "{v}");
     assert!(
         v["views"]["missing"]

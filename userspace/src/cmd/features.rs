@@ -39,14 +39,20 @@ impl Plan {
         let atomics = f.atomics_choice();
         let rtt = f.tcp_rtt_path();
         let existing = f.existing_path();
+        // the build without atomics' hook times only connections open before attach
+        let table = existing == ExistingPath::AckHookTable;
         let mut lines = vec![
-            format!("tcp view: RTT samples from {}", rtt_words(rtt)),
+            if table && rtt == TcpRttPath::SrttFallback {
+                "tcp view: RTT samples from the srtt fallback for connections opened after attach (no RTT_CB arguments; the per-ACK hook, without socket storage here, times only those open before attach)".to_string()
+            } else {
+                format!("tcp view: RTT samples from {}", rtt_words(rtt))
+            },
             format!(
                 "tcp view: connections open before attach: {}",
                 if atomics.used || existing != ExistingPath::None {
                     existing_words(existing)
                 } else {
-                    "NOT timed (the build without BPF atomics, for kernels < 5.12, has no path for them: iter/tcp can neither turn their callbacks on nor give them a flow)"
+                    "NOT timed (the build without BPF atomics, for kernels < 5.12, times them only through the per-ACK hook, refused here: iter/tcp can neither turn their callbacks on nor give them socket storage)"
                 }
             ),
             format!(
@@ -62,7 +68,11 @@ impl Plan {
             missing.push("BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, 5.12 upstream): the sampler view cannot load here (`observe --sampler` refuses in one sentence); the TCP view runs its build without them".into());
         }
         if rtt == TcpRttPath::SrttFallback {
-            missing.push("per-sample RTT: neither RTT_CB arguments nor the per-ACK hook; samples are TCP's srtt before each update".into());
+            missing.push(if table {
+                "per-sample RTT for connections opened after attach: no RTT_CB arguments, and no socket storage in fexit programs for the per-ACK hook; their samples are TCP's srtt before each update".into()
+            } else {
+                "per-sample RTT: neither RTT_CB arguments nor the per-ACK hook; samples are TCP's srtt before each update".into()
+            });
         }
         if existing == ExistingPath::None {
             missing.push(
@@ -110,6 +120,9 @@ pub fn existing_words(p: ExistingPath) -> &'static str {
         ExistingPath::Iterator => "enabled by iter/tcp (bpf_setsockopt)",
         ExistingPath::AckHook => {
             "found by iter/tcp, timed by the per-ACK hook (bpf_setsockopt from iter/tcp refused)"
+        }
+        ExistingPath::AckHookTable => {
+            "found by iter/tcp and recorded by socket address in a bounded table (tcp_existing, up to --max-flows), timed by the per-ACK hook fexit/tcp_ack_update_rtt from their first ACK after attach (the build without BPF atomics: no bpf_setsockopt nor socket storage in iter/tcp, no socket storage in fexit)"
         }
         ExistingPath::None => {
             "NOT timed (bpf_setsockopt from iter/tcp and the per-ACK hook both refused)"

@@ -13,6 +13,7 @@
 //! | `atomics` | a socket filter using BPF_CMPXCHG and BPF_XCHG on its stack loads |
 //! | `rtt_cb_args` | a sock_ops program attached (link) at the cgroup v2 root for a few ms turns on the RTT callback of one loopback connection of ours and records `args[1]` (the new srtt x 8): nonzero = the callback carries the sample. Nothing in BTF marks it: the change (6.10) only passed two values where zeros went before. |
 //! | `ack_hook` | a fexit program on `tcp_ack_update_rtt` (its BTF id) loads and attaches |
+//! | `sk_storage_fexit` | a fexit program calling `bpf_sk_storage_get` is not refused with `unknown func` (libbpf's helper-probe method; 5.11 upstream): the atomics build's hook finds a socket's flow in its socket storage. Where no fexit program loads, no (the question does not arise) |
 //! | `iter_setsockopt` | an `iter/tcp` program calls `bpf_setsockopt(TCP_BPF_SOCK_OPS_CB_FLAGS)` on that connection's client socket and writes the helper's result into the iterator's output: 0 = allowed. The verifier accepts the call on 6.1, the helper refuses the option at run time there. |
 //! | `tcx` | a classifier returning TCX_NEXT attached to `lo` by a tcx link (BPF_LINK_CREATE, BPF_TCX_INGRESS) and closed at once |
 use std::io::{Read, Write};
@@ -47,7 +48,10 @@ pub struct Features {
     pub cgroup2: Capability,
     pub atomics: Capability,
     pub rtt_cb_args: Capability,
+    /// fexit on tcp_ack_update_rtt loads and attaches.
     pub ack_hook: Capability,
+    /// bpf_sk_storage_get is known to fexit programs.
+    pub sk_storage_fexit: Capability,
     pub iter_setsockopt: Capability,
     pub tcx: Capability,
 }
@@ -113,6 +117,7 @@ impl Features {
                 not_probed("iter_setsockopt", why),
             ),
         };
+        let (ack_hook, sk_storage_fexit) = probe_fexit();
         Features {
             kernel: crate::sys::preflight::kernel_release(),
             btf,
@@ -120,14 +125,15 @@ impl Features {
             cgroup2,
             atomics: cap("atomics", probe_atomics()),
             rtt_cb_args,
-            ack_hook: cap("ack_hook", probe_ack_hook()),
+            ack_hook,
+            sk_storage_fexit,
             iter_setsockopt,
             tcx: cap("tcx", probe_tcx()),
         }
     }
 
     /// Every capability, in report order.
-    pub fn all(&self) -> [&Capability; 8] {
+    pub fn all(&self) -> [&Capability; 9] {
         [
             &self.btf,
             &self.privileges,
@@ -135,6 +141,7 @@ impl Features {
             &self.atomics,
             &self.rtt_cb_args,
             &self.ack_hook,
+            &self.sk_storage_fexit,
             &self.iter_setsockopt,
             &self.tcx,
         ]
@@ -148,11 +155,25 @@ impl Features {
             .map(|c| format!("{}: {}", c.name, c.detail))
     }
 
-    /// Where the TCP view's RTT samples come from here.
+    /// Whether the per-ACK hook of the object loaded here can be used (`--ack-hook auto` asks
+    /// for it where it is needed). The atomics build's hook finds every flow in its socket
+    /// storage, so it needs `sk_storage_fexit` too; the build without atomics (< 5.12) has a
+    /// hook that times only the connections open before attach, found by address in a table
+    /// the iterator fills (no socket storage: 5.10 has none in tracing programs).
+    pub fn ack_hook_usable(&self) -> bool {
+        self.ack_hook.ok && (!self.atomics_choice().used || self.sk_storage_fexit.ok)
+    }
+
+    /// Whether the per-ACK hook has every RTT sample here (the atomics build's hook).
+    fn ack_hook_times_all(&self) -> bool {
+        self.ack_hook_usable() && self.atomics_choice().used
+    }
+
+    /// Where the TCP view's RTT samples come from here (connections opened after attach).
     pub fn tcp_rtt_path(&self) -> TcpRttPath {
         if self.rtt_cb_args.ok {
             TcpRttPath::RttCbArgs
-        } else if self.ack_hook.ok {
+        } else if self.ack_hook_times_all() {
             TcpRttPath::AckHook
         } else if !self.rtt_cb_args.probed {
             TcpRttPath::RttCb
@@ -164,13 +185,19 @@ impl Features {
     /// How connections open before attach are timed here.
     pub fn existing_path(&self) -> ExistingPath {
         if !self.atomics_choice().used {
-            // the build without atomics (< 5.12) has no such path: bpf/tcp.bpf.c's iterator
-            return ExistingPath::None;
+            // the build without atomics (< 5.12): the iterator records them in a table for
+            // the per-ACK hook where it loads and attaches (bpf/tcp.bpf.c), else no path
+            return if self.ack_hook_usable() {
+                ExistingPath::AckHookTable
+            } else {
+                ExistingPath::None
+            };
         }
         // Not probed: the iterator tries anyway (its refusals are counted).
-        if self.iter_setsockopt.ok || (!self.iter_setsockopt.probed && !self.ack_hook.ok) {
+        let hook = self.ack_hook_times_all();
+        if self.iter_setsockopt.ok || (!self.iter_setsockopt.probed && !hook) {
             ExistingPath::Iterator
-        } else if self.ack_hook.ok {
+        } else if hook {
             ExistingPath::AckHook
         } else {
             ExistingPath::None
@@ -251,8 +278,11 @@ pub enum TcpRttPath {
 pub enum ExistingPath {
     /// The iterator turns their RTT callback on (bpf_setsockopt).
     Iterator,
-    /// The iterator records them; the per-ACK hook times them.
+    /// The iterator records them (socket storage); the per-ACK hook times them.
     AckHook,
+    /// The build without atomics (< 5.12): the iterator records them in a bounded table by
+    /// socket address (`tcp_existing`), the per-ACK hook times them from there.
+    AckHookTable,
     /// Not timed: no path on this kernel.
     None,
 }
@@ -282,26 +312,47 @@ fn probe_atomics() -> Result<String, String> {
     load(spec, &p).map(|_| "BPF_CMPXCHG and BPF_XCHG load".into())
 }
 
-/// fexit on tcp_ack_update_rtt: loads and attaches.
-fn probe_ack_hook() -> Result<String, String> {
-    let id = crate::sys::btf::vmlinux_func_id("tcp_ack_update_rtt").map_err(|e| e.to_string())?;
-    let spec = ProgSpec {
-        prog_type: bp::PROG_TRACING,
-        expected_attach_type: bp::ATTACH_TRACE_FEXIT,
-        attach_btf_id: id,
-        name: "rtt_probe_fexit",
+/// fexit on tcp_ack_update_rtt (loads and attaches: `ack_hook`), and whether fexit programs
+/// know bpf_sk_storage_get (`sk_storage_fexit`): two answers, since 5.10 gives the first and
+/// not the second (the build without atomics' hook does without socket storage).
+fn probe_fexit() -> (Capability, Capability) {
+    let spec = match crate::sys::btf::vmlinux_func_id("tcp_ack_update_rtt") {
+        Ok(id) => ProgSpec {
+            prog_type: bp::PROG_TRACING,
+            expected_attach_type: bp::ATTACH_TRACE_FEXIT,
+            attach_btf_id: id,
+            name: "rtt_probe_fexit",
+        },
+        Err(e) => {
+            let why = format!("no fexit program to try: {e}");
+            return (
+                cap("ack_hook", Err(e.to_string())),
+                cap("sk_storage_fexit", Err(why)),
+            );
+        }
     };
-    let prog = load(spec, &[asm::mov_imm(0, 0), asm::exit()])?;
-    drop(bp::tracing_attach(&prog).map_err(|e| format!("attach: {e}"))?);
-    sk_storage_in_tracing(spec)?;
-    Ok("fexit/tcp_ack_update_rtt attaches".into())
+    let prog = match load(spec, &[asm::mov_imm(0, 0), asm::exit()]) {
+        Ok(p) => p,
+        Err(e) => {
+            let why = format!("no fexit program loads here, so none can call it ({e})");
+            return (cap("ack_hook", Err(e)), cap("sk_storage_fexit", Err(why)));
+        }
+    };
+    let attached = bp::tracing_attach(&prog)
+        .map(drop)
+        .map(|_| "fexit/tcp_ack_update_rtt loads and attaches".to_string())
+        .map_err(|e| format!("attach: {e}"));
+    (
+        cap("ack_hook", attached),
+        cap("sk_storage_fexit", sk_storage_in_tracing(spec)),
+    )
 }
 
-/// The hook finds a socket's flow through its socket storage: is
-/// bpf_sk_storage_get known to fexit programs (5.11 upstream)? As libbpf's
+/// The atomics build's hook finds a socket's flow through its socket storage:
+/// is bpf_sk_storage_get known to fexit programs (5.11 upstream)? As libbpf's
 /// helper probes: a call with arguments the verifier refuses (an array map,
 /// a NULL socket) fails with "unknown func" only where the helper is missing.
-fn sk_storage_in_tracing(spec: ProgSpec<'_>) -> Result<(), String> {
+fn sk_storage_in_tracing(spec: ProgSpec<'_>) -> Result<String, String> {
     const SK_STORAGE_GET: i32 = 107;
     let map = bp::array_map(8).map_err(|e| format!("probe map: {e}"))?;
     let mut p = asm::ld_map_fd(1, map.as_raw_fd()).to_vec();
@@ -315,9 +366,9 @@ fn sk_storage_in_tracing(spec: ProgSpec<'_>) -> Result<(), String> {
     ]);
     match bp::prog_load(spec, &p) {
         Err(e) if e.to_string().contains("unknown func") || e.to_string().contains("invalid func") => {
-            Err(format!("fexit programs cannot call bpf_sk_storage_get here, which the hook needs to find a socket's flow ({e})"))
+            Err(format!("fexit programs cannot call bpf_sk_storage_get here: the hook finds connections open before attach by address instead, in the build without atomics ({e})"))
         }
-        _ => Ok(()),
+        _ => Ok("fexit programs know bpf_sk_storage_get (a call with invalid arguments is refused for them, not as unknown)".into()),
     }
 }
 
@@ -542,6 +593,62 @@ fn probe_iter_setsockopt(conn: &Conn) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answers(
+        atomics: bool,
+        rtt_args: bool,
+        fexit: bool,
+        sk_storage: bool,
+        iter: bool,
+    ) -> Features {
+        let c = |name, ok| Capability {
+            name,
+            ok,
+            probed: true,
+            detail: String::new(),
+        };
+        Features {
+            kernel: "test".into(),
+            btf: c("btf", true),
+            privileges: c("privileges", true),
+            cgroup2: c("cgroup2", true),
+            atomics: c("atomics", atomics),
+            rtt_cb_args: c("rtt_cb_args", rtt_args),
+            ack_hook: c("ack_hook", fexit),
+            sk_storage_fexit: c("sk_storage_fexit", sk_storage),
+            iter_setsockopt: c("iter_setsockopt", iter),
+            tcx: c("tcx", false),
+        }
+    }
+
+    /// The paths of the kernels measured in a guest (docs/kernels.md), from their answers.
+    #[test]
+    fn paths_follow_the_answers() {
+        if std::env::var(ATOMICS_ENV).is_ok() {
+            return; // forced build: not the answers' choice
+        }
+        // 5.10: fexit attaches, no socket storage in it, no atomics
+        let f = answers(false, false, true, false, false);
+        assert!(f.ack_hook_usable());
+        assert_eq!(f.tcp_rtt_path(), TcpRttPath::SrttFallback);
+        assert_eq!(f.existing_path(), ExistingPath::AckHookTable);
+        // 5.10 refusing fexit too
+        let f = answers(false, false, false, false, false);
+        assert_eq!(f.existing_path(), ExistingPath::None);
+        // 6.1
+        let f = answers(true, false, true, true, false);
+        assert_eq!(f.tcp_rtt_path(), TcpRttPath::AckHook);
+        assert_eq!(f.existing_path(), ExistingPath::AckHook);
+        // an atomics kernel whose fexit programs lack socket storage: no hook
+        let f = answers(true, false, true, false, false);
+        assert!(!f.ack_hook_usable());
+        assert_eq!(f.tcp_rtt_path(), TcpRttPath::SrttFallback);
+        assert_eq!(f.existing_path(), ExistingPath::None);
+        // 6.12 and 6.18
+        let f = answers(true, true, false, false, true);
+        assert_eq!(f.tcp_rtt_path(), TcpRttPath::RttCbArgs);
+        assert_eq!(f.existing_path(), ExistingPath::Iterator);
+    }
 
     #[test]
     fn programs_have_their_exits_where_the_jumps_go() {

@@ -26,6 +26,8 @@ use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 const SOCKOPS: &str = "rtt_tcp_sockops";
 const ITER: &str = "rtt_tcp_iter";
+/// The iterator without bpf_setsockopt (bpf/tcp.bpf.c).
+const ITER_NS: &str = "rtt_tcp_iter_ns";
 const ACK: &str = "rtt_tcp_ack";
 
 const PROGS: &[Prog] = &[
@@ -35,6 +37,10 @@ const PROGS: &[Prog] = &[
     },
     Prog {
         name: ITER,
+        kind: ProgKind::Iter("tcp"),
+    },
+    Prog {
+        name: ITER_NS,
         kind: ProgKind::Iter("tcp"),
     },
     Prog {
@@ -63,6 +69,30 @@ pub(crate) static OBJECT_NOATOMIC: ObjectDef = ObjectDef {
     progs: PROGS,
 };
 
+/// The iterator to load here: the one calling bpf_setsockopt where the `iter_setsockopt` probe
+/// found the call works (or could not run: it then tries, and its refusals are counted), else
+/// the one without the call. Before 5.15 the verifier refuses bpf_setsockopt in iter/tcp, so a
+/// program calling it would fail the whole object there (kernels 5.12 to 5.14: atomics, no such
+/// call); on 6.1 the helper refuses the option at run time, so both behave the same. The build
+/// without atomics never calls it.
+fn iter_prog(atomics: bool) -> &'static str {
+    let p = &crate::views::probe::Features::get().iter_setsockopt;
+    if atomics && (p.ok || !p.probed) {
+        ITER
+    } else {
+        ITER_NS
+    }
+}
+
+/// The iterator left out (not loaded).
+fn other_iter(atomics: bool) -> &'static str {
+    if iter_prog(atomics) == ITER {
+        ITER_NS
+    } else {
+        ITER
+    }
+}
+
 /// The object to load here (the `atomics` probe, or the test setting).
 fn object(atomics: bool) -> &'static ObjectDef {
     if atomics {
@@ -87,6 +117,8 @@ unsafe impl plain::Plain for rttscope_cidr_key {}
 /// The TCP view, loaded and attached.
 pub struct Tcp {
     obj: Box<dyn Object>,
+    /// The iterator loaded (`iter_prog`).
+    iter: &'static str,
     listeners: HashSet<(u32, u16)>,
     info: TcpHookInfo,
     epoch: u32,
@@ -97,7 +129,8 @@ pub struct Tcp {
 }
 
 /// What the object is loaded with: sizes, `.rodata`, the per-ACK hook left
-/// out, or optional.
+/// out, or optional. `tcp_existing` (build without atomics) holds up to
+/// `max_flows` connections open before attach where the hook is loaded, else 1.
 fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool, atomics: bool) -> Settings {
     let hints = hint_entries(max_flows);
     let ro = rodata {
@@ -134,9 +167,13 @@ fn settings(cfg: &TcpViewConfig, max_flows: u32, with_hook: bool, atomics: bool)
             ("tcp_fresh_slots", max_flows),
             ("fine_pool_free0", pool_entries(max_flows)),
             ("fine_pool_free1", pool_entries(max_flows)),
+            ("tcp_existing", if with_hook { max_flows } else { 1 }),
         ]).into_iter().flatten())
         .collect(),
-        skip: if with_hook { vec![] } else { vec![ACK] },
+        skip: [(!with_hook).then_some(ACK), Some(other_iter(atomics))]
+            .into_iter()
+            .flatten()
+            .collect(),
         optional: if with_hook { vec![ACK] } else { vec![] },
         memory: format!(
             "its maps of {max_flows} flows (lower --max-flows, or check the memory cgroup and RLIMIT_MEMLOCK)"
@@ -163,7 +200,12 @@ impl Tcp {
         )?
         .pop()
         .context("the TCP view's object was not loaded")?;
-        let hook_status = attach_ack_hook(obj.as_mut(), cfg, with_hook)?;
+        // the build without atomics' hook is attached after the iterator (below)
+        let hook_status = if atomics.used {
+            attach_ack_hook(obj.as_mut(), cfg, with_hook)?
+        } else {
+            prepare_existing_hook(obj.as_mut(), cfg, with_hook)?
+        };
         fill_filters(obj.as_ref(), cfg)?;
         if !atomics.used {
             fill_fresh_slots(obj.as_ref(), max_flows)?;
@@ -174,27 +216,34 @@ impl Tcp {
         let mut view = Tcp {
             fine: std::sync::Mutex::new(fine),
             obj,
+            iter: iter_prog(atomics.used),
             listeners: HashSet::new(),
             info: TcpHookInfo::new(cfg, &cgroup, max_flows).with_atomics(&atomics),
             epoch: 0,
             raw: cfg.raw,
             raw_taken: false,
         };
-        view.info.set_ack_hook(hook_status);
-        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
+        if atomics.used {
+            view.info.set_ack_hook(hook_status.clone());
+        }
         for ns in &cfg.iter_netns {
-            view.obj.run_iter(ITER, ns)?;
+            view.obj.run_iter(iter_prog(atomics.used), ns)?;
         }
         let (enabled, refused) = (
             view.counter(C::RTTSCOPE_TCP_ENABLED),
             view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
         );
-        view.info.set_existing(enabled, refused);
-        if !atomics.used {
-            // this build's iterator only counts them (bpf/tcp.bpf.c)
-            view.info.existing_path = "none: the build without BPF atomics (kernels < 5.12) cannot turn their callbacks on (bpf_setsockopt from iter/tcp) nor give them a flow (socket storage from iter/tcp); they are not timed".into();
-            view.info.existing_not_timed = refused;
+        if atomics.used {
+            view.info.set_existing(enabled, refused);
+        } else {
+            let full = view.counter(C::RTTSCOPE_TCP_EXISTING_TABLE_FULL);
+            let linked = match hook_status {
+                Ok(()) => attach_existing_hook(view.obj.as_mut(), cfg, enabled),
+                Err(status) => Ok(Err(status)),
+            }?;
+            view.info.set_existing_table(linked, enabled, refused, full);
         }
+        view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         view.load_listeners()?;
         Ok(view)
     }
@@ -241,6 +290,46 @@ fn attach_ack_hook(
     Ok(Ok(()))
 }
 
+/// The build without atomics (kernels < 5.12): its hook times only the connections open before
+/// attach, which the iterator records in `tcp_existing` where `ack_hook_on` is 2 (set here,
+/// before the iterator runs). `Ok(())`: loaded and announced, to attach after the iterator;
+/// `Err(status)`: not used.
+fn prepare_existing_hook(
+    obj: &mut dyn Object,
+    cfg: &TcpViewConfig,
+    with_hook: bool,
+) -> Result<Result<(), String>> {
+    if !with_hook {
+        return Ok(Err("off".to_string()));
+    }
+    if let Some(e) = obj.refused(ACK) {
+        return Ok(Err(cfg.ack_hook.refused(&e)?));
+    }
+    obj.write_data(".bss", offset_of!(bss, ack_hook_on), &2u32.to_ne_bytes())
+        .context("writing the TCP view's .bss")?;
+    Ok(Ok(()))
+}
+
+/// After the iterator, in the build without atomics: attach the hook where it recorded
+/// connections (`enabled`; with `--ack-hook require` always). A hook with nothing to time is
+/// left unattached: it would cost one table lookup per RTT sample of every socket.
+fn attach_existing_hook(
+    obj: &mut dyn Object,
+    cfg: &TcpViewConfig,
+    enabled: u64,
+) -> Result<Result<(), String>> {
+    if enabled == 0 && cfg.ack_hook != super::AckHook::Require {
+        return Ok(Err(
+            "not attached: no connection open before attach to time".to_string(),
+        ));
+    }
+    if let Err(e) = obj.attach_trace(ACK) {
+        let e = e.context("attaching the per-ACK hook");
+        return Ok(Err(cfg.ack_hook.refused(&e)?));
+    }
+    Ok(Ok(()))
+}
+
 /// The netns, port and address filters, filled before sock_ops is attached.
 fn fill_filters(obj: &dyn Object, cfg: &TcpViewConfig) -> Result<()> {
     let m = obj.map("netns_filter")?;
@@ -273,9 +362,9 @@ impl PassiveView for Tcp {
     fn prog_ids(&self) -> Vec<(String, u32)> {
         let mut ids = vec![
             ("tcp_sockops", self.obj.prog_id(SOCKOPS)),
-            ("tcp_iter", self.obj.prog_id(ITER)),
+            ("tcp_iter", self.obj.prog_id(self.iter)),
         ];
-        if self.info.ack_hook_attached() {
+        if self.info.ack_hook_linked() {
             ids.push(("tcp_ack_hook", self.obj.prog_id(ACK)));
         }
         ids.into_iter().map(|(n, i)| (n.to_string(), i)).collect()

@@ -70,7 +70,8 @@ pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
     let from_cb = if v.info().ack_hook_attached() {
         0
     } else {
-        m["samples"]
+        // the build without atomics: the hook's samples of connections open before attach
+        m["samples"].saturating_sub(m["existing_hook_samples"])
     };
     m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
     m.insert("existing_not_timed", v.info().existing_not_timed);
@@ -98,6 +99,10 @@ pub struct TcpViewConfig {
 /// The optional per-ACK hook's attach point.
 pub const ACK_HOOK: &str = "fexit/tcp_ack_update_rtt";
 
+/// `ack_hook` where the build without atomics' hook is attached: it times only the connections
+/// open before attach (found by address in `tcp_existing`); the RTT callback has the others.
+pub const HOOK_EXISTING_ONLY: &str = "attached: connections open before attach only";
+
 /// Whether to use the optional per-ACK hook (`rtt_tcp_ack`, fexit on
 /// tcp_ack_update_rtt): the sample the kernel feeds tcp_rtt_estimator(), on
 /// any kernel that allows fentry/fexit (many production kernels do; this
@@ -124,7 +129,7 @@ impl AckHook {
         match self {
             AckHook::Auto => {
                 let f = crate::views::probe::Features::get();
-                f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
+                f.ack_hook_usable() && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
             }
             AckHook::Off => false,
             AckHook::Try | AckHook::Require => true,
@@ -162,7 +167,9 @@ pub struct TcpHookInfo {
     /// that refuse both bpf_setsockopt from iter/tcp and the per-ACK hook).
     pub existing_not_timed: u64,
     pub rtt_source: String,
-    /// The optional per-ACK hook: "attached", "off" or "refused: <reason>".
+    /// The optional per-ACK hook: "attached", "off" or "refused: <reason>"; in the build without
+    /// atomics, where it times only connections open before attach, [`HOOK_EXISTING_ONLY`] (or
+    /// "not attached: ..." when there were none).
     pub ack_hook: String,
     pub kernel: String,
     /// Set only where the view runs its build without BPF atomics that
@@ -261,9 +268,48 @@ impl TcpHookInfo {
         };
     }
 
+    /// After the iterator, in the build without atomics (kernels < 5.12): the hook's outcome
+    /// (`linked`: attached, or why not), how many connections open before attach the iterator
+    /// recorded for it (`recorded`), counted as not timed (`uncounted`: no hook loaded) and
+    /// could not record (`full`: `tcp_existing` full).
+    pub(crate) fn set_existing_table(
+        &mut self,
+        linked: Result<(), String>,
+        recorded: u64,
+        uncounted: u64,
+        full: u64,
+    ) {
+        self.existing_enabled = recorded;
+        match linked {
+            Ok(()) => {
+                self.ack_hook = HOOK_EXISTING_ONLY.into();
+                self.hook = format!("cgroup sock_ops: BPF_SOCK_OPS_RTT_CB (+ iter/tcp for existing connections, timed by {ACK_HOOK})");
+                self.existing_path = format!("per-ACK hook, by socket address: iter/tcp records them in a bounded table (tcp_existing: no socket storage in iter/tcp nor fexit here, build without BPF atomics), {ACK_HOOK} times them from their first ACK after attach; their close is not seen");
+                self.existing_not_timed = full;
+            }
+            Err(status) => {
+                if status.starts_with("not attached") {
+                    // loaded, with nothing to time
+                    self.existing_path = format!("per-ACK hook, by socket address (no connection open before attach: {ACK_HOOK} not attached)");
+                    self.existing_not_timed = uncounted + full;
+                } else {
+                    self.existing_path = "none: the build without BPF atomics (kernels < 5.12) cannot turn their callbacks on (bpf_setsockopt from iter/tcp) nor give them socket storage, and the per-ACK hook is not attached; they are not timed".into();
+                    self.existing_not_timed = uncounted + recorded + full;
+                }
+                self.ack_hook = status;
+            }
+        }
+    }
+
     /// Whether the per-ACK hook has the samples.
     pub fn ack_hook_attached(&self) -> bool {
         self.ack_hook == "attached"
+    }
+
+    /// Whether the per-ACK hook is attached at all (every sample, or those of connections open
+    /// before attach in the build without atomics).
+    pub fn ack_hook_linked(&self) -> bool {
+        self.ack_hook_attached() || self.ack_hook == HOOK_EXISTING_ONLY
     }
 
     /// The RTT source in a few words (report headers).
@@ -337,6 +383,9 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_HINT_MISSES, "rtt_hint_misses"),
     (C::RTTSCOPE_TCP_NOT_BINNED, "samples_not_binned"),
     (C::RTTSCOPE_TCP_POOL_OVERFLOW, "samples_pool_overflow"),
+    (C::RTTSCOPE_TCP_EXISTING_TABLE_FULL, "existing_table_full"),
+    (C::RTTSCOPE_TCP_EXISTING_TABLE_STALE, "existing_table_stale"),
+    (C::RTTSCOPE_TCP_EXISTING_SAMPLES, "existing_hook_samples"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -573,6 +622,36 @@ mod tests {
     }
 
     #[test]
+    fn existing_table_outcomes() {
+        let cfg = TcpViewConfig::default();
+        let p = std::path::Path::new("/sys/fs/cgroup");
+        // attached: every recorded connection timed, a full table's refusals not
+        let mut i = TcpHookInfo::new(&cfg, p, 64);
+        i.set_existing_table(Ok(()), 5, 0, 2);
+        assert_eq!(i.ack_hook, HOOK_EXISTING_ONLY);
+        assert!(i.ack_hook_linked() && !i.ack_hook_attached());
+        assert!(i
+            .existing_path
+            .starts_with("per-ACK hook, by socket address"));
+        assert_eq!((i.existing_enabled, i.existing_not_timed), (5, 2));
+        // loaded, none to time: not attached, nothing untimed
+        let mut i = TcpHookInfo::new(&cfg, p, 64);
+        i.set_existing_table(Err("not attached: none".into()), 0, 0, 0);
+        assert!(!i.ack_hook_linked());
+        assert!(i.existing_path.starts_with("per-ACK hook"));
+        assert_eq!(i.existing_not_timed, 0);
+        // off (the iterator only counted them) or refused after recording: all untimed
+        let mut i = TcpHookInfo::new(&cfg, p, 64);
+        i.set_existing_table(Err("off".into()), 0, 3, 0);
+        assert!(i.existing_path.starts_with("none"));
+        assert_eq!(i.existing_not_timed, 3);
+        let mut i = TcpHookInfo::new(&cfg, p, 64);
+        i.set_existing_table(Err("refused: EPERM".into()), 4, 0, 1);
+        assert!(i.existing_path.starts_with("none"));
+        assert_eq!(i.existing_not_timed, 5);
+    }
+
+    #[test]
     fn ack_hook_modes() {
         assert!(!AckHook::Off.wanted());
         assert!(AckHook::Try.wanted() && AckHook::Require.wanted());
@@ -580,7 +659,9 @@ mod tests {
         let f = crate::views::probe::Features::get();
         assert_eq!(
             AckHook::Auto.wanted(),
-            f.ack_hook.ok && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
+            f.ack_hook.ok
+                && (!f.atomics_choice().used || f.sk_storage_fexit.ok)
+                && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
         );
         assert_eq!(AckHook::default(), AckHook::Auto);
         let e = anyhow::anyhow!("Operation not permitted (os error 1)").context("loading");
