@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Functions outside a view's folder that name a passive view (issue 24).
+
+Usage: scripts/check-view-names.py [--max N] [--list]
+
+A view should be named outside `userspace/src/views/<view>/` only in the
+registry: every other place that says "sampler" or "tcp view" is a place a new
+view has to touch. This counts, in `userspace/src` outside `views/` and
+outside tests (as scripts/check-fn-length.py finds functions and tests), the
+functions whose text (strings included: `"sampler"` in a match counts) names
+a view:
+
+  sampler: the word sampler, any case (SamplerView, read_sampler, "sampler");
+  tcp:     TcpView, tcp_view, views::tcp, View(Kind)::Tcp, the string "tcp".
+
+A function nested in another counts on its own and inside its parent. Prints
+the count per file (--list: each function) and the total; exits 1 when the
+total is over --max (the suite's ceiling: it may only go down).
+"""
+import argparse
+import importlib.util
+import os
+import re
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("fnlen", os.path.join(HERE, "check-fn-length.py"))
+fnlen = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fnlen)
+
+VIEWS = {
+    "sampler": re.compile(r"sampler", re.I),
+    "tcp": re.compile(r'TcpView|tcp_view|views::tcp\b|View(Kind)?::Tcp\b|"tcp"'),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max", type=int, default=None)
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--root", default=os.path.join(HERE, "..", "userspace", "src"))
+    args = ap.parse_args()
+    root = os.path.normpath(args.root)
+    per_file = {}
+    total = 0
+    for path in sorted(fnlen.rust_files([root])):
+        rel = os.path.relpath(path, root)
+        if rel.startswith("views" + os.sep):
+            continue
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        for name, first, length in fnlen.functions(path):
+            text = "\n".join(lines[first - 1:first - 1 + length])
+            named = [v for v, rx in VIEWS.items() if rx.search(text)]
+            if named:
+                per_file.setdefault(rel, []).append((first, name, named))
+                total += 1
+    for rel, fns in sorted(per_file.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        print(f"{len(fns):4} {rel}")
+        if args.list:
+            for first, name, named in fns:
+                print(f"       {rel}:{first} {name} ({', '.join(named)})")
+    print(f"check-view-names: {total} functions in {len(per_file)} files outside views/ name a view")
+    if args.max is not None and total > args.max:
+        print(f"check-view-names: over the ceiling of {args.max} (issue 24: views plug in)", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
