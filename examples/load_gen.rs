@@ -17,8 +17,23 @@ use std::time::{Duration, Instant};
 
 fn serve(addr: &str) {
     let l = TcpListener::bind(addr).expect("bind");
+    let mut accept_errors = 0u64;
     for s in l.incoming() {
-        let Ok(mut s) = s else { continue };
+        let mut s = match s {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE/ENFILE: said (the first and every 10,000th), and a pause instead of a spin
+                if accept_errors % 10_000 == 0 {
+                    eprintln!(
+                        "load_gen server: accept failed ({} so far): {e}",
+                        accept_errors + 1
+                    );
+                }
+                accept_errors += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+        };
         // small stacks: `hold` keeps tens of thousands of connections, a thread each
         let spawned = std::thread::Builder::new()
             .stack_size(64 << 10)

@@ -25,8 +25,10 @@ A="rtssca$$"; B="rtsscb$$"
 PORT=$((20000 + $$ % 20000))
 OUT=$(mktemp -d)
 MAPS0=$(sysctl -n vm.max_map_count)
+PIDS0=$(sysctl -n kernel.pid_max)
 cleanup() {
   sysctl -q -w vm.max_map_count="$MAPS0" || true
+  sysctl -q -w kernel.pid_max="$PIDS0" || true
   [ -n "${HOLD:-}" ] && kill "$HOLD" 2>/dev/null || true
   [ -n "${OBS:-}" ] && kill "$OBS" 2>/dev/null && wait "$OBS" 2>/dev/null || true
   [ -n "${SRV:-}" ] && kill "$SRV" 2>/dev/null || true
@@ -35,7 +37,13 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
+# One descriptor per connection on each side, and a thread per connection in the server: the
+# hard descriptor limit (20,000 on our machines) and kernel.pid_max (32,768, threads included)
+# stopped earlier runs near 20,000 connections (the server's accept failing with EMFILE).
+NOFILE=$((FLOWS + 20000))
+if [ "$(ulimit -Hn)" != unlimited ] && [ "$(ulimit -Hn)" -lt "$NOFILE" ]; then ulimit -Hn "$NOFILE"; fi
 ulimit -n "$(ulimit -Hn)"
+if [ "$PIDS0" -lt $((FLOWS + SCRAPERS + 20000)) ]; then sysctl -q -w kernel.pid_max=$((FLOWS + SCRAPERS + 20000)); fi
 # the server's thread per connection takes two mappings (stack, guard page):
 # 65,530 by default would stop it near 32,000 connections
 sysctl -q -w vm.max_map_count=$((FLOWS * 4 + 65530))
@@ -50,8 +58,15 @@ sleep 0.3
 "$BIN" observe --listen "127.0.0.1:$PORT" --netns "$A" --netns "$B" --quiet \
   --iface "$A:va$$" --interval 1s --max-flows 131072 >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/metrics" && break; sleep 0.1; done
-ip netns exec "$A" "$LOAD" hold 10.79.0.2:7001 "$FLOWS" $((SECS + 60)) >"$OUT/hold.out" 2>&1 & HOLD=$!
-# Wait until the observer tracks the flows (both ends: 2 per connection).
+ip netns exec "$A" "$LOAD" hold 10.79.0.2:7001 "$FLOWS" $((2 * SECS + 120)) >"$OUT/hold.out" 2>&1 & HOLD=$!
+# Wait until every connection is open (one thread each on the server: ~300 a second here, so
+# 50,000 take minutes), then until the observer tracks the flows (both ends: 2 per connection).
+for _ in $(seq 1800); do
+  grep -q connections "$OUT/hold.out" 2>/dev/null && break
+  kill -0 "$HOLD" 2>/dev/null || { echo "load_gen hold stopped:"; cat "$OUT/hold.out"; exit 1; }
+  sleep 1
+done
+echo "connections open: $(cat "$OUT/hold.out") after ${SECONDS} s"
 for _ in $(seq 120); do
   n=$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '/^rttscope_flows_tracked\{view="tcp"\}/{print $2}')
   [ "${n:-0}" -ge $((FLOWS * 2 * 9 / 10)) ] && break
@@ -68,7 +83,12 @@ grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' ';
 t0=$(date +%s%N)
 curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
 echo "one scrape alone: $(( ($(date +%s%N) - t0) / 1000000 )) ms, $(wc -c <"$OUT/one") bytes"
+# Back to back (a closed loop: saturation), then each scraper once a second (2,000 Prometheus
+# servers at a 1 s scrape interval: the load the service time answers for).
+echo "storm, back to back:"
 "$STORM" "$PORT" "$SCRAPERS" "$SECS" "$OBS"
+echo "storm, each scraper every 1 s:"
+"$STORM" "$PORT" "$SCRAPERS" "$SECS" "$OBS" 1000
 # The identity at this size, with traffic: 500 more connections, 20 s of RR.
 ip netns exec "$A" "$LOAD" rr 10.79.0.2:7001 20 500 0 >"$OUT/rr.out" 2>&1
 sleep 3

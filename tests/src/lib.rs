@@ -659,15 +659,42 @@ impl Storm {
 /// (one request per connection, as Prometheus does) for `dur`; bounded in
 /// count and time, loopback only.
 pub fn scrape_storm(port: u16, scrapers: usize, dur: Duration) -> Storm {
-    let end = Instant::now() + dur;
+    scrape_storm_paced(port, scrapers, dur, None)
+}
+
+/// [`scrape_storm`] with each scraper paced: with `Some(every)` a scraper
+/// starts a scrape every `every` (its first at a phase spread over the
+/// interval, as many Prometheus servers with the same scrape interval
+/// would), or at once when the last one took longer; with `None` back to
+/// back (a closed loop: the latency is then mostly the queue the scrapers
+/// themselves make, scrapers / throughput).
+pub fn scrape_storm_paced(
+    port: u16,
+    scrapers: usize,
+    dur: Duration,
+    every: Option<Duration>,
+) -> Storm {
+    let start = Instant::now();
+    let end = start + dur;
     let handles: Vec<_> = (0..scrapers)
-        .map(|_| {
+        .map(|i| {
             std::thread::Builder::new()
                 .stack_size(64 * 1024)
                 .spawn(move || {
                     let mut lat = Vec::new();
                     let mut failed = 0u64;
+                    let mut next = match every {
+                        Some(e) => start + e.mul_f64(i as f64 / scrapers.max(1) as f64),
+                        None => start,
+                    };
                     while Instant::now() < end {
+                        if let Some(e) = every {
+                            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                            next += e;
+                            if Instant::now() >= end {
+                                break;
+                            }
+                        }
                         let t0 = Instant::now();
                         match scrape_once(port) {
                             Ok(true) => lat.push(t0.elapsed()),
