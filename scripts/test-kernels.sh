@@ -585,7 +585,7 @@ def kill9_checks(d, how, srv):
 
 
 def refusals(blocker):
-    """Where the probes say observe cannot load (5.10 without atomics): both
+    """Where the probes say observe cannot load (no BTF, privileges or cgroup v2): both
     loaders, the daemon as the unit starts it and `compare` each refuse in one
     sentence naming the missing capability, and leave nothing behind."""
     log(f"observe cannot run here: {blocker}")
@@ -688,7 +688,7 @@ try:
         log(l)
     check(p.returncode == (0 if feat["observe_can_run"] else 1), "features: exit status says whether observe can run")
     if not feat["observe_can_run"]:
-        # the probe says observe cannot load here (5.10: no BPF atomics): it must
+        # the probe says observe cannot load here (no BTF, privileges or cgroup v2): it must
         # say so in one sentence, under both loaders, and leave nothing behind
         refusals(feat["views"]["blocker"])
     else:
