@@ -482,7 +482,12 @@ struct rttscope_sampler_pending {
  *  - a reader copying the whole entry (userspace) trusts it only when gen
  *    is even and equals gen_end, the last field: set to gen + 1 before
  *    anything is rewritten and to gen + 2 at the end (a seqlock whose
- *    second read is the copy's last word). */
+ *    second read is the copy's last word).
+ * The build without BPF atomics that return a value (kernels < 5.12,
+ * bpf/sampler_noatomic.bpf.h) keeps this layout and gen/gen_end protocol,
+ * but `lock` stays unused: each way's lock is a bpf_spin_lock in a map of
+ * its own, under which every slot is filled and freed and every re-key is
+ * done with plain stores (no reservations). */
 struct rttscope_sampler_entry {
 	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1) */
 	struct rttscope_flow_key key;  /* family 0: empty way */

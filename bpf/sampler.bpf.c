@@ -458,6 +458,7 @@ static __always_inline int key_eq(const struct rttscope_flow_key *a, const struc
 		(__u64)(*(const __u32 *)&a->raddr[12] ^ *(const __u32 *)&b->raddr[12])) == 0;
 }
 
+#ifndef RTTSCOPE_NO_ATOMICS
 /* Release the way's lock. On x86-64 (userspace sets cfg_tso) a plain store
  * after a compiler barrier is a release, as the kernel's own
  * smp_store_release() there: stores are not reordered with earlier loads
@@ -490,6 +491,8 @@ static __always_inline int lock_way(struct rttscope_sampler_entry *e)
 	return -1;
 }
 
+#endif /* !RTTSCOPE_NO_ATOMICS */
+
 /* The flow's way in its set, or NULL; *genp = the way's generation, to be
  * checked again before what the caller did there counts. */
 static __always_inline struct rttscope_sampler_entry *table_find(const struct rttscope_flow_key *k, __u32 set,
@@ -520,6 +523,7 @@ static __always_inline struct rttscope_sampler_entry *table_find(const struct rt
 	return NULL;
 }
 
+#ifndef RTTSCOPE_NO_ATOMICS
 /* Enter a new flow in its set: an empty way, else the least recently used
  * one (evicted, counted). NULL if every way is busy (other CPUs). */
 static __always_inline struct rttscope_sampler_entry *table_insert(const struct rttscope_flow_key *k, __u32 set,
@@ -605,6 +609,8 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	return e;
 }
 
+#endif /* !RTTSCOPE_NO_ATOMICS */
+
 /* Was the entry last visited longer than the timeout before `now`? Signed:
  * egress times are TCP's departure times, which can lie a little before
  * the clock an ingress visit just read (or after it, when paced), and an
@@ -625,6 +631,7 @@ static __always_inline __u32 slot_age(__u32 t, __u64 sl)
 	return age > 0 ? (__u32)age : 0;
 }
 
+#ifndef RTTSCOPE_NO_ATOMICS
 /* Free every recorded slot, under the way's lock: the entry was not
  * visited for longer than the timeout. */
 static __always_inline void expire_all_locked(struct rttscope_sampler_pending *pd)
@@ -842,6 +849,8 @@ static __always_inline void drop_lost(struct rttscope_sampler_pending *pd, __u32
 		count_n(RTTSCOPE_SAMPLER_ACKED_TOGETHER, lost - 1);
 }
 
+#endif /* !RTTSCOPE_NO_ATOMICS */
+
 /* The TCP packet answering v (cumulative ACK or TSecr; `kind`: cfg_match)
  * frees the pending slots it answers; the oldest gives one sample, added to
  * entry e (generation g). Returns 0 when a sample was added, else the
@@ -871,6 +880,7 @@ static __always_inline int covers_pending(const struct rttscope_sampler_pending 
 	return need;
 }
 
+#ifndef RTTSCOPE_NO_ATOMICS
 /* An ACK that covers_pending(), under the way's lock: frees what it covers and
  * gives one sample. 0, or the counter saying why not. */
 static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u64 g,
@@ -978,14 +988,26 @@ static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 
 	return RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 }
 
+#else
+/* kernels without BPF atomics that return a value (< 5.12): bpf_spin_lock */
+#include "sampler_noatomic.bpf.h"
+#endif /* RTTSCOPE_NO_ATOMICS */
+
 /* An ICMP/ICMPv6 echo request or reply (parse() gave PARSED_ICMP), either
  * way: a request records its sequence in the flow of the host that will
  * time the reply (egress: the pinger's, ingress: the pinged host's, timed
  * from the request's arrival), a reply with the same identifier and
  * sequence the other way gives the sample. Out of line, and global: the
  * verifier checks it once on its own, not again inside each program's
- * TCP paths, and the TCP path does not carry its code. */
+ * TCP paths, and the TCP path does not carry its code. In the build
+ * without atomics static (a BPF-to-BPF call checked in its caller's
+ * context): kernels before 5.12 take no pointer argument of a global
+ * function ("Arg#0 type PTR in icmp_packet() is not supported yet"). */
+#ifdef RTTSCOPE_NO_ATOMICS
+static __noinline int icmp_packet(struct seg *s, __u32 ingress)
+#else
 __noinline int icmp_packet(struct seg *s, __u32 ingress)
+#endif
 {
 	struct rttscope_sampler_entry *e;
 	__u32 request, id, seq, pinger, set, tag, why;

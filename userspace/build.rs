@@ -30,7 +30,7 @@ const OBJECTS: &[&str] = &["tcp", "sampler"];
 /// value (< 5.12; the loader picks by the `atomics` feature probe). Same
 /// `.rodata`/`.bss` layout, so the types generated from `<name>.bpf.o`
 /// serve both; no skeleton of their own.
-const NOATOMIC_OBJECTS: &[&str] = &["tcp"];
+const NOATOMIC_OBJECTS: &[&str] = &["tcp", "sampler"];
 
 fn find_clang() -> String {
     if let Ok(c) = env::var("BPF_CLANG") {
@@ -168,7 +168,7 @@ fn main() -> Result<()> {
 
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
     println!("cargo:rerun-if-env-changed=RTTSCOPE_VMLINUX_H");
-    for header in ["rttscope.h", "fine_pool.bpf.h"] {
+    for header in ["rttscope.h", "fine_pool.bpf.h", "sampler_noatomic.bpf.h"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(header).display());
     }
     let args: Vec<&std::ffi::OsStr> = vec![

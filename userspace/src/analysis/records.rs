@@ -184,6 +184,10 @@ pub struct SamplerStart {
     pub attached: serde_json::Value,
     pub prog_ids: serde_json::Value,
     pub settings: serde_json::Value,
+    /// Only where the sampler runs its build without BPF atomics that return a value
+    /// (kernels < 5.12): why, and what differs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub without_atomics: Option<String>,
 }
 
 /// One raw sample (`--raw`): the TCP view's (with TCP's srtt), the sampler's (with its

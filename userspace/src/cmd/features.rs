@@ -26,8 +26,12 @@ pub struct Plan {
     /// The TCP view's object build: "tcp" (BPF atomics with a result) or
     /// "tcp_noatomic" (built without them, where the kernel refuses them).
     pub tcp_object: &'static str,
-    /// Whether `observe --sampler` can load here (its object needs the atomics).
+    /// Whether `observe --sampler` can load here: since its build without
+    /// BPF atomics, wherever `observe` runs at all.
     pub sampler_available: bool,
+    /// The sampler's object build: "sampler" (BPF atomics with a result) or
+    /// "sampler_noatomic" (built without them, where the kernel refuses them).
+    pub sampler_object: &'static str,
     pub lines: Vec<String>,
     pub missing: Vec<String>,
     /// Why `observe` cannot run here (None: it can).
@@ -64,8 +68,11 @@ impl Plan {
         if !atomics.used {
             lines.insert(2, format!("tcp view: kernel programs built without BPF atomics with a result ({}): fresh flow slots and fine-histogram entries come from stacks rttscope fills; the same samples and histograms", atomics.why));
         }
+        if !atomics.used {
+            lines.push(format!("sampler view: kernel programs built without BPF atomics with a result ({}): each table way's lock is a bpf_spin_lock, fine-histogram entries come from stacks rttscope fills; the same samples and histograms", atomics.why));
+        }
         if !f.atomics.ok {
-            missing.push("BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, 5.12 upstream): the sampler view cannot load here (`observe --sampler` refuses in one sentence); the TCP view runs its build without them".into());
+            missing.push("BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, 5.12 upstream): both views run their builds without them (tcp_noatomic, sampler_noatomic)".into());
         }
         if rtt == TcpRttPath::SrttFallback {
             missing.push(if table {
@@ -94,7 +101,12 @@ impl Plan {
             tcp_existing_connections: existing,
             sampler_attach: f.sampler_attach(),
             tcp_object: if atomics.used { "tcp" } else { "tcp_noatomic" },
-            sampler_available: f.atomics.ok,
+            sampler_available: true,
+            sampler_object: if atomics.used {
+                "sampler"
+            } else {
+                "sampler_noatomic"
+            },
             lines,
             missing,
             blocker: f.blocker(),

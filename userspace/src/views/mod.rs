@@ -37,8 +37,9 @@ pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn 
 }
 
 /// Load one copy of the sampler's programs per interface with the chosen
-/// loader and attach them at ingress and egress. Fails with one clear
-/// sentence (also when that loader is not built into this binary).
+/// loader and attach them at ingress and egress (the build without BPF
+/// atomics where the kernel refuses them). Fails with one clear sentence
+/// (also when that loader is not built into this binary).
 pub fn attach_sampler(
     kind: LoaderKind,
     ifaces: &[sampler::IfaceSpec],
@@ -47,28 +48,9 @@ pub fn attach_sampler(
     if !kind.built_in() {
         return Err(passive::not_built(kind));
     }
-    require_atomics(kind)?;
     Ok(Box::new(sampler::attach::Sampler::attach(
         kind, ifaces, cfg,
     )?))
-}
-
-/// The sampler's object uses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG; the TCP view has
-/// a build without them): where the feature probe finds them refused (5.10), one sentence
-/// instead of a verifier error. Only for a loader built in.
-fn require_atomics(kind: LoaderKind) -> Result<()> {
-    if !kind.built_in() {
-        return Ok(());
-    }
-    let f = probe::Features::get();
-    if f.privileges.ok && !f.atomics.ok {
-        anyhow::bail!(
-            "this kernel ({}) refuses BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, kernel 5.12 upstream) that the sampler's kernel programs use: {}; the TCP view runs without them (see `rttscope features`)",
-            f.kernel,
-            f.atomics.detail
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

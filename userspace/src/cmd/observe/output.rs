@@ -89,6 +89,7 @@ pub(super) fn start_record(
             attached: serde_json::to_value(s.attach_info())?,
             prog_ids: serde_json::to_value(s.prog_ids())?,
             settings: serde_json::to_value(s.config())?,
+            without_atomics: s.without_atomics().map(str::to_string),
         }),
         None => None,
     };
@@ -213,6 +214,9 @@ pub(super) fn print_start(
                         i.existing_not_timed
                     )?;
                 }
+            }
+            if let Some(w) = session.sampler.as_ref().and_then(|s| s.without_atomics()) {
+                writeln!(out, "sampler view without BPF atomics: {w}")?;
             }
             writeln!(out, "waiting for samples...\n")?;
         }

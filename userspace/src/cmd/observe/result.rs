@@ -53,10 +53,16 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     doc.title = Some("rttscope observe".into());
     doc.settings["hooks"] = json!({
         "tcp": session.tcp.as_ref().map(|v| v.info()),
-        "sampler": session.sampler.as_ref().map(|s| json!({
-            "settings": s.config(),
-            "attached": s.attach_info(),
-        })),
+        "sampler": session.sampler.as_ref().map(|s| {
+            let mut v = json!({
+                "settings": s.config(),
+                "attached": s.attach_info(),
+            });
+            if let Some(w) = s.without_atomics() {
+                v["without_atomics"] = json!(w);
+            }
+            v
+        }),
     });
     // `--json -`: the document alone on standard output; everything observe prints (table, JSON
     // Lines, the end line) goes to stderr instead, by pointing fd 1 at stderr until the end.

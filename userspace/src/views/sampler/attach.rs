@@ -13,7 +13,7 @@ use super::tc::{tcx_attach, Attached, Attachments};
 use super::{
     attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
     IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
-    PROG_INGRESS, SHARED_MAPS,
+    PROG_INGRESS, SHARED_MAPS, SHARED_MAPS_NOATOMIC,
 };
 use crate::bpf::SamplerRodata as rodata;
 use crate::sys::netns;
@@ -23,22 +23,46 @@ use crate::views::loader::{
 };
 use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
+const PROGS: &[Prog] = &[
+    Prog {
+        name: PROG_EGRESS,
+        kind: ProgKind::Classifier,
+    },
+    Prog {
+        name: PROG_INGRESS,
+        kind: ProgKind::Classifier,
+    },
+];
+
 /// The compiled sampler.
 pub(crate) static OBJECT: ObjectDef = ObjectDef {
     what: "the sampler",
     name: "sampler_bpf",
     bytes: include_object!("sampler"),
-    progs: &[
-        Prog {
-            name: PROG_EGRESS,
-            kind: ProgKind::Classifier,
-        },
-        Prog {
-            name: PROG_INGRESS,
-            kind: ProgKind::Classifier,
-        },
-    ],
+    progs: PROGS,
 };
+
+/// The same sources built without BPF atomics that return a value
+/// (RTTSCOPE_NO_ATOMICS, bpf/sampler_noatomic.bpf.h), for kernels that
+/// refuse them (< 5.12): each table way's lock is a `bpf_spin_lock` in
+/// `sampler_locks`, fine-histogram entries are popped from stacks this side
+/// fills. Same samples, same `.rodata` and `.bss` layout.
+pub(crate) static OBJECT_NOATOMIC: ObjectDef = ObjectDef {
+    what: "the sampler (built without BPF atomics)",
+    name: "sampler_bpf",
+    bytes: include_object!("sampler_noatomic"),
+    progs: PROGS,
+};
+
+/// The object and the maps its copies share (the `atomics` probe, or the
+/// test setting RTTSCOPE_BPF_ATOMICS=off).
+fn object(atomics: bool) -> (&'static ObjectDef, &'static [&'static str]) {
+    if atomics {
+        (&OBJECT, &SHARED_MAPS)
+    } else {
+        (&OBJECT_NOATOMIC, &SHARED_MAPS_NOATOMIC)
+    }
+}
 
 /// The sampler view, loaded and attached.
 pub(crate) struct Sampler {
@@ -49,6 +73,8 @@ pub(crate) struct Sampler {
     /// The fine-histogram pool (`fine_pool`, shared by every copy) and
     /// the flows' histograms read from it.
     fine: FinePool,
+    /// Set only where the build without BPF atomics runs, and why.
+    without_atomics: Option<String>,
     /// tcx links and clsact filters: removed before the programs go.
     #[allow(dead_code)] // held for its Drop: detaches
     attached: Attachments,
@@ -66,8 +92,9 @@ fn clsact_first(mode: AttachMode) -> bool {
     }
 }
 
-/// One copy's settings: its interface's `.rodata`, the table's size.
-fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
+/// One copy's settings: its interface's `.rodata`, the table's size (and,
+/// without atomics, its locks' and the pool's free stacks').
+fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface, atomics: bool) -> Settings {
     // (the generated layout has private padding fields: start from zeroes)
     let mut ro: rodata = crate::bpf::zeroed();
     ro.cfg_netns = r.ns.inode;
@@ -105,7 +132,19 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface) -> Settings {
         max_entries: vec![
             ("sampler_table", cfg.table_entries()),
             (fine::POOL, 2 * pool_entries(cfg.table_entries())),
-        ],
+        ]
+        .into_iter()
+        .chain(
+            (!atomics)
+                .then_some([
+                    ("sampler_locks", cfg.table_entries()),
+                    ("fine_pool_free0", pool_entries(cfg.table_entries())),
+                    ("fine_pool_free1", pool_entries(cfg.table_entries())),
+                ])
+                .into_iter()
+                .flatten(),
+        )
+        .collect(),
         label: format!("loading the sampler programs for {}", r.spec),
         ..Settings::default()
     }
@@ -124,8 +163,13 @@ impl Sampler {
             bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
         }
         let seed = hash_seed();
-        let copies = resolved.iter().map(|r| settings(&cfg, seed, r)).collect();
-        let mut objs = loader::load(kind, &OBJECT, copies, &SHARED_MAPS)?;
+        let atomics = crate::views::probe::Features::get().atomics_choice();
+        let (def, shared) = object(atomics.used);
+        let copies = resolved
+            .iter()
+            .map(|r| settings(&cfg, seed, r, atomics.used))
+            .collect();
+        let mut objs = loader::load(kind, def, copies, shared)?;
         let entries = pool_entries(cfg.table_entries());
         let fine = FinePool::new(objs[0].as_mut(), entries)?;
         let mut attached = Attachments::default();
@@ -137,6 +181,12 @@ impl Sampler {
         Ok(Sampler {
             cfg,
             info,
+            without_atomics: (!atomics.used).then(|| {
+                format!(
+                    "{}: kernel programs built without them (each table way's lock a bpf_spin_lock, fine-histogram entries popped from stacks rttscope fills; the same samples)",
+                    atomics.why
+                )
+            }),
             raw_taken: false,
             fine,
             attached,
@@ -315,6 +365,10 @@ impl SamplerView for Sampler {
 
     fn attach_info(&self) -> &[AttachInfo] {
         &self.info
+    }
+
+    fn without_atomics(&self) -> Option<&str> {
+        self.without_atomics.as_deref()
     }
 
     fn drain_pool_if_busy(&mut self) -> Result<()> {

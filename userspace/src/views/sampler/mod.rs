@@ -85,6 +85,19 @@ pub(crate) const SHARED_MAPS: [&str; 6] = [
     "fine_ring",
     "sampler_events",
 ];
+/// The same for the build without BPF atomics (bpf/sampler_noatomic.bpf.h):
+/// the ways' locks and the pool's free stacks too.
+pub(crate) const SHARED_MAPS_NOATOMIC: [&str; 9] = [
+    "sampler_table",
+    "sampler_counters",
+    "fine_pool",
+    "fine_pool_ctl",
+    "fine_ring",
+    "sampler_events",
+    "sampler_locks",
+    "fine_pool_free0",
+    "fine_pool_free1",
+];
 /// Raw samples kept in userspace between two reads; beyond this they are counted and dropped.
 const ARPHRD_ETHER: u16 = 1;
 const ARPHRD_LOOPBACK: u16 = 772;
@@ -763,6 +776,9 @@ pub trait SamplerView: PassiveView {
     fn config(&self) -> &SamplerConfig;
     /// How each interface is attached.
     fn attach_info(&self) -> &[AttachInfo];
+    /// Set only where the kernel programs built without BPF atomics that
+    /// return a value run (kernels < 5.12), and why.
+    fn without_atomics(&self) -> Option<&str>;
     /// Every flow's cumulative histogram, plus min/max since the previous
     /// call (the kernel's per-flow window restarts when the epoch moves on):
     /// one entry per table way (`table_flows`; `merge_ways` for one per flow).
