@@ -23,7 +23,7 @@ fn serve(addr: &str) {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE/ENFILE: said (the first and every 10,000th), and a pause instead of a spin
-                if accept_errors % 10_000 == 0 {
+                if accept_errors.is_multiple_of(10_000) {
                     eprintln!(
                         "load_gen server: accept failed ({} so far): {e}",
                         accept_errors + 1
