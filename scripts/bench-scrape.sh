@@ -83,9 +83,9 @@ done
 echo "flows tracked: ${n:-0}"
 t0=$(date +%s%N)
 curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
-read -r _ _ _ _ _ _ _ _ _ _ _ _ _ u0 s0 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
+read -r _ _ _ _ _ _ _ _ _ _ _ u0 s0 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
 sleep 10
-read -r _ _ _ _ _ _ _ _ _ _ _ _ _ u1 s1 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
+read -r _ _ _ _ _ _ _ _ _ _ _ u1 s1 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
 echo "idle CPU with the flows held: $(( (u1 + s1 - u0 - s0) * 100 / $(getconf CLK_TCK) / 10 ))% of a core over 10 s"
 grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' '; echo
 t0=$(date +%s%N)

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use super::http::serve;
+use super::http::{serve_on_thread, ServerThread};
 use super::{Exporter, LabelPolicy};
 use crate::analysis::hist::Hist;
 use crate::session::FlowSink;
@@ -12,13 +12,13 @@ use crate::sys::bpf::ProgStats;
 use crate::views::flow::{Flow, Side};
 use crate::views::ViewKind;
 
-/// Daemon mode inside `observe`: the exporter, the `/metrics` server task,
+/// Daemon mode inside `observe`: the exporter, the `/metrics` server thread,
 /// the OTLP pusher and the program statistics. Started after attach (it
 /// drops capabilities).
 pub struct Daemon {
     pub exporter: Exporter,
     progs: ProgStats,
-    server: Option<tokio::task::JoinHandle<()>>,
+    server: Option<ServerThread>,
     otlp: Option<Otlp>,
     /// Namespace names known at start (with full privileges: the host's
     /// namespace is named through /proc/1, which needs CAP_SYS_PTRACE later).
@@ -110,7 +110,10 @@ impl Daemon {
             eprintln!("rttscope: serving /metrics on http://{a}/metrics{note}");
         }
         exporter.render();
-        let server = listener.map(|l| tokio::spawn(serve(l, exporter.handle())));
+        // after the privileges are dropped: the thread inherits what is left
+        let server = listener
+            .map(|l| serve_on_thread(l, exporter.handle()))
+            .transpose()?;
         Ok(Daemon {
             exporter,
             progs,
@@ -196,9 +199,7 @@ impl FlowSink for Daemon {
 impl Drop for Daemon {
     /// Stop serving; push the last counts (the pusher sends what is queued).
     fn drop(&mut self) {
-        if let Some(s) = &self.server {
-            s.abort();
-        }
+        drop(self.server.take());
         if let Some(o) = self.otlp.as_mut() {
             let r = self.exporter.render();
             o.maybe_push(&r, true);
