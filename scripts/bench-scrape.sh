@@ -8,7 +8,9 @@
 # loss identity of both views (samples_total = sum of _count + counted
 # losses; docs/metrics.md) after RR traffic on 500 more connections while
 # the held flows stay tracked. Nothing is left behind.
-# Usage: sudo scripts/bench-scrape.sh [FLOWS [SCRAPERS [SECONDS]]]
+# RTTSCOPE_BIN=PATH runs another build (e.g. the previous one) as the observer; BENCH_INTERVAL
+# its --interval (1s; the shipped DaemonSet and unit use 10s).
+# Usage: sudo [BENCH_PERF=FILE] [BENCH_IDLE_ONLY=1] [RTTSCOPE_BIN=PATH] scripts/bench-scrape.sh [FLOWS [SCRAPERS [SECONDS]]]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 require_root
@@ -18,7 +20,7 @@ SCRAPERS=${2:-2000}
 SECS=${3:-60}
 cargo build --release -q --bins --example load_gen
 cargo build --release -q -p rttscope-e2e --example bench_scrape
-BIN="$ROOT/target/release/rttscope"
+BIN="${RTTSCOPE_BIN:-$ROOT/target/release/rttscope}"
 LOAD="$ROOT/target/release/examples/load_gen"
 STORM="$ROOT/target/release/examples/bench_scrape"
 A="rtssca$$"; B="rtsscb$$"
@@ -59,7 +61,7 @@ SRVS=(); HOLDS=()
 for g in $(seq "$GROUPS_N"); do ip netns exec "$B" "$LOAD" server "10.79.0.2:$((7000 + g))" & SRVS+=("$!"); done
 sleep 0.3
 "$BIN" observe --listen "127.0.0.1:$PORT" --netns "$A" --netns "$B" --quiet \
-  --iface "$A:va$$" --interval 1s --max-flows 131072 >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
+  --iface "$A:va$$" --interval "${BENCH_INTERVAL:-1s}" --max-flows 131072 >"$OUT/obs.out" 2>"$OUT/obs.err" & OBS=$!
 for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$PORT/metrics" && break; sleep 0.1; done
 for g in $(seq "$GROUPS_N"); do
   ip netns exec "$A" "$LOAD" hold "10.79.0.2:$((7000 + g))" "$PER" $((2 * SECS + 120)) >"$OUT/hold$g.out" 2>&1 &
@@ -88,6 +90,13 @@ sleep 10
 read -r _ _ _ _ _ _ _ _ _ _ _ u1 s1 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
 echo "idle CPU with the flows held: $(( (u1 + s1 - u0 - s0) * 100 / $(getconf CLK_TCK) / 10 ))% of a core over 10 s"
 grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' '; echo
+# BENCH_PERF=FILE: a 10 s call-graph profile of the idle observer (perf record), for where the
+# idle CPU goes; BENCH_IDLE_ONLY=1 stops after the idle figures (no storms, no identity run).
+if [ -n "${BENCH_PERF:-}" ]; then
+  perf record -q -g -o "$BENCH_PERF" -p "$OBS" -- sleep 10 >/dev/null 2>&1
+  echo "profile of the idle observer: $BENCH_PERF (perf report -i $BENCH_PERF --no-children)"
+fi
+if [ -n "${BENCH_IDLE_ONLY:-}" ]; then exit 0; fi
 t0=$(date +%s%N)
 curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
 echo "one scrape alone: $(( ($(date +%s%N) - t0) / 1000000 )) ms, $(wc -c <"$OUT/one") bytes"

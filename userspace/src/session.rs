@@ -262,7 +262,7 @@ impl Watch {
 /// running total of evicted samples. Bounded by the table's size.
 #[derive(Default)]
 pub(crate) struct SamplerTracker {
-    prev: HashMap<u32, WayPrev>,
+    prev: crate::views::SlotMap<u32, WayPrev>,
     /// Samples of evicted flows that no read saw (cumulative).
     samples_evicted: u64,
 }
@@ -282,6 +282,12 @@ impl SamplerTracker {
     /// (delta, whether the flow stay is new to us).
     fn way(&mut self, f: &SamplerFlowStats) -> (Hist, bool) {
         let grown = |p: &WayPrev| f.evicted_samples.saturating_sub(p.evicted);
+        if let Some(p) = self.prev.get(&f.way) {
+            // an idle flow: nothing read since, nothing evicted from its way
+            if p.gen == f.gen && p.read == f.hist.count() && p.evicted == f.evicted_samples {
+                return (Hist::default(), false);
+            }
+        }
         let (delta, first) = match self.prev.get(&f.way) {
             Some(p) if p.gen == f.gen => {
                 self.samples_evicted += grown(p);
@@ -346,6 +352,7 @@ impl Session {
             names: NsNames::new(),
             tracker: Tracker {
                 keep_finished: cfg.keep_summary,
+                keep_rows: cfg.keep_rows,
                 ..Tracker::default()
             },
             sampler_ways: SamplerTracker::default(),
@@ -413,10 +420,16 @@ impl Session {
             return Ok(());
         };
         let cap = view.info().max_flows;
-        if self
-            .tracker
-            .reclaim_due(view.counter(C::RTTSCOPE_TCP_FLOWS_CREATED), cap)
+        let closed = view.counter(C::RTTSCOPE_TCP_CLOSED);
+        // a scan of the whole table only when a connection closed since the last one: on a host
+        // with 100,000 long-lived connections the table stays more than half taken, and reading
+        // it 8 times per interval for nothing took most of the observer's idle CPU
+        if closed != self.tracker.closed_scanned
+            && self
+                .tracker
+                .reclaim_due(view.counter(C::RTTSCOPE_TCP_FLOWS_CREATED), cap)
         {
+            self.tracker.closed_scanned = closed;
             reclaim_closed(
                 view.as_mut(),
                 &mut self.tracker,
@@ -484,6 +497,7 @@ impl Session {
         let mut closed = Vec::new();
         let mut live = Vec::new();
         let collect_live = tracker.near_full(view.info().max_flows);
+        tracker.closed_scanned = view.counter(C::RTTSCOPE_TCP_CLOSED);
         tracker.begin();
         // Closed flows freed early (the table was filling up) are reported
         // with this interval too; a row of this read for the same 4-tuple (a
@@ -502,14 +516,14 @@ impl Session {
             if let Some(d) = sink.as_deref_mut() {
                 d.tcp_flow(
                     &f,
-                    tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.0),
+                    tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap),
                     &mut |ns| names.get(ns),
                 );
             }
             if f.closed {
                 closed.push((f.slot, f.gen, f.flow));
             } else if collect_live {
-                live.push((f.slot, f.gen, f.flow));
+                live.push((f.slot, f.gen));
             }
             if let Some(r) = tracker.flow_row(&f, epoch, names, &mut totals) {
                 if keep_rows {
@@ -531,7 +545,7 @@ impl Session {
         }
         // Few slots left: evict the least recently active live flows
         // (their sockets take a new slot at their next sample).
-        for (slot, gen, _) in tracker.to_evict(live, view.info().max_flows) {
+        for (slot, gen) in tracker.to_evict(live, view.info().max_flows) {
             view.forget(slot, gen)?;
             tracker.forget(slot, gen);
             tracker.evicted += 1;
@@ -561,11 +575,13 @@ impl Session {
         let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
         self.sampler_sides.begin();
         self.sampler_owners.begin();
-        for f in &s.read_flows()? {
-            let (mut delta, first) = self.sampler_ways.way(f);
+        let (ways, owners) = (&mut self.sampler_ways, &mut self.sampler_owners);
+        let (tracker, sides) = (&self.tracker, &mut self.sampler_sides);
+        s.for_each_flow(&mut |f| {
+            let (mut delta, first) = ways.way(&f);
             if delta.count() == 0 {
-                self.sampler_owners.keep(&f.flow);
-                continue;
+                owners.keep(&f.flow);
+                return;
             }
             delta.set_range(
                 f.interval_min_us
@@ -576,11 +592,11 @@ impl Session {
             match deltas.entry(f.flow) {
                 std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    let side = sampler_side(&self.tracker, &mut self.sampler_sides, f);
+                    let side = sampler_side(tracker, sides, &f);
                     v.insert((delta, f.kind, side));
                 }
             }
-        }
+        })?;
         self.sampler_sides.end();
         for (flow, (delta, kind, side)) in deltas {
             let owner = self
@@ -984,6 +1000,16 @@ impl NsNames {
     }
 }
 
+/// One flow stay (slot, gen) as the last read left it.
+struct Stay {
+    /// Its cumulative histogram then.
+    snap: Snapshot,
+    /// The read of its last sample (eviction takes the least recently active).
+    active: u64,
+    /// The last read that found it in the table.
+    seen: u64,
+}
+
 /// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
 /// cumulative histogram (the interval's counts are the difference).
 #[derive(Default)]
@@ -995,14 +1021,15 @@ pub(crate) struct Tracker {
     finished_dropped: u64,
     /// Whether `finished` is kept at all (not in daemon mode).
     keep_finished: bool,
+    /// Whether rows are built at all (not with --quiet).
+    keep_rows: bool,
     /// Each flow stay's histogram at the last read, and the interval of its
     /// last sample, by (slot, gen): not by 4-tuple, which a new connection
     /// can take again while the closed one is still in the table (under
     /// churn the new one's samples were subtracted from the old one's).
-    prev: HashMap<(u32, u32), (Snapshot, u64)>,
-    sides: HashMap<Flow, Side>,
-    seen: std::collections::HashSet<Flow>,
-    seen_stays: std::collections::HashSet<(u32, u32)>,
+    prev: crate::views::SlotMap<(u32, u32), Stay>,
+    /// Each flow's side, and the read that last saw it (by 4-tuple: the sampler's rows ask).
+    sides: HashMap<Flow, (Side, u32)>,
     /// This interval's samples per 4-tuple so far (over the stays of that
     /// 4-tuple read since the last report, early ones included): a row
     /// stands for all of them.
@@ -1015,6 +1042,9 @@ pub(crate) struct Tracker {
     /// Slots given back by us (closed, evicted): with the kernel's
     /// flows_created, the table's occupancy between reads.
     freed: u64,
+    /// The kernel's count of closed connections when the table was last read (a read between
+    /// reports frees closed flows early only when it has grown since).
+    closed_scanned: u64,
     /// Closed flows read and freed before the interval's report (the table
     /// was filling up): their rows wait here for the report.
     early_rows: Vec<(Flow, FlowRow)>,
@@ -1023,8 +1053,6 @@ pub(crate) struct Tracker {
 
 impl Tracker {
     fn begin(&mut self) {
-        self.seen.clear();
-        self.seen_stays.clear();
         self.tracked = 0;
         self.interval += 1;
     }
@@ -1090,13 +1118,13 @@ impl Tracker {
 
     /// Live flows (slot, gen, flow) to evict: when more than 7/8 of the
     /// `capacity` slots are taken, the least recently active ones, down to 3/4.
-    fn to_evict(&self, mut live: Vec<(u32, u32, Flow)>, capacity: u32) -> Vec<(u32, u32, Flow)> {
+    fn to_evict(&self, mut live: Vec<(u32, u32)>, capacity: u32) -> Vec<(u32, u32)> {
         let cap = capacity as usize;
         if live.len() <= cap - cap / 8 {
             return Vec::new();
         }
         let n = live.len() - (cap - cap / 4);
-        live.sort_by_key(|l| self.prev.get(&(l.0, l.1)).map_or(0, |p| p.1));
+        live.sort_by_key(|l| self.prev.get(l).map_or(0, |p| p.active));
         live.truncate(n);
         live
     }
@@ -1113,27 +1141,46 @@ impl Tracker {
             self.finish(f, names);
         }
         let stay = (f.slot, f.gen);
-        self.seen.insert(f.flow);
-        self.seen_stays.insert(stay);
-        self.sides.insert(f.flow, f.side);
+        let read = self.interval;
+        match self.sides.get_mut(&f.flow) {
+            Some(s) => *s = (f.side, read as u32),
+            None => drop(self.sides.insert(f.flow, (f.side, read as u32))),
+        }
         self.tracked += 1;
         let first = !self.prev.contains_key(&stay);
-        let mut delta = f.since(self.prev.get(&stay).map(|p| &p.0));
+        if let Some(p) = self.prev.get_mut(&stay) {
+            p.seen = read;
+            // an idle flow (most of them on a busy host): nothing to add or keep again
+            if !f.closed && p.snap.unchanged(&f.counts, f.sum_us) {
+                return None;
+            }
+        }
+        let mut delta = f.since(self.prev.get(&stay).map(|p| &p.snap));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
             delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
         } else if first && delta.count() > 0 {
             delta.set_range(f.life_min_us, f.life_max_us);
         }
         let active = match self.prev.get(&stay) {
-            Some(p) if !first && delta.count() == 0 => p.1,
+            Some(p) if !first && delta.count() == 0 => p.active,
             _ => self.interval,
         };
-        self.prev
-            .insert(stay, (Snapshot::of_counts(&f.counts, f.sum_us), active));
+        let snap = Snapshot::of_sparse(&f.counts, f.sum_us);
+        self.prev.insert(
+            stay,
+            Stay {
+                snap,
+                active,
+                seen: read,
+            },
+        );
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
         totals.entry(f.side).or_default().merge(&delta);
+        if !self.keep_rows {
+            return None; // nothing prints rows (--quiet, the daemon): none built
+        }
         let merged = self.row_deltas.entry(f.flow).or_default();
         merged.merge(&delta);
         let mut vs = ViewStats::from_hist(merged);
@@ -1158,15 +1205,15 @@ impl Tracker {
 
     /// The side the TCP view found for a flow (for rows only the sampler saw).
     pub fn side_of(&self, flow: &Flow) -> Side {
-        self.sides.get(flow).copied().unwrap_or(Side::Unknown)
+        self.sides.get(flow).map_or(Side::Unknown, |s| s.0)
     }
 
     /// After a full read: flows that disappeared without a close were evicted.
     fn end(&mut self) {
         let before = self.prev.len();
-        let (seen, stays) = (&self.seen, &self.seen_stays);
-        self.prev.retain(|k, _| stays.contains(k));
-        self.sides.retain(|k, _| seen.contains(k));
+        let read = self.interval;
+        self.prev.retain(|_, p| p.seen == read);
+        self.sides.retain(|_, s| s.1 == read as u32);
         self.vanished += (before - self.prev.len()) as u64;
         self.row_deltas.clear();
     }
@@ -1193,7 +1240,7 @@ fn reclaim_closed<'s>(
         if let Some(d) = sink.as_deref_mut() {
             d.tcp_flow(
                 &f,
-                tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.0),
+                tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap),
                 &mut |ns| names.get(ns),
             );
         }
@@ -1220,21 +1267,24 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_least_recently_active_down_to_three_quarters() {
-        let flow = |port: u16| Flow {
-            netns: 1,
-            local: format!("10.0.0.1:{port}").parse().unwrap(),
-            remote: "10.0.0.2:80".parse().unwrap(),
-        };
         let mut t = Tracker::default();
         // 14 of 16 slots taken: at the 7/8 mark, nothing to do.
-        let live: Vec<_> = (0..14).map(|i| (i, 1, flow(i as u16))).collect();
+        let live: Vec<_> = (0..14).map(|i| (i, 1)).collect();
         assert!(t.to_evict(live, 16).is_empty());
         // 16 of 16: evict 4 (down to 12), the ones active longest ago.
         for i in 0..16u32 {
-            let snap = Snapshot::of_counts(&[], 0);
-            t.prev.insert((i, 7), (snap, (16 - i) as u64));
+            let snap = Snapshot::of_sparse(&[], 0);
+            let active = (16 - i) as u64;
+            t.prev.insert(
+                (i, 7),
+                Stay {
+                    snap,
+                    active,
+                    seen: 0,
+                },
+            );
         }
-        let live: Vec<_> = (0..16).map(|i| (i, 7, flow(i as u16))).collect();
+        let live: Vec<_> = (0..16).map(|i| (i, 7)).collect();
         let ev = t.to_evict(live, 16);
         let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
         assert_eq!(slots, vec![15, 14, 13, 12]);
@@ -1251,35 +1301,34 @@ mod tests {
             local: "10.0.0.1:40000".parse().unwrap(),
             remote: "10.0.0.2:80".parse().unwrap(),
         };
-        let stay = |slot: u32, gen: u32, n: u32, closed: bool| {
-            let mut counts = vec![0u32; 100];
-            counts[50] = n;
-            TcpFlowState {
-                slot,
-                gen,
-                cookie: 0,
-                cgroup: 0,
-                workload: None,
-                flow,
-                side: Side::Client,
-                origin: "established",
-                state: 1,
-                closed,
-                srtt_fallback: false,
-                samples: n as u64,
-                counts: counts.into_boxed_slice(),
-                sum_us: 0,
-                life_min_us: None,
-                life_max_us: None,
-                srtt_us: 0,
-                last_rtt_us: 0,
-                retrans: 0,
-                win_epoch: 0,
-                win_min_us: u32::MAX,
-                win_max_us: 0,
-            }
+        let stay = |slot: u32, gen: u32, n: u32, closed: bool| TcpFlowState {
+            slot,
+            gen,
+            cookie: 0,
+            cgroup: 0,
+            workload: None,
+            flow,
+            side: Side::Client,
+            origin: "established",
+            state: 1,
+            closed,
+            srtt_fallback: false,
+            samples: n as u64,
+            counts: [(50u16, n)].into_iter().collect(),
+            sum_us: 0,
+            life_min_us: None,
+            life_max_us: None,
+            srtt_us: 0,
+            last_rtt_us: 0,
+            retrans: 0,
+            win_epoch: 0,
+            win_min_us: u32::MAX,
+            win_max_us: 0,
         };
-        let mut t = Tracker::default();
+        let mut t = Tracker {
+            keep_rows: true,
+            ..Tracker::default()
+        };
         let mut names = NsNames::new();
         let mut totals = SideTotals::new();
         // read 1: the old connection (slot 5) with 2 samples

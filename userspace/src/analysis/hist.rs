@@ -90,25 +90,27 @@ pub struct HistSummary {
     pub max_us: f64,
 }
 
+/// Non-empty buckets (index, count), ascending: one or two kept inline (an
+/// idle flow's histogram needs no heap allocation).
+pub type Buckets = smallvec::SmallVec<[(u16, u32); 2]>;
+
 /// A compact snapshot of a cumulative histogram: only non-empty buckets.
 /// Flows usually fill a handful of buckets, so keeping the previous
 /// interval's snapshot per flow costs tens of bytes instead of 5 KiB.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    buckets: Box<[(u16, u32)]>,
+    buckets: Buckets,
     sum_us: u64,
 }
 
 impl Snapshot {
-    /// Snapshot of a kernel histogram given as raw counts.
-    pub fn of_counts(counts: &[u32], sum_us: u64) -> Self {
-        let buckets = counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &c)| c > 0)
-            .map(|(i, &c)| (i as u16, c))
-            .collect();
-        Snapshot { buckets, sum_us }
+    /// Snapshot of a kernel histogram given as its non-empty buckets
+    /// (index, count), ascending.
+    pub fn of_sparse(buckets: &[(u16, u32)], sum_us: u64) -> Self {
+        Snapshot {
+            buckets: buckets.iter().copied().collect(),
+            sum_us,
+        }
     }
 
     /// Snapshot of a cumulative histogram.
@@ -123,6 +125,13 @@ impl Snapshot {
         }
     }
 
+    /// Whether `buckets` and `sum_us` (cumulative, sparse) are still what this
+    /// snapshot holds: nothing was added since (the common case of an idle
+    /// flow, answered without building a histogram).
+    pub fn unchanged(&self, buckets: &[(u16, u32)], sum_us: u64) -> bool {
+        self.sum_us == sum_us && *self.buckets == *buckets
+    }
+
     /// Counts of the cumulative histogram `h` added since this snapshot.
     pub fn delta_hist(&self, h: &Hist) -> Hist {
         let mut d = h.clone();
@@ -133,9 +142,12 @@ impl Snapshot {
         d
     }
 
-    /// Counts in `counts` (cumulative, raw) added since this snapshot.
-    pub fn delta(&self, counts: &[u32], sum_us: u64) -> Hist {
-        let mut h = Hist::from_counts(counts, sum_us.saturating_sub(self.sum_us), None, None);
+    /// Counts in `buckets` (cumulative, sparse) added since this snapshot.
+    pub fn delta_sparse(&self, buckets: &[(u16, u32)], sum_us: u64) -> Hist {
+        if self.unchanged(buckets, sum_us) {
+            return Hist::default();
+        }
+        let mut h = Hist::from_sparse(buckets, sum_us.saturating_sub(self.sum_us), None, None);
         h.subtract(self.buckets.iter().map(|&(i, c)| (i as usize, c as u64)));
         h
     }
@@ -180,6 +192,36 @@ impl Hist {
             min_us,
             max_us,
         }
+    }
+
+    /// A histogram from its non-empty buckets (index, count), in any order
+    /// (a repeated index adds up); indices past the last bucket are ignored.
+    pub fn from_sparse(
+        buckets: &[(u16, u32)],
+        sum_us: u64,
+        min_us: Option<u32>,
+        max_us: Option<u32>,
+    ) -> Self {
+        let mut h = Hist {
+            sum_us,
+            min_us,
+            max_us,
+            ..Default::default()
+        };
+        let nonzero = || {
+            buckets
+                .iter()
+                .filter(|&&(i, c)| c > 0 && (i as usize) < BUCKETS)
+        };
+        let (f, l) = nonzero().fold((u16::MAX, 0), |(f, l), &(i, _)| (f.min(i), l.max(i)));
+        if f <= l {
+            h.first = f as usize;
+            h.counts = vec![0; (l - f) as usize + 1];
+            for &(i, c) in nonzero() {
+                h.counts[(i - f) as usize] += c as u64;
+            }
+        }
+        h
     }
 
     /// Count of bucket `i` (0 outside the stored range).
@@ -523,18 +565,38 @@ mod tests {
         assert_eq!(h.min_us, None);
     }
 
+    /// The sparse pairs of dense counts (what the fine pool keeps per flow).
+    fn sparse(raw: &[u32]) -> Vec<(u16, u32)> {
+        raw.iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (i as u16, c))
+            .collect()
+    }
+
     #[test]
     fn snapshot_delta_matches_dense_delta() {
         let mut raw = vec![0u32; BUCKETS];
         raw[bucket_of(10)] = 1;
-        let snap = Snapshot::of_counts(&raw, 10);
+        let snap = Snapshot::of_sparse(&sparse(&raw), 10);
+        assert!(snap.unchanged(&sparse(&raw), 10));
+        assert_eq!(snap.delta_sparse(&sparse(&raw), 10), Hist::default());
         raw[bucket_of(100)] += 2;
         raw[bucket_of(10)] += 1;
-        let d = snap.delta(&raw, 10 + 200 + 10);
+        assert!(!snap.unchanged(&sparse(&raw), 10 + 200 + 10));
+        let d = snap.delta_sparse(&sparse(&raw), 10 + 200 + 10);
         assert_eq!(d.count(), 3);
         assert_eq!(d.sum_us, 210);
         assert_eq!(d.get(bucket_of(100)), 2);
-        assert_eq!(Snapshot::default().delta(&raw, 0).count(), 4);
+        assert_eq!(d.get(bucket_of(10)), 1);
+        let dense = Hist::from_counts(&raw, 220, None, None);
+        assert_eq!(Snapshot::default().delta_sparse(&sparse(&raw), 220), dense);
+        // the sparse form gives the dense form's histogram, in any order
+        let mut shuffled = sparse(&raw);
+        shuffled.reverse();
+        shuffled.push((BUCKETS as u16, 9)); // past the end: ignored
+        assert_eq!(Hist::from_sparse(&shuffled, 220, None, None), dense);
+        assert_eq!(Hist::from_sparse(&[], 5, None, None).count(), 0);
     }
 
     /// Histograms read from the kernel stop at their last non-empty bucket;
@@ -581,7 +643,7 @@ mod tests {
         assert_eq!(c.delta(&short).count(), 1);
         let snap = Snapshot::of_hist(&c);
         assert_eq!(snap.delta_hist(&short).count(), 0);
-        assert_eq!(snap.delta(&raw, 360).count(), 0);
+        assert_eq!(snap.delta_sparse(&sparse(&raw), 360).count(), 0);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! The views then hand out the same cumulative per-flow histograms as before
 //! (`TcpFlowState::counts`, `SamplerFlowStats::hist`), so everything above
 //! the views is unchanged. Memory: docs/metrics.md, "Kernel memory".
-use std::collections::{HashMap, HashSet};
+use super::{SlotMap, SlotSet};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ pub fn pool_bytes(entries: u32) -> u64 {
 #[derive(Debug, Clone, Default)]
 pub struct FineAcc {
     /// Non-empty buckets, ascending.
-    buckets: Vec<(u16, u32)>,
+    buckets: crate::analysis::hist::Buckets,
     pub count: u64,
     pub sum_us: u64,
     pub min_us: u32,
@@ -122,7 +122,13 @@ impl FineAcc {
         }
     }
 
+    /// The cumulative counts: non-empty buckets (index, count), ascending.
+    pub fn buckets(&self) -> &[(u16, u32)] {
+        &self.buckets
+    }
+
     /// The cumulative counts as the kernel's array layout.
+    #[cfg(test)]
     pub fn dense(&self) -> Box<[u32; consts::HIST_BUCKETS]> {
         let mut out = Box::new([0u32; consts::HIST_BUCKETS]);
         for &(i, c) in &self.buckets {
@@ -150,7 +156,7 @@ impl FineAcc {
 }
 
 /// Add the dense counts `h` into the sorted sparse `buckets`.
-fn merge_dense(buckets: &mut Vec<(u16, u32)>, h: &[u32]) {
+fn merge_dense(buckets: &mut crate::analysis::hist::Buckets, h: &[u32]) {
     let mut added = Vec::new();
     for (i, &c) in h.iter().enumerate().filter(|(_, &c)| c > 0) {
         match buckets.binary_search_by_key(&(i as u16), |b| b.0) {
@@ -169,7 +175,6 @@ fn merge_dense(buckets: &mut Vec<(u16, u32)>, h: &[u32]) {
 /// them (TCP: slot and its gen; sampler: table way and its gen).
 pub struct FinePool {
     entries: u32,
-    mem: Mapping,
     /// Samples of flows that found their half used up (`*_pool_overflow`).
     overflow: Box<dyn RingSource>,
     /// Overflow records of the generation after the one read (written
@@ -177,14 +182,14 @@ pub struct FinePool {
     early: Vec<FineOverflow>,
     gen: u64,
     interval: u32,
-    acc: HashMap<(u32, u32), FineAcc>,
+    acc: SlotMap<(u32, u32), FineAcc>,
     /// Flow stays given back (`forget`), with the generation current then:
     /// their samples written between their last read and the give-back are
     /// drained afterwards and counted in `orphaned`, not added to a
     /// histogram nobody reads again (issue 26.4). Kept for 3 generations,
     /// the longest a sample can wait (its generation's half, or the
     /// overflow ring's records kept for the next read).
-    forgotten: HashMap<(u32, u32), u64>,
+    forgotten: SlotMap<(u32, u32), u64>,
     orphaned: u64,
     /// The object built without BPF atomics (bpf/fine_pool.bpf.h,
     /// RTTSCOPE_NO_ATOMICS): each half's free entries are a stack
@@ -197,8 +202,12 @@ impl FinePool {
     /// control array and overflow ring (bpf/fine_pool.bpf.h: the same names
     /// in every view's object).
     pub(crate) fn new(obj: &mut dyn Object, entries: u32) -> Result<FinePool> {
+        // The pool is mapped only while a read copies its entries out (`drain`): a mapping kept
+        // for the run put every page of both halves in the observer's resident set (RssFile,
+        // 84 MB at 4,096 entries per half for two views), though the kernel already counts
+        // them. One mapping now checks that the map can be mapped at all.
         let len = pool_bytes(entries) as usize;
-        let mem = Mapping::new(obj.map_fd(POOL)?, len)
+        Mapping::new(obj.map_fd(POOL)?, 0, len.min(page_size()))
             .with_context(|| format!("mapping the fine-histogram pool ({len} bytes)"))?;
         let free_stacks = obj.map_fd(FREE[0]).is_ok();
         if free_stacks {
@@ -209,13 +218,12 @@ impl FinePool {
         Ok(FinePool {
             free_stacks,
             entries,
-            mem,
             overflow: obj.ring(OVERFLOW)?,
             early: Vec::new(),
             gen: 0,
             interval: 0,
-            acc: HashMap::new(),
-            forgotten: HashMap::new(),
+            acc: SlotMap::default(),
+            forgotten: SlotMap::default(),
             orphaned: 0,
         })
     }
@@ -234,20 +242,15 @@ impl FinePool {
         let n = taken.min(self.entries as u64) as usize;
         let size = std::mem::size_of::<FineHist>();
         let base = half as usize * self.entries as usize;
-        for i in base..base + n {
-            let bytes = self.mem.slice_mut(i * size, size);
-            let h: FineHist = crate::bpf::decode(bytes)?;
-            bytes.fill(0);
-            if h.count == 0 {
-                continue;
-            }
-            if self.forgotten.contains_key(&(h.owner, h.owner_gen)) {
-                self.orphaned += h.count;
-            } else {
-                self.acc
-                    .entry((h.owner, h.owner_gen))
-                    .or_default()
-                    .add(&h, self.interval);
+        if n > 0 {
+            // only the taken entries of the finished half, mapped for this read
+            let mut mem = Mapping::new(obj.map_fd(POOL)?, base * size, n * size)
+                .context("mapping the fine-histogram pool's finished half")?;
+            for i in base..base + n {
+                let bytes = mem.slice_mut(i * size, size);
+                let h: FineHist = crate::bpf::decode(bytes)?;
+                bytes.fill(0);
+                self.add_entry(&h);
             }
         }
         if self.free_stacks {
@@ -261,6 +264,21 @@ impl FinePool {
             self.acc.len()
         );
         r
+    }
+
+    /// One pool entry of the finished generation into its flow's histogram.
+    fn add_entry(&mut self, h: &FineHist) {
+        if h.count == 0 {
+            return;
+        }
+        if self.forgotten.contains_key(&(h.owner, h.owner_gen)) {
+            self.orphaned += h.count;
+        } else {
+            self.acc
+                .entry((h.owner, h.owner_gen))
+                .or_default()
+                .add(h, self.interval);
+        }
     }
 
     /// Drain (see `drain`) when the current generation's half is at least
@@ -339,7 +357,7 @@ impl FinePool {
 
     /// Keep only the flows in `live` (after a whole-table read: the others
     /// were evicted or given back, and their histograms are not asked for again).
-    pub fn retain(&mut self, live: &HashSet<(u32, u32)>) {
+    pub fn retain(&mut self, live: &SlotSet<(u32, u32)>) {
         self.acc.retain(|k, _| live.contains(k));
     }
 }
@@ -368,10 +386,13 @@ fn taken(obj: &dyn Object, gen: u64) -> Result<u64> {
         .unwrap_or(0))
 }
 
-/// A shared read-write mapping of an mmapable array map, unmapped on drop.
+/// A shared read-write mapping of part of an mmapable array map, unmapped
+/// on drop.
 struct Mapping {
     ptr: *mut u8,
     len: usize,
+    /// Offset in the map's data of the mapping's first byte (page aligned).
+    start: usize,
 }
 
 // SAFETY: the mapping is memory shared with the kernel, reached only through
@@ -379,18 +400,32 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 unsafe impl Sync for Mapping {}
 
+fn page_size() -> usize {
+    // SAFETY: sysconf has no side effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
 impl Mapping {
-    fn new(fd: BorrowedFd<'_>, len: usize) -> std::io::Result<Mapping> {
+    /// Map bytes [off, off + len) of the map's data (the pages that hold them).
+    fn new(fd: BorrowedFd<'_>, off: usize, len: usize) -> std::io::Result<Mapping> {
+        let page = page_size();
+        let start = off / page * page;
+        let map_len = (off + len - start).div_ceil(page) * page;
         // SAFETY: a new shared mapping of the map's fd; the kernel checks the
-        // length against the map's size and the map's BPF_F_MMAPABLE flag.
+        // range against the map's size and the map's BPF_F_MMAPABLE flag.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
-                0,
+                start as libc::off_t,
             )
         };
         if ptr == libc::MAP_FAILED {
@@ -398,17 +433,21 @@ impl Mapping {
         }
         Ok(Mapping {
             ptr: ptr.cast(),
-            len,
+            len: map_len,
+            start,
         })
     }
 
-    /// Bytes [off, off + len) of the mapping (panics outside it).
+    /// Bytes [off, off + len) of the map's data (panics outside the mapping).
     fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        assert!(off + len <= self.len, "pool entry outside the mapping");
+        let rel = off
+            .checked_sub(self.start)
+            .expect("pool entry before the mapping");
+        assert!(rel + len <= self.len, "pool entry outside the mapping");
         // SAFETY: inside the mapping (checked); the programs do not write
         // the finished generation's half any more (wait_for_programs), and `&mut self`
         // keeps this the only reference from userspace.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(rel), len) }
     }
 }
 

@@ -329,6 +329,7 @@ async fn run_loop(
             daemon.as_deref_mut(),
             raw.tcp.as_ref().map(|r| r.bad_records),
         )?;
+        crate::sys::trim_heap();
         if stop {
             break;
         }

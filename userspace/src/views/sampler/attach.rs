@@ -375,13 +375,13 @@ impl SamplerView for Sampler {
         self.fine.drain_if_busy(self.objs[0].as_ref()).map(drop)
     }
 
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+    fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
         let first = self.objs[0].as_ref();
         self.fine.drain(first)?;
         let table = first.map_fd("sampler_table")?;
-        let out = table_flows(table, &self.cfg, &self.info, &mut self.fine)?;
+        table_flows(table, &self.cfg, &self.info, &mut self.fine, f)?;
         self.fine.next_interval();
-        Ok(out)
+        Ok(())
     }
 }
 

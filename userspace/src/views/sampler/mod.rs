@@ -618,7 +618,7 @@ pub(crate) fn flow_stats(
         side,
         iface,
         hist: match acc {
-            Some(h) => Hist::from_counts(&h.dense()[..], h.sum_us, min, max),
+            Some(h) => Hist::from_sparse(h.buckets(), h.sum_us, min, max),
             None => Hist::default(),
         },
         samples: read,
@@ -713,9 +713,9 @@ pub(crate) fn table_flows(
     cfg: &SamplerConfig,
     info: &[AttachInfo],
     fine: &mut FinePool,
-) -> Result<Vec<SamplerFlowStats>> {
-    let mut out: Vec<SamplerFlowStats> = Vec::new();
-    let mut live = std::collections::HashSet::new();
+    out: &mut dyn FnMut(SamplerFlowStats),
+) -> Result<()> {
+    let mut live = crate::views::SlotSet::default();
     read_table(fd, cfg.table_entries(), |way, e| {
         // the key opens the entry (the sampler object's own copy of the type)
         if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
@@ -731,15 +731,14 @@ pub(crate) fn table_flows(
                 s.way = way;
                 s.gen = e.gen;
                 s.evicted_samples = e.evicted_samples;
-                out.push(s);
+                out(s);
             }
         }
     })?;
     // ways re-keyed since (their flows evicted: counted by the reader from
     // `evicted_samples`), or torn in this read and re-keyed: not asked for again
     fine.retain(&live);
-    out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
-    Ok(out)
+    Ok(())
 }
 
 /// One entry per flow with samples, from `table_flows`' per-way list: a
@@ -781,8 +780,17 @@ pub trait SamplerView: PassiveView {
     fn without_atomics(&self) -> Option<&str>;
     /// Every flow's cumulative histogram, plus min/max since the previous
     /// call (the kernel's per-flow window restarts when the epoch moves on):
-    /// one entry per table way (`table_flows`; `merge_ways` for one per flow).
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>>;
+    /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
+    /// in the table's order, handed to `f` one at a time (no list of every
+    /// flow is built: 50,000 flows made a 16 MB list at each read).
+    fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()>;
+    /// `for_each_flow` as a list, sorted by flow (then most samples first).
+    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let mut out = Vec::new();
+        self.for_each_flow(&mut |s| out.push(s))?;
+        out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
+        Ok(out)
+    }
     /// Between reads: fold the fine-histogram pool in if its current half
     /// is half taken (`views::fine`).
     fn drain_pool_if_busy(&mut self) -> Result<()>;

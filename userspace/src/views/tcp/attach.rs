@@ -425,7 +425,7 @@ impl TcpView for Tcp {
             .obj
             .read_u64(".bss", offset_of!(bss, slots_hwm), size_of::<u64>())
             .unwrap_or(u64::MAX);
-        let mut live = HashSet::new();
+        let mut live = super::super::SlotSet::default();
         read_slots(
             self.obj.map_fd("tcp_flows")?,
             hwm,

@@ -346,9 +346,10 @@ pub struct TcpFlowState {
     pub closed: bool,
     pub srtt_fallback: bool,
     pub samples: u64,
-    /// Cumulative histogram counts over the flow's life (the kernel's bucket
-    /// layout; empty before the first binned sample), read from the pool.
-    pub counts: Box<[u32]>,
+    /// Cumulative histogram counts over the flow's life, its non-empty
+    /// buckets (index in the kernel's layout, count), ascending; empty before
+    /// the first binned sample. Read from the pool.
+    pub counts: crate::analysis::hist::Buckets,
     pub sum_us: u64,
     pub life_min_us: Option<u32>,
     pub life_max_us: Option<u32>,
@@ -398,7 +399,7 @@ pub fn hint_entries(max_flows: u32) -> u32 {
 impl TcpFlowState {
     /// The cumulative histogram (exact life min/max).
     pub fn hist(&self) -> Hist {
-        Hist::from_counts(
+        Hist::from_sparse(
             &self.counts,
             self.sum_us,
             self.life_min_us,
@@ -410,7 +411,7 @@ impl TcpFlowState {
     /// them for a flow not read before).
     pub fn since(&self, prev: Option<&crate::analysis::hist::Snapshot>) -> Hist {
         match prev {
-            Some(p) => p.delta(&self.counts, self.sum_us),
+            Some(p) => p.delta_sparse(&self.counts, self.sum_us),
             None => self.hist(),
         }
     }
@@ -473,7 +474,7 @@ pub fn decode_flow(
             && (agg.reserved as u64) <= fine.generation() % (1 << 32),
         srtt_fallback: val.flags & FLOW_SRTT_FALLBACK != 0,
         samples: agg.samples,
-        counts: acc.map_or_else(|| Box::new([]) as Box<[u32]>, |a| a.dense()),
+        counts: acc.map_or_else(Default::default, |a| a.buckets().iter().copied().collect()),
         sum_us: acc.map_or(0, |a| a.sum_us),
         life_min_us: min,
         life_max_us: max,
