@@ -16,7 +16,8 @@
 //! The sampler's raw samples of these flows (opened before it started, so it never saw their
 //! handshake) must carry the side the socket table gives (27.2's second half): they said
 //! `unknown`, every one (40 of 40 flow-rounds, 33-34 samples each), until the raw lines took
-//! the side the flow's row has (`Session::sampler_sample_side`).
+//! the side the flow's row has (`Session::sampler_sample_side`; the raw reader,
+//! `Session::drain_raw`, applies the same rule).
 //!
 //! Both views are asserted. The sampler's first sample was one think time plus the RTT in 40 of
 //! 40 attaches (30.2-30.8 ms on a ~90 us path) while its egress program was attached before its

@@ -25,6 +25,9 @@ use crate::views::LoaderKind;
 use crate::analysis::records::{self, EndFlow, EndView, Name};
 pub use crate::analysis::records::{FlowRow, Interval, ViewStats};
 
+mod raw;
+pub use crate::views::{RawEvent, RawSample};
+
 /// Where each flow's new samples go as they are read (daemon mode's
 /// exporter), besides the interval's rows.
 pub trait FlowSink {
@@ -62,6 +65,10 @@ pub struct SessionConfig {
     /// Keep closed flows for the whole-run summary (daemon mode exports per
     /// interval and keeps none: its memory must not grow with churn).
     pub keep_summary: bool,
+    /// Read every view's raw samples ([`Session::drain_raw`]): each view is
+    /// loaded with its raw-sample ring buffer on. Attach must then run
+    /// inside a tokio runtime.
+    pub raw_samples: bool,
 }
 
 /// One view's samples of an interval by side (the two ends of a connection
@@ -108,6 +115,8 @@ pub struct Session {
     sampler_owners: SamplerOwners,
     /// Each view's `samples_not_binned` when last said (TCP, sampler).
     not_binned: [u64; 2],
+    /// The views' raw-sample streams (`SessionConfig::raw_samples`).
+    raw: raw::RawStreams,
 }
 
 /// The observed namespaces (`--netns`, `--iface NETNS:DEV`) and interfaces,
@@ -320,6 +329,7 @@ impl SamplerTracker {
 impl Session {
     /// Load and attach the views asked for (TCP first, then the sampler).
     pub fn attach(cfg: SessionConfig) -> Result<Session> {
+        let cfg = cfg.with_raw_views();
         let tcp = match &cfg.tcp {
             Some(c) => Some(crate::views::attach_tcp(cfg.loader, c)?),
             None => None,
@@ -345,6 +355,17 @@ impl Session {
             diag: (cfg.workloads && sampler.is_some())
                 .then(|| FlowOwners::open(&sampler_namespaces(sampler.as_deref()))),
         };
+        let (mut tcp, mut sampler) = (tcp, sampler);
+        let raw = raw::RawStreams::open(
+            cfg.raw_samples,
+            vec![
+                tcp.as_deref_mut()
+                    .map(|v| v as &mut dyn crate::views::PassiveView),
+                sampler
+                    .as_deref_mut()
+                    .map(|v| v as &mut dyn crate::views::PassiveView),
+            ],
+        )?;
         Ok(Session {
             tcp,
             sampler,
@@ -361,6 +382,7 @@ impl Session {
             workloads: cfg.workloads.then(workload_index),
             sampler_owners,
             not_binned: [0; 2],
+            raw,
         })
     }
 
@@ -639,19 +661,6 @@ impl Session {
         sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
         self.sampler_owners.counters(&mut sc);
         Ok((totals, sc))
-    }
-
-    /// The side of a raw sampler sample, as its flow's row says it ([`sampler_side`]): the
-    /// programs' label, else the TCP view's, else the socket table's (a connection opened
-    /// before the sampler started: its SYN was never seen).
-    pub fn sampler_sample_side(&mut self, s: &crate::views::sampler::SamplerSample) -> Side {
-        if s.kind != FlowKind::Tcp || s.side != Side::Unknown {
-            return s.side;
-        }
-        match self.tracker.side_of(&s.flow) {
-            Side::Unknown => self.sampler_sides.side(&s.flow),
-            known => known,
-        }
     }
 
     /// The whole run, per flow: every flow still in the views' tables and

@@ -22,10 +22,11 @@ use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
 use crate::analysis::units::{fmt_duration_short, fmt_ms};
+use crate::session::{RawEvent, RawSample, Session, SessionConfig};
 use crate::views::flow::{Flow, Side};
-use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig, SamplerView};
-use crate::views::tcp::{TcpView, TcpViewConfig};
-use crate::views::{self, LoaderKind, RawSamples};
+use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
+use crate::views::tcp::TcpViewConfig;
+use crate::views::LoaderKind;
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
@@ -103,12 +104,6 @@ pub struct Row {
     pub bucketed: Option<String>,
 }
 
-/// A raw TCP-view sample: flow, side, CLOCK_MONOTONIC ns, rtt us.
-type TcpSample = (Flow, Side, u64, f64);
-
-/// A raw sampler sample: flow, CLOCK_MONOTONIC ns, rtt us.
-type SamplerSample = (Flow, u64, f64);
-
 /// Samples collected for one view: (seconds since start, rtt us).
 type Series = Vec<(f64, f64)>;
 
@@ -132,30 +127,27 @@ async fn compare(args: CompareArgs) -> Result<()> {
     // --cloud: read before attaching, so a bad file fails first.
     let cloud_file = args.cloud.as_deref().map(read_cloud_file).transpose()?;
     let mut plan = ProbePlan::new(&args);
-    let mut views = attach_views(&args)?;
+    let mut session = Session::attach(session_config(&args)?)?;
     // The live line counts the TCP_RR transactions (the first probe).
     let live = crate::cmd::probe::rr_progress("compare", &mut plan.rr[0], args.quiet);
-    let mut raw = RawCollector::new(&mut views)?;
-    let (rr_results, irtt_result) = run_window(&plan, &mut raw).await?;
+    let mut raw = Collected::new();
+    let (rr_results, irtt_result) = run_window(&plan, &mut session, &mut raw).await?;
     drop(live);
-    let tcp_counters = views.tcp.counters()?;
-    let sampler_counters = match &views.sampler {
-        Some(s) => Some(s.counters()?),
-        None => None,
-    };
+    let tcp_counters = session.tcp.as_ref().map(|v| v.counters()).transpose()?;
+    let sampler_counters = session.sampler.as_ref().map(|s| s.counters()).transpose()?;
     let sel = Selection::new(
         crate::sys::netns::current_inode()?,
         &rr_results,
         raw.start_mono,
     );
-    let sides = split_sides(&views, &raw, &sel)?;
+    let sides = split_sides(&session, &raw, &sel)?;
     let mut report = Report {
         result: RunResult::new(
             std::env::args().collect::<Vec<_>>().join(" "),
             settings_json(
                 &args,
                 &plan,
-                &views,
+                &session,
                 tcp_counters,
                 sampler_counters,
                 sides.retrans,
@@ -165,8 +157,8 @@ async fn compare(args: CompareArgs) -> Result<()> {
     };
     report.result.start_unix_s =
         Some(raw.start_unix + (sel.origin_mono as f64 - raw.start_mono as f64) / 1e9);
-    report.result.title = Some(title(&args, views.sampler.is_some()));
-    let cloud = report.add_passive(&args, &views, &sides);
+    report.result.title = Some(title(&args, session.sampler.is_some()));
+    let cloud = report.add_passive(&args, &session, &sides);
     if let Some((name, f)) = &cloud_file {
         report.add_cloud_file(name, f);
     }
@@ -174,7 +166,10 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let footer = Footer {
         others: sides.others,
         retrans: sides.retrans,
-        hook: views.tcp.info().hook.clone(),
+        hook: session
+            .tcp
+            .as_ref()
+            .map_or_else(String::new, |v| v.info().hook.clone()),
         loader: args.loader,
     };
     output(&args, report, &footer, cloud)
@@ -227,108 +222,71 @@ impl ProbePlan {
     }
 }
 
-/// The attached passive views.
-struct Views {
-    tcp: Box<dyn TcpView>,
-    sampler: Option<Box<dyn SamplerView>>,
-}
-
-/// The TCP view restricted to the responder's port (both ends when the
-/// server is on this host too), and the sampler on each `--iface`; both with
-/// raw samples for the time series.
-fn attach_views(args: &CompareArgs) -> Result<Views> {
-    let tcp_cfg = TcpViewConfig {
+/// What the session attaches: the TCP view restricted to the responder's port (both ends
+/// when the server is on this host too), and the sampler on each `--iface`; both with raw
+/// samples for the time series.
+fn session_config(args: &CompareArgs) -> Result<SessionConfig> {
+    let tcp = TcpViewConfig {
         iter_netns: vec![crate::sys::netns::resolve("self")?],
         ports: vec![args.port],
         raw: true,
         max_flows: 4096,
         ..Default::default()
     };
-    let tcp = views::attach_tcp(args.loader, &tcp_cfg)?;
-    let sampler = if args.ifaces.is_empty() {
-        None
-    } else {
+    let sampler = (!args.ifaces.is_empty()).then(|| {
         let cfg = SamplerConfig {
             sample_every: args.sample_every,
             matching: args.matching,
             raw: true,
             ..Default::default()
         };
-        cfg.validate()?;
-        Some(views::attach_sampler(args.loader, &args.ifaces, cfg)?)
-    };
-    Ok(Views { tcp, sampler })
+        (args.ifaces.clone(), cfg)
+    });
+    Ok(SessionConfig {
+        loader: args.loader,
+        tcp: Some(tcp),
+        sampler,
+        keep_rows: false,
+        workloads: false,
+        keep_summary: false,
+        raw_samples: true,
+    })
 }
 
-/// The passive views' raw samples as they arrive through their ring buffers, with the
-/// kernel's monotonic time (the probes' windows select them afterwards).
-struct RawCollector {
-    /// When the views' ring buffers were opened (CLOCK_MONOTONIC ns and Unix seconds).
+/// The passive views' raw samples as they arrive (read through the session), with the
+/// kernel's monotonic time (the probes' windows select them afterwards): RTT samples of
+/// TCP flows, and the sampler's ICMP echo samples where this host is the pinger (issue 17).
+struct Collected {
+    /// When the reading started (CLOCK_MONOTONIC ns and Unix seconds).
     start_mono: u64,
     start_unix: f64,
-    tcp_raw: RawSamples,
-    tcp_events: Vec<crate::bpf::Event>,
-    tcp_samples: Vec<TcpSample>,
-    sampler_raw: Option<RawSamples>,
-    sampler_events: Vec<crate::bpf::Event>,
-    sampler_samples: Vec<SamplerSample>,
-    /// The sampler's ICMP echo samples where this host is the pinger (issue 17).
-    sampler_icmp: Vec<SamplerSample>,
+    samples: Vec<RawSample>,
+    read: Vec<RawSample>,
 }
 
-impl RawCollector {
-    fn new(views: &mut Views) -> Result<Self> {
+impl Collected {
+    fn new() -> Self {
         let start_mono = crate::sys::clock::mono_ns();
         let start_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        let tcp_raw = views.tcp.raw_samples()?;
-        let sampler_raw = match views.sampler.as_mut() {
-            Some(s) => Some(s.raw_samples()?),
-            None => None,
-        };
-        Ok(RawCollector {
+        Collected {
             start_mono,
             start_unix,
-            tcp_raw,
-            tcp_events: Vec::new(),
-            tcp_samples: Vec::new(),
-            sampler_raw,
-            sampler_events: Vec::new(),
-            sampler_samples: Vec::new(),
-            sampler_icmp: Vec::new(),
-        })
+            samples: Vec::new(),
+            read: Vec::new(),
+        }
     }
 
     /// Take every sample available now, without waiting.
-    fn drain(&mut self) -> Result<()> {
-        self.tcp_raw.drain_now(&mut self.tcp_events)?;
-        for ev in self.tcp_events.drain(..) {
-            if ev.r#type == 1 {
-                if let Some(f) = Flow::from_key(&ev.key) {
-                    self.tcp_samples
-                        .push((f, Side::from_raw(ev.side), ev.ts_ns, ev.rtt_us as f64));
-                }
-            }
-        }
-        if let Some(r) = self.sampler_raw.as_mut() {
-            r.drain_now(&mut self.sampler_events)?;
-            for x in self
-                .sampler_events
-                .drain(..)
-                .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
-            {
-                let v = (x.flow, x.ts_ns, x.rtt_us as f64);
-                if x.kind != crate::views::sampler::FlowKind::Tcp {
-                    if x.side == Side::Pinger {
-                        self.sampler_icmp.push(v);
-                    }
-                    continue;
-                }
-                self.sampler_samples.push(v);
-            }
-        }
+    fn drain(&mut self, session: &mut Session) -> Result<()> {
+        session.drain_raw(&mut self.read)?;
+        self.samples.extend(
+            self.read.drain(..).filter(|s| {
+                s.event == RawEvent::Rtt && (s.proto.is_none() || s.side == Side::Pinger)
+            }),
+        );
         Ok(())
     }
 }
@@ -338,7 +296,11 @@ type IrttOutcome = Option<Result<crate::active::irtt::IrttResult>>;
 
 /// Run the probes concurrently over the same window while collecting the
 /// passive views' raw samples; Ctrl-C or SIGTERM ends the probes early.
-async fn run_window(plan: &ProbePlan, raw: &mut RawCollector) -> Result<(RrResults, IrttOutcome)> {
+async fn run_window(
+    plan: &ProbePlan,
+    session: &mut Session,
+    raw: &mut Collected,
+) -> Result<(RrResults, IrttOutcome)> {
     let (cancel_tx, cancel_rx) = crate::active::cancel::cancel_pair();
     let irtt_stop = Arc::new(AtomicBool::new(false));
     // Every probe over the same window: irtt beside the others, not after them.
@@ -367,14 +329,14 @@ async fn run_window(plan: &ProbePlan, raw: &mut RawCollector) -> Result<(RrResul
     let out = loop {
         tokio::select! {
             r = &mut probes => break r,
-            _ = poll.tick() => raw.drain()?,
+            _ = poll.tick() => raw.drain(session)?,
             _ = tokio::signal::ctrl_c() => stop(),
             _ = sigterm.recv() => stop(),
         }
     };
     // Late samples of the last transactions.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    raw.drain()?;
+    raw.drain(session)?;
     Ok(out)
 }
 
@@ -464,18 +426,25 @@ impl Selection {
 }
 
 /// Sort samples into views: only the probes' own connections and pings, inside their windows.
-fn split_sides(views: &Views, raw: &RawCollector, sel: &Selection) -> Result<Sides> {
+fn split_sides(session: &Session, raw: &Collected, sel: &Selection) -> Result<Sides> {
     // Retransmissions of this run's connection (TCP view).
     let mut retrans = 0u64;
-    views.tcp.for_each_flow(&mut |f| {
-        if sel.is_client(&f.flow) || sel.is_server(&f.flow) {
-            retrans += f.retrans as u64;
-        }
-    })?;
+    if let Some(v) = &session.tcp {
+        v.for_each_flow(&mut |f| {
+            if sel.is_client(&f.flow) || sel.is_server(&f.flow) {
+                retrans += f.retrans as u64;
+            }
+        })?;
+    }
     let mut others = 0u64;
-    let mut by_side = |samples: &mut dyn Iterator<Item = (&Flow, u64, f64)>| {
+    let mut by_side = |view: crate::views::ViewKind| {
         let (mut client, mut server): (Series, Series) = (Vec::new(), Vec::new());
-        for (f, ts, rtt) in samples {
+        for s in raw
+            .samples
+            .iter()
+            .filter(|s| s.view == view && s.proto.is_none())
+        {
+            let (f, ts, rtt) = (&s.flow, s.ts_ns, s.rtt_us as f64);
             let t = sel.secs(ts);
             if !sel.tcp.in_window(ts) {
                 others += 1;
@@ -489,16 +458,16 @@ fn split_sides(views: &Views, raw: &RawCollector, sel: &Selection) -> Result<Sid
         }
         (client, server)
     };
-    let (tcp_client, tcp_server) = by_side(&mut raw.tcp_samples.iter().map(|s| (&s.0, s.2, s.3)));
-    let (smp_client, smp_server) =
-        by_side(&mut raw.sampler_samples.iter().map(|s| (&s.0, s.1, s.2)));
-    let smp_icmp: Series = raw
-        .sampler_icmp
+    let (tcp_client, tcp_server) = by_side(crate::views::ViewKind::Tcp);
+    let (smp_client, smp_server) = by_side(crate::views::ViewKind::Sampler);
+    // The sampler's pings from here (the only non-TCP samples collected).
+    let icmp: Vec<&RawSample> = raw.samples.iter().filter(|s| s.proto.is_some()).collect();
+    let smp_icmp: Series = icmp
         .iter()
-        .filter(|s| sel.is_icmp(&s.0, s.1))
-        .map(|s| (sel.secs(s.1), s.2))
+        .filter(|s| sel.is_icmp(&s.flow, s.ts_ns))
+        .map(|s| (sel.secs(s.ts_ns), s.rtt_us as f64))
         .collect();
-    others += (raw.sampler_icmp.len() - smp_icmp.len()) as u64;
+    others += (icmp.len() - smp_icmp.len()) as u64;
     Ok(Sides {
         tcp_client,
         tcp_server,
@@ -514,8 +483,8 @@ fn split_sides(views: &Views, raw: &RawCollector, sel: &Selection) -> Result<Sid
 fn settings_json(
     args: &CompareArgs,
     plan: &ProbePlan,
-    views: &Views,
-    tcp_counters: BTreeMap<&'static str, u64>,
+    session: &Session,
+    tcp_counters: Option<BTreeMap<&'static str, u64>>,
     sampler_counters: Option<BTreeMap<&'static str, u64>>,
     retrans: u64,
 ) -> serde_json::Value {
@@ -528,9 +497,9 @@ fn settings_json(
         "sizes": [args.sizes.0, args.sizes.1],
         "nodelay": args.nodelay,
         "probes": plan.kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
-        "tcp_view": views.tcp.info(),
+        "tcp_view": session.tcp.as_ref().map(|v| v.info()),
         "loader": args.loader,
-        "sampler": views.sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
+        "sampler": session.sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
         "cloud_layout": args.layout.spec(),
         "tcp_counters": tcp_counters,
         "sampler_counters": sampler_counters,
@@ -602,7 +571,7 @@ impl Report {
     fn add_passive(
         &mut self,
         args: &CompareArgs,
-        views: &Views,
+        session: &Session,
         sides: &Sides,
     ) -> Option<CloudEvidence> {
         let tcp_set = || json!({"hook": "sock_ops RTT_CB"});
@@ -624,7 +593,7 @@ impl Report {
                 tcp_set(),
             );
         }
-        let s = views.sampler.as_ref()?;
+        let s = session.sampler.as_ref()?;
         let set =
             json!({"sample_every": s.config().sample_every, "match": s.config().matching.as_str()});
         let label = format!(

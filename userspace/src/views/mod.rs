@@ -14,7 +14,7 @@
 //! its `attach_*` function.
 use anyhow::Result;
 
-pub use passive::{LoaderKind, PassiveView, RawSamples, RingSource, ViewKind};
+pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
 
 pub mod fine;
 

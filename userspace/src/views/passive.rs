@@ -1,6 +1,7 @@
 //! What every passive view provides, whichever loader loaded it: the view
 //! and loader names, the [`PassiveView`] trait, and the raw-sample stream
-//! ([`RawSamples`]) both views and both loaders hand out.
+//! ([`RawSamples`]) both views and both loaders hand out, each record decoded
+//! by its view into one type ([`RawSample`]).
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 
@@ -8,6 +9,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::bpf::Event;
+use crate::views::flow::{Flow, Side};
 
 /// The passive views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
@@ -123,17 +125,63 @@ impl AsRawFd for SourceFd {
     }
 }
 
+/// What a raw record reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawEvent {
+    /// One RTT sample.
+    Rtt,
+    /// A flow ended (TCP state went to CLOSE; `rtt_us` 0).
+    FlowEnd,
+}
+
+/// One raw record of any view, decoded by the view that wrote it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RawSample {
+    pub view: ViewKind,
+    pub event: RawEvent,
+    pub flow: Flow,
+    /// The flow's protocol when it is not TCP (`icmp`, `icmpv6`).
+    pub proto: Option<&'static str>,
+    /// The view's own label (the session resolves what it can of an
+    /// unknown one: `Session::drain_raw`).
+    pub side: Side,
+    /// CLOCK_MONOTONIC ns, the kernel's.
+    pub ts_ns: u64,
+    pub rtt_us: u32,
+    /// TCP's smoothed RTT at the sample (the TCP view).
+    pub srtt_us: Option<u32>,
+    /// How the sample was matched (the sampler: `seq`, `tsval`, `echo`).
+    pub matching: Option<&'static str>,
+}
+
+impl RawSample {
+    /// The record's label in observe's raw output: the view, or `flow_end`.
+    pub fn label(&self) -> &'static str {
+        match self.event {
+            RawEvent::Rtt => self.view.as_str(),
+            RawEvent::FlowEnd => "flow_end",
+        }
+    }
+}
+
+/// A view's decoder of its own ring-buffer records (None: not a record it
+/// knows, counted as bad).
+pub type DecodeRaw = fn(&Event) -> Option<RawSample>;
+
 /// Raw samples from a view's ring buffer, driven by tokio (`AsyncFd`) and
-/// decoded here, once, for both loaders.
+/// decoded here, once, for both loaders, by the view's decoder.
 pub struct RawSamples {
     fd: tokio::io::unix::AsyncFd<SourceFd>,
-    /// Records too short to be an event (counted, skipped).
+    decode: DecodeRaw,
+    view: ViewKind,
+    /// Records too short to be an event, or events the view's decoder does
+    /// not know (counted, skipped).
     pub bad_records: u64,
 }
 
 impl RawSamples {
-    /// Wrap a loader's ring buffer. Must be called inside a tokio runtime.
-    pub fn new(src: Box<dyn RingSource>) -> Result<Self> {
+    /// Wrap a loader's ring buffer of `view`'s records. Must be called inside a tokio runtime.
+    pub fn new(src: Box<dyn RingSource>, view: ViewKind, decode: DecodeRaw) -> Result<Self> {
         // SAFETY: the fd belongs to `src`, which the AsyncFd owns: it stays
         // open until the AsyncFd has deregistered it.
         let fd = unsafe {
@@ -143,38 +191,55 @@ impl RawSamples {
             )
         }
         .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?;
-        Ok(RawSamples { fd, bad_records: 0 })
+        Ok(RawSamples {
+            fd,
+            decode,
+            view,
+            bad_records: 0,
+        })
     }
 
-    /// Decode every record available now into `out`, without waiting.
-    pub fn drain_now(&mut self, out: &mut Vec<Event>) -> Result<usize> {
+    /// Which view's records these are.
+    pub fn view(&self) -> ViewKind {
+        self.view
+    }
+
+    /// Decode every record available now into `out`, without waiting;
+    /// returns how many records were read (bad ones included).
+    pub fn drain_now(&mut self, out: &mut Vec<RawSample>) -> Result<usize> {
         let mut bad = 0;
-        let n =
-            self.fd
-                .get_mut()
-                .0
-                .drain(&mut |bytes| match crate::bpf::decode::<Event>(bytes) {
-                    Ok(ev) => out.push(ev),
-                    Err(_) => bad += 1,
-                })?;
+        let decode = self.decode;
+        let n = self
+            .fd
+            .get_mut()
+            .0
+            .drain(&mut |bytes| match crate::bpf::decode::<Event>(bytes)
+                .ok()
+                .as_ref()
+                .and_then(decode)
+            {
+                Some(s) => out.push(s),
+                None => bad += 1,
+            })?;
         self.bad_records += bad;
         Ok(n)
     }
 
-    /// Wait until records arrive, then decode all available into `out`.
-    pub async fn next_batch(&mut self, out: &mut Vec<Event>) -> Result<usize> {
-        loop {
-            let mut guard = self
-                .fd
-                .readable_mut()
-                .await
-                .map_err(|e| anyhow::anyhow!("waiting on the ring buffer: {e}"))?;
-            guard.clear_ready();
-            drop(guard);
-            let n = self.drain_now(out)?;
-            if n > 0 {
-                return Ok(n);
+    /// Whether records may have arrived (the fd became readable since the
+    /// last call); registers the waker when not.
+    pub fn poll_readable(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<()>> {
+        match self.fd.poll_read_ready_mut(cx) {
+            std::task::Poll::Ready(Ok(mut guard)) => {
+                guard.clear_ready();
+                std::task::Poll::Ready(Ok(()))
             }
+            std::task::Poll::Ready(Err(e)) => {
+                std::task::Poll::Ready(Err(anyhow::anyhow!("waiting on the ring buffer: {e}")))
+            }
+            std::task::Poll::Pending => std::task::Poll::Pending,
         }
     }
 }
@@ -190,7 +255,8 @@ mod tests {
     }
 
     /// A fake source for the decoding path only (the kernel side is tested
-    /// by the privileged suite): one valid event and one short record.
+    /// by the privileged suite): one valid event, one short record and one event the decoder does not
+    /// know.
     struct Fixture(Vec<Vec<u8>>, std::os::fd::OwnedFd);
     impl RingSource for Fixture {
         fn poll_fd(&self) -> RawFd {
@@ -210,15 +276,45 @@ mod tests {
         let ev = Event {
             r#type: 1,
             rtt_us: 321,
+            key: Flow {
+                netns: 1,
+                local: "10.0.0.1:1000".parse().unwrap(),
+                remote: "10.0.0.2:80".parse().unwrap(),
+            }
+            .to_key(),
             ..Default::default()
         };
         let (r, _w) = nix::unistd::pipe().unwrap();
-        let src = Fixture(vec![crate::bpf::as_bytes(&ev).to_vec(), vec![1, 2, 3]], r);
-        let mut rs = RawSamples::new(Box::new(src)).unwrap();
+        let unknown = Event {
+            r#type: 1,
+            ..Default::default()
+        }; // no address family: no flow
+        let src = Fixture(
+            vec![
+                crate::bpf::as_bytes(&ev).to_vec(),
+                vec![1, 2, 3],
+                crate::bpf::as_bytes(&unknown).to_vec(),
+            ],
+            r,
+        );
+        let decode: DecodeRaw = |e| {
+            Some(RawSample {
+                view: ViewKind::Tcp,
+                event: RawEvent::Rtt,
+                flow: Flow::from_key(&e.key)?,
+                proto: None,
+                side: Side::from_raw(e.side),
+                ts_ns: e.ts_ns,
+                rtt_us: e.rtt_us,
+                srtt_us: Some(e.srtt_us),
+                matching: None,
+            })
+        };
+        let mut rs = RawSamples::new(Box::new(src), ViewKind::Tcp, decode).unwrap();
         let mut out = Vec::new();
-        assert_eq!(rs.drain_now(&mut out).unwrap(), 2);
+        assert_eq!(rs.drain_now(&mut out).unwrap(), 3);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].rtt_us, 321);
-        assert_eq!(rs.bad_records, 1);
+        assert_eq!(rs.bad_records, 2);
     }
 }

@@ -15,14 +15,13 @@ mod result;
 
 pub use args::{Format, ObserveArgs};
 
-use crate::bpf::Event;
-use crate::session::{FlowSink, Session, SessionConfig};
+use crate::session::{FlowSink, RawSample, Session, SessionConfig};
 use crate::sinks::prometheus::daemon::Daemon;
 use crate::sys::netns::{self, NetNs};
 use crate::views::tcp::TcpViewConfig;
-use crate::views::{RawSamples, ViewKind};
+use crate::views::ViewKind;
 use cloud::{Both, CloudAgg, CloudSink};
-use output::{flush_raw, sampler_raw_lines, tcp_raw_lines};
+use output::{flush_raw, raw_lines};
 
 /// Run `observe` for a library caller that built `args` without a command
 /// line. With `--config`, an option counts as given (wins over the file) when
@@ -138,51 +137,29 @@ fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfi
         keep_rows: !args.quiet,
         workloads: args.label_workload,
         keep_summary: !args.daemon_without_summary(),
+        raw_samples: args.raw,
     })
 }
 
-/// The raw-sample streams of the attached views (with --raw) and where
-/// their records and output lines wait.
+/// With --raw: the session's raw samples as read, and their output lines
+/// waiting to be written.
 #[derive(Default)]
 struct Raw {
-    tcp: Option<RawSamples>,
-    tcp_events: Vec<Event>,
-    sampler: Option<RawSamples>,
-    sampler_events: Vec<Event>,
-    lines: std::rc::Rc<std::cell::RefCell<Vec<String>>>,
+    samples: Vec<RawSample>,
+    lines: Vec<String>,
 }
 
 impl Raw {
-    fn open(session: &mut Session, raw: bool) -> Result<Raw> {
-        let mut r = Raw::default();
-        if raw {
-            if let Some(v) = session.tcp.as_mut() {
-                r.tcp = Some(v.raw_samples()?);
-            }
-            if let Some(s) = session.sampler.as_mut() {
-                r.sampler = Some(s.raw_samples()?);
-            }
-        }
-        Ok(r)
-    }
-
     /// Print whatever has arrived, without waiting.
     fn drain(&mut self, session: &mut Session, start_mono: u64, fmt: Option<Format>) -> Result<()> {
-        if let Some(r) = self.tcp.as_mut() {
-            r.drain_now(&mut self.tcp_events)?;
-            tcp_raw_lines(&mut self.tcp_events, start_mono, fmt, &self.lines);
-        }
-        if let Some(r) = self.sampler.as_mut() {
-            r.drain_now(&mut self.sampler_events)?;
-            sampler_raw_lines(
-                &mut self.sampler_events,
-                start_mono,
-                fmt,
-                &self.lines,
-                &mut |smp| session.sampler_sample_side(smp),
-            );
-        }
-        flush_raw(&self.lines, &std::io::stdout())
+        session.drain_raw(&mut self.samples)?;
+        self.print(start_mono, fmt)
+    }
+
+    /// The samples read into the result document and the output.
+    fn print(&mut self, start_mono: u64, fmt: Option<Format>) -> Result<()> {
+        raw_lines(&mut self.samples, start_mono, fmt, &mut self.lines);
+        flush_raw(&mut self.lines, &std::io::stdout())
     }
 }
 
@@ -217,7 +194,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     let start_mono = crate::sys::clock::mono_ns();
     output::print_start(&args, &session, &views, &header, start_mono)?;
     let start = Instant::now();
-    let mut raw = Raw::open(&mut session, args.raw)?;
+    let mut raw = Raw::default();
     run_loop(
         &args,
         &views,
@@ -278,36 +255,11 @@ async fn run_loop(
                 None => std::future::pending().await,
             }
         };
-        let tcp_ready = async {
-            match raw.tcp.as_mut() {
-                Some(r) => r.next_batch(&mut raw.tcp_events).await,
-                None => std::future::pending().await,
-            }
-        };
-        let sampler_ready = async {
-            match raw.sampler.as_mut() {
-                Some(r) => r.next_batch(&mut raw.sampler_events).await,
-                None => std::future::pending().await,
-            }
-        };
         let stop = tokio::select! {
             _ = ticker.tick() => false,
-            r = tcp_ready => {
+            r = session.next_raw(&mut raw.samples) => {
                 r?;
-                tcp_raw_lines(&mut raw.tcp_events, start_mono, raw_fmt, &raw.lines);
-                flush_raw(&raw.lines, &std::io::stdout())?;
-                continue;
-            }
-            r = sampler_ready => {
-                r?;
-                sampler_raw_lines(
-                    &mut raw.sampler_events,
-                    start_mono,
-                    raw_fmt,
-                    &raw.lines,
-                    &mut |smp| session.sampler_sample_side(smp),
-                );
-                flush_raw(&raw.lines, &std::io::stdout())?;
+                raw.print(start_mono, raw_fmt)?;
                 continue;
             }
             _ = reclaim_tick.tick(), if has_views => {
@@ -324,11 +276,8 @@ async fn run_loop(
         if stop && report.last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }
-        report.interval(
-            session,
-            daemon.as_deref_mut(),
-            raw.tcp.as_ref().map(|r| r.bad_records),
-        )?;
+        let raw_bad = session.raw_records_bad(ViewKind::Tcp);
+        report.interval(session, daemon.as_deref_mut(), raw_bad)?;
         crate::sys::trim_heap();
         if stop {
             break;

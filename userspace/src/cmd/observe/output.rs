@@ -10,8 +10,7 @@ use serde::Serialize;
 use super::args::{Format, ObserveArgs};
 use crate::analysis::records::{self, CloudPoint, SamplerStart};
 use crate::analysis::units::fmt_duration_short;
-use crate::session::{Interval, Session};
-use crate::views::flow::Flow;
+use crate::session::{Interval, RawSample, Session};
 use crate::views::ViewKind;
 
 /// `--format cloud-monitoring`: one create request per line (at most 200 series each), every
@@ -358,127 +357,78 @@ fn closing_line(
     line
 }
 
-/// Raw sampler events: into the result document (--json), and as output lines unless `fmt` is
-/// None (--quiet). `side`: a sample's side as its flow's row has it (the programs' label, else
-/// the TCP view's or the socket table's, for a flow opened before the sampler started).
-pub(super) fn sampler_raw_lines(
-    events: &mut Vec<crate::bpf::Event>,
+/// Raw samples of every view: into the result document (--json), and as output lines unless
+/// `fmt` is None (--quiet). A sampler sample's side is the one its flow's row has (the
+/// programs' label, else the TCP view's or the socket table's, for a flow opened before the
+/// sampler started): the session resolved it.
+pub(super) fn raw_lines(
+    samples: &mut Vec<RawSample>,
     start_mono: u64,
     fmt: Option<Format>,
-    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
-    side: &mut dyn FnMut(&crate::views::sampler::SamplerSample) -> crate::views::flow::Side,
+    lines: &mut Vec<String>,
 ) {
-    super::result::record_sampler(events, start_mono);
+    super::result::record_raw(samples, start_mono);
     let Some(fmt) = fmt else {
-        events.clear();
+        samples.clear();
         return;
     };
-    for smp in events
-        .drain(..)
-        .filter_map(|e| crate::views::sampler::SamplerSample::from_event(&e))
-    {
-        let t = (smp.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
-        let line = match fmt {
+    for s in samples.drain(..) {
+        match fmt {
             // --raw is refused with --format cloud-monitoring (check()).
             Format::CloudMonitoring => continue,
-            Format::Json => {
-                let icmp = smp.kind != crate::views::sampler::FlowKind::Tcp;
-                let r = records::Sample {
-                    local: smp.flow.local.to_string(),
-                    matching: Some(if icmp { "echo" } else { smp.matching.as_str() }.into()),
-                    netns: smp.flow.netns,
-                    proto: icmp.then(|| smp.kind.as_str().into()),
-                    remote: smp.flow.remote.to_string(),
-                    rtt_us: smp.rtt_us.into(),
-                    side: Some(side(&smp)),
-                    srtt_us: None,
-                    t,
-                    t_us: Some(t * 1e6),
-                    kind: records::SampleTag,
-                    view: "sampler".into(),
-                };
-                serde_json::to_string(&r).expect("a sample serialises")
-            }
-            Format::Table => format!("raw sampler  t={t:.6}s {} rtt={}us", smp.flow, smp.rtt_us),
-        };
-        lines.borrow_mut().push(line);
+            f => lines.push(raw_line(&s, start_mono, f)),
+        }
     }
 }
 
-pub(super) fn raw_line(ev: &crate::bpf::Event, start_mono: u64, fmt: Format) -> String {
-    let flow = Flow::from_key(&ev.key);
-    let t = (ev.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
-    let kind = match ev.r#type {
-        1 => "tcp",
-        2 => "sampler",
-        3 => "flow_end",
-        _ => "?",
-    };
-    let side = crate::views::flow::Side::from_raw(ev.side);
-    match (fmt, flow) {
-        (Format::Json, Some(f)) => serde_json::to_string(&records::Sample {
+/// One raw sample as a JSON Lines `sample` record or a table line (a view with TCP's srtt
+/// says the side and the srtt too).
+pub(super) fn raw_line(s: &RawSample, start_mono: u64, fmt: Format) -> String {
+    let t = (s.ts_ns as i64 - start_mono as i64) as f64 / 1e9;
+    let (kind, f) = (s.label(), &s.flow);
+    match fmt {
+        Format::Json => serde_json::to_string(&records::Sample {
             local: f.local.to_string(),
-            matching: None,
+            matching: s.matching.map(Into::into),
             netns: f.netns,
-            proto: None,
+            proto: s.proto.map(Into::into),
             remote: f.remote.to_string(),
-            rtt_us: ev.rtt_us.into(),
-            side: Some(side),
-            srtt_us: Some(ev.srtt_us),
+            rtt_us: s.rtt_us.into(),
+            side: Some(s.side),
+            srtt_us: s.srtt_us,
             t,
             t_us: Some(t * 1e6),
             kind: records::SampleTag,
             view: kind.into(),
         })
         .expect("a sample serialises"),
-        (Format::Table, Some(f)) => format!(
-            "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={}us",
-            side.as_str(),
-            ev.rtt_us,
-            ev.srtt_us
-        ),
-        _ => String::new(),
+        _ => match s.srtt_us {
+            Some(srtt) => format!(
+                "raw {kind:<8} t={t:.6}s {f} side={} rtt={}us srtt={srtt}us",
+                s.side.as_str(),
+                s.rtt_us,
+            ),
+            None => format!("raw {kind:<8} t={t:.6}s {f} rtt={}us", s.rtt_us),
+        },
     }
 }
 
-pub(super) fn flush_raw(
-    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
-    stdout: &std::io::Stdout,
-) -> Result<()> {
-    let mut v = lines.borrow_mut();
-    if v.is_empty() {
+pub(super) fn flush_raw(lines: &mut Vec<String>, stdout: &std::io::Stdout) -> Result<()> {
+    if lines.is_empty() {
         return Ok(());
     }
     let mut out = stdout.lock();
-    for l in v.drain(..).filter(|l| !l.is_empty()) {
+    for l in lines.drain(..) {
         writeln!(out, "{l}")?;
     }
     out.flush()?;
     Ok(())
 }
 
-/// Raw TCP-view events: into the result document (--json), and as output lines unless `fmt` is
-/// None (--quiet).
-pub(super) fn tcp_raw_lines(
-    events: &mut Vec<crate::bpf::Event>,
-    start_mono: u64,
-    fmt: Option<Format>,
-    lines: &std::rc::Rc<std::cell::RefCell<Vec<String>>>,
-) {
-    super::result::record_tcp(events, start_mono);
-    let Some(fmt) = fmt else {
-        events.clear();
-        return;
-    };
-    let mut l = lines.borrow_mut();
-    for ev in events.drain(..) {
-        l.push(raw_line(&ev, start_mono, fmt));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::views::flow::Flow;
 
     /// `--format cloud-monitoring`: the histogram deltas the session hands its sinks become
     /// CUMULATIVE TimeSeries that our own reader parses back, every sample counted.
@@ -557,12 +507,49 @@ mod tests {
         };
         let bytes = crate::bpf::as_bytes(&ev).to_vec();
         let back: crate::bpf::Event = crate::bpf::decode(&bytes).unwrap();
-        let line = raw_line(&back, 1_000_000_000, Format::Json);
+        let smp = crate::views::tcp::attach::raw_sample(&back).unwrap();
+        let line = raw_line(&smp, 1_000_000_000, Format::Json);
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["view"], "tcp");
         assert_eq!(v["rtt_us"], 150);
+        assert_eq!(v["srtt_us"], 140);
         assert_eq!(v["side"], "client");
         assert_eq!(v["t"], 1.0);
         assert_eq!(v["t_us"], 1e6);
         assert_eq!(v["local"], "10.0.0.1:1000");
+        assert_eq!(
+            raw_line(&smp, 1_000_000_000, Format::Table),
+            "raw tcp      t=1.000000s 10.0.0.1:1000 -> 10.0.0.2:80 side=client rtt=150us srtt=140us"
+        );
+        // A flow's end: labelled `flow_end`.
+        let end = crate::bpf::Event {
+            r#type: 3,
+            rtt_us: 0,
+            ..back
+        };
+        let end = crate::views::tcp::attach::raw_sample(&end).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&raw_line(&end, 1_000_000_000, Format::Json)).unwrap();
+        assert_eq!(
+            (v["view"].as_str(), v["rtt_us"].as_u64()),
+            (Some("flow_end"), Some(0))
+        );
+        // The sampler's: its matching, no srtt; the table line without side and srtt.
+        let mut s = smp;
+        (s.view, s.srtt_us, s.matching) = (crate::views::ViewKind::Sampler, None, Some("seq"));
+        let v: serde_json::Value =
+            serde_json::from_str(&raw_line(&s, 1_000_000_000, Format::Json)).unwrap();
+        assert_eq!(
+            (v["view"].as_str(), v["match"].as_str()),
+            (Some("sampler"), Some("seq"))
+        );
+        assert!(
+            v.get("srtt_us").is_none() && v.get("proto").is_none(),
+            "{v}"
+        );
+        assert_eq!(
+            raw_line(&s, 1_000_000_000, Format::Table),
+            "raw sampler  t=1.000000s 10.0.0.1:1000 -> 10.0.0.2:80 rtt=150us"
+        );
     }
 }

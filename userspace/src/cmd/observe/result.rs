@@ -14,7 +14,7 @@ use serde_json::json;
 use super::args::ObserveArgs;
 use crate::analysis::hist::HistSummary;
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
-use crate::session::{FlowRow, Session, ViewStats};
+use crate::session::{FlowRow, RawEvent, RawSample, Session, ViewStats};
 use crate::views::flow::{Flow, Side};
 
 /// Most raw samples kept in memory for the document; later ones are counted, not kept.
@@ -105,30 +105,15 @@ fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: 
     });
 }
 
-/// Raw TCP-view events (RTT samples; flow ends are not samples).
-pub(super) fn record_tcp(events: &[crate::bpf::Event], start_mono: u64) {
-    for ev in events.iter().filter(|e| e.r#type == 1) {
-        if let Some(f) = Flow::from_key(&ev.key) {
-            let side = Some(Side::from_raw(ev.side));
-            push(ViewKind::Tcp, f, side, ev.ts_ns, start_mono, ev.rtt_us);
-        }
-    }
-}
-
-/// Raw sampler events (their side comes from the flow's row at the end).
-pub(super) fn record_sampler(events: &[crate::bpf::Event], start_mono: u64) {
-    for s in events
-        .iter()
-        .filter_map(crate::views::sampler::SamplerSample::from_event)
-    {
-        push(
-            ViewKind::Sampler,
-            s.flow,
-            None,
-            s.ts_ns,
-            start_mono,
-            s.rtt_us,
-        );
+/// Raw samples of every view (flow ends are not samples). A TCP-view sample keeps its side; a
+/// sampler sample's side comes from its flow's row at the end.
+pub(super) fn record_raw(samples: &[RawSample], start_mono: u64) {
+    for s in samples.iter().filter(|s| s.event == RawEvent::Rtt) {
+        let (view, side) = match s.view {
+            crate::views::ViewKind::Tcp => (ViewKind::Tcp, Some(s.side)),
+            crate::views::ViewKind::Sampler => (ViewKind::Sampler, None),
+        };
+        push(view, s.flow, side, s.ts_ns, start_mono, s.rtt_us);
     }
 }
 

@@ -354,7 +354,9 @@ impl PassiveView for Sampler {
         }
         let ring = self.objs[0].ring("sampler_events")?;
         self.raw_taken = true;
-        RawSamples::new(ring)
+        RawSamples::new(ring, ViewKind::Sampler, |e| {
+            super::SamplerSample::from_event(e).map(|s| s.to_raw_sample())
+        })
     }
 }
 

@@ -27,8 +27,8 @@
 //! `tc.rs`; clsact needs the libbpf feature's netlink code). It decodes with
 //! the shared functions below ([`flow_stats`],
 //! [`derived_counters`], [`read_table`]); raw samples are the views'
-//! common [`crate::views::RawSamples`] stream of `bpf::Event`s, turned into
-//! [`SamplerSample`]s with [`SamplerSample::from_event`].
+//! common [`crate::views::RawSamples`] stream, its `bpf::Event`s decoded
+//! with [`SamplerSample::from_event`] into [`crate::views::RawSample`]s.
 //!
 //! Flow table. `sampler_table` is a BPF array of [`SamplerConfig::table_entries`]
 //! entries, set-associative (`RTTSCOPE_SAMPLER_WAYS` ways per set): the
@@ -419,6 +419,23 @@ impl SamplerSample {
                 Matching::Seq
             },
         })
+    }
+
+    /// As every view's raw samples are read (`views::RawSample`): ICMP's
+    /// protocol named, its matching `echo`.
+    pub fn to_raw_sample(&self) -> crate::views::RawSample {
+        let icmp = self.kind != FlowKind::Tcp;
+        crate::views::RawSample {
+            view: crate::views::ViewKind::Sampler,
+            event: crate::views::RawEvent::Rtt,
+            flow: self.flow,
+            proto: icmp.then(|| self.kind.as_str()),
+            side: self.side,
+            ts_ns: self.ts_ns,
+            rtt_us: self.rtt_us,
+            srtt_us: None,
+            matching: Some(if icmp { "echo" } else { self.matching.as_str() }),
+        }
     }
 }
 

@@ -19,10 +19,11 @@ use super::{
 };
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
 use crate::views::fine::{self, pool_entries, FinePool};
+use crate::views::flow::{Flow, Side};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };
-use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
+use crate::views::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, ViewKind};
 
 const SOCKOPS: &str = "rtt_tcp_sockops";
 const ITER: &str = "rtt_tcp_iter";
@@ -383,7 +384,7 @@ impl PassiveView for Tcp {
         }
         let ring = self.obj.ring("tcp_events")?;
         self.raw_taken = true;
-        RawSamples::new(ring)
+        RawSamples::new(ring, ViewKind::Tcp, raw_sample)
     }
 }
 
@@ -455,4 +456,27 @@ impl TcpView for Tcp {
             gen,
         )
     }
+}
+
+/// One record of the TCP view's ring buffer (`tcp_events`): an RTT sample
+/// or a flow's end, with TCP's srtt and the flow's side as the programs
+/// label it.
+pub(crate) fn raw_sample(ev: &crate::bpf::Event) -> Option<RawSample> {
+    use crate::bpf::tcp::types::rttscope_event_type as T;
+    let event = match ev.r#type as u32 {
+        x if x == T::RTTSCOPE_EV_TCP_RTT.0 => RawEvent::Rtt,
+        x if x == T::RTTSCOPE_EV_FLOW_END.0 => RawEvent::FlowEnd,
+        _ => return None,
+    };
+    Some(RawSample {
+        view: ViewKind::Tcp,
+        event,
+        flow: Flow::from_key(&ev.key)?,
+        proto: None,
+        side: Side::from_raw(ev.side),
+        ts_ns: ev.ts_ns,
+        rtt_us: ev.rtt_us,
+        srtt_us: Some(ev.srtt_us),
+        matching: None,
+    })
 }
