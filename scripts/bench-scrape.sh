@@ -9,7 +9,7 @@
 # losses; docs/metrics.md) after RR traffic on 500 more connections while
 # the held flows stay tracked. Nothing is left behind.
 # RTTSCOPE_BIN=PATH runs another build (e.g. the previous one) as the observer; BENCH_INTERVAL
-# its --interval (1s; the shipped DaemonSet and unit use 10s).
+# its --interval (1s; the shipped DaemonSet and unit use 10s); BENCH_IDLE_SECS the idle window (10).
 # Usage: sudo [BENCH_PERF=FILE] [BENCH_IDLE_ONLY=1] [RTTSCOPE_BIN=PATH] scripts/bench-scrape.sh [FLOWS [SCRAPERS [SECONDS]]]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -85,10 +85,11 @@ done
 echo "flows tracked: ${n:-0}"
 t0=$(date +%s%N)
 curl -s -o "$OUT/one" "http://127.0.0.1:$PORT/metrics"
+IDLE=${BENCH_IDLE_SECS:-10}
 read -r _ _ _ _ _ _ _ _ _ _ _ u0 s0 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
-sleep 10
+sleep "$IDLE"
 read -r _ _ _ _ _ _ _ _ _ _ _ u1 s1 _ < <(cut -d')' -f2- "/proc/$OBS/stat")
-echo "idle CPU with the flows held: $(( (u1 + s1 - u0 - s0) * 100 / $(getconf CLK_TCK) / 10 ))% of a core over 10 s"
+echo "idle CPU with the flows held: $(( (u1 + s1 - u0 - s0) * 1000 / $(getconf CLK_TCK) / IDLE ))/10 % of a core over $IDLE s (--interval ${BENCH_INTERVAL:-1s})"
 grep -E '^(Vm(RSS|HWM)|Rss(Anon|File|Shmem))' "/proc/$OBS/status" | tr '\n' ' '; echo
 # BENCH_PERF=FILE: a 10 s call-graph profile of the idle observer (perf record), for where the
 # idle CPU goes; BENCH_IDLE_ONLY=1 stops after the idle figures (no storms, no identity run).

@@ -1017,6 +1017,8 @@ struct Stay {
     active: u64,
     /// The last read that found it in the table.
     seen: u64,
+    /// Its side then.
+    side: Side,
 }
 
 /// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
@@ -1037,8 +1039,11 @@ pub(crate) struct Tracker {
     /// can take again while the closed one is still in the table (under
     /// churn the new one's samples were subtracted from the old one's).
     prev: crate::views::SlotMap<(u32, u32), Stay>,
-    /// Each flow's side, and the read that last saw it (by 4-tuple: the sampler's rows ask).
-    sides: HashMap<Flow, (Side, u32)>,
+    /// Each flow's side, and the stay (slot, gen) that told it, by 4-tuple (the sampler's rows
+    /// and raw samples ask). Written when a stay is new, changes side or has samples, so an idle
+    /// flow costs no lookup here; entries whose stay is gone are dropped once they are as many
+    /// as the live ones (a closed connection's 4-tuple keeps its side until then).
+    sides: HashMap<Flow, (Side, (u32, u32))>,
     /// This interval's samples per 4-tuple so far (over the stays of that
     /// 4-tuple read since the last report, early ones included): a row
     /// stands for all of them.
@@ -1125,7 +1130,7 @@ impl Tracker {
         self.tracked as usize >= (capacity as usize - capacity as usize / 4)
     }
 
-    /// Live flows (slot, gen, flow) to evict: when more than 7/8 of the
+    /// Live flows (slot, gen) to evict: when more than 7/8 of the
     /// `capacity` slots are taken, the least recently active ones, down to 3/4.
     fn to_evict(&self, mut live: Vec<(u32, u32)>, capacity: u32) -> Vec<(u32, u32)> {
         let cap = capacity as usize;
@@ -1151,19 +1156,16 @@ impl Tracker {
         }
         let stay = (f.slot, f.gen);
         let read = self.interval;
-        match self.sides.get_mut(&f.flow) {
-            Some(s) => *s = (f.side, read as u32),
-            None => drop(self.sides.insert(f.flow, (f.side, read as u32))),
-        }
         self.tracked += 1;
         let first = !self.prev.contains_key(&stay);
         if let Some(p) = self.prev.get_mut(&stay) {
             p.seen = read;
             // an idle flow (most of them on a busy host): nothing to add or keep again
-            if !f.closed && p.snap.unchanged(&f.counts, f.sum_us) {
+            if !f.closed && p.side == f.side && p.snap.unchanged(&f.counts, f.sum_us) {
                 return None;
             }
         }
+        self.sides.insert(f.flow, (f.side, stay));
         let mut delta = f.since(self.prev.get(&stay).map(|p| &p.snap));
         if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
             delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
@@ -1175,12 +1177,14 @@ impl Tracker {
             _ => self.interval,
         };
         let snap = Snapshot::of_sparse(&f.counts, f.sum_us);
+        let side = f.side;
         self.prev.insert(
             stay,
             Stay {
                 snap,
                 active,
                 seen: read,
+                side,
             },
         );
         if delta.count() == 0 && !first && !f.closed {
@@ -1222,7 +1226,10 @@ impl Tracker {
         let before = self.prev.len();
         let read = self.interval;
         self.prev.retain(|_, p| p.seen == read);
-        self.sides.retain(|_, s| s.1 == read as u32);
+        if self.sides.len() > 2 * self.prev.len() + 1024 {
+            let prev = &self.prev;
+            self.sides.retain(|_, s| prev.contains_key(&s.1));
+        }
         self.vanished += (before - self.prev.len()) as u64;
         self.row_deltas.clear();
     }
@@ -1290,6 +1297,7 @@ mod tests {
                     snap,
                     active,
                     seen: 0,
+                    side: Side::Client,
                 },
             );
         }

@@ -732,12 +732,11 @@ pub(crate) fn table_flows(
     fine: &mut FinePool,
     out: &mut dyn FnMut(SamplerFlowStats),
 ) -> Result<()> {
-    let mut live = crate::views::SlotSet::default();
+    fine.begin_scan();
     read_table(fd, cfg.table_entries(), |way, e| {
         // the key opens the entry (the sampler object's own copy of the type)
         if let Ok(key) = bpf::decode::<FlowKey>(bpf::as_bytes(e)) {
             let owner = (way, e.gen as u32);
-            live.insert(owner);
             if let Some(mut s) = flow_stats(
                 info,
                 &key,
@@ -754,7 +753,7 @@ pub(crate) fn table_flows(
     })?;
     // ways re-keyed since (their flows evicted: counted by the reader from
     // `evicted_samples`), or torn in this read and re-keyed: not asked for again
-    fine.retain(&live);
+    fine.end_scan();
     Ok(())
 }
 

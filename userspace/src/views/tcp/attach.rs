@@ -426,7 +426,7 @@ impl TcpView for Tcp {
             .obj
             .read_u64(".bss", offset_of!(bss, slots_hwm), size_of::<u64>())
             .unwrap_or(u64::MAX);
-        let mut live = super::super::SlotSet::default();
+        fine.begin_scan();
         read_slots(
             self.obj.map_fd("tcp_flows")?,
             hwm,
@@ -434,12 +434,9 @@ impl TcpView for Tcp {
             &self.listeners,
             &fine,
             self.epoch,
-            |s| {
-                live.insert((s.slot, s.gen));
-                f(s)
-            },
+            f,
         )?;
-        fine.retain(&live);
+        fine.end_scan();
         Ok(())
     }
 
