@@ -8,6 +8,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod clock;
 pub mod files;
+pub mod mmap;
 pub mod netns;
 pub mod preflight;
 pub mod sockdiag;

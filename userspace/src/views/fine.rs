@@ -11,7 +11,7 @@
 //! (`TcpFlowState::counts`, `SamplerFlowStats::hist`), so everything above
 //! the views is unchanged. Memory: docs/metrics.md, "Kernel memory".
 use super::SlotMap;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use crate::sys::mmap::Mapping;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -211,7 +211,7 @@ impl FinePool {
         // 84 MB at 4,096 entries per half for two views), though the kernel already counts
         // them. One mapping now checks that the map can be mapped at all.
         let len = pool_bytes(entries) as usize;
-        Mapping::new(obj.map_fd(POOL)?, 0, len.min(page_size()))
+        Mapping::new(obj.map_fd(POOL)?, 0, len.min(crate::sys::mmap::page_size()))
             .with_context(|| format!("mapping the fine-histogram pool ({len} bytes)"))?;
         let free_stacks = obj.map_fd(FREE[0]).is_ok();
         if free_stacks {
@@ -402,78 +402,6 @@ fn taken(obj: &dyn Object, gen: u64) -> Result<u64> {
         .lookup(&key)?
         .and_then(|v| Some(u64::from_ne_bytes(v.get(..8)?.try_into().ok()?)))
         .unwrap_or(0))
-}
-
-/// A shared read-write mapping of part of an mmapable array map, unmapped
-/// on drop.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-    /// Offset in the map's data of the mapping's first byte (page aligned).
-    start: usize,
-}
-
-// SAFETY: the mapping is memory shared with the kernel, reached only through
-// `&mut self` methods of its single owner.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no side effects.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
-
-impl Mapping {
-    /// Map bytes [off, off + len) of the map's data (the pages that hold them).
-    fn new(fd: BorrowedFd<'_>, off: usize, len: usize) -> std::io::Result<Mapping> {
-        let page = page_size();
-        let start = off / page * page;
-        let map_len = (off + len - start).div_ceil(page) * page;
-        // SAFETY: a new shared mapping of the map's fd; the kernel checks the
-        // range against the map's size and the map's BPF_F_MMAPABLE flag.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                start as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Mapping {
-            ptr: ptr.cast(),
-            len: map_len,
-            start,
-        })
-    }
-
-    /// Bytes [off, off + len) of the map's data (panics outside the mapping).
-    fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        let rel = off
-            .checked_sub(self.start)
-            .expect("pool entry before the mapping");
-        assert!(rel + len <= self.len, "pool entry outside the mapping");
-        // SAFETY: inside the mapping (checked); the programs do not write
-        // the finished generation's half any more (wait_for_programs), and `&mut self`
-        // keeps this the only reference from userspace.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(rel), len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `new`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 #[cfg(test)]

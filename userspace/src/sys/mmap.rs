@@ -1,0 +1,80 @@
+//! Shared mappings of mmapable BPF array maps (`BPF_F_MMAPABLE`), made for
+//! one read and unmapped after: the fine-histogram pool's finished half and
+//! the sampler's flow table. A mapping kept for the run would put every page
+//! of the map in the observer's resident set (RssFile) though the kernel
+//! already counts that memory.
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// A shared read-write mapping of part of an mmapable array map, unmapped
+/// on drop.
+pub(crate) struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+    /// Offset in the map's data of the mapping's first byte (page aligned).
+    start: usize,
+}
+
+// SAFETY: the mapping is memory shared with the kernel, reached only through
+// `&mut self` methods of its single owner.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+/// The system page size (4 KiB where sysconf fails).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no side effects.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl Mapping {
+    /// Map bytes [off, off + len) of the map's data (the pages that hold them).
+    pub(crate) fn new(fd: BorrowedFd<'_>, off: usize, len: usize) -> std::io::Result<Mapping> {
+        let page = page_size();
+        let start = off / page * page;
+        let map_len = (off + len - start).div_ceil(page) * page;
+        // SAFETY: a new shared mapping of the map's fd; the kernel checks the
+        // range against the map's size and the map's BPF_F_MMAPABLE flag.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                start as libc::off_t,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len: map_len,
+            start,
+        })
+    }
+
+    /// Bytes [off, off + len) of the map's data (panics outside the mapping).
+    pub(crate) fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        let rel = off
+            .checked_sub(self.start)
+            .expect("pool entry before the mapping");
+        assert!(rel + len <= self.len, "pool entry outside the mapping");
+        // SAFETY: inside the mapping (checked), and `&mut self` keeps this the only reference
+        // from userspace. The programs may write the same memory concurrently (the caller's
+        // protocol decides what a read of it is worth: the fine pool's finished half is no
+        // longer written, the sampler table's entries carry gen/gen_end).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(rel), len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
