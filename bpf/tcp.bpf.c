@@ -96,6 +96,7 @@ struct {
 	__uint(max_entries, 16384); /* resized by userspace (--max-flows) */
 	__type(key, __u32);         /* slot */
 	__type(value, struct rttscope_tcp_flow);
+	__uint(map_flags, BPF_F_MMAPABLE); /* userspace reads it in place (sys/mmap.rs) */
 } tcp_flows SEC(".maps");
 
 /* Slots of tcp_flows given back by userspace, reused before fresh ones (so
