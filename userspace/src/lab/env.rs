@@ -1,33 +1,35 @@
 //! The lab's real environment: `rttscope serve` in the server namespace,
 //! `rttscope probe`'s probes in this process on threads inside the client
 //! namespace (active view; each tells the 4-tuple of its connection and its
-//! window), one `rttscope observe --view tcp,sampler --raw` from the host
-//! namespace for the whole run (TCP view on both ends, sampler on both ends'
-//! veths), whose samples each phase selects by its own connections' 4-tuples
-//! and windows, and the report (result.json, summary.csv, charts, SUMMARY.md).
+//! window), observe's session in this process on a thread of its own, from
+//! the host namespace, for the whole run (TCP view on both ends, sampler on
+//! both ends' veths: [`super::observer`]), whose samples each phase selects by
+//! its own connections' 4-tuples and windows, and the report (result.json,
+//! summary.csv, charts, SUMMARY.md).
 //!
 //! Every process is a child of this one, started with PR_SET_PDEATHSIG from
 //! the thread that runs the scenario (it outlives them all), and stopped
-//! when its phase (bulk flow) or the run (observer, responder) ends; the
-//! probe threads are cancelled and joined when their phase fails.
-use std::io::{BufRead, BufReader};
+//! when its phase (bulk flow) or the run (responder) ends; the probe threads
+//! are cancelled and joined when their phase fails; the observer's session is
+//! stopped and dropped (its programs detached) after the last phase, or when
+//! the run fails.
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use serde_json::{json, Value};
 
+use super::observer::{ObsShared, Observer};
 use super::scenarios::{
     self, LabArgs, Phase, PhaseRecord, Plan, Progress, Scenario, ScenarioEnv, Workload,
 };
 use super::signals;
 use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
-use crate::analysis::records::{self, Record};
+use crate::analysis::records;
 use crate::analysis::results::{
     RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
 };
@@ -69,23 +71,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum PView {
-    Tcp,
-    Sampler,
-}
-
-/// One raw sample from the observer: unix time, RTT, and its connection as seen where it was
-/// taken (local, remote).
-#[derive(Debug, Clone, Copy)]
-struct RawSample {
-    view: PView,
-    t_unix: f64,
-    rtt_us: f64,
-    local: SocketAddr,
-    remote: SocketAddr,
-}
-
 /// A phase's request/response connection: the probe socket's own address (with the responder's
 /// address and port, the connection's 4-tuple) and its window, Unix seconds from the first
 /// transaction's send to the end of the last one (the probe's own CLOCK_MONOTONIC times).
@@ -111,248 +96,6 @@ impl LeftOut {
     fn total(&self) -> u64 {
         self.own_outside_window + self.other_connections
     }
-}
-
-#[derive(Default)]
-struct ObsShared {
-    start_ts: Option<f64>,
-    start_line: Option<records::Start>,
-    samples: Vec<RawSample>,
-    /// Each interval's (and the end's) reading of the observer's ring-buffer drops, both views:
-    /// (Unix time, total so far).
-    drops: Vec<(f64, u64)>,
-    counters: Option<records::Counters>,
-    bad_lines: u64,
-    other_port: u64,
-}
-
-struct Observer {
-    child: Child,
-    reader: Option<std::thread::JoinHandle<()>>,
-    shared: Arc<Mutex<ObsShared>>,
-    stderr_path: PathBuf,
-    args: Vec<String>,
-}
-
-impl Observer {
-    fn start(
-        exe: &Path,
-        tb: &Testbed,
-        sample_every: u32,
-        stderr_path: PathBuf,
-    ) -> Result<Observer> {
-        let args = observer_args(tb, sample_every);
-        let err = crate::sys::files::create_replacing(&stderr_path)
-            .with_context(|| format!("creating {}", stderr_path.display()))?;
-        let mut cmd = Command::new(exe);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(err);
-        pdeathsig(&mut cmd);
-        let mut child = cmd.spawn().context("starting rttscope observe")?;
-        let stdout = child.stdout.take().unwrap();
-        let shared = Arc::new(Mutex::new(ObsShared::default()));
-        let sh = shared.clone();
-        let reader = std::thread::spawn(move || read_observer(BufReader::new(stdout), &sh));
-        let mut obs = Observer {
-            child,
-            reader: Some(reader),
-            shared,
-            stderr_path,
-            args,
-        };
-        obs.wait_started()?;
-        Ok(obs)
-    }
-
-    /// Wait (up to 60 s) for the observer's start record.
-    fn wait_started(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if self.shared.lock().unwrap().start_ts.is_some() {
-                return Ok(());
-            }
-            if let Some(st) = self.child.try_wait()? {
-                let msg = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
-                bail!(
-                    "rttscope observe exited ({st}) before starting: {}",
-                    msg.trim()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!("rttscope observe did not start within 60 s");
-            }
-            signals::check()?;
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The first reading of the ring-buffer drops taken after `t` (Unix seconds), waiting up
-    /// to `within` for it.
-    fn drops_after(&self, t: f64, within: Duration) -> Result<Option<u64>> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(&(_, d)) = self.shared.lock().unwrap().drops.iter().find(|r| r.0 > t) {
-                return Ok(Some(d));
-            }
-            if Instant::now() > deadline {
-                return Ok(None);
-            }
-            signals::check()?;
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The drops so far once the ring buffers accept every sample again: a back-to-back phase
-    /// can overflow them, and they drop until the observer has caught up. Waits (up to 10 s)
-    /// for a reading after `since` that dropped nothing since the one before it.
-    fn settled(&self, since: f64) -> Result<u64> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut t = since;
-        loop {
-            let last = {
-                let s = self.shared.lock().unwrap();
-                let n = s.drops.len();
-                (n >= 2 && s.drops[n - 1].0 > t).then(|| (s.drops[n - 2].1, s.drops[n - 1]))
-            };
-            if let Some((prev, (ts, now))) = last {
-                if prev == now || Instant::now() > deadline {
-                    return Ok(now);
-                }
-                t = ts;
-            }
-            signals::check()?;
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// SIGINT, wait for its end line (up to 10 s), then SIGKILL.
-    fn stop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-    }
-}
-
-/// `rttscope observe` for the whole run: both views on both ends, raw
-/// samples of the flows to the responder's port.
-fn observer_args(tb: &Testbed, sample_every: u32) -> Vec<String> {
-    let cli = tb.ns(Role::Cli);
-    let srv = tb.ns(Role::Srv);
-    [
-        "observe",
-        "--format",
-        "json",
-        "--netns",
-        &cli,
-        "--netns",
-        &srv,
-        "--view",
-        "tcp,sampler",
-        "--iface",
-        &format!("{cli}:{HOST_IF}"),
-        "--iface",
-        &format!("{srv}:{HOST_IF}"),
-        "--port",
-        &PORT.to_string(),
-        "--sample-every",
-        &sample_every.to_string(),
-        "--raw",
-        "--interval",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn read_observer(r: impl BufRead, sh: &Mutex<ObsShared>) {
-    for line in r.lines() {
-        let Ok(line) = line else { break };
-        let Ok(record) = Record::parse(&line) else {
-            sh.lock().unwrap().bad_lines += 1;
-            continue;
-        };
-        let mut s = sh.lock().unwrap();
-        match record {
-            Record::Start(start) => {
-                s.start_ts = start.ts;
-                s.start_line = Some(start);
-            }
-            Record::Sample(smp) => observed_sample(&mut s, &smp),
-            Record::Interval(iv) => {
-                s.drops.push((iv.ts, ring_drops(&iv.counters)));
-                s.counters = Some(iv.counters);
-            }
-            Record::End(end) => {
-                s.drops.push((end.ts, ring_drops(&end.counters)));
-                s.counters = Some(end.counters);
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The samples the observer's ring buffers dropped so far (both views; a full ring buffer drops
-/// and counts what does not fit until the observer has read it empty).
-fn ring_drops(c: &records::Counters) -> u64 {
-    c.values()
-        .flat_map(|m| m.iter())
-        .filter(|(k, _)| k.as_ref() == "raw_events_dropped" || k.as_ref() == "raw_drops")
-        .map(|(_, v)| *v)
-        .sum()
-}
-
-/// A socket address as the observer prints it (`10.79.1.2:40000`, `[fd79:1::2]:40000`), an
-/// IPv4-mapped IPv6 address as its IPv4 one.
-fn addr_of(s: &str) -> Option<SocketAddr> {
-    let a: SocketAddr = s.parse().ok()?;
-    Some(SocketAddr::new(a.ip().to_canonical(), a.port()))
-}
-
-/// One raw sample of the observer: kept if it is one of a connection to or from the lab's port
-/// (the phases select their own connections from them); anything else is counted.
-fn observed_sample(s: &mut ObsShared, smp: &records::Sample) {
-    let view = match smp.view.as_ref() {
-        "tcp" => PView::Tcp,
-        "sampler" => PView::Sampler,
-        _ => return,
-    };
-    let (Some(local), Some(remote)) = (addr_of(&smp.local), addr_of(&smp.remote)) else {
-        s.other_port += 1;
-        return;
-    };
-    if local.port() != PORT && remote.port() != PORT {
-        s.other_port += 1;
-        return;
-    }
-    let t = smp.t_us.map_or(smp.t, |us| us / 1e6);
-    let t_unix = s.start_ts.unwrap_or(0.0) + t;
-    s.samples.push(RawSample {
-        view,
-        t_unix,
-        rtt_us: smp.rtt_us,
-        local,
-        remote,
-    });
 }
 
 fn pdeathsig(cmd: &mut Command) {
@@ -416,11 +159,12 @@ impl PhaseData {
                 seen.push(o.local);
             }
             let v = (r.t_unix, r.rtt_us);
+            use crate::views::ViewKind as V;
             match (r.view, r.local == srv) {
-                (PView::Tcp, false) => self.tcp_cli.push(v),
-                (PView::Tcp, true) => self.tcp_srv.push(v),
-                (PView::Sampler, false) => self.smp_cli.push(v),
-                (PView::Sampler, true) => self.smp_srv.push(v),
+                (V::Tcp, false) => self.tcp_cli.push(v),
+                (V::Tcp, true) => self.tcp_srv.push(v),
+                (V::Sampler, false) => self.smp_cli.push(v),
+                (V::Sampler, true) => self.smp_srv.push(v),
             }
         }
         self.flows = seen.len();
@@ -436,6 +180,9 @@ pub struct LabEnv {
     phase_idx: usize,
     sample_every: u32,
     observer: Option<Observer>,
+    /// The observer's options (observe's), its start record and counters; its raw records
+    /// that no view could decode and its samples not of the lab's port.
+    obs_args: Option<Vec<String>>,
     obs_start_line: Option<records::Start>,
     obs_counters: Option<records::Counters>,
     obs_bad: (u64, u64),
@@ -467,6 +214,7 @@ impl LabEnv {
             phase_idx: 0,
             sample_every,
             observer: None,
+            obs_args: None,
             obs_start_line: None,
             obs_counters: None,
             obs_bad: (0, 0),
@@ -834,8 +582,9 @@ impl ScenarioEnv for LabEnv {
     fn observe_start(&mut self, tb: &Testbed, phase: &Phase) -> Result<()> {
         if self.observer.is_none() {
             let p = self.out.join("observe.stderr");
-            let obs = Observer::start(&self.exe, tb, self.sample_every, p)?;
+            let obs = Observer::start(tb, self.sample_every, p)?;
             self.obs_start_line = obs.shared.lock().unwrap().start_line.clone();
+            self.obs_args = Some(obs.args.clone());
             self.observer = Some(obs);
         }
         let since = self.data.last().map_or(0.0, |d| d.end_unix);
@@ -893,12 +642,8 @@ impl ScenarioEnv for LabEnv {
             .ok_or_else(|| anyhow!("the observer is not running"))?;
         if last {
             obs.stop();
-        } else if let Some(st) = obs.child.try_wait()? {
-            let msg = std::fs::read_to_string(&obs.stderr_path).unwrap_or_default();
-            bail!(
-                "rttscope observe exited ({st}) during the run: {}",
-                msg.trim()
-            );
+        } else {
+            obs.check_running()?;
         }
         // The drops while the phase ran: the first reading after its end (the end record's
         // when the observer was stopped).
@@ -911,7 +656,7 @@ impl ScenarioEnv for LabEnv {
             let s = obs.shared.lock().unwrap();
             self.current.take_observed(&s, end);
             self.obs_counters = s.counters.clone();
-            self.obs_bad = (s.bad_lines, s.other_port);
+            self.obs_bad = (s.bad_records, s.other_port);
         }
         let d = &self.current;
         let v = json!({
@@ -1513,7 +1258,7 @@ fn report_settings(env: &LabEnv, plan: &Plan, records: &[PhaseRecord], name: &st
         "responder": {"command": "rttscope serve", "port": PORT},
         "active": "rttscope probe tcp-rr --nodelay (and probe icmp where the workload pings); request/response sizes and interval per phase",
         "passive": {
-            "observer": env.observer.as_ref().map(|o| o.args.clone()),
+            "observer": env.obs_args,
             "start": env.obs_start_line,
             "hooks": {"tcp": "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends", "sampler": format!("tc ingress+egress on {HOST_IF} of the client and of the server namespace")},
             "sample_every": env.sample_every,
@@ -1749,21 +1494,34 @@ mod tests {
         assert!(c > 100.0 && c <= 1000.0, "{c}");
     }
 
-    /// The observer's lines as `observe --raw --format json` prints them.
+    /// The session's raw samples as the observer reads them (t: seconds since its start, at
+    /// Unix time 1000 and CLOCK_MONOTONIC 5 s).
     fn observed(lines: &[(&str, &str, &str, f64, f64)]) -> ObsShared {
         let mut s = ObsShared {
             start_ts: Some(1000.0),
+            start_mono: 5_000_000_000,
             ..Default::default()
         };
         for (view, local, remote, t, rtt) in lines {
-            let l = format!(
-                r#"{{"type":"sample","view":"{view}","local":"{local}","remote":"{remote}","t":{t},"t_us":{},"rtt_us":{rtt},"netns":1}}"#,
-                t * 1e6
-            );
-            let Ok(Record::Sample(smp)) = Record::parse(&l) else {
-                panic!("{l}")
+            let smp = crate::session::RawSample {
+                view: match *view {
+                    "tcp" => crate::views::ViewKind::Tcp,
+                    _ => crate::views::ViewKind::Sampler,
+                },
+                event: crate::session::RawEvent::Rtt,
+                flow: crate::views::flow::Flow {
+                    netns: 1,
+                    local: local.parse().unwrap(),
+                    remote: remote.parse().unwrap(),
+                },
+                proto: None,
+                side: crate::views::flow::Side::Unknown,
+                ts_ns: 5_000_000_000 + (t * 1e9).round() as u64,
+                rtt_us: *rtt as u32,
+                srtt_us: None,
+                matching: None,
             };
-            observed_sample(&mut s, &smp);
+            super::super::observer::observed_sample(&mut s, &smp);
         }
         s
     }
@@ -1774,7 +1532,7 @@ mod tests {
     fn a_phase_takes_its_own_connection_inside_its_window() {
         let cli = "10.79.1.2:40000";
         let srv = "10.79.2.2:7878";
-        let s = observed(&[
+        let mut s = observed(&[
             ("tcp", cli, srv, 0.5, 40.0),       // handshake: before the window
             ("tcp", cli, srv, 1.0, 50.0),       // client, first transaction
             ("tcp", srv, cli, 1.2, 9000.0),     // server
@@ -1786,6 +1544,14 @@ mod tests {
             ("tcp", srv, "10.79.1.2:39999", 1.1, 30.0),
             ("tcp", "10.79.1.2:41000", srv, 9.0, 30.0), // another phase's connection, later
             ("sampler", "10.79.1.2:0", "10.79.2.2:0", 1.1, 30.0), // a ping: not the lab's port
+            // IPv4-mapped IPv6 addresses name the same sockets: the server's, in the window
+            (
+                "tcp",
+                "[::ffff:10.79.2.2]:7878",
+                "[::ffff:10.79.1.2]:40000",
+                1.5,
+                9000.0,
+            ),
         ]);
         assert_eq!(s.other_port, 1);
         let mut d = PhaseData {
@@ -1801,7 +1567,7 @@ mod tests {
         let n = |v: &Series| v.len();
         assert_eq!(
             (n(&d.tcp_cli), n(&d.tcp_srv), n(&d.smp_cli), n(&d.smp_srv)),
-            (2, 1, 1, 1)
+            (2, 2, 1, 1)
         );
         assert_eq!(d.flows, 1);
         assert_eq!(
@@ -1811,26 +1577,28 @@ mod tests {
                 other_connections: 2
             }
         );
+        // The kernel's time since the observer's start, on the Unix clock of its start.
         assert_eq!(d.tcp_cli[0], (1001.0, 50.0));
-        // IPv6 and IPv4-mapped addresses name the same sockets.
-        assert_eq!(
-            addr_of("[::ffff:10.79.1.2]:40000"),
-            Some("10.79.1.2:40000".parse().unwrap())
-        );
-        assert_eq!(
-            addr_of("[fd79:2::2]:7878"),
-            Some("[fd79:2::2]:7878".parse().unwrap())
-        );
-        assert_eq!(addr_of("nonsense"), None);
-    }
-
-    /// The observer's drops are read from its interval and end records, both views' names.
-    #[test]
-    fn ring_drops_of_both_views() {
-        let l = r#"{"type":"interval","t":1.0,"ts":1000.0,"interval_s":0.5,"flows":[],"totals":{},"counters":{"tcp":{"raw_events_dropped":5,"samples":9},"sampler":{"raw_drops":2,"raw_events_dropped":1}}}"#;
-        let sh = Mutex::new(ObsShared::default());
-        read_observer(std::io::Cursor::new(l), &sh);
-        assert_eq!(sh.lock().unwrap().drops, vec![(1000.0, 8)]);
+        assert_eq!(d.tcp_srv[1], (1001.5, 9000.0));
+        // A flow's end is not a sample, and not counted.
+        let kept = s.samples.len();
+        let fin = crate::session::RawSample {
+            event: crate::session::RawEvent::FlowEnd,
+            rtt_us: 0,
+            ts_ns: 6_000_000_000,
+            flow: crate::views::flow::Flow {
+                netns: 1,
+                local: cli.parse().unwrap(),
+                remote: srv.parse().unwrap(),
+            },
+            view: crate::views::ViewKind::Tcp,
+            proto: None,
+            side: crate::views::flow::Side::Client,
+            srtt_us: None,
+            matching: None,
+        };
+        super::super::observer::observed_sample(&mut s, &fin);
+        assert_eq!((s.samples.len(), s.other_port), (kept, 1));
     }
 
     /// The lab runs the probes in-process with `rttscope probe`'s own parser and configuration.

@@ -101,6 +101,12 @@ impl Session {
             .map(|s| s.bad_records)
     }
 
+    /// Every view's raw records that were too short or that it could not
+    /// decode, together (0 when raw samples are not read).
+    pub fn raw_records_bad_total(&self) -> u64 {
+        self.raw.0.iter().map(|s| s.bad_records).sum()
+    }
+
     /// A raw sample's side: the view's label, else (a sampler TCP flow whose
     /// handshake was not seen) the TCP view's, else the socket table's.
     fn raw_side(&mut self, s: &RawSample) -> Side {

@@ -99,8 +99,9 @@ fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::da
     }))
 }
 
-/// What the session attaches, from the options.
-fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfig> {
+/// What the session attaches, from the options (the lab attaches its observer's session with
+/// it too).
+pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfig> {
     let netns_filter: Vec<NetNs> = args
         .netns
         .iter()
@@ -139,6 +140,16 @@ fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfi
         keep_summary: !args.daemon_without_summary(),
         raw_samples: args.raw,
     })
+}
+
+/// The start record of a session attached with `args` (the lab's observer records it as
+/// observe prints it); `start_mono`: t = 0 of the raw samples, whose Unix time is its `ts`.
+pub(crate) fn start_record(
+    args: &ObserveArgs,
+    session: &Session,
+    start_mono: u64,
+) -> Result<crate::analysis::records::Start> {
+    output::start_record(args, session, &args.views(), start_mono)
 }
 
 /// With --raw: the session's raw samples as read, and their output lines
