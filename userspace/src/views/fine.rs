@@ -247,17 +247,14 @@ impl FinePool {
         let n = taken.min(self.entries as u64) as usize;
         let size = std::mem::size_of::<FineHist>();
         let base = half as usize * self.entries as usize;
-        if n > 0 {
-            // only the taken entries of the finished half, mapped for this read
-            let mut mem = Mapping::new(obj.map_fd(POOL)?, base * size, n * size)
-                .context("mapping the fine-histogram pool's finished half")?;
-            for i in base..base + n {
-                let bytes = mem.slice_mut(i * size, size);
-                let h: FineHist = crate::bpf::decode(bytes)?;
-                bytes.fill(0);
+        // only the taken entries of the finished half, mapped for this read
+        crate::sys::mmap::for_each_element(obj.map_fd(POOL)?, base, n, size, |_, bytes| {
+            if let Ok(h) = crate::bpf::decode::<FineHist>(bytes) {
                 self.add_entry(&h);
             }
-        }
+            bytes.fill(0);
+        })
+        .context("mapping the fine-histogram pool's finished half")?;
         if self.free_stacks {
             refill(obj, half, self.entries, n as u32)?;
         }

@@ -698,10 +698,7 @@ pub(crate) fn read_table(
         std::mem::offset_of!(TableEntry, key) + std::mem::offset_of!(FlowKey, family);
     const GEN: usize = std::mem::offset_of!(TableEntry, gen);
     const GEN_END: usize = std::mem::offset_of!(TableEntry, gen_end);
-    let mut mem = crate::sys::mmap::Mapping::new(fd, 0, entries as usize * SIZE)
-        .context("mapping the sampler's flow table")?;
-    for idx in 0..entries {
-        let bytes = mem.slice_mut(idx as usize * SIZE, SIZE);
+    crate::sys::mmap::for_each_element(fd, 0, entries as usize, SIZE, |idx, bytes| {
         let p = bytes.as_ptr();
         // SAFETY: inside the entry (offsets of its own fields); volatile: the
         // programs write this memory concurrently.
@@ -709,7 +706,7 @@ pub(crate) fn read_table(
         // SAFETY: the same, for the 2-byte family of the key.
         let family = unsafe { std::ptr::read_volatile(p.add(FAMILY).cast::<u16>()) };
         if family == 0 {
-            continue; // most ways of a sparse table are empty
+            return; // most ways of a sparse table are empty
         }
         let gen = word(GEN);
         fence(Ordering::Acquire);
@@ -718,13 +715,13 @@ pub(crate) fn read_table(
         let e: TableEntry = unsafe { std::ptr::read_volatile(p.cast::<TableEntry>()) };
         fence(Ordering::Acquire);
         if gen & 1 != 0 || word(GEN_END) != gen || e.gen != gen || e.gen_end != gen {
-            continue;
+            return;
         }
         if e.key.family != 0 && (e.flow.agg.samples > 0 || e.evicted_samples > 0) {
-            f(idx, &e);
+            f(idx as u32, &e);
         }
-    }
-    Ok(())
+    })
+    .context("mapping the sampler's flow table")
 }
 
 /// The flows of one table read (both loaders), one per way, sorted by flow:

@@ -515,18 +515,15 @@ pub(crate) fn read_slots(
     if limit == 0 {
         return Ok(());
     }
-    let mut mem = crate::sys::mmap::Mapping::new(flows, 0, limit * SIZE)
-        .context("mapping the TCP view's flow slots")?;
-    for slot in 0..limit {
-        let p = mem.slice_mut(slot * SIZE, SIZE).as_ptr();
+    crate::sys::mmap::for_each_element(flows, 0, limit, SIZE, |slot, bytes| {
         // SAFETY: one slot of the mapping into a value of a plain C type
         // (every bit pattern valid); volatile: the programs write it concurrently.
-        let val: TcpFlow = unsafe { std::ptr::read_volatile(p.cast::<TcpFlow>()) };
+        let val: TcpFlow = unsafe { std::ptr::read_volatile(bytes.as_ptr().cast::<TcpFlow>()) };
         if let Some(s) = decode_flow(slot as u32, &val, listeners, fine, epoch) {
             f(s);
         }
-    }
-    Ok(())
+    })
+    .context("mapping the TCP view's flow slots")
 }
 
 /// Give slot `slot` (taken with generation `gen`) back: mark it free with
