@@ -693,7 +693,7 @@ pub(crate) fn read_table(
     use std::sync::atomic::{fence, Ordering};
     const SIZE: usize = std::mem::size_of::<TableEntry>();
     // an array's element is its value rounded up to 8 bytes: no gap between entries here
-    const _: () = assert!(SIZE % 8 == 0);
+    const _: () = assert!(SIZE.is_multiple_of(8));
     const FAMILY: usize =
         std::mem::offset_of!(TableEntry, key) + std::mem::offset_of!(FlowKey, family);
     const GEN: usize = std::mem::offset_of!(TableEntry, gen);

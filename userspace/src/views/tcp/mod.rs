@@ -510,7 +510,7 @@ pub(crate) fn read_slots(
 ) -> Result<()> {
     const SIZE: usize = std::mem::size_of::<TcpFlow>();
     // an array's element is its value rounded up to 8 bytes: no gap between slots here
-    const _: () = assert!(SIZE % 8 == 0);
+    const _: () = assert!(SIZE.is_multiple_of(8));
     let limit = hwm.min(max_flows as u64) as usize;
     if limit == 0 {
         return Ok(());
