@@ -107,3 +107,61 @@ pub(crate) fn for_each_element(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    /// A memory file holding `n` elements of `size` bytes, each filled with
+    /// its index mod 255, + 1 (never 0), mapped the way a BPF array is.
+    fn table(n: usize, size: usize) -> std::fs::File {
+        // SAFETY: a name and flags for memfd_create; the fd returned is new.
+        let fd = unsafe { libc::memfd_create(c"rttscope-mmap-test".as_ptr(), 0) };
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: fd was just created and is owned by nothing else.
+        let mut f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|i| vec![(i % 255) as u8 + 1; size])
+            .collect();
+        f.write_all(&bytes).unwrap();
+        f
+    }
+
+    /// Every element once, in order, with its own bytes, whatever the
+    /// element size against the page and the window (TCP slots 144 bytes,
+    /// sampler ways 256, pool entries 5,152), from any first element; and
+    /// what `f` writes reaches the map.
+    #[test]
+    fn elements_are_visited_once_through_windows() {
+        for (n, size, first) in [
+            (20_000, 144, 0),
+            (9_000, 256, 3),
+            (700, 5152, 300),
+            (1, 8, 0),
+        ] {
+            let f = table(n, size);
+            let mut seen = Vec::new();
+            for_each_element(f.as_fd(), first, n - first, size, |i, b| {
+                assert_eq!(b.len(), size);
+                assert!(b.iter().all(|&x| x == (i % 255) as u8 + 1), "element {i}");
+                seen.push(i);
+                b.fill(0);
+            })
+            .unwrap();
+            assert_eq!(seen, (first..n).collect::<Vec<_>>(), "size {size}");
+            let mut left = 0;
+            for_each_element(f.as_fd(), 0, n, size, |_, b| {
+                left += b.iter().filter(|&&x| x != 0).count()
+            })
+            .unwrap();
+            assert_eq!(
+                left,
+                first * size,
+                "size {size}: the visited elements were zeroed"
+            );
+        }
+        assert!(for_each_element(table(1, 8).as_fd(), 0, 0, 8, |_, _| panic!()).is_ok());
+    }
+}
