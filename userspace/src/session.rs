@@ -657,10 +657,20 @@ impl Session {
         }
         self.sampler_owners.end();
         let mut sc = s.counters()?;
+        self.sampler_counters(&mut sc);
+        Ok((totals, sc))
+    }
+
+    /// The sampler's counters derived here, beside the kernel's: samples of
+    /// evicted flows no read saw, interfaces gone, owner lookups, and (with raw
+    /// samples) ring-buffer records it could not decode.
+    fn sampler_counters(&self, sc: &mut BTreeMap<&'static str, u64>) {
         sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
         sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
-        self.sampler_owners.counters(&mut sc);
-        Ok((totals, sc))
+        self.sampler_owners.counters(sc);
+        if let Some(bad) = self.raw_records_bad(crate::views::ViewKind::Sampler) {
+            sc.insert("raw_records_bad", bad);
+        }
     }
 
     /// The whole run, per flow: every flow still in the views' tables and
@@ -737,9 +747,7 @@ impl Session {
         }
         if let Some(s) = &self.sampler {
             let mut sc = s.counters()?;
-            sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
-            sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
-            self.sampler_owners.counters(&mut sc);
+            self.sampler_counters(&mut sc);
             counters.insert("sampler", sc);
         }
         let (end_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
