@@ -20,7 +20,7 @@ use crate::views::flow::{Flow, Side};
 use crate::views::sampler::sides::SideResolver;
 use crate::views::sampler::{FlowKind, IfaceSpec, SamplerConfig, SamplerFlowStats, SamplerView};
 use crate::views::tcp::{self, TcpFlowState, TcpView, TcpViewConfig};
-use crate::views::LoaderKind;
+use crate::views::{LoaderKind, ViewKind};
 
 use crate::analysis::records::{self, EndFlow, EndView, Name};
 pub use crate::analysis::records::{FlowRow, Interval, ViewStats};
@@ -657,20 +657,13 @@ impl Session {
         }
         self.sampler_owners.end();
         let mut sc = s.counters()?;
-        self.sampler_counters(&mut sc);
-        Ok((totals, sc))
-    }
-
-    /// The sampler's counters derived here, beside the kernel's: samples of
-    /// evicted flows no read saw, interfaces gone, owner lookups, and (with raw
-    /// samples) ring-buffer records it could not decode.
-    fn sampler_counters(&self, sc: &mut BTreeMap<&'static str, u64>) {
         sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
         sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
-        self.sampler_owners.counters(sc);
-        if let Some(bad) = self.raw_records_bad(crate::views::ViewKind::Sampler) {
-            sc.insert("raw_records_bad", bad);
+        self.sampler_owners.counters(&mut sc);
+        if let Some(bad) = self.raw_records_bad(ViewKind::Sampler) {
+            sc.insert("raw_records_bad", bad); // raw records it could not decode
         }
+        Ok((totals, sc))
     }
 
     /// The whole run, per flow: every flow still in the views' tables and
@@ -747,7 +740,12 @@ impl Session {
         }
         if let Some(s) = &self.sampler {
             let mut sc = s.counters()?;
-            self.sampler_counters(&mut sc);
+            sc.insert("samples_evicted", self.sampler_ways.samples_evicted);
+            sc.insert("ifaces_vanished", self.watch.ifaces_vanished);
+            self.sampler_owners.counters(&mut sc);
+            if let Some(bad) = self.raw_records_bad(ViewKind::Sampler) {
+                sc.insert("raw_records_bad", bad);
+            }
             counters.insert("sampler", sc);
         }
         let (end_flows, rows): (Vec<_>, Vec<_>) = flows.into_values().unzip();
