@@ -14,11 +14,6 @@ pub(crate) struct Mapping {
     start: usize,
 }
 
-// SAFETY: the mapping is memory shared with the kernel, reached only through
-// `&mut self` methods of its single owner.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
 /// The system page size (4 KiB where sysconf fails).
 pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf has no side effects.
@@ -62,8 +57,8 @@ impl Mapping {
     pub(crate) fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
         let rel = off
             .checked_sub(self.start)
-            .expect("pool entry before the mapping");
-        assert!(rel + len <= self.len, "pool entry outside the mapping");
+            .expect("element before the mapping");
+        assert!(rel + len <= self.len, "element outside the mapping");
         // SAFETY: inside the mapping (checked), and `&mut self` keeps this the only reference
         // from userspace. The programs may write the same memory concurrently (the caller's
         // protocol decides what a read of it is worth: the fine pool's finished half is no
