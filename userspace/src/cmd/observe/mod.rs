@@ -144,6 +144,7 @@ pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<S
 
 /// The start record of a session attached with `args` (the lab's observer records it as
 /// observe prints it); `start_mono`: t = 0 of the raw samples, whose Unix time is its `ts`.
+#[cfg(feature = "lab")]
 pub(crate) fn start_record(
     args: &ObserveArgs,
     session: &Session,
