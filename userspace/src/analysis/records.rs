@@ -396,6 +396,46 @@ pub struct FlowRow {
     pub flow: Option<crate::views::flow::Flow>,
 }
 
+impl FlowRow {
+    /// A flow's row with no view's statistics yet.
+    pub fn new(f: &crate::views::flow::Flow, netns_name: String, side: Side) -> FlowRow {
+        FlowRow {
+            netns: f.netns,
+            netns_name,
+            local: f.local.to_string(),
+            remote: f.remote.to_string(),
+            side,
+            proto: None,
+            origin: None,
+            state: None,
+            closed: false,
+            tcp: None,
+            sampler: None,
+            workload: None,
+            flow: Some(*f),
+        }
+    }
+}
+
+impl EndFlow {
+    /// A flow's `end` entry with no view's statistics yet.
+    pub fn new(f: &crate::views::flow::Flow, netns_name: String, side: Side) -> EndFlow {
+        EndFlow {
+            closed: None,
+            local: f.local.to_string(),
+            netns: f.netns,
+            netns_name,
+            origin: None,
+            proto: None,
+            remote: f.remote.to_string(),
+            sampler: None,
+            side,
+            tcp: None,
+            workload: None,
+        }
+    }
+}
+
 /// One interval (`type: interval`; the whole-run table uses the same shape as `summary`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]

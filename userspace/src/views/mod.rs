@@ -24,11 +24,13 @@ pub mod fine;
 /// by addresses keep SipHash.
 pub type SlotMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub mod flow;
+pub mod names;
 pub(crate) mod loader;
 pub mod passive;
 pub mod probe;
 pub mod sampler;
 pub mod tcp;
+pub mod view;
 
 #[cfg(not(any(feature = "libbpf", feature = "aya")))]
 compile_error!("build at least one BPF loader: feature `libbpf` (default) or `aya`");

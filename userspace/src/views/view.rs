@@ -1,0 +1,215 @@
+//! The one interface the session reads every view through ([`View`]):
+//! attached by the registry (`views/mod.rs`), read once per interval into
+//! the interval's rows, totals and counters, read whole at the end, and
+//! stopped by being dropped (its links and programs go with it). A view
+//! knows its own flows; what one view learns that a later one can use (the
+//! side TCP found for a 4-tuple, the owner of its socket) it answers through
+//! [`View::side_of`] and [`View::owner_of`], asked through [`ReadCtx`].
+//!
+//! Nothing here names a view: the session holds a list of `Box<dyn View>`
+//! in registry order, and rows, sinks and records take any view by its kind.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use crate::analysis::hist::Hist;
+use crate::analysis::records::{EndFlow, FlowRow, Name};
+use crate::analysis::workload::Workload;
+use crate::sys::cgroup::CgroupIndex;
+use crate::views::flow::{Flow, Side};
+use crate::views::{PassiveView, ViewKind};
+
+pub use crate::views::names::NsNames;
+
+/// One view's samples of an interval (or of the whole run) by side: the two
+/// ends of a connection see different RTTs, a total over both would
+/// describe neither.
+pub type SideTotals = BTreeMap<Side, Hist>;
+
+/// A view's counters by name (kernel counters summed over CPUs, plus what
+/// userspace derives).
+pub type Counters = BTreeMap<&'static str, u64>;
+
+/// Where each flow's new samples go as they are read (daemon mode's
+/// exporter), besides the interval's rows.
+pub trait FlowSink {
+    /// One flow's samples since the previous read (never empty).
+    /// `owner`: the flow's workload (`--label-workload`), when known.
+    fn flow_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>);
+}
+
+/// One flow's samples since the previous read, as a view hands them to a [`FlowSink`].
+pub struct FlowDelta<'a> {
+    pub flow: &'a Flow,
+    pub side: Side,
+    pub netns_name: &'a str,
+    pub owner: Option<&'a Workload>,
+    pub delta: &'a Hist,
+}
+
+/// What a view reads into, besides its own state: shared by every view of
+/// the session, and the views read before this one (registry order) to ask.
+pub struct ReadCtx<'a, 's> {
+    /// Network namespace names (decided once per namespace for the run).
+    pub names: &'a mut NsNames,
+    /// Socket cgroups to owners (`--label-workload`), None when off.
+    pub workloads: &'a mut Option<CgroupIndex>,
+    /// Build per-flow rows (nothing prints them with --quiet, the daemon).
+    pub keep_rows: bool,
+    /// The interval's rows by flow: a view fills its own column of a row
+    /// ([`ReadCtx::row`]), the first view to see a flow makes the row.
+    pub rows: &'a mut BTreeMap<Flow, FlowRow>,
+    /// Daemon mode's exporter.
+    pub sink: Option<&'a mut (dyn FlowSink + 's)>,
+    /// The views read before this one, to ask what they know of a flow.
+    pub earlier: &'a [Box<dyn View>],
+    /// What the session's watch counted for this view (`netns_vanished`, ...).
+    pub watched: Counters,
+    /// Records of this view's raw-sample stream it could not decode (only
+    /// when raw samples were asked for).
+    pub raw_bad: Option<u64>,
+}
+
+impl ReadCtx<'_, '_> {
+    /// What the views read before this one found for a flow's side (Unknown: none did).
+    pub fn side_of(&self, flow: &Flow) -> Side {
+        self.earlier
+            .iter()
+            .find_map(|v| v.side_of(flow))
+            .unwrap_or(Side::Unknown)
+    }
+
+    /// The owner the views read before this one found for a flow (this read).
+    pub fn owner_of(&self, flow: &Flow) -> Option<Arc<Workload>> {
+        self.earlier.iter().find_map(|v| v.owner_of(flow))
+    }
+
+    /// A flow's row for this read, made with its 4-tuple, namespace name and side when this view
+    /// is the first to see it.
+    pub fn row(&mut self, flow: &Flow, side: Side) -> &mut FlowRow {
+        let names = &mut *self.names;
+        self.rows
+            .entry(*flow)
+            .or_insert_with(|| FlowRow::new(flow, names.get(flow.netns), side))
+    }
+
+    /// Hand a flow's samples since the previous read to the sink, if any (empty ones are not).
+    pub fn export(
+        &mut self,
+        view: ViewKind,
+        flow: &Flow,
+        side: Side,
+        owner: Option<&Workload>,
+        delta: &Hist,
+    ) {
+        if delta.count() == 0 {
+            return;
+        }
+        if let Some(s) = self.sink.as_deref_mut() {
+            let netns_name = self.names.get(flow.netns);
+            s.flow_delta(
+                view,
+                &FlowDelta {
+                    flow,
+                    side,
+                    netns_name: &netns_name,
+                    owner,
+                    delta,
+                },
+            );
+        }
+    }
+
+    /// This view's counters as every record carries them: its own, then what the session
+    /// counted for it, then undecodable raw records.
+    pub fn finish_counters(&self, mut c: Counters) -> Counters {
+        c.extend(self.watched.iter().map(|(k, v)| (*k, *v)));
+        if let Some(bad) = self.raw_bad {
+            c.insert("raw_records_bad", bad);
+        }
+        c
+    }
+}
+
+/// A view's part of one read: its totals by side and its counters.
+pub struct ViewRead {
+    pub totals: SideTotals,
+    pub counters: Counters,
+}
+
+/// The whole run's flows, as the `end` record's entries and the closing table's rows.
+pub type RunFlows = BTreeMap<Flow, (EndFlow, FlowRow)>;
+
+/// What the session watches for a view: namespaces and interfaces that may
+/// disappear during the run, and the counter each disappearance adds to.
+#[derive(Default)]
+pub struct Watched {
+    /// Network namespaces (`--netns`): a deleted one adds to `netns_vanished`.
+    pub netns: Vec<crate::sys::netns::NetNs>,
+    /// The cgroup the view attached to (`--cgroup`): a removed one gets
+    /// `cgroup_vanished` and `what` in the notice.
+    pub cgroup: Option<std::path::PathBuf>,
+    /// Interfaces: a deleted one adds to `ifaces_vanished`.
+    pub ifaces: Vec<WatchedIface>,
+    /// How the notices name this view's loss ("the TCP view attached to it
+    /// sees no new connections", "the sampler stops seeing it").
+    pub cgroup_loss: &'static str,
+    pub iface_loss: &'static str,
+}
+
+/// An interface a view attached to.
+pub struct WatchedIface {
+    /// As the user named its namespace (`self`: the observer's own).
+    pub netns: String,
+    /// That namespace's inode at attach.
+    pub netns_inode: u32,
+    pub iface: String,
+    pub ifindex: u32,
+}
+
+/// What the session reads from every view, whichever it is.
+pub trait View {
+    /// Which view this is.
+    fn kind(&self) -> ViewKind;
+    /// The loaded programs, counters and raw-sample stream.
+    fn passive(&self) -> &dyn PassiveView;
+    fn passive_mut(&mut self) -> &mut dyn PassiveView;
+    /// What the session should watch for this view (default: nothing).
+    fn watched(&self) -> Watched {
+        Watched::default()
+    }
+    /// Between reports (several times per interval): keep up with a busy
+    /// kernel side (drain pools, free closed flows' slots early).
+    fn between_reads(&mut self, _ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
+        Ok(())
+    }
+    /// One interval: each flow's samples since the previous read into its
+    /// row and the sink; the view's totals by side and counters.
+    fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead>;
+    /// The whole run: each flow the view holds (and held) into `flows`.
+    fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead>;
+    /// Notices for the user since the last call (one line each).
+    fn notices(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The side this view found for a flow, if any (asked by later views).
+    fn side_of(&self, _flow: &Flow) -> Option<Side> {
+        None
+    }
+    /// The owner this view found for a flow in this read (`--label-workload`).
+    fn owner_of(&self, _flow: &Flow) -> Option<Arc<Workload>> {
+        None
+    }
+    /// The view's settings and what it attached, for the `start` record
+    /// (`settings.<view>`) and the result file.
+    fn settings(&self) -> serde_json::Value;
+    /// Lines for the start of a run on a terminal (what is attached where).
+    fn describe(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// The view's statistics column name in rows and records (its kind's name).
+    fn name(&self) -> Name {
+        Name::from(self.kind().as_str())
+    }
+}
