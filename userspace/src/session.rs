@@ -4,7 +4,6 @@
 //! nothing: `cmd::observe` drives it and hands what it reads to the sinks
 //! (table, JSON Lines, Prometheus).
 use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
 
 use anyhow::Result;
 
