@@ -23,7 +23,19 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use libbpf_cargo::SkeletonBuilder;
 
-const OBJECTS: &[&str] = &["tcp", "sampler"];
+/// The objects: every `bpf/<name>.bpf.c` (a new view's C file needs no
+/// line here), sorted by name.
+fn objects(bpf_dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(bpf_dir).with_context(|| format!("reading {}", bpf_dir.display()))? {
+        let file = e?.file_name();
+        if let Some(name) = file.to_str().and_then(|f| f.strip_suffix(".bpf.c")) {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
 
 /// Objects also compiled a second time with `-DRTTSCOPE_NO_ATOMICS`, as
 /// `<name>_noatomic.bpf.o`: for kernels without BPF atomics that return a
@@ -182,11 +194,10 @@ fn main() -> Result<()> {
         "-Wall".as_ref(),
         "-Werror".as_ref(),
     ];
-    for name in OBJECTS {
+    // A C file added or removed changes the directory: the list is read again.
+    println!("cargo:rerun-if-changed={}", bpf_dir.display());
+    for name in &objects(&bpf_dir)? {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
-        if !src.exists() {
-            continue;
-        }
         println!("cargo:rerun-if-changed={}", src.display());
         let skel = out.join(format!("{name}.skel.rs"));
         SkeletonBuilder::new()
@@ -196,7 +207,7 @@ fn main() -> Result<()> {
             .clang_args(&args)
             .build_and_generate(&skel)
             .with_context(|| format!("compiling {}", src.display()))?;
-        if NOATOMIC_OBJECTS.contains(name) {
+        if NOATOMIC_OBJECTS.contains(&name.as_str()) {
             let mut na = args.clone();
             na.push("-DRTTSCOPE_NO_ATOMICS".as_ref());
             SkeletonBuilder::new()
@@ -210,8 +221,7 @@ fn main() -> Result<()> {
         let types = out.join(format!("{name}.types.rs"));
         extract_types(&skel, &types)?;
         println!("cargo:rustc-cfg=has_{name}_skel");
+        println!("cargo::rustc-check-cfg=cfg(has_{name}_skel)");
     }
-    println!("cargo::rustc-check-cfg=cfg(has_tcp_skel)");
-    println!("cargo::rustc-check-cfg=cfg(has_sampler_skel)");
     Ok(())
 }

@@ -22,7 +22,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use aya::maps::{Map as AyaMap, MapData, RingBuf};
 use aya::programs::{
-    CgroupAttachMode, FEntry, FExit, Iter, ProgramError, SchedClassifier, SockOps,
+    CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, FEntry, FExit, Iter, ProgramError,
+    SchedClassifier, SockOps,
 };
 use aya::{Btf, Ebpf, EbpfLoader};
 
@@ -170,6 +171,9 @@ fn load_prog(ebpf: &mut Ebpf, p: &Prog, btf: &Btf, def: &ObjectDef) -> Result<()
         .with_context(|| format!("{} has no program `{}`", def.what, p.name))?;
     let r = match p.kind {
         ProgKind::SockOps => <&mut SockOps>::try_from(prog).and_then(|x| x.load()),
+        ProgKind::CgroupSkbIngress | ProgKind::CgroupSkbEgress => {
+            <&mut CgroupSkb>::try_from(prog).and_then(|x| x.load())
+        }
         ProgKind::Classifier => <&mut SchedClassifier>::try_from(prog).and_then(|x| x.load()),
         ProgKind::Iter(t) => <&mut Iter>::try_from(prog).and_then(|x| x.load(t, btf)),
         ProgKind::FExit(f) => <&mut FExit>::try_from(prog).and_then(|x| x.load(f, btf)),
@@ -282,10 +286,25 @@ impl Object for AyaObject {
     }
 
     fn attach_cgroup(&mut self, prog: &str, cgroup: BorrowedFd<'_>) -> Result<()> {
-        let p: &mut SockOps = self.program(prog)?.try_into()?;
-        p.attach(cgroup, CgroupAttachMode::Single)
-            .map_err(|e| err("attaching sock_ops with aya", e))?;
-        Ok(())
+        let kind = self.def.prog(prog)?.kind;
+        let p = self.program(prog)?;
+        let skb = |p: &mut aya::programs::Program, t| {
+            <&mut CgroupSkb>::try_from(p)?
+                .attach(cgroup, t, CgroupAttachMode::Single)
+                .map(drop)
+        };
+        let (what, r) = match kind {
+            ProgKind::SockOps => (
+                "sock_ops",
+                <&mut SockOps>::try_from(p)?
+                    .attach(cgroup, CgroupAttachMode::Single)
+                    .map(drop),
+            ),
+            ProgKind::CgroupSkbIngress => ("cgroup_skb", skb(p, CgroupSkbAttachType::Ingress)),
+            ProgKind::CgroupSkbEgress => ("cgroup_skb", skb(p, CgroupSkbAttachType::Egress)),
+            other => bail!("`{prog}` ({other:?}) is not a cgroup program"),
+        };
+        r.map_err(|e| err(&format!("attaching {what} with aya"), e))
     }
 
     fn attach_trace(&mut self, prog: &str) -> Result<()> {

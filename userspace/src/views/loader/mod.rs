@@ -7,7 +7,7 @@
 //! [`load`] opens, sizes, configures and loads it with the chosen loader and
 //! hands back [`Object`]s to attach and read:
 //!
-//! - attach: cgroup (sock_ops), tracing (fentry/fexit), iterators run in a
+//! - attach: cgroup (sock_ops, cgroup_skb), tracing (fentry/fexit), iterators run in a
 //!   network namespace ([`Object::run_iter`]); tc programs are attached by
 //!   the view on their fd ([`Object::prog_fd`]: tcx links and clsact filters
 //!   take a program fd whoever loaded it);
@@ -84,6 +84,12 @@ pub(crate) fn value_bytes<T: Copy + Into<u64>>(v: &T) -> &[u8] {
 pub(crate) enum ProgKind {
     /// `SEC("sockops")`, attached to a cgroup.
     SockOps,
+    /// `SEC("cgroup_skb/ingress")`, attached to a cgroup.
+    #[cfg_attr(not(feature = "example-view"), allow(dead_code))]
+    CgroupSkbIngress,
+    /// `SEC("cgroup_skb/egress")`, attached to a cgroup.
+    #[cfg_attr(not(feature = "example-view"), allow(dead_code))]
+    CgroupSkbEgress,
     /// `SEC("iter/<target>")`, run in a namespace.
     Iter(&'static str),
     /// `SEC("fexit/<function>")`.
@@ -190,7 +196,8 @@ pub(crate) trait Object {
     fn prog_fd(&self, prog: &str) -> Result<BorrowedFd<'_>>;
     /// A map's fd, by its name in the C source (`.bss` for the `.bss` section).
     fn map_fd(&self, map: &str) -> Result<BorrowedFd<'_>>;
-    /// Attach a sock_ops program to the cgroup open at `cgroup` (a bpf_link).
+    /// Attach a cgroup program (sock_ops, cgroup_skb ingress or egress, by
+    /// its [`ProgKind`]) to the cgroup open at `cgroup` (a bpf_link).
     fn attach_cgroup(&mut self, prog: &str, cgroup: BorrowedFd<'_>) -> Result<()>;
     /// Attach a fentry/fexit program (a bpf_link).
     fn attach_trace(&mut self, prog: &str) -> Result<()>;
