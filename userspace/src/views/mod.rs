@@ -16,6 +16,8 @@ use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
 
+#[cfg(feature = "example-view")]
+pub mod count;
 pub mod fine;
 
 /// Maps keyed by kernel table positions (slot or way, and its
@@ -24,8 +26,8 @@ pub mod fine;
 /// by addresses keep SipHash.
 pub type SlotMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub mod flow;
-pub mod names;
 pub(crate) mod loader;
+pub mod names;
 pub mod passive;
 pub mod probe;
 pub mod sampler;
@@ -59,6 +61,17 @@ pub fn attach_sampler(
     Ok(Box::new(sampler::attach::Sampler::attach(
         kind, ifaces, cfg,
     )?))
+}
+
+/// Load and attach the example view (feature `example-view`) with the chosen
+/// loader. Fails with one clear sentence (also when that loader is not built
+/// into this binary).
+#[cfg(feature = "example-view")]
+pub fn attach_count(kind: LoaderKind, cfg: &count::CountConfig) -> Result<Box<dyn view::View>> {
+    if !kind.built_in() {
+        return Err(passive::not_built(kind));
+    }
+    Ok(Box::new(count::Count::attach(kind, cfg)?))
 }
 
 #[cfg(test)]

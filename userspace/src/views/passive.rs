@@ -19,6 +19,9 @@ pub enum ViewKind {
     Tcp,
     /// The cloud-style packet sampler at interface ingress/egress (tc).
     Sampler,
+    /// The example view: packets and bytes in and out of a cgroup (cgroup_skb).
+    #[cfg(feature = "example-view")]
+    Count,
 }
 
 impl ViewKind {
@@ -26,6 +29,8 @@ impl ViewKind {
         match self {
             ViewKind::Tcp => "tcp",
             ViewKind::Sampler => "sampler",
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => "count",
         }
     }
 }

@@ -112,6 +112,9 @@ pub(super) fn record_raw(samples: &[RawSample], start_mono: u64) {
         let (view, side) = match s.view {
             crate::views::ViewKind::Tcp => (ViewKind::Tcp, Some(s.side)),
             crate::views::ViewKind::Sampler => (ViewKind::Sampler, None),
+            // the example view has no raw samples (issue 24: goes with the session rewrite)
+            #[cfg(feature = "example-view")]
+            crate::views::ViewKind::Count => continue,
         };
         push(view, s.flow, side, s.ts_ns, start_mono, s.rtt_us);
     }
