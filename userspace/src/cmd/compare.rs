@@ -26,7 +26,7 @@ use crate::session::{RawEvent, RawSample, Session, SessionConfig};
 use crate::views::flow::{Flow, Side};
 use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
 use crate::views::tcp::TcpViewConfig;
-use crate::views::LoaderKind;
+use crate::views::{LoaderKind, ViewConfig};
 
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
@@ -133,8 +133,12 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let mut raw = Collected::new();
     let (rr_results, irtt_result) = run_window(&plan, &mut session, &mut raw).await?;
     drop(live);
-    let tcp_counters = session.tcp.as_ref().map(|v| v.counters()).transpose()?;
-    let sampler_counters = session.sampler.as_ref().map(|s| s.counters()).transpose()?;
+    let tcp_counters = crate::views::tcp::track::of(session.views())
+        .map(|v| v.counters())
+        .transpose()?;
+    let sampler_counters = crate::views::sampler::track::of(session.views())
+        .map(|s| s.counters())
+        .transpose()?;
     let sel = Selection::new(
         crate::sys::netns::current_inode()?,
         &rr_results,
@@ -157,7 +161,10 @@ async fn compare(args: CompareArgs) -> Result<()> {
     };
     report.result.start_unix_s =
         Some(raw.start_unix + (sel.origin_mono as f64 - raw.start_mono as f64) / 1e9);
-    report.result.title = Some(title(&args, session.sampler.is_some()));
+    report.result.title = Some(title(
+        &args,
+        crate::views::sampler::track::of(session.views()).is_some(),
+    ));
     let cloud = report.add_passive(&args, &session, &sides);
     if let Some((name, f)) = &cloud_file {
         report.add_cloud_file(name, f);
@@ -166,9 +173,7 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let footer = Footer {
         others: sides.others,
         retrans: sides.retrans,
-        hook: session
-            .tcp
-            .as_ref()
+        hook: crate::views::tcp::track::of(session.views())
             .map_or_else(String::new, |v| v.info().hook.clone()),
         loader: args.loader,
     };
@@ -242,10 +247,12 @@ fn session_config(args: &CompareArgs) -> Result<SessionConfig> {
         };
         (args.ifaces.clone(), cfg)
     });
+    let views = std::iter::once(ViewConfig::Tcp(tcp))
+        .chain(sampler.map(|(i, c)| ViewConfig::Sampler(i, c)))
+        .collect();
     Ok(SessionConfig {
         loader: args.loader,
-        tcp: Some(tcp),
-        sampler,
+        views,
         keep_rows: false,
         workloads: false,
         keep_summary: false,
@@ -429,7 +436,7 @@ impl Selection {
 fn split_sides(session: &Session, raw: &Collected, sel: &Selection) -> Result<Sides> {
     // Retransmissions of this run's connection (TCP view).
     let mut retrans = 0u64;
-    if let Some(v) = &session.tcp {
+    if let Some(v) = crate::views::tcp::track::of(session.views()) {
         v.for_each_flow(&mut |f| {
             if sel.is_client(&f.flow) || sel.is_server(&f.flow) {
                 retrans += f.retrans as u64;
@@ -497,9 +504,9 @@ fn settings_json(
         "sizes": [args.sizes.0, args.sizes.1],
         "nodelay": args.nodelay,
         "probes": plan.kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
-        "tcp_view": session.tcp.as_ref().map(|v| v.info()),
+        "tcp_view": crate::views::tcp::track::of(session.views()).map(|v| v.info()),
         "loader": args.loader,
-        "sampler": session.sampler.as_ref().map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
+        "sampler": crate::views::sampler::track::of(session.views()).map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
         "cloud_layout": args.layout.spec(),
         "tcp_counters": tcp_counters,
         "sampler_counters": sampler_counters,
@@ -593,7 +600,7 @@ impl Report {
                 tcp_set(),
             );
         }
-        let s = session.sampler.as_ref()?;
+        let s = crate::views::sampler::track::of(session.views())?;
         let set =
             json!({"sample_every": s.config().sample_every, "match": s.config().matching.as_str()});
         let label = format!(

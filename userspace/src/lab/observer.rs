@@ -303,8 +303,7 @@ async fn read_until_stopped(
                 continue;
             }
             _ = reclaim_tick.tick() => {
-                session.reclaim_if_due(None)?;
-                session.drain_pools_if_due()?;
+                session.between_reads(None)?;
                 continue;
             }
             _ = &mut stop => true,
@@ -317,8 +316,7 @@ async fn read_until_stopped(
         for n in session.check_vanished() {
             let _ = writeln!(log, "rttscope: notice: {n}");
         }
-        let raw_bad = session.raw_records_bad(ViewKind::Tcp);
-        let iv = session.read_interval(None, raw_bad)?.interval;
+        let iv = session.read_interval(None)?.interval;
         last_tick = Instant::now();
         let mut s = sh.lock().unwrap();
         s.drops.push((unix_now(), ring_drops(&iv.counters)));

@@ -19,10 +19,10 @@ pub(crate) struct RawStreams(Vec<RawSamples>);
 impl RawStreams {
     /// Each attached view's stream, when raw samples were asked for. Must be
     /// called inside a tokio runtime.
-    pub(super) fn open(asked: bool, views: Vec<Option<&mut dyn PassiveView>>) -> Result<Self> {
+    pub(super) fn open(asked: bool, views: Vec<&mut dyn PassiveView>) -> Result<Self> {
         let mut streams = Vec::new();
         if asked {
-            for v in views.into_iter().flatten() {
+            for v in views {
                 streams.push(v.raw_samples()?);
             }
         }
@@ -30,16 +30,22 @@ impl RawStreams {
     }
 }
 
+/// A view's raw records that were too short or that it could not decode
+/// (None: its raw samples are not read).
+pub(super) fn bad_records(raw: &RawStreams, view: ViewKind) -> Option<u64> {
+    raw.0
+        .iter()
+        .find(|s| s.view() == view)
+        .map(|s| s.bad_records)
+}
+
 impl SessionConfig {
     /// With raw samples asked for, every view asked for is loaded with its
     /// raw-sample ring buffer on.
     pub(super) fn with_raw_views(mut self) -> SessionConfig {
         if self.raw_samples {
-            if let Some(c) = self.tcp.as_mut() {
-                c.raw = true;
-            }
-            if let Some((_, c)) = self.sampler.as_mut() {
-                c.raw = true;
+            for v in self.views.iter_mut() {
+                v.set_raw();
             }
         }
         self
@@ -94,11 +100,7 @@ impl Session {
     /// A view's raw records that were too short or that it could not decode
     /// (None: its raw samples are not read).
     pub fn raw_records_bad(&self, view: ViewKind) -> Option<u64> {
-        self.raw
-            .0
-            .iter()
-            .find(|s| s.view() == view)
-            .map(|s| s.bad_records)
+        bad_records(&self.raw, view)
     }
 
     /// Every view's raw records that were too short or that it could not
@@ -107,15 +109,20 @@ impl Session {
         self.raw.0.iter().map(|s| s.bad_records).sum()
     }
 
-    /// A raw sample's side: the view's label, else (a sampler TCP flow whose
-    /// handshake was not seen) the TCP view's, else the socket table's.
+    /// A raw sample's side: the view's label, else (a TCP flow whose
+    /// handshake its view did not see) what the views before it found,
+    /// else its own view's last resort (the sampler: the socket table).
     fn raw_side(&mut self, s: &RawSample) -> Side {
-        if s.view != ViewKind::Sampler || s.proto.is_some() || s.side != Side::Unknown {
+        if s.proto.is_some() || s.side != Side::Unknown {
             return s.side;
         }
-        match self.tracker.side_of(&s.flow) {
-            Side::Unknown => self.sampler_sides.side(&s.flow),
-            known => known,
+        let Some(i) = self.views.iter().position(|v| v.kind() == s.view) else {
+            return s.side;
+        };
+        let (earlier, rest) = self.views.split_at_mut(i);
+        match earlier.iter().find_map(|v| v.side_of(&s.flow)) {
+            Some(known) => known,
+            None => rest[0].resolve_side(&s.flow),
         }
     }
 }

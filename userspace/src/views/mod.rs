@@ -37,6 +37,57 @@ pub mod view;
 #[cfg(not(any(feature = "libbpf", feature = "aya")))]
 compile_error!("build at least one BPF loader: feature `libbpf` (default) or `aya`");
 
+/// A view asked for, with its settings: the registry (one variant per view,
+/// in the order the session attaches and reads them).
+pub enum ViewConfig {
+    Tcp(tcp::TcpViewConfig),
+    Sampler(Vec<sampler::IfaceSpec>, sampler::SamplerConfig),
+}
+
+impl ViewConfig {
+    /// Which view this is.
+    pub fn kind(&self) -> ViewKind {
+        match self {
+            ViewConfig::Tcp(_) => ViewKind::Tcp,
+            ViewConfig::Sampler(..) => ViewKind::Sampler,
+        }
+    }
+
+    /// Load it with its raw-sample ring buffer on.
+    pub fn set_raw(&mut self) {
+        match self {
+            ViewConfig::Tcp(c) => c.raw = true,
+            ViewConfig::Sampler(_, c) => c.raw = true,
+        }
+    }
+
+    /// Load and attach it with the chosen loader, to be read by the session
+    /// (`keep_rows`: build rows; `keep_summary`: keep closed flows for the
+    /// end summary; `workloads`: `--label-workload`).
+    pub fn attach(
+        &self,
+        loader: LoaderKind,
+        keep_rows: bool,
+        keep_summary: bool,
+        workloads: bool,
+    ) -> Result<Box<dyn view::View>> {
+        Ok(match self {
+            ViewConfig::Tcp(c) => Box::new(tcp::track::TcpSession::new(
+                attach_tcp(loader, c)?,
+                c,
+                keep_rows,
+                keep_summary,
+            )),
+            ViewConfig::Sampler(ifaces, c) => {
+                crate::sys::preflight::require_bpf_caps()?;
+                c.validate()?;
+                let v = attach_sampler(loader, ifaces, c.clone())?;
+                Box::new(sampler::track::SamplerSession::new(v, workloads))
+            }
+        })
+    }
+}
+
 /// Load and attach the TCP view with the chosen loader. Fails with one
 /// clear sentence (also when that loader is not built into this binary).
 pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn tcp::TcpView>> {

@@ -15,6 +15,12 @@ pub struct NsNames {
     owners: BTreeMap<u32, String>,
 }
 
+impl Default for NsNames {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl NsNames {
     pub fn new() -> Self {
         NsNames {
@@ -51,4 +57,3 @@ impl NsNames {
             .unwrap_or_else(|| format!("net:{inode}"))
     }
 }
-

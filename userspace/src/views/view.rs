@@ -141,20 +141,20 @@ pub struct ViewRead {
 /// The whole run's flows, as the `end` record's entries and the closing table's rows.
 pub type RunFlows = BTreeMap<Flow, (EndFlow, FlowRow)>;
 
-/// What the session watches for a view: namespaces and interfaces that may
-/// disappear during the run, and the counter each disappearance adds to.
+/// What the session watches for a view: namespaces, its cgroup and
+/// interfaces that may disappear during the run (checked once per interval,
+/// one notice each), and the counters that count them in its records.
 #[derive(Default)]
 pub struct Watched {
-    /// Network namespaces (`--netns`): a deleted one adds to `netns_vanished`.
-    pub netns: Vec<crate::sys::netns::NetNs>,
-    /// The cgroup the view attached to (`--cgroup`): a removed one gets
-    /// `cgroup_vanished` and `what` in the notice.
+    /// Network namespaces (`--netns`); Some: the view counts `netns_vanished`.
+    pub netns: Option<Vec<crate::sys::netns::NetNs>>,
+    /// The cgroup the view attached to (`--cgroup`): a removed one counts
+    /// `cgroup_vanished` and its notice says `cgroup_loss`.
     pub cgroup: Option<std::path::PathBuf>,
-    /// Interfaces: a deleted one adds to `ifaces_vanished`.
-    pub ifaces: Vec<WatchedIface>,
-    /// How the notices name this view's loss ("the TCP view attached to it
-    /// sees no new connections", "the sampler stops seeing it").
     pub cgroup_loss: &'static str,
+    /// Interfaces; Some: the view counts `ifaces_vanished`, and a notice
+    /// says `iface_loss`.
+    pub ifaces: Option<Vec<WatchedIface>>,
     pub iface_loss: &'static str,
 }
 
@@ -175,6 +175,8 @@ pub trait View {
     /// The loaded programs, counters and raw-sample stream.
     fn passive(&self) -> &dyn PassiveView;
     fn passive_mut(&mut self) -> &mut dyn PassiveView;
+    /// The view itself, for the code of its own folder ([`crate::views::tcp::of`]).
+    fn as_any(&self) -> &dyn std::any::Any;
     /// What the session should watch for this view (default: nothing).
     fn watched(&self) -> Watched {
         Watched::default()
@@ -196,6 +198,11 @@ pub trait View {
     /// The side this view found for a flow, if any (asked by later views).
     fn side_of(&self, _flow: &Flow) -> Option<Side> {
         None
+    }
+    /// A last resort for the side of one of this view's flows that no view
+    /// found (the sampler: the socket table of the interface's namespace).
+    fn resolve_side(&mut self, _flow: &Flow) -> Side {
+        Side::Unknown
     }
     /// The owner this view found for a flow in this read (`--label-workload`).
     fn owner_of(&self, _flow: &Flow) -> Option<Arc<Workload>> {

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use crate::analysis::hist::Hist;
 use crate::analysis::records::CloudPoint;
-use crate::session::FlowSink;
 use crate::views::flow::{Flow, Side};
+use crate::views::view::{FlowDelta, FlowSink};
+use crate::views::ViewKind;
 
 /// Live cloud-metric aggregation of one view (`--cloud-buckets`): the kernel
 /// histograms' interval deltas go into a Cloud Monitoring distribution, each
@@ -121,28 +122,14 @@ impl CloudSink {
 }
 
 impl FlowSink for CloudSink {
-    fn tcp_flow(
-        &mut self,
-        f: &crate::views::tcp::TcpFlowState,
-        prev: Option<&crate::analysis::hist::Snapshot>,
-        netns_name: &mut dyn FnMut(u32) -> String,
-    ) {
-        let delta = f.since(prev);
-        if delta.count() > 0 {
-            let ns = netns_name(f.flow.netns);
-            self.add("tcp", &f.flow, f.side, ns, &delta);
-        }
-    }
-
-    fn sampler_delta(
-        &mut self,
-        flow: &Flow,
-        side: Side,
-        netns_name: &str,
-        _owner: Option<&crate::analysis::workload::Workload>,
-        delta: &Hist,
-    ) {
-        self.add("sampler", flow, side, netns_name.to_string(), delta);
+    fn flow_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>) {
+        self.add(
+            view.as_str(),
+            d.flow,
+            d.side,
+            d.netns_name.to_string(),
+            d.delta,
+        );
     }
 }
 
@@ -153,33 +140,12 @@ pub(super) struct Both<'a>(
 );
 
 impl FlowSink for Both<'_> {
-    fn tcp_flow(
-        &mut self,
-        f: &crate::views::tcp::TcpFlowState,
-        prev: Option<&crate::analysis::hist::Snapshot>,
-        netns_name: &mut dyn FnMut(u32) -> String,
-    ) {
+    fn flow_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>) {
         for s in [self.0.as_deref_mut(), self.1.as_deref_mut()]
             .into_iter()
             .flatten()
         {
-            s.tcp_flow(f, prev, netns_name);
-        }
-    }
-
-    fn sampler_delta(
-        &mut self,
-        flow: &Flow,
-        side: Side,
-        netns_name: &str,
-        owner: Option<&crate::analysis::workload::Workload>,
-        delta: &Hist,
-    ) {
-        for s in [self.0.as_deref_mut(), self.1.as_deref_mut()]
-            .into_iter()
-            .flatten()
-        {
-            s.sampler_delta(flow, side, netns_name, owner, delta);
+            s.flow_delta(view, d);
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::session::{FlowSink, RawSample, Session, SessionConfig};
 use crate::sinks::prometheus::daemon::Daemon;
 use crate::sys::netns::{self, NetNs};
 use crate::views::tcp::TcpViewConfig;
-use crate::views::ViewKind;
+use crate::views::{ViewConfig, ViewKind};
 use cloud::{Both, CloudAgg, CloudSink};
 use output::{flush_raw, raw_lines};
 
@@ -131,10 +131,14 @@ pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<S
     let sampler = views
         .contains(&ViewKind::Sampler)
         .then(|| (args.ifaces.clone(), args.sampler_config()));
+    let views = tcp
+        .map(ViewConfig::Tcp)
+        .into_iter()
+        .chain(sampler.map(|(i, c)| ViewConfig::Sampler(i, c)))
+        .collect();
     Ok(SessionConfig {
         loader: args.loader,
-        tcp,
-        sampler,
+        views,
         keep_rows: !args.quiet,
         workloads: args.label_workload,
         keep_summary: !args.daemon_without_summary(),
@@ -194,8 +198,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             otlp,
             config::label_policy(&args)?,
             args.bpf_stats,
-            session.tcp.as_deref(),
-            session.sampler.as_deref(),
+            session.views(),
         )?)
     } else {
         None
@@ -257,7 +260,7 @@ async fn run_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let has_views = session.tcp.is_some() || session.sampler.is_some();
+    let has_views = session.has_views();
     // --quiet: raw samples go only into the result document (--json), never to stdout.
     let raw_fmt = (!args.quiet).then_some(args.format);
     loop {
@@ -276,8 +279,7 @@ async fn run_loop(
             }
             _ = reclaim_tick.tick(), if has_views => {
                 let mut sinks = report.sinks(daemon.as_deref_mut());
-                session.reclaim_if_due(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?;
-                session.drain_pools_if_due()?;
+                session.between_reads(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?;
                 continue;
             }
             _ = until_deadline => true,
@@ -288,8 +290,7 @@ async fn run_loop(
         if stop && report.last_tick.elapsed() < args.interval / 10 {
             break; // the last interval was just reported
         }
-        let raw_bad = session.raw_records_bad(ViewKind::Tcp);
-        report.interval(session, daemon.as_deref_mut(), raw_bad)?;
+        report.interval(session, daemon.as_deref_mut())?;
         crate::sys::trim_heap();
         if stop {
             break;
@@ -354,12 +355,7 @@ impl<'a> Report<'a> {
         ))
     }
 
-    fn interval(
-        &mut self,
-        session: &mut Session,
-        mut daemon: Option<&mut Daemon>,
-        raw_bad: Option<u64>,
-    ) -> Result<()> {
+    fn interval(&mut self, session: &mut Session, mut daemon: Option<&mut Daemon>) -> Result<()> {
         // an observed namespace or interface that disappeared: said once
         // (stderr, every mode), counted, and the rest goes on.
         for n in session.check_vanished() {
@@ -367,7 +363,7 @@ impl<'a> Report<'a> {
         }
         let read = {
             let mut sinks = self.sinks(daemon.as_deref_mut());
-            session.read_interval(sinks.as_mut().map(|s| s as &mut dyn FlowSink), raw_bad)?
+            session.read_interval(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?
         };
         let mut iv = read.interval;
         // daemon mode: counters, program statistics.

@@ -83,7 +83,7 @@ pub(super) fn start_record(
     views: &[ViewKind],
     start_mono: u64,
 ) -> Result<records::Start> {
-    let sampler = match &session.sampler {
+    let sampler = match crate::views::sampler::track::of(session.views()) {
         Some(s) => Some(SamplerStart {
             attached: serde_json::to_value(s.attach_info())?,
             prog_ids: serde_json::to_value(s.prog_ids())?,
@@ -96,9 +96,7 @@ pub(super) fn start_record(
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
         sampler,
         settings: settings(args),
-        tcp: session
-            .tcp
-            .as_ref()
+        tcp: crate::views::tcp::track::of(session.views())
             .map(|v| serde_json::to_value(v.info()))
             .transpose()?,
         ts: Some(unix_at(start_mono)),
@@ -114,7 +112,7 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
         "rttscope observe | interval {}",
         fmt_duration_short(args.interval)
     );
-    if let Some(v) = &session.tcp {
+    if let Some(v) = crate::views::tcp::track::of(session.views()) {
         header += &format!(
             " | view tcp: sock_ops @ cgroup {}, rtt source: {}, netns {}",
             v.info().cgroup,
@@ -126,7 +124,7 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
             }
         );
     }
-    if let Some(s) = &session.sampler {
+    if let Some(s) = crate::views::sampler::track::of(session.views()) {
         let c = s.config();
         let ifs: Vec<String> = s
             .attach_info()
@@ -200,7 +198,7 @@ pub(super) fn print_start(
         }
         Format::Table => {
             writeln!(out, "{header}")?;
-            if let Some(v) = &session.tcp {
+            if let Some(v) = crate::views::tcp::track::of(session.views()) {
                 let i = v.info();
                 writeln!(out, "{}", seen_line(args, i))?;
                 if let Some(w) = &i.without_atomics {
@@ -214,7 +212,9 @@ pub(super) fn print_start(
                     )?;
                 }
             }
-            if let Some(w) = session.sampler.as_ref().and_then(|s| s.without_atomics()) {
+            if let Some(w) =
+                crate::views::sampler::track::of(session.views()).and_then(|s| s.without_atomics())
+            {
                 writeln!(out, "sampler view without BPF atomics: {w}")?;
             }
             writeln!(out, "waiting for samples...\n")?;
@@ -434,7 +434,7 @@ mod tests {
     /// CUMULATIVE TimeSeries that our own reader parses back, every sample counted.
     #[test]
     fn cloud_monitoring_interval_reads_back() {
-        use crate::session::FlowSink;
+        use crate::views::view::{FlowDelta, FlowSink};
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([
             "rttscope",
@@ -460,11 +460,25 @@ mod tests {
         for rtt in [150u32, 250, 3000] {
             h.record(rtt);
         }
-        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", None, &h);
+        let d = FlowDelta {
+            flow: &flow,
+            side: crate::views::flow::Side::Server,
+            netns_name: "ns-b",
+            owner: None,
+            delta: &h,
+        };
+        sink.flow_delta(ViewKind::Sampler, &d);
         // A second read of the same flow adds to the same series.
         let mut h2 = crate::analysis::hist::Hist::default();
         h2.record(1500);
-        sink.sampler_delta(&flow, crate::views::flow::Side::Server, "ns-b", None, &h2);
+        let d = FlowDelta {
+            flow: &flow,
+            side: crate::views::flow::Side::Server,
+            netns_name: "ns-b",
+            owner: None,
+            delta: &h2,
+        };
+        sink.flow_delta(ViewKind::Sampler, &d);
         let mut out = Vec::new();
         cloud_requests(&sink.export, 1_795_240_801.0, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();

@@ -52,8 +52,8 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     let mut doc = RunResult::new("observe", settings);
     doc.title = Some("rttscope observe".into());
     doc.settings["hooks"] = json!({
-        "tcp": session.tcp.as_ref().map(|v| v.info()),
-        "sampler": session.sampler.as_ref().map(|s| {
+        "tcp": crate::views::tcp::track::of(session.views()).map(|v| v.info()),
+        "sampler": crate::views::sampler::track::of(session.views()).map(|s| {
             let mut v = json!({
                 "settings": s.config(),
                 "attached": s.attach_info(),

@@ -6,10 +6,8 @@ use anyhow::Result;
 
 use super::http::{serve_on_thread, ServerThread};
 use super::{Exporter, LabelPolicy};
-use crate::analysis::hist::Hist;
-use crate::session::FlowSink;
 use crate::sys::bpf::ProgStats;
-use crate::views::flow::{Flow, Side};
+use crate::views::view::{FlowDelta, FlowSink};
 use crate::views::ViewKind;
 
 /// Daemon mode inside `observe`: the exporter, the `/metrics` server thread,
@@ -85,16 +83,19 @@ impl Daemon {
         otlp: Option<OtlpConfig>,
         policy: LabelPolicy,
         bpf_stats: bool,
-        tcp: Option<&dyn crate::views::tcp::TcpView>,
-        sampler: Option<&dyn crate::views::sampler::SamplerView>,
+        views: &[Box<dyn crate::views::view::View>],
     ) -> Result<Daemon> {
         let mut exporter = Exporter::new(policy)?;
         let otlp = match otlp {
             Some(c) => Some(Otlp::start(&mut exporter, c)?),
             None => None,
         };
-        let (progs, notes) = prog_stats(tcp, sampler, bpf_stats);
-        let lines = attach_lines(tcp, sampler, &notes);
+        let (progs, notes) = prog_stats(views, bpf_stats);
+        let lines = attach_lines(
+            crate::views::tcp::track::of(views),
+            crate::views::sampler::track::of(views),
+            &notes,
+        );
         let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let start_names = crate::sys::netns::names();
         for l in lines {
@@ -158,41 +159,10 @@ impl Daemon {
 impl FlowSink for Daemon {
     /// One TCP flow of this read: `prev` is observe's snapshot of the flow's
     /// cumulative histogram at the previous read (None: a new flow).
-    fn tcp_flow(
-        &mut self,
-        f: &crate::views::tcp::TcpFlowState,
-        prev: Option<&crate::analysis::hist::Snapshot>,
-        netns_name: &mut dyn FnMut(u32) -> String,
-    ) {
-        let delta = f.since(prev);
-        if delta.count() == 0 {
-            return;
-        }
-        let ns = netns_name(f.flow.netns);
-        let ns = self.ns_label(f.flow.netns, ns);
-        self.exporter.observe_owned_flow(
-            ViewKind::Tcp,
-            &f.flow,
-            f.side,
-            &ns,
-            f.workload.as_deref(),
-            &delta,
-            None,
-        );
-    }
-
-    /// One sampler flow's samples since the previous read.
-    fn sampler_delta(
-        &mut self,
-        flow: &Flow,
-        side: Side,
-        netns_name: &str,
-        owner: Option<&crate::analysis::workload::Workload>,
-        delta: &Hist,
-    ) {
-        let ns = self.ns_label(flow.netns, netns_name.to_string());
+    fn flow_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>) {
+        let ns = self.ns_label(d.flow.netns, d.netns_name.to_string());
         self.exporter
-            .observe_owned_flow(ViewKind::Sampler, flow, side, &ns, owner, delta, None);
+            .observe_owned_flow(view, d.flow, d.side, &ns, d.owner, d.delta, None);
     }
 }
 
@@ -210,17 +180,10 @@ impl Drop for Daemon {
 /// Our programs' statistics (kernel run-time statistics enabled when
 /// `bpf_stats`), and notes on what they cannot tell.
 fn prog_stats(
-    tcp: Option<&dyn crate::views::tcp::TcpView>,
-    sampler: Option<&dyn crate::views::sampler::SamplerView>,
+    views: &[Box<dyn crate::views::view::View>],
     bpf_stats: bool,
 ) -> (ProgStats, Vec<(&'static str, String)>) {
-    let mut ids: Vec<(String, u32)> = Vec::new();
-    if let Some(t) = tcp {
-        ids.extend(t.prog_ids().into_iter().map(|(n, i)| (n.to_string(), i)));
-    }
-    if let Some(s) = sampler {
-        ids.extend(s.prog_ids());
-    }
+    let ids: Vec<(String, u32)> = views.iter().flat_map(|v| v.passive().prog_ids()).collect();
     let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
     let mut progs = ProgStats::from_ids(&id_refs);
     let mut notes: Vec<(&str, String)> = Vec::new();

@@ -819,6 +819,7 @@ pub trait SamplerView: PassiveView {
 pub(crate) mod attach;
 pub mod sides;
 mod tc;
+pub mod track;
 
 #[cfg(test)]
 mod tests {

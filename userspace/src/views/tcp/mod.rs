@@ -594,6 +594,7 @@ pub fn state_name(s: u8) -> &'static str {
 }
 
 pub(crate) mod attach;
+pub mod track;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,355 @@
+//! The sampler as the session reads it ([`SamplerSession`], a
+//! [`crate::views::view::View`]): per table way, what of its histogram was
+//! read ([`SamplerTracker`]), each flow's samples since the previous read
+//! into its row, with the side the views read before it found (the TCP
+//! view), else the programs' own, else the socket table's; the owners of
+//! its flows (`--label-workload`).
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::sides::SideResolver;
+use super::{FlowKind, SamplerFlowStats, SamplerView};
+use crate::analysis::hist::{Hist, Snapshot};
+use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, ViewStats};
+use crate::analysis::workload::Workload;
+use crate::sys::netns;
+use crate::sys::sockdiag::FlowOwners;
+use crate::views::flow::{Flow, Side};
+use crate::views::view::{
+    Counters, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched, WatchedIface,
+};
+use crate::views::{PassiveView, ViewKind};
+
+/// The attached sampler and what the session keeps of it between reads.
+pub struct SamplerSession {
+    view: Box<dyn SamplerView>,
+    ways: SamplerTracker,
+    /// Sides of flows the kernel could not label (socket table).
+    sides: SideResolver,
+    /// The owners of its flows (`--label-workload`).
+    owners: SamplerOwners,
+}
+
+impl SamplerSession {
+    /// The attached view, read by the session; `workloads`: `--label-workload`.
+    pub fn new(view: Box<dyn SamplerView>, workloads: bool) -> SamplerSession {
+        let namespaces = sampler_namespaces(view.as_ref());
+        SamplerSession {
+            sides: SideResolver::new(namespaces.clone()),
+            owners: SamplerOwners {
+                diag: workloads.then(|| FlowOwners::open(&namespaces)),
+            },
+            ways: SamplerTracker::default(),
+            view,
+        }
+    }
+
+    /// The loaded view (its settings, interfaces and counters).
+    pub fn sampler(&self) -> &dyn SamplerView {
+        self.view.as_ref()
+    }
+
+    /// The view's counters as every record carries them.
+    fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
+        let mut sc = self.view.counters()?;
+        sc.insert("samples_evicted", self.ways.samples_evicted);
+        self.owners.counters(&mut sc);
+        Ok(ctx.finish_counters(sc))
+    }
+
+    /// The side of one of its flows: what the views read before it found
+    /// for the same flow, else what its programs saw (the handshake; ICMP:
+    /// pinger or pinged), else the socket table of the interface's
+    /// namespace (issue 15).
+    fn side(sides: &mut SideResolver, ctx: &ReadCtx<'_, '_>, f: &SamplerFlowStats) -> Side {
+        if f.kind != FlowKind::Tcp {
+            return f.side;
+        }
+        match ctx.side_of(&f.flow) {
+            Side::Unknown if f.side != Side::Unknown => f.side,
+            Side::Unknown => sides.side(&f.flow),
+            s => s,
+        }
+    }
+
+    /// Each flow's samples since the previous read (one entry per flow: a
+    /// flow in two ways, rare, has its deltas merged), with its kind and side.
+    fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, (Hist, FlowKind, Side)>> {
+        let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
+        let (ways, owners, sides) = (&mut self.ways, &mut self.owners, &mut self.sides);
+        self.view.for_each_flow(&mut |f| {
+            let (mut delta, first) = ways.way(&f);
+            if delta.count() == 0 {
+                owners.keep(&f.flow);
+                return;
+            }
+            delta.set_range(
+                f.interval_min_us
+                    .or(if first { f.hist.min_us } else { None }),
+                f.interval_max_us
+                    .or(if first { f.hist.max_us } else { None }),
+            );
+            match deltas.entry(f.flow) {
+                std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert((delta, f.kind, Self::side(sides, ctx, &f)));
+                }
+            }
+        })?;
+        Ok(deltas)
+    }
+}
+
+/// The sampler among a session's views, if attached.
+pub fn of(views: &[Box<dyn View>]) -> Option<&dyn SamplerView> {
+    views
+        .iter()
+        .find_map(|v| v.as_any().downcast_ref::<SamplerSession>())
+        .map(|t| t.sampler())
+}
+
+impl View for SamplerSession {
+    fn kind(&self) -> ViewKind {
+        ViewKind::Sampler
+    }
+
+    fn passive(&self) -> &dyn PassiveView {
+        self.view.as_ref()
+    }
+
+    fn passive_mut(&mut self) -> &mut dyn PassiveView {
+        self.view.as_mut()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn watched(&self) -> Watched {
+        let ifaces = self.view.attach_info().iter().map(|a| WatchedIface {
+            netns: a.netns.clone(),
+            netns_inode: a.netns_inode,
+            iface: a.iface.clone(),
+            ifindex: a.ifindex,
+        });
+        Watched {
+            ifaces: Some(ifaces.collect()),
+            iface_loss: "the sampler stops seeing it",
+            ..Watched::default()
+        }
+    }
+
+    /// Fold the fine-histogram pool in when busy.
+    fn between_reads(&mut self, _ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
+        self.view.drain_pool_if_busy()
+    }
+
+    /// Each flow's samples since the previous read, into its row (with the
+    /// side the TCP view found) and the sink.
+    fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead> {
+        let mut totals = SideTotals::new();
+        self.sides.begin();
+        self.owners.begin();
+        let deltas = self.deltas(ctx)?;
+        self.sides.end();
+        for (flow, (delta, kind, side)) in deltas {
+            let owner = self.owners.get(ctx, &flow, kind);
+            // daemon mode: the sampler's samples since the last read.
+            ctx.export(ViewKind::Sampler, &flow, side, owner.as_deref(), &delta);
+            totals.entry(side).or_default().merge(&delta);
+            if !ctx.keep_rows {
+                continue; // nothing prints rows
+            }
+            let row = ctx.row(&flow, side);
+            if row.tcp.is_none() && row.proto.is_none() {
+                row.proto = icmp_proto(kind).map(Name::from);
+            }
+            row.sampler = Some(ViewStats::from_hist(&delta));
+            if row.workload.is_none() {
+                row.workload = owner;
+            }
+        }
+        self.owners.end();
+        Ok(ViewRead {
+            totals,
+            counters: self.counters(ctx)?,
+        })
+    }
+
+    fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
+        let mut totals = SideTotals::new();
+        self.sides.begin();
+        self.owners.begin();
+        for f in super::merge_ways(self.view.read_flows()?) {
+            let side = Self::side(&mut self.sides, ctx, &f);
+            totals.entry(side).or_default().merge(&f.hist);
+            let owner = self.owners.get(ctx, &f.flow, f.kind);
+            let names = &mut *ctx.names;
+            let entry = flows.entry(f.flow).or_insert_with(|| {
+                let mut e = EndFlow::new(&f.flow, names.get(f.flow.netns), side);
+                let mut r = FlowRow::new(&f.flow, e.netns_name.clone(), side);
+                e.proto = icmp_proto(f.kind).map(Name::from);
+                r.proto = e.proto.clone();
+                (e.workload, r.workload) = (owner.clone(), owner);
+                (e, r)
+            });
+            let mut v = EndView::of(&f.hist);
+            v.iface = Some(f.iface.clone());
+            entry.0.sampler = Some(v);
+            entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
+        }
+        Ok(ViewRead {
+            totals,
+            counters: self.counters(ctx)?,
+        })
+    }
+
+    fn resolve_side(&mut self, flow: &Flow) -> Side {
+        self.sides.side(flow)
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "settings": self.view.config(),
+            "attached": self.view.attach_info(),
+        })
+    }
+}
+
+/// The sampler's table between reads, per way (table entry): which flow
+/// stay (`gen`) it held, what of its histogram was read, and the way's
+/// running total of evicted samples. Bounded by the table's size.
+#[derive(Default)]
+pub(super) struct SamplerTracker {
+    prev: crate::views::SlotMap<u32, WayPrev>,
+    /// Samples of evicted flows that no read saw (cumulative).
+    samples_evicted: u64,
+}
+
+struct WayPrev {
+    gen: u64,
+    evicted: u64,
+    snap: Snapshot,
+    /// Samples of this flow stay read so far (the snapshot's count).
+    read: u64,
+}
+
+impl SamplerTracker {
+    /// One way of this read: its samples since the previous read (the
+    /// whole histogram for a flow new in the way), and the way's evicted
+    /// samples that were never read added to `samples_evicted`. Returns
+    /// (delta, whether the flow stay is new to us).
+    fn way(&mut self, f: &SamplerFlowStats) -> (Hist, bool) {
+        let grown = |p: &WayPrev| f.evicted_samples.saturating_sub(p.evicted);
+        if let Some(p) = self.prev.get(&f.way) {
+            // an idle flow: nothing read since, nothing evicted from its way
+            if p.gen == f.gen && p.read == f.hist.count() && p.evicted == f.evicted_samples {
+                return (Hist::default(), false);
+            }
+        }
+        let (delta, first) = match self.prev.get(&f.way) {
+            Some(p) if p.gen == f.gen => {
+                self.samples_evicted += grown(p);
+                (p.snap.delta_hist(&f.hist), false)
+            }
+            Some(p) => {
+                // re-keyed since: the flow we read part of was evicted
+                // (with any flows that came and went in between)
+                self.samples_evicted += grown(p).saturating_sub(p.read);
+                (f.hist.clone(), true)
+            }
+            None => {
+                self.samples_evicted += f.evicted_samples;
+                (f.hist.clone(), true)
+            }
+        };
+        self.prev.insert(
+            f.way,
+            WayPrev {
+                gen: f.gen,
+                evicted: f.evicted_samples,
+                snap: Snapshot::of_hist(&f.hist),
+                read: f.hist.count(),
+            },
+        );
+        (delta, first)
+    }
+}
+
+/// `proto` of a sampler flow's row: `icmp`/`icmpv6`, None for TCP.
+fn icmp_proto(kind: FlowKind) -> Option<&'static str> {
+    (kind != FlowKind::Tcp).then(|| kind.as_str())
+}
+
+/// The namespaces of the sampler's interfaces (for the socket table).
+fn sampler_namespaces(s: &dyn SamplerView) -> Vec<netns::NetNs> {
+    let mut out: Vec<netns::NetNs> = Vec::new();
+    for a in s.attach_info() {
+        match netns::resolve(&a.netns) {
+            Ok(ns) if ns.inode == a.netns_inode && !out.iter().any(|n| n.inode == ns.inode) => {
+                out.push(ns)
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The owners of the sampler's flows (`--label-workload`): what the TCP
+/// view found for the same 4-tuple in this read, else the flow's local
+/// socket through sock_diag ([`FlowOwners`], cached per flow).
+struct SamplerOwners {
+    /// None: `--label-workload` is off or no sampler.
+    diag: Option<FlowOwners>,
+}
+
+impl SamplerOwners {
+    fn begin(&mut self) {
+        if let Some(d) = self.diag.as_mut() {
+            d.begin();
+        }
+    }
+
+    fn end(&mut self) {
+        if let Some(d) = self.diag.as_mut() {
+            d.end();
+        }
+    }
+
+    fn keep(&mut self, f: &Flow) {
+        if let Some(d) = self.diag.as_mut() {
+            d.keep(f);
+        }
+    }
+
+    /// A TCP flow's owner; its namespace is named by it as the TCP view's are.
+    fn get(
+        &mut self,
+        ctx: &mut ReadCtx<'_, '_>,
+        f: &Flow,
+        kind: FlowKind,
+    ) -> Option<Arc<Workload>> {
+        let diag = self.diag.as_mut()?;
+        if kind != FlowKind::Tcp || ctx.workloads.is_none() {
+            return None;
+        }
+        let w = match ctx.owner_of(f) {
+            Some(w) => Some(w),
+            None => ctx.workloads.as_mut()?.get(diag.cgroup(f)),
+        };
+        if let Some(n) = w.as_ref().and_then(|w| w.netns_name()) {
+            ctx.names.set_owner(f.netns, n);
+        }
+        w
+    }
+
+    /// `owner_lookups` and `owners_unknown` (only with `--label-workload`).
+    fn counters(&self, c: &mut BTreeMap<&'static str, u64>) {
+        if let Some(d) = &self.diag {
+            c.insert("owner_lookups", d.lookups);
+            c.insert("owners_unknown", d.unknown);
+        }
+    }
+}

@@ -1,0 +1,681 @@
+//! The TCP view as the session reads it ([`TcpSession`], a
+//! [`crate::views::view::View`]): each flow stay's histogram between reads
+//! ([`Tracker`]), closed flows reported once and their slots given back,
+//! the least recently active evicted when the table fills up, closed flows
+//! kept for the end summary, and what later views ask of a 4-tuple (its
+//! side, its owner).
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::{TcpFlowState, TcpView, TcpViewConfig};
+use crate::analysis::hist::{Hist, Snapshot};
+use crate::analysis::records::{EndFlow, EndView, FlowRow, ViewStats};
+use crate::analysis::workload::Workload;
+use crate::bpf::tcp::types::rttscope_tcp_counter as C;
+use crate::sys::cgroup::CgroupIndex;
+use crate::views::flow::{Flow, Side};
+use crate::views::view::{
+    Counters, NsNames, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched,
+};
+use crate::views::{PassiveView, ViewKind};
+
+/// The attached TCP view and what the session keeps of it between reads.
+pub struct TcpSession {
+    view: Box<dyn TcpView>,
+    tracker: Tracker,
+    /// This read's flows with an owner (`--label-workload`), for later views.
+    owners: HashMap<Flow, Arc<Workload>>,
+    /// `--netns` namespaces and `--cgroup` (watched by the session).
+    netns: Vec<crate::sys::netns::NetNs>,
+    cgroup: Option<std::path::PathBuf>,
+}
+
+impl TcpSession {
+    /// The attached view, read by the session. `keep_rows`: build rows (not
+    /// with --quiet); `keep_summary`: keep closed flows for the end summary
+    /// (not in daemon mode: its memory must not grow with churn).
+    pub fn new(
+        view: Box<dyn TcpView>,
+        cfg: &TcpViewConfig,
+        keep_rows: bool,
+        keep_summary: bool,
+    ) -> TcpSession {
+        TcpSession {
+            view,
+            tracker: Tracker {
+                keep_finished: keep_summary,
+                keep_rows,
+                ..Tracker::default()
+            },
+            owners: HashMap::new(),
+            netns: cfg.netns_filter.clone(),
+            cgroup: cfg.cgroup.clone(),
+        }
+    }
+
+    /// The loaded view (its hook, settings and counters).
+    pub fn tcp(&self) -> &dyn TcpView {
+        self.view.as_ref()
+    }
+
+    /// The view's counters as every record carries them.
+    fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
+        let mut tc = self.view.counters()?;
+        self.tracker.counters(&mut tc);
+        Ok(ctx.finish_counters(tc))
+    }
+
+    /// Closed flows reported once (this interval), then their slots given
+    /// back; with few slots left, the least recently active live flows
+    /// evicted (their sockets take a new slot at their next sample).
+    fn give_back(&mut self, closed: Vec<(u32, u32)>, live: Vec<(u32, u32)>) -> Result<()> {
+        let (view, tracker) = (&mut self.view, &mut self.tracker);
+        for (slot, gen) in closed {
+            view.forget(slot, gen)?;
+            tracker.forget(slot, gen);
+            tracker.closed_reported += 1;
+        }
+        for (slot, gen) in tracker.to_evict(live, view.info().max_flows) {
+            view.forget(slot, gen)?;
+            tracker.forget(slot, gen);
+            tracker.evicted += 1;
+        }
+        Ok(())
+    }
+
+    /// Between reports: when the table is filling up and a connection closed since the last
+    /// scan, read the closed flows now and free their slots (their rows wait for the report).
+    fn reclaim_if_due(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
+        let cap = self.view.info().max_flows;
+        let closed = self.view.counter(C::RTTSCOPE_TCP_CLOSED);
+        // a scan of the whole table only when a connection closed since the last one: on a host
+        // with 100,000 long-lived connections the table stays more than half taken, and reading
+        // it 8 times per interval for nothing took most of the observer's idle CPU
+        if closed != self.tracker.closed_scanned
+            && self
+                .tracker
+                .reclaim_due(self.view.counter(C::RTTSCOPE_TCP_FLOWS_CREATED), cap)
+        {
+            self.tracker.closed_scanned = closed;
+            reclaim_closed(self.view.as_mut(), &mut self.tracker, ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Every flow still in the table and every flow that closed during the
+    /// run, into `flows`, with their totals.
+    fn whole_run(
+        &self,
+        ctx: &mut ReadCtx<'_, '_>,
+        flows: &mut RunFlows,
+        totals: &mut SideTotals,
+    ) -> Result<()> {
+        let (names, workloads) = (&mut *ctx.names, &mut *ctx.workloads);
+        self.view.for_each_flow(&mut |mut f| {
+            if let Some(idx) = workloads.as_mut() {
+                own(idx, names, &mut f);
+            }
+            let h = f.hist();
+            totals.entry(f.side).or_default().merge(&h);
+            let mut e = EndFlow::new(&f.flow, names.get(f.flow.netns), f.side);
+            let mut r = FlowRow::new(&f.flow, e.netns_name.clone(), f.side);
+            tcp_whole_run(&mut e, &mut r, &h, (f.srtt_us, f.retrans));
+            e.origin = Some(f.origin.into());
+            r.origin = e.origin.clone();
+            (e.closed, r.closed) = (Some(f.closed), f.closed);
+            e.workload = f.workload.clone();
+            r.workload = f.workload.clone();
+            flows.insert(f.flow, (e, r));
+        })?;
+        for (flow, fin) in &self.tracker.finished {
+            if flows.contains_key(flow) {
+                continue; // the same 4-tuple, open again at the end
+            }
+            totals.entry(fin.side).or_default().merge(&fin.hist);
+            let mut e = EndFlow::new(flow, fin.netns_name.clone(), fin.side);
+            let mut r = FlowRow::new(flow, fin.netns_name.clone(), fin.side);
+            tcp_whole_run(&mut e, &mut r, &fin.hist, (fin.srtt_us, fin.retrans));
+            e.origin = Some(fin.origin.into());
+            r.origin = e.origin.clone();
+            (e.closed, r.closed) = (Some(true), true);
+            e.workload = fin.workload.clone();
+            r.workload = fin.workload.clone();
+            flows.insert(*flow, (e, r));
+        }
+        Ok(())
+    }
+}
+
+/// The TCP view among a session's views, if attached.
+pub fn of(views: &[Box<dyn View>]) -> Option<&dyn TcpView> {
+    views
+        .iter()
+        .find_map(|v| v.as_any().downcast_ref::<TcpSession>())
+        .map(|t| t.tcp())
+}
+
+impl View for TcpSession {
+    fn kind(&self) -> ViewKind {
+        ViewKind::Tcp
+    }
+
+    fn passive(&self) -> &dyn PassiveView {
+        self.view.as_ref()
+    }
+
+    fn passive_mut(&mut self) -> &mut dyn PassiveView {
+        self.view.as_mut()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn watched(&self) -> Watched {
+        Watched {
+            netns: Some(self.netns.clone()),
+            cgroup: self.cgroup.clone(),
+            cgroup_loss: "the TCP view attached to it sees no new connections",
+            ..Watched::default()
+        }
+    }
+
+    /// Fold the fine-histogram pool in when busy; free closed flows' slots early.
+    fn between_reads(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
+        self.view.drain_pool_if_busy()?;
+        self.reclaim_if_due(ctx)
+    }
+
+    /// Rows, totals, counters; closed flows' slots given back, the least
+    /// recently active evicted when few slots are left.
+    fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead> {
+        let (tracker, owners) = (&mut self.tracker, &mut self.owners);
+        owners.clear();
+        let view = &mut self.view;
+        let epoch = view.epoch();
+        let mut totals = SideTotals::new();
+        let (mut closed, mut live) = (Vec::new(), Vec::new());
+        let collect_live = tracker.near_full(view.info().max_flows);
+        tracker.closed_scanned = view.counter(C::RTTSCOPE_TCP_CLOSED);
+        tracker.begin();
+        // Closed flows freed early (the table was filling up) are reported
+        // with this interval too; a row of this read for the same 4-tuple (a
+        // new connection on it) replaces theirs and holds their samples too.
+        for (flow, r) in tracker.early_rows.drain(..) {
+            ctx.rows.insert(flow, r);
+        }
+        view.for_each_flow(&mut |mut f| {
+            if let Some(idx) = ctx.workloads.as_mut() {
+                own(idx, ctx.names, &mut f);
+                if let Some(w) = &f.workload {
+                    owners.insert(f.flow, w.clone());
+                }
+            }
+            if ctx.sink.is_some() {
+                // daemon mode: this flow's samples since the last read.
+                let delta = f.since(tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
+                ctx.export(
+                    ViewKind::Tcp,
+                    &f.flow,
+                    f.side,
+                    f.workload.as_deref(),
+                    &delta,
+                );
+            }
+            if f.closed {
+                closed.push((f.slot, f.gen));
+            } else if collect_live {
+                live.push((f.slot, f.gen));
+            }
+            if let Some(r) = tracker.flow_row(&f, epoch, ctx.names, &mut totals) {
+                ctx.rows.insert(f.flow, r);
+            }
+        })?;
+        tracker.end();
+        view.next_epoch();
+        for (side, h) in std::mem::take(&mut tracker.early_totals) {
+            totals.entry(side).or_default().merge(&h);
+        }
+        self.give_back(closed, live)?;
+        Ok(ViewRead {
+            totals,
+            counters: self.counters(ctx)?,
+        })
+    }
+
+    fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
+        let mut totals = SideTotals::new();
+        self.whole_run(ctx, flows, &mut totals)?;
+        let mut counters = self.counters(ctx)?;
+        counters.insert("summary_flows_dropped", self.tracker.finished_dropped);
+        Ok(ViewRead { totals, counters })
+    }
+
+    fn side_of(&self, flow: &Flow) -> Option<Side> {
+        Some(self.tracker.side_of(flow)).filter(|s| *s != Side::Unknown)
+    }
+
+    fn owner_of(&self, flow: &Flow) -> Option<Arc<Workload>> {
+        self.owners.get(flow).cloned()
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        serde_json::to_value(self.view.info()).unwrap_or_default()
+    }
+}
+
+/// The most closed flows the end summary keeps (a connection churn of hours
+/// must not grow the observer without bound).
+pub const MAX_FINISHED: usize = 65_536;
+
+/// A flow that closed during the run, as the end summary reports it.
+struct Finished {
+    hist: Hist,
+    srtt_us: u32,
+    retrans: u32,
+    side: Side,
+    origin: &'static str,
+    netns_name: String,
+    workload: Option<Arc<Workload>>,
+}
+
+/// Fill a TCP flow's owner; a network namespace with no other name is named
+/// by the pod or container that holds it.
+fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
+    f.workload = idx.get(f.cgroup);
+    if let Some(n) = f.workload.as_ref().and_then(|w| w.netns_name()) {
+        names.set_owner(f.flow.netns, n);
+    }
+}
+
+/// The TCP view's whole run of a flow, into its end-record entry and its row.
+fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, (srtt_us, retrans): (u32, u32)) {
+    let mut v = EndView::of(h);
+    (v.srtt_us, v.retrans) = (Some(srtt_us), Some(retrans));
+    e.tcp = Some(v);
+    let mut vs = ViewStats::from_hist(h);
+    (vs.srtt_us, vs.retrans) = (Some(srtt_us), Some(retrans));
+    r.tcp = Some(vs);
+}
+
+/// One flow stay (slot, gen) as the last read left it.
+struct Stay {
+    /// Its cumulative histogram then.
+    snap: Snapshot,
+    /// The read of its last sample (eviction takes the least recently active).
+    active: u64,
+    /// The last read that found it in the table.
+    seen: u64,
+    /// Its side then.
+    side: Side,
+}
+
+/// Per-flow bookkeeping between intervals: a sparse snapshot of each flow's
+/// cumulative histogram (the interval's counts are the difference).
+#[derive(Default)]
+pub(super) struct Tracker {
+    /// Flows that closed during the run, with their whole-run histogram and
+    /// last TCP state: the end summary keeps them (at most
+    /// [`MAX_FINISHED`]; past that `summary_flows_dropped` counts them).
+    finished: BTreeMap<Flow, Finished>,
+    finished_dropped: u64,
+    /// Whether `finished` is kept at all (not in daemon mode).
+    keep_finished: bool,
+    /// Whether rows are built at all (not with --quiet).
+    keep_rows: bool,
+    /// Each flow stay's histogram at the last read, and the interval of its
+    /// last sample, by (slot, gen): not by 4-tuple, which a new connection
+    /// can take again while the closed one is still in the table (under
+    /// churn the new one's samples were subtracted from the old one's).
+    prev: crate::views::SlotMap<(u32, u32), Stay>,
+    /// Each flow's side, and the stay (slot, gen) that told it, by 4-tuple (the sampler's rows
+    /// and raw samples ask). Written when a stay is new, changes side or has samples, so an idle
+    /// flow costs no lookup here; entries whose stay is gone are dropped once they are as many
+    /// as the live ones (a closed connection's 4-tuple keeps its side until then).
+    sides: HashMap<Flow, (Side, (u32, u32))>,
+    /// This interval's samples per 4-tuple so far (over the stays of that
+    /// 4-tuple read since the last report, early ones included): a row
+    /// stands for all of them.
+    row_deltas: HashMap<Flow, Hist>,
+    interval: u64,
+    vanished: u64,
+    evicted: u64,
+    closed_reported: u64,
+    tracked: u64,
+    /// Slots given back by us (closed, evicted): with the kernel's
+    /// flows_created, the table's occupancy between reads.
+    freed: u64,
+    /// The kernel's count of closed connections when the table was last read (a read between
+    /// reports frees closed flows early only when it has grown since).
+    closed_scanned: u64,
+    /// Closed flows read and freed before the interval's report (the table
+    /// was filling up): their rows wait here for the report.
+    early_rows: Vec<(Flow, FlowRow)>,
+    early_totals: SideTotals,
+}
+
+impl Tracker {
+    fn begin(&mut self) {
+        self.tracked = 0;
+        self.interval += 1;
+    }
+
+    /// Keep a closed flow's whole run for the end summary (a 4-tuple used
+    /// again later in the run adds to the same entry).
+    fn finish(&mut self, f: &TcpFlowState, names: &mut NsNames) {
+        if !self.keep_finished {
+            return;
+        }
+        if let Some(e) = self.finished.get_mut(&f.flow) {
+            e.hist.merge(&f.hist());
+            e.srtt_us = f.srtt_us;
+            e.retrans = e.retrans.saturating_add(f.retrans);
+            return;
+        }
+        if self.finished.len() >= MAX_FINISHED {
+            self.finished_dropped += 1;
+            return;
+        }
+        self.finished.insert(
+            f.flow,
+            Finished {
+                hist: f.hist(),
+                srtt_us: f.srtt_us,
+                retrans: f.retrans,
+                side: f.side,
+                origin: f.origin,
+                netns_name: names.get(f.flow.netns),
+                workload: f.workload.clone(),
+            },
+        );
+    }
+
+    /// The tracker's own counters, in every interval and end record.
+    fn counters(&self, tc: &mut BTreeMap<&'static str, u64>) {
+        tc.insert("flows_vanished", self.vanished);
+        tc.insert("flows_evicted", self.evicted);
+        tc.insert("flows_closed_reported", self.closed_reported);
+        tc.insert("flows_tracked", self.tracked);
+    }
+
+    fn forget(&mut self, slot: u32, gen: u32) {
+        self.prev.remove(&(slot, gen));
+        self.freed += 1;
+    }
+
+    /// Whether closed flows should be read and freed before the interval
+    /// ends: more than half of the `capacity` slots taken (`created`: the
+    /// kernel's flows_created). Under heavy churn a closed flow would
+    /// otherwise hold its slot until the next report, and a table could
+    /// fill with flows that are only waiting to be reported.
+    fn reclaim_due(&self, created: u64, capacity: u32) -> bool {
+        created.saturating_sub(self.freed) > capacity as u64 / 2
+    }
+
+    /// Whether this read should collect eviction candidates: the last one
+    /// found at least 3/4 of the `capacity` slots taken (below that, the
+    /// list would only cost memory).
+    fn near_full(&self, capacity: u32) -> bool {
+        self.tracked as usize >= (capacity as usize - capacity as usize / 4)
+    }
+
+    /// Live flows (slot, gen) to evict: when more than 7/8 of the
+    /// `capacity` slots are taken, the least recently active ones, down to 3/4.
+    fn to_evict(&self, mut live: Vec<(u32, u32)>, capacity: u32) -> Vec<(u32, u32)> {
+        let cap = capacity as usize;
+        if live.len() <= cap - cap / 8 {
+            return Vec::new();
+        }
+        let n = live.len() - (cap - cap / 4);
+        live.sort_by_key(|l| self.prev.get(l).map_or(0, |p| p.active));
+        live.truncate(n);
+        live
+    }
+
+    /// One flow of this interval's read: its row, if it had samples, is new, or closed.
+    fn flow_row(
+        &mut self,
+        f: &TcpFlowState,
+        epoch: u32,
+        names: &mut NsNames,
+        totals: &mut SideTotals,
+    ) -> Option<FlowRow> {
+        if f.closed {
+            self.finish(f, names);
+        }
+        let stay = (f.slot, f.gen);
+        let read = self.interval;
+        self.tracked += 1;
+        let first = !self.prev.contains_key(&stay);
+        if let Some(p) = self.prev.get_mut(&stay) {
+            p.seen = read;
+            // an idle flow (most of them on a busy host): nothing to add or keep again
+            if !f.closed && p.side == f.side && p.snap.unchanged(&f.counts, f.sum_us) {
+                return None;
+            }
+        }
+        self.sides.insert(f.flow, (f.side, stay));
+        let mut delta = f.since(self.prev.get(&stay).map(|p| &p.snap));
+        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
+            delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
+        } else if first && delta.count() > 0 {
+            delta.set_range(f.life_min_us, f.life_max_us);
+        }
+        let active = match self.prev.get(&stay) {
+            Some(p) if !first && delta.count() == 0 => p.active,
+            _ => self.interval,
+        };
+        let snap = Snapshot::of_sparse(&f.counts, f.sum_us);
+        let side = f.side;
+        self.prev.insert(
+            stay,
+            Stay {
+                snap,
+                active,
+                seen: read,
+                side,
+            },
+        );
+        if delta.count() == 0 && !first && !f.closed {
+            return None;
+        }
+        totals.entry(f.side).or_default().merge(&delta);
+        if !self.keep_rows {
+            return None; // nothing prints rows (--quiet, the daemon): none built
+        }
+        let merged = self.row_deltas.entry(f.flow).or_default();
+        merged.merge(&delta);
+        let mut vs = ViewStats::from_hist(merged);
+        vs.srtt_us = Some(f.srtt_us);
+        vs.retrans = Some(f.retrans);
+        Some(FlowRow {
+            netns: f.flow.netns,
+            netns_name: names.get(f.flow.netns),
+            local: f.flow.local.to_string(),
+            remote: f.flow.remote.to_string(),
+            side: f.side,
+            proto: None,
+            origin: Some(f.origin.into()),
+            state: Some(super::state_name(f.state).into()),
+            closed: f.closed,
+            tcp: Some(vs),
+            sampler: None,
+            workload: f.workload.clone(),
+            flow: Some(f.flow),
+        })
+    }
+
+    /// The side the TCP view found for a flow (for rows only the sampler saw).
+    pub fn side_of(&self, flow: &Flow) -> Side {
+        self.sides.get(flow).map_or(Side::Unknown, |s| s.0)
+    }
+
+    /// After a full read: flows that disappeared without a close were evicted.
+    fn end(&mut self) {
+        let before = self.prev.len();
+        let read = self.interval;
+        self.prev.retain(|_, p| p.seen == read);
+        if self.sides.len() > 2 * self.prev.len() + 1024 {
+            let prev = &self.prev;
+            self.sides.retain(|_, s| prev.contains_key(&s.1));
+        }
+        self.vanished += (before - self.prev.len()) as u64;
+        self.row_deltas.clear();
+    }
+}
+
+/// Read the TCP view's table between reports and free the slots of closed
+/// flows now, keeping their rows (and exporting their samples in daemon
+/// mode) for the interval's report.
+fn reclaim_closed(
+    view: &mut dyn TcpView,
+    tracker: &mut Tracker,
+    ctx: &mut ReadCtx<'_, '_>,
+) -> Result<()> {
+    let epoch = view.epoch();
+    let tracked = tracker.tracked;
+    let mut closed = Vec::new();
+    let mut totals = std::mem::take(&mut tracker.early_totals);
+    view.for_each_flow(&mut |f| {
+        if !f.closed {
+            return;
+        }
+        if ctx.sink.is_some() {
+            let delta = f.since(tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
+            ctx.export(
+                ViewKind::Tcp,
+                &f.flow,
+                f.side,
+                f.workload.as_deref(),
+                &delta,
+            );
+        }
+        if let Some(r) = tracker.flow_row(&f, epoch, ctx.names, &mut totals) {
+            tracker.early_rows.push((f.flow, r));
+        }
+        closed.push((f.slot, f.gen));
+    })?;
+    tracker.early_totals = totals;
+    tracker.tracked = tracked; // a partial read: the interval's count stays
+    for (slot, gen) in closed {
+        view.forget(slot, gen)?;
+        tracker.forget(slot, gen);
+        tracker.closed_reported += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_takes_the_least_recently_active_down_to_three_quarters() {
+        let mut t = Tracker::default();
+        // 14 of 16 slots taken: at the 7/8 mark, nothing to do.
+        let live: Vec<_> = (0..14).map(|i| (i, 1)).collect();
+        assert!(t.to_evict(live, 16).is_empty());
+        // 16 of 16: evict 4 (down to 12), the ones active longest ago.
+        for i in 0..16u32 {
+            let snap = Snapshot::of_sparse(&[], 0);
+            let active = (16 - i) as u64;
+            t.prev.insert(
+                (i, 7),
+                Stay {
+                    snap,
+                    active,
+                    seen: 0,
+                    side: Side::Client,
+                },
+            );
+        }
+        let live: Vec<_> = (0..16).map(|i| (i, 7)).collect();
+        let ev = t.to_evict(live, 16);
+        let slots: Vec<u32> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(slots, vec![15, 14, 13, 12]);
+        assert!(ev.iter().all(|e| e.1 == 7));
+    }
+
+    /// A connection that takes the 4-tuple of a closed one still in the table (issue 26.4):
+    /// each keeps its own snapshot (by slot and generation), and the interval's row holds the
+    /// samples of both. Before, the new one's samples were subtracted from the old one's.
+    #[test]
+    fn a_reused_four_tuple_keeps_both_connections_samples() {
+        let flow = Flow {
+            netns: 1,
+            local: "10.0.0.1:40000".parse().unwrap(),
+            remote: "10.0.0.2:80".parse().unwrap(),
+        };
+        let stay = |slot: u32, gen: u32, n: u32, closed: bool| TcpFlowState {
+            slot,
+            gen,
+            cookie: 0,
+            cgroup: 0,
+            workload: None,
+            flow,
+            side: Side::Client,
+            origin: "established",
+            state: 1,
+            closed,
+            srtt_fallback: false,
+            samples: n as u64,
+            counts: [(50u16, n)].into_iter().collect(),
+            sum_us: 0,
+            life_min_us: None,
+            life_max_us: None,
+            srtt_us: 0,
+            last_rtt_us: 0,
+            retrans: 0,
+            win_epoch: 0,
+            win_min_us: u32::MAX,
+            win_max_us: 0,
+        };
+        let mut t = Tracker {
+            keep_rows: true,
+            ..Tracker::default()
+        };
+        let mut names = NsNames::new();
+        let mut totals = SideTotals::new();
+        // read 1: the old connection (slot 5) with 2 samples
+        t.begin();
+        t.flow_row(&stay(5, 1, 2, false), 0, &mut names, &mut totals);
+        t.end();
+        // read 2: it closed after 3 samples; the new one (slot 9) has 4
+        t.begin();
+        let mut totals = SideTotals::new();
+        t.flow_row(&stay(5, 1, 3, true), 1, &mut names, &mut totals);
+        let row = t
+            .flow_row(&stay(9, 1, 4, false), 1, &mut names, &mut totals)
+            .expect("a row");
+        t.end();
+        assert_eq!(
+            totals[&Side::Client].count(),
+            1 + 4,
+            "this interval's samples"
+        );
+        assert_eq!(
+            row.tcp.as_ref().unwrap().summary.n,
+            1 + 4,
+            "one row for both"
+        );
+        // read 3: the new one again, 2 more
+        t.forget(5, 1);
+        t.begin();
+        let mut totals = SideTotals::new();
+        t.flow_row(&stay(9, 1, 6, false), 2, &mut names, &mut totals);
+        t.end();
+        assert_eq!(totals[&Side::Client].count(), 2);
+    }
+
+    #[test]
+    fn closed_flows_are_freed_early_once_half_the_table_is_taken() {
+        let mut t = Tracker::default();
+        assert!(!t.reclaim_due(8, 16), "8 of 16 taken: not yet");
+        assert!(t.reclaim_due(9, 16), "9 of 16 taken");
+        t.freed = 5; // five given back since
+        assert!(!t.reclaim_due(9, 16));
+        assert!(t.reclaim_due(14, 16));
+    }
+}
