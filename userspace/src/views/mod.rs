@@ -42,6 +42,9 @@ compile_error!("build at least one BPF loader: feature `libbpf` (default) or `ay
 pub enum ViewConfig {
     Tcp(tcp::TcpViewConfig),
     Sampler(Vec<sampler::IfaceSpec>, sampler::SamplerConfig),
+    /// The example view (feature `example-view`).
+    #[cfg(feature = "example-view")]
+    Count(count::CountConfig),
 }
 
 impl ViewConfig {
@@ -50,6 +53,8 @@ impl ViewConfig {
         match self {
             ViewConfig::Tcp(_) => ViewKind::Tcp,
             ViewConfig::Sampler(..) => ViewKind::Sampler,
+            #[cfg(feature = "example-view")]
+            ViewConfig::Count(_) => ViewKind::Count,
         }
     }
 
@@ -58,6 +63,9 @@ impl ViewConfig {
         match self {
             ViewConfig::Tcp(c) => c.raw = true,
             ViewConfig::Sampler(_, c) => c.raw = true,
+            // none to turn on: its raw_samples() says so
+            #[cfg(feature = "example-view")]
+            ViewConfig::Count(_) => {}
         }
     }
 
@@ -84,6 +92,8 @@ impl ViewConfig {
                 let v = attach_sampler(loader, ifaces, c.clone())?;
                 Box::new(sampler::track::SamplerSession::new(v, workloads))
             }
+            #[cfg(feature = "example-view")]
+            ViewConfig::Count(c) => attach_count(loader, c)?,
         })
     }
 }

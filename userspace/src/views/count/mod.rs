@@ -149,6 +149,10 @@ impl View for Count {
         self
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn watched(&self) -> Watched {
         Watched {
             cgroup: self.asked.clone(),

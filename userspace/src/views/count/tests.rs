@@ -33,7 +33,9 @@ struct Cgroup(PathBuf);
 impl Cgroup {
     fn new() -> Cgroup {
         let root = crate::sys::preflight::cgroup2_mount().expect("a cgroup v2 mount");
-        let dir = root.join(format!("rtscount{}", std::process::id()));
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = root.join(format!("rtscount{}x{n}", std::process::id()));
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
         Cgroup(dir)
     }
@@ -179,6 +181,67 @@ fn assert_unloaded(loader: LoaderKind) {
     }
 }
 
+/// The counters `traffic_in` must produce: `N` packets each way, each an IPv4
+/// header, a UDP header and the payload.
+fn expected() -> Counters {
+    let bytes = u64::from(N) * (20 + 8 + PAYLOAD as u64);
+    [
+        ("packets_in", u64::from(N)),
+        ("bytes_in", bytes),
+        ("packets_out", u64::from(N)),
+        ("bytes_out", bytes),
+    ]
+    .into()
+}
+
+/// Through the session, as observe reads any view (the registry's
+/// `ViewConfig::Count`): the interval record's JSON, the summary's counters
+/// and the Prometheus exporter's text carry the view's counters by its name.
+fn through_the_session(loader: LoaderKind) {
+    use crate::session::{Session, SessionConfig};
+    let cg = Cgroup::new();
+    let mut s = Session::attach(SessionConfig {
+        loader,
+        views: vec![crate::views::ViewConfig::Count(CountConfig {
+            cgroup: Some(cg.0.clone()),
+        })],
+        keep_rows: true,
+        workloads: false,
+        keep_summary: true,
+        raw_samples: false,
+    })
+    .unwrap_or_else(|e| panic!("{loader}: attaching a session: {e:#}"));
+    assert_eq!(s.views().len(), 1);
+    assert_eq!(traffic_in(&cg.0), N as i32, "{loader}: datagrams lost");
+    let read = s.read_interval(None).expect("reading an interval");
+    let json = serde_json::to_value(&read.interval).unwrap();
+    eprintln!("{loader}: interval record {json}");
+    let want = expected();
+    for (name, v) in &want {
+        assert_eq!(
+            json["counters"]["count"][name], *v,
+            "{loader}: {name} in {json}"
+        );
+    }
+    assert_eq!(json["flows"], serde_json::json!([]), "{loader}: {json}");
+    let end = s.summary().expect("the summary");
+    let mut watched = want.clone();
+    watched.insert("cgroup_vanished", 0); // the session watches the cgroup it was given
+    assert_eq!(end.counters["count"], watched, "{loader}: summary");
+    let mut ex = crate::sinks::prometheus::Exporter::new(Default::default()).unwrap();
+    ex.set_counters(ViewKind::Count, &end.counters["count"]);
+    let text = ex.encode();
+    for (name, v) in &want {
+        let line = format!("rttscope_view_events_total{{view=\"count\",event=\"{name}\"}} {v}");
+        assert!(
+            text.contains(&line),
+            "{loader}: no `{line}` in /metrics:\n{text}"
+        );
+    }
+    drop(s);
+    assert_unloaded(loader);
+}
+
 #[test]
 fn counts_exactly_the_packets_of_its_cgroup() {
     if !privileged() {
@@ -203,14 +266,7 @@ fn counts_exactly_the_packets_of_its_cgroup() {
         let before = read(view.as_mut());
         let received = traffic_in(&cg.0);
         let after = read(view.as_mut());
-        let bytes = u64::from(N) * (20 + 8 + PAYLOAD as u64);
-        let want: Counters = [
-            ("packets_in", u64::from(N)),
-            ("bytes_in", bytes),
-            ("packets_out", u64::from(N)),
-            ("bytes_out", bytes),
-        ]
-        .into();
+        let want = expected();
         eprintln!("{loader}: before {before:?}, after {after:?}, received {received} of {N}");
         assert_eq!(
             received, N as i32,
@@ -230,5 +286,6 @@ fn counts_exactly_the_packets_of_its_cgroup() {
         assert_eq!(view.settings()["cgroup"], cg.0.display().to_string());
         drop(view);
         assert_unloaded(loader);
+        through_the_session(loader);
     }
 }
