@@ -181,6 +181,92 @@ fn assert_unloaded(loader: LoaderKind) {
     }
 }
 
+/// The privileged tests count the programs loaded: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The programs attached to a cgroup (`bpftool cgroup show`: links and older attachments).
+fn attached_to(cg: &Path) -> String {
+    let o = std::process::Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(cg)
+        .output()
+        .expect("running bpftool cgroup show");
+    assert!(o.status.success(), "bpftool cgroup show failed");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+const HOLD: &str = "RTTSCOPE_COUNT_HOLD";
+const MARK: &str = "count-view-attached";
+
+/// Not a test: the process [`links_go_with_the_process`] starts and kills
+/// (this test binary again, run with `--ignored` and `RTTSCOPE_COUNT_HOLD=<loader>:<cgroup>`):
+/// attach, say so, wait to be killed.
+#[test]
+#[ignore = "run by links_go_with_the_process"]
+fn hold_attached() {
+    let Some(hold) = std::env::var_os(HOLD) else {
+        return;
+    };
+    let hold = hold.to_string_lossy().into_owned();
+    let (loader, cg) = hold.split_once(':').expect("loader:cgroup");
+    let loader = <LoaderKind as clap::ValueEnum>::from_str(loader, false).expect("a loader");
+    let cfg = CountConfig {
+        cgroup: Some(cg.into()),
+    };
+    let _view = crate::views::attach_count(loader, &cfg).expect("attaching");
+    println!("{MARK}");
+    std::thread::sleep(Duration::from_secs(60));
+    panic!("not killed within 60 s");
+}
+
+/// Attached by a process that is then killed (SIGKILL: no destructor runs),
+/// the programs leave the cgroup and the kernel: both loaders attach by
+/// bpf_link, which goes with the process's last fd.
+#[test]
+fn links_go_with_the_process() {
+    use std::io::BufRead;
+    if !privileged() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    for loader in LoaderKind::available() {
+        let cg = Cgroup::new();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "views::count::tests::hold_attached", "--ignored"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env(HOLD, format!("{loader}:{}", cg.0.display()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("starting the holder");
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let said: Vec<String> = out
+            .lines()
+            .map_while(Result::ok)
+            .take_while(|l| !l.contains(MARK))
+            .collect();
+        let (progs, attached) = (count_progs(), attached_to(&cg.0));
+        child.kill().expect("killing the holder");
+        let status = child.wait().unwrap();
+        eprintln!("{loader}: holder said {said:?}; loaded {progs:?}; attached:\n{attached}");
+        assert_eq!(
+            progs.len(),
+            2,
+            "{loader}: the holder did not attach: {said:?}"
+        );
+        assert!(
+            attached.contains("rtt_count_in") && attached.contains("rtt_count_out"),
+            "{loader}: {attached}"
+        );
+        assert!(!status.success(), "{loader}: the holder ended on its own");
+        assert_unloaded(loader);
+        let left = attached_to(&cg.0);
+        assert!(
+            !left.contains("rtt_count"),
+            "{loader}: still attached: {left}"
+        );
+    }
+}
+
 /// The counters `traffic_in` must produce: `N` packets each way, each an IPv4
 /// header, a UDP header and the payload.
 fn expected() -> Counters {
@@ -247,6 +333,7 @@ fn counts_exactly_the_packets_of_its_cgroup() {
     if !privileged() {
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     assert!(
         count_progs().is_empty(),
         "rtt_count programs loaded before the test"
