@@ -168,11 +168,7 @@ fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
     }
     rows.iter()
         .find(|row| {
-            let in_view = match r.view {
-                ViewKind::Tcp => row.tcp.is_some(),
-                _ => row.sampler.is_some(),
-            };
-            in_view
+            crate::views::ViewKind::from_name(r.view.as_str()).is_some_and(|k| row.views.has(k))
                 && row.netns == r.flow.netns
                 && row.local == r.flow.local.to_string()
                 && row.remote == r.flow.remote.to_string()
@@ -244,10 +240,9 @@ pub(super) fn finish(
     doc.settings["elapsed_s"] = json!(elapsed_s);
     doc.views = side_series(summary_, raw, not_kept);
     for r in &summary_.rows {
-        for (kind, st) in [(ViewKind::Tcp, &r.tcp), (ViewKind::Sampler, &r.sampler)] {
-            if let Some(st) = st {
-                doc.views.push(flow_series(r, kind, st));
-            }
+        for (kind, st) in r.views.iter() {
+            doc.views
+                .push(flow_series(r, ViewKind::from_name(kind.as_str()), st));
         }
     }
     dedup_names(&mut doc.views);
@@ -303,8 +298,14 @@ mod tests {
             origin: None,
             state: None,
             closed: false,
-            tcp: tcp.then(|| ViewStats::from_hist(&Hist::default())),
-            sampler: (!tcp).then(|| ViewStats::from_hist(&Hist::default())),
+            views: crate::analysis::columns::Columns::default().with(
+                if tcp {
+                    crate::views::ViewKind::Tcp
+                } else {
+                    crate::views::ViewKind::Sampler
+                },
+                ViewStats::from_hist(&Hist::default()),
+            ),
             workload: None,
             flow: None,
         }

@@ -163,10 +163,12 @@ impl View for SamplerSession {
                 continue; // nothing prints rows
             }
             let row = ctx.row(&flow, side);
-            if row.tcp.is_none() && row.proto.is_none() {
+            if row.views.is_empty() {
+                // a row of its own (no view before it saw the flow)
                 row.proto = icmp_proto(kind).map(Name::from);
             }
-            row.sampler = Some(ViewStats::from_hist(&delta));
+            row.views
+                .set(ViewKind::Sampler, ViewStats::from_hist(&delta));
             if row.workload.is_none() {
                 row.workload = owner;
             }
@@ -197,8 +199,11 @@ impl View for SamplerSession {
             });
             let mut v = EndView::of(&f.hist);
             v.iface = Some(f.iface.clone());
-            entry.0.sampler = Some(v);
-            entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
+            entry.0.views.set(ViewKind::Sampler, v);
+            entry
+                .1
+                .views
+                .set(ViewKind::Sampler, ViewStats::from_hist(&f.hist));
         }
         Ok(ViewRead {
             totals,

@@ -294,10 +294,10 @@ fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
 fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, (srtt_us, retrans): (u32, u32)) {
     let mut v = EndView::of(h);
     (v.srtt_us, v.retrans) = (Some(srtt_us), Some(retrans));
-    e.tcp = Some(v);
+    e.views.set(ViewKind::Tcp, v);
     let mut vs = ViewStats::from_hist(h);
     (vs.srtt_us, vs.retrans) = (Some(srtt_us), Some(retrans));
-    r.tcp = Some(vs);
+    r.views.set(ViewKind::Tcp, vs);
 }
 
 /// One flow stay (slot, gen) as the last read left it.
@@ -490,21 +490,13 @@ impl Tracker {
         let mut vs = ViewStats::from_hist(merged);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
-        Some(FlowRow {
-            netns: f.flow.netns,
-            netns_name: names.get(f.flow.netns),
-            local: f.flow.local.to_string(),
-            remote: f.flow.remote.to_string(),
-            side: f.side,
-            proto: None,
-            origin: Some(f.origin.into()),
-            state: Some(super::state_name(f.state).into()),
-            closed: f.closed,
-            tcp: Some(vs),
-            sampler: None,
-            workload: f.workload.clone(),
-            flow: Some(f.flow),
-        })
+        let mut row = FlowRow::new(&f.flow, names.get(f.flow.netns), f.side);
+        row.origin = Some(f.origin.into());
+        row.state = Some(super::state_name(f.state).into());
+        row.closed = f.closed;
+        row.views.set(ViewKind::Tcp, vs);
+        row.workload = f.workload.clone();
+        Some(row)
     }
 
     /// The side the TCP view found for a flow (for rows only the sampler saw).
@@ -656,7 +648,7 @@ mod tests {
             "this interval's samples"
         );
         assert_eq!(
-            row.tcp.as_ref().unwrap().summary.n,
+            row.views.get(ViewKind::Tcp).unwrap().summary.n,
             1 + 4,
             "one row for both"
         );
