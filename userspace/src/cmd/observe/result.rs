@@ -51,19 +51,15 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     }
     let mut doc = RunResult::new("observe", settings);
     doc.title = Some("rttscope observe".into());
-    doc.settings["hooks"] = json!({
-        "tcp": crate::views::tcp::track::of(session.views()).map(|v| v.info()),
-        "sampler": crate::views::sampler::track::of(session.views()).map(|s| {
-            let mut v = json!({
-                "settings": s.config(),
-                "attached": s.attach_info(),
-            });
-            if let Some(w) = s.without_atomics() {
-                v["without_atomics"] = json!(w);
-            }
-            v
-        }),
-    });
+    // every registered view's settings and attachments (null: not attached)
+    doc.settings["hooks"] = crate::views::ViewKind::ALL
+        .iter()
+        .map(|k| {
+            let v = session.view(*k).map(|v| v.settings());
+            (k.as_str().to_string(), v.unwrap_or_default())
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     // `--json -`: the document alone on standard output; everything observe prints (table, JSON
     // Lines, the end line) goes to stderr instead, by pointing fd 1 at stderr until the end.
     let stdout = path_is_stdout(args)
@@ -184,11 +180,7 @@ fn side_series(
 ) -> Vec<ViewSeries> {
     let mut out: BTreeMap<(&'static str, &'static str), ViewSeries> = BTreeMap::new();
     for (view, sides) in &summary_.totals {
-        let kind = if *view == "tcp" {
-            ViewKind::Tcp
-        } else {
-            ViewKind::Sampler
-        };
+        let kind = ViewKind::from_name(view);
         for (side, h) in sides.iter().filter(|(_, h)| h.count() > 0) {
             let name = format!("{view} {}", side_name(*side));
             let mut v = ViewSeries::new(name.clone(), kind);

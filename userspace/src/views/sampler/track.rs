@@ -216,10 +216,14 @@ impl View for SamplerSession {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "settings": self.view.config(),
             "attached": self.view.attach_info(),
-        })
+        });
+        if let Some(w) = self.view.without_atomics() {
+            v["without_atomics"] = serde_json::json!(w);
+        }
+        v
     }
 }
 

@@ -182,10 +182,10 @@ impl View for TcpSession {
         }
     }
 
-    /// Fold the fine-histogram pool in when busy; free closed flows' slots early.
+    /// Free closed flows' slots early; fold the fine-histogram pool in when busy.
     fn between_reads(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
-        self.view.drain_pool_if_busy()?;
-        self.reclaim_if_due(ctx)
+        self.reclaim_if_due(ctx)?;
+        self.view.drain_pool_if_busy()
     }
 
     /// Rows, totals, counters; closed flows' slots given back, the least
