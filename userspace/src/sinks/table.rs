@@ -119,14 +119,7 @@ impl Table {
     }
 }
 
-/// `1 flow`, `2 flows`: a count and its noun, plural with -s unless one.
-pub fn count(n: u64, noun: &str) -> String {
-    if n == 1 {
-        format!("{n} {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
-}
+pub use crate::analysis::units::count;
 
 /// The statistic columns of a view, units in the headers.
 const STATS: [&str; 7] = [

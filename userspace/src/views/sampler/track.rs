@@ -225,6 +225,43 @@ impl View for SamplerSession {
         }
         v
     }
+
+    fn header(&self) -> String {
+        let c = self.view.config();
+        let ifs: Vec<String> = self
+            .view
+            .attach_info()
+            .iter()
+            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
+            .collect();
+        format!(
+            "1/{} sampling, match {}, no Karn, proto {}, on {}",
+            c.sample_every,
+            c.matching.as_str(),
+            c.protos
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(","),
+            ifs.join(" ")
+        )
+    }
+
+    fn closing(&self, c: &Counters) -> String {
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        let skipped: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("skip_"))
+            .map(|(_, v)| v)
+            .sum();
+        format!(
+            "{}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+            crate::analysis::units::count(get("samples"), "sample"),
+            crate::analysis::units::count(skipped, "packet"),
+            get("expired"),
+            get("flow_map_full") + get("pending_map_full")
+        )
+    }
 }
 
 /// The sampler's table between reads, per way (table entry): which flow

@@ -264,6 +264,31 @@ impl View for TcpSession {
     fn settings(&self) -> serde_json::Value {
         serde_json::to_value(self.view.info()).unwrap_or_default()
     }
+
+    fn header(&self) -> String {
+        let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
+        format!(
+            "sock_ops @ cgroup {}, rtt source: {}, netns {}",
+            self.view.info().cgroup,
+            self.view.info().rtt_source_short(),
+            if netns.is_empty() {
+                "all".to_string()
+            } else {
+                netns.join(",")
+            }
+        )
+    }
+
+    fn closing(&self, c: &Counters) -> String {
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        format!(
+            "{}, {} created, {} flow-map-full, {} raw dropped",
+            crate::analysis::units::count(get("samples"), "sample"),
+            crate::analysis::units::count(get("flows_created"), "flow"),
+            get("flow_map_full"),
+            get("raw_events_dropped")
+        )
+    }
 }
 
 /// The most closed flows the end summary keeps (a connection churn of hours
