@@ -269,7 +269,7 @@ impl View for SamplerSession {
 /// running total of evicted samples. Bounded by the table's size.
 #[derive(Default)]
 pub(super) struct SamplerTracker {
-    prev: crate::views::SlotMap<u32, WayPrev>,
+    prev: crate::views::fine::SlotMap<u32, WayPrev>,
     /// Samples of evicted flows that no read saw (cumulative).
     samples_evicted: u64,
 }

@@ -354,7 +354,7 @@ pub(super) struct Tracker {
     /// last sample, by (slot, gen): not by 4-tuple, which a new connection
     /// can take again while the closed one is still in the table (under
     /// churn the new one's samples were subtracted from the old one's).
-    prev: crate::views::SlotMap<(u32, u32), Stay>,
+    prev: crate::views::fine::SlotMap<(u32, u32), Stay>,
     /// Each flow's side, and the stay (slot, gen) that told it, by 4-tuple (the sampler's rows
     /// and raw samples ask). Written when a stay is new, changes side or has samples, so an idle
     /// flow costs no lookup here; entries whose stay is gone are dropped once they are as many
