@@ -42,6 +42,17 @@ pub struct SessionConfig {
 }
 
 impl SessionConfig {
+    /// With raw samples asked for, every view asked for is loaded with its
+    /// raw-sample ring buffer on.
+    fn with_raw_views(mut self) -> SessionConfig {
+        if self.raw_samples {
+            for v in self.views.iter_mut() {
+                v.set_raw();
+            }
+        }
+        self
+    }
+
     /// Whether a view is asked for.
     pub fn has(&self, kind: ViewKind) -> bool {
         self.views.iter().any(|v| v.kind() == kind)
@@ -180,7 +191,7 @@ impl Session {
                 sink: sink.as_deref_mut(),
                 earlier,
                 watched: self.watch.counters(i),
-                raw_bad: raw::bad_records(&self.raw, kind),
+                raw_bad: self.raw.bad_records(kind),
             };
             f(rest[0].as_mut(), &mut ctx)?;
         }
@@ -225,6 +236,41 @@ impl Session {
             },
             totals_hist,
         })
+    }
+
+    /// Every raw sample available now, of every view (in attach order),
+    /// without waiting; returns how many records were read (bad ones
+    /// included). Nothing when raw samples were not asked for.
+    pub fn drain_raw(&mut self, out: &mut Vec<RawSample>) -> Result<usize> {
+        let from = out.len();
+        let n = self.raw.drain_now(out)?;
+        raw::resolve_sides(&mut self.views, &mut out[from..]);
+        Ok(n)
+    }
+
+    /// Wait until some view's raw samples arrive, then take every one
+    /// available ([`Session::drain_raw`]). Never returns when raw samples were
+    /// not asked for. Cancel-safe: nothing is read before the wait ends.
+    pub async fn next_raw(&mut self, out: &mut Vec<RawSample>) -> Result<usize> {
+        loop {
+            self.raw.readable().await?;
+            let n = self.drain_raw(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// A view's raw records that were too short or that it could not decode
+    /// (None: its raw samples are not read).
+    pub fn raw_records_bad(&self, view: ViewKind) -> Option<u64> {
+        self.raw.bad_records(view)
+    }
+
+    /// Every view's raw records that were too short or that it could not
+    /// decode, together (0 when raw samples are not read).
+    pub fn raw_records_bad_total(&self) -> u64 {
+        self.raw.bad_total()
     }
 
     /// The whole run, per flow: every flow still in the views' tables and

@@ -1,6 +1,7 @@
 //! Pure code, no privileges: histograms, statistics, cloud bucket layouts,
 //! the result format and units.
 pub mod cloud_monitoring;
+pub mod columns;
 pub mod dist;
 pub mod hist;
 pub mod input;

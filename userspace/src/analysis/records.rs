@@ -17,6 +17,7 @@ use std::sync::Arc;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize, Serializer};
 
+use crate::analysis::columns::Columns;
 use crate::analysis::hist::{Hist, HistSummary};
 use crate::analysis::workload::Workload;
 use crate::views::flow::Side;
@@ -268,7 +269,8 @@ pub struct End {
 }
 
 /// One flow's whole run in the end record.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+// (written with its keys sorted, each view's column among them: its Serialize)
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct EndFlow {
     /// TCP flows: whether it closed during the run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -283,18 +285,52 @@ pub struct EndFlow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto: Option<Name>,
     pub remote: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sampler: Option<EndView>,
     #[schemars(with = "String")]
     pub side: Side,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<EndView>,
-    #[serde(
-        skip_serializing_if = "Option::is_none",
-        serialize_with = "sorted_workload",
-        skip_deserializing
-    )]
+    /// Each view's whole run of the flow (`tcp`, `sampler`, ...).
+    #[serde(flatten)]
+    pub views: Columns<EndView>,
+    #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub workload: Option<Arc<Workload>>,
+}
+
+impl Serialize for EndFlow {
+    /// Keys sorted (the views' among the others), as the record has always been written.
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            closed: Option<bool>,
+            local: &'a str,
+            netns: u32,
+            netns_name: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            origin: &'a Option<Name>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            proto: &'a Option<Name>,
+            remote: &'a str,
+            side: Side,
+            #[serde(flatten)]
+            views: &'a Columns<EndView>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            workload: Option<&'a Workload>,
+        }
+        sorted(
+            &Out {
+                closed: self.closed,
+                local: &self.local,
+                netns: self.netns,
+                netns_name: &self.netns_name,
+                origin: &self.origin,
+                proto: &self.proto,
+                remote: &self.remote,
+                side: self.side,
+                views: &self.views,
+                workload: self.workload.as_deref(),
+            },
+            s,
+        )
+    }
 }
 
 /// One view's whole run of a flow: summary and histogram.
@@ -379,10 +415,9 @@ pub struct FlowRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<Name>,
     pub closed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tcp: Option<ViewStats>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sampler: Option<ViewStats>,
+    /// Each view's statistics (`tcp`, `sampler`, ...), in registry order.
+    #[serde(flatten)]
+    pub views: Columns<ViewStats>,
     /// `--label-workload`: who owns the local socket (its cgroup as a unit, container, pod).
     /// Not read back (no reader uses it).
     #[serde(
@@ -409,8 +444,7 @@ impl FlowRow {
             origin: None,
             state: None,
             closed: false,
-            tcp: None,
-            sampler: None,
+            views: Columns::default(),
             workload: None,
             flow: Some(*f),
         }
@@ -428,9 +462,8 @@ impl EndFlow {
             origin: None,
             proto: None,
             remote: f.remote.to_string(),
-            sampler: None,
             side,
-            tcp: None,
+            views: Columns::default(),
             workload: None,
         }
     }
@@ -483,10 +516,6 @@ fn sorted<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     serde_json::to_value(v)
         .map_err(serde::ser::Error::custom)?
         .serialize(s)
-}
-
-fn sorted_workload<S: Serializer>(w: &Option<Arc<Workload>>, s: S) -> Result<S::Ok, S::Error> {
-    sorted(&w.as_deref(), s)
 }
 
 fn as_deref<S: Serializer>(w: &Option<Arc<Workload>>, s: S) -> Result<S::Ok, S::Error> {
@@ -596,9 +625,9 @@ mod tests {
             origin: Some("established".into()),
             proto: None,
             remote: "b".into(),
-            sampler: None,
             side: Side::Client,
-            tcp: Some(EndView::of(&Hist::default())),
+            views: Columns::default()
+                .with(crate::views::ViewKind::Tcp, EndView::of(&Hist::default())),
             workload: Some(w.clone()),
         };
         let end = serde_json::to_string(&flow).unwrap();

@@ -213,6 +213,20 @@ pub enum ViewKind {
 }
 
 impl ViewKind {
+    /// The kind of a name as files write it (Other: none of these).
+    pub fn from_name(name: &str) -> ViewKind {
+        [
+            ViewKind::Tcp,
+            ViewKind::Sampler,
+            ViewKind::Probe,
+            ViewKind::Ping,
+            ViewKind::Irtt,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+        .unwrap_or(ViewKind::Other)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ViewKind::Tcp => "tcp",

@@ -5,6 +5,7 @@ use std::io::Write;
 use crate::analysis::records::{Interval, ViewStats};
 use crate::analysis::results::csv_field;
 use crate::analysis::units::fmt_ms;
+use crate::views::ViewKind;
 
 /// How a column lines its cells up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,14 +119,7 @@ impl Table {
     }
 }
 
-/// `1 flow`, `2 flows`: a count and its noun, plural with -s unless one.
-pub fn count(n: u64, noun: &str) -> String {
-    if n == 1 {
-        format!("{n} {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
-}
+pub use crate::analysis::units::count;
 
 /// The statistic columns of a view, units in the headers.
 const STATS: [&str; 7] = [
@@ -168,11 +162,7 @@ pub fn print_table(
             side,
         ];
         for v in views {
-            let s = match *v {
-                "tcp" => r.tcp.as_ref(),
-                "sampler" => r.sampler.as_ref(),
-                _ => None,
-            };
+            let s = ViewKind::from_name(v).and_then(|k| r.views.get(k));
             cells.extend(cols(s, *v == "tcp"));
         }
         t.row(cells);
@@ -241,6 +231,7 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::columns::Columns;
     use crate::analysis::hist::Hist;
     use crate::analysis::records::FlowRow;
     use crate::views::flow::Side;
@@ -292,8 +283,7 @@ mod tests {
             origin: Some("established".into()),
             state: Some("ESTABLISHED".into()),
             closed: false,
-            tcp: Some(vs.clone()),
-            sampler: None,
+            views: Columns::default().with(ViewKind::Tcp, vs.clone()),
             workload: None,
             flow: None,
         };
@@ -344,8 +334,9 @@ mod tests {
             origin: Some("established".into()),
             state: Some("ESTABLISHED".into()),
             closed: false,
-            tcp: Some(tcp.clone()),
-            sampler: Some(smp.clone()),
+            views: Columns::default()
+                .with(ViewKind::Tcp, tcp.clone())
+                .with(ViewKind::Sampler, smp.clone()),
             workload: None,
             flow: None,
         };
@@ -407,8 +398,7 @@ mod tests {
             origin: Some("established".into()),
             state: Some("ESTABLISHED".into()),
             closed: false,
-            tcp: Some(tcp.clone()),
-            sampler: None,
+            views: Columns::default().with(ViewKind::Tcp, tcp.clone()),
             workload: None,
             flow: None,
         };

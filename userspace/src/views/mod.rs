@@ -20,11 +20,6 @@ pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, Ring
 pub mod count;
 pub mod fine;
 
-/// Maps keyed by kernel table positions (slot or way, and its
-/// generation), which no remote peer chooses: hashed with foldhash, not
-/// std's SipHash (which took ~10% of each read at 100,000 flows). Maps keyed
-/// by addresses keep SipHash.
-pub type SlotMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub mod flow;
 pub(crate) mod loader;
 pub mod names;

@@ -25,12 +25,31 @@ pub enum ViewKind {
 }
 
 impl ViewKind {
+    /// Every view, in registry order (the order the session reads them and
+    /// records list their columns).
+    pub const ALL: &'static [ViewKind] = &[ViewKind::Tcp, ViewKind::Sampler];
+
     pub fn as_str(&self) -> &'static str {
         match self {
             ViewKind::Tcp => "tcp",
             ViewKind::Sampler => "sampler",
             #[cfg(feature = "example-view")]
             ViewKind::Count => "count",
+        }
+    }
+
+    /// The view of a name as records and labels write it (None: not a view
+    /// this build knows).
+    pub fn from_name(name: &str) -> Option<ViewKind> {
+        Self::ALL.iter().copied().find(|k| k.as_str() == name)
+    }
+
+    /// The counter that is the view's level of tracked flows
+    /// (`rttscope_flows_tracked`), if it has one.
+    pub fn flows_level(self) -> Option<&'static str> {
+        match self {
+            ViewKind::Tcp => Some("flows_tracked"),
+            ViewKind::Sampler => Some("flows_live"),
         }
     }
 }

@@ -211,10 +211,12 @@ pub trait View {
     /// The view's settings and what it attached, for the `start` record
     /// (`settings.<view>`) and the result file.
     fn settings(&self) -> serde_json::Value;
-    /// Lines for the start of a run on a terminal (what is attached where).
-    fn describe(&self) -> Vec<String> {
-        Vec::new()
-    }
+    /// Its part of the table's header line (after `| view <name>: `): how
+    /// it is hooked in and its settings.
+    fn header(&self) -> String;
+    /// Its part of the table's closing line (after `| <name>: `): its main
+    /// counters of the whole run, from `counters` (its own).
+    fn closing(&self, counters: &Counters) -> String;
     /// The view's statistics column name in rows and records (its kind's name).
     fn name(&self) -> Name {
         Name::from(self.kind().as_str())

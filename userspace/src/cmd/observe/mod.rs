@@ -229,6 +229,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     result::finish(&args, &summary, start.elapsed().as_secs_f64())?;
     output::print_end(
         &args,
+        &session,
         &header,
         &views,
         start.elapsed().as_secs_f64(),

@@ -112,36 +112,8 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
         "rttscope observe | interval {}",
         fmt_duration_short(args.interval)
     );
-    if let Some(v) = crate::views::tcp::track::of(session.views()) {
-        header += &format!(
-            " | view tcp: sock_ops @ cgroup {}, rtt source: {}, netns {}",
-            v.info().cgroup,
-            v.info().rtt_source_short(),
-            if args.netns.is_empty() {
-                "all".to_string()
-            } else {
-                args.netns.join(",")
-            }
-        );
-    }
-    if let Some(s) = crate::views::sampler::track::of(session.views()) {
-        let c = s.config();
-        let ifs: Vec<String> = s
-            .attach_info()
-            .iter()
-            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
-            .collect();
-        header += &format!(
-            " | view sampler: 1/{} sampling, match {}, no Karn, proto {}, on {}",
-            c.sample_every,
-            c.matching.as_str(),
-            c.protos
-                .iter()
-                .map(|p| format!("{p:?}").to_lowercase())
-                .collect::<Vec<_>>()
-                .join(","),
-            ifs.join(" ")
-        );
+    for v in session.views() {
+        header += &format!(" | view {}: {}", v.kind().as_str(), v.header());
     }
     header
 }
@@ -281,6 +253,7 @@ pub(super) fn print_interval(
 /// closing line (table).
 pub(super) fn print_end(
     args: &ObserveArgs,
+    session: &Session,
     header: &str,
     views: &[ViewKind],
     elapsed_s: f64,
@@ -317,7 +290,7 @@ pub(super) fn print_end(
                 &names,
             )?;
         }
-        writeln!(out, "{}", closing_line(elapsed_s, counters))?;
+        writeln!(out, "{}", closing_line(session, elapsed_s, counters))?;
     }
     out.flush()?;
     Ok(())
@@ -325,34 +298,15 @@ pub(super) fn print_end(
 
 /// The closing line of the table: the run's length and each view's main counters.
 fn closing_line(
+    session: &Session,
     elapsed_s: f64,
     counters: &BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
 ) -> String {
     let mut line = format!("done after {elapsed_s:.1}s");
-    if let Some(c) = counters.get("tcp") {
-        use crate::sinks::table::count;
-        line += &format!(
-            " | tcp: {}, {} created, {} flow-map-full, {} raw dropped",
-            count(c["samples"], "sample"),
-            count(c["flows_created"], "flow"),
-            c["flow_map_full"],
-            c["raw_events_dropped"]
-        );
-    }
-    if let Some(c) = counters.get("sampler") {
-        let get = |k: &str| c.get(k).copied().unwrap_or(0);
-        let skipped: u64 = c
-            .iter()
-            .filter(|(k, _)| k.starts_with("skip_"))
-            .map(|(_, v)| v)
-            .sum();
-        line += &format!(
-            " | sampler: {}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
-            crate::sinks::table::count(get("samples"), "sample"),
-            crate::sinks::table::count(skipped, "packet"),
-            get("expired"),
-            get("flow_map_full") + get("pending_map_full")
-        );
+    for v in session.views() {
+        if let Some(c) = counters.get(v.kind().as_str()) {
+            line += &format!(" | {}: {}", v.kind().as_str(), v.closing(c));
+        }
     }
     line
 }

@@ -51,19 +51,15 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     }
     let mut doc = RunResult::new("observe", settings);
     doc.title = Some("rttscope observe".into());
-    doc.settings["hooks"] = json!({
-        "tcp": crate::views::tcp::track::of(session.views()).map(|v| v.info()),
-        "sampler": crate::views::sampler::track::of(session.views()).map(|s| {
-            let mut v = json!({
-                "settings": s.config(),
-                "attached": s.attach_info(),
-            });
-            if let Some(w) = s.without_atomics() {
-                v["without_atomics"] = json!(w);
-            }
-            v
-        }),
-    });
+    // every registered view's settings and attachments (null: not attached)
+    doc.settings["hooks"] = crate::views::ViewKind::ALL
+        .iter()
+        .map(|k| {
+            let v = session.view(*k).map(|v| v.settings());
+            (k.as_str().to_string(), v.unwrap_or_default())
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     // `--json -`: the document alone on standard output; everything observe prints (table, JSON
     // Lines, the end line) goes to stderr instead, by pointing fd 1 at stderr until the end.
     let stdout = path_is_stdout(args)
@@ -171,11 +167,7 @@ fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
     }
     rows.iter()
         .find(|row| {
-            let in_view = match r.view {
-                ViewKind::Tcp => row.tcp.is_some(),
-                _ => row.sampler.is_some(),
-            };
-            in_view
+            crate::views::ViewKind::from_name(r.view.as_str()).is_some_and(|k| row.views.has(k))
                 && row.netns == r.flow.netns
                 && row.local == r.flow.local.to_string()
                 && row.remote == r.flow.remote.to_string()
@@ -191,11 +183,7 @@ fn side_series(
 ) -> Vec<ViewSeries> {
     let mut out: BTreeMap<(&'static str, &'static str), ViewSeries> = BTreeMap::new();
     for (view, sides) in &summary_.totals {
-        let kind = if *view == "tcp" {
-            ViewKind::Tcp
-        } else {
-            ViewKind::Sampler
-        };
+        let kind = ViewKind::from_name(view);
         for (side, h) in sides.iter().filter(|(_, h)| h.count() > 0) {
             let name = format!("{view} {}", side_name(*side));
             let mut v = ViewSeries::new(name.clone(), kind);
@@ -247,10 +235,9 @@ pub(super) fn finish(
     doc.settings["elapsed_s"] = json!(elapsed_s);
     doc.views = side_series(summary_, raw, not_kept);
     for r in &summary_.rows {
-        for (kind, st) in [(ViewKind::Tcp, &r.tcp), (ViewKind::Sampler, &r.sampler)] {
-            if let Some(st) = st {
-                doc.views.push(flow_series(r, kind, st));
-            }
+        for (kind, st) in r.views.iter() {
+            doc.views
+                .push(flow_series(r, ViewKind::from_name(kind.as_str()), st));
         }
     }
     dedup_names(&mut doc.views);
@@ -306,8 +293,14 @@ mod tests {
             origin: None,
             state: None,
             closed: false,
-            tcp: tcp.then(|| ViewStats::from_hist(&Hist::default())),
-            sampler: (!tcp).then(|| ViewStats::from_hist(&Hist::default())),
+            views: crate::analysis::columns::Columns::default().with(
+                if tcp {
+                    crate::views::ViewKind::Tcp
+                } else {
+                    crate::views::ViewKind::Sampler
+                },
+                ViewStats::from_hist(&Hist::default()),
+            ),
             workload: None,
             flow: None,
         }

@@ -138,10 +138,8 @@ impl Daemon {
     /// serves until the next interval and push OTLP when due.
     pub fn counters(&mut self, counters: &crate::analysis::records::Counters) {
         for (view, c) in counters {
-            let v = match view.as_ref() {
-                "tcp" => ViewKind::Tcp,
-                "sampler" => ViewKind::Sampler,
-                _ => continue,
+            let Some(v) = ViewKind::from_name(view) else {
+                continue;
             };
             let c: BTreeMap<&str, u64> = c.iter().map(|(k, n)| (k.as_ref(), *n)).collect();
             self.exporter.set_counters(v, &c);

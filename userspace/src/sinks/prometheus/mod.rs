@@ -496,10 +496,7 @@ fn is_gauge(name: &str) -> bool {
 /// The level that is the view's tracked flows: the TCP view's own count,
 /// the sampler's flow-table entries in use.
 fn is_flows_tracked(view: ViewKind, name: &str) -> bool {
-    matches!(
-        (view, name),
-        (ViewKind::Tcp, "flows_tracked") | (ViewKind::Sampler, "flows_live")
-    )
+    view.flows_level() == Some(name)
 }
 
 /// What is running: the version, the loaders built in, the kernel.

@@ -163,10 +163,12 @@ impl View for SamplerSession {
                 continue; // nothing prints rows
             }
             let row = ctx.row(&flow, side);
-            if row.tcp.is_none() && row.proto.is_none() {
+            if row.views.is_empty() {
+                // a row of its own (no view before it saw the flow)
                 row.proto = icmp_proto(kind).map(Name::from);
             }
-            row.sampler = Some(ViewStats::from_hist(&delta));
+            row.views
+                .set(ViewKind::Sampler, ViewStats::from_hist(&delta));
             if row.workload.is_none() {
                 row.workload = owner;
             }
@@ -197,8 +199,11 @@ impl View for SamplerSession {
             });
             let mut v = EndView::of(&f.hist);
             v.iface = Some(f.iface.clone());
-            entry.0.sampler = Some(v);
-            entry.1.sampler = Some(ViewStats::from_hist(&f.hist));
+            entry.0.views.set(ViewKind::Sampler, v);
+            entry
+                .1
+                .views
+                .set(ViewKind::Sampler, ViewStats::from_hist(&f.hist));
         }
         Ok(ViewRead {
             totals,
@@ -211,10 +216,51 @@ impl View for SamplerSession {
     }
 
     fn settings(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "settings": self.view.config(),
             "attached": self.view.attach_info(),
-        })
+        });
+        if let Some(w) = self.view.without_atomics() {
+            v["without_atomics"] = serde_json::json!(w);
+        }
+        v
+    }
+
+    fn header(&self) -> String {
+        let c = self.view.config();
+        let ifs: Vec<String> = self
+            .view
+            .attach_info()
+            .iter()
+            .map(|a| format!("{}:{} ({})", a.netns, a.iface, a.how))
+            .collect();
+        format!(
+            "1/{} sampling, match {}, no Karn, proto {}, on {}",
+            c.sample_every,
+            c.matching.as_str(),
+            c.protos
+                .iter()
+                .map(|p| format!("{p:?}").to_lowercase())
+                .collect::<Vec<_>>()
+                .join(","),
+            ifs.join(" ")
+        )
+    }
+
+    fn closing(&self, c: &Counters) -> String {
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        let skipped: u64 = c
+            .iter()
+            .filter(|(k, _)| k.starts_with("skip_"))
+            .map(|(_, v)| v)
+            .sum();
+        format!(
+            "{}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+            crate::analysis::units::count(get("samples"), "sample"),
+            crate::analysis::units::count(skipped, "packet"),
+            get("expired"),
+            get("flow_map_full") + get("pending_map_full")
+        )
     }
 }
 
@@ -223,7 +269,7 @@ impl View for SamplerSession {
 /// running total of evicted samples. Bounded by the table's size.
 #[derive(Default)]
 pub(super) struct SamplerTracker {
-    prev: crate::views::SlotMap<u32, WayPrev>,
+    prev: crate::views::fine::SlotMap<u32, WayPrev>,
     /// Samples of evicted flows that no read saw (cumulative).
     samples_evicted: u64,
 }

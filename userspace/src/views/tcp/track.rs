@@ -182,10 +182,10 @@ impl View for TcpSession {
         }
     }
 
-    /// Fold the fine-histogram pool in when busy; free closed flows' slots early.
+    /// Free closed flows' slots early; fold the fine-histogram pool in when busy.
     fn between_reads(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
-        self.view.drain_pool_if_busy()?;
-        self.reclaim_if_due(ctx)
+        self.reclaim_if_due(ctx)?;
+        self.view.drain_pool_if_busy()
     }
 
     /// Rows, totals, counters; closed flows' slots given back, the least
@@ -264,6 +264,31 @@ impl View for TcpSession {
     fn settings(&self) -> serde_json::Value {
         serde_json::to_value(self.view.info()).unwrap_or_default()
     }
+
+    fn header(&self) -> String {
+        let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
+        format!(
+            "sock_ops @ cgroup {}, rtt source: {}, netns {}",
+            self.view.info().cgroup,
+            self.view.info().rtt_source_short(),
+            if netns.is_empty() {
+                "all".to_string()
+            } else {
+                netns.join(",")
+            }
+        )
+    }
+
+    fn closing(&self, c: &Counters) -> String {
+        let get = |k: &str| c.get(k).copied().unwrap_or(0);
+        format!(
+            "{}, {} created, {} flow-map-full, {} raw dropped",
+            crate::analysis::units::count(get("samples"), "sample"),
+            crate::analysis::units::count(get("flows_created"), "flow"),
+            get("flow_map_full"),
+            get("raw_events_dropped")
+        )
+    }
 }
 
 /// The most closed flows the end summary keeps (a connection churn of hours
@@ -294,10 +319,10 @@ fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
 fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, (srtt_us, retrans): (u32, u32)) {
     let mut v = EndView::of(h);
     (v.srtt_us, v.retrans) = (Some(srtt_us), Some(retrans));
-    e.tcp = Some(v);
+    e.views.set(ViewKind::Tcp, v);
     let mut vs = ViewStats::from_hist(h);
     (vs.srtt_us, vs.retrans) = (Some(srtt_us), Some(retrans));
-    r.tcp = Some(vs);
+    r.views.set(ViewKind::Tcp, vs);
 }
 
 /// One flow stay (slot, gen) as the last read left it.
@@ -329,7 +354,7 @@ pub(super) struct Tracker {
     /// last sample, by (slot, gen): not by 4-tuple, which a new connection
     /// can take again while the closed one is still in the table (under
     /// churn the new one's samples were subtracted from the old one's).
-    prev: crate::views::SlotMap<(u32, u32), Stay>,
+    prev: crate::views::fine::SlotMap<(u32, u32), Stay>,
     /// Each flow's side, and the stay (slot, gen) that told it, by 4-tuple (the sampler's rows
     /// and raw samples ask). Written when a stay is new, changes side or has samples, so an idle
     /// flow costs no lookup here; entries whose stay is gone are dropped once they are as many
@@ -490,21 +515,13 @@ impl Tracker {
         let mut vs = ViewStats::from_hist(merged);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
-        Some(FlowRow {
-            netns: f.flow.netns,
-            netns_name: names.get(f.flow.netns),
-            local: f.flow.local.to_string(),
-            remote: f.flow.remote.to_string(),
-            side: f.side,
-            proto: None,
-            origin: Some(f.origin.into()),
-            state: Some(super::state_name(f.state).into()),
-            closed: f.closed,
-            tcp: Some(vs),
-            sampler: None,
-            workload: f.workload.clone(),
-            flow: Some(f.flow),
-        })
+        let mut row = FlowRow::new(&f.flow, names.get(f.flow.netns), f.side);
+        row.origin = Some(f.origin.into());
+        row.state = Some(super::state_name(f.state).into());
+        row.closed = f.closed;
+        row.views.set(ViewKind::Tcp, vs);
+        row.workload = f.workload.clone();
+        Some(row)
     }
 
     /// The side the TCP view found for a flow (for rows only the sampler saw).
@@ -656,7 +673,7 @@ mod tests {
             "this interval's samples"
         );
         assert_eq!(
-            row.tcp.as_ref().unwrap().summary.n,
+            row.views.get(ViewKind::Tcp).unwrap().summary.n,
             1 + 4,
             "one row for both"
         );
