@@ -27,7 +27,12 @@ pub enum ViewKind {
 impl ViewKind {
     /// Every view, in registry order (the order the session reads them and
     /// records list their columns).
-    pub const ALL: &'static [ViewKind] = &[ViewKind::Tcp, ViewKind::Sampler];
+    pub const ALL: &'static [ViewKind] = &[
+        ViewKind::Tcp,
+        ViewKind::Sampler,
+        #[cfg(feature = "example-view")]
+        ViewKind::Count,
+    ];
 
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -50,6 +55,8 @@ impl ViewKind {
         match self {
             ViewKind::Tcp => Some("flows_tracked"),
             ViewKind::Sampler => Some("flows_live"),
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => None,
         }
     }
 }

@@ -314,6 +314,11 @@ fn through_the_session(loader: LoaderKind) {
     let mut watched = want.clone();
     watched.insert("cgroup_vanished", 0); // the session watches the cgroup it was given
     assert_eq!(end.counters["count"], watched, "{loader}: summary");
+    assert_eq!(
+        s.views()[0].closing(&end.counters["count"]),
+        "100 packets (12800 bytes) in, 100 packets (12800 bytes) out",
+        "{loader}: the table's closing line"
+    );
     let mut ex = crate::sinks::prometheus::Exporter::new(Default::default()).unwrap();
     ex.set_counters(ViewKind::Count, &end.counters["count"]);
     let text = ex.encode();
