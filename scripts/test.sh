@@ -9,10 +9,8 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh"
 
 # Both loaders built in (libbpf, the default, and aya): the differential test
-# and the second pass below need them. The example view (`count`, docs/views.md)
-# too: its privileged unit tests (views::count) then run with the others, and
-# clippy lints its gated code; no release build has it.
-FEATURES=(--features rttscope/aya,rttscope/example-view)
+# and the second pass below need them.
+FEATURES=(--features rttscope/aya)
 
 # Each phase prints how long the one before it took (the suite's budget is 30 minutes on
 # 2 cores, docs/kernels.md), and the total at the end.
