@@ -1,27 +1,31 @@
 #!/usr/bin/env python3
 """Module-level import cycles of the rttscope library.
 
-Reads `cargo modules dependencies` output (DOT) on stdin: every item node
+Reads `cargo modules dependencies` output (DOT): every item node
 with its "uses" edges. Each item is folded into the module that defines it,
 and the module -> module "uses" graph is checked for cycles (Tarjan's strongly
 connected components). cargo-modules' own --acyclic works at item level,
 where a type and its methods always form a cycle, so it cannot answer this.
 Exit 0 when acyclic; else print every cycle and exit 1.
 
-Run it with the graph on stdin, or with nothing piped in to have it run
-`cargo modules dependencies` itself (from the repository root). When
-cargo-modules is not installed (`cargo install cargo-modules`), or its output
-is empty, it says so in one line and exits 2: nothing was checked.
+Input: `check-modules.py -` reads the graph from stdin, `check-modules.py
+FILE` from FILE; with no argument it reads stdin when that is a redirected
+file (`< graph.dot`), and otherwise runs `cargo modules dependencies` itself
+(from the repository root). A pipe is read only with `-`: a CI runner's stdin
+is not a terminal either, and may be a pipe that never ends. When
+cargo-modules is not installed (`cargo install cargo-modules`), or the graph is
+empty, it says so in one line and exits 2: nothing was checked.
 """
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 
 CMD = [
     "cargo", "modules", "dependencies", "--package", "rttscope", "--lib",
-    "--features", "aya", "--no-externs", "--no-sysroot", "--layout", "none",
+    "--features", "aya", "--no-externs", "--no-sysroot",
 ]
 NOT_INSTALLED = "check-modules: cargo-modules is not installed (cargo install cargo-modules): module graph not checked"
 
@@ -31,14 +35,24 @@ def not_checked(why):
     sys.exit(2)
 
 
-def graph_lines():
-    """The DOT graph: stdin when piped, else what cargo modules prints."""
-    if not sys.stdin.isatty():
-        text = sys.stdin.read()
-        if not text.strip():
-            not_checked("check-modules: empty input (did `cargo modules dependencies` run? "
-                        "is cargo-modules installed?): module graph not checked")
-        return text.splitlines()
+USAGE = "usage: check-modules.py [- | FILE]  (no argument: run cargo modules, or read a redirected stdin)"
+
+
+def given(text, where):
+    if not text.strip():
+        not_checked(f"check-modules: empty input from {where} (did `cargo modules dependencies` run? "
+                    "is cargo-modules installed?): module graph not checked")
+    return text.splitlines()
+
+
+def stdin_mode():
+    try:
+        return os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return 0
+
+
+def run_cargo_modules():
     if shutil.which("cargo-modules") is None:
         not_checked(NOT_INSTALLED)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -47,6 +61,33 @@ def graph_lines():
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         not_checked(f"check-modules: `{' '.join(CMD)}` failed: {last}")
     return r.stdout.splitlines()
+
+
+def graph_lines():
+    """The DOT graph: from `-` (stdin), FILE, a redirected stdin, or cargo modules."""
+    args = sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0)
+    if len(args) > 1:
+        not_checked(USAGE)
+    if args == ["-"]:
+        return given(sys.stdin.read(), "stdin")
+    if args:
+        try:
+            with open(args[0]) as f:
+                return given(f.read(), args[0])
+        except OSError as e:
+            not_checked(f"check-modules: cannot read {args[0]}: {e.strerror}: module graph not checked")
+    mode = stdin_mode()
+    if stat.S_ISREG(mode):
+        text = sys.stdin.read()
+        if text.strip():
+            return text.splitlines()
+    elif stat.S_ISFIFO(mode):
+        print("check-modules: stdin is a pipe, not read (pass - to read it); running cargo modules",
+              file=sys.stderr)
+    return run_cargo_modules()
 
 
 node_re = re.compile(r'^\s*"([^"]+)" \[label="([^|"]*)\|')
@@ -68,7 +109,7 @@ for line in graph_lines():
             modules.add(name)
 
 if not modules:
-    sys.exit("check-modules: no module in the input (did cargo modules run?)")
+    not_checked("check-modules: no module in the input (did cargo modules run?): module graph not checked")
 
 
 def module_of(item):

@@ -9,17 +9,18 @@
 //! their [`cancel::Cancel`] receiver sees `true`. The commands that drive them
 //! are `cmd::probe` and `cmd::serve`.
 pub mod cancel;
+pub mod config;
 pub(crate) mod engine;
 pub mod framing;
 pub mod icmp;
 pub mod irtt;
 pub mod output;
+pub mod result;
 pub mod rr;
 pub mod serve;
 pub(crate) mod transport;
 
-pub use rr::{
-    run_probe, Counts, IcmpHook, IcmpLine, IoMode, Kind, ProbeConfig, ProbeResult, ReplyHook,
-    Settings, Stop,
-};
+pub use config::{IcmpHook, IcmpLine, IoMode, Kind, ProbeConfig, ReplyHook, Stop};
+pub use result::{Counts, ProbeResult, Settings};
+pub use rr::run_probe;
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};

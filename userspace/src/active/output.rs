@@ -2,7 +2,8 @@
 //! selectors (`-o`), and the result document (`--json FILE`, docs/results.md).
 use std::fmt::Write;
 
-use super::rr::{IoMode, Kind, ProbeResult};
+use super::config::{IoMode, Kind};
+use super::result::ProbeResult;
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
 use crate::analysis::units::fmt_duration_short;
 
@@ -456,7 +457,7 @@ fn human_rr(r: &ProbeResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::active::rr::{Counts, Settings};
+    use crate::active::result::{Counts, Settings};
     use crate::analysis::stats::{NetperfPercentiles, Summary};
 
     fn result(kind: Kind) -> ProbeResult {

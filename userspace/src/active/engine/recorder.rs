@@ -3,8 +3,9 @@
 //! It knows nothing of sockets or clocks: the engine tells it what happened.
 use anyhow::{bail, Result};
 
-use super::{Reply, Stamp};
-use crate::active::rr::{Counts, IcmpHook, IcmpLine, ReplyHook};
+use super::io::{Reply, Stamp};
+use crate::active::config::{IcmpHook, IcmpLine, ReplyHook};
+use crate::active::result::Counts;
 use crate::analysis::stats::{HdrRecorder, NetperfHist};
 
 /// State of the last `WINDOW` sequence numbers, for late/duplicate accounting.

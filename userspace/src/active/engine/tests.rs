@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::active::rr::ReplyHook;
+use crate::active::config::ReplyHook;
 
 /// What the scripted network does with request `seq`.
 #[derive(Clone, Copy, Debug, PartialEq)]

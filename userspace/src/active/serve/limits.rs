@@ -1,6 +1,13 @@
 //! The limits' state: stateless UDP cookies, the per-source UDP token
 //! buckets, and the live TCP connections per source.
-use super::*;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, Mac};
+use md5::Md5;
+
 pub(super) type HmacMd5 = Hmac<Md5>;
 
 /// Stateless UDP cookies: HMAC-MD5, keyed with 32 random bytes made at server
@@ -163,4 +170,9 @@ impl Drop for PeerSlot {
             }
         }
     }
+}
+
+/// IPv4-mapped IPv6 addresses count as the IPv4 address they carry.
+pub(super) fn source(ip: IpAddr) -> IpAddr {
+    ip.to_canonical()
 }

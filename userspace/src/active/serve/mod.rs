@@ -22,97 +22,33 @@
 //! A client that breaks the framing is disconnected with a log line; everyone
 //! else keeps being served. Per-connection and per-datagram log lines are
 //! rate-limited: the first ten of each kind, then every thousandth.
+mod config;
 mod limits;
+mod stats;
 mod tcp;
 #[cfg(test)]
 mod tests;
 mod udp;
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use hmac::{Hmac, Mac};
-use md5::Md5;
-use serde::Serialize;
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use crate::active::cancel::Cancel;
-use crate::active::framing::{
-    carried_cookie, encode_cookie, is_cookie_request, write_cookie, FrameError, Hello, UdpHeader,
-    HELLO_ACK, HELLO_LEN, UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN,
+pub use config::{
+    default_listen, ServeConfig, DEFAULT_MAX_CONNS_PER_PEER, DEFAULT_PORT, DEFAULT_UDP_BURST,
+    DEFAULT_UDP_RATE,
 };
-use limits::{Cookies, PeerConns, PeerSlot, RateLimiter};
+use limits::{Cookies, PeerConns, RateLimiter};
+pub use stats::ServeStats;
 use tcp::{accept_loop, tcp_watchdog, ConnTable, TcpShared};
-use udp::udp_loop;
-
-/// The responder's default port (TCP and UDP).
-pub const DEFAULT_PORT: u16 = 7878;
-
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// Addresses to listen on (TCP and UDP on each).
-    pub listen: Vec<SocketAddr>,
-    /// Largest request or response size in bytes.
-    pub max_size: u32,
-    /// Largest number of concurrent TCP connections.
-    pub max_conns: usize,
-    /// Largest number of concurrent TCP connections from one source address (0: no limit).
-    pub max_conns_per_peer: usize,
-    /// Close a connection idle (nothing received, or a response not read) this
-    /// long; also the time a hello, a whole request and a whole response each
-    /// have, from their first byte.
-    pub idle_timeout: Duration,
-    /// UDP replies per second to one source address (0: no limit).
-    pub udp_rate: u32,
-    /// Replies a source may get back to back above its rate (the bucket's depth).
-    pub udp_burst: u32,
-    /// Source addresses the UDP rate limiter remembers at most; beyond, the
-    /// stalest are forgotten (counted in `udp_rate_evictions`).
-    pub udp_rate_sources: usize,
-    /// A UDP cookie is valid in the window it was made in and the next one.
-    pub cookie_window: Duration,
-}
-
-impl Default for ServeConfig {
-    fn default() -> Self {
-        ServeConfig {
-            listen: default_listen(),
-            max_size: 1 << 20,
-            max_conns: 256,
-            max_conns_per_peer: DEFAULT_MAX_CONNS_PER_PEER,
-            idle_timeout: Duration::from_secs(30),
-            udp_rate: DEFAULT_UDP_RATE,
-            udp_burst: DEFAULT_UDP_BURST,
-            udp_rate_sources: 4096,
-            cookie_window: Duration::from_secs(3600),
-        }
-    }
-}
-
-/// Default per-source TCP connection limit.
-pub const DEFAULT_MAX_CONNS_PER_PEER: usize = 32;
-/// Default UDP replies per second per source: above a back-to-back UDP_RR on
-/// loopback (~20-50k transactions/s), so one probe is never throttled.
-pub const DEFAULT_UDP_RATE: u32 = 100_000;
-/// Default bucket depth: 10 ms at the default rate.
-pub const DEFAULT_UDP_BURST: u32 = 1000;
-
-/// 0.0.0.0:7878 and [::]:7878: every address, as netserver and `irtt server`
-/// listen (the replies are bounded: cookies, rates, deadlines above).
-pub fn default_listen() -> Vec<SocketAddr> {
-    vec![
-        SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, DEFAULT_PORT)),
-        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, DEFAULT_PORT)),
-    ]
-}
+use udp::{udp_loop, UdpShared};
 
 /// A socket on `addr`; an IPv6 one is IPv6-only, so that `[::]` and
 /// `0.0.0.0` can both be bound on one port.
@@ -137,53 +73,6 @@ fn tcp_listener(addr: &SocketAddr) -> std::io::Result<TcpListener> {
 
 fn udp_socket(addr: &SocketAddr) -> std::io::Result<UdpSocket> {
     UdpSocket::from_std(socket_on(addr, socket2::Type::DGRAM)?.into())
-}
-
-/// What the server did; every refusal has a counter.
-#[derive(Debug, Default, Serialize)]
-pub struct ServeStats {
-    pub connections: AtomicU64,
-    /// TCP connections closed at once: `max_conns` reached.
-    pub over_conn_limit: AtomicU64,
-    /// TCP connections closed at once: `max_conns_per_peer` reached for their source address.
-    pub over_peer_limit: AtomicU64,
-    pub bad_hello: AtomicU64,
-    /// No hello within the idle timeout, or idle between transactions.
-    pub idle_closed: AtomicU64,
-    /// A request not complete within the idle timeout of its first byte (slowloris).
-    pub slow_requests: AtomicU64,
-    /// A response not read within the idle timeout of its first byte.
-    pub slow_readers: AtomicU64,
-    pub mid_request_disconnects: AtomicU64,
-    pub tcp_transactions: AtomicU64,
-    pub udp_requests: AtomicU64,
-    pub udp_bad: AtomicU64,
-    /// Cookie requests answered with a cookie.
-    pub udp_cookie_requests: AtomicU64,
-    /// Requests for a response larger than themselves without a valid cookie:
-    /// answered with a (smaller) cookie datagram instead.
-    pub udp_cookie_required: AtomicU64,
-    /// Datagrams not answered: their source was over its rate.
-    pub udp_rate_limited: AtomicU64,
-    /// Sources the full rate table forgot while they still had a partly spent bucket.
-    pub udp_rate_evictions: AtomicU64,
-    pub udp_send_errors: AtomicU64,
-    /// TCP connections closed at once: no thread could be started for them.
-    pub thread_spawn_errors: AtomicU64,
-}
-
-fn inc(c: &AtomicU64) -> u64 {
-    c.fetch_add(1, Ordering::Relaxed) + 1
-}
-
-/// Log the first ten of a kind, then every thousandth, so a flood cannot flood the log.
-fn log_nth(count: u64) -> bool {
-    count <= 10 || count.is_multiple_of(1000)
-}
-
-/// IPv4-mapped IPv6 addresses count as the IPv4 address they carry.
-fn source(ip: IpAddr) -> IpAddr {
-    ip.to_canonical()
 }
 
 /// A bound server: sockets are open, nothing is served until [`Server::run`].
@@ -225,12 +114,6 @@ pub async fn bind(cfg: ServeConfig) -> Result<Server> {
         udp,
         stats: Arc::new(ServeStats::default()),
     })
-}
-
-/// What the UDP sockets share: cookies and the per-source rate table.
-struct UdpShared {
-    cookies: Cookies,
-    limiter: Option<Mutex<RateLimiter>>,
 }
 
 impl Server {

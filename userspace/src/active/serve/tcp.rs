@@ -1,6 +1,22 @@
 //! TCP: the accept loop, a thread per connection doing blocking recv() and
 //! send(), and the watchdog that enforces the deadlines.
-use super::*;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, warn};
+
+use super::config::ServeConfig;
+use super::limits::{source, PeerConns, PeerSlot};
+use super::stats::{inc, log_nth, ServeStats};
+use crate::active::framing::{Hello, HELLO_ACK, HELLO_LEN};
+
 /// What the accept loops share: the limits, the live connections, the counters.
 #[derive(Clone)]
 pub(super) struct TcpShared {

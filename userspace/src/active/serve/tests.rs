@@ -1,9 +1,15 @@
 //! Real sockets on loopback (127.0.0.1, 127.0.0.2, ::1) only, no privileges.
 use super::*;
+use crate::active;
 use crate::active::cancel::cancel_pair;
-use crate::active::framing::{cookie_request, decode_cookie, UDP_COOKIE_LEN, UDP_MAX};
-use crate::active::rr;
+use crate::active::framing::{
+    carried_cookie, cookie_request, decode_cookie, write_cookie, Hello, UdpHeader, HELLO_ACK,
+    HELLO_LEN, UDP_COOKIE_LEN, UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN, UDP_MAX,
+};
 use std::io::{Read, Write};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// The default listens on every address, IPv4 and IPv6 on one port (the
 /// IPv6 socket is IPv6-only, or the two would collide).
@@ -47,11 +53,11 @@ async fn refused_connect_says_nothing_listens() {
         .local_addr()
         .unwrap()
         .port(); // closed again: nothing listens there
-    let mut c = rr::ProbeConfig::new(rr::Kind::TcpRr, "127.0.0.1");
+    let mut c = active::ProbeConfig::new(active::Kind::TcpRr, "127.0.0.1");
     c.port = port;
-    c.stop = rr::Stop::Count(1);
+    c.stop = active::Stop::Count(1);
     let (_tx, rx) = cancel_pair();
-    let e = rr::run_probe(&c, rx).await.unwrap_err();
+    let e = active::run_probe(&c, rx).await.unwrap_err();
     let e = format!("{e:#}");
     assert!(
         e.contains("refused (nothing listens on port") && e.contains("rttscope serve"),
@@ -208,13 +214,13 @@ fn udp_cookie_handshake_gets_the_full_response() {
         assert_eq!(get(&stats.udp_cookie_required), 1);
 
         // The probe does the handshake itself: requests raised to 24 bytes.
-        let mut c = rr::ProbeConfig::new(rr::Kind::UdpRr, "127.0.0.1");
+        let mut c = active::ProbeConfig::new(active::Kind::UdpRr, "127.0.0.1");
         c.port = addrs[0].port();
-        c.stop = rr::Stop::Count(100);
+        c.stop = active::Stop::Count(100);
         c.req_size = 1;
         c.resp_size = 60000;
         let (_keep, cancel) = cancel_pair();
-        let r = rr::run_probe(&c, cancel).await.unwrap();
+        let r = active::run_probe(&c, cancel).await.unwrap();
         assert_eq!(r.counts.received, 100, "{:?}", r.counts);
         assert_eq!((r.settings.req_size, r.settings.resp_size), (24, 60000));
         assert_eq!(r.counts.cookie_refreshes, 0, "{:?}", r.counts);
@@ -333,11 +339,11 @@ fn udp_rate_limit_engages_and_is_counted() {
 fn default_rate_does_not_throttle_a_back_to_back_probe() {
     rt().block_on(async {
         let (addrs, stats, _stop) = start(v4_cfg()).await;
-        let mut c = rr::ProbeConfig::new(rr::Kind::UdpRr, "127.0.0.1");
+        let mut c = active::ProbeConfig::new(active::Kind::UdpRr, "127.0.0.1");
         c.port = addrs[0].port();
-        c.stop = rr::Stop::Count(20_000);
+        c.stop = active::Stop::Count(20_000);
         let (_keep, cancel) = cancel_pair();
-        let r = rr::run_probe(&c, cancel).await.unwrap();
+        let r = active::run_probe(&c, cancel).await.unwrap();
         assert_eq!(r.counts.received, 20_000, "{:?}", r.counts);
         assert_eq!(get(&stats.udp_rate_limited), 0);
     });
@@ -502,11 +508,11 @@ fn tcp_per_peer_connection_limit() {
     );
     assert_eq!(get(&stats.over_peer_limit), 1);
     let probe = |host: &str, port: u16| {
-        let mut c = rr::ProbeConfig::new(rr::Kind::TcpRr, host);
+        let mut c = active::ProbeConfig::new(active::Kind::TcpRr, host);
         c.port = port;
-        c.stop = rr::Stop::Count(50);
+        c.stop = active::Stop::Count(50);
         let (_keep, cancel) = cancel_pair();
-        rt.block_on(rr::run_probe(&c, cancel))
+        rt.block_on(active::run_probe(&c, cancel))
     };
     // Another source is served meanwhile.
     if v6 {

@@ -1,6 +1,28 @@
 //! UDP: the answer to each datagram (response or cookie), the per-source
 //! rate limit, and the receive loop.
-use super::*;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Result;
+use tokio::net::UdpSocket;
+use tracing::{debug, warn};
+
+use super::config::ServeConfig;
+use super::limits::{source, Cookies, RateLimiter};
+use super::stats::{inc, log_nth, ServeStats};
+use crate::active::framing::{
+    carried_cookie, encode_cookie, is_cookie_request, write_cookie, FrameError, UdpHeader,
+    UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN,
+};
+
+/// What the UDP sockets share: cookies and the per-source rate table.
+pub(super) struct UdpShared {
+    pub(super) cookies: Cookies,
+    pub(super) limiter: Option<Mutex<RateLimiter>>,
+}
+
 /// What a UDP datagram gets back.
 pub(super) enum UdpAnswer {
     /// The response: `resp` bytes starting with the request's header; bytes

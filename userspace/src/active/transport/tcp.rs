@@ -249,7 +249,7 @@ fn recv_busy_poll(conn: &mut TcpConn, deadline: u64) -> Result<bool> {
 pub(crate) async fn run(
     conn: &mut TcpConn,
     addr: SocketAddr,
-    cfg: &crate::active::ProbeConfig,
+    cfg: &crate::active::config::ProbeConfig,
     plan: &Plan,
     pacer: &mut Pacer,
     rec: &mut Recorder,
@@ -278,7 +278,7 @@ pub(crate) async fn run(
 /// On a timeout or a cancel, shut the socket down (and say which in `fired`).
 async fn watchdog(
     fd: i32,
-    cfg: &crate::active::ProbeConfig,
+    cfg: &crate::active::config::ProbeConfig,
     inflight: &AtomicU64,
     fired: &AtomicU8,
     mut cancel: Cancel,

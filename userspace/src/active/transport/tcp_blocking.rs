@@ -15,10 +15,10 @@ use anyhow::{bail, Context, Result};
 
 use super::tcp::{in_flight_verdict, watchdog_period, InFlight, TcpConn};
 use crate::active::cancel::{cancelled, Cancel};
+use crate::active::config::ProbeConfig;
 use crate::active::engine::{
     self, Event, Pacer, Plan, Recorder, Reply, Sent, Signal, Stamp, Transport,
 };
-use crate::active::ProbeConfig;
 use crate::sys::clock::mono_ns;
 
 /// What the probe thread and its watchdog share.

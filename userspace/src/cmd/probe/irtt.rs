@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use super::{OutputOpts, PrintFormat};
+use super::output_opts::{OutputOpts, PrintFormat};
 use crate::active::irtt::{
     output, packet_line, run_irtt, Clock, Df, Fill, IpVersion, IrttConfig, IrttReplyHook,
     IrttResult, ReceivedStats, StampAt, Wait,
