@@ -43,6 +43,11 @@ background() {
 }
 background clippy cargo clippy --workspace --all-targets "${FEATURES[@]}" --target-dir "$ROOT/target/clippy" -q -- -D warnings
 if command -v podman >/dev/null; then background image "$ROOT/scripts/build-image.sh" --prepare; fi
+# The example view (issue 24: a third view that is its folder, its C file and its registry line;
+# feature example-view, docs/views.md): a build with it, in its own target directory, and its
+# privileged unit tests (exact packet counts in a cgroup of their own, both loaders, through the
+# session); its end-to-end test runs after the lints below.
+background example bash -c 'cargo build -q -p rttscope --bin rttscope --features aya,example-view --target-dir "$0/target/example" && cargo test -q -p rttscope --lib --features aya,example-view --target-dir "$0/target/example" -- views::count' "$ROOT"
 
 phase "format"
 cargo fmt --all -- --check
@@ -68,14 +73,19 @@ RTTSCOPE_LOADER=aya cargo test -p rttscope-e2e "${FEATURES[@]}" --no-fail-fast -
 
 phase "lints (clippy, from the background)"
 wait "${BG_PIDS[@]}" 2>/dev/null || true
-for job in clippy image; do
+for job in clippy image example; do
   [ -e "$BG/$job.log" ] || continue
   if [ "$(cat "$BG/$job.rc" 2>/dev/null)" != 0 ]; then
     cat "$BG/$job.log" >&2
     # the image job's failure is image.rs's to report (it builds again and says why)
-    if [ "$job" = clippy ]; then echo "clippy found problems (above)" >&2; exit 1; fi
+    if [ "$job" != image ]; then echo "$job found problems (above)" >&2; exit 1; fi
   fi
 done
+grep -E "^test result" "$BG/example.log" || true
+
+phase "the example view through observe: JSON, table, /metrics, result file (a build with example-view)"
+RTTSCOPE_EXAMPLE_VIEW=1 RTTSCOPE_BIN="$ROOT/target/example/debug/rttscope" \
+  cargo test -p rttscope-e2e "${FEATURES[@]}" --test example_view -- "$@"
 
 phase "other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
 "$ROOT/scripts/test-kernels.sh"
@@ -87,8 +97,8 @@ if command -v podman >/dev/null; then
   ctrs=$(podman ps -a --format '{{.Names}}' | grep -E '^rts' || true)
   if [ -n "$ctrs" ]; then echo "test containers left behind: $ctrs" >&2; exit 1; fi
 fi
-if bpftool prog show 2>/dev/null | grep -qE 'name rtt_(tcp|sampler)_'; then
-  echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep -E 'rtt_(tcp|sampler)_' >&2; exit 1
+if bpftool prog show 2>/dev/null | grep -qE 'name rtt_(tcp|sampler|count)_'; then
+  echo "rttscope programs still loaded after the tests:" >&2; bpftool prog show | grep -E 'rtt_(tcp|sampler|count)_' >&2; exit 1
 fi
 phase ""
 echo "all tests passed (${SECONDS} s)"

@@ -23,7 +23,7 @@ impl RawStreams {
     pub(super) fn open(asked: bool, views: Vec<&mut dyn PassiveView>) -> Result<Self> {
         let mut streams = Vec::new();
         if asked {
-            for v in views {
+            for v in views.into_iter().filter(|v| v.has_raw_samples()) {
                 streams.push(v.raw_samples()?);
             }
         }

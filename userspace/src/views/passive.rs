@@ -137,6 +137,11 @@ pub trait PassiveView {
     /// The raw-sample stream (only when raw samples were asked for at
     /// load; once). Must be called inside a tokio runtime.
     fn raw_samples(&mut self) -> Result<RawSamples>;
+    /// Whether the view has raw samples at all (a view without any is left
+    /// out of `--raw`, not refused).
+    fn has_raw_samples(&self) -> bool {
+        true
+    }
 }
 
 /// A ring buffer as one loader exposes it: a pollable fd and a way to

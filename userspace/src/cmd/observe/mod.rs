@@ -131,14 +131,23 @@ pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<S
     let sampler = views
         .contains(&ViewKind::Sampler)
         .then(|| (args.ifaces.clone(), args.sampler_config()));
-    let views = tcp
+    #[allow(unused_mut)]
+    let mut configs: Vec<ViewConfig> = tcp
         .map(ViewConfig::Tcp)
         .into_iter()
         .chain(sampler.map(|(i, c)| ViewConfig::Sampler(i, c)))
         .collect();
+    // the example view (tests: docs/views.md) takes observe's --cgroup
+    #[cfg(feature = "example-view")]
+    if views.contains(&ViewKind::Count) {
+        let cgroup = args.cgroup.clone();
+        configs.push(ViewConfig::Count(crate::views::count::CountConfig {
+            cgroup,
+        }));
+    }
     Ok(SessionConfig {
         loader: args.loader,
-        views,
+        views: configs,
         keep_rows: !args.quiet,
         workloads: args.label_workload,
         keep_summary: !args.daemon_without_summary(),

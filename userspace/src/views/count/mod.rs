@@ -134,6 +134,10 @@ impl PassiveView for Count {
     fn raw_samples(&mut self) -> Result<RawSamples> {
         anyhow::bail!("the count view has no raw samples")
     }
+
+    fn has_raw_samples(&self) -> bool {
+        false
+    }
 }
 
 impl View for Count {
