@@ -105,13 +105,9 @@ fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: 
 /// sampler sample's side comes from its flow's row at the end.
 pub(super) fn record_raw(samples: &[RawSample], start_mono: u64) {
     for s in samples.iter().filter(|s| s.event == RawEvent::Rtt) {
-        let (view, side) = match s.view {
-            crate::views::ViewKind::Tcp => (ViewKind::Tcp, Some(s.side)),
-            crate::views::ViewKind::Sampler => (ViewKind::Sampler, None),
-            // the example view has no raw samples (issue 24: goes with the session rewrite)
-            #[cfg(feature = "example-view")]
-            crate::views::ViewKind::Count => continue,
-        };
+        let view = ViewKind::from_name(s.view.as_str());
+        // the TCP view's side is its own; the others' come from the flow's row at the end
+        let side = (view == ViewKind::Tcp).then_some(s.side);
         push(view, s.flow, side, s.ts_ns, start_mono, s.rtt_us);
     }
 }
