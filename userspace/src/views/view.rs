@@ -168,6 +168,11 @@ pub struct WatchedIface {
     pub ifindex: u32,
 }
 
+/// A view of a session by its type, for the code of its own folder (`views::tcp::track::of`).
+pub fn find<T: 'static>(views: &[Box<dyn View>]) -> Option<&T> {
+    views.iter().find_map(|v| v.as_any().downcast_ref::<T>())
+}
+
 /// What the session reads from every view, whichever it is.
 pub trait View {
     /// Which view this is.

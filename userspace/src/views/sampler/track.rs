@@ -104,10 +104,7 @@ impl SamplerSession {
 
 /// The sampler among a session's views, if attached.
 pub fn of(views: &[Box<dyn View>]) -> Option<&dyn SamplerView> {
-    views
-        .iter()
-        .find_map(|v| v.as_any().downcast_ref::<SamplerSession>())
-        .map(|t| t.sampler())
+    crate::views::view::find::<SamplerSession>(views).map(|t| t.sampler())
 }
 
 impl View for SamplerSession {

@@ -150,10 +150,7 @@ impl TcpSession {
 
 /// The TCP view among a session's views, if attached.
 pub fn of(views: &[Box<dyn View>]) -> Option<&dyn TcpView> {
-    views
-        .iter()
-        .find_map(|v| v.as_any().downcast_ref::<TcpSession>())
-        .map(|t| t.tcp())
+    crate::views::view::find::<TcpSession>(views).map(|t| t.tcp())
 }
 
 impl View for TcpSession {
@@ -213,17 +210,7 @@ impl View for TcpSession {
                     owners.insert(f.flow, w.clone());
                 }
             }
-            if ctx.sink.is_some() {
-                // daemon mode: this flow's samples since the last read.
-                let delta = f.since(tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
-                ctx.export(
-                    ViewKind::Tcp,
-                    &f.flow,
-                    f.side,
-                    f.workload.as_deref(),
-                    &delta,
-                );
-            }
+            export(ctx, tracker, &f); // daemon mode
             if f.closed {
                 closed.push((f.slot, f.gen));
             } else if collect_live {
@@ -543,6 +530,20 @@ impl Tracker {
     }
 }
 
+/// A flow's samples since the last read, to the sink (daemon mode), if any.
+fn export(ctx: &mut ReadCtx<'_, '_>, tracker: &Tracker, f: &TcpFlowState) {
+    if ctx.sink.is_some() {
+        let delta = f.since(tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
+        ctx.export(
+            ViewKind::Tcp,
+            &f.flow,
+            f.side,
+            f.workload.as_deref(),
+            &delta,
+        );
+    }
+}
+
 /// Read the TCP view's table between reports and free the slots of closed
 /// flows now, keeping their rows (and exporting their samples in daemon
 /// mode) for the interval's report.
@@ -559,16 +560,7 @@ fn reclaim_closed(
         if !f.closed {
             return;
         }
-        if ctx.sink.is_some() {
-            let delta = f.since(tracker.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
-            ctx.export(
-                ViewKind::Tcp,
-                &f.flow,
-                f.side,
-                f.workload.as_deref(),
-                &delta,
-            );
-        }
+        export(ctx, tracker, &f);
         if let Some(r) = tracker.flow_row(&f, epoch, ctx.names, &mut totals) {
             tracker.early_rows.push((f.flow, r));
         }
