@@ -53,10 +53,6 @@ impl SessionConfig {
         self
     }
 
-    /// Whether a view is asked for.
-    pub fn has(&self, kind: ViewKind) -> bool {
-        self.views.iter().any(|v| v.kind() == kind)
-    }
 }
 
 /// Each side's statistics, keyed `client`, `server`, `unknown`.
