@@ -46,8 +46,8 @@ if command -v podman >/dev/null; then background image "$ROOT/scripts/build-imag
 # The example view (issue 24: a third view that is its folder, its C file and its registry line;
 # feature example-view, docs/views.md): a build with it, in its own target directory, and its
 # privileged unit tests (exact packet counts in a cgroup of their own, both loaders, through the
-# session); its end-to-end test runs after the lints below.
-background example bash -c 'cargo build -q -p rttscope --bin rttscope --features aya,example-view --target-dir "$0/target/example" && cargo test -q -p rttscope --lib --features aya,example-view --target-dir "$0/target/example" -- views::count' "$ROOT"
+# session); its end-to-end test runs after the lints below. No debug info there: half the work.
+CARGO_PROFILE_DEV_DEBUG=0 background example bash -c 'cargo build -q -p rttscope --bin rttscope --features aya,example-view --target-dir "$0/target/example" && cargo test -q -p rttscope --lib --features aya,example-view --target-dir "$0/target/example" -- views::count' "$ROOT"
 
 phase "format"
 cargo fmt --all -- --check
