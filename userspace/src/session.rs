@@ -52,7 +52,6 @@ impl SessionConfig {
         }
         self
     }
-
 }
 
 /// Each side's statistics, keyed `client`, `server`, `unknown`.
