@@ -152,7 +152,11 @@ fn the_example_view_appears_in_json_metrics_results_and_the_table() {
         "hooks: {}",
         d["settings"]["hooks"]
     );
-    // the table: its part of the header and of the closing line
+    table_shows_the_view();
+}
+
+/// The table: the view's part of the header and of the closing line.
+fn table_shows_the_view() {
     let cg2 = Cgroup::new();
     let mut cmd = Command::new(rttscope_bin());
     cmd.args(["observe", "--view", "count", "--cgroup"])

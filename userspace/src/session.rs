@@ -256,12 +256,6 @@ impl Session {
         }
     }
 
-    /// A view's raw records that were too short or that it could not decode
-    /// (None: its raw samples are not read).
-    pub fn raw_records_bad(&self, view: ViewKind) -> Option<u64> {
-        self.raw.bad_records(view)
-    }
-
     /// Every view's raw records that were too short or that it could not
     /// decode, together (0 when raw samples are not read).
     pub fn raw_records_bad_total(&self) -> u64 {

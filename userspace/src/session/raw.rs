@@ -5,7 +5,7 @@
 //! label, else what the views before it found, else its own last resort).
 //! Records a view could not decode are counted per view
 //! ([`RawStreams::bad_records`]), never dropped silently. The session's
-//! `drain_raw`, `next_raw` and `raw_records_bad` are these.
+//! `drain_raw`, `next_raw` and `raw_records_bad_total` are these.
 use anyhow::Result;
 
 use crate::views::flow::Side;
