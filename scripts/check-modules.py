@@ -1,12 +1,24 @@
 #!/usr/bin/env python3
-"""Module-level import cycles of the rttscope library.
+"""Module-level import cycles and arrows back up the layers of the rttscope library.
 
 Reads `cargo modules dependencies` output (DOT): every item node
 with its "uses" edges. Each item is folded into the module that defines it,
-and the module -> module "uses" graph is checked for cycles (Tarjan's strongly
-connected components). cargo-modules' own --acyclic works at item level,
-where a type and its methods always form a cycle, so it cannot answer this.
-Exit 0 when acyclic; else print every cycle and exit 1.
+and the module -> module "uses" graph is checked:
+
+- for cycles (Tarjan's strongly connected components). cargo-modules' own
+  --acyclic works at item level, where a type and its methods always form a
+  cycle, so it cannot answer this;
+- for arrows back up the layers: the crate's top-level modules are layered
+  (LAYERS below, lowest first), and a module may use only modules of a lower
+  layer or of its own top-level module; a use of the same layer's other
+  top-level module (views and active) is an arrow sideways and fails too;
+- inside `views`, for the plug-in rule: the framework every view is written
+  against (VIEW_FRAMEWORK) uses no view's folder, and no view's folder uses
+  another's; only the registry (`views` itself) names them.
+
+Also printed, not failed: the uses of a view's folder from outside `views`
+(each is a place a new view may have to touch; issue 24).
+Exit 0 when all hold; else print every cycle and arrow and exit 1.
 
 Input: `check-modules.py -` reads the graph from stdin, `check-modules.py
 FILE` from FILE; with no argument it reads stdin when that is a redirected
@@ -90,6 +102,24 @@ def graph_lines():
     return run_cargo_modules()
 
 
+# Lowest first. bpf: the C/Rust contract (generated types, constants);
+# analysis: the vocabulary (flows, records, results, statistics, units), pure
+# code; sys: the operating system (netns, cgroups, sock_diag, bpf syscalls);
+# then what measures (the passive views, the active engine, the lab's testbed
+# and scenarios), the session over the views, the sinks that render, the
+# commands' drivers, and the command line.
+LAYERS = [
+    ["bpf", "error", "logging"],
+    ["analysis"],
+    ["sys"],
+    ["views", "active", "lab"],
+    ["session"],
+    ["sinks"],
+    ["cmd"],
+    ["cli", "fuzzing"],
+]
+VIEW_FRAMEWORK = {"view", "passive", "loader", "fine", "names", "probe"}
+
 node_re = re.compile(r'^\s*"([^"]+)" \[label="([^|"]*)\|')
 edge_re = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')
 
@@ -162,14 +192,61 @@ for v in sorted(graph):
     if v not in index:
         strong(v)
 
+LAYER = {top: n for n, names in enumerate(LAYERS) for top in names}
+
+
+def top_of(module):
+    """The top-level module (`rttscope::views::tcp` -> `views`); None for the crate root."""
+    parts = module.split("::")
+    return parts[1] if len(parts) > 1 else None
+
+
+def view_folder(module):
+    """The view's folder a module is in (`rttscope::views::tcp::attach` -> `tcp`), else None."""
+    parts = module.split("::")
+    if len(parts) > 2 and parts[1] == "views" and parts[2] not in VIEW_FRAMEWORK:
+        return parts[2]
+    return None
+
+
+arrows, unlayered, outside_uses = [], set(), {}
+for a in sorted(graph):
+    for b in sorted(graph[a]):
+        ta, tb = top_of(a), top_of(b)
+        for t in (ta, tb):
+            if t is not None and t not in LAYER:
+                unlayered.add(t)
+        if ta is None or tb is None or ta not in LAYER or tb not in LAYER:
+            continue
+        if ta != tb and LAYER[tb] >= LAYER[ta]:
+            way = "sideways" if LAYER[tb] == LAYER[ta] else "up"
+            arrows.append(f"  {a} -> {b}   ({way}: {ta} is layer {LAYER[ta]}, {tb} layer {LAYER[tb]}; {why[(a, b)]})")
+        fa, fb = view_folder(a), view_folder(b)
+        if fb is not None and ta == "views" and a != "rttscope::views" and fa != fb:
+            where = f"the view {fa}" if fa else "the views' framework"
+            arrows.append(f"  {a} -> {b}   ({where} uses the view {fb}'s folder; {why[(a, b)]})")
+        if fb is not None and ta != "views":
+            outside_uses.setdefault(f"{a} -> {b}", why[(a, b)])
+
 n_edges = sum(len(s) for s in graph.values())
-if not sccs:
-    print(f"check-modules: {len(modules)} modules, {n_edges} module-to-module uses, no cycle")
-    sys.exit(0)
+ok = True
+for t in sorted(unlayered):
+    print(f"top-level module {t} is in no layer: add it to LAYERS in scripts/check-modules.py")
+    ok = False
+if arrows:
+    print("arrows back up the layers (or between views):")
+    print("\n".join(arrows))
+    ok = False
 for comp in sccs:
+    ok = False
     print("cycle among: " + ", ".join(comp))
     for a in comp:
         for b in sorted(graph[a]):
             if b in comp:
                 print(f"  {a} -> {b}   ({why[(a, b)]})")
-sys.exit(1)
+print(f"check-modules: {len(outside_uses)} module uses of a view's folder from outside views (not failed):")
+for k in sorted(outside_uses):
+    print(f"  {k}")
+print(f"check-modules: {len(modules)} modules, {n_edges} module-to-module uses, "
+      f"{len(sccs)} cycles, {len(arrows)} arrows back up the layers or between views")
+sys.exit(0 if ok else 1)

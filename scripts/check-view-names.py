@@ -4,7 +4,8 @@
 Usage: scripts/check-view-names.py [--max N] [--list]
 
 A view should be named outside `userspace/src/views/<view>/` only in the
-registry: every other place that says "sampler" or "tcp view" is a place a new
+registry (`views/mod.rs`, and the list of the views' names below the views,
+`analysis/view_kind.rs`, which records key their columns by): every other place that says "sampler" or "tcp view" is a place a new
 view has to touch. This counts, in `userspace/src` outside `views/` and
 outside tests (as scripts/check-fn-length.py finds functions and tests), the
 functions whose text (strings included: `"sampler"` in a match counts) names
@@ -28,6 +29,9 @@ spec = importlib.util.spec_from_file_location("fnlen", os.path.join(HERE, "check
 fnlen = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fnlen)
 
+# The registry's part outside views/ (the names, below the views: scripts/check-modules.py's layers).
+REGISTRY = {os.path.join("analysis", "view_kind.rs")}
+
 VIEWS = {
     "sampler": re.compile(r"sampler", re.I),
     "tcp": re.compile(r'TcpView|tcp_view|views::tcp\b|View(Kind)?::Tcp\b|"tcp"'),
@@ -45,7 +49,7 @@ def main():
     total = 0
     for path in sorted(fnlen.rust_files([root])):
         rel = os.path.relpath(path, root)
-        if rel.startswith("views" + os.sep):
+        if rel.startswith("views" + os.sep) or rel in REGISTRY:
             continue
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")

@@ -57,6 +57,24 @@ python3 "$ROOT/scripts/check-fn-length.py"
 # go down (94 on 2026-11-28 after the sampler without atomics added its start-line note in
 # cmd/observe/output.rs; the goal is the registry alone).
 python3 "$ROOT/scripts/check-view-names.py" --max 55
+# The module graph's checker (issue 24: no import cycle, no arrow back up the layers, no view using
+# another's folder) fails on what it should: small graphs with one such arrow each (tests/fixtures/modules).
+python3 "$ROOT/scripts/check-modules.py" "$ROOT/tests/fixtures/modules/layered.dot" >/dev/null
+for bad in up-arrow view-uses-view framework-uses-view; do
+    if python3 "$ROOT/scripts/check-modules.py" "$ROOT/tests/fixtures/modules/$bad.dot" >/dev/null; then
+        echo "check-modules.py passed tests/fixtures/modules/$bad.dot, which has an arrow it must refuse" >&2
+        exit 1
+    fi
+done
+# The crate's own graph, where cargo-modules is installed (.ci/run installs it).
+if command -v cargo-modules >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo-modules" ]; then
+    modules_rc=0
+    modules_out=$(PATH="$HOME/.cargo/bin:$PATH" python3 "$ROOT/scripts/check-modules.py" </dev/null 2>&1) || modules_rc=$?
+    if [ "$modules_rc" -eq 1 ]; then echo "$modules_out" >&2; exit 1; fi
+    echo "$modules_out" | tail -1
+else
+    echo "cargo-modules is not installed: the crate's module graph is checked by .ci/run only"
+fi
 
 phase "unit tests (no privileges needed)"
 cargo test -p rttscope "${FEATURES[@]}" -- "$@"

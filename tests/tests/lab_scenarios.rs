@@ -182,7 +182,7 @@ fn run(scenario: &str) -> Run {
     let _g = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // The busy host's load, in other namespaces, on the lab's port (dropped at the end).
     let pair = Pair::new().unwrap();
-    let port = rttscope::lab::env::PORT;
+    let port = rttscope::cmd::lab::env::PORT;
     let server = format!("{}:{port}", rttscope_e2e::B_ADDR).parse().unwrap();
     let _srv = RrServer::start(&pair.b, server, 1).unwrap();
     let busy = busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
@@ -413,7 +413,7 @@ impl InsideLoad {
             }
         }
         self.tries += 1;
-        let port = rttscope::lab::env::PORT.to_string();
+        let port = rttscope::cmd::lab::env::PORT.to_string();
         let srv = rttscope::lab::testbed::SRV_ADDR.to_string();
         let bin = rttscope_bin();
         self.child = Command::new("ip")

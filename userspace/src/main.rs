@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         Command::Compare(args) => rttscope::cmd::compare::run(args),
         Command::Features(args) => rttscope::cmd::features::run(args),
         #[cfg(feature = "lab")]
-        Command::Lab(args) => rttscope::lab::env::run(args),
+        Command::Lab(args) => rttscope::cmd::lab::env::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
+use crate::analysis::flow::Flow;
 use crate::analysis::hist::Hist;
 use crate::analysis::records::{self, EndFlow, Name};
 use crate::sys::cgroup::CgroupIndex;
-use crate::views::flow::Flow;
 use crate::views::view::{ReadCtx, RunFlows, View, ViewRead};
 use crate::views::{LoaderKind, ViewConfig, ViewKind};
 

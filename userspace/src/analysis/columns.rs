@@ -9,7 +9,7 @@ use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::views::ViewKind;
+use crate::analysis::view_kind::ViewKind;
 
 /// One value per view, in registry order (serialised flattened into the
 /// flow's object: each present view's name as a key).

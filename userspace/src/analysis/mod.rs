@@ -3,6 +3,7 @@
 pub mod cloud_monitoring;
 pub mod columns;
 pub mod dist;
+pub mod flow;
 pub mod hist;
 pub mod input;
 pub mod records;
@@ -10,6 +11,7 @@ pub mod results;
 pub mod stats;
 pub mod strict_json;
 pub mod units;
+pub mod view_kind;
 pub mod workload;
 
 /// Test helper: the schema checked in at `rel` (from the repository root) is

@@ -18,9 +18,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize, Serializer};
 
 use crate::analysis::columns::Columns;
+use crate::analysis::flow::Side;
 use crate::analysis::hist::{Hist, HistSummary};
 use crate::analysis::workload::Workload;
-use crate::views::flow::Side;
 
 /// A name in a record: a `&'static str` when written, owned when read back.
 pub type Name = Cow<'static, str>;
@@ -428,12 +428,12 @@ pub struct FlowRow {
     pub workload: Option<Arc<Workload>>,
     #[serde(skip)]
     #[schemars(skip)]
-    pub flow: Option<crate::views::flow::Flow>,
+    pub flow: Option<crate::analysis::flow::Flow>,
 }
 
 impl FlowRow {
     /// A flow's row with no view's statistics yet.
-    pub fn new(f: &crate::views::flow::Flow, netns_name: String, side: Side) -> FlowRow {
+    pub fn new(f: &crate::analysis::flow::Flow, netns_name: String, side: Side) -> FlowRow {
         FlowRow {
             netns: f.netns,
             netns_name,
@@ -453,7 +453,7 @@ impl FlowRow {
 
 impl EndFlow {
     /// A flow's `end` entry with no view's statistics yet.
-    pub fn new(f: &crate::views::flow::Flow, netns_name: String, side: Side) -> EndFlow {
+    pub fn new(f: &crate::analysis::flow::Flow, netns_name: String, side: Side) -> EndFlow {
         EndFlow {
             closed: None,
             local: f.local.to_string(),
@@ -626,8 +626,10 @@ mod tests {
             proto: None,
             remote: "b".into(),
             side: Side::Client,
-            views: Columns::default()
-                .with(crate::views::ViewKind::Tcp, EndView::of(&Hist::default())),
+            views: Columns::default().with(
+                crate::analysis::view_kind::ViewKind::Tcp,
+                EndView::of(&Hist::default()),
+            ),
             workload: Some(w.clone()),
         };
         let end = serde_json::to_string(&flow).unwrap();

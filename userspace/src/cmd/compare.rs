@@ -19,11 +19,11 @@ use serde_json::json;
 
 use crate::active::rr::{run_probe, Kind, ProbeConfig, ProbeResult, Stop};
 use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
 use crate::analysis::units::{fmt_duration_short, fmt_ms};
 use crate::session::{RawEvent, RawSample, Session, SessionConfig};
-use crate::views::flow::{Flow, Side};
 use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
 use crate::views::tcp::TcpViewConfig;
 use crate::views::{LoaderKind, ViewConfig};

@@ -6,14 +6,13 @@
 //! - [`emulator`]: per-direction delay/jitter (our NFQUEUE emulator), loss
 //!   (nftables), bottleneck (tbf).
 //! - [`nfqueue`]: the netlink client the emulator uses.
-//! - [`env`]: the real views (responder, probes, observer) and the report.
-//! - [`observer`]: the passive views, observe's session in this process.
 //! - [`scenarios`]: the six scenarios as data, and the runner.
 //! - [`signals`]: Ctrl-C / SIGTERM cancel the run so guards can clean up.
+//!
+//! The command's driver (the real views on this testbed, the report) is
+//! `crate::cmd::lab`: the testbed and the scenarios use nothing above them.
 pub mod emulator;
-pub mod env;
 pub mod nfqueue;
-mod observer;
 pub mod scenarios;
 pub mod signals;
 pub mod testbed;

@@ -8,7 +8,7 @@
 //! `drain_raw`, `next_raw` and `raw_records_bad_total` are these.
 use anyhow::Result;
 
-use crate::views::flow::Side;
+use crate::analysis::flow::Side;
 use crate::views::view::View;
 use crate::views::{PassiveView, RawSample, RawSamples, ViewKind};
 

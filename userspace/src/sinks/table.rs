@@ -232,9 +232,9 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::analysis::columns::Columns;
+    use crate::analysis::flow::Side;
     use crate::analysis::hist::Hist;
     use crate::analysis::records::FlowRow;
-    use crate::views::flow::Side;
     use std::collections::BTreeMap;
 
     /// The lab's table through the one table type: text, Markdown and its unquoted CSV are the

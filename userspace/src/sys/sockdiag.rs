@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::analysis::flow::Flow;
 use crate::sys::netns::{self, NetNs};
-use crate::views::flow::Flow;
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;

@@ -20,7 +20,6 @@ pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, Ring
 pub mod count;
 pub mod fine;
 
-pub mod flow;
 pub(crate) mod loader;
 pub mod names;
 pub mod passive;

@@ -8,58 +8,9 @@ use std::os::fd::{AsRawFd, RawFd};
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::analysis::flow::{Flow, Side};
+pub use crate::analysis::view_kind::ViewKind;
 use crate::bpf::Event;
-use crate::views::flow::{Flow, Side};
-
-/// The passive views.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum ViewKind {
-    /// RTT as TCP computes it (sock_ops RTT callback).
-    Tcp,
-    /// The cloud-style packet sampler at interface ingress/egress (tc).
-    Sampler,
-    /// The example view: packets and bytes in and out of a cgroup (cgroup_skb).
-    #[cfg(feature = "example-view")]
-    Count,
-}
-
-impl ViewKind {
-    /// Every view, in registry order (the order the session reads them and
-    /// records list their columns).
-    pub const ALL: &'static [ViewKind] = &[
-        ViewKind::Tcp,
-        ViewKind::Sampler,
-        #[cfg(feature = "example-view")]
-        ViewKind::Count,
-    ];
-
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            ViewKind::Tcp => "tcp",
-            ViewKind::Sampler => "sampler",
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => "count",
-        }
-    }
-
-    /// The view of a name as records and labels write it (None: not a view
-    /// this build knows).
-    pub fn from_name(name: &str) -> Option<ViewKind> {
-        Self::ALL.iter().copied().find(|k| k.as_str() == name)
-    }
-
-    /// The counter that is the view's level of tracked flows
-    /// (`rttscope_flows_tracked`), if it has one.
-    pub fn flows_level(self) -> Option<&'static str> {
-        match self {
-            ViewKind::Tcp => Some("flows_tracked"),
-            ViewKind::Sampler => Some("flows_live"),
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => None,
-        }
-    }
-}
 
 /// Which BPF loader to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::analysis::records::{EndFlow, FlowRow, Name};
 use crate::analysis::workload::Workload;
 use crate::sys::cgroup::CgroupIndex;
-use crate::views::flow::{Flow, Side};
 use crate::views::{PassiveView, ViewKind};
 
 pub use crate::views::names::NsNames;

@@ -2,9 +2,9 @@
 //! cloud-monitoring`: each flow group's distribution as Cloud Monitoring time series.
 use std::time::Duration;
 
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::analysis::records::CloudPoint;
-use crate::views::flow::{Flow, Side};
 use crate::views::view::{FlowDelta, FlowSink};
 use crate::views::ViewKind;
 

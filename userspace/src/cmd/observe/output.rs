@@ -382,7 +382,7 @@ pub(super) fn flush_raw(lines: &mut Vec<String>, stdout: &std::io::Stdout) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::views::flow::Flow;
+    use crate::analysis::flow::Flow;
 
     /// `--format cloud-monitoring`: the histogram deltas the session hands its sinks become
     /// CUMULATIVE TimeSeries that our own reader parses back, every sample counted.
@@ -416,7 +416,7 @@ mod tests {
         }
         let d = FlowDelta {
             flow: &flow,
-            side: crate::views::flow::Side::Server,
+            side: crate::analysis::flow::Side::Server,
             netns_name: "ns-b",
             owner: None,
             delta: &h,
@@ -427,7 +427,7 @@ mod tests {
         h2.record(1500);
         let d = FlowDelta {
             flow: &flow,
-            side: crate::views::flow::Side::Server,
+            side: crate::analysis::flow::Side::Server,
             netns_name: "ns-b",
             owner: None,
             delta: &h2,

@@ -12,10 +12,10 @@ use anyhow::Result;
 use serde_json::json;
 
 use super::args::ObserveArgs;
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::HistSummary;
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
 use crate::session::{FlowRow, RawEvent, RawSample, Session, ViewStats};
-use crate::views::flow::{Flow, Side};
 
 /// Most raw samples kept in memory for the document; later ones are counted, not kept.
 pub const MAX_SAMPLES: usize = 5_000_000;

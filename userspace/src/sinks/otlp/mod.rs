@@ -413,9 +413,9 @@ pub fn unix_ns() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::flow::{Flow, Side};
     use crate::analysis::hist::Hist;
     use crate::sinks::prometheus::{Exporter, LabelPolicy};
-    use crate::views::flow::{Flow, Side};
     use crate::views::ViewKind;
     use prost::Message;
 

@@ -46,10 +46,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{self, Hist};
 use crate::analysis::workload::Workload;
 use crate::sys::bpf::ProgRun;
-use crate::views::flow::{Flow, Side};
 use crate::views::ViewKind;
 
 pub mod daemon;

@@ -63,10 +63,10 @@ const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 /// Largest flow table (entries): 84 GiB of kernel memory at 5.25 KiB each (the kernel refuses
 /// what it cannot allocate: ENOMEM at load, reported as such).
 pub const MAX_TABLE: u32 = 1 << 24;
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
 use crate::views::fine::{FineAcc, FinePool};
-use crate::views::flow::{Flow, Side};
 use crate::views::PassiveView;
 
 /// Base of our clsact filters' handles and priorities ("rs"): an observer in

@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use crate::analysis::flow::{Flow, Side};
 use crate::sys::netns::{self, NetNs};
-use crate::views::flow::{Flow, Side};
 
 /// TCP state LISTEN in /proc/net/tcp.
 const LISTEN: u8 = 0x0a;

@@ -11,12 +11,12 @@ use anyhow::Result;
 
 use super::sides::SideResolver;
 use super::{FlowKind, SamplerFlowStats, SamplerView};
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, ViewStats};
 use crate::analysis::workload::Workload;
 use crate::sys::netns;
 use crate::sys::sockdiag::FlowOwners;
-use crate::views::flow::{Flow, Side};
 use crate::views::view::{
     Counters, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched, WatchedIface,
 };

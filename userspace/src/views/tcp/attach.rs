@@ -17,9 +17,9 @@ use super::{
     all_counters, cidr_key, free_slot, hint_entries, read_slots, TcpFlowState, TcpHookInfo,
     TcpView, TcpViewConfig,
 };
+use crate::analysis::flow::{Flow, Side};
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
 use crate::views::fine::{self, pool_entries, FinePool};
-use crate::views::flow::{Flow, Side};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
 };

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::bpf::tcp::types::{
     rttscope_cidr_key, rttscope_flow_flags as F, rttscope_tcp_counter as C,
@@ -22,7 +23,6 @@ use crate::bpf::tcp::types::{
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
 use crate::views::fine::FinePool;
-use crate::views::flow::{Flow, Side};
 use crate::views::PassiveView;
 
 /// A loaded and attached TCP view (sock_ops on a cgroup, iterator run in

@@ -10,12 +10,12 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::{TcpFlowState, TcpView, TcpViewConfig};
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, ViewStats};
 use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::cgroup::CgroupIndex;
-use crate::views::flow::{Flow, Side};
 use crate::views::view::{
     Counters, NsNames, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched,
 };

@@ -24,15 +24,15 @@ use clap::ValueEnum;
 use serde_json::{json, Value};
 
 use super::observer::{ObsShared, Observer};
-use super::scenarios::{
-    self, LabArgs, Phase, PhaseRecord, Plan, Progress, Scenario, ScenarioEnv, Workload,
-};
-use super::signals;
-use super::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
 use crate::analysis::records;
 use crate::analysis::results::{
     RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
 };
+use crate::lab::scenarios::{
+    self, LabArgs, Phase, PhaseRecord, Plan, Progress, Scenario, ScenarioEnv, Workload,
+};
+use crate::lab::signals;
+use crate::lab::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
 use crate::sinks::table::{Align, Table};
 
 /// The responder's port; the observer only follows flows to it.
@@ -360,7 +360,7 @@ fn bulk_args(srv: &str, secs: f64) -> Vec<String> {
         &BULK_PORT.to_string(),
         "-R",
         "-C",
-        super::testbed::CONGESTION_CONTROL,
+        crate::lab::testbed::CONGESTION_CONTROL,
         "-t",
         &format!("{}", secs.ceil() as u64),
         "-J",
@@ -1512,13 +1512,13 @@ mod tests {
                     _ => crate::views::ViewKind::Sampler,
                 },
                 event: crate::session::RawEvent::Rtt,
-                flow: crate::views::flow::Flow {
+                flow: crate::analysis::flow::Flow {
                     netns: 1,
                     local: local.parse().unwrap(),
                     remote: remote.parse().unwrap(),
                 },
                 proto: None,
-                side: crate::views::flow::Side::Unknown,
+                side: crate::analysis::flow::Side::Unknown,
                 ts_ns: 5_000_000_000 + (t * 1e9).round() as u64,
                 rtt_us: *rtt as u32,
                 srtt_us: None,
@@ -1589,14 +1589,14 @@ mod tests {
             event: crate::session::RawEvent::FlowEnd,
             rtt_us: 0,
             ts_ns: 6_000_000_000,
-            flow: crate::views::flow::Flow {
+            flow: crate::analysis::flow::Flow {
                 netns: 1,
                 local: cli.parse().unwrap(),
                 remote: srv.parse().unwrap(),
             },
             view: crate::views::ViewKind::Tcp,
             proto: None,
-            side: crate::views::flow::Side::Client,
+            side: crate::analysis::flow::Side::Client,
             srtt_us: None,
             matching: None,
         };

@@ -20,10 +20,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::sync::oneshot;
 
 use super::env::PORT;
-use super::signals;
-use super::testbed::{Role, Testbed, HOST_IF};
 use crate::analysis::records;
 use crate::cmd::observe::ObserveArgs;
+use crate::lab::signals;
+use crate::lab::testbed::{Role, Testbed, HOST_IF};
 use crate::session::{RawEvent, RawSample, Session};
 use crate::views::ViewKind;
 
