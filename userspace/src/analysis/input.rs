@@ -169,11 +169,7 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
                     None => {
                         sets.push(SampleSet {
                             name: set_name,
-                            kind: Some(match smp.view.as_ref() {
-                                "tcp" => ViewKind::Tcp,
-                                "sampler" => ViewKind::Sampler,
-                                _ => ViewKind::Other,
-                            }),
+                            kind: Some(ViewKind::from_name(&smp.view)),
                             timed: true,
                             start_unix_s: None,
                             samples: Vec::new(),

@@ -44,6 +44,12 @@ impl ViewKind {
         Self::ALL.iter().copied().find(|k| k.as_str() == name)
     }
 
+    /// Whether the view's rows carry the socket's own smoothed RTT and retransmissions
+    /// (`ViewStats::srtt_us`, `retrans`: the table's `SRTT ms` and `RETR` columns).
+    pub fn socket_columns(self) -> bool {
+        self == ViewKind::Tcp
+    }
+
     /// The counter that is the view's level of tracked flows
     /// (`rttscope_flows_tracked`), if it has one.
     pub fn flows_level(self) -> Option<&'static str> {

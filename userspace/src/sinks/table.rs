@@ -139,13 +139,13 @@ pub fn print_table(
         .col("LOCAL", Align::Left)
         .col("REMOTE", Align::Left)
         .col("SIDE", Align::Left);
-    for v in views {
-        let v = v.to_uppercase();
-        t = t.group(format!("{v} {}", STATS[0]), Align::Right);
+    let kinds: Vec<Option<ViewKind>> = views.iter().map(|v| ViewKind::from_name(v)).collect();
+    for (v, k) in views.iter().zip(&kinds) {
+        t = t.group(format!("{} {}", v.to_uppercase(), STATS[0]), Align::Right);
         for h in &STATS[1..] {
             t = t.col(*h, Align::Right);
         }
-        if v == "TCP" {
+        if k.is_some_and(|k| k.socket_columns()) {
             t = t.col("SRTT ms", Align::Right).col("RETR", Align::Right);
         }
     }
@@ -161,9 +161,9 @@ pub fn print_table(
             r.remote.clone(),
             side,
         ];
-        for v in views {
-            let s = ViewKind::from_name(v).and_then(|k| r.views.get(k));
-            cells.extend(cols(s, *v == "tcp"));
+        for k in &kinds {
+            let s = k.and_then(|k| r.views.get(k));
+            cells.extend(cols(s, k.is_some_and(|k| k.socket_columns())));
         }
         t.row(cells);
     }
@@ -196,7 +196,7 @@ pub fn print_table(
 
 /// A view's cells of one row: N, the statistics in ms, and for TCP its
 /// srtt and retransmissions.
-fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
+fn cols(s: Option<&ViewStats>, socket_columns: bool) -> Vec<String> {
     let mut out = match s {
         Some(s) if s.summary.n > 0 => {
             let m = &s.summary;
@@ -214,7 +214,7 @@ fn cols(s: Option<&ViewStats>, tcp: bool) -> Vec<String> {
             .map(String::from)
             .to_vec(),
     };
-    if tcp {
+    if socket_columns {
         let srtt = s
             .and_then(|s| s.srtt_us)
             .map(|v| fmt_ms(v as f64))

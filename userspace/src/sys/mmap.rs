@@ -61,8 +61,8 @@ impl Mapping {
         assert!(rel + len <= self.len, "element outside the mapping");
         // SAFETY: inside the mapping (checked), and `&mut self` keeps this the only reference
         // from userspace. The programs may write the same memory concurrently (the caller's
-        // protocol decides what a read of it is worth: the fine pool's finished half is no
-        // longer written, the sampler table's entries carry gen/gen_end).
+        // protocol decides what a read of it is worth: e.g. a pool's finished half is no longer
+        // written, a table's entries carry generation counts).
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(rel), len) }
     }
 }
