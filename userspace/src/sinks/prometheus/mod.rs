@@ -1,6 +1,7 @@
 //! Daemon mode's exporter: the passive views as Prometheus/OpenMetrics text on
 //! `/metrics` (`rttscope observe --listen ADDR`); the HTTP endpoint is
-//! [`http`], the daemon that feeds it from observe's reads [`daemon`].
+//! [`http`], the daemon that feeds it from observe's reads [`daemon`]; the label
+//! sets are in `labels.rs`, the RTT histogram metric in `rtt_hist.rs`.
 //!
 //! What is exported (names as scraped):
 //! - `rttscope_rtt_seconds` (histogram) per view, side, netns, remote prefix
@@ -32,30 +33,33 @@
 //! bucket; `le=B` therefore counts samples < B us (<= B - 1 us). `_sum` is the
 //! kernel's exact sum of samples; `_count` is exact.
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use parking_lot_free::Mutex;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::analysis::flow::{Flow, Side};
-use crate::analysis::hist::{self, Hist};
+use crate::analysis::hist::Hist;
 use crate::analysis::workload::Workload;
 use crate::sys::bpf::ProgRun;
 use crate::views::ViewKind;
 
 pub mod daemon;
 pub mod http;
+mod labels;
 pub mod native;
 pub mod proto;
+mod rtt_hist;
+
+use labels::{DropLabels, EventLabels, ProgLabels, ViewLabel};
+pub use labels::{LabelPolicy, RttLabels, WorkloadLabels};
+pub use rtt_hist::{RttHist, RTT_BOUNDS_US};
 
 /// A std Mutex that shrugs off poisoning (a panicked scrape must not stop the exporter).
 mod parking_lot_free {
@@ -78,393 +82,6 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9464";
 
 /// The OpenMetrics text content type.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
-/// Prometheus bucket upper bounds in microseconds: 10 and 14 x 2^k, k = 0..=20
-/// (10 us .. 10.49 s, ratio ~1.4 per bucket), all kernel bucket boundaries.
-pub const RTT_BOUNDS_US: [u32; 42] = {
-    let mut b = [0u32; 42];
-    let mut k = 0;
-    while k <= 20 {
-        b[2 * k] = 10 << k;
-        b[2 * k + 1] = 14 << k;
-        k += 1;
-    }
-    b
-};
-
-/// Number of Prometheus buckets used (bounds up to 10 x 2^20 us; the 14 x 2^20
-/// entry is past 10 s and dropped), plus +Inf.
-const N_BOUNDS: usize = 41;
-
-/// How flows are turned into bounded label sets.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LabelPolicy {
-    /// Remote IPv4 addresses are cut to this prefix length (0..=32).
-    pub v4_prefix: u8,
-    /// Remote IPv6 addresses are cut to this prefix length (0..=128).
-    pub v6_prefix: u8,
-    /// Local ports kept as label values; every other port becomes "other".
-    pub ports: Vec<u16>,
-    /// Workload labels (unit, container, pod_namespace, pod, qos) from the
-    /// socket's cgroup: off by default (a label set per workload).
-    pub workload: bool,
-    /// At most this many RTT label sets; more go to the overflow series.
-    pub max_series: usize,
-    /// A label set without samples for this long is removed.
-    pub series_idle: Duration,
-}
-
-impl Default for LabelPolicy {
-    fn default() -> Self {
-        LabelPolicy {
-            v4_prefix: 24,
-            v6_prefix: 48,
-            ports: Vec::new(),
-            workload: false,
-            max_series: 1000,
-            series_idle: Duration::from_secs(600),
-        }
-    }
-}
-
-impl LabelPolicy {
-    /// One clear sentence for an impossible policy.
-    pub fn validate(&self) -> Result<()> {
-        if self.v4_prefix > 32 {
-            anyhow::bail!(
-                "the IPv4 label prefix must be 0..32 bits, not {}",
-                self.v4_prefix
-            );
-        }
-        if self.v6_prefix > 128 {
-            anyhow::bail!(
-                "the IPv6 label prefix must be 0..128 bits, not {}",
-                self.v6_prefix
-            );
-        }
-        if self.max_series == 0 {
-            anyhow::bail!("the series cap (max_series) must be at least 1");
-        }
-        if self.max_series > 1_000_000 {
-            anyhow::bail!(
-                "the series cap (max_series) must be at most 1000000, not {}",
-                self.max_series
-            );
-        }
-        if self.ports.len() > 1024 {
-            anyhow::bail!(
-                "at most 1024 label ports may be listed, not {}",
-                self.ports.len()
-            );
-        }
-        Ok(())
-    }
-
-    /// The remote address cut to the policy's prefix, as CIDR text.
-    pub fn remote_prefix(&self, ip: IpAddr) -> String {
-        let net: ipnet::IpNet = match ip {
-            IpAddr::V4(a) => ipnet::Ipv4Net::new(a, self.v4_prefix.min(32))
-                .map(|n| n.trunc().into())
-                .unwrap_or_else(|_| ipnet::Ipv4Net::from(a).into()),
-            IpAddr::V6(a) => match a.to_ipv4_mapped() {
-                Some(v4) => return self.remote_prefix(IpAddr::V4(v4)),
-                None => ipnet::Ipv6Net::new(a, self.v6_prefix.min(128))
-                    .map(|n| n.trunc().into())
-                    .unwrap_or_else(|_| ipnet::Ipv6Net::from(a).into()),
-            },
-        };
-        net.to_string()
-    }
-
-    /// The local port label: the port when listed, else "other".
-    pub fn local_port(&self, port: u16) -> String {
-        if self.ports.contains(&port) {
-            port.to_string()
-        } else {
-            "other".to_string()
-        }
-    }
-
-    /// The label set of a flow's samples.
-    pub fn labels(&self, view: ViewKind, flow: &Flow, side: Side, netns: &str) -> RttLabels {
-        RttLabels {
-            view: view.as_str().to_string(),
-            side: side_label(side).to_string(),
-            netns: netns.to_string(),
-            remote_prefix: self.remote_prefix(flow.remote.ip()),
-            local_port: self.local_port(flow.local.port()),
-            proto: proto_label(flow, side).to_string(),
-            workload: None,
-        }
-    }
-}
-
-/// The workload labels of a flow (`--label-workload`): only those the
-/// cgroup path tells are exported (an empty value is no label in Prometheus).
-#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub struct WorkloadLabels {
-    pub unit: String,
-    pub container: String,
-    pub pod_namespace: String,
-    pub pod: String,
-    pub qos: String,
-}
-
-impl WorkloadLabels {
-    pub fn of(w: &Workload) -> WorkloadLabels {
-        WorkloadLabels {
-            unit: w.unit.clone().unwrap_or_default(),
-            container: w.container_short().unwrap_or_default().to_string(),
-            pod_namespace: w.pod_namespace.clone().unwrap_or_default(),
-            pod: match (&w.pod_name, &w.pod_uid) {
-                (Some(n), _) => n.clone(),
-                (None, Some(uid)) => format!("pod-{uid}"),
-                _ => String::new(),
-            },
-            qos: w.qos.map(|q| q.as_str().to_string()).unwrap_or_default(),
-        }
-    }
-    fn pairs(&self) -> [(&'static str, &str); 5] {
-        [
-            ("unit", &self.unit),
-            ("container", &self.container),
-            ("pod_namespace", &self.pod_namespace),
-            ("pod", &self.pod),
-            ("qos", &self.qos),
-        ]
-    }
-}
-
-/// The flow's protocol: ICMP echo flows (the sampler's, side pinger or
-/// pinged) are `icmp` or `icmpv6`, every other flow `tcp`.
-fn proto_label(flow: &Flow, side: Side) -> &'static str {
-    match (side, flow.remote.ip()) {
-        (Side::Pinger | Side::Pinged, IpAddr::V6(_)) => "icmpv6",
-        (Side::Pinger | Side::Pinged, IpAddr::V4(_)) => "icmp",
-        _ => "tcp",
-    }
-}
-
-fn side_label(s: Side) -> &'static str {
-    match s {
-        Side::Client => "client",
-        Side::Server => "server",
-        Side::Unknown => "unknown",
-        Side::Pinger => "pinger",
-        Side::Pinged => "pinged",
-    }
-}
-
-/// Labels of an RTT histogram series. A label added here is exported by
-/// every format: the text formats through `EncodeLabelSet`, the protobuf
-/// native buckets and OTLP through [`RttLabels::pairs`].
-#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RttLabels {
-    pub view: String,
-    pub side: String,
-    pub netns: String,
-    pub remote_prefix: String,
-    pub local_port: String,
-    /// `tcp`, or `icmp`/`icmpv6` for the sampler's ICMP echo flows.
-    pub proto: String,
-    /// `--label-workload`: who owns the socket (None: the option is off).
-    pub workload: Option<WorkloadLabels>,
-}
-
-impl EncodeLabelSet for RttLabels {
-    fn encode(
-        &self,
-        mut enc: prometheus_client::encoding::LabelSetEncoder,
-    ) -> std::result::Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeLabel;
-        for (k, v) in self.in_order() {
-            (k, v).encode(enc.encode_label())?;
-        }
-        Ok(())
-    }
-}
-
-impl RttLabels {
-    /// (name, value) of every label, sorted by name.
-    pub fn pairs(&self) -> proto::LabelKey {
-        let pairs = self.in_order().map(|(k, v)| (k.to_string(), v.to_string()));
-        proto::label_key(pairs.collect())
-    }
-
-    /// Every label in the text format's order; the workload's only where known.
-    fn in_order(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        let fixed = [
-            ("view", self.view.as_str()),
-            ("side", self.side.as_str()),
-            ("netns", self.netns.as_str()),
-            ("remote_prefix", self.remote_prefix.as_str()),
-            ("local_port", self.local_port.as_str()),
-            ("proto", self.proto.as_str()),
-        ];
-        let workload = self.workload.iter().flat_map(|w| w.pairs());
-        fixed
-            .into_iter()
-            .chain(workload.filter(|(_, v)| !v.is_empty()))
-    }
-
-    /// The one overflow series of a view.
-    pub fn overflow(view: ViewKind) -> RttLabels {
-        let o = "overflow".to_string();
-        RttLabels {
-            view: view.as_str().to_string(),
-            side: o.clone(),
-            netns: o.clone(),
-            remote_prefix: o.clone(),
-            local_port: o.clone(),
-            proto: o,
-            workload: None,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ViewLabel {
-    view: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DropLabels {
-    view: String,
-    reason: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EventLabels {
-    view: String,
-    event: String,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProgLabels {
-    /// The program's name: stable across restarts (its id is not).
-    prog: String,
-}
-
-/// A Prometheus histogram fed with whole kernel histograms at once
-/// (prometheus-client's own `Histogram` takes one observation at a time).
-/// It keeps the series' cumulative kernel histogram; the classic buckets
-/// and the native (exponential) buckets are both derived from it when the
-/// exporter renders.
-#[derive(Debug, Clone, Default)]
-pub struct RttHist {
-    inner: Arc<Mutex<RttHistInner>>,
-}
-
-#[derive(Debug)]
-struct RttHistInner {
-    /// Every sample of the series, in the kernel's log-linear layout.
-    hist: Hist,
-    /// The native histogram's schema: lowered (for good) when the series
-    /// needs more than `native::MAX_BUCKETS` buckets.
-    schema: i32,
-}
-
-impl Default for RttHistInner {
-    fn default() -> Self {
-        RttHistInner {
-            hist: Hist::default(),
-            schema: native::SCHEMA,
-        }
-    }
-}
-
-/// For each kernel bucket, the index of the Prometheus bucket that holds it.
-fn kernel_to_prom() -> &'static [u8; hist::BUCKETS] {
-    static MAP: std::sync::OnceLock<[u8; hist::BUCKETS]> = std::sync::OnceLock::new();
-    MAP.get_or_init(|| {
-        let mut m = [0u8; hist::BUCKETS];
-        for (i, slot) in m.iter_mut().enumerate() {
-            let (_, hi) = hist::bucket_bounds(i);
-            // All values in [lo, hi) are <= hi - 1 < bound when hi <= bound.
-            let idx = RTT_BOUNDS_US[..N_BOUNDS]
-                .iter()
-                .position(|&b| hi.is_finite() && hi <= b as f64)
-                .unwrap_or(N_BOUNDS);
-            *slot = idx as u8;
-        }
-        m
-    })
-}
-
-/// Classic buckets (per bucket, not cumulative; the last is +Inf) of a kernel histogram.
-fn classic_buckets(h: &Hist) -> Vec<(f64, u64)> {
-    let map = kernel_to_prom();
-    let mut out: Vec<(f64, u64)> = RTT_BOUNDS_US[..N_BOUNDS]
-        .iter()
-        .map(|&b| (b as f64 / 1e6, 0))
-        .chain(std::iter::once((f64::MAX, 0)))
-        .collect();
-    for (i, c) in h.buckets() {
-        out[map[i.min(hist::BUCKETS - 1)] as usize].1 += c;
-    }
-    out
-}
-
-impl RttHist {
-    /// Add `cur - prev` (cumulative kernel histograms of one flow; `prev`
-    /// None: all of `cur`). Returns the number of samples added.
-    pub fn add_delta(&self, cur: &Hist, prev: Option<&Hist>) -> u64 {
-        let d;
-        let delta = match prev {
-            Some(p) => {
-                d = cur.delta(p);
-                &d
-            }
-            None => cur,
-        };
-        let n = delta.count();
-        if n > 0 {
-            let mut g = self.inner.lock();
-            g.hist.merge(delta);
-            // The series' range is known from the buckets; exact min/max are not exported.
-            g.hist.min_us = None;
-            g.hist.max_us = None;
-        }
-        n
-    }
-
-    /// (sum in seconds, count, cumulative counts per bound) for tests and docs.
-    pub fn snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
-        let g = self.inner.lock();
-        let mut acc = 0;
-        let cum = classic_buckets(&g.hist)
-            .into_iter()
-            .map(|(b, c)| {
-                acc += c;
-                (b, acc)
-            })
-            .collect();
-        (g.hist.sum_us as f64 / 1e6, g.hist.count(), cum)
-    }
-
-    /// The native (exponential) buckets, at the series' schema or lower.
-    pub fn native(&self) -> native::Native {
-        let mut g = self.inner.lock();
-        let n = native::from_hist(&g.hist, g.schema);
-        g.schema = n.schema;
-        n
-    }
-}
-
-impl TypedMetric for RttHist {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl EncodeMetric for RttHist {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let g = self.inner.lock();
-        let buckets = classic_buckets(&g.hist);
-        encoder.encode_histogram::<()>(g.hist.sum_us as f64 / 1e6, g.hist.count(), &buckets, None)
-    }
-    fn metric_type(&self) -> MetricType {
-        Self::TYPE
-    }
-}
 
 /// Counter names that are drops: samples or records lost (a ring buffer
 /// overrun, a table full, a flow gone unread, samples of evicted flows never
@@ -1053,7 +670,9 @@ impl MetricsHandle {
 
 #[cfg(test)]
 mod tests {
+    use super::rtt_hist::N_BOUNDS;
     use super::*;
+    use crate::analysis::hist;
     use std::net::SocketAddr;
     fn flow(remote: &str, lport: u16) -> Flow {
         Flow {
