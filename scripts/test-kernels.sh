@@ -24,6 +24,7 @@ if [ "${1:-}" = "--guest" ]; then
 import ctypes, json, os, re, signal, socket, statistics, subprocess, sys, threading, time
 
 BIN = os.environ["RTTSCOPE_BIN"]
+EXAMPLE_BIN = os.environ.get("RTTSCOPE_EXAMPLE_BIN", "")
 KERNEL = os.uname().release
 PORT = 5001
 C_ADDR, S_ADDR = "10.88.0.1", "10.88.0.2"
@@ -612,6 +613,59 @@ def refusals(blocker):
     testbed_down()
 
 
+def count_run():
+    """The example view (feature example-view, docs/views.md) under both loaders: the loader
+    layer's cgroup_skb programs on this kernel. A child in a cgroup of the run's own sends itself
+    N datagrams of 100 bytes over loopback: exactly N packets and N * 128 bytes each way (IP
+    header on), none of the guest's other traffic; both programs gone after observe exits."""
+    if not EXAMPLE_BIN or not os.path.exists(EXAMPLE_BIN):
+        log("example view: no build with example-view given (RTTSCOPE_EXAMPLE_BIN): not checked")
+        return
+    n, size = 40, 100
+    want = {"packets_in": n, "packets_out": n, "bytes_in": n * (size + 28), "bytes_out": n * (size + 28)}
+    root = next(l.split()[1] for l in open("/proc/mounts") if l.split()[2] == "cgroup2")
+    for loader in ("libbpf", "aya"):
+        what = f"example view ({loader})"
+        cg = os.path.join(root, f"rtscount{os.getpid()}{loader}")
+        os.mkdir(cg)
+        p = subprocess.Popen([EXAMPLE_BIN, "observe", "--format", "json", "--view", "count", "--cgroup", cg,
+                              "--loader", loader, "--interval", "1s", "--duration", "6s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = p.stdout.readline()
+            if not check(bool(first), f"{what}: observe attached ({p.stderr.read() if not first else 'start record'})"):
+                continue
+            child = os.fork()
+            if child == 0:
+                code = 1
+                try:
+                    with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+                        f.write(str(os.getpid()))
+                    r = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    r.bind(("127.0.0.1", 0))
+                    w = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                    for _ in range(n):
+                        w.sendto(b"x" * size, r.getsockname())
+                    for _ in range(n):
+                        r.recv(2 * size)
+                    code = 0
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(child, 0)
+            check(status == 0, f"{what}: the sender in the cgroup ran")
+            lines, err = finish(p)
+            end = next((l for l in lines if l.get("type") == "end"), {})
+            c = end.get("counters", {}).get("count", {})
+            got = {k: c.get(k) for k in want}
+            check(got == want, f"{what}: counts {got}, want {want}{' ' + err.strip() if got != want else ''}")
+            check(not our_prog_ids(r"^rtt_count_"), f"{what}: no count program left loaded")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            os.rmdir(cg)
+
+
 def rates(label, before, after):
     """A connection open before the start gets, per side, at least half as
     many samples per second as one opened after it (both runs RR_SECONDS of
@@ -669,6 +723,7 @@ def runs(feat, caps):
     compare_run(smp)
     daemon_run(how)
     daemonset_memlock()
+    count_run()
 
 
 t_all = time.monotonic()
@@ -757,7 +812,7 @@ for k in "${kernels[@]}"; do
   # KVM does not boot these guests on our machines (docs/kernels.md).
   set +e
   timeout 900 vng --disable-kvm --cpus 2 --memory 1G --run "$k" \
-    --exec "RTTSCOPE_BIN=$RTTSCOPE_BIN $ROOT/scripts/test-kernels.sh --guest" >"$log" 2>&1 </dev/null
+    --exec "RTTSCOPE_BIN=$RTTSCOPE_BIN RTTSCOPE_EXAMPLE_BIN=${RTTSCOPE_EXAMPLE_BIN:-} $ROOT/scripts/test-kernels.sh --guest" >"$log" 2>&1 </dev/null
   rc=$?
   set -e
   t1=$(date +%s)

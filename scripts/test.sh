@@ -106,7 +106,8 @@ RTTSCOPE_EXAMPLE_VIEW=1 RTTSCOPE_BIN="$ROOT/target/example/debug/rttscope" \
   cargo test -p rttscope-e2e "${FEATURES[@]}" --test example_view -- "$@"
 
 phase "other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG; expectations from rttscope features; docs/kernels.md)"
-"$ROOT/scripts/test-kernels.sh"
+# (with the example build: the example view's cgroup_skb programs in each guest too)
+RTTSCOPE_EXAMPLE_BIN="$ROOT/target/example/debug/rttscope" "$ROOT/scripts/test-kernels.sh"
 
 phase "leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
