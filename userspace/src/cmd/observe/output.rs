@@ -55,7 +55,7 @@ struct Settings<'a> {
 /// The settings recorded in the start record (and in the `--json` document).
 pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
     serde_json::to_value(Settings {
-        ack_hook: &args.ack_hook,
+        ack_hook: &args.view_opts.tcp.ack_hook,
         addrs: args.addrs.iter().map(|a| a.to_string()).collect(),
         all_netns: args.all_netns,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
