@@ -172,6 +172,19 @@ impl ViewArgs {
     }
 }
 
+/// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say
+/// nothing).
+pub fn not_requested(kind: ViewKind) -> Option<&'static str> {
+    match kind {
+        ViewKind::Tcp => Some("unavailable: tcp view: not requested (--view)"),
+        ViewKind::Sampler => {
+            Some("unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)")
+        }
+        #[cfg(feature = "example-view")]
+        ViewKind::Count => None,
+    }
+}
+
 /// The views observe's config file may name (`views = [...]`).
 pub const FILE_VIEWS: &[&str] = &["tcp", "sampler"];
 

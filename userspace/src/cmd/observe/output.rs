@@ -118,30 +118,6 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
     header
 }
 
-/// What the TCP view will and will not see: new connections (every namespace, or the
-/// `--netns` ones), connections already open (only where the iterator ran), and how to see more.
-pub(super) fn seen_line(args: &ObserveArgs, info: &crate::views::tcp::TcpHookInfo) -> String {
-    let new = if args.netns.is_empty() {
-        "new connections: every namespace".to_string()
-    } else {
-        format!("new connections: in {}", args.netns.join(","))
-    };
-    let open = format!(
-        "connections already open: {} enabled, in {} only ({})",
-        info.existing_enabled,
-        info.iter_netns.join(","),
-        info.existing_path
-    );
-    let hint = if args.all_netns {
-        ""
-    } else if args.netns.is_empty() {
-        " (those open in other namespaces give no samples: --all-netns enables them everywhere, --netns NAME watches one namespace)"
-    } else {
-        " (those open in other namespaces give no samples: --all-netns enables them everywhere)"
-    };
-    format!("{new}; {open}{hint}")
-}
-
 /// The start record (JSON) or the header and the attach lines (table).
 pub(super) fn print_start(
     args: &ObserveArgs,
@@ -170,24 +146,8 @@ pub(super) fn print_start(
         }
         Format::Table => {
             writeln!(out, "{header}")?;
-            if let Some(v) = crate::views::tcp::track::of(session.views()) {
-                let i = v.info();
-                writeln!(out, "{}", seen_line(args, i))?;
-                if let Some(w) = &i.without_atomics {
-                    writeln!(out, "tcp view without BPF atomics: {w}")?;
-                }
-                if i.existing_not_timed > 0 {
-                    writeln!(
-                        out,
-                        "existing connections NOT timed: {} (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook; see `rttscope features`)",
-                        i.existing_not_timed
-                    )?;
-                }
-            }
-            if let Some(w) =
-                crate::views::sampler::track::of(session.views()).and_then(|s| s.without_atomics())
-            {
-                writeln!(out, "sampler view without BPF atomics: {w}")?;
+            for line in session.views().iter().flat_map(|v| v.start_lines()) {
+                writeln!(out, "{line}")?;
             }
             writeln!(out, "waiting for samples...\n")?;
         }

@@ -223,6 +223,23 @@ impl View for SamplerSession {
         v
     }
 
+    fn start_lines(&self) -> Vec<String> {
+        let w = self.view.without_atomics();
+        w.map(|w| format!("sampler view without BPF atomics: {w}"))
+            .into_iter()
+            .collect()
+    }
+
+    fn attach_lines(&self) -> Vec<String> {
+        let attached = self.view.attach_info().iter().map(|a| {
+            format!(
+                "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
+                a.how, a.iface, a.netns, a.link
+            )
+        });
+        attached.collect()
+    }
+
     fn header(&self) -> String {
         let c = self.view.config();
         let ifs: Vec<String> = self
