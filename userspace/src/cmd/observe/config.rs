@@ -424,8 +424,9 @@ impl Explicit {
     }
 
     /// The options a file could set that count as given, in
-    /// [`MERGED_IDS`] order. (Besides options, clap also reports the id of
-    /// the derive's arg group, `ObserveArgs`; it names no option.)
+    /// [`MERGED_IDS`] order. (Besides options, clap also reports the ids of
+    /// the derives' arg groups, `ObserveArgs` and the flattened `ViewArgs`,
+    /// `TcpArgs`, `SamplerArgs`; they name no option.)
     pub fn merged_ids(&self) -> Vec<&'static str> {
         MERGED_IDS
             .iter()
