@@ -224,6 +224,10 @@ pub trait View {
     fn start_lines(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Its part of observe's start record (its own field of it; default: none).
+    fn start_record(&self, _start: &mut crate::analysis::records::Start) -> Result<()> {
+        Ok(())
+    }
     /// Daemon mode's log lines at the start: what the view attached, or why a
     /// part of it is unavailable (default: none).
     fn attach_lines(&self) -> Vec<String> {

@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::args::{Format, ObserveArgs};
-use crate::analysis::records::{self, CloudPoint, SamplerStart};
+use crate::analysis::records::{self, CloudPoint};
 use crate::analysis::units::fmt_duration_short;
 use crate::session::{Interval, RawSample, Session};
 use crate::views::ViewKind;
@@ -83,27 +83,20 @@ pub(super) fn start_record(
     views: &[ViewKind],
     start_mono: u64,
 ) -> Result<records::Start> {
-    let sampler = match crate::views::sampler::track::of(session.views()) {
-        Some(s) => Some(SamplerStart {
-            attached: serde_json::to_value(s.attach_info())?,
-            prog_ids: serde_json::to_value(s.prog_ids())?,
-            settings: serde_json::to_value(s.config())?,
-            without_atomics: s.without_atomics().map(str::to_string),
-        }),
-        None => None,
-    };
-    Ok(records::Start {
+    let mut start = records::Start {
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
-        sampler,
+        sampler: None,
         settings: settings(args),
-        tcp: crate::views::tcp::track::of(session.views())
-            .map(|v| serde_json::to_value(v.info()))
-            .transpose()?,
+        tcp: None,
         ts: Some(unix_at(start_mono)),
         kind: records::StartTag,
         version: 1,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
-    })
+    };
+    for v in session.views() {
+        v.start_record(&mut start)?;
+    }
+    Ok(start)
 }
 
 /// The table's header line: interval and each view's hook and settings.

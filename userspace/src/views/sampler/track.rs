@@ -230,6 +230,16 @@ impl View for SamplerSession {
             .collect()
     }
 
+    fn start_record(&self, start: &mut crate::analysis::records::Start) -> Result<()> {
+        start.sampler = Some(crate::analysis::records::SamplerStart {
+            attached: serde_json::to_value(self.view.attach_info())?,
+            prog_ids: serde_json::to_value(self.view.prog_ids())?,
+            settings: serde_json::to_value(self.view.config())?,
+            without_atomics: self.view.without_atomics().map(str::to_string),
+        });
+        Ok(())
+    }
+
     fn attach_lines(&self) -> Vec<String> {
         let attached = self.view.attach_info().iter().map(|a| {
             format!(

@@ -264,6 +264,11 @@ impl View for TcpSession {
         super::lines::attach_lines(self.view.info())
     }
 
+    fn start_record(&self, start: &mut crate::analysis::records::Start) -> Result<()> {
+        start.tcp = Some(serde_json::to_value(self.view.info())?);
+        Ok(())
+    }
+
     fn header(&self) -> String {
         let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
         format!(
