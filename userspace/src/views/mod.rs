@@ -10,11 +10,13 @@
 //! aya implementation), against which each view's attach and read logic is
 //! written once (`<view>/attach.rs`); both decode with the same generated
 //! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
-//! module is the registry: a view is registered by its `pub mod` line and
-//! its `attach_*` function.
+//! module is the registry: a view is registered by its `pub mod` line, its
+//! `attach_*` function, and its options (a field of [`ViewArgs`], built into
+//! its config by [`ViewArgs::configs`]; its config-file keys in [`FileKeys`]).
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
+pub use scope::{FileKeys, Scope};
 
 #[cfg(feature = "example-view")]
 pub mod count;
@@ -26,6 +28,7 @@ pub mod names;
 pub mod passive;
 pub mod probe;
 pub mod sampler;
+pub mod scope;
 pub mod tcp;
 pub mod view;
 
@@ -91,19 +94,6 @@ impl ViewConfig {
             ViewConfig::Count(c) => attach_count(loader, c)?,
         })
     }
-}
-
-/// What observe's own options say to every view (each takes what it uses):
-/// the namespaces (`--netns`, resolved), `--all-netns`, `--cgroup`, the
-/// `--port` and `--addr` filters, `--raw` and `--max-flows`.
-pub struct Scope<'a> {
-    pub netns: &'a [crate::sys::netns::NetNs],
-    pub all_netns: bool,
-    pub cgroup: Option<&'a std::path::Path>,
-    pub ports: &'a [u16],
-    pub addrs: &'a [ipnet::IpNet],
-    pub raw: bool,
-    pub max_flows: u32,
 }
 
 /// Each view's own options of `rttscope observe` (declared in its folder,
@@ -187,18 +177,6 @@ pub fn not_requested(kind: ViewKind) -> Option<&'static str> {
 
 /// The views observe's config file may name (`views = [...]`).
 pub const FILE_VIEWS: &[&str] = &["tcp", "sampler"];
-
-/// The views' keys of observe's config file, as written (flat in the file, each key optional):
-/// `views`, each view's own, and the flow-table capacity they share (`max_flows`).
-#[derive(Default)]
-pub struct FileKeys<'a> {
-    pub views: Option<&'a [String]>,
-    pub max_flows: Option<u32>,
-    /// The sampler's: `ifaces`, `sample_every`, `proto`.
-    pub ifaces: Option<&'a [String]>,
-    pub sample_every: Option<u32>,
-    pub proto: Option<&'a [sampler::Proto]>,
-}
 
 /// Check the views' keys of observe's config file: one sentence naming the key per problem
 /// (the first found).

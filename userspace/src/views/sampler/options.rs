@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::{AttachMode, IfaceSpec, Matching, Proto, SamplerConfig};
 use crate::analysis::units::duration_arg;
-use crate::views::{FileKeys, Scope};
+use crate::views::scope::{FileKeys, Scope};
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct SamplerArgs {

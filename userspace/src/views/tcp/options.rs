@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{AckHook, TcpViewConfig};
 use crate::sys::netns::{self, NetNs};
-use crate::views::Scope;
+use crate::views::scope::Scope;
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct TcpArgs {
