@@ -205,26 +205,28 @@ fn prog_stats(
 }
 
 /// The lines that say what each view attached, in registry order (a view not asked for: how to
-/// ask for it), with the notes after the last attached view's lines.
+/// ask for it), with the notes after the first view's lines and the last lines an attached view
+/// wrote.
 fn attach_lines(
     views: &[Box<dyn crate::views::view::View>],
     notes: &[(&str, String)],
 ) -> Vec<String> {
     let mut lines = Vec::new();
-    let mut at = None;
-    for kind in ViewKind::ALL {
-        match views.iter().find(|v| v.kind() == *kind) {
-            Some(v) => {
-                let attached = v.attach_lines();
-                if !attached.is_empty() {
-                    lines.extend(attached);
-                    at = Some(lines.len());
-                }
-            }
-            None => lines.extend(crate::views::not_requested(*kind).map(String::from)),
+    let mut at = 0;
+    for (i, kind) in ViewKind::ALL.iter().enumerate() {
+        let attached = match views.iter().find(|v| v.kind() == *kind) {
+            Some(v) => v.attach_lines(),
+            None => Vec::new(),
+        };
+        let said = !attached.is_empty();
+        lines.extend(attached);
+        if !views.iter().any(|v| v.kind() == *kind) {
+            lines.extend(crate::views::not_requested(*kind).map(String::from));
+        }
+        if i == 0 || said {
+            at = lines.len();
         }
     }
-    let at = at.unwrap_or(lines.len());
     let notes = notes
         .iter()
         .map(|(what, why)| format!("unavailable: {what}: {why}"));
@@ -262,8 +264,8 @@ mod tests {
             lines,
             [
                 "unavailable: tcp view: not requested (--view)",
-                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)",
                 "unavailable: bpf run-time statistics: off",
+                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)",
             ]
         );
     }
