@@ -408,7 +408,7 @@ mod tests {
         config::merge(&file(), &mut a, &explicit);
         assert_eq!(a.interval, Duration::from_secs(1));
         assert_eq!(a.max_flows, 16384);
-        assert_eq!(a.sample_every, 1);
+        assert_eq!(a.view_opts.sampler.sample_every, 1);
     }
 
     #[test]
@@ -418,7 +418,7 @@ mod tests {
         config::merge(&file(), &mut a, &explicit);
         assert_eq!(a.interval, Duration::from_secs(5));
         assert_eq!(a.max_flows, 1000);
-        assert_eq!(a.sample_every, 8);
+        assert_eq!(a.view_opts.sampler.sample_every, 8);
     }
 
     #[cfg(feature = "aya")]

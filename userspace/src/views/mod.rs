@@ -10,11 +10,13 @@
 //! aya implementation), against which each view's attach and read logic is
 //! written once (`<view>/attach.rs`); both decode with the same generated
 //! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
-//! module is the registry: a view is registered by its `pub mod` line and
-//! its `attach_*` function.
+//! module is the registry: a view is registered by its `pub mod` line, its
+//! `attach_*` function, and its options (a field of [`ViewArgs`], built into
+//! its config by [`ViewArgs::configs`]; its config-file keys in [`FileKeys`]).
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
+pub use scope::{FileKeys, Scope};
 
 #[cfg(feature = "example-view")]
 pub mod count;
@@ -25,6 +27,7 @@ pub mod names;
 pub mod passive;
 pub mod probe;
 pub mod sampler;
+pub mod scope;
 pub mod tcp;
 pub mod view;
 
@@ -90,6 +93,113 @@ impl ViewConfig {
             ViewConfig::Count(c) => attach_count(loader, c)?,
         })
     }
+}
+
+/// Each view's own options of `rttscope observe` (declared in its folder,
+/// `<view>/options.rs`) and `--view`, flattened into observe's options in
+/// this order: the registry of options.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct ViewArgs {
+    #[command(flatten)]
+    pub tcp: tcp::options::TcpArgs,
+    /// Views to show, comma separated: tcp, sampler [default: tcp, plus sampler when --iface is given].
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub view: Option<Vec<ViewKind>>,
+    #[command(flatten)]
+    pub sampler: sampler::options::SamplerArgs,
+}
+
+impl ViewArgs {
+    /// The views asked for: `--view` (repeats next to each other dropped), or
+    /// by default the TCP view, plus each view whose own options ask for it.
+    pub fn kinds(&self) -> Vec<ViewKind> {
+        match &self.view {
+            Some(v) => {
+                let mut v = v.clone();
+                v.dedup();
+                v
+            }
+            None if !self.sampler.given() => vec![ViewKind::Tcp],
+            None => vec![ViewKind::Tcp, ViewKind::Sampler],
+        }
+    }
+
+    /// Each view's options that make no sense with the views asked for.
+    pub fn check(&self, kinds: &[ViewKind]) -> Result<()> {
+        self.sampler.check(kinds.contains(&ViewKind::Sampler))
+    }
+
+    /// The configs of the views asked for, in registry order, from their own
+    /// options and observe's shared ones.
+    pub fn configs(&self, kinds: &[ViewKind], scope: &Scope<'_>) -> Result<Vec<ViewConfig>> {
+        let mut configs = Vec::new();
+        for kind in ViewKind::ALL.iter().filter(|k| kinds.contains(k)) {
+            configs.push(match kind {
+                ViewKind::Tcp => ViewConfig::Tcp(self.tcp.config(scope)?),
+                ViewKind::Sampler => {
+                    ViewConfig::Sampler(self.sampler.ifaces.clone(), self.sampler.config(scope))
+                }
+                // the example view (tests: docs/views.md) takes observe's --cgroup
+                #[cfg(feature = "example-view")]
+                ViewKind::Count => ViewConfig::Count(count::CountConfig {
+                    cgroup: scope.cgroup.map(|c| c.to_path_buf()),
+                }),
+            });
+        }
+        Ok(configs)
+    }
+
+    /// `merge` of observe's config file: `views` and each view's own keys the file sets,
+    /// unless the option was given (`from_file(id)` false). The keys are validated
+    /// ([`check_file_keys`]).
+    pub fn merge_file(&mut self, keys: &FileKeys<'_>, from_file: &dyn Fn(&str) -> bool) {
+        if let (true, Some(v)) = (from_file("view"), keys.views) {
+            let kind = |n: &String| ViewKind::from_name(n).unwrap_or(ViewKind::Tcp);
+            self.view = Some(v.iter().map(kind).collect());
+        }
+        self.sampler.merge_file(keys, from_file);
+    }
+}
+
+/// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say
+/// nothing).
+pub fn not_requested(kind: ViewKind) -> Option<&'static str> {
+    match kind {
+        ViewKind::Tcp => Some("unavailable: tcp view: not requested (--view)"),
+        ViewKind::Sampler => {
+            Some("unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)")
+        }
+        #[cfg(feature = "example-view")]
+        ViewKind::Count => None,
+    }
+}
+
+/// The views observe's config file may name (`views = [...]`).
+pub const FILE_VIEWS: &[&str] = &["tcp", "sampler"];
+
+/// Check the views' keys of observe's config file: one sentence naming the key per problem
+/// (the first found).
+pub fn check_file_keys(keys: &FileKeys<'_>) -> Result<()> {
+    use crate::analysis::input::quote_input as q;
+    for v in keys.views.into_iter().flatten() {
+        if !FILE_VIEWS.contains(&v.as_str()) {
+            anyhow::bail!(
+                "views: '{}' is not a view (choose from: {})",
+                q(v),
+                FILE_VIEWS.join(", ")
+            );
+        }
+    }
+    if keys.views.is_some_and(|v| v.is_empty()) {
+        anyhow::bail!("views must name at least one view (tcp, sampler)");
+    }
+    sampler::options::check_file(keys)?;
+    if let Some(m) = keys.max_flows {
+        if !(16..=1 << 24).contains(&m) {
+            anyhow::bail!("max_flows must be between 16 and 16777216, not {m}");
+        }
+    }
+    sampler::options::parse_file_ifaces(keys)
 }
 
 /// Load and attach the TCP view with the chosen loader. Fails with one

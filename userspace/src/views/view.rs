@@ -219,6 +219,20 @@ pub trait View {
     /// Its part of the table's header line (after `| view <name>: `): how
     /// it is hooked in and its settings.
     fn header(&self) -> String;
+    /// The table's lines under the header line before the first interval
+    /// (what the view will and will not see; default: none).
+    fn start_lines(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Its part of observe's start record (its own field of it; default: none).
+    fn start_record(&self, _start: &mut crate::analysis::records::Start) -> Result<()> {
+        Ok(())
+    }
+    /// Daemon mode's log lines at the start: what the view attached, or why a
+    /// part of it is unavailable (default: none).
+    fn attach_lines(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Its part of the table's closing line (after `| <name>: `): its main
     /// counters of the whole run, from `counters` (its own).
     fn closing(&self, counters: &Counters) -> String;

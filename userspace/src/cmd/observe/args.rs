@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::analysis::units::duration_arg;
-use crate::views::{LoaderKind, ViewKind};
+use crate::views::{LoaderKind, Scope, ViewArgs, ViewKind};
 
 #[derive(Debug, Clone, Args)]
 pub struct ObserveArgs {
@@ -39,30 +39,9 @@ pub struct ObserveArgs {
     /// Capacity of the per-flow tables (TCP view: when nearly full, the least recently active flows are evicted; sampler view: the flow table, rounded up to a power of two; each entry holds a flow's pending segments).
     #[arg(long, value_name = "N", default_value_t = 16384)]
     pub max_flows: u32,
-    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
-    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
-    pub ack_hook: crate::views::tcp::AckHook,
-    /// Views to show, comma separated: tcp, sampler [default: tcp, plus sampler when --iface is given].
-    #[arg(long, value_delimiter = ',', value_enum)]
-    pub view: Option<Vec<ViewKind>>,
-    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
-    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
-    pub ifaces: Vec<crate::views::sampler::IfaceSpec>,
-    /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub sample_every: u32,
-    /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
-    #[arg(long = "match", value_enum, default_value = "seq")]
-    pub matching: crate::views::sampler::Matching,
-    /// Sampler view: protocols to time, comma separated: tcp (data segments and their ACKs), icmp (ICMP and ICMPv6 echo, like ePPing).
-    #[arg(long = "proto", value_delimiter = ',', value_enum, default_values = ["tcp", "icmp"], value_name = "PROTO")]
-    pub protos: Vec<crate::views::sampler::Proto>,
-    /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub attach: crate::views::sampler::AttachMode,
-    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired); a duration with a unit.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
-    pub pending_timeout: Duration,
+    /// Each view's own options and `--view` (`views/<view>/options.rs`, through the registry).
+    #[command(flatten)]
+    pub view_opts: ViewArgs,
     /// Also aggregate each view like the cloud metric: a distribution per alignment period with
     /// percentile-aligner interpolation (layout --cloud-layout, period --cloud-period).
     #[arg(long)]
@@ -142,27 +121,26 @@ impl ObserveArgs {
 
     /// The views this run shows.
     pub fn views(&self) -> Vec<ViewKind> {
-        match &self.view {
-            Some(v) => {
-                let mut v = v.clone();
-                v.dedup();
-                v
-            }
-            None if self.ifaces.is_empty() => vec![ViewKind::Tcp],
-            None => vec![ViewKind::Tcp, ViewKind::Sampler],
+        self.view_opts.kinds()
+    }
+
+    /// What observe's own options say to every view, with `--netns` resolved (`netns`).
+    pub fn scope<'a>(&'a self, netns: &'a [crate::sys::netns::NetNs]) -> Scope<'a> {
+        Scope {
+            netns,
+            all_netns: self.all_netns,
+            cgroup: self.cgroup.as_deref(),
+            ports: &self.ports,
+            addrs: &self.addrs,
+            raw: self.raw,
+            max_flows: self.max_flows,
         }
     }
 
+    /// The sampler's config these options give (lab/observer.rs's test reads it).
+    #[cfg(test)]
     pub fn sampler_config(&self) -> crate::views::sampler::SamplerConfig {
-        crate::views::sampler::SamplerConfig {
-            sample_every: self.sample_every,
-            matching: self.matching,
-            raw: self.raw,
-            max_flows: self.max_flows,
-            pending_timeout: self.pending_timeout,
-            attach: self.attach,
-            protos: self.protos.clone(),
-        }
+        self.view_opts.sampler.config(&self.scope(&[]))
     }
 }
 

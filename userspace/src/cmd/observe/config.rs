@@ -88,6 +88,19 @@ pub struct LabelsSection {
     pub series_idle: Option<String>,
 }
 
+impl ConfigFile {
+    /// The views' keys (the registry checks and merges them).
+    fn view_keys(&self) -> crate::views::FileKeys<'_> {
+        crate::views::FileKeys {
+            views: self.views.as_deref(),
+            max_flows: self.max_flows,
+            ifaces: self.ifaces.as_deref(),
+            sample_every: self.sample_every,
+            proto: self.proto.as_deref(),
+        }
+    }
+}
+
 /// A validated config: typed values.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ObserveConfig {
@@ -99,8 +112,6 @@ pub struct ObserveConfig {
     pub series_idle: Option<Duration>,
     pub otlp_interval: Option<Duration>,
 }
-
-pub const VIEWS: &[&str] = &["tcp", "sampler"];
 
 /// Read and validate a config file.
 pub fn load(path: &Path) -> Result<ObserveConfig> {
@@ -185,7 +196,7 @@ fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>> {
 pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     let (interval, duration, series_idle) = check_durations(&file)?;
     let addrs = check_places(&file)?;
-    check_sampler_keys(&file)?;
+    crate::views::check_file_keys(&file.view_keys())?;
     let (listen, otlp_interval) = check_exporters(&file)?;
     check_labels(&file)?;
     Ok(ObserveConfig {
@@ -270,47 +281,6 @@ fn check_places(file: &ConfigFile) -> Result<Vec<ipnet::IpNet>> {
     Ok(addrs)
 }
 
-/// views, ifaces, proto, sample_every, max_flows.
-fn check_sampler_keys(file: &ConfigFile) -> Result<()> {
-    for v in file.views.iter().flatten() {
-        if !VIEWS.contains(&v.as_str()) {
-            bail!(
-                "views: '{}' is not a view (choose from: {})",
-                q(v),
-                VIEWS.join(", ")
-            );
-        }
-    }
-    if file.views.as_ref().is_some_and(|v| v.is_empty()) {
-        bail!("views must name at least one view (tcp, sampler)");
-    }
-    for i in file.ifaces.iter().flatten() {
-        let name = i.rsplit(':').next().unwrap_or("");
-        if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
-            bail!(
-                "ifaces: '{}' is not an interface name ([NETNS:]NAME, at most 15 characters)",
-                q(i)
-            );
-        }
-    }
-    if file.proto.as_ref().is_some_and(|p| p.is_empty()) {
-        bail!("proto must name at least one protocol: \"tcp\", \"icmp\" or both");
-    }
-    if file.sample_every == Some(0) {
-        bail!("sample_every must be at least 1 (1 = every packet)");
-    }
-    if let Some(m) = file.max_flows {
-        if !(16..=1 << 24).contains(&m) {
-            bail!("max_flows must be between 16 and 16777216, not {m}");
-        }
-    }
-    for i in file.ifaces.iter().flatten() {
-        i.parse::<crate::views::sampler::IfaceSpec>()
-            .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
-    }
-    Ok(())
-}
-
 /// listen, otlp, otlp_interval.
 fn check_exporters(file: &ConfigFile) -> Result<(Option<SocketAddr>, Option<Duration>)> {
     let listen = match &file.listen {
@@ -356,17 +326,22 @@ fn check_labels(file: &ConfigFile) -> Result<()> {
 pub struct Explicit(HashSet<String>);
 
 /// The options a config file can set, by clap id (= `ObserveArgs` field
-/// name); [`merge`] consults exactly these, and [`Explicit::non_default`]
+/// name, `id: path` for a view's option: its field in its `views/<view>/options.rs`
+/// struct); [`merge`] consults exactly these, and [`Explicit::non_default`]
 /// compares exactly these against the flag defaults.
 macro_rules! merged_options {
-    ($($field:ident),* $(,)?) => {
-        pub const MERGED_IDS: &[&str] = &[$(stringify!($field)),*];
+    (@get $a:ident, $id:ident) => { $a.$id };
+    (@get $a:ident, $id:ident : $($field:ident).+) => { $a.$($field).+ };
+    ($($id:ident $(: $($field:ident).+)?),* $(,)?) => {
+        pub const MERGED_IDS: &[&str] = &[$(stringify!($id)),*];
 
         fn differing(args: &ObserveArgs, defaults: &ObserveArgs) -> HashSet<String> {
             let mut ids = HashSet::new();
             $(
-                if args.$field != defaults.$field {
-                    ids.insert(stringify!($field).to_string());
+                if merged_options!(@get args, $id $(: $($field).+)?)
+                    != merged_options!(@get defaults, $id $(: $($field).+)?)
+                {
+                    ids.insert(stringify!($id).to_string());
                 }
             )*
             ids
@@ -383,10 +358,10 @@ merged_options!(
     interval,
     duration,
     raw,
-    view,
-    ifaces,
-    sample_every,
-    protos,
+    view: view_opts.view,
+    ifaces: view_opts.sampler.ifaces,
+    sample_every: view_opts.sampler.sample_every,
+    protos: view_opts.sampler.protos,
     max_flows,
     listen,
     otlp,
@@ -449,8 +424,9 @@ impl Explicit {
     }
 
     /// The options a file could set that count as given, in
-    /// [`MERGED_IDS`] order. (Besides options, clap also reports the id of
-    /// the derive's arg group, `ObserveArgs`; it names no option.)
+    /// [`MERGED_IDS`] order. (Besides options, clap also reports the ids of
+    /// the derives' arg groups, `ObserveArgs` and the flattened `ViewArgs`,
+    /// `TcpArgs`, `SamplerArgs`; they name no option.)
     pub fn merged_ids(&self) -> Vec<&'static str> {
         MERGED_IDS
             .iter()
@@ -512,7 +488,10 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(v)) = (from_file("raw"), f.raw) {
         args.raw = v;
     }
-    merge_sampler(cfg, args, &from_file);
+    args.view_opts.merge_file(&f.view_keys(), &from_file);
+    if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
+        args.max_flows = m;
+    }
     if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
         args.listen = Some(l);
     }
@@ -529,38 +508,6 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
         args.bpf_stats = v;
     }
     merge_labels(cfg, args, &from_file);
-}
-
-/// [`merge`]: the views and the sampler's keys.
-fn merge_sampler(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(&str) -> bool) {
-    let f = &cfg.file;
-    if let (true, Some(v)) = (from_file("view"), &f.views) {
-        use crate::views::ViewKind as View;
-        args.view = Some(
-            v.iter()
-                .map(|n| {
-                    if n == "sampler" {
-                        View::Sampler
-                    } else {
-                        View::Tcp
-                    }
-                })
-                .collect(),
-        );
-    }
-    if let (true, Some(v)) = (from_file("ifaces"), &f.ifaces) {
-        // Validated in `validate`.
-        args.ifaces = v.iter().filter_map(|i| i.parse().ok()).collect();
-    }
-    if let (true, Some(n)) = (from_file("sample_every"), f.sample_every) {
-        args.sample_every = n;
-    }
-    if let (true, Some(p)) = (from_file("protos"), &f.proto) {
-        args.protos = p.clone();
-    }
-    if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
-        args.max_flows = m;
-    }
 }
 
 /// [`merge`]: the [labels] table.
@@ -823,11 +770,14 @@ series_idle = "5min"
         let (mut a, explicit) = observe(&[]);
         assert!(explicit.merged_ids().is_empty());
         merge(&cfg, &mut a, &explicit);
-        assert_eq!(a.sample_every, 8);
-        assert_eq!(a.protos, vec![crate::views::sampler::Proto::Icmp]);
-        assert_eq!(a.ifaces.len(), 1);
+        assert_eq!(a.view_opts.sampler.sample_every, 8);
         assert_eq!(
-            a.view,
+            a.view_opts.sampler.protos,
+            vec![crate::views::sampler::Proto::Icmp]
+        );
+        assert_eq!(a.view_opts.sampler.ifaces.len(), 1);
+        assert_eq!(
+            a.view_opts.view,
             Some(vec![
                 crate::views::ViewKind::Tcp,
                 crate::views::ViewKind::Sampler
@@ -988,7 +938,7 @@ series_idle = "5min"
         let cfg = parse("interval = \"5s\"\nmax_flows = 1000\nsample_every = 4\n").unwrap();
         let (mut a, _) = observe(&[]);
         a.interval = Duration::from_secs(2);
-        a.sample_every = 1; // the default
+        a.view_opts.sampler.sample_every = 1; // the default
         let explicit = Explicit::non_default(&a);
         assert_eq!(explicit, Explicit::from_ids(["interval"]));
         merge(&cfg, &mut a, &explicit);
@@ -998,7 +948,10 @@ series_idle = "5min"
             "differs from default: kept"
         );
         assert_eq!(a.max_flows, 1000);
-        assert_eq!(a.sample_every, 4, "equal to the default: the file wins");
+        assert_eq!(
+            a.view_opts.sampler.sample_every, 4,
+            "equal to the default: the file wins"
+        );
     }
 
     proptest::proptest! {

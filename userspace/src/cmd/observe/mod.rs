@@ -18,8 +18,7 @@ pub use args::{Format, ObserveArgs};
 use crate::session::{FlowSink, RawSample, Session, SessionConfig};
 use crate::sinks::prometheus::daemon::Daemon;
 use crate::sys::netns::{self, NetNs};
-use crate::views::tcp::TcpViewConfig;
-use crate::views::{ViewConfig, ViewKind};
+use crate::views::ViewKind;
 use cloud::{Both, CloudAgg, CloudSink};
 use output::{flush_raw, raw_lines};
 
@@ -70,17 +69,7 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
             "--raw cannot be used with --format cloud-monitoring: standard output carries only the create requests (use --format json --raw for the samples)"
         );
     }
-    let want_sampler = views.contains(&ViewKind::Sampler);
-    if want_sampler && args.ifaces.is_empty() {
-        anyhow::bail!(
-            "the sampler view needs at least one --iface NAME (or NETNS:NAME) to attach to"
-        );
-    }
-    if !want_sampler && !args.ifaces.is_empty() {
-        anyhow::bail!(
-            "--iface is for the sampler view: add sampler to --view (e.g. --view tcp,sampler)"
-        );
-    }
+    args.view_opts.check(views)?;
     Ok(())
 }
 
@@ -107,44 +96,7 @@ pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<S
         .iter()
         .map(|n| netns::resolve(n))
         .collect::<Result<_>>()?;
-    let tcp = if views.contains(&ViewKind::Tcp) {
-        let iter_netns: Vec<NetNs> = if args.all_netns {
-            netns::all().into_values().collect()
-        } else if !netns_filter.is_empty() {
-            netns_filter.clone()
-        } else {
-            vec![netns::resolve("self")?]
-        };
-        Some(TcpViewConfig {
-            cgroup: args.cgroup.clone(),
-            netns_filter,
-            iter_netns,
-            ports: args.ports.clone(),
-            cidrs: args.addrs.clone(),
-            raw: args.raw,
-            max_flows: args.max_flows,
-            ack_hook: args.ack_hook,
-        })
-    } else {
-        None
-    };
-    let sampler = views
-        .contains(&ViewKind::Sampler)
-        .then(|| (args.ifaces.clone(), args.sampler_config()));
-    #[allow(unused_mut)]
-    let mut configs: Vec<ViewConfig> = tcp
-        .map(ViewConfig::Tcp)
-        .into_iter()
-        .chain(sampler.map(|(i, c)| ViewConfig::Sampler(i, c)))
-        .collect();
-    // the example view (tests: docs/views.md) takes observe's --cgroup
-    #[cfg(feature = "example-view")]
-    if views.contains(&ViewKind::Count) {
-        let cgroup = args.cgroup.clone();
-        configs.push(ViewConfig::Count(crate::views::count::CountConfig {
-            cgroup,
-        }));
-    }
+    let configs = args.view_opts.configs(views, &args.scope(&netns_filter))?;
     Ok(SessionConfig {
         loader: args.loader,
         views: configs,
@@ -258,7 +210,7 @@ async fn run_loop(
     raw: &mut Raw,
     start_mono: u64,
 ) -> Result<()> {
-    let view_names: Vec<&str> = views.iter().map(|v| v.as_str()).collect();
+    let view_names: Vec<&'static str> = views.iter().map(|v| v.as_str()).collect();
     let mut report = Report::new(args, header, &view_names);
     // Between reports, a check that frees closed flows early when the TCP
     // view's table fills up (Tracker::reclaim_due).
@@ -314,7 +266,7 @@ async fn run_loop(
 struct Report<'a> {
     args: &'a ObserveArgs,
     header: String,
-    view_names: &'a [&'a str],
+    view_names: &'a [&'static str],
     cloud: BTreeMap<&'static str, CloudAgg>,
     /// --format cloud-monitoring: every flow group's samples since the start.
     cloud_export: Option<CloudSink>,
@@ -323,13 +275,12 @@ struct Report<'a> {
 }
 
 impl<'a> Report<'a> {
-    fn new(args: &'a ObserveArgs, header: &str, view_names: &'a [&'a str]) -> Self {
+    fn new(args: &'a ObserveArgs, header: &str, view_names: &'a [&'static str]) -> Self {
         let mut cloud = BTreeMap::new();
         if args.cloud_buckets {
             for v in view_names {
-                let name: &'static str = if *v == "tcp" { "tcp" } else { "sampler" };
                 cloud.insert(
-                    name,
+                    *v,
                     CloudAgg::new(args.cloud_layout.clone(), args.cloud_period),
                 );
             }
@@ -437,7 +388,10 @@ mod tests {
         let crate::cli::Command::Observe(a) = c.command else {
             panic!()
         };
-        assert_eq!(a.ack_hook, crate::views::tcp::AckHook::Require);
+        assert_eq!(
+            a.view_opts.tcp.ack_hook,
+            crate::views::tcp::AckHook::Require
+        );
         assert_eq!(a.netns, vec!["a", "b"]);
         assert_eq!(a.ports, vec![5001]);
         assert_eq!(a.interval, Duration::from_millis(500));

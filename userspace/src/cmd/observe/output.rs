@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::args::{Format, ObserveArgs};
-use crate::analysis::records::{self, CloudPoint, SamplerStart};
+use crate::analysis::records::{self, CloudPoint};
 use crate::analysis::units::fmt_duration_short;
 use crate::session::{Interval, RawSample, Session};
 use crate::views::ViewKind;
@@ -55,7 +55,7 @@ struct Settings<'a> {
 /// The settings recorded in the start record (and in the `--json` document).
 pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
     serde_json::to_value(Settings {
-        ack_hook: &args.ack_hook,
+        ack_hook: &args.view_opts.tcp.ack_hook,
         addrs: args.addrs.iter().map(|a| a.to_string()).collect(),
         all_netns: args.all_netns,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
@@ -83,27 +83,20 @@ pub(super) fn start_record(
     views: &[ViewKind],
     start_mono: u64,
 ) -> Result<records::Start> {
-    let sampler = match crate::views::sampler::track::of(session.views()) {
-        Some(s) => Some(SamplerStart {
-            attached: serde_json::to_value(s.attach_info())?,
-            prog_ids: serde_json::to_value(s.prog_ids())?,
-            settings: serde_json::to_value(s.config())?,
-            without_atomics: s.without_atomics().map(str::to_string),
-        }),
-        None => None,
-    };
-    Ok(records::Start {
+    let mut start = records::Start {
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
-        sampler,
+        sampler: None,
         settings: settings(args),
-        tcp: crate::views::tcp::track::of(session.views())
-            .map(|v| serde_json::to_value(v.info()))
-            .transpose()?,
+        tcp: None,
         ts: Some(unix_at(start_mono)),
         kind: records::StartTag,
         version: 1,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
-    })
+    };
+    for v in session.views() {
+        v.start_record(&mut start)?;
+    }
+    Ok(start)
 }
 
 /// The table's header line: interval and each view's hook and settings.
@@ -116,30 +109,6 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
         header += &format!(" | view {}: {}", v.kind().as_str(), v.header());
     }
     header
-}
-
-/// What the TCP view will and will not see: new connections (every namespace, or the
-/// `--netns` ones), connections already open (only where the iterator ran), and how to see more.
-pub(super) fn seen_line(args: &ObserveArgs, info: &crate::views::tcp::TcpHookInfo) -> String {
-    let new = if args.netns.is_empty() {
-        "new connections: every namespace".to_string()
-    } else {
-        format!("new connections: in {}", args.netns.join(","))
-    };
-    let open = format!(
-        "connections already open: {} enabled, in {} only ({})",
-        info.existing_enabled,
-        info.iter_netns.join(","),
-        info.existing_path
-    );
-    let hint = if args.all_netns {
-        ""
-    } else if args.netns.is_empty() {
-        " (those open in other namespaces give no samples: --all-netns enables them everywhere, --netns NAME watches one namespace)"
-    } else {
-        " (those open in other namespaces give no samples: --all-netns enables them everywhere)"
-    };
-    format!("{new}; {open}{hint}")
 }
 
 /// The start record (JSON) or the header and the attach lines (table).
@@ -170,24 +139,8 @@ pub(super) fn print_start(
         }
         Format::Table => {
             writeln!(out, "{header}")?;
-            if let Some(v) = crate::views::tcp::track::of(session.views()) {
-                let i = v.info();
-                writeln!(out, "{}", seen_line(args, i))?;
-                if let Some(w) = &i.without_atomics {
-                    writeln!(out, "tcp view without BPF atomics: {w}")?;
-                }
-                if i.existing_not_timed > 0 {
-                    writeln!(
-                        out,
-                        "existing connections NOT timed: {} (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook; see `rttscope features`)",
-                        i.existing_not_timed
-                    )?;
-                }
-            }
-            if let Some(w) =
-                crate::views::sampler::track::of(session.views()).and_then(|s| s.without_atomics())
-            {
-                writeln!(out, "sampler view without BPF atomics: {w}")?;
+            for line in session.views().iter().flat_map(|v| v.start_lines()) {
+                writeln!(out, "{line}")?;
             }
             writeln!(out, "waiting for samples...\n")?;
         }

@@ -91,11 +91,7 @@ impl Daemon {
             None => None,
         };
         let (progs, notes) = prog_stats(views, bpf_stats);
-        let lines = attach_lines(
-            crate::views::tcp::track::of(views),
-            crate::views::sampler::track::of(views),
-            &notes,
-        );
+        let lines = attach_lines(views, &notes);
         let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
         let start_names = crate::sys::netns::names();
         for l in lines {
@@ -208,37 +204,33 @@ fn prog_stats(
     (progs, notes)
 }
 
-/// The lines that say what was attached (or why not), then the notes.
+/// The lines that say what each view attached, in registry order (a view not asked for: how to
+/// ask for it), with the notes after the first view's lines and the last lines an attached view
+/// wrote.
 fn attach_lines(
-    tcp: Option<&dyn crate::views::tcp::TcpView>,
-    sampler: Option<&dyn crate::views::sampler::SamplerView>,
+    views: &[Box<dyn crate::views::view::View>],
     notes: &[(&str, String)],
 ) -> Vec<String> {
-    let mut lines = hooks_report(tcp.map(|t| t.info()), notes);
-    match sampler {
-        Some(s) => {
-            for a in s.attach_info() {
-                lines.insert(
-                    lines.len() - notes.len(),
-                    format!(
-                        "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
-                        a.how, a.iface, a.netns, a.link
-                    ),
-                );
-            }
+    let mut lines = Vec::new();
+    let mut at = 0;
+    for (i, kind) in ViewKind::ALL.iter().enumerate() {
+        let attached = match views.iter().find(|v| v.kind() == *kind) {
+            Some(v) => v.attach_lines(),
+            None => Vec::new(),
+        };
+        let said = !attached.is_empty();
+        lines.extend(attached);
+        if !views.iter().any(|v| v.kind() == *kind) {
+            lines.extend(crate::views::not_requested(*kind).map(String::from));
         }
-        None => lines.push(
-            "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)".into(),
-        ),
-    }
-    if tcp.is_none() {
-        if let Some(l) = lines
-            .iter_mut()
-            .find(|l| l.starts_with("unavailable: tcp view"))
-        {
-            *l = "unavailable: tcp view: not requested (--view)".into();
+        if i == 0 || said {
+            at = lines.len();
         }
     }
+    let notes = notes
+        .iter()
+        .map(|(what, why)| format!("unavailable: {what}: {why}"));
+    lines.splice(at..at, notes);
     lines
 }
 
@@ -261,88 +253,20 @@ fn drop_privileges() -> Result<()> {
     Ok(())
 }
 
-/// Startup lines: hooks attached and unavailable (with the reason), for
-/// daemon mode's log.
-fn hooks_report(
-    tcp: Option<&crate::views::tcp::TcpHookInfo>,
-    unavailable: &[(&str, String)],
-) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(i) = tcp {
-        out.push(format!(
-            "attached: tcp view: {} at cgroup {} (programs {:?}, flow map {} entries)",
-            i.hook, i.cgroup, i.prog_ids, i.max_flows
-        ));
-        out.push(format!(
-            "attached: tcp view: iter/tcp enabled {} existing connections in {}",
-            i.existing_enabled,
-            if i.iter_netns.is_empty() {
-                "no namespace".to_string()
-            } else {
-                i.iter_netns.join(",")
-            }
-        ));
-        out.push(format!("existing connections: {}", i.existing_path));
-        if i.existing_not_timed > 0 {
-            out.push(format!(
-                "unavailable: tcp view: {} connections open before attach are not timed (this kernel refuses bpf_setsockopt from iter/tcp and the per-ACK hook)",
-                i.existing_not_timed
-            ));
-        }
-        if i.rtt_source.starts_with("srtt") {
-            out.push(format!("degraded: tcp view: {}", i.rtt_source));
-        }
-        if let Some(why) = i.ack_hook.strip_prefix("refused: ") {
-            out.push(format!(
-                "unavailable: tcp view: per-ACK hook {}: {why}",
-                crate::views::tcp::ACK_HOOK
-            ));
-        }
-    } else {
-        out.push("unavailable: tcp view: not attached".into());
-    }
-    for (what, why) in unavailable {
-        out.push(format!("unavailable: {what}: {why}"));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn hooks_report_lists_unavailable() {
-        let lines = hooks_report(
-            None,
-            &[("sampler view", "not requested (--view sampler)".into())],
+    fn attach_lines_say_what_was_not_requested_then_the_notes() {
+        let lines = attach_lines(&[], &[("bpf run-time statistics", "off".into())]);
+        assert_eq!(
+            lines,
+            [
+                "unavailable: tcp view: not requested (--view)",
+                "unavailable: bpf run-time statistics: off",
+                "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)",
+            ]
         );
-        assert!(lines[0].contains("unavailable: tcp view"));
-        assert!(lines[1].contains("sampler view: not requested"));
-    }
-
-    #[test]
-    fn hooks_report_says_why_the_ack_hook_is_missing() {
-        let cfg = crate::views::tcp::TcpViewConfig::default();
-        let mut info =
-            crate::views::tcp::TcpHookInfo::new(&cfg, std::path::Path::new("/sys/fs/cgroup"), 16);
-        info.set_ack_hook(Err("refused: Operation not permitted (os error 1)".into()));
-        let lines = hooks_report(Some(&info), &[]);
-        assert!(
-            lines.iter().any(|l| l
-                == "unavailable: tcp view: per-ACK hook fexit/tcp_ack_update_rtt: Operation not permitted (os error 1)"),
-            "{lines:?}"
-        );
-        info.set_ack_hook(Ok(()));
-        let lines = hooks_report(Some(&info), &[]);
-        assert!(
-            lines[0].contains("RTT samples: fexit/tcp_ack_update_rtt"),
-            "{lines:?}"
-        );
-        assert!(
-            !lines.iter().any(|l| l.contains("unavailable")),
-            "{lines:?}"
-        );
-        assert_eq!(info.rtt_source_short(), "fexit tcp_ack_update_rtt");
     }
 }

@@ -817,6 +817,7 @@ pub trait SamplerView: PassiveView {
 }
 
 pub(crate) mod attach;
+pub mod options;
 pub mod sides;
 mod tc;
 pub mod track;

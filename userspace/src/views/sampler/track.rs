@@ -223,6 +223,33 @@ impl View for SamplerSession {
         v
     }
 
+    fn start_lines(&self) -> Vec<String> {
+        let w = self.view.without_atomics();
+        w.map(|w| format!("sampler view without BPF atomics: {w}"))
+            .into_iter()
+            .collect()
+    }
+
+    fn start_record(&self, start: &mut crate::analysis::records::Start) -> Result<()> {
+        start.sampler = Some(crate::analysis::records::SamplerStart {
+            attached: serde_json::to_value(self.view.attach_info())?,
+            prog_ids: serde_json::to_value(self.view.prog_ids())?,
+            settings: serde_json::to_value(self.view.config())?,
+            without_atomics: self.view.without_atomics().map(str::to_string),
+        });
+        Ok(())
+    }
+
+    fn attach_lines(&self) -> Vec<String> {
+        let attached = self.view.attach_info().iter().map(|a| {
+            format!(
+                "attached: sampler view: {} ingress+egress on {} in {} ({} link)",
+                a.how, a.iface, a.netns, a.link
+            )
+        });
+        attached.collect()
+    }
+
     fn header(&self) -> String {
         let c = self.view.config();
         let ifs: Vec<String> = self

@@ -88,6 +88,8 @@ pub struct TcpViewConfig {
     pub netns_filter: Vec<NetNs>,
     /// Namespaces whose existing connections the iterator enables.
     pub iter_netns: Vec<NetNs>,
+    /// `iter_netns` is every namespace (`--all-netns`).
+    pub all_netns: bool,
     pub ports: Vec<u16>,
     pub cidrs: Vec<ipnet::IpNet>,
     pub raw: bool,
@@ -594,6 +596,8 @@ pub fn state_name(s: u8) -> &'static str {
 }
 
 pub(crate) mod attach;
+pub mod lines;
+pub mod options;
 pub mod track;
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ pub struct TcpSession {
     /// `--netns` namespaces and `--cgroup` (watched by the session).
     netns: Vec<crate::sys::netns::NetNs>,
     cgroup: Option<std::path::PathBuf>,
+    /// `--all-netns` (the start line's hint).
+    all_netns: bool,
 }
 
 impl TcpSession {
@@ -52,6 +54,7 @@ impl TcpSession {
             owners: HashMap::new(),
             netns: cfg.netns_filter.clone(),
             cgroup: cfg.cgroup.clone(),
+            all_netns: cfg.all_netns,
         }
     }
 
@@ -250,6 +253,20 @@ impl View for TcpSession {
 
     fn settings(&self) -> serde_json::Value {
         serde_json::to_value(self.view.info()).unwrap_or_default()
+    }
+
+    fn start_lines(&self) -> Vec<String> {
+        let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
+        super::lines::start_lines(&netns, self.all_netns, self.view.info())
+    }
+
+    fn attach_lines(&self) -> Vec<String> {
+        super::lines::attach_lines(self.view.info())
+    }
+
+    fn start_record(&self, start: &mut crate::analysis::records::Start) -> Result<()> {
+        start.tcp = Some(serde_json::to_value(self.view.info())?);
+        Ok(())
     }
 
     fn header(&self) -> String {

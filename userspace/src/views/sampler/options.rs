@@ -1,0 +1,111 @@
+//! The sampler view's own options of `rttscope observe` (flattened into
+//! observe's through the registry's [`crate::views::ViewArgs`]): its
+//! interfaces and how it samples, checked against the views asked for, and
+//! how they become its config.
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use super::{AttachMode, IfaceSpec, Matching, Proto, SamplerConfig};
+use crate::analysis::units::duration_arg;
+use crate::views::scope::{FileKeys, Scope};
+
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct SamplerArgs {
+    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
+    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
+    pub ifaces: Vec<IfaceSpec>,
+    /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sample_every: u32,
+    /// Sampler view: pair segments and ACKs by sequence number (cloud sampler) or TCP timestamps (pping).
+    #[arg(long = "match", value_enum, default_value = "seq")]
+    pub matching: Matching,
+    /// Sampler view: protocols to time, comma separated: tcp (data segments and their ACKs), icmp (ICMP and ICMPv6 echo, like ePPing).
+    #[arg(long = "proto", value_delimiter = ',', value_enum, default_values = ["tcp", "icmp"], value_name = "PROTO")]
+    pub protos: Vec<Proto>,
+    /// Sampler view: tcx links (kernel >= 6.6), clsact filters, or tcx falling back to clsact.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub attach: AttachMode,
+    /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired); a duration with a unit.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub pending_timeout: Duration,
+}
+
+impl SamplerArgs {
+    /// Options that ask for the view when `--view` does not say (an interface).
+    pub fn given(&self) -> bool {
+        !self.ifaces.is_empty()
+    }
+
+    /// Refuse interfaces without the view, and the view without interfaces.
+    pub fn check(&self, wanted: bool) -> Result<()> {
+        if wanted && self.ifaces.is_empty() {
+            bail!("the sampler view needs at least one --iface NAME (or NETNS:NAME) to attach to");
+        }
+        if !wanted && !self.ifaces.is_empty() {
+            bail!(
+                "--iface is for the sampler view: add sampler to --view (e.g. --view tcp,sampler)"
+            );
+        }
+        Ok(())
+    }
+
+    /// The view's config with the scope's raw samples and flow-table capacity.
+    pub fn config(&self, scope: &Scope<'_>) -> SamplerConfig {
+        SamplerConfig {
+            sample_every: self.sample_every,
+            matching: self.matching,
+            raw: scope.raw,
+            max_flows: scope.max_flows,
+            pending_timeout: self.pending_timeout,
+            attach: self.attach,
+            protos: self.protos.clone(),
+        }
+    }
+
+    /// `merge` of observe's config file: each of the view's keys the file sets, unless the
+    /// option was given (`from_file(id)` false). The keys are validated ([`check_file`]).
+    pub fn merge_file(&mut self, keys: &FileKeys<'_>, from_file: &dyn Fn(&str) -> bool) {
+        if let (true, Some(v)) = (from_file("ifaces"), keys.ifaces) {
+            // validated: check_file, parse_file_ifaces
+            self.ifaces = v.iter().filter_map(|i| i.parse().ok()).collect();
+        }
+        if let (true, Some(n)) = (from_file("sample_every"), keys.sample_every) {
+            self.sample_every = n;
+        }
+        if let (true, Some(p)) = (from_file("protos"), keys.proto) {
+            self.protos = p.to_vec();
+        }
+    }
+}
+
+/// The config file's keys of the view: one sentence naming the key per problem.
+pub fn check_file(keys: &FileKeys<'_>) -> Result<()> {
+    for i in keys.ifaces.into_iter().flatten() {
+        let name = i.rsplit(':').next().unwrap_or("");
+        if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
+            bail!(
+                "ifaces: '{}' is not an interface name ([NETNS:]NAME, at most 15 characters)",
+                crate::analysis::input::quote_input(i)
+            );
+        }
+    }
+    if keys.proto.is_some_and(|p| p.is_empty()) {
+        bail!("proto must name at least one protocol: \"tcp\", \"icmp\" or both");
+    }
+    if keys.sample_every == Some(0) {
+        bail!("sample_every must be at least 1 (1 = every packet)");
+    }
+    Ok(())
+}
+
+/// The config file's interfaces, parsed (after the checks every view's keys share).
+pub fn parse_file_ifaces(keys: &FileKeys<'_>) -> Result<()> {
+    for i in keys.ifaces.into_iter().flatten() {
+        i.parse::<IfaceSpec>()
+            .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
+    }
+    Ok(())
+}

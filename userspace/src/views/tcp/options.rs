@@ -1,0 +1,42 @@
+//! The TCP view's own options of `rttscope observe` (flattened into observe's
+//! through the registry's [`crate::views::ViewArgs`]), and how they and
+//! observe's shared ones ([`crate::views::Scope`]) become its config.
+use anyhow::Result;
+use clap::Args;
+
+use super::{AckHook, TcpViewConfig};
+use crate::sys::netns::{self, NetNs};
+use crate::views::scope::Scope;
+
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct TcpArgs {
+    /// TCP view: take samples from the optional per-ACK hook (fexit/tcp_ack_update_rtt) instead of the sock_ops RTT callback.
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    pub ack_hook: AckHook,
+}
+
+impl TcpArgs {
+    /// The view's config: filtered by the scope's namespaces, ports and addresses, on its
+    /// cgroup; existing connections enabled in every namespace (`--all-netns`), the `--netns`
+    /// ones, or the observer's own.
+    pub fn config(&self, scope: &Scope<'_>) -> Result<TcpViewConfig> {
+        let iter_netns: Vec<NetNs> = if scope.all_netns {
+            netns::all().into_values().collect()
+        } else if !scope.netns.is_empty() {
+            scope.netns.to_vec()
+        } else {
+            vec![netns::resolve("self")?]
+        };
+        Ok(TcpViewConfig {
+            cgroup: scope.cgroup.map(|c| c.to_path_buf()),
+            netns_filter: scope.netns.to_vec(),
+            iter_netns,
+            all_netns: scope.all_netns,
+            ports: scope.ports.to_vec(),
+            cidrs: scope.addrs.to_vec(),
+            raw: scope.raw,
+            max_flows: scope.max_flows,
+            ack_hook: self.ack_hook,
+        })
+    }
+}
