@@ -118,7 +118,7 @@ LAYERS = [
     ["cmd"],
     ["cli", "fuzzing"],
 ]
-VIEW_FRAMEWORK = {"view", "passive", "loader", "fine", "names", "probe"}
+VIEW_FRAMEWORK = {"view", "passive", "loader", "fine", "names", "probe", "scope"}
 
 node_re = re.compile(r'^\s*"([^"]+)" \[label="([^|"]*)\|')
 edge_re = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')

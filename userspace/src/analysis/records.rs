@@ -159,7 +159,7 @@ impl Record {
 }
 
 /// The first record: versions, views, settings and what each view attached.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Start {
     #[serde(default)]
     pub clock: String,

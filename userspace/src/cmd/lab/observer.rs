@@ -432,7 +432,7 @@ mod tests {
         );
         assert_eq!(o.netns, vec!["a", "b"]);
         assert!(o.raw);
-        assert_eq!(o.sampler_config().sample_every, 4);
+        assert_eq!(o.view_opts.sampler.sample_every, 4);
         let bad = ["observe".to_string(), "--interval".into(), "fast".into()];
         assert!(observe_options(&bad).is_err());
         assert!(observe_options(&["probe".into(), "icmp".into(), "x".into()]).is_err());

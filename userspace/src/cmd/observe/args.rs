@@ -136,12 +136,6 @@ impl ObserveArgs {
             max_flows: self.max_flows,
         }
     }
-
-    /// The sampler's config these options give (lab/observer.rs's test reads it).
-    #[cfg(test)]
-    pub fn sampler_config(&self) -> crate::views::sampler::SamplerConfig {
-        self.view_opts.sampler.config(&self.scope(&[]))
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

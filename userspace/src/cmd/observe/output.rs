@@ -85,13 +85,11 @@ pub(super) fn start_record(
 ) -> Result<records::Start> {
     let mut start = records::Start {
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
-        sampler: None,
         settings: settings(args),
-        tcp: None,
         ts: Some(unix_at(start_mono)),
-        kind: records::StartTag,
         version: 1,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
+        ..Default::default()
     };
     for v in session.views() {
         v.start_record(&mut start)?;
