@@ -1,0 +1,244 @@
+//! The sampler view's configuration: what it times (`--proto`), how it matches (`--match`),
+//! how it attaches (`--attach`), its sampling and table size ([`SamplerConfig`]), and the
+//! interfaces it is given ([`IfaceSpec`]). The options that fill it are in `options.rs`.
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{MAX_TABLE, MIN_TABLE, WAYS};
+use crate::analysis::flow::Side;
+use crate::bpf::{sampler::types as t, FlowKey};
+
+/// A protocol the sampler times (`--proto`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// TCP data segments and the ACKs (or TSecr) answering them.
+    Tcp,
+    /// ICMP and ICMPv6 echo: request and reply matched by addresses, identifier and sequence.
+    Icmp,
+}
+
+/// What kind of flow a sampler flow is (from its key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowKind {
+    Tcp,
+    Icmp,
+    Icmpv6,
+}
+
+impl FlowKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FlowKind::Tcp => "tcp",
+            FlowKind::Icmp => "icmp",
+            FlowKind::Icmpv6 => "icmpv6",
+        }
+    }
+
+    /// The kind and, for ICMP, the side, from the key's `reserved` field
+    /// (bpf/rttscope.h, sampler section): 0 for TCP, else the IP protocol
+    /// in the low byte and `enum rttscope_sampler_icmp_side` in the high one.
+    pub fn from_key(key: &FlowKey) -> (FlowKind, Side) {
+        let side = match (key.reserved >> 8) as u32 {
+            x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGER.0 => Side::Pinger,
+            x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGED.0 => Side::Pinged,
+            _ => Side::Unknown,
+        };
+        match key.reserved & 0xff {
+            1 => (FlowKind::Icmp, side),
+            58 => (FlowKind::Icmpv6, side),
+            _ => (FlowKind::Tcp, Side::Unknown),
+        }
+    }
+}
+
+fn default_protos() -> Vec<Proto> {
+    vec![Proto::Tcp, Proto::Icmp]
+}
+
+/// How an outgoing segment and an incoming packet are paired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Matching {
+    /// End sequence of a data segment out, a cumulative ACK covering it in (the cloud sampler).
+    Seq,
+    /// TCP timestamps: TSval out, the TSecr echoing it in (pping/ePPing); works on forwarded traffic.
+    Tsval,
+}
+
+impl Matching {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Matching::Seq => "seq",
+            Matching::Tsval => "tsval",
+        }
+    }
+    pub(crate) fn raw(&self) -> u32 {
+        match self {
+            Matching::Seq => t::rttscope_sampler_match::RTTSCOPE_MATCH_SEQ.0,
+            Matching::Tsval => t::rttscope_sampler_match::RTTSCOPE_MATCH_TSVAL.0,
+        }
+    }
+}
+
+/// How the programs are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// tcx links when the kernel has them (>= 6.6), else clsact filters.
+    Auto,
+    /// tcx links only.
+    Tcx,
+    /// clsact filters only (legacy tc; cleaned up at start and on exit).
+    Clsact,
+}
+
+/// Settings of the sampler view (all recorded with every report).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SamplerConfig {
+    /// Each packet in each direction is sampled with probability 1/sample_every.
+    pub sample_every: u32,
+    pub matching: Matching,
+    /// Stream every sample through the ring buffer too.
+    pub raw: bool,
+    /// Flows the kernel keeps (histogram and pending segments in one table
+    /// entry): the table holds `max_flows` rounded up to a power of two
+    /// ([`SamplerConfig::table_entries`]), LRU within each set of 4.
+    pub max_flows: u32,
+    /// A pending segment older than this is dropped (counted as expired).
+    #[serde(with = "duration_ms")]
+    pub pending_timeout: Duration,
+    pub attach: AttachMode,
+    /// Protocols timed (`--proto`; default both): TCP, ICMP/ICMPv6 echo.
+    #[serde(default = "default_protos")]
+    pub protos: Vec<Proto>,
+}
+
+impl Default for SamplerConfig {
+    fn default() -> Self {
+        SamplerConfig {
+            sample_every: 1,
+            matching: Matching::Seq,
+            raw: false,
+            max_flows: 16384,
+            pending_timeout: Duration::from_secs(10),
+            attach: AttachMode::Auto,
+            protos: default_protos(),
+        }
+    }
+}
+
+mod duration_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1000.0)
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_secs_f64(f64::deserialize(d)? / 1000.0))
+    }
+}
+
+/// The bound on `--max-flows` both views apply: at least 1,
+/// at most `MAX_TABLE` (the sampler's table takes 5.25 KiB per flow; the TCP view's maps grow with it
+/// too, and a size the kernel cannot allocate failed as ENOMEM at load time).
+pub fn check_max_flows(n: u32) -> Result<()> {
+    if n == 0 || n > MAX_TABLE {
+        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 5.3 KiB per flow)");
+    }
+    Ok(())
+}
+
+impl SamplerConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.sample_every == 0 {
+            bail!("--sample-every must be at least 1");
+        }
+        check_max_flows(self.max_flows)?;
+        if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
+            bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
+        }
+        if self.protos.is_empty() {
+            bail!("--proto needs at least one of tcp, icmp");
+        }
+        Ok(())
+    }
+
+    /// `cfg_protos` of the programs: a bit per protocol timed.
+    pub(crate) fn proto_mask(&self) -> u32 {
+        self.protos
+            .iter()
+            .map(|p| match p {
+                Proto::Tcp => t::rttscope_sampler_proto::RTTSCOPE_PROTO_TCP.0,
+                Proto::Icmp => t::rttscope_sampler_proto::RTTSCOPE_PROTO_ICMP.0,
+            })
+            .fold(0, |a, b| a | b)
+    }
+
+    /// Entries of the kernel's flow table: `max_flows` rounded up to a
+    /// power of two, at least `RTTSCOPE_SAMPLER_MIN_TABLE`.
+    pub fn table_entries(&self) -> u32 {
+        self.max_flows
+            .clamp(MIN_TABLE, MAX_TABLE)
+            .next_power_of_two()
+    }
+
+    /// `cfg_set_mask` of the programs: sets - 1 (sets: a power of two).
+    pub(crate) fn set_mask(&self) -> u32 {
+        self.table_entries() / WAYS - 1
+    }
+
+    /// `bpf_get_prandom_u32() < threshold` samples with probability 1/N; 0 = every packet.
+    pub fn threshold(&self) -> u32 {
+        if self.sample_every <= 1 {
+            0
+        } else {
+            ((1u64 << 32) / self.sample_every as u64) as u32
+        }
+    }
+}
+
+/// `--iface NAME` (current namespace) or `--iface NETNS:NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IfaceSpec {
+    pub netns: Option<String>,
+    pub name: String,
+}
+
+impl FromStr for IfaceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ns, name) = match s.split_once(':') {
+            Some((ns, name)) => (Some(ns.to_string()), name),
+            None => (None, s),
+        };
+        if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
+            return Err(format!(
+                "'{s}' is not an interface (NAME or NETNS:NAME, NAME at most 15 characters)"
+            ));
+        }
+        if ns.as_deref() == Some("") {
+            return Err(format!("'{s}': empty namespace before ':'"));
+        }
+        Ok(IfaceSpec {
+            netns: ns,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for IfaceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.netns {
+            Some(ns) => write!(f, "{ns}:{}", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
