@@ -181,10 +181,10 @@ pub fn print_table(
             String::new(),
             side.to_string(),
         ];
-        for v in views {
+        for (v, k) in views.iter().zip(&kinds) {
             cells.extend(cols(
                 iv.totals.get(*v).and_then(|t| t.get(side)),
-                *v == "tcp",
+                k.is_some_and(|k| k.socket_columns()),
             ));
         }
         t.row(cells);
@@ -194,8 +194,8 @@ pub fn print_table(
     Ok(())
 }
 
-/// A view's cells of one row: N, the statistics in ms, and for TCP its
-/// srtt and retransmissions.
+/// A view's cells of one row: N, the statistics in ms, and for a view with
+/// socket columns (`ViewKind::socket_columns`) the socket's srtt and retransmissions.
 fn cols(s: Option<&ViewStats>, socket_columns: bool) -> Vec<String> {
     let mut out = match s {
         Some(s) if s.summary.n > 0 => {
