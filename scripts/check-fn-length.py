@@ -14,6 +14,13 @@ and inside its parent.
 
 Prints every function over --warn (marked `!` when over --max), longest first,
 and exits 1 when any is over --max.
+
+Long files (issue 24): a file whose non-test lines (every line outside its
+`#[cfg(test)]` / `#[test]` items; a file its parent declares with
+`#[cfg(test)] mod NAME;` is all test) are over --max-file (800) must give the
+reason in its opening comment, a line `//! Long file: WHY` among the `//!`
+lines it starts with. Each offender is printed and the exit is 1. LONG_ALLOWED
+below lists files let through for now, each with who removes it.
 """
 import argparse
 import os
@@ -21,6 +28,16 @@ import re
 import sys
 
 IDENT = re.compile(r"[A-Za-z0-9_]")
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# Files over --max-file without their `//! Long file:` reason that do not fail the check yet, by
+# path from the repository's root. Temporary: the lead splits these two (or gives their reason)
+# and then removes them from this list (session 16; other people work in both folders).
+LONG_ALLOWED = {
+    "userspace/src/sinks/prometheus/mod.rs": "the lead's (sinks/prometheus/ is being changed)",
+    "userspace/src/views/sampler/mod.rs": "the lead's (views/ is being changed)",
+}
+LONG_REASON = re.compile(r"^//! Long file: *\S")
 
 
 def blank(src):
@@ -131,10 +148,8 @@ def test_ranges(code):
     return ranges
 
 
-def functions(path):
-    with open(path, encoding="utf-8") as f:
-        code = blank(f.read())
-    tests = test_ranges(code)
+def lines_of(code):
+    """line_at[k]: the 1-based line of character k."""
     line_at = [0] * (len(code) + 1)
     line = 1
     for k, ch in enumerate(code):
@@ -142,6 +157,14 @@ def functions(path):
         if ch == "\n":
             line += 1
     line_at[len(code)] = line
+    return line_at
+
+
+def functions(path):
+    with open(path, encoding="utf-8") as f:
+        code = blank(f.read())
+    tests = test_ranges(code)
+    line_at = lines_of(code)
     for m in FN.finditer(code):
         if any(a <= m.start() <= b for a, b in tests):
             continue
@@ -165,10 +188,75 @@ def rust_files(paths):
                     yield os.path.join(root, name)
 
 
+TEST_MOD = re.compile(r"#\[\s*cfg\s*\(\s*test\s*\)\s*\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
+
+
+def test_module_files(path, code):
+    """The files of the modules `path` declares with `#[cfg(test)] mod NAME;` (all test code)."""
+    d, name = os.path.split(path)
+    if name not in ("mod.rs", "lib.rs", "main.rs"):
+        d = os.path.join(d, name[:-3])
+    for m in TEST_MOD.finditer(code):
+        for cand in (os.path.join(d, m.group(1) + ".rs"), os.path.join(d, m.group(1), "mod.rs")):
+            yield os.path.normpath(cand)
+
+
+def non_test_lines(code):
+    """How many lines of the (blanked) source are outside its test items."""
+    line_at = lines_of(code)
+    total = code.count("\n") + (0 if code.endswith("\n") or not code else 1)
+    test_lines = set()
+    for a, b in test_ranges(code):
+        test_lines.update(range(line_at[a], line_at[b] + 1))
+    return total - len(test_lines)
+
+
+def has_long_reason(text):
+    """Whether the `//!` lines the file starts with hold a `//! Long file: WHY` line."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith("//!"):
+            return False
+        if LONG_REASON.match(line):
+            return True
+    return False
+
+
+def long_files(paths, max_file):
+    """(offenders, allowed, stale allowances): files over max_file non-test lines without a reason."""
+    files = list(rust_files(paths))
+    sources = {}
+    for path in files:
+        with open(path, encoding="utf-8") as f:
+            sources[path] = f.read()
+    test_files = set()
+    for path in files:
+        test_files.update(test_module_files(path, blank(sources[path])))
+    offenders, allowed, scanned = [], [], set()
+    for path in files:
+        if os.path.normpath(path) in test_files:
+            continue
+        rel = os.path.relpath(os.path.abspath(path), ROOT)
+        if rel.startswith(".."):
+            rel = path
+        scanned.add(rel)
+        n = non_test_lines(blank(sources[path]))
+        if n <= max_file or has_long_reason(sources[path]):
+            continue
+        (allowed if rel in LONG_ALLOWED else offenders).append((n, rel))
+    stale = [
+        rel for rel in LONG_ALLOWED
+        if rel in scanned and all(rel != r for _, r in allowed)
+    ]
+    return offenders, allowed, stale
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=100)
     ap.add_argument("--warn", type=int, default=60)
+    ap.add_argument("--max-file", type=int, default=800)
     ap.add_argument("paths", nargs="*", default=["userspace/src"])
     args = ap.parse_args()
     found = []
@@ -186,7 +274,21 @@ def main():
         f"check-fn-length: {over} functions over {args.max} lines, "
         f"{len(found) - over} over {args.warn} (tests left out)"
     )
-    sys.exit(1 if over else 0)
+    offenders, allowed, stale = long_files(args.paths, args.max_file)
+    for n, rel in sorted(offenders, key=lambda t: -t[0]):
+        print(f"! {n:5} {rel}: over {args.max_file} lines outside tests, and no "
+              "`//! Long file: WHY` line in its opening comment (split it, or give the reason)")
+    for n, rel in sorted(allowed, key=lambda t: -t[0]):
+        print(f"  {n:5} {rel}: over {args.max_file} lines without a reason, allowed for now "
+              f"({LONG_ALLOWED[rel]}; LONG_ALLOWED in scripts/check-fn-length.py)")
+    for rel in stale:
+        print(f"  {rel}: no longer over {args.max_file} lines without a reason: remove it from "
+              "LONG_ALLOWED in scripts/check-fn-length.py")
+    print(
+        f"check-fn-length: {len(offenders)} files over {args.max_file} lines outside tests "
+        f"without a `//! Long file:` reason ({len(allowed)} allowed for now)"
+    )
+    sys.exit(1 if over or offenders else 0)
 
 
 if __name__ == "__main__":

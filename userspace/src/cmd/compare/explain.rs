@@ -1,0 +1,139 @@
+//! `--explain`: short notes on the differences between the rows, each only when the numbers show
+//! its cause, with those numbers.
+use std::time::Duration;
+
+use super::rows::{CloudEvidence, Row};
+use crate::analysis::units::fmt_ms;
+
+/// Notes with evidence: each only when the numbers show the cause.
+pub fn explain(
+    rows: &[Row],
+    interval: Duration,
+    retrans: u64,
+    cloud: Option<CloudEvidence>,
+) -> Vec<String> {
+    let get = |name: &str| {
+        rows.iter()
+            .find(|r| r.view == name && r.summary.n > 0)
+            .map(|r| r.summary)
+    };
+    let mut notes = Vec::new();
+    let iv_us = interval.as_secs_f64() * 1e6;
+    // Delayed ACK on the responding side.
+    if let (Some(c), Some(s)) = (get("tcp client"), get("tcp server")) {
+        if s.p50 > 3.0 * c.p50
+            && iv_us > 0.0
+            && iv_us < 40_000.0
+            && (s.p50 - iv_us).abs() <= 0.3 * iv_us + 2_000.0
+        {
+            notes.push(format!(
+                "server-side TCP RTT p50 {} ms is close to the probe interval {} ms (below the 40 ms delayed-ACK timer) while the client side's is {} ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",
+                fmt_ms(s.p50), fmt_ms(iv_us), fmt_ms(c.p50)
+            ));
+        } else if s.p50 > 3.0 * c.p50 && (35_000.0..=45_000.0).contains(&s.p50) {
+            notes.push(format!(
+                "server-side TCP RTT p50 {} ms sits at the 40 ms delayed-ACK timer (client side {} ms): the client's ACKs of the responses waited for the timer.",
+                fmt_ms(s.p50), fmt_ms(c.p50)
+            ));
+        }
+    }
+    // Sampler samples at the application's think time.
+    for name in ["sampler client", "sampler server"] {
+        if let (Some(smp), Some(tc)) = (get(name), get("tcp client")) {
+            if iv_us > 5.0 * tc.p50.max(1.0) && smp.max >= 0.8 * iv_us && smp.p99 >= 0.8 * iv_us {
+                notes.push(format!(
+                    "{name}: p99 {} ms / max {} ms reach the think time {} ms while TCP's client-side p50 is {} ms: some sampled acknowledging packets were the next request, not a bare ACK, so the sampler timed the application's pause.",
+                    fmt_ms(smp.p99), fmt_ms(smp.max), fmt_ms(iv_us), fmt_ms(tc.p50)
+                ));
+            }
+        }
+    }
+    // Cloud-bucket median interpolated inside one wide bucket.
+    if let Some(c) = cloud {
+        let width_us = (c.bucket_hi_ms - c.bucket_lo_ms) * 1000.0;
+        if c.bucket_share_pct >= 50.0
+            && (c.p50_us - c.exact_p50_us).abs() > 0.5 * c.exact_p50_us
+            && width_us > 2.0 * c.exact_p50_us
+        {
+            notes.push(format!(
+                "the cloud-bucket median {} ms is interpolated inside the [{}, {}) ms bucket, which holds {:.0}% of the samples (at its midpoint when it holds them all); the exact median of the same samples is {} ms: a bucketing artifact, not a network difference.",
+                fmt_ms(c.p50_us), c.bucket_lo_ms, c.bucket_hi_ms, c.bucket_share_pct, fmt_ms(c.exact_p50_us)
+            ));
+        }
+    }
+    // Application tail far above TCP's with retransmissions.
+    if let (Some(app), Some(tc)) = (get("TCP_RR"), get("tcp client")) {
+        if retrans > 0 && app.p99 > 3.0 * tc.p99 {
+            notes.push(format!(
+                "TCP_RR p99 {} ms is far above TCP's RTT p99 {} ms with {} retransmissions: the application waits for loss recovery, which TCP's RTT excludes (no samples from retransmitted data).",
+                fmt_ms(app.p99), fmt_ms(tc.p99), retrans
+            ));
+        }
+    }
+    // Ping below request/response: no receiving application.
+    if let (Some(p), Some(app)) = (get("ICMP"), get("TCP_RR")) {
+        if app.p50 > 1.2 * p.p50 {
+            notes.push(format!(
+                "ICMP p50 {} ms is below TCP_RR p50 {} ms: an echo is answered inside the kernel, a request/response crosses TCP and both applications.",
+                fmt_ms(p.p50), fmt_ms(app.p50)
+            ));
+        }
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::stats::Summary;
+
+    fn row(view: &str, p50: f64, p99: f64, max: f64) -> Row {
+        let mut s = Summary::from_us(&[p50]);
+        s.p50 = p50;
+        s.p99 = p99;
+        s.max = max;
+        Row {
+            view: view.into(),
+            what: String::new(),
+            summary: s,
+            bucketed: None,
+        }
+    }
+
+    #[test]
+    fn delayed_ack_note_needs_evidence() {
+        let rows = vec![
+            row("tcp client", 80.0, 150.0, 200.0),
+            row("tcp server", 20_100.0, 20_300.0, 20_400.0),
+        ];
+        let n = explain(&rows, Duration::from_millis(20), 0, None);
+        assert!(n.iter().any(|s| s.contains("delayed-ACK")), "{n:?}");
+        // Same numbers without a think time: no note.
+        assert!(explain(&rows, Duration::ZERO, 0, None).is_empty());
+        // Server close to client: no note.
+        let rows = vec![
+            row("tcp client", 80.0, 150.0, 200.0),
+            row("tcp server", 90.0, 150.0, 200.0),
+        ];
+        assert!(explain(&rows, Duration::from_millis(20), 0, None).is_empty());
+    }
+
+    #[test]
+    fn cloud_and_loss_notes() {
+        let rows = vec![
+            row("tcp client", 200.0, 300.0, 400.0),
+            row("TCP_RR", 250.0, 250_000.0, 300_000.0),
+        ];
+        let ev = |p50_us, exact_p50_us| CloudEvidence {
+            p50_us,
+            bucket_lo_ms: 0.0,
+            bucket_hi_ms: 1.0,
+            bucket_share_pct: 100.0,
+            exact_p50_us,
+        };
+        let n = explain(&rows, Duration::ZERO, 3, Some(ev(500.0, 200.0)));
+        assert!(n.iter().any(|s| s.contains("bucketing artifact")), "{n:?}");
+        assert!(n.iter().any(|s| s.contains("loss recovery")), "{n:?}");
+        assert!(explain(&rows, Duration::ZERO, 0, Some(ev(500.0, 450.0))).is_empty());
+    }
+}

@@ -1,0 +1,334 @@
+//! The table's rows and the result: one row (and one view in the result) per passive view and
+//! probe, the sampler's samples through the cloud buckets, and `--cloud FILE`'s row.
+use anyhow::Result;
+use serde::Serialize;
+use serde_json::json;
+
+use super::select::{Series, Sides};
+use super::window::{IrttOutcome, RrResults};
+use crate::active::rr::Kind;
+use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
+use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
+use crate::analysis::stats::Summary;
+use crate::session::Session;
+
+/// One row of the comparison table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub view: String,
+    pub what: String,
+    pub summary: Summary,
+    /// Set for rows whose percentiles come from a bucketed distribution.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bucketed: Option<String>,
+}
+
+pub(super) fn summary_of(s: &Series) -> Summary {
+    let v: Vec<f64> = s.iter().map(|x| x.1).collect();
+    Summary::from_us(&v)
+}
+
+/// The result being assembled and the table's rows, one per view, in order.
+pub(super) struct Report {
+    pub(super) result: RunResult,
+    pub(super) rows: Vec<Row>,
+}
+
+impl Report {
+    /// One view's samples into the result and its row into the table.
+    fn add_series(
+        &mut self,
+        name: &str,
+        kind: ViewKind,
+        side: Option<&str>,
+        what: String,
+        s: &Series,
+        settings: serde_json::Value,
+    ) {
+        let mut v = ViewSeries::new(name, kind);
+        v.side = side.map(str::to_string);
+        v.settings = settings;
+        v.samples = s.iter().map(|&(t, r)| Sample::at_s(t, r)).collect();
+        v.summary = Some(crate::analysis::results::ViewSummary::of_samples(
+            name,
+            Some(kind),
+            &v.rtts_us(),
+        ));
+        self.result.views.push(v);
+        self.rows.push(Row {
+            view: name.to_string(),
+            what,
+            summary: summary_of(s),
+            bucketed: None,
+        });
+    }
+
+    /// The passive views' rows: TCP client/server, sampler client/server and
+    /// the sampler's samples through the cloud buckets (whose median is
+    /// returned as evidence for `--explain`).
+    pub(super) fn add_passive(
+        &mut self,
+        layout: &BucketOptions,
+        session: &Session,
+        sides: &Sides,
+    ) -> Option<CloudEvidence> {
+        let tcp_set = || json!({"hook": "sock_ops RTT_CB"});
+        self.add_series(
+            "tcp client",
+            ViewKind::Tcp,
+            Some("client"),
+            "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
+            &sides.tcp_client,
+            tcp_set(),
+        );
+        if !sides.tcp_server.is_empty() {
+            self.add_series(
+                "tcp server",
+                ViewKind::Tcp,
+                Some("server"),
+                "TCP's RTT samples, responding side (visible on this host)".into(),
+                &sides.tcp_server,
+                tcp_set(),
+            );
+        }
+        let s = crate::views::sampler::track::of(session.views())?;
+        let set =
+            json!({"sample_every": s.config().sample_every, "match": s.config().matching.as_str()});
+        let label = format!(
+            "1/{} sampled, {} match, no Karn",
+            s.config().sample_every,
+            s.config().matching.as_str()
+        );
+        self.add_series(
+            "sampler client",
+            ViewKind::Sampler,
+            Some("client"),
+            format!("packet sampler at the interface ({label})"),
+            &sides.smp_client,
+            set.clone(),
+        );
+        if !sides.smp_server.is_empty() {
+            self.add_series(
+                "sampler server",
+                ViewKind::Sampler,
+                Some("server"),
+                format!("packet sampler, responding side ({label})"),
+                &sides.smp_server,
+                set,
+            );
+        }
+        if !sides.smp_icmp.is_empty() {
+            self.add_series(
+                "sampler icmp",
+                ViewKind::Sampler,
+                Some("pinger"),
+                "packet sampler at the interface, the ICMP probe's echoes (passive)".into(),
+                &sides.smp_icmp,
+                json!({"sample_every": s.config().sample_every, "match": "echo"}),
+            );
+        }
+        let all: Series = sides
+            .smp_client
+            .iter()
+            .chain(sides.smp_server.iter())
+            .copied()
+            .collect();
+        let (row, evidence) = cloud_row(layout, &all);
+        self.rows.push(row);
+        evidence
+    }
+
+    /// The probes' rows, in the order they ran; the first failed probe's
+    /// error ends the command.
+    pub(super) fn add_probes(
+        &mut self,
+        rr_results: RrResults,
+        irtt_result: IrttOutcome,
+        irtt_cfg: Option<&crate::active::irtt::IrttConfig>,
+        origin_mono: u64,
+    ) -> Result<()> {
+        for r in rr_results {
+            let r = r?;
+            let name = match r.settings.kind {
+                Kind::TcpRr => "TCP_RR",
+                Kind::UdpRr => "UDP_RR",
+                Kind::Icmp => "ICMP",
+            };
+            // On the rows' clock: from the TCP probe's first transaction.
+            let shift = r.ident.start_mono_ns as f64 - origin_mono as f64;
+            let s: Series = r
+                .samples
+                .iter()
+                .map(|&(off, rtt)| ((off as f64 + shift) / 1e9, rtt as f64 / 1e3))
+                .collect();
+            let kind = if r.settings.kind == Kind::Icmp {
+                ViewKind::Ping
+            } else {
+                ViewKind::Probe
+            };
+            let what = format!(
+                "{} send()->recv() of the response; {} lost{}",
+                r.settings.kind.label(),
+                r.counts.lost,
+                if r.counts.errors > 0 {
+                    format!(", {}", crate::sinks::table::count(r.counts.errors, "error"))
+                } else {
+                    String::new()
+                }
+            );
+            let settings = serde_json::to_value(&r.settings)?;
+            self.add_series(name, kind, None, what, &s, settings);
+        }
+        if let Some(ir) = irtt_result {
+            let ir = ir?;
+            let s: Series = ir
+                .rtt_samples()
+                .map(|(off, rtt)| (off as f64 / 1e9, rtt as f64 / 1e3))
+                .collect();
+            self.add_series(
+                "irtt",
+                ViewKind::Irtt,
+                None,
+                "irtt isochronous UDP (irtt protocol)".into(),
+                &s,
+                json!({"interval_s": irtt_cfg.map(|c| c.interval.as_secs_f64())}),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `--cloud FILE`: the Cloud Monitoring file, parsed.
+pub(super) fn read_cloud_file(
+    path: &std::path::Path,
+) -> Result<(String, crate::analysis::cloud_monitoring::CloudFile)> {
+    let name = path.display().to_string();
+    let text = crate::sys::files::read_to_string(path)?;
+    Ok((
+        name.clone(),
+        crate::analysis::cloud_monitoring::parse(&text, &name)?,
+    ))
+}
+
+/// The "cloud" row of `--cloud FILE`: the file's distribution points merged, percentiles by the
+/// aligner's interpolation in the file's own buckets; or the already-aligned values.
+pub(super) fn cloud_file_row(name: &str, f: &crate::analysis::cloud_monitoring::CloudFile) -> Row {
+    let m = crate::analysis::cloud_monitoring::merge_file(f);
+    let mut sm = Summary::empty();
+    let (what, bucketed) = match &m.distribution {
+        Some(d) => {
+            let pct = |p: f64| {
+                d.percentile(p)
+                    .ok()
+                    .flatten()
+                    .map_or(f64::NAN, |x| d.unit.to_us(x.value))
+            };
+            sm.n = d.count;
+            sm.p50 = pct(50.0);
+            sm.p90 = pct(90.0);
+            sm.p99 = pct(99.0);
+            sm.mean = d.unit.to_us(d.mean);
+            (
+                format!(
+                    "the cloud's distribution from {name}: {} point(s){}, layout from the file ({}), percentile aligner interpolation",
+                    m.points,
+                    if m.skipped > 0 {
+                        format!(" ({} with another layout left out)", m.skipped)
+                    } else {
+                        String::new()
+                    },
+                    d.bucket_options.spec()
+                ),
+                Some(d.bucket_options.spec()),
+            )
+        }
+        None => {
+            sm.n = m.aligned.len() as u64;
+            let ms: Vec<f64> = m.aligned.iter().map(|v| v * 1000.0).collect();
+            let s = Summary::from_us(&ms);
+            sm.min = s.min;
+            sm.mean = s.mean;
+            sm.max = s.max;
+            (
+                format!(
+                    "{name}: {} already-aligned value(s) (the request's aligner, e.g. ALIGN_PERCENTILE_50; ms assumed): min/mean/max of them, N counts points",
+                    m.aligned.len()
+                ),
+                None,
+            )
+        }
+    };
+    Row {
+        view: "cloud".into(),
+        what,
+        summary: sm,
+        bucketed,
+    }
+}
+
+impl Report {
+    /// `--cloud FILE`: one more row, and the file's distribution in the result's settings.
+    pub(super) fn add_cloud_file(
+        &mut self,
+        name: &str,
+        f: &crate::analysis::cloud_monitoring::CloudFile,
+    ) {
+        self.rows.push(cloud_file_row(name, f));
+        self.result.settings["cloud_file"] = json!({
+            "path": name,
+            "merged": crate::analysis::cloud_monitoring::merge_file(f),
+        });
+    }
+}
+
+/// The "sampler cloud" row: the samples through the cloud metric's buckets
+/// (percentiles interpolated inside buckets, min/max not defined), and
+/// where its median came from.
+pub(super) fn cloud_row(layout: &BucketOptions, all: &Series) -> (Row, Option<CloudEvidence>) {
+    let mut d = Distribution::new(layout.clone(), ValueUnit::Ms);
+    for (_, r) in all {
+        d.add_us(*r);
+    }
+    let pct = |p: f64| d.percentile(p).ok().flatten();
+    let to_us = |p: Option<crate::analysis::dist::Percentile>| {
+        p.map(|x| ValueUnit::Ms.to_us(x.value)).unwrap_or(f64::NAN)
+    };
+    let mut sm = Summary::empty();
+    sm.n = d.count;
+    sm.p50 = to_us(pct(50.0));
+    sm.p90 = to_us(pct(90.0));
+    sm.p99 = to_us(pct(99.0));
+    sm.mean = if d.count > 0 {
+        ValueUnit::Ms.to_us(d.mean)
+    } else {
+        f64::NAN
+    };
+    let evidence = pct(50.0).map(|p| CloudEvidence {
+        p50_us: ValueUnit::Ms.to_us(p.value),
+        bucket_lo_ms: layout.lower(p.bucket),
+        bucket_hi_ms: layout.upper(p.bucket),
+        bucket_share_pct: p.p_up - p.p_low,
+        exact_p50_us: summary_of(all).p50,
+    });
+    let row = Row {
+        view: "sampler cloud".into(),
+        what: format!(
+            "sampler samples through cloud buckets ({}), percentile aligner interpolation",
+            layout.spec()
+        ),
+        summary: sm,
+        bucketed: Some(layout.spec()),
+    };
+    (row, evidence)
+}
+
+/// Where the cloud-bucket median came from.
+#[derive(Debug, Clone, Copy)]
+pub struct CloudEvidence {
+    pub p50_us: f64,
+    pub bucket_lo_ms: f64,
+    pub bucket_hi_ms: f64,
+    /// Share of the samples in that bucket, percent.
+    pub bucket_share_pct: f64,
+    pub exact_p50_us: f64,
+}
