@@ -76,15 +76,9 @@ for bad in up-arrow view-uses-view framework-uses-view; do
         exit 1
     fi
 done
-# The crate's own graph, where cargo-modules is installed (.ci/run installs it).
-if command -v cargo-modules >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo-modules" ]; then
-    modules_rc=0
-    modules_out=$(PATH="$HOME/.cargo/bin:$PATH" python3 "$ROOT/scripts/check-modules.py" </dev/null 2>&1) || modules_rc=$?
-    if [ "$modules_rc" -eq 1 ]; then echo "$modules_out" >&2; exit 1; fi
-    echo "$modules_out" | tail -1
-else
-    echo "cargo-modules is not installed: the crate's module graph is checked by .ci/run only"
-fi
+# The crate's own graph is checked by .ci/run (it installs cargo-modules; its analysis of the crate
+# takes ~90 s on a cold clone, which this suite's 30 minutes cannot spare):
+#   PATH="$HOME/.cargo/bin:$PATH" scripts/check-modules.py </dev/null
 
 phase "unit tests (no privileges needed)"
 cargo test -p rttscope "${FEATURES[@]}" -- "$@"
