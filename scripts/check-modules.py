@@ -224,7 +224,8 @@ for a in sorted(graph):
         fa, fb = view_folder(a), view_folder(b)
         if fb is not None and ta == "views" and a != "rttscope::views" and fa != fb:
             where = f"the view {fa}" if fa else "the views' framework"
-            arrows.append(f"  {a} -> {b}   ({where} uses the view {fb}'s folder; {why[(a, b)]})")
+            arrows.append(f"  {a} -> {b}   ({where} uses the view {fb}'s folder; {why[(a, b)]}; "
+                          f"if views::{fb} is framework, not a view, add it to VIEW_FRAMEWORK in this script)")
         if fb is not None and ta != "views":
             outside_uses.setdefault(f"{a} -> {b}", why[(a, b)])
 

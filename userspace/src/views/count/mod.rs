@@ -3,7 +3,7 @@
 //! has no flows, no samples and no raw stream: only counters. It exists to
 //! show, and to test, what adding a view takes (docs/views.md): this folder,
 //! its C file, and the registry (`views/mod.rs`: `pub mod count` and
-//! [`crate::views::attach_count`]; `views/passive.rs`: `ViewKind::Count`).
+//! [`crate::views::attach_count`]; `analysis/view_kind.rs`: `ViewKind::Count`).
 //! Everything the view needs from outside is the loader layer and the
 //! [`View`] interface; even its generated types are included here, not in
 //! `crate::bpf`.
