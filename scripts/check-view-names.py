@@ -8,11 +8,18 @@ registry (`views/mod.rs`, and the list of the views' names below the views,
 `analysis/view_kind.rs`, which records key their columns by): every other place that says "sampler" or "tcp view" is a place a new
 view has to touch. This counts, in `userspace/src` outside `views/` and
 outside tests (as scripts/check-fn-length.py finds functions and tests), the
-functions whose text (strings included: `"sampler"` in a match counts) names
-a view:
+functions whose code or labels name a view:
 
-  sampler: the word sampler, any case (SamplerView, read_sampler, "sampler");
-  tcp:     TcpView, tcp_view, views::tcp, View(Kind)::Tcp, the string "tcp".
+  code (comments and string literals left out):
+    sampler: the word sampler, any case (SamplerView, read_sampler, ViewKind::Sampler);
+    tcp:     TcpView, tcp_view, views::tcp, View(Kind)::Tcp;
+  labels: a string literal of at most three words that names the view, any case
+    ("sampler", "sampler server", "SMP_SRV" is not: write the name; "tcp", "tcp client",
+    "TCP_CLI", not "TCP_RR" or "tcp-rr", netperf's test the probe runs).
+
+A sentence (a string literal of four words or more: a note, a HELP text, an explanation
+that says what a view saw) is content, not plumbing: a new view touches no sentence, so
+it is not counted. Each function is listed with the names it uses (--list).
 
 A function nested in another counts on its own and inside its parent. Prints
 the count per file (--list: each function) and the total; exits 1 when the
@@ -32,10 +39,33 @@ spec.loader.exec_module(fnlen)
 # The registry's part outside views/ (the names, below the views: scripts/check-modules.py's layers).
 REGISTRY = {os.path.join("analysis", "view_kind.rs")}
 
-VIEWS = {
+CODE = {
     "sampler": re.compile(r"sampler", re.I),
-    "tcp": re.compile(r'TcpView|tcp_view|views::tcp\b|View(Kind)?::Tcp\b|"tcp"'),
+    "tcp": re.compile(r"TcpView|tcp_view|views::tcp\b|View(Kind)?::Tcp\b"),
 }
+LABEL = {
+    "sampler": re.compile(r"(?<![A-Za-z])sampler(?![A-Za-z])", re.I),
+    # the view's name, alone or with a side, or its short column labels (not "TCP_RR",
+    # "tcp-rr": netperf's test, the probe's)
+    "tcp": re.compile(r"^\s*(tcp( (client|server))?|TCP_(CLI|SRV))\s*$", re.I),
+}
+STRING = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
+WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def names_in(text):
+    """The views a function's text names in its code or in its labels."""
+    code = fnlen.blank(text)
+    named = {v for v, rx in CODE.items() if rx.search(code)}
+    # the literals: where blank() blanked a string (a `"` starts it in the text)
+    for m in STRING.finditer(text):
+        if code[m.start()] != " ":
+            continue  # not a literal's start (inside a comment or a char)
+        lit = m.group(1)
+        if len(WORD.findall(lit)) > 3:
+            continue
+        named |= {v for v, rx in LABEL.items() if rx.search(lit)}
+    return sorted(named)
 
 
 def main():
@@ -55,7 +85,7 @@ def main():
             lines = f.read().split("\n")
         for name, first, length in fnlen.functions(path):
             text = "\n".join(lines[first - 1:first - 1 + length])
-            named = [v for v, rx in VIEWS.items() if rx.search(text)]
+            named = names_in(text)
             if named:
                 per_file.setdefault(rel, []).append((first, name, named))
                 total += 1
