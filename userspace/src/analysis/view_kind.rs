@@ -50,6 +50,38 @@ impl ViewKind {
         self == ViewKind::Tcp
     }
 
+    /// What the view's RTT samples are, in a few words (the exporter's HELP text of
+    /// `rttscope_rtt`); None: the view takes no RTT samples.
+    pub fn rtt_samples_are(self) -> Option<&'static str> {
+        match self {
+            ViewKind::Tcp => Some("TCP's own RTT samples"),
+            ViewKind::Sampler => Some("packet-sampler RTT"),
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => None,
+        }
+    }
+
+    /// What the view's level of tracked flows counts (the HELP text of
+    /// `rttscope_flows_tracked`); None when it has no such level ([`Self::flows_level`]).
+    pub fn flows_tracked_are(self) -> Option<&'static str> {
+        match self {
+            ViewKind::Tcp => Some("flows in its table"),
+            ViewKind::Sampler => Some("flow-table entries in use"),
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => None,
+        }
+    }
+
+    /// "name: what; name: what" over the views `what` describes, in registry order (the
+    /// exporter's HELP texts).
+    pub fn each_says(what: impl Fn(ViewKind) -> Option<&'static str>) -> String {
+        Self::ALL
+            .iter()
+            .filter_map(|&k| what(k).map(|w| format!("{}: {w}", k.as_str())))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     /// The counter that is the view's level of tracked flows
     /// (`rttscope_flows_tracked`), if it has one.
     pub fn flows_level(self) -> Option<&'static str> {

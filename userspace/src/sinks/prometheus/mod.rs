@@ -240,7 +240,10 @@ impl Exporter {
         let r = &mut self.registry;
         r.register_with_unit(
             "rttscope_rtt",
-            "RTT samples per view (tcp: TCP's own RTT samples; sampler: packet-sampler RTT); le=B counts samples < B us (integer microseconds)",
+            format!(
+                "RTT samples per view ({}); le=B counts samples < B us (integer microseconds)",
+                ViewKind::each_says(ViewKind::rtt_samples_are)
+            ),
             Unit::Seconds,
             self.rtt.clone(),
         );
@@ -271,7 +274,10 @@ impl Exporter {
         );
         r.register(
             "rttscope_flows_tracked",
-            "Flows tracked by the view at the last read (tcp: flows in its table; sampler: flow-table entries in use)",
+            format!(
+                "Flows tracked by the view at the last read ({})",
+                ViewKind::each_says(ViewKind::flows_tracked_are)
+            ),
             self.flows_tracked.clone(),
         );
     }
@@ -695,6 +701,20 @@ mod tests {
             h.record(v);
         }
         h
+    }
+
+    /// The HELP texts that list the views say what each view's samples and flows are, from the
+    /// registry (the default build's two views: the text rttscope always exported).
+    #[test]
+    #[cfg(not(feature = "example-view"))]
+    fn help_texts_list_each_view() {
+        let text = Exporter::new(LabelPolicy::default()).unwrap().encode();
+        for want in [
+            "# HELP rttscope_rtt_seconds RTT samples per view (tcp: TCP's own RTT samples; sampler: packet-sampler RTT); le=B counts samples < B us (integer microseconds).",
+            "# HELP rttscope_flows_tracked Flows tracked by the view at the last read (tcp: flows in its table; sampler: flow-table entries in use).",
+        ] {
+            assert!(text.lines().any(|l| l == want), "no line {want:?} in:\n{text}");
+        }
     }
 
     #[test]
