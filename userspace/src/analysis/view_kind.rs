@@ -50,6 +50,13 @@ impl ViewKind {
         self == ViewKind::Tcp
     }
 
+    /// Whether the view's samples are what a cloud flow metric (`vm_flow/rtt`) buckets: a
+    /// packet sampler outside the socket. Reports show them through the cloud's buckets too
+    /// (compare's `<view> cloud` row).
+    pub fn cloud_metric(self) -> bool {
+        self == ViewKind::Sampler
+    }
+
     /// What the view's RTT samples are, in a few words (the exporter's HELP text of
     /// `rttscope_rtt`); None: the view takes no RTT samples.
     pub fn rtt_samples_are(self) -> Option<&'static str> {

@@ -168,6 +168,19 @@ pub struct WatchedIface {
     pub ifindex: u32,
 }
 
+/// One series of a view's raw samples in a report: its samples are the view's own on the side
+/// `side` (`Side::Pinger`: its ICMP echo samples), its row is named `<view> <label>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesOf {
+    pub side: Side,
+    /// The row's name after the view's (`client`, `server`, `icmp`).
+    pub label: &'static str,
+    /// What the series is, in a few words (the row's description).
+    pub what: String,
+    /// The settings its samples were taken with.
+    pub settings: serde_json::Value,
+}
+
 /// A view of a session by its type, for the code of its own folder (`views::tcp::track::of`).
 pub fn find<T: 'static>(views: &[Box<dyn View>]) -> Option<&T> {
     views.iter().find_map(|v| v.as_any().downcast_ref::<T>())
@@ -236,6 +249,26 @@ pub trait View {
     /// Its part of the table's closing line (after `| <name>: `): its main
     /// counters of the whole run, from `counters` (its own).
     fn closing(&self, counters: &Counters) -> String;
+    /// The series a report shows of this view's raw samples (compare's rows), in order: one
+    /// per side it reports; the first is shown even when it holds no sample, the others only
+    /// when they do (default: none).
+    fn series(&self) -> Vec<SeriesOf> {
+        Vec::new()
+    }
+    /// A few words on how the view samples, for a report's title (compare's; default: none).
+    fn brief(&self) -> Option<String> {
+        None
+    }
+    /// The retransmissions the view counted on the flows `keep` accepts, when it sees the
+    /// socket's own count (default: 0, it does not).
+    fn retransmissions(&self, _keep: &dyn Fn(&Flow) -> bool) -> Result<u64> {
+        Ok(0)
+    }
+    /// The kernel hook its samples come from, when the view chose one at attach (compare's
+    /// footer; default: none).
+    fn hook(&self) -> Option<String> {
+        None
+    }
     /// The view's statistics column name in rows and records (its kind's name).
     fn name(&self) -> Name {
         Name::from(self.kind().as_str())

@@ -9,7 +9,6 @@
 //! - [`window`]: the probes and the passive views' samples over one window.
 //! - [`select`]: which samples are this run's, by view and side.
 //! - [`rows`]: the table's rows and the result; [`render`]: their text; [`explain`]: the notes.
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -127,12 +126,6 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let (rr_results, irtt_result) =
         run_window(&plan.rr, plan.irtt.as_ref(), &mut session, &mut raw).await?;
     drop(live);
-    let tcp_counters = crate::views::tcp::track::of(session.views())
-        .map(|v| v.counters())
-        .transpose()?;
-    let sampler_counters = crate::views::sampler::track::of(session.views())
-        .map(|s| s.counters())
-        .transpose()?;
     let sel = Selection::new(
         crate::sys::netns::current_inode()?,
         &rr_results,
@@ -142,23 +135,13 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let mut report = Report {
         result: RunResult::new(
             std::env::args().collect::<Vec<_>>().join(" "),
-            settings_json(
-                &args,
-                &plan,
-                &session,
-                tcp_counters,
-                sampler_counters,
-                sides.retrans,
-            ),
+            settings_json(&args, &plan, &session, sides.retrans)?,
         ),
         rows: Vec::new(),
     };
     report.result.start_unix_s =
         Some(raw.start_unix + (sel.origin_mono as f64 - raw.start_mono as f64) / 1e9);
-    report.result.title = Some(title(
-        &args,
-        crate::views::sampler::track::of(session.views()).is_some(),
-    ));
+    report.result.title = Some(title(&args, &session));
     let cloud = report.add_passive(&args.layout, &session, &sides);
     if let Some((name, f)) = &cloud_file {
         report.add_cloud_file(name, f);
@@ -167,8 +150,11 @@ async fn compare(args: CompareArgs) -> Result<()> {
     let footer = Footer {
         others: sides.others,
         retrans: sides.retrans,
-        hook: crate::views::tcp::track::of(session.views())
-            .map_or_else(String::new, |v| v.info().hook.clone()),
+        hook: session
+            .views()
+            .iter()
+            .find_map(|v| v.hook())
+            .unwrap_or_default(),
         loader: args.loader,
     };
     output(&args, report, &footer, cloud)
@@ -259,11 +245,15 @@ fn settings_json(
     args: &CompareArgs,
     plan: &ProbePlan,
     session: &Session,
-    tcp_counters: Option<BTreeMap<&'static str, u64>>,
-    sampler_counters: Option<BTreeMap<&'static str, u64>>,
     retrans: u64,
-) -> serde_json::Value {
-    json!({
+) -> Result<serde_json::Value> {
+    let tcp_counters = crate::views::tcp::track::of(session.views())
+        .map(|v| v.counters())
+        .transpose()?;
+    let sampler_counters = crate::views::sampler::track::of(session.views())
+        .map(|s| s.counters())
+        .transpose()?;
+    Ok(json!({
         "host": args.host,
         "port": args.port,
         "length_s": args.length.as_secs_f64(),
@@ -279,13 +269,20 @@ fn settings_json(
         "tcp_counters": tcp_counters,
         "sampler_counters": sampler_counters,
         "tcp_retransmits": retrans,
-    })
+    }))
 }
 
 /// The table's first line (after "rttscope ") and the result's title.
-fn title(args: &CompareArgs, with_sampler: bool) -> String {
+fn title(args: &CompareArgs, session: &Session) -> String {
+    // how each view samples, when it says (the sampler: ", sampler 1/4 seq")
+    let briefs: String = session
+        .views()
+        .iter()
+        .filter_map(|v| v.brief())
+        .map(|b| format!(", {b}"))
+        .collect();
     format!(
-        "compare {} port {}: -l {} -w {} -b {} -r {},{}{}",
+        "compare {} port {}: -l {} -w {} -b {} -r {},{}{briefs}",
         args.host,
         args.port,
         fmt_duration_short(args.length),
@@ -293,15 +290,6 @@ fn title(args: &CompareArgs, with_sampler: bool) -> String {
         args.burst,
         args.sizes.0,
         args.sizes.1,
-        if with_sampler {
-            format!(
-                ", sampler 1/{} {}",
-                args.sample_every,
-                args.matching.as_str()
-            )
-        } else {
-            String::new()
-        }
     )
 }
 
@@ -401,7 +389,7 @@ mod tests {
     fn table_and_notes_golden() {
         let client = [50.0, 60.0, 70.0, 80.0, 400.0];
         let layout = crate::analysis::dist::layout_arg("vm_flow").unwrap();
-        let (cloud, evidence) = cloud_row(&layout, &series(&client));
+        let (cloud, evidence) = cloud_row("sampler", &layout, &series(&client));
         let rows = vec![
             series_row("tcp client", "TCP's RTT samples", &client),
             series_row(

@@ -8,6 +8,7 @@ use super::select::{Series, Sides};
 use super::window::{IrttOutcome, RrResults};
 use crate::active::rr::Kind;
 use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
+use crate::analysis::flow::Side;
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries};
 use crate::analysis::stats::Summary;
 use crate::session::Session;
@@ -23,7 +24,7 @@ pub struct Row {
     pub bucketed: Option<String>,
 }
 
-pub(super) fn summary_of(s: &Series) -> Summary {
+pub(super) fn summary_of(s: &[(f64, f64)]) -> Summary {
     let v: Vec<f64> = s.iter().map(|x| x.1).collect();
     Summary::from_us(&v)
 }
@@ -42,7 +43,7 @@ impl Report {
         kind: ViewKind,
         side: Option<&str>,
         what: String,
-        s: &Series,
+        s: &[(f64, f64)],
         settings: serde_json::Value,
     ) {
         let mut v = ViewSeries::new(name, kind);
@@ -63,78 +64,42 @@ impl Report {
         });
     }
 
-    /// The passive views' rows: TCP client/server, sampler client/server and
-    /// the sampler's samples through the cloud buckets (whose median is
-    /// returned as evidence for `--explain`).
+    /// The passive views' rows: each view's series as it declares them (TCP client/server,
+    /// sampler client/server/icmp), then the samples of each view a cloud flow metric buckets
+    /// through the cloud buckets (whose median is returned as evidence for `--explain`).
     pub(super) fn add_passive(
         &mut self,
         layout: &BucketOptions,
         session: &Session,
         sides: &Sides,
     ) -> Option<CloudEvidence> {
-        let tcp_set = || json!({"hook": "sock_ops RTT_CB"});
-        self.add_series(
-            "tcp client",
-            ViewKind::Tcp,
-            Some("client"),
-            "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
-            &sides.tcp_client,
-            tcp_set(),
-        );
-        if !sides.tcp_server.is_empty() {
-            self.add_series(
-                "tcp server",
-                ViewKind::Tcp,
-                Some("server"),
-                "TCP's RTT samples, responding side (visible on this host)".into(),
-                &sides.tcp_server,
-                tcp_set(),
-            );
+        let mut evidence = None;
+        for v in session.views() {
+            let kind = ViewKind::from_name(v.kind().as_str());
+            for (i, s) in v.series().into_iter().enumerate() {
+                let samples = sides.of(v.kind(), s.side);
+                if i > 0 && samples.is_empty() {
+                    continue;
+                }
+                self.add_series(
+                    &format!("{} {}", v.kind().as_str(), s.label),
+                    kind,
+                    Some(s.side.as_str()),
+                    s.what,
+                    samples,
+                    s.settings,
+                );
+            }
+            if v.kind().cloud_metric() {
+                let all: Series = [Side::Client, Side::Server]
+                    .iter()
+                    .flat_map(|&side| sides.of(v.kind(), side).iter().copied())
+                    .collect();
+                let (row, e) = cloud_row(v.kind().as_str(), layout, &all);
+                self.rows.push(row);
+                evidence = evidence.or(e);
+            }
         }
-        let s = crate::views::sampler::track::of(session.views())?;
-        let set =
-            json!({"sample_every": s.config().sample_every, "match": s.config().matching.as_str()});
-        let label = format!(
-            "1/{} sampled, {} match, no Karn",
-            s.config().sample_every,
-            s.config().matching.as_str()
-        );
-        self.add_series(
-            "sampler client",
-            ViewKind::Sampler,
-            Some("client"),
-            format!("packet sampler at the interface ({label})"),
-            &sides.smp_client,
-            set.clone(),
-        );
-        if !sides.smp_server.is_empty() {
-            self.add_series(
-                "sampler server",
-                ViewKind::Sampler,
-                Some("server"),
-                format!("packet sampler, responding side ({label})"),
-                &sides.smp_server,
-                set,
-            );
-        }
-        if !sides.smp_icmp.is_empty() {
-            self.add_series(
-                "sampler icmp",
-                ViewKind::Sampler,
-                Some("pinger"),
-                "packet sampler at the interface, the ICMP probe's echoes (passive)".into(),
-                &sides.smp_icmp,
-                json!({"sample_every": s.config().sample_every, "match": "echo"}),
-            );
-        }
-        let all: Series = sides
-            .smp_client
-            .iter()
-            .chain(sides.smp_server.iter())
-            .copied()
-            .collect();
-        let (row, evidence) = cloud_row(layout, &all);
-        self.rows.push(row);
         evidence
     }
 
@@ -281,10 +246,14 @@ impl Report {
     }
 }
 
-/// The "sampler cloud" row: the samples through the cloud metric's buckets
-/// (percentiles interpolated inside buckets, min/max not defined), and
-/// where its median came from.
-pub(super) fn cloud_row(layout: &BucketOptions, all: &Series) -> (Row, Option<CloudEvidence>) {
+/// A view's cloud row (`sampler cloud`): its samples through the cloud metric's buckets
+/// (percentiles interpolated inside buckets, min/max not defined), and where its median came
+/// from.
+pub(super) fn cloud_row(
+    view: &str,
+    layout: &BucketOptions,
+    all: &Series,
+) -> (Row, Option<CloudEvidence>) {
     let mut d = Distribution::new(layout.clone(), ValueUnit::Ms);
     for (_, r) in all {
         d.add_us(*r);
@@ -311,9 +280,9 @@ pub(super) fn cloud_row(layout: &BucketOptions, all: &Series) -> (Row, Option<Cl
         exact_p50_us: summary_of(all).p50,
     });
     let row = Row {
-        view: "sampler cloud".into(),
+        view: format!("{view} cloud"),
         what: format!(
-            "sampler samples through cloud buckets ({}), percentile aligner interpolation",
+            "{view} samples through cloud buckets ({}), percentile aligner interpolation",
             layout.spec()
         ),
         summary: sm,

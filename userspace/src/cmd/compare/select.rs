@@ -1,11 +1,14 @@
 //! The selection: which of the passive views' samples are this run's (the probes' own
 //! connections and pings, inside their windows), sorted by view and side.
+use std::collections::BTreeMap;
+
 use anyhow::Result;
 
 use super::window::{Collected, RrResults};
 use crate::active::rr::Kind;
-use crate::analysis::flow::Flow;
-use crate::session::{RawSample, Session};
+use crate::analysis::flow::{Flow, Side};
+use crate::session::Session;
+use crate::views::ViewKind;
 
 /// Samples collected for one view: (seconds since start, rtt us).
 pub(super) type Series = Vec<(f64, f64)>;
@@ -13,16 +16,25 @@ pub(super) type Series = Vec<(f64, f64)>;
 /// This run's samples by view and side, the retransmissions on its connections, and how many
 /// samples of other traffic were left out.
 pub(super) struct Sides {
-    pub(super) tcp_client: Series,
-    pub(super) tcp_server: Series,
-    pub(super) smp_client: Series,
-    pub(super) smp_server: Series,
-    /// The sampler's passive reading of the ICMP probe's pings (to the target, from here).
-    pub(super) smp_icmp: Series,
+    /// Each attached view's samples, in registry order, by side: the probe's connection's
+    /// client and server ends, and (`Side::Pinger`) the passive reading of the ICMP probe's pings
+    /// (to the target, from here).
+    pub(super) by_view: Vec<(ViewKind, BTreeMap<Side, Series>)>,
     pub(super) retrans: u64,
     /// Samples of other connections and pings (or of the probes' connections outside their
     /// windows: handshake, hello, close) that no row holds.
     pub(super) others: u64,
+}
+
+impl Sides {
+    /// The samples of `view` on `side` (empty: none).
+    pub(super) fn of(&self, view: ViewKind, side: Side) -> &[(f64, f64)] {
+        self.by_view
+            .iter()
+            .find(|(k, _)| *k == view)
+            .and_then(|(_, m)| m.get(&side))
+            .map_or(&[], |s| s.as_slice())
+    }
 }
 
 /// What identifies this run's probes to the passive views: the TCP probe's 4-tuple in this
@@ -97,53 +109,38 @@ impl Selection {
 
 /// Sort samples into views: only the probes' own connections and pings, inside their windows.
 pub(super) fn split_sides(session: &Session, raw: &Collected, sel: &Selection) -> Result<Sides> {
-    // Retransmissions of this run's connection (TCP view).
+    // Retransmissions of this run's connection (the views that see the socket's count).
     let mut retrans = 0u64;
-    if let Some(v) = crate::views::tcp::track::of(session.views()) {
-        v.for_each_flow(&mut |f| {
-            if sel.is_client(&f.flow) || sel.is_server(&f.flow) {
-                retrans += f.retrans as u64;
-            }
-        })?;
+    for v in session.views() {
+        retrans += v.retransmissions(&|f| sel.is_client(f) || sel.is_server(f))?;
     }
     let mut others = 0u64;
-    let mut by_side = |view: crate::views::ViewKind| {
-        let (mut client, mut server): (Series, Series) = (Vec::new(), Vec::new());
-        for s in raw
-            .samples
-            .iter()
-            .filter(|s| s.view == view && s.proto.is_none())
-        {
+    let mut by_view = Vec::new();
+    for v in session.views() {
+        let mut sides: BTreeMap<Side, Series> = BTreeMap::new();
+        for s in raw.samples.iter().filter(|s| s.view == v.kind()) {
             let (f, ts, rtt) = (&s.flow, s.ts_ns, s.rtt_us as f64);
-            let t = sel.secs(ts);
-            if !sel.tcp.in_window(ts) {
-                others += 1;
+            // a ping (the only non-TCP samples collected) from here, or the probe's connection
+            let side = if s.proto.is_some() {
+                sel.is_icmp(f, ts).then_some(Side::Pinger)
+            } else if !sel.tcp.in_window(ts) {
+                None
             } else if sel.is_client(f) {
-                client.push((t, rtt));
+                Some(Side::Client)
             } else if sel.is_server(f) {
-                server.push((t, rtt));
+                Some(Side::Server)
             } else {
-                others += 1;
+                None
+            };
+            match side {
+                Some(side) => sides.entry(side).or_default().push((sel.secs(ts), rtt)),
+                None => others += 1,
             }
         }
-        (client, server)
-    };
-    let (tcp_client, tcp_server) = by_side(crate::views::ViewKind::Tcp);
-    let (smp_client, smp_server) = by_side(crate::views::ViewKind::Sampler);
-    // The sampler's pings from here (the only non-TCP samples collected).
-    let icmp: Vec<&RawSample> = raw.samples.iter().filter(|s| s.proto.is_some()).collect();
-    let smp_icmp: Series = icmp
-        .iter()
-        .filter(|s| sel.is_icmp(&s.flow, s.ts_ns))
-        .map(|s| (sel.secs(s.ts_ns), s.rtt_us as f64))
-        .collect();
-    others += (icmp.len() - smp_icmp.len()) as u64;
+        by_view.push((v.kind(), sides));
+    }
     Ok(Sides {
-        tcp_client,
-        tcp_server,
-        smp_client,
-        smp_server,
-        smp_icmp,
+        by_view,
         retrans,
         others,
     })

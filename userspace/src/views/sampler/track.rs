@@ -18,7 +18,7 @@ use crate::analysis::workload::Workload;
 use crate::sys::netns;
 use crate::sys::sockdiag::FlowOwners;
 use crate::views::view::{
-    Counters, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched, WatchedIface,
+    Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched, WatchedIface,
 };
 use crate::views::{PassiveView, ViewKind};
 
@@ -210,6 +210,42 @@ impl View for SamplerSession {
 
     fn resolve_side(&mut self, flow: &Flow) -> Side {
         self.sides.side(flow)
+    }
+
+    fn series(&self) -> Vec<SeriesOf> {
+        let c = self.view.config();
+        let (every, matching) = (c.sample_every, c.matching.as_str());
+        let label = format!("1/{every} sampled, {matching} match, no Karn");
+        let set = serde_json::json!({"sample_every": every, "match": matching});
+        vec![
+            SeriesOf {
+                side: Side::Client,
+                label: "client",
+                what: format!("packet sampler at the interface ({label})"),
+                settings: set.clone(),
+            },
+            SeriesOf {
+                side: Side::Server,
+                label: "server",
+                what: format!("packet sampler, responding side ({label})"),
+                settings: set,
+            },
+            SeriesOf {
+                side: Side::Pinger,
+                label: "icmp",
+                what: "packet sampler at the interface, the ICMP probe's echoes (passive)".into(),
+                settings: serde_json::json!({"sample_every": every, "match": "echo"}),
+            },
+        ]
+    }
+
+    fn brief(&self) -> Option<String> {
+        let c = self.view.config();
+        Some(format!(
+            "sampler 1/{} {}",
+            c.sample_every,
+            c.matching.as_str()
+        ))
     }
 
     fn settings(&self) -> serde_json::Value {

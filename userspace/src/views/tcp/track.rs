@@ -17,7 +17,7 @@ use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::cgroup::CgroupIndex;
 use crate::views::view::{
-    Counters, NsNames, ReadCtx, RunFlows, SideTotals, View, ViewRead, Watched,
+    Counters, NsNames, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched,
 };
 use crate::views::{PassiveView, ViewKind};
 
@@ -249,6 +249,38 @@ impl View for TcpSession {
 
     fn owner_of(&self, flow: &Flow) -> Option<Arc<Workload>> {
         self.owners.get(flow).cloned()
+    }
+
+    fn series(&self) -> Vec<SeriesOf> {
+        let settings = serde_json::json!({"hook": "sock_ops RTT_CB"});
+        vec![
+            SeriesOf {
+                side: Side::Client,
+                label: "client",
+                what: "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
+                settings: settings.clone(),
+            },
+            SeriesOf {
+                side: Side::Server,
+                label: "server",
+                what: "TCP's RTT samples, responding side (visible on this host)".into(),
+                settings,
+            },
+        ]
+    }
+
+    fn retransmissions(&self, keep: &dyn Fn(&Flow) -> bool) -> Result<u64> {
+        let mut retrans = 0u64;
+        self.view.for_each_flow(&mut |f| {
+            if keep(&f.flow) {
+                retrans += f.retrans as u64;
+            }
+        })?;
+        Ok(retrans)
+    }
+
+    fn hook(&self) -> Option<String> {
+        Some(self.view.info().hook.clone())
     }
 
     fn settings(&self) -> serde_json::Value {
