@@ -57,6 +57,16 @@ impl ViewKind {
         self == ViewKind::Sampler
     }
 
+    /// What kind of measurement the view is, as a chart's legend says it after its name.
+    pub fn legend(self) -> &'static str {
+        match self {
+            ViewKind::Tcp => "TCP view, the kernel's RTT samples",
+            ViewKind::Sampler => "packet sampler at the interface",
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => "packets and bytes of a cgroup",
+        }
+    }
+
     /// What the view's RTT samples are, in a few words (the exporter's HELP text of
     /// `rttscope_rtt`); None: the view takes no RTT samples.
     pub fn rtt_samples_are(self) -> Option<&'static str> {

@@ -94,10 +94,13 @@ pub(super) fn full_name(name: &str, kind: Option<crate::analysis::results::ViewK
     let what = match kind {
         Some(K::Probe) => "request/response probe, send() to recv()",
         Some(K::Ping) => "ICMP echo probe",
-        Some(K::Tcp) => "TCP view, the kernel's RTT samples",
-        Some(K::Sampler) => "packet sampler at the interface",
         Some(K::Irtt) => "irtt probe",
-        _ => return short(name, 60),
+        // a passive view says what it is (the registry)
+        Some(k) => match crate::analysis::view_kind::ViewKind::from_name(k.as_str()) {
+            Some(v) => v.legend(),
+            None => return short(name, 60),
+        },
+        None => return short(name, 60),
     };
     format!("{} ({what})", short(name, 40))
 }
