@@ -161,6 +161,21 @@ impl ViewArgs {
     }
 }
 
+/// What each view will do on a kernel with these features (`rttscope features`), in registry
+/// order.
+pub fn plans(f: &probe::Features) -> Vec<probe::ViewPlan> {
+    ViewKind::ALL
+        .iter()
+        .map(|kind| match kind {
+            ViewKind::Tcp => tcp::plan::plan(f),
+            ViewKind::Sampler => sampler::plan::plan(f),
+            // the example view: no kernel path to choose (cgroup_skb since 4.10)
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => probe::ViewPlan::default(),
+        })
+        .collect()
+}
+
 /// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say
 /// nothing).
 pub fn not_requested(kind: ViewKind) -> Option<&'static str> {

@@ -590,6 +590,32 @@ fn probe_iter_setsockopt(conn: &Conn) -> Result<String, String> {
     }
 }
 
+/// What one view will do on a kernel with these features (`rttscope features`): its fields of
+/// the report's `views` object (its paths and object build, by name), its lines, and what it
+/// misses here, in sentences. Each view's folder writes its own (`plan.rs`); the registry lists
+/// them (`crate::views::plans`).
+#[derive(Debug, Default)]
+pub struct ViewPlan {
+    pub fields: serde_json::Map<String, serde_json::Value>,
+    pub lines: Vec<String>,
+    pub missing: Vec<String>,
+}
+
+impl ViewPlan {
+    /// `fields` must be a JSON object (anything else adds no field).
+    pub fn new(fields: serde_json::Value, lines: Vec<String>, missing: Vec<String>) -> ViewPlan {
+        let fields = match fields {
+            serde_json::Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        };
+        ViewPlan {
+            fields,
+            lines,
+            missing,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -585,6 +585,7 @@ pub trait SamplerView: PassiveView {
 pub(crate) mod attach;
 mod config;
 pub mod options;
+pub mod plan;
 pub mod sides;
 mod tc;
 pub mod track;

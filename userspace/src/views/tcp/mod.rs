@@ -598,6 +598,7 @@ pub fn state_name(s: u8) -> &'static str {
 pub(crate) mod attach;
 pub mod lines;
 pub mod options;
+pub mod plan;
 pub mod track;
 
 #[cfg(test)]
