@@ -44,17 +44,37 @@ impl ViewKind {
         Self::ALL.iter().copied().find(|k| k.as_str() == name)
     }
 
+    /// The view's short column label (the lab's table: `TCP_CLI`, `SMP_SRV`).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            ViewKind::Tcp => "TCP",
+            ViewKind::Sampler => "SMP",
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => "CNT",
+        }
+    }
+
+    /// Whether the view's samples are RTTs of flows, each taken on one side of its connection
+    /// (the lab runs these views and gives each side a column; a counters-only view has none).
+    pub fn flow_rtts(self) -> bool {
+        match self {
+            ViewKind::Tcp | ViewKind::Sampler => true,
+            #[cfg(feature = "example-view")]
+            ViewKind::Count => false,
+        }
+    }
+
+    /// Whether the view samples packets as a cloud provider's flow metric does (vm_flow/rtt):
+    /// its samples are also read through that metric's bucket layout (compare's `<view> cloud`
+    /// row, the lab's `cloud_p50_us` and `*_CLOUD_P50` columns).
+    pub fn cloud_metric(self) -> bool {
+        self == ViewKind::Sampler
+    }
+
     /// Whether the view's rows carry the socket's own smoothed RTT and retransmissions
     /// (`ViewStats::srtt_us`, `retrans`: the table's `SRTT ms` and `RETR` columns).
     pub fn socket_columns(self) -> bool {
         self == ViewKind::Tcp
-    }
-
-    /// Whether the view's samples are what a cloud flow metric (`vm_flow/rtt`) buckets: a
-    /// packet sampler outside the socket. Reports show them through the cloud's buckets too
-    /// (compare's `<view> cloud` row).
-    pub fn cloud_metric(self) -> bool {
-        self == ViewKind::Sampler
     }
 
     /// What kind of measurement the view is, as a chart's legend says it after its name.

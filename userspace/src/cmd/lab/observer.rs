@@ -1,8 +1,10 @@
 //! The lab's passive views: observe's [`Session`], attached in this process
 //! with the options of `rttscope observe --format json --netns <cli> --netns
-//! <srv> --view tcp,sampler --iface <cli>:eth0 --iface <srv>:eth0 --port 7878
-//! --sample-every N --raw --interval 500ms` (parsed by observe's own parser
-//! into observe's own session configuration), from the host namespace, for the
+//! <srv> --view <views> <their options> --port 7878 <their rates> --raw
+//! --interval 500ms`, the views and their options from the registry (the
+//! views with RTT samples of flows, [`crate::views::on_testbed`]; today
+//! `--view tcp,sampler --iface <cli>:eth0 --iface <srv>:eth0 ... --sample-every N`),
+//! parsed by observe's own parser into observe's own session configuration, from the host namespace, for the
 //! whole run, read on a thread of its own as observe reads it: raw samples as
 //! they arrive, an interval read every 500 ms (its counters, ring-buffer drops
 //! among them), the whole-run summary's counters at the end. The samples of
@@ -69,7 +71,7 @@ impl Observer {
     /// Attach the session on a thread of its own (from this thread's namespace, the host's);
     /// its notices and its error, if it fails, go to `log`.
     pub fn start(tb: &Testbed, sample_every: u32, log: PathBuf) -> Result<Observer> {
-        let args = observer_args(tb, sample_every);
+        let args = observer_args([&tb.ns(Role::Cli), &tb.ns(Role::Srv)], sample_every);
         let opts = observe_options(&args)?;
         let mut file = crate::sys::files::create_replacing(&log)
             .with_context(|| format!("creating {}", log.display()))?;
@@ -200,36 +202,33 @@ impl Drop for Observer {
     }
 }
 
-/// `rttscope observe`'s options for the whole run: both views on both ends, raw
-/// samples of the flows to the responder's port.
-fn observer_args(tb: &Testbed, sample_every: u32) -> Vec<String> {
-    let cli = tb.ns(Role::Cli);
-    let srv = tb.ns(Role::Srv);
-    [
-        "observe",
-        "--format",
-        "json",
-        "--netns",
-        &cli,
-        "--netns",
-        &srv,
-        "--view",
-        "tcp,sampler",
-        "--iface",
-        &format!("{cli}:{HOST_IF}"),
-        "--iface",
-        &format!("{srv}:{HOST_IF}"),
-        "--port",
-        &PORT.to_string(),
-        "--sample-every",
-        &sample_every.to_string(),
-        "--raw",
-        "--interval",
-        "500ms",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+/// The passive views the lab runs and compares, in registry order: those whose samples are
+/// RTTs of flows ([`ViewKind::flow_rtts`]).
+pub(super) fn lab_kinds() -> impl Iterator<Item = ViewKind> {
+    ViewKind::ALL.iter().copied().filter(|k| k.flow_rtts())
+}
+
+/// `rttscope observe`'s options for the whole run: the lab's views on both ends (`netns`: the
+/// client's and the server's namespace), each attached as the registry says a view observes the
+/// testbed ([`crate::views::on_testbed`]), raw samples of the flows to the responder's port.
+fn observer_args(netns: [&str; 2], sample_every: u32) -> Vec<String> {
+    let on: Vec<_> = lab_kinds()
+        .map(|k| crate::views::on_testbed(k, netns, HOST_IF, sample_every))
+        .collect();
+    let names: Vec<&str> = lab_kinds().map(|k| k.as_str()).collect();
+    let mut args: Vec<String> = ["observe", "--format", "json"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    for n in netns {
+        args.extend(["--netns".to_string(), n.to_string()]);
+    }
+    args.extend(["--view".to_string(), names.join(",")]);
+    args.extend(on.iter().flat_map(|o| o.attach.iter().cloned()));
+    args.extend(["--port".to_string(), PORT.to_string()]);
+    args.extend(on.iter().flat_map(|o| o.rate.iter().cloned()));
+    args.extend(["--raw", "--interval", "500ms"].map(String::from));
+    args
 }
 
 /// observe's options as its own parser reads `args` (`args[0]` is `observe`).
@@ -394,6 +393,38 @@ mod tests {
             panic!("{l}")
         };
         assert_eq!(ring_drops(&iv.counters), 8);
+    }
+
+    /// The observer's options from the registry: the views with RTT samples of flows, each with
+    /// its options for the testbed, in the order the lab has always recorded them.
+    #[test]
+    fn observer_args_from_the_registry() {
+        let want = [
+            "observe",
+            "--format",
+            "json",
+            "--netns",
+            "rtlab-c",
+            "--netns",
+            "rtlab-s",
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            "rtlab-c:eth0",
+            "--iface",
+            "rtlab-s:eth0",
+            "--port",
+            "7878",
+            "--sample-every",
+            "4",
+            "--raw",
+            "--interval",
+            "500ms",
+        ];
+        assert_eq!(observer_args(["rtlab-c", "rtlab-s"], 4), want);
+        let o = observe_options(&observer_args(["a", "b"], 1)).unwrap();
+        assert_eq!(o.views(), vec![ViewKind::Tcp, ViewKind::Sampler]);
+        assert_eq!(o.view_opts.sampler.sample_every, 1);
     }
 
     /// The lab's observer options parse as observe's: the settings the child observer had.

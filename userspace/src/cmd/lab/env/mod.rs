@@ -106,8 +106,8 @@ impl LabEnv {
     pub fn new(args: &LabArgs) -> Result<LabEnv> {
         let exe = std::env::current_exe().context("finding the rttscope binary")?;
         let plan = scenarios::plan(args.scenario, args.quick);
-        // beyond-ack-timer: a low sampling rate, so the sampler misses most
-        // immediate ACKs (the note's point); elsewhere every packet.
+        // beyond-ack-timer: a low sampling rate (1 in 4 packets) for a view that samples
+        // packets, so it misses most immediate ACKs (the note's point); elsewhere every packet.
         let sample_every = match args.scenario {
             Scenario::BeyondAckTimer => 4,
             _ => 1,
@@ -273,17 +273,20 @@ impl ScenarioEnv for LabEnv {
             self.obs_bad = (s.bad_records, s.other_port);
         }
         let d = &self.current;
-        let v = json!({
+        let mut v = json!({
             "observer": obs.args,
             "flows": d.flows,
             "left_out": d.left_out,
             "observer_dropped": d.observer_dropped,
-            "tcp_client": summary_json(&d.tcp_cli),
-            "tcp_server": summary_json(&d.tcp_srv),
-            "sampler_client": summary_json(&d.smp_cli),
-            "sampler_server": summary_json(&d.smp_srv),
             "counters_so_far": self.obs_counters,
         });
+        // each passive view's statistics by side (`<view>_client`, `<view>_server`)
+        for lv in phase::lab_views() {
+            if let phase::Source::Passive(k) = lv.source {
+                let key = format!("{}_{}", k.as_str(), lv.side.as_str());
+                v[key] = summary_json(d.series(&lv));
+            }
+        }
         self.data.push(std::mem::take(&mut self.current));
         Ok(v)
     }

@@ -2,8 +2,10 @@
 //! numbers.
 use super::phase::{rtts, PhaseData, Series};
 use super::table::fmt_ms;
+use crate::analysis::flow::Side;
 use crate::analysis::results::ViewSummary;
 use crate::lab::scenarios::{Plan, Scenario};
+use crate::views::ViewKind;
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
     points.get(i)?.iter().find(|v| v.view == view)?.p50_us
@@ -120,7 +122,7 @@ fn beyond_ack_timer_observations(
     )];
     for (i, d) in data.iter().enumerate().take(points.len()) {
         let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
-        let smp: Vec<f64> = rtts(&d.smp_srv);
+        let smp: Vec<f64> = rtts(d.passive(ViewKind::Sampler, Side::Server));
         let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
         s.push(format!(
             "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
@@ -145,10 +147,10 @@ fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
     let (lo, hi) = split_step(d, half);
     let mut s = Vec::new();
     for (name, v) in [
-        ("RR", &d.rr),
-        ("ping", &d.ping),
-        ("TCP client", &d.tcp_cli),
-        ("sampler client", &d.smp_cli),
+        ("RR", &d.rr[..]),
+        ("ping", &d.ping[..]),
+        ("TCP client", d.passive(ViewKind::Tcp, Side::Client)),
+        ("sampler client", d.passive(ViewKind::Sampler, Side::Client)),
     ] {
         let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
         s.push(format!(

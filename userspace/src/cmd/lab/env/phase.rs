@@ -1,13 +1,18 @@
 //! What a phase measured (its samples by view and side, its own connections, what the observer
-//! saw that its rows leave out) and the statistics of its samples.
+//! saw that its rows leave out) and the statistics of its samples. The passive views' samples
+//! are kept by the view's kind and side, the lab's columns made from the registry's names
+//! ([`lab_views`]): no view is named here.
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde_json::{json, Value};
 
 use super::PORT;
+use crate::analysis::flow::Side;
 use crate::analysis::results::{ViewKind, ViewSummary};
-use crate::cmd::lab::observer::ObsShared;
+use crate::cmd::lab::observer::{lab_kinds, ObsShared};
 use crate::lab::testbed::SRV_ADDR;
+use crate::views::ViewKind as PassiveKind;
 
 /// A phase's request/response connection: the probe socket's own address (with the responder's
 /// address and port, the connection's 4-tuple) and its window, Unix seconds from the first
@@ -43,10 +48,9 @@ pub(super) struct PhaseData {
     pub(super) end_unix: f64,
     pub(super) rr: Vec<(f64, f64)>,
     pub(super) ping: Vec<(f64, f64)>,
-    pub(super) tcp_cli: Vec<(f64, f64)>,
-    pub(super) tcp_srv: Vec<(f64, f64)>,
-    pub(super) smp_cli: Vec<(f64, f64)>,
-    pub(super) smp_srv: Vec<(f64, f64)>,
+    /// The passive views' samples of the phase's own connections, by view and side
+    /// ([`PhaseData::passive`]).
+    pub(super) passive: BTreeMap<(PassiveKind, Side), Series>,
     pub(super) rr_failed: u64,
     pub(super) ping_lost: u64,
     pub(super) bulk: Option<Value>,
@@ -86,19 +90,34 @@ impl PhaseData {
             if !seen.contains(&o.local) {
                 seen.push(o.local);
             }
-            let v = (r.t_unix, r.rtt_us);
-            use crate::views::ViewKind as V;
-            match (r.view, r.local == srv) {
-                (V::Tcp, false) => self.tcp_cli.push(v),
-                (V::Tcp, true) => self.tcp_srv.push(v),
-                (V::Sampler, false) => self.smp_cli.push(v),
-                (V::Sampler, true) => self.smp_srv.push(v),
-                // the lab compares these two views; any other has no part in its report
-                #[allow(unreachable_patterns)]
-                _ => {}
-            }
+            // the side whose socket took the sample: the responder's, or the probe's
+            let side = if r.local == srv {
+                Side::Server
+            } else {
+                Side::Client
+            };
+            self.passive
+                .entry((r.view, side))
+                .or_default()
+                .push((r.t_unix, r.rtt_us));
         }
         self.flows = seen.len();
+    }
+
+    /// A passive view's samples on one side (none when it took none).
+    pub(super) fn passive(&self, kind: PassiveKind, side: Side) -> &[(f64, f64)] {
+        self.passive
+            .get(&(kind, side))
+            .map_or(&[], |s| s.as_slice())
+    }
+
+    /// The samples of one of the lab's views.
+    pub(super) fn series(&self, v: &LabView) -> &[(f64, f64)] {
+        match v.source {
+            Source::Rr => &self.rr,
+            Source::Ping => &self.ping,
+            Source::Passive(k) => self.passive(k, v.side),
+        }
     }
 }
 
@@ -131,39 +150,88 @@ pub(super) fn summary_json(s: &[(f64, f64)]) -> Value {
     })
 }
 
-/// The views of a phase, in table order: (name, kind, side, samples).
+/// Samples as (unix time, RTT us).
 pub(super) type Series = Vec<(f64, f64)>;
-pub(super) type ViewRef<'a> = (&'static str, ViewKind, Option<&'static str>, &'a Series);
 
-pub(super) fn views_of(d: &PhaseData) -> Vec<ViewRef<'_>> {
-    vec![
-        ("rr", ViewKind::Probe, Some("client"), &d.rr),
-        ("ping", ViewKind::Ping, Some("client"), &d.ping),
-        ("tcp client", ViewKind::Tcp, Some("client"), &d.tcp_cli),
-        ("tcp server", ViewKind::Tcp, Some("server"), &d.tcp_srv),
-        (
-            "sampler client",
-            ViewKind::Sampler,
-            Some("client"),
-            &d.smp_cli,
-        ),
-        (
-            "sampler server",
-            ViewKind::Sampler,
-            Some("server"),
-            &d.smp_srv,
-        ),
-    ]
+/// Where a lab view's samples come from: the request/response probe, ping, or a passive view.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Source {
+    Rr,
+    Ping,
+    Passive(PassiveKind),
+}
+
+/// One of the lab's views, a column of its table and a series of its result: the
+/// request/response probe, ping, then each passive view's client and server side.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct LabView {
+    /// Its name in the result and the observations (`rr`, `ping`, `<view> client`).
+    pub(super) name: String,
+    /// Its column header's stem (`RR`, `PING`, `<VIEW>_CLI`).
+    pub(super) short: String,
+    pub(super) kind: ViewKind,
+    pub(super) side: Side,
+    pub(super) source: Source,
+}
+
+impl LabView {
+    /// Whether its samples are also read as the cloud's flow metric (`*_CLOUD_P50`).
+    pub(super) fn cloud(&self) -> bool {
+        matches!(self.source, Source::Passive(k) if k.cloud_metric())
+    }
+}
+
+/// The sides of a connection a passive view's samples are split by, in column order.
+const SIDES: [(Side, &str); 2] = [(Side::Client, "CLI"), (Side::Server, "SRV")];
+
+/// The lab's views in table order: `rr`, `ping`, then each passive view the lab runs (registry
+/// order), client side then server side, named by the registry (`tcp client`, `TCP_CLI`).
+pub(super) fn lab_views() -> Vec<LabView> {
+    let active = |name: &str, kind, source| LabView {
+        name: name.into(),
+        short: name.to_uppercase(),
+        kind,
+        side: Side::Client,
+        source,
+    };
+    let mut v = vec![
+        active("rr", ViewKind::Probe, Source::Rr),
+        active("ping", ViewKind::Ping, Source::Ping),
+    ];
+    for k in lab_kinds() {
+        for (side, short) in SIDES {
+            v.push(LabView {
+                name: format!("{} {}", k.as_str(), side.as_str()),
+                short: format!("{}_{short}", k.short_name()),
+                kind: ViewKind::from_name(k.as_str()),
+                side,
+                source: Source::Passive(k),
+            });
+        }
+    }
+    v
+}
+
+/// The views of a phase, in table order, with their samples.
+pub(super) fn views_of(d: &PhaseData) -> Vec<(LabView, &[(f64, f64)])> {
+    lab_views()
+        .into_iter()
+        .map(|v| {
+            let s = d.series(&v);
+            (v, s)
+        })
+        .collect()
 }
 
 /// A view's summary in the lab's result: the one exact summary, with p90 among the extras and
-/// no stddev (as the lab's result always had them).
+/// no stddev (as the lab's result always had them), and for a view read as the cloud's metric
+/// too ([`PassiveKind::cloud_metric`]) the metric's bucketed median.
 pub(super) fn view_summary(name: &str, kind: ViewKind, s: &[(f64, f64)]) -> ViewSummary {
     let mut vs = ViewSummary::of_samples(name, Some(kind), &rtts(s));
     vs.stddev_us = None;
     if let Some(p90) = vs.p90_us.take() {
         vs.extra.insert("p90_us".into(), p90);
-        if kind == ViewKind::Sampler {
+        if PassiveKind::from_name(kind.as_str()).is_some_and(|k| k.cloud_metric()) {
             if let Some(c) = cloud_p50_us(&rtts(s)) {
                 vs.extra.insert("cloud_p50_us".into(), c);
             }
@@ -316,9 +384,15 @@ mod tests {
             ..Default::default()
         };
         d.take_observed(&s, 1002.3);
-        let n = |v: &Series| v.len();
+        use crate::views::ViewKind as V;
+        let n = |k, s| d.passive(k, s).len();
         assert_eq!(
-            (n(&d.tcp_cli), n(&d.tcp_srv), n(&d.smp_cli), n(&d.smp_srv)),
+            (
+                n(V::Tcp, Side::Client),
+                n(V::Tcp, Side::Server),
+                n(V::Sampler, Side::Client),
+                n(V::Sampler, Side::Server)
+            ),
             (2, 2, 1, 1)
         );
         assert_eq!(d.flows, 1);
@@ -330,8 +404,8 @@ mod tests {
             }
         );
         // The kernel's time since the observer's start, on the Unix clock of its start.
-        assert_eq!(d.tcp_cli[0], (1001.0, 50.0));
-        assert_eq!(d.tcp_srv[1], (1001.5, 9000.0));
+        assert_eq!(d.passive(V::Tcp, Side::Client)[0], (1001.0, 50.0));
+        assert_eq!(d.passive(V::Tcp, Side::Server)[1], (1001.5, 9000.0));
         // A flow's end is not a sample, and not counted.
         let kept = s.samples.len();
         let fin = crate::session::RawSample {

@@ -7,13 +7,12 @@ use clap::ValueEnum;
 use serde_json::{json, Value};
 
 use super::observations::observations;
-use super::phase::{left_out_total, view_summary, views_of, PhaseData};
+use super::phase::{lab_views, left_out_total, view_summary, views_of, PhaseData};
 use super::table::{build_table, ms, swept_unit, x_of};
 use super::PORT;
 use crate::analysis::records;
-use crate::analysis::results::{
-    RunResult, Sample, Sweep, SweepPoint, ViewKind, ViewSeries, ViewSummary,
-};
+use crate::analysis::results::{RunResult, Sample, Sweep, SweepPoint, ViewSeries, ViewSummary};
+use crate::cmd::lab::observer::lab_kinds;
 use crate::lab::scenarios::{PhaseRecord, Plan, Scenario};
 use crate::lab::testbed::HOST_IF;
 use crate::sinks::table::Table;
@@ -115,7 +114,7 @@ fn phase_points(data: &[PhaseData]) -> Vec<Vec<ViewSummary>> {
         .map(|d| {
             views_of(d)
                 .into_iter()
-                .map(|(n, k, _, s)| view_summary(n, k, s))
+                .map(|(v, s)| view_summary(&v.name, v.kind, s))
                 .collect()
         })
         .collect()
@@ -123,6 +122,13 @@ fn phase_points(data: &[PhaseData]) -> Vec<Vec<ViewSummary>> {
 
 /// The run's settings as result.json records them.
 fn report_settings(run: &RunInfo, plan: &Plan, records: &[PhaseRecord], name: &str) -> Value {
+    // each passive view's hooks on the testbed, in the registry's words
+    let hooks: serde_json::Map<String, Value> = lab_kinds()
+        .map(|k| {
+            let (hooks, _) = crate::views::testbed_words(k, HOST_IF, run.sample_every);
+            (k.as_str().to_string(), Value::from(hooks))
+        })
+        .collect();
     json!({
         "scenario": name,
         "quick": plan.quick,
@@ -134,7 +140,7 @@ fn report_settings(run: &RunInfo, plan: &Plan, records: &[PhaseRecord], name: &s
         "passive": {
             "observer": run.obs_args,
             "start": run.obs_start_line,
-            "hooks": {"tcp": "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends", "sampler": format!("tc ingress+egress on {HOST_IF} of the client and of the server namespace")},
+            "hooks": hooks,
             "sample_every": run.sample_every,
             "counters": run.obs_counters,
             "unparsed_lines": run.obs_bad.0,
@@ -196,28 +202,18 @@ fn sweep_of(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Swe
 /// the file stays small).
 fn push_sample_series(rr: &mut RunResult, data: &[PhaseData], t0: f64) {
     const CAP: usize = 20_000;
-    for (vi, (n, k, side)) in [
-        ("rr", ViewKind::Probe, "client"),
-        ("ping", ViewKind::Ping, "client"),
-        ("tcp client", ViewKind::Tcp, "client"),
-        ("tcp server", ViewKind::Tcp, "server"),
-        ("sampler client", ViewKind::Sampler, "client"),
-        ("sampler server", ViewKind::Sampler, "server"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for v in lab_views() {
         let mut all: Vec<(f64, f64)> = data
             .iter()
-            .flat_map(|d| views_of(d)[vi].3.clone())
+            .flat_map(|d| d.series(&v).iter().copied())
             .collect();
         if all.is_empty() {
             continue;
         }
         all.sort_by(|a, b| a.0.total_cmp(&b.0));
         let step = all.len().div_ceil(CAP).max(1);
-        let mut vs = ViewSeries::new(n, k);
-        vs.side = Some(side.into());
+        let mut vs = ViewSeries::new(v.name, v.kind);
+        vs.side = Some(v.side.as_str().into());
         if step > 1 {
             vs.dropped.insert(
                 "thinned_for_file".into(),
@@ -260,6 +256,24 @@ fn draw_charts(rr: &RunResult, plan: &Plan, sweep_kind: bool, out: &Path) -> Vec
     charts
 }
 
+/// SUMMARY.md's legend of the table's columns: the request/response probe's, then each passive
+/// view's in the registry's words, then the cloud metric's medians of the views read as it.
+fn legend(sample_every: u32) -> String {
+    let mut s =
+        "RTTs in ms; RR = `rttscope probe tcp-rr` (request/response, per transaction)".to_string();
+    for k in lab_kinds() {
+        let (_, what) = crate::views::testbed_words(k, HOST_IF, sample_every);
+        s += &format!(", {} = {what}", k.short_name());
+    }
+    for k in lab_kinds().filter(|k| k.cloud_metric()) {
+        s += &format!(
+            ", CLOUD_P50 = the {}'s median read from the vm_flow/rtt bucket layout",
+            k.as_str()
+        );
+    }
+    s + "."
+}
+
 /// SUMMARY.md: what was run and expected, the table, the observations and the files.
 fn summary_markdown(
     run: &RunInfo,
@@ -271,11 +285,11 @@ fn summary_markdown(
     charts: &[PathBuf],
 ) -> String {
     let mut md = format!(
-        "# lab {name}{}\n\n{}\n\nExpected: {}.\n\nRTTs in ms; RR = `rttscope probe tcp-rr` (request/response, per transaction), TCP = the TCP stack's RTT samples (sock_ops) on each end, SMP = the packet sampler at each end's interface{}, CLOUD_P50 = the sampler's median read from the vm_flow/rtt bucket layout.\n\n",
+        "# lab {name}{}\n\n{}\n\nExpected: {}.\n\n{}\n\n",
         if plan.quick { " (quick)" } else { "" },
         crate::analysis::results::rfc3339_utc(t0),
         plan.expectation,
-        if run.sample_every > 1 { format!(" (1 in {} packets per direction)", run.sample_every) } else { String::new() },
+        legend(run.sample_every),
     );
     md += &table.markdown();
     md += "\n";
@@ -328,10 +342,18 @@ mod report_golden {
             end_unix: start + len,
             rr: series(b, 1),
             ping: if i.is_multiple_of(2) { series(b * 0.9, 2) } else { Vec::new() },
-            tcp_cli: series(b * 0.8, 3),
-            tcp_srv: series(b * 1.3, 4),
-            smp_cli: series(b * 0.85, 5),
-            smp_srv: series(b * 1.4, 6),
+            passive: {
+                use crate::analysis::flow::Side;
+                use crate::views::ViewKind as V;
+                [
+                    ((V::Tcp, Side::Client), series(b * 0.8, 3)),
+                    ((V::Tcp, Side::Server), series(b * 1.3, 4)),
+                    ((V::Sampler, Side::Client), series(b * 0.85, 5)),
+                    ((V::Sampler, Side::Server), series(b * 1.4, 6)),
+                ]
+                .into_iter()
+                .collect()
+            },
             rr_failed: i as u64,
             ping_lost: 2 * i as u64,
             bulk: (plan.scenario == Scenario::Bufferbloat && i > 0).then(

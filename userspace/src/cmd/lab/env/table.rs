@@ -1,7 +1,9 @@
 //! The lab's summary table (summary.csv, SUMMARY.md and the terminal): a row per phase, the
-//! request/response columns, then every other view that saw samples.
+//! request/response columns, then every other view that saw samples (the lab's views,
+//! [`lab_views`]: the passive ones and their headers from the registry).
 use std::time::Duration;
 
+use super::phase::{lab_views, LabView, Source};
 use crate::analysis::results::ViewSummary;
 use crate::lab::scenarios::{Plan, Scenario, Workload};
 use crate::sinks::table::{Align, Table};
@@ -52,35 +54,17 @@ pub(super) fn swept_unit(plan: &Plan) -> &'static str {
     }
 }
 
-/// Short column header of a view.
-fn short(name: &str) -> &'static str {
-    match name {
-        "rr" => "RR",
-        "ping" => "PING",
-        "tcp client" => "TCP_CLI",
-        "tcp server" => "TCP_SRV",
-        "sampler client" => "SMP_CLI",
-        "sampler server" => "SMP_SRV",
-        _ => "?",
-    }
-}
-
 pub(super) fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bool) -> Table {
     let has = |name: &str| {
         points
             .iter()
             .any(|p| p.iter().any(|v| v.view == name && v.count > 0))
     };
-    let others: Vec<&str> = [
-        "ping",
-        "tcp client",
-        "tcp server",
-        "sampler client",
-        "sampler server",
-    ]
-    .into_iter()
-    .filter(|n| has(n))
-    .collect();
+    // every view but the request/response probe's (its own columns first) that saw samples
+    let others: Vec<LabView> = lab_views()
+        .into_iter()
+        .filter(|v| v.source != Source::Rr && has(&v.name))
+        .collect();
     let head = table_head(plan, &others, with_p95);
     let mut rows = Vec::new();
     for (i, p) in points.iter().enumerate() {
@@ -96,8 +80,8 @@ pub(super) fn build_table(plan: &Plan, points: &[Vec<ViewSummary>], with_p95: bo
 }
 
 /// The table's headers: the swept value, the RR columns, then the other
-/// views that saw samples (`others`).
-fn table_head(plan: &Plan, others: &[&str], with_p95: bool) -> Vec<String> {
+/// views that saw samples (`others`), then the cloud metric's medians of those read as it.
+fn table_head(plan: &Plan, others: &[LabView], with_p95: bool) -> Vec<String> {
     let mut head = vec![
         format!(
             "{} ({})",
@@ -114,14 +98,14 @@ fn table_head(plan: &Plan, others: &[&str], with_p95: bool) -> Vec<String> {
         head.push("RR_P95".into());
     }
     head.push("RR_P99".into());
-    for n in others {
-        head.push(format!("{}_P50", short(n)));
+    for v in others {
+        head.push(format!("{}_P50", v.short));
         if with_p95 {
-            head.push(format!("{}_P95", short(n)));
+            head.push(format!("{}_P95", v.short));
         }
     }
-    for n in others.iter().filter(|n| n.starts_with("sampler")) {
-        head.push(format!("{}_CLOUD_P50", short(n)));
+    for v in others.iter().filter(|v| v.cloud()) {
+        head.push(format!("{}_CLOUD_P50", v.short));
     }
     // Units in the headers: every column but the swept value and the count is ms.
     for h in head.iter_mut().skip(1).filter(|h| !h.ends_with("_N")) {
@@ -131,7 +115,7 @@ fn table_head(plan: &Plan, others: &[&str], with_p95: bool) -> Vec<String> {
 }
 
 /// One phase's row (`p`: its views' summaries), in [`table_head`]'s order.
-fn table_row(label: &str, p: &[ViewSummary], others: &[&str], with_p95: bool) -> Vec<String> {
+fn table_row(label: &str, p: &[ViewSummary], others: &[LabView], with_p95: bool) -> Vec<String> {
     let get = |name: &str| {
         p.iter()
             .find(|v| v.view == name)
@@ -151,15 +135,15 @@ fn table_row(label: &str, p: &[ViewSummary], others: &[&str], with_p95: bool) ->
         r.push(fmt_ms(rr.p95_us));
     }
     r.push(fmt_ms(rr.p99_us));
-    for n in others {
-        let v = get(n);
+    for v in others {
+        let v = get(&v.name);
         r.push(fmt_ms(v.p50_us));
         if with_p95 {
             r.push(fmt_ms(v.p95_us));
         }
     }
-    for n in others.iter().filter(|n| n.starts_with("sampler")) {
-        r.push(fmt_ms(get(n).extra.get("cloud_p50_us").copied()));
+    for v in others.iter().filter(|v| v.cloud()) {
+        r.push(fmt_ms(get(&v.name).extra.get("cloud_p50_us").copied()));
     }
     r
 }
