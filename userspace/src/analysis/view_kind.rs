@@ -1,6 +1,7 @@
 //! The kinds of passive view: the registry's list of names, in the order
 //! the session reads the views and every record lists their columns
-//! ([`crate::analysis::columns::Columns`]). It lives with the records' vocabulary,
+//! ([`crate::analysis::columns::Columns`]), and one [`ViewInfo`] per view (its
+//! name and how records, tables, charts and the exporter show it). It lives with the records' vocabulary,
 //! below the views, so records and sinks can key by a view without using
 //! the views' code (scripts/check-modules.py checks the layers); each
 //! view's code is registered in `crate::views` (`ViewConfig`).
@@ -19,6 +20,68 @@ pub enum ViewKind {
     Count,
 }
 
+/// What the layers above the views know of a view without using its code: one entry per view
+/// ([`ViewKind::info`]), its name and how records, tables, charts and the exporter show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewInfo {
+    /// The name records, labels and `--view` write.
+    pub name: &'static str,
+    /// The short column label (the lab's table: `TCP_CLI`, `SMP_SRV`).
+    pub short_name: &'static str,
+    /// Whether its samples are RTTs of flows, each taken on one side of its connection (the lab
+    /// runs these views and gives each side a column; a counters-only view has none).
+    pub flow_rtts: bool,
+    /// Whether it samples packets as a cloud provider's flow metric does (vm_flow/rtt): its
+    /// samples are also read through that metric's bucket layout (compare's `<view> cloud` row,
+    /// the lab's `cloud_p50_us` and `*_CLOUD_P50` columns).
+    pub cloud_metric: bool,
+    /// Whether its rows carry the socket's own smoothed RTT and retransmissions
+    /// (`ViewStats::srtt_us`, `retrans`: the table's `SRTT ms` and `RETR` columns).
+    pub socket_columns: bool,
+    /// What kind of measurement it is, as a chart's legend says it after its name.
+    pub legend: &'static str,
+    /// What its RTT samples are, in a few words (the exporter's HELP text of `rttscope_rtt`);
+    /// None: it takes no RTT samples.
+    pub rtt_samples_are: Option<&'static str>,
+    /// The counter that is its level of tracked flows (`rttscope_flows_tracked`), if it has one,
+    /// and what that level counts (the metric's HELP text).
+    pub flows_level: Option<(&'static str, &'static str)>,
+}
+
+const TCP: ViewInfo = ViewInfo {
+    name: "tcp",
+    short_name: "TCP",
+    flow_rtts: true,
+    cloud_metric: false,
+    socket_columns: true,
+    legend: "TCP view, the kernel's RTT samples",
+    rtt_samples_are: Some("TCP's own RTT samples"),
+    flows_level: Some(("flows_tracked", "flows in its table")),
+};
+
+const SAMPLER: ViewInfo = ViewInfo {
+    name: "sampler",
+    short_name: "SMP",
+    flow_rtts: true,
+    cloud_metric: true,
+    socket_columns: false,
+    legend: "packet sampler at the interface",
+    rtt_samples_are: Some("packet-sampler RTT"),
+    flows_level: Some(("flows_live", "flow-table entries in use")),
+};
+
+#[cfg(feature = "example-view")]
+const COUNT: ViewInfo = ViewInfo {
+    name: "count",
+    short_name: "CNT",
+    flow_rtts: false,
+    cloud_metric: false,
+    socket_columns: false,
+    legend: "packets and bytes of a cgroup",
+    rtt_samples_are: None,
+    flows_level: None,
+};
+
 impl ViewKind {
     /// Every view, in registry order (the order the session reads them and
     /// records list their columns).
@@ -29,13 +92,18 @@ impl ViewKind {
         ViewKind::Count,
     ];
 
-    pub fn as_str(&self) -> &'static str {
+    /// The view's entry: its name and how it is shown.
+    pub const fn info(self) -> &'static ViewInfo {
         match self {
-            ViewKind::Tcp => "tcp",
-            ViewKind::Sampler => "sampler",
+            ViewKind::Tcp => &TCP,
+            ViewKind::Sampler => &SAMPLER,
             #[cfg(feature = "example-view")]
-            ViewKind::Count => "count",
+            ViewKind::Count => &COUNT,
         }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        self.info().name
     }
 
     /// The view of a name as records and labels write it (None: not a view
@@ -44,69 +112,40 @@ impl ViewKind {
         Self::ALL.iter().copied().find(|k| k.as_str() == name)
     }
 
-    /// The view's short column label (the lab's table: `TCP_CLI`, `SMP_SRV`).
+    /// [`ViewInfo::short_name`].
     pub fn short_name(self) -> &'static str {
-        match self {
-            ViewKind::Tcp => "TCP",
-            ViewKind::Sampler => "SMP",
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => "CNT",
-        }
+        self.info().short_name
     }
 
-    /// Whether the view's samples are RTTs of flows, each taken on one side of its connection
-    /// (the lab runs these views and gives each side a column; a counters-only view has none).
+    /// [`ViewInfo::flow_rtts`].
     pub fn flow_rtts(self) -> bool {
-        match self {
-            ViewKind::Tcp | ViewKind::Sampler => true,
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => false,
-        }
+        self.info().flow_rtts
     }
 
-    /// Whether the view samples packets as a cloud provider's flow metric does (vm_flow/rtt):
-    /// its samples are also read through that metric's bucket layout (compare's `<view> cloud`
-    /// row, the lab's `cloud_p50_us` and `*_CLOUD_P50` columns).
+    /// [`ViewInfo::cloud_metric`].
     pub fn cloud_metric(self) -> bool {
-        self == ViewKind::Sampler
+        self.info().cloud_metric
     }
 
-    /// Whether the view's rows carry the socket's own smoothed RTT and retransmissions
-    /// (`ViewStats::srtt_us`, `retrans`: the table's `SRTT ms` and `RETR` columns).
+    /// [`ViewInfo::socket_columns`].
     pub fn socket_columns(self) -> bool {
-        self == ViewKind::Tcp
+        self.info().socket_columns
     }
 
-    /// What kind of measurement the view is, as a chart's legend says it after its name.
+    /// [`ViewInfo::legend`].
     pub fn legend(self) -> &'static str {
-        match self {
-            ViewKind::Tcp => "TCP view, the kernel's RTT samples",
-            ViewKind::Sampler => "packet sampler at the interface",
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => "packets and bytes of a cgroup",
-        }
+        self.info().legend
     }
 
-    /// What the view's RTT samples are, in a few words (the exporter's HELP text of
-    /// `rttscope_rtt`); None: the view takes no RTT samples.
+    /// [`ViewInfo::rtt_samples_are`].
     pub fn rtt_samples_are(self) -> Option<&'static str> {
-        match self {
-            ViewKind::Tcp => Some("TCP's own RTT samples"),
-            ViewKind::Sampler => Some("packet-sampler RTT"),
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => None,
-        }
+        self.info().rtt_samples_are
     }
 
     /// What the view's level of tracked flows counts (the HELP text of
-    /// `rttscope_flows_tracked`); None when it has no such level ([`Self::flows_level`]).
+    /// `rttscope_flows_tracked`); None when it has no such level ([`ViewInfo::flows_level`]).
     pub fn flows_tracked_are(self) -> Option<&'static str> {
-        match self {
-            ViewKind::Tcp => Some("flows in its table"),
-            ViewKind::Sampler => Some("flow-table entries in use"),
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => None,
-        }
+        self.info().flows_level.map(|(_, what)| what)
     }
 
     /// "name: what; name: what" over the views `what` describes, in registry order (the
@@ -122,11 +161,6 @@ impl ViewKind {
     /// The counter that is the view's level of tracked flows
     /// (`rttscope_flows_tracked`), if it has one.
     pub fn flows_level(self) -> Option<&'static str> {
-        match self {
-            ViewKind::Tcp => Some("flows_tracked"),
-            ViewKind::Sampler => Some("flows_live"),
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => None,
-        }
+        self.info().flows_level.map(|(counter, _)| counter)
     }
 }
