@@ -62,14 +62,21 @@ impl TcpConn {
         s.write_all(&hello.encode())
             .await
             .context("sending the hello")?;
+        // The hello's answer is one round trip, which TCP's backoff can stretch as it stretches a
+        // transaction (a SYN resent makes the first RTO 3 s): wait as long as for a transaction
+        // (-W), and at least 5 s.
+        let hello_wait = timeout.max(Duration::from_secs(5));
         let mut ack = [0u8; 4];
-        match tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut ack)).await {
+        match tokio::time::timeout(hello_wait, s.read_exact(&mut ack)).await {
             Ok(Ok(_)) if ack == HELLO_ACK => {}
             Ok(Ok(_)) => bail!("{addr} is not an rttscope responder (bad hello reply)"),
             Ok(Err(_)) => bail!(
                 "{addr} closed the connection after the hello (sizes over its limit, or its connection limit reached; see its log)"
             ),
-            Err(_) => bail!("{addr} did not answer the hello within 5 s"),
+            Err(_) => bail!(
+                "{addr} did not answer the hello within {} (the larger of -W and 5 s)",
+                crate::analysis::units::fmt_duration_short(hello_wait)
+            ),
         }
         Ok(TcpConn {
             s,
@@ -311,4 +318,34 @@ async fn watchdog(
         libc::shutdown(fd, libc::SHUT_RDWR);
     }
     std::future::pending::<()>().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A responder that accepts and never answers the hello (as one whose answer TCP's backoff
+    /// holds back under loss): the probe waits for it as long as for a transaction (-W), not a
+    /// fixed 5 s, and then fails in one sentence saying how long it waited.
+    #[tokio::test]
+    async fn the_hello_is_waited_for_as_long_as_a_transaction() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let held = std::thread::spawn(move || l.accept().map(|(s, _)| s));
+        let t0 = std::time::Instant::now();
+        let err = match TcpConn::connect(addr, 1, 1, false, Duration::from_secs(7)).await {
+            Ok(_) => panic!("a responder that never answers the hello gave a connection"),
+            Err(e) => e.to_string(),
+        };
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_secs(7) && took < Duration::from_secs(9),
+            "waited {took:?} for the hello with -W 7s: {err}"
+        );
+        assert_eq!(
+            err,
+            format!("{addr} did not answer the hello within 7s (the larger of -W and 5 s)")
+        );
+        drop(held.join());
+    }
 }

@@ -82,7 +82,8 @@ pub struct RrOpts {
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
     pub port: u16,
     /// A reply not received within this long counts as lost (UDP); a TCP transaction taking
-    /// longer fails. A bare number is seconds, or a duration such as 500ms.
+    /// longer fails, as does a hello unanswered this long after connecting (at least 5 s). A bare
+    /// number is seconds, or a duration such as 500ms.
     #[arg(short = 'W', long = "timeout", default_value = "1", value_parser = seconds_arg, value_name = "DURATION")]
     pub timeout: Duration,
     /// netperf output selectors, comma-separated: MIN_LATENCY, MAX_LATENCY, MEAN_LATENCY,
