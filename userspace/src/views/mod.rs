@@ -16,7 +16,7 @@
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
-pub use scope::{FileKeys, Scope};
+pub use scope::{FileKeys, OnTestbed, Scope};
 
 #[cfg(feature = "example-view")]
 pub mod count;
@@ -189,31 +189,13 @@ pub fn not_requested(kind: ViewKind) -> Option<&'static str> {
     }
 }
 
-/// How a view observes a testbed of two network namespaces, a client's and a server's, that
-/// reach each other through an interface of the same name in each, watched from outside both
-/// with `--netns` for each (`rttscope lab`'s testbed; the lab runs the views with
-/// [`ViewKind::flow_rtts`]): observe's options that attach it there, and that set how it samples.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct OnTestbed {
-    /// After `--view`: where it attaches, besides the namespaces every view takes.
-    pub attach: Vec<String>,
-    /// After the shared options (`--port`): its sampling rate, for a view that samples packets
-    /// (1 in `sample_every` per direction).
-    pub rate: Vec<String>,
-}
-
-/// A view's options of observe on a testbed: `netns` the client's and the server's namespace,
-/// `iface` the interface of each, `sample_every` the sampling rate of a view that samples packets.
+/// A view's options of observe on a testbed ([`OnTestbed`]): `netns` the client's and the
+/// server's namespace, `iface` the interface of each, `sample_every` the sampling rate of a
+/// view that samples packets. Each view's folder says its own (`options.rs`).
 pub fn on_testbed(kind: ViewKind, netns: [&str; 2], iface: &str, sample_every: u32) -> OnTestbed {
     match kind {
-        ViewKind::Tcp => OnTestbed::default(),
-        ViewKind::Sampler => OnTestbed {
-            attach: netns
-                .iter()
-                .flat_map(|n| ["--iface".to_string(), format!("{n}:{iface}")])
-                .collect(),
-            rate: vec!["--sample-every".into(), sample_every.to_string()],
-        },
+        ViewKind::Tcp => tcp::options::on_testbed(),
+        ViewKind::Sampler => sampler::options::on_testbed(netns, iface, sample_every),
         #[cfg(feature = "example-view")]
         ViewKind::Count => OnTestbed::default(),
     }
@@ -223,20 +205,8 @@ pub fn on_testbed(kind: ViewKind, netns: [&str; 2], iface: &str, sample_every: u
 /// what its columns hold (the legend of the lab's SUMMARY.md).
 pub fn testbed_words(kind: ViewKind, iface: &str, sample_every: u32) -> (String, String) {
     match kind {
-        ViewKind::Tcp => (
-            "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends".into(),
-            "the TCP stack's RTT samples (sock_ops) on each end".into(),
-        ),
-        ViewKind::Sampler => (
-            format!("tc ingress+egress on {iface} of the client and of the server namespace"),
-            format!(
-                "the packet sampler at each end's interface{}",
-                match sample_every {
-                    0 | 1 => String::new(),
-                    n => format!(" (1 in {n} packets per direction)"),
-                }
-            ),
-        ),
+        ViewKind::Tcp => tcp::options::testbed_words(),
+        ViewKind::Sampler => sampler::options::testbed_words(iface, sample_every),
         #[cfg(feature = "example-view")]
         ViewKind::Count => (
             "cgroup_skb ingress+egress".into(),

@@ -27,3 +27,17 @@ pub struct FileKeys<'a> {
     pub sample_every: Option<u32>,
     pub proto: Option<&'a [crate::views::sampler::Proto]>,
 }
+
+/// How a view observes a testbed of two network namespaces, a client's and a server's, that
+/// reach each other through an interface of the same name in each, watched from outside both
+/// with `--netns` for each (`rttscope lab`'s testbed; the lab runs the views with
+/// [`crate::views::ViewKind::flow_rtts`]): observe's options that attach it there, and that set
+/// how it samples ([`crate::views::on_testbed`]).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct OnTestbed {
+    /// After `--view`: where it attaches, besides the namespaces every view takes.
+    pub attach: Vec<String>,
+    /// After the shared options (`--port`): its sampling rate, for a view that samples packets
+    /// (1 in `sample_every` per direction).
+    pub rate: Vec<String>,
+}

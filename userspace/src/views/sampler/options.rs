@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::{AttachMode, IfaceSpec, Matching, Proto, SamplerConfig};
 use crate::analysis::units::duration_arg;
-use crate::views::scope::{FileKeys, Scope};
+use crate::views::scope::{FileKeys, OnTestbed, Scope};
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct SamplerArgs {
@@ -108,4 +108,31 @@ pub fn parse_file_ifaces(keys: &FileKeys<'_>) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
     }
     Ok(())
+}
+
+/// Its options on the lab's testbed ([`crate::views::on_testbed`]): the testbed's interface in
+/// each namespace, and how it samples.
+pub fn on_testbed(netns: [&str; 2], iface: &str, sample_every: u32) -> OnTestbed {
+    OnTestbed {
+        attach: netns
+            .iter()
+            .flat_map(|n| ["--iface".to_string(), format!("{n}:{iface}")])
+            .collect(),
+        rate: vec!["--sample-every".into(), sample_every.to_string()],
+    }
+}
+
+/// Its hooks on the testbed and what its columns hold, in words
+/// ([`crate::views::testbed_words`]).
+pub fn testbed_words(iface: &str, sample_every: u32) -> (String, String) {
+    (
+        format!("tc ingress+egress on {iface} of the client and of the server namespace"),
+        format!(
+            "the packet sampler at each end's interface{}",
+            match sample_every {
+                0 | 1 => String::new(),
+                n => format!(" (1 in {n} packets per direction)"),
+            }
+        ),
+    )
 }

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::{AckHook, TcpViewConfig};
 use crate::sys::netns::{self, NetNs};
-use crate::views::scope::Scope;
+use crate::views::scope::{OnTestbed, Scope};
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct TcpArgs {
@@ -39,4 +39,19 @@ impl TcpArgs {
             ack_hook: self.ack_hook,
         })
     }
+}
+
+/// Its options on the lab's testbed ([`crate::views::on_testbed`]): none beyond the
+/// namespaces every view takes.
+pub fn on_testbed() -> OnTestbed {
+    OnTestbed::default()
+}
+
+/// Its hooks on the testbed and what its columns hold, in words
+/// ([`crate::views::testbed_words`]).
+pub fn testbed_words() -> (String, String) {
+    (
+        "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends".into(),
+        "the TCP stack's RTT samples (sock_ops) on each end".into(),
+    )
 }
