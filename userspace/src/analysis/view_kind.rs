@@ -46,6 +46,15 @@ pub struct ViewInfo {
     /// The counter that is its level of tracked flows (`rttscope_flows_tracked`), if it has one,
     /// and what that level counts (the metric's HELP text).
     pub flows_level: Option<(&'static str, &'static str)>,
+    /// Whether each raw sample carries the side of its connection it was taken on (TCP's
+    /// sock_ops program runs in the socket, which knows its side); otherwise a raw sample takes
+    /// the side its flow's row resolved by the end of the run (observe's `--json` series).
+    pub sample_side: bool,
+    /// The keys of its settings and its counters in `compare`'s result (`settings.<key>`, null
+    /// when the view was not attached); None: compare does not attach it.
+    pub compare_keys: Option<(&'static str, &'static str)>,
+    /// What its series are, as the result schema's kind describes them (docs/result.schema.json).
+    pub series_about: &'static str,
 }
 
 const TCP: ViewInfo = ViewInfo {
@@ -57,6 +66,9 @@ const TCP: ViewInfo = ViewInfo {
     legend: "TCP view, the kernel's RTT samples",
     rtt_samples_are: Some("TCP's own RTT samples"),
     flows_level: Some(("flows_tracked", "flows in its table")),
+    sample_side: true,
+    compare_keys: Some(("tcp_view", "tcp_counters")),
+    series_about: "RTT as TCP computes it (sock_ops RTT callback, or `ss -ti`).",
 };
 
 const SAMPLER: ViewInfo = ViewInfo {
@@ -68,6 +80,9 @@ const SAMPLER: ViewInfo = ViewInfo {
     legend: "packet sampler at the interface",
     rtt_samples_are: Some("packet-sampler RTT"),
     flows_level: Some(("flows_live", "flow-table entries in use")),
+    sample_side: false,
+    compare_keys: Some(("sampler", "sampler_counters")),
+    series_about: "The cloud-style packet sampler (tc programs).",
 };
 
 #[cfg(feature = "example-view")]
@@ -80,6 +95,9 @@ const COUNT: ViewInfo = ViewInfo {
     legend: "packets and bytes of a cgroup",
     rtt_samples_are: None,
     flows_level: None,
+    sample_side: false,
+    compare_keys: None,
+    series_about: "The example view: packets and bytes of a cgroup (cgroup_skb).",
 };
 
 impl ViewKind {
