@@ -7,6 +7,8 @@
 //! view's code is registered in `crate::views` (`ViewConfig`).
 use serde::Serialize;
 
+use super::flow::Side;
+
 /// The passive views.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -128,6 +130,25 @@ impl ViewKind {
     /// this build knows).
     pub fn from_name(name: &str) -> Option<ViewKind> {
         Self::ALL.iter().copied().find(|k| k.as_str() == name)
+    }
+
+    /// The label of its rows and series on one side of a connection (`tcp client`, `sampler
+    /// server`): compare's rows, the lab's views.
+    pub fn label(self, side: Side) -> String {
+        format!("{} {}", self.as_str(), side.as_str())
+    }
+
+    /// The view whose samples are the socket's own RTT (the one whose rows carry the socket's
+    /// columns, [`ViewInfo::socket_columns`]: TCP's), the reference that compare's notes and the
+    /// lab's observations explain the others against; None in a build without one.
+    pub fn socket() -> Option<ViewKind> {
+        Self::ALL.iter().copied().find(|k| k.socket_columns())
+    }
+
+    /// The views whose samples are read as the cloud's flow metric too
+    /// ([`ViewInfo::cloud_metric`]: the packet sampler), in registry order.
+    pub fn cloud_metric_views() -> impl Iterator<Item = ViewKind> {
+        Self::ALL.iter().copied().filter(|k| k.cloud_metric())
     }
 
     /// [`ViewInfo::short_name`].

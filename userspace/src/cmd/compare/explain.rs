@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::rows::{CloudEvidence, Row};
+use crate::analysis::flow::Side;
 use crate::analysis::units::fmt_ms;
+use crate::analysis::view_kind::ViewKind;
 
 /// Notes with evidence: each only when the numbers show the cause.
 pub fn explain(
@@ -17,10 +19,12 @@ pub fn explain(
             .find(|r| r.view == name && r.summary.n > 0)
             .map(|r| r.summary)
     };
+    // the socket's own RTT (TCP's view), which the notes explain the others against
+    let socket = |side| ViewKind::socket().and_then(|k| get(&k.label(side)));
     let mut notes = Vec::new();
     let iv_us = interval.as_secs_f64() * 1e6;
     // Delayed ACK on the responding side.
-    if let (Some(c), Some(s)) = (get("tcp client"), get("tcp server")) {
+    if let (Some(c), Some(s)) = (socket(Side::Client), socket(Side::Server)) {
         if s.p50 > 3.0 * c.p50
             && iv_us > 0.0
             && iv_us < 40_000.0
@@ -37,9 +41,11 @@ pub fn explain(
             ));
         }
     }
-    // Sampler samples at the application's think time.
-    for name in ["sampler client", "sampler server"] {
-        if let (Some(smp), Some(tc)) = (get(name), get("tcp client")) {
+    // Packet-sampler samples at the application's think time.
+    let packet_rows =
+        ViewKind::cloud_metric_views().flat_map(|k| [k.label(Side::Client), k.label(Side::Server)]);
+    for name in packet_rows {
+        if let (Some(smp), Some(tc)) = (get(&name), socket(Side::Client)) {
             if iv_us > 5.0 * tc.p50.max(1.0) && smp.max >= 0.8 * iv_us && smp.p99 >= 0.8 * iv_us {
                 notes.push(format!(
                     "{name}: p99 {} ms / max {} ms reach the think time {} ms while TCP's client-side p50 is {} ms: some sampled acknowledging packets were the next request, not a bare ACK, so the sampler timed the application's pause.",
@@ -62,7 +68,7 @@ pub fn explain(
         }
     }
     // Application tail far above TCP's with retransmissions.
-    if let (Some(app), Some(tc)) = (get("TCP_RR"), get("tcp client")) {
+    if let (Some(app), Some(tc)) = (get("TCP_RR"), socket(Side::Client)) {
         if retrans > 0 && app.p99 > 3.0 * tc.p99 {
             notes.push(format!(
                 "TCP_RR p99 {} ms is far above TCP's RTT p99 {} ms with {} retransmissions: the application waits for loss recovery, which TCP's RTT excludes (no samples from retransmitted data).",
@@ -116,6 +122,22 @@ mod tests {
             row("tcp server", 90.0, 150.0, 200.0),
         ];
         assert!(explain(&rows, Duration::from_millis(20), 0, None).is_empty());
+    }
+
+    #[test]
+    fn think_time_note_names_the_sampler_row() {
+        // The rows are found through the registry's roles (the socket's view, the views read as
+        // the cloud's metric): the note must still name the row it is about.
+        let rows = vec![
+            row("tcp client", 100.0, 150.0, 200.0),
+            row("sampler client", 110.0, 160.0, 210.0),
+            row("sampler server", 120.0, 19_500.0, 20_100.0),
+        ];
+        let n = explain(&rows, Duration::from_millis(20), 0, None);
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(n[0].starts_with("sampler server: p99 19.500 ms"), "{n:?}");
+        // Without TCP's client-side row there is nothing to explain it against.
+        assert!(explain(&rows[1..], Duration::from_millis(20), 0, None).is_empty());
     }
 
     #[test]

@@ -101,13 +101,13 @@ fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: 
     });
 }
 
-/// Raw samples of every view (flow ends are not samples). A TCP-view sample keeps its side; a
-/// sampler sample's side comes from its flow's row at the end.
+/// Raw samples of every view (flow ends are not samples). A sample of a view whose samples carry
+/// their side (the registry's `sample_side`: TCP's) keeps it; the others' (the sampler's) side
+/// comes from its flow's row at the end.
 pub(super) fn record_raw(samples: &[RawSample], start_mono: u64) {
     for s in samples.iter().filter(|s| s.event == RawEvent::Rtt) {
         let view = ViewKind::from_name(s.view.as_str());
-        // the TCP view's side is its own; the others' come from the flow's row at the end
-        let side = (view == ViewKind::Tcp).then_some(s.side);
+        let side = s.view.info().sample_side.then_some(s.side);
         push(view, s.flow, side, s.ts_ns, start_mono, s.rtt_us);
     }
 }

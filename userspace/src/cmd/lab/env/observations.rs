@@ -1,11 +1,13 @@
 //! The report's observations: 2–4 sentences per scenario on what the run showed, with its
-//! numbers.
+//! numbers. The sentences call the socket's own RTT "TCP" and the view read as the cloud's flow
+//! metric "the sampler"; which views those are is the registry's ([`PassiveKind::socket`],
+//! [`PassiveKind::cloud_metric_views`]).
 use super::phase::{rtts, PhaseData, Series};
 use super::table::fmt_ms;
 use crate::analysis::flow::Side;
 use crate::analysis::results::ViewSummary;
 use crate::lab::scenarios::{Plan, Scenario};
-use crate::views::ViewKind;
+use crate::views::ViewKind as PassiveKind;
 
 fn p50(points: &[Vec<ViewSummary>], i: usize, view: &str) -> Option<f64> {
     points.get(i)?.iter().find(|v| v.view == view)?.p50_us
@@ -36,6 +38,29 @@ fn range(points: &[Vec<ViewSummary>], view: &str) -> String {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     format!("{}–{} ms", fmt_ms(Some(lo)), fmt_ms(Some(hi)))
+}
+
+/// The label of the socket's RTT on one side (TCP's view: `tcp server`); empty in a build
+/// without such a view.
+fn socket(side: Side) -> String {
+    PassiveKind::socket()
+        .map(|k| k.label(side))
+        .unwrap_or_default()
+}
+
+/// The view read as the cloud's flow metric (the packet sampler), if this build has one.
+fn packet_view() -> Option<PassiveKind> {
+    PassiveKind::cloud_metric_views().next()
+}
+
+/// The label of [`packet_view`] on one side (`sampler client`).
+fn packet(side: Side) -> String {
+    packet_view().map(|k| k.label(side)).unwrap_or_default()
+}
+
+/// A passive view's samples on one side in a phase (none without the view).
+fn samples_of(d: &PhaseData, kind: Option<PassiveKind>, side: Side) -> &[(f64, f64)] {
+    kind.map_or(&[], |k| d.passive(k, side))
 }
 
 fn idx(plan: &Plan, label: &str) -> Option<usize> {
@@ -78,14 +103,15 @@ fn delayed_ack_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<Str
     let last = points.len().saturating_sub(1);
     let mut s = Vec::new();
     let i16 = idx(plan, "16").unwrap_or(0);
+    let (client, server) = (socket(Side::Client), socket(Side::Server));
     s.push(format!(
         "The server's TCP RTT (p50) followed the interval: {} at 0 ms, {} at 16 ms, {} at 32 ms — the client holds its ACK until the next request carries it.",
-        f(p50(points, 0, "tcp server")),
-        f(p50(points, i16, "tcp server")),
-        f(idx(plan, "32").and_then(|i| p50(points, i, "tcp server"))),
+        f(p50(points, 0, &server)),
+        f(p50(points, i16, &server)),
+        f(idx(plan, "32").and_then(|i| p50(points, i, &server))),
     ));
-    let s32 = idx(plan, "32").and_then(|i| p50(points, i, "tcp server"));
-    let s41 = p50(points, last, "tcp server");
+    let s32 = idx(plan, "32").and_then(|i| p50(points, i, &server));
+    let s41 = p50(points, last, &server);
     s.push(format!(
         "At {} ms it was {}: {}.",
         phase_label(plan, last),
@@ -97,15 +123,16 @@ fn delayed_ack_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<Str
     ));
     s.push(format!(
         "The client's TCP RTT p50 stayed at {} and the request/response p50 at {} over all intervals: the server answers at once, so its ACK rides on the response.",
-        range(points, "tcp client"),
+        range(points, &client),
         range(points, "rr"),
     ));
+    let (pc, ps) = (packet(Side::Client), packet(Side::Server));
     s.push(format!(
         "The sampler agreed with TCP on each side: server {} at 16 ms (cloud-bucket median {}), client {} (cloud-bucket median {}).",
-        f(p50(points, i16, "sampler server")),
-        f(cloud_p50(points, i16, "sampler server")),
-        f(p50(points, i16, "sampler client")),
-        f(cloud_p50(points, i16, "sampler client")),
+        f(p50(points, i16, &ps)),
+        f(cloud_p50(points, i16, &ps)),
+        f(p50(points, i16, &pc)),
+        f(cloud_p50(points, i16, &pc)),
     ));
     s
 }
@@ -117,12 +144,13 @@ fn beyond_ack_timer_observations(
 ) -> Vec<String> {
     let mut s = vec![format!(
         "TCP's RTT on the server stayed at {} (p50 per interval) and on the client at {}.",
-        range(points, "tcp server"),
-        range(points, "tcp client")
+        range(points, &socket(Side::Server)),
+        range(points, &socket(Side::Client))
     )];
+    let ps = packet(Side::Server);
     for (i, d) in data.iter().enumerate().take(points.len()) {
         let x = plan.phases[i].label.parse::<f64>().unwrap_or(0.0) * 1e3;
-        let smp: Vec<f64> = rtts(d.passive(ViewKind::Sampler, Side::Server));
+        let smp: Vec<f64> = rtts(samples_of(d, packet_view(), Side::Server));
         let near = smp.iter().filter(|&&r| r > 0.5 * x).count();
         s.push(format!(
             "At {} ms the server-side sampler (1 in {} packets) took {} samples, {} of them above half the interval; its p50 {}, p95 {}.",
@@ -130,8 +158,8 @@ fn beyond_ack_timer_observations(
             4,
             smp.len(),
             near,
-            f(p50(points, i, "sampler server")),
-            f(pct(points, i, "sampler server", 95)),
+            f(p50(points, i, &ps)),
+            f(pct(points, i, &ps, 95)),
         ));
     }
     s
@@ -146,11 +174,19 @@ fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
         .unwrap_or(0.0);
     let (lo, hi) = split_step(d, half);
     let mut s = Vec::new();
+    let sock = PassiveKind::socket();
     for (name, v) in [
-        ("RR", &d.rr[..]),
-        ("ping", &d.ping[..]),
-        ("TCP client", d.passive(ViewKind::Tcp, Side::Client)),
-        ("sampler client", d.passive(ViewKind::Sampler, Side::Client)),
+        ("RR".to_string(), &d.rr[..]),
+        ("ping".to_string(), &d.ping[..]),
+        (
+            // TCP's short name, as the table's columns say it
+            format!("{} client", sock.map_or("", |k| k.short_name())),
+            samples_of(d, sock, Side::Client),
+        ),
+        (
+            packet(Side::Client),
+            samples_of(d, packet_view(), Side::Client),
+        ),
     ] {
         let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
         s.push(format!(
@@ -164,6 +200,7 @@ fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
 }
 
 fn loss_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<String> {
+    let (client, server) = (socket(Side::Client), socket(Side::Server));
     (0..points.len())
         .map(|i| {
             format!(
@@ -171,10 +208,10 @@ fn loss_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<String> {
                 phase_label(plan, i),
                 fmt_ms(pct(points, i, "rr", 50)),
                 f(pct(points, i, "rr", 95)),
-                fmt_ms(pct(points, i, "tcp client", 50)),
-                f(pct(points, i, "tcp client", 95)),
-                fmt_ms(pct(points, i, "tcp server", 50)),
-                f(pct(points, i, "tcp server", 95)),
+                fmt_ms(pct(points, i, &client, 50)),
+                f(pct(points, i, &client, 95)),
+                fmt_ms(pct(points, i, &server, 50)),
+                f(pct(points, i, &server, 95)),
             )
         })
         .collect()
@@ -186,6 +223,7 @@ fn bufferbloat_observations(
     data: &[PhaseData],
 ) -> Vec<String> {
     let mut s = Vec::new();
+    let (client, pc) = (socket(Side::Client), packet(Side::Client));
     for (i, d) in data.iter().enumerate().take(points.len()) {
         let bw = d.bulk.as_ref().and_then(|b| b["received_bps"].as_f64());
         s.push(format!(
@@ -193,8 +231,8 @@ fn bufferbloat_observations(
             phase_label(plan, i),
             f(p50(points, i, "rr")),
             f(p50(points, i, "ping")),
-            f(p50(points, i, "tcp client")),
-            f(p50(points, i, "sampler client")),
+            f(p50(points, i, &client)),
+            f(p50(points, i, &pc)),
             bw.map(|b| format!(", bulk {:.1} Mbit/s", b / 1e6))
                 .unwrap_or_default()
         ));
@@ -222,7 +260,7 @@ fn probe_interval_observations(plan: &Plan, points: &[Vec<ViewSummary>]) -> Vec<
             f(pct(points, i, "rr", 99)),
             f(p50(points, i, "ping")),
             f(pct(points, i, "ping", 99)),
-            f(p50(points, i, "tcp server")),
+            f(p50(points, i, &socket(Side::Server))),
         ));
     }
     s

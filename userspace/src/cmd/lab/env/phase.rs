@@ -201,7 +201,7 @@ pub(super) fn lab_views() -> Vec<LabView> {
     for k in lab_kinds() {
         for (side, short) in SIDES {
             v.push(LabView {
-                name: format!("{} {}", k.as_str(), side.as_str()),
+                name: k.label(side),
                 short: format!("{}_{short}", k.short_name()),
                 kind: ViewKind::from_name(k.as_str()),
                 side,
