@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::rows::{CloudEvidence, Row};
 use crate::analysis::flow::Side;
+use crate::analysis::stats::Summary;
 use crate::analysis::units::fmt_ms;
 use crate::analysis::view_kind::ViewKind;
 
@@ -21,77 +22,103 @@ pub fn explain(
     };
     // the socket's own RTT (TCP's view), which the notes explain the others against
     let socket = |side| ViewKind::socket().and_then(|k| get(&k.label(side)));
-    let mut notes = Vec::new();
     let iv_us = interval.as_secs_f64() * 1e6;
-    // Delayed ACK on the responding side.
-    if let (Some(c), Some(s)) = (socket(Side::Client), socket(Side::Server)) {
-        if s.p50 > 3.0 * c.p50
-            && iv_us > 0.0
-            && iv_us < 40_000.0
-            && (s.p50 - iv_us).abs() <= 0.3 * iv_us + 2_000.0
-        {
-            notes.push(format!(
-                "server-side TCP RTT p50 {} ms is close to the probe interval {} ms (below the 40 ms delayed-ACK timer) while the client side's is {} ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",
-                fmt_ms(s.p50), fmt_ms(iv_us), fmt_ms(c.p50)
-            ));
-        } else if s.p50 > 3.0 * c.p50 && (35_000.0..=45_000.0).contains(&s.p50) {
-            notes.push(format!(
-                "server-side TCP RTT p50 {} ms sits at the 40 ms delayed-ACK timer (client side {} ms): the client's ACKs of the responses waited for the timer.",
-                fmt_ms(s.p50), fmt_ms(c.p50)
-            ));
-        }
-    }
-    // Packet-sampler samples at the application's think time.
+    let mut notes = Vec::new();
+    notes.extend(delayed_ack(
+        socket(Side::Client),
+        socket(Side::Server),
+        iv_us,
+    ));
+    // the rows of the views read as the cloud's metric (the packet sampler's)
     let packet_rows =
         ViewKind::cloud_metric_views().flat_map(|k| [k.label(Side::Client), k.label(Side::Server)]);
     for name in packet_rows {
-        if let (Some(smp), Some(tc)) = (get(&name), socket(Side::Client)) {
-            if iv_us > 5.0 * tc.p50.max(1.0) && smp.max >= 0.8 * iv_us && smp.p99 >= 0.8 * iv_us {
-                notes.push(format!(
-                    "{name}: p99 {} ms / max {} ms reach the think time {} ms while TCP's client-side p50 is {} ms: some sampled acknowledging packets were the next request, not a bare ACK, so the sampler timed the application's pause.",
-                    fmt_ms(smp.p99), fmt_ms(smp.max), fmt_ms(iv_us), fmt_ms(tc.p50)
-                ));
-            }
-        }
+        notes.extend(think_time(&name, get(&name), socket(Side::Client), iv_us));
     }
-    // Cloud-bucket median interpolated inside one wide bucket.
-    if let Some(c) = cloud {
-        let width_us = (c.bucket_hi_ms - c.bucket_lo_ms) * 1000.0;
-        if c.bucket_share_pct >= 50.0
-            && (c.p50_us - c.exact_p50_us).abs() > 0.5 * c.exact_p50_us
-            && width_us > 2.0 * c.exact_p50_us
-        {
-            notes.push(format!(
+    notes.extend(cloud.and_then(bucket_artifact));
+    notes.extend(loss_recovery(get("TCP_RR"), socket(Side::Client), retrans));
+    notes.extend(kernel_echo(get("ICMP"), get("TCP_RR")));
+    notes
+}
+
+/// Delayed ACK on the responding side: TCP's server-side RTT at the think time (below the
+/// 40 ms timer) or at the timer, far above the client side's.
+fn delayed_ack(client: Option<Summary>, server: Option<Summary>, iv_us: f64) -> Option<String> {
+    let (c, s) = (client?, server?);
+    if s.p50 <= 3.0 * c.p50 {
+        return None;
+    }
+    if iv_us > 0.0 && iv_us < 40_000.0 && (s.p50 - iv_us).abs() <= 0.3 * iv_us + 2_000.0 {
+        Some(format!(
+            "server-side TCP RTT p50 {} ms is close to the probe interval {} ms (below the 40 ms delayed-ACK timer) while the client side's is {} ms: the client's TCP holds its ACK of each response until the next request carries it (delayed ACK), so the server times the think time.",
+            fmt_ms(s.p50), fmt_ms(iv_us), fmt_ms(c.p50)
+        ))
+    } else if (35_000.0..=45_000.0).contains(&s.p50) {
+        Some(format!(
+            "server-side TCP RTT p50 {} ms sits at the 40 ms delayed-ACK timer (client side {} ms): the client's ACKs of the responses waited for the timer.",
+            fmt_ms(s.p50), fmt_ms(c.p50)
+        ))
+    } else {
+        None
+    }
+}
+
+/// A packet sampler's row (`name`) whose tail reaches the application's think time, far above
+/// TCP's client-side RTT.
+fn think_time(
+    name: &str,
+    row: Option<Summary>,
+    tcp: Option<Summary>,
+    iv_us: f64,
+) -> Option<String> {
+    let (smp, tc) = (row?, tcp?);
+    (iv_us > 5.0 * tc.p50.max(1.0) && smp.max >= 0.8 * iv_us && smp.p99 >= 0.8 * iv_us).then(|| {
+        format!(
+            "{name}: p99 {} ms / max {} ms reach the think time {} ms while TCP's client-side p50 is {} ms: some sampled acknowledging packets were the next request, not a bare ACK, so the sampler timed the application's pause.",
+            fmt_ms(smp.p99), fmt_ms(smp.max), fmt_ms(iv_us), fmt_ms(tc.p50)
+        )
+    })
+}
+
+/// The cloud-bucket median interpolated inside one wide bucket.
+fn bucket_artifact(c: CloudEvidence) -> Option<String> {
+    let width_us = (c.bucket_hi_ms - c.bucket_lo_ms) * 1000.0;
+    (c.bucket_share_pct >= 50.0
+        && (c.p50_us - c.exact_p50_us).abs() > 0.5 * c.exact_p50_us
+        && width_us > 2.0 * c.exact_p50_us)
+        .then(|| {
+            format!(
                 "the cloud-bucket median {} ms is interpolated inside the [{}, {}) ms bucket, which holds {:.0}% of the samples (at its midpoint when it holds them all); the exact median of the same samples is {} ms: a bucketing artifact, not a network difference.",
                 fmt_ms(c.p50_us), c.bucket_lo_ms, c.bucket_hi_ms, c.bucket_share_pct, fmt_ms(c.exact_p50_us)
-            ));
-        }
-    }
-    // Application tail far above TCP's with retransmissions.
-    if let (Some(app), Some(tc)) = (get("TCP_RR"), socket(Side::Client)) {
-        if retrans > 0 && app.p99 > 3.0 * tc.p99 {
-            notes.push(format!(
-                "TCP_RR p99 {} ms is far above TCP's RTT p99 {} ms with {} retransmissions: the application waits for loss recovery, which TCP's RTT excludes (no samples from retransmitted data).",
-                fmt_ms(app.p99), fmt_ms(tc.p99), retrans
-            ));
-        }
-    }
-    // Ping below request/response: no receiving application.
-    if let (Some(p), Some(app)) = (get("ICMP"), get("TCP_RR")) {
-        if app.p50 > 1.2 * p.p50 {
-            notes.push(format!(
-                "ICMP p50 {} ms is below TCP_RR p50 {} ms: an echo is answered inside the kernel, a request/response crosses TCP and both applications.",
-                fmt_ms(p.p50), fmt_ms(app.p50)
-            ));
-        }
-    }
-    notes
+            )
+        })
+}
+
+/// The application's tail far above TCP's RTT, with retransmissions.
+fn loss_recovery(app: Option<Summary>, tcp: Option<Summary>, retrans: u64) -> Option<String> {
+    let (app, tc) = (app?, tcp?);
+    (retrans > 0 && app.p99 > 3.0 * tc.p99).then(|| {
+        format!(
+            "TCP_RR p99 {} ms is far above TCP's RTT p99 {} ms with {} retransmissions: the application waits for loss recovery, which TCP's RTT excludes (no samples from retransmitted data).",
+            fmt_ms(app.p99), fmt_ms(tc.p99), retrans
+        )
+    })
+}
+
+/// Ping below request/response: an echo has no receiving application.
+fn kernel_echo(ping: Option<Summary>, app: Option<Summary>) -> Option<String> {
+    let (p, app) = (ping?, app?);
+    (app.p50 > 1.2 * p.p50).then(|| {
+        format!(
+            "ICMP p50 {} ms is below TCP_RR p50 {} ms: an echo is answered inside the kernel, a request/response crosses TCP and both applications.",
+            fmt_ms(p.p50), fmt_ms(app.p50)
+        )
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::stats::Summary;
 
     fn row(view: &str, p50: f64, p99: f64, max: f64) -> Row {
         let mut s = Summary::from_us(&[p50]);
