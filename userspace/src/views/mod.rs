@@ -12,7 +12,8 @@
 //! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
 //! module is the registry: a view is registered by its `pub mod` line, its
 //! `attach_*` function, and its options (a field of [`ViewArgs`], built into
-//! its config by [`ViewArgs::configs`]; its config-file keys in [`FileKeys`]).
+//! its config by [`ViewArgs::configs`]; its config-file keys in [`FileKeys`];
+//! compare's: [`CompareViewArgs`]).
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
@@ -161,6 +162,33 @@ impl ViewArgs {
     }
 }
 
+/// Each view's own options of `rttscope compare` (declared in its folder, `<view>/options.rs`),
+/// flattened into compare's options in this order: the registry of compare's options.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct CompareViewArgs {
+    #[command(flatten)]
+    pub sampler: sampler::options::CompareSamplerArgs,
+}
+
+impl CompareViewArgs {
+    /// The views compare attaches, in registry order, each configured by its folder around the
+    /// responder's `port` (a view whose options ask for none is left out).
+    pub fn configs(&self, port: u16) -> Result<Vec<ViewConfig>> {
+        let mut configs = Vec::new();
+        for kind in ViewKind::ALL {
+            configs.extend(match kind {
+                ViewKind::Tcp => Some(ViewConfig::Tcp(tcp::options::compare_config(port)?)),
+                ViewKind::Sampler => (self.sampler.config())
+                    .map(|c| ViewConfig::Sampler(self.sampler.ifaces.clone(), c)),
+                // the example view: not in compare
+                #[cfg(feature = "example-view")]
+                ViewKind::Count => None,
+            });
+        }
+        Ok(configs)
+    }
+}
+
 /// What each view will do on a kernel with these features (`rttscope features`), in registry
 /// order.
 pub fn plans(f: &probe::Features) -> Vec<probe::ViewPlan> {
@@ -283,6 +311,72 @@ pub fn attach_count(kind: LoaderKind, cfg: &count::CountConfig) -> Result<Box<dy
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// compare's views from its flags: the TCP view on the responder's port in the observer's own
+    /// namespace (4096 flows, raw samples), then the sampler on each `--iface` with its rate and
+    /// matching (raw samples, the rest its defaults); no sampler without `--iface`.
+    #[test]
+    fn compare_configs_from_flags() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: CompareViewArgs,
+        }
+        let configs = |flags: &[&str]| {
+            let args = T::try_parse_from(std::iter::once("compare").chain(flags.iter().copied()));
+            args.unwrap().a.configs(7879).unwrap()
+        };
+        let own = crate::sys::netns::current_inode().unwrap();
+        let got = configs(&[
+            "--iface",
+            "lo",
+            "--iface",
+            "n1:eth0",
+            "--sample-every",
+            "4",
+            "--match",
+            "tsval",
+        ]);
+        assert_eq!(
+            got.iter().map(|c| c.kind()).collect::<Vec<_>>(),
+            [ViewKind::Tcp, ViewKind::Sampler]
+        );
+        let ViewConfig::Tcp(t) = &got[0] else {
+            panic!("not the TCP view first")
+        };
+        assert_eq!(
+            (t.ports.as_slice(), t.raw, t.max_flows, t.all_netns),
+            (&[7879][..], true, 4096, false)
+        );
+        assert_eq!(
+            t.iter_netns.iter().map(|n| n.inode).collect::<Vec<_>>(),
+            [own]
+        );
+        assert!(t.cgroup.is_none() && t.netns_filter.is_empty() && t.cidrs.is_empty());
+        let ViewConfig::Sampler(ifaces, c) = &got[1] else {
+            panic!("not the sampler second")
+        };
+        let names: Vec<_> = ifaces
+            .iter()
+            .map(|i| (i.netns.as_deref(), i.name.as_str()))
+            .collect();
+        assert_eq!(names, [(None, "lo"), (Some("n1"), "eth0")]);
+        assert_eq!(
+            (c.sample_every, c.matching, c.raw),
+            (4, sampler::Matching::Tsval, true)
+        );
+        let d = sampler::SamplerConfig::default();
+        assert_eq!(
+            (c.max_flows, c.pending_timeout, c.attach, &c.protos),
+            (d.max_flows, d.pending_timeout, d.attach, &d.protos)
+        );
+        let got = configs(&["--sample-every", "4"]);
+        assert_eq!(
+            got.iter().map(|c| c.kind()).collect::<Vec<_>>(),
+            [ViewKind::Tcp]
+        );
+    }
 
     #[test]
     fn missing_loader_is_one_sentence() {

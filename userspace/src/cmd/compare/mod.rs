@@ -21,10 +21,9 @@ use crate::active::rr::{Kind, ProbeConfig, Stop};
 use crate::analysis::dist::BucketOptions;
 use crate::analysis::results::RunResult;
 use crate::analysis::units::fmt_duration_short;
+use crate::analysis::view_kind::ViewKind;
 use crate::session::{Session, SessionConfig};
-use crate::views::sampler::{IfaceSpec, Matching, SamplerConfig};
-use crate::views::tcp::TcpViewConfig;
-use crate::views::{LoaderKind, ViewConfig};
+use crate::views::{CompareViewArgs, LoaderKind};
 
 mod explain;
 mod render;
@@ -67,15 +66,9 @@ pub struct CompareArgs {
     /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10ms if -w 0).
     #[arg(long)]
     pub irtt: bool,
-    /// Sampler view on this interface (NAME or NETNS:NAME); repeatable. Without it no sampler rows.
-    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
-    pub ifaces: Vec<IfaceSpec>,
-    /// Sampler: sample each packet with probability 1/N.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub sample_every: u32,
-    /// Sampler matching rule.
-    #[arg(long = "match", value_enum, default_value = "seq")]
-    pub matching: Matching,
+    // Each view's own options (`--iface`, `--sample-every`, `--match`), declared in its folder.
+    #[command(flatten)]
+    pub views: CompareViewArgs,
     /// Cloud bucket layout for the "sampler via cloud buckets" row (see `rttscope bucket --help`).
     #[arg(long, default_value = "vm_flow", value_parser = crate::analysis::dist::layout_arg)]
     pub layout: BucketOptions,
@@ -207,32 +200,13 @@ impl ProbePlan {
     }
 }
 
-/// What the session attaches: the TCP view restricted to the responder's port (both ends
-/// when the server is on this host too), and the sampler on each `--iface`; both with raw
-/// samples for the time series.
+/// What the session attaches: each view compare runs, as its folder configures it around the
+/// responder's port and its own options (the registry's [`CompareViewArgs::configs`]), with
+/// raw samples for the time series.
 fn session_config(args: &CompareArgs) -> Result<SessionConfig> {
-    let tcp = TcpViewConfig {
-        iter_netns: vec![crate::sys::netns::resolve("self")?],
-        ports: vec![args.port],
-        raw: true,
-        max_flows: 4096,
-        ..Default::default()
-    };
-    let sampler = (!args.ifaces.is_empty()).then(|| {
-        let cfg = SamplerConfig {
-            sample_every: args.sample_every,
-            matching: args.matching,
-            raw: true,
-            ..Default::default()
-        };
-        (args.ifaces.clone(), cfg)
-    });
-    let views = std::iter::once(ViewConfig::Tcp(tcp))
-        .chain(sampler.map(|(i, c)| ViewConfig::Sampler(i, c)))
-        .collect();
     Ok(SessionConfig {
         loader: args.loader,
-        views,
+        views: args.views.configs(args.port)?,
         keep_rows: false,
         workloads: false,
         keep_summary: false,
@@ -240,20 +214,17 @@ fn session_config(args: &CompareArgs) -> Result<SessionConfig> {
     })
 }
 
-/// The result's `settings` (the rows and notes are added at the end).
+/// The result's `settings` (the rows and notes are added at the end): compare's own, and each
+/// view's settings and counters under its keys
+/// ([`compare_keys`](crate::analysis::view_kind::ViewInfo::compare_keys): null when it was not
+/// attached).
 fn settings_json(
     args: &CompareArgs,
     plan: &ProbePlan,
     session: &Session,
     retrans: u64,
 ) -> Result<serde_json::Value> {
-    let tcp_counters = crate::views::tcp::track::of(session.views())
-        .map(|v| v.counters())
-        .transpose()?;
-    let sampler_counters = crate::views::sampler::track::of(session.views())
-        .map(|s| s.counters())
-        .transpose()?;
-    Ok(json!({
+    let mut settings = json!({
         "host": args.host,
         "port": args.port,
         "length_s": args.length.as_secs_f64(),
@@ -262,14 +233,22 @@ fn settings_json(
         "sizes": [args.sizes.0, args.sizes.1],
         "nodelay": args.nodelay,
         "probes": plan.kinds.iter().map(|k| k.label()).collect::<Vec<_>>(),
-        "tcp_view": crate::views::tcp::track::of(session.views()).map(|v| v.info()),
         "loader": args.loader,
-        "sampler": crate::views::sampler::track::of(session.views()).map(|s| json!({"settings": s.config(), "attached": s.attach_info()})),
         "cloud_layout": args.layout.spec(),
-        "tcp_counters": tcp_counters,
-        "sampler_counters": sampler_counters,
         "tcp_retransmits": retrans,
-    }))
+    });
+    let keys = |kind: ViewKind| kind.info().compare_keys;
+    for (view_key, counters_key) in ViewKind::ALL.iter().filter_map(|k| keys(*k)) {
+        settings[view_key] = serde_json::Value::Null;
+        settings[counters_key] = serde_json::Value::Null;
+    }
+    for v in session.views() {
+        if let Some((view_key, counters_key)) = keys(v.kind()) {
+            settings[view_key] = v.settings();
+            settings[counters_key] = serde_json::to_value(v.passive().counters()?)?;
+        }
+    }
+    Ok(settings)
 }
 
 /// The table's first line (after "rttscope ") and the result's title.

@@ -1,7 +1,8 @@
 //! The sampler view's own options of `rttscope observe` (flattened into
 //! observe's through the registry's [`crate::views::ViewArgs`]): its
 //! interfaces and how it samples, checked against the views asked for, and
-//! how they become its config.
+//! how they become its config; and its options of `rttscope compare`
+//! ([`CompareSamplerArgs`], through [`crate::views::CompareViewArgs`]).
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -78,6 +79,34 @@ impl SamplerArgs {
         if let (true, Some(p)) = (from_file("protos"), keys.proto) {
             self.protos = p.to_vec();
         }
+    }
+}
+
+/// The view's own options of `rttscope compare` (flattened into compare's through the
+/// registry's [`crate::views::CompareViewArgs`]): its interfaces and how it samples.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct CompareSamplerArgs {
+    /// Sampler view on this interface (NAME or NETNS:NAME); repeatable. Without it no sampler rows.
+    #[arg(long = "iface", value_name = "[NETNS:]NAME")]
+    pub ifaces: Vec<IfaceSpec>,
+    /// Sampler: sample each packet with probability 1/N.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub sample_every: u32,
+    /// Sampler matching rule.
+    #[arg(long = "match", value_enum, default_value = "seq")]
+    pub matching: Matching,
+}
+
+impl CompareSamplerArgs {
+    /// The view's config in compare, with raw samples for the time series; None without an
+    /// interface (no sampler rows).
+    pub fn config(&self) -> Option<SamplerConfig> {
+        (!self.ifaces.is_empty()).then(|| SamplerConfig {
+            sample_every: self.sample_every,
+            matching: self.matching,
+            raw: true,
+            ..Default::default()
+        })
     }
 }
 

@@ -1,6 +1,7 @@
 //! The TCP view's own options of `rttscope observe` (flattened into observe's
 //! through the registry's [`crate::views::ViewArgs`]), and how they and
-//! observe's shared ones ([`crate::views::Scope`]) become its config.
+//! observe's shared ones ([`crate::views::Scope`]) become its config; and its
+//! config in `rttscope compare` ([`compare_config`]).
 use anyhow::Result;
 use clap::Args;
 
@@ -54,4 +55,17 @@ pub fn testbed_words() -> (String, String) {
         "cgroup sock_ops BPF_SOCK_OPS_RTT_CB on both ends".into(),
         "the TCP stack's RTT samples (sock_ops) on each end".into(),
     )
+}
+
+/// Its config in `rttscope compare` ([`crate::views::CompareViewArgs`]): the responder's
+/// `port` (both ends when the server is on this host too), existing connections in the
+/// observer's own namespace, and raw samples for the time series.
+pub fn compare_config(port: u16) -> Result<TcpViewConfig> {
+    Ok(TcpViewConfig {
+        iter_netns: vec![netns::resolve("self")?],
+        ports: vec![port],
+        raw: true,
+        max_flows: 4096,
+        ..Default::default()
+    })
 }
