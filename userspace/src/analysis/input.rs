@@ -318,6 +318,7 @@ pub fn load_result(path: &Path, legacy: Option<LegacyReader>) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::analysis::view_kind::ViewKind as PassiveKind;
 
     fn scratch(name: &str, text: &str) -> std::path::PathBuf {
         let p = std::env::temp_dir().join(format!("rts-input-{}-{name}", std::process::id()));
@@ -331,7 +332,10 @@ mod tests {
     #[test]
     fn result_documents_stream_and_the_rest_is_left_to_the_text_readers() {
         let mut r = RunResult::new("observe", serde_json::json!({}));
-        let mut v = crate::analysis::results::ViewSeries::new("tcp client", ViewKind::Tcp);
+        let mut v = crate::analysis::results::ViewSeries::new(
+            "tcp client",
+            ViewKind::Passive(PassiveKind::Tcp),
+        );
         v.samples = vec![Sample::at_s(0.5, 80.0), Sample::at_s(1.0, 95.5)];
         r.views.push(v);
         r.start_unix_s = Some(1_795_240_800.0);

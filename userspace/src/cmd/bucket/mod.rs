@@ -296,6 +296,7 @@ mod tests {
     use super::*;
     use crate::analysis::results::Sample;
     use crate::analysis::results::{ViewKind, ViewSeries};
+    use crate::analysis::view_kind::ViewKind as PassiveKind;
 
     fn set(values_ms: &[f64]) -> SampleSet {
         SampleSet {
@@ -487,13 +488,16 @@ mod tests {
     #[test]
     fn result_files_give_one_set_per_view_and_aligned_rows() {
         let mut r = RunResult::new("test", serde_json::json!({}));
-        let mut v = ViewSeries::new("sampler", ViewKind::Sampler);
+        let mut v = ViewSeries::new("sampler", ViewKind::Passive(PassiveKind::Sampler));
         // 0-60 s: 0.2 ms; 60-120 s: 3 ms.
         v.samples = (0..120)
             .map(|i| Sample::at_s(i as f64, if i < 60 { 200.0 } else { 3000.0 }))
             .collect();
         r.views.push(v);
-        r.views.push(ViewSeries::new("empty", ViewKind::Tcp));
+        r.views.push(ViewSeries::new(
+            "empty",
+            ViewKind::Passive(PassiveKind::Tcp),
+        ));
         let text = serde_json::to_string(&r).unwrap();
         let sets = load_sample_sets(&text, "r.json").unwrap();
         assert_eq!(sets.len(), 2);
@@ -535,7 +539,7 @@ mod tests {
     fn local_result() -> RunResult {
         let mut r = RunResult::new("test", serde_json::json!({}));
         r.start_unix_s = Some(1_795_240_800.0);
-        let mut c = ViewSeries::new("tcp client", ViewKind::Tcp);
+        let mut c = ViewSeries::new("tcp client", ViewKind::Passive(PassiveKind::Tcp));
         c.side = Some("client".into());
         c.flow = Some("10.99.0.1:40000 -> 10.99.0.2:5001".into());
         c.samples = (0..1000)
@@ -543,7 +547,7 @@ mod tests {
             .collect();
         // Outside the first minute: not in the window.
         c.samples.push(Sample::at_s(90.0, 9000.0));
-        let mut sv = ViewSeries::new("tcp server", ViewKind::Tcp);
+        let mut sv = ViewSeries::new("tcp server", ViewKind::Passive(PassiveKind::Tcp));
         sv.side = Some("server".into());
         sv.samples = (0..100)
             .map(|i| Sample::at_s(i as f64 * 0.5, 20_000.0 + i as f64))

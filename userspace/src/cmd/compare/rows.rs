@@ -75,7 +75,7 @@ impl Report {
     ) -> Option<CloudEvidence> {
         let mut evidence = None;
         for v in session.views() {
-            let kind = ViewKind::from_name(v.kind().as_str());
+            let kind = ViewKind::Passive(v.kind());
             for (i, s) in v.series().into_iter().enumerate() {
                 let samples = sides.of(v.kind(), s.side);
                 if i > 0 && samples.is_empty() {

@@ -106,7 +106,7 @@ fn push(view: ViewKind, flow: Flow, side: Option<Side>, ts_ns: u64, start_mono: 
 /// comes from its flow's row at the end.
 pub(super) fn record_raw(samples: &[RawSample], start_mono: u64) {
     for s in samples.iter().filter(|s| s.event == RawEvent::Rtt) {
-        let view = ViewKind::from_name(s.view.as_str());
+        let view = ViewKind::Passive(s.view);
         let side = s.view.info().sample_side.then_some(s.side);
         push(view, s.flow, side, s.ts_ns, start_mono, s.rtt_us);
     }
@@ -232,8 +232,7 @@ pub(super) fn finish(
     doc.views = side_series(summary_, raw, not_kept);
     for r in &summary_.rows {
         for (kind, st) in r.views.iter() {
-            doc.views
-                .push(flow_series(r, ViewKind::from_name(kind.as_str()), st));
+            doc.views.push(flow_series(r, ViewKind::Passive(kind), st));
         }
     }
     dedup_names(&mut doc.views);
@@ -277,6 +276,10 @@ fn dedup_names(views: &mut [ViewSeries]) {
 mod tests {
     use super::*;
     use crate::analysis::hist::Hist;
+    use crate::analysis::view_kind::ViewKind as PassiveKind;
+
+    const TCP: ViewKind = ViewKind::Passive(PassiveKind::Tcp);
+    const SAMPLER: ViewKind = ViewKind::Passive(PassiveKind::Sampler);
 
     fn row(side: Side, tcp: bool) -> FlowRow {
         FlowRow {
@@ -321,18 +324,15 @@ mod tests {
     fn raw_samples_go_to_their_side() {
         let rows = vec![row(Side::Client, true), row(Side::Server, false)];
         assert_eq!(
-            raw_side(&raw(ViewKind::Tcp, Some(Side::Server), 1.0), &rows),
+            raw_side(&raw(TCP, Some(Side::Server), 1.0), &rows),
             "server"
         );
         assert_eq!(
-            raw_side(&raw(ViewKind::Tcp, Some(Side::Unknown), 1.0), &rows),
+            raw_side(&raw(TCP, Some(Side::Unknown), 1.0), &rows),
             "client"
         );
-        assert_eq!(
-            raw_side(&raw(ViewKind::Sampler, None, 1.0), &rows),
-            "server"
-        );
-        assert_eq!(raw_side(&raw(ViewKind::Sampler, None, 1.0), &[]), "unknown");
+        assert_eq!(raw_side(&raw(SAMPLER, None, 1.0), &rows), "server");
+        assert_eq!(raw_side(&raw(SAMPLER, None, 1.0), &[]), "unknown");
         let mut h = Hist::default();
         for us in [100, 200, 300] {
             h.record(us);
@@ -347,10 +347,7 @@ mod tests {
         };
         let v = side_series(
             &summary,
-            vec![
-                raw(ViewKind::Tcp, None, 150.0),
-                raw(ViewKind::Sampler, None, 90.0),
-            ],
+            vec![raw(TCP, None, 150.0), raw(SAMPLER, None, 90.0)],
             4,
         );
         let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();
@@ -370,9 +367,9 @@ mod tests {
     #[test]
     fn repeated_names_are_numbered() {
         let mut v = vec![
-            ViewSeries::new("x", ViewKind::Tcp),
-            ViewSeries::new("x", ViewKind::Tcp),
-            ViewSeries::new("y", ViewKind::Tcp),
+            ViewSeries::new("x", TCP),
+            ViewSeries::new("x", TCP),
+            ViewSeries::new("y", TCP),
         ];
         dedup_names(&mut v);
         let names: Vec<&str> = v.iter().map(|v| v.name.as_str()).collect();

@@ -267,16 +267,17 @@ mod tests {
     use super::timeseries::envelope;
     use super::*;
     use crate::analysis::results::{Sample, Sweep, SweepPoint, ViewKind, ViewSummary};
+    use crate::analysis::view_kind::ViewKind as PassiveKind;
     use serde_json::json;
 
     fn result_with_views() -> RunResult {
         let mut r = RunResult::new("compare", json!({"interval": "10ms", "duration": "5s"}));
         r.title = Some("test run".into());
-        let mut tcp = ViewSeries::new("tcp client", ViewKind::Tcp);
+        let mut tcp = ViewSeries::new("tcp client", ViewKind::Passive(PassiveKind::Tcp));
         tcp.samples = (0..500)
             .map(|i| Sample::at_s(i as f64 * 0.01, 120.0 + (i % 17) as f64 * 5.0))
             .collect();
-        let mut sampler = ViewSeries::new("sampler", ViewKind::Sampler);
+        let mut sampler = ViewSeries::new("sampler", ViewKind::Passive(PassiveKind::Sampler));
         sampler.samples = (0..50)
             .map(|i| Sample::at_s(i as f64 * 0.1, 40_000.0 + (i % 5) as f64 * 300.0))
             .collect();
@@ -298,7 +299,7 @@ mod tests {
                     views: vec![
                         ViewSummary {
                             view: "tcp server".into(),
-                            kind: Some(ViewKind::Tcp),
+                            kind: Some(ViewKind::Passive(PassiveKind::Tcp)),
                             count: 100,
                             p5_us: Some(100.0 + x * 900.0),
                             p50_us: Some(150.0 + x * 1000.0),

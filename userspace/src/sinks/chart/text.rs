@@ -96,11 +96,8 @@ pub(super) fn full_name(name: &str, kind: Option<crate::analysis::results::ViewK
         Some(K::Ping) => "ICMP echo probe",
         Some(K::Irtt) => "irtt probe",
         // a passive view says what it is (the registry)
-        Some(k) => match crate::analysis::view_kind::ViewKind::from_name(k.as_str()) {
-            Some(v) => v.legend(),
-            None => return short(name, 60),
-        },
-        None => return short(name, 60),
+        Some(K::Passive(v)) => v.legend(),
+        Some(K::Other) | None => return short(name, 60),
     };
     format!("{} ({what})", short(name, 40))
 }

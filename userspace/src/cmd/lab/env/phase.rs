@@ -203,7 +203,7 @@ pub(super) fn lab_views() -> Vec<LabView> {
             v.push(LabView {
                 name: k.label(side),
                 short: format!("{}_{short}", k.short_name()),
-                kind: ViewKind::from_name(k.as_str()),
+                kind: ViewKind::Passive(k),
                 side,
                 source: Source::Passive(k),
             });
@@ -256,7 +256,7 @@ mod tests {
     fn percentiles_are_nearest_rank() {
         let at = |v: &[f64]| v.iter().map(|&r| (0.0, r)).collect::<Vec<_>>();
         let v: Vec<f64> = (1..=101).map(|x| x as f64).collect();
-        let s = view_summary("tcp client", ViewKind::Tcp, &at(&v));
+        let s = view_summary("tcp client", ViewKind::Passive(PassiveKind::Tcp), &at(&v));
         assert_eq!(s.count, 101);
         assert_eq!(s.p50_us, Some(51.0));
         assert_eq!(s.p5_us, Some(6.0));
@@ -268,7 +268,7 @@ mod tests {
             (s.p90_us, s.stddev_us, s.extra["p90_us"]),
             (None, None, 91.0)
         );
-        let e = view_summary("tcp client", ViewKind::Tcp, &[]);
+        let e = view_summary("tcp client", ViewKind::Passive(PassiveKind::Tcp), &[]);
         assert_eq!((e.count, e.p50_us, e.extra.len()), (0, None, 0));
         assert_eq!(summary_json(&[]).to_string(), r#"{"n":0}"#);
         // An even count: an observed value (the lower middle one), never a mean of two.
@@ -291,10 +291,11 @@ mod tests {
             let v = &samples[..n];
             let lab = view_summary(
                 "tcp client",
-                ViewKind::Tcp,
+                ViewKind::Passive(PassiveKind::Tcp),
                 &v.iter().map(|&r| (0.0, r)).collect::<Vec<_>>(),
             );
-            let observe = ViewSummary::of_samples("tcp client", Some(ViewKind::Tcp), v);
+            let observe =
+                ViewSummary::of_samples("tcp client", Some(ViewKind::Passive(PassiveKind::Tcp)), v);
             let table = crate::analysis::stats::Summary::from_us(v);
             assert_eq!(lab.p50_us, observe.p50_us, "n={n}");
             assert_eq!(lab.p50_us, Some(table.p50), "n={n}");
