@@ -111,6 +111,12 @@ pub struct ViewArgs {
 }
 
 impl ViewArgs {
+    /// Each view's options as observe's settings record them, added to them (each view's
+    /// `options.rs`: the TCP view's `ack_hook`).
+    pub fn record(&self, settings: &mut serde_json::Map<String, serde_json::Value>) {
+        self.tcp.record(settings);
+    }
+
     /// The views asked for: `--view` (repeats next to each other dropped), or
     /// by default the TCP view, plus each view whose own options ask for it.
     pub fn kinds(&self) -> Vec<ViewKind> {

@@ -35,11 +35,11 @@ pub(super) fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The settings recorded in the start record (and in the `--json` document); keys in
-/// alphabetical order, as they always were.
+/// The settings recorded in the start record (and in the `--json` document), with each view's
+/// options ([`crate::views::ViewArgs::record`]); keys in alphabetical order, as they always were
+/// (a JSON object's, serde_json's map).
 #[derive(Serialize)]
 struct Settings<'a> {
-    ack_hook: &'a crate::views::tcp::AckHook,
     addrs: Vec<String>,
     all_netns: bool,
     duration_s: Option<f64>,
@@ -54,8 +54,7 @@ struct Settings<'a> {
 
 /// The settings recorded in the start record (and in the `--json` document).
 pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
-    serde_json::to_value(Settings {
-        ack_hook: &args.view_opts.tcp.ack_hook,
+    let mut settings = serde_json::to_value(Settings {
         addrs: args.addrs.iter().map(|a| a.to_string()).collect(),
         all_netns: args.all_netns,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
@@ -67,7 +66,11 @@ pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
         ports: &args.ports,
         raw: args.raw,
     })
-    .expect("settings serialise")
+    .expect("settings serialise");
+    if let Some(map) = settings.as_object_mut() {
+        args.view_opts.record(map);
+    }
+    settings
 }
 
 /// Unix time (seconds) of `mono_ns` (CLOCK_MONOTONIC): the start record's `ts` is the Unix time

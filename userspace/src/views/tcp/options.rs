@@ -40,6 +40,12 @@ impl TcpArgs {
             ack_hook: self.ack_hook,
         })
     }
+
+    /// Its options as observe's settings record them (the start record's and the `--json`
+    /// document's `settings`): `ack_hook`, as given, whether or not the view runs.
+    pub fn record(&self, settings: &mut serde_json::Map<String, serde_json::Value>) {
+        settings.insert("ack_hook".into(), serde_json::json!(self.ack_hook));
+    }
 }
 
 /// Its options on the lab's testbed ([`crate::views::on_testbed`]): none beyond the
