@@ -340,6 +340,15 @@ pub fn check_params(want: &Params, got: &Params) -> Result<Vec<String>> {
             got.protocol_version
         );
     }
+    check_duration(want, got, &mut r)?;
+    check_interval(want, got, &mut r)?;
+    check_length(want, got, &mut r)?;
+    other_restrictions(want, got, &mut r);
+    Ok(r)
+}
+
+/// The duration: the server may shorten it (a restriction in `r`), never lengthen it.
+fn check_duration(want: &Params, got: &Params, r: &mut Vec<String>) -> Result<()> {
     if got.duration_ns > want.duration_ns {
         bail!(
             "the server tried to lengthen the duration from {} to {}",
@@ -354,6 +363,12 @@ pub fn check_params(want: &Params, got: &Params) -> Result<Vec<String>> {
             fmt_ns(got.duration_ns)
         ));
     }
+    Ok(())
+}
+
+/// The interval: there must be one; the server may lengthen it, and shorten it (both
+/// restrictions in `r`) only to 1 s or more.
+fn check_interval(want: &Params, got: &Params, r: &mut Vec<String>) -> Result<()> {
     if got.interval_ns <= 0 {
         bail!("the server granted no interval");
     }
@@ -378,6 +393,11 @@ pub fn check_params(want: &Params, got: &Params) -> Result<Vec<String>> {
             fmt_ns(got.interval_ns)
         ));
     }
+    Ok(())
+}
+
+/// The packet length: the server may shorten it (a restriction in `r`), never lengthen it.
+fn check_length(want: &Params, got: &Params, r: &mut Vec<String>) -> Result<()> {
     if got.length > want.length {
         bail!(
             "the server tried to increase the packet length from {} to {}",
@@ -391,6 +411,12 @@ pub fn check_params(want: &Params, got: &Params) -> Result<Vec<String>> {
             want.length, got.length
         ));
     }
+    Ok(())
+}
+
+/// The changes the server may make to the received stats, timestamps, clocks, DSCP and fill:
+/// each one a restriction in `r`.
+fn other_restrictions(want: &Params, got: &Params, r: &mut Vec<String>) {
     if got.received_stats != want.received_stats {
         r.push(format!(
             "server changed received stats from {} to {}",
@@ -424,7 +450,6 @@ pub fn check_params(want: &Params, got: &Params) -> Result<Vec<String>> {
             want.server_fill, got.server_fill
         ));
     }
-    Ok(r)
 }
 
 #[cfg(test)]

@@ -309,6 +309,8 @@ pub struct RunCounters {
     pub last_recv_mono: i64,
 }
 
+/// irtt's statistics of a finished test from its round trips, the recorder's counters and the
+/// send interval (ns).
 pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
     let mut s = Stats {
         send_call: c.send_call.clone(),
@@ -322,6 +324,16 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
         send_failures: c.send_failures,
         ..Default::default()
     };
+    delays(&mut s, rts);
+    ipdvs(&mut s, rts);
+    losses(&mut s, rts);
+    rates(&mut s, c, interval_ns);
+    s
+}
+
+/// The round-trip, one-way and server processing times, and how many one-way delays came out
+/// negative.
+fn delays(s: &mut Stats, rts: &[RoundTrip]) {
     let collect =
         |f: &dyn Fn(&RoundTrip) -> Option<i64>| rts.iter().filter_map(f).collect::<Vec<_>>();
     s.rtt = DurationStats::from_values(collect(&|r| r.rtt()));
@@ -331,6 +343,11 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
     s.send_delay = DurationStats::from_values(sd);
     s.receive_delay = DurationStats::from_values(rd);
     s.server_processing_time = DurationStats::from_values(collect(&|r| r.server_processing()));
+}
+
+/// The IPDV (absolute delay variation) between consecutive round trips that both got a reply:
+/// round trip, send and receive.
+fn ipdvs(s: &mut Stats, rts: &[RoundTrip]) {
     let pairs = || {
         rts.windows(2)
             .filter(|w| w[0].received() && w[1].received())
@@ -352,6 +369,11 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
             .map(i64::abs)
             .collect(),
     );
+}
+
+/// Replies, loss (overall, upstream and downstream from the server's count, per packet from its
+/// window), duplicates and late packets; needs [`delays`] first (the replies are the RTTs).
+fn losses(s: &mut Stats, rts: &[RoundTrip]) {
     s.replies_unique = s.rtt.n;
     s.packets_received = s.replies_unique + s.duplicates;
     let sent = s.packets_sent as f64;
@@ -381,6 +403,11 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
         s.duplicate_percent = 100.0 * s.duplicates as f64 / s.packets_received as f64;
         s.late_packets_percent = 100.0 * s.late_packets as f64 / s.packets_received as f64;
     }
+}
+
+/// Send and receive rates over the first-to-last span, timer misses against the sends the
+/// interval expects, and the timer error as a share of the interval.
+fn rates(s: &mut Stats, c: &RunCounters, interval_ns: i64) {
     if let Some(first) = c.first_send_mono {
         let span = c.last_sent_mono - first;
         if span > 0 {
@@ -402,7 +429,6 @@ pub fn compute(rts: &[RoundTrip], c: &RunCounters, interval_ns: i64) -> Stats {
     if interval_ns > 0 {
         s.timer_err_percent = 100.0 * s.timer_error.mean / interval_ns as f64;
     }
-    s
 }
 
 #[cfg(test)]

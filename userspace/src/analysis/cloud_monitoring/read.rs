@@ -463,99 +463,128 @@ fn parse_series(
 /// lines or pages) are merged. Errors are one sentence naming the file, the series, the point and
 /// the field.
 pub fn parse(text: &str, name: &str) -> Result<CloudFile> {
-    // strict_json: an object that names a key twice is refused (serde_json keeps the last).
-    let dup = |e: &serde_json::Error| e.classify() == serde_json::error::Category::Data;
-    let docs: Vec<(Option<usize>, Value)> = match crate::analysis::strict_json::from_str(text) {
-        Ok(v) => vec![(None, v)],
-        Err(e) if dup(&e) => bail!("{name} is not a Cloud Monitoring file: {e}"),
-        Err(whole) => {
-            let mut docs = Vec::new();
-            for (i, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
-                }
-                match crate::analysis::strict_json::from_str(line) {
-                    Ok(v) => docs.push((Some(i + 1), v)),
-                    Err(e) if dup(&e) => {
-                        bail!(
-                            "{name} line {} is not a Cloud Monitoring request: {e}",
-                            i + 1
-                        )
-                    }
-                    Err(_) if docs.is_empty() => bail!("{name} is not JSON: {whole}"),
-                    Err(e) => bail!("{name} line {} is not JSON: {e}", i + 1),
-                }
-            }
-            if docs.is_empty() {
-                bail!("{name} is empty");
-            }
-            docs
-        }
-    };
+    let docs = documents(text, name)?;
     let mut series: Vec<CloudSeries> = Vec::new();
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     let mut number = 0usize;
     for (line, doc) in &docs {
         let at = line.map_or(String::new(), |l| format!(" line {l}"));
-        let (list, unit) = match doc {
-            Value::Array(a) => (a.as_slice(), None),
-            Value::Object(m) => match m.get("timeSeries") {
-                Some(Value::Array(a)) => (a.as_slice(), m.get("unit").and_then(Value::as_str)),
-                None if m.contains_key("points") => (std::slice::from_ref(doc), None),
-                None => bail!(
-                    "{name}{at} has no timeSeries (expected a projects.timeSeries.list response)"
-                ),
-                Some(other) => bail!("{name}{at}: timeSeries is not an array: {}", quote(other)),
-            },
-            other => bail!("{name}{at} is not a timeSeries document: {}", quote(other)),
-        };
+        let (list, unit) = series_list(doc, name, &at)?;
         for ts in list {
             number += 1;
             if number > MAX_READ_SERIES {
                 bail!("{name} holds more than {MAX_READ_SERIES} time series");
             }
-            let s = parse_series(ts, unit).map_err(|(point, e)| {
-                let what = ts
-                    .get("metric")
-                    .and_then(|m| m.get("type"))
-                    .and_then(Value::as_str)
-                    .map(|t| format!(" ({})", t.chars().take(80).collect::<String>()))
-                    .unwrap_or_default();
-                match point {
-                    Some(j) => anyhow::anyhow!(
-                        "{name}{at}: time series {number}{what}, point {}: {e}",
-                        j + 1
-                    ),
-                    None => anyhow::anyhow!("{name}{at}: time series {number}{what}: {e}"),
-                }
-            })?;
-            let key = format!(
-                "{}\u{0}{:?}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}",
-                s.metric_type,
-                s.metric_labels,
-                s.resource_type,
-                s.resource_labels,
-                s.metric_kind,
-                s.value_type
-            );
-            match index.get(&key) {
-                Some(&k) => {
-                    let t = &mut series[k];
-                    t.points.extend(s.points);
-                    t.points
-                        .sort_by(|a, b| a.end_unix_s.total_cmp(&b.end_unix_s));
-                }
-                None => {
-                    index.insert(key, series.len());
-                    series.push(s);
-                }
-            }
+            let s = parse_series(ts, unit)
+                .map_err(|(point, e)| series_error(name, &at, number, ts, point, e))?;
+            add_series(&mut series, &mut index, s);
         }
     }
     Ok(CloudFile {
         name: name.to_string(),
         series,
     })
+}
+
+/// The JSON documents of a file, each with its line number when the file is JSON Lines (`None`
+/// when the whole text is one document). A key named twice in one object is refused.
+fn documents(text: &str, name: &str) -> Result<Vec<(Option<usize>, Value)>> {
+    // strict_json: an object that names a key twice is refused (serde_json keeps the last).
+    let dup = |e: &serde_json::Error| e.classify() == serde_json::error::Category::Data;
+    let whole = match crate::analysis::strict_json::from_str(text) {
+        Ok(v) => return Ok(vec![(None, v)]),
+        Err(e) if dup(&e) => bail!("{name} is not a Cloud Monitoring file: {e}"),
+        Err(whole) => whole,
+    };
+    let mut docs = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match crate::analysis::strict_json::from_str(line) {
+            Ok(v) => docs.push((Some(i + 1), v)),
+            Err(e) if dup(&e) => {
+                bail!(
+                    "{name} line {} is not a Cloud Monitoring request: {e}",
+                    i + 1
+                )
+            }
+            Err(_) if docs.is_empty() => bail!("{name} is not JSON: {whole}"),
+            Err(e) => bail!("{name} line {} is not JSON: {e}", i + 1),
+        }
+    }
+    if docs.is_empty() {
+        bail!("{name} is empty");
+    }
+    Ok(docs)
+}
+
+/// The TimeSeries of one document (`{"timeSeries": [...]}`, a bare array, or one bare
+/// TimeSeries) and the document's default unit; `at` names its line in errors.
+fn series_list<'a>(doc: &'a Value, name: &str, at: &str) -> Result<(&'a [Value], Option<&'a str>)> {
+    Ok(match doc {
+        Value::Array(a) => (a.as_slice(), None),
+        Value::Object(m) => match m.get("timeSeries") {
+            Some(Value::Array(a)) => (a.as_slice(), m.get("unit").and_then(Value::as_str)),
+            None if m.contains_key("points") => (std::slice::from_ref(doc), None),
+            None => {
+                bail!("{name}{at} has no timeSeries (expected a projects.timeSeries.list response)")
+            }
+            Some(other) => bail!("{name}{at}: timeSeries is not an array: {}", quote(other)),
+        },
+        other => bail!("{name}{at} is not a timeSeries document: {}", quote(other)),
+    })
+}
+
+/// The error sentence of a bad series: the file, line, series number and metric type, the
+/// point (1-based) when one is at fault, and what is wrong.
+fn series_error(
+    name: &str,
+    at: &str,
+    number: usize,
+    ts: &Value,
+    point: Option<usize>,
+    e: String,
+) -> anyhow::Error {
+    let what = ts
+        .get("metric")
+        .and_then(|m| m.get("type"))
+        .and_then(Value::as_str)
+        .map(|t| format!(" ({})", t.chars().take(80).collect::<String>()))
+        .unwrap_or_default();
+    match point {
+        Some(j) => anyhow::anyhow!(
+            "{name}{at}: time series {number}{what}, point {}: {e}",
+            j + 1
+        ),
+        None => anyhow::anyhow!("{name}{at}: time series {number}{what}: {e}"),
+    }
+}
+
+/// Add a series to `series`, merged (points joined, sorted by end time) into an earlier one
+/// with the same metric, resource, kind and value type; `index` maps that identity to its place.
+fn add_series(series: &mut Vec<CloudSeries>, index: &mut BTreeMap<String, usize>, s: CloudSeries) {
+    let key = format!(
+        "{}\u{0}{:?}\u{0}{}\u{0}{:?}\u{0}{}\u{0}{}",
+        s.metric_type,
+        s.metric_labels,
+        s.resource_type,
+        s.resource_labels,
+        s.metric_kind,
+        s.value_type
+    );
+    match index.get(&key) {
+        Some(&k) => {
+            let t = &mut series[k];
+            t.points.extend(s.points);
+            t.points
+                .sort_by(|a, b| a.end_unix_s.total_cmp(&b.end_unix_s));
+        }
+        None => {
+            index.insert(key, series.len());
+            series.push(s);
+        }
+    }
 }
 
 /// What a file says as one view: its distribution points merged (a CUMULATIVE series

@@ -20,6 +20,88 @@ fn api_number(v: &serde_json::Value) -> Option<f64> {
     }
 }
 
+/// Which layout a `bucketOptions` object holds: exactly one of `linearBuckets`,
+/// `exponentialBuckets`, `explicitBuckets`.
+fn api_layout_kind(
+    obj: &serde_json::Map<String, serde_json::Value>,
+) -> Result<&'static str, String> {
+    let kinds: Vec<&'static str> = ["linearBuckets", "exponentialBuckets", "explicitBuckets"]
+        .into_iter()
+        .filter(|k| obj.contains_key(*k))
+        .collect();
+    match kinds.as_slice() {
+        [k] => Ok(*k),
+        [] => Err(
+            "bucketOptions has none of linearBuckets, exponentialBuckets, explicitBuckets".into(),
+        ),
+        _ => Err(format!(
+            "bucketOptions has more than one layout ({})",
+            kinds.join(", ")
+        )),
+    }
+}
+
+/// The finite number in field `f` of layout `kind`'s object `b`; 0 when it is missing (the
+/// proto3 default).
+fn api_field(
+    b: &serde_json::Map<String, serde_json::Value>,
+    kind: &str,
+    f: &str,
+) -> Result<f64, String> {
+    match b.get(f) {
+        None => Ok(0.0),
+        Some(x) => api_number(x)
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| format!("bucketOptions.{kind}.{f} is not a finite number: {x}")),
+    }
+}
+
+/// The bucket count in field `f` of layout `kind`'s object `b`: a whole number from 0 to
+/// [`MAX_BUCKETS`] (0 when missing, which validation refuses).
+fn api_count(
+    b: &serde_json::Map<String, serde_json::Value>,
+    kind: &str,
+    f: &str,
+) -> Result<u32, String> {
+    let n = api_field(b, kind, f)?;
+    if n.fract() != 0.0 || !(0.0..=(MAX_BUCKETS as f64)).contains(&n) {
+        return Err(format!(
+            "bucketOptions.{kind}.{f} must be a whole number from 1 to {MAX_BUCKETS}, not {n}"
+        ));
+    }
+    Ok(n as u32)
+}
+
+/// The `bounds` of an `explicitBuckets` object `b`: finite numbers, fewer than [`MAX_BUCKETS`];
+/// none when missing.
+fn api_bounds(b: &serde_json::Map<String, serde_json::Value>) -> Result<Vec<f64>, String> {
+    match b.get("bounds") {
+        None => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => {
+            if a.len() >= MAX_BUCKETS {
+                return Err(format!(
+                    "bucketOptions.explicitBuckets.bounds has {} bounds, more than {}",
+                    a.len(),
+                    MAX_BUCKETS - 1
+                ));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    api_number(x).filter(|x| x.is_finite()).ok_or_else(|| {
+                        format!(
+                            "bucketOptions.explicitBuckets.bounds[{i}] is not a finite number: {x}"
+                        )
+                    })
+                })
+                .collect()
+        }
+        Some(x) => Err(format!(
+            "bucketOptions.explicitBuckets.bounds is not an array: {x}"
+        )),
+    }
+}
+
 impl BucketOptions {
     /// Build a layout from the JSON of a `google.api.Distribution.BucketOptions` as the Cloud
     /// Monitoring REST API writes it: exactly one of `linearBuckets {numFiniteBuckets, width,
@@ -30,44 +112,12 @@ impl BucketOptions {
         let obj = v
             .as_object()
             .ok_or_else(|| "bucketOptions is not an object".to_string())?;
-        let kinds: Vec<&str> = ["linearBuckets", "exponentialBuckets", "explicitBuckets"]
-            .into_iter()
-            .filter(|k| obj.contains_key(*k))
-            .collect();
-        let kind =
-            match kinds.as_slice() {
-                [k] => *k,
-                [] => return Err(
-                    "bucketOptions has none of linearBuckets, exponentialBuckets, explicitBuckets"
-                        .into(),
-                ),
-                _ => {
-                    return Err(format!(
-                        "bucketOptions has more than one layout ({})",
-                        kinds.join(", ")
-                    ))
-                }
-            };
+        let kind = api_layout_kind(obj)?;
         let b = obj[kind]
             .as_object()
             .ok_or_else(|| format!("bucketOptions.{kind} is not an object"))?;
-        let num = |f: &str| -> Result<f64, String> {
-            match b.get(f) {
-                None => Ok(0.0),
-                Some(x) => api_number(x)
-                    .filter(|x| x.is_finite())
-                    .ok_or_else(|| format!("bucketOptions.{kind}.{f} is not a finite number: {x}")),
-            }
-        };
-        let count = |f: &str| -> Result<u32, String> {
-            let n = num(f)?;
-            if n.fract() != 0.0 || !(0.0..=(MAX_BUCKETS as f64)).contains(&n) {
-                return Err(format!(
-                    "bucketOptions.{kind}.{f} must be a whole number from 1 to {MAX_BUCKETS}, not {n}"
-                ));
-            }
-            Ok(n as u32)
-        };
+        let num = |f: &str| api_field(b, kind, f);
+        let count = |f: &str| api_count(b, kind, f);
         let opts = match kind {
             "linearBuckets" => BucketOptions::Linear {
                 num_finite_buckets: count("numFiniteBuckets")?,
@@ -79,34 +129,9 @@ impl BucketOptions {
                 growth_factor: num("growthFactor")?,
                 scale: num("scale")?,
             },
-            _ => {
-                let bounds = match b.get("bounds") {
-                    None => Vec::new(),
-                    Some(serde_json::Value::Array(a)) => {
-                        if a.len() >= MAX_BUCKETS {
-                            return Err(format!(
-                                "bucketOptions.explicitBuckets.bounds has {} bounds, more than {}",
-                                a.len(),
-                                MAX_BUCKETS - 1
-                            ));
-                        }
-                        a.iter()
-                            .enumerate()
-                            .map(|(i, x)| {
-                                api_number(x).filter(|x| x.is_finite()).ok_or_else(|| {
-                                    format!("bucketOptions.explicitBuckets.bounds[{i}] is not a finite number: {x}")
-                                })
-                            })
-                            .collect::<Result<Vec<f64>, String>>()?
-                    }
-                    Some(x) => {
-                        return Err(format!(
-                            "bucketOptions.explicitBuckets.bounds is not an array: {x}"
-                        ))
-                    }
-                };
-                BucketOptions::Explicit { bounds }
-            }
+            _ => BucketOptions::Explicit {
+                bounds: api_bounds(b)?,
+            },
         };
         opts.validate()
             .map_err(|why| format!("bucketOptions.{kind}: {why}"))?;

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use anyhow::bail;
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -60,40 +61,17 @@ pub(super) fn cdf_points(v: &ViewSeries, max: usize) -> Vec<(f64, f64)> {
     out
 }
 
+/// The CDF chart's coordinates: RTT in ms on a log axis, the fraction of samples linear.
+type CdfChart<'a, DB> = ChartContext<'a, DB, Cartesian2d<LogCoord<f64>, RangedCoordf64>>;
+
+/// The CDF of each view's samples as steps, with the cloud distribution (if any) beside them.
 pub(super) fn cdf<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     views: &[(usize, &ViewSeries)],
     cloud: Option<&CloudCdf>,
 ) -> anyhow::Result<()> {
-    let mut lo = f64::INFINITY;
-    let mut hi = 0.0f64;
-    let cloud_pts: Vec<(f64, f64)> = cloud
-        .map(|c| {
-            c.points_us
-                .iter()
-                .filter_map(|&(us, y)| Some((rtt_ms(us)?, y.clamp(0.0, 1.0))))
-                .filter(|p| p.1.is_finite())
-                .collect()
-        })
-        .unwrap_or_default();
-    for &(ms, _) in &cloud_pts {
-        if ms > 0.0 {
-            lo = lo.min(ms);
-        }
-        hi = hi.max(ms);
-    }
-    for (_, v) in views {
-        for ms in v.samples.iter().filter_map(|s| rtt_ms(s.rtt_us)) {
-            if ms > 0.0 {
-                lo = lo.min(ms);
-            }
-            hi = hi.max(ms);
-        }
-    }
-    if !lo.is_finite() {
-        lo = 0.001;
-    }
-    let hi = hi.max(lo * 1.5);
+    let cloud_pts = cloud.map(cloud_points_ms).unwrap_or_default();
+    let (lo, hi) = rtt_extent_ms(&cloud_pts, views);
     // A log RTT axis: views that differ by orders of magnitude stay readable.
     let x_range = (lo / 1.3)..(hi * 1.3);
     let mut chart = ChartBuilder::on(area)
@@ -114,49 +92,101 @@ pub(super) fn cdf<DB: DrawingBackend>(
         .draw()
         .map_err(derr)?;
     for &(i, v) in views {
-        let pts: Vec<(f64, f64)> = cdf_points(v, 2000)
-            .into_iter()
-            .map(|(x, y)| (x.max(lo / 1.3), y))
-            .collect();
-        if pts.is_empty() {
-            continue;
-        }
-        let c = color(i);
-        // Steps: the CDF jumps at each sample.
-        let mut stepped = Vec::with_capacity(pts.len() * 2 + 1);
-        stepped.push((pts[0].0, 0.0));
-        let mut prev = 0.0;
-        for (x, y) in pts {
-            stepped.push((x, prev));
-            stepped.push((x, y));
-            prev = y;
-        }
-        chart
-            .draw_series(LineSeries::new(stepped, c.stroke_width(2)))
-            .map_err(derr)?
-            .label(label(v))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+        draw_view_steps(&mut chart, i, v, lo / 1.3)?;
     }
     if let Some(c) = cloud.filter(|_| !cloud_pts.is_empty()) {
-        // Uniform inside each bucket (what the percentile aligner assumes): linear in the RTT,
-        // so a curve on this log axis, drawn through many points; a dot at each bucket bound.
-        let left = lo / 1.3;
-        let curve = cloud_curve(&cloud_pts, left, 64);
-        chart
-            .draw_series(LineSeries::new(curve, BLACK.stroke_width(2)))
-            .map_err(derr)?
-            .label(short(&c.label, 80))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-        chart
-            .draw_series(
-                cloud_pts
-                    .iter()
-                    .filter(|p| p.0 >= left)
-                    .map(|&p| Circle::new(p, 3, BLACK.filled())),
-            )
-            .map_err(derr)?;
+        draw_cloud(&mut chart, c, &cloud_pts, lo / 1.3)?;
     }
     legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
+/// The cloud distribution's points in ms with the fraction clamped to [0, 1] (finite ones only).
+fn cloud_points_ms(c: &CloudCdf) -> Vec<(f64, f64)> {
+    c.points_us
+        .iter()
+        .filter_map(|&(us, y)| Some((rtt_ms(us)?, y.clamp(0.0, 1.0))))
+        .filter(|p| p.1.is_finite())
+        .collect()
+}
+
+/// The RTT axis's extent in ms: the smallest positive and the largest RTT of the cloud points
+/// and the views' samples (1 us when none is positive), at least 1.5 times apart.
+fn rtt_extent_ms(cloud_pts: &[(f64, f64)], views: &[(usize, &ViewSeries)]) -> (f64, f64) {
+    let mut lo = f64::INFINITY;
+    let mut hi = 0.0f64;
+    let samples = views
+        .iter()
+        .flat_map(|(_, v)| v.samples.iter().filter_map(|s| rtt_ms(s.rtt_us)));
+    for ms in cloud_pts.iter().map(|p| p.0).chain(samples) {
+        if ms > 0.0 {
+            lo = lo.min(ms);
+        }
+        hi = hi.max(ms);
+    }
+    if !lo.is_finite() {
+        lo = 0.001;
+    }
+    (lo, hi.max(lo * 1.5))
+}
+
+/// One view's empirical CDF as steps (it jumps at each sample), in colour `i`, with its legend
+/// entry; samples left of the axis (`left` ms) are drawn at its edge.
+fn draw_view_steps<DB: DrawingBackend>(
+    chart: &mut CdfChart<'_, DB>,
+    i: usize,
+    v: &ViewSeries,
+    left: f64,
+) -> anyhow::Result<()> {
+    let pts: Vec<(f64, f64)> = cdf_points(v, 2000)
+        .into_iter()
+        .map(|(x, y)| (x.max(left), y))
+        .collect();
+    if pts.is_empty() {
+        return Ok(());
+    }
+    let c = color(i);
+    // Steps: the CDF jumps at each sample.
+    let mut stepped = Vec::with_capacity(pts.len() * 2 + 1);
+    stepped.push((pts[0].0, 0.0));
+    let mut prev = 0.0;
+    for (x, y) in pts {
+        stepped.push((x, prev));
+        stepped.push((x, y));
+        prev = y;
+    }
+    chart
+        .draw_series(LineSeries::new(stepped, c.stroke_width(2)))
+        .map_err(derr)?
+        .label(label(v))
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
+    Ok(())
+}
+
+/// The cloud distribution in black: its CDF curve (with its legend entry) and a dot at each
+/// bucket bound right of the axis's edge `left` ms.
+fn draw_cloud<DB: DrawingBackend>(
+    chart: &mut CdfChart<'_, DB>,
+    c: &CloudCdf,
+    cloud_pts: &[(f64, f64)],
+    left: f64,
+) -> anyhow::Result<()> {
+    // Uniform inside each bucket (what the percentile aligner assumes): linear in the RTT,
+    // so a curve on this log axis, drawn through many points; a dot at each bucket bound.
+    let curve = cloud_curve(cloud_pts, left, 64);
+    chart
+        .draw_series(LineSeries::new(curve, BLACK.stroke_width(2)))
+        .map_err(derr)?
+        .label(short(&c.label, 80))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
+    chart
+        .draw_series(
+            cloud_pts
+                .iter()
+                .filter(|p| p.0 >= left)
+                .map(|&p| Circle::new(p, 3, BLACK.filled())),
+        )
+        .map_err(derr)?;
+    Ok(())
 }
 
 /// The cloud distribution's CDF as drawn on a log RTT axis starting at `left` ms: between two

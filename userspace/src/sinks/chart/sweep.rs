@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use super::axes::{axis_value, pad, rtt_ms, LOG_AXIS_RATIO};
 use super::style::{color, derr, fmt_tick, font, legend};
 use super::text::{full_name, short};
-use crate::analysis::results::RunResult;
+use crate::analysis::results::{RunResult, Sweep, ViewKind};
 
 /// x, p5, p50, p95 (ms) and the sample count of one view at one sweep point.
 type SweepRow = (f64, Option<f64>, Option<f64>, Option<f64>, u64);
@@ -50,21 +50,15 @@ fn band_runs(rows: &[SweepRow], min_n: u64) -> (Vec<Vec<usize>>, Vec<usize>) {
     (runs, whiskers)
 }
 
+/// The sweep chart: each view's p50 line and p5-p95 range against the swept parameter, on a
+/// log x axis when the parameter spans decades.
 pub(super) fn sweep<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     result: &RunResult,
     views: &[String],
 ) -> anyhow::Result<()> {
     let sw = result.sweep.as_ref().expect("plan checked the sweep");
-    // The views in order of first appearance; colours follow the run's view order when it has one.
-    let mut names: Vec<&str> = Vec::new();
-    for p in &sw.points {
-        for s in &p.views {
-            if !names.contains(&s.view.as_str()) && (views.is_empty() || views.contains(&s.view)) {
-                names.push(&s.view);
-            }
-        }
-    }
+    let names = sweep_views(sw, views);
     let color_of = |name: &str, k: usize| {
         result
             .views
@@ -72,25 +66,7 @@ pub(super) fn sweep<DB: DrawingBackend>(
             .position(|v| v.name == name)
             .map_or(color(k + result.views.len()), color)
     };
-    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
-    let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
-    for p in &sw.points {
-        let Some(x) = axis_value(p.x) else { continue };
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        for s in p.views.iter().filter(|s| names.contains(&s.view.as_str())) {
-            for ms in [s.p5_us, s.p50_us, s.p95_us]
-                .into_iter()
-                .flatten()
-                .filter_map(rtt_ms)
-            {
-                if ms > 0.0 {
-                    y0 = y0.min(ms);
-                }
-                y1 = y1.max(ms);
-            }
-        }
-    }
+    let ((x0, x1), (y0, y1)) = sweep_extent(sw, &names);
     if !y0.is_finite() {
         bail!("the sweep has no positive RTT percentiles to chart");
     }
@@ -122,9 +98,49 @@ pub(super) fn sweep<DB: DrawingBackend>(
     }
 }
 
+/// The views to draw (all, or those in `views`), in order of first appearance in the sweep.
+fn sweep_views<'a>(sw: &'a Sweep, views: &[String]) -> Vec<&'a str> {
+    let mut names: Vec<&str> = Vec::new();
+    for p in &sw.points {
+        for s in &p.views {
+            if !names.contains(&s.view.as_str()) && (views.is_empty() || views.contains(&s.view)) {
+                names.push(&s.view);
+            }
+        }
+    }
+    names
+}
+
+/// The extent of the sweep's points: (smallest, largest) x and (smallest positive, largest)
+/// p5/p50/p95 in ms of the `names` views; y's smallest is infinite when none is positive.
+fn sweep_extent(sw: &Sweep, names: &[&str]) -> ((f64, f64), (f64, f64)) {
+    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y0, mut y1) = (f64::INFINITY, 0.0f64);
+    for p in &sw.points {
+        let Some(x) = axis_value(p.x) else { continue };
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        for s in p.views.iter().filter(|s| names.contains(&s.view.as_str())) {
+            for ms in [s.p5_us, s.p50_us, s.p95_us]
+                .into_iter()
+                .flatten()
+                .filter_map(rtt_ms)
+            {
+                if ms > 0.0 {
+                    y0 = y0.min(ms);
+                }
+                y1 = y1.max(ms);
+            }
+        }
+    }
+    ((x0, x1), (y0, y1))
+}
+
+/// Draw the sweep on an x axis `x` (linear or log) described by `x_desc` with `x_labels`
+/// labels, RTT on a log axis over `y_range`: the mesh, then each view in its colour.
 fn sweep_on<DB: DrawingBackend, X>(
     area: &DrawingArea<DB, Shift>,
-    sw: &crate::analysis::results::Sweep,
+    sw: &Sweep,
     names: &[&str],
     colors: &[RGBColor],
     (x, x_desc, x_labels): (X, String, usize),
@@ -161,60 +177,91 @@ where
         .draw()
         .map_err(derr)?;
     for (name, &c) in names.iter().zip(colors) {
-        let mut kind = None;
-        let mut rows: Vec<SweepRow> = sw
-            .points
-            .iter()
-            .filter_map(|p| {
-                let x = axis_value(p.x)?;
-                p.views.iter().find(|s| s.view == *name).map(|s| {
-                    kind = kind.or(s.kind);
-                    let ms = |v: Option<f64>| v.and_then(rtt_ms).map(|v| v.max(floor));
-                    (x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us), s.count)
-                })
-            })
-            .collect();
-        rows.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (runs, whiskers) = band_runs(&rows, MIN_BAND_SAMPLES);
-        for run in &runs {
-            let mut poly: Vec<(f64, f64)> = run
-                .iter()
-                .filter_map(|&i| Some((rows[i].0, rows[i].3?)))
-                .collect();
-            poly.extend(
-                run.iter()
-                    .rev()
-                    .filter_map(|&i| Some((rows[i].0, rows[i].1?))),
-            );
-            chart
-                .draw_series(std::iter::once(Polygon::new(poly, c.mix(0.18).filled())))
-                .map_err(derr)?;
-        }
-        // A point alone (too few samples, or neighbours without a range): a whisker.
-        chart
-            .draw_series(whiskers.iter().filter_map(|&i| {
-                let r = rows[i];
-                Some(PathElement::new(
-                    vec![(r.0, r.1?), (r.0, r.3?)],
-                    c.mix(0.5).stroke_width(3),
-                ))
-            }))
-            .map_err(derr)?;
-        let line: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.0, r.2?))).collect();
-        chart
-            .draw_series(LineSeries::new(line.iter().copied(), c.stroke_width(2)))
-            .map_err(derr)?;
-        chart
-            .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
-            .map_err(derr)?
-            .label(format!("{}: p50", full_name(name, kind)))
-            .legend(move |(x, y)| {
-                EmptyElement::at((x, y))
-                    + Rectangle::new([(0, -6), (20, 6)], c.mix(0.18).filled())
-                    + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
-            });
+        let (rows, kind) = view_rows(sw, name, floor);
+        draw_ranges(&mut chart, &rows, c)?;
+        let label = format!("{}: p50", full_name(name, kind));
+        draw_p50(&mut chart, &rows, label, c)?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)
+}
+
+/// One view's rows along the sweep, sorted by x, percentiles in ms raised to the axis's `floor`,
+/// and the view's kind (the first point that names one).
+fn view_rows(sw: &Sweep, name: &str, floor: f64) -> (Vec<SweepRow>, Option<ViewKind>) {
+    let mut kind = None;
+    let mut rows: Vec<SweepRow> = sw
+        .points
+        .iter()
+        .filter_map(|p| {
+            let x = axis_value(p.x)?;
+            p.views.iter().find(|s| s.view == name).map(|s| {
+                kind = kind.or(s.kind);
+                let ms = |v: Option<f64>| v.and_then(rtt_ms).map(|v| v.max(floor));
+                (x, ms(s.p5_us), ms(s.p50_us), ms(s.p95_us), s.count)
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    (rows, kind)
+}
+
+/// One view's p5-p95 ranges in colour `c`: a band over each run of well-backed points
+/// ([`band_runs`]), a whisker at every other point with a range.
+fn draw_ranges<DB: DrawingBackend, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'_, DB, CT>,
+    rows: &[SweepRow],
+    c: RGBColor,
+) -> anyhow::Result<()> {
+    let (runs, whiskers) = band_runs(rows, MIN_BAND_SAMPLES);
+    for run in &runs {
+        let mut poly: Vec<(f64, f64)> = run
+            .iter()
+            .filter_map(|&i| Some((rows[i].0, rows[i].3?)))
+            .collect();
+        poly.extend(
+            run.iter()
+                .rev()
+                .filter_map(|&i| Some((rows[i].0, rows[i].1?))),
+        );
+        chart
+            .draw_series(std::iter::once(Polygon::new(poly, c.mix(0.18).filled())))
+            .map_err(derr)?;
+    }
+    // A point alone (too few samples, or neighbours without a range): a whisker.
+    chart
+        .draw_series(whiskers.iter().filter_map(|&i| {
+            let r = rows[i];
+            Some(PathElement::new(
+                vec![(r.0, r.1?), (r.0, r.3?)],
+                c.mix(0.5).stroke_width(3),
+            ))
+        }))
+        .map_err(derr)?;
+    Ok(())
+}
+
+/// One view's p50 in colour `c`: a line through its points, a dot at each, and its legend
+/// entry `label` (a band behind a line).
+fn draw_p50<'a, DB: DrawingBackend + 'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    rows: &[SweepRow],
+    label: String,
+    c: RGBColor,
+) -> anyhow::Result<()> {
+    let line: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.0, r.2?))).collect();
+    chart
+        .draw_series(LineSeries::new(line.iter().copied(), c.stroke_width(2)))
+        .map_err(derr)?;
+    chart
+        .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
+        .map_err(derr)?
+        .label(label)
+        .legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + Rectangle::new([(0, -6), (20, 6)], c.mix(0.18).filled())
+                + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
+        });
+    Ok(())
 }
 
 #[cfg(test)]
