@@ -98,9 +98,39 @@ pub async fn run_irtt(cfg: IrttConfig, cancel: Arc<AtomicBool>) -> Result<IrttRe
 
 fn build_result(cfg: IrttConfig, raw: run::RawRun) -> IrttResult {
     let stats = stats::compute(&raw.round_trips, &raw.counters, raw.negotiated.interval_ns);
-    let lost = stats::lost_directions(&raw.round_trips);
-    let samples = raw
-        .round_trips
+    let samples = samples(&raw.round_trips);
+    let notes = notes(&cfg, &raw, &stats);
+    let rx_kind = receive_timestamps(&raw, &stats);
+    IrttResult {
+        probe: "irtt".into(),
+        settings: IrttSettings {
+            local_addr: raw.local_addr.to_string(),
+            remote_addr: raw.remote_addr.to_string(),
+            negotiated: raw.negotiated,
+            restrictions: raw.restrictions,
+            packet_length: raw.packet_length,
+            receive_timestamps: rx_kind,
+            send_timer: "clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) on a dedicated thread; send times stamped in userspace just before send()".into(),
+            supplied: cfg,
+        },
+        start_unix_ns: raw.start_wall_ns,
+        duration_ns: raw.duration_ns,
+        wait_ns: raw.wait_ns,
+        interrupted: raw.interrupted,
+        server_closed: raw.server_closed,
+        send_error: raw.send_error,
+        receive_error: raw.receive_error,
+        stats,
+        rejected: raw.rejected,
+        notes,
+        samples,
+    }
+}
+
+/// Per round trip (indexed by seqno): send offset, RTT and lost direction.
+fn samples(round_trips: &[stats::RoundTrip]) -> Vec<IrttSample> {
+    let lost = stats::lost_directions(round_trips);
+    round_trips
         .iter()
         .zip(lost)
         .map(|(rt, lost)| IrttSample {
@@ -108,7 +138,12 @@ fn build_result(cfg: IrttConfig, raw: run::RawRun) -> IrttResult {
             rtt_ns: rt.rtt(),
             lost,
         })
-        .collect();
+        .collect()
+}
+
+/// The caveats a reader needs: clock synchronisation, truncated replies,
+/// `--stats none`, accepted restrictions, a server that closed.
+fn notes(cfg: &IrttConfig, raw: &run::RawRun, stats: &Stats) -> Vec<String> {
     let mut notes = Vec::new();
     if stats.send_delay.n > 0 || stats.receive_delay.n > 0 {
         notes.push(
@@ -137,37 +172,18 @@ fn build_result(cfg: IrttConfig, raw: run::RawRun) -> IrttResult {
     if raw.server_closed && !cfg.no_test {
         notes.push("the server closed the connection (its duration limit?)".to_string());
     }
-    let rx_kind = if raw.kernel_rx_stamps > 0 {
+    notes
+}
+
+/// How replies were timestamped on arrival (kernel stamps or userspace clock).
+fn receive_timestamps(raw: &run::RawRun, stats: &Stats) -> String {
+    if raw.kernel_rx_stamps > 0 {
         format!(
             "kernel SO_TIMESTAMPNS for {} of {} replies, mapped to CLOCK_MONOTONIC",
             raw.kernel_rx_stamps, stats.replies_unique
         )
     } else {
         "userspace clock after recvmsg".to_string()
-    };
-    IrttResult {
-        probe: "irtt".into(),
-        settings: IrttSettings {
-            local_addr: raw.local_addr.to_string(),
-            remote_addr: raw.remote_addr.to_string(),
-            negotiated: raw.negotiated,
-            restrictions: raw.restrictions,
-            packet_length: raw.packet_length,
-            receive_timestamps: rx_kind,
-            send_timer: "clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) on a dedicated thread; send times stamped in userspace just before send()".into(),
-            supplied: cfg,
-        },
-        start_unix_ns: raw.start_wall_ns,
-        duration_ns: raw.duration_ns,
-        wait_ns: raw.wait_ns,
-        interrupted: raw.interrupted,
-        server_closed: raw.server_closed,
-        send_error: raw.send_error,
-        receive_error: raw.receive_error,
-        stats,
-        rejected: raw.rejected,
-        notes,
-        samples,
     }
 }
 
