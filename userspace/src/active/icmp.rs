@@ -123,6 +123,79 @@ pub fn kernel_rtt(send_real_ns: u64, rx_real_ns: u64, user_rtt_ns: u64) -> Optio
     (rtt <= user_rtt_ns).then_some(rtt)
 }
 
+/// A datagram ICMP socket for `target`'s family, or a raw one if that is refused.
+fn new_socket(target: IpAddr) -> io::Result<(Socket, IcmpSocketKind)> {
+    let (domain, proto) = match target {
+        IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4),
+        IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6),
+    };
+    Ok(match Socket::new(domain, Type::DGRAM, Some(proto)) {
+        Ok(s) => (s, IcmpSocketKind::Dgram),
+        Err(e) => {
+            tracing::debug!("datagram ICMP socket refused ({e}); trying a raw socket");
+            let s = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e2| {
+                io::Error::new(
+                    e2.kind(),
+                    format!(
+                        "no ICMP socket: datagram refused ({e}; see net.ipv4.ping_group_range), raw refused ({e2}; needs CAP_NET_RAW)"
+                    ),
+                )
+            })?;
+            (s, IcmpSocketKind::Raw)
+        }
+    })
+}
+
+/// Turn SO_TIMESTAMPNS on; false (with a warning) if the kernel refuses it.
+fn enable_rx_timestamps(sock: &Socket) -> bool {
+    // Same option for datagram and raw, IPv4 and IPv6 (SOL_SOCKET level).
+    match setsockopt(sock, sockopt::ReceiveTimestampns, &true) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!("SO_TIMESTAMPNS refused ({e}); ICMP RTTs will be userspace times");
+            false
+        }
+    }
+}
+
+/// Set the requests' TTL (if given), ask for the replies' TTL and, on a datagram
+/// socket, for ICMP errors on the error queue; returns whether the latter is on.
+fn set_ip_options(
+    sock: &Socket,
+    v6: bool,
+    ttl: Option<u8>,
+    kind: IcmpSocketKind,
+) -> io::Result<bool> {
+    if let Some(ttl) = ttl {
+        let (level, name) = if v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TTL)
+        };
+        set_int(sock, level, name, ttl.into())?;
+    }
+    // The replies' TTL for `ttl=` (best effort: without it the field is left out).
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVTTL)
+    };
+    if let Err(e) = set_int(sock, level, name, 1) {
+        tracing::debug!("no TTL of replies ({e})");
+    }
+    let recverr = kind == IcmpSocketKind::Dgram && {
+        let name = if v6 {
+            libc::IPV6_RECVERR
+        } else {
+            libc::IP_RECVERR
+        };
+        set_int(sock, level, name, 1)
+            .map_err(|e| tracing::debug!("no ICMP errors from the error queue ({e})"))
+            .is_ok()
+    };
+    Ok(recverr)
+}
+
 pub struct IcmpSocket {
     fd: AsyncFd<Socket>,
     pub kind: IcmpSocketKind,
@@ -141,62 +214,11 @@ impl IcmpSocket {
     /// Open a datagram ICMP socket, or a raw one if that is refused; `ttl`: the requests'
     /// TTL or hop limit (ping's -t), else the system's.
     pub fn open(target: IpAddr, ttl: Option<u8>) -> io::Result<Self> {
-        let (domain, proto) = match target {
-            IpAddr::V4(_) => (Domain::IPV4, Protocol::ICMPV4),
-            IpAddr::V6(_) => (Domain::IPV6, Protocol::ICMPV6),
-        };
-        let (sock, kind) = match Socket::new(domain, Type::DGRAM, Some(proto)) {
-            Ok(s) => (s, IcmpSocketKind::Dgram),
-            Err(e) => {
-                tracing::debug!("datagram ICMP socket refused ({e}); trying a raw socket");
-                let s = Socket::new(domain, Type::RAW, Some(proto)).map_err(|e2| {
-                    io::Error::new(
-                        e2.kind(),
-                        format!(
-                            "no ICMP socket: datagram refused ({e}; see net.ipv4.ping_group_range), raw refused ({e2}; needs CAP_NET_RAW)"
-                        ),
-                    )
-                })?;
-                (s, IcmpSocketKind::Raw)
-            }
-        };
+        let (sock, kind) = new_socket(target)?;
         sock.set_nonblocking(true)?;
-        // Same option for datagram and raw, IPv4 and IPv6 (SOL_SOCKET level).
-        let rx_timestamps = match setsockopt(&sock, sockopt::ReceiveTimestampns, &true) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!("SO_TIMESTAMPNS refused ({e}); ICMP RTTs will be userspace times");
-                false
-            }
-        };
+        let rx_timestamps = enable_rx_timestamps(&sock);
         let v6 = target.is_ipv6();
-        if let Some(ttl) = ttl {
-            let (level, name) = if v6 {
-                (libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS)
-            } else {
-                (libc::IPPROTO_IP, libc::IP_TTL)
-            };
-            set_int(&sock, level, name, ttl.into())?;
-        }
-        // The replies' TTL for `ttl=` (best effort: without it the field is left out).
-        let (level, name) = if v6 {
-            (libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT)
-        } else {
-            (libc::IPPROTO_IP, libc::IP_RECVTTL)
-        };
-        if let Err(e) = set_int(&sock, level, name, 1) {
-            tracing::debug!("no TTL of replies ({e})");
-        }
-        let recverr = kind == IcmpSocketKind::Dgram && {
-            let name = if v6 {
-                libc::IPV6_RECVERR
-            } else {
-                libc::IP_RECVERR
-            };
-            set_int(&sock, level, name, 1)
-                .map_err(|e| tracing::debug!("no ICMP errors from the error queue ({e})"))
-                .is_ok()
-        };
+        let recverr = set_ip_options(&sock, v6, ttl, kind)?;
         let dest = SockAddr::from(SocketAddr::new(target, 0));
         Ok(IcmpSocket {
             // SAFETY: the socket stays open for as long as the AsyncFd owns it.
