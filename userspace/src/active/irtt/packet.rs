@@ -373,24 +373,29 @@ pub fn decode_echo_reply(
         len: pkt.len(),
         ..Default::default()
     };
+    (r.receive, r.send) = server_stamps(pkt, layout, &o);
+    Ok(r)
+}
+
+/// The server's (receive, send) timestamps; a midpoint stamp serves as both.
+fn server_stamps(pkt: &[u8], layout: &EchoLayout, o: &Offsets) -> (Stamp, Stamp) {
     if layout.stamp_at == StampAt::Midpoint {
         let m = Stamp {
             wall: i64_opt(pkt, o.mwall),
             mono: i64_opt(pkt, o.mmono),
         };
-        r.receive = m;
-        r.send = m;
+        (m, m)
     } else {
-        r.receive = Stamp {
+        let receive = Stamp {
             wall: i64_opt(pkt, o.rwall),
             mono: i64_opt(pkt, o.rmono),
         };
-        r.send = Stamp {
+        let send = Stamp {
             wall: i64_opt(pkt, o.swall),
             mono: i64_opt(pkt, o.smono),
         };
+        (receive, send)
     }
-    Ok(r)
 }
 
 #[cfg(test)]
