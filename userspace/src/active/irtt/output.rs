@@ -115,7 +115,6 @@ fn kv(o: &mut String, k: &str, v: String) {
 /// Duration, packets, loss, late, duplicates, bytes, rates, timer.
 fn counts(o: &mut String, r: &IrttResult) {
     let s = &r.stats;
-    let p = &r.settings.negotiated;
     kv(
         o,
         "duration",
@@ -133,6 +132,29 @@ fn counts(o: &mut String, r: &IrttResult) {
             s.packets_sent, s.replies_unique, s.packet_loss_percent
         ),
     );
+    loss_split(o, r);
+    kv(
+        o,
+        "late (out-of-order) pkts",
+        format!("{} ({:.2}%)", s.late_packets, s.late_packets_percent),
+    );
+    kv(
+        o,
+        "duplicates",
+        format!("{} ({:.2}%)", s.duplicates, s.duplicate_percent),
+    );
+    kv(
+        o,
+        "bytes sent/received",
+        format!("{}/{}", s.bytes_sent, s.bytes_received),
+    );
+    rates_and_timer(o, s);
+}
+
+/// Loss split into upstream and downstream, from the server's received stats.
+fn loss_split(o: &mut String, r: &IrttResult) {
+    let s = &r.stats;
+    let p = &r.settings.negotiated;
     if let (Some(srv), Some(up), Some(down)) = (
         s.server_packets_received,
         s.upstream_loss_percent,
@@ -157,22 +179,6 @@ fn counts(o: &mut String, r: &IrttResult) {
             ),
         );
     }
-    kv(
-        o,
-        "late (out-of-order) pkts",
-        format!("{} ({:.2}%)", s.late_packets, s.late_packets_percent),
-    );
-    kv(
-        o,
-        "duplicates",
-        format!("{} ({:.2}%)", s.duplicates, s.duplicate_percent),
-    );
-    kv(
-        o,
-        "bytes sent/received",
-        format!("{}/{}", s.bytes_sent, s.bytes_received),
-    );
-    rates_and_timer(o, s);
 }
 
 /// Send and receive rates, the timer's misses and error, local send failures.
