@@ -2,7 +2,7 @@
 //! observe's per-interval report: one row per flow, columns per view, a totals row.
 use std::io::Write;
 
-use crate::analysis::records::{Interval, ViewStats};
+use crate::analysis::records::{FlowRow, Interval, ViewStats};
 use crate::analysis::results::csv_field;
 use crate::analysis::units::fmt_ms;
 use crate::views::ViewKind;
@@ -134,13 +134,25 @@ pub fn print_table(
     views: &[&str],
 ) -> std::io::Result<()> {
     writeln!(w, "{header} | t={:.1}s", iv.t)?;
+    let kinds: Vec<Option<ViewKind>> = views.iter().map(|v| ViewKind::from_name(v)).collect();
+    let mut t = interval_columns(views, &kinds);
+    for r in &iv.flows {
+        t.row(flow_cells(r, &kinds));
+    }
+    total_rows(&mut t, iv, views, &kinds);
+    write!(w, "{}", t.render())?;
+    writeln!(w)?;
+    Ok(())
+}
+
+/// The interval table's columns: the flow's, then a group per view.
+fn interval_columns(views: &[&str], kinds: &[Option<ViewKind>]) -> Table {
     let mut t = Table::new()
         .col("NETNS", Align::Left)
         .col("LOCAL", Align::Left)
         .col("REMOTE", Align::Left)
         .col("SIDE", Align::Left);
-    let kinds: Vec<Option<ViewKind>> = views.iter().map(|v| ViewKind::from_name(v)).collect();
-    for (v, k) in views.iter().zip(&kinds) {
+    for (v, k) in views.iter().zip(kinds) {
         t = t.group(format!("{} {}", v.to_uppercase(), STATS[0]), Align::Right);
         for h in &STATS[1..] {
             t = t.col(*h, Align::Right);
@@ -149,24 +161,31 @@ pub fn print_table(
             t = t.col("SRTT ms", Align::Right).col("RETR", Align::Right);
         }
     }
-    for r in &iv.flows {
-        let side = if r.closed {
-            format!("{}*", r.side.as_str())
-        } else {
-            r.side.as_str().to_string()
-        };
-        let mut cells = vec![
-            r.netns_name.clone(),
-            r.local.clone(),
-            r.remote.clone(),
-            side,
-        ];
-        for k in &kinds {
-            let s = k.and_then(|k| r.views.get(k));
-            cells.extend(cols(s, k.is_some_and(|k| k.socket_columns())));
-        }
-        t.row(cells);
+    t
+}
+
+/// A flow's row: its namespace, ends and side (`*` once closed), then each view's cells.
+fn flow_cells(r: &FlowRow, kinds: &[Option<ViewKind>]) -> Vec<String> {
+    let side = if r.closed {
+        format!("{}*", r.side.as_str())
+    } else {
+        r.side.as_str().to_string()
+    };
+    let mut cells = vec![
+        r.netns_name.clone(),
+        r.local.clone(),
+        r.remote.clone(),
+        side,
+    ];
+    for k in kinds {
+        let s = k.and_then(|k| r.views.get(k));
+        cells.extend(cols(s, k.is_some_and(|k| k.socket_columns())));
     }
+    cells
+}
+
+/// The TOTAL rows, one per side that has totals.
+fn total_rows(t: &mut Table, iv: &Interval, views: &[&str], kinds: &[Option<ViewKind>]) {
     // One TOTAL row per side: the two ends of a connection see different
     // RTTs (the responding side times the other's think time), so a total
     // over both would describe neither.
@@ -181,7 +200,7 @@ pub fn print_table(
             String::new(),
             side.to_string(),
         ];
-        for (v, k) in views.iter().zip(&kinds) {
+        for (v, k) in views.iter().zip(kinds) {
             cells.extend(cols(
                 iv.totals.get(*v).and_then(|t| t.get(side)),
                 k.is_some_and(|k| k.socket_columns()),
@@ -189,9 +208,6 @@ pub fn print_table(
         }
         t.row(cells);
     }
-    write!(w, "{}", t.render())?;
-    writeln!(w)?;
-    Ok(())
 }
 
 /// A view's cells of one row: N, the statistics in ms, and for a view with

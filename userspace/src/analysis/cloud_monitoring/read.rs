@@ -388,6 +388,62 @@ fn parse_point(p: &Value, unit: ValueUnit) -> std::result::Result<CloudPoint, St
     })
 }
 
+/// A series' metric: its type (empty when absent) and labels.
+fn series_metric(
+    m: &Map<String, Value>,
+) -> std::result::Result<(String, BTreeMap<String, String>), String> {
+    let metric = m.get("metric");
+    let metric_type = match metric.and_then(|x| x.get("type")) {
+        Some(Value::String(s)) => s.clone(),
+        None => String::new(),
+        Some(other) => return Err(format!("metric.type is not a string: {}", quote(other))),
+    };
+    let metric_labels = string_map(metric.and_then(|x| x.get("labels")), "metric.labels")?;
+    Ok((metric_type, metric_labels))
+}
+
+/// A series' monitored resource: its type (empty when absent or not a string) and labels.
+fn series_resource(
+    m: &Map<String, Value>,
+) -> std::result::Result<(String, BTreeMap<String, String>), String> {
+    let resource = m.get("resource");
+    let resource_type = resource
+        .and_then(|x| x.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let resource_labels = string_map(resource.and_then(|x| x.get("labels")), "resource.labels")?;
+    Ok((resource_type, resource_labels))
+}
+
+/// A series' text field `k` (empty when absent).
+fn series_text(m: &Map<String, Value>, k: &str) -> std::result::Result<String, String> {
+    match m.get(k) {
+        None => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(format!("{k} is not a string: {}", quote(other))),
+    }
+}
+
+/// A series' points in `unit`, sorted by end time; an error names the point's index.
+fn series_points(
+    m: &Map<String, Value>,
+    unit: ValueUnit,
+) -> std::result::Result<Vec<CloudPoint>, (Option<usize>, String)> {
+    let points = match m.get("points") {
+        None => &[][..],
+        Some(Value::Array(a)) => a.as_slice(),
+        Some(other) => return Err((None, format!("points is not an array: {}", quote(other)))),
+    };
+    let mut out = Vec::with_capacity(points.len());
+    for (j, p) in points.iter().enumerate() {
+        out.push(parse_point(p, unit).map_err(|e| (Some(j), e))?);
+    }
+    out.sort_by(|a, b| a.end_unix_s.total_cmp(&b.end_unix_s));
+    Ok(out)
+}
+
+/// One TimeSeries object; an error carries the point's index when a point is at fault.
 fn parse_series(
     ts: &Value,
     default_unit: Option<&str>,
@@ -396,37 +452,11 @@ fn parse_series(
     let m = ts
         .as_object()
         .ok_or_else(|| whole(format!("is not an object: {}", quote(ts))))?;
-    let metric = m.get("metric");
-    let metric_type = match metric.and_then(|x| x.get("type")) {
-        Some(Value::String(s)) => s.clone(),
-        None => String::new(),
-        Some(other) => {
-            return Err(whole(format!(
-                "metric.type is not a string: {}",
-                quote(other)
-            )))
-        }
-    };
-    let metric_labels =
-        string_map(metric.and_then(|x| x.get("labels")), "metric.labels").map_err(whole)?;
-    let resource = m.get("resource");
-    let resource_type = resource
-        .and_then(|x| x.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let resource_labels =
-        string_map(resource.and_then(|x| x.get("labels")), "resource.labels").map_err(whole)?;
-    let text = |k: &str| -> std::result::Result<String, (Option<usize>, String)> {
-        match m.get(k) {
-            None => Ok(String::new()),
-            Some(Value::String(s)) => Ok(s.clone()),
-            Some(other) => Err(whole(format!("{k} is not a string: {}", quote(other)))),
-        }
-    };
-    let metric_kind = text("metricKind")?;
-    let value_type = text("valueType")?;
-    let unit_text = text("unit")?;
+    let (metric_type, metric_labels) = series_metric(m).map_err(whole)?;
+    let (resource_type, resource_labels) = series_resource(m).map_err(whole)?;
+    let metric_kind = series_text(m, "metricKind").map_err(whole)?;
+    let value_type = series_text(m, "valueType").map_err(whole)?;
+    let unit_text = series_text(m, "unit").map_err(whole)?;
     let unit_text = if unit_text.is_empty() {
         default_unit.unwrap_or("")
     } else {
@@ -434,16 +464,7 @@ fn parse_series(
     };
     let given = unit_of(unit_text);
     let unit = given.unwrap_or(ValueUnit::Ms);
-    let points = match m.get("points") {
-        None => &[][..],
-        Some(Value::Array(a)) => a.as_slice(),
-        Some(other) => return Err(whole(format!("points is not an array: {}", quote(other)))),
-    };
-    let mut out = Vec::with_capacity(points.len());
-    for (j, p) in points.iter().enumerate() {
-        out.push(parse_point(p, unit).map_err(|e| (Some(j), e))?);
-    }
-    out.sort_by(|a, b| a.end_unix_s.total_cmp(&b.end_unix_s));
+    let points = series_points(m, unit)?;
     Ok(CloudSeries {
         metric_type,
         metric_labels,
@@ -453,7 +474,7 @@ fn parse_series(
         value_type,
         unit,
         unit_given: given.is_some(),
-        points: out,
+        points,
     })
 }
 

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::time::{parse_rfc3339, rfc3339};
 use crate::analysis::dist::{BucketOptions, Distribution, ValueUnit};
-use crate::analysis::results::RunResult;
+use crate::analysis::results::{RunResult, ViewSeries};
 
 /// The custom metric rttscope writes.
 pub const METRIC_TYPE: &str = "custom.googleapis.com/rttscope/rtt";
@@ -190,22 +190,7 @@ pub fn result_requests(
     layout: &BucketOptions,
     unit: ValueUnit,
 ) -> Result<Vec<Value>> {
-    let span = r
-        .views
-        .iter()
-        .flat_map(|v| v.samples.iter().map(|s| s.t_s()))
-        .filter(|t| t.is_finite())
-        .fold(0.0f64, f64::max);
-    let start = match r.start_unix_s {
-        Some(s) => s,
-        None => match parse_rfc3339(&r.created) {
-            Some(c) => c - span,
-            None => bail!(
-                "the result has neither start_unix_s nor a readable created time ('{}')",
-                r.created.chars().take(40).collect::<String>()
-            ),
-        },
-    };
+    let start = result_start(r)?;
     let res = resource(&r.host.hostname);
     let mut series = Vec::new();
     for v in &r.views {
@@ -220,23 +205,8 @@ pub fn result_requests(
                 last = last.max(s.t_s());
             }
         }
-        let labels = SeriesLabels {
-            view: v.name.clone(),
-            side: v.side.clone().unwrap_or_else(|| "unknown".into()),
-            netns: r
-                .settings
-                .get("netns")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_string(),
-            remote_prefix: v
-                .flow
-                .as_deref()
-                .and_then(flow_remote)
-                .map_or("unknown".into(), |ip| remote_prefix(ip, 24, 48)),
-        };
         series.push(time_series(
-            &labels,
+            &result_labels(r, v),
             &res,
             MetricKind::Cumulative,
             start,
@@ -248,6 +218,45 @@ pub fn result_requests(
         bail!("the result has no samples to write");
     }
     Ok(requests(series))
+}
+
+/// A saved result's start: `start_unix_s`, else its `created` time minus the span of the samples.
+fn result_start(r: &RunResult) -> Result<f64> {
+    let span = r
+        .views
+        .iter()
+        .flat_map(|v| v.samples.iter().map(|s| s.t_s()))
+        .filter(|t| t.is_finite())
+        .fold(0.0f64, f64::max);
+    Ok(match r.start_unix_s {
+        Some(s) => s,
+        None => match parse_rfc3339(&r.created) {
+            Some(c) => c - span,
+            None => bail!(
+                "the result has neither start_unix_s nor a readable created time ('{}')",
+                r.created.chars().take(40).collect::<String>()
+            ),
+        },
+    })
+}
+
+/// The labels of a saved result's view series (`unknown` where the result does not say).
+fn result_labels(r: &RunResult, v: &ViewSeries) -> SeriesLabels {
+    SeriesLabels {
+        view: v.name.clone(),
+        side: v.side.clone().unwrap_or_else(|| "unknown".into()),
+        netns: r
+            .settings
+            .get("netns")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string(),
+        remote_prefix: v
+            .flow
+            .as_deref()
+            .and_then(flow_remote)
+            .map_or("unknown".into(), |ip| remote_prefix(ip, 24, 48)),
+    }
 }
 
 /// Live export for `observe --format cloud-monitoring`: every sample since the start in one

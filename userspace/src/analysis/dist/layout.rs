@@ -51,6 +51,74 @@ fn vm_flow_with(scale: f64, growth: f64, n: u32) -> Result<BucketOptions, String
     Ok(BucketOptions::Explicit { bounds })
 }
 
+/// The layout a spec's kind and parameters name, not yet validated.
+fn layout_of(kind: &str, rest: &str) -> Result<BucketOptions, String> {
+    match kind {
+        "vm_flow" | "vm-flow" | "vmflow" => vm_flow_spec(rest),
+        "exponential" | "exp" => exponential_spec(rest),
+        "linear" | "lin" => linear_spec(rest),
+        "explicit" => explicit_spec(rest),
+        other => Err(format!(
+            "unknown layout '{other}' (use vm_flow, exponential, linear or explicit)"
+        )),
+    }
+}
+
+/// `vm_flow[:scale=1,growth=2,n=16]`: the preset with its defaults overridden.
+fn vm_flow_spec(rest: &str) -> Result<BucketOptions, String> {
+    let kv = parse_kv(rest, &["scale", "growth", "n"])?;
+    let scale = kv.get("scale").copied().unwrap_or(1.0);
+    let growth = kv.get("growth").copied().unwrap_or(2.0);
+    let n = to_count(kv.get("n").copied().unwrap_or(16.0))?;
+    vm_flow_with(scale, growth, n)
+}
+
+/// `exponential:scale=1,growth=2,n=64`: every parameter required.
+fn exponential_spec(rest: &str) -> Result<BucketOptions, String> {
+    let kv = parse_kv(rest, &["scale", "growth", "n"])?;
+    let need = |k: &str| {
+        kv.get(k)
+            .copied()
+            .ok_or_else(|| format!("'{k}=' is missing"))
+    };
+    Ok(BucketOptions::Exponential {
+        scale: need("scale")?,
+        growth_factor: need("growth")?,
+        num_finite_buckets: to_count(need("n")?)?,
+    })
+}
+
+/// `linear:width=1,offset=0,n=100`: the offset defaults to 0.
+fn linear_spec(rest: &str) -> Result<BucketOptions, String> {
+    let kv = parse_kv(rest, &["width", "offset", "n"])?;
+    let need = |k: &str| {
+        kv.get(k)
+            .copied()
+            .ok_or_else(|| format!("'{k}=' is missing"))
+    };
+    Ok(BucketOptions::Linear {
+        width: need("width")?,
+        offset: kv.get("offset").copied().unwrap_or(0.0),
+        num_finite_buckets: to_count(need("n")?)?,
+    })
+}
+
+/// `explicit:0,1,2,5,10`: the bounds as given.
+fn explicit_spec(rest: &str) -> Result<BucketOptions, String> {
+    if rest.is_empty() {
+        return Err("give the bounds, e.g. explicit:0,1,2,5,10".into());
+    }
+    let bounds = rest
+        .split(',')
+        .map(|b| {
+            b.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("'{}' is not a number", b.trim()))
+        })
+        .collect::<Result<Vec<f64>, _>>()?;
+    Ok(BucketOptions::Explicit { bounds })
+}
+
 impl BucketOptions {
     /// Parse a layout spec: `vm_flow[:scale=1,growth=2,n=16]`,
     /// `exponential:scale=1,growth=2,n=64`, `linear:width=1,offset=0,n=100`, `explicit:0,1,2,5,10`.
@@ -64,60 +132,7 @@ impl BucketOptions {
             Some((k, r)) => (k.trim(), r.trim()),
             None => (s, ""),
         };
-        let opts = match kind {
-            "vm_flow" | "vm-flow" | "vmflow" => {
-                let kv = parse_kv(rest, &["scale", "growth", "n"]).map_err(bad)?;
-                let scale = kv.get("scale").copied().unwrap_or(1.0);
-                let growth = kv.get("growth").copied().unwrap_or(2.0);
-                let n = to_count(kv.get("n").copied().unwrap_or(16.0)).map_err(bad)?;
-                vm_flow_with(scale, growth, n).map_err(bad)?
-            }
-            "exponential" | "exp" => {
-                let kv = parse_kv(rest, &["scale", "growth", "n"]).map_err(bad)?;
-                let need = |k: &str| {
-                    kv.get(k)
-                        .copied()
-                        .ok_or_else(|| bad(format!("'{k}=' is missing")))
-                };
-                BucketOptions::Exponential {
-                    scale: need("scale")?,
-                    growth_factor: need("growth")?,
-                    num_finite_buckets: to_count(need("n")?).map_err(bad)?,
-                }
-            }
-            "linear" | "lin" => {
-                let kv = parse_kv(rest, &["width", "offset", "n"]).map_err(bad)?;
-                let need = |k: &str| {
-                    kv.get(k)
-                        .copied()
-                        .ok_or_else(|| bad(format!("'{k}=' is missing")))
-                };
-                BucketOptions::Linear {
-                    width: need("width")?,
-                    offset: kv.get("offset").copied().unwrap_or(0.0),
-                    num_finite_buckets: to_count(need("n")?).map_err(bad)?,
-                }
-            }
-            "explicit" => {
-                if rest.is_empty() {
-                    return Err(bad("give the bounds, e.g. explicit:0,1,2,5,10".into()));
-                }
-                let bounds = rest
-                    .split(',')
-                    .map(|b| {
-                        b.trim()
-                            .parse::<f64>()
-                            .map_err(|_| bad(format!("'{}' is not a number", b.trim())))
-                    })
-                    .collect::<Result<Vec<f64>, _>>()?;
-                BucketOptions::Explicit { bounds }
-            }
-            other => {
-                return Err(bad(format!(
-                    "unknown layout '{other}' (use vm_flow, exponential, linear or explicit)"
-                )))
-            }
-        };
+        let opts = layout_of(kind, rest).map_err(bad)?;
         opts.validate().map_err(bad)?;
         Ok(opts)
     }
