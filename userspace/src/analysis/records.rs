@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::analysis::columns::Columns;
 use crate::analysis::flow::Side;
 use crate::analysis::hist::{Hist, HistSummary};
+use crate::analysis::view_kind::ViewKind;
 use crate::analysis::workload::Workload;
 
 /// A name in a record: a `&'static str` when written, owned when read back.
@@ -87,13 +88,39 @@ impl Serialize for Record {
     }
 }
 
+/// The type a view gives its key of the start record (None: any JSON), the views' registry's
+/// `crate::views::start_schema`.
+pub type ViewStartSchema =
+    dyn Fn(ViewKind, &mut schemars::SchemaGenerator) -> Option<schemars::Schema>;
+
 /// The JSON Schema of the records (draft 2020-12, what observe writes), generated from these
-/// types; checked in as `docs/observe-record.schema.json`.
-pub fn schema_json() -> String {
-    let gen = schemars::generate::SchemaSettings::draft2020_12()
+/// types, each view's key of the start record typed by `view_start`; checked in as
+/// `docs/observe-record.schema.json`.
+pub fn schema_json(view_start: &ViewStartSchema) -> String {
+    let mut gen = schemars::generate::SchemaSettings::draft2020_12()
         .for_serialize()
         .into_generator();
-    let schema = gen.into_root_schema_for::<Record>();
+    let typed: Vec<(ViewKind, &str, schemars::Schema)> = start_keys()
+        .filter_map(|(kind, about)| view_start(kind, &mut gen).map(|t| (kind, about, t)))
+        .collect();
+    let mut schema = gen.into_root_schema_for::<Record>();
+    let props = schema
+        .get_mut("$defs")
+        .and_then(|d| d.get_mut("Start"))
+        .and_then(|s| s.get_mut("properties"))
+        .and_then(|p| p.as_object_mut())
+        .expect("the start record's schema has properties");
+    for (kind, about, t) in typed {
+        let mut key = serde_json::json!({ "description": about });
+        let obj = key.as_object_mut().unwrap();
+        obj.extend(
+            t.as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        props.insert(kind.as_str().into(), key);
+    }
     serde_json::to_string_pretty(&schema).expect("a schema serializes") + "\n"
 }
 
@@ -159,36 +186,135 @@ impl Record {
 }
 
 /// The first record: versions, views, settings and what each view attached.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+///
+/// Each view that says what it attached here ([`crate::analysis::view_kind::ViewInfo::start_about`])
+/// has a key of its own, its name (`tcp`, `sampler`), written null when the view is not
+/// attached; its value is the view's own ([`Start::view_values`]), and its type is the view's to
+/// say ([`schema_json`]). All keys are written in alphabetical order, as before.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Start {
-    #[serde(default)]
     pub clock: String,
-    /// The sampler view's settings, interfaces and programs (null without it).
-    pub sampler: Option<SamplerStart>,
     /// The command's settings (keys chosen by `observe`).
-    #[serde(default)]
     pub settings: serde_json::Value,
-    /// The TCP view's hook (null without it).
-    pub tcp: Option<serde_json::Value>,
     /// Unix time (seconds) of t = 0 (always written).
     pub ts: Option<f64>,
-    #[serde(rename = "type", skip_deserializing)]
-    pub kind: StartTag,
-    #[serde(default)]
     pub version: u32,
     pub views: Vec<String>,
+    /// Each attached view's value under its name (what it attached, its settings), as the
+    /// view's `start_record` gives it. Read back: the registry's views' keys that are not null.
+    pub view_values: BTreeMap<ViewKind, serde_json::Value>,
 }
 
-/// The sampler view in the start record.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct SamplerStart {
-    pub attached: serde_json::Value,
-    pub prog_ids: serde_json::Value,
-    pub settings: serde_json::Value,
-    /// Only where the sampler runs its build without BPF atomics that return a value
-    /// (kernels < 5.12): why, and what differs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub without_atomics: Option<String>,
+/// [`Start`]'s own keys, as written and read (the views' keys are added around them).
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[schemars(
+    description = "The first record: versions, views, settings and what each view attached."
+)]
+struct StartKeys {
+    #[serde(default)]
+    clock: String,
+    /// The command's settings (keys chosen by `observe`).
+    #[serde(default)]
+    settings: serde_json::Value,
+    /// Unix time (seconds) of t = 0 (always written).
+    ts: Option<f64>,
+    #[serde(rename = "type", skip_deserializing)]
+    kind: StartTag,
+    #[serde(default)]
+    version: u32,
+    views: Vec<String>,
+}
+
+/// The views with a key of their own in the start record, and what the key holds.
+fn start_keys() -> impl Iterator<Item = (ViewKind, &'static str)> {
+    ViewKind::ALL
+        .iter()
+        .filter_map(|&k| k.info().start_about.map(|about| (k, about)))
+}
+
+impl Serialize for Start {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let own = StartKeys {
+            clock: self.clock.clone(),
+            settings: self.settings.clone(),
+            ts: self.ts,
+            kind: StartTag,
+            version: self.version,
+            views: self.views.clone(),
+        };
+        // a JSON object's keys are sorted (serde_json without preserve_order)
+        let serde_json::Value::Object(mut keys) =
+            serde_json::to_value(own).map_err(serde::ser::Error::custom)?
+        else {
+            return Err(serde::ser::Error::custom(
+                "the start record is not an object",
+            ));
+        };
+        for (kind, _) in start_keys() {
+            let value = self.view_values.get(&kind).cloned();
+            keys.insert(kind.as_str().into(), value.unwrap_or_default());
+        }
+        keys.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Start {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Read {
+            #[serde(flatten)]
+            own: StartKeys,
+            #[serde(flatten)]
+            rest: BTreeMap<String, serde_json::Value>,
+        }
+        let Read { own, mut rest } = Read::deserialize(d)?;
+        let view_values = start_keys()
+            .filter_map(|(kind, _)| {
+                let v = rest.remove(kind.as_str())?;
+                (!v.is_null()).then_some((kind, v))
+            })
+            .collect();
+        Ok(Start {
+            clock: own.clock,
+            settings: own.settings,
+            ts: own.ts,
+            version: own.version,
+            views: own.views,
+            view_values,
+        })
+    }
+}
+
+impl JsonSchema for Start {
+    fn schema_name() -> Cow<'static, str> {
+        Cow::Borrowed("Start")
+    }
+
+    /// [`StartKeys`]' schema with each view's key (any JSON here; [`schema_json`] gives it the
+    /// view's type), properties and `required` in the record's (alphabetical) order.
+    fn json_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut schema = StartKeys::json_schema(gen);
+        let obj = schema.ensure_object();
+        let mut props: BTreeMap<String, serde_json::Value> = obj
+            .remove("properties")
+            .and_then(|p| serde_json::from_value(p).ok())
+            .unwrap_or_default();
+        let mut required: Vec<String> = obj
+            .remove("required")
+            .and_then(|r| serde_json::from_value(r).ok())
+            .unwrap_or_default();
+        for (kind, about) in start_keys() {
+            props.insert(
+                kind.as_str().into(),
+                serde_json::json!({ "description": about }),
+            );
+            required.push(kind.as_str().into());
+        }
+        required.sort();
+        obj.insert("properties".into(), serde_json::to_value(props).unwrap());
+        obj.insert("required".into(), required.into());
+        schema
+    }
 }
 
 /// One raw sample (`--raw`): the TCP view's (with TCP's srtt), the sampler's (with its
@@ -575,6 +701,37 @@ mod tests {
         assert_eq!(kinds.len(), 8, "{kinds:?}");
     }
 
+    /// The views' keys of the start record: a view's value is kept under its kind, a null or
+    /// missing one is not attached and written null, a key no view owns is ignored.
+    #[test]
+    fn start_record_views_keys() {
+        let line = r#"{"clock":"c","future":{"a":1},"sampler":null,"settings":{},"tcp":{"hook":"h"},"ts":1.5,"type":"start","version":1,"views":["tcp"]}"#;
+        let Record::Start(s) = Record::parse(line).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            s.view_values.keys().copied().collect::<Vec<_>>(),
+            [ViewKind::Tcp]
+        );
+        assert_eq!(s.view_values[&ViewKind::Tcp]["hook"], "h");
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"clock":"c","sampler":null,"settings":{},"tcp":{"hook":"h"},"ts":1.5,"type":"start","version":1,"views":["tcp"]}"#
+        );
+        let Record::Start(s) = Record::parse(r#"{"type":"start","views":[]}"#).unwrap() else {
+            panic!()
+        };
+        assert!(s.view_values.is_empty());
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            r#"{"clock":"","sampler":null,"settings":null,"tcp":null,"ts":null,"type":"start","version":0,"views":[]}"#
+        );
+        assert!(
+            Record::parse(r#"{"type":"start"}"#).is_err(),
+            "views is required"
+        );
+    }
+
     #[test]
     fn reading_is_tolerant() {
         let r = Record::parse(r#"{"type":"future","x":1}"#).unwrap();
@@ -636,38 +793,5 @@ mod tests {
         let sorted = serde_json::to_value(&*w).unwrap().to_string();
         assert!(end.ends_with(&format!(r#""workload":{sorted}}}"#)), "{end}");
         assert!(end.contains(r#""summary":{"max_us":"#), "{end}");
-    }
-}
-
-#[cfg(all(test, not(feature = "example-view")))]
-mod schema_tests {
-    use super::*;
-
-    /// docs/observe-record.schema.json is what the Rust types generate (regenerate with
-    /// RTTSCOPE_WRITE_SCHEMA=1), and every line of observe's output fixture is valid against it.
-    /// The checked-in schema is the shipped build's: with the example view built in, each flow
-    /// has one more column (`count`), so the comparison is made only without it.
-    #[test]
-    fn checked_in_record_schema_matches_the_types_and_the_output() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let want = schema_json();
-        crate::analysis::assert_checked_in_schema(
-            "docs/observe-record.schema.json",
-            &want,
-            "checked_in_record_schema",
-        );
-        let schema: serde_json::Value = serde_json::from_str(&want).unwrap();
-        let validator = jsonschema::validator_for(&schema).unwrap();
-        let text = std::fs::read_to_string(dir.join("tests/fixtures/observe/raw.jsonl")).unwrap();
-        for line in text.lines() {
-            let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
-            assert!(errors.is_empty(), "{errors:?}\n{line}");
-        }
-        let bad = serde_json::json!({"type": "sample", "view": "tcp", "t": 1.0});
-        assert!(
-            !validator.is_valid(&bad),
-            "a sample without rtt_us is refused"
-        );
     }
 }

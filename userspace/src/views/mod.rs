@@ -249,6 +249,20 @@ pub fn testbed_words(kind: ViewKind, iface: &str, sample_every: u32) -> (String,
     }
 }
 
+/// The type of a view's value in observe's start record (docs/observe-record.schema.json), for a
+/// view whose value has one; None: any JSON.
+pub fn start_schema(
+    kind: ViewKind,
+    gen: &mut schemars::SchemaGenerator,
+) -> Option<schemars::Schema> {
+    match kind {
+        ViewKind::Tcp => None,
+        ViewKind::Sampler => Some(sampler::track::start_schema(gen)),
+        #[cfg(feature = "example-view")]
+        ViewKind::Count => None,
+    }
+}
+
 /// The views observe's config file may name (`views = [...]`).
 pub const FILE_VIEWS: &[&str] = &["tcp", "sampler"];
 
@@ -409,5 +423,39 @@ mod tests {
             let s = e.to_string();
             assert!(s.contains("built without the"), "{s}");
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "example-view")))]
+mod record_schema_tests {
+    use crate::analysis::records::schema_json;
+
+    /// docs/observe-record.schema.json is what the Rust types generate, each view's key of the
+    /// start record typed by its own code ([`super::start_schema`]) (regenerate with
+    /// RTTSCOPE_WRITE_SCHEMA=1), and every line of observe's output fixture is valid against it.
+    /// The checked-in schema is the shipped build's: with the example view built in, each flow
+    /// has one more column (`count`), so the comparison is made only without it.
+    #[test]
+    fn checked_in_record_schema_matches_the_types_and_the_output() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let want = schema_json(&super::start_schema);
+        crate::analysis::assert_checked_in_schema(
+            "docs/observe-record.schema.json",
+            &want,
+            "checked_in_record_schema",
+        );
+        let schema: serde_json::Value = serde_json::from_str(&want).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let text = std::fs::read_to_string(dir.join("tests/fixtures/observe/raw.jsonl")).unwrap();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            let errors: Vec<String> = validator.iter_errors(&v).map(|e| e.to_string()).collect();
+            assert!(errors.is_empty(), "{errors:?}\n{line}");
+        }
+        let bad = serde_json::json!({"type": "sample", "view": "tcp", "t": 1.0});
+        assert!(
+            !validator.is_valid(&bad),
+            "a sample without rtt_us is refused"
+        );
     }
 }

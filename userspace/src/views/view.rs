@@ -237,9 +237,11 @@ pub trait View {
     fn start_lines(&self) -> Vec<String> {
         Vec::new()
     }
-    /// Its part of observe's start record (its own field of it; default: none).
-    fn start_record(&self, _start: &mut crate::analysis::records::Start) -> Result<()> {
-        Ok(())
+    /// Its value in observe's start record, under its name, for a view whose registry entry says
+    /// what that key holds ([`crate::analysis::view_kind::ViewInfo::start_about`]; default: none,
+    /// and the key is written null).
+    fn start_value(&self) -> Result<Option<serde_json::Value>> {
+        Ok(None)
     }
     /// Daemon mode's log lines at the start: what the view attached, or why a
     /// part of it is unavailable (default: none).

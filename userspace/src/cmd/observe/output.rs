@@ -95,7 +95,10 @@ pub(super) fn start_record(
         ..Default::default()
     };
     for v in session.views() {
-        v.start_record(&mut start)?;
+        if let Some(value) = v.start_value()? {
+            debug_assert!(v.kind().info().start_about.is_some(), "{:?}", v.kind());
+            start.view_values.insert(v.kind(), value);
+        }
     }
     Ok(start)
 }

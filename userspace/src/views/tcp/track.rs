@@ -296,9 +296,8 @@ impl View for TcpSession {
         super::lines::attach_lines(self.view.info())
     }
 
-    fn start_record(&self, start: &mut crate::analysis::records::Start) -> Result<()> {
-        start.tcp = Some(serde_json::to_value(self.view.info())?);
-        Ok(())
+    fn start_value(&self) -> Result<Option<serde_json::Value>> {
+        Ok(Some(serde_json::to_value(self.view.info())?))
     }
 
     fn header(&self) -> String {
