@@ -76,31 +76,28 @@ fn vm_flow_spec(rest: &str) -> Result<BucketOptions, String> {
 /// `exponential:scale=1,growth=2,n=64`: every parameter required.
 fn exponential_spec(rest: &str) -> Result<BucketOptions, String> {
     let kv = parse_kv(rest, &["scale", "growth", "n"])?;
-    let need = |k: &str| {
-        kv.get(k)
-            .copied()
-            .ok_or_else(|| format!("'{k}=' is missing"))
-    };
     Ok(BucketOptions::Exponential {
-        scale: need("scale")?,
-        growth_factor: need("growth")?,
-        num_finite_buckets: to_count(need("n")?)?,
+        scale: need(&kv, "scale")?,
+        growth_factor: need(&kv, "growth")?,
+        num_finite_buckets: to_count(need(&kv, "n")?)?,
     })
 }
 
 /// `linear:width=1,offset=0,n=100`: the offset defaults to 0.
 fn linear_spec(rest: &str) -> Result<BucketOptions, String> {
     let kv = parse_kv(rest, &["width", "offset", "n"])?;
-    let need = |k: &str| {
-        kv.get(k)
-            .copied()
-            .ok_or_else(|| format!("'{k}=' is missing"))
-    };
     Ok(BucketOptions::Linear {
-        width: need("width")?,
+        width: need(&kv, "width")?,
         offset: kv.get("offset").copied().unwrap_or(0.0),
-        num_finite_buckets: to_count(need("n")?)?,
+        num_finite_buckets: to_count(need(&kv, "n")?)?,
     })
+}
+
+/// A key a spec must give ([`parse_kv`]'s map).
+fn need(kv: &BTreeMap<String, f64>, k: &str) -> Result<f64, String> {
+    kv.get(k)
+        .copied()
+        .ok_or_else(|| format!("'{k}=' is missing"))
 }
 
 /// `explicit:0,1,2,5,10`: the bounds as given.
