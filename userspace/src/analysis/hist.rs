@@ -161,13 +161,6 @@ fn window(a: f64, b: f64) -> Option<(f64, f64)> {
     (wlo <= whi).then_some((wlo, whi))
 }
 
-/// 1-based nearest rank of the p-th percentile of `n` samples: the rank
-/// [`crate::analysis::stats::percentile_sorted`] takes (same tolerance).
-fn nearest_rank(p: f64, n: u64) -> u64 {
-    let p = p.clamp(0.0, 100.0);
-    (((p / 100.0) * n as f64 - 1e-9).ceil().max(1.0) as u64).min(n)
-}
-
 impl Hist {
     pub fn from_counts<T: Copy + Into<u64>>(
         counts: &[T],
@@ -364,7 +357,7 @@ impl Hist {
         if n == 0 {
             return f64::NAN;
         }
-        let rank = nearest_rank(p, n);
+        let rank = crate::analysis::stats::nearest_rank(p, n);
         let mut seen = 0u64;
         for (i, c) in self.buckets() {
             if seen + c >= rank {
@@ -818,7 +811,8 @@ mod tests {
             for p10 in 0..=1000 {
                 let p = p10 as f64 / 10.0;
                 let exact = crate::analysis::stats::percentile_sorted(&sorted, p);
-                assert_eq!(nearest_rank(p, n) as f64, exact, "n {n} p {p}");
+                let rank = crate::analysis::stats::nearest_rank(p, n);
+                assert_eq!(rank as f64, exact, "n {n} p {p}");
             }
         }
     }

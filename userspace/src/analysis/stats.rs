@@ -125,11 +125,38 @@ pub fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
+    sorted[nearest_rank(p, sorted.len() as u64) as usize - 1]
+}
+
+/// The one percentile definition (docs/results.md): the 1-based rank of the p-th percentile
+/// (`p` in 0..=100, clamped) of `n` >= 1 samples sorted ascending, ceil(p/100 * n), at least 1.
+/// [`percentile_sorted`] takes the sample of that rank, and a histogram the bucket that holds it
+/// (`crate::analysis::hist::Hist::percentile`).
+pub fn nearest_rank(p: f64, n: u64) -> u64 {
     let p = p.clamp(0.0, 100.0);
-    let n = sorted.len();
-    // Rank computed with a small tolerance so that e.g. 0.9 * 100 is 90, not 90.00000000000001.
-    let rank = ((p / 100.0) * n as f64 - 1e-9).ceil().max(1.0) as usize;
-    sorted[rank.min(n) - 1]
+    // computed with a small tolerance so that e.g. 0.9 * 100 is 90, not 90.00000000000001
+    (((p / 100.0) * n as f64 - 1e-9).ceil().max(1.0) as u64).min(n)
+}
+
+/// The p-th percentile (`p` in 0..=100) of an HDR histogram: the bucket that holds the sample
+/// of [`nearest_rank`], its highest equivalent value (its lowest for p = 0), as hdrhistogram's
+/// `value_at_quantile` reads a bucket, so within the histogram's precision of the exact
+/// percentile; 0 when empty. The rank is ours, not `value_at_quantile`'s (its p7 of 100 samples
+/// takes rank ceil(0.07 * 100) = 8, as 0.07 * 100 is 7.000000000000001 in floating point).
+pub fn hdr_percentile(h: &Histogram<u64>, p: f64) -> u64 {
+    let rank = nearest_rank(p, h.len());
+    let mut seen = 0;
+    let value = h
+        .iter_recorded()
+        .find(|v| {
+            seen += v.count_since_last_iteration();
+            seen >= rank
+        })
+        .map_or(h.max(), |v| v.value_iterated_to());
+    match p <= 0.0 {
+        true => h.lowest_equivalent(value),
+        false => h.highest_equivalent(value),
+    }
 }
 
 /// Streaming recorder for long runs: an HDR histogram over nanoseconds,
@@ -177,13 +204,12 @@ impl HdrRecorder {
         self.hist.len()
     }
 
-    /// Percentile (`p` in 0..=100) in microseconds; NaN when empty. Within 0.1% of
-    /// the nearest-rank value.
+    /// Percentile (`p` in 0..=100) in microseconds; NaN when empty ([`hdr_percentile`]).
     pub fn percentile_us(&self, p: f64) -> f64 {
         if self.hist.is_empty() {
             return f64::NAN;
         }
-        self.hist.value_at_quantile((p / 100.0).clamp(0.0, 1.0)) as f64 / 1e3
+        hdr_percentile(&self.hist, p) as f64 / 1e3
     }
 
     pub fn summary(&self) -> Summary {
@@ -426,6 +452,51 @@ mod tests {
         assert!((s.mean - exact.mean).abs() < 1e-6);
         assert!((s.stddev - exact.stddev).abs() / exact.stddev < 1e-6);
         assert!(HdrRecorder::new().percentile_us(50.0).is_nan());
+    }
+
+    /// Past `--max-samples` a probe's percentiles take the exact definition's rank in the
+    /// histogram: the p7 of 1..=100 ms is 7 ms (rank 7), not 8 ms (hdrhistogram's own rank,
+    /// ceil(0.07 * 100) = 8 in floating point), each within the histogram's 0.1%.
+    #[test]
+    fn hdr_takes_the_nearest_rank() {
+        let mut r = HdrRecorder::new();
+        for ms in 1..=100u64 {
+            r.record_ns(ms * 1_000_000);
+        }
+        let exact: Vec<f64> = (1..=100).map(|ms| ms as f64 * 1e3).collect();
+        for p in [0.0, 1.0, 7.0, 14.0, 50.0, 55.0, 90.0, 99.0, 99.9, 100.0] {
+            let (got, want) = (r.percentile_us(p), percentile_sorted(&exact, p));
+            assert!((got - want).abs() / want < 0.001, "p{p}: {got} vs {want}");
+        }
+        // an empty histogram reads 0, as value_at_quantile did (the lab emulator's lateness)
+        let empty = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+        for p in [0.0, 50.0, 99.0, 100.0] {
+            assert_eq!(hdr_percentile(&empty, p), 0, "p{p}");
+            assert_eq!(empty.value_at_quantile(p / 100.0), 0, "p{p}");
+        }
+        // random sets: the bucket of the exact percentile's sample
+        let mut x = 12345u64;
+        for n in [1usize, 2, 3, 7, 100, 1000, 4321] {
+            let mut r = HdrRecorder::new();
+            let mut us = Vec::new();
+            for _ in 0..n {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let ns = 1_000 + (x >> 33) % 50_000_000;
+                r.record_ns(ns);
+                us.push(ns as f64 / 1e3);
+            }
+            let sorted = sorted(&us);
+            for p10 in 0..=1000 {
+                let p = p10 as f64 / 10.0;
+                let (got, want) = (r.percentile_us(p), percentile_sorted(&sorted, p));
+                assert!(
+                    (got - want).abs() / want < 0.001,
+                    "n {n} p{p}: {got} vs {want}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ use rand::Rng;
 use serde::Serialize;
 
 use super::link::Direction;
+use crate::analysis::stats::hdr_percentile;
 use crate::lab::nfqueue::{NfQueue, QueuedPacket, NFQA_CFG_F_GSO, NF_ACCEPT, NF_DROP};
 
 /// SCHED_FIFO priority of the emulator thread.
@@ -217,8 +218,8 @@ impl DelayEmulator {
             realtime: self.shared.realtime.load(Ordering::Relaxed),
             kernel_stamped: self.shared.stamped.load(Ordering::Relaxed),
             cpu_us: self.shared.cpu_ns.load(Ordering::Relaxed) / 1000,
-            late_p50_us: h.value_at_quantile(0.5),
-            late_p99_us: h.value_at_quantile(0.99),
+            late_p50_us: hdr_percentile(&h, 50.0),
+            late_p99_us: hdr_percentile(&h, 99.0),
             late_max_us: h.max(),
         }
     }
