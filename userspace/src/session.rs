@@ -265,7 +265,7 @@ impl Session {
     /// The whole run, per flow: every flow still in the views' tables and
     /// every flow that closed during the run (`closed: true`), as the `end`
     /// record's flows and as rows for the closing table; each view's counters.
-    pub fn summary(&mut self) -> Result<Summary> {
+    pub fn summary(&mut self) -> Result<WholeRun> {
         let mut flows = RunFlows::new();
         let (mut totals, mut counters) = (BTreeMap::new(), BTreeMap::new());
         let mut rows = BTreeMap::new();
@@ -278,7 +278,7 @@ impl Session {
             Ok(())
         })?;
         let (end_flows, rows): (Vec<EndFlow>, Vec<FlowRow>) = flows.into_values().unzip();
-        Ok(Summary {
+        Ok(WholeRun {
             flows: end_flows,
             rows,
             totals,
@@ -287,8 +287,9 @@ impl Session {
     }
 }
 
-/// The whole run (see [`Session::summary`]).
-pub struct Summary {
+/// The whole run (see [`Session::summary`]): its flows and counters, not a statistics summary
+/// (that is [`crate::analysis::stats::Summary`]).
+pub struct WholeRun {
     /// The `end` record's flows.
     pub flows: Vec<EndFlow>,
     /// The same flows as rows (whole-run statistics) for the closing table.
@@ -298,7 +299,7 @@ pub struct Summary {
     pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
 }
 
-impl Summary {
+impl WholeRun {
     /// The rows as an interval report (totals per side) for the table.
     pub fn as_interval(&self, t: f64) -> Interval {
         Interval {

@@ -214,7 +214,7 @@ pub(super) fn print_end(
     header: &str,
     views: &[ViewKind],
     elapsed_s: f64,
-    summary: crate::session::Summary,
+    summary: crate::session::WholeRun,
 ) -> Result<()> {
     // --format cloud-monitoring: standard output carries only the create requests.
     let mut out: Box<dyn Write> = match args.format {

@@ -173,7 +173,7 @@ fn raw_side(r: &Raw, rows: &[FlowRow]) -> &'static str {
 
 /// Per view and side: the whole-run summary and every raw sample of that side.
 fn side_series(
-    summary_: &crate::session::Summary,
+    summary_: &crate::session::WholeRun,
     raw: Vec<Raw>,
     not_kept: u64,
 ) -> Vec<ViewSeries> {
@@ -210,7 +210,7 @@ fn side_series(
 /// At the end: the document with every side and flow, written to `--json FILE`.
 pub(super) fn finish(
     args: &ObserveArgs,
-    summary_: &crate::session::Summary,
+    summary_: &crate::session::WholeRun,
     elapsed_s: f64,
 ) -> Result<()> {
     let Some(path) = &args.json else {
@@ -339,7 +339,7 @@ mod tests {
         }
         let mut tcp = crate::session::SideTotals::new();
         tcp.insert(Side::Client, h);
-        let summary = crate::session::Summary {
+        let summary = crate::session::WholeRun {
             flows: vec![],
             rows,
             totals: [("tcp", tcp)].into_iter().collect(),
