@@ -12,9 +12,11 @@
 //! least `p`% of the samples are `<= x`, i.e. the sample at 1-based rank
 //! `ceil(p/100 * n)` (rank 1 for p = 0). It always returns one of the samples
 //! (no interpolation), so `min <= p50 <= p90 <= p99 <= max` holds exactly.
-//! The other `percentile` functions take the same rank in bucketed data (the kernel's
-//! log-linear histogram, [`HdrRecorder`]) or are lenses `bucket` shows beside it on purpose
-//! (netperf's histogram walk, the cloud aligner's interpolation in `analysis::dist`).
+//! That rank is one function, [`nearest_rank`]. The other `percentile` functions take the same
+//! rank in bucketed data (the kernel's log-linear histogram, [`hdr_percentile`] for
+//! [`HdrRecorder`]) or are lenses `bucket` shows beside it on purpose (netperf's histogram walk,
+//! the cloud aligner's interpolation in `analysis::dist`, Prometheus' `histogram_quantile` that
+//! the exporter's tests compare with).
 //!
 //! # One summary
 //!
