@@ -51,7 +51,7 @@ pub struct ConfigFile {
     pub interval: Option<String>,
     /// Stop after this long (default: run until stopped).
     pub duration: Option<String>,
-    /// Views: "tcp", "sampler".
+    /// Views to run, by name (the registry's `views::FILE_VIEWS`).
     pub views: Option<Vec<String>>,
     /// Each view's own keys (in the file after `views` in the list of keys; each view's
     /// folder declares them).
