@@ -3,6 +3,7 @@
 pub mod cloud_monitoring;
 pub mod columns;
 pub mod dist;
+pub mod fields;
 pub mod flow;
 pub mod hist;
 pub mod input;

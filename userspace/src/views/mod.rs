@@ -12,12 +12,12 @@
 //! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
 //! module is the registry: a view is registered by its `pub mod` line, its
 //! `attach_*` function, and its options (a field of [`ViewArgs`], built into
-//! its config by [`ViewArgs::configs`]; its config-file keys in [`FileKeys`];
-//! compare's: [`CompareViewArgs`]).
+//! its config by [`ViewArgs::configs`]; its keys of observe's config file, a field of
+//! [`FileKeys`]; compare's: [`CompareViewArgs`]).
 use anyhow::Result;
 
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
-pub use scope::{FileKeys, OnTestbed, Scope};
+pub use scope::{OnTestbed, Scope};
 
 #[cfg(feature = "example-view")]
 pub mod count;
@@ -156,16 +156,76 @@ impl ViewArgs {
         Ok(configs)
     }
 
+    /// The clap ids of the options observe's config file sets here ([`Self::merge_file`]):
+    /// `--view`, then each view's (its options' `FILE_IDS`), in this order.
+    pub const FILE_IDS: &'static [&'static str] =
+        &crate::analysis::fields::concat::<{ 1 + sampler::options::SamplerArgs::FILE_IDS.len() }>(
+            &[&["view"], sampler::options::SamplerArgs::FILE_IDS],
+        );
+
+    /// Of [`Self::FILE_IDS`], the options whose value differs from `defaults`' (in that order).
+    pub fn differing(&self, defaults: &Self) -> Vec<&'static str> {
+        let mut ids = Vec::new();
+        if self.view != defaults.view {
+            ids.push("view");
+        }
+        ids.extend(self.sampler.differing(&defaults.sampler));
+        ids
+    }
+
     /// `merge` of observe's config file: `views` and each view's own keys the file sets,
     /// unless the option was given (`from_file(id)` false). The keys are validated
     /// ([`check_file_keys`]).
-    pub fn merge_file(&mut self, keys: &FileKeys<'_>, from_file: &dyn Fn(&str) -> bool) {
-        if let (true, Some(v)) = (from_file("view"), keys.views) {
+    pub fn merge_file(
+        &mut self,
+        views: Option<&[String]>,
+        keys: &FileKeys,
+        from_file: &dyn Fn(&str) -> bool,
+    ) {
+        if let (true, Some(v)) = (from_file("view"), views) {
             let kind = |n: &String| ViewKind::from_name(n).unwrap_or(ViewKind::Tcp);
             self.view = Some(v.iter().map(kind).collect());
         }
-        self.sampler.merge_file(keys, from_file);
+        self.sampler.merge_file(&keys.sampler, from_file);
     }
+}
+
+/// The views' own keys of observe's config file, as written (flat in the file beside observe's
+/// keys, each optional): one field per view that has keys, its struct declared in its folder
+/// (`<view>/options.rs`, a derived `Deserialize` that is not `deny_unknown_fields`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct FileKeys {
+    pub sampler: sampler::options::SamplerFileKeys,
+}
+
+impl FileKeys {
+    /// Each view's keys read from the whole file's text (toml's spans and messages kept; the
+    /// keys of observe and of the other views are ignored here). On errors: the one at the
+    /// earliest top-level key ([`crate::analysis::fields::first`]; the same: registry order).
+    pub fn from_text(text: &str) -> Result<Self, crate::analysis::fields::PartError> {
+        let mut errors = Vec::new();
+        let keys = FileKeys {
+            sampler: from_text(text, &mut errors),
+        };
+        crate::analysis::fields::first(errors).map_or(Ok(keys), Err)
+    }
+
+    /// Every view's keys, in registry order (each view's in its struct's order).
+    pub fn names() -> Vec<&'static str> {
+        use crate::analysis::fields::serde_fields;
+        [serde_fields::<sampler::options::SamplerFileKeys>()].concat()
+    }
+}
+
+/// [`FileKeys::from_text`]: one view's keys (its default on an error, added to `errors`).
+fn from_text<T>(text: &str, errors: &mut Vec<crate::analysis::fields::PartError>) -> T
+where
+    T: serde::de::DeserializeOwned + Default,
+{
+    crate::analysis::fields::from_toml(text).unwrap_or_else(|e| {
+        errors.push(e);
+        T::default()
+    })
 }
 
 /// Each view's own options of `rttscope compare` (declared in its folder, `<view>/options.rs`),
@@ -266,11 +326,15 @@ pub fn start_schema(
 /// The views observe's config file may name (`views = [...]`).
 pub const FILE_VIEWS: &[&str] = &["tcp", "sampler"];
 
-/// Check the views' keys of observe's config file: one sentence naming the key per problem
-/// (the first found).
-pub fn check_file_keys(keys: &FileKeys<'_>) -> Result<()> {
+/// Check the views' keys of observe's config file (`views`, the flow-table capacity they share,
+/// `max_flows`, and each view's own): one sentence naming the key per problem (the first found).
+pub fn check_file_keys(
+    views: Option<&[String]>,
+    max_flows: Option<u32>,
+    keys: &FileKeys,
+) -> Result<()> {
     use crate::analysis::input::quote_input as q;
-    for v in keys.views.into_iter().flatten() {
+    for v in views.into_iter().flatten() {
         if !FILE_VIEWS.contains(&v.as_str()) {
             anyhow::bail!(
                 "views: '{}' is not a view (choose from: {})",
@@ -279,16 +343,16 @@ pub fn check_file_keys(keys: &FileKeys<'_>) -> Result<()> {
             );
         }
     }
-    if keys.views.is_some_and(|v| v.is_empty()) {
+    if views.is_some_and(|v| v.is_empty()) {
         anyhow::bail!("views must name at least one view (tcp, sampler)");
     }
-    sampler::options::check_file(keys)?;
-    if let Some(m) = keys.max_flows {
+    sampler::options::check_file(&keys.sampler)?;
+    if let Some(m) = max_flows {
         if !(16..=1 << 24).contains(&m) {
             anyhow::bail!("max_flows must be between 16 and 16777216, not {m}");
         }
     }
-    sampler::options::parse_file_ifaces(keys)
+    sampler::options::parse_file_ifaces(&keys.sampler)
 }
 
 /// Load and attach the TCP view with the chosen loader. Fails with one

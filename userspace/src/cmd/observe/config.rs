@@ -1,7 +1,8 @@
 //! The TOML config file of `rttscope observe` (`--config FILE`), an
 //! alternative to flags for daemon mode. Unknown keys are errors; every
-//! impossible value is one clear sentence naming the key. Options given
-//! explicitly win over the file: on the command line, or through their
+//! impossible value is one clear sentence naming the key. Each view declares its
+//! own keys in its folder; the views' registry reads them ([`crate::views::FileKeys`]).
+//! Options given explicitly win over the file: on the command line, or through their
 //! environment variable (e.g. `RTTSCOPE_LOADER` for `--loader`); which ones
 //! were given is clap's knowledge ([`Explicit::from_matches`]), handed down by
 //! `main`, never re-read from the process's argv. `--check-config` validates
@@ -33,9 +34,9 @@ use crate::analysis::units::parse_duration;
 use crate::sinks::prometheus::http::parse_listen;
 use crate::sinks::prometheus::LabelPolicy;
 
-/// The file as written (every key optional).
+/// The file as written (every key optional): observe's own keys, and the views' (read by the
+/// views' registry, [`parse`]). A key that is neither is refused by [`parse`], not here.
 #[derive(Debug, Default, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Network namespaces to observe (names under /var/run/netns, `host`).
     pub netns: Option<Vec<String>>,
@@ -50,14 +51,12 @@ pub struct ConfigFile {
     pub interval: Option<String>,
     /// Stop after this long (default: run until stopped).
     pub duration: Option<String>,
-    /// Views: "tcp", "sampler".
+    /// Views to run, by name (the registry's `views::FILE_VIEWS`).
     pub views: Option<Vec<String>>,
-    /// Sampler view: interfaces, "[NETNS:]NAME".
-    pub ifaces: Option<Vec<String>>,
-    /// Sampler view: take every N-th packet.
-    pub sample_every: Option<u32>,
-    /// Sampler view: protocols to time, ["tcp", "icmp"] (see observe --proto).
-    pub proto: Option<Vec<crate::views::sampler::Proto>>,
+    /// Each view's own keys (in the file after `views` in the list of keys; each view's
+    /// folder declares them).
+    #[serde(skip)]
+    pub view_keys: crate::views::FileKeys,
     /// Address for /metrics, e.g. "127.0.0.1:9464".
     pub listen: Option<String>,
     /// OTLP/HTTP endpoint to push the metrics to, e.g. "http://127.0.0.1:4318".
@@ -86,19 +85,6 @@ pub struct LabelsSection {
     pub max_series: Option<usize>,
     /// A label set without samples for this long is removed, e.g. "10min".
     pub series_idle: Option<String>,
-}
-
-impl ConfigFile {
-    /// The views' keys (the registry checks and merges them).
-    fn view_keys(&self) -> crate::views::FileKeys<'_> {
-        crate::views::FileKeys {
-            views: self.views.as_deref(),
-            max_flows: self.max_flows,
-            ifaces: self.ifaces.as_deref(),
-            sample_every: self.sample_every,
-            proto: self.proto.as_deref(),
-        }
-    }
 }
 
 /// A validated config: typed values.
@@ -168,15 +154,103 @@ fn cut_backquoted(msg: &str) -> String {
         .join("`")
 }
 
+/// In three parts, as serde cannot refuse the unknown keys of a struct that flattens others'
+/// (and flattening would lose toml's spans, the `line N:`): observe's own keys
+/// ([`ConfigFile`]), the views' ([`crate::views::FileKeys`]), then every top-level key
+/// against both ([`KnownKeys`]). Of their errors the one at the earliest top-level key is
+/// reported (the same key: in that order), the one a single struct would have met first.
 fn parse_text(text: &str) -> Result<ObserveConfig> {
-    let file: ConfigFile = toml::from_str(text).map_err(|e| {
-        let msg = cut_backquoted(&e.message().trim().replace('\n', " "));
-        match e.span() {
-            Some(s) => anyhow::anyhow!("line {}: {msg}", line_of(text, s.start)),
-            None => anyhow::anyhow!("{msg}"),
+    use crate::analysis::fields::{first, from_toml};
+    let file = from_toml::<ConfigFile>(text);
+    let view_keys = crate::views::FileKeys::from_text(text);
+    let known = from_toml::<KnownKeys>(text);
+    match (file, view_keys, known) {
+        (Ok(mut file), Ok(view_keys), Ok(KnownKeys)) => {
+            file.view_keys = view_keys;
+            validate(file)
         }
-    })?;
-    validate(file)
+        (file, view_keys, known) => {
+            let e = first(
+                [file.err(), view_keys.err(), known.err()]
+                    .into_iter()
+                    .flatten(),
+            );
+            Err(toml_error(text, &e.expect("a part failed").error))
+        }
+    }
+}
+
+/// toml's error as one sentence: `line N: ` and its message, names cut ([`cut_backquoted`]).
+fn toml_error(text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let msg = cut_backquoted(&e.message().trim().replace('\n', " "));
+    match e.span() {
+        Some(s) => anyhow::anyhow!("line {}: {msg}", line_of(text, s.start)),
+        None => anyhow::anyhow!("{msg}"),
+    }
+}
+
+/// Every key the file may have at its top level, in the order toml's "unknown field" message
+/// lists them: [`ConfigFile`]'s, with the views' ([`crate::views::FileKeys::names`]) after
+/// `views`.
+fn file_keys() -> &'static [&'static str] {
+    static KEYS: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    KEYS.get_or_init(|| {
+        let own = crate::analysis::fields::serde_fields::<ConfigFile>();
+        let at = own
+            .iter()
+            .position(|k| *k == "views")
+            .map_or(own.len(), |i| i + 1);
+        [&own[..at], &crate::views::FileKeys::names(), &own[at..]].concat()
+    })
+}
+
+/// The file's top-level keys, each one of [`file_keys`]: else toml's error at the first other
+/// one, "unknown field `K`, expected one of ..." (serde's words, as a derived
+/// `deny_unknown_fields` says them). Values are not looked at.
+struct KnownKeys;
+
+impl<'de> Deserialize<'de> for KnownKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Table;
+        impl<'de> serde::de::Visitor<'de> for Table {
+            type Value = KnownKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<KnownKeys, A::Error> {
+                while m.next_key::<KnownKey>()?.is_some() {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                }
+                Ok(KnownKeys)
+            }
+        }
+        d.deserialize_map(Table)
+    }
+}
+
+/// One key of [`KnownKeys`], refused in toml's key deserializer (so the error is at the key).
+struct KnownKey;
+
+impl<'de> Deserialize<'de> for KnownKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl serde::de::Visitor<'_> for Key {
+            type Value = KnownKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<KnownKey, E> {
+                match file_keys().contains(&k) {
+                    true => Ok(KnownKey),
+                    false => Err(E::unknown_field(k, file_keys())),
+                }
+            }
+        }
+        d.deserialize_identifier(Key)
+    }
 }
 
 fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>> {
@@ -196,7 +270,7 @@ fn dur(key: &str, v: &Option<String>) -> Result<Option<Duration>> {
 pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     let (interval, duration, series_idle) = check_durations(&file)?;
     let addrs = check_places(&file)?;
-    crate::views::check_file_keys(&file.view_keys())?;
+    crate::views::check_file_keys(file.views.as_deref(), file.max_flows, &file.view_keys)?;
     let (listen, otlp_interval) = check_exporters(&file)?;
     check_labels(&file)?;
     Ok(ObserveConfig {
@@ -326,22 +400,31 @@ fn check_labels(file: &ConfigFile) -> Result<()> {
 pub struct Explicit(HashSet<String>);
 
 /// The options a config file can set, by clap id (= `ObserveArgs` field
-/// name, `id: path` for a view's option: its field in its `views/<view>/options.rs`
-/// struct); [`merge`] consults exactly these, and [`Explicit::non_default`]
-/// compares exactly these against the flag defaults.
+/// name): observe's own, in two runs around the views' (`--view` and each view's own, the
+/// registry's [`crate::views::ViewArgs::FILE_IDS`], compared by
+/// [`crate::views::ViewArgs::differing`]); [`merge`] consults exactly these, and
+/// [`Explicit::non_default`] compares exactly these against the flag defaults.
 macro_rules! merged_options {
-    (@get $a:ident, $id:ident) => { $a.$id };
-    (@get $a:ident, $id:ident : $($field:ident).+) => { $a.$($field).+ };
-    ($($id:ident $(: $($field:ident).+)?),* $(,)?) => {
-        pub const MERGED_IDS: &[&str] = &[$(stringify!($id)),*];
+    ([$($before:ident),* $(,)?], [$($after:ident),* $(,)?]) => {
+        const BEFORE_VIEWS: &[&str] = &[$(stringify!($before)),*];
+        const AFTER_VIEWS: &[&str] = &[$(stringify!($after)),*];
+        const VIEWS: &[&str] = crate::views::ViewArgs::FILE_IDS;
+        pub const MERGED_IDS: &[&str] = &crate::analysis::fields::concat::<
+            { BEFORE_VIEWS.len() + VIEWS.len() + AFTER_VIEWS.len() },
+        >(&[BEFORE_VIEWS, VIEWS, AFTER_VIEWS]);
 
         fn differing(args: &ObserveArgs, defaults: &ObserveArgs) -> HashSet<String> {
             let mut ids = HashSet::new();
             $(
-                if merged_options!(@get args, $id $(: $($field).+)?)
-                    != merged_options!(@get defaults, $id $(: $($field).+)?)
-                {
-                    ids.insert(stringify!($id).to_string());
+                if args.$before != defaults.$before {
+                    ids.insert(stringify!($before).to_string());
+                }
+            )*
+            let views = args.view_opts.differing(&defaults.view_opts);
+            ids.extend(views.into_iter().map(String::from));
+            $(
+                if args.$after != defaults.$after {
+                    ids.insert(stringify!($after).to_string());
                 }
             )*
             ids
@@ -350,30 +433,21 @@ macro_rules! merged_options {
 }
 
 merged_options!(
-    netns,
-    all_netns,
-    cgroup,
-    ports,
-    addrs,
-    interval,
-    duration,
-    raw,
-    view: view_opts.view,
-    ifaces: view_opts.sampler.ifaces,
-    sample_every: view_opts.sampler.sample_every,
-    protos: view_opts.sampler.protos,
-    max_flows,
-    listen,
-    otlp,
-    otlp_interval,
-    quiet,
-    bpf_stats,
-    v4_prefix,
-    v6_prefix,
-    label_ports,
-    label_workload,
-    max_series,
-    series_idle,
+    [netns, all_netns, cgroup, ports, addrs, interval, duration, raw],
+    [
+        max_flows,
+        listen,
+        otlp,
+        otlp_interval,
+        quiet,
+        bpf_stats,
+        v4_prefix,
+        v6_prefix,
+        label_ports,
+        label_workload,
+        max_series,
+        series_idle,
+    ]
 );
 
 impl Explicit {
@@ -488,7 +562,8 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(v)) = (from_file("raw"), f.raw) {
         args.raw = v;
     }
-    args.view_opts.merge_file(&f.view_keys(), &from_file);
+    args.view_opts
+        .merge_file(f.views.as_deref(), &f.view_keys, &from_file);
     if let (true, Some(m)) = (from_file("max_flows"), f.max_flows) {
         args.max_flows = m;
     }
@@ -952,6 +1027,100 @@ series_idle = "5min"
             a.view_opts.sampler.sample_every, 4,
             "equal to the default: the file wins"
         );
+    }
+
+    /// The keys the unknown-key message lists: observe's own (serde's list of [`ConfigFile`]),
+    /// the views' right after `views`, as when one struct declared them all; no key both
+    /// observe's and a view's.
+    #[test]
+    fn unknown_key_list_is_observes_keys_then_the_views_after_views() {
+        let own = crate::analysis::fields::serde_fields::<ConfigFile>();
+        let views = crate::views::FileKeys::names();
+        let at = own.iter().position(|k| *k == "views").unwrap() + 1;
+        let want: Vec<&str> = [&own[..at], &views, &own[at..]].concat();
+        assert_eq!(file_keys(), want);
+        assert_eq!(
+            file_keys(),
+            [
+                "netns",
+                "all_netns",
+                "cgroup",
+                "ports",
+                "addrs",
+                "interval",
+                "duration",
+                "views",
+                "ifaces",
+                "sample_every",
+                "proto",
+                "listen",
+                "otlp",
+                "otlp_interval",
+                "max_flows",
+                "raw",
+                "quiet",
+                "bpf_stats",
+                "labels"
+            ]
+        );
+        assert!(
+            views.iter().all(|k| !own.contains(k)),
+            "{views:?} in {own:?}"
+        );
+        assert!(!own.contains(&"view_keys"), "a skipped field is no key");
+        assert_eq!(
+            err("interval = \"1s\"\nfoo = 1\n"),
+            "line 2: unknown field `foo`, expected one of `netns`, `all_netns`, `cgroup`, \
+             `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
+             `proto`, `listen`, `otlp`, `otlp_interval`, `max_flows`, `raw`, `quiet`, \
+             `bpf_stats`, `labels`"
+        );
+    }
+
+    /// The file is read in three parts (observe's keys, the views', the list of keys): the
+    /// problem reported is the first toml meets, whichever part finds it, as with one struct:
+    /// the first in the file, or in toml's order of the top-level keys where that differs (a
+    /// table made by `[labels.q]` goes after `[ifaces]`).
+    #[test]
+    fn the_first_problem_in_the_file_is_reported_whichever_part_finds_it() {
+        let unknown = "line 3: unknown field `foo`";
+        for (text, want) in [
+            (
+                "views = [\"sampler\"]\n\nfoo = 1\nsample_every = \"x\"\n",
+                unknown,
+            ),
+            ("\n\nfoo = 1\nproto = [\"udp\"]\n", unknown),
+            ("\n\nfoo = 1\ninterval = 5\n", unknown),
+            ("\n\nfoo = 1\n[labels]\nv4_prefix = \"x\"\n", unknown),
+            (
+                "\nsample_every = \"x\"\nfoo = 1\n",
+                "line 2: invalid type: string \"x\", expected u32",
+            ),
+            (
+                "\n\n\nproto = [\"udp\"]\n\n\n\n\nfoo = 1\n",
+                "line 4: unknown variant `udp`, expected `tcp` or `icmp`",
+            ),
+            (
+                "ifaces = 5\ninterval = 5\n",
+                "line 1: invalid type: integer `5`, expected a sequence",
+            ),
+            (
+                "interval = 5\nifaces = 5\n",
+                "line 1: invalid type: integer `5`, expected a string",
+            ),
+            ("ifaces = 5\nbar = 1\n", "line 1: invalid type: integer `5`"),
+            (
+                "[labels.q]\n[ifaces]\n[labels]\nv4_prefix = 1\n",
+                "line 2: invalid type: map, expected a sequence",
+            ),
+            (
+                "[labels.q]\n[foo]\n[labels]\n",
+                "line 2: unknown field `foo`",
+            ),
+        ] {
+            let e = err(text);
+            assert!(e.starts_with(want), "{text:?}: got {e:?}, want {want:?}");
+        }
     }
 
     proptest::proptest! {

@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::{AttachMode, IfaceSpec, Matching, Proto, SamplerConfig};
 use crate::analysis::units::duration_arg;
-use crate::views::scope::{FileKeys, OnTestbed, Scope};
+use crate::views::scope::{OnTestbed, Scope};
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct SamplerArgs {
@@ -66,20 +66,48 @@ impl SamplerArgs {
         }
     }
 
+    /// The clap ids of the options its config-file keys set ([`Self::merge_file`]), in order
+    /// (through the registry's [`crate::views::ViewArgs::FILE_IDS`]).
+    pub const FILE_IDS: &'static [&'static str] = &["ifaces", "sample_every", "protos"];
+
+    /// Of [`Self::FILE_IDS`], the options whose value differs from `defaults`'.
+    pub fn differing(&self, defaults: &Self) -> Vec<&'static str> {
+        let differs = [
+            self.ifaces != defaults.ifaces,
+            self.sample_every != defaults.sample_every,
+            self.protos != defaults.protos,
+        ];
+        let ids = Self::FILE_IDS.iter().zip(differs);
+        ids.filter(|(_, d)| *d).map(|(id, _)| *id).collect()
+    }
+
     /// `merge` of observe's config file: each of the view's keys the file sets, unless the
     /// option was given (`from_file(id)` false). The keys are validated ([`check_file`]).
-    pub fn merge_file(&mut self, keys: &FileKeys<'_>, from_file: &dyn Fn(&str) -> bool) {
-        if let (true, Some(v)) = (from_file("ifaces"), keys.ifaces) {
+    pub fn merge_file(&mut self, keys: &SamplerFileKeys, from_file: &dyn Fn(&str) -> bool) {
+        if let (true, Some(v)) = (from_file("ifaces"), &keys.ifaces) {
             // validated: check_file, parse_file_ifaces
             self.ifaces = v.iter().filter_map(|i| i.parse().ok()).collect();
         }
         if let (true, Some(n)) = (from_file("sample_every"), keys.sample_every) {
             self.sample_every = n;
         }
-        if let (true, Some(p)) = (from_file("protos"), keys.proto) {
-            self.protos = p.to_vec();
+        if let (true, Some(p)) = (from_file("protos"), &keys.proto) {
+            self.protos = p.clone();
         }
     }
+}
+
+/// The view's keys of observe's config file, as written (flat in the file beside observe's own
+/// keys, each optional). Not `deny_unknown_fields`: the registry reads each view's keys from the
+/// whole file ([`crate::views::FileKeys`]), and observe refuses a key no part knows.
+#[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
+pub struct SamplerFileKeys {
+    /// Sampler view: interfaces, "[NETNS:]NAME".
+    pub ifaces: Option<Vec<String>>,
+    /// Sampler view: take every N-th packet.
+    pub sample_every: Option<u32>,
+    /// Sampler view: protocols to time, ["tcp", "icmp"] (see observe --proto).
+    pub proto: Option<Vec<Proto>>,
 }
 
 /// The view's own options of `rttscope compare` (flattened into compare's through the
@@ -111,8 +139,8 @@ impl CompareSamplerArgs {
 }
 
 /// The config file's keys of the view: one sentence naming the key per problem.
-pub fn check_file(keys: &FileKeys<'_>) -> Result<()> {
-    for i in keys.ifaces.into_iter().flatten() {
+pub fn check_file(keys: &SamplerFileKeys) -> Result<()> {
+    for i in keys.ifaces.iter().flatten() {
         let name = i.rsplit(':').next().unwrap_or("");
         if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
             bail!(
@@ -121,7 +149,7 @@ pub fn check_file(keys: &FileKeys<'_>) -> Result<()> {
             );
         }
     }
-    if keys.proto.is_some_and(|p| p.is_empty()) {
+    if keys.proto.as_ref().is_some_and(|p| p.is_empty()) {
         bail!("proto must name at least one protocol: \"tcp\", \"icmp\" or both");
     }
     if keys.sample_every == Some(0) {
@@ -131,8 +159,8 @@ pub fn check_file(keys: &FileKeys<'_>) -> Result<()> {
 }
 
 /// The config file's interfaces, parsed (after the checks every view's keys share).
-pub fn parse_file_ifaces(keys: &FileKeys<'_>) -> Result<()> {
-    for i in keys.ifaces.into_iter().flatten() {
+pub fn parse_file_ifaces(keys: &SamplerFileKeys) -> Result<()> {
+    for i in keys.ifaces.iter().flatten() {
         i.parse::<IfaceSpec>()
             .map_err(|e| anyhow::anyhow!("ifaces: {e}"))?;
     }
