@@ -325,76 +325,105 @@ fn ms(v: f64) -> String {
     }
 }
 
+/// ping's summary: its statistics, its rtt lines, then the probe's settings.
 fn human_ping(r: &ProbeResult) -> String {
-    let st = &r.settings;
-    let c = &r.counts;
-    let s = &r.summary;
     let mut o = String::new();
-    {
-        let loss = if c.sent > 0 {
-            100.0 * c.lost as f64 / c.sent as f64
-        } else {
-            0.0
-        };
-        // ping's two lines, to the letter (ping prints only the counts that are
-        // not zero: "+N duplicates"); rttscope's own counts follow.
-        let _ = writeln!(o, "--- {} ping statistics ---", st.target);
-        let mut line = format!("{} packets transmitted, {} received", c.sent, c.received);
-        if c.duplicates > 0 {
-            line += &format!(", +{} duplicates", c.duplicates);
-        }
-        if c.errors > 0 {
-            line += &format!(", +{} errors", c.errors);
-        }
-        let _ = writeln!(
-            o,
-            "{line}, {}% packet loss, time {:.0}ms",
-            fmt_loss(loss),
-            r.elapsed_s * 1000.0
-        );
-        if c.late > 0 || c.reordered > 0 {
-            let _ = writeln!(o, "{} late, {} reordered", c.late, c.reordered);
-        }
-        let _ = writeln!(
-            o,
-            "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
-            ms(s.min),
-            ms(s.mean),
-            ms(s.max),
-            ms(s.stddev)
-        );
-        // Percentiles say something from 2 samples on; netperf's histogram the same.
-        if s.n >= 2 {
-            let _ = writeln!(
-                o,
-                "rtt p50/p90/p99 = {}/{}/{} ms (netperf histogram: {}/{}/{} us)",
-                ms(s.p50),
-                ms(s.p90),
-                ms(s.p99),
-                r.netperf.p50,
-                r.netperf.p90,
-                r.netperf.p99
-            );
-        }
-        let _ = writeln!(
-            o,
-            "settings: payload {} B, interval {}, burst {}, timeout {}, {} socket, clock {}",
-            st.req_size,
-            interval_text(r),
-            st.burst,
-            fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
-            st.icmp_socket.as_deref().unwrap_or("?"),
-            st.clock
-        );
-    }
+    ping_statistics(&mut o, r);
+    ping_rtt(&mut o, r);
+    ping_settings(&mut o, r);
     o
 }
 
-fn human_rr(r: &ProbeResult) -> String {
-    let st = &r.settings;
+/// ping's two statistics lines, to the letter (ping prints only the counts that are not zero:
+/// "+N duplicates"), then rttscope's own late and reordered counts when either is not zero.
+fn ping_statistics(o: &mut String, r: &ProbeResult) {
     let c = &r.counts;
+    let loss = if c.sent > 0 {
+        100.0 * c.lost as f64 / c.sent as f64
+    } else {
+        0.0
+    };
+    let _ = writeln!(o, "--- {} ping statistics ---", r.settings.target);
+    let mut line = format!("{} packets transmitted, {} received", c.sent, c.received);
+    if c.duplicates > 0 {
+        line += &format!(", +{} duplicates", c.duplicates);
+    }
+    if c.errors > 0 {
+        line += &format!(", +{} errors", c.errors);
+    }
+    let _ = writeln!(
+        o,
+        "{line}, {}% packet loss, time {:.0}ms",
+        fmt_loss(loss),
+        r.elapsed_s * 1000.0
+    );
+    if c.late > 0 || c.reordered > 0 {
+        let _ = writeln!(o, "{} late, {} reordered", c.late, c.reordered);
+    }
+}
+
+/// ping's rtt line (min/avg/max/mdev) and, from 2 samples on (when percentiles say something;
+/// netperf's histogram the same), the percentiles with netperf's.
+fn ping_rtt(o: &mut String, r: &ProbeResult) {
     let s = &r.summary;
+    let _ = writeln!(
+        o,
+        "rtt min/avg/max/mdev = {}/{}/{}/{} ms",
+        ms(s.min),
+        ms(s.mean),
+        ms(s.max),
+        ms(s.stddev)
+    );
+    if s.n >= 2 {
+        let _ = writeln!(
+            o,
+            "rtt p50/p90/p99 = {}/{}/{} ms (netperf histogram: {}/{}/{} us)",
+            ms(s.p50),
+            ms(s.p90),
+            ms(s.p99),
+            r.netperf.p50,
+            r.netperf.p90,
+            r.netperf.p99
+        );
+    }
+}
+
+/// The ICMP probe's settings line: payload, interval, burst, timeout, socket kind and clock.
+fn ping_settings(o: &mut String, r: &ProbeResult) {
+    let st = &r.settings;
+    let _ = writeln!(
+        o,
+        "settings: payload {} B, interval {}, burst {}, timeout {}, {} socket, clock {}",
+        st.req_size,
+        interval_text(r),
+        st.burst,
+        fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
+        st.icmp_socket.as_deref().unwrap_or("?"),
+        st.clock
+    );
+}
+
+/// netperf-like summary of a TCP or UDP request/response run: the headline, the latency lines,
+/// the counts (always for UDP, for TCP only with errors), then the probe's settings.
+fn human_rr(r: &ProbeResult) -> String {
     let mut o = String::new();
+    rr_headline(&mut o, r);
+    rr_latency(&mut o, r);
+    if r.settings.kind == Kind::UdpRr || r.counts.errors > 0 {
+        let c = &r.counts;
+        let _ = writeln!(
+            o,
+            "sent {} received {} lost {} late {} duplicates {} reordered {} errors {}",
+            c.sent, c.received, c.lost, c.late, c.duplicates, c.reordered, c.errors
+        );
+    }
+    rr_settings(&mut o, r);
+    o
+}
+
+/// The first line: kind, target, address and port, transactions, run time and throughput.
+fn rr_headline(o: &mut String, r: &ProbeResult) {
+    let st = &r.settings;
     let _ = writeln!(
         o,
         "{} to {} ({}) port {}: {} in {:.2} s, {:.2} {}",
@@ -402,11 +431,17 @@ fn human_rr(r: &ProbeResult) -> String {
         st.target,
         st.address,
         st.port,
-        crate::sinks::table::count(c.received, "transaction"),
+        crate::sinks::table::count(r.counts.received, "transaction"),
         r.run_s,
         r.throughput,
         r.throughput_units
     );
+}
+
+/// The latency line in microseconds (with where the summary comes from and the sample count)
+/// and, from 2 samples on, netperf's histogram percentiles.
+fn rr_latency(o: &mut String, r: &ProbeResult) {
+    let s = &r.summary;
     let _ = writeln!(
         o,
         "latency us: min {} mean {} p50 {} p90 {} p99 {} max {} stddev {} ({}, {})",
@@ -427,13 +462,12 @@ fn human_rr(r: &ProbeResult) -> String {
             r.netperf.p50, r.netperf.p90, r.netperf.p99
         );
     }
-    if st.kind == Kind::UdpRr || c.errors > 0 {
-        let _ = writeln!(
-            o,
-            "sent {} received {} lost {} late {} duplicates {} reordered {} errors {}",
-            c.sent, c.received, c.lost, c.late, c.duplicates, c.reordered, c.errors
-        );
-    }
+}
+
+/// The request/response probe's settings line: sizes, interval, burst, nodelay, timeout, I/O
+/// mode and clock.
+fn rr_settings(o: &mut String, r: &ProbeResult) {
+    let st = &r.settings;
     let _ = writeln!(
         o,
         "settings: request {} B, response {} B, interval {}, burst {}, nodelay {}, timeout {}, io {}, clock {}",
@@ -443,15 +477,19 @@ fn human_rr(r: &ProbeResult) -> String {
         st.burst,
         if st.nodelay { "on" } else { "off" },
         fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
-        match (st.io, st.busy_poll) {
-            (IoMode::BlockingThread, false) => "blocking thread",
-            (IoMode::BlockingThread, true) => "blocking thread, busy-poll",
-            (IoMode::TokioReactor, false) => "tokio reactor",
-            (IoMode::TokioReactor, true) => "tokio reactor, busy-poll",
-        },
+        io_label(st.io, st.busy_poll),
         st.clock
     );
-    o
+}
+
+/// How the probe did its I/O, in the settings line's words.
+fn io_label(io: IoMode, busy_poll: bool) -> &'static str {
+    match (io, busy_poll) {
+        (IoMode::BlockingThread, false) => "blocking thread",
+        (IoMode::BlockingThread, true) => "blocking thread, busy-poll",
+        (IoMode::TokioReactor, false) => "tokio reactor",
+        (IoMode::TokioReactor, true) => "tokio reactor, busy-poll",
+    }
 }
 
 #[cfg(test)]

@@ -120,47 +120,56 @@ pub fn parse_datagram(data: &[u8], out: &mut Vec<QueuedPacket>, errors: &mut Vec
             }
             NLMSG_ERROR => bad += 1,
             NLMSG_DONE => {}
-            t if t == (NFQNL_SUBSYS_SHIFTED | NFQNL_MSG_PACKET) => {
-                if msg.len() < NLMSG_HDRLEN + NFGEN_HDRLEN {
-                    bad += 1;
-                } else {
-                    let queue = u16::from_be_bytes(msg[18..20].try_into().unwrap());
-                    let mut a = NLMSG_HDRLEN + NFGEN_HDRLEN;
-                    let mut id = None;
-                    let mut tstamp_us = None;
-                    while a + 4 <= msg.len() {
-                        let alen = u16::from_ne_bytes(msg[a..a + 2].try_into().unwrap()) as usize;
-                        let aty =
-                            u16::from_ne_bytes(msg[a + 2..a + 4].try_into().unwrap()) & 0x3fff;
-                        if alen < 4 || a + alen > msg.len() {
-                            break;
-                        }
-                        if aty == NFQA_PACKET_HDR && alen >= 8 {
-                            id = Some(u32::from_be_bytes(msg[a + 4..a + 8].try_into().unwrap()));
-                        }
-                        if aty == NFQA_TIMESTAMP && alen >= 20 {
-                            let sec = u64::from_be_bytes(msg[a + 4..a + 12].try_into().unwrap());
-                            let usec = u64::from_be_bytes(msg[a + 12..a + 20].try_into().unwrap());
-                            tstamp_us =
-                                sec.checked_mul(1_000_000).and_then(|x| x.checked_add(usec));
-                        }
-                        a += align4(alen);
-                    }
-                    match id {
-                        Some(id) => out.push(QueuedPacket {
-                            queue,
-                            id,
-                            tstamp_us,
-                        }),
-                        None => bad += 1,
-                    }
-                }
-            }
+            t if t == (NFQNL_SUBSYS_SHIFTED | NFQNL_MSG_PACKET) => match queued_packet(msg) {
+                Some(p) => out.push(p),
+                None => bad += 1,
+            },
             _ => {}
         }
         off += align4(len);
     }
     bad
+}
+
+/// The packet of an NFQNL_MSG_PACKET message: its queue (the nfgenmsg's res_id), id and
+/// timestamp. `None` (a malformed message): shorter than its two headers, or without an id.
+fn queued_packet(msg: &[u8]) -> Option<QueuedPacket> {
+    if msg.len() < NLMSG_HDRLEN + NFGEN_HDRLEN {
+        return None;
+    }
+    let queue = u16::from_be_bytes(msg[18..20].try_into().unwrap());
+    let (id, tstamp_us) = packet_attrs(msg);
+    Some(QueuedPacket {
+        queue,
+        id: id?,
+        tstamp_us,
+    })
+}
+
+/// The packet id (NFQA_PACKET_HDR) and timestamp in microseconds (NFQA_TIMESTAMP; `None` when
+/// absent or past u64) among a packet message's attributes, each the last one found. The walk
+/// ends at the first attribute that is too short or runs past the message.
+fn packet_attrs(msg: &[u8]) -> (Option<u32>, Option<u64>) {
+    let mut a = NLMSG_HDRLEN + NFGEN_HDRLEN;
+    let mut id = None;
+    let mut tstamp_us = None;
+    while a + 4 <= msg.len() {
+        let alen = u16::from_ne_bytes(msg[a..a + 2].try_into().unwrap()) as usize;
+        let aty = u16::from_ne_bytes(msg[a + 2..a + 4].try_into().unwrap()) & 0x3fff;
+        if alen < 4 || a + alen > msg.len() {
+            break;
+        }
+        if aty == NFQA_PACKET_HDR && alen >= 8 {
+            id = Some(u32::from_be_bytes(msg[a + 4..a + 8].try_into().unwrap()));
+        }
+        if aty == NFQA_TIMESTAMP && alen >= 20 {
+            let sec = u64::from_be_bytes(msg[a + 4..a + 12].try_into().unwrap());
+            let usec = u64::from_be_bytes(msg[a + 12..a + 20].try_into().unwrap());
+            tstamp_us = sec.checked_mul(1_000_000).and_then(|x| x.checked_add(usec));
+        }
+        a += align4(alen);
+    }
+    (id, tstamp_us)
 }
 
 impl NfQueue {

@@ -72,6 +72,9 @@ pub(super) fn timeseries<DB: DrawingBackend>(
     }
 }
 
+/// The chart on the time axis `x` and RTT axis `y` (described `y_desc`; RTTs below `floor` drawn at
+/// it, for the log axis): its caption and mesh, then each view with samples, thinned to the
+/// extremes of one time bin per pixel of the area's width (at least 100 bins), and the legend.
 fn timeseries_on<DB: DrawingBackend, Y>(
     area: &DrawingArea<DB, Shift>,
     views: &[(usize, &ViewSeries)],
@@ -112,24 +115,35 @@ where
             .into_iter()
             .map(|(t, ms)| (t, ms.max(floor)))
             .collect();
-        // Thin connecting lines for sparse series only; dense ones read better as dots.
-        if pts.len() <= 400 {
-            chart
-                .draw_series(LineSeries::new(
-                    pts.iter().copied(),
-                    c.mix(0.4).stroke_width(1),
-                ))
-                .map_err(derr)?;
-        }
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))
-            .map_err(derr)?
-            .label(label(v))
-            .legend(move |(x, y)| {
-                EmptyElement::at((x, y))
-                    + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
-                    + Circle::new((10, 0), 3, c.filled())
-            });
+        draw_view(&mut chart, v, &pts, c)?;
     }
     legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// One view's points `pts` in colour `c`: dots, joined by thin lines only when the series is
+/// sparse (at most 400 points; dense ones read better as dots), and its legend entry.
+fn draw_view<'a, DB: DrawingBackend + 'a, CT: CoordTranslate<From = (f64, f64)>>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    v: &ViewSeries,
+    pts: &[Pt],
+    c: RGBColor,
+) -> anyhow::Result<()> {
+    if pts.len() <= 400 {
+        chart
+            .draw_series(LineSeries::new(
+                pts.iter().copied(),
+                c.mix(0.4).stroke_width(1),
+            ))
+            .map_err(derr)?;
+    }
+    chart
+        .draw_series(pts.iter().map(|&p| Circle::new(p, 2, c.filled())))
+        .map_err(derr)?
+        .label(label(v))
+        .legend(move |(x, y)| {
+            EmptyElement::at((x, y))
+                + PathElement::new(vec![(0, 0), (20, 0)], c.stroke_width(2))
+                + Circle::new((10, 0), 3, c.filled())
+        });
+    Ok(())
 }

@@ -193,25 +193,14 @@ impl Tcp {
         let max_flows = cfg.max_flows.max(16);
         let with_hook = cfg.ack_hook.wanted();
         let atomics = crate::views::probe::Features::get().atomics_choice();
-        let mut obj = loader::load(
-            kind,
-            object(atomics.used),
-            vec![settings(cfg, max_flows, with_hook, atomics.used)],
-            &[],
-        )?
-        .pop()
-        .context("the TCP view's object was not loaded")?;
+        let mut obj = load_object(kind, cfg, max_flows, with_hook, atomics.used)?;
         // the build without atomics' hook is attached after the iterator (below)
         let hook_status = if atomics.used {
             attach_ack_hook(obj.as_mut(), cfg, with_hook)?
         } else {
             prepare_existing_hook(obj.as_mut(), cfg, with_hook)?
         };
-        fill_filters(obj.as_ref(), cfg)?;
-        if !atomics.used {
-            fill_fresh_slots(obj.as_ref(), max_flows)?;
-        }
-        let fine = FinePool::new(obj.as_mut(), pool_entries(max_flows))?;
+        let fine = fill_maps(obj.as_mut(), cfg, max_flows, atomics.used)?;
         obj.attach_cgroup(SOCKOPS, cg.as_fd())
             .with_context(|| format!("attaching sock_ops to cgroup {}", cgroup.display()))?;
         let mut view = Tcp {
@@ -227,26 +216,39 @@ impl Tcp {
         if atomics.used {
             view.info.set_ack_hook(hook_status.clone());
         }
-        for ns in &cfg.iter_netns {
-            view.obj.run_iter(iter_prog(atomics.used), ns)?;
-        }
-        let (enabled, refused) = (
-            view.counter(C::RTTSCOPE_TCP_ENABLED),
-            view.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
-        );
-        if atomics.used {
-            view.info.set_existing(enabled, refused);
-        } else {
-            let full = view.counter(C::RTTSCOPE_TCP_EXISTING_TABLE_FULL);
-            let linked = match hook_status {
-                Ok(()) => attach_existing_hook(view.obj.as_mut(), cfg, enabled),
-                Err(status) => Ok(Err(status)),
-            }?;
-            view.info.set_existing_table(linked, enabled, refused, full);
-        }
+        view.walk_existing(cfg, atomics.used, hook_status)?;
         view.info.prog_ids = view.prog_ids().into_iter().map(|(_, id)| id).collect();
         view.load_listeners()?;
         Ok(view)
+    }
+
+    /// Run the iterator over the connections open before attach (in each `--iter-netns`
+    /// namespace) and record what it did: with atomics its counts; without, also whether the
+    /// per-ACK hook, prepared before it (`hook_status` `Ok`), is now attached.
+    fn walk_existing(
+        &mut self,
+        cfg: &TcpViewConfig,
+        atomics: bool,
+        hook_status: Result<(), String>,
+    ) -> Result<()> {
+        for ns in &cfg.iter_netns {
+            self.obj.run_iter(iter_prog(atomics), ns)?;
+        }
+        let (enabled, refused) = (
+            self.counter(C::RTTSCOPE_TCP_ENABLED),
+            self.counter(C::RTTSCOPE_TCP_ITER_SETSOCKOPT_FAIL),
+        );
+        if atomics {
+            self.info.set_existing(enabled, refused);
+        } else {
+            let full = self.counter(C::RTTSCOPE_TCP_EXISTING_TABLE_FULL);
+            let linked = match hook_status {
+                Ok(()) => attach_existing_hook(self.obj.as_mut(), cfg, enabled),
+                Err(status) => Ok(Err(status)),
+            }?;
+            self.info.set_existing_table(linked, enabled, refused, full);
+        }
+        Ok(())
     }
 
     /// The pool (a poisoned lock only means a panic elsewhere mid-read: the
@@ -266,6 +268,40 @@ impl Tcp {
         }
         Ok(())
     }
+}
+
+/// The TCP view's object (the build with or without atomics) loaded by `kind` with its
+/// settings, not yet attached.
+fn load_object(
+    kind: LoaderKind,
+    cfg: &TcpViewConfig,
+    max_flows: u32,
+    with_hook: bool,
+    atomics: bool,
+) -> Result<Box<dyn Object>> {
+    loader::load(
+        kind,
+        object(atomics),
+        vec![settings(cfg, max_flows, with_hook, atomics)],
+        &[],
+    )?
+    .pop()
+    .context("the TCP view's object was not loaded")
+}
+
+/// The maps filled before sock_ops is attached: the filters, the free slots (the build without
+/// atomics only), then the pool of fine histograms.
+fn fill_maps(
+    obj: &mut dyn Object,
+    cfg: &TcpViewConfig,
+    max_flows: u32,
+    atomics: bool,
+) -> Result<FinePool> {
+    fill_filters(obj, cfg)?;
+    if !atomics {
+        fill_fresh_slots(obj, max_flows)?;
+    }
+    FinePool::new(obj, pool_entries(max_flows))
 }
 
 /// Attach the optional per-ACK hook where it was asked for and loaded, and

@@ -505,39 +505,10 @@ impl Tracker {
         if f.closed {
             self.finish(f, names);
         }
-        let stay = (f.slot, f.gen);
-        let read = self.interval;
-        self.tracked += 1;
-        let first = !self.prev.contains_key(&stay);
-        if let Some(p) = self.prev.get_mut(&stay) {
-            p.seen = read;
-            // an idle flow (most of them on a busy host): nothing to add or keep again
-            if !f.closed && p.side == f.side && p.snap.unchanged(&f.counts, f.sum_us) {
-                return None;
-            }
-        }
-        self.sides.insert(f.flow, (f.side, stay));
-        let mut delta = f.since(self.prev.get(&stay).map(|p| &p.snap));
-        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
-            delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
-        } else if first && delta.count() > 0 {
-            delta.set_range(f.life_min_us, f.life_max_us);
-        }
-        let active = match self.prev.get(&stay) {
-            Some(p) if !first && delta.count() == 0 => p.active,
-            _ => self.interval,
-        };
-        let snap = Snapshot::of_sparse(&f.counts, f.sum_us);
-        let side = f.side;
-        self.prev.insert(
-            stay,
-            Stay {
-                snap,
-                active,
-                seen: read,
-                side,
-            },
-        );
+        let first = self.mark_seen(f)?;
+        self.sides.insert(f.flow, (f.side, (f.slot, f.gen)));
+        let delta = self.added(f, epoch, first);
+        self.remember(f, first, delta.count());
         if delta.count() == 0 && !first && !f.closed {
             return None;
         }
@@ -545,8 +516,64 @@ impl Tracker {
         if !self.keep_rows {
             return None; // nothing prints rows (--quiet, the daemon): none built
         }
+        Some(self.row(f, names, &delta))
+    }
+
+    /// Count the flow as tracked and mark its stay seen by this read. `None`: a stay already
+    /// known that is idle (most of them on a busy host), with nothing to add or keep again;
+    /// else whether the stay is new.
+    fn mark_seen(&mut self, f: &TcpFlowState) -> Option<bool> {
+        let stay = (f.slot, f.gen);
+        let read = self.interval;
+        self.tracked += 1;
+        let first = !self.prev.contains_key(&stay);
+        if let Some(p) = self.prev.get_mut(&stay) {
+            p.seen = read;
+            if !f.closed && p.side == f.side && p.snap.unchanged(&f.counts, f.sum_us) {
+                return None;
+            }
+        }
+        Some(first)
+    }
+
+    /// The samples the stay added since the last read kept it, with their range: the kernel's
+    /// window when it is of this `epoch`, else for a new stay its lifetime's.
+    fn added(&self, f: &TcpFlowState, epoch: u32, first: bool) -> Hist {
+        let mut delta = f.since(self.prev.get(&(f.slot, f.gen)).map(|p| &p.snap));
+        if delta.count() > 0 && f.win_epoch == epoch && f.win_min_us <= f.win_max_us {
+            delta.set_range(Some(f.win_min_us), Some(f.win_max_us));
+        } else if first && delta.count() > 0 {
+            delta.set_range(f.life_min_us, f.life_max_us);
+        }
+        delta
+    }
+
+    /// Keep the stay's histogram for the next read, with the read of its last sample (this one
+    /// unless the stay was known and `added` no sample).
+    fn remember(&mut self, f: &TcpFlowState, first: bool, added: u64) {
+        let stay = (f.slot, f.gen);
+        let active = match self.prev.get(&stay) {
+            Some(p) if !first && added == 0 => p.active,
+            _ => self.interval,
+        };
+        let snap = Snapshot::of_sparse(&f.counts, f.sum_us);
+        let (seen, side) = (self.interval, f.side);
+        self.prev.insert(
+            stay,
+            Stay {
+                snap,
+                active,
+                seen,
+                side,
+            },
+        );
+    }
+
+    /// The flow's row: its samples this interval so far (`delta` merged into what its 4-tuple's
+    /// earlier stays and reads added) with its srtt and retransmissions, origin, state and workload.
+    fn row(&mut self, f: &TcpFlowState, names: &mut NsNames, delta: &Hist) -> FlowRow {
         let merged = self.row_deltas.entry(f.flow).or_default();
-        merged.merge(&delta);
+        merged.merge(delta);
         let mut vs = ViewStats::from_hist(merged);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
@@ -556,7 +583,7 @@ impl Tracker {
         row.closed = f.closed;
         row.views.set(ViewKind::Tcp, vs);
         row.workload = f.workload.clone();
-        Some(row)
+        row
     }
 
     /// The side the TCP view found for a flow (for rows only the sampler saw).

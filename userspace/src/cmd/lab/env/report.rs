@@ -46,6 +46,9 @@ fn write_json_copy(run: &RunInfo, rr: &RunResult) -> Result<()> {
     }
 }
 
+/// The lab's report in `out`: result.json (and its `--json` copy), summary.csv, the charts and
+/// SUMMARY.md, then the table, the observations and the charts' paths on the terminal. Returns
+/// the files written, in that order.
 pub(super) fn write_report(
     run: &RunInfo,
     plan: &Plan,
@@ -61,42 +64,19 @@ pub(super) fn write_report(
     let data = run.data;
     let t0 = run.run_start_unix.unwrap_or(0.0);
     let points = phase_points(data);
-    let settings = report_settings(run, plan, records, &name);
-    let mut rr = RunResult::new(format!("lab {name}"), settings);
-    rr.title = Some(format!(
-        "lab {name}{}",
-        if plan.quick { " (quick)" } else { "" }
-    ));
-    rr.start_unix_s = Some(t0);
     let sweep_kind = plan.phases.len() > 1;
-    if sweep_kind {
-        rr.sweep = Some(sweep_of(plan, &points, data));
-    }
-    push_sample_series(&mut rr, data, t0);
-    let mut files = Vec::new();
-    let p = out.join("result.json");
-    rr.save(&p).map_err(|e| anyhow!("{e}"))?;
-    files.push(p);
-    write_json_copy(run, &rr)?;
-
+    let rr = run_result(run, plan, records, &name, &points, t0, sweep_kind);
+    let mut files = vec![save_result(run, &rr, out)?];
     let table = build_table(
         plan,
         &points,
         matches!(plan.scenario, Scenario::Loss | Scenario::Bufferbloat),
     );
-    let p = out.join("summary.csv");
-    crate::sys::files::write_atomically(&p, table.csv().as_bytes())
-        .with_context(|| format!("writing {}", p.display()))?;
-    files.push(p);
-
+    files.push(write_out(out, "summary.csv", table.csv().as_bytes())?);
     let charts = draw_charts(&rr, plan, sweep_kind, out);
     let obs = observations(plan, &points, data);
     let md = summary_markdown(run, plan, &name, t0, &table, &obs, &charts);
-    let p = out.join("SUMMARY.md");
-    crate::sys::files::write_atomically(&p, md.as_bytes())
-        .with_context(|| format!("writing {}", p.display()))?;
-    files.push(p);
-
+    files.push(write_out(out, "SUMMARY.md", md.as_bytes())?);
     println!("{}", table.render());
     for o in &obs {
         println!("{o}");
@@ -106,6 +86,47 @@ pub(super) fn write_report(
     }
     files.extend(charts);
     Ok(files)
+}
+
+/// The result document of the run `name` started at `t0` (Unix seconds): its settings, title,
+/// the sweep (`sweep_kind`: the plan has more than one phase) and each view's sample series.
+fn run_result(
+    run: &RunInfo,
+    plan: &Plan,
+    records: &[PhaseRecord],
+    name: &str,
+    points: &[Vec<ViewSummary>],
+    t0: f64,
+    sweep_kind: bool,
+) -> RunResult {
+    let settings = report_settings(run, plan, records, name);
+    let mut rr = RunResult::new(format!("lab {name}"), settings);
+    rr.title = Some(format!(
+        "lab {name}{}",
+        if plan.quick { " (quick)" } else { "" }
+    ));
+    rr.start_unix_s = Some(t0);
+    if sweep_kind {
+        rr.sweep = Some(sweep_of(plan, points, run.data));
+    }
+    push_sample_series(&mut rr, run.data, t0);
+    rr
+}
+
+/// OUT/result.json, then its `--json` copy; returns the path of the first.
+fn save_result(run: &RunInfo, rr: &RunResult, out: &Path) -> Result<PathBuf> {
+    let p = out.join("result.json");
+    rr.save(&p).map_err(|e| anyhow!("{e}"))?;
+    write_json_copy(run, rr)?;
+    Ok(p)
+}
+
+/// `bytes` written to the file `name` in `out` (atomically); returns its path.
+fn write_out(out: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let p = out.join(name);
+    crate::sys::files::write_atomically(&p, bytes)
+        .with_context(|| format!("writing {}", p.display()))?;
+    Ok(p)
 }
 
 /// Each phase's summary of every view.
