@@ -21,6 +21,7 @@
 //! interpolation only chooses where in that window.
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::stats::Summary;
 use crate::bpf::consts;
 
 pub const BUCKETS: usize = consts::HIST_BUCKETS;
@@ -76,18 +77,6 @@ pub struct Hist {
     /// Exact minimum and maximum, when known (else derived from bucket bounds).
     pub min_us: Option<u32>,
     pub max_us: Option<u32>,
-}
-
-/// Percentiles and moments of a histogram (microseconds).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct HistSummary {
-    pub n: u64,
-    pub min_us: f64,
-    pub mean_us: f64,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub max_us: f64,
 }
 
 /// Non-empty buckets (index, count), ascending: one or two kept inline (an
@@ -422,21 +411,25 @@ impl Hist {
         (min, max)
     }
 
-    pub fn summary(&self) -> HistSummary {
+    /// The summary of its samples ([`Summary`], the one summary type), the percentiles taken at
+    /// the exact definition's rank within the buckets ([`Hist::percentile`]); no standard
+    /// deviation (NaN: a histogram keeps no sum of squares). Empty: n = 0 and every value NaN.
+    pub fn summary(&self) -> Summary {
         let n = self.count();
         let (min, max) = self.range();
-        HistSummary {
+        Summary {
             n,
-            min_us: min,
-            mean_us: if n > 0 {
+            min,
+            mean: if n > 0 {
                 self.sum_us as f64 / n as f64
             } else {
                 f64::NAN
             },
-            p50_us: self.percentile(50.0),
-            p90_us: self.percentile(90.0),
-            p99_us: self.percentile(99.0),
-            max_us: max,
+            p50: self.percentile(50.0),
+            p90: self.percentile(90.0),
+            p99: self.percentile(99.0),
+            max,
+            stddev: f64::NAN,
         }
     }
 }
@@ -521,13 +514,8 @@ mod tests {
         }
         let s = h.summary();
         assert_eq!(s.n, 10_000);
-        assert_eq!(s.min_us, 50.0);
-        assert!(
-            s.min_us <= s.p50_us
-                && s.p50_us <= s.p90_us
-                && s.p90_us <= s.p99_us
-                && s.p99_us <= s.max_us
-        );
+        assert_eq!(s.min, 50.0);
+        assert!(s.min <= s.p50 && s.p50 <= s.p90 && s.p90 <= s.p99 && s.p99 <= s.max);
     }
 
     #[test]
@@ -537,7 +525,7 @@ mod tests {
             h.record(20_000);
         }
         assert_eq!(h.percentile(50.0), 20_000.0);
-        assert_eq!(h.summary().mean_us, 20_000.0);
+        assert_eq!(h.summary().mean, 20_000.0);
     }
 
     #[test]
@@ -551,7 +539,7 @@ mod tests {
         assert_eq!(h.min_us, Some(90));
         assert_eq!(h.max_us, None);
         let s = h.summary();
-        assert!(s.p99_us <= s.max_us, "p99 {} <= max {}", s.p99_us, s.max_us);
+        assert!(s.p99 <= s.max, "p99 {} <= max {}", s.p99, s.max);
         h.set_range(Some(90), Some(128));
         assert_eq!(h.max_us, Some(128));
         h.set_range(Some(200), Some(128));

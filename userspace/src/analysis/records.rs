@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::analysis::columns::Columns;
 use crate::analysis::flow::Side;
-use crate::analysis::hist::{Hist, HistSummary};
+use crate::analysis::hist::Hist;
+use crate::analysis::stats::Summary;
 use crate::analysis::view_kind::ViewKind;
 use crate::analysis::workload::Workload;
 
@@ -473,8 +474,9 @@ pub struct EndView {
     /// TCP: smoothed RTT at the end (us).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub srtt_us: Option<u32>,
-    #[serde(serialize_with = "sorted")]
-    pub summary: HistSummary,
+    #[serde(with = "summary_record_sorted")]
+    #[schemars(with = "SummaryRecord")]
+    pub summary: Summary,
 }
 
 impl EndView {
@@ -503,8 +505,9 @@ pub fn sparse(h: &Hist) -> Vec<(f64, f64, u64)> {
 /// TCP view, TCP's own srtt and retransmissions (a row's cells, not a summary of its own).
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ViewStats {
-    #[serde(flatten)]
-    pub summary: HistSummary,
+    #[serde(flatten, with = "summary_record")]
+    #[schemars(with = "SummaryRecord")]
+    pub summary: Summary,
     /// TCP view only: TCP's smoothed RTT after the last sample (us).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub srtt_us: Option<u32>,
@@ -638,6 +641,70 @@ fn whole<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
 }
 
 /// A nested value with its keys in alphabetical order (see the module comment).
+/// How observe's records write a [`Summary`]: its values in microseconds, named `*_us`, without
+/// the standard deviation (its histograms keep none). The schema's `HistSummary`.
+#[derive(Serialize, Deserialize, JsonSchema)]
+#[schemars(
+    rename = "HistSummary",
+    description = "Percentiles and moments of a histogram (microseconds)."
+)]
+struct SummaryRecord {
+    n: u64,
+    min_us: f64,
+    mean_us: f64,
+    p50_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+    max_us: f64,
+}
+
+impl SummaryRecord {
+    fn of(s: &Summary) -> Self {
+        SummaryRecord {
+            n: s.n,
+            min_us: s.min,
+            mean_us: s.mean,
+            p50_us: s.p50,
+            p90_us: s.p90,
+            p99_us: s.p99,
+            max_us: s.max,
+        }
+    }
+
+    fn summary(self) -> Summary {
+        Summary {
+            n: self.n,
+            min: self.min_us,
+            mean: self.mean_us,
+            p50: self.p50_us,
+            p90: self.p90_us,
+            p99: self.p99_us,
+            max: self.max_us,
+            stddev: f64::NAN,
+        }
+    }
+}
+
+/// A [`Summary`] as [`SummaryRecord`], its keys in that order (a row's cells).
+mod summary_record {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &Summary, s: S) -> Result<S::Ok, S::Error> {
+        SummaryRecord::of(v).serialize(s)
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Summary, D::Error> {
+        SummaryRecord::deserialize(d).map(SummaryRecord::summary)
+    }
+}
+
+/// A [`Summary`] as [`SummaryRecord`], its keys sorted (the end record's, [`sorted`]).
+mod summary_record_sorted {
+    use super::*;
+    pub fn serialize<S: Serializer>(v: &Summary, s: S) -> Result<S::Ok, S::Error> {
+        sorted(&SummaryRecord::of(v), s)
+    }
+    pub use super::summary_record::deserialize;
+}
+
 fn sorted<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     serde_json::to_value(v)
         .map_err(serde::ser::Error::custom)?

@@ -20,13 +20,15 @@
 //!
 //! # One summary
 //!
-//! [`Summary`] is the summary of exact samples: probe, compare and the lab (through
-//! `ViewSummary::of_samples`) compute it and nothing else. Apart, because they are different:
-//! - `analysis::hist::HistSummary`: from a histogram, not samples (observe's per-flow
-//!   histograms), and observe's record format (`min_us`, ..., no stddev);
+//! [`Summary`] is the one summary type: probe, compare and the lab compute it from exact samples
+//! (through `ViewSummary::of_samples`), observe from its histograms (`Hist::summary`, the same
+//! rank taken in the buckets, no stddev). What else carries statistics is a format, not another
+//! summary:
+//! - observe's records write a `Summary` as `n`, `min_us`, ..., `max_us` (no stddev), the
+//!   schema's `HistSummary` (`analysis::records`);
 //! - `analysis::results::ViewSummary`: the result file's per-view summary (its schema): optional
-//!   statistics, `method`, `extra`, filled from a `Summary` or a `HistSummary`;
-//! - `analysis::records::ViewStats`: a table row's cells, a `HistSummary` plus TCP's srtt and
+//!   statistics, `method`, `extra`, filled from a `Summary`;
+//! - `analysis::records::ViewStats`: a table row's cells, a `Summary` plus TCP's srtt and
 //!   retransmissions;
 //! - irtt's `Stats` (active/irtt): irtt's own JSON, field for field, for irtt compatibility.
 use hdrhistogram::Histogram;
@@ -47,8 +49,10 @@ mod nan_null {
     }
 }
 
-/// Summary of a set of RTT samples, all in microseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Summary of a set of RTT samples, all in microseconds: of the exact samples
+/// ([`Summary::from_sorted`]) or of a histogram of them (`analysis::hist::Hist::summary`). NaN: a
+/// value not known (none for an empty set; a histogram's `stddev`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Summary {
     pub n: u64,
     #[serde(with = "nan_null")]
@@ -66,6 +70,21 @@ pub struct Summary {
     /// Population standard deviation (divide by n, as netperf and ping's mdev do).
     #[serde(with = "nan_null")]
     pub stddev: f64,
+}
+
+/// Equal when every value is, a value not known (NaN) equal to another not known.
+impl PartialEq for Summary {
+    fn eq(&self, o: &Self) -> bool {
+        let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+        self.n == o.n
+            && same(self.min, o.min)
+            && same(self.mean, o.mean)
+            && same(self.p50, o.p50)
+            && same(self.p90, o.p90)
+            && same(self.p99, o.p99)
+            && same(self.max, o.max)
+            && same(self.stddev, o.stddev)
+    }
 }
 
 impl Summary {

@@ -218,12 +218,12 @@ fn cols(s: Option<&ViewStats>, socket_columns: bool) -> Vec<String> {
             let m = &s.summary;
             vec![
                 m.n.to_string(),
-                fmt_ms(m.min_us),
-                fmt_ms(m.mean_us),
-                fmt_ms(m.p50_us),
-                fmt_ms(m.p90_us),
-                fmt_ms(m.p99_us),
-                fmt_ms(m.max_us),
+                fmt_ms(m.min),
+                fmt_ms(m.mean),
+                fmt_ms(m.p50),
+                fmt_ms(m.p90),
+                fmt_ms(m.p99),
+                fmt_ms(m.max),
             ]
         }
         _ => ["0", "-", "-", "-", "-", "-", "-"]

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::args::ObserveArgs;
 use crate::analysis::flow::{Flow, Side};
-use crate::analysis::hist::HistSummary;
 use crate::analysis::results::{RunResult, Sample, ViewKind, ViewSeries, ViewSummary};
+use crate::analysis::stats::Summary;
 use crate::session::{FlowRow, RawEvent, RawSample, Session, ViewStats};
 
 /// Most raw samples kept in memory for the document; later ones are counted, not kept.
@@ -119,18 +119,18 @@ fn side_name(s: Side) -> &'static str {
     }
 }
 
-fn summary(view: &str, kind: ViewKind, h: &HistSummary) -> ViewSummary {
+fn summary(view: &str, kind: ViewKind, h: &Summary) -> ViewSummary {
     let v = |x: f64| (h.n > 0 && !x.is_nan()).then_some(x);
     ViewSummary {
         view: view.to_string(),
         kind: Some(kind),
         count: h.n,
-        min_us: v(h.min_us),
-        mean_us: v(h.mean_us),
-        p50_us: v(h.p50_us),
-        p90_us: v(h.p90_us),
-        p99_us: v(h.p99_us),
-        max_us: v(h.max_us),
+        min_us: v(h.min),
+        mean_us: v(h.mean),
+        p50_us: v(h.p50),
+        p90_us: v(h.p90),
+        p99_us: v(h.p99),
+        max_us: v(h.max),
         method: Some(METHOD.into()),
         ..Default::default()
     }
