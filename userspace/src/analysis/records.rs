@@ -687,7 +687,7 @@ impl SummaryRecord {
 
 /// A [`Summary`] as [`SummaryRecord`], its keys in that order (a row's cells).
 mod summary_record {
-    use super::*;
+    use super::{Deserialize, Serialize, Serializer, Summary, SummaryRecord};
     pub fn serialize<S: Serializer>(v: &Summary, s: S) -> Result<S::Ok, S::Error> {
         SummaryRecord::of(v).serialize(s)
     }
@@ -698,7 +698,7 @@ mod summary_record {
 
 /// A [`Summary`] as [`SummaryRecord`], its keys sorted (the end record's, [`sorted`]).
 mod summary_record_sorted {
-    use super::*;
+    use super::{sorted, Serializer, Summary, SummaryRecord};
     pub fn serialize<S: Serializer>(v: &Summary, s: S) -> Result<S::Ok, S::Error> {
         sorted(&SummaryRecord::of(v), s)
     }
