@@ -202,7 +202,7 @@ pub struct Start {
     pub version: u32,
     pub views: Vec<String>,
     /// Each attached view's value under its name (what it attached, its settings), as the
-    /// view's `start_record` gives it. Read back: the registry's views' keys that are not null.
+    /// view's `View::start_value` gives it. Read back: the registry's views' keys that are not null.
     pub view_values: BTreeMap<ViewKind, serde_json::Value>,
 }
 
