@@ -739,3 +739,54 @@ pub fn rss_kb(pid: u32) -> (u64, u64) {
     };
     (get("VmHWM:"), get("VmRSS:"))
 }
+
+/// A network namespace held open by a test that checks for leftovers: an open namespace file
+/// keeps the namespace, and so its nsfs (device, inode), alive; a namespace that anything else on
+/// the host creates meanwhile cannot be given the same identity and be taken for a leftover (the
+/// kernel recycles the inode numbers of namespaces that are gone). Drop it before checking that
+/// what lived in the namespace (interfaces, their filters) is gone.
+pub struct HeldNs {
+    _file: std::fs::File,
+    /// (st_dev, st_ino) of the namespace.
+    pub id: (u64, u64),
+}
+
+impl HeldNs {
+    /// Hold the namespace at `path` (`/run/netns/NAME`, `/proc/PID/ns/net`).
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<HeldNs> {
+        use std::os::unix::fs::MetadataExt;
+        let path = path.as_ref();
+        let file = std::fs::File::open(path).with_context(|| format!("opening {path:?}"))?;
+        let m = file.metadata()?;
+        Ok(HeldNs {
+            id: (m.dev(), m.ino()),
+            _file: file,
+        })
+    }
+}
+
+/// Threads anywhere on the host whose network namespace is one of `held`.
+pub fn threads_in(held: &[HeldNs]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let ids: Vec<(u64, u64)> = held.iter().map(|h| h.id).collect();
+    let mut found = Vec::new();
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
+                if ids.contains(&(m.dev(), m.ino())) {
+                    found.push(format!(
+                        "pid {pid} task {}",
+                        t.file_name().to_string_lossy()
+                    ));
+                }
+            }
+        }
+    }
+    found
+}

@@ -5,7 +5,6 @@
 //! exist). The emulator's measurements for docs/perf-lab.md are not tests:
 //! scripts/bench-lab.sh runs them (scripts/bench/lab.rs).
 use std::net::{SocketAddr, UdpSocket};
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use std::time::{Duration, Instant};
 use rttscope::lab::emulator::{Direction, Impairment, LinkConfig};
 use rttscope::lab::testbed::{self, Role, Testbed, SRV_ADDR, SRV_ADDR6};
 use rttscope_e2e::lab::{ping, set_rcvbuf};
-use rttscope_e2e::{busy, require_root, Pair, RrServer};
+use rttscope_e2e::{busy, require_root, threads_in, HeldNs, Pair, RrServer};
 
 /// The busy host's load (issue 27) beside a testbed: request/response flows and pings between
 /// other namespaces; with `through`, also a ping every 20 ms from the testbed's client to its
@@ -39,45 +38,22 @@ fn busy_host(tb: &Testbed, through: bool) -> (busy::BusyHost, RrServer, Pair) {
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
-/// Network-namespace inode of each testbed namespace.
-fn ns_inodes(tb: &Testbed) -> Vec<u64> {
+/// Each testbed namespace, held open (rttscope_e2e::HeldNs: identified by more than a recyclable
+/// inode number).
+fn hold_namespaces(tb: &Testbed) -> Vec<HeldNs> {
     [Role::Cli, Role::Rtr, Role::Srv]
         .iter()
-        .map(|r| std::fs::metadata(tb.ns_path(*r)).unwrap().ino())
+        .map(|r| HeldNs::open(tb.ns_path(*r)).unwrap())
         .collect()
 }
 
-/// Threads anywhere on the host whose network namespace is one of `inodes`.
-fn threads_in(inodes: &[u64]) -> Vec<String> {
-    let mut found = Vec::new();
-    for p in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            continue;
-        };
-        for t in tasks.flatten() {
-            if let Ok(m) = std::fs::metadata(t.path().join("ns/net")) {
-                if inodes.contains(&m.ino()) {
-                    found.push(format!(
-                        "pid {pid} task {}",
-                        t.file_name().to_string_lossy()
-                    ));
-                }
-            }
-        }
-    }
-    found
-}
-
 /// Everything a testbed leaves behind: its namespace names, and threads inside its namespaces.
-fn leftovers(prefix: &str, inodes: &[u64]) -> Vec<String> {
+fn leftovers(prefix: &str, held: &[HeldNs]) -> Vec<String> {
     let mut left: Vec<String> = testbed::lab_namespaces()
         .into_iter()
         .filter(|n| n.starts_with(&format!("{prefix}-")))
         .collect();
-    left.extend(threads_in(inodes));
+    left.extend(threads_in(held));
     if std::path::Path::new(&format!("/run/rttscope/lab/{prefix}.json")).exists() {
         left.push("state file".into());
     }
@@ -96,7 +72,7 @@ fn testbed_routes_and_leaves_nothing_behind() {
     }
     let tb = Testbed::new().unwrap();
     let prefix = tb.prefix.clone();
-    let inodes = ns_inodes(&tb);
+    let held = hold_namespaces(&tb);
     // Both address families go through the router.
     let p4 = ping(&tb, &SRV_ADDR.to_string(), 3, "0.05");
     let p6 = ping(&tb, &SRV_ADDR6.to_string(), 3, "0.05");
@@ -117,13 +93,13 @@ fn testbed_routes_and_leaves_nothing_behind() {
     let child = tb.spawn(Role::Srv, &["sleep", "600"]).unwrap();
     assert!(pid_alive(child));
     assert!(
-        !threads_in(&inodes).is_empty(),
+        !threads_in(&held).is_empty(),
         "the emulator thread and the child are inside"
     );
     drop(imp);
     drop(tb);
     assert!(!pid_alive(child), "child {child} still alive after drop");
-    let left = leftovers(&prefix, &inodes);
+    let left = leftovers(&prefix, &held);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -138,13 +114,14 @@ fn testbed_is_removed_when_the_test_panics() {
         let mut imp = Impairment::new(&tb).unwrap();
         imp.set_both(LinkConfig::delay(MS(10))).unwrap();
         let child = tb.spawn(Role::Cli, &["sleep", "600"]).unwrap();
-        tx.send((tb.prefix.clone(), ns_inodes(&tb), child)).unwrap();
+        tx.send((tb.prefix.clone(), hold_namespaces(&tb), child))
+            .unwrap();
         panic!("deliberate panic inside the test");
     });
     assert!(r.is_err());
-    let (prefix, inodes, child) = rx.recv().unwrap();
+    let (prefix, held, child) = rx.recv().unwrap();
     assert!(!pid_alive(child), "child {child} survived the panic");
-    let left = leftovers(&prefix, &inodes);
+    let left = leftovers(&prefix, &held);
     assert!(left.is_empty(), "left behind after a panic: {left:?}");
 }
 
@@ -423,14 +400,10 @@ fn start_hold() -> (std::process::Child, String) {
     (child, prefix)
 }
 
-fn inodes_of(prefix: &str) -> Vec<u64> {
+fn hold_of(prefix: &str) -> Vec<HeldNs> {
     ["cli", "rtr", "srv"]
         .iter()
-        .map(|r| {
-            std::fs::metadata(format!("/run/netns/{prefix}-{r}"))
-                .unwrap()
-                .ino()
-        })
+        .map(|r| HeldNs::open(format!("/run/netns/{prefix}-{r}")).unwrap())
         .collect()
 }
 
@@ -458,7 +431,7 @@ fn lab_command_removes_its_testbed_on_sigint_and_sigterm() {
         nix::sys::signal::Signal::SIGTERM,
     ] {
         let (mut child, prefix) = start_hold();
-        let inodes = inodes_of(&prefix);
+        let held = hold_of(&prefix);
         // The binary's link: beyond-ack-timer's 5 ms each way -> ~10 ms RTT.
         let out = std::process::Command::new("ip")
             .args([
@@ -489,7 +462,7 @@ fn lab_command_removes_its_testbed_on_sigint_and_sigterm() {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
         let st = wait_exit(&mut child, Duration::from_secs(10));
         assert!(st.success(), "exit after {sig}: {st}");
-        let left = leftovers(&prefix, &inodes);
+        let left = leftovers(&prefix, &held);
         assert!(left.is_empty(), "left behind after {sig}: {left:?}");
     }
 }
@@ -500,12 +473,12 @@ fn lab_command_killed_hard_is_cleaned_up_at_next_start() {
         return;
     }
     let (mut child, prefix) = start_hold();
-    let inodes = inodes_of(&prefix);
+    let held = hold_of(&prefix);
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     // The next start's cleanup (a concurrent test's Testbed::new may get there first).
     testbed::cleanup_stale();
-    let left = leftovers(&prefix, &inodes);
+    let left = leftovers(&prefix, &held);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
