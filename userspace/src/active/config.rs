@@ -14,6 +14,8 @@ pub enum Kind {
     TcpRr,
     UdpRr,
     Icmp,
+    /// Timed TCP handshakes (tcping, `hping3 -S`, netperf's TCP_CC): no responder, no data.
+    TcpConnect,
 }
 
 impl Kind {
@@ -23,6 +25,7 @@ impl Kind {
             Kind::TcpRr => "TCP_RR",
             Kind::UdpRr => "UDP_RR",
             Kind::Icmp => "ICMP_ECHO",
+            Kind::TcpConnect => "TCP_CONNECT",
         }
     }
 }
@@ -52,10 +55,11 @@ impl ReplyHook {
     }
 }
 
-/// ICMP: what ping prints per packet, as it arrives.
+/// What ping (ICMP) or tcping (`tcp-connect`) prints per request, as it is answered or given up.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IcmpLine {
-    /// An echo reply: its sequence, RTT (ns) and TTL or hop limit, if the kernel gave it.
+pub enum ProbeLine {
+    /// An answer (an echo reply, a completed handshake): its sequence, RTT (ns) and TTL or hop
+    /// limit, if the kernel gave it.
     Reply {
         seq: u64,
         rtt_ns: u64,
@@ -68,21 +72,25 @@ pub enum IcmpLine {
         from: std::net::IpAddr,
         text: String,
     },
+    /// Request `seq` failed (its send or its handshake: "Connection refused").
+    Failed { seq: u64, text: String },
+    /// No answer to request `seq` within the timeout.
+    TimedOut { seq: u64 },
 }
 
-/// Called with every [`IcmpLine`] (ICMP only).
+/// Called with every [`ProbeLine`] (ICMP and `tcp-connect`: the line per request).
 #[derive(Clone)]
-pub struct IcmpHook(pub(crate) std::sync::Arc<dyn Fn(&IcmpLine) + Send + Sync>);
+pub struct LineHook(pub(crate) std::sync::Arc<dyn Fn(&ProbeLine) + Send + Sync>);
 
-impl IcmpHook {
-    pub fn new(f: impl Fn(&IcmpLine) + Send + Sync + 'static) -> Self {
-        IcmpHook(std::sync::Arc::new(f))
+impl LineHook {
+    pub fn new(f: impl Fn(&ProbeLine) + Send + Sync + 'static) -> Self {
+        LineHook(std::sync::Arc::new(f))
     }
 }
 
-impl std::fmt::Debug for IcmpHook {
+impl std::fmt::Debug for LineHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("IcmpHook")
+        f.write_str("LineHook")
     }
 }
 
@@ -138,7 +146,7 @@ pub struct ProbeConfig {
     /// Told of every reply as it arrives (none by default).
     pub on_reply: Option<ReplyHook>,
     /// ICMP: told of every reply (with its TTL) and every ICMP error, for ping's lines.
-    pub on_icmp: Option<IcmpHook>,
+    pub on_line: Option<LineHook>,
     /// ICMP: the requests' TTL or hop limit (ping's -t); None: the system's.
     pub ttl: Option<u8>,
 }
@@ -165,7 +173,7 @@ impl ProbeConfig {
             max_samples: 1_000_000,
             io: IoMode::BlockingThread,
             on_reply: None,
-            on_icmp: None,
+            on_line: None,
             ttl: None,
         }
     }

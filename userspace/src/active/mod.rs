@@ -20,7 +20,7 @@ pub mod rr;
 pub mod serve;
 pub(crate) mod transport;
 
-pub use config::{IcmpHook, IcmpLine, IoMode, Kind, ProbeConfig, ReplyHook, Stop};
+pub use config::{IoMode, Kind, LineHook, ProbeConfig, ProbeLine, ReplyHook, Stop};
 pub use result::{Counts, ProbeResult, Settings};
 pub use rr::run_probe;
 pub use serve::{serve, ServeConfig, DEFAULT_PORT};

@@ -172,12 +172,14 @@ pub fn ping_ms(rtt_ns: u64) -> String {
     }
 }
 
-/// The view name of a probe kind in result documents (netperf's test names, `ICMP`).
-fn view_name(kind: Kind) -> &'static str {
+/// The view name of a probe kind in result documents and compare's rows (netperf's test
+/// names, `ICMP`, `TCP_CONNECT`).
+pub fn view_name(kind: Kind) -> &'static str {
     match kind {
         Kind::TcpRr => "TCP_RR",
         Kind::UdpRr => "UDP_RR",
         Kind::Icmp => "ICMP",
+        Kind::TcpConnect => "TCP_CONNECT",
     }
 }
 
@@ -200,6 +202,7 @@ pub fn probe_document(r: &ProbeResult) -> RunResult {
                 Kind::TcpRr => "tcp-rr",
                 Kind::UdpRr => "udp-rr",
                 Kind::Icmp => "icmp",
+                Kind::TcpConnect => "tcp-connect",
             }
         ),
         settings,
@@ -307,13 +310,51 @@ pub fn parse_probe_json(text: &str) -> Option<ProbeResult> {
     serde_json::from_str(text).ok()
 }
 
-/// The text summary: ping's lines for ICMP, netperf-like lines otherwise.
+/// The text summary: ping's lines for ICMP, their like for handshakes, netperf-like lines
+/// otherwise.
 pub fn human(r: &ProbeResult) -> String {
-    if r.settings.kind == Kind::Icmp {
-        human_ping(r)
-    } else {
-        human_rr(r)
+    match r.settings.kind {
+        Kind::Icmp => human_ping(r),
+        Kind::TcpConnect => human_connect(r),
+        Kind::TcpRr | Kind::UdpRr => human_rr(r),
     }
+}
+
+/// `probe tcp-connect`'s summary, in ping's shape: the counts (refused and timed-out
+/// handshakes said apart), the rtt lines, then the settings and the SYNs sent again.
+fn human_connect(r: &ProbeResult) -> String {
+    let mut o = String::new();
+    let c = &r.counts;
+    let failed = if c.sent > 0 {
+        100.0 * c.lost as f64 / c.sent as f64
+    } else {
+        0.0
+    };
+    let target = std::net::SocketAddr::new(r.settings.address, r.settings.port);
+    let _ = writeln!(o, "--- {target} tcp-connect statistics ---");
+    let _ = writeln!(
+        o,
+        "{} handshakes, {} connected, {} refused, {} timed out, {}% failed, time {:.0}ms",
+        c.sent,
+        c.received,
+        c.refused,
+        c.lost - c.errors.min(c.lost),
+        fmt_loss(failed),
+        r.elapsed_s * 1000.0
+    );
+    if c.received > 0 {
+        ping_rtt(&mut o, r);
+    }
+    let st = &r.settings;
+    let _ = writeln!(
+        o,
+        "settings: interval {}, timeout {}, {} SYN retransmissions, clock {} (connect() to writable)",
+        interval_text(r),
+        fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
+        c.syn_retransmits,
+        st.clock
+    );
+    o
 }
 
 /// Milliseconds with three decimals, as ping prints them ("-": no value).

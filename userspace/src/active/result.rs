@@ -77,6 +77,15 @@ pub struct Counts {
     /// timed from the second send.
     #[serde(default)]
     pub cookie_refreshes: u64,
+    /// `tcp-connect`: handshakes answered by a reset (nothing listens: "Connection refused");
+    /// each is also an error and lost.
+    #[serde(default)]
+    pub refused: u64,
+    /// `tcp-connect`: SYNs the kernel sent again (no SYN-ACK within its retransmission timer, 1 s
+    /// then doubling), summed over the handshakes; a handshake that needed one is timed from the
+    /// first SYN, as tcping's.
+    #[serde(default)]
+    pub syn_retransmits: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -13,12 +13,13 @@ use super::cancel::Cancel;
 use super::engine::{self, Pacer, Plan, Recorder, Signal};
 use super::framing::{UDP_COOKIE_REQ_MIN, UDP_HEADER_LEN, UDP_MAX};
 use super::icmp::{IcmpSocket, MIN_PAYLOAD};
+use super::transport::connect::Connect;
 use super::transport::dgram::{Dgram, Icmp, UdpPeer};
 use super::transport::tcp::TcpConn;
 use super::transport::{tcp, tcp_blocking};
 use crate::analysis::stats::{NetperfPercentiles, Summary};
 // The config and result types lived here before; their paths under `active::rr` stay.
-pub use super::config::{IcmpHook, IcmpLine, IoMode, Kind, ProbeConfig, ReplyHook, Stop};
+pub use super::config::{IoMode, Kind, LineHook, ProbeConfig, ProbeLine, ReplyHook, Stop};
 pub use super::result::{Counts, ProbeIdent, ProbeResult, Settings};
 
 async fn resolve(cfg: &ProbeConfig) -> Result<SocketAddr> {
@@ -52,7 +53,7 @@ fn validate(cfg: &ProbeConfig) -> Result<()> {
     if cfg.burst == 0 {
         bail!("burst must be at least 1");
     }
-    if cfg.req_size == 0 || cfg.resp_size == 0 {
+    if cfg.kind != Kind::TcpConnect && (cfg.req_size == 0 || cfg.resp_size == 0) {
         bail!("request and response sizes must be at least 1 byte");
     }
     if cfg.kind == Kind::UdpRr && (cfg.req_size > UDP_MAX || cfg.resp_size > UDP_MAX) {
@@ -86,6 +87,8 @@ fn wire_sizes(cfg: &ProbeConfig) -> (u32, u32) {
             let p = cfg.req_size.max(MIN_PAYLOAD as u32);
             (p, p)
         }
+        // A handshake carries no data.
+        Kind::TcpConnect => (0, 0),
     }
 }
 
@@ -142,7 +145,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     let sizes = wire_sizes(cfg);
     let mut settings = settings(cfg, addr, sizes);
     let mut rec = Recorder::new(cfg.max_samples, cfg.on_reply.clone());
-    rec.on_icmp = cfg.on_icmp.clone();
+    rec.on_line = cfg.on_line.clone();
     let start_unix_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -150,6 +153,7 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     let mut ident = ProbeIdent::default();
     let (rec, end_ns) = match cfg.kind {
         Kind::TcpRr => run_tcp(cfg, addr, sizes, rec, &mut ident, &mut cancel).await?,
+        Kind::TcpConnect => run_connect(cfg, addr, rec, &mut cancel).await?,
         Kind::UdpRr | Kind::Icmp => {
             run_dgram(
                 cfg,
@@ -215,6 +219,28 @@ async fn run_tcp(
         cancel,
     )
     .await?;
+    Ok((rec, end))
+}
+
+/// TCP handshakes one after the other, each closed at once (`probe tcp-connect`); a refused or
+/// timed-out handshake is lost and the run goes on, as tcping's.
+async fn run_connect(
+    cfg: &ProbeConfig,
+    addr: SocketAddr,
+    mut rec: Recorder,
+    cancel: &mut Cancel,
+) -> Result<(Recorder, u64)> {
+    let mut pacer = Pacer::new(
+        cfg.interval,
+        cfg.burst,
+        cfg.spin,
+        Signal::Cancel(cancel.clone()),
+    )?;
+    let mut t = Connect::new(addr, cfg.timeout, cancel.clone());
+    let end = engine::run(&mut t, &mut pacer, &mut rec, &plan(cfg)).await?;
+    t.close();
+    rec.counts.refused = t.refused;
+    rec.counts.syn_retransmits = t.syn_retransmits;
     Ok((rec, end))
 }
 
@@ -440,6 +466,59 @@ mod tests {
             assert_eq!(k.duplicates, dups, "{k:?}");
             assert_eq!(r.samples.len() as u64, k.received);
         });
+    }
+
+    /// `tcp-connect` over loopback, no privileges: handshakes to a listener complete; to a
+    /// closed port each is refused; to a listener whose accept queue is full (backlog 0, one
+    /// connection queued and never accepted) the kernel drops the SYN, sends it again after its
+    /// 1 s timer, and the handshake times out with its retransmission counted.
+    #[test]
+    fn tcp_connect_completes_is_refused_and_times_out() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let connect = |port: u16, n: u64, timeout_ms: u64| {
+            let mut c = ProbeConfig::new(Kind::TcpConnect, "127.0.0.1");
+            c.port = port;
+            c.stop = Stop::Count(n);
+            c.interval = Duration::from_millis(10);
+            c.timeout = Duration::from_millis(timeout_ms);
+            let (_keep, cancel) = cancel_pair();
+            rt.block_on(run_probe(&c, cancel)).unwrap()
+        };
+        let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let r = connect(open.local_addr().unwrap().port(), 5, 1000);
+        assert_eq!((r.counts.sent, r.counts.received), (5, 5), "{:?}", r.counts);
+        assert_eq!((r.settings.req_size, r.settings.resp_size), (0, 0));
+        assert!(
+            r.summary.max < 100_000.0,
+            "loopback handshake {:?}",
+            r.summary
+        );
+        // A port nothing listens on: a port just freed.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let r = connect(port, 3, 1000);
+        let k = &r.counts;
+        assert_eq!((k.sent, k.received, k.refused), (3, 0, 3), "{k:?}");
+        assert_eq!((k.lost, k.errors), (3, 3), "{k:?}");
+        let full =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        full.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        full.listen(0).unwrap();
+        let port = full.local_addr().unwrap().as_socket().unwrap().port();
+        // The first handshake fills the queue (backlog 0 holds one); the second waits 1.6 s.
+        let r = connect(port, 2, 1600);
+        let k = &r.counts;
+        assert_eq!(
+            (k.sent, k.received, k.lost, k.errors),
+            (2, 1, 1, 0),
+            "{k:?}"
+        );
+        assert!(k.syn_retransmits >= 1, "{k:?}");
     }
 
     /// Transactions/s divide by `-l` (netperf), not by first send -> last reply.

@@ -12,6 +12,7 @@ pub mod mmap;
 pub mod netns;
 pub mod preflight;
 pub mod sockdiag;
+pub mod tcpinfo;
 
 /// Give the allocator's free memory back to the kernel. glibc keeps what a
 /// read freed inside its heap (only the top is returned), so the transient

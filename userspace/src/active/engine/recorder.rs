@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 
 use super::io::{Reply, Stamp};
-use crate::active::config::{IcmpHook, IcmpLine, ReplyHook};
+use crate::active::config::{LineHook, ProbeLine, ReplyHook};
 use crate::active::result::Counts;
 use crate::analysis::stats::{HdrRecorder, NetperfHist};
 
@@ -62,8 +62,8 @@ pub(crate) struct Recorder {
     pub np: NetperfHist,
     pub last_error: Option<String>,
     on_reply: Option<ReplyHook>,
-    /// ICMP: ping's line per reply and per error.
-    pub on_icmp: Option<IcmpHook>,
+    /// ping's (ICMP) or tcping's (`tcp-connect`) line per request.
+    pub on_line: Option<LineHook>,
     max_samples: usize,
     window: SeqWindow,
     consecutive_errors: u32,
@@ -79,7 +79,7 @@ impl Recorder {
             np: NetperfHist::new(),
             last_error: None,
             on_reply,
-            on_icmp: None,
+            on_line: None,
             max_samples,
             window: SeqWindow::new(),
             consecutive_errors: 0,
@@ -93,9 +93,22 @@ impl Recorder {
 
     /// Request `seq` got no reply within the timeout: lost (a reply may still come, late).
     pub fn timed_out(&mut self, seq: u64) {
+        self.lost(seq);
+        self.line(ProbeLine::TimedOut { seq });
+    }
+
+    /// Request `seq` is lost (timed out, failed, or answered by an ICMP error).
+    fn lost(&mut self, seq: u64) {
         self.counts.sent += 1;
         self.counts.lost += 1;
         self.window.timed_out(seq);
+    }
+
+    /// Tell the line hook, if there is one.
+    fn line(&self, l: ProbeLine) {
+        if let Some(h) = &self.on_line {
+            (h.0)(&l);
+        }
     }
 
     /// Request `seq` could not be sent, or its receive failed: an error, and lost.
@@ -108,7 +121,11 @@ impl Recorder {
         in_a_row: bool,
     ) -> Result<()> {
         self.error(format!("{what}: {e}"));
-        self.timed_out(seq);
+        self.lost(seq);
+        self.line(ProbeLine::Failed {
+            seq,
+            text: e.to_string(),
+        });
         if in_a_row {
             self.consecutive_errors += 1;
             if self.consecutive_errors >= MAX_CONSECUTIVE_ERRORS {
@@ -185,13 +202,11 @@ impl Recorder {
             },
         };
         self.sample(seq, t0, rtt);
-        if let Some(h) = &self.on_icmp {
-            (h.0)(&IcmpLine::Reply {
-                seq,
-                rtt_ns: rtt,
-                ttl: reply.ttl,
-            });
-        }
+        self.line(ProbeLine::Reply {
+            seq,
+            rtt_ns: rtt,
+            ttl: reply.ttl,
+        });
     }
 
     /// A sample sent at `t0` (CLOCK_MONOTONIC) with its RTT.
@@ -215,15 +230,13 @@ impl Recorder {
     pub fn icmp_error(&mut self, seq: Option<u64>, e: &crate::active::icmp::IcmpError) {
         self.error(format!("from {}: {}", e.from, e.text));
         if let Some(seq) = seq {
-            self.timed_out(seq);
+            self.lost(seq);
         }
-        if let Some(h) = &self.on_icmp {
-            (h.0)(&IcmpLine::Error {
-                seq: seq.unwrap_or(e.seq16.into()),
-                from: e.from,
-                text: e.text.clone(),
-            });
-        }
+        self.line(ProbeLine::Error {
+            seq: seq.unwrap_or(e.seq16.into()),
+            from: e.from,
+            text: e.text.clone(),
+        });
     }
 
     pub fn error(&mut self, e: impl std::fmt::Display) {

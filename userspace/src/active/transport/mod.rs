@@ -2,6 +2,7 @@
 //! reactor ([`tcp`]), TCP on a blocking thread ([`tcp_blocking`]), and UDP or
 //! ICMP echo datagrams ([`dgram`]). Each moves requests and replies and reads
 //! the clock around its system calls; the engine does the counting.
+pub(crate) mod connect;
 pub(crate) mod dgram;
 pub(crate) mod tcp;
 pub(crate) mod tcp_blocking;

@@ -114,11 +114,7 @@ impl Report {
     ) -> Result<()> {
         for r in rr_results {
             let r = r?;
-            let name = match r.settings.kind {
-                Kind::TcpRr => "TCP_RR",
-                Kind::UdpRr => "UDP_RR",
-                Kind::Icmp => "ICMP",
-            };
+            let name = crate::active::output::view_name(r.settings.kind);
             // On the rows' clock: from the TCP probe's first transaction.
             let shift = r.ident.start_mono_ns as f64 - origin_mono as f64;
             let s: Series = r

@@ -49,6 +49,12 @@ pub enum ProbeKind {
         #[command(flatten)]
         ping: PingOpts,
     },
+    /// Timed TCP handshakes to any open port (tcping, `hping3 -S`): no responder needed, no data
+    /// sent; ping's options and output, a line per handshake.
+    TcpConnect {
+        #[command(flatten)]
+        opts: ConnectOpts,
+    },
     /// Isochronous UDP probe speaking irtt's protocol, against any `irtt server`: RTT, one-way delays, IPDV, up/down loss.
     Irtt(irtt::IrttArgs),
 }
@@ -161,6 +167,99 @@ pub struct PingOpts {
     pub max_samples: usize,
 }
 
+/// ping's options, for TCP handshakes (`probe tcp-connect`).
+#[derive(Debug, Clone, Args)]
+pub struct ConnectOpts {
+    /// Target: HOST:PORT, [IPv6]:PORT, or HOST with -p PORT.
+    #[arg(value_name = "HOST:PORT")]
+    pub target: String,
+    /// The port, when the target does not name one.
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    pub port: Option<u16>,
+    /// Stop after COUNT handshakes [default: until -w or Ctrl-C, as ping].
+    #[arg(short = 'c', long = "count", value_name = "COUNT")]
+    pub count: Option<u64>,
+    /// Time between handshakes: a bare number is seconds (ping's -i), or a duration such as 200ms.
+    #[arg(short = 'i', long = "interval", default_value = "1", value_parser = seconds_arg, value_name = "DURATION")]
+    pub interval: Duration,
+    /// A handshake not completed within this long counts as timed out: a bare number is seconds,
+    /// or a duration. The default lets one SYN retransmission (1 s) complete.
+    #[arg(short = 'W', long = "timeout", default_value = "3", value_parser = seconds_arg, value_name = "DURATION")]
+    pub timeout: Duration,
+    /// Stop after this long whatever the count (ping's -w deadline): a bare number is seconds, or a duration.
+    #[arg(short = 'w', long = "deadline", value_parser = seconds_arg, value_name = "DURATION")]
+    pub deadline: Option<Duration>,
+    /// Quiet: no line per handshake, only the statistics at the end.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub out: OutputOpts,
+    /// Keep at most this many per-handshake samples in the result.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub max_samples: usize,
+}
+
+/// HOST:PORT, [IPv6]:PORT or a bare host with `-p`, into (host, port).
+pub fn host_port(target: &str, port: Option<u16>) -> Result<(String, u16)> {
+    let t = target.trim();
+    let split = if let Some(rest) = t.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| anyhow::anyhow!("'{t}': an IPv6 address in brackets needs its ']'"))?;
+        (h, after.strip_prefix(':'))
+    } else if t.matches(':').count() == 1 {
+        let (h, p) = t.split_once(':').unwrap_or((t, ""));
+        (h, Some(p))
+    } else {
+        // A bare IPv6 address or a host name: no port in it.
+        (t, None)
+    };
+    let named = match split.1 {
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p > 0)
+                .ok_or_else(|| anyhow::anyhow!("'{t}': the port must be 1 to 65535"))?,
+        ),
+        None => None,
+    };
+    let port = match (named, port) {
+        (Some(a), Some(b)) if a != b => bail!("'{t}' names port {a}, and -p says {b}: give one"),
+        (Some(p), _) | (None, Some(p)) if p > 0 => p,
+        _ => bail!("'{t}' names no port: give HOST:PORT or -p PORT"),
+    };
+    if split.0.is_empty() {
+        bail!("'{t}' names no host");
+    }
+    Ok((split.0.to_string(), port))
+}
+
+/// The library configuration for `probe tcp-connect`.
+pub fn connect_config(o: &ConnectOpts) -> Result<ProbeConfig> {
+    let (host, port) = host_port(&o.target, o.port)?;
+    let mut c = ProbeConfig::new(Kind::TcpConnect, &host);
+    c.port = port;
+    c.interval = o.interval;
+    c.timeout = o.timeout;
+    c.max_samples = o.max_samples;
+    c.stop = ping_stop(o.count, o.deadline)?;
+    Ok(c)
+}
+
+/// ping's stop rule: `-c`, `-w`, both (whichever first), or neither (until Ctrl-C).
+fn ping_stop(count: Option<u64>, deadline: Option<Duration>) -> Result<Stop> {
+    // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
+    let forever = Duration::from_secs(u32::MAX as u64);
+    Ok(match (count, deadline) {
+        (Some(0), _) => bail!("-c COUNT must be at least 1"),
+        (_, Some(d)) if d.is_zero() => bail!("-w DEADLINE must be above zero"),
+        (Some(n), Some(d)) => Stop::CountOrDuration(n, d),
+        (Some(n), None) => Stop::Count(n),
+        (None, Some(d)) => Stop::Duration(d),
+        (None, None) => Stop::Duration(forever),
+    })
+}
+
 /// `-r REQ,RESP` (or one number for both).
 pub fn sizes_arg(s: &str) -> Result<(u32, u32), String> {
     let bad = || format!("'{s}' is not REQ,RESP: two byte counts such as 1,1 or 64,1024");
@@ -241,16 +340,7 @@ pub fn ping_config(o: &PingOpts) -> Result<ProbeConfig> {
     c.timeout = o.timeout;
     c.max_samples = o.max_samples;
     c.ttl = o.ttl;
-    // No -c and no -w: until Ctrl-C, as ping (a run of 136 years).
-    let forever = Duration::from_secs(u32::MAX as u64);
-    c.stop = match (o.count, o.deadline) {
-        (Some(0), _) => bail!("-c COUNT must be at least 1"),
-        (_, Some(d)) if d.is_zero() => bail!("-w DEADLINE must be above zero"),
-        (Some(n), Some(d)) => Stop::CountOrDuration(n, d),
-        (Some(n), None) => Stop::Count(n),
-        (None, Some(d)) => Stop::Duration(d),
-        (None, None) => Stop::Duration(forever),
-    };
+    c.stop = ping_stop(o.count, o.deadline)?;
     Ok(c)
 }
 
@@ -263,7 +353,56 @@ pub fn run(args: ProbeArgs) -> Result<()> {
             run_rr(rr_config(Kind::UdpRr, common, &TcpOpts::default())?, common)
         }
         ProbeKind::Icmp { ping } => run_ping(ping),
+        ProbeKind::TcpConnect { opts } => run_connect(opts),
     }
+}
+
+/// tcping's output in ping's shape: a header line, a line per handshake as it completes, fails
+/// or times out (unless -q, `--json -` or `--format csv`), the statistics at the end.
+fn run_connect(o: &ConnectOpts) -> Result<()> {
+    let mut cfg = connect_config(o)?;
+    let lines = !o.quiet && !o.out.json_to_stdout() && o.out.format == PrintFormat::Text;
+    if lines {
+        let target = format!("{}:{}", cfg.target, cfg.port);
+        println!("TCP-CONNECT {target}: handshakes, closed at once (no data)");
+        cfg.on_line = Some(crate::active::LineHook::new(move |l| {
+            println!("{}", connect_line(&target, l));
+        }));
+    }
+    let result = run_blocking(cfg)?;
+    let text = if lines {
+        String::from("\n") + &output::human(&result)
+    } else {
+        output::human(&result)
+    };
+    finish(&result, &text, &o.out)
+}
+
+/// tcping's line for a handshake: `Connected to H:P: seq=1 time=0.049 ms`, `From H:P: seq=2
+/// Connection refused`, `No answer from H:P: seq=3 (timed out)`.
+fn connect_line(target: &str, l: &crate::active::ProbeLine) -> String {
+    use crate::active::ProbeLine;
+    match l {
+        ProbeLine::Reply { seq, rtt_ns, .. } => {
+            format!(
+                "Connected to {target}: seq={seq} time={} ms",
+                output::ping_ms(*rtt_ns)
+            )
+        }
+        ProbeLine::Failed { seq, text } | ProbeLine::Error { seq, text, .. } => {
+            format!("From {target}: seq={seq} {}", capitalized(text))
+        }
+        ProbeLine::TimedOut { seq } => format!("No answer from {target}: seq={seq} (timed out)"),
+    }
+}
+
+/// "connection refused (os error 111)" as a line says it: "Connection refused".
+fn capitalized(text: &str) -> String {
+    let t = text.split(" (os error").next().unwrap_or(text);
+    let mut c = t.chars();
+    c.next()
+        .map(|f| f.to_uppercase().chain(c).collect())
+        .unwrap_or_default()
 }
 
 fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
@@ -287,8 +426,10 @@ fn run_ping(o: &PingOpts) -> Result<()> {
     if lines {
         let (host, size) = (o.host.clone(), o.size);
         println!("PING {host} {size}({}) bytes of data.", size + 28);
-        cfg.on_icmp = Some(crate::active::IcmpHook::new(move |l| {
-            println!("{}", ping_line(&host, size, l));
+        cfg.on_line = Some(crate::active::LineHook::new(move |l| {
+            if let Some(line) = ping_line(&host, size, l) {
+                println!("{line}");
+            }
         }));
     }
     let result = run_blocking(cfg)?;
@@ -303,17 +444,18 @@ fn run_ping(o: &PingOpts) -> Result<()> {
 /// ping's line for a reply (`64 bytes from H: icmp_seq=1 ttl=64 time=0.049 ms`; no `ttl=`
 /// when the kernel gave none) or an ICMP error (`From 10.0.0.1 icmp_seq=1 Destination Host
 /// Unreachable`).
-fn ping_line(host: &str, size: u32, l: &crate::active::IcmpLine) -> String {
+fn ping_line(host: &str, size: u32, l: &crate::active::ProbeLine) -> Option<String> {
+    use crate::active::ProbeLine;
     match l {
-        crate::active::IcmpLine::Reply { seq, rtt_ns, ttl } => format!(
+        ProbeLine::Reply { seq, rtt_ns, ttl } => Some(format!(
             "{} bytes from {host}: icmp_seq={seq} {}time={} ms",
             size + 8,
             ttl.map(|t| format!("ttl={t} ")).unwrap_or_default(),
             output::ping_ms(*rtt_ns)
-        ),
-        crate::active::IcmpLine::Error { seq, from, text } => {
-            format!("From {from} icmp_seq={seq} {text}")
-        }
+        )),
+        ProbeLine::Error { seq, from, text } => Some(format!("From {from} icmp_seq={seq} {text}")),
+        // ping prints nothing for an echo that timed out, nor here for a failed send.
+        ProbeLine::Failed { .. } | ProbeLine::TimedOut { .. } => None,
     }
 }
 
@@ -344,6 +486,15 @@ fn run_blocking(cfg: ProbeConfig) -> Result<crate::active::ProbeResult> {
 fn finish(result: &crate::active::ProbeResult, text: &str, out: &OutputOpts) -> Result<()> {
     out.emit(&output::probe_document(result), text)?;
     if result.counts.received == 0 && result.counts.sent > 0 {
+        if result.settings.kind == crate::active::Kind::TcpConnect {
+            let to = std::net::SocketAddr::new(result.settings.address, result.settings.port);
+            bail!(
+                "no handshake with {to} completed ({} tried: {} refused, {} timed out)",
+                result.counts.sent,
+                result.counts.refused,
+                result.counts.lost - result.counts.errors.min(result.counts.lost)
+            );
+        }
         bail!(
             "no replies from {} ({} sent{})",
             result.settings.address,
@@ -522,7 +673,7 @@ mod tests {
     /// netperf's `-o` stays the output selectors.
     #[test]
     fn output_options() {
-        for kind in ["tcp-rr", "udp-rr", "icmp"] {
+        for kind in ["tcp-rr", "udp-rr", "icmp", "tcp-connect"] {
             assert!(
                 parse(&[kind, "h", "--json"]).is_err(),
                 "{kind}: --json needs FILE"
@@ -530,6 +681,7 @@ mod tests {
             let out = match parse(&[kind, "h", "--json", "-", "--format", "csv"]).unwrap() {
                 ProbeKind::TcpRr { common, .. } | ProbeKind::UdpRr { common } => common.out,
                 ProbeKind::Icmp { ping } => ping.out,
+                ProbeKind::TcpConnect { opts } => opts.out,
                 ProbeKind::Irtt(_) => unreachable!(),
             };
             assert!(out.json_to_stdout(), "{kind}");
@@ -549,5 +701,83 @@ mod tests {
         let ProbeKind::Irtt(a) = &k else { panic!() };
         assert_eq!(a.output.as_deref(), Some(std::path::Path::new("-")));
         assert!(!a.out.json_to_stdout());
+    }
+
+    /// `tcp-connect`'s target: HOST:PORT, [IPv6]:PORT or HOST with -p, and one sentence for
+    /// what is not one.
+    #[test]
+    fn tcp_connect_targets() {
+        let hp = |t: &str, p: Option<u16>| host_port(t, p).map_err(|e| e.to_string());
+        assert_eq!(hp("10.0.0.2:80", None).unwrap(), ("10.0.0.2".into(), 80));
+        assert_eq!(hp("[fd00::2]:443", None).unwrap(), ("fd00::2".into(), 443));
+        assert_eq!(hp("fd00::2", Some(22)).unwrap(), ("fd00::2".into(), 22));
+        assert_eq!(
+            hp("db.internal", Some(5432)).unwrap(),
+            ("db.internal".into(), 5432)
+        );
+        assert_eq!(hp("h:80", Some(80)).unwrap(), ("h".into(), 80));
+        for (bad, why) in [
+            ("10.0.0.2", "names no port"),
+            ("10.0.0.2:0", "1 to 65535"),
+            ("10.0.0.2:http", "1 to 65535"),
+            ("[fd00::2", "needs its ']'"),
+            (":80", "names no host"),
+        ] {
+            let e = hp(bad, None).unwrap_err();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert!(hp("h:80", Some(81)).unwrap_err().contains("give one"));
+        let k = parse(&[
+            "tcp-connect",
+            "10.0.0.2:7",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+        ])
+        .unwrap();
+        let ProbeKind::TcpConnect { opts } = &k else {
+            panic!("tcp-connect")
+        };
+        let c = connect_config(opts).unwrap();
+        assert_eq!(
+            (c.kind, c.port, c.stop),
+            (Kind::TcpConnect, 7, Stop::Count(3))
+        );
+        assert_eq!(c.interval, Duration::from_millis(200));
+        assert_eq!(c.timeout, Duration::from_secs(2));
+        assert!(parse(&["tcp-connect", "h:1", "--nodelay"]).is_err());
+    }
+
+    /// tcping's lines, one per handshake.
+    #[test]
+    fn tcp_connect_lines() {
+        use crate::active::ProbeLine;
+        let t = "10.0.0.2:80";
+        let reply = ProbeLine::Reply {
+            seq: 1,
+            rtt_ns: 10_234_000,
+            ttl: None,
+        };
+        assert_eq!(
+            connect_line(t, &reply),
+            "Connected to 10.0.0.2:80: seq=1 time=10.2 ms"
+        );
+        let refused = ProbeLine::Failed {
+            seq: 2,
+            text: "connection refused (os error 111)".into(),
+        };
+        assert_eq!(
+            connect_line(t, &refused),
+            "From 10.0.0.2:80: seq=2 Connection refused"
+        );
+        assert_eq!(
+            connect_line(t, &ProbeLine::TimedOut { seq: 3 }),
+            "No answer from 10.0.0.2:80: seq=3 (timed out)"
+        );
+        // ping's lines stay ping's: nothing for a timed-out echo.
+        assert_eq!(ping_line("h", 56, &ProbeLine::TimedOut { seq: 3 }), None);
     }
 }
