@@ -56,10 +56,11 @@ fi
 
 # the commits built, for the record (the source may not be a git checkout)
 rev() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
-echo "build-epping: bpf-examples $(rev "$src"), libbpf $(rev "$src/lib/libbpf"), xdp-tools $(rev "$src/lib/xdp-tools")" >&2
-
 rm -rf "$out/src"
 mkdir -p "$out/src"
+# also in OUT/revs.txt, which scripts/bench-sampler.sh writes into its record
+echo "bpf-examples $(rev "$src"), libbpf $(rev "$src/lib/libbpf"), xdp-tools $(rev "$src/lib/xdp-tools")" >"$out/revs.txt"
+echo "build-epping: $(cat "$out/revs.txt")" >&2
 # copy what pping's build reads; leave the checkout's .git files and build products behind
 tar -C "$src" --exclude=.git --exclude='*.o' --exclude='*.a' --exclude=config.mk \
   -cf - configure Makefile lib headers include pping | tar -C "$out/src" -xf -
