@@ -1,42 +1,121 @@
 #!/usr/bin/env bash
-# Benchmark of the sampler view (needs root): ns per run of each tc program
-# (BPF run-time statistics, enabled through BPF_ENABLE_STATS for the run only)
-# on a full-speed TCP request/response flow and then an ICMP echo flood
-# between two namespaces, with the sampler on both veth ends at
-# --sample-every 1, and transactions per second. Each round runs every
-# variant in turn (rotating the order): no program, a do-nothing program
-# (the floor), the sampler of BENCH_BEFORE_BIN (an older rttscope, if given),
-# this one and ePPing (the reference, if its source is given: built by
-# scripts/build-epping.sh into target/epping); medians over the rounds are
-# compared, and this sampler's cost above the floor is printed as a
-# fraction of ePPing's, per direction (docs/perf-sampler.md).
+# Benchmark of the sampler view against ePPing (needs root;
+# docs/perf-sampler.md). ns per run of each tc program (BPF run-time
+# statistics, enabled through BPF_ENABLE_STATS for the run only) on a
+# full-speed TCP request/response flow and then an ICMP echo flood between
+# two namespaces. In each round and for each ePPing option set, one tc chain
+# on both veth ends holds, at once: a do-nothing program (the floor), the
+# sampler of the previous rttscope (built from BENCH_BEFORE_REV), this one
+# (`observe --view sampler --sample-every 1`) and ePPing; the order of the
+# chain is reversed every other round (the first program to read a packet
+# pays for its cold lines). Prints, per round and protocol, floor ns,
+# rttscope and ePPing egress / ingress ns and the above-floor ratio
+# (ours - floor) / (ePPing - floor), then the medians and their spread.
 #
-#   scripts/bench-sampler.sh                 # 5 rounds x 3 s, --match seq
-#   BENCH_BEFORE_BIN=/path/to/old/rttscope scripts/bench-sampler.sh   # before/after in one run
-#   BENCH_EPPING_SRC=/path/to/bpf-examples scripts/bench-sampler.sh   # + ePPing, same run
-#   BENCH_EPPING_ARGS='-r 0 -T -C -I tc -a 1;-r 0 -T -C -I tc'   # pping's option sets,
-#                                          # one variant each (these are the default)
-#   BENCH_EPPING_BIN=/path/to/built/pping  # an ePPing already built (no rebuild)
-#   BENCH_MATCH=tsval BENCH_ROUNDS=7 BENCH_SECS=5 scripts/bench-sampler.sh
-#   RELEASE=1 scripts/bench-sampler.sh       # release build (rttscope and the RR client)
-#   BENCH_PIN=1 scripts/bench-sampler.sh     # everything on CPU 0 (the busy regime:
-#                                            # no idle wake-ups between the two ends)
+#   scripts/bench-sampler.sh                      # 9 rounds x (3 s TCP RR + 1.5 s ICMP flood)
+#   BENCH_ROUNDS=3 scripts/bench-sampler.sh       # fewer rounds
+#   BENCH_EPPING_SRC=/path/to/bpf-examples scripts/bench-sampler.sh   # build ePPing first
+#   BENCH_EPPING_BIN=/path/to/built/pping scripts/bench-sampler.sh    # an ePPing already built
+#   BENCH_EPPING_ARGS='-r 100;-r 0;-r 100 -a 1'   # option sets, one chain each (the default;
+#                                                 # `-c 0 -T -C -I tc` is added to each)
+#   BENCH_BEFORE_REV=76df465 scripts/bench-sampler.sh   # the previous binary: default the
+#                                                 # merge-base with main; `none`: no previous binary
+#   BENCH_BEFORE_BIN=/path/to/old/rttscope        # a previous binary already built
+#   BENCH_MATCH=tsval BENCH_SECS=5 scripts/bench-sampler.sh
+#   BENCH_QUIET_WAIT=300 scripts/bench-sampler.sh # wait up to 300 s for load average < 0.5
+#   RELEASE=1 scripts/bench-sampler.sh            # release builds
+#   BENCH_PIN=1 scripts/bench-sampler.sh          # everything on CPU 0 (the busy regime)
+#   BENCH_FEATURES=rttscope/aya scripts/bench-sampler.sh   # cargo features of this tree's build
 #
+# ePPing: without BENCH_EPPING_BIN, target/epping/src/pping/pping if built,
+# else built by scripts/build-epping.sh from BENCH_EPPING_SRC; without
+# either it is left out (one line says so). The previous binary is built
+# from `git archive` of its revision in target/bench-prev/<rev>/src, with
+# its own target directory (target/bench-prev/target), once per revision.
+# Everything printed is also written to target/bench-sampler/<UTC time>.txt,
+# after the settings (kernel, CPU, commits, rounds, load average).
 # The benchmark is scripts/bench/sampler.rs (example bench_sampler of the
-# rttscope-e2e crate); it runs `rttscope observe --view sampler` from the
-# same target directory (RTTSCOPE_BIN overrides).
+# rttscope-e2e crate).
 set -euo pipefail
-# paths given relative to where the script is started from
 if [[ -n "${BENCH_EPPING_SRC:-}" ]]; then BENCH_EPPING_SRC=$(realpath -m "$BENCH_EPPING_SRC"); fi
 if [[ -n "${BENCH_EPPING_BIN:-}" ]]; then export BENCH_EPPING_BIN=$(realpath -m "$BENCH_EPPING_BIN"); fi
+if [[ -n "${BENCH_BEFORE_BIN:-}" ]]; then export BENCH_BEFORE_BIN=$(realpath -m "$BENCH_BEFORE_BIN"); fi
 cd "$(dirname "$0")/.."
-profile=()
-if [[ "${RELEASE:-0}" == 1 ]]; then profile=(--release); fi
-cargo build -q -p rttscope "${profile[@]}"
-if [[ -n "${BENCH_EPPING_SRC:-}" && -z "${BENCH_EPPING_BIN:-}" ]]; then
-  BENCH_EPPING_BIN=$(scripts/build-epping.sh "$BENCH_EPPING_SRC")
-  export BENCH_EPPING_BIN
+. scripts/common.sh
+require_root
+release=() dir=debug
+if [[ "${RELEASE:-0}" == 1 ]]; then release=(--release) dir=release; fi
+profile=("${release[@]}")
+# BENCH_FEATURES: cargo features of this tree's build (e.g. rttscope/aya, as
+# a workspace build with them: nothing rebuilt for the benchmark)
+if [[ -n "${BENCH_FEATURES:-}" ]]; then profile+=(--features "$BENCH_FEATURES"); fi
+
+# The previous rttscope, built from a revision in a target directory of its
+# own (its build never touches this tree's binary); prints its path.
+build_before() {
+  local rev=$1 root=$ROOT/target/bench-prev
+  local short out
+  short=$(git rev-parse --short=9 "$rev^{commit}") ||
+    { echo "bench-sampler: BENCH_BEFORE_REV=$rev is not a commit" >&2; exit 2; }
+  out=$root/bin-$dir-$short/rttscope
+  if [[ ! -x $out ]]; then
+    echo "bench-sampler: building the previous rttscope at $short (target/bench-prev; once)" >&2
+    rm -rf "$root/$short" && mkdir -p "$root/$short/src" "$(dirname "$out")"
+    git archive "$short" | tar -x -C "$root/$short/src"
+    # GIT_CEILING_DIRECTORIES: its build.rs must not take this tree's HEAD for its version
+    (cd "$root/$short/src" && GIT_CEILING_DIRECTORIES=$root CARGO_TARGET_DIR=$root/target \
+      nice -n 10 cargo build -q -p rttscope "${release[@]}" >&2)
+    cp "$root/target/$dir/rttscope" "$out"
+  fi
+  echo "$out"
+}
+
+# one cargo command for both: the features rttscope-e2e asks of rttscope
+# (lab) unify, as in a workspace build
+nice -n 10 cargo build -q -p rttscope -p rttscope-e2e --bin rttscope --example bench_sampler "${profile[@]}"
+if [[ -z "${BENCH_BEFORE_BIN:-}" ]]; then
+  before_rev=${BENCH_BEFORE_REV:-$(git merge-base HEAD main 2>/dev/null || echo none)}
+  if [[ $before_rev != none ]]; then
+    BENCH_BEFORE_BIN=$(build_before "$before_rev")
+    export BENCH_BEFORE_BIN BENCH_BEFORE_REV=$(git rev-parse --short=9 "$before_rev")
+  fi
 fi
+if [[ -z "${BENCH_EPPING_BIN:-}" ]]; then
+  if [[ -n "${BENCH_EPPING_SRC:-}" ]]; then
+    BENCH_EPPING_BIN=$(scripts/build-epping.sh "$BENCH_EPPING_SRC")
+  elif [[ -x target/epping/src/pping/pping ]]; then
+    BENCH_EPPING_BIN=$PWD/target/epping/src/pping/pping
+  fi
+  if [[ -n "${BENCH_EPPING_BIN:-}" ]]; then export BENCH_EPPING_BIN; fi
+fi
+
+# the machine should be quiet: wait (BENCH_QUIET_WAIT seconds at most) for
+# the 1-minute load average to fall under 0.5; the run goes on either way
+load1() { cut -d' ' -f1 /proc/loadavg; }
+quiet() { awk -v l="$(load1)" 'BEGIN { exit !(l < 0.5) }'; }
+waited=0
+while ! quiet && ((waited < ${BENCH_QUIET_WAIT:-0})); do sleep 10; waited=$((waited + 10)); done
+
+mkdir -p target/bench-sampler
+log=target/bench-sampler/$(date -u +%Y%m%dT%H%M%SZ).txt
+dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " (with uncommitted changes)" || true)
+epping_rev="revisions unknown"
+if [[ -n "${BENCH_EPPING_BIN:-}" ]]; then
+  revs=$(dirname "$(dirname "$(dirname "$BENCH_EPPING_BIN")")")/revs.txt # OUT/src/pping/pping
+  if [[ -f $revs ]]; then epping_rev="$(cat "$revs"), by scripts/build-epping.sh"; fi
+fi
+{
+  echo "# scripts/bench-sampler.sh, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "kernel: $(uname -r); CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') x $(nproc)"
+  echo "rttscope: $(git rev-parse --short=9 HEAD)$dirty, $dir build; previous: ${BENCH_BEFORE_REV:-${BENCH_BEFORE_BIN:-none}}"
+  echo "ePPing: ${BENCH_EPPING_BIN:-none} ($epping_rev)"
+  if quiet; then
+    echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg): quiet (1-minute < 0.5)"
+  else
+    echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg): NOT quiet (1-minute >= 0.5): figures are noisier than on a quiet machine"
+  fi
+} | tee "$log"
 pin=()
 if [[ "${BENCH_PIN:-0}" == 1 ]]; then pin=(taskset -c 0); fi
-exec "${pin[@]}" cargo run -q -p rttscope-e2e "${profile[@]}" --example bench_sampler
+"${pin[@]}" "target/$dir/examples/bench_sampler" | tee -a "$log"
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg); written to $log" | tee -a "$log"

@@ -56,15 +56,16 @@ fi
 
 # the commits built, for the record (the source may not be a git checkout)
 rev() { git -C "$1" rev-parse HEAD 2>/dev/null || echo unknown; }
-echo "build-epping: bpf-examples $(rev "$src"), libbpf $(rev "$src/lib/libbpf"), xdp-tools $(rev "$src/lib/xdp-tools")" >&2
-
 rm -rf "$out/src"
 mkdir -p "$out/src"
+# also in OUT/revs.txt, which scripts/bench-sampler.sh writes into its record
+echo "bpf-examples $(rev "$src"), libbpf $(rev "$src/lib/libbpf"), xdp-tools $(rev "$src/lib/xdp-tools")" >"$out/revs.txt"
+echo "build-epping: $(cat "$out/revs.txt")" >&2
 # copy what pping's build reads; leave the checkout's .git files and build products behind
 tar -C "$src" --exclude=.git --exclude='*.o' --exclude='*.a' --exclude=config.mk \
   -cf - configure Makefile lib headers include pping | tar -C "$out/src" -xf -
 cd "$out/src"
-# The one change to upstream's code: pping exits when it cannot raise
+# Two changes to upstream's code, made in the copy. The first: pping exits when it cannot raise
 # RLIMIT_MEMLOCK to infinity, which needs CAP_SYS_RESOURCE (containers and
 # this machine's root lack it). Since Linux 5.11 BPF memory is charged to
 # the memory cgroup and the limit plays no part, so the failure is made a
@@ -72,6 +73,19 @@ cd "$out/src"
 sed -i '/Could not set rlimit to infinity/,/return EXIT_FAILURE;/ s|return EXIT_FAILURE;|/* build-epping.sh: not fatal (memcg-charged BPF memory, Linux >= 5.11) */;|' pping/pping.c
 grep -q 'build-epping.sh: not fatal' pping/pping.c ||
   { echo "build-epping: pping.c changed upstream: the RLIMIT_MEMLOCK edit did not apply" >&2; exit 1; }
+# The second: with the map cleanup off (`-c 0`), its two programs
+# (iter/bpf_map_elem) are not loaded at all. Upstream loads them whatever
+# the interval, and kernels that refuse tracing programs (this machine's
+# refuses them with EPERM) then refuse the whole object. The per-packet tc
+# programs, the ones the benchmark times, are not touched.
+sed -i '/^\tset_programs_to_load(\*obj, config);$/a\
+\t/* build-epping.sh: cleanup programs not loaded with -c 0 */\
+\tif (!config->clean_args.cleanup_interval) {\
+\t\tbpf_program__set_autoload(bpf_object__find_program_by_name(*obj, config->cleanup_ts_prog), false);\
+\t\tbpf_program__set_autoload(bpf_object__find_program_by_name(*obj, config->cleanup_flow_prog), false);\
+\t}' pping/pping.c
+grep -q 'build-epping.sh: cleanup programs not loaded' pping/pping.c ||
+  { echo "build-epping: pping.c changed upstream: the cleanup-autoload edit did not apply" >&2; exit 1; }
 # CLANG reaches both configure scripts (bpf-examples' and, from it, xdp-tools')
 CLANG=$clang ./configure >"$out/configure.log" 2>&1 ||
   { cat "$out/configure.log" >&2; echo "build-epping: configure failed" >&2; exit 1; }

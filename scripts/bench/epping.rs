@@ -13,14 +13,19 @@ use std::time::{Duration, Instant};
 use rttscope_e2e::{ChildGuard, NetNs, Pair};
 
 /// The pping option sets when BENCH_EPPING_ARGS is not set (`;` between
-/// sets: each is a variant, `epping`, `epping2`, ...). Both time every new
-/// TCP timestamp (TSval) and every ICMP echo (`-r 0`: no rate limit; the
-/// default is one per 100 ms per flow), track TCP and ICMP, and use tc on
-/// ingress (the default hook, said for the record). The first aggregates
-/// RTTs in kernel histograms (`-a 1`, reported each second), as rttscope
-/// does; the second is pping's default output, one perf-buffer event per
-/// RTT, whose wake-ups cost microseconds per event on this VM.
-pub const DEFAULT_ARGS: &str = "-r 0 -T -C -I tc -a 1;-r 0 -T -C -I tc";
+/// sets: each gets a chain of its own in every round): its default rate
+/// limit (one timestamp per flow per 100 ms) with one perf-buffer event per
+/// RTT (pping's default output), the same without the rate limit (`-r 0`:
+/// every new TSval and every ICMP echo timed), and the rate-limited one
+/// aggregating RTTs in kernel histograms (`-a 1`, reported each second), as
+/// rttscope does.
+pub const DEFAULT_ARGS: &str = "-r 100;-r 0;-r 100 -a 1";
+
+/// Given to every set: no map cleanup (`-c 0`: its iter/bpf_map_elem
+/// programs, which kernels refusing tracing programs refuse, are then not
+/// loaded: scripts/build-epping.sh), TCP and ICMP, tc on ingress (the
+/// default hook, said for the record).
+pub const COMMON_ARGS: &str = "-c 0 -T -C -I tc";
 
 const BPF_PROG_QUERY: libc::c_long = 16;
 const BPF_TCX_INGRESS: u32 = 46;
@@ -79,8 +84,9 @@ fn drain(r: impl Read + Send + 'static) -> Arc<Mutex<Vec<u8>>> {
 
 impl Epping {
     /// Starts `bin` (pping) with `args` on both ends of `pair` and waits
-    /// (up to 15 s) until both ends have its egress and ingress programs.
-    pub fn start(bin: &Path, args: &[String], pair: &Pair) -> Epping {
+    /// (up to 15 s) until both ends have its egress and ingress programs:
+    /// the tcx programs there that are not in `known` (the chain's others).
+    pub fn start(bin: &Path, args: &[String], pair: &Pair, known: &[u64]) -> Epping {
         let dir: PathBuf = bin.parent().expect("pping's directory").to_path_buf();
         let ends = [(&pair.a, pair.a_if.as_str()), (&pair.b, pair.b_if.as_str())];
         let mut children = Vec::new();
@@ -103,7 +109,7 @@ impl Epping {
         };
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            let progs = attached(pair);
+            let progs = attached(pair, known);
             if progs.len() == 4 {
                 e.progs = progs;
                 return e;
@@ -125,15 +131,19 @@ impl Epping {
     }
 }
 
-/// (name by hook, id) of every tcx program on both ends of the pair.
-fn attached(pair: &Pair) -> Vec<(String, u64)> {
+/// (name by hook, id) of every tcx program on both ends of the pair but
+/// those in `known`.
+fn attached(pair: &Pair, known: &[u64]) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     for (ns, ifname) in [(&pair.a, &pair.a_if), (&pair.b, &pair.b_if)] {
         for (t, name) in [
             (BPF_TCX_EGRESS, "epping_egr"),
             (BPF_TCX_INGRESS, "epping_ing"),
         ] {
-            for id in tcx_prog_ids(ns, ifname, t) {
+            for id in tcx_prog_ids(ns, ifname, t)
+                .into_iter()
+                .filter(|i| !known.contains(i))
+            {
                 out.push((name.to_string(), id));
             }
         }

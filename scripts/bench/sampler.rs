@@ -1,32 +1,40 @@
-//! Benchmark of the sampler view, run by scripts/bench-sampler.sh
-//! (docs/perf-sampler.md): ns per run of each tc program (BPF run-time
-//! statistics, enabled through BPF_ENABLE_STATS for the run only; and
-//! BPF_PROG_TEST_RUN on crafted packets) and the transactions per second of
-//! a full-speed TCP request/response flow between two namespaces, then an
-//! ICMP echo flood (ping -f), each measured alone, for several variants in
-//! the same run, rotating their order each round: no program, a do-nothing
-//! program (the floor), the sampler built before (BENCH_BEFORE_BIN, an
-//! older rttscope binary), this one (`rttscope observe --view sampler`
-//! on both veth ends) and ePPing as a reference (BENCH_EPPING_BIN, see
-//! epping.rs). Medians over the rounds are compared, and this sampler's
-//! cost above the floor is given as a fraction of ePPing's.
+//! Benchmark of the sampler view against ePPing, run by
+//! scripts/bench-sampler.sh (docs/perf-sampler.md): ns per run of each tc
+//! program (BPF run-time statistics, enabled through BPF_ENABLE_STATS for
+//! the run only) on a full-speed TCP request/response flow between two
+//! namespaces, then on an ICMP echo flood (ping -f).
 //!
-//! Environment: BENCH_ROUNDS (5), BENCH_SECS (3), BENCH_MATCH (seq),
-//! BENCH_SAMPLE_EVERY (1), BENCH_BEFORE_BIN (none), BENCH_EPPING_BIN (a
-//! built pping, none), BENCH_EPPING_ARGS (epping::DEFAULT_ARGS);
-//! RTTSCOPE_BIN (default: the rttscope binary next to this program's target
-//! directory).
+//! In each round, and for each ePPing option set, one tc (tcx) chain on both
+//! veth ends holds at once a do-nothing program (the floor), the sampler of
+//! the previous rttscope (BENCH_BEFORE_BIN), this one (`rttscope observe
+//! --view sampler`) and ePPing (BENCH_EPPING_BIN, see epping.rs), attached
+//! in that order in even rounds and in the reverse order in odd rounds:
+//! every program sees the same packets, and each takes the cold first place
+//! as often as the others. Printed per round and as medians with their
+//! spread: the floor, each program's ns per run and the above-floor ratio
+//! (ours - floor) / (ePPing - floor), per direction, for TCP and ICMP.
+//!
+//! Environment: BENCH_ROUNDS (9), BENCH_SECS (3: TCP; ICMP half of it),
+//! BENCH_MATCH (seq), BENCH_SAMPLE_EVERY (1), BENCH_BEFORE_BIN and
+//! BENCH_BEFORE_REV (its label), BENCH_EPPING_BIN (a built pping),
+//! BENCH_EPPING_ARGS (epping::DEFAULT_ARGS); RTTSCOPE_BIN (default: the
+//! rttscope binary of this program's target directory).
 mod epping;
+#[path = "sampler_report.rs"]
+mod report;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rttscope_e2e::frames::{frame, icmp_frame, Icmp, Tcp, ECHO_REPLY, ECHO_REQUEST};
 use rttscope_e2e::{rttscope_bin, ChildGuard, Pair, RrClient, RrServer, A_ADDR, B_ADDR};
 use serde_json::Value;
+
+use report::{Phase, Proto, Table};
 
 /// A running `rttscope observe --view sampler --format json` and the
 /// (name, id) of its programs, from its start line.
@@ -37,7 +45,7 @@ struct Sampler {
 
 impl Sampler {
     /// `bin`: another rttscope binary (BENCH_BEFORE_BIN), else ours.
-    fn start_bin(bin: Option<&str>, args: &[&str]) -> Sampler {
+    fn start_bin(bin: Option<&str>, args: &[String]) -> Sampler {
         let bin = bin
             .map(std::path::PathBuf::from)
             .unwrap_or_else(rttscope_bin);
@@ -65,10 +73,16 @@ impl Sampler {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    assert!(!v.is_empty(), "no values");
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+impl Drop for Sampler {
+    /// SIGTERM (it detaches and exits cleanly), then the guard's SIGKILL.
+    fn drop(&mut self) {
+        if let Some(c) = self.child.0.as_ref() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        }
+        let child = ChildGuard(self.child.0.take());
+        let _ = child.wait_output(Duration::from_secs(10));
+    }
 }
 
 fn iface(ns: &rttscope_e2e::NetNs, name: &str) -> String {
@@ -77,26 +91,18 @@ fn iface(ns: &rttscope_e2e::NetNs, name: &str) -> String {
 
 /// BPF run-time statistics while the returned fd is open (BPF_ENABLE_STATS):
 /// nothing global is left changed when the benchmark ends.
-fn enable_bpf_stats() -> Option<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
+fn enable_bpf_stats() -> Option<OwnedFd> {
     const BPF_ENABLE_STATS: libc::c_long = 32;
     let attr = [0u32; 4]; // enable_stats.type = BPF_STATS_RUN_TIME (0)
                           // SAFETY: bpf(2) with a zeroed attr of the size we pass.
     let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_ptr(), 16usize) };
     // SAFETY: a fresh fd we own.
-    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// ns per run of a loaded program on one frame, BPF_PROG_TEST_RUN with
 /// `repeat` (time while preempted is excluded by the kernel).
-fn test_run_ns(prog_id: u64, frame: &[u8], repeat: u32) -> Option<(f64, i32)> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct GetFd {
-        prog_id: u32,
-        next_id: u32,
-        open_flags: u32,
-    }
+fn test_run_ns(prog_id: u64, frame: &[u8], repeat: u32) -> Option<f64> {
     #[repr(C)]
     #[derive(Default)]
     struct TestRun {
@@ -119,17 +125,14 @@ fn test_run_ns(prog_id: u64, frame: &[u8], repeat: u32) -> Option<(f64, i32)> {
     }
     const BPF_PROG_TEST_RUN: libc::c_long = 10;
     const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    let g = GetFd {
-        prog_id: prog_id as u32,
-        ..Default::default()
-    };
-    // SAFETY: bpf(2) with attrs of the sizes we pass.
+    let get_fd = [prog_id as u32, 0, 0]; // prog_id, next_id, open_flags
+                                         // SAFETY: bpf(2) with attrs of the sizes we pass.
     unsafe {
         let fd = libc::syscall(
             libc::SYS_bpf,
             BPF_PROG_GET_FD_BY_ID,
-            &g as *const GetFd,
-            std::mem::size_of::<GetFd>(),
+            get_fd.as_ptr(),
+            12usize,
         );
         if fd < 0 {
             return None;
@@ -148,15 +151,16 @@ fn test_run_ns(prog_id: u64, frame: &[u8], repeat: u32) -> Option<(f64, i32)> {
             std::mem::size_of::<TestRun>(),
         );
         libc::close(fd as i32);
-        (r == 0).then_some((t.duration as f64, t.retval as i32))
+        (r == 0).then_some(t.duration as f64)
     }
 }
 
+/// (run_time_ns, run_cnt) of a program.
 fn prog_stats(id: u64) -> (u64, u64) {
     let out = std::process::Command::new("bpftool")
         .args(["-j", "prog", "show", "id", &id.to_string()])
         .output()
-        .unwrap();
+        .expect("bpftool");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
     (
         v["run_time_ns"].as_u64().unwrap_or(0),
@@ -164,6 +168,7 @@ fn prog_stats(id: u64) -> (u64, u64) {
     )
 }
 
+/// Transactions per second of one request/response connection over `secs`.
 fn rr_tps(pair: &Pair, server: SocketAddr, secs: f64) -> f64 {
     let c = RrClient::start(&pair.a, server, 1, Duration::ZERO).unwrap();
     std::thread::sleep(Duration::from_millis(200)); // warm up
@@ -171,80 +176,110 @@ fn rr_tps(pair: &Pair, server: SocketAddr, secs: f64) -> f64 {
     let n0 = c.transactions.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_secs_f64(secs));
     let n = c.transactions.load(Ordering::Relaxed) - n0;
-    let tps = n as f64 / t0.elapsed().as_secs_f64();
-    drop(c);
-    tps
+    n as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// A do-nothing classifier (`r0 = -1; exit`: TCX_NEXT) loaded from raw
-/// instructions and attached by tcx on both veth ends: the floor, the cost
-/// of being called at all (plus the run-time statistics' own clock reads).
+/// ICMP echo as fast as it is answered (ping -f, root) from a to b for
+/// `secs` (whole seconds, at least 1): echo replies per second.
+fn icmp_flood(pair: &Pair, secs: f64) -> f64 {
+    let w = secs.ceil().max(1.0) as u64;
+    let t0 = Instant::now();
+    let out = pair
+        .a
+        .command("ping")
+        .args(["-q", "-f", "-w", &w.to_string(), B_ADDR])
+        .output()
+        .expect("ping -f");
+    assert!(
+        out.status.success() || out.status.code() == Some(1),
+        "{out:?}"
+    );
+    // "N packets transmitted, M received, ..."
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received = text
+        .split(',')
+        .find_map(|f| f.trim().strip_suffix(" received"))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    received / t0.elapsed().as_secs_f64()
+}
+
+/// Loads `r0 = -1; exit` (TCX_NEXT: the chain goes on) as a classifier
+/// named `name`.
+fn load_noop(name: &str) -> OwnedFd {
+    let insns: [u64; 2] = [
+        // BPF_ALU64|BPF_MOV|BPF_K r0, imm -1 ; BPF_JMP|BPF_EXIT
+        0xb7 | ((-1i32 as u32 as u64) << 32),
+        0x95,
+    ];
+    let license = b"GPL\0";
+    let mut attr = [0u8; 128];
+    attr[0..4].copy_from_slice(&3u32.to_ne_bytes()); // BPF_PROG_TYPE_SCHED_CLS
+    attr[4..8].copy_from_slice(&2u32.to_ne_bytes());
+    attr[8..16].copy_from_slice(&(insns.as_ptr() as u64).to_ne_bytes());
+    attr[16..24].copy_from_slice(&(license.as_ptr() as u64).to_ne_bytes());
+    attr[48..48 + name.len()].copy_from_slice(name.as_bytes()); // prog_name
+                                                                // SAFETY: bpf(2) BPF_PROG_LOAD with a zeroed attr of the size we pass.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
+    assert!(
+        fd >= 0,
+        "loading the floor program: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a fresh fd we own.
+    unsafe { OwnedFd::from_raw_fd(fd as i32) }
+}
+
+/// BPF_LINK_CREATE of `prog` at tcx `attach_type` of `ifname` in `ns`
+/// (appended to the chain); closing the returned fd detaches it.
+fn tcx_link(ns: &rttscope_e2e::NetNs, ifname: &str, prog: i32, attach_type: u32) -> OwnedFd {
+    let ifname = ifname.to_string();
+    let link = ns.run(move || {
+        let c = std::ffi::CString::new(ifname).unwrap();
+        // SAFETY: if_nametoindex reads a NUL-terminated string.
+        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        let mut a = [0u8; 64];
+        a[0..4].copy_from_slice(&(prog as u32).to_ne_bytes());
+        a[4..8].copy_from_slice(&ifindex.to_ne_bytes());
+        a[8..12].copy_from_slice(&attach_type.to_ne_bytes());
+        // SAFETY: bpf(2) BPF_LINK_CREATE with a zeroed attr.
+        unsafe { libc::syscall(libc::SYS_bpf, 28, a.as_ptr(), a.len()) }
+    });
+    assert!(
+        link >= 0,
+        "tcx attach of the floor program: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a fresh fd we own.
+    unsafe { OwnedFd::from_raw_fd(link as i32) }
+}
+
+/// The floor: a do-nothing classifier per direction, attached by tcx on
+/// both veth ends; the cost of being called at all (plus the run-time
+/// statistics' own clock reads).
 struct Floor {
     ids: Vec<(String, u64)>,
-    _fds: Vec<std::os::fd::OwnedFd>,
+    _fds: Vec<OwnedFd>,
 }
 
 impl Floor {
     fn attach(pair: &Pair) -> Floor {
-        use std::os::fd::{AsRawFd, FromRawFd};
-        let insns: [u64; 2] = [
-            // BPF_ALU64|BPF_MOV|BPF_K r0, imm -1 ; BPF_JMP|BPF_EXIT
-            0xb7 | ((-1i32 as u32 as u64) << 32),
-            0x95,
-        ];
-        let license = b"GPL\0";
-        let mut attr = [0u8; 128];
-        let put32 = |a: &mut [u8; 128], off: usize, v: u32| {
-            a[off..off + 4].copy_from_slice(&v.to_ne_bytes())
-        };
-        let put64 = |a: &mut [u8; 128], off: usize, v: u64| {
-            a[off..off + 8].copy_from_slice(&v.to_ne_bytes())
-        };
-        put32(&mut attr, 0, 3); // BPF_PROG_TYPE_SCHED_CLS
-        put32(&mut attr, 4, 2);
-        put64(&mut attr, 8, insns.as_ptr() as u64);
-        put64(&mut attr, 16, license.as_ptr() as u64);
-        attr[48..58].copy_from_slice(b"floor_noop"); // prog_name
-                                                     // SAFETY: bpf(2) BPF_PROG_LOAD with a zeroed attr of the size we pass.
-        let fd = unsafe { libc::syscall(libc::SYS_bpf, 5, attr.as_ptr(), attr.len()) };
-        assert!(
-            fd >= 0,
-            "loading the floor program: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: a fresh fd we own.
-        let prog = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
-        let id = prog_id(prog.as_raw_fd());
+        const BPF_TCX_INGRESS: u32 = 46;
+        const BPF_TCX_EGRESS: u32 = 47;
+        let mut ids = Vec::new();
         let mut fds = Vec::new();
-        for (ns, ifname) in [(&pair.a, pair.a_if.clone()), (&pair.b, pair.b_if.clone())] {
-            for attach_type in [46u32, 47] {
-                // BPF_TCX_INGRESS, BPF_TCX_EGRESS
-                let (pfd, ifname) = (prog.as_raw_fd(), ifname.clone());
-                let link = ns.run(move || {
-                    let c = std::ffi::CString::new(ifname).unwrap();
-                    // SAFETY: if_nametoindex reads a NUL-terminated string.
-                    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-                    let mut a = [0u8; 64];
-                    a[0..4].copy_from_slice(&(pfd as u32).to_ne_bytes());
-                    a[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-                    a[8..12].copy_from_slice(&attach_type.to_ne_bytes());
-                    // SAFETY: bpf(2) BPF_LINK_CREATE with a zeroed attr.
-                    unsafe { libc::syscall(libc::SYS_bpf, 28, a.as_ptr(), a.len()) }
-                });
-                assert!(
-                    link >= 0,
-                    "tcx attach of the floor program: {}",
-                    std::io::Error::last_os_error()
-                );
-                // SAFETY: a fresh fd we own; closing it detaches.
-                fds.push(unsafe { std::os::fd::OwnedFd::from_raw_fd(link as i32) });
+        for (name, attach_type) in [
+            ("floor_egr", BPF_TCX_EGRESS),
+            ("floor_ing", BPF_TCX_INGRESS),
+        ] {
+            let prog = load_noop(name);
+            ids.push((name.to_string(), prog_id(prog.as_raw_fd())));
+            for (ns, ifname) in [(&pair.a, &pair.a_if), (&pair.b, &pair.b_if)] {
+                fds.push(tcx_link(ns, ifname, prog.as_raw_fd(), attach_type));
             }
+            fds.push(prog);
         }
-        fds.push(prog);
-        Floor {
-            ids: vec![("floor_noop".to_string(), id)],
-            _fds: fds,
-        }
+        Floor { ids, _fds: fds }
     }
 }
 
@@ -267,141 +302,200 @@ fn prog_id(fd: i32) -> u64 {
     info[1] as u64
 }
 
-/// ns per run, per program name suffix (`egr`, `ing`, or the floor's
-/// name), over what `traffic` made the programs run.
-fn measured(progs: &[(String, u64)], traffic: impl FnOnce()) -> Runs {
-    let before: Vec<(u64, u64)> = progs.iter().map(|(_, id)| prog_stats(*id)).collect();
-    traffic();
-    let mut out: Runs = BTreeMap::new();
-    for ((name, id), (ns0, c0)) in progs.iter().zip(before) {
-        let (ns, c) = prog_stats(*id);
-        let key = if name.ends_with("egr") {
-            "egr"
-        } else if name.ends_with("ing") {
-            "ing"
-        } else {
-            "floor"
+/// One program of the chain, attached (dropping it detaches it).
+enum Member {
+    Floor(Floor),
+    Sampler(Sampler),
+    Epping(epping::Epping),
+}
+
+impl Member {
+    /// (`egr` | `ing`, id) of its programs.
+    fn progs(&self) -> Vec<(&'static str, u64)> {
+        let named = match self {
+            Member::Floor(f) => &f.ids,
+            Member::Sampler(s) => &s.progs,
+            Member::Epping(e) => &e.progs,
         };
-        let e = out.entry(key.to_string()).or_default();
+        named
+            .iter()
+            .map(|(n, id)| (if n.ends_with("egr") { "egr" } else { "ing" }, *id))
+            .collect()
+    }
+}
+
+/// What the run compares, from the environment (module doc).
+struct Setup {
+    rounds: usize,
+    secs: f64,
+    sampler_args: Vec<String>,
+    before: Option<String>,
+    epping: Option<String>,
+    /// ePPing's option sets, each with `epping::COMMON_ARGS` added
+    epping_sets: Vec<String>,
+}
+
+impl Setup {
+    fn from_env(pair: &Pair) -> Setup {
+        let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+        let sampler_args = [
+            "--iface",
+            &iface(&pair.a, &pair.a_if),
+            "--iface",
+            &iface(&pair.b, &pair.b_if),
+            "--match",
+            &env("BENCH_MATCH", "seq"),
+            "--sample-every",
+            &env("BENCH_SAMPLE_EVERY", "1"),
+            "--duration",
+            "600s",
+            "--interval",
+            "600s",
+        ]
+        .map(String::from)
+        .to_vec();
+        let epping = std::env::var("BENCH_EPPING_BIN").ok();
+        if let Some(bin) = epping
+            .as_deref()
+            .filter(|b| !std::path::Path::new(b).is_file())
+        {
+            eprintln!("bench_sampler: BENCH_EPPING_BIN={bin} is not a file (a pping built by scripts/build-epping.sh)");
+            std::process::exit(2);
+        }
+        let sets = env("BENCH_EPPING_ARGS", epping::DEFAULT_ARGS);
+        Setup {
+            rounds: env("BENCH_ROUNDS", "9").parse().unwrap_or(9),
+            secs: env("BENCH_SECS", "3").parse().unwrap_or(3.0),
+            sampler_args,
+            before: std::env::var("BENCH_BEFORE_BIN").ok(),
+            epping,
+            epping_sets: sets
+                .split(';')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+        }
+    }
+
+    /// The chain's members in attach order for round `r`: floor, before,
+    /// after, epping; reversed in odd rounds.
+    fn order(&self, r: usize) -> Vec<&'static str> {
+        let mut o = vec!["floor"];
+        if self.before.is_some() {
+            o.push("before");
+        }
+        o.push("after");
+        if self.epping.is_some() {
+            o.push("epping");
+        }
+        if r % 2 == 1 {
+            o.reverse();
+        }
+        o
+    }
+
+    /// Attach one member; `set`: the ePPing option set of this chain.
+    fn start(&self, name: &str, pair: &Pair, set: &str, chain: &[Member]) -> Member {
+        match name {
+            "floor" => Member::Floor(Floor::attach(pair)),
+            "before" => Member::Sampler(Sampler::start_bin(
+                self.before.as_deref(),
+                &self.sampler_args,
+            )),
+            "after" => Member::Sampler(Sampler::start_bin(None, &self.sampler_args)),
+            _ => {
+                let known: Vec<u64> = chain.iter().flat_map(|m| m.progs()).map(|p| p.1).collect();
+                let args: Vec<String> = format!("{} {set}", epping::COMMON_ARGS)
+                    .split_whitespace()
+                    .map(String::from)
+                    .collect();
+                let bin = std::path::Path::new(self.epping.as_deref().unwrap());
+                Member::Epping(epping::Epping::start(bin, &args, pair, &known))
+            }
+        }
+    }
+}
+
+/// ns and runs per (member, direction) over what `traffic` made the
+/// programs of `chain` run.
+fn measured<T>(
+    names: &[&str],
+    chain: &[Member],
+    traffic: impl FnOnce() -> T,
+) -> (T, BTreeMap<(String, String), f64>) {
+    let progs: Vec<(&str, &str, u64)> = names
+        .iter()
+        .zip(chain)
+        .flat_map(|(n, m)| m.progs().into_iter().map(move |(d, id)| (*n, d, id)))
+        .collect();
+    let before: Vec<(u64, u64)> = progs.iter().map(|p| prog_stats(p.2)).collect();
+    let rate = traffic();
+    let mut sums: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    for ((name, dir, id), (ns0, c0)) in progs.iter().zip(before) {
+        let (ns, c) = prog_stats(*id);
+        let e = sums.entry((name.to_string(), dir.to_string())).or_default();
         e.0 += ns - ns0;
         e.1 += c - c0;
     }
-    out
+    let per_run = sums
+        .into_iter()
+        .map(|(k, (ns, c))| {
+            (
+                k,
+                if c == 0 {
+                    f64::NAN
+                } else {
+                    ns as f64 / c as f64
+                },
+            )
+        })
+        .collect();
+    (rate, per_run)
 }
 
-/// ICMP echo as fast as it is answered (ping -f, root) from a to b for `secs`.
-fn icmp_flood(pair: &Pair, secs: f64) {
-    let w = format!("{}", secs.ceil() as u64);
-    let out = pair
-        .a
-        .command("ping")
-        .args(["-q", "-f", "-w", &w, B_ADDR])
-        .output()
-        .expect("ping -f");
-    assert!(
-        out.status.success() || out.status.code() == Some(1),
-        "{out:?}"
-    );
-}
-
-/// A variant: `off`, `floor`, `before` (BENCH_BEFORE_BIN), `after` (this
-/// rttscope), or `epping`, `epping2`, ... (BENCH_EPPING_BIN with each
-/// option set of BENCH_EPPING_ARGS); `bin` and `args` where they apply.
-struct Variant {
-    name: String,
-    bin: Option<String>,
-    args: Vec<String>,
-}
-
-impl Variant {
-    fn new(name: &str, bin: Option<String>, args: Vec<String>) -> Variant {
-        let name = name.to_string();
-        Variant { name, bin, args }
-    }
-}
-
-/// The variants of the run, from the environment (see the module doc);
-/// prints one line when ePPing is skipped.
-fn variants_from_env(sampler_args: &[String]) -> Vec<Variant> {
-    let mut v = vec![
-        Variant::new("off", None, Vec::new()),
-        Variant::new("floor", None, Vec::new()),
-    ];
-    if let Ok(b) = std::env::var("BENCH_BEFORE_BIN") {
-        v.push(Variant::new("before", Some(b), sampler_args.to_vec()));
-    }
-    v.push(Variant::new("after", None, sampler_args.to_vec()));
-    let Ok(bin) = std::env::var("BENCH_EPPING_BIN") else {
-        println!("bench_sampler: ePPing reference skipped (no BENCH_EPPING_BIN; scripts/bench-sampler.sh builds it from BENCH_EPPING_SRC=/path/to/bpf-examples)");
-        return v;
-    };
-    if !std::path::Path::new(&bin).is_file() {
-        eprintln!("bench_sampler: BENCH_EPPING_BIN={bin} is not a file (a pping built by scripts/build-epping.sh)");
-        std::process::exit(2);
-    }
-    let sets = std::env::var("BENCH_EPPING_ARGS").unwrap_or_else(|_| epping::DEFAULT_ARGS.into());
-    for (i, set) in sets.split(';').filter(|s| !s.trim().is_empty()).enumerate() {
-        let name = if i == 0 {
-            "epping".to_string()
-        } else {
-            format!("epping{}", i + 1)
-        };
-        let args = set.split_whitespace().map(String::from).collect();
-        v.push(Variant::new(&name, Some(bin.clone()), args));
-    }
-    v
-}
-
-/// ns and runs per program kind over one phase (see [`measured`]).
-type Runs = BTreeMap<String, (u64, u64)>;
-
-/// One variant's round: attach it, run the TCP flow then the ICMP flood,
-/// each measured alone. Returns (TPS, TCP runs, ICMP runs, the sampler, if
-/// any, for the test-run figures).
-fn round(
+/// One chain: attach every member in `order`, run the TCP flow and then the
+/// ICMP flood, each measured alone; the test-run figures of the samplers
+/// once (`test_run` empty).
+fn chain_round(
+    setup: &Setup,
     pair: &Pair,
     server: SocketAddr,
-    v: &Variant,
-    secs: f64,
-) -> (f64, Runs, Runs, Option<Sampler>) {
-    let (mut floor, mut sampler, mut epping) = (None, None, None);
-    match v.name.as_str() {
-        "off" => {}
-        "floor" => floor = Some(Floor::attach(pair)),
-        n if n.starts_with("epping") => {
-            let bin = std::path::Path::new(v.bin.as_deref().unwrap());
-            epping = Some(epping::Epping::start(bin, &v.args, pair));
-        }
-        _ => {
-            let a: Vec<&str> = v.args.iter().map(|s| s.as_str()).collect();
-            sampler = Some(Sampler::start_bin(v.bin.as_deref(), &a));
+    order: &[&str],
+    set: &str,
+    test_run: &mut Vec<(String, f64)>,
+) -> Phase {
+    let mut chain: Vec<Member> = Vec::new();
+    for name in order {
+        let m = setup.start(name, pair, set, &chain);
+        chain.push(m);
+    }
+    let (tps, tcp) = measured(order, &chain, || rr_tps(pair, server, setup.secs));
+    let (pps, icmp) = measured(order, &chain, || icmp_flood(pair, setup.secs / 2.0));
+    if test_run.is_empty() {
+        for (name, m) in order.iter().zip(&chain) {
+            if let (Member::Sampler(s), true) = (m, ["before", "after"].contains(name)) {
+                test_run.extend(test_runs(name, s));
+            }
         }
     }
-    let progs = match (&floor, &sampler, &epping) {
-        (Some(f), _, _) => f.ids.clone(),
-        (_, Some(s), _) => s.progs.clone(),
-        (_, _, Some(e)) => e.progs.clone(),
-        _ => Vec::new(),
-    };
-    let mut tps = 0.0;
-    let tcp = measured(&progs, || tps = rr_tps(pair, server, secs));
-    let icmp = measured(&progs, || icmp_flood(pair, secs / 2.0));
-    drop(epping); // stopped here: the next variant runs alone
-    (tps, tcp, icmp, sampler)
+    // detached in reverse order of attachment
+    while let Some(m) = chain.pop() {
+        drop(m);
+    }
+    Phase {
+        order: order.iter().map(|s| s.to_string()).collect(),
+        tcp: Proto { rate: tps, ns: tcp },
+        icmp: Proto {
+            rate: pps,
+            ns: icmp,
+        },
+    }
 }
 
-fn per_run(m: &Runs, k: &str) -> f64 {
-    m.get(k)
-        .map(|(ns, c)| *ns as f64 / (*c).max(1) as f64)
-        .unwrap_or(f64::NAN)
-}
-
-/// Every variant (no program, the do-nothing floor, the sampler built
-/// before — BENCH_BEFORE_BIN —, this one and ePPing — BENCH_EPPING_BIN)
-/// in each round, in rotating
-/// order, on the same TCP request/response flow and then an ICMP echo
-/// flood: TPS and ns per program run (BPF run-time statistics) per
-/// variant and protocol, medians over the rounds.
+/// Every round: one chain per ePPing option set (one chain when there is
+/// no ePPing), in the order of the round; tables and a JSON line at the
+/// end (sampler_report.rs).
 fn main() {
     if !nix::unistd::geteuid().is_root() {
         eprintln!(
@@ -409,122 +503,65 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
-    let rounds: usize = env("BENCH_ROUNDS", "5").parse().unwrap_or(5);
-    let secs: f64 = env("BENCH_SECS", "3").parse().unwrap_or(3.0);
-    let matching = env("BENCH_MATCH", "seq");
-    let every = env("BENCH_SAMPLE_EVERY", "1");
     let _stats = enable_bpf_stats().expect("BPF_ENABLE_STATS");
     let pair = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5009").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
-    let args: Vec<String> = [
-        "--iface",
-        &iface(&pair.a, &pair.a_if),
-        "--iface",
-        &iface(&pair.b, &pair.b_if),
-        "--match",
-        &matching,
-        "--sample-every",
-        &every,
-        "--duration",
-        "600s",
-        "--interval",
-        "600s",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let variants = variants_from_env(&args);
-    // per variant: TPS, TCP egr/ing ns, ICMP egr/ing ns, one per round
-    let mut res: BTreeMap<String, [Vec<f64>; 5]> = BTreeMap::new();
-    let mut test_run: Vec<(String, f64)> = Vec::new();
-    for r in 0..rounds {
-        for k in 0..variants.len() {
-            let v = &variants[(r + k) % variants.len()];
-            let (tps, tcp, icmp, sampler) = round(&pair, server, v, secs);
-            let e = res.entry(v.name.clone()).or_default();
-            for (i, x) in round_figures(r, v, tps, &tcp, &icmp).iter().enumerate() {
-                e[i].push(*x);
-            }
-            if let (Some(s), true) = (&sampler, test_run.is_empty() && v.name == "after") {
-                test_run = test_runs(s);
-            }
-            if let Some(s) = sampler {
-                // SAFETY: end our own child (SIGTERM: it exits cleanly).
-                unsafe { libc::kill(s.child.pid() as i32, libc::SIGTERM) };
-                let _ = s.child.wait_output(Duration::from_secs(10));
-            }
+    let setup = Setup::from_env(&pair);
+    let sets: Vec<String> = if setup.epping.is_some() {
+        setup.epping_sets.clone()
+    } else {
+        println!("bench_sampler: ePPing left out (no BENCH_EPPING_BIN; scripts/bench-sampler.sh builds it from BENCH_EPPING_SRC=/path/to/bpf-examples)");
+        vec![String::new()]
+    };
+    let mut tables: Vec<Table> = sets.iter().map(|s| Table::new(s)).collect();
+    let mut test_run = Vec::new();
+    println!(
+        "bench_sampler: {} rounds x ({} s TCP RR + {} s ICMP flood) per chain, sampler {}",
+        setup.rounds,
+        setup.secs,
+        (setup.secs / 2.0).ceil().max(1.0),
+        setup.sampler_args[4..8].join(" ")
+    );
+    for r in 0..setup.rounds {
+        let order = setup.order(r);
+        for (set, table) in sets.iter().zip(&mut tables) {
+            let phase = chain_round(&setup, &pair, server, &order, set, &mut test_run);
+            report::print_round(r, set, &phase);
+            table.rounds.push(phase);
         }
     }
-    let eppings: Vec<(String, String)> = variants
-        .iter()
-        .filter(|v| v.name.starts_with("epping"))
-        .map(|v| (v.name.clone(), v.args.join(" ")))
-        .collect();
-    report(&matching, &every, rounds, secs, &res, &test_run, &eppings);
+    report::print_all(&tables, &test_run);
 }
 
-/// One round's figures of a variant, printed: TPS, TCP egr/ing, ICMP
-/// egr/ing ns per run (the floor's one program counts for both hooks).
-fn round_figures(r: usize, v: &Variant, tps: f64, tcp: &Runs, icmp: &Runs) -> [f64; 5] {
-    let floor = v.name == "floor";
-    let vals = if floor {
-        let f = [per_run(tcp, "floor"), per_run(icmp, "floor")];
-        [tps, f[0], f[0], f[1], f[1]]
-    } else {
-        let (e, i) = ("egr", "ing");
-        [
-            tps,
-            per_run(tcp, e),
-            per_run(tcp, i),
-            per_run(icmp, e),
-            per_run(icmp, i),
-        ]
-    };
-    println!(
-        "  round {r} {:<7}: TPS {:.0}; TCP egr {:.1} ing {:.1} ns/run; ICMP egr {:.1} ing {:.1} ns/run{}",
-        v.name, vals[0], vals[1], vals[2], vals[3], vals[4],
-        if floor { " (the floor program, both hooks)" } else { "" }
-    );
-    vals
-}
-
-/// BPF_PROG_TEST_RUN, 1e6 repeats, of the sampler's programs on one TCP
+/// BPF_PROG_TEST_RUN, 1e6 repeats, of a sampler's programs on one TCP
 /// data segment / its ACK and one ICMP echo request / its reply.
-fn test_runs(s: &Sampler) -> Vec<(String, f64)> {
+fn test_runs(label: &str, s: &Sampler) -> Vec<(String, f64)> {
     let a_ip: [u8; 4] = A_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
     let b_ip: [u8; 4] = B_ADDR.parse::<std::net::Ipv4Addr>().unwrap().octets();
     let tcp = |src, dst, sport, dport, ack, flags, payload| {
-        frame(
-            Tcp {
-                src,
-                dst,
-                sport,
-                dport,
-                seq: 1,
-                ack,
-                flags,
-                payload,
-            },
-            0,
-            false,
-            5,
-        )
+        let t = Tcp {
+            src,
+            dst,
+            sport,
+            dport,
+            seq: 1,
+            ack,
+            flags,
+            payload,
+        };
+        frame(t, 0, false, 5)
     };
     let data = tcp(a_ip, b_ip, 40000, 5009, 1, 0x18, 1);
     let ack = tcp(b_ip, a_ip, 5009, 40000, 2, 0x10, 0);
     let echo = |src, dst, typ| {
-        icmp_frame(
-            src,
-            dst,
-            Icmp {
-                typ,
-                id: 7,
-                seq: 1,
-                payload: 56,
-            },
-        )
+        let i = Icmp {
+            typ,
+            id: 7,
+            seq: 1,
+            payload: 56,
+        };
+        icmp_frame(src, dst, i)
     };
     let req = echo(a_ip, b_ip, ECHO_REQUEST);
     let rep = echo(b_ip, a_ip, ECHO_REPLY);
@@ -535,126 +572,10 @@ fn test_runs(s: &Sampler) -> Vec<(String, f64)> {
             ("tcp", if egr { &data } else { &ack }),
             ("icmp", if egr { &req } else { &rep }),
         ] {
-            if let Some((ns, _)) = test_run_ns(*id, f, 1_000_000) {
-                out.push((format!("{name} {what}"), ns));
+            if let Some(ns) = test_run_ns(*id, f, 1_000_000) {
+                out.push((format!("{label} {name} {what}"), ns));
             }
         }
     }
     out
-}
-
-fn report(
-    matching: &str,
-    every: &str,
-    rounds: usize,
-    secs: f64,
-    res: &BTreeMap<String, [Vec<f64>; 5]>,
-    test_run: &[(String, f64)],
-    eppings: &[(String, String)],
-) {
-    let ep: String = eppings
-        .iter()
-        .map(|(n, a)| format!("; {n}: pping {a}"))
-        .collect();
-    println!("sampler benchmark: match {matching}, {rounds} rounds x {secs} s TCP RR + {} s ICMP flood, both veth ends, --sample-every {every}{ep}; medians (range)", secs / 2.0);
-    let fmt = |v: &[f64]| {
-        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        if v.is_empty() {
-            return "-".to_string();
-        }
-        let m = median(&mut v);
-        format!("{m:.1} ({:.1}-{:.1})", v[0], v[v.len() - 1])
-    };
-    println!(
-        "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
-        "variant", "TPS", "TCP egr ns", "TCP ing ns", "ICMP egr ns", "ICMP ing ns"
-    );
-    let mut json = serde_json::Map::new();
-    for (v, vals) in res {
-        println!(
-            "  {:<7} {:>22} {:>22} {:>22} {:>22} {:>22}",
-            v,
-            fmt(&vals[0]),
-            fmt(&vals[1]),
-            fmt(&vals[2]),
-            fmt(&vals[3]),
-            fmt(&vals[4])
-        );
-        json.insert(
-            v.to_string(),
-            serde_json::json!({
-                "tps": vals[0], "tcp_egr_ns": vals[1], "tcp_ing_ns": vals[2],
-                "icmp_egr_ns": vals[3], "icmp_ing_ns": vals[4],
-            }),
-        );
-    }
-    for (name, ns) in test_run {
-        println!("  {name}: {ns:.1} ns/run in BPF_PROG_TEST_RUN (1e6 repeats of one packet)");
-    }
-    let mut ratios = serde_json::Map::new();
-    for (ep, _) in eppings {
-        for ours in ["after", "before"] {
-            if let Some(r) = above_floor_ratios(res, ours, ep) {
-                ratios.insert(format!("{ours}/{ep}"), r);
-            }
-        }
-    }
-    println!(
-        "{}",
-        serde_json::json!({
-            "type": "bench_sampler", "match": matching, "sample_every": every, "rounds": rounds,
-            "secs": secs, "epping_args": eppings.iter().map(|(n, a)| (n.clone(), Value::from(a.clone()))).collect::<serde_json::Map<_, _>>(), "variants": json,
-            "ratio_above_floor_to_epping": ratios,
-            "test_run_ns": test_run.iter().map(|(n, ns)| serde_json::json!({"name": n, "ns_per_run": ns})).collect::<Vec<_>>(),
-        })
-    );
-}
-
-/// `(ours - floor) / (epping - floor)` per direction and protocol: of the medians over
-/// the rounds, and per round (each round has every variant, run one after
-/// the other on the same flow), printed and returned for the JSON line.
-/// None without an ePPing or a floor figure.
-fn above_floor_ratios(
-    res: &BTreeMap<String, [Vec<f64>; 5]>,
-    ours: &str,
-    epping: &str,
-) -> Option<Value> {
-    let (o, f, e) = (res.get(ours)?, res.get("floor")?, res.get(epping)?);
-    let med = |v: &[f64]| {
-        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        (!v.is_empty()).then(|| median(&mut v))
-    };
-    let mut line = format!("  ({ours} - floor) / ({epping} - floor):");
-    let mut json = serde_json::Map::new();
-    for (i, what) in [
-        (1, "tcp_egr"),
-        (2, "tcp_ing"),
-        (3, "icmp_egr"),
-        (4, "icmp_ing"),
-    ] {
-        let of_medians = match (med(&o[i]), med(&f[i]), med(&e[i])) {
-            (Some(o), Some(f), Some(e)) => (o - f) / (e - f),
-            _ => f64::NAN,
-        };
-        let mut per_round: Vec<f64> = (0..o[i].len().min(f[i].len()).min(e[i].len()))
-            .map(|r| (o[i][r] - f[i][r]) / (e[i][r] - f[i][r]))
-            .filter(|x| x.is_finite())
-            .collect();
-        let paired = med(&per_round);
-        per_round.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        line += &match paired {
-            Some(p) => format!(
-                " {what} {of_medians:.2} (per round {p:.2}, {:.2}-{:.2});",
-                per_round[0],
-                per_round[per_round.len() - 1]
-            ),
-            None => format!(" {what} -;"),
-        };
-        json.insert(
-            what.to_string(),
-            serde_json::json!({"of_medians": of_medians, "per_round_median": paired, "per_round": per_round}),
-        );
-    }
-    println!("{}", line.trim_end_matches(';'));
-    Some(Value::Object(json))
 }
