@@ -181,6 +181,16 @@ pub async fn run_probe(cfg: &ProbeConfig, mut cancel: Cancel) -> Result<ProbeRes
     ))
 }
 
+/// The pacer of a run in the reactor: `cfg`'s interval and burst, stopped by `cancel`.
+fn pacer(cfg: &ProbeConfig, cancel: &Cancel) -> Result<Pacer> {
+    Pacer::new(
+        cfg.interval,
+        cfg.burst,
+        cfg.spin,
+        Signal::Cancel(cancel.clone()),
+    )
+}
+
 /// How a run proceeds.
 fn plan(cfg: &ProbeConfig) -> Plan {
     Plan {
@@ -203,12 +213,7 @@ async fn run_tcp(
     if cfg.io == IoMode::BlockingThread {
         return tcp_blocking::run(conn, addr, cfg, plan(cfg), rec, cancel).await;
     }
-    let mut pacer = Pacer::new(
-        cfg.interval,
-        cfg.burst,
-        cfg.spin,
-        Signal::Cancel(cancel.clone()),
-    )?;
+    let mut pacer = pacer(cfg, cancel)?;
     let end = tcp::run(
         &mut conn,
         addr,
@@ -230,12 +235,7 @@ async fn run_connect(
     mut rec: Recorder,
     cancel: &mut Cancel,
 ) -> Result<(Recorder, u64)> {
-    let mut pacer = Pacer::new(
-        cfg.interval,
-        cfg.burst,
-        cfg.spin,
-        Signal::Cancel(cancel.clone()),
-    )?;
+    let mut pacer = pacer(cfg, cancel)?;
     let mut t = Connect::new(addr, cfg.timeout, cancel.clone());
     let end = engine::run(&mut t, &mut pacer, &mut rec, &plan(cfg)).await?;
     t.close();
@@ -256,12 +256,7 @@ async fn run_dgram(
     settings: &mut Settings,
     cancel: &mut Cancel,
 ) -> Result<(Recorder, u64)> {
-    let mut pacer = Pacer::new(
-        cfg.interval,
-        cfg.burst,
-        cfg.spin,
-        Signal::Cancel(cancel.clone()),
-    )?;
+    let mut pacer = pacer(cfg, cancel)?;
     let (busy, to) = (cfg.busy_poll, cfg.timeout);
     if cfg.kind == Kind::UdpRr {
         let peer = UdpPeer::connect(addr, req, resp, cfg.timeout, cancel).await?;

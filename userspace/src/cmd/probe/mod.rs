@@ -369,13 +369,7 @@ fn run_connect(o: &ConnectOpts) -> Result<()> {
             println!("{}", connect_line(&target, l));
         }));
     }
-    let result = run_blocking(cfg)?;
-    let text = if lines {
-        String::from("\n") + &output::human(&result)
-    } else {
-        output::human(&result)
-    };
-    finish(&result, &text, &o.out)
+    run_with_lines(cfg, lines, &o.out)
 }
 
 /// tcping's line for a handshake: `Connected to H:P: seq=1 time=0.049 ms`, `From H:P: seq=2
@@ -405,6 +399,14 @@ fn capitalized(text: &str) -> String {
         .unwrap_or_default()
 }
 
+/// Run a probe whose lines (ping's, tcping's) print as requests end, then its summary (after a
+/// blank line when there were lines).
+fn run_with_lines(cfg: ProbeConfig, lines: bool, out: &OutputOpts) -> Result<()> {
+    let result = run_blocking(cfg)?;
+    let gap = if lines { "\n" } else { "" };
+    finish(&result, &format!("{gap}{}", output::human(&result)), out)
+}
+
 fn run_rr(mut cfg: ProbeConfig, o: &RrOpts) -> Result<()> {
     let live = rr_progress("probe", &mut cfg, o.quiet);
     let result = run_blocking(cfg)?;
@@ -432,13 +434,7 @@ fn run_ping(o: &PingOpts) -> Result<()> {
             }
         }));
     }
-    let result = run_blocking(cfg)?;
-    let text = if lines {
-        String::from("\n") + &output::human(&result)
-    } else {
-        output::human(&result)
-    };
-    finish(&result, &text, &o.out)
+    run_with_lines(cfg, lines, &o.out)
 }
 
 /// ping's line for a reply (`64 bytes from H: icmp_seq=1 ttl=64 time=0.049 ms`; no `ttl=`
