@@ -146,17 +146,29 @@ fn other_observers(ifindex: u32, slot: u32) -> bool {
 }
 
 /// Attach `prog` as a tcx link at the ingress or egress of `ifindex` (in
-/// the calling thread's namespace), appended after the programs already
-/// there (libbpf's NULL opts, aya's default `LinkOrder`): one
+/// the calling thread's namespace), at the **head** of the chain
+/// (`BPF_F_BEFORE` with no relative program: issue 41): it runs before the
+/// programs already there (a CNI's, which may end the chain), and since it
+/// returns `TCX_NEXT` they all run after it as before. One
 /// `BPF_LINK_CREATE`, whichever loader loaded the program.
 pub(super) fn tcx_attach(prog: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<OwnedFd> {
-    use crate::sys::bpfprog::{link_create, ATTACH_TCX_EGRESS, ATTACH_TCX_INGRESS};
-    let at = if egress {
+    use crate::sys::bpfprog::{link_create_flags, LINK_BEFORE};
+    Ok(link_create_flags(
+        &prog,
+        ifindex,
+        tcx_attach_type(egress),
+        LINK_BEFORE,
+    )?)
+}
+
+/// The tcx attach type of a direction.
+pub(super) fn tcx_attach_type(egress: bool) -> u32 {
+    use crate::sys::bpfprog::{ATTACH_TCX_EGRESS, ATTACH_TCX_INGRESS};
+    if egress {
         ATTACH_TCX_EGRESS
     } else {
         ATTACH_TCX_INGRESS
-    };
-    Ok(link_create(&prog, ifindex, at)?)
+    }
 }
 
 #[cfg(feature = "libbpf")]
