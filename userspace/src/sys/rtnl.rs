@@ -133,7 +133,7 @@ impl Rtnl {
         let len = (NLMSG_HDR + body.len()) as u32;
         req[0..4].copy_from_slice(&len.to_ne_bytes());
         req[4..6].copy_from_slice(&kind.to_ne_bytes());
-        let flags = libc::NLM_F_REQUEST as u16 | if dump { libc::NLM_F_DUMP as u16 } else { 0 };
+        let flags = libc::NLM_F_REQUEST as u16 | (if dump { libc::NLM_F_DUMP as u16 } else { 0 });
         req[6..8].copy_from_slice(&flags.to_ne_bytes());
         req[8..12].copy_from_slice(&self.seq.to_ne_bytes());
         req.extend_from_slice(body);
@@ -286,7 +286,7 @@ fn parse_filter(m: &[u8]) -> Option<TcFilter> {
                         TCA_BPF_NAME => f.name = Some(cstr(v)),
                         TCA_BPF_ID => f.prog_id = u32_of(v),
                         TCA_BPF_FLAGS => {
-                            f.direct_action = u32_of(v).unwrap_or(0) & TCA_BPF_FLAG_ACT_DIRECT != 0
+                            f.direct_action = (u32_of(v).unwrap_or(0) & TCA_BPF_FLAG_ACT_DIRECT) != 0
                         }
                         _ => {}
                     }
