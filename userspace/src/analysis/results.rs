@@ -416,6 +416,7 @@ impl RunResult {
             views: Vec::new(),
             sweep: None,
             counters: BTreeMap::new(),
+            hooks: Vec::new(),
         }
     }
 
