@@ -156,21 +156,29 @@ fn http_get(port: u16) -> std::io::Result<String> {
 
 /// Observe the server's interface for `secs` with paced request/response traffic running;
 /// `during` runs once the observer has attached (its start record), `metrics_port` adds
-/// `--listen` and a scrape near the end.
+/// `--listen` and a scrape near the end. `inside`: the observer runs in the server's namespace
+/// (`--iface DEV`, as a DaemonSet observes its node's), else it enters it (`--iface NS:DEV`).
 fn observe_paced(
     pair: &Pair,
     extra: &[&str],
     secs: u64,
-    metrics_port: Option<u16>,
+    (inside, metrics_port): (bool, Option<u16>),
     during: impl FnOnce(),
 ) -> Run {
     let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
     let _srv = RrServer::start(&pair.b, server, 100).unwrap();
     let client = RrClient::start(&pair.a, server, 100, THINK).unwrap();
     let result = std::env::temp_dir().join(format!("{}.json", rttscope_e2e::unique("rtchain")));
-    let mut cmd = std::process::Command::new(rttscope_bin());
-    cmd.args(["observe", "--view", "sampler", "--format", "json", "--interval", "1s"])
-        .args(["--iface", &format!("{}:{}", pair.b.name, pair.b_if)])
+    let mut cmd = if inside {
+        let mut c = pair.b.command(rttscope_bin().to_str().unwrap());
+        c.args(["observe", "--iface", &pair.b_if]);
+        c
+    } else {
+        let mut c = std::process::Command::new(rttscope_bin());
+        c.args(["observe", "--iface", &format!("{}:{}", pair.b.name, pair.b_if)]);
+        c
+    };
+    cmd.args(["--view", "sampler", "--format", "json", "--interval", "1s"])
         .args(["--duration", &format!("{secs}s"), "--json"])
         .arg(&result)
         .args(extra);
@@ -198,15 +206,25 @@ fn observe_paced(
     during();
     let metrics = metrics_port.map(|p| {
         std::thread::sleep(Duration::from_secs(secs.saturating_sub(1)));
-        http_get(p).expect("scrape /metrics")
+        pair.b.run(move || http_get(p)).expect("scrape /metrics")
     });
-    let out = child.wait_output(Duration::from_secs(secs + 30)).unwrap();
-    let transactions = client.transactions.load(Ordering::Relaxed) as u64 - tx0;
+    // the transactions until the end record (the run's end), not until the process exits
+    let mut lines: Vec<Value> = vec![serde_json::from_str(&first).unwrap()];
+    let mut transactions = None;
+    while let Ok(l) = rx.recv_timeout(Duration::from_secs(secs + 30)) {
+        let v: Value = serde_json::from_str(&l).unwrap();
+        let end = v["type"] == "end";
+        lines.push(v);
+        if end {
+            transactions = Some(client.transactions.load(Ordering::Relaxed) as u64 - tx0);
+            break;
+        }
+    }
+    let out = child.wait_output(Duration::from_secs(30)).unwrap();
     drop(client);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "observer failed: {stderr}");
-    let mut lines = vec![serde_json::from_str(&first).unwrap()];
-    lines.extend(rx.try_iter().map(|l| serde_json::from_str::<Value>(&l).unwrap()));
+    let transactions = transactions.unwrap_or_else(|| panic!("no end record; stderr: {stderr}"));
     let result_doc = std::fs::read(&result)
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
@@ -247,7 +265,7 @@ fn tcx_goes_ahead_of_a_program_that_ends_the_chain() {
     let pair = Pair::new().unwrap();
     let standin = tcx_standin(&pair.b, &pair.b_if);
     let mut order = Vec::new();
-    let run = observe_paced(&pair, &["--attach", "tcx"], 4, None, || {
+    let run = observe_paced(&pair, &["--attach", "tcx"], 4, (false, None), || {
         order = vec![
             tcx_order(&pair.b, &pair.b_if, false),
             tcx_order(&pair.b, &pair.b_if, true),
@@ -284,7 +302,7 @@ fn clsact_takes_a_priority_ahead_of_the_filters_there() {
     }
     let pair = Pair::new().unwrap();
     clsact_standin(&pair.b, &pair.b_if, 2);
-    let run = observe_paced(&pair, &["--attach", "clsact"], 4, None, || {});
+    let run = observe_paced(&pair, &["--attach", "clsact"], 4, (false, None), || {});
     let attached = &run.lines[0]["sampler"]["attached"][0];
     assert_eq!(attached["how"], "clsact", "{attached}");
     assert_eq!(attached["priority"], 1, "{attached}");
@@ -301,8 +319,9 @@ fn clsact_behind_priority_1_says_so_and_reports_blind_hooks() {
     let pair = Pair::new().unwrap();
     clsact_standin(&pair.b, &pair.b_if, 1);
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let run = observe_paced(&pair, &["--attach", "clsact"], 4, Some(port), || {});
-    let label = format!("{}:{}", pair.b.name, pair.b_if);
+    let run = observe_paced(&pair, &["--attach", "clsact"], 4, (true, Some(port)), || {});
+    // observed from inside its namespace (as the DaemonSet observes its node's): named as given
+    let label = pair.b_if.clone();
     let err = &run.stderr;
     // at start, one sentence per hook: what runs ahead and that priority 1 cannot be preceded
     let ahead: Vec<&str> = err.lines().filter(|l| l.contains("cannot be preceded")).collect();
@@ -356,7 +375,7 @@ fn a_program_attached_ahead_while_running_is_reported() {
     }
     let pair = Pair::new().unwrap();
     let mut standin = None;
-    let run = observe_paced(&pair, &["--attach", "tcx"], 6, None, || {
+    let run = observe_paced(&pair, &["--attach", "tcx"], 6, (false, None), || {
         std::thread::sleep(Duration::from_millis(2500));
         standin = Some(tcx_standin(&pair.b, &pair.b_if));
     });

@@ -98,7 +98,11 @@ pub fn read(rtnl: &mut Rtnl, ifindex: u32, egress: bool) -> Result<Chain> {
 
 fn filter_text(f: &TcFilter) -> String {
     let what = match (&f.name, f.prog_id) {
-        (Some(n), Some(id)) => format!("bpf {n} (id {id}"),
+        // tc's name is often the object file's; the program's own says more (`cil_from_container`)
+        (Some(n), Some(id)) => match name_of(id).filter(|p| !p.is_empty() && !n.starts_with(p.as_str())) {
+            Some(p) => format!("bpf {n} (program {p}, id {id}"),
+            None => format!("bpf {n} (id {id}"),
+        },
         _ => format!("{} (handle {:#x}", f.kind, f.handle),
     };
     let da = if f.direct_action {
