@@ -108,8 +108,9 @@ impl Kernel {
             out.insert(name, sum);
         }
         for (key, name) in [(0u32, "seen_ingress"), (1, "seen_egress")] {
-            let found = rttscope::sys::bpf::lookup(self.hooks.as_fd(), &key.to_ne_bytes(), &mut val)
-                .expect("hook counter lookup");
+            let found =
+                rttscope::sys::bpf::lookup(self.hooks.as_fd(), &key.to_ne_bytes(), &mut val)
+                    .expect("hook counter lookup");
             assert!(found, "hook counter {name} missing");
             let sum = val
                 .chunks(8)

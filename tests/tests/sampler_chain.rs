@@ -26,7 +26,9 @@ use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use rttscope::sys::bpfprog::{self, asm, ProgSpec};
-use rttscope_e2e::{require_root, rttscope_bin, sh, ChildGuard, NetNs, Pair, RrClient, RrServer, B_ADDR};
+use rttscope_e2e::{
+    require_root, rttscope_bin, sh, ChildGuard, NetNs, Pair, RrClient, RrServer, B_ADDR,
+};
 use serde_json::Value;
 
 const PORT: u16 = 7141;
@@ -55,7 +57,8 @@ fn standin_object() -> PathBuf {
 fn clsact_standin(ns: &NetNs, ifname: &str, prio: u16) {
     let obj = standin_object();
     let obj = obj.to_str().unwrap();
-    ns.exec(&["tc", "qdisc", "add", "dev", ifname, "clsact"]).unwrap();
+    ns.exec(&["tc", "qdisc", "add", "dev", ifname, "clsact"])
+        .unwrap();
     for hook in ["ingress", "egress"] {
         let p = prio.to_string();
         ns.exec(&[
@@ -119,7 +122,10 @@ struct Run {
 
 impl Run {
     fn end(&self) -> &Value {
-        self.lines.iter().find(|l| l["type"] == "end").expect("an end record")
+        self.lines
+            .iter()
+            .find(|l| l["type"] == "end")
+            .expect("an end record")
     }
 
     /// The server flow's sampler samples over the run.
@@ -133,7 +139,9 @@ impl Run {
     }
 
     fn end_hooks(&self) -> &Vec<Value> {
-        self.end()["hooks"].as_array().expect("hooks in the end record")
+        self.end()["hooks"]
+            .as_array()
+            .expect("hooks in the end record")
     }
 
     fn interval_hooks(&self) -> Vec<&Value> {
@@ -175,7 +183,11 @@ fn observe_paced(
         c
     } else {
         let mut c = std::process::Command::new(rttscope_bin());
-        c.args(["observe", "--iface", &format!("{}:{}", pair.b.name, pair.b_if)]);
+        c.args([
+            "observe",
+            "--iface",
+            &format!("{}:{}", pair.b.name, pair.b_if),
+        ]);
         c
     };
     cmd.args(["--view", "sampler", "--format", "json", "--interval", "1s"])
@@ -280,7 +292,10 @@ fn tcx_goes_ahead_of_a_program_that_ends_the_chain() {
         .collect();
     for o in &order {
         assert_eq!(o.len(), 2, "{order:?}");
-        assert!(ours.contains(&(o[0] as u64)), "ours first: {order:?}, ours {ours:?}");
+        assert!(
+            ours.contains(&(o[0] as u64)),
+            "ours first: {order:?}, ours {ours:?}"
+        );
         assert_eq!(o[1], standin.id, "the stand-in after ours: {order:?}");
     }
     assert_all_timed(&run, "tcx, stand-in attached first before the start");
@@ -290,8 +305,14 @@ fn tcx_goes_ahead_of_a_program_that_ends_the_chain() {
         assert_eq!(h["blind"], false, "{h}");
         assert!(h["ahead"].is_null(), "nothing ahead: {h}");
         // every packet the interface moved went through our hook (veth counts skbs, as tc sees them)
-        let (seen, moved) = (h["hook_packets"].as_u64().unwrap(), h["iface_packets"].as_u64().unwrap());
-        assert!(seen >= moved && seen <= moved + 20, "{d}: hook {seen}, interface {moved}");
+        let (seen, moved) = (
+            h["hook_packets"].as_u64().unwrap(),
+            h["iface_packets"].as_u64().unwrap(),
+        );
+        assert!(
+            seen >= moved && seen <= moved + 20,
+            "{d}: hook {seen}, interface {moved}"
+        );
     }
 }
 
@@ -318,15 +339,27 @@ fn clsact_behind_priority_1_says_so_and_reports_blind_hooks() {
     }
     let pair = Pair::new().unwrap();
     clsact_standin(&pair.b, &pair.b_if, 1);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let run = observe_paced(&pair, &["--attach", "clsact"], 4, (true, Some(port)), || {});
     // observed from inside its namespace (as the DaemonSet observes its node's): named as given
     let label = pair.b_if.clone();
     let err = &run.stderr;
     // at start, one sentence per hook: what runs ahead and that priority 1 cannot be preceded
-    let ahead: Vec<&str> = err.lines().filter(|l| l.contains("cannot be preceded")).collect();
+    let ahead: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("cannot be preceded"))
+        .collect();
     assert_eq!(ahead.len(), 2, "{err}");
-    assert!(ahead.iter().all(|l| l.contains(&label) && l.contains("cni_standin")), "{err}");
+    assert!(
+        ahead
+            .iter()
+            .all(|l| l.contains(&label) && l.contains("cni_standin")),
+        "{err}"
+    );
     // then each hook goes blind, once, naming the interface, the direction and the cause
     for d in ["ingress", "egress"] {
         let blind: Vec<&str> = err
@@ -334,24 +367,41 @@ fn clsact_behind_priority_1_says_so_and_reports_blind_hooks() {
             .filter(|l| l.contains(&format!("blind on {label} {d}")))
             .collect();
         assert_eq!(blind.len(), 1, "{d}: {err}");
-        assert!(blind[0].contains("cni_standin") && blind[0].contains("priority 1"), "{err}");
+        assert!(
+            blind[0].contains("cni_standin") && blind[0].contains("priority 1"),
+            "{err}"
+        );
     }
     assert_eq!(run.server_samples(), 0, "no sample made up");
     assert!(run.transactions >= 100, "{}", run.transactions);
     // the records: blind in the intervals after the first check, and at the end
     let iv = run.interval_hooks();
-    assert!(iv.iter().any(|h| h["direction"] == "ingress" && h["blind"] == true), "{iv:?}");
-    assert!(iv.iter().any(|h| h["direction"] == "egress" && h["blind"] == true), "{iv:?}");
+    assert!(
+        iv.iter()
+            .any(|h| h["direction"] == "ingress" && h["blind"] == true),
+        "{iv:?}"
+    );
+    assert!(
+        iv.iter()
+            .any(|h| h["direction"] == "egress" && h["blind"] == true),
+        "{iv:?}"
+    );
     for d in ["ingress", "egress"] {
         let h = hook(run.end_hooks(), d);
         assert_eq!(h["blind"], true, "{h}");
         assert_eq!(h["hook_packets"], 0, "{h}");
         assert!(h["iface_packets"].as_u64().unwrap() > 100, "{h}");
-        assert!(h["ahead"][0].as_str().unwrap().contains("priority 1"), "{h}");
+        assert!(
+            h["ahead"][0].as_str().unwrap().contains("priority 1"),
+            "{h}"
+        );
     }
     // the result document
     let doc = run.result.as_ref().expect("the result document");
-    assert_eq!(doc["version"], 2, "a new field that older readers ignore keeps the version");
+    assert_eq!(
+        doc["version"], 2,
+        "a new field that older readers ignore keeps the version"
+    );
     let hooks = doc["hooks"].as_array().expect("hooks in the result");
     assert!(hooks.iter().all(|h| h["blind"] == true), "{hooks:?}");
     // /metrics: an operator's alert
@@ -359,13 +409,21 @@ fn clsact_behind_priority_1_says_so_and_reports_blind_hooks() {
     for d in ["ingress", "egress"] {
         let line = m
             .lines()
-            .find(|l| l.starts_with("rttscope_hook_blind{") && l.contains(&format!("direction=\"{d}\"")))
+            .find(|l| {
+                l.starts_with("rttscope_hook_blind{") && l.contains(&format!("direction=\"{d}\""))
+            })
             .unwrap_or_else(|| panic!("no rttscope_hook_blind for {d}: {m}"));
         assert!(line.ends_with(" 1"), "{line}");
-        assert!(line.contains(&format!("interface=\"{}\"", pair.b_if)), "{line}");
+        assert!(
+            line.contains(&format!("interface=\"{}\"", pair.b_if)),
+            "{line}"
+        );
     }
     assert!(m.contains("rttscope_hook_packets_total{"), "{m}");
-    eprintln!("clsact behind priority 1: 0 samples, {} transactions", run.transactions);
+    eprintln!(
+        "clsact behind priority 1: 0 samples, {} transactions",
+        run.transactions
+    );
 }
 
 #[test]
@@ -384,18 +442,30 @@ fn a_program_attached_ahead_while_running_is_reported() {
     let err = &run.stderr;
     for d in ["ingress", "egress"] {
         assert!(
-            err.lines().any(|l| l.contains(&format!("{d} hook on {label} runs after tcx program cni_standin"))),
+            err.lines().any(|l| l.contains(&format!(
+                "{d} hook on {label} runs after tcx program cni_standin"
+            ))),
             "{d}: {err}"
         );
         assert!(err.contains(&format!("blind on {label} {d}")), "{d}: {err}");
         let h = hook(run.end_hooks(), d);
         assert_eq!(h["blind"], true, "{h}");
-        assert!(h["ahead"][0].as_str().unwrap().contains("cni_standin"), "{h}");
+        assert!(
+            h["ahead"][0].as_str().unwrap().contains("cni_standin"),
+            "{h}"
+        );
     }
     // timed until the stand-in went in (about 2.5 s of the 6), nothing after
     let n = run.server_samples();
-    assert!(n > 50 && n < run.transactions * 3 / 4, "{n} samples of {} transactions", run.transactions);
-    eprintln!("stand-in attached mid-run: {n} samples of {} transactions", run.transactions);
+    assert!(
+        n > 50 && n < run.transactions * 3 / 4,
+        "{n} samples of {} transactions",
+        run.transactions
+    );
+    eprintln!(
+        "stand-in attached mid-run: {n} samples of {} transactions",
+        run.transactions
+    );
 }
 
 #[test]
@@ -407,7 +477,13 @@ fn features_lists_the_programs_on_an_interface() {
     let standin = tcx_standin(&pair.b, &pair.b_if);
     clsact_standin(&pair.b, &pair.b_if, 1);
     let iface = format!("{}:{}", pair.b.name, pair.b_if);
-    let out = sh(&[rttscope_bin().to_str().unwrap(), "features", "--json", "--iface", &iface]);
+    let out = sh(&[
+        rttscope_bin().to_str().unwrap(),
+        "features",
+        "--json",
+        "--iface",
+        &iface,
+    ]);
     let out = out.unwrap();
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     let hooks = doc["ifaces"][0]["hooks"].as_array().unwrap();
@@ -420,7 +496,13 @@ fn features_lists_the_programs_on_an_interface() {
         // tcx first: the sampler would see everything
         assert_eq!(h["sees"], "yes", "{h}");
     }
-    let text = sh(&[rttscope_bin().to_str().unwrap(), "features", "--iface", &iface]).unwrap();
+    let text = sh(&[
+        rttscope_bin().to_str().unwrap(),
+        "features",
+        "--iface",
+        &iface,
+    ])
+    .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains("tcx #1: cni_standin"), "{text}");
     assert!(text.contains("priority 1"), "{text}");

@@ -211,7 +211,11 @@ impl Rtnl {
         let mut body = [0u8; TCMSG];
         body[0] = libc::AF_UNSPEC as u8;
         body[4..8].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-        let parent = if egress { PARENT_EGRESS } else { PARENT_INGRESS };
+        let parent = if egress {
+            PARENT_EGRESS
+        } else {
+            PARENT_INGRESS
+        };
         body[12..16].copy_from_slice(&parent.to_ne_bytes());
         let answer = match self.ask(RTM_GETTFILTER, true, &body) {
             Ok(a) => a,
@@ -286,7 +290,8 @@ fn parse_filter(m: &[u8]) -> Option<TcFilter> {
                         TCA_BPF_NAME => f.name = Some(cstr(v)),
                         TCA_BPF_ID => f.prog_id = u32_of(v),
                         TCA_BPF_FLAGS => {
-                            f.direct_action = (u32_of(v).unwrap_or(0) & TCA_BPF_FLAG_ACT_DIRECT) != 0
+                            f.direct_action =
+                                (u32_of(v).unwrap_or(0) & TCA_BPF_FLAG_ACT_DIRECT) != 0
                         }
                         _ => {}
                     }

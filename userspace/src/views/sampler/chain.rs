@@ -50,7 +50,9 @@ pub enum Ours {
     Tcx(u32),
     Clsact(u16),
     /// Not attached (`features`: where the sampler would go).
-    Planned { tcx: bool },
+    Planned {
+        tcx: bool,
+    },
 }
 
 /// Program names by id, read once each (a name never changes; reading one needs CAP_SYS_ADMIN,
@@ -99,10 +101,12 @@ pub fn read(rtnl: &mut Rtnl, ifindex: u32, egress: bool) -> Result<Chain> {
 fn filter_text(f: &TcFilter) -> String {
     let what = match (&f.name, f.prog_id) {
         // tc's name is often the object file's; the program's own says more (`cil_from_container`)
-        (Some(n), Some(id)) => match name_of(id).filter(|p| !p.is_empty() && !n.starts_with(p.as_str())) {
-            Some(p) => format!("bpf {n} (program {p}, id {id}"),
-            None => format!("bpf {n} (id {id}"),
-        },
+        (Some(n), Some(id)) => {
+            match name_of(id).filter(|p| !p.is_empty() && !n.starts_with(p.as_str())) {
+                Some(p) => format!("bpf {n} (program {p}, id {id}"),
+                None => format!("bpf {n} (id {id}"),
+            }
+        }
         _ => format!("{} (handle {:#x}", f.kind, f.handle),
     };
     let da = if f.direct_action {
@@ -135,7 +139,11 @@ impl Chain {
             Some(id) => {
                 let before = self.tcx.iter().take_while(|p| p.id != id);
                 if id != 0 {
-                    out.extend(before.filter(foreign_tcx).map(|p| format!("tcx program {p}")));
+                    out.extend(
+                        before
+                            .filter(foreign_tcx)
+                            .map(|p| format!("tcx program {p}")),
+                    );
                 }
             }
             None => {

@@ -276,7 +276,10 @@ mod tests {
         assert_eq!(w.status[0].interval_iface_packets, 390);
         assert_eq!(w.status[0].iface_packets, 400);
         assert_eq!(n.len(), 1);
-        assert!(n[0].contains("ns:veth0 ingress") && n[0].contains("cni"), "{n:?}");
+        assert!(
+            n[0].contains("ns:veth0 ingress") && n[0].contains("cni"),
+            "{n:?}"
+        );
         assert!(n[0].contains("received 390"), "{n:?}");
         // said once while it stays blind
         w.kernel_last[0] = 500;
@@ -290,7 +293,10 @@ mod tests {
         // egress, nothing ahead: the sentence says what else it can be
         w.interval(1, 0, 200, &mut n);
         assert!(w.status[1].blind);
-        assert!(n[2].contains("egress") && n[2].contains("bpf_redirect_peer"), "{n:?}");
+        assert!(
+            n[2].contains("egress") && n[2].contains("bpf_redirect_peer"),
+            "{n:?}"
+        );
         assert!(n.iter().all(|l| !l.contains('\n')));
     }
 }

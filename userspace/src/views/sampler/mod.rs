@@ -594,12 +594,12 @@ pub trait SamplerView: PassiveView {
 }
 
 pub(crate) mod attach;
+pub mod chain;
 mod config;
+pub mod hooks;
 pub mod options;
 pub mod plan;
 pub mod sides;
-pub mod chain;
-pub mod hooks;
 mod tc;
 pub mod track;
 

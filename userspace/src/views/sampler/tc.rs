@@ -252,7 +252,11 @@ pub(super) fn is_ours(f: &TcFilter) -> bool {
 /// the lowest is 1, which nothing can precede (tc reads priority 0 as "choose one").
 pub(super) fn clsact_priority(filters: &[TcFilter], slot: u32) -> u16 {
     let own = (CLSACT_PRIORITY + slot) as u16;
-    let lowest = filters.iter().filter(|f| !is_ours(f)).map(|f| f.priority).min();
+    let lowest = filters
+        .iter()
+        .filter(|f| !is_ours(f))
+        .map(|f| f.priority)
+        .min();
     match lowest {
         Some(l) if l <= own && l > 1 => l - 1,
         _ => own,
