@@ -38,6 +38,9 @@ enum rttscope_consts {
 	RTTSCOPE_MAX_CIDRS = 64,     /* --addr filter entries */
 	RTTSCOPE_MAX_LISTENERS = 4096,
 	RTTSCOPE_MAX_IFACES = 64,    /* sampler: observed interfaces */
+	/* sampler: entries of `sampler_hooks`, the packets each hook saw: key
+	 * iface slot * 2 + direction (0 ingress, 1 egress) */
+	RTTSCOPE_SAMPLER_HOOKS = 2 * 64,
 };
 
 /* Which end of the connection computed the sample (the data sender). */
@@ -354,8 +357,8 @@ enum rttscope_sampler_link {
 
 /* Per-CPU counters of the sampler view (index into `sampler_counters`). */
 enum rttscope_sampler_counter {
-	RTTSCOPE_SAMPLER_SEEN_EGRESS = 0,   /* packets seen at egress */
-	RTTSCOPE_SAMPLER_SEEN_INGRESS,      /* packets seen at ingress */
+	RTTSCOPE_SAMPLER_SEEN_EGRESS = 0,   /* packets seen at egress: summed by userspace from sampler_hooks */
+	RTTSCOPE_SAMPLER_SEEN_INGRESS,      /* packets seen at ingress: the same */
 	RTTSCOPE_SAMPLER_SAMPLED_EGRESS,    /* egress packets picked by the 1/N sampler */
 	RTTSCOPE_SAMPLER_SAMPLED_INGRESS,   /* ingress packets picked by the 1/N sampler */
 	RTTSCOPE_SAMPLER_TCP_EGRESS,        /* sampled egress packets parsed as TCP */

@@ -85,6 +85,8 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 const volatile __u32 cfg_netns = 0;   /* inode of the interface's network namespace */
 const volatile __u32 cfg_ifindex = 0; /* the interface (in its namespace) */
 const volatile __u32 cfg_link = RTTSCOPE_LINK_ETHER;
+/* this copy's interface slot (0 .. RTTSCOPE_MAX_IFACES-1): its keys in sampler_hooks */
+const volatile __u32 cfg_slot = 0;
 /* The same for every attachment. */
 const volatile __u32 cfg_sample_threshold = 0; /* 0: every packet; else prandom < threshold */
 const volatile __u32 cfg_match = RTTSCOPE_MATCH_SEQ;
@@ -134,6 +136,19 @@ struct {
 	__uint(max_entries, 1 << 20);
 } sampler_events SEC(".maps");
 
+/* Packets each hook saw, per interface and direction (issue 41: a hook that
+ * sees nothing while its interface moves packets is reported). Key: the
+ * interface's slot * 2 + direction; the slot is this copy's cfg_slot today,
+ * and would come from a lookup of (netns, skb->ifindex) for a program shared
+ * by several interfaces. It replaces the seen_* counters (one counter per
+ * packet, as before; userspace sums the slots into seen_egress/seen_ingress). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RTTSCOPE_SAMPLER_HOOKS);
+	__type(key, __u32);
+	__type(value, __u64);
+} sampler_hooks SEC(".maps");
+
 /* A parsed TCP segment, oriented as on the wire (l = source). For an ICMP
  * echo (parse() returns PARSED_ICMP): seq = echo sequence, ack = identifier,
  * flags = ECHO_REQUEST or ECHO_REPLY, key.reserved = IP protocol, ports 0. */
@@ -162,6 +177,18 @@ static __always_inline void count_n(__u32 idx, __u64 n)
 
 	if (c)
 		*c += n;
+}
+
+#define HOOK_INGRESS 0
+#define HOOK_EGRESS 1
+
+static __always_inline void count_hook(__u32 dir)
+{
+	__u32 k = cfg_slot * 2 + dir;
+	__u64 *c = bpf_map_lookup_elem(&sampler_hooks, &k);
+
+	if (c)
+		*c += 1;
 }
 
 static __always_inline int sampled(void)
@@ -1322,7 +1349,7 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 	__u32 v, set, tag, why;
 	__u64 now, h, g;
 
-	count(RTTSCOPE_SAMPLER_SEEN_EGRESS);
+	count_hook(HOOK_EGRESS);
 	if (!sampled())
 		return PASS;
 	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */
@@ -1396,7 +1423,7 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	__u32 v, why;
 	__u64 h, g;
 
-	count(RTTSCOPE_SAMPLER_SEEN_INGRESS);
+	count_hook(HOOK_INGRESS);
 	if (!sampled())
 		return PASS;
 	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */

@@ -80,11 +80,14 @@ fn test_run(prog: &OwnedFd, data: &[u8]) -> Option<u32> {
     }
 }
 
-/// The sampler's loaded programs and its counters map.
+/// The sampler's loaded programs and its counters maps.
 struct Kernel {
     egr: OwnedFd,
     ing: OwnedFd,
     counters: OwnedFd,
+    /// `sampler_hooks`: the packets each hook saw (key: interface slot x 2 + direction; one
+    /// interface here, slot 0), which `seen_ingress`/`seen_egress` are the sums of.
+    hooks: OwnedFd,
     names: BTreeMap<u32, &'static str>,
     cpus: usize,
 }
@@ -98,6 +101,17 @@ impl Kernel {
                 rttscope::sys::bpf::lookup(self.counters.as_fd(), &i.to_ne_bytes(), &mut val)
                     .expect("counter lookup");
             assert!(found, "counter {name} missing");
+            let sum = val
+                .chunks(8)
+                .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+                .sum();
+            out.insert(name, sum);
+        }
+        for (key, name) in [(0u32, "seen_ingress"), (1, "seen_egress")] {
+            let found =
+                rttscope::sys::bpf::lookup(self.hooks.as_fd(), &key.to_ne_bytes(), &mut val)
+                    .expect("hook counter lookup");
+            assert!(found, "hook counter {name} missing");
             let sum = val
                 .chunks(8)
                 .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
@@ -208,11 +222,14 @@ fn start_observer(ns: &NetNs) -> Observer {
     }
     let egr = fd_by_id(13, progs["rtt_sampler_egr"]);
     let ing = fd_by_id(13, progs["rtt_sampler_ing"]);
-    let counters = prog_map_ids(&ing)
-        .into_iter()
-        .map(|id| fd_by_id(14, id))
-        .find(|m| map_name(m).starts_with("sampler_counte"))
-        .expect("the sampler_counters map");
+    let map = |prefix: &str| {
+        prog_map_ids(&ing)
+            .into_iter()
+            .map(|id| fd_by_id(14, id))
+            .find(|m| map_name(m).starts_with(prefix))
+    };
+    let counters = map("sampler_counte").expect("the sampler_counters map");
+    let hooks = map("sampler_hooks").expect("the sampler_hooks map");
     let names = rttscope::views::sampler::COUNTERS
         .iter()
         .map(|(n, c)| (c.0, *n))
@@ -226,6 +243,7 @@ fn start_observer(ns: &NetNs) -> Observer {
         egr,
         ing,
         counters,
+        hooks,
         names,
         cpus: if per_cpu { cpus } else { 1 },
     };

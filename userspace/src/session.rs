@@ -140,7 +140,19 @@ impl Session {
     pub fn check_vanished(&mut self) -> Vec<String> {
         let mut notices = self.watch.check();
         notices.extend(self.not_binned_notices());
+        notices.extend(self.view_notices());
         notices
+    }
+
+    /// What the views have to say since the last call (a hook that went blind, a program now
+    /// ahead of one; right after attach: what already runs ahead), one line each.
+    pub fn view_notices(&mut self) -> Vec<String> {
+        self.views.iter_mut().flat_map(|v| v.notices()).collect()
+    }
+
+    /// Every view's hooks as last checked.
+    fn hooks(&self) -> Vec<records::HookStatus> {
+        self.views.iter().flat_map(|v| v.hooks()).collect()
     }
 
     /// Samples a view left out of its histograms since the last call (more
@@ -228,6 +240,7 @@ impl Session {
                 flows: rows.into_values().collect(),
                 totals,
                 counters,
+                hooks: self.hooks(),
             },
             totals_hist,
         })
@@ -283,6 +296,7 @@ impl Session {
             rows,
             totals,
             counters,
+            hooks: self.hooks(),
         })
     }
 }
@@ -297,6 +311,8 @@ pub struct WholeRun {
     /// Each view's whole run, per side.
     pub totals: BTreeMap<&'static str, SideTotals>,
     pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+    /// Each view's hooks at the last check.
+    pub hooks: Vec<records::HookStatus>,
 }
 
 impl WholeRun {
@@ -314,6 +330,7 @@ impl WholeRun {
                 .map(|(v, t)| (Name::from(*v), side_stats(t)))
                 .collect(),
             counters: records::counters(&self.counters),
+            hooks: self.hooks.clone(),
         }
     }
 }

@@ -389,6 +389,9 @@ pub struct CloudPoint {
 pub struct End {
     pub counters: Counters,
     pub flows: Vec<EndFlow>,
+    /// Each view's hooks at the last check (as in `interval`); absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookStatus>,
     pub t: f64,
     pub ts: f64,
     #[serde(rename = "type", skip_deserializing)]
@@ -598,6 +601,34 @@ impl EndFlow {
     }
 }
 
+/// One kernel hook of a view on one interface (issue 41): the packets its program saw against
+/// the packets the interface moved in that direction (the kernel's own counters), and what
+/// runs ahead of it. `blind`: in the last interval the interface moved more than the view's
+/// threshold (the sampler: 10 packets) while the hook saw none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
+pub struct HookStatus {
+    pub view: Name,
+    /// The interface's namespace as given (`self`: the observer's own) and its name.
+    pub netns: String,
+    pub iface: String,
+    /// `ingress` or `egress`.
+    pub direction: Name,
+    /// How the hook is attached (`tcx`, `clsact`).
+    pub how: String,
+    /// Since attach: packets the hook's program saw, and packets the interface received
+    /// (ingress) or sent (egress).
+    pub hook_packets: u64,
+    pub iface_packets: u64,
+    /// The same over the last interval.
+    pub interval_hook_packets: u64,
+    pub interval_iface_packets: u64,
+    pub blind: bool,
+    /// What runs before the hook and may end the chain (XDP, tcx programs, clsact filters).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ahead: Vec<String>,
+}
+
 /// One interval (`type: interval`; the whole-run table uses the same shape as `summary`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
@@ -613,6 +644,10 @@ pub struct Interval {
     /// Per view, per side (`client`, `server`, `unknown`): never both ends together.
     pub totals: BTreeMap<Name, BTreeMap<Name, ViewStats>>,
     pub counters: Counters,
+    /// Each view's hooks on interfaces (the sampler's: per interface and direction), as
+    /// checked this interval; absent when no view has any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookStatus>,
 }
 
 fn interval_kind() -> Name {

@@ -156,6 +156,11 @@ pub struct RunResult {
     /// created, map-full drops, ...); every drop has a counter here or in a view's `dropped`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counters: BTreeMap<String, BTreeMap<String, u64>>,
+    /// `observe`: each view's hooks on interfaces at the end of the run (packets seen against
+    /// the interface's own, `blind`, what runs ahead). Added without a version change: older
+    /// readers ignore it (docs/results.md, "Compatibility").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<crate::analysis::records::HookStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -411,6 +416,7 @@ impl RunResult {
             views: Vec::new(),
             sweep: None,
             counters: BTreeMap::new(),
+            hooks: Vec::new(),
         }
     }
 

@@ -14,6 +14,11 @@ pub struct FeaturesArgs {
     /// One JSON document instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also list what already runs on this interface's tc hooks (XDP, tcx programs and clsact
+    /// filters, in the order they run) and whether the packet sampler would see the packets
+    /// there ([NETNS:]DEV; repeatable).
+    #[arg(long, value_name = "[NETNS:]DEV")]
+    pub iface: Vec<String>,
 }
 
 /// The path each view takes on a kernel with these features, and what is
@@ -59,6 +64,13 @@ impl Plan {
 pub fn run(args: FeaturesArgs) -> Result<()> {
     let f = Features::get();
     let plan = Plan::of(f);
+    let mut iface_lines = Vec::new();
+    let mut iface_docs = Vec::new();
+    for i in &args.iface {
+        let (lines, doc) = crate::views::iface_hooks(i, f)?;
+        iface_lines.extend(lines);
+        iface_docs.push(doc);
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {
@@ -67,6 +79,7 @@ pub fn run(args: FeaturesArgs) -> Result<()> {
             "capabilities": f.all(),
             "views": plan,
             "observe_can_run": plan.blocker.is_none(),
+            "ifaces": iface_docs,
         });
         writeln!(out, "{doc}")?;
     } else {
@@ -94,6 +107,9 @@ pub fn run(args: FeaturesArgs) -> Result<()> {
         }
         for m in &plan.missing {
             writeln!(out, "missing: {m}")?;
+        }
+        for l in &iface_lines {
+            writeln!(out, "{l}")?;
         }
     }
     out.flush()?;

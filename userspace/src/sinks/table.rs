@@ -313,6 +313,7 @@ mod tests {
                 .into_iter()
                 .collect(),
             counters: BTreeMap::new(),
+            hooks: vec![],
         };
         let mut out = Vec::new();
         print_table(&mut out, "view tcp", &iv, &["tcp"]).unwrap();
@@ -377,6 +378,7 @@ mod tests {
             )]
             .into_iter()
             .collect(),
+            hooks: vec![],
         };
         let mut out = Vec::new();
         print_table(
@@ -444,6 +446,7 @@ mod tests {
             .into_iter()
             .collect(),
             counters: BTreeMap::new(),
+            hooks: vec![],
         };
         let mut out = Vec::new();
         print_table(&mut out, "rttscope observe", &iv, &["tcp"]).unwrap();

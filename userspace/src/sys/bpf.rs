@@ -24,6 +24,11 @@ struct ElemAttr {
 }
 
 fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<()> {
+    bpf_ret(cmd, attr).map(drop)
+}
+
+/// [`bpf`] returning the call's value (a file descriptor for the commands that make one).
+fn bpf_ret<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i64> {
     // SAFETY: `attr` is a valid, initialised bpf_attr prefix of the size
     // passed; the pointers inside it point to live buffers of the sizes the
     // kernel will use (the callers' contracts).
@@ -38,7 +43,7 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<()> {
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
-        Ok(())
+        Ok(r)
     }
 }
 
@@ -164,6 +169,50 @@ pub fn prog_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
     )?;
     // struct bpf_prog_info { __u32 type; __u32 id; ... }
     Ok((info[0] >> 32) as u32)
+}
+
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_PROG_QUERY: libc::c_long = 16;
+
+/// The ids of the programs attached to a hook, in the order they run (BPF_PROG_QUERY; at most
+/// 64). For the tcx attach types `target` is an ifindex of the calling thread's namespace.
+pub fn prog_query(target: u32, attach_type: u32) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    // union bpf_attr, query: target, attach_type, query_flags, attach_flags, prog_ids,
+    // prog_cnt, ... (up to `revision`, 64 bytes)
+    let mut attr = [0u64; 8];
+    attr[0] = target as u64 | ((attach_type as u64) << 32);
+    attr[2] = ids.as_mut_ptr() as u64;
+    attr[3] = ids.len() as u64;
+    match bpf(BPF_PROG_QUERY, &mut attr) {
+        Ok(()) => {}
+        // more than 64: the first 64 were copied
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+        Err(e) => return Err(e),
+    }
+    let n = (attr[3] as u32 as usize).min(ids.len());
+    Ok(ids[..n].to_vec())
+}
+
+/// The name of a loaded program by its id (BPF_PROG_GET_FD_BY_ID, which needs CAP_SYS_ADMIN,
+/// then BPF_OBJ_GET_INFO_BY_FD).
+pub fn prog_name_by_id(id: u32) -> io::Result<String> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut attr = [0u64; 2]; // prog_id, next_id, open_flags
+    attr[0] = id as u64;
+    let fd = bpf_ret(BPF_PROG_GET_FD_BY_ID, &mut attr)?;
+    // SAFETY: a file descriptor bpf(2) just returned to us.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut info = [0u64; 64];
+    obj_info(
+        fd.as_raw_fd(),
+        info.as_mut_ptr().cast(),
+        std::mem::size_of_val(&info),
+    )?;
+    // struct bpf_prog_info: char name[16] at byte 64
+    let bytes: Vec<u8> = info[8..10].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
 }
 
 /// Possible CPUs (`/sys/devices/system/cpu/possible`, e.g. "0-3"): the

@@ -179,11 +179,26 @@ pub fn prog_load(spec: ProgSpec<'_>, insns: &[Insn]) -> io::Result<OwnedFd> {
     }
 }
 
+/// `BPF_F_BEFORE`: with no relative program or link, a tcx link goes in at the head of the
+/// chain (it runs before every program already there).
+pub const LINK_BEFORE: u32 = 1 << 3;
+
 /// BPF_LINK_CREATE: `target` is an ifindex or a cgroup fd (0 for an iterator).
 pub fn link_create(prog: &impl AsFd, target: u32, attach_type: u32) -> io::Result<OwnedFd> {
+    link_create_flags(prog, target, attach_type, 0)
+}
+
+/// [`link_create`] with `flags` ([`LINK_BEFORE`]; the tcx relative fd/id and expected revision
+/// are left 0: none).
+pub fn link_create_flags(
+    prog: &impl AsFd,
+    target: u32,
+    attach_type: u32,
+    flags: u32,
+) -> io::Result<OwnedFd> {
     let mut a = [0u64; 6];
     a[0] = prog.as_fd().as_raw_fd() as u32 as u64 | ((target as u64) << 32);
-    a[1] = attach_type as u64; // flags 0
+    a[1] = attach_type as u64 | ((flags as u64) << 32);
     sys(BPF_LINK_CREATE, &mut a).map(fd)
 }
 

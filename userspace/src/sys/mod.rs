@@ -11,6 +11,7 @@ pub mod files;
 pub mod mmap;
 pub mod netns;
 pub mod preflight;
+pub mod rtnl;
 pub mod sockdiag;
 pub mod tcpinfo;
 

@@ -270,6 +270,16 @@ pub fn plans(f: &probe::Features) -> Vec<probe::ViewPlan> {
         .collect()
 }
 
+/// `rttscope features --iface IF`: what runs on each of the interface's tc hooks, in order, and
+/// whether a view hooked there (the packet sampler) would see the packets: the report's lines
+/// and its JSON.
+pub fn iface_hooks(iface: &str, f: &probe::Features) -> Result<(Vec<String>, serde_json::Value)> {
+    let spec: sampler::IfaceSpec = iface.parse().map_err(anyhow::Error::msg)?;
+    let hooks = sampler::chain::report(&spec, f.tcx.ok)?;
+    let lines = sampler::chain::report_lines(iface, &hooks);
+    Ok((lines, serde_json::json!({ "iface": iface, "hooks": hooks })))
+}
+
 /// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say
 /// nothing).
 pub fn not_requested(kind: ViewKind) -> Option<&'static str> {

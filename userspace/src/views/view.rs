@@ -209,8 +209,14 @@ pub trait View {
     fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead>;
     /// The whole run: each flow the view holds (and held) into `flows`.
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead>;
-    /// Notices for the user since the last call (one line each).
+    /// Notices for the user since the last call (one line each); asked once per interval,
+    /// before the read, and once right after attach.
     fn notices(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Its hooks on interfaces as last checked (packets seen against the interface's own, what
+    /// runs ahead, blind or not; default: none).
+    fn hooks(&self) -> Vec<crate::analysis::records::HookStatus> {
         Vec::new()
     }
     /// The side this view found for a flow, if any (asked by later views).

@@ -151,6 +151,10 @@ async fn observe(args: ObserveArgs) -> Result<()> {
         None => None,
     };
     let mut session = Session::attach(cfg)?;
+    // what already runs ahead of a view's hooks (a CNI's tc programs), said at once
+    for n in session.view_notices() {
+        eprintln!("rttscope: notice: {n}");
+    }
     // daemon mode: serve /metrics, report hooks, drop capabilities.
     let otlp = otlp_config(&args)?;
     let mut daemon = if listener.is_some() || otlp.is_some() {
@@ -329,6 +333,7 @@ impl<'a> Report<'a> {
         let mut iv = read.interval;
         // daemon mode: counters, program statistics.
         if let Some(d) = daemon {
+            d.hooks(&iv.hooks);
             d.counters(&iv.counters);
         }
         let now_t = self.start.elapsed().as_secs_f64();

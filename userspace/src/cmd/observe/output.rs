@@ -90,7 +90,8 @@ pub(super) fn start_record(
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
-        version: 1,
+        // 2: `hooks` in the interval and end records (issue 41)
+        version: 2,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
@@ -230,6 +231,7 @@ pub(super) fn print_end(
         let end = records::End {
             counters: records::counters(counters),
             flows: summary.flows,
+            hooks: summary.hooks,
             t: elapsed_s,
             ts: unix_now(),
             kind: records::EndTag,

@@ -236,6 +236,7 @@ pub(super) fn finish(
         }
     }
     dedup_names(&mut doc.views);
+    doc.hooks = summary_.hooks.clone();
     doc.counters = summary_
         .counters
         .iter()
@@ -344,6 +345,7 @@ mod tests {
             rows,
             totals: [("tcp", tcp)].into_iter().collect(),
             counters: Default::default(),
+            hooks: vec![],
         };
         let v = side_series(
             &summary,

@@ -129,6 +129,11 @@ impl Daemon {
         name
     }
 
+    /// The views' hooks as checked this interval (before [`Daemon::counters`], which renders).
+    pub fn hooks(&mut self, hooks: &[crate::analysis::records::HookStatus]) {
+        self.exporter.set_hooks(hooks);
+    }
+
     /// The interval's counters of every view (observe's `counters` map), and
     /// the program statistics; expire idle series; render what `/metrics`
     /// serves until the next interval and push OTLP when due.

@@ -244,6 +244,15 @@ pub(super) struct ViewLabel {
     pub(super) view: String,
 }
 
+/// One hook of a view on one interface (`rttscope_hook_*`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct HookLabels {
+    pub(super) view: String,
+    pub(super) netns: String,
+    pub(super) interface: String,
+    pub(super) direction: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct DropLabels {
     pub(super) view: String,

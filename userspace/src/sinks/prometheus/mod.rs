@@ -57,7 +57,7 @@ pub mod native;
 pub mod proto;
 mod rtt_hist;
 
-use labels::{DropLabels, EventLabels, ProgLabels, ViewLabel};
+use labels::{DropLabels, EventLabels, HookLabels, ProgLabels, ViewLabel};
 pub use labels::{LabelPolicy, RttLabels, WorkloadLabels};
 pub use rtt_hist::{RttHist, RTT_BOUNDS_US};
 
@@ -157,6 +157,9 @@ pub struct Exporter {
     events: Family<EventLabels, Counter>,
     levels: Family<LevelLabels, Gauge>,
     flows_tracked: Family<ViewLabel, Gauge>,
+    hook_blind: Family<HookLabels, Gauge>,
+    hook_packets: Family<HookLabels, Counter>,
+    hook_iface_packets: Family<HookLabels, Counter>,
     prog_time: Family<ProgLabels, Counter<f64, AtomicU64>>,
     prog_cnt: Family<ProgLabels, Counter>,
     stats_enabled: Gauge,
@@ -211,6 +214,9 @@ impl Exporter {
             events: Family::default(),
             levels: Family::default(),
             flows_tracked: Family::default(),
+            hook_blind: Family::default(),
+            hook_packets: Family::default(),
+            hook_iface_packets: Family::default(),
             prog_time: Family::default(),
             prog_cnt: Family::default(),
             stats_enabled: Gauge::default(),
@@ -279,6 +285,21 @@ impl Exporter {
                 ViewKind::each_says(ViewKind::flows_tracked_are)
             ),
             self.flows_tracked.clone(),
+        );
+        r.register(
+            "rttscope_hook_blind",
+            "1 while a view's hook on an interface is blind: in the last interval the interface moved more than 10 packets in that direction while the hook's program saw none (a program ahead of it ends the chain, or a redirect moves packets past it); 0 otherwise",
+            self.hook_blind.clone(),
+        );
+        r.register(
+            "rttscope_hook_packets",
+            "Packets a view's hook program saw on an interface, per direction (the sampler counts every packet before sampling)",
+            self.hook_packets.clone(),
+        );
+        r.register(
+            "rttscope_hook_iface_packets",
+            "Packets the interface itself received (ingress) or sent (egress) since the hook was attached, from the kernel's interface counters, to compare with rttscope_hook_packets_total",
+            self.hook_iface_packets.clone(),
         );
     }
 
@@ -513,6 +534,26 @@ impl Exporter {
                         event: name.into(),
                     })
                     .inc_by(d);
+            }
+        }
+    }
+
+    /// The views' hooks as checked this interval (cumulative packet counts: added as deltas).
+    pub fn set_hooks(&mut self, hooks: &[crate::analysis::records::HookStatus]) {
+        for h in hooks {
+            let l = HookLabels {
+                view: h.view.to_string(),
+                netns: h.netns.clone(),
+                interface: h.iface.clone(),
+                direction: h.direction.to_string(),
+            };
+            self.hook_blind.get_or_create(&l).set(h.blind as i64);
+            for (fam, now) in [
+                (&self.hook_packets, h.hook_packets),
+                (&self.hook_iface_packets, h.iface_packets),
+            ] {
+                let c = fam.get_or_create(&l);
+                c.inc_by(now.saturating_sub(c.get()));
             }
         }
     }

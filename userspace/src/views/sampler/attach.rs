@@ -94,12 +94,18 @@ fn clsact_first(mode: AttachMode) -> bool {
 
 /// One copy's settings: its interface's `.rodata`, the table's size (and,
 /// without atomics, its locks' and the pool's free stacks').
-fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface, atomics: bool) -> Settings {
+fn settings(
+    cfg: &SamplerConfig,
+    seed: u64,
+    (slot, r): (usize, &ResolvedIface),
+    atomics: bool,
+) -> Settings {
     // (the generated layout has private padding fields: start from zeroes)
     let mut ro: rodata = crate::bpf::zeroed();
     ro.cfg_netns = r.ns.inode;
     ro.cfg_ifindex = r.meta.ifindex;
     ro.cfg_link = r.link.0;
+    ro.cfg_slot = slot as u32;
     ro.cfg_sample_threshold = cfg.threshold();
     ro.cfg_match = cfg.matching.raw();
     ro.cfg_raw = cfg.raw as u32;
@@ -118,6 +124,7 @@ fn settings(cfg: &SamplerConfig, seed: u64, r: &ResolvedIface, atomics: bool) ->
                 cfg_netns,
                 cfg_ifindex,
                 cfg_link,
+                cfg_slot,
                 cfg_sample_threshold,
                 cfg_match,
                 cfg_raw,
@@ -167,6 +174,7 @@ impl Sampler {
         let (def, shared) = object(atomics.used);
         let copies = resolved
             .iter()
+            .enumerate()
             .map(|r| settings(&cfg, seed, r, atomics.used))
             .collect();
         let mut objs = loader::load(kind, def, copies, shared)?;
@@ -175,8 +183,10 @@ impl Sampler {
         let mut attached = Attachments::default();
         let mut info = Vec::new();
         for (obj, r) in objs.iter().zip(&resolved) {
-            let how = attach_copy(obj.as_ref(), r, cfg.attach, &mut attached)?;
-            info.push(attach_info(&r.spec, &r.ns, r.meta.ifindex, how, r.link));
+            let (how, priority) = attach_copy(obj.as_ref(), r, cfg.attach, &mut attached)?;
+            let mut a = attach_info(&r.spec, &r.ns, r.meta.ifindex, how, r.link);
+            a.priority = priority;
+            info.push(a);
         }
         Ok(Sampler {
             cfg,
@@ -202,13 +212,14 @@ impl Sampler {
 
 /// Attach one copy's programs at egress and ingress of its interface: tcx
 /// links where the kernel has them (auto: falling back to clsact if the
-/// attach fails), else clsact filters in our claimed slot. Returns how.
+/// attach fails), else clsact filters in our claimed slot. Returns how, and the clsact
+/// priority taken.
 fn attach_copy(
     obj: &dyn Object,
     r: &ResolvedIface,
     mode: AttachMode,
     attached: &mut Attachments,
-) -> Result<&'static str> {
+) -> Result<(&'static str, Option<u16>)> {
     let mut how = None;
     // our clsact slot on this interface, claimed at its first filter
     let mut slot = None;
@@ -254,7 +265,7 @@ fn attach_copy(
             }
         });
     }
-    Ok(how.unwrap_or("?"))
+    Ok((how.unwrap_or("?"), slot.map(|s| s.1)))
 }
 
 /// Attach `prog` as a clsact filter in our slot of the interface (claimed
@@ -264,7 +275,7 @@ fn clsact(
     prog: std::os::fd::BorrowedFd<'_>,
     r: &ResolvedIface,
     egress: bool,
-    slot: &mut Option<u32>,
+    slot: &mut Option<(u32, u16)>,
     attached: &mut Attachments,
 ) -> Result<()> {
     use super::tc::{clsact_attach, clsact_claim};
@@ -274,7 +285,7 @@ fn clsact(
         None => {
             let claim = netns::run_in(ns, move || clsact_claim(ifindex))
                 .with_context(|| format!("claiming a clsact slot on {spec}"))?;
-            let s = claim.slot;
+            let s = (claim.slot, claim.priority);
             attached.0.push(Attached::Claim {
                 ns: ns.clone(),
                 claim,
@@ -288,7 +299,8 @@ fn clsact(
         ns: ns.clone(),
         ifindex,
         egress,
-        slot,
+        slot: slot.0,
+        priority: slot.1,
     });
     Ok(())
 }
@@ -300,7 +312,7 @@ fn clsact(
     _prog: std::os::fd::BorrowedFd<'_>,
     r: &ResolvedIface,
     _egress: bool,
-    _slot: &mut Option<u32>,
+    _slot: &mut Option<(u32, u16)>,
     _attached: &mut Attachments,
 ) -> Result<()> {
     bail!(
@@ -342,6 +354,10 @@ impl PassiveView for Sampler {
                 .with_context(|| format!("reading sampler counter {name}"))?;
             out.insert(*name, sum.unwrap_or(0));
         }
+        // the programs count each packet once, per interface and direction
+        let hooks = self.hook_packets()?;
+        out.insert("seen_ingress", hooks.iter().map(|h| h[0]).sum());
+        out.insert("seen_egress", hooks.iter().map(|h| h[1]).sum());
         derived_counters(&mut out, self.cfg.sample_every <= 1);
         Ok(out)
     }
@@ -371,6 +387,36 @@ impl SamplerView for Sampler {
 
     fn without_atomics(&self) -> Option<&str> {
         self.without_atomics.as_deref()
+    }
+
+    fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
+        let m = self.first().map("sampler_hooks")?;
+        let mut out = Vec::with_capacity(self.info.len());
+        for slot in 0..self.info.len() as u32 {
+            let mut both = [0u64; 2];
+            for (dir, n) in both.iter_mut().enumerate() {
+                let key = slot * 2 + dir as u32;
+                *n = m
+                    .percpu_sum(&key.to_ne_bytes())
+                    .context("reading the sampler's hook counters")?
+                    .unwrap_or(0);
+            }
+            out.push(both);
+        }
+        Ok(out)
+    }
+
+    fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
+        let id = |o: &dyn Object, p: &str| {
+            o.prog_fd(p)
+                .ok()
+                .and_then(|fd| crate::sys::bpf::prog_id(fd).ok())
+                .unwrap_or(0)
+        };
+        self.objs
+            .iter()
+            .map(|o| [id(o.as_ref(), PROG_INGRESS), id(o.as_ref(), PROG_EGRESS)])
+            .collect()
     }
 
     fn drain_pool_if_busy(&mut self) -> Result<()> {

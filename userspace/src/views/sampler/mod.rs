@@ -74,9 +74,10 @@ pub const CLSACT_PRIORITY: u32 = 0x7273;
 pub const PROG_EGRESS: &str = "rtt_sampler_egr";
 pub const PROG_INGRESS: &str = "rtt_sampler_ing";
 /// The maps every copy of the object shares (the first copy creates them).
-pub(crate) const SHARED_MAPS: [&str; 6] = [
+pub(crate) const SHARED_MAPS: [&str; 7] = [
     "sampler_table",
     "sampler_counters",
+    "sampler_hooks",
     "fine_pool",
     "fine_pool_ctl",
     "fine_ring",
@@ -84,9 +85,10 @@ pub(crate) const SHARED_MAPS: [&str; 6] = [
 ];
 /// The same for the build without BPF atomics (bpf/sampler_noatomic.bpf.h):
 /// the ways' locks and the pool's free stacks too.
-pub(crate) const SHARED_MAPS_NOATOMIC: [&str; 9] = [
+pub(crate) const SHARED_MAPS_NOATOMIC: [&str; 10] = [
     "sampler_table",
     "sampler_counters",
+    "sampler_hooks",
     "fine_pool",
     "fine_pool_ctl",
     "fine_ring",
@@ -109,6 +111,9 @@ pub struct AttachInfo {
     pub ifindex: u32,
     /// "tcx" or "clsact".
     pub how: String,
+    /// clsact: the priority of our filters (the same on both hooks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u16>,
     /// Link layer: "ether" or "none".
     pub link: String,
 }
@@ -360,6 +365,7 @@ pub(crate) fn attach_info(
         netns_inode: ns.inode,
         ifindex,
         how: how.to_string(),
+        priority: None,
         link: if link == t::rttscope_sampler_link::RTTSCOPE_LINK_NONE {
             "none".into()
         } else {
@@ -564,6 +570,11 @@ pub trait SamplerView: PassiveView {
     /// Set only where the kernel programs built without BPF atomics that
     /// return a value run (kernels < 5.12), and why.
     fn without_atomics(&self) -> Option<&str>;
+    /// Packets each interface's hooks saw since attach, `[ingress, egress]`, in the order of
+    /// [`SamplerView::attach_info`] (`sampler_hooks`, summed over CPUs).
+    fn hook_packets(&self) -> Result<Vec<[u64; 2]>>;
+    /// Each interface's programs' ids, `[ingress, egress]`, in the same order.
+    fn hook_prog_ids(&self) -> Vec<[u32; 2]>;
     /// Every flow's cumulative histogram, plus min/max since the previous
     /// call (the kernel's per-flow window restarts when the epoch moves on):
     /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
@@ -583,7 +594,9 @@ pub trait SamplerView: PassiveView {
 }
 
 pub(crate) mod attach;
+pub mod chain;
 mod config;
+pub mod hooks;
 pub mod options;
 pub mod plan;
 pub mod sides;
@@ -694,6 +707,7 @@ mod tests {
             netns_inode: 5,
             ifindex: 3,
             how: "tcx".into(),
+            priority: None,
             link: "ether".into(),
         }];
         let s = flow_stats(&info, &key, &f, acc, 7).unwrap();

@@ -17,6 +17,11 @@
 //!   older rttscope that claimed nothing);
 //! - a filter of another program in a slot makes that slot unusable.
 //!
+//! The priority of a slot's filters is chosen at the claim ([`clsact_priority`]): one below
+//! the lowest priority of the other filters on the interface, so ours run before a CNI's
+//! filter that ends the chain, unless that filter sits at priority 1 (nothing can precede it:
+//! the run says so). Several observers may share one priority (their handles differ).
+//!
 //! The clsact qdisc is removed by the last observer to leave, if an observer
 //! created it (each holds a second name, `...-<k>-qdisc`, while it knows the
 //! qdisc to be rttscope's); a qdisc that existed before is left alone.
@@ -29,6 +34,7 @@ use anyhow::{Context, Result};
 
 use super::{CLSACT_HANDLE, CLSACT_PRIORITY};
 use crate::sys::netns::{self, NetNs};
+use crate::sys::rtnl::{Rtnl, TcFilter};
 
 /// Slots per interface: observers that can share one interface in clsact mode.
 pub(super) const CLSACT_SLOTS: u32 = 64;
@@ -43,6 +49,7 @@ pub(super) enum Attached {
         ifindex: u32,
         egress: bool,
         slot: u32,
+        priority: u16,
     },
     /// Our claim on a clsact slot of an interface (before its filters in the
     /// list; released after them).
@@ -75,8 +82,10 @@ fn clsact_release(list: &mut Vec<Attached>) {
                 ifindex,
                 egress,
                 slot,
+                priority,
             } => {
-                if let Err(e) = netns::run_in(&ns, move || clsact_detach(ifindex, egress, slot)) {
+                let detach = move || clsact_detach(ifindex, egress, slot, priority);
+                if let Err(e) = netns::run_in(&ns, detach) {
                     tracing::warn!("removing clsact filter (ifindex {ifindex}): {e:#}");
                 }
             }
@@ -107,6 +116,9 @@ fn clsact_release(list: &mut Vec<Attached>) {
 pub(super) struct ClsactClaim {
     pub(super) ifindex: u32,
     pub(super) slot: u32,
+    /// The priority of our filters: ahead of the other filters where one is free
+    /// ([`clsact_priority`]).
+    pub(super) priority: u16,
     /// Bound to the slot's name: the proof that we are alive.
     _name: UnixDatagram,
     /// Bound to the slot's qdisc name while we know the clsact qdisc to be
@@ -146,17 +158,29 @@ fn other_observers(ifindex: u32, slot: u32) -> bool {
 }
 
 /// Attach `prog` as a tcx link at the ingress or egress of `ifindex` (in
-/// the calling thread's namespace), appended after the programs already
-/// there (libbpf's NULL opts, aya's default `LinkOrder`): one
+/// the calling thread's namespace), at the **head** of the chain
+/// (`BPF_F_BEFORE` with no relative program: issue 41): it runs before the
+/// programs already there (a CNI's, which may end the chain), and since it
+/// returns `TCX_NEXT` they all run after it as before. One
 /// `BPF_LINK_CREATE`, whichever loader loaded the program.
 pub(super) fn tcx_attach(prog: BorrowedFd<'_>, ifindex: u32, egress: bool) -> Result<OwnedFd> {
-    use crate::sys::bpfprog::{link_create, ATTACH_TCX_EGRESS, ATTACH_TCX_INGRESS};
-    let at = if egress {
+    use crate::sys::bpfprog::{link_create_flags, LINK_BEFORE};
+    Ok(link_create_flags(
+        &prog,
+        ifindex,
+        tcx_attach_type(egress),
+        LINK_BEFORE,
+    )?)
+}
+
+/// The tcx attach type of a direction.
+pub(super) fn tcx_attach_type(egress: bool) -> u32 {
+    use crate::sys::bpfprog::{ATTACH_TCX_EGRESS, ATTACH_TCX_INGRESS};
+    if egress {
         ATTACH_TCX_EGRESS
     } else {
         ATTACH_TCX_INGRESS
-    };
-    Ok(link_create(&prog, ifindex, at)?)
+    }
 }
 
 #[cfg(feature = "libbpf")]
@@ -164,7 +188,7 @@ fn clsact_hook(
     prog_fd: BorrowedFd<'_>,
     ifindex: u32,
     egress: bool,
-    slot: u32,
+    (slot, priority): (u32, u16),
 ) -> libbpf_rs::TcHook {
     let mut b = libbpf_rs::TcHookBuilder::new(prog_fd);
     // never replace: our slot is empty when we attach (a filter that appeared
@@ -172,20 +196,12 @@ fn clsact_hook(
     b.ifindex(ifindex as i32)
         .replace(false)
         .handle(CLSACT_HANDLE + slot)
-        .priority(CLSACT_PRIORITY + slot);
+        .priority(priority as u32);
     b.hook(if egress {
         libbpf_rs::TC_EGRESS
     } else {
         libbpf_rs::TC_INGRESS
     })
-}
-
-#[cfg(feature = "libbpf")]
-/// Name of a loaded program, by id.
-fn prog_name(id: u32) -> Option<String> {
-    libbpf_rs::query::ProgInfoIter::default()
-        .find(|p| p.id == id)
-        .map(|p| p.name.to_string_lossy().into_owned())
 }
 
 #[cfg(feature = "libbpf")]
@@ -222,16 +238,46 @@ fn prog_held(id: u32) -> bool {
     false
 }
 
+/// Whether a clsact filter is one of rttscope's (libbpf names it `<program name>:[<id>]`).
+pub(super) fn is_ours(f: &TcFilter) -> bool {
+    f.kind == "bpf"
+        && f.name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("rtt_sampler_"))
+}
+
+/// The priority our filters in `slot` take, given the filters on both hooks of the interface:
+/// one less than the lowest priority of the other filters, so that ours run first (issue 41);
+/// the slot's own (`CLSACT_PRIORITY + slot`) when no other filter comes before that, or when
+/// the lowest is 1, which nothing can precede (tc reads priority 0 as "choose one").
+pub(super) fn clsact_priority(filters: &[TcFilter], slot: u32) -> u16 {
+    let own = (CLSACT_PRIORITY + slot) as u16;
+    let lowest = filters
+        .iter()
+        .filter(|f| !is_ours(f))
+        .map(|f| f.priority)
+        .min();
+    match lowest {
+        Some(l) if l <= own && l > 1 => l - 1,
+        _ => own,
+    }
+}
+
 #[cfg(feature = "libbpf")]
-/// The filter in `slot` of a hook: `Some((prog id, prog name))`.
-fn slot_filter(ifindex: u32, egress: bool, slot: u32) -> Result<Option<(u32, String)>> {
-    // the fd is not used by query (handle/priority identify the filter)
-    let devnull = std::fs::File::open("/dev/null")?;
-    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress, slot);
-    let Ok(id) = hook.query() else {
-        return Ok(None); // no clsact qdisc, or no filter in this slot
-    };
-    Ok(Some((id, prog_name(id).unwrap_or_default())))
+/// The filter in `slot` of a hook (by its handle, at whatever priority it took): `Some((prog
+/// id, name, priority))`.
+fn slot_filter(filters: &[TcFilter], slot: u32) -> Option<(u32, String, u16)> {
+    filters
+        .iter()
+        .find(|f| f.handle == CLSACT_HANDLE + slot)
+        .map(|f| {
+            let name = if f.kind == "bpf" {
+                f.name.clone().unwrap_or_default()
+            } else {
+                f.kind.clone()
+            };
+            (f.prog_id.unwrap_or(0), name, f.priority)
+        })
 }
 
 #[cfg(feature = "libbpf")]
@@ -239,6 +285,7 @@ fn slot_filter(ifindex: u32, egress: bool, slot: u32) -> Result<Option<(u32, Str
 /// filters of ours that dead observers left in any free slot, and make sure
 /// the clsact qdisc exists. Runs inside the interface's namespace.
 pub(super) fn clsact_claim(ifindex: u32) -> Result<ClsactClaim> {
+    let mut rtnl = Rtnl::open()?;
     let mut mine = None;
     for k in 0..CLSACT_SLOTS {
         // held: a live observer's slot, whatever is in it stays
@@ -247,22 +294,23 @@ pub(super) fn clsact_claim(ifindex: u32) -> Result<ClsactClaim> {
         };
         let mut usable = true;
         for egress in [true, false] {
-            match slot_filter(ifindex, egress, k)? {
+            let filters = rtnl.filters(ifindex, egress)?;
+            match slot_filter(&filters, k) {
                 None => {}
-                Some((id, n)) if n.starts_with("rtt_sampler_") => {
+                Some((id, n, prio)) if n.starts_with("rtt_sampler_") => {
                     if prog_held(id) {
                         // alive without a claim (an older rttscope): leave it
                         usable = false;
                         continue;
                     }
-                    clsact_detach(ifindex, egress, k)
+                    clsact_detach(ifindex, egress, k, prio)
                         .context("removing a stale rttscope clsact filter")?;
                     tracing::info!(
                         "removed a stale rttscope clsact filter (ifindex {ifindex}, handle {:#x})",
                         CLSACT_HANDLE + k
                     );
                 }
-                Some((_, n)) => {
+                Some((_, n, _)) => {
                     tracing::info!(
                         "a foreign tc filter ({n}) sits at handle {:#x}; not using that slot",
                         CLSACT_HANDLE + k
@@ -288,9 +336,12 @@ pub(super) fn clsact_claim(ifindex: u32) -> Result<ClsactClaim> {
     } else {
         None
     };
+    let mut all = rtnl.filters(ifindex, false)?;
+    all.extend(rtnl.filters(ifindex, true)?);
     Ok(ClsactClaim {
         ifindex,
         slot,
+        priority: clsact_priority(&all, slot),
         _name: name,
         qdisc,
     })
@@ -337,7 +388,7 @@ pub(super) fn clsact_attach(
     prog: BorrowedFd<'_>,
     ifindex: u32,
     egress: bool,
-    slot: u32,
+    slot: (u32, u16),
 ) -> Result<()> {
     let mut hook = clsact_hook(prog, ifindex, egress, slot);
     hook.attach().context("attaching the clsact filter")?;
@@ -345,9 +396,9 @@ pub(super) fn clsact_attach(
 }
 
 #[cfg(feature = "libbpf")]
-fn clsact_detach(ifindex: u32, egress: bool, slot: u32) -> Result<()> {
+fn clsact_detach(ifindex: u32, egress: bool, slot: u32, priority: u16) -> Result<()> {
     // the fd is not used by detach (handle/priority identify the filter)
     let devnull = std::fs::File::open("/dev/null")?;
-    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress, slot);
+    let mut hook = clsact_hook(devnull.as_fd(), ifindex, egress, (slot, priority));
     hook.detach().map_err(anyhow::Error::from)
 }

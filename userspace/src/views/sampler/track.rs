@@ -43,6 +43,8 @@ use crate::views::{PassiveView, ViewKind};
 /// The attached sampler and what the session keeps of it between reads.
 pub struct SamplerSession {
     view: Box<dyn SamplerView>,
+    /// Each hook against its interface's own counters, and what runs ahead of it.
+    hooks: super::hooks::HookWatch,
     ways: SamplerTracker,
     /// Sides of flows the kernel could not label (socket table).
     sides: SideResolver,
@@ -60,6 +62,7 @@ impl SamplerSession {
                 diag: workloads.then(|| FlowOwners::open(&namespaces)),
             },
             ways: SamplerTracker::default(),
+            hooks: super::hooks::HookWatch::new(view.as_ref()),
             view,
         }
     }
@@ -228,6 +231,19 @@ impl View for SamplerSession {
 
     fn resolve_side(&mut self, flow: &Flow) -> Side {
         self.sides.side(flow)
+    }
+
+    /// Once per interval (before the read; first right after attach): the hooks against
+    /// their interfaces, and what newly runs ahead of them.
+    fn notices(&mut self) -> Vec<String> {
+        let mut out = self.hooks.take_notices();
+        self.hooks.check(self.view.as_ref());
+        out.extend(self.hooks.take_notices());
+        out
+    }
+
+    fn hooks(&self) -> Vec<crate::analysis::records::HookStatus> {
+        self.hooks.statuses()
     }
 
     fn series(&self) -> Vec<SeriesOf> {
