@@ -82,7 +82,12 @@ fn seccomp_refusing_bpf_is_named_by_features_and_observe() {
 
     let o = under_seccomp(bin, &["features"]);
     let (out, err) = (text(&o.stdout), text(&o.stderr));
-    for l in out.lines().filter(|l| l.contains("seccomp filter refuses")) {
+    let unknown: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("  ") && l.contains("seccomp filter refuses"))
+        .collect();
+    assert_eq!(unknown.len(), 6, "each kernel probe: {out}");
+    for l in unknown {
         assert!(
             l.split_whitespace().nth(1) == Some("?"),
             "unknown, not no: {l}\n{out}"

@@ -364,6 +364,33 @@ mod tests {
         assert!(!still_there(Path::new("/nonexistent/ns"), me.inode));
     }
 
+    /// A namespace file that cannot be opened is an [`EnterError`], found through the context a
+    /// caller adds; an error of what ran inside is not.
+    #[test]
+    fn a_namespace_that_cannot_be_opened_is_an_enter_error() {
+        let e = enter_path(Path::new("/nonexistent/ns/net"), "gone").unwrap_err();
+        let e = anyhow::Error::from(e).context("walking TCP sockets");
+        let why = not_entered(&e).expect("an EnterError in the chain");
+        assert!(matches!(why, EnterError::Open { .. }), "{why:?}");
+        assert!(
+            why.to_string()
+                .starts_with("opening network namespace 'gone': No such file"),
+            "{why}"
+        );
+        assert!(not_entered(&anyhow::anyhow!("verifier: invalid access")).is_none());
+    }
+
+    /// In the initial namespace, `host` is it, however PID 1's file reads.
+    #[test]
+    fn host_resolves_to_the_initial_namespace_from_it() {
+        if current_inode().ok() != Some(INIT_NET_INODE) {
+            return; // a test run inside a namespace of its own
+        }
+        let host = resolve(HOST).unwrap();
+        assert_eq!(host.inode, INIT_NET_INODE);
+        assert!(is_current(&host));
+    }
+
     #[test]
     fn self_resolves() {
         let me = resolve("self").unwrap();
