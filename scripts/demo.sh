@@ -7,7 +7,10 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 require_root
 cd "$ROOT"
-"$ROOT/scripts/setup.sh"
-cargo build --release -q
-BIN="$ROOT/target/release/rttscope"
+# Only what the demo needs: the compiler toolchain and the lab's network tools.
+"$ROOT/scripts/setup.sh" --for demo
+# The binary alone, default features (the libbpf loader and the lab), no debug info: the
+# `demo` profile of Cargo.toml.
+cargo build --profile demo --bin rttscope -q
+BIN="${CARGO_TARGET_DIR:-$ROOT/target}/demo/rttscope"
 exec "$BIN" lab delayed-ack --quick "$@"

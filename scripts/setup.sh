@@ -1,50 +1,124 @@
 #!/usr/bin/env bash
-# Install what a fresh Debian 12 machine lacks to build, test and run rttscope.
-# Idempotent: installs only what is missing. Needs root for apt.
+# Install what a fresh Debian 12 machine lacks for what rttscope is to do here:
+#   --for demo   scripts/demo.sh: the compiler toolchain and the lab's network tools only
+#   --for test   (the default) scripts/test.sh: all of the demo's, and what only the tests need
+#                (container tools, QEMU and other kernels, Prometheus, virtme-ng, ...)
+# Idempotent: installs only what is missing. Needs root for apt. Every archive comes from this
+# machine's own apt sources; no package registry is named here.
 set -euo pipefail
 
-APT_PKGS=(
-  clang-19 llvm-19            # BPF C compiler (BPF_CLANG overrides)
+FOR=test
+case "${1:-}" in
+  "") ;;
+  --for) FOR=${2:-} ;;
+  --for=*) FOR=${1#--for=} ;;
+  *) echo "setup: unknown argument '$1' (usage: setup.sh [--for demo|test])" >&2; exit 2 ;;
+esac
+case "$FOR" in
+  demo | test) ;;
+  *) echo "setup: --for takes 'demo' or 'test', not '$FOR'" >&2; exit 2 ;;
+esac
+
+# What `scripts/demo.sh` needs: cargo build --profile demo, then `rttscope lab delayed-ack --quick`.
+DEMO_PKGS=(
+  clang-19                    # BPF C compiler (BPF_CLANG overrides)
   libelf-dev zlib1g-dev pkg-config make gcc  # vendored libbpf (libbpf-sys)
-  bpftool                     # vmlinux.h generation, leftover checks, run-time stats
-  iproute2 iputils-ping       # namespaces, veth, tc, ping
-  nftables iptables           # lab: loss, NFQUEUE steering
-  irtt iperf3 tcpdump procps ethtool  # peers and tools for tests, lab and benchmarks
+  bpftool                     # vmlinux.h generation
+  ca-certificates             # cargo fetching the crates
+  iproute2 procps             # the lab's namespaces, veth and tc (ip, tc), its sysctls
+  nftables iptables           # the lab's link emulator: loss (nft), NFQUEUE steering (iptables)
+)
+# What only the tests, benchmarks and the image need, on top.
+TEST_PKGS=(
+  llvm-19                     # llvm-objdump (comparing BPF objects, docs/kernels.md)
+  iputils-ping                # ping, for the active probes' comparisons
+  irtt iperf3 tcpdump ethtool  # peers and tools for tests, lab and benchmarks
   systemd util-linux          # systemd-analyze verify, setpriv and nsenter (deployment tests)
   strace bsdutils             # syscall counts (probe --spin/--busy-poll test), script's pty (progress, log colour tests)
   prometheus                  # promtool check metrics on a live scrape (metrics tests)
   podman buildah skopeo uidmap mmdebstrap binutils runc  # the container image: scripts/build-image.sh, tests/image.rs (runc: crun refuses hybrid-cgroup hosts)
   python3-yaml                # image test: the rendered manifests as JSON
-  ca-certificates curl
+  curl
   qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM
 )
 
-missing=()
-for p in "${APT_PKGS[@]}"; do
-  [[ "$p" == \#* ]] && continue
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
+# Install the packages of "$@" that are missing (one apt-get update, only when needed).
+apt_install_missing() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+}
 
-# Rust toolchain (stable) with rustfmt and clippy.
+pkgs=("${DEMO_PKGS[@]}")
+[ "$FOR" = test ] && pkgs+=("${TEST_PKGS[@]}")
+apt_install_missing "${pkgs[@]}"
+
+# "URI SUITE" for every enabled deb source of this machine's apt: one-line entries of
+# sources.list and *.list, deb822 stanzas (`Types:`, `URIs:`, `Suites:`) of *.sources.
+apt_sources() {
+  local f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -r "$f" ] || continue
+    sed -E -n 's/^[[:space:]]*deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+)[[:space:]]+([^[:space:]]+).*/\2 \3/p' "$f"
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -r "$f" ] || continue
+    awk 'function flush(  i, j) { if (deb && on) for (i in u) for (j in s) print u[i], s[j]
+                                  split("", u); split("", s); deb = 0; on = 1 }
+         BEGIN { on = 1 }
+         /^[[:space:]]*$/ { flush(); next }
+         /^[[:space:]]*#/ { next }
+         { k = tolower($1) }
+         k == "types:" { for (i = 2; i <= NF; i++) if ($i == "deb") deb = 1 }
+         k == "uris:" { for (i = 2; i <= NF; i++) u[i] = $i }
+         k == "suites:" { for (i = 2; i <= NF; i++) s[i] = $i }
+         k == "enabled:" && tolower($2) == "no" { on = 0 }
+         END { flush() }' "$f"
+  done
+}
+
+# The archive (URI) this machine's apt takes one of SUITES from: the first found, or one
+# sentence and a non-zero exit.
+archive_for() {
+  local s uri
+  for s in "$@"; do
+    uri=$(apt_sources | awk -v s="$s" '$2 == s { print $1; exit }')
+    [ -n "$uri" ] && { echo "${uri%/}"; return 0; }
+  done
+  echo "setup: no archive in this machine's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d/) serves $*: add one, or run on Debian 12 (bookworm)" >&2
+  return 1
+}
+
+# Rust: the machine's cargo, else rustup's under ~/.cargo, else Debian's cargo-web (new enough
+# in bookworm-security) from the machine's own apt sources. rustup itself is not fetched here.
+export PATH="$HOME/.cargo/bin:$PATH"
+RUST_MIN=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
 if ! command -v cargo >/dev/null 2>&1; then
-  if [ -x "$HOME/.cargo/bin/cargo" ]; then
-    export PATH="$HOME/.cargo/bin:$PATH"
-  else
-    echo "setup: installing rustup + stable toolchain"
-    curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --default-toolchain stable >/dev/null
-    export PATH="$HOME/.cargo/bin:$PATH"
+  if [ "$FOR" = test ]; then
+    echo "setup: cargo is missing, and the tests need rustfmt and clippy of the same toolchain, which Debian's cargo-web lacks: install Rust >= $RUST_MIN with rustup (stable, components rustfmt and clippy) and run again" >&2
+    exit 1
   fi
+  cand=$(apt-cache policy cargo-web 2>/dev/null | sed -n 's/^ *Candidate: *//p')
+  if [ -z "$cand" ] || [ "$cand" = "(none)" ] || ! dpkg --compare-versions "$cand" ge "$RUST_MIN"; then
+    echo "setup: cargo is missing and this machine's apt offers no cargo-web >= $RUST_MIN (found: ${cand:-none}): install Rust >= $RUST_MIN (rustup) and run again" >&2
+    exit 1
+  fi
+  apt_install_missing cargo-web rustc-web
 fi
-if command -v rustup >/dev/null 2>&1; then
+if [ "$FOR" = test ] && command -v rustup >/dev/null 2>&1; then
   for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
   done
+fi
+if [ "$FOR" = demo ]; then
+  echo "setup: ok for the demo ($(clang-19 --version | head -1); $(cargo --version))"
+  exit 0
 fi
 
 # virtme-ng (vng) boots the other kernels for scripts/test-kernels.sh (docs/kernels.md):
@@ -79,9 +153,8 @@ if [ ! -x "$PROM_OTLP" ]; then
   if [ -z "$GO" ]; then
     work=/var/cache/rttscope/apt-bpo
     mkdir -p "$work/lists/partial" "$work/cache/archives/partial" /var/cache/rttscope/golang
-    uri=$(grep -rhoE 'https?://[^ ]*/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
-      grep -v security | head -1 | tr -d ' ')
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${uri:-http://deb.debian.org/debian} bookworm-backports main" >"$work/sources.list"
+    uri=$(archive_for bookworm)
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri bookworm-backports main" >"$work/sources.list"
     aptopts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
       -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
     apt-get "${aptopts[@]}" -qq update
@@ -136,8 +209,12 @@ fetch_kernel() { # suite uri package-regex
   rm -f "$dir"/"$pkg"_*.deb
   fetch_kernel "$@"
 }
-fetch_kernel bullseye-security http://deb.debian.org/debian-security '^linux-image-5\.10\.0-[0-9]+-amd64$'
-fetch_kernel trixie http://deb.debian.org/debian '^linux-image-6\.12\.[0-9.]+\+deb13-amd64$'
+# Debian's archives hold every release's suites: bullseye-security comes from the archive this
+# machine takes bookworm-security from, trixie from the one it takes bookworm from.
+main_archive=$(archive_for bookworm)
+security_archive=$(archive_for bookworm-security bookworm/updates)
+fetch_kernel bullseye-security "$security_archive" '^linux-image-5\.10\.0-[0-9]+-amd64$'
+fetch_kernel trixie "$main_archive" '^linux-image-6\.12\.[0-9.]+\+deb13-amd64$'
 
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
 echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

@@ -12,6 +12,10 @@
 //! - clang: `BPF_CLANG` (default `clang-19`, then `clang`).
 //! - `RTTSCOPE_GIT_COMMIT` (for `--version`): `git rev-parse --short HEAD`,
 //!   or "unknown" outside a git checkout (a source tarball).
+//! - `RTTSCOPE_FEATURES`, `RTTSCOPE_LOADERS` and `RTTSCOPE_LINKAGE` (for `--version`, results
+//!   and `rttscope_build_info`): the cargo features built in, those of them that are BPF
+//!   loaders, and `static` where the C library is linked in (target feature `crt-static`),
+//!   else `dynamic`.
 //! - vmlinux.h: `RTTSCOPE_VMLINUX_H` (a file) if set, else generated from the
 //!   build machine's BTF (`bpftool btf dump file /sys/kernel/btf/vmlinux format c`).
 //!   The objects are CO-RE: field offsets are relocated at load time, so a
@@ -123,6 +127,36 @@ fn extract_types(skel: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What this build is, beyond its commit: `RTTSCOPE_FEATURES` (the cargo features enabled, as
+/// cargo names them to build scripts), `RTTSCOPE_LOADERS` (those that are BPF loaders) and
+/// `RTTSCOPE_LINKAGE` (`static` with the target feature crt-static, else `dynamic`).
+fn build_info() {
+    let mut features: Vec<String> = env::vars()
+        .filter_map(|(k, _)| {
+            let f = k
+                .strip_prefix("CARGO_FEATURE_")?
+                .to_lowercase()
+                .replace('_', "-");
+            (f != "default").then_some(f)
+        })
+        .collect();
+    features.sort();
+    let loaders: Vec<&str> = ["libbpf", "aya"]
+        .into_iter()
+        .filter(|l| features.iter().any(|f| f == l))
+        .collect();
+    let crt_static = env::var("CARGO_CFG_TARGET_FEATURE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|f| f == "crt-static");
+    println!("cargo:rustc-env=RTTSCOPE_FEATURES={}", features.join(","));
+    println!("cargo:rustc-env=RTTSCOPE_LOADERS={}", loaders.join(","));
+    println!(
+        "cargo:rustc-env=RTTSCOPE_LINKAGE={}",
+        if crt_static { "static" } else { "dynamic" }
+    );
+}
+
 /// The short commit of the checkout, for `--version`; "unknown" outside git.
 /// Rebuilds when HEAD moves (the files git updates on commit and checkout).
 fn git_commit(manifest: &Path) -> String {
@@ -164,6 +198,7 @@ fn main() -> Result<()> {
         "cargo:rustc-env=RTTSCOPE_GIT_COMMIT={}",
         git_commit(&manifest)
     );
+    build_info();
     let bpf_dir = manifest
         .join("../bpf")
         .canonicalize()

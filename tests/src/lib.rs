@@ -790,3 +790,55 @@ pub fn threads_in(held: &[HeldNs]) -> Vec<String> {
     }
     found
 }
+
+/// Make `cmd` run under a seccomp filter that refuses bpf(2) with EPERM, as a container
+/// runtime's default profile does to a container: the child sets no_new_privs and installs the
+/// filter (SECCOMP_SET_MODE_FILTER) just before it executes the program. Every other system
+/// call passes; the capabilities are untouched.
+pub fn refuse_bpf_by_seccomp(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec; it allocates nothing and makes
+    // two prctl(2) calls, both async-signal-safe.
+    unsafe { cmd.pre_exec(install_bpf_refusal) }
+}
+
+/// The classic-BPF seccomp program: on x86_64, bpf(2) returns EPERM, all else is allowed.
+fn install_bpf_refusal() -> std::io::Result<()> {
+    // linux/filter.h, linux/seccomp.h, linux/audit.h
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    let filter = [
+        op(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        op(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        op(RET_K, 0, 0, RET_ALLOW),
+        op(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        op(JEQ_K, 0, 1, libc::SYS_bpf as u32),
+        op(RET_K, 0, 0, RET_ERRNO | libc::EPERM as u32),
+        op(RET_K, 0, 0, RET_ALLOW),
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with the documented arguments; `prog` and `filter` outlive the calls.
+    let r = unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            -1
+        } else {
+            libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            )
+        }
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,40 +1,19 @@
 //! The command line: one subcommand per module.
 use clap::{Parser, Subcommand};
 
-/// The loaders built into this binary, as `--version` names them.
-#[cfg(all(feature = "libbpf", feature = "aya"))]
-macro_rules! loaders {
-    () => {
-        "libbpf, aya (--loader)"
-    };
-}
-#[cfg(all(feature = "libbpf", not(feature = "aya")))]
-macro_rules! loaders {
-    () => {
-        "libbpf"
-    };
-}
-#[cfg(all(feature = "aya", not(feature = "libbpf")))]
-macro_rules! loaders {
-    () => {
-        "aya"
-    };
-}
-#[cfg(not(any(feature = "aya", feature = "libbpf")))]
-macro_rules! loaders {
-    () => {
-        "none"
-    };
-}
-
-/// `rttscope --version`: the version, the commit it was built from and the
-/// BPF loaders built in.
+/// `rttscope --version`: the version, the commit it was built from, the BPF loaders and cargo
+/// features built in, and whether the binary is static (build.rs; results carry the same as
+/// their `tool`, `crate::analysis::results::Tool::current`).
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
     env!("RTTSCOPE_GIT_COMMIT"),
     "; loaders: ",
-    loaders!(),
+    env!("RTTSCOPE_LOADERS"),
+    "; features: ",
+    env!("RTTSCOPE_FEATURES"),
+    "; linkage: ",
+    env!("RTTSCOPE_LINKAGE"),
     ")"
 );
 
@@ -84,7 +63,7 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    /// `--version` names the commit and the loaders built in.
+    /// `--version` names the commit, the loaders and features built in and the linkage.
     #[test]
     fn version_names_commit_and_loaders() {
         let v = Cli::command().render_version();
@@ -104,6 +83,19 @@ mod tests {
         if !cfg!(feature = "aya") {
             assert!(!v.contains("aya"), "{v}");
         }
+        // the features built in, and the linkage the target says
+        let features = v.split("; features: ").nth(1).unwrap_or_default();
+        assert_eq!(
+            features.contains("lab"),
+            cfg!(feature = "lab"),
+            "{v}: lab feature"
+        );
+        let linkage = if cfg!(target_feature = "crt-static") {
+            "; linkage: static)"
+        } else {
+            "; linkage: dynamic)"
+        };
+        assert!(v.trim_end().ends_with(linkage), "{v}");
     }
 
     /// `--loader` (and RTTSCOPE_LOADER) only where there is a choice: in a

@@ -163,10 +163,44 @@ pub struct RunResult {
     pub hooks: Vec<crate::analysis::records::HookStatus>,
 }
 
+/// The program that wrote a document, as its `--version` says it (the last four fields are
+/// empty in documents written before they were added).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Tool {
     pub name: String,
     pub version: String,
+    /// The commit it was built from (`git rev-parse --short HEAD`; `unknown` outside a checkout).
+    #[serde(default)]
+    pub commit: String,
+    /// The BPF loaders built in (`libbpf`, `aya`).
+    #[serde(default)]
+    pub loaders: Vec<String>,
+    /// The cargo features built in (`aya`, `lab`, `libbpf`, ...), sorted.
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// `static` (no dynamic dependencies: built with the target feature `crt-static`) or `dynamic`.
+    #[serde(default)]
+    pub linkage: String,
+}
+
+impl Tool {
+    /// This binary (what build.rs found: `rttscope --version` prints the same).
+    pub fn current() -> Tool {
+        let list = |s: &str| {
+            s.split(',')
+                .filter(|x| !x.is_empty())
+                .map(String::from)
+                .collect()
+        };
+        Tool {
+            name: env!("CARGO_PKG_NAME").to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            commit: env!("RTTSCOPE_GIT_COMMIT").to_string(),
+            loaders: list(env!("RTTSCOPE_LOADERS")),
+            features: list(env!("RTTSCOPE_FEATURES")),
+            linkage: env!("RTTSCOPE_LINKAGE").to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
@@ -403,10 +437,7 @@ impl RunResult {
         RunResult {
             format: FORMAT.to_string(),
             version: VERSION,
-            tool: Tool {
-                name: env!("CARGO_PKG_NAME").to_string(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-            },
+            tool: Tool::current(),
             created: rfc3339_utc(now),
             start_unix_s: Some(now),
             host: HostInfo::current(),
@@ -931,6 +962,42 @@ mod tests {
             "{sample}"
         );
         assert_eq!(v["properties"]["format"]["const"], FORMAT);
+    }
+
+    /// The document says which build wrote it, as `--version` does: commit, loaders, features
+    /// and linkage; documents written before those fields read with them empty.
+    #[test]
+    fn tool_names_the_build() {
+        let v: serde_json::Value =
+            serde_json::from_str(&sample_result().to_json().unwrap()).unwrap();
+        let tool = &v["tool"];
+        assert_eq!(tool["commit"], env!("RTTSCOPE_GIT_COMMIT"), "{tool}");
+        let features: Vec<&str> = tool["features"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f.as_str())
+            .collect();
+        assert_eq!(
+            features.contains(&"libbpf"),
+            cfg!(feature = "libbpf"),
+            "{tool}"
+        );
+        assert_eq!(features.contains(&"lab"), cfg!(feature = "lab"), "{tool}");
+        assert!(!features.contains(&"default"), "{tool}");
+        assert_eq!(
+            tool["loaders"].as_array().unwrap().len(),
+            usize::from(cfg!(feature = "libbpf")) + usize::from(cfg!(feature = "aya")),
+            "{tool}"
+        );
+        let linkage = if cfg!(target_feature = "crt-static") {
+            "static"
+        } else {
+            "dynamic"
+        };
+        assert_eq!(tool["linkage"], linkage, "{tool}");
+        let old: Tool = serde_json::from_str(r#"{"name":"rttscope","version":"0.1.0"}"#).unwrap();
+        assert!(old.commit.is_empty() && old.features.is_empty() && old.linkage.is_empty());
     }
 
     /// Version 2 writes `t_us`; a version-1 reader's `t_s` is gone from the output.

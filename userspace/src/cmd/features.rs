@@ -43,6 +43,16 @@ impl Plan {
             missing: Vec::new(),
             blocker: f.blocker(),
         };
+        if f.bpf_refused.is_some() {
+            // No probe reached the kernel: no path to announce. The reason is said once, as
+            // the privileges check's answer.
+            plan.missing.push(
+                "what this kernel allows is unknown here, not refused: this process's seccomp \
+                 filter refuses bpf() to every probe (privileges, above)"
+                    .into(),
+            );
+            return plan;
+        }
         if !f.atomics.ok {
             plan.missing.push("BPF atomics with a result (BPF_CMPXCHG/BPF_XCHG, 5.12 upstream): both views run their builds without them (tcp_noatomic, sampler_noatomic)".into());
         }
@@ -76,6 +86,7 @@ pub fn run(args: FeaturesArgs) -> Result<()> {
     if args.json {
         let doc = serde_json::json!({
             "kernel": f.kernel,
+            "bpf_refused": f.bpf_refused,
             "capabilities": f.all(),
             "views": plan,
             "observe_can_run": plan.blocker.is_none(),

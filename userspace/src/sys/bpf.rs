@@ -2,7 +2,8 @@
 //! both loaders need on a map fd, without going through either loader's API
 //! (an update with an optional key: a stack or queue map has none; the flow
 //! tables are read in place, sys/mmap.rs), and program run-time statistics
-//! (BPF_OBJ_GET_INFO_BY_FD, BPF_ENABLE_STATS) for the exporter.
+//! (BPF_OBJ_GET_INFO_BY_FD, BPF_ENABLE_STATS) for the exporter; and whether
+//! this process may call bpf(2) at all ([`seccomp_refusal`]).
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -45,6 +46,56 @@ fn bpf_ret<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i64> {
     } else {
         Ok(r)
     }
+}
+
+/// `Seccomp:` of /proc/PID/status when a filter is installed (`SECCOMP_MODE_FILTER`).
+pub const SECCOMP_MODE_FILTER: u8 = 2;
+
+/// The seccomp mode in a /proc/PID/status text (`Seccomp:\t2`: 0 none, 1 strict, 2 filter);
+/// `None` where the line is missing (a kernel built without CONFIG_SECCOMP) or unreadable.
+pub fn seccomp_mode(status: &str) -> Option<u8> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A bpf(2) command no kernel has: the kernel answers it EINVAL, whoever asks.
+const BPF_CMD_NONE: libc::c_long = 0x7fff;
+
+/// Why this process cannot call bpf(2) at all, when the cause is its seccomp filter (the
+/// default profile of container runtimes refuses bpf() to containers): one sentence, or
+/// `None` when bpf() reaches the kernel. Asked once per process. The tells, all needed:
+/// `Seccomp: 2` in /proc/self/status, CAP_BPF or CAP_SYS_ADMIN held (without them the kernel
+/// itself refuses), a one-entry array map of 4 bytes refused (too small for RLIMIT_MEMLOCK
+/// to be the cause), and a command no kernel has answered with something other than the
+/// kernel's EINVAL (so the answer did not come from the kernel).
+pub fn seccomp_refusal() -> Option<&'static str> {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let caps = crate::sys::preflight::effective_caps();
+        if seccomp_mode(&status)? != SECCOMP_MODE_FILTER || !crate::sys::preflight::can_bpf(caps) {
+            return None;
+        }
+        let map = crate::sys::bpfprog::array_map(4).err()?;
+        let mut attr = [0u64; 1];
+        let none = bpf(BPF_CMD_NONE, &mut attr).err()?;
+        (none.raw_os_error() != Some(libc::EINVAL)).then(|| seccomp_sentence(&map))
+    })
+    .as_deref()
+}
+
+/// The sentence for a bpf() refused by the process's seccomp filter (`map`: what creating a
+/// 4-byte array map got).
+fn seccomp_sentence(map: &io::Error) -> String {
+    format!(
+        "bpf() is refused by this process's seccomp filter (Seccomp: 2 in /proc/self/status; \
+         even a 4-byte map gets \"{map}\" with the capabilities held, so neither they nor \
+         RLIMIT_MEMLOCK are the cause): run the container with a seccomp profile that allows \
+         bpf and perf_event_open, e.g. podman run --security-opt seccomp=unconfined, or a \
+         profile adding those two system calls"
+    )
 }
 
 /// Write `value` (exactly the map's value size) under `key` (exactly the
@@ -388,6 +439,23 @@ mod tests {
         assert_eq!(parse_cpu_list("0-3,8-11"), Some(12));
         assert_eq!(parse_cpu_list("x"), None);
         assert!(possible_cpus().unwrap() >= 1);
+    }
+
+    /// The Seccomp line of /proc/PID/status, as 6.x and 5.10 write it.
+    #[test]
+    fn seccomp_mode_parses() {
+        let status = "Name:\trttscope\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+        assert_eq!(seccomp_mode(status), Some(SECCOMP_MODE_FILTER));
+        assert_eq!(seccomp_mode("Seccomp:\t0\nSeccomp_filters:\t0\n"), Some(0));
+        assert_eq!(seccomp_mode("Seccomp:  1\n"), Some(1));
+        // a kernel without CONFIG_SECCOMP has no such line; the Seccomp_filters line is not it
+        assert_eq!(seccomp_mode("Name:\tx\nSeccomp_filters:\t3\n"), None);
+        assert_eq!(seccomp_mode("Seccomp:\tx\n"), None);
+        // this test process: no filter unless the test runner is confined
+        let me = std::fs::read_to_string("/proc/self/status").unwrap();
+        if seccomp_mode(&me) != Some(SECCOMP_MODE_FILTER) {
+            assert_eq!(seccomp_refusal(), None);
+        }
     }
 
     #[cfg(feature = "libbpf")]

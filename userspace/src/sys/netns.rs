@@ -11,6 +11,31 @@ use anyhow::{bail, Context, Result};
 pub const NETNS_RUN_DIR: &str = "/var/run/netns";
 /// The name used for the namespace of PID 1 (the host's).
 pub const HOST: &str = "host";
+/// PID 1's namespace file.
+const PID1_NET: &str = "/proc/1/ns/net";
+
+/// A namespace that could not be opened or entered: not a failure of what was to run in it
+/// (`--all-netns` skips such a namespace and counts it; [`not_entered`] finds one in a chain).
+#[derive(Debug, thiserror::Error)]
+pub enum EnterError {
+    #[error("opening network namespace '{name}': {why}")]
+    Open { name: String, why: std::io::Error },
+    #[error(
+        "entering network namespace '{name}' needs CAP_SYS_ADMIN (setns); \
+         without it rttscope can observe only the namespace it runs in"
+    )]
+    NeedsSysAdmin { name: String },
+    #[error("entering network namespace '{name}': {why}")]
+    Setns {
+        name: String,
+        why: nix::errno::Errno,
+    },
+}
+
+/// The [`EnterError`] in `e`'s chain, if that is why it failed.
+pub fn not_entered(e: &anyhow::Error) -> Option<&EnterError> {
+    e.chain().find_map(|c| c.downcast_ref::<EnterError>())
+}
 
 /// A network namespace we can enter.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +56,42 @@ pub fn current_inode() -> Result<u32> {
     inode_of(Path::new("/proc/thread-self/ns/net"))
 }
 
-/// Resolve a namespace name: `host` (PID 1's), `self`, a name under
+/// The host's namespace file: PID 1's, or where that cannot be read (PID 1 more privileged
+/// than rttscope: a sandbox, a container without the host's PID namespace, `hidepid`) the
+/// calling thread's when that is the initial namespace ([`INIT_NET_INODE`]), opened once and
+/// held for the process: `/proc/self/fd/N` names it from any thread, for the whole run.
+fn host_path() -> Result<PathBuf> {
+    static HELD: std::sync::OnceLock<File> = std::sync::OnceLock::new();
+    let pid1 = match inode_of(Path::new(PID1_NET)) {
+        Ok(_) => return Ok(PathBuf::from(PID1_NET)),
+        Err(e) => e,
+    };
+    let held = match HELD.get() {
+        Some(f) => f,
+        None => {
+            let mine = File::open("/proc/thread-self/ns/net")
+                .context("opening /proc/thread-self/ns/net")?;
+            if mine.metadata()?.ino() != u64::from(INIT_NET_INODE) {
+                bail!(
+                    "the host's network namespace cannot be opened here: {pid1:#} (PID 1 is \
+                     more privileged than rttscope, or hidden by hidepid) and rttscope does not \
+                     run in it"
+                );
+            }
+            HELD.get_or_init(|| mine)
+        }
+    };
+    Ok(PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(held)
+    )))
+}
+
+/// Resolve a namespace name: `host` (PID 1's: [`host_path`]), `self`, a name under
 /// /var/run/netns, or a path to a namespace file (/proc/PID/ns/net).
 pub fn resolve(name: &str) -> Result<NetNs> {
     let path = match name {
-        HOST => PathBuf::from("/proc/1/ns/net"),
+        HOST => host_path()?,
         "self" => PathBuf::from("/proc/self/ns/net"),
         n if n.starts_with('/') => PathBuf::from(n),
         n => {
@@ -63,11 +119,7 @@ pub fn resolve(name: &str) -> Result<NetNs> {
 /// to uid 65534, which can no longer read /proc/1/ns/net): the host is `host` for the whole run.
 pub fn host_inode() -> Option<u32> {
     static HOST_INODE: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *HOST_INODE.get_or_init(|| {
-        inode_of(Path::new("/proc/1/ns/net"))
-            .ok()
-            .or(Some(INIT_NET_INODE))
-    })
+    *HOST_INODE.get_or_init(|| inode_of(Path::new(PID1_NET)).ok().or(Some(INIT_NET_INODE)))
 }
 
 /// The inode of the kernel's initial network namespace on kernels that give it a fixed one
@@ -90,7 +142,7 @@ pub fn all() -> BTreeMap<u32, NetNs> {
             ino,
             NetNs {
                 name: HOST.to_string(),
-                path: PathBuf::from("/proc/1/ns/net"),
+                path: PathBuf::from(PID1_NET),
                 inode: ino,
             },
         );
@@ -161,20 +213,21 @@ pub fn scoped<T: Send>(ns: &NetNs, f: impl FnOnce() -> Result<T> + Send) -> Resu
 
 /// Move the calling thread into `ns`.
 fn enter(ns: &NetNs) -> Result<()> {
-    enter_path(&ns.path, &ns.name)
+    Ok(enter_path(&ns.path, &ns.name)?)
 }
 
 /// Move the calling thread into the namespace at `path` (`name` for
 /// messages): the one `setns(2)` of rttscope, its lab and its tests.
-pub fn enter_path(path: &Path, name: &str) -> Result<()> {
-    let file = File::open(path).with_context(|| format!("opening network namespace '{name}'"))?;
+pub fn enter_path(path: &Path, name: &str) -> Result<(), EnterError> {
+    let name = name.to_string();
+    let file = File::open(path).map_err(|why| EnterError::Open {
+        name: name.clone(),
+        why,
+    })?;
     match nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET) {
         Ok(()) => Ok(()),
-        Err(nix::errno::Errno::EPERM) => bail!(
-            "entering network namespace '{name}' needs CAP_SYS_ADMIN (setns); \
-             without it rttscope can observe only the namespace it runs in"
-        ),
-        Err(e) => Err(e).with_context(|| format!("entering network namespace '{name}'")),
+        Err(nix::errno::Errno::EPERM) => Err(EnterError::NeedsSysAdmin { name }),
+        Err(why) => Err(EnterError::Setns { name, why }),
     }
 }
 
@@ -309,6 +362,33 @@ mod tests {
         let me = resolve("self").unwrap();
         assert!(still_there(&me.path, me.inode));
         assert!(!still_there(Path::new("/nonexistent/ns"), me.inode));
+    }
+
+    /// A namespace file that cannot be opened is an [`EnterError`], found through the context a
+    /// caller adds; an error of what ran inside is not.
+    #[test]
+    fn a_namespace_that_cannot_be_opened_is_an_enter_error() {
+        let e = enter_path(Path::new("/nonexistent/ns/net"), "gone").unwrap_err();
+        let e = anyhow::Error::from(e).context("walking TCP sockets");
+        let why = not_entered(&e).expect("an EnterError in the chain");
+        assert!(matches!(why, EnterError::Open { .. }), "{why:?}");
+        assert!(
+            why.to_string()
+                .starts_with("opening network namespace 'gone': No such file"),
+            "{why}"
+        );
+        assert!(not_entered(&anyhow::anyhow!("verifier: invalid access")).is_none());
+    }
+
+    /// In the initial namespace, `host` is it, however PID 1's file reads.
+    #[test]
+    fn host_resolves_to_the_initial_namespace_from_it() {
+        if current_inode().ok() != Some(INIT_NET_INODE) {
+            return; // a test run inside a namespace of its own
+        }
+        let host = resolve(HOST).unwrap();
+        assert_eq!(host.inode, INIT_NET_INODE);
+        assert!(is_current(&host));
     }
 
     #[test]

@@ -20,8 +20,15 @@ pub fn effective_caps() -> u64 {
         .unwrap_or(0)
 }
 
-/// The passive views need CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN (or CAP_SYS_ADMIN).
-/// With them, RLIMIT_MEMLOCK is raised (`raise_memlock`) before anything loads.
+/// Whether capabilities `caps` (a CapEff mask) let the kernel take bpf(2) commands that
+/// create maps and load programs: CAP_BPF, or CAP_SYS_ADMIN (before 5.8 the only one).
+pub fn can_bpf(caps: u64) -> bool {
+    caps & (1u64 << CAP_BPF | 1u64 << CAP_SYS_ADMIN) != 0
+}
+
+/// The passive views need CAP_BPF + CAP_PERFMON + CAP_NET_ADMIN (or CAP_SYS_ADMIN), and
+/// bpf(2) not refused by a seccomp filter (`crate::sys::bpf::seccomp_refusal`). With them,
+/// RLIMIT_MEMLOCK is raised (`raise_memlock`) before anything loads.
 pub fn require_bpf_caps() -> Result<()> {
     let caps = effective_caps();
     let has = |c: u32| caps & (1u64 << c) != 0;
@@ -40,6 +47,9 @@ pub fn require_bpf_caps() -> Result<()> {
             "CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN",
             missing.join(", ")
         );
+    }
+    if let Some(why) = crate::sys::bpf::seccomp_refusal() {
+        bail!("{why}");
     }
     raise_memlock();
     Ok(())

@@ -54,6 +54,11 @@ pub struct Features {
     pub sk_storage_fexit: Capability,
     pub iter_setsockopt: Capability,
     pub tcx: Capability,
+    /// Set where no probe reaches the kernel because this process's seccomp filter refuses
+    /// bpf() (`crate::sys::bpf::seccomp_refusal`): the sentence saying so. The kernel's answers
+    /// are then unknown (every probe `probed: false`), not "no".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bpf_refused: Option<&'static str>,
 }
 
 fn cap(name: &'static str, r: Result<String, String>) -> Capability {
@@ -110,6 +115,9 @@ impl Features {
                 .map(|p| p.display().to_string())
                 .map_err(|e| e.to_string()),
         );
+        if let Some(why) = crate::sys::bpf::seccomp_refusal() {
+            return Features::unknown([btf, privileges, cgroup2], why);
+        }
         let (rtt_cb_args, iter_setsockopt) = match probe_tcp_callbacks() {
             Ok((rtt, iter)) => (cap("rtt_cb_args", rtt), cap("iter_setsockopt", iter)),
             Err(why) => (
@@ -129,6 +137,26 @@ impl Features {
             sk_storage_fexit,
             iter_setsockopt,
             tcx: cap("tcx", probe_tcx()),
+            bpf_refused: None,
+        }
+    }
+
+    /// Where bpf() never reaches the kernel (`why`: a seccomp filter refuses it): the host
+    /// checks as found, every kernel probe not run.
+    fn unknown([btf, privileges, cgroup2]: [Capability; 3], why: &'static str) -> Features {
+        let unknown = |name| not_probed(name, "this process's seccomp filter refuses bpf()".into());
+        Features {
+            kernel: crate::sys::preflight::kernel_release(),
+            btf,
+            privileges,
+            cgroup2,
+            atomics: unknown("atomics"),
+            rtt_cb_args: unknown("rtt_cb_args"),
+            ack_hook: unknown("ack_hook"),
+            sk_storage_fexit: unknown("sk_storage_fexit"),
+            iter_setsockopt: unknown("iter_setsockopt"),
+            tcx: unknown("tcx"),
+            bpf_refused: Some(why),
         }
     }
 
@@ -644,6 +672,7 @@ mod tests {
             sk_storage_fexit: c("sk_storage_fexit", sk_storage),
             iter_setsockopt: c("iter_setsockopt", iter),
             tcx: c("tcx", false),
+            bpf_refused: None,
         }
     }
 

@@ -12,7 +12,8 @@
 //! - `rttscope_bpf_prog_run_time_seconds_total{prog}`,
 //!   `rttscope_bpf_prog_run_count_total{prog}`, `rttscope_bpf_stats_enabled`;
 //! - `rttscope_series{}` (label sets in use), `rttscope_series_overflow_total{view}`;
-//! - the standard `process_*` metrics and `rttscope_build_info{version,loaders,kernel}`.
+//! - the standard `process_*` metrics and
+//!   `rttscope_build_info{version,commit,loaders,features,linkage,kernel}`.
 //!
 //! Labels are bounded ([`LabelPolicy`]): the remote address is cut to a
 //! prefix (/24, /48 by default, like ePPing's subnet aggregation), the local
@@ -116,25 +117,23 @@ fn is_flows_tracked(view: ViewKind, name: &str) -> bool {
     view.flows_level() == Some(name)
 }
 
-/// What is running: the version, the loaders built in, the kernel.
+/// What is running: the build as `--version` names it (version, commit, loaders, cargo
+/// features, linkage) and the kernel.
 fn register_build_info(r: &mut Registry) {
     let build = Family::<Vec<(String, String)>, Gauge>::default();
     r.register(
         "rttscope_build_info",
-        "rttscope's version, the BPF loaders built in and the kernel it runs on (always 1)",
+        "rttscope's version, commit, BPF loaders and cargo features built in, linkage (static or dynamic) and the kernel it runs on (always 1)",
         build.clone(),
     );
+    let tool = crate::analysis::results::Tool::current();
     build
         .get_or_create(&vec![
-            ("version".into(), env!("CARGO_PKG_VERSION").into()),
-            (
-                "loaders".into(),
-                crate::views::LoaderKind::available()
-                    .iter()
-                    .map(|k| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            ),
+            ("version".into(), tool.version),
+            ("commit".into(), tool.commit),
+            ("loaders".into(), tool.loaders.join(",")),
+            ("features".into(), tool.features.join(",")),
+            ("linkage".into(), tool.linkage),
             ("kernel".into(), kernel_release()),
         ])
         .set(1);
@@ -1062,6 +1061,9 @@ mod tests {
             .unwrap_or_else(|| panic!("no build info in {t}"));
         assert!(
             build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+                && build.contains(&format!("commit=\"{}\"", env!("RTTSCOPE_GIT_COMMIT")))
+                && build.contains(&format!("features=\"{}\"", env!("RTTSCOPE_FEATURES")))
+                && build.contains("linkage=\"")
                 && build.contains("loaders=\"")
                 && build.contains("kernel=\"")
                 && build.ends_with(" 1"),

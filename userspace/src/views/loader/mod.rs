@@ -352,6 +352,9 @@ pub(crate) fn load_error(
     err: anyhow::Error,
     hint: &str,
 ) -> anyhow::Error {
+    if let (LoadErrno::NotPermitted, Some(why)) = (errno, crate::sys::bpf::seccomp_refusal()) {
+        return anyhow::anyhow!("loading {what} into the kernel: {why}");
+    }
     let memlock = crate::sys::preflight::memlock_limit();
     if let (LoadErrno::NotPermitted, Some(limit)) = (errno, memlock) {
         return anyhow::anyhow!(

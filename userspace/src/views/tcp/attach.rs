@@ -19,6 +19,7 @@ use super::{
 };
 use crate::analysis::flow::{Flow, Side};
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
+use crate::sys::netns;
 use crate::views::fine::{self, pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
@@ -232,7 +233,20 @@ impl Tcp {
         hook_status: Result<(), String>,
     ) -> Result<()> {
         for ns in &cfg.iter_netns {
-            self.obj.run_iter(iter_prog(atomics), ns)?;
+            let Err(e) = self.obj.run_iter(iter_prog(atomics), ns) else {
+                continue;
+            };
+            match netns::not_entered(&e) {
+                Some(why) if cfg.all_netns => self.info.skip_netns(&ns.name, why),
+                _ => return Err(e),
+            }
+        }
+        if !self.info.netns_skipped.is_empty() {
+            eprintln!(
+                "rttscope: warning: --all-netns: {} network namespace(s) skipped, connections open there before the start are not timed ({})",
+                self.info.netns_skipped.len(),
+                self.info.netns_skipped.join("; ")
+            );
         }
         let (enabled, refused) = (
             self.counter(C::RTTSCOPE_TCP_ENABLED),

@@ -161,6 +161,9 @@ pub struct TcpHookInfo {
     pub hook: String,
     pub cgroup: String,
     pub iter_netns: Vec<String>,
+    /// `--all-netns`: the namespaces the iterator could not enter, each "name: why" (skipped,
+    /// not the end of the run; connections open there before the start are not timed).
+    pub netns_skipped: Vec<String>,
     pub existing_enabled: u64,
     /// How connections open before attach are timed here, and why (from the feature probes and
     /// the per-ACK hook's outcome).
@@ -213,6 +216,7 @@ impl TcpHookInfo {
                 .into(),
             cgroup: cgroup.display().to_string(),
             iter_netns: cfg.iter_netns.iter().map(|n| n.name.clone()).collect(),
+            netns_skipped: Vec::new(),
             existing_enabled: 0,
             existing_path: String::new(),
             existing_not_timed: 0,
@@ -234,6 +238,13 @@ impl TcpHookInfo {
             )
         });
         self
+    }
+
+    /// `--all-netns`: the iterator could not enter `name` (`why`); it is no longer among the
+    /// namespaces it ran in.
+    pub(crate) fn skip_netns(&mut self, name: &str, why: &crate::sys::netns::EnterError) {
+        self.iter_netns.retain(|n| n != name);
+        self.netns_skipped.push(format!("{name}: {why}"));
     }
 
     /// Record the outcome of the optional hook: `Ok(())` attached, `Err(status)` not.
