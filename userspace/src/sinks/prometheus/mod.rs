@@ -56,6 +56,7 @@ mod labels;
 pub mod native;
 pub mod proto;
 mod rtt_hist;
+pub mod web;
 
 use labels::{DropLabels, EventLabels, ProgLabels, ViewLabel};
 pub use labels::{LabelPolicy, RttLabels, WorkloadLabels};
