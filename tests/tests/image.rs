@@ -9,8 +9,8 @@
 //! Truths: the transactions the test's client completed, the programs the
 //! container's process held (bpftool), tc/tcx on the interface.
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;

@@ -328,3 +328,55 @@ async fn plain_exchange(addr: std::net::SocketAddr) -> (u16, String, String) {
     };
     (code, head.to_string(), body.to_string())
 }
+
+/// The cost of a scrape over TLS against plain HTTP: 1,000 sequential scrapes (a new
+/// connection each, as Prometheus makes: one request per connection) of each kind, client and
+/// server in this process. A measurement, not a check (docs/metrics.md quotes it):
+/// `cargo test -p rttscope --lib scrape_cost -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn scrape_cost_plain_tls_basic_auth_mtls() {
+    use super::super::http::{serve_with, ServeLimits};
+    use super::super::{Exporter, LabelPolicy};
+    use base64::Engine;
+    const N: usize = 1000;
+    let d = Dir::new();
+    let hash = bcrypt::hash("pw", 10).unwrap();
+    let basic = format!(
+        "Authorization: Basic {}\r\n",
+        base64::engine::general_purpose::STANDARD.encode("prom:pw")
+    );
+    let tls = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n";
+    let mtls = format!("{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n");
+    let ex = Exporter::new(LabelPolicy::default()).unwrap();
+    ex.render();
+    let body = ex.handle().scrape().text.len();
+    let cases: [(&str, Option<String>, bool, &str); 4] = [
+        ("plain http", None, false, ""),
+        ("https", Some(tls.to_string()), false, ""),
+        ("https + basic auth (cached)", Some(format!("{tls}basic_auth_users:\n  prom: {hash}\n")), false, &basic),
+        ("https + client certificate", Some(mtls), true, ""),
+    ];
+    for (what, yaml, cert, headers) in cases {
+        let web = yaml.map(|y| Arc::new(Web::load(&d.write(&y)).unwrap()));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve_with(l, ex.handle(), ServeLimits::DEFAULT, web.clone()));
+        let cfg = client_config(&d, cert.then_some((d.pki.client_cert.as_path(), d.pki.client_key.as_path())));
+        let t0 = std::time::Instant::now();
+        for _ in 0..N {
+            let head = match &web {
+                Some(_) => tls_get(addr, cfg.clone(), headers).await.unwrap(),
+                None => plain_exchange(addr).await.1,
+            };
+            assert!(head.starts_with("HTTP/1.1 200"), "{what}: {head}");
+        }
+        let took = t0.elapsed();
+        eprintln!(
+            "{what:<28} {N} scrapes in {:.3} s: {:.3} ms each ({body} B body)",
+            took.as_secs_f64(),
+            took.as_secs_f64() * 1e3 / N as f64
+        );
+        server.abort();
+    }
+}
