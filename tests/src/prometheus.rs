@@ -162,7 +162,11 @@ impl Prometheus {
             .iter()
             .map(|t| {
                 let s = |k: &str| t[k].as_str().unwrap_or("").to_string();
-                (t["labels"]["job"].as_str().unwrap_or("").to_string(), s("health"), s("lastError"))
+                (
+                    t["labels"]["job"].as_str().unwrap_or("").to_string(),
+                    s("health"),
+                    s("lastError"),
+                )
             })
             .collect()
     }

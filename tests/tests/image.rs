@@ -203,7 +203,10 @@ fn secret_files(docs: &[Json], name: &str, mode: Option<u64>, tmp: &Path) -> Pat
         let text = match file.as_str() {
             "tls.crt" => std::fs::read_to_string(&pki.server_cert).unwrap(),
             "tls.key" => std::fs::read_to_string(&pki.server_key).unwrap(),
-            _ => text.as_str().unwrap().replace("REPLACE-with-the-bcrypt-hash-from-htpasswd", &hash),
+            _ => text
+                .as_str()
+                .unwrap()
+                .replace("REPLACE-with-the-bcrypt-hash-from-htpasswd", &hash),
         };
         let p = dir.join(file);
         std::fs::write(&p, text).unwrap();

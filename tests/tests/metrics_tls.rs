@@ -142,7 +142,11 @@ fn secrets(f: &Files, words: &[&str]) -> Vec<String> {
 
 fn assert_no_secret(what: &str, text: &str, secrets: &[String]) {
     for s in secrets {
-        assert!(!text.contains(s.as_str()), "{what} holds a secret ({} bytes of it)", s.len());
+        assert!(
+            !text.contains(s.as_str()),
+            "{what} holds a secret ({} bytes of it)",
+            s.len()
+        );
     }
 }
 
@@ -159,7 +163,13 @@ fn scrape_configs(f: &Files, pa: u16, pb: u16) -> String {
             f.dir.join(file).display()
         )
     };
-    let cert = |c: &Path, k: &Path| format!("      cert_file: {}\n      key_file: {}\n", c.display(), k.display());
+    let cert = |c: &Path, k: &Path| {
+        format!(
+            "      cert_file: {}\n      key_file: {}\n",
+            c.display(),
+            k.display()
+        )
+    };
     let p = &f.pki;
     [
         job("basic", pa, &basic("password.txt")),
@@ -186,8 +196,15 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
     }
     let f = files();
     let tag = std::process::id();
-    let (pw1, pw2, wrong) = (format!("first-{tag}-pw"), format!("second-{tag}-pw"), format!("wrong-{tag}-pw"));
-    let (h1, h2) = (bcrypt::hash(&pw1, 10).unwrap(), bcrypt::hash(&pw2, 10).unwrap());
+    let (pw1, pw2, wrong) = (
+        format!("first-{tag}-pw"),
+        format!("second-{tag}-pw"),
+        format!("wrong-{tag}-pw"),
+    );
+    let (h1, h2) = (
+        bcrypt::hash(&pw1, 10).unwrap(),
+        bcrypt::hash(&pw2, 10).unwrap(),
+    );
     let p = &f.pki;
     let yaml_a = |h: &str| {
         format!(
@@ -212,24 +229,49 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
     let obs_b = start_observer(pb, &web_b);
     let mut seen = Vec::new(); // every answer, for the secrets check
     let user1 = format!("prom:{pw1}");
-    until(Duration::from_secs(20), "observer A serves", || curl(pa, &p.ca_cert, &["-u", &user1]).code == 200);
-    let cert_args = |c: &Path, k: &Path| vec!["--cert".to_string(), c.display().to_string(), "--key".into(), k.display().to_string()];
+    until(Duration::from_secs(20), "observer A serves", || {
+        curl(pa, &p.ca_cert, &["-u", &user1]).code == 200
+    });
+    let cert_args = |c: &Path, k: &Path| {
+        vec![
+            "--cert".to_string(),
+            c.display().to_string(),
+            "--key".into(),
+            k.display().to_string(),
+        ]
+    };
     let good_b = cert_args(&p.client_cert, &p.client_key);
     let good_b: Vec<&str> = good_b.iter().map(String::as_str).collect();
-    until(Duration::from_secs(20), "observer B serves", || curl(pb, &p.ca_cert, &good_b).code == 200);
+    until(Duration::from_secs(20), "observer B serves", || {
+        curl(pb, &p.ca_cert, &good_b).code == 200
+    });
 
     // Prometheus: the two good jobs up, the three others down, each for its reason.
     let prom = Prometheus::start_with(&scrape_configs(&f, pa, pb));
-    until(Duration::from_secs(30), "Prometheus scraped every target", || {
-        let t = prom.targets();
-        t.len() == 5 && t.iter().all(|(_, h, _)| h == "up" || h == "down")
-    });
+    until(
+        Duration::from_secs(30),
+        "Prometheus scraped every target",
+        || {
+            let t = prom.targets();
+            t.len() == 5 && t.iter().all(|(_, h, _)| h == "up" || h == "down")
+        },
+    );
     std::thread::sleep(Duration::from_secs(2));
     let up = up_by_job(&prom);
     let targets = prom.targets();
-    let want: [(&str, f64); 5] = [("basic", 1.0), ("mtls", 1.0), ("wrong", 0.0), ("none", 0.0), ("untrusted", 0.0)];
+    let want: [(&str, f64); 5] = [
+        ("basic", 1.0),
+        ("mtls", 1.0),
+        ("wrong", 0.0),
+        ("none", 0.0),
+        ("untrusted", 0.0),
+    ];
     for (job, v) in want {
-        assert_eq!(up.get(job), Some(&v), "up{{job={job}}}: {up:?}; targets {targets:?}");
+        assert_eq!(
+            up.get(job),
+            Some(&v),
+            "up{{job={job}}}: {up:?}; targets {targets:?}"
+        );
     }
     for (job, _, err) in &targets {
         match job.as_str() {
@@ -239,52 +281,119 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
         }
     }
     let scraped = prom.query("process_cpu_seconds_total");
-    let jobs: Vec<&str> = scraped.iter().filter_map(|(m, _)| m["job"].as_str()).collect();
-    assert!(jobs.contains(&"basic") && jobs.contains(&"mtls"), "{scraped:?}");
+    let jobs: Vec<&str> = scraped
+        .iter()
+        .filter_map(|(m, _)| m["job"].as_str())
+        .collect();
+    assert!(
+        jobs.contains(&"basic") && jobs.contains(&"mtls"),
+        "{scraped:?}"
+    );
 
     // curl: the same refusals, seen raw.
     let none = curl(pa, &p.ca_cert, &[]);
     assert_eq!(none.code, 401, "{}", none.out);
-    assert!(none.out.to_ascii_lowercase().contains("www-authenticate: basic"), "{}", none.out);
+    assert!(
+        none.out
+            .to_ascii_lowercase()
+            .contains("www-authenticate: basic"),
+        "{}",
+        none.out
+    );
     let bad = curl(pa, &p.ca_cert, &["-u", &format!("prom:{wrong}")]);
     assert_eq!(bad.code, 401, "{}", bad.out);
     let ok = curl(pa, &p.ca_cert, &["-u", &user1]);
     assert!(ok.code == 200 && ok.out.contains("rttscope_"), "{}", ok.out);
     let plain = Command::new("curl")
-        .args(["-sS", "--max-time", "5", &format!("http://127.0.0.1:{pa}/metrics")])
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{pa}/metrics"),
+        ])
         .output()
         .unwrap();
-    assert!(!plain.status.success(), "plain HTTP to the TLS port was answered: {}", String::from_utf8_lossy(&plain.stdout));
+    assert!(
+        !plain.status.success(),
+        "plain HTTP to the TLS port was answered: {}",
+        String::from_utf8_lossy(&plain.stdout)
+    );
     let no_cert = curl(pb, &p.ca_cert, &[]);
-    assert!(no_cert.exit != 0 && no_cert.code == 0, "mTLS without a certificate: {} {}", no_cert.out, no_cert.err);
+    assert!(
+        no_cert.exit != 0 && no_cert.code == 0,
+        "mTLS without a certificate: {} {}",
+        no_cert.out,
+        no_cert.err
+    );
     let untrusted = cert_args(&p.untrusted_cert, &p.untrusted_key);
     let untrusted: Vec<&str> = untrusted.iter().map(String::as_str).collect();
     let intruder = curl(pb, &p.ca_cert, &untrusted);
-    assert!(intruder.exit != 0 && intruder.code == 0, "untrusted certificate: {} {}", intruder.out, intruder.err);
+    assert!(
+        intruder.exit != 0 && intruder.code == 0,
+        "untrusted certificate: {} {}",
+        intruder.out,
+        intruder.err
+    );
     let b_ok = curl(pb, &p.ca_cert, &good_b);
     assert_eq!(b_ok.code, 200, "{}", b_ok.err);
-    seen.extend([none.out, bad.out, ok.out, b_ok.out, no_cert.err, intruder.err]);
+    seen.extend([
+        none.out,
+        bad.out,
+        ok.out,
+        b_ok.out,
+        no_cert.err,
+        intruder.err,
+    ]);
 
     // A new password, by a Secret-style symlink swap: in force within the poll interval.
     secret_a.publish(&yaml_a(&h2));
     let swapped = Instant::now();
     let user2 = format!("prom:{pw2}");
-    let took = until(POLL_EVERY + RELOAD_SLACK, "the new password works", || curl(pa, &p.ca_cert, &["-u", &user2]).code == 200);
+    let took = until(POLL_EVERY + RELOAD_SLACK, "the new password works", || {
+        curl(pa, &p.ca_cert, &["-u", &user2]).code == 200
+    });
     let old = curl(pa, &p.ca_cert, &["-u", &user1]);
-    assert_eq!(old.code, 401, "the old password after the change: {}", old.out);
+    assert_eq!(
+        old.code, 401,
+        "the old password after the change: {}",
+        old.out
+    );
     eprintln!("new password in force {took:?} after the swap (poll every {POLL_EVERY:?})");
     std::fs::write(f.dir.join("password.txt"), &pw2).unwrap();
     std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(up_by_job(&prom).get("basic"), Some(&1.0), "Prometheus with the new password: {:?}", prom.targets());
+    assert_eq!(
+        up_by_job(&prom).get("basic"),
+        Some(&1.0),
+        "Prometheus with the new password: {:?}",
+        prom.targets()
+    );
 
     // A broken file: the previous config stays, counted, one warning.
     secret_a.publish("tls_server_config: [\n");
     std::thread::sleep(POLL_EVERY + RELOAD_SLACK);
     let still = curl(pa, &p.ca_cert, &["-u", &user2]);
     assert_eq!(still.code, 200, "after a broken file: {}", still.out);
-    assert!(still.out.contains("rttscope_web_config_reloads_total{result=\"success\"} 1"), "{}", still.out);
-    assert!(still.out.contains("rttscope_web_config_reloads_total{result=\"failure\"} 1"), "{}", still.out);
-    assert!(still.out.contains("rttscope_metrics_refused_total{reason=\"unauthorized\"}"), "{}", still.out);
+    assert!(
+        still
+            .out
+            .contains("rttscope_web_config_reloads_total{result=\"success\"} 1"),
+        "{}",
+        still.out
+    );
+    assert!(
+        still
+            .out
+            .contains("rttscope_web_config_reloads_total{result=\"failure\"} 1"),
+        "{}",
+        still.out
+    );
+    assert!(
+        still
+            .out
+            .contains("rttscope_metrics_refused_total{reason=\"unauthorized\"}"),
+        "{}",
+        still.out
+    );
     seen.extend([old.out, still.out]);
     drop(prom);
     let _ = swapped;
@@ -297,11 +406,29 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
         err_a.contains(&format!("serving /metrics on https://127.0.0.1:{pa}/metrics (https, no client certificates, basic auth (1 user))")),
         "{err_a}"
     );
-    assert!(err_b.contains("client certificates required and verified"), "{err_b}");
-    assert_eq!(err_a.matches("cannot be used").count(), 1, "one warning for the broken file: {err_a}");
-    assert_eq!(err_a.matches("can be read by every user").count(), 0, "{err_a}");
-    assert_eq!(err_b.matches("can be read by every user").count(), 1, "one warning for B's 0644 key: {err_b}");
-    assert!(!err_a.contains("warning: /metrics on"), "loopback: no exposure warning: {err_a}");
+    assert!(
+        err_b.contains("client certificates required and verified"),
+        "{err_b}"
+    );
+    assert_eq!(
+        err_a.matches("cannot be used").count(),
+        1,
+        "one warning for the broken file: {err_a}"
+    );
+    assert_eq!(
+        err_a.matches("can be read by every user").count(),
+        0,
+        "{err_a}"
+    );
+    assert_eq!(
+        err_b.matches("can be read by every user").count(),
+        1,
+        "one warning for B's 0644 key: {err_b}"
+    );
+    assert!(
+        !err_a.contains("warning: /metrics on"),
+        "loopback: no exposure warning: {err_a}"
+    );
 
     let secrets = secrets(&f, &[&pw1, &pw2, &wrong, &h1, &h2]);
     for (what, text) in [
@@ -325,6 +452,10 @@ fn stop(g: ChildGuard) -> std::process::Output {
         nix::sys::signal::Signal::SIGTERM,
     );
     let out = g.wait_output(Duration::from_secs(20)).unwrap();
-    assert!(out.status.success(), "observer: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "observer: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }

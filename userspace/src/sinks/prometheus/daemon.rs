@@ -178,7 +178,11 @@ fn serving_line(l: &Listener) -> Vec<String> {
     let plain = super::web::Active::plain();
     let active = l.web.as_ref().map(|w| w.current());
     let active = active.as_deref().unwrap_or(&plain);
-    let scheme = if active.tls.is_some() { "https" } else { "http" };
+    let scheme = if active.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let mut lines = vec![format!(
         "serving /metrics on {scheme}://{a}/metrics ({})",
         active.describe()

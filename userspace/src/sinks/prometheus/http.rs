@@ -124,7 +124,9 @@ pub fn serve_on_thread(listener: Listener, handle: MetricsHandle) -> Result<Serv
                         return;
                     }
                 };
-                let watch = web.clone().map(|w| tokio::spawn(w.watch(super::web::POLL_EVERY)));
+                let watch = web
+                    .clone()
+                    .map(|w| tokio::spawn(w.watch(super::web::POLL_EVERY)));
                 tokio::select! {
                     _ = serve_with(listener, handle, ServeLimits::DEFAULT, web) => {}
                     _ = stopped => {}
@@ -281,11 +283,9 @@ impl Conn {
         };
         let header = header.as_deref();
         super::web::auth::allowed(users, &web.cache, header, |password, hash| async move {
-            tokio::task::spawn_blocking(move || {
-                super::web::auth::bcrypt_matches(&password, &hash)
-            })
-            .await
-            .unwrap_or(false)
+            tokio::task::spawn_blocking(move || super::web::auth::bcrypt_matches(&password, &hash))
+                .await
+                .unwrap_or(false)
         })
         .await
     }

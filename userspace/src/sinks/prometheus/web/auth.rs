@@ -51,7 +51,11 @@ pub struct Cache(Mutex<(HashSet<[u8; 32]>, VecDeque<[u8; 32]>)>);
 
 impl Cache {
     fn contains(&self, key: &[u8; 32]) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).0.contains(key)
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .contains(key)
     }
 
     fn insert(&self, key: [u8; 32]) {
@@ -121,7 +125,9 @@ where
         return false;
     };
     let known = users.0.get(&user).map(|h| h.0.clone());
-    let hash = known.clone().unwrap_or_else(|| UNKNOWN_USER_HASH.to_string());
+    let hash = known
+        .clone()
+        .unwrap_or_else(|| UNKNOWN_USER_HASH.to_string());
     let key = cache_key(&user, &hash, &password);
     if known.is_some() && cache.contains(&key) {
         return true;

@@ -255,8 +255,8 @@ impl Web {
     /// Load the web config file at `path`: an error is one sentence that names the file.
     pub fn load(path: &Path) -> anyhow::Result<Web> {
         let (seen, world_readable, active) = load(path);
-        let active = active
-            .map_err(|e| anyhow::anyhow!("web config file {}: {e}", tls::shown(path)))?;
+        let active =
+            active.map_err(|e| anyhow::anyhow!("web config file {}: {e}", tls::shown(path)))?;
         let web = Web {
             path: path.to_path_buf(),
             current: RwLock::new(Arc::new(active)),
@@ -294,7 +294,10 @@ impl Web {
                 let what = a.describe();
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(a);
                 self.stats.reloaded("success");
-                tracing::info!("web config file {} reloaded: {what}", tls::shown(&self.path));
+                tracing::info!(
+                    "web config file {} reloaded: {what}",
+                    tls::shown(&self.path)
+                );
                 Some(true)
             }
             Err(e) => {

@@ -3,9 +3,7 @@
 //! the unit tests and, with feature `test-pki`, the end-to-end tests. Never in a release.
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 
 /// Paths of PEM files written into one directory.
 #[derive(Debug, Clone)]
@@ -55,7 +53,12 @@ pub fn make(dir: &Path) -> std::io::Result<Pki> {
         &["127.0.0.1", "localhost"],
         ExtendedKeyUsagePurpose::ServerAuth,
     );
-    let client = leaf(&trusted, "prometheus", &[], ExtendedKeyUsagePurpose::ClientAuth);
+    let client = leaf(
+        &trusted,
+        "prometheus",
+        &[],
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
     let untrusted = leaf(&other, "intruder", &[], ExtendedKeyUsagePurpose::ClientAuth);
     let write = |name: &str, text: &str| -> std::io::Result<PathBuf> {
         let p = dir.join(name);

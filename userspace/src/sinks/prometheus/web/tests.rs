@@ -37,7 +37,10 @@ fn exporter_toolkit_files_parse() {
     assert_eq!(t.min_version, Some(file::TlsVersion::TLS12));
     assert_eq!(f.basic_auth_users.unwrap().len(), 1);
     assert!(file::parse("").unwrap().tls_server_config.is_none());
-    assert!(file::parse("# nothing\n").unwrap().basic_auth_users.is_none());
+    assert!(file::parse("# nothing\n")
+        .unwrap()
+        .basic_auth_users
+        .is_none());
 }
 
 #[test]
@@ -117,7 +120,9 @@ fn missing_and_unusable_files_are_one_sentence_naming_them() {
         assert!(!e.contains('\n'), "{e}");
         assert!(!e.contains("PRIVATE KEY"), "{e}");
     }
-    let e = Web::load(&d.dir.path().join("absent.yml")).unwrap_err().to_string();
+    let e = Web::load(&d.dir.path().join("absent.yml"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("absent.yml: No such file or directory"), "{e}");
 }
 
@@ -132,7 +137,9 @@ fn relative_paths_are_from_the_files_directory_and_every_mode_loads() {
         "RequireAndVerifyClientCert",
     ] {
         let ca = match auth {
-            "VerifyClientCertIfGiven" | "RequireAndVerifyClientCert" => "\n  client_ca_file: ca.pem",
+            "VerifyClientCertIfGiven" | "RequireAndVerifyClientCert" => {
+                "\n  client_ca_file: ca.pem"
+            }
             _ => "",
         };
         let p = d.write(&format!(
@@ -212,9 +219,9 @@ fn client_config(d: &Dir, cert: Option<(&Path, &Path)>) -> Arc<rustls::ClientCon
         .add(CertificateDer::from_pem_file(&d.pki.ca_cert).unwrap())
         .unwrap();
     let b = rustls::ClientConfig::builder_with_provider(provider())
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
     Arc::new(match cert {
         Some((c, k)) => b
             .with_client_auth_cert(
@@ -240,7 +247,9 @@ async fn tls_get(
         .await
         .map_err(|e| e.to_string())?;
     let req = format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{headers}\r\n");
-    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.map_err(|e| e.to_string())?;
     let out = String::from_utf8_lossy(&out).to_string();
@@ -277,17 +286,26 @@ async fn tls_and_basic_auth_on_loopback() {
         format!("Authorization: Basic {b}\r\n")
     };
     let trusted = client_config(&d, Some((&d.pki.client_cert, &d.pki.client_key)));
-    let head = tls_get(addr, trusted.clone(), &basic("prom", "pa55word")).await.unwrap();
+    let head = tls_get(addr, trusted.clone(), &basic("prom", "pa55word"))
+        .await
+        .unwrap();
     assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
     assert!(head.contains("X-Content-Type-Options: nosniff"), "{head}");
-    for h in [String::new(), basic("prom", "wrong"), basic("eve", "pa55word")] {
+    for h in [
+        String::new(),
+        basic("prom", "wrong"),
+        basic("eve", "pa55word"),
+    ] {
         let head = tls_get(addr, trusted.clone(), &h).await.unwrap();
         assert!(head.starts_with("HTTP/1.1 401 "), "{h:?}: {head}");
         assert!(head.contains("Www-Authenticate: Basic"), "{head}");
     }
     let untrusted = client_config(&d, Some((&d.pki.untrusted_cert, &d.pki.untrusted_key)));
     let r = tls_get(addr, untrusted, &basic("prom", "pa55word")).await;
-    assert!(r.as_ref().map_or(true, |h| h.is_empty()), "untrusted: {r:?}");
+    assert!(
+        r.as_ref().map_or(true, |h| h.is_empty()),
+        "untrusted: {r:?}"
+    );
     let r = tls_get(addr, client_config(&d, None), &basic("prom", "pa55word")).await;
     assert!(r.as_ref().map_or(true, |h| h.is_empty()), "no cert: {r:?}");
     let (code, head, _) = plain_exchange(addr).await;
@@ -296,13 +314,24 @@ async fn tls_and_basic_auth_on_loopback() {
     let t0 = std::time::Instant::now();
     let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut b = [0u8; 8];
-    let n = tokio::time::timeout(Duration::from_secs(3), tokio::io::AsyncReadExt::read(&mut idle, &mut b)).await;
+    let n = tokio::time::timeout(
+        Duration::from_secs(3),
+        tokio::io::AsyncReadExt::read(&mut idle, &mut b),
+    )
+    .await;
     assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
-    assert!(t0.elapsed() < Duration::from_millis(1500), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
 
     ex.render();
     let metrics = String::from_utf8_lossy(&ex.handle().scrape().openmetrics).to_string();
-    assert!(metrics.contains("rttscope_metrics_refused_total{reason=\"unauthorized\"} 3"), "{metrics}");
+    assert!(
+        metrics.contains("rttscope_metrics_refused_total{reason=\"unauthorized\"} 3"),
+        "{metrics}"
+    );
     let hs = metrics
         .lines()
         .find(|l| l.starts_with("rttscope_metrics_refused_total{reason=\"tls_handshake\"}"))
@@ -317,13 +346,19 @@ async fn tls_and_basic_auth_on_loopback() {
 async fn plain_exchange(addr: std::net::SocketAddr) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
+    let _ = s
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
     let mut out = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
     let out = String::from_utf8_lossy(&out).to_string();
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
     let code = match head.starts_with("HTTP/") {
-        true => head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0),
+        true => head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0),
         false => 0,
     };
     (code, head.to_string(), body.to_string())
@@ -347,22 +382,36 @@ async fn scrape_cost_plain_tls_basic_auth_mtls() {
         base64::engine::general_purpose::STANDARD.encode("prom:pw")
     );
     let tls = "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n";
-    let mtls = format!("{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n");
+    let mtls =
+        format!("{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n");
     let ex = Exporter::new(LabelPolicy::default()).unwrap();
     ex.render();
     let body = ex.handle().scrape().text.len();
     let cases: [(&str, Option<String>, bool, &str); 4] = [
         ("plain http", None, false, ""),
         ("https", Some(tls.to_string()), false, ""),
-        ("https + basic auth (cached)", Some(format!("{tls}basic_auth_users:\n  prom: {hash}\n")), false, &basic),
+        (
+            "https + basic auth (cached)",
+            Some(format!("{tls}basic_auth_users:\n  prom: {hash}\n")),
+            false,
+            &basic,
+        ),
         ("https + client certificate", Some(mtls), true, ""),
     ];
     for (what, yaml, cert, headers) in cases {
         let web = yaml.map(|y| Arc::new(Web::load(&d.write(&y)).unwrap()));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve_with(l, ex.handle(), ServeLimits::DEFAULT, web.clone()));
-        let cfg = client_config(&d, cert.then_some((d.pki.client_cert.as_path(), d.pki.client_key.as_path())));
+        let server = tokio::spawn(serve_with(
+            l,
+            ex.handle(),
+            ServeLimits::DEFAULT,
+            web.clone(),
+        ));
+        let cfg = client_config(
+            &d,
+            cert.then_some((d.pki.client_cert.as_path(), d.pki.client_key.as_path())),
+        );
         let t0 = std::time::Instant::now();
         for _ in 0..N {
             let head = match &web {

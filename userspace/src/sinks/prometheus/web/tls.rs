@@ -139,12 +139,9 @@ fn verified(
 ) -> Result<Arc<dyn ClientCertVerifier>, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in certificates(ca, "client_ca_file", r)? {
-        roots.add(c).map_err(|e| {
-            format!(
-                "tls_server_config: client_ca_file {}: {e}",
-                shown(ca)
-            )
-        })?;
+        roots
+            .add(c)
+            .map_err(|e| format!("tls_server_config: client_ca_file {}: {e}", shown(ca)))?;
     }
     let b = rustls::server::WebPkiClientVerifier::builder_with_provider(
         Arc::new(roots),
