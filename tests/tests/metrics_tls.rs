@@ -217,9 +217,7 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
     let web_b = f.dir.join("web-b.yml");
     std::fs::write(
         &web_b,
-        format!(
-            "tls_server_config:\n  cert_file: server.pem\n  key_file: server-b.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  min_version: TLS12\n"
-        ),
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server-b.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  min_version: TLS12\n",
     )
     .unwrap();
     std::fs::write(f.dir.join("password.txt"), &pw1).unwrap();
@@ -410,6 +408,8 @@ fn prometheus_scrapes_over_tls_with_basic_auth_and_mtls_and_the_rest_is_refused(
         err_b.contains("client certificates required and verified"),
         "{err_b}"
     );
+    // The reload above read the new file and the 0640 key as the daemon's uid after attach.
+    assert!(err_a.contains("running as uid 65534"), "{err_a}");
     assert_eq!(
         err_a.matches("cannot be used").count(),
         1,

@@ -47,7 +47,10 @@ impl Users {
 
 /// The bounded set of (user, hash, password) digests that passed bcrypt.
 #[derive(Debug, Default)]
-pub struct Cache(Mutex<(HashSet<[u8; 32]>, VecDeque<[u8; 32]>)>);
+pub struct Cache(Mutex<Digests>);
+
+/// The digests held, and their order of arrival (the oldest is forgotten first).
+type Digests = (HashSet<[u8; 32]>, VecDeque<[u8; 32]>);
 
 impl Cache {
     fn contains(&self, key: &[u8; 32]) -> bool {
