@@ -9,8 +9,8 @@
 //! Truths: the transactions the test's client completed, the programs the
 //! container's process held (bpftool), tc/tcx on the interface.
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -153,8 +153,12 @@ fn podman_args(docs: &[Json], node_netns: &str, tmp: &Path) -> (Vec<String>, Vec
 
 /// A volume's host side: a hostPath (a missing DirectoryOrCreate one is a
 /// fresh directory of the test's, not created on the host), or the
-/// ConfigMap's files written out.
+/// ConfigMap's or Secret's files written out (a Secret's as the kubelet writes
+/// them with the pod's fsGroup: group 65534, its defaultMode).
 fn volume_source(docs: &[Json], vol: &Json, tmp: &Path) -> PathBuf {
+    if let Some(name) = vol["secret"]["secretName"].as_str() {
+        return secret_files(docs, name, vol["secret"]["defaultMode"].as_u64(), tmp);
+    }
     if let Some(cm) = vol["configMap"]["name"].as_str() {
         let dir = tmp.join(cm);
         std::fs::create_dir_all(&dir).unwrap();
@@ -183,20 +187,61 @@ fn volume_source(docs: &[Json], vol: &Json, tmp: &Path) -> PathBuf {
     path
 }
 
-/// GET /metrics from inside `ns`.
-fn scrape_in(ns: &NetNs) -> std::io::Result<String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
-    ns.run(move || -> std::io::Result<String> {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        Ok(out)
-    })
+/// The Secret `name`'s files under `tmp/name`, its placeholders filled: the test PKI's server
+/// certificate and key, and the bcrypt hash of [`PASSWORD`].
+fn secret_files(docs: &[Json], name: &str, mode: Option<u64>, tmp: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tmp.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = rttscope::sinks::prometheus::web::pki::make(tmp).unwrap();
+    let secret = docs
+        .iter()
+        .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == name)
+        .unwrap();
+    let hash = bcrypt::hash(PASSWORD, 10).unwrap();
+    for (file, text) in secret["stringData"].as_object().unwrap() {
+        let text = match file.as_str() {
+            "tls.crt" => std::fs::read_to_string(&pki.server_cert).unwrap(),
+            "tls.key" => std::fs::read_to_string(&pki.server_key).unwrap(),
+            _ => text
+                .as_str()
+                .unwrap()
+                .replace("REPLACE-with-the-bcrypt-hash-from-htpasswd", &hash),
+        };
+        let p = dir.join(file);
+        std::fs::write(&p, text).unwrap();
+        std::os::unix::fs::chown(&p, Some(0), Some(65534)).unwrap();
+        let mode = mode.unwrap_or(0o644) as u32;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    dir
+}
+
+/// The password the test puts in the Secret (its bcrypt hash) and scrapes with.
+const PASSWORD: &str = "image-test-password";
+
+/// GET https://127.0.0.1:9464/metrics from inside `ns` with curl, as the Secret's user,
+/// trusting the test CA `tmp/ca.pem`: the head and body.
+fn scrape_in(ns: &NetNs, tmp: &Path) -> std::io::Result<String> {
+    let ca = tmp.join("ca.pem");
+    let url = format!("https://127.0.0.1:{METRICS_PORT}/metrics");
+    let user = format!("prometheus:{PASSWORD}");
+    // Not ns.exec: its error would quote the arguments, the password among them.
+    let out = ns
+        .command("curl")
+        .args(["-sS", "-i", "--max-time", "5", "--cacert"])
+        .arg(&ca)
+        .args(["-u", &user, &url])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    match out.status.success() && text.starts_with("HTTP/1.1 200") {
+        true => Ok(text),
+        false => Err(std::io::Error::other(format!(
+            "{}{}",
+            text.lines().next().unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr)
+        ))),
+    }
 }
 
 /// (count, sum in seconds) of the RTT histograms of `view` and `side` in the
@@ -362,7 +407,7 @@ fn image_runs_as_the_daemonset_declares() {
     // Removed on drop also when `podman run` fails (it may leave the container created).
     let ctr = Container(name.clone());
     podman(&argv);
-    while scrape_in(&p.a).is_err() {
+    while scrape_in(&p.a, &tmp).is_err() {
         let running = podman(&["inspect", "--format", "{{.State.Running}}", &ctr.0]);
         if t0.elapsed() > Duration::from_secs(30) || running != "true" {
             panic!(
@@ -382,7 +427,7 @@ fn image_runs_as_the_daemonset_declares() {
     std::thread::sleep(Duration::from_millis(1500));
     cli.pause();
     std::thread::sleep(Duration::from_millis(900));
-    let body = scrape_in(&p.a).expect("scrape");
+    let body = scrape_in(&p.a, &tmp).expect("scrape");
     let transactions = cli.transactions.load(Ordering::Relaxed) as f64;
     // The node's namespace is named after the container that joined it.
     let id = podman(&["inspect", "--format", "{{.Id}}", &ctr.0]);
@@ -456,7 +501,7 @@ fn image_runs_as_the_daemonset_declares() {
 fn manifests_render_and_use_the_recipe_image() {
     let docs = rendered_manifests();
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
-    assert_eq!(kinds, ["Namespace", "ConfigMap", "DaemonSet"]);
+    assert_eq!(kinds, ["Namespace", "ConfigMap", "Secret", "DaemonSet"]);
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .arg("--print-name")
         .output()

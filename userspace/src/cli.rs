@@ -32,6 +32,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: observe's options (the largest variant, ~500 bytes) are not worth
+// a Box and the matches on it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Observe RTT passively, generating no traffic: TCP view, sampler view (--iface), cloud buckets, Prometheus daemon (--listen).

@@ -27,6 +27,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("sample_list", sample_list),
     ("cloud_monitoring", cloud_monitoring),
     ("observe_config", observe_config),
+    ("web_config", web_config),
     ("bucket_layout", bucket_layout),
     ("flags", flags),
     ("cgroup_path", cgroup_path),
@@ -183,6 +184,27 @@ pub fn observe_config(data: &[u8]) {
         let m = e.to_string();
         assert_one_sentence("observe config", &m);
         assert!(m.chars().count() <= 300, "config message too long: {m}");
+    }
+}
+
+/// The web config file of /metrics (exporter-toolkit's YAML): refused ⇒ one line of at most 300
+/// characters; the headers, when the file parses, are checked too (that no hash is quoted in a
+/// refusal: the unit tests of `sinks::prometheus::web`).
+pub fn web_config(data: &[u8]) {
+    use crate::sinks::prometheus::web::file;
+    let t = text(data);
+    match file::parse(&t) {
+        Err(m) => {
+            assert_one_sentence("web config", &m);
+            assert!(m.chars().count() <= 300, "web config message too long: {m}");
+        }
+        Ok(f) => {
+            if let Some(h) = f.http_server_config {
+                if let Err(m) = file::headers(&h.headers) {
+                    assert_one_sentence("web config headers", &m);
+                }
+            }
+        }
     }
 }
 

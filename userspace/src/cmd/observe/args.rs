@@ -67,6 +67,11 @@ pub struct ObserveArgs {
     /// Serve Prometheus /metrics on this address (bare --listen: 127.0.0.1:9464; other addresses must be given explicitly).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = crate::sinks::prometheus::DEFAULT_LISTEN, value_parser = crate::sinks::prometheus::http::parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
+    /// Serve /metrics as this web config file says: TLS, client certificates, basic-auth users
+    /// (Prometheus exporter-toolkit's YAML: tls_server_config, basic_auth_users,
+    /// http_server_config); re-read when it changes (docs/metrics.md#tls-and-authentication).
+    #[arg(long, value_name = "PATH", requires = "listen")]
+    pub web_config_file: Option<PathBuf>,
     /// Push the metrics over OTLP/HTTP (protobuf) to this http:// URL: an OpenTelemetry Collector (http://127.0.0.1:4318) or any OTLP receiver (Prometheus: http://HOST:9090/api/v1/otlp/v1/metrics); RTT as exponential histograms.
     #[arg(long, value_name = "URL")]
     pub otlp: Option<String>,

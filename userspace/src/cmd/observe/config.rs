@@ -12,6 +12,7 @@
 //! netns = ["web1", "web2"]     # or omit: all namespaces
 //! interval = "10s"
 //! listen = "127.0.0.1:9464"
+//! web_config_file = "/etc/rttscope/web.yml"  # TLS and basic auth for /metrics (optional)
 //! otlp = "http://127.0.0.1:4318"  # OTLP/HTTP push (optional)
 //! otlp_interval = "30s"           # default: interval
 //! views = ["tcp"]
@@ -59,6 +60,8 @@ pub struct ConfigFile {
     pub view_keys: crate::views::FileKeys,
     /// Address for /metrics, e.g. "127.0.0.1:9464".
     pub listen: Option<String>,
+    /// The web config file of /metrics (TLS, basic auth), exporter-toolkit's format.
+    pub web_config_file: Option<PathBuf>,
     /// OTLP/HTTP endpoint to push the metrics to, e.g. "http://127.0.0.1:4318".
     pub otlp: Option<String>,
     /// How often to push OTLP, e.g. "30s" (default: interval).
@@ -437,6 +440,7 @@ merged_options!(
     [
         max_flows,
         listen,
+        web_config_file,
         otlp,
         otlp_interval,
         quiet,
@@ -570,6 +574,9 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(l)) = (from_file("listen"), cfg.listen) {
         args.listen = Some(l);
     }
+    if let (true, Some(p)) = (from_file("web_config_file"), &f.web_config_file) {
+        args.web_config_file = Some(p.clone());
+    }
     if let (true, Some(u)) = (from_file("otlp"), &f.otlp) {
         args.otlp = Some(u.clone());
     }
@@ -639,6 +646,9 @@ pub fn resolve(mut args: ObserveArgs, explicit: &Explicit) -> Result<Option<Obse
     merge(&cfg, &mut args, explicit);
     let policy = label_policy(&args)?;
     if args.check_config {
+        if let Some(p) = &args.web_config_file {
+            crate::sinks::prometheus::web::Web::load(p)?;
+        }
         println!("{}", check_line(&path, &args, &policy));
         return Ok(None);
     }
@@ -985,7 +995,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\notlp = \"http://127.0.0.1:4318\"\notlp_interval = \"30s\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"http://127.0.0.1:4318\"\notlp_interval = \"30s\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
@@ -1054,6 +1064,7 @@ series_idle = "5min"
                 "sample_every",
                 "proto",
                 "listen",
+                "web_config_file",
                 "otlp",
                 "otlp_interval",
                 "max_flows",
@@ -1072,7 +1083,7 @@ series_idle = "5min"
             err("interval = \"1s\"\nfoo = 1\n"),
             "line 2: unknown field `foo`, expected one of `netns`, `all_netns`, `cgroup`, \
              `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
-             `proto`, `listen`, `otlp`, `otlp_interval`, `max_flows`, `raw`, `quiet`, \
+             `proto`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `max_flows`, `raw`, `quiet`, \
              `bpf_stats`, `labels`"
         );
     }

@@ -88,6 +88,25 @@ fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::da
     }))
 }
 
+/// `--listen` bound, with `--web-config-file` loaded (None: not serving /metrics).
+async fn listener(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::http::Listener>> {
+    use crate::sinks::prometheus::{http, web};
+    let Some(a) = args.listen else {
+        if args.web_config_file.is_some() {
+            anyhow::bail!("--web-config-file (web_config_file) says how /metrics is served: give --listen too");
+        }
+        return Ok(None);
+    };
+    let web = match &args.web_config_file {
+        Some(p) => Some(std::sync::Arc::new(web::Web::load(p)?)),
+        None => None,
+    };
+    Ok(Some(http::Listener {
+        tcp: http::bind(a).await?,
+        web,
+    }))
+}
+
 /// What the session attaches, from the options (the lab attaches its observer's session with
 /// it too).
 pub(crate) fn session_config(args: &ObserveArgs, views: &[ViewKind]) -> Result<SessionConfig> {
@@ -145,11 +164,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     check(&args, &views)?;
     otlp_config(&args)?;
     let cfg = session_config(&args, &views)?;
-    // daemon mode: bind /metrics before attaching, so a bad address fails early.
-    let listener = match args.listen {
-        Some(a) => Some(crate::sinks::prometheus::http::bind(a).await?),
-        None => None,
-    };
+    // daemon mode: bind /metrics and load its web config before attaching, so a bad
+    // address or file fails early.
+    let listener = listener(&args).await?;
     let mut session = Session::attach(cfg)?;
     // what already runs ahead of a view's hooks (a CNI's tc programs), said at once
     for n in session.view_notices() {

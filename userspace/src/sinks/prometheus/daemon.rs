@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use super::http::{serve_on_thread, ServerThread};
+use super::http::{serve_on_thread, Listener, ServerThread};
 use super::{Exporter, LabelPolicy};
 use crate::sys::bpf::ProgStats;
 use crate::views::view::{FlowDelta, FlowSink};
@@ -79,7 +79,7 @@ impl Daemon {
     /// attached, then drop capabilities. Needs a tokio runtime (the server
     /// is a task on it).
     pub fn start(
-        listener: Option<tokio::net::TcpListener>,
+        listener: Option<Listener>,
         otlp: Option<OtlpConfig>,
         policy: LabelPolicy,
         bpf_stats: bool,
@@ -92,19 +92,17 @@ impl Daemon {
         };
         let (progs, notes) = prog_stats(views, bpf_stats);
         let lines = attach_lines(views, &notes);
-        let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+        if let Some(w) = listener.as_ref().and_then(|l| l.web.as_ref()) {
+            w.stats.register(exporter.registry_mut());
+        }
+        let serving = listener.as_ref().map(serving_line);
         let start_names = crate::sys::netns::names();
         for l in lines {
             eprintln!("rttscope: {l}");
         }
         drop_privileges()?;
-        if let Some(a) = addr {
-            let note = if a.ip().is_loopback() {
-                ""
-            } else {
-                " (not loopback: reachable from other hosts)"
-            };
-            eprintln!("rttscope: serving /metrics on http://{a}/metrics{note}");
+        for l in serving.into_iter().flatten() {
+            eprintln!("rttscope: {l}");
         }
         exporter.render();
         // after the privileges are dropped: the thread inherits what is left
@@ -174,6 +172,35 @@ impl Drop for Daemon {
             o.maybe_push(&r, true);
         }
     }
+}
+
+/// What `/metrics` is served as, and a warning when it is open to other hosts without TLS
+/// or authentication, or takes passwords over plain HTTP from them.
+fn serving_line(l: &Listener) -> Vec<String> {
+    let Ok(a) = l.tcp.local_addr() else {
+        return Vec::new();
+    };
+    let plain = super::web::Active::plain();
+    let active = l.web.as_ref().map(|w| w.current());
+    let active = active.as_deref().unwrap_or(&plain);
+    let scheme = if active.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut lines = vec![format!(
+        "serving /metrics on {scheme}://{a}/metrics ({})",
+        active.describe()
+    )];
+    if a.ip().is_loopback() {
+        return lines;
+    }
+    if active.tls.is_none() && !active.authenticates() {
+        lines.push(format!("warning: /metrics on {a} is not loopback and has neither TLS nor authentication: every host that reaches it reads the flows' addresses and workloads (give --web-config-file, docs/metrics.md#tls-and-authentication)"));
+    } else if active.tls.is_none() {
+        lines.push(format!("warning: /metrics on {a} takes basic-auth passwords over plain HTTP from other hosts (add tls_server_config to the web config file)"));
+    }
+    lines
 }
 
 /// Our programs' statistics (kernel run-time statistics enabled when

@@ -1,11 +1,13 @@
 //! The `/metrics` HTTP endpoint: hyper's HTTP/1 server with a header-read
-//! timeout, a whole-connection deadline and a cap on connections.
+//! timeout, a whole-connection deadline and a cap on connections; TLS and basic
+//! authentication as the web config file says ([`super::web`]).
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use super::web::{Active, Web};
 use super::{MetricsHandle, CONTENT_TYPE};
 
 /// Parse a listen address; a bare port means loopback.
@@ -41,6 +43,19 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener> {
         sock.listen(ACCEPT_BACKLOG)
     };
     listen().with_context(|| format!("cannot listen for /metrics on {addr}"))
+}
+
+/// The bound `/metrics` socket and the web config it is served with (None: plain HTTP).
+pub struct Listener {
+    pub tcp: tokio::net::TcpListener,
+    pub web: Option<Arc<Web>>,
+}
+
+impl Listener {
+    /// Plain HTTP without authentication.
+    pub fn plain(tcp: tokio::net::TcpListener) -> Listener {
+        Listener { tcp, web: None }
+    }
 }
 
 /// How the `/metrics` server bounds what clients can hold.
@@ -81,16 +96,20 @@ pub struct ServerThread {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Start [`serve`] on a [`ServerThread`] (the listener moves to its runtime).
-pub fn serve_on_thread(
-    listener: tokio::net::TcpListener,
-    handle: MetricsHandle,
-) -> Result<ServerThread> {
+/// bcrypt checks run at once (tokio's blocking pool of the server's runtime); more wait.
+const BCRYPT_THREADS: usize = 2;
+
+/// Start [`serve`] on a [`ServerThread`] (the listener moves to its runtime), and the
+/// web config's polling ([`Web::watch`]) beside it.
+pub fn serve_on_thread(listener: Listener, handle: MetricsHandle) -> Result<ServerThread> {
+    let web = listener.web;
     let listener = listener
+        .tcp
         .into_std()
         .context("moving the /metrics listener to its thread")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(BCRYPT_THREADS)
         .build()
         .context("starting the /metrics server's runtime")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -105,9 +124,15 @@ pub fn serve_on_thread(
                         return;
                     }
                 };
+                let watch = web
+                    .clone()
+                    .map(|w| tokio::spawn(w.watch(super::web::POLL_EVERY)));
                 tokio::select! {
-                    _ = serve(listener, handle) => {}
+                    _ = serve_with(listener, handle, ServeLimits::DEFAULT, web) => {}
                     _ = stopped => {}
+                }
+                if let Some(w) = watch {
+                    w.abort();
                 }
             })
         })
@@ -130,20 +155,23 @@ impl Drop for ServerThread {
     }
 }
 
-/// Serve `/metrics` until the task is dropped, with [`ServeLimits::DEFAULT`].
+/// Serve `/metrics` until the task is dropped, with [`ServeLimits::DEFAULT`], plain HTTP.
 pub async fn serve(listener: tokio::net::TcpListener, handle: MetricsHandle) {
-    serve_with(listener, handle, ServeLimits::DEFAULT).await
+    serve_with(listener, handle, ServeLimits::DEFAULT, None).await
 }
 
 /// Serve `/metrics` with hyper's HTTP/1 server: GET/HEAD only, one request
 /// per connection (Connection: close), a header-read timeout, a bounded
 /// request head, a whole-connection deadline and a cap on connections held
 /// at once. Malformed requests are answered 400 (431 when too large) by
-/// hyper's parser.
+/// hyper's parser. With `web`, each connection is served as the web config in
+/// force when it was accepted says: a TLS handshake (within the header-read
+/// timeout, inside the connection's deadline), then basic authentication.
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     handle: MetricsHandle,
     limits: ServeLimits,
+    web: Option<Arc<Web>>,
 ) {
     let sem = Arc::new(tokio::sync::Semaphore::new(limits.max_conns));
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -166,20 +194,123 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let h = handle.clone();
+        let conn = Conn {
+            handle: handle.clone(),
+            active: web.as_ref().map(|w| w.current()),
+            web: web.clone(),
+        };
         let http = http.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let res = answer(&req, &h);
-                async move { Ok::<_, std::convert::Infallible>(res) }
-            });
-            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(sock), service);
-            // Errors (header timeout, parse errors already answered, resets)
-            // only end the connection.
-            let _ = tokio::time::timeout(limits.conn_timeout, conn).await;
+            // Errors (handshake and header timeouts, parse errors already answered,
+            // resets) only end the connection.
+            let served = conn.serve(sock, &http, limits.header_read_timeout);
+            let _ = tokio::time::timeout(limits.conn_timeout, served).await;
             drop(permit);
         });
     }
+}
+
+/// One accepted connection and the configuration it is served with.
+#[derive(Clone)]
+struct Conn {
+    handle: MetricsHandle,
+    /// The web config in force when accepted (None: plain, no authentication).
+    active: Option<Arc<Active>>,
+    web: Option<Arc<Web>>,
+}
+
+impl Conn {
+    /// The TLS handshake if configured, within `handshake_timeout` (a refusal counted),
+    /// then one HTTP exchange.
+    async fn serve(
+        self,
+        sock: tokio::net::TcpStream,
+        http: &hyper::server::conn::http1::Builder,
+        handshake_timeout: Duration,
+    ) {
+        let Some(acceptor) = self.active.as_ref().and_then(|a| a.tls.clone()) else {
+            return self.http(sock, http).await;
+        };
+        match tokio::time::timeout(handshake_timeout, acceptor.accept(sock)).await {
+            Ok(Ok(tls)) => self.http(tls, http).await,
+            _ => self.refused("tls_handshake"),
+        }
+    }
+
+    async fn http<IO>(self, io: IO, http: &hyper::server::conn::http1::Builder)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |req| {
+            let conn = self.clone();
+            async move { Ok::<_, std::convert::Infallible>(conn.answer(req).await) }
+        });
+        let _ = http
+            .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+            .await;
+    }
+
+    /// 401 without the credentials the web config asks for; else the answer, with the
+    /// web config's headers.
+    async fn answer<B>(&self, req: hyper::Request<B>) -> hyper::Response<Body> {
+        let header = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .map(|v| v.as_bytes().to_vec());
+        let mut res = match self.authorized(header).await {
+            true => answer(&req, &self.handle),
+            false => {
+                self.refused("unauthorized");
+                unauthorized()
+            }
+        };
+        if let Some(a) = &self.active {
+            for (k, v) in &a.headers {
+                res.headers_mut().insert(k.clone(), v.clone());
+            }
+        }
+        res
+    }
+
+    /// Whether basic authentication, if configured, lets this request in (bcrypt on the
+    /// runtime's blocking pool, [`BCRYPT_THREADS`] at once).
+    async fn authorized(&self, header: Option<Vec<u8>>) -> bool {
+        let (Some(active), Some(web)) = (&self.active, &self.web) else {
+            return true;
+        };
+        let Some(users) = &active.users else {
+            return true;
+        };
+        let header = header.as_deref();
+        super::web::auth::allowed(users, &web.cache, header, |password, hash| async move {
+            tokio::task::spawn_blocking(move || super::web::auth::bcrypt_matches(&password, &hash))
+                .await
+                .unwrap_or(false)
+        })
+        .await
+    }
+
+    fn refused(&self, reason: &str) {
+        if let Some(w) = &self.web {
+            w.stats.refused(reason);
+        }
+    }
+}
+
+/// 401 with `WWW-Authenticate: Basic` (what exporter-toolkit answers).
+fn unauthorized() -> hyper::Response<Body> {
+    let mut res = hyper::Response::new(Body::new("Unauthorized\n".into()));
+    *res.status_mut() = hyper::StatusCode::UNAUTHORIZED;
+    let h = res.headers_mut();
+    h.insert(
+        hyper::header::WWW_AUTHENTICATE,
+        hyper::header::HeaderValue::from_static("Basic"),
+    );
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
 }
 
 type Body = http_body_util::Full<hyper::body::Bytes>;
@@ -424,7 +555,7 @@ mod tests {
         let (server, addr) = rt.block_on(async {
             let l = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
             let a = l.local_addr().unwrap();
-            (serve_on_thread(l, ex.handle()).unwrap(), a)
+            (serve_on_thread(Listener::plain(l), ex.handle()).unwrap(), a)
         });
         let busy_over = Arc::new(AtomicBool::new(false));
         let over = busy_over.clone();
@@ -497,7 +628,7 @@ mod tests {
             header_read_timeout: Duration::from_millis(400),
             conn_timeout: Duration::from_secs(5),
         };
-        let server = tokio::spawn(serve_with(l, ex.handle(), limits));
+        let server = tokio::spawn(serve_with(l, ex.handle(), limits, None));
 
         let (c, head, body) = exchange(
             addr,

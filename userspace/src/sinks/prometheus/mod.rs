@@ -57,6 +57,7 @@ mod labels;
 pub mod native;
 pub mod proto;
 mod rtt_hist;
+pub mod web;
 
 use labels::{DropLabels, EventLabels, HookLabels, ProgLabels, ViewLabel};
 pub use labels::{LabelPolicy, RttLabels, WorkloadLabels};
