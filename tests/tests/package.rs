@@ -81,7 +81,10 @@ fn readme_lines(needle: &str) -> Vec<String> {
         .filter(|c| c.contains(needle))
         .map(|c| c.replace("sudo ", "").trim().to_string())
         .collect();
-    assert!(!lines.is_empty(), "no Install command with {needle}:\n{install}");
+    assert!(
+        !lines.is_empty(),
+        "no Install command with {needle}:\n{install}"
+    );
     lines
 }
 
@@ -127,17 +130,33 @@ impl Root {
     /// `args` run inside the root (as root), in a mount namespace of their own.
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new("unshare");
-        c.args(["--mount", "--propagation", "private", "--", "sh", "-c", ENTER])
-            .arg(self.path())
-            .args(args)
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        c.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            ENTER,
+        ])
+        .arg(self.path())
+        .args(args)
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        );
         c
     }
 
     /// A shell line inside the root; its output, or a panic naming it.
     fn sh(&self, line: &str) -> Output {
         let out = self.command(&["sh", "-c", line]).output().unwrap();
-        assert!(out.status.success(), "in {}: `{line}` failed:\n{}", self.path(), text(&out));
+        assert!(
+            out.status.success(),
+            "in {}: `{line}` failed:\n{}",
+            self.path(),
+            text(&out)
+        );
         out
     }
 
@@ -175,15 +194,30 @@ fn static_binary_has_no_dynamic_dependencies() {
         return;
     }
     let dist = dist();
-    let sums = sh(&["sh", "-c", &format!("cd {} && sha256sum -c SHA256SUMS", dist.display())]);
+    let sums = sh(&[
+        "sh",
+        "-c",
+        &format!("cd {} && sha256sum -c SHA256SUMS", dist.display()),
+    ]);
     eprintln!("{}", String::from_utf8_lossy(&sums.unwrap().stdout));
     let tmp = std::env::temp_dir().join(unique("rtstar"));
     std::fs::create_dir(&tmp).unwrap();
     let name = format!("rttscope-{}-x86_64-linux", version());
     let tarball = dist.join(format!("{name}.tar.gz"));
-    sh(&["tar", "-xzf", tarball.to_str().unwrap(), "-C", tmp.to_str().unwrap()]).unwrap();
+    sh(&[
+        "tar",
+        "-xzf",
+        tarball.to_str().unwrap(),
+        "-C",
+        tmp.to_str().unwrap(),
+    ])
+    .unwrap();
     let top = tmp.join(&name);
-    let inner = sh(&["sh", "-c", &format!("cd {} && sha256sum -c SHA256SUMS", top.display())]);
+    let inner = sh(&[
+        "sh",
+        "-c",
+        &format!("cd {} && sha256sum -c SHA256SUMS", top.display()),
+    ]);
     let bin = top.join("bin/rttscope");
     let bin = bin.to_str().unwrap();
     let headers = text(&sh(&["readelf", "-lW", bin]).unwrap());
@@ -191,8 +225,14 @@ fn static_binary_has_no_dynamic_dependencies() {
     let ldd = Command::new("ldd").arg(bin).output().unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
     inner.expect("the tarball's SHA256SUMS holds");
-    assert!(!headers.contains("INTERP"), "a program interpreter:\n{headers}");
-    assert!(!dynamic.contains("(NEEDED)"), "shared libraries needed:\n{dynamic}");
+    assert!(
+        !headers.contains("INTERP"),
+        "a program interpreter:\n{headers}"
+    );
+    assert!(
+        !dynamic.contains("(NEEDED)"),
+        "shared libraries needed:\n{dynamic}"
+    );
     let ldd = text(&ldd);
     assert!(
         ldd.contains("not a dynamic executable") || ldd.contains("statically linked"),
@@ -213,23 +253,44 @@ fn static_binary_observes_a_flow_in_bullseye() {
     let dist = dist();
     let root = Root::new(&["bullseye"]);
     let libc = root.sh("ldd --version | head -1");
-    assert!(text(&libc).contains("2.31"), "not glibc 2.31: {}", text(&libc));
+    assert!(
+        text(&libc).contains("2.31"),
+        "not glibc 2.31: {}",
+        text(&libc)
+    );
     root.put(&dist.join(format!("rttscope-{}-x86_64-linux.tar.gz", version())));
     for line in readme_lines(".tar.gz") {
         root.sh(&format!("cd /tmp && {line}"));
     }
     assert!(root.dir.join("etc/rttscope/rttscope.toml").exists());
     let features = root.command(&["rttscope", "features"]).output().unwrap();
-    assert!(features.status.success(), "features in bullseye:\n{}", text(&features));
+    assert!(
+        features.status.success(),
+        "features in bullseye:\n{}",
+        text(&features)
+    );
     eprintln!("{}", text(&features));
 
     let p = Pair::new().unwrap();
     let server: std::net::SocketAddr = format!("{B_ADDR}:5001").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
-    let args = ["--netns", &p.a.name, "--netns", &p.b.name, "--interval", "500ms", "--duration", "3s"];
+    let args = [
+        "--netns",
+        &p.a.name,
+        "--netns",
+        &p.b.name,
+        "--interval",
+        "500ms",
+        "--duration",
+        "3s",
+    ];
     let mut cmd = root.command(&["rttscope", "observe", "--format", "json"]);
     cmd.args(args);
-    let obs = observe_json_attached_cmd(cmd, args.map(String::from).to_vec(), Duration::from_secs(30));
+    let obs = observe_json_attached_cmd(
+        cmd,
+        args.map(String::from).to_vec(),
+        Duration::from_secs(30),
+    );
     let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(5)).unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     cli.pause();
@@ -249,9 +310,15 @@ fn static_binary_observes_a_flow_in_bullseye() {
 /// Paths dpkg and apt change by installing and removing any package (their
 /// database, logs and caches): not files of the package.
 fn bookkeeping(path: &str) -> bool {
-    ["/var/lib/dpkg/", "/var/log/", "/var/cache/apt/", "/var/lib/apt/", "/var/cache/debconf/"]
-        .iter()
-        .any(|p| path.starts_with(p))
+    [
+        "/var/lib/dpkg/",
+        "/var/log/",
+        "/var/cache/apt/",
+        "/var/lib/apt/",
+        "/var/cache/debconf/",
+    ]
+    .iter()
+    .any(|p| path.starts_with(p))
 }
 
 /// (iii) In a fresh Debian 12: the .deb installed by README's line, its files
@@ -279,23 +346,46 @@ fn deb_installs_verifies_and_purges_in_bookworm() {
         "/usr/share/bash-completion/completions/rttscope",
         "/usr/share/doc/rttscope/copyright",
     ] {
-        assert!(listed.lines().any(|l| l == f), "the .deb lacks {f}:\n{listed}");
+        assert!(
+            listed.lines().any(|l| l == f),
+            "the .deb lacks {f}:\n{listed}"
+        );
     }
     let conf = text(&root.sh("dpkg-query -W -f='${Conffiles}' rttscope"));
-    assert!(conf.contains("/etc/rttscope/rttscope.toml"), "conffiles: {conf}");
+    assert!(
+        conf.contains("/etc/rttscope/rttscope.toml"),
+        "conffiles: {conf}"
+    );
     let v = text(&root.sh("rttscope --version"));
     assert!(v.contains(&version()), "{v}");
     let verify = root.sh("systemd-analyze verify /lib/systemd/system/rttscope.service 2>&1");
-    assert!(text(&verify).trim().is_empty(), "systemd-analyze verify:\n{}", text(&verify));
+    assert!(
+        text(&verify).trim().is_empty(),
+        "systemd-analyze verify:\n{}",
+        text(&verify)
+    );
     // No systemd runs in the chroot: enabled, not started (`--now` would fail there).
     for line in readme_lines("systemctl enable") {
         root.sh(&line.replace(" --now", ""));
     }
-    assert!(root.dir.join("etc/systemd/system/multi-user.target.wants/rttscope.service").exists());
+    let wants = root
+        .dir
+        .join("etc/systemd/system/multi-user.target.wants/rttscope.service");
+    assert!(
+        wants.symlink_metadata().is_ok(),
+        "not enabled: no {}",
+        wants.display()
+    );
     root.sh("dpkg --purge rttscope");
     let after = root.files();
-    let added: Vec<&String> = after.iter().filter(|f| !before.contains(f) && !bookkeeping(f)).collect();
-    let removed: Vec<&String> = before.iter().filter(|f| !after.contains(f) && !bookkeeping(f)).collect();
+    let added: Vec<&String> = after
+        .iter()
+        .filter(|f| !before.contains(f) && !bookkeeping(f))
+        .collect();
+    let removed: Vec<&String> = before
+        .iter()
+        .filter(|f| !after.contains(f) && !bookkeeping(f))
+        .collect();
     assert!(
         added.is_empty() && removed.is_empty(),
         "dpkg --purge left {added:?} behind and took {removed:?} away"
@@ -327,10 +417,16 @@ fn rpm_lists_what_it_installs() {
         "/etc/rttscope/rttscope.toml",
         "/usr/share/man/man1/rttscope.1.gz",
     ] {
-        assert!(files.lines().any(|l| l == f), "the .rpm lacks {f}:\n{files}");
+        assert!(
+            files.lines().any(|l| l == f),
+            "the .rpm lacks {f}:\n{files}"
+        );
     }
     let config = text(&sh(&["rpm", "-qpc", rpm]).unwrap());
     assert_eq!(config.trim(), "/etc/rttscope/rttscope.toml");
     let requires = text(&sh(&["rpm", "-qpR", rpm]).unwrap());
-    assert!(!requires.contains(".so"), "the static binary's package requires libraries:\n{requires}");
+    assert!(
+        !requires.contains(".so"),
+        "the static binary's package requires libraries:\n{requires}"
+    );
 }

@@ -43,10 +43,16 @@ mod tests {
     #[test]
     fn man_pages_for_each_visible_subcommand() {
         let dir = tempfile::tempdir().unwrap();
-        man(ManArgs { dir: dir.path().to_path_buf() }).unwrap();
+        man(ManArgs {
+            dir: dir.path().to_path_buf(),
+        })
+        .unwrap();
         let page = std::fs::read_to_string(dir.path().join("rttscope.1")).unwrap();
         assert!(page.contains(".TH rttscope 1"), "{page}");
-        for sub in Cli::command().get_subcommands().filter(|s| !s.is_hide_set()) {
+        for sub in Cli::command()
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set())
+        {
             let p = dir.path().join(format!("rttscope-{}.1", sub.get_name()));
             assert!(p.exists(), "{} missing", p.display());
         }
