@@ -8,7 +8,8 @@
 #      archives); checked to have no PT_INTERP and no DT_NEEDED; debug info stripped;
 #   2. its man pages and completions (`rttscope man`, `rttscope completions`);
 #   3. target/dist/rttscope-<version>-x86_64-linux.tar.gz: a tree to extract into
-#      /usr/local (bin/, lib/systemd/system/, share/...), with SHA256SUMS of its files;
+#      /usr/local (bin/, lib/systemd/system/, share/...), with share/doc/rttscope/SHA256SUMS
+#      of its files;
 #   4. target/dist/rttscope_<version>-1_amd64.deb (dpkg-deb --root-owner-group);
 #   5. target/dist/rttscope-<version>-1.x86_64.rpm (rpmbuild, when installed);
 #   6. target/dist/SHA256SUMS of the artifacts.
@@ -91,8 +92,8 @@ make_tarball() {
   mkdir -p "$dir" && mv "$WORK/tar-root/usr/local" "$dir/$name"
   install -D -m 0644 "$WORK/gen/zsh/_rttscope" "$dir/$name/share/zsh/site-functions/_rttscope"
   install -m 0644 examples/deploy/rttscope.toml "$dir/$name/share/doc/rttscope/rttscope.toml"
-  (cd "$dir/$name" && find . -type f ! -name SHA256SUMS | LC_ALL=C sort | sed 's:^\./::' |
-    xargs sha256sum >SHA256SUMS)
+  (cd "$dir/$name" && find . -type f | LC_ALL=C sort | sed 's:^\./::' |
+    xargs sha256sum >"$WORK/sums" && mv "$WORK/sums" share/doc/rttscope/SHA256SUMS)
   tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --clamp-mtime --owner=0 --group=0 --numeric-owner \
     -C "$dir" -cf - "$name" | gzip -9n >"$DIST/$name.tar.gz"
 }

@@ -216,7 +216,10 @@ fn static_binary_has_no_dynamic_dependencies() {
     let inner = sh(&[
         "sh",
         "-c",
-        &format!("cd {} && sha256sum -c SHA256SUMS", top.display()),
+        &format!(
+            "cd {} && sha256sum -c share/doc/rttscope/SHA256SUMS",
+            top.display()
+        ),
     ]);
     let bin = top.join("bin/rttscope");
     let bin = bin.to_str().unwrap();
@@ -263,6 +266,7 @@ fn static_binary_observes_a_flow_in_bullseye() {
         root.sh(&format!("cd /tmp && {line}"));
     }
     assert!(root.dir.join("etc/rttscope/rttscope.toml").exists());
+    root.sh("cd /usr/local && sha256sum --quiet -c share/doc/rttscope/SHA256SUMS");
     let features = root.command(&["rttscope", "features"]).output().unwrap();
     assert!(
         features.status.success(),
