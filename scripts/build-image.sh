@@ -2,13 +2,11 @@
 # Build the rttscope container image offline, from Debian bookworm's packages
 # (docs/deploy.md). The same steps as the Containerfile's, without a registry:
 #
-#   1. the production binary: cargo build --release --no-default-features
-#      --features libbpf (no lab), debug info stripped;
-#   2. the runtime root: `mmdebstrap --variant=extract` of the packages that
-#      hold the binary's shared libraries (libc6, libelf1, zlib1g, libgcc-s1),
-#      cached as a tarball; from it only the files the binary loads (its
-#      NEEDED libraries, followed recursively, and the dynamic loader) and
-#      the packages' copyright files are kept;
+#   1. the production binary, static: scripts/package.sh --binary (libbpf
+#      loader, no lab; glibc, libelf and zlib linked in), debug info stripped;
+#   2. the runtime root: the binary, its config, and the copyright files of
+#      the packages whose code it holds (libc6, libelf1, zlib1g, libgcc-s1:
+#      `mmdebstrap --variant=extract`, cached as a tarball); no library, no loader;
 #   3. one layer (binary + that root, files owned by 0:0, mtimes clamped to
 #      SOURCE_DATE_EPOCH, sorted), committed by buildah with
 #      --timestamp SOURCE_DATE_EPOCH, tagged localhost/rttscope:<version>.
@@ -24,7 +22,7 @@
 #
 # Environment: RTTSCOPE_IMAGE (name; default localhost/rttscope:<version>),
 # RTTSCOPE_CACHE (default /var/cache/rttscope: the mmdebstrap tarball),
-# RTTSCOPE_IMAGE_TARGET (cargo target dir, default target/image),
+# RTTSCOPE_STATIC_TARGET (cargo target dir, default target/static: scripts/package.sh's),
 # SOURCE_DATE_EPOCH (default: the last commit's time), RTTSCOPE_IMAGE_REBUILD=1
 # (commit even when an image with the same inputs exists),
 # RTTSCOPE_MIRROR (default http://deb.debian.org/debian).
@@ -39,7 +37,6 @@ if [ "${1:-}" = "--print-name" ]; then
   exit 0
 fi
 CACHE="${RTTSCOPE_CACHE:-/var/cache/rttscope}"
-TARGET="${RTTSCOPE_IMAGE_TARGET:-$ROOT/target/image}"
 MIRROR="${RTTSCOPE_MIRROR:-http://deb.debian.org/debian}"
 SUITE=bookworm
 RUNTIME_PKGS=(libc6 libelf1 zlib1g libgcc-s1)
@@ -51,14 +48,7 @@ export SOURCE_DATE_EPOCH
 die() { echo "build-image: $*" >&2; exit 1; }
 
 build_binary() {
-  echo "== cargo build --release -p rttscope --no-default-features --features libbpf (target: $TARGET)" >&2
-  # No debug info compiled (the release profile's debug = 1 is for perf and benchmarks): the
-  # image strips it anyway, and a clean build (CI) spends less time generating it.
-  CARGO_PROFILE_RELEASE_DEBUG=0 \
-    cargo build --release -p rttscope --no-default-features --features libbpf --target-dir "$TARGET" >&2
-  local bin="$TARGET/release/rttscope"
-  "$bin" lab --help >/dev/null 2>&1 && die "the production build has a lab subcommand"
-  BIN="$bin"
+  BIN="$("$ROOT/scripts/package.sh" --binary)"
 }
 
 # The runtime packages extracted by mmdebstrap, cached per package list.
@@ -81,15 +71,6 @@ rootfs_tar() {
   ROOTFS_TAR="$tar"
 }
 
-# Path of library $1 inside root $2 (the loader's multiarch directories).
-find_lib() {
-  local d
-  for d in lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib usr/lib; do
-    if [ -e "$2/$d/$1" ]; then echo "$d/$1"; return; fi
-  done
-  return 1
-}
-
 # Copy a path (and what a symlink points to) from $1 into $2.
 copy_rel() {
   local src="$1" dst="$2" rel="$3"
@@ -105,34 +86,20 @@ copy_rel() {
   fi
 }
 
-# The runtime root in $1: the binary, the libraries it loads, the loader, copyrights.
+# The runtime root in $1: the static binary, the config, the copyrights of the code linked in.
 make_root() {
   local out="$1" full
   full="$(mktemp -d)"
   tar -xf "$ROOTFS_TAR" -C "$full"
   rm -rf "$out" && mkdir -p "$out/usr/local/bin" "$out/etc/rttscope"
   install -m 0755 "$BIN" "$out/usr/local/bin/rttscope"
-  strip --strip-debug "$out/usr/local/bin/rttscope"
-  local -a todo=("$out/usr/local/bin/rttscope") seen=()
-  while ((${#todo[@]})); do
-    local f="${todo[0]}" lib rel
-    todo=("${todo[@]:1}")
-    for lib in $(readelf -d "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-      [[ " ${seen[*]} " == *" $lib "* ]] && continue
-      seen+=("$lib")
-      rel="$(find_lib "$lib" "$full")" || die "$lib (needed by $(basename "$f")) is in none of ${RUNTIME_PKGS[*]}"
-      copy_rel "$full" "$out" "$rel"
-      todo+=("$out/$rel")
-    done
-  done
-  copy_rel "$full" "$out" lib64/ld-linux-x86-64.so.2
   local p
   for p in "$full"/usr/share/doc/*/copyright; do
     copy_rel "$full" "$out" "${p#"$full"/}"
   done
   install -m 0644 examples/deploy/rttscope.toml "$out/etc/rttscope/rttscope.toml"
   rm -rf "$full"
-  echo "== runtime root: ${seen[*]} + loader ($(du -sh "$out" | cut -f1))" >&2
+  echo "== runtime root: the static binary, its config, ${RUNTIME_PKGS[*]}'s copyrights ($(du -sh "$out" | cut -f1))" >&2
 }
 
 # One reproducible layer tarball of root $1 into $2.

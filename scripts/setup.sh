@@ -38,6 +38,7 @@ TEST_PKGS=(
   prometheus                  # promtool check metrics on a live scrape (metrics tests)
   podman buildah skopeo uidmap mmdebstrap binutils runc  # the container image: scripts/build-image.sh, tests/image.rs (runc: crun refuses hybrid-cgroup hosts)
   python3-yaml                # image test: the rendered manifests as JSON
+  rpm                         # scripts/package.sh: rpmbuild makes the .rpm; tests/package.rs lists it
   curl
   qemu-system-x86 linux-image-amd64 busybox-static python3  # test-kernels.sh: Debian 12's 6.1 in a VM
 )
@@ -215,6 +216,11 @@ main_archive=$(archive_for bookworm)
 security_archive=$(archive_for bookworm-security bookworm/updates)
 fetch_kernel bullseye-security "$security_archive" '^linux-image-5\.10\.0-[0-9]+-amd64$'
 fetch_kernel trixie "$main_archive" '^linux-image-6\.12\.[0-9.]+\+deb13-amd64$'
+
+# Debian 11 and Debian 12 root filesystems for tests/tests/package.rs (mmdebstrap from the
+# machine's apt archive, ~4 min each the first time; cached under /var/cache/rttscope).
+"$(dirname "$0")/rootfs.sh" bullseye >/dev/null
+"$(dirname "$0")/rootfs.sh" bookworm systemd >/dev/null
 
 # BPF run-time statistics are off unless asked for; nothing else is changed on the host.
 echo "setup: ok ($(clang-19 --version | head -1); $(cargo --version))"

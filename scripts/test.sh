@@ -31,8 +31,8 @@ cargo build --all-targets "${FEATURES[@]}"
 # Two CPU-bound jobs that nothing needs until later run in the background at nice 19, on the
 # CPU the tests leave idle (most end-to-end tests wait on timers and paced traffic): clippy (in
 # its own target directory: a check build in target/ would hold the lock cargo test needs) and
-# the container image's release build (scripts/build-image.sh --prepare; tests/tests/image.rs
-# then finds it built). Their status is checked, and clippy's output printed, in "lints" below.
+# the static release build the container image and the packages are made of (scripts/build-image.sh
+# --prepare; tests/tests/image.rs and package.rs then find it built). Their status is checked, and clippy's output printed, in "lints" below.
 BG="$(mktemp -d)"
 BG_PIDS=()
 cleanup_bg() {
@@ -103,13 +103,13 @@ cargo test "${FEATURES[@]}" --lib --bins -- "$@"
 phase "end-to-end tests (privileged, network namespaces)"
 export RTTSCOPE_BIN="$ROOT/target/debug/rttscope"
 export RTTSCOPE_REQUIRE_PRIVILEGED=1
-# Every test file but the container image's, which runs last (below): its release build runs in
-# the background meanwhile (in session 17's first clean run it was reached before that build was
-# done and waited 259 s for it).
+# Every test file but the container image's and the packages', which run last (below): their
+# static release build runs in the background meanwhile (in session 17's first clean run the image
+# test was reached before that build was done and waited 259 s for it).
 E2E_TESTS=()
 for f in "$ROOT"/tests/tests/*.rs; do
   n=$(basename "$f" .rs)
-  [ "$n" = image ] || E2E_TESTS+=(--test "$n")
+  [ "$n" = image ] || [ "$n" = package ] || E2E_TESTS+=(--test "$n")
 done
 # Tests run two at a time: each creates its own namespaces; the machine has 2 cores.
 # RTTSCOPE_E2E_BUSY=0 turns the busy-host load of the e2e tests off (compare, observe, sampler, icmp, lab; tests/src/busy.rs).
@@ -118,8 +118,8 @@ cargo test "${FEATURES[@]}" "${E2E_TESTS[@]}" --no-fail-fast -- --test-threads=2
 phase "the passive views' end-to-end tests again, loaded by aya"
 RTTSCOPE_LOADER=aya cargo test "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
 
-phase "the container image (its release build from the background; tests/tests/image.rs)"
-cargo test "${FEATURES[@]}" --test image --no-fail-fast -- --test-threads=2 "$@"
+phase "the container image and the packages (their static build from the background; tests/tests/image.rs, package.rs)"
+cargo test "${FEATURES[@]}" --test image --test package --no-fail-fast -- --test-threads=2 "$@"
 
 phase "lints (clippy, from the background)"
 wait "${BG_PIDS[@]}" 2>/dev/null || true

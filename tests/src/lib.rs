@@ -555,9 +555,19 @@ pub fn observe_json_attached(
     args: Vec<String>,
     timeout: Duration,
 ) -> std::thread::JoinHandle<Result<Vec<serde_json::Value>>> {
-    use std::io::BufRead;
     let mut cmd = Command::new(rttscope_bin());
     cmd.arg("observe").arg("--format").arg("json").args(&args);
+    observe_json_attached_cmd(cmd, args, timeout)
+}
+
+/// [`observe_json_attached`] for a command made by the caller (an observer in a chroot, say):
+/// `cmd` runs `rttscope observe --format json`; `args` name it in errors.
+pub fn observe_json_attached_cmd(
+    mut cmd: Command,
+    args: Vec<String>,
+    timeout: Duration,
+) -> std::thread::JoinHandle<Result<Vec<serde_json::Value>>> {
+    use std::io::BufRead;
     let mut child = match ChildGuard::spawn(&mut cmd) {
         Ok(c) => c,
         Err(e) => return std::thread::spawn(move || Err(e)),

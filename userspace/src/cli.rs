@@ -54,6 +54,12 @@ pub enum Command {
     /// Run a scenario (delayed ACKs, loss, RTT steps, bufferbloat, probe intervals) on a testbed of network namespaces with emulated links, and record every view.
     #[cfg(feature = "lab")]
     Lab(crate::lab::LabArgs),
+    /// Write the man pages into a directory (for packagers).
+    #[command(hide = true)]
+    Man(crate::cmd::manual::ManArgs),
+    /// Print a shell completion script (for packagers).
+    #[command(hide = true)]
+    Completions(crate::cmd::manual::CompletionsArgs),
 }
 
 #[cfg(test)]

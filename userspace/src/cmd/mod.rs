@@ -5,6 +5,7 @@ pub mod compare;
 pub mod features;
 #[cfg(feature = "lab")]
 pub mod lab;
+pub mod manual;
 pub mod observe;
 pub mod probe;
 pub mod serve;
