@@ -25,7 +25,7 @@
 # RTTSCOPE_STATIC_TARGET (cargo target dir, default target/static: scripts/package.sh's),
 # SOURCE_DATE_EPOCH (default: the last commit's time), RTTSCOPE_IMAGE_REBUILD=1
 # (commit even when an image with the same inputs exists),
-# RTTSCOPE_MIRROR (default http://deb.debian.org/debian).
+# RTTSCOPE_MIRROR (default: the Debian archive of the machine's own apt sources).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$ROOT"
@@ -37,7 +37,8 @@ if [ "${1:-}" = "--print-name" ]; then
   exit 0
 fi
 CACHE="${RTTSCOPE_CACHE:-/var/cache/rttscope}"
-MIRROR="${RTTSCOPE_MIRROR:-http://deb.debian.org/debian}"
+MIRROR="${RTTSCOPE_MIRROR:-$(apt_mirror)}"
+[ -n "$MIRROR" ] || { echo "build-image: no Debian archive in the machine's apt sources (set RTTSCOPE_MIRROR)" >&2; exit 1; }
 SUITE=bookworm
 RUNTIME_PKGS=(libc6 libelf1 zlib1g libgcc-s1)
 if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then

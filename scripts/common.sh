@@ -8,3 +8,12 @@ require_root() {
     exit 1
   fi
 }
+
+# The machine's Debian archive URI (deb822 `URIs:` lines and one-line `deb` entries).
+apt_mirror() {
+  local uris
+  uris="$( { sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null
+             sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
+               /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null; } | tr ' ' '\n')"
+  grep -E '^(https?|file)://.*/debian/?$' <<<"$uris" | head -1 | sed 's:/$::'
+}

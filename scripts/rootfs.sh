@@ -16,15 +16,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 die() { echo "rootfs: $*" >&2; exit 1; }
 
-# The machine's Debian archive URI (deb822 `URIs:` lines and one-line `deb` entries).
-apt_mirror() {
-  local uris
-  uris="$( { sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null
-             sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([^[:space:]]\+\).*/\2/p' \
-               /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null; } | tr ' ' '\n')"
-  grep -E '^(https?|file)://.*/debian/?$' <<<"$uris" | head -1 | sed 's:/$::'
-}
-
 main() {
   local suite="${1:-}"; shift || true
   [ -n "$suite" ] || die "usage: scripts/rootfs.sh SUITE [PACKAGE...]"
