@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 pub mod busy;
 pub mod frames;
 pub mod lab;
+pub mod prometheus;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

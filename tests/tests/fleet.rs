@@ -16,159 +16,20 @@
 //! scraped series, the pushed series and the whole fleet, within 5% of the
 //! nearest-rank percentiles of the raw samples of the same nodes and side.
 //! The classic buckets' error is printed (docs/metrics.md quotes it).
-use std::io::{Read, Write};
 use std::mem::ManuallyDrop;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rttscope::lab::emulator::{Impairment, LinkConfig};
 use rttscope::lab::testbed::{Role, Testbed, SRV_ADDR};
+use rttscope_e2e::prometheus::*;
 use rttscope_e2e::*;
 
 const PORT: u16 = 5301;
 /// How long the flows run.
 const TRAFFIC: Duration = Duration::from_secs(30);
-
-fn prometheus_bin() -> PathBuf {
-    let p = std::env::var_os("RTTSCOPE_PROMETHEUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/rttscope/prometheus-otlp/prometheus".into());
-    assert!(
-        p.exists(),
-        "{} missing: scripts/setup.sh builds Prometheus 2.53.3 with its OTLP receiver there",
-        p.display()
-    );
-    p
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET http://127.0.0.1:port{path}: (status, body).
-pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = Vec::new();
-    s.read_to_end(&mut out)?;
-    let out = String::from_utf8_lossy(&out).to_string();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((code, body.to_string()))
-}
-
-fn urlencode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A running Prometheus, killed on drop.
-pub struct Prometheus {
-    pub port: u16,
-    _child: ChildGuard,
-    dir: PathBuf,
-}
-
-impl Prometheus {
-    /// Start with a short scrape interval, native histograms (classic
-    /// buckets kept too) and the OTLP receiver.
-    pub fn start(targets: &[u16]) -> Prometheus {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(unique("rtsprom"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let targets: Vec<String> = targets.iter().map(|p| format!("'127.0.0.1:{p}'")).collect();
-        let cfg = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: rttscope-scrape\n    scrape_classic_histograms: true\n    static_configs:\n      - targets: [{}]\n",
-            targets.join(", ")
-        );
-        std::fs::write(dir.join("prometheus.yml"), cfg).unwrap();
-        let mut cmd = Command::new(prometheus_bin());
-        cmd.arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--enable-feature=native-histograms,otlp-write-receiver")
-        .arg("--log.level=warn");
-        let child = ChildGuard::spawn(&mut cmd).unwrap();
-        let t0 = Instant::now();
-        while http_get(port, "/-/ready").map(|r| r.0).ok() != Some(200) {
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "Prometheus not ready in 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        Prometheus {
-            port,
-            _child: child,
-            dir,
-        }
-    }
-
-    /// An instant query: the result vector as (labels, value).
-    pub fn query(&self, q: &str) -> Vec<(serde_json::Value, f64)> {
-        let (code, body) = http_get(self.port, &format!("/api/v1/query?query={}", urlencode(q)))
-            .expect("query Prometheus");
-        let v: serde_json::Value =
-            serde_json::from_str(&body).unwrap_or_else(|e| panic!("query {q}: {code} {e}: {body}"));
-        assert_eq!(v["status"], "success", "query {q}: {body}");
-        v["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                let val = r["value"][1]
-                    .as_str()
-                    .unwrap_or("NaN")
-                    .parse()
-                    .unwrap_or(f64::NAN);
-                (r["metric"].clone(), val)
-            })
-            .collect()
-    }
-
-    /// Label names of a series selector (each metric name and label a query uses exists).
-    pub fn series(&self, selector: &str) -> Vec<serde_json::Value> {
-        let (_, body) = http_get(
-            self.port,
-            &format!("/api/v1/series?match[]={}", urlencode(selector)),
-        )
-        .expect("series");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        v["data"].as_array().cloned().unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// One node: a lab testbed with delay, an RR server and clients, an observer.
 struct Node {

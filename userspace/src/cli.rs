@@ -175,6 +175,12 @@ mod tests {
             Bare::NeedsUnit,
         ),
         (
+            &["observe"],
+            "--otlp-timeout",
+            "otlp_timeout",
+            Bare::NeedsUnit,
+        ),
+        (
             &["serve"],
             "--idle-timeout",
             "idle_timeout",

@@ -256,7 +256,10 @@ pub fn flags(data: &[u8]) {
             let _ = crate::cmd::probe::irtt::parse_byte(s);
             let _ = crate::cmd::probe::irtt::parse_fill(s);
         }
-        13 => drop(crate::sinks::otlp::Endpoint::parse(s)),
+        13 => {
+            let _ = crate::sinks::otlp::Endpoint::parse(s);
+            let _ = crate::sinks::otlp::settings::parse_pairs(s, "OTEL_EXPORTER_OTLP_HEADERS");
+        }
         14 => drop(dist::layout_arg(s)),
         _ => drop(strict_json::from_str(s)),
     }
