@@ -464,6 +464,8 @@ fn otlp_with_a_client_certificate_when_prometheus_requires_one() {
         Observer::spawn(&args, &[("OTEL_SERVICE_NAME", svc.clone())]).exit(Duration::from_secs(30));
     assert!(out.dropped() >= 1, "{}", out.stderr);
     assert!(out.stderr.contains("failed ("), "{}", out.stderr);
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("OTLP")).collect();
+    eprintln!("without the client certificate:\n{}", said.join("\n"));
     assert!(prom.series(&format!("{{job=\"{svc}\"}}")).is_empty());
     out.assert_no_secret(&[&password, &good]);
 }

@@ -611,7 +611,9 @@ mod tests {
     #[test]
     fn bad_headers_are_one_sentence_without_the_secret() {
         let secret = "s3cr3t";
-        let cases: Vec<(Vec<HeaderArg>, Vec<(&str, String)>)> = vec![
+        /// (flags, environment)
+        type Case<'a> = (Vec<HeaderArg>, Vec<(&'a str, String)>);
+        let cases: Vec<Case> = vec![
             (vec![HeaderArg(format!("Bearer {secret}"))], vec![]),
             (vec![HeaderArg(format!("Bad Name={secret}"))], vec![]),
             (

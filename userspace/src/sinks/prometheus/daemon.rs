@@ -85,9 +85,13 @@ impl Otlp {
         prost::Message::encode_to_vec(&req)
     }
 
-    /// Queue a request of this render when the push interval is due.
+    /// Queue a request of this render when the push interval is due (within a tenth: with
+    /// `--otlp-interval` equal to `--interval`, a read a little early still pushes).
     fn maybe_push(&mut self, r: &super::Rendered) {
-        if self.last.is_some_and(|t| t.elapsed() < self.interval) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() + self.interval / 10 < self.interval)
+        {
             return;
         }
         self.last = Some(std::time::Instant::now());
