@@ -38,7 +38,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Observe RTT passively, generating no traffic: TCP view, sampler view (--iface), cloud buckets, Prometheus daemon (--listen).
-    Observe(crate::cmd::observe::ObserveArgs),
+    // boxed: observe's options are several times the size of every other command's
+    Observe(Box<crate::cmd::observe::ObserveArgs>),
     /// Bucket RTT samples like the cloud metric (Cloud Monitoring distribution) and show its percentiles next to exact ones.
     Bucket(crate::cmd::bucket::BucketArgs),
     /// Chart a saved result (PNG or SVG): RTT over time, CDF, or a sweep with percentile bands.
@@ -173,6 +174,12 @@ mod tests {
             &["observe"],
             "--otlp-interval",
             "otlp_interval",
+            Bare::NeedsUnit,
+        ),
+        (
+            &["observe"],
+            "--otlp-timeout",
+            "otlp_timeout",
             Bare::NeedsUnit,
         ),
         (
@@ -372,7 +379,7 @@ mod tests {
             panic!("not observe")
         };
         (
-            args,
+            *args,
             Explicit::from_matches(m.subcommand_matches("observe").unwrap()),
         )
     }

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
                 .subcommand_matches("observe")
                 .map(Explicit::from_matches)
                 .unwrap_or_default();
-            rttscope::cmd::observe::run_with(args, &explicit)
+            rttscope::cmd::observe::run_with(*args, &explicit)
         }
         Command::Bucket(args) => rttscope::cmd::bucket::run(args),
         Command::Chart(args) => rttscope::cmd::chart::run(args),

@@ -239,7 +239,7 @@ fn observe_options(args: &[String]) -> Result<ObserveArgs> {
     )
     .map_err(|e| anyhow!("the lab's observer options {args:?}: {e}"))?;
     match cli.command {
-        crate::cli::Command::Observe(a) => Ok(a),
+        crate::cli::Command::Observe(a) => Ok(*a),
         _ => bail!("the lab's observer options are not observe's: {args:?}"),
     }
 }

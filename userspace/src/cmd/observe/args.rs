@@ -72,12 +72,30 @@ pub struct ObserveArgs {
     /// http_server_config); re-read when it changes (docs/metrics.md#tls-and-authentication).
     #[arg(long, value_name = "PATH", requires = "listen")]
     pub web_config_file: Option<PathBuf>,
-    /// Push the metrics over OTLP/HTTP (protobuf) to this http:// URL: an OpenTelemetry Collector (http://127.0.0.1:4318) or any OTLP receiver (Prometheus: http://HOST:9090/api/v1/otlp/v1/metrics); RTT as exponential histograms.
-    #[arg(long, value_name = "URL")]
+    /// Push the metrics over OTLP/HTTP (protobuf) to this http:// or https:// URL: an OpenTelemetry Collector (http://127.0.0.1:4318) or any OTLP receiver (Prometheus: http://HOST:9090/api/v1/otlp/v1/metrics); RTT as exponential histograms. Bare --otlp: the URL from OTEL_EXPORTER_OTLP_METRICS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318). Every other OTLP option not given falls back to its OTEL_EXPORTER_OTLP_* variable (docs/metrics.md).
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
     pub otlp: Option<String>,
     /// How often to push OTLP, a duration with a unit [default: --interval].
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     pub otlp_interval: Option<Duration>,
+    /// An HTTP header of every OTLP request, NAME=VALUE (e.g. 'Authorization=Bearer ...'); repeatable. The value is never printed; a command line is visible to every user of the host, so prefer OTEL_EXPORTER_OTLP_HEADERS or the TOML file [default: OTEL_EXPORTER_OTLP_HEADERS].
+    #[arg(long = "otlp-header", value_name = "NAME=VALUE", value_parser = crate::sinks::otlp::settings::header_arg)]
+    pub otlp_headers: Vec<crate::sinks::otlp::settings::HeaderArg>,
+    /// https:// OTLP: trust the CA certificates in this PEM file instead of the system's [default: OTEL_EXPORTER_OTLP_CERTIFICATE].
+    #[arg(long, value_name = "FILE")]
+    pub otlp_ca_file: Option<PathBuf>,
+    /// https:// OTLP: present this client certificate chain (PEM), with --otlp-client-key (mTLS) [default: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE].
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_cert: Option<PathBuf>,
+    /// https:// OTLP: the client certificate's private key (PEM; keep it mode 0640) [default: OTEL_EXPORTER_OTLP_CLIENT_KEY].
+    #[arg(long, value_name = "FILE")]
+    pub otlp_client_key: Option<PathBuf>,
+    /// An OTLP request not answered within this time fails, a duration with a unit [default: OTEL_EXPORTER_OTLP_TIMEOUT, else 10s].
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    pub otlp_timeout: Option<Duration>,
+    /// Compress OTLP request bodies [default: OTEL_EXPORTER_OTLP_COMPRESSION, else none].
+    #[arg(long, value_name = "HOW", value_enum)]
+    pub otlp_compression: Option<crate::sinks::otlp::settings::Compression>,
     /// Metrics labels: remote IPv4 addresses aggregated to this prefix length [default: 24].
     #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(0..=32))]
     pub v4_prefix: Option<u8>,

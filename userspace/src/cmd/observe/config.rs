@@ -13,8 +13,12 @@
 //! interval = "10s"
 //! listen = "127.0.0.1:9464"
 //! web_config_file = "/etc/rttscope/web.yml"  # TLS and basic auth for /metrics (optional)
-//! otlp = "http://127.0.0.1:4318"  # OTLP/HTTP push (optional)
+//! otlp = "http://127.0.0.1:4318"  # OTLP/HTTP push (optional; true: OTEL_EXPORTER_OTLP_ENDPOINT)
 //! otlp_interval = "30s"           # default: interval
+//! otlp_headers = { Authorization = "Bearer ..." }  # secrets: keep the file mode 0640
+//! otlp_ca_file = "/etc/rttscope/ca.pem"            # https://: else the system's roots
+//! otlp_timeout = "5s"             # default: OTEL_EXPORTER_OTLP_TIMEOUT, else 10s
+//! otlp_compression = "gzip"       # default: OTEL_EXPORTER_OTLP_COMPRESSION, else none
 //! views = ["tcp"]
 //! [labels]
 //! v4_prefix = 24
@@ -62,10 +66,20 @@ pub struct ConfigFile {
     pub listen: Option<String>,
     /// The web config file of /metrics (TLS, basic auth), exporter-toolkit's format.
     pub web_config_file: Option<PathBuf>,
-    /// OTLP/HTTP endpoint to push the metrics to, e.g. "http://127.0.0.1:4318".
-    pub otlp: Option<String>,
+    /// OTLP/HTTP endpoint to push the metrics to, e.g. "http://127.0.0.1:4318"; `true`: the
+    /// endpoint of the environment (bare `--otlp`).
+    pub otlp: Option<OtlpKey>,
     /// How often to push OTLP, e.g. "30s" (default: interval).
     pub otlp_interval: Option<String>,
+    /// Headers of every OTLP request, e.g. `{ Authorization = "Bearer ..." }` (secrets).
+    pub otlp_headers: Option<crate::sinks::otlp::settings::HeaderTable>,
+    /// https:// OTLP: CA certificates (PEM), client certificate chain and key (mTLS).
+    pub otlp_ca_file: Option<PathBuf>,
+    pub otlp_client_cert: Option<PathBuf>,
+    pub otlp_client_key: Option<PathBuf>,
+    /// An OTLP request not answered within this time fails, e.g. "5s".
+    pub otlp_timeout: Option<String>,
+    pub otlp_compression: Option<crate::sinks::otlp::settings::Compression>,
     /// Flow-table capacity (see observe --max-flows).
     pub max_flows: Option<u32>,
     pub raw: Option<bool>,
@@ -74,6 +88,14 @@ pub struct ConfigFile {
     /// Turn on kernel BPF run-time statistics while running.
     pub bpf_stats: Option<bool>,
     pub labels: Option<LabelsSection>,
+}
+
+/// `otlp = "URL"`, or `otlp = true` (the environment's endpoint) / `false` (off).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum OtlpKey {
+    Url(String),
+    On(bool),
 }
 
 /// `[labels]`: the label policy of the exporter.
@@ -100,6 +122,7 @@ pub struct ObserveConfig {
     pub listen: Option<SocketAddr>,
     pub series_idle: Option<Duration>,
     pub otlp_interval: Option<Duration>,
+    pub otlp_timeout: Option<Duration>,
 }
 
 /// Read and validate a config file.
@@ -121,7 +144,8 @@ fn q(v: &str) -> String {
 }
 
 /// Longest message `parse` returns (a message from toml or another parser may quote a value).
-const MAX_MESSAGE_CHARS: usize = 300;
+/// (The unknown-key message lists every key: 460 characters with the otlp_* keys.)
+const MAX_MESSAGE_CHARS: usize = 600;
 
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
@@ -141,20 +165,26 @@ pub fn parse(text: &str) -> Result<ObserveConfig> {
     })
 }
 
-/// toml's message with every `name` it quotes (an unknown key: the file's text) cut to 80
-/// characters. Fuzzing found a 130-character key echoed whole.
+/// toml's message with every `name` and "value" it quotes (an unknown key, a value of the
+/// wrong type: the file's text) cut to 80 characters. Fuzzing found a 130-character key echoed
+/// whole.
 fn cut_backquoted(msg: &str) -> String {
-    msg.split('`')
-        .enumerate()
-        .map(|(i, part)| {
-            if i % 2 == 1 {
-                q(part)
-            } else {
-                part.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("`")
+    cut_quoted(&cut_quoted(msg, '`'), '"')
+}
+
+/// Every part of `msg` between two `delim`s cut to 80 characters.
+fn cut_quoted(msg: &str, delim: char) -> String {
+    let mut out = String::with_capacity(msg.len().min(1024));
+    for (i, part) in msg.split(delim).enumerate() {
+        if i > 0 {
+            out.push(delim);
+        }
+        match i % 2 {
+            1 => out.push_str(&q(part)),
+            _ => out.push_str(part),
+        }
+    }
+    out
 }
 
 /// In three parts, as serde cannot refuse the unknown keys of a struct that flattens others'
@@ -274,7 +304,8 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
     let (interval, duration, series_idle) = check_durations(&file)?;
     let addrs = check_places(&file)?;
     crate::views::check_file_keys(file.views.as_deref(), file.max_flows, &file.view_keys)?;
-    let (listen, otlp_interval) = check_exporters(&file)?;
+    let listen = check_listen(&file)?;
+    let (otlp_interval, otlp_timeout) = check_otlp(&file)?;
     check_labels(&file)?;
     Ok(ObserveConfig {
         file,
@@ -284,6 +315,7 @@ pub fn validate(file: ConfigFile) -> Result<ObserveConfig> {
         listen,
         series_idle,
         otlp_interval,
+        otlp_timeout,
     })
 }
 
@@ -358,20 +390,39 @@ fn check_places(file: &ConfigFile) -> Result<Vec<ipnet::IpNet>> {
     Ok(addrs)
 }
 
-/// listen, otlp, otlp_interval.
-fn check_exporters(file: &ConfigFile) -> Result<(Option<SocketAddr>, Option<Duration>)> {
-    let listen = match &file.listen {
-        Some(l) => Some(parse_listen(l).map_err(|e| anyhow::anyhow!("listen: {e}"))?),
-        None => None,
-    };
-    if let Some(u) = &file.otlp {
-        crate::sinks::otlp::Endpoint::parse(u).map_err(|e| anyhow::anyhow!("otlp: {e}"))?;
+/// listen.
+fn check_listen(file: &ConfigFile) -> Result<Option<SocketAddr>> {
+    match &file.listen {
+        Some(l) => Ok(Some(parse_listen(l).map_err(|e| {
+            match l.chars().count() > 80 {
+                // the parser quotes the value whole: say it here, cut
+                true => anyhow::anyhow!("listen: '{}' is not a listen address", q(l)),
+                false => anyhow::anyhow!("listen: {e}"),
+            }
+        })?)),
+        None => Ok(None),
+    }
+}
+
+/// otlp, otlp_interval, otlp_headers, otlp_timeout (the files are read at start).
+fn check_otlp(file: &ConfigFile) -> Result<(Option<Duration>, Option<Duration>)> {
+    if let Some(OtlpKey::Url(u)) = &file.otlp {
+        if !u.is_empty() {
+            crate::sinks::otlp::Endpoint::parse(u).map_err(|e| anyhow::anyhow!("otlp: {e}"))?;
+        }
     }
     let otlp_interval = dur("otlp_interval", &file.otlp_interval)?;
     if otlp_interval.is_some_and(|d| d < Duration::from_millis(100)) {
         bail!("otlp_interval must be at least 100ms");
     }
-    Ok((listen, otlp_interval))
+    for (k, v) in file.otlp_headers.iter().flat_map(|h| h.0.iter()) {
+        crate::sinks::otlp::settings::Header::new(k, v, "otlp_headers")?;
+    }
+    let otlp_timeout = dur("otlp_timeout", &file.otlp_timeout)?;
+    if otlp_timeout == Some(Duration::ZERO) {
+        bail!("otlp_timeout must be longer than 0");
+    }
+    Ok((otlp_interval, otlp_timeout))
 }
 
 /// The [labels] table.
@@ -443,6 +494,12 @@ merged_options!(
         web_config_file,
         otlp,
         otlp_interval,
+        otlp_headers,
+        otlp_ca_file,
+        otlp_client_cert,
+        otlp_client_key,
+        otlp_timeout,
+        otlp_compression,
         quiet,
         bpf_stats,
         v4_prefix,
@@ -577,12 +634,7 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(p)) = (from_file("web_config_file"), &f.web_config_file) {
         args.web_config_file = Some(p.clone());
     }
-    if let (true, Some(u)) = (from_file("otlp"), &f.otlp) {
-        args.otlp = Some(u.clone());
-    }
-    if let (true, Some(d)) = (from_file("otlp_interval"), cfg.otlp_interval) {
-        args.otlp_interval = Some(d);
-    }
+    merge_otlp(cfg, args, &from_file);
     if let (true, Some(v)) = (from_file("quiet"), f.quiet) {
         args.quiet = v;
     }
@@ -590,6 +642,37 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
         args.bpf_stats = v;
     }
     merge_labels(cfg, args, &from_file);
+}
+
+/// [`merge`]: the otlp keys.
+fn merge_otlp(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(&str) -> bool) {
+    let f = &cfg.file;
+    match (from_file("otlp"), &f.otlp) {
+        (true, Some(OtlpKey::Url(u))) => args.otlp = Some(u.clone()),
+        (true, Some(OtlpKey::On(on))) => args.otlp = on.then(String::new),
+        _ => {}
+    }
+    if let (true, Some(d)) = (from_file("otlp_interval"), cfg.otlp_interval) {
+        args.otlp_interval = Some(d);
+    }
+    if let (true, Some(h)) = (from_file("otlp_headers"), &f.otlp_headers) {
+        args.otlp_headers = h.args();
+    }
+    if let (true, Some(p)) = (from_file("otlp_ca_file"), &f.otlp_ca_file) {
+        args.otlp_ca_file = Some(p.clone());
+    }
+    if let (true, Some(p)) = (from_file("otlp_client_cert"), &f.otlp_client_cert) {
+        args.otlp_client_cert = Some(p.clone());
+    }
+    if let (true, Some(p)) = (from_file("otlp_client_key"), &f.otlp_client_key) {
+        args.otlp_client_key = Some(p.clone());
+    }
+    if let (true, Some(d)) = (from_file("otlp_timeout"), cfg.otlp_timeout) {
+        args.otlp_timeout = Some(d);
+    }
+    if let (true, Some(c)) = (from_file("otlp_compression"), f.otlp_compression) {
+        args.otlp_compression = Some(c);
+    }
 }
 
 /// [`merge`]: the [labels] table.
@@ -915,7 +998,12 @@ series_idle = "5min"
             ("unknown key", format!("{big} = 1")),
         ] {
             let e = err(&text);
-            assert!(e.len() <= 400, "{key}: {} bytes: {}", e.len(), &e[..400]);
+            assert!(
+                e.len() <= MAX_MESSAGE_CHARS + 30,
+                "{key}: {} bytes: {}",
+                e.len(),
+                &e[..400]
+            );
             assert!(e.contains("more bytes)"), "{key}: {e}");
             assert!(!e.contains(&"x".repeat(301)), "{key}: {e}");
         }
@@ -995,7 +1083,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"http://127.0.0.1:4318\"\notlp_interval = \"30s\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
@@ -1067,6 +1155,12 @@ series_idle = "5min"
                 "web_config_file",
                 "otlp",
                 "otlp_interval",
+                "otlp_headers",
+                "otlp_ca_file",
+                "otlp_client_cert",
+                "otlp_client_key",
+                "otlp_timeout",
+                "otlp_compression",
                 "max_flows",
                 "raw",
                 "quiet",
@@ -1083,8 +1177,9 @@ series_idle = "5min"
             err("interval = \"1s\"\nfoo = 1\n"),
             "line 2: unknown field `foo`, expected one of `netns`, `all_netns`, `cgroup`, \
              `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
-             `proto`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `max_flows`, `raw`, `quiet`, \
-             `bpf_stats`, `labels`"
+             `proto`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `otlp_headers`, `otlp_ca_file`, \
+             `otlp_client_cert`, `otlp_client_key`, `otlp_timeout`, `otlp_compression`, \
+             `max_flows`, `raw`, `quiet`, `bpf_stats`, `labels`"
         );
     }
 

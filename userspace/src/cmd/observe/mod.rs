@@ -73,7 +73,9 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
     Ok(())
 }
 
-/// `--otlp URL` / `--otlp-interval` (checked before anything is attached).
+/// `--otlp [URL]` and the other OTLP options over the OpenTelemetry
+/// environment (checked before anything is attached; the TLS files are read
+/// when the pusher starts).
 fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::daemon::OtlpConfig>> {
     let Some(url) = &args.otlp else {
         return Ok(None);
@@ -82,8 +84,23 @@ fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::da
     if interval < Duration::from_millis(100) {
         anyhow::bail!("--otlp-interval must be at least 100ms");
     }
+    let given = crate::sinks::otlp::settings::Given {
+        endpoint: url,
+        headers: &args.otlp_headers,
+        ca_file: args.otlp_ca_file.as_deref(),
+        client_cert: args.otlp_client_cert.as_deref(),
+        client_key: args.otlp_client_key.as_deref(),
+        timeout: args.otlp_timeout,
+        compression: args.otlp_compression,
+    };
+    let settings =
+        crate::sinks::otlp::Settings::resolve(&given, &crate::sinks::otlp::settings::process_env)?;
+    if settings.endpoint.tls {
+        // the files now, before anything is attached (read again by the pusher)
+        crate::sinks::otlp::client::client_config(&settings.tls)?;
+    }
     Ok(Some(crate::sinks::prometheus::daemon::OtlpConfig {
-        endpoint: crate::sinks::otlp::Endpoint::parse(url)?,
+        settings,
         interval,
     }))
 }

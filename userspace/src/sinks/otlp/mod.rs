@@ -5,12 +5,14 @@
 //! Delivery never blocks the kernel reads: the observe loop renders a
 //! request (cumulative temporality: each one carries every count since the
 //! start, so losing one loses no samples) and puts it into a bounded queue
-//! ([`QUEUE`] requests, the oldest dropped and counted when full); a thread
-//! of its own POSTs them. Failures are counted by cause
-//! (`rttscope_otlp_failures_total{cause}`) and logged once per cause.
+//! ([`push::QUEUE`] requests); a thread of its own POSTs them, retries with
+//! backoff and, at exit, sends only the last one within a deadline
+//! ([`push`]). Where and how: flags, TOML and the OpenTelemetry environment
+//! ([`settings`]); http:// or https:// with headers and gzip ([`client`]).
 //!
 //! Names (OpenTelemetry semantic conventions where one applies; docs/metrics.md):
-//! resource `service.name` (`rttscope`, or `OTEL_SERVICE_NAME`),
+//! resource `service.name` (`rttscope`, or `OTEL_SERVICE_NAME`, which wins
+//! over a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`),
 //! `service.version`, `service.instance.id` (the host name), `host.name`,
 //! `os.type`, plus `OTEL_RESOURCE_ATTRIBUTES`; data point attributes
 //! `network.transport` (from `proto`: `tcp`, or `icmp`/`icmpv6`, which the
@@ -18,63 +20,19 @@
 //! and `rttscope.view`, `rttscope.side`, `rttscope.netns`,
 //! `rttscope.peer.prefix` (a CIDR prefix, not the address
 //! `network.peer.address` means), `rttscope.<label>` for every other label.
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
-
-use anyhow::{bail, Result};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::sinks::prometheus::{native::Native, proto as prom, Rendered, RttLabels};
 
+pub mod client;
 pub mod proto;
+pub mod push;
+pub mod settings;
 use proto::*;
-
-/// Requests waiting to be sent, at most; the oldest is dropped past that.
-pub const QUEUE: usize = 4;
-/// A request not answered within this time fails (cause `timeout`).
-pub const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where to send: host:port and path of an `http://` URL.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
-    pub authority: String,
-    pub path: String,
-}
-
-impl Endpoint {
-    /// Parse `http://HOST:PORT[/PATH]`; no path (or `/`) means the OTLP
-    /// default `/v1/metrics`, as `OTEL_EXPORTER_OTLP_ENDPOINT` does.
-    pub fn parse(url: &str) -> Result<Endpoint> {
-        let Some(rest) = url.strip_prefix("http://") else {
-            if url.starts_with("https://") {
-                bail!("--otlp '{url}': https is not supported; send to a local OpenTelemetry Collector over http:// and let it forward with TLS");
-            }
-            bail!("--otlp '{url}' is not an http:// URL (e.g. http://127.0.0.1:4318)");
-        };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let host_ok = authority
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-        if !host_ok {
-            bail!("--otlp '{url}': give the host and port, e.g. http://127.0.0.1:4318");
-        }
-        let path = if path.is_empty() || path == "/" {
-            "/v1/metrics".to_string()
-        } else {
-            path.to_string()
-        };
-        Ok(Endpoint {
-            authority: authority.to_string(),
-            path,
-        })
-    }
-}
+pub use push::Pusher;
+pub use settings::{Endpoint, Settings};
 
 fn kv(key: &str, v: Value) -> KeyValue {
     KeyValue {
@@ -87,27 +45,37 @@ fn s(v: &str) -> Value {
     Value::String(v.to_string())
 }
 
-/// The resource: who is reporting (see the module notes).
+/// The resource: who is reporting (see the module notes), from the process's environment.
 pub fn resource(hostname: &str) -> Resource {
-    let service = std::env::var("OTEL_SERVICE_NAME")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "rttscope".into());
+    resource_in(hostname, &settings::process_env)
+}
+
+/// [`resource`] in the environment `env`: `OTEL_RESOURCE_ATTRIBUTES`
+/// (`k=v,k=v`, values URL-encoded) adds or replaces; `OTEL_SERVICE_NAME`
+/// wins over its `service.name`. A malformed entry is left out.
+pub fn resource_in(hostname: &str, env: settings::Env) -> Resource {
     let mut attrs = vec![
-        kv("service.name", s(&service)),
+        kv("service.name", s("rttscope")),
         kv("service.version", s(env!("CARGO_PKG_VERSION"))),
         kv("service.instance.id", s(hostname)),
         kv("host.name", s(hostname)),
         kv("os.type", s("linux")),
     ];
-    // OTEL_RESOURCE_ATTRIBUTES=key=value,key=value adds or replaces.
-    let extra = std::env::var("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
-    for pair in extra.split(',').filter(|p| !p.trim().is_empty()) {
-        if let Some((k, v)) = pair.split_once('=') {
-            let k = k.trim();
-            attrs.retain(|a| a.key != k);
-            attrs.push(kv(k, s(v.trim())));
+    let mut set = |k: &str, v: &str| {
+        attrs.retain(|a| a.key != k);
+        attrs.push(kv(k, s(v)));
+    };
+    let extra = env("OTEL_RESOURCE_ATTRIBUTES").unwrap_or_default();
+    // entry by entry: one bad entry does not lose the others
+    for pair in extra.split(',') {
+        if let Ok(kvs) = settings::parse_pairs(pair, "OTEL_RESOURCE_ATTRIBUTES") {
+            for (k, v) in kvs.iter().filter(|(k, _)| !k.is_empty()) {
+                set(k, v);
+            }
         }
+    }
+    if let Some(name) = env("OTEL_SERVICE_NAME").filter(|v| !v.trim().is_empty()) {
+        set("service.name", name.trim());
     }
     Resource { attributes: attrs }
 }
@@ -235,7 +203,7 @@ pub fn request(r: &Rendered, resource: &Resource, t: Times) -> ExportMetricsServ
 #[derive(Clone, Default)]
 pub struct Stats {
     pub sent: Counter,
-    pub dropped: Counter,
+    pub dropped: Family<Vec<(String, String)>, Counter>,
     pub failures: Family<Vec<(String, String)>, Counter>,
 }
 
@@ -249,12 +217,12 @@ impl Stats {
         );
         r.register(
             "rttscope_otlp_dropped",
-            "OTLP export requests dropped unsent because the queue was full (the next one carries the same cumulative counts)",
+            "OTLP export requests never delivered, by reason: queue_full, superseded (a newer one was sent instead: its counts are cumulative), refused (an answer not worth a retry), exit (the last one, not delivered within the exit deadline)",
             s.dropped.clone(),
         );
         r.register(
             "rttscope_otlp_failures",
-            "OTLP export requests that failed, by cause (connect, timeout, http_<status>, io)",
+            "OTLP export attempts that failed, by cause (connect, tls, timeout, io, http_<status>)",
             s.failures.clone(),
         );
         s
@@ -265,140 +233,23 @@ impl Stats {
             .get_or_create(&vec![("cause".into(), cause.into())])
             .inc();
     }
-}
 
-/// What the observe loop and the sending thread share.
-struct Shared {
-    queue: Mutex<(VecDeque<Vec<u8>>, bool)>,
-    ready: Condvar,
-}
-
-/// The sending side: a thread with its own runtime, fed through a bounded queue.
-pub struct Pusher {
-    shared: Arc<Shared>,
-    stats: Stats,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Pusher {
-    pub fn start(endpoint: Endpoint, stats: Stats) -> Result<Pusher> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::new((VecDeque::new(), false)),
-            ready: Condvar::new(),
-        });
-        let (sh, st) = (shared.clone(), stats.clone());
-        let thread = std::thread::Builder::new()
-            .name("rttscope-otlp".into())
-            .spawn(move || send_loop(&endpoint, &sh, &st))?;
-        Ok(Pusher {
-            shared,
-            stats,
-            thread: Some(thread),
-        })
+    fn dropped(&self, reason: &str) {
+        self.dropped
+            .get_or_create(&vec![("reason".into(), reason.into())])
+            .inc();
     }
 
-    /// Queue one encoded request; never waits (drops the oldest when full).
-    pub fn push(&self, body: Vec<u8>) {
-        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-        if q.0.len() >= QUEUE {
-            q.0.pop_front();
-            self.stats.dropped.inc();
-        }
-        q.0.push_back(body);
-        self.shared.ready.notify_one();
-    }
-}
-
-impl Drop for Pusher {
-    /// Send what is queued (the last counts), then stop the thread.
-    fn drop(&mut self) {
-        self.shared
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .1 = true;
-        self.shared.ready.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn send_loop(ep: &Endpoint, sh: &Shared, stats: &Stats) {
-    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    else {
-        stats.failed("runtime");
-        return;
-    };
-    let mut logged: HashSet<String> = HashSet::new();
-    loop {
-        let (body, stop) = {
-            let mut q = sh.queue.lock().unwrap_or_else(|e| e.into_inner());
-            while q.0.is_empty() && !q.1 {
-                q = sh.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-            (q.0.pop_front(), q.1)
-        };
-        let Some(body) = body else { return };
-        match rt.block_on(post(ep, body)) {
-            Ok(()) => {
-                stats.sent.inc();
-            }
-            Err((cause, why)) => {
-                stats.failed(&cause);
-                if logged.insert(cause.clone()) {
-                    eprintln!(
-                        "rttscope: OTLP export to http://{}{} failed ({cause}): {why} (counted in rttscope_otlp_failures_total; said once per cause)",
-                        ep.authority, ep.path
-                    );
-                }
-            }
-        }
-        if stop && sh.queue.lock().map(|q| q.0.is_empty()).unwrap_or(true) {
-            return;
-        }
-    }
-}
-
-/// POST one request; the error is (cause, sentence).
-async fn post(ep: &Endpoint, body: Vec<u8>) -> Result<(), (String, String)> {
-    let fut = async {
-        let sock = tokio::net::TcpStream::connect(&ep.authority)
-            .await
-            .map_err(|e| ("connect".to_string(), e.to_string()))?;
-        let io = hyper_util::rt::TokioIo::new(sock);
-        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| ("io".to_string(), e.to_string()))?;
-        tokio::spawn(conn);
-        let req = hyper::Request::post(ep.path.as_str())
-            .header(hyper::header::HOST, ep.authority.as_str())
-            .header(hyper::header::CONTENT_TYPE, "application/x-protobuf")
-            .header(
-                hyper::header::USER_AGENT,
-                concat!("rttscope/", env!("CARGO_PKG_VERSION")),
-            )
-            .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
-            .map_err(|e| ("io".to_string(), e.to_string()))?;
-        let res = send
-            .send_request(req)
-            .await
-            .map_err(|e| ("io".to_string(), e.to_string()))?;
-        let code = res.status();
-        if code.is_success() {
-            Ok(())
-        } else {
-            Err((
-                format!("http_{}", code.as_u16()),
-                format!("answered {code}"),
-            ))
-        }
-    };
-    match tokio::time::timeout(TIMEOUT, fut).await {
-        Ok(r) => r,
-        Err(_) => Err(("timeout".into(), format!("no answer within {TIMEOUT:?}"))),
+    /// Every request dropped, whatever the reason.
+    pub fn dropped_total(&self) -> u64 {
+        ["queue_full", "superseded", "refused", "exit"]
+            .iter()
+            .map(|r| {
+                self.dropped
+                    .get_or_create(&vec![("reason".into(), r.to_string())])
+                    .get()
+            })
+            .sum()
     }
 }
 
@@ -418,21 +269,6 @@ mod tests {
     use crate::sinks::prometheus::{Exporter, LabelPolicy};
     use crate::views::ViewKind;
     use prost::Message;
-
-    #[test]
-    fn endpoints() {
-        let e = Endpoint::parse("http://127.0.0.1:4318").unwrap();
-        assert_eq!(
-            (e.authority.as_str(), e.path.as_str()),
-            ("127.0.0.1:4318", "/v1/metrics")
-        );
-        let e = Endpoint::parse("http://[::1]:9090/api/v1/otlp/v1/metrics").unwrap();
-        assert_eq!(e.path, "/api/v1/otlp/v1/metrics");
-        for bad in ["https://x:1", "127.0.0.1:4318", "http://host", "http://:1/"] {
-            let e = Endpoint::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("--otlp") && !e.contains('\n'), "{e}");
-        }
-    }
 
     #[test]
     fn request_carries_exponential_rtt_and_semconv_names() {
@@ -515,40 +351,35 @@ mod tests {
         assert_eq!(sum.data_points[0].as_double, 5.0);
     }
 
-    /// A receiver that is not there: failures counted by cause, pushes never
-    /// wait, the queue stays bounded (oldest dropped and counted).
     #[test]
-    fn failures_are_counted_and_the_queue_is_bounded() {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l); // nothing listens there now
-        let stats = Stats::default();
-        let p = Pusher::start(
-            Endpoint::parse(&format!("http://{addr}")).unwrap(),
-            stats.clone(),
-        )
-        .unwrap();
-        let t0 = std::time::Instant::now();
-        for _ in 0..100 {
-            p.push(vec![0u8; 1000]);
-        }
-        assert!(
-            t0.elapsed() < Duration::from_millis(500),
-            "push waited {:?}",
-            t0.elapsed()
-        );
-        drop(p);
-        let fails = stats
-            .failures
-            .get_or_create(&vec![("cause".into(), "connect".into())])
-            .get();
-        let dropped = stats.dropped.get();
-        assert!(fails >= 1, "connect failures {fails}");
+    fn resource_takes_the_environment_and_the_service_name_wins() {
+        let env = |k: &str| match k {
+            "OTEL_RESOURCE_ATTRIBUTES" => Some(
+                "service.name=attr,deployment.environment=prod%20eu,host.name=h2,bad,k=%zz".into(),
+            ),
+            "OTEL_SERVICE_NAME" => Some("edge".into()),
+            _ => None,
+        };
+        let r = resource_in("node-a", &env);
+        let get = |k: &str| {
+            r.attributes
+                .iter()
+                .filter(|a| a.key == k)
+                .map(|a| a.value.clone())
+                .collect::<Vec<_>>()
+        };
+        let one = |v: &str| vec![Some(AnyValue { value: Some(s(v)) })];
+        assert_eq!(get("service.name"), one("edge"));
+        assert_eq!(get("deployment.environment"), one("prod eu"));
+        assert_eq!(get("host.name"), one("h2"));
+        assert_eq!(get("service.instance.id"), one("node-a"));
+        assert!(get("k").is_empty() && get("bad").is_empty());
+        let r = resource_in("node-a", &|_| None);
         assert_eq!(
-            fails + dropped,
-            100,
-            "every request sent or dropped: {fails} + {dropped}"
+            r.attributes[0].value,
+            Some(AnyValue {
+                value: Some(s("rttscope"))
+            })
         );
-        assert_eq!(stats.sent.get(), 0);
     }
 }

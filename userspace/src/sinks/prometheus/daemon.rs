@@ -23,16 +23,17 @@ pub struct Daemon {
     start_names: BTreeMap<u32, String>,
 }
 
-/// `--otlp`: where and how often to push.
+/// `--otlp`: where, how and how often to push.
 #[derive(Debug, Clone)]
 pub struct OtlpConfig {
-    pub endpoint: crate::sinks::otlp::Endpoint,
+    pub settings: crate::sinks::otlp::Settings,
     pub interval: std::time::Duration,
 }
 
 /// The OTLP side of the daemon.
 struct Otlp {
     pusher: crate::sinks::otlp::Pusher,
+    stats: crate::sinks::otlp::Stats,
     resource: crate::sinks::otlp::proto::Resource,
     interval: std::time::Duration,
     last: Option<std::time::Instant>,
@@ -44,12 +45,29 @@ impl Otlp {
     fn start(exporter: &mut Exporter, c: OtlpConfig) -> Result<Otlp> {
         let stats = crate::sinks::otlp::Stats::register(exporter.registry_mut());
         let host = crate::analysis::results::HostInfo::current().hostname;
+        let s = &c.settings;
+        let names: Vec<&str> = s.headers.iter().map(|h| h.name.as_str()).collect();
         eprintln!(
-            "rttscope: pushing OTLP to http://{}{} every {:?}",
-            c.endpoint.authority, c.endpoint.path, c.interval
+            "rttscope: pushing OTLP to {} every {:?} (timeout {:?}{}{}{})",
+            s.endpoint.shown(),
+            c.interval,
+            s.timeout,
+            match s.compression {
+                crate::sinks::otlp::settings::Compression::Gzip => ", gzip",
+                crate::sinks::otlp::settings::Compression::None => "",
+            },
+            match names.is_empty() {
+                true => String::new(),
+                false => format!(", headers {}", names.join(", ")),
+            },
+            match s.tls.client_cert.is_some() {
+                true => ", client certificate",
+                false => "",
+            }
         );
         Ok(Otlp {
-            pusher: crate::sinks::otlp::Pusher::start(c.endpoint, stats)?,
+            pusher: crate::sinks::otlp::Pusher::start(s, stats.clone())?,
+            stats,
             resource: crate::sinks::otlp::resource(&host),
             interval: c.interval,
             last: None,
@@ -57,19 +75,43 @@ impl Otlp {
         })
     }
 
-    /// Queue a request of this render when the push interval is due (or `force`).
-    fn maybe_push(&mut self, r: &super::Rendered, force: bool) {
-        let due = self.last.is_none_or(|t| t.elapsed() >= self.interval);
-        if !(due || force) {
-            return;
-        }
-        self.last = Some(std::time::Instant::now());
+    /// A request of this render, encoded.
+    fn encode(&self, r: &super::Rendered) -> Vec<u8> {
         let times = crate::sinks::otlp::Times {
             start_ns: self.start_ns,
             now_ns: crate::sinks::otlp::unix_ns(),
         };
         let req = crate::sinks::otlp::request(r, &self.resource, times);
-        self.pusher.push(prost::Message::encode_to_vec(&req));
+        prost::Message::encode_to_vec(&req)
+    }
+
+    /// Queue a request of this render when the push interval is due (within a tenth: with
+    /// `--otlp-interval` equal to `--interval`, a read a little early still pushes).
+    fn maybe_push(&mut self, r: &super::Rendered) {
+        if self
+            .last
+            .is_some_and(|t| t.elapsed() + self.interval / 10 < self.interval)
+        {
+            return;
+        }
+        self.last = Some(std::time::Instant::now());
+        self.pusher.push(self.encode(r));
+    }
+
+    /// Exit: only this last render is sent, within the exit deadline; say how it went.
+    fn finish(&mut self, r: &super::Rendered) {
+        let t0 = std::time::Instant::now();
+        let failed = self.pusher.finish(Some(self.encode(r)));
+        let last = match failed {
+            None => "the last request delivered".to_string(),
+            Some(why) => format!("the last request not delivered: {why}"),
+        };
+        eprintln!(
+            "rttscope: OTLP at exit: {last} ({:.2} s); {} delivered, {} dropped in all (rttscope_otlp_dropped_total)",
+            t0.elapsed().as_secs_f64(),
+            self.stats.sent.get(),
+            self.stats.dropped_total()
+        );
     }
 }
 
@@ -148,7 +190,7 @@ impl Daemon {
         self.exporter.expire_idle();
         let r = self.exporter.render();
         if let Some(o) = self.otlp.as_mut() {
-            o.maybe_push(&r, false);
+            o.maybe_push(&r);
         }
     }
 }
@@ -164,12 +206,12 @@ impl FlowSink for Daemon {
 }
 
 impl Drop for Daemon {
-    /// Stop serving; push the last counts (the pusher sends what is queued).
+    /// Stop serving; push the last counts (only them, within the exit deadline).
     fn drop(&mut self) {
         drop(self.server.take());
         if let Some(o) = self.otlp.as_mut() {
             let r = self.exporter.render();
-            o.maybe_push(&r, true);
+            o.finish(&r);
         }
     }
 }
