@@ -146,6 +146,24 @@ mod tests {
         (&["probe", "icmp", "h"], "-i", "interval", Bare::Seconds),
         (&["probe", "icmp", "h"], "-W", "timeout", Bare::Seconds),
         (&["probe", "icmp", "h"], "-w", "deadline", Bare::Seconds),
+        (
+            &["probe", "tcp-connect", "h:1"],
+            "-i",
+            "interval",
+            Bare::Seconds,
+        ),
+        (
+            &["probe", "tcp-connect", "h:1"],
+            "-W",
+            "timeout",
+            Bare::Seconds,
+        ),
+        (
+            &["probe", "tcp-connect", "h:1"],
+            "-w",
+            "deadline",
+            Bare::Seconds,
+        ),
         (&["probe", "irtt", "h"], "-i", "interval", Bare::NeedsUnit),
         (&["probe", "irtt", "h"], "-d", "duration", Bare::NeedsUnit),
         (&["compare", "h"], "-l", "length", Bare::Seconds),
@@ -300,8 +318,17 @@ mod tests {
             let mut cmd = Cli::command();
             for w in prefix.iter().filter(|w| {
                 [
-                    "probe", "tcp-rr", "udp-rr", "icmp", "irtt", "compare", "observe", "serve",
-                    "bucket", "lab",
+                    "probe",
+                    "tcp-rr",
+                    "udp-rr",
+                    "icmp",
+                    "tcp-connect",
+                    "irtt",
+                    "compare",
+                    "observe",
+                    "serve",
+                    "bucket",
+                    "lab",
                 ]
                 .contains(w)
             }) {
@@ -349,7 +376,7 @@ mod tests {
                     .iter()
                     .copied()
                     .filter(|w| {
-                        !w.starts_with('-') && *w != "h" && *w != "f" && *w != "delayed-ack"
+                        !w.starts_with('-') && !["h", "h:1", "f", "delayed-ack"].contains(w)
                     })
                     .collect();
                 format!("{} {id}", words.join(" "))
