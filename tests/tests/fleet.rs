@@ -378,8 +378,9 @@ fn check_shipped_queries(p: &Prometheus) {
             .collect();
         let mut label_names = std::collections::HashSet::new();
         for n in &names {
-            // Present only when `--otlp` is on and a delivery failed.
-            if n == "rttscope_otlp_failures_total" {
+            // Present only when `--otlp` is on (the scraped observer pushes nothing): the
+            // failures once a delivery failed, the drops from the start, by reason.
+            if n.starts_with("rttscope_otlp_") {
                 continue;
             }
             let series = p.series(&format!("{n}{{job=\"rttscope-scrape\"}}"));
@@ -392,7 +393,7 @@ fn check_shipped_queries(p: &Prometheus) {
         }
         for l in labels_used(q) {
             if !names.is_empty()
-                && !names.iter().all(|n| n == "rttscope_otlp_failures_total")
+                && !names.iter().all(|n| n.starts_with("rttscope_otlp_"))
                 && !label_names.contains(&l)
             {
                 problems.push(format!("{src}: label {l} not on {names:?}: {q}"));

@@ -207,9 +207,19 @@ pub struct Stats {
     pub failures: Family<Vec<(String, String)>, Counter>,
 }
 
+/// The reasons of `rttscope_otlp_dropped_total`, every one exposed from the start (at 0), so that
+/// a `rate()` or an alert on a reason has a series before the first drop.
+const DROP_REASONS: [&str; 4] = ["queue_full", "superseded", "refused", "exit"];
+
 impl Stats {
     pub fn register(r: &mut Registry) -> Stats {
         let s = Stats::default();
+        for reason in DROP_REASONS {
+            drop(
+                s.dropped
+                    .get_or_create(&vec![("reason".into(), reason.into())]),
+            );
+        }
         r.register(
             "rttscope_otlp_exports",
             "OTLP export requests delivered (answered 2xx)",
@@ -242,7 +252,7 @@ impl Stats {
 
     /// Every request dropped, whatever the reason.
     pub fn dropped_total(&self) -> u64 {
-        ["queue_full", "superseded", "refused", "exit"]
+        DROP_REASONS
             .iter()
             .map(|r| {
                 self.dropped
