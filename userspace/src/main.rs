@@ -27,8 +27,8 @@ fn main() -> ExitCode {
         Command::Features(args) => rttscope::cmd::features::run(args),
         #[cfg(feature = "lab")]
         Command::Lab(args) => rttscope::cmd::lab::env::run(args),
-        Command::Man(args) => rttscope::cmd::manual::man(args),
-        Command::Completions(args) => rttscope::cmd::manual::completions(args),
+        Command::Man(args) => rttscope::cmd::manual::man(args, Cli::command()),
+        Command::Completions(args) => rttscope::cmd::manual::completions(args, Cli::command()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,12 +1,10 @@
 //! `rttscope man DIR` and `rttscope completions SHELL` (both hidden): the man
 //! pages and the shell completions the packages install (scripts/package.sh),
-//! generated from the same clap definition the binary parses with.
+//! generated from the same clap definition the binary parses with (the caller passes it:
+//! `Cli::command()`, so this command layer does not reach up into the CLI's).
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::CommandFactory;
-
-use crate::cli::Cli;
 
 /// Write the man pages: rttscope.1 and one per subcommand (rttscope-observe.1, ...).
 #[derive(Debug, clap::Args)]
@@ -22,30 +20,34 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
-pub fn man(args: ManArgs) -> Result<()> {
+pub fn man(args: ManArgs, cli: clap::Command) -> Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
-    clap_mangen::generate_to(Cli::command(), &args.dir)
+    clap_mangen::generate_to(cli, &args.dir)
         .with_context(|| format!("writing man pages into {}", args.dir.display()))
 }
 
-pub fn completions(args: CompletionsArgs) -> Result<()> {
-    let mut cmd = Cli::command();
-    clap_complete::generate(args.shell, &mut cmd, "rttscope", &mut std::io::stdout());
+pub fn completions(args: CompletionsArgs, mut cli: clap::Command) -> Result<()> {
+    clap_complete::generate(args.shell, &mut cli, "rttscope", &mut std::io::stdout());
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::Cli;
+    use clap::CommandFactory;
 
     /// Every visible subcommand has its page; the hidden ones have none.
     #[test]
     fn man_pages_for_each_visible_subcommand() {
         let dir = tempfile::tempdir().unwrap();
-        man(ManArgs {
-            dir: dir.path().to_path_buf(),
-        })
+        man(
+            ManArgs {
+                dir: dir.path().to_path_buf(),
+            },
+            Cli::command(),
+        )
         .unwrap();
         let page = std::fs::read_to_string(dir.path().join("rttscope.1")).unwrap();
         assert!(page.contains(".TH rttscope 1"), "{page}");

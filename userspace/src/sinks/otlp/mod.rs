@@ -20,9 +20,6 @@
 //! and `rttscope.view`, `rttscope.side`, `rttscope.netns`,
 //! `rttscope.peer.prefix` (a CIDR prefix, not the address
 //! `network.peer.address` means), `rttscope.<label>` for every other label.
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 
 use crate::sinks::prometheus::{native::Native, proto as prom, Rendered, RttLabels};
 
@@ -30,9 +27,11 @@ pub mod client;
 pub mod proto;
 pub mod push;
 pub mod settings;
+mod stats;
 use proto::*;
 pub use push::Pusher;
 pub use settings::{Endpoint, Settings};
+pub use stats::Stats;
 
 fn kv(key: &str, v: Value) -> KeyValue {
     KeyValue {
@@ -196,70 +195,6 @@ pub fn request(r: &Rendered, resource: &Resource, t: Times) -> ExportMetricsServ
             }],
             schema_url: "https://opentelemetry.io/schemas/1.26.0".into(),
         }],
-    }
-}
-
-/// Delivery counters, registered in the exporter's registry.
-#[derive(Clone, Default)]
-pub struct Stats {
-    pub sent: Counter,
-    pub dropped: Family<Vec<(String, String)>, Counter>,
-    pub failures: Family<Vec<(String, String)>, Counter>,
-}
-
-/// The reasons of `rttscope_otlp_dropped_total`, every one exposed from the start (at 0), so that
-/// a `rate()` or an alert on a reason has a series before the first drop.
-const DROP_REASONS: [&str; 4] = ["queue_full", "superseded", "refused", "exit"];
-
-impl Stats {
-    pub fn register(r: &mut Registry) -> Stats {
-        let s = Stats::default();
-        for reason in DROP_REASONS {
-            drop(
-                s.dropped
-                    .get_or_create(&vec![("reason".into(), reason.into())]),
-            );
-        }
-        r.register(
-            "rttscope_otlp_exports",
-            "OTLP export requests delivered (answered 2xx)",
-            s.sent.clone(),
-        );
-        r.register(
-            "rttscope_otlp_dropped",
-            "OTLP export requests never delivered, by reason: queue_full, superseded (a newer one was sent instead: its counts are cumulative), refused (an answer not worth a retry), exit (the last one, not delivered within the exit deadline)",
-            s.dropped.clone(),
-        );
-        r.register(
-            "rttscope_otlp_failures",
-            "OTLP export attempts that failed, by cause (connect, tls, timeout, io, http_<status>)",
-            s.failures.clone(),
-        );
-        s
-    }
-
-    fn failed(&self, cause: &str) {
-        self.failures
-            .get_or_create(&vec![("cause".into(), cause.into())])
-            .inc();
-    }
-
-    fn dropped(&self, reason: &str) {
-        self.dropped
-            .get_or_create(&vec![("reason".into(), reason.into())])
-            .inc();
-    }
-
-    /// Every request dropped, whatever the reason.
-    pub fn dropped_total(&self) -> u64 {
-        DROP_REASONS
-            .iter()
-            .map(|r| {
-                self.dropped
-                    .get_or_create(&vec![("reason".into(), r.to_string())])
-                    .get()
-            })
-            .sum()
     }
 }
 

@@ -23,7 +23,7 @@ use hyper::body::Bytes;
 
 use super::client::{Client, Failure};
 use super::settings::Settings;
-use super::Stats;
+use super::stats::Stats;
 
 /// Requests waiting to be sent, at most; the oldest is dropped past that.
 pub const QUEUE: usize = 4;

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod file;
 #[cfg(any(test, feature = "test-pki"))]
 pub mod pki;
+mod reader;
 mod tls;
 
 use std::collections::HashSet;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use sha2::{Digest, Sha256};
+use reader::{shown, Reader};
 
 pub use file::ClientAuth;
 pub use tls::provider;
@@ -139,79 +140,7 @@ pub struct Web {
 
 impl std::fmt::Debug for Web {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        write!(f, "Web({}: {:?})", tls::shown(&self.path), self.current())
-    }
-}
-
-/// Reads the web config file and the files it names, and digests all it read.
-pub struct Reader {
-    dir: PathBuf,
-    digest: Sha256,
-    /// Key files others may read.
-    pub world_readable: Vec<PathBuf>,
-}
-
-impl Reader {
-    fn new(config: &Path) -> Reader {
-        Reader {
-            dir: config.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            digest: Sha256::new(),
-            world_readable: Vec::new(),
-        }
-    }
-
-    /// A path of the file: relative to its directory.
-    fn path(&self, p: &Path) -> PathBuf {
-        tls::resolve(&self.dir, p)
-    }
-
-    /// The bytes of `path` (named `key` in messages), at most `cap`; digested.
-    fn read(&mut self, path: &Path, key: &str, cap: u64) -> Result<Vec<u8>, String> {
-        let r = read_capped(path, cap);
-        self.digest.update(path.as_os_str().as_encoded_bytes());
-        match r {
-            Ok(b) => {
-                self.digest.update((b.len() as u64).to_le_bytes());
-                self.digest.update(&b);
-                Ok(b)
-            }
-            Err(e) => {
-                let msg = format!("{key} {}: {e}", tls::shown(path));
-                self.digest.update(msg.as_bytes());
-                Err(msg)
-            }
-        }
-    }
-
-    /// Note a key file any user may read.
-    fn check_key_mode(&mut self, path: &Path) {
-        use std::os::unix::fs::PermissionsExt;
-        if std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o004 != 0) {
-            self.world_readable.push(path.to_path_buf());
-        }
-    }
-}
-
-/// At most `cap` bytes of `path`; an error says why in a few words (no content).
-fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| io_words(&e))?;
-    let mut b = Vec::new();
-    f.take(cap + 1)
-        .read_to_end(&mut b)
-        .map_err(|e| io_words(&e))?;
-    if b.len() as u64 > cap {
-        return Err(format!("larger than {cap} bytes"));
-    }
-    Ok(b)
-}
-
-/// An I/O error's kind in words (std's message, without the "(os error N)").
-fn io_words(e: &std::io::Error) -> String {
-    let s = e.to_string();
-    match s.find(" (os error") {
-        Some(i) => s[..i].to_string(),
-        None => s,
+        write!(f, "Web({}: {:?})", shown(&self.path), self.current())
     }
 }
 
@@ -219,7 +148,8 @@ fn io_words(e: &std::io::Error) -> String {
 fn load(path: &Path) -> ([u8; 32], Vec<PathBuf>, Result<Active, String>) {
     let mut r = Reader::new(path);
     let active = load_with(path, &mut r);
-    (r.digest.finalize().into(), r.world_readable, active)
+    let (digest, world_readable) = r.finish();
+    (digest, world_readable, active)
 }
 
 fn load_with(path: &Path, r: &mut Reader) -> Result<Active, String> {
@@ -255,8 +185,7 @@ impl Web {
     /// Load the web config file at `path`: an error is one sentence that names the file.
     pub fn load(path: &Path) -> anyhow::Result<Web> {
         let (seen, world_readable, active) = load(path);
-        let active =
-            active.map_err(|e| anyhow::anyhow!("web config file {}: {e}", tls::shown(path)))?;
+        let active = active.map_err(|e| anyhow::anyhow!("web config file {}: {e}", shown(path)))?;
         let web = Web {
             path: path.to_path_buf(),
             current: RwLock::new(Arc::new(active)),
@@ -294,10 +223,7 @@ impl Web {
                 let what = a.describe();
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(a);
                 self.stats.reloaded("success");
-                tracing::info!(
-                    "web config file {} reloaded: {what}",
-                    tls::shown(&self.path)
-                );
+                tracing::info!("web config file {} reloaded: {what}", shown(&self.path));
                 Some(true)
             }
             Err(e) => {
@@ -309,7 +235,7 @@ impl Web {
                 };
                 tracing::warn!(
                     "web config file {} read again cannot be used, the previous configuration stays in force: {e}{hint}",
-                    tls::shown(&self.path)
+                    shown(&self.path)
                 );
                 Some(false)
             }
@@ -332,7 +258,7 @@ impl Web {
             if warned.insert(p.clone()) {
                 tracing::warn!(
                     "key file {} can be read by every user of this host: make it mode 0640, group {} (the daemon's after attach)",
-                    tls::shown(&p),
+                    shown(&p),
                     crate::sys::caps::UNPRIVILEGED_ID
                 );
             }

@@ -1,6 +1,6 @@
 //! `tls_server_config` as a rustls server configuration (ring provider): the certificate
 //! chain and key, the TLS versions, and the client-certificate policy.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -10,7 +10,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 
 use super::file::{ClientAuth, TlsServerConfig, TlsVersion};
-use super::Reader;
+use super::reader::{shown, Reader};
 
 /// Longest certificate, key or CA file read.
 const MAX_PEM_BYTES: u64 = 1 << 20;
@@ -213,19 +213,5 @@ impl ClientCertVerifier for AnyClientCert {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
-    }
-}
-
-/// A path for a message: control and bidirectional characters escaped.
-pub fn shown(p: &Path) -> String {
-    crate::analysis::input::escape_for_terminal(&p.display().to_string())
-}
-
-/// `p` against `dir` when relative (exporter-toolkit's rule for the web config's paths).
-pub fn resolve(dir: &Path, p: &Path) -> PathBuf {
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        dir.join(p)
     }
 }
