@@ -193,75 +193,7 @@ fn fleet_percentiles_from_native_and_otlp_histograms_within_5_percent() {
         "no pushed series: {:?}",
         prom.series("{__name__=~\"rttscope.*\"}")
     );
-    let fleet_rate = format!(
-        "label_replace(rate({sel_pushed}[1m]), \"side\", \"$1\", \"rttscope_side\", \"(.+)\") or rate({sel_scraped}[1m])"
-    );
-    let mut report = Vec::new();
-    let mut failures = Vec::new();
-    for side in ["client", "server"] {
-        for q in [0.5, 0.99] {
-            let cases: [(&str, String, &str, Vec<Samples>); 3] = [
-                (
-                    "scraped (native)",
-                    format!("histogram_quantile({q}, sum by (side) (rate({sel_scraped}[1m])))"),
-                    "side",
-                    vec![a, b],
-                ),
-                (
-                    "pushed (OTLP)",
-                    format!(
-                        "histogram_quantile({q}, sum by (rttscope_side) (rate({sel_pushed}[1m])))"
-                    ),
-                    "rttscope_side",
-                    vec![c],
-                ),
-                (
-                    "fleet",
-                    format!("histogram_quantile({q}, sum by (side) ({fleet_rate}))"),
-                    "side",
-                    vec![a, b, c],
-                ),
-            ];
-            for (what, query, label, nodes) in cases {
-                let mut truth = by_side(&nodes, side);
-                assert!(
-                    truth.len() > 200,
-                    "{what} {side}: only {} raw samples",
-                    truth.len()
-                );
-                let exact = pct(&mut truth, q);
-                let got = per_side(&prom, &query, label, side);
-                let err = got / exact - 1.0;
-                let line = format!(
-                    "{what:<17} {side:<6} p{:<2}: prometheus {:.4} ms, raw {:.4} ms ({} samples): {:+.2}%",
-                    (q * 100.0) as u32,
-                    got * 1e3,
-                    exact * 1e3,
-                    truth.len(),
-                    err * 100.0
-                );
-                if err.abs() > 0.05 {
-                    failures.push(line.clone());
-                }
-                report.push(line);
-            }
-            // The classic buckets of the scraped nodes, for the docs.
-            let classic = format!(
-                "histogram_quantile({q}, sum by (side, le) (rate(rttscope_rtt_seconds_bucket{{job=\"rttscope-scrape\",view=\"tcp\"}}[1m])))"
-            );
-            let mut truth = by_side(&[a, b], side);
-            let exact = pct(&mut truth, q);
-            let got = per_side(&prom, &classic, "side", side);
-            report.push(format!(
-                "{:<17} {side:<6} p{:<2}: prometheus {:.4} ms, raw {:.4} ms: {:+.2}%",
-                "scraped (classic)",
-                (q * 100.0) as u32,
-                got * 1e3,
-                exact * 1e3,
-                (got / exact - 1.0) * 100.0
-            ));
-        }
-    }
+    let (report, failures) = percentiles_against_raw(&prom, [a, b, c]);
     let report = report.join("\n");
     eprintln!("{report}");
     check_shipped_queries(&prom);
@@ -409,4 +341,82 @@ fn check_shipped_queries(p: &Prometheus) {
         "{} shipped queries checked against the live scrape",
         queries.len()
     );
+}
+
+/// Every percentile Prometheus computes (scraped, pushed, fleet; classic buckets for the docs)
+/// beside the one of the raw samples: the report's lines, and those off by more than 5 %.
+fn percentiles_against_raw(prom: &Prometheus, raw: [Samples; 3]) -> (Vec<String>, Vec<String>) {
+    let [a, b, c] = raw;
+    let sel_scraped = "rttscope_rtt_seconds{job=\"rttscope-scrape\",view=\"tcp\"}";
+    let sel_pushed = "rttscope_rtt_seconds{rttscope_view=\"tcp\"}";
+    let fleet_rate = format!(
+        "label_replace(rate({sel_pushed}[1m]), \"side\", \"$1\", \"rttscope_side\", \"(.+)\") or rate({sel_scraped}[1m])"
+    );
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for side in ["client", "server"] {
+        for q in [0.5, 0.99] {
+            let cases: [(&str, String, &str, Vec<Samples>); 3] = [
+                (
+                    "scraped (native)",
+                    format!("histogram_quantile({q}, sum by (side) (rate({sel_scraped}[1m])))"),
+                    "side",
+                    vec![a, b],
+                ),
+                (
+                    "pushed (OTLP)",
+                    format!(
+                        "histogram_quantile({q}, sum by (rttscope_side) (rate({sel_pushed}[1m])))"
+                    ),
+                    "rttscope_side",
+                    vec![c],
+                ),
+                (
+                    "fleet",
+                    format!("histogram_quantile({q}, sum by (side) ({fleet_rate}))"),
+                    "side",
+                    vec![a, b, c],
+                ),
+            ];
+            for (what, query, label, nodes) in cases {
+                let mut truth = by_side(&nodes, side);
+                assert!(
+                    truth.len() > 200,
+                    "{what} {side}: only {} raw samples",
+                    truth.len()
+                );
+                let exact = pct(&mut truth, q);
+                let got = per_side(prom, &query, label, side);
+                let err = got / exact - 1.0;
+                let line = format!(
+                    "{what:<17} {side:<6} p{:<2}: prometheus {:.4} ms, raw {:.4} ms ({} samples): {:+.2}%",
+                    (q * 100.0) as u32,
+                    got * 1e3,
+                    exact * 1e3,
+                    truth.len(),
+                    err * 100.0
+                );
+                if err.abs() > 0.05 {
+                    failures.push(line.clone());
+                }
+                report.push(line);
+            }
+            // The classic buckets of the scraped nodes, for the docs.
+            let classic = format!(
+                "histogram_quantile({q}, sum by (side, le) (rate(rttscope_rtt_seconds_bucket{{job=\"rttscope-scrape\",view=\"tcp\"}}[1m])))"
+            );
+            let mut truth = by_side(&[a, b], side);
+            let exact = pct(&mut truth, q);
+            let got = per_side(prom, &classic, "side", side);
+            report.push(format!(
+                "{:<17} {side:<6} p{:<2}: prometheus {:.4} ms, raw {:.4} ms: {:+.2}%",
+                "scraped (classic)",
+                (q * 100.0) as u32,
+                got * 1e3,
+                exact * 1e3,
+                (got / exact - 1.0) * 100.0
+            ));
+        }
+    }
+    (report, failures)
 }

@@ -95,12 +95,21 @@ fn tcp_connect_agrees_with_icmp_and_gets_through_where_icmp_is_dropped() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(500));
+    let icmp_p50 = tcp_connect_agrees_with_icmp(&tb);
+    refused_is_said_per_handshake_and_counted(&tb);
+    tcp_connect_gets_through_where_icmp_is_dropped(&tb, icmp_p50);
+    dropped_syns_time_out_and_their_retransmits_are_counted(&tb);
+    drop(imp);
+}
+
+/// Both probes over the open path: a line per handshake, p50s within 5 %; ping's p50 returned.
+fn tcp_connect_agrees_with_icmp(tb: &Testbed) -> f64 {
     let srv = SRV_ADDR.to_string();
     let target = format!("{srv}:{OPEN}");
-    let (o, icmp) = probe(&tb, &["icmp", &srv, "-c", "20", "-i", "0.05", "-q"]);
+    let (o, icmp) = probe(tb, &["icmp", &srv, "-c", "20", "-i", "0.05", "-q"]);
     let (icmp_p50, n) = p50_ms(&icmp);
     assert_eq!(n, 20, "ping's replies: {}", text(&o));
-    let (o, tcp) = probe(&tb, &["tcp-connect", &target, "-c", "20", "-i", "0.05"]);
+    let (o, tcp) = probe(tb, &["tcp-connect", &target, "-c", "20", "-i", "0.05"]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let (tcp_p50, n) = p50_ms(&tcp);
@@ -118,9 +127,14 @@ fn tcp_connect_agrees_with_icmp_and_gets_through_where_icmp_is_dropped() {
     );
     assert_eq!(counts(&tcp)["syn_retransmits"], 0, "{}", counts(&tcp));
 
-    // Nothing listening: refused, said per handshake, non-zero exit, counted.
+    icmp_p50
+}
+
+/// Nothing listening: refused, said per handshake, non-zero exit, counted.
+fn refused_is_said_per_handshake_and_counted(tb: &Testbed) {
+    let srv = SRV_ADDR.to_string();
     let (o, doc) = probe(
-        &tb,
+        tb,
         &[
             "tcp-connect",
             &format!("{srv}:{CLOSED}"),
@@ -139,16 +153,20 @@ fn tcp_connect_agrees_with_icmp_and_gets_through_where_icmp_is_dropped() {
         (Some(3), Some(0)),
         "{k}"
     );
+}
 
-    // ICMP dropped by the server's firewall: ping gets nothing, handshakes still measure the path.
-    firewall(&tb);
+/// ICMP dropped by the server's firewall: ping gets nothing, handshakes still measure the path.
+fn tcp_connect_gets_through_where_icmp_is_dropped(tb: &Testbed, icmp_p50: f64) {
+    let srv = SRV_ADDR.to_string();
+    let target = format!("{srv}:{OPEN}");
+    firewall(tb);
     let (o, doc) = probe(
-        &tb,
+        tb,
         &["icmp", &srv, "-c", "3", "-i", "0.05", "-W", "0.3", "-q"],
     );
     assert_eq!(counts(&doc)["received"].as_u64(), Some(0), "{}", text(&o));
     let (o, doc) = probe(
-        &tb,
+        tb,
         &["tcp-connect", &target, "-c", "20", "-i", "0.05", "-q"],
     );
     let (p50, n) = p50_ms(&doc);
@@ -158,11 +176,14 @@ fn tcp_connect_agrees_with_icmp_and_gets_through_where_icmp_is_dropped() {
         (p50 - icmp_p50).abs() <= 0.05 * icmp_p50,
         "tcp-connect p50 {p50:.3} ms with ICMP dropped vs icmp p50 {icmp_p50:.3} ms before"
     );
+}
 
-    // SYNs dropped: each handshake times out after -W, with the kernel's SYN retransmission
-    // (1 s) counted.
+/// SYNs dropped: each handshake times out after -W, with the kernel's SYN retransmission
+/// (1 s) counted.
+fn dropped_syns_time_out_and_their_retransmits_are_counted(tb: &Testbed) {
+    let srv = SRV_ADDR.to_string();
     let (o, doc) = probe(
-        &tb,
+        tb,
         &[
             "tcp-connect",
             &format!("{srv}:{SILENT}"),
@@ -184,5 +205,4 @@ fn tcp_connect_agrees_with_icmp_and_gets_through_where_icmp_is_dropped() {
     );
     assert!(k["syn_retransmits"].as_u64() >= Some(2), "{k}\n{out}");
     assert!(out.contains("2 timed out"), "{out}");
-    drop(imp);
 }
