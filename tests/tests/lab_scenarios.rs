@@ -179,24 +179,63 @@ fn run(scenario: &str) -> Run {
         .spawn()
         .unwrap();
     let prefix = format!("rtlab{}x0", child.id());
-    // Hold the testbed's namespaces open while it runs (see HeldNs).
+    let stdout_h = read_all(child.stdout.take().unwrap());
+    let stderr_h = read_all(child.stderr.take().unwrap());
+    let (status, held) = wait_holding_the_testbed(&mut child, &prefix, scenario, t0);
+    let stdout = stdout_h.join().unwrap();
+    let stderr = stderr_h.join().unwrap();
+    let took = t0.elapsed();
+    eprintln!("lab {scenario} --quick: {took:?}\n{stdout}");
+    assert!(
+        status.success(),
+        "lab {scenario} failed ({status}): {stderr}\n{stdout}"
+    );
+    assert_eq!(held.len(), 3, "never saw the testbed {prefix}");
+    nothing_left_behind(&prefix, held.into_values().collect());
+    let result: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    observer_programs_unloaded(&result);
+    // The files of the results directory.
+    for f in [
+        "result.json",
+        "summary.csv",
+        "SUMMARY.md",
+        "plan.json",
+        "phases.json",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing in {}", out.display());
+    }
+    let run = Run {
+        out,
+        result,
+        stdout,
+    };
+    assert!(
+        took < Duration::from_secs(90),
+        "quick form took {took:?}\n{}",
+        run.table()
+    );
+    run
+}
+
+/// All of a pipe, read on a thread of its own.
+fn read_all(mut r: impl std::io::Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        r.read_to_string(&mut s).ok();
+        s
+    })
+}
+
+/// Wait for the lab, holding its testbed's namespaces open while it runs (see HeldNs) and
+/// keeping the load inside its client namespace; at most 150 s.
+fn wait_holding_the_testbed(
+    child: &mut std::process::Child,
+    prefix: &str,
+    scenario: &str,
+    t0: Instant,
+) -> (std::process::ExitStatus, BTreeMap<&'static str, HeldNs>) {
     let mut held = BTreeMap::new();
-    let stdout_h = {
-        let mut so = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut so, &mut s).ok();
-            s
-        })
-    };
-    let stderr_h = {
-        let mut se = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            std::io::Read::read_to_string(&mut se, &mut s).ok();
-            s
-        })
-    };
     let mut inside = InsideLoad::default();
     let status = loop {
         for r in ["cli", "rtr", "srv"] {
@@ -218,19 +257,12 @@ fn run(scenario: &str) -> Run {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let stdout = stdout_h.join().unwrap();
-    let stderr = stderr_h.join().unwrap();
-    let took = t0.elapsed();
-    let inside = inside.stop();
-    eprintln!("{inside}");
-    eprintln!("lab {scenario} --quick: {took:?}\n{stdout}");
-    assert!(
-        status.success(),
-        "lab {scenario} failed ({status}): {stderr}\n{stdout}"
-    );
-    assert_eq!(held.len(), 3, "never saw the testbed {prefix}");
-    // Nothing left behind.
-    let held: Vec<HeldNs> = held.into_values().collect();
+    eprintln!("{}", inside.stop());
+    (status, held)
+}
+
+/// No namespace, state file or process of the testbed left.
+fn nothing_left_behind(prefix: &str, held: Vec<HeldNs>) {
     for r in ["cli", "rtr", "srv"] {
         assert!(
             !Path::new(&format!("/run/netns/{prefix}-{r}")).exists(),
@@ -244,16 +276,17 @@ fn run(scenario: &str) -> Run {
     // Processes the testbed killed may take a moment to be reaped: poll briefly.
     let deadline = Instant::now() + Duration::from_secs(3);
     let left = loop {
-        let left = processes_left(&prefix, &held);
+        let left = processes_left(prefix, &held);
         if left.is_empty() || Instant::now() > deadline {
             break left;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(left.is_empty(), "left behind: {left:?}");
-    drop(held);
-    let result: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+}
+
+/// The observer's programs, by the ids its result recorded, are no longer loaded.
+fn observer_programs_unloaded(result: &Value) {
     let start = &result["settings"]["passive"]["start"];
     let mut ids: Vec<u64> = start["tcp"]["prog_ids"]
         .as_array()
@@ -277,27 +310,6 @@ fn run(scenario: &str) -> Run {
         alive.is_empty(),
         "observer programs still loaded: {alive:?}"
     );
-    // The files of the results directory.
-    for f in [
-        "result.json",
-        "summary.csv",
-        "SUMMARY.md",
-        "plan.json",
-        "phases.json",
-    ] {
-        assert!(out.join(f).is_file(), "{f} missing in {}", out.display());
-    }
-    let run = Run {
-        out,
-        result,
-        stdout,
-    };
-    assert!(
-        took < Duration::from_secs(90),
-        "quick form took {took:?}\n{}",
-        run.table()
-    );
-    run
 }
 
 /// At each paced sweep point (one request/response session), on a busy host (issue 27): the
