@@ -552,6 +552,16 @@ fn icmp_probe_agrees_with_ping() {
             "rttscope icmp p50 vs ping median (us), per attempt: {seen:?} (tolerance: 20% of ping's or 15 us)"
         );
     };
+    other_modes_and_ipv6_are_sane(&p);
+    // New namespaces allow no group to open datagram ICMP sockets, so
+    // the probe used raw ones; allowing every group in this (the
+    // test's own) namespace makes it use the unprivileged kind.
+    assert_eq!(r.settings.icmp_socket.as_deref(), Some("raw"));
+    unprivileged_sockets_once_allowed(&p);
+}
+
+/// --busy-poll and --spin, and IPv6: sane (kernel stamps, no loss beyond a rare late echo).
+fn other_modes_and_ipv6_are_sane(p: &Pair) {
     // --busy-poll reads replies with non-blocking recvmsg in a loop: also
     // kernel stamps (assert_sane). Not compared with ping: at -i 0.002 ping
     // busy-polls too, but it yields the CPU (sched_yield) each turn, so under
@@ -586,10 +596,10 @@ fn icmp_probe_agrees_with_ping() {
         "{c6:?} {:?}",
         r6.last_error
     );
-    // New namespaces allow no group to open datagram ICMP sockets, so
-    // the probe used raw ones; allowing every group in this (the
-    // test's own) namespace makes it use the unprivileged kind.
-    assert_eq!(r.settings.icmp_socket.as_deref(), Some("raw"));
+}
+
+/// With every group allowed in the test's namespace, the probe uses datagram ICMP sockets.
+fn unprivileged_sockets_once_allowed(p: &Pair) {
     p.a.exec(&["sysctl", "-qw", "net.ipv4.ping_group_range=0 2147483647"])
         .unwrap();
     for host in [B_ADDR, B_ADDR6] {
@@ -705,85 +715,8 @@ fn server_survives_abuse_and_enforces_limits() {
     );
     let server: SocketAddr = l4.parse().unwrap();
     let report = p.a.run(move || {
-        let mut notes = Vec::new();
-        let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
-        // Half a hello, then gone.
-        let mut s = connect();
-        s.write_all(b"RTS1\0\0").unwrap();
-        drop(s);
-        // Garbage: disconnected.
-        let mut s = connect();
-        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        notes.push((
-            "garbage closed",
-            read_until_closed(&mut s, Duration::from_secs(2)),
-        ));
-        // Asks for a 4 GiB response: disconnected, nothing sent.
-        let mut s = connect();
-        s.write_all(
-            &Hello {
-                req: 1,
-                resp: u32::MAX,
-                flags: 0,
-            }
-            .encode(),
-        )
-        .unwrap();
-        notes.push((
-            "4GiB closed",
-            read_until_closed(&mut s, Duration::from_secs(2)),
-        ));
-        // Valid hello, half a request, then gone.
-        let mut s = connect();
-        s.write_all(
-            &Hello {
-                req: 1000,
-                resp: 1,
-                flags: 0,
-            }
-            .encode(),
-        )
-        .unwrap();
-        let mut ack = [0u8; 4];
-        s.read_exact(&mut ack).unwrap();
-        notes.push(("ack", ack == HELLO_ACK));
-        s.write_all(&[0u8; 500]).unwrap();
-        drop(s);
-        std::thread::sleep(Duration::from_millis(100));
-        // Three silent connections fill the limit; a fourth is refused at once.
-        let mut silent: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
-        std::thread::sleep(Duration::from_millis(100));
-        let mut fourth = connect();
-        let _ = fourth.write_all(
-            &Hello {
-                req: 1,
-                resp: 1,
-                flags: 0,
-            }
-            .encode(),
-        );
-        notes.push((
-            "over limit closed",
-            read_until_closed(&mut fourth, Duration::from_millis(500)),
-        ));
-        // The idle timeout (1 s) closes the silent ones.
-        let t = Instant::now();
-        for s in silent.iter_mut() {
-            notes.push((
-                "silent closed",
-                read_until_closed(s, Duration::from_secs(3)),
-            ));
-        }
-        notes.push((
-            "idle timeout near 1 s",
-            t.elapsed() < Duration::from_millis(1800),
-        ));
-        // UDP garbage.
-        let u = UdpSocket::bind("0.0.0.0:0").unwrap();
-        for i in 0..50u8 {
-            let _ = u.send_to(&[i; 20], server);
-        }
-        let _ = u.send_to(b"RTU1\xff\xff\xff\xff01234567", server);
+        let mut notes = malformed_clients_are_closed(server);
+        notes.extend(connection_limit_and_idle_timeout_hold(server));
         notes
     });
     for (what, ok) in &report {
@@ -832,6 +765,99 @@ fn server_survives_abuse_and_enforces_limits() {
     }
 }
 
+type Notes = Vec<(&'static str, bool)>;
+
+/// Half hellos, garbage, a 4 GiB ask, half a request: each closed or dropped.
+fn malformed_clients_are_closed(server: SocketAddr) -> Notes {
+    let mut notes = Vec::new();
+    let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+    // Half a hello, then gone.
+    let mut s = connect();
+    s.write_all(b"RTS1\0\0").unwrap();
+    drop(s);
+    // Garbage: disconnected.
+    let mut s = connect();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    notes.push((
+        "garbage closed",
+        read_until_closed(&mut s, Duration::from_secs(2)),
+    ));
+    // Asks for a 4 GiB response: disconnected, nothing sent.
+    let mut s = connect();
+    s.write_all(
+        &Hello {
+            req: 1,
+            resp: u32::MAX,
+            flags: 0,
+        }
+        .encode(),
+    )
+    .unwrap();
+    notes.push((
+        "4GiB closed",
+        read_until_closed(&mut s, Duration::from_secs(2)),
+    ));
+    // Valid hello, half a request, then gone.
+    let mut s = connect();
+    s.write_all(
+        &Hello {
+            req: 1000,
+            resp: 1,
+            flags: 0,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let mut ack = [0u8; 4];
+    s.read_exact(&mut ack).unwrap();
+    notes.push(("ack", ack == HELLO_ACK));
+    s.write_all(&[0u8; 500]).unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(100));
+    notes
+}
+
+/// Three silent connections fill the limit, a fourth is refused at once, the idle timeout
+/// (1 s) closes the silent ones; then UDP garbage.
+fn connection_limit_and_idle_timeout_hold(server: SocketAddr) -> Notes {
+    let mut notes = Vec::new();
+    let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+    let mut silent: Vec<TcpStream> = (0..3).map(|_| connect()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut fourth = connect();
+    let _ = fourth.write_all(
+        &Hello {
+            req: 1,
+            resp: 1,
+            flags: 0,
+        }
+        .encode(),
+    );
+    notes.push((
+        "over limit closed",
+        read_until_closed(&mut fourth, Duration::from_millis(500)),
+    ));
+    // The idle timeout (1 s) closes the silent ones.
+    let t = Instant::now();
+    for s in silent.iter_mut() {
+        notes.push((
+            "silent closed",
+            read_until_closed(s, Duration::from_secs(3)),
+        ));
+    }
+    notes.push((
+        "idle timeout near 1 s",
+        t.elapsed() < Duration::from_millis(1800),
+    ));
+    // UDP garbage.
+    let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+    for i in 0..50u8 {
+        let _ = u.send_to(&[i; 20], server);
+    }
+    let _ = u.send_to(b"RTU1\xff\xff\xff\xff01234567", server);
+    notes
+}
+
 /// The server's counters from the JSON line it prints when it stops.
 fn serve_stats(log: &str) -> serde_json::Value {
     let line = log
@@ -871,148 +897,170 @@ fn serve_bounds_amplification_slowloris_and_per_peer_on_loopback() {
     );
     let server: SocketAddr = "127.0.0.1:7878".parse().unwrap();
     let (notes, held) = ns.run(move || {
-        let mut notes: Vec<(String, bool)> = Vec::new();
-        // The amplifier datagram: "RTU1" + pack("!IQ", 65507, 1), 16 bytes.
         let u = UdpSocket::bind("127.0.0.1:0").unwrap();
         u.connect(server).unwrap();
-        u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut amp = b"RTU1".to_vec();
-        amp.extend_from_slice(&65507u32.to_be_bytes());
-        amp.extend_from_slice(&1u64.to_be_bytes());
-        u.send(&amp).unwrap();
-        let mut buf = vec![0u8; 65536];
-        let n = u.recv(&mut buf).unwrap_or(usize::MAX);
-        notes.push((
-            format!(
-                "16-byte request asking for 65507 got a reply of {n} bytes ({:02x?})",
-                &buf[..n.min(24)]
-            ),
-            n <= amp.len(),
-        ));
-        // The per-source rate: 200/s, burst 20.
-        std::thread::sleep(Duration::from_millis(200));
-        let t = Instant::now();
-        for seq in 0..400u64 {
-            let mut req = [b'q'; 16];
-            req[..4].copy_from_slice(b"RTU1");
-            req[4..8].copy_from_slice(&16u32.to_be_bytes());
-            req[8..16].copy_from_slice(&seq.to_be_bytes());
-            let _ = u.send(&req);
-            if seq % 20 == 19 {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-        u.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let mut got = 0u32;
-        while u.recv(&mut buf).is_ok() {
-            got += 1;
-        }
-        let secs = t.elapsed().as_secs_f64();
-        notes.push((
-            format!("{got} replies to 400 requests in {secs:.2} s at 200/s burst 20"),
-            got >= 20 && (got as f64) <= 20.0 + 200.0 * secs + 5.0,
-        ));
-        // Slowloris: a 1 MiB request, one byte every 300 ms, 1 s deadline.
-        let mut s = TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
-        s.write_all(
-            &Hello {
-                req: 1 << 20,
-                resp: 1,
-                flags: 0,
-            }
-            .encode(),
-        )
-        .unwrap();
-        let mut ack = [0u8; 4];
-        s.read_exact(&mut ack).unwrap();
-        let t = Instant::now();
-        let mut bytes = 0;
-        while t.elapsed() < Duration::from_secs(6) {
-            if s.write_all(b"x").is_err() {
-                break;
-            }
-            bytes += 1;
-            if read_until_closed(&mut s, Duration::from_millis(300)) {
-                break;
-            }
-        }
-        let took = t.elapsed();
-        notes.push((
-            format!("slowloris ({bytes} bytes) disconnected after {took:?}"),
-            took < Duration::from_secs(2),
-        ));
-        // Per-source limit 4: four held, the fifth and 300 more refused.
-        // A connection is held once the server answered its hello. The
-        // slowloris connection's slot is released when its server thread
-        // ends, a moment after its socket closed: a busy machine may refuse
-        // one of the first connections for that; such a refusal is retried
-        // (for at most 3 s) and listed.
-        let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
-        let hello = Hello {
-            req: 1,
-            resp: 1,
-            flags: 0,
-        }
-        .encode();
-        let mut held: Vec<TcpStream> = Vec::new();
-        let mut early_refusals = 0u64;
-        let t = Instant::now();
-        while held.len() < 4 && t.elapsed() < Duration::from_secs(3) {
-            let mut s = connect();
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let mut ack = [0u8; 4];
-            if s.write_all(&hello).is_ok() && s.read_exact(&mut ack).is_ok() {
-                held.push(s);
-            } else {
-                early_refusals += 1;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        notes.push((
-            format!(
-                "{} connections from 127.0.0.1 held (answered their hello) in {:?}, {early_refusals} refused while the slowloris slot was released",
-                held.len(),
-                t.elapsed()
-            ),
-            held.len() == 4,
-        ));
-        let mut fifth = connect();
-        notes.push((
-            // Refused at the accept; the idle watchdog would take 1 s.
-            "5th connection from 127.0.0.1 closed within 0.5 s".into(),
-            read_until_closed(&mut fifth, Duration::from_millis(500)),
-        ));
-        for _ in 0..300 {
-            let mut s = connect();
-            let _ = read_until_closed(&mut s, Duration::from_secs(1));
-        }
-        (notes, (held, early_refusals))
+        let mut notes = vec![
+            amplifier_gets_no_more_than_it_sent(&u),
+            udp_rate_is_held(&u),
+            slowloris_is_cut(server),
+        ];
+        let held = per_source_limit_holds(server, &mut notes);
+        (notes, held)
     });
     let (held, early_refusals) = held;
     for (what, ok) in &notes {
         assert!(*ok, "{what}: failed; all: {notes:?}");
     }
-    // Another source (::1) is served while 127.0.0.1 holds its four.
-    let r = probe_json(
-        &ns,
-        &["tcp-rr", "::1", "-n", "200"],
-        Duration::from_secs(10),
-    );
+    other_sources_and_probes_are_served(&ns, held);
+    server_counted_and_logged_each_refusal(srv, early_refusals);
+}
+
+/// The amplifier datagram: "RTU1" + pack("!IQ", 65507, 1), 16 bytes.
+fn amplifier_gets_no_more_than_it_sent(u: &UdpSocket) -> (String, bool) {
+    u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut amp = b"RTU1".to_vec();
+    amp.extend_from_slice(&65507u32.to_be_bytes());
+    amp.extend_from_slice(&1u64.to_be_bytes());
+    u.send(&amp).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let n = u.recv(&mut buf).unwrap_or(usize::MAX);
+    (
+        format!(
+            "16-byte request asking for 65507 got a reply of {n} bytes ({:02x?})",
+            &buf[..n.min(24)]
+        ),
+        n <= amp.len(),
+    )
+}
+
+/// The per-source rate: 200/s, burst 20.
+fn udp_rate_is_held(u: &UdpSocket) -> (String, bool) {
+    let mut buf = vec![0u8; 65536];
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    for seq in 0..400u64 {
+        let mut req = [b'q'; 16];
+        req[..4].copy_from_slice(b"RTU1");
+        req[4..8].copy_from_slice(&16u32.to_be_bytes());
+        req[8..16].copy_from_slice(&seq.to_be_bytes());
+        let _ = u.send(&req);
+        if seq % 20 == 19 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    u.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut got = 0u32;
+    while u.recv(&mut buf).is_ok() {
+        got += 1;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    (
+        format!("{got} replies to 400 requests in {secs:.2} s at 200/s burst 20"),
+        got >= 20 && (got as f64) <= 20.0 + 200.0 * secs + 5.0,
+    )
+}
+
+/// Slowloris: a 1 MiB request, one byte every 300 ms, 1 s deadline.
+fn slowloris_is_cut(server: SocketAddr) -> (String, bool) {
+    let mut s = TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+    s.write_all(
+        &Hello {
+            req: 1 << 20,
+            resp: 1,
+            flags: 0,
+        }
+        .encode(),
+    )
+    .unwrap();
+    let mut ack = [0u8; 4];
+    s.read_exact(&mut ack).unwrap();
+    let t = Instant::now();
+    let mut bytes = 0;
+    while t.elapsed() < Duration::from_secs(6) {
+        if s.write_all(b"x").is_err() {
+            break;
+        }
+        bytes += 1;
+        if read_until_closed(&mut s, Duration::from_millis(300)) {
+            break;
+        }
+    }
+    let took = t.elapsed();
+    (
+        format!("slowloris ({bytes} bytes) disconnected after {took:?}"),
+        took < Duration::from_secs(2),
+    )
+}
+
+/// Per-source limit 4: four held, the fifth and 300 more refused; the four held and the
+/// refusals seen before them returned. A connection is held once the server answered its
+/// hello. The slowloris connection's slot is released when its server thread ends, a moment
+/// after its socket closed: a busy machine may refuse one of the first connections for that;
+/// such a refusal is retried (for at most 3 s) and listed.
+fn per_source_limit_holds(
+    server: SocketAddr,
+    notes: &mut Vec<(String, bool)>,
+) -> (Vec<TcpStream>, u64) {
+    let connect = || TcpStream::connect_timeout(&server, Duration::from_secs(2)).unwrap();
+    let hello = Hello {
+        req: 1,
+        resp: 1,
+        flags: 0,
+    }
+    .encode();
+    let mut held: Vec<TcpStream> = Vec::new();
+    let mut early_refusals = 0u64;
+    let t = Instant::now();
+    while held.len() < 4 && t.elapsed() < Duration::from_secs(3) {
+        let mut s = connect();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut ack = [0u8; 4];
+        if s.write_all(&hello).is_ok() && s.read_exact(&mut ack).is_ok() {
+            held.push(s);
+        } else {
+            early_refusals += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    notes.push((
+        format!(
+            "{} connections from 127.0.0.1 held (answered their hello) in {:?}, {early_refusals} refused while the slowloris slot was released",
+            held.len(),
+            t.elapsed()
+        ),
+        held.len() == 4,
+    ));
+    let mut fifth = connect();
+    notes.push((
+        // Refused at the accept; the idle watchdog would take 1 s.
+        "5th connection from 127.0.0.1 closed within 0.5 s".into(),
+        read_until_closed(&mut fifth, Duration::from_millis(500)),
+    ));
+    for _ in 0..300 {
+        let mut s = connect();
+        let _ = read_until_closed(&mut s, Duration::from_secs(1));
+    }
+    (held, early_refusals)
+}
+
+/// Another source (::1) is served while 127.0.0.1 holds its four; 127.0.0.1 again once they
+/// are released; the UDP probe does the cookie handshake.
+fn other_sources_and_probes_are_served(ns: &NetNs, held: Vec<TcpStream>) {
+    let r = probe_json(ns, &["tcp-rr", "::1", "-n", "200"], Duration::from_secs(10));
     assert_eq!(r.counts.received, 200);
     drop(held);
     std::thread::sleep(Duration::from_millis(200));
-    // 127.0.0.1 again once its slots are free.
     let r = probe_json(
-        &ns,
+        ns,
         &["tcp-rr", "127.0.0.1", "-n", "200"],
         Duration::from_secs(10),
     );
     assert_eq!(r.counts.received, 200);
-    // The probe does the cookie handshake: 24-byte requests, 60000-byte
-    // responses, every one answered (10 ms apart: below the 200/s rate).
+    // 24-byte requests, 60000-byte responses, every one answered (10 ms apart: below the
+    // 200/s rate).
     let r = probe_json(
-        &ns,
+        ns,
         &[
             "udp-rr",
             "127.0.0.1",
@@ -1027,7 +1075,10 @@ fn serve_bounds_amplification_slowloris_and_per_peer_on_loopback() {
     );
     assert_eq!(r.counts.received, 50, "{:?}", r.counts);
     assert_eq!((r.settings.req_size, r.settings.resp_size), (24, 60000));
+}
 
+/// The server's own counters at exit, and ten log lines for 301 refusals.
+fn server_counted_and_logged_each_refusal(srv: ChildGuard, early_refusals: u64) {
     let pid = nix::unistd::Pid::from_raw(srv.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let out = srv.wait_output(Duration::from_secs(5)).unwrap();
@@ -1039,7 +1090,6 @@ fn serve_bounds_amplification_slowloris_and_per_peer_on_loopback() {
     assert!(n("udp_rate_limited") > 0, "{st}");
     assert_eq!(n("slow_requests"), 1, "{st}");
     assert_eq!(n("over_peer_limit"), 301 + early_refusals, "{st}");
-    // 301 refusals, ten log lines.
     let lines = log
         .lines()
         .filter(|l| l.contains("per-source connection limit 4 reached"))
