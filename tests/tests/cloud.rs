@@ -155,35 +155,8 @@ fn observe_cloud_monitoring_holds_every_sample() {
     let transactions = cli.transactions.load(std::sync::atomic::Ordering::Relaxed);
     assert!(transactions > 300, "only {transactions} transactions");
 
-    // The truth: the raw samples, per (view, netns inode).
-    let lines = parse_lines(raw_stdout.as_bytes()).unwrap();
-    let end = lines
-        .iter()
-        .find(|l| l["type"] == "end")
-        .expect("end record");
-    assert_eq!(end["counters"]["tcp"]["raw_events_dropped"], 0, "{end}");
-    let mut truth: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
-    for l in lines.iter().filter(|l| l["type"] == "sample") {
-        truth
-            .entry((
-                l["view"].as_str().unwrap().to_string(),
-                l["netns"].as_u64().unwrap(),
-            ))
-            .or_default()
-            .push(l["rtt_us"].as_f64().unwrap());
-    }
-
-    // The export: stdout holds only create requests; the last one is the whole run.
-    let text = cloud_stdout;
-    let last = text
-        .lines()
-        .rfind(|l| !l.trim().is_empty())
-        .unwrap_or_else(|| panic!("no create request on stdout; stderr: {cloud_err}"));
-    for l in text.lines().filter(|l| !l.trim().is_empty()) {
-        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
-        assert!(v["timeSeries"].is_array(), "not a create request: {l}");
-    }
-    let req: Value = serde_json::from_str(last).unwrap();
+    let (truth, end) = raw_samples(&raw_stdout);
+    let req = last_create_request(&cloud_stdout, &cloud_err);
     let mut exported: BTreeMap<&str, u64> = BTreeMap::new();
     let mut checked = 0;
     for (ns_name, side) in [(&p.a.name, "client"), (&p.b.name, "server")] {
@@ -197,51 +170,15 @@ fn observe_cloud_monitoring_holds_every_sample() {
                     s["metric"]["labels"]["view"] == view
                         && s["metric"]["labels"]["netns"] == ns_name.as_str()
                 })
-                .unwrap_or_else(|| panic!("no {view} series for {ns_name}: {last}"));
+                .unwrap_or_else(|| panic!("no {view} series for {ns_name}: {req}"));
             let samples = truth
                 .get(&(view.to_string(), ino))
                 .unwrap_or_else(|| panic!("no raw {view} samples in {ns_name}"));
             assert_eq!(series["metric"]["labels"]["side"], side, "{series}");
             assert_eq!(series["metricKind"], "CUMULATIVE");
-            let d = &series["points"][0]["value"]["distributionValue"];
-            let count: u64 = d["count"].as_str().unwrap().parse().unwrap();
-            *exported.entry(view).or_insert(0) += count;
-            // TCP's samples are one per ACK that TCP times: both observers see the same ones.
-            // Two sampler instances pair segments and ACKs independently and may lose a few
-            // pairings to races between CPUs (their `race`/`ack_no_match` counters): the raw
-            // observer's sampler is then a truth within a few percent, and the exact check is
-            // the cloud observer's own sample counter below.
-            let diff = count.abs_diff(samples.len() as u64);
-            let allowed = if view == "tcp" {
-                0
-            } else {
-                samples.len() as u64 / 20
-            };
-            assert!(
-                diff <= allowed,
-                "{view} {side}: exported {count} vs {} raw samples (allowed {allowed}; {transactions} transactions): {series}\nraw observer's counters: {}\ncloud observer: {cloud_err}",
-                samples.len(),
-                end["counters"]
-            );
-            // Bucket by bucket: equal, but for samples in a kernel bucket across a bound.
-            let got: Vec<u64> = d["bucketCounts"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c.as_str().unwrap().parse().unwrap())
-                .collect();
-            let mut want = vec![0u64; 18];
-            for &us in samples {
-                want[vm_flow_index(us)] += 1;
-            }
-            let slack = samples.iter().filter(|&&us| near_a_bound(us)).count() as u64 + diff;
-            for (i, &w) in want.iter().enumerate() {
-                let g = got.get(i).copied().unwrap_or(0);
-                assert!(
-                    g.abs_diff(w) <= slack,
-                    "{view} {side} bucket {i}: exported {g}, raw samples {w} (slack {slack}); exported {got:?}, raw {want:?}"
-                );
-            }
+            let why = format!("{transactions} transactions; raw observer's counters: {}\ncloud observer: {cloud_err}", end["counters"]);
+            *exported.entry(view).or_insert(0) +=
+                series_holds_the_samples(series, samples, view, side, &why);
             checked += 1;
         }
     }
@@ -260,6 +197,90 @@ fn observe_cloud_monitoring_holds_every_sample() {
             "{view}: exported vs the observer's own sample counter: {cloud_err}"
         );
     }
+}
+
+/// The truth: the raw samples of the raw observer, per (view, netns inode); and its end record.
+fn raw_samples(raw_stdout: &str) -> (BTreeMap<(String, u64), Vec<f64>>, Value) {
+    let lines = parse_lines(raw_stdout.as_bytes()).unwrap();
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "end")
+        .expect("end record");
+    assert_eq!(end["counters"]["tcp"]["raw_events_dropped"], 0, "{end}");
+    let mut truth: BTreeMap<(String, u64), Vec<f64>> = BTreeMap::new();
+    for l in lines.iter().filter(|l| l["type"] == "sample") {
+        truth
+            .entry((
+                l["view"].as_str().unwrap().to_string(),
+                l["netns"].as_u64().unwrap(),
+            ))
+            .or_default()
+            .push(l["rtt_us"].as_f64().unwrap());
+    }
+
+    (truth, end.clone())
+}
+
+/// The export: stdout holds only create requests; the last one (the whole run) returned.
+fn last_create_request(text: &str, cloud_err: &str) -> Value {
+    let last = text
+        .lines()
+        .rfind(|l| !l.trim().is_empty())
+        .unwrap_or_else(|| panic!("no create request on stdout; stderr: {cloud_err}"));
+    for l in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"));
+        assert!(v["timeSeries"].is_array(), "not a create request: {l}");
+    }
+    serde_json::from_str(last).unwrap()
+}
+
+/// One exported distribution against the raw samples of its view and namespace: its count
+/// (returned) and each bucket.
+fn series_holds_the_samples(
+    series: &Value,
+    samples: &[f64],
+    view: &str,
+    side: &str,
+    why: &str,
+) -> u64 {
+    let d = &series["points"][0]["value"]["distributionValue"];
+    let count: u64 = d["count"].as_str().unwrap().parse().unwrap();
+    // TCP's samples are one per ACK that TCP times: both observers see the same ones.
+    // Two sampler instances pair segments and ACKs independently and may lose a few
+    // pairings to races between CPUs (their `race`/`ack_no_match` counters): the raw
+    // observer's sampler is then a truth within a few percent, and the exact check is
+    // the cloud observer's own sample counter below.
+    let diff = count.abs_diff(samples.len() as u64);
+    let allowed = if view == "tcp" {
+        0
+    } else {
+        samples.len() as u64 / 20
+    };
+    assert!(
+        diff <= allowed,
+        "{view} {side}: exported {count} vs {} raw samples (allowed {allowed}): {series}\n{why}",
+        samples.len(),
+    );
+    // Bucket by bucket: equal, but for samples in a kernel bucket across a bound.
+    let got: Vec<u64> = d["bucketCounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().parse().unwrap())
+        .collect();
+    let mut want = vec![0u64; 18];
+    for &us in samples {
+        want[vm_flow_index(us)] += 1;
+    }
+    let slack = samples.iter().filter(|&&us| near_a_bound(us)).count() as u64 + diff;
+    for (i, &w) in want.iter().enumerate() {
+        let g = got.get(i).copied().unwrap_or(0);
+        assert!(
+            g.abs_diff(w) <= slack,
+            "{view} {side} bucket {i}: exported {g}, raw samples {w} (slack {slack}); exported {got:?}, raw {want:?}"
+        );
+    }
+    count
 }
 
 fn run_ok(cmd: &mut Command) -> String {
@@ -366,53 +387,7 @@ fn a_measured_flow_exported_reads_back_the_same() {
     .unwrap();
     assert_eq!(back.len(), local.len(), "one series per view: {ts}");
     for s in &back {
-        let metric = s["metric"].as_str().unwrap();
-        let view = metric.split("view=").nth(1).unwrap().trim_end_matches('}');
-        let l = local
-            .iter()
-            .find(|l| l["name"] == view)
-            .unwrap_or_else(|| panic!("no local view {view}"));
-        let (d, ld) = (&s["distribution"], &l["distribution"]);
-        assert_eq!(d["count"], ld["count"], "{view}: count");
-        assert_eq!(
-            trimmed(&d["bucket_counts"]),
-            trimmed(&ld["bucket_counts"]),
-            "{view}: buckets"
-        );
-        let lens = |name: &str| {
-            floats(
-                &l["lenses"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .find(|x| x["lens"] == name)
-                    .unwrap()["values_us"],
-            )
-        };
-        let cloud = floats(&s["cloud_us"]);
-        assert!(
-            cloud.iter().zip(lens("cloud")).all(|(a, b)| close(*a, b)),
-            "{view}: percentiles read back {cloud:?} vs written {:?}",
-            lens("cloud")
-        );
-        // The local samples beside the cloud point: exact as before, and re-bucketed with the
-        // file's own layout they give the cloud's numbers.
-        let beside = s["local"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["name"] == view)
-            .unwrap_or_else(|| panic!("{view}: no local samples beside the point: {s}"));
-        assert_eq!(
-            beside["count"], ld["count"],
-            "{view}: local samples beside the point: {beside}"
-        );
-        assert_eq!(floats(&beside["exact_us"]), lens("exact"), "{view}: exact");
-        let re = floats(&beside["rebucketed_us"]);
-        assert!(
-            re.iter().zip(&cloud).all(|(a, b)| close(*a, *b)),
-            "{view}: re-bucketed {re:?} vs cloud {cloud:?}"
-        );
+        series_reads_back_the_same(s, &local);
     }
 
     // compare --cloud with the sampler's series only (what vm_flow/rtt would hold): its row has
@@ -433,4 +408,56 @@ fn a_measured_flow_exported_reads_back_the_same() {
         "cloud row (N MIN MEAN P50 P90 P99 MAX) vs the first run's sampler cloud row:\n{first}\n{second}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One series read back from the cloud export against the local result it was made of: count,
+/// buckets, the cloud lens, and the local samples beside the point.
+fn series_reads_back_the_same(s: &Value, local: &[Value]) {
+    let metric = s["metric"].as_str().unwrap();
+    let view = metric.split("view=").nth(1).unwrap().trim_end_matches('}');
+    let l = local
+        .iter()
+        .find(|l| l["name"] == view)
+        .unwrap_or_else(|| panic!("no local view {view}"));
+    let (d, ld) = (&s["distribution"], &l["distribution"]);
+    assert_eq!(d["count"], ld["count"], "{view}: count");
+    assert_eq!(
+        trimmed(&d["bucket_counts"]),
+        trimmed(&ld["bucket_counts"]),
+        "{view}: buckets"
+    );
+    let lens = |name: &str| {
+        floats(
+            &l["lenses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["lens"] == name)
+                .unwrap()["values_us"],
+        )
+    };
+    let cloud = floats(&s["cloud_us"]);
+    assert!(
+        cloud.iter().zip(lens("cloud")).all(|(a, b)| close(*a, b)),
+        "{view}: percentiles read back {cloud:?} vs written {:?}",
+        lens("cloud")
+    );
+    // The local samples beside the cloud point: exact as before, and re-bucketed with the
+    // file's own layout they give the cloud's numbers.
+    let beside = s["local"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == view)
+        .unwrap_or_else(|| panic!("{view}: no local samples beside the point: {s}"));
+    assert_eq!(
+        beside["count"], ld["count"],
+        "{view}: local samples beside the point: {beside}"
+    );
+    assert_eq!(floats(&beside["exact_us"]), lens("exact"), "{view}: exact");
+    let re = floats(&beside["rebucketed_us"]);
+    assert!(
+        re.iter().zip(&cloud).all(|(a, b)| close(*a, *b)),
+        "{view}: re-bucketed {re:?} vs cloud {cloud:?}"
+    );
 }
