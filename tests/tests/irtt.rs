@@ -141,52 +141,12 @@ fn irtt_probe_matches_irtt_client() {
     // read depends on its wake-up latency (tens of us under load, ~100 us on
     // an idle VM). The independent floor is ping on the same path: a UDP
     // round trip through the irtt server cannot beat the echo minimum.
-    let ping = pair
-        .a
-        .exec(&["ping", "-c", "20", "-i", "0.01", "-q", B_ADDR])
-        .expect("ping");
-    let ping_out = String::from_utf8_lossy(&ping.stdout);
-    let ping_min_ns = ping_out
-        .lines()
-        .find_map(|l| l.split(" = ").nth(1))
-        .and_then(|v| v.split('/').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|ms| ms * 1e6)
-        .unwrap_or_else(|| panic!("no rtt line in ping output: {ping_out}"));
+    let ping_min_ns = ping_min_ns(&pair);
     assert!(
         our_median >= ping_min_ns,
         "our median RTT {our_median:.0} ns is below ping's minimum {ping_min_ns:.0} ns on the same path (irtt: {their_median:.0} ns)"
     );
-    // replies stamped by the kernel on arrival
-    let rx = ours["settings"]["receive_timestamps"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        rx.contains(&format!("SO_TIMESTAMPNS for {received} of {received}")),
-        "{rx}"
-    );
-    // the JSON is an IrttResult (what `compare` consumes in-process)
-    let r: rttscope::active::irtt::IrttResult =
-        serde_json::from_value(ours.clone()).expect("IrttResult");
-    assert_eq!(r.rtt_samples().count() as u64, received);
-    // isochronous: sends sit on the 10 ms grid from the start (the median
-    // lateness against the grid is small, whatever the misses)
-    let mut phase: Vec<i64> = r.samples.iter().map(|s| s.offset_ns % 10_000_000).collect();
-    phase.sort_unstable();
-    let median_phase = phase[phase.len() / 2];
-    assert!(
-        median_phase < 2_000_000,
-        "median lateness against the 10 ms grid {median_phase} ns"
-    );
-    // every setting recorded
-    assert_eq!(u(&ours, "/settings/negotiated/interval_ns"), 10_000_000);
-    assert_eq!(u(&ours, "/settings/negotiated/duration_ns"), 5_000_000_000);
-    assert_eq!(u(&ours, "/settings/packet_length"), 60);
-    assert_eq!(ours["samples"].as_array().unwrap().len() as u64, sent);
-    // same-host clocks: one-way delays are positive and the caveat is printed
-    assert!(f(&ours, "/stats/send_delay/median") > 0.0);
-    assert!(ours["notes"].to_string().contains("synchronised"));
+    result_is_complete(&ours, sent, received);
 }
 
 /// Drop `pct`% of the UDP packets leaving `ns` on `dev` (an nft netdev table
@@ -362,7 +322,6 @@ fn irtt_hmac_and_server_restrictions() {
 /// only good replies enter the statistics.
 #[test]
 fn irtt_bad_replies_are_counted_and_rejected() {
-    use rttscope::active::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
     if !require_root() {
         return;
     }
@@ -370,62 +329,7 @@ fn irtt_bad_replies_are_counted_and_rejected() {
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let (tx, rx) = std::sync::mpsc::channel();
-    let server = pair.b.spawn(move || {
-        let key = Key::new(b"k");
-        let s = UdpSocket::bind((B_ADDR, 2112)).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .unwrap();
-        tx.send(()).unwrap();
-        let mut buf = [0u8; 2048];
-        let token: u64 = 0x1122_3344_5566_7788;
-        let mut held: Option<Vec<u8>> = None;
-        while !stop2.load(Ordering::Relaxed) {
-            let Ok((n, from)) = s.recv_from(&mut buf) else {
-                continue;
-            };
-            let req = &buf[..n];
-            let flags = req[3];
-            if flags & FL_OPEN != 0 {
-                // magic, flags, HMAC, token, then the params as asked
-                let mut r = req[..20].to_vec();
-                r[3] = FL_OPEN | FL_REPLY;
-                r.extend_from_slice(&token.to_le_bytes());
-                r.extend_from_slice(&req[20..]);
-                key.sign(&mut r);
-                s.send_to(&r, from).unwrap();
-                continue;
-            }
-            if flags & FL_CLOSE != 0 {
-                break;
-            }
-            let seq = u32::from_le_bytes(req[28..32].try_into().unwrap());
-            let mut r = req.to_vec();
-            r[3] = FL_REPLY;
-            key.sign(&mut r);
-            match seq % 8 {
-                0 => {
-                    s.send_to(&r, from).unwrap(); // and once more below
-                }
-                1 => r[0] ^= 0xff,
-                2 => {
-                    r.truncate(r.len() - 5);
-                    key.sign(&mut r);
-                }
-                3 => r[10] ^= 0x01,
-                4 => {
-                    held = Some(r);
-                    continue;
-                }
-                _ => {}
-            }
-            s.send_to(&r, from).unwrap();
-            if seq % 8 == 5 {
-                if let Some(h) = held.take() {
-                    s.send_to(&h, from).unwrap();
-                }
-            }
-        }
-    });
+    let server = pair.b.spawn(move || misbehaving_irtt_server(&stop2, &tx));
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
     let v = probe_json(
         &pair.a,
@@ -531,4 +435,115 @@ fn irtt_ipv6_length_and_server_fill() {
         .as_str()
         .unwrap()
         .starts_with("[fd77::2]"));
+}
+
+/// The echo minimum on the path (ping), in ns: a UDP round trip through the irtt server cannot beat it.
+fn ping_min_ns(pair: &Pair) -> f64 {
+    let ping = pair
+        .a
+        .exec(&["ping", "-c", "20", "-i", "0.01", "-q", B_ADDR])
+        .expect("ping");
+    let ping_out = String::from_utf8_lossy(&ping.stdout);
+    ping_out
+        .lines()
+        .find_map(|l| l.split(" = ").nth(1))
+        .and_then(|v| v.split('/').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|ms| ms * 1e6)
+        .unwrap_or_else(|| panic!("no rtt line in ping output: {ping_out}"));
+}
+
+/// Kernel receive stamps on every reply, an IrttResult on the 10 ms grid, every setting recorded.
+fn result_is_complete(ours: &Value, sent: u64, received: u64) {
+    // replies stamped by the kernel on arrival
+    let rx = ours["settings"]["receive_timestamps"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        rx.contains(&format!("SO_TIMESTAMPNS for {received} of {received}")),
+        "{rx}"
+    );
+    // the JSON is an IrttResult (what `compare` consumes in-process)
+    let r: rttscope::active::irtt::IrttResult =
+        serde_json::from_value(ours.clone()).expect("IrttResult");
+    assert_eq!(r.rtt_samples().count() as u64, received);
+    // isochronous: sends sit on the 10 ms grid from the start (the median
+    // lateness against the grid is small, whatever the misses)
+    let mut phase: Vec<i64> = r.samples.iter().map(|s| s.offset_ns % 10_000_000).collect();
+    phase.sort_unstable();
+    let median_phase = phase[phase.len() / 2];
+    assert!(
+        median_phase < 2_000_000,
+        "median lateness against the 10 ms grid {median_phase} ns"
+    );
+    // every setting recorded
+    assert_eq!(u(ours, "/settings/negotiated/interval_ns"), 10_000_000);
+    assert_eq!(u(ours, "/settings/negotiated/duration_ns"), 5_000_000_000);
+    assert_eq!(u(ours, "/settings/packet_length"), 60);
+    assert_eq!(ours["samples"].as_array().unwrap().len() as u64, sent);
+    // same-host clocks: one-way delays are positive and the caveat is printed
+    assert!(f(ours, "/stats/send_delay/median") > 0.0);
+    assert!(ours["notes"].to_string().contains("synchronised"));
+}
+
+/// An irtt server on B_ADDR:2112 (HMAC key "k") that answers by sequence number modulo 8: 0 twice,
+/// 1 bad magic, 2 truncated, 3 bad HMAC, 4 held until 5's reply (late), 5-7 well. Says it is
+/// bound on `ready`; ends at a close or when `stop` is set.
+fn misbehaving_irtt_server(stop: &AtomicBool, ready: &std::sync::mpsc::Sender<()>) {
+    use rttscope::active::irtt::packet::{Key, FL_CLOSE, FL_OPEN, FL_REPLY};
+    let key = Key::new(b"k");
+    let s = UdpSocket::bind((B_ADDR, 2112)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    ready.send(()).unwrap();
+    let mut buf = [0u8; 2048];
+    let token: u64 = 0x1122_3344_5566_7788;
+    let mut held: Option<Vec<u8>> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let Ok((n, from)) = s.recv_from(&mut buf) else {
+            continue;
+        };
+        let req = &buf[..n];
+        let flags = req[3];
+        if flags & FL_OPEN != 0 {
+            // magic, flags, HMAC, token, then the params as asked
+            let mut r = req[..20].to_vec();
+            r[3] = FL_OPEN | FL_REPLY;
+            r.extend_from_slice(&token.to_le_bytes());
+            r.extend_from_slice(&req[20..]);
+            key.sign(&mut r);
+            s.send_to(&r, from).unwrap();
+            continue;
+        }
+        if flags & FL_CLOSE != 0 {
+            break;
+        }
+        let seq = u32::from_le_bytes(req[28..32].try_into().unwrap());
+        let mut r = req.to_vec();
+        r[3] = FL_REPLY;
+        key.sign(&mut r);
+        match seq % 8 {
+            0 => {
+                s.send_to(&r, from).unwrap(); // and once more below
+            }
+            1 => r[0] ^= 0xff,
+            2 => {
+                r.truncate(r.len() - 5);
+                key.sign(&mut r);
+            }
+            3 => r[10] ^= 0x01,
+            4 => {
+                held = Some(r);
+                continue;
+            }
+            _ => {}
+        }
+        s.send_to(&r, from).unwrap();
+        if seq % 8 == 5 {
+            if let Some(h) = held.take() {
+                s.send_to(&h, from).unwrap();
+            }
+        }
+    }
 }

@@ -152,126 +152,11 @@ fn planted_links_never_redirect_what_root_writes() {
     // mount point and the chart test's directory in $TMPDIR.
     let temps = ["out.tmp$$", "rttscope-cgroup2-$$", "rttscope-chart-$$"];
 
-    // 1. A result document (probe icmp --json): written correctly beside the planted links.
     let out_json = sh.path("out.json");
-    let o = sh.plant_and_run(
-        &ns,
-        &temps,
-        &[
-            "probe",
-            "icmp",
-            "127.0.0.1",
-            "-c",
-            "1",
-            "--json",
-            out_json.to_str().unwrap(),
-        ],
-    );
-    assert!(o.status.success(), "probe: {}", text(&o));
-    sh.assert_victim_untouched("probe --json");
-    let meta = std::fs::symlink_metadata(&out_json).unwrap();
-    assert!(meta.file_type().is_file(), "out.json is not a regular file");
-    let r = RunResult::load(&out_json).unwrap_or_else(|e| panic!("out.json: {e}"));
-    let n: usize = r.views.iter().map(|v| v.samples.len()).sum();
-    assert_eq!(n, 1, "one ping, one sample: {:?}", r.views);
-    assert_eq!(sh.links().len(), 3, "the planted links are still there");
-
-    // 2. The destination itself a link planted by another user: refused, victim untouched.
-    let planted = sh.path("final.json");
-    let o = sh.plant_and_run(
-        &ns,
-        &["final.json"],
-        &[
-            "probe",
-            "icmp",
-            "127.0.0.1",
-            "-c",
-            "1",
-            "--json",
-            planted.to_str().unwrap(),
-        ],
-    );
-    assert_refused(&o, &planted, "probe --json onto a planted link");
-    sh.assert_victim_untouched("probe --json onto a planted link");
-
-    // 3. Charts (PNG and SVG): written correctly; a planted destination refused.
-    for ext in ["png", "svg"] {
-        let name = format!("chart.{ext}");
-        let c = sh.path(&name);
-        let tmp = format!("chart.tmp$$-{ext}");
-        let o = sh.plant_and_run(
-            &ns,
-            &[&tmp, "rttscope-chart-$$"],
-            &[
-                "chart",
-                out_json.to_str().unwrap(),
-                "-o",
-                c.to_str().unwrap(),
-            ],
-        );
-        assert!(o.status.success(), "chart {ext}: {}", text(&o));
-        let bytes = std::fs::read(&c).unwrap();
-        let ok = match ext {
-            "png" => bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
-            _ => String::from_utf8_lossy(&bytes)
-                .trim_end()
-                .ends_with("</svg>"),
-        };
-        assert!(
-            ok,
-            "chart.{ext} is not a whole {ext} ({} bytes)",
-            bytes.len()
-        );
-        sh.assert_victim_untouched("chart");
-        let planted = sh.path(&format!("planted.{ext}"));
-        let o = sh.plant_and_run(
-            &ns,
-            &[&format!("planted.{ext}")],
-            &[
-                "chart",
-                out_json.to_str().unwrap(),
-                "-o",
-                planted.to_str().unwrap(),
-            ],
-        );
-        assert_refused(&o, &planted, "chart onto a planted link");
-        sh.assert_victim_untouched("chart onto a planted link");
-    }
-
-    // 4. irtt's -o JSON (against a real irtt server on the namespace's loopback).
-    let mut srv = ns.command("irtt");
-    srv.args(["server", "-b", "127.0.0.1:2112", "-i", "0"]);
-    let _srv = ChildGuard::spawn(&mut srv).expect("irtt server (Debian package irtt)");
-    wait_udp(&ns, 2112);
-    let irtt_out = sh.path("irtt.json");
-    let probe = |o: &Path| {
-        vec![
-            "probe".to_string(),
-            "irtt".into(),
-            "127.0.0.1".into(),
-            "-i".into(),
-            "10ms".into(),
-            "-d".into(),
-            "50ms".into(),
-            "-o".into(),
-            o.display().to_string(),
-        ]
-    };
-    let a = probe(&irtt_out);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let o = sh.plant_and_run(&ns, &["irtt.tmp$$", "irtt.json.tmp$$"], &a);
-    assert!(o.status.success(), "probe irtt -o: {}", text(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&irtt_out).unwrap()).expect("irtt -o is JSON");
-    assert!(v.pointer("/stats").is_some(), "irtt -o has its stats: {v}");
-    sh.assert_victim_untouched("probe irtt -o");
-    let planted = sh.path("irtt-planted.json");
-    let a = probe(&planted);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let o = sh.plant_and_run(&ns, &["irtt-planted.json"], &a);
-    assert_refused(&o, &planted, "probe irtt -o onto a planted link");
-    sh.assert_victim_untouched("probe irtt -o onto a planted link");
-
+    a_result_document_is_written_beside_planted_links(&sh, &ns, &temps, &out_json);
+    a_planted_destination_is_refused(&sh, &ns);
+    charts_are_written_and_planted_destinations_refused(&sh, &ns, &out_json);
+    irtt_output_is_written_and_planted_destinations_refused(&sh, &ns);
     // Nothing but the outputs and the planted links is left (no stray temporaries).
     let mut left: Vec<String> = std::fs::read_dir(&sh.dir)
         .unwrap()
@@ -362,4 +247,136 @@ fn scopeguard_dir(dir: &Path) -> impl Drop {
         }
     }
     Rm(dir.to_path_buf())
+}
+
+/// 1. A result document (probe icmp --json): written correctly beside the planted links.
+fn a_result_document_is_written_beside_planted_links(
+    sh: &Shared,
+    ns: &NetNs,
+    temps: &[&str],
+    out_json: &Path,
+) {
+    let o = sh.plant_and_run(
+        ns,
+        temps,
+        &[
+            "probe",
+            "icmp",
+            "127.0.0.1",
+            "-c",
+            "1",
+            "--json",
+            out_json.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "probe: {}", text(&o));
+    sh.assert_victim_untouched("probe --json");
+    let meta = std::fs::symlink_metadata(&out_json).unwrap();
+    assert!(meta.file_type().is_file(), "out.json is not a regular file");
+    let r = RunResult::load(&out_json).unwrap_or_else(|e| panic!("out.json: {e}"));
+    let n: usize = r.views.iter().map(|v| v.samples.len()).sum();
+    assert_eq!(n, 1, "one ping, one sample: {:?}", r.views);
+    assert_eq!(sh.links().len(), 3, "the planted links are still there");
+}
+
+/// 2. The destination itself a link planted by another user: refused, victim untouched.
+fn a_planted_destination_is_refused(sh: &Shared, ns: &NetNs) {
+    let planted = sh.path("final.json");
+    let o = sh.plant_and_run(
+        ns,
+        &["final.json"],
+        &[
+            "probe",
+            "icmp",
+            "127.0.0.1",
+            "-c",
+            "1",
+            "--json",
+            planted.to_str().unwrap(),
+        ],
+    );
+    assert_refused(&o, &planted, "probe --json onto a planted link");
+    sh.assert_victim_untouched("probe --json onto a planted link");
+}
+
+/// 3. Charts (PNG and SVG): written correctly; a planted destination refused.
+fn charts_are_written_and_planted_destinations_refused(sh: &Shared, ns: &NetNs, out_json: &Path) {
+    for ext in ["png", "svg"] {
+        let name = format!("chart.{ext}");
+        let c = sh.path(&name);
+        let tmp = format!("chart.tmp$$-{ext}");
+        let o = sh.plant_and_run(
+            ns,
+            &[&tmp, "rttscope-chart-$$"],
+            &[
+                "chart",
+                out_json.to_str().unwrap(),
+                "-o",
+                c.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "chart {ext}: {}", text(&o));
+        let bytes = std::fs::read(&c).unwrap();
+        let ok = match ext {
+            "png" => bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+            _ => String::from_utf8_lossy(&bytes)
+                .trim_end()
+                .ends_with("</svg>"),
+        };
+        assert!(
+            ok,
+            "chart.{ext} is not a whole {ext} ({} bytes)",
+            bytes.len()
+        );
+        sh.assert_victim_untouched("chart");
+        let planted = sh.path(&format!("planted.{ext}"));
+        let o = sh.plant_and_run(
+            ns,
+            &[&format!("planted.{ext}")],
+            &[
+                "chart",
+                out_json.to_str().unwrap(),
+                "-o",
+                planted.to_str().unwrap(),
+            ],
+        );
+        assert_refused(&o, &planted, "chart onto a planted link");
+        sh.assert_victim_untouched("chart onto a planted link");
+    }
+}
+
+/// 4. irtt's -o JSON (against a real irtt server on the namespace's loopback).
+fn irtt_output_is_written_and_planted_destinations_refused(sh: &Shared, ns: &NetNs) {
+    let mut srv = ns.command("irtt");
+    srv.args(["server", "-b", "127.0.0.1:2112", "-i", "0"]);
+    let _srv = ChildGuard::spawn(&mut srv).expect("irtt server (Debian package irtt)");
+    wait_udp(ns, 2112);
+    let irtt_out = sh.path("irtt.json");
+    let probe = |o: &Path| {
+        vec![
+            "probe".to_string(),
+            "irtt".into(),
+            "127.0.0.1".into(),
+            "-i".into(),
+            "10ms".into(),
+            "-d".into(),
+            "50ms".into(),
+            "-o".into(),
+            o.display().to_string(),
+        ]
+    };
+    let a = probe(&irtt_out);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = sh.plant_and_run(ns, &["irtt.tmp$$", "irtt.json.tmp$$"], &a);
+    assert!(o.status.success(), "probe irtt -o: {}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&irtt_out).unwrap()).expect("irtt -o is JSON");
+    assert!(v.pointer("/stats").is_some(), "irtt -o has its stats: {v}");
+    sh.assert_victim_untouched("probe irtt -o");
+    let planted = sh.path("irtt-planted.json");
+    let a = probe(&planted);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let o = sh.plant_and_run(ns, &["irtt-planted.json"], &a);
+    assert_refused(&o, &planted, "probe irtt -o onto a planted link");
+    sh.assert_victim_untouched("probe irtt -o onto a planted link");
 }
