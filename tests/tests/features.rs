@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
+use serde_json::Value;
+
 use rttscope_e2e::*;
 
 fn features() -> serde_json::Value {
@@ -45,44 +47,7 @@ fn observe_takes_the_paths_the_features_report_announces() {
     for c in f["capabilities"].as_array().unwrap() {
         assert!(!c["detail"].as_str().unwrap().is_empty(), "{c}");
     }
-    let plan = &f["views"];
-    let atomics = cap(&f, "atomics");
-    // the atomics build's hook finds every flow in socket storage; the build without atomics'
-    // hook times only connections open before attach, found by address
-    let hook_all = atomics && cap(&f, "ack_hook") && cap(&f, "sk_storage_fexit");
-    let rtt_path = match (cap(&f, "rtt_cb_args"), hook_all) {
-        (true, _) => "rtt_cb_args",
-        (false, true) => "ack_hook",
-        (false, false) => "srtt_fallback",
-    };
-    assert_eq!(plan["tcp_rtt_source"], rtt_path, "{f}");
-    let existing = match (atomics, cap(&f, "iter_setsockopt"), hook_all) {
-        (false, _, _) if cap(&f, "ack_hook") => "ack_hook_table",
-        (false, _, _) => "none",
-        (true, true, _) => "iterator",
-        (true, false, true) => "ack_hook",
-        (true, false, false) => "none",
-    };
-    assert_eq!(plan["tcp_existing_connections"], existing, "{f}");
-    assert_eq!(
-        plan["tcp_object"],
-        if atomics { "tcp" } else { "tcp_noatomic" },
-        "{f}"
-    );
-    // the sampler runs everywhere observe does (its build without atomics below 5.12)
-    assert_eq!(plan["sampler_available"], true, "{f}");
-    assert_eq!(
-        plan["sampler_object"],
-        if atomics {
-            "sampler"
-        } else {
-            "sampler_noatomic"
-        },
-        "{f}"
-    );
-    let attach = if cap(&f, "tcx") { "tcx" } else { "clsact" };
-    assert_eq!(plan["sampler_attach"], attach, "{f}");
-
+    let (rtt_path, existing, attach) = paths_the_report_announces(&f);
     let p = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5012").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
@@ -110,37 +75,14 @@ fn observe_takes_the_paths_the_features_report_announces() {
             Duration::from_secs(60),
         )
         .unwrap();
-        let tcp = &lines[0]["tcp"];
-        let src = tcp["rtt_source"].as_str().unwrap();
-        let want = match rtt_path {
-            "rtt_cb_args" => "RTT_CB args",
-            "ack_hook" => "fexit",
-            _ => "srtt fallback",
-        };
-        assert!(src.starts_with(want), "{loader}: {want} announced, {tcp}");
-        let ex = tcp["existing_path"].as_str().unwrap();
-        let want = match existing {
-            "iterator" => "iterator",
-            "ack_hook" => "per-ACK hook",
-            _ => "none",
-        };
-        assert!(ex.starts_with(want), "{loader}: {want} announced, {tcp}");
-        assert_eq!(tcp["existing_not_timed"], 0, "{loader}: {tcp}");
-        let how = &lines[0]["sampler"]["attached"][0]["how"];
-        assert_eq!(how, attach, "{loader}: {}", lines[0]["sampler"]);
-        // the connection opened before the start is timed on both sides
-        for (ns, local) in [
-            (&p.a.name, cli.local.to_string()),
-            (&p.b.name, server.to_string()),
-        ] {
-            let row = end_flow(&lines, ns, &local)
-                .unwrap_or_else(|| panic!("{loader}: no flow {local} in {ns}: {lines:#?}"));
-            let n = row["tcp"]["summary"]["n"].as_u64().unwrap_or(0);
-            assert!(
-                n > 0,
-                "{loader}: existing connection not timed at {local}: {row}"
-            );
-        }
+        observe_took_them(
+            &lines,
+            loader,
+            (rtt_path, existing, attach),
+            &p,
+            &cli,
+            server,
+        );
     }
 }
 
@@ -208,4 +150,91 @@ fn probes_that_cannot_run_say_so() {
             .any(|l| l.contains("rtt_cb_args") && l.contains(" ?  ")),
         "{text}"
     );
+}
+
+/// The report's plan for this kernel: each path as the capabilities decide it, checked against
+/// the plan it prints; (RTT source, existing connections, sampler attach) returned.
+fn paths_the_report_announces(f: &Value) -> (&'static str, &'static str, &'static str) {
+    let plan = &f["views"];
+    let atomics = cap(f, "atomics");
+    // the atomics build's hook finds every flow in socket storage; the build without atomics'
+    // hook times only connections open before attach, found by address
+    let hook_all = atomics && cap(f, "ack_hook") && cap(f, "sk_storage_fexit");
+    let rtt_path = match (cap(f, "rtt_cb_args"), hook_all) {
+        (true, _) => "rtt_cb_args",
+        (false, true) => "ack_hook",
+        (false, false) => "srtt_fallback",
+    };
+    assert_eq!(plan["tcp_rtt_source"], rtt_path, "{f}");
+    let existing = match (atomics, cap(f, "iter_setsockopt"), hook_all) {
+        (false, _, _) if cap(f, "ack_hook") => "ack_hook_table",
+        (false, _, _) => "none",
+        (true, true, _) => "iterator",
+        (true, false, true) => "ack_hook",
+        (true, false, false) => "none",
+    };
+    assert_eq!(plan["tcp_existing_connections"], existing, "{f}");
+    assert_eq!(
+        plan["tcp_object"],
+        if atomics { "tcp" } else { "tcp_noatomic" },
+        "{f}"
+    );
+    // the sampler runs everywhere observe does (its build without atomics below 5.12)
+    assert_eq!(plan["sampler_available"], true, "{f}");
+    assert_eq!(
+        plan["sampler_object"],
+        if atomics {
+            "sampler"
+        } else {
+            "sampler_noatomic"
+        },
+        "{f}"
+    );
+    let attach = if cap(f, "tcx") { "tcx" } else { "clsact" };
+    assert_eq!(plan["sampler_attach"], attach, "{f}");
+
+    (rtt_path, existing, attach)
+}
+
+/// observe's start record names the paths the report announced, and the connection opened
+/// before the start is timed on both sides.
+fn observe_took_them(
+    lines: &[Value],
+    loader: &str,
+    (rtt_path, existing, attach): (&str, &str, &str),
+    p: &Pair,
+    cli: &RrClient,
+    server: SocketAddr,
+) {
+    let tcp = &lines[0]["tcp"];
+    let src = tcp["rtt_source"].as_str().unwrap();
+    let want = match rtt_path {
+        "rtt_cb_args" => "RTT_CB args",
+        "ack_hook" => "fexit",
+        _ => "srtt fallback",
+    };
+    assert!(src.starts_with(want), "{loader}: {want} announced, {tcp}");
+    let ex = tcp["existing_path"].as_str().unwrap();
+    let want = match existing {
+        "iterator" => "iterator",
+        "ack_hook" => "per-ACK hook",
+        _ => "none",
+    };
+    assert!(ex.starts_with(want), "{loader}: {want} announced, {tcp}");
+    assert_eq!(tcp["existing_not_timed"], 0, "{loader}: {tcp}");
+    let how = &lines[0]["sampler"]["attached"][0]["how"];
+    assert_eq!(how, attach, "{loader}: {}", lines[0]["sampler"]);
+    // the connection opened before the start is timed on both sides
+    for (ns, local) in [
+        (&p.a.name, cli.local.to_string()),
+        (&p.b.name, server.to_string()),
+    ] {
+        let row = end_flow(lines, ns, &local)
+            .unwrap_or_else(|| panic!("{loader}: no flow {local} in {ns}: {lines:#?}"));
+        let n = row["tcp"]["summary"]["n"].as_u64().unwrap_or(0);
+        assert!(
+            n > 0,
+            "{loader}: existing connection not timed at {local}: {row}"
+        );
+    }
 }
