@@ -313,65 +313,8 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
         ("IPv4", &p4, B_ADDR, A_ADDR, "icmp"),
         ("IPv6", &p6, B_ADDR6, A_ADDR6, "icmpv6"),
     ] {
-        let times = reply_times(out);
-        let ident = ping_ident(out);
-        let pinger: Vec<_> = flows(&end, "pinger", peer)
-            .into_iter()
-            .filter(|f| port_of(&f["local"]) == ident)
-            .collect();
-        let pinged: Vec<_> = flows(&end, "pinged", me)
-            .into_iter()
-            .filter(|f| port_of(&f["remote"]) == ident)
-            .collect();
-        eprintln!(
-            "{label}: ping ident {ident} n={} p50 {:.3} ms; pinger {:?}; pinged {:?}; all pinger flows {:?}",
-            times.len(),
-            median(&times),
-            pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
-            pinged.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
-            flows(&end, "pinger", peer).iter().map(|f| (f["local"].clone(), n_p50(f))).collect::<Vec<_>>()
-        );
-        assert_eq!(times.len(), 30, "{label}: ping lost replies");
-        assert_eq!(
-            pinger.len(),
-            1,
-            "{label}: one pinger flow of ident {ident}: {end}"
-        );
-        assert_eq!(
-            pinged.len(),
-            1,
-            "{label}: one pinged flow of ident {ident}: {end}"
-        );
-        assert_eq!(pinger[0]["proto"], proto);
-        assert_eq!(pinger[0]["sampler"]["iface"], pair.a_if.as_str());
-        assert_eq!(pinged[0]["sampler"]["iface"], pair.b_if.as_str());
-        let (n, _) = n_p50(pinger[0]);
-        let (n_b, _) = n_p50(pinged[0]);
-        let ((raw_n, p50), (_, p50_b)) = (raw_n_p50(&raw, pinger[0]), raw_n_p50(&raw, pinged[0]));
-        assert_eq!(
-            raw_n as u64, n,
-            "{label}: the raw stream carries every sample"
-        );
-        assert_eq!(
-            n, 30,
-            "{label}: every echo timed at the pinger, none of the load's"
-        );
-        // Known open issue (closing note, session 8): in about one full suite run in three, the
-        // pinged host's IPv6 flow has 29 of the 30 echoes (the pinger all 30; IPv4 30 and 30);
-        // the cause is not found yet. One missing there is allowed and printed; more fails.
-        let want_b = if proto == "icmpv6" { 29 } else { 30 };
-        if n_b < 30 {
-            eprintln!("{label}: {n_b} of 30 echoes timed at the pinged host (known open issue)");
-        }
-        assert!(
-            n_b >= want_b && n_b <= 30,
-            "{label}: {n_b} echoes timed at the pinged host, want 30 (at least {want_b})"
-        );
-        assert!(
-            p50_b < p50,
-            "{label}: the reply time ({p50_b:.3} ms) is part of the RTT ({p50:.3} ms)"
-        );
-        passive_within_ping(label, &times, p50, p50_b);
+        let ifaces = (pair.a_if.as_str(), pair.b_if.as_str());
+        echoes_timed_at_both_ends(label, out, (peer, me), proto, ifaces, (&end, &raw));
     }
     // On a clean testbed: no unmatched echo and no other sample. With the load on, its pings
     // (every 20 ms) were running while the sampler attached its four programs, one after the
@@ -922,4 +865,75 @@ fn bad_icmpv6_and_long_message_checksums_are_not_timed() {
         "every ping6 reply timed (608-byte messages): {}",
         p[0]
     );
+}
+
+/// One family's ping: its 30 echoes timed at the pinger (every one, none of the load's) and at
+/// the pinged host, on the right interfaces, the reply time part of the RTT, within ping's.
+fn echoes_timed_at_both_ends(
+    label: &str,
+    out: &std::process::Output,
+    (peer, me): (&str, &str),
+    proto: &str,
+    (a_if, b_if): (&str, &str),
+    (end, raw): (&Value, &[Value]),
+) {
+    let times = reply_times(out);
+    let ident = ping_ident(out);
+    let pinger: Vec<_> = flows(end, "pinger", peer)
+        .into_iter()
+        .filter(|f| port_of(&f["local"]) == ident)
+        .collect();
+    let pinged: Vec<_> = flows(end, "pinged", me)
+        .into_iter()
+        .filter(|f| port_of(&f["remote"]) == ident)
+        .collect();
+    eprintln!(
+        "{label}: ping ident {ident} n={} p50 {:.3} ms; pinger {:?}; pinged {:?}; all pinger flows {:?}",
+        times.len(),
+        median(&times),
+        pinger.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
+        pinged.iter().map(|f| n_p50(f)).collect::<Vec<_>>(),
+        flows(end, "pinger", peer).iter().map(|f| (f["local"].clone(), n_p50(f))).collect::<Vec<_>>()
+    );
+    assert_eq!(times.len(), 30, "{label}: ping lost replies");
+    assert_eq!(
+        pinger.len(),
+        1,
+        "{label}: one pinger flow of ident {ident}: {end}"
+    );
+    assert_eq!(
+        pinged.len(),
+        1,
+        "{label}: one pinged flow of ident {ident}: {end}"
+    );
+    assert_eq!(pinger[0]["proto"], proto);
+    assert_eq!(pinger[0]["sampler"]["iface"], a_if);
+    assert_eq!(pinged[0]["sampler"]["iface"], b_if);
+    let (n, _) = n_p50(pinger[0]);
+    let (n_b, _) = n_p50(pinged[0]);
+    let ((raw_n, p50), (_, p50_b)) = (raw_n_p50(raw, pinger[0]), raw_n_p50(raw, pinged[0]));
+    assert_eq!(
+        raw_n as u64, n,
+        "{label}: the raw stream carries every sample"
+    );
+    assert_eq!(
+        n, 30,
+        "{label}: every echo timed at the pinger, none of the load's"
+    );
+    // Known open issue (closing note, session 8): in about one full suite run in three, the
+    // pinged host's IPv6 flow has 29 of the 30 echoes (the pinger all 30; IPv4 30 and 30);
+    // the cause is not found yet. One missing there is allowed and printed; more fails.
+    let want_b = if proto == "icmpv6" { 29 } else { 30 };
+    if n_b < 30 {
+        eprintln!("{label}: {n_b} of 30 echoes timed at the pinged host (known open issue)");
+    }
+    assert!(
+        n_b >= want_b && n_b <= 30,
+        "{label}: {n_b} echoes timed at the pinged host, want 30 (at least {want_b})"
+    );
+    assert!(
+        p50_b < p50,
+        "{label}: the reply time ({p50_b:.3} ms) is part of the RTT ({p50:.3} ms)"
+    );
+    passive_within_ping(label, &times, p50, p50_b);
 }
