@@ -450,7 +450,7 @@ fn ping_min_ns(pair: &Pair) -> f64 {
         .and_then(|v| v.split('/').next())
         .and_then(|v| v.parse::<f64>().ok())
         .map(|ms| ms * 1e6)
-        .unwrap_or_else(|| panic!("no rtt line in ping output: {ping_out}"));
+        .unwrap_or_else(|| panic!("no rtt line in ping output: {ping_out}"))
 }
 
 /// Kernel receive stamps on every reply, an IrttResult on the 10 ms grid, every setting recorded.
