@@ -331,60 +331,15 @@ fn sampler_side_by_side(na_loader: &str, at_loader: &str) {
     let at = at.join().unwrap().unwrap();
     let what = format!("noatomic under {na_loader}, atomics under {at_loader}");
 
-    let start = |l: &[serde_json::Value]| l.iter().find(|r| r["type"] == "start").cloned().unwrap();
-    let w = start(&na)["sampler"]["without_atomics"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    assert!(
-        w.contains("RTTSCOPE_BPF_ATOMICS=off") && w.contains("bpf_spin_lock"),
-        "{what}: the start record says which build and why: {w:?}"
-    );
-    assert!(
-        start(&at)["sampler"].get("without_atomics").is_none(),
-        "{what}: atomics build: no such key"
-    );
+    start_records_say_which_build(&na, &at, &what);
     let local = cli.local.to_string();
     let server = server_addr().to_string();
     for (side, ns, addr) in [
         ("client", &p.a.name, &local),
         ("server", &p.b.name, &server),
     ] {
-        let (n, a) = (
-            sampler_summary(&na, ns, addr),
-            sampler_summary(&at, ns, addr),
-        );
-        eprintln!("{what}: {side}: noatomic {n}; atomics {a}");
-        let count = n["n"].as_u64().unwrap();
         let tx = cli.transactions.load(std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            count as f64 >= 0.5 * tx as f64 && count > 100,
-            "{what}: {side}: too few samples ({count}, {tx} transactions)"
-        );
-        assert_eq!(
-            n["n"], a["n"],
-            "{what}: {side}: the same samples in both builds"
-        );
-        if side == "client" {
-            // as tests/tests/observe_views.rs: the sampler misses the stack time in TCP's samples
-            let tcp50 = end_flow(&na, ns, addr).unwrap()["tcp"]["summary"]["p50_us"]
-                .as_f64()
-                .unwrap();
-            let smp50 = n["p50_us"].as_f64().unwrap();
-            let tol = 0.2 * tcp50 + 10.0;
-            assert!(
-                (smp50 - tcp50).abs() <= tol,
-                "{what}: client: sampler p50 {smp50:.1} us vs TCP view p50 {tcp50:.1} us (tolerance {tol:.1} us)"
-            );
-        }
-        for k in ["min_us", "p50_us", "p90_us", "p99_us", "max_us", "mean_us"] {
-            let (x, y) = (n[k].as_f64().unwrap(), a[k].as_f64().unwrap());
-            let tol = 0.03 * x.max(y) + 20.0;
-            assert!(
-                (x - y).abs() <= tol,
-                "{what}: {side}: {k} {x:.1} us vs the atomics build's {y:.1} us (tolerance {tol:.1} us)"
-            );
-        }
+        both_builds_agree_on_a_side(&na, &at, (side, ns, addr), tx, &what);
     }
     let (cn, ca) = (
         last_interval_counters(&na, "sampler"),
@@ -475,4 +430,63 @@ fn noatomic_sampler_evicts_and_measures() {
         n as f64 >= 0.5 * tx as f64 && n <= u64::from(tx) + 2,
         "busy flow: {n} samples for {tx} transactions: {c}"
     );
+}
+
+/// The start record of the build without atomics says which build and why; the atomics one has no such key.
+fn start_records_say_which_build(na: &[serde_json::Value], at: &[serde_json::Value], what: &str) {
+    let start = |l: &[serde_json::Value]| l.iter().find(|r| r["type"] == "start").cloned().unwrap();
+    let w = start(na)["sampler"]["without_atomics"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        w.contains("RTTSCOPE_BPF_ATOMICS=off") && w.contains("bpf_spin_lock"),
+        "{what}: the start record says which build and why: {w:?}"
+    );
+    assert!(
+        start(at)["sampler"].get("without_atomics").is_none(),
+        "{what}: atomics build: no such key"
+    );
+}
+
+/// One side of the flow: enough samples, the same ones in both builds, the same percentiles,
+/// and (client) near the TCP view's.
+fn both_builds_agree_on_a_side(
+    na: &[serde_json::Value],
+    at: &[serde_json::Value],
+    (side, ns, addr): (&str, &str, &str),
+    tx: u32,
+    what: &str,
+) {
+    let (n, a) = (sampler_summary(na, ns, addr), sampler_summary(at, ns, addr));
+    eprintln!("{what}: {side}: noatomic {n}; atomics {a}");
+    let count = n["n"].as_u64().unwrap();
+    assert!(
+        count as f64 >= 0.5 * tx as f64 && count > 100,
+        "{what}: {side}: too few samples ({count}, {tx} transactions)"
+    );
+    assert_eq!(
+        n["n"], a["n"],
+        "{what}: {side}: the same samples in both builds"
+    );
+    if side == "client" {
+        // as tests/tests/observe_views.rs: the sampler misses the stack time in TCP's samples
+        let tcp50 = end_flow(na, ns, addr).unwrap()["tcp"]["summary"]["p50_us"]
+            .as_f64()
+            .unwrap();
+        let smp50 = n["p50_us"].as_f64().unwrap();
+        let tol = 0.2 * tcp50 + 10.0;
+        assert!(
+            (smp50 - tcp50).abs() <= tol,
+            "{what}: client: sampler p50 {smp50:.1} us vs TCP view p50 {tcp50:.1} us (tolerance {tol:.1} us)"
+        );
+    }
+    for k in ["min_us", "p50_us", "p90_us", "p99_us", "max_us", "mean_us"] {
+        let (x, y) = (n[k].as_f64().unwrap(), a[k].as_f64().unwrap());
+        let tol = 0.03 * x.max(y) + 20.0;
+        assert!(
+            (x - y).abs() <= tol,
+            "{what}: {side}: {k} {x:.1} us vs the atomics build's {y:.1} us (tolerance {tol:.1} us)"
+        );
+    }
 }
