@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# What a new user does on a fresh Debian 12 machine, tried and timed in a fresh Debian 12 root
+# filesystem: mmdebstrap --variant=minbase from this machine's apt sources (bookworm,
+# bookworm-updates, bookworm-security, as a Debian 12 installation has them), entered with
+# chroot on this machine's kernel, as root, in a mount namespace of its own (/proc, /sys, /dev,
+# a /run and /tmp of its own). README's figures come from here.
+#
+#   scripts/try-fresh.sh demo      # this tree (git archive HEAD) copied in; scripts/demo.sh, which
+#                                  # runs scripts/setup.sh --for demo first (no cargo there: it
+#                                  # installs Debian's cargo-web), then the demo's build and run
+#   scripts/try-fresh.sh install   # README's Install commands for the .deb and the tarball
+#                                  # (target/dist: scripts/package.sh), then `rttscope features`
+#
+# Each step's wall time on stdout. The root lives under $RTTSCOPE_FRESH_DIR (default: a new
+# directory in /var/tmp), removed at the end unless RTTSCOPE_FRESH_KEEP=1.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+require_root
+cd "$ROOT"
+
+what="${1:-}"
+case "$what" in
+  demo | install) ;;
+  *) echo "usage: scripts/try-fresh.sh demo|install" >&2; exit 2 ;;
+esac
+mirror="${RTTSCOPE_MIRROR:-$(apt_mirror)}"
+[ -n "$mirror" ] || { echo "try-fresh: no Debian archive in the machine's apt sources (set RTTSCOPE_MIRROR)" >&2; exit 1; }
+dir="${RTTSCOPE_FRESH_DIR:-$(mktemp -d /var/tmp/rttscope-fresh.XXXXXX)}"
+root="$dir/root"
+[ -n "${RTTSCOPE_FRESH_KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
+
+step() { # label command...: run it, print its wall time
+  local label="$1" t0=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  echo "try-fresh: $label: $((SECONDS - t0)) s (exit $rc)"
+  return $rc
+}
+
+# Inside the root, in a mount namespace of its own (gone with it), as root.
+ENTER='set -e; r="$0"
+mount -t proc proc "$r/proc"
+mount --rbind /sys "$r/sys"
+mount --rbind /dev "$r/dev"
+mount -t tmpfs tmpfs "$r/run"
+mount -t tmpfs tmpfs "$r/tmp"
+exec chroot "$r" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"'
+inside() { unshare --mount --propagation private -- sh -c "$ENTER" "$root" "$@"; }
+
+sec="${mirror%/debian}/debian-security"
+step "a fresh Debian 12 root (mmdebstrap minbase)" \
+  mmdebstrap --quiet --variant=minbase bookworm "$root" \
+  "deb $mirror bookworm main" "deb $mirror bookworm-updates main" "deb $sec bookworm-security main"
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+
+if [ "$what" = demo ]; then
+  mkdir -p "$root/root/rttscope"
+  git archive HEAD | tar -x -C "$root/root/rttscope"
+  # README's first command; demo.sh runs setup.sh --for demo (its own time in its last line)
+  step "scripts/demo.sh (set-up, build, lab delayed-ack --quick)" \
+    inside sh -c 'cd /root/rttscope && scripts/demo.sh' 2>&1 | grep -vE '^\s*$' | tail -40
+else
+  dist="${RTTSCOPE_DIST:-$ROOT/target/dist}"
+  deb=$(ls "$dist"/rttscope_*_amd64.deb) tgz=$(ls "$dist"/rttscope-*-x86_64-linux.tar.gz)
+  cp "$deb" "$tgz" "$root/tmp/" 2>/dev/null || true
+  mkdir -p "$root/root/dl" && cp "$deb" "$tgz" "$root/root/dl/"
+  # README's lines, `sudo ` taken out (root here, and minbase has no sudo)
+  line() { sed -n '/^## Install/,/^## [^I]/p' README.md | grep -E "^sudo $1" | head -1 | sed 's/^sudo //; s/&& sudo /\&\& /g'; }
+  deb_line=$(line "apt install") tar_line=$(line "tar ")
+  step "README: $deb_line" inside sh -c "cd /root/dl && $deb_line" >/dev/null
+  step "rttscope features (from the .deb)" inside rttscope features
+  step "apt purge rttscope" inside apt-get purge -y -qq rttscope >/dev/null
+  step "README: $tar_line" inside sh -c "cd /root/dl && $tar_line"
+  step "rttscope features (from the tarball)" inside /usr/local/bin/rttscope features
+fi
