@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What a new user does on a fresh Debian 12 machine, tried and timed in a fresh Debian 12 root
-# filesystem: mmdebstrap --variant=minbase from this machine's apt sources (bookworm,
-# bookworm-updates, bookworm-security, as a Debian 12 installation has them), entered with
-# chroot on this machine's kernel, as root, in a mount namespace of its own (/proc, /sys, /dev,
-# a /run and /tmp of its own). README's figures come from here.
+# filesystem (mmdebstrap --variant=minbase from this machine's apt archive, with the apt sources
+# of a Debian 12 installation), entered with chroot on this machine's kernel, as root, in a
+# mount namespace of its own (/proc, /sys, /dev, a /run and /tmp of its own). README's figures
+# come from here.
 #
 #   scripts/try-fresh.sh demo      # this tree (git archive HEAD) copied in; scripts/demo.sh, which
 #                                  # runs scripts/setup.sh --for demo first (no cargo there: it
@@ -27,6 +27,7 @@ mirror="${RTTSCOPE_MIRROR:-$(apt_mirror)}"
 [ -n "$mirror" ] || { echo "try-fresh: no Debian archive in the machine's apt sources (set RTTSCOPE_MIRROR)" >&2; exit 1; }
 dir="${RTTSCOPE_FRESH_DIR:-$(mktemp -d /var/tmp/rttscope-fresh.XXXXXX)}"
 root="$dir/root"
+mkdir -p "$dir"
 [ -n "${RTTSCOPE_FRESH_KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
 
 step() { # label command...: run it, print its wall time
@@ -47,11 +48,20 @@ mount -t tmpfs tmpfs "$r/tmp"
 exec chroot "$r" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$@"'
 inside() { unshare --mount --propagation private -- sh -c "$ENTER" "$root" "$@"; }
 
+# The root: Debian 12 minbase (scripts/rootfs.sh: made once, cached), extracted afresh; its apt
+# sources those of a Debian 12 installation (bookworm, -updates, -security: Debian's cargo-web
+# >= 1.95 is in -security); this machine's own CA certificates (a TLS-intercepting proxy here,
+# a new user's machine has its own), taken in when setup.sh installs ca-certificates.
+tarball=$("$ROOT/scripts/rootfs.sh" bookworm)
+mkdir -p "$root"
+step "the fresh root extracted" tar -xf "$tarball" -C "$root"
 sec="${mirror%/debian}/debian-security"
-step "a fresh Debian 12 root (mmdebstrap minbase)" \
-  mmdebstrap --quiet --variant=minbase bookworm "$root" \
-  "deb $mirror bookworm main" "deb $mirror bookworm-updates main" "deb $sec bookworm-security main"
+printf 'deb %s bookworm main\ndeb %s bookworm-updates main\ndeb %s bookworm-security main\n' \
+  "$mirror" "$mirror" "$sec" >"$root/etc/apt/sources.list"
+rm -f "$root"/etc/apt/sources.list.d/*
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+mkdir -p "$root/usr/local/share/ca-certificates"
+cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 
 if [ "$what" = demo ]; then
   mkdir -p "$root/root/rttscope"
