@@ -91,7 +91,7 @@ if [ "$PART" != late ]; then
   # kubectl renders examples/deploy/ (kustomize, offline) for the image test: any kubectl will
   # do; Debian's is kubernetes-client (in the same apt transaction).
   [ "$FOR" = test ] && ! command -v kubectl >/dev/null 2>&1 && pkgs+=(kubernetes-client)
-  [ "$PART" = all ] && pkgs+=("${LATE_PKGS[@]}")
+  [ "$FOR" = test ] && [ "$PART" = all ] && pkgs+=("${LATE_PKGS[@]}")
   apt_install_missing "${pkgs[@]}"
   took "apt (${#pkgs[@]} packages checked)"
 fi
