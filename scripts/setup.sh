@@ -68,6 +68,14 @@ LATE_PKGS=(
   qemu-system-x86 linux-image-amd64 busybox-static
 )
 
+# apt-get update, at most once per run (a fresh machine's demo set-up did it twice: 40 s more).
+APT_UPDATED=0
+apt_update_once() {
+  ((APT_UPDATED)) && return 0
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  APT_UPDATED=1
+}
+
 # Install the packages of "$@" that are missing (one apt-get update, only when needed).
 apt_install_missing() {
   local missing=() p
@@ -77,7 +85,7 @@ apt_install_missing() {
   ((${#missing[@]})) || return 0
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  apt_update_once
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
@@ -85,8 +93,27 @@ apt_install_missing() {
 T_STEP=$SECONDS
 took() { echo "setup: $1 in $((SECONDS - T_STEP)) s" >&2; T_STEP=$SECONDS; }
 
+# Rust: the machine's cargo, else rustup's under ~/.cargo, else Debian's cargo-web (new enough
+# in bookworm-security) from the machine's own apt sources, in the same apt transaction as the
+# rest. rustup itself is not fetched here.
+RUST_MIN=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
+RUST_PKGS=()
+if [ "$PART" != late ] && ! command -v cargo >/dev/null 2>&1; then
+  if [ "$FOR" = test ]; then
+    echo "setup: cargo is missing, and the tests need rustfmt and clippy of the same toolchain, which Debian's cargo-web lacks: install Rust >= $RUST_MIN with rustup (stable, components rustfmt and clippy) and run again" >&2
+    exit 1
+  fi
+  apt_update_once
+  cand=$(apt-cache policy cargo-web 2>/dev/null | sed -n 's/^ *Candidate: *//p')
+  if [ -z "$cand" ] || [ "$cand" = "(none)" ] || ! dpkg --compare-versions "$cand" ge "$RUST_MIN"; then
+    echo "setup: cargo is missing and this machine's apt offers no cargo-web >= $RUST_MIN (found: ${cand:-none}): install Rust >= $RUST_MIN (rustup) and run again" >&2
+    exit 1
+  fi
+  RUST_PKGS=(cargo-web rustc-web)
+fi
+
 if [ "$PART" != late ]; then
-  pkgs=("${DEMO_PKGS[@]}")
+  pkgs=("${DEMO_PKGS[@]}" "${RUST_PKGS[@]}")
   [ "$FOR" = test ] && pkgs+=("${TEST_PKGS[@]}")
   # kubectl renders examples/deploy/ (kustomize, offline) for the image test: any kubectl will
   # do; Debian's is kubernetes-client (in the same apt transaction).
@@ -133,22 +160,6 @@ archive_for() {
 }
 
 if [ "$PART" != late ]; then
-  # Rust: the machine's cargo, else rustup's under ~/.cargo, else Debian's cargo-web (new enough
-  # in bookworm-security) from the machine's own apt sources. rustup itself is not fetched here.
-  export PATH="$HOME/.cargo/bin:$PATH"
-  RUST_MIN=$(sed -n 's/^rust-version *= *"\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
-  if ! command -v cargo >/dev/null 2>&1; then
-    if [ "$FOR" = test ]; then
-      echo "setup: cargo is missing, and the tests need rustfmt and clippy of the same toolchain, which Debian's cargo-web lacks: install Rust >= $RUST_MIN with rustup (stable, components rustfmt and clippy) and run again" >&2
-      exit 1
-    fi
-    cand=$(apt-cache policy cargo-web 2>/dev/null | sed -n 's/^ *Candidate: *//p')
-    if [ -z "$cand" ] || [ "$cand" = "(none)" ] || ! dpkg --compare-versions "$cand" ge "$RUST_MIN"; then
-      echo "setup: cargo is missing and this machine's apt offers no cargo-web >= $RUST_MIN (found: ${cand:-none}): install Rust >= $RUST_MIN (rustup) and run again" >&2
-      exit 1
-    fi
-    apt_install_missing cargo-web rustc-web
-  fi
   if [ "$FOR" = test ] && command -v rustup >/dev/null 2>&1; then
     for c in rustfmt clippy; do
       rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" >/dev/null 2>&1 || true
