@@ -8,10 +8,11 @@
 #   scripts/try-fresh.sh demo      # this tree (git archive HEAD) copied in; scripts/demo.sh, which
 #                                  # runs scripts/setup.sh --for demo first (no cargo there: it
 #                                  # installs Debian's cargo-web), then the demo's build and run
-#   scripts/try-fresh.sh install   # README's Install commands for the .deb and the tarball
-#                                  # (target/dist: scripts/package.sh), then `rttscope features`
 #
-# Each step's wall time on stdout. The root lives under $RTTSCOPE_FRESH_DIR (default: a new
+# README's Install commands are tried the same way by the suite (tests/tests/package.rs: the
+# .deb in a fresh Debian 12 root, the tarball in a Debian 11 one).
+#
+# Each step's wall and CPU time on stdout. The root lives under $RTTSCOPE_FRESH_DIR (default: a new
 # directory in /var/tmp), removed at the end unless RTTSCOPE_FRESH_KEEP=1.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -20,8 +21,8 @@ cd "$ROOT"
 
 what="${1:-}"
 case "$what" in
-  demo | install) ;;
-  *) echo "usage: scripts/try-fresh.sh demo|install" >&2; exit 2 ;;
+  demo) ;;
+  *) echo "usage: scripts/try-fresh.sh demo" >&2; exit 2 ;;
 esac
 mirror="${RTTSCOPE_MIRROR:-$(apt_mirror)}"
 [ -n "$mirror" ] || { echo "try-fresh: no Debian archive in the machine's apt sources (set RTTSCOPE_MIRROR)" >&2; exit 1; }
@@ -30,11 +31,11 @@ root="$dir/root"
 mkdir -p "$dir"
 [ -n "${RTTSCOPE_FRESH_KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
 
-step() { # label command...: run it, print its wall time
-  local label="$1" t0=$SECONDS rc=0
+step() { # label command...: run it, print its wall and CPU time (its children's included)
+  local label="$1" rc=0
   shift
-  "$@" || rc=$?
-  echo "try-fresh: $label: $((SECONDS - t0)) s (exit $rc)"
+  local TIMEFORMAT="try-fresh: $label: %0R s wall, %0U s user + %0S s system"
+  time { "$@" || rc=$?; }
   return $rc
 }
 
@@ -63,23 +64,8 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
 mkdir -p "$root/usr/local/share/ca-certificates"
 cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
 
-if [ "$what" = demo ]; then
-  mkdir -p "$root/root/rttscope"
-  git archive HEAD | tar -x -C "$root/root/rttscope"
-  # README's first command; demo.sh runs setup.sh --for demo (its own time in its last line)
-  step "scripts/demo.sh (set-up, build, lab delayed-ack --quick)" \
-    inside sh -c 'cd /root/rttscope && scripts/demo.sh' 2>&1 | grep -vE '^\s*$' | tail -40
-else
-  dist="${RTTSCOPE_DIST:-$ROOT/target/dist}"
-  deb=$(ls "$dist"/rttscope_*_amd64.deb) tgz=$(ls "$dist"/rttscope-*-x86_64-linux.tar.gz)
-  cp "$deb" "$tgz" "$root/tmp/" 2>/dev/null || true
-  mkdir -p "$root/root/dl" && cp "$deb" "$tgz" "$root/root/dl/"
-  # README's lines, `sudo ` taken out (root here, and minbase has no sudo)
-  line() { sed -n '/^## Install/,/^## [^I]/p' README.md | grep -E "^sudo $1" | head -1 | sed 's/^sudo //; s/&& sudo /\&\& /g'; }
-  deb_line=$(line "apt install") tar_line=$(line "tar ")
-  step "README: $deb_line" inside sh -c "cd /root/dl && $deb_line" >/dev/null
-  step "rttscope features (from the .deb)" inside rttscope features
-  step "apt purge rttscope" inside apt-get purge -y -qq rttscope >/dev/null
-  step "README: $tar_line" inside sh -c "cd /root/dl && $tar_line"
-  step "rttscope features (from the tarball)" inside /usr/local/bin/rttscope features
-fi
+mkdir -p "$root/root/rttscope"
+git archive HEAD | tar -x -C "$root/root/rttscope"
+# README's first command; demo.sh runs setup.sh --for demo (its own time in its last line)
+step "scripts/demo.sh (set-up, build, lab delayed-ack --quick)" \
+  inside sh -c 'cd /root/rttscope && scripts/demo.sh' 2>&1 | grep -vE '^\s*$' | tail -40
