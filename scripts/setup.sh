@@ -221,15 +221,17 @@ took "the Debian 11 root filesystem"
 "$(dirname "$0")/rootfs.sh" bookworm usr-is-merged systemd >/dev/null  # usr-is-merged: not usrmerge and perl
 took "the Debian 12 root filesystem (with systemd)"
 
-[ "$PART" = late ] && apt_install_missing "${LATE_PKGS[@]}" && took "apt (QEMU, Debian 12's kernel)"
+if [ "$PART" = late ]; then
+  apt_install_missing "${LATE_PKGS[@]}"
+  took "apt (QEMU, Debian 12's kernel)"
+fi
 # virtme-ng (vng) boots the other kernels for scripts/test-kernels.sh (docs/kernels.md):
 # from pip where a user-managed pip exists (pyenv, venv), else through Debian's pipx.
 export PATH="$HOME/.local/bin:$PATH"
 if ! command -v vng >/dev/null 2>&1; then
   echo "setup: installing virtme-ng (vng)"
   if ! { command -v pip >/dev/null 2>&1 && pip install -q virtme-ng >/dev/null 2>&1; }; then
-    dpkg-query -W -f='${Status}' pipx 2>/dev/null | grep -q "install ok installed" ||
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pipx >/dev/null
+    apt_install_missing pipx
     pipx install virtme-ng >/dev/null
   fi
 fi
