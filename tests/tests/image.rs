@@ -337,6 +337,11 @@ fn still_loaded(ids: &BTreeSet<String>) -> Vec<String> {
 /// `--check-reproducible`: the root, layer and commit made a second time
 /// from the same inputs give the same image id and digest (~4.5 s).
 fn build_image() -> String {
+    static IMAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IMAGE.get_or_init(build_image_once).clone()
+}
+
+fn build_image_once() -> String {
     let t0 = Instant::now();
     let out = Command::new(repo().join("scripts/build-image.sh"))
         .arg("--check-reproducible")
@@ -494,6 +499,84 @@ fn image_runs_as_the_daemonset_declares() {
         left.is_empty() && tc.is_empty(),
         "left loaded after stop: {left:?}, tc filters: {tc:?}"
     );
+}
+
+/// The image under the runtime's default seccomp profile (the DaemonSet's pod without its
+/// `seccompProfile: Unconfined`: everything else as declared, the same capabilities): podman's
+/// default profile refuses bpf() to a container without CAP_SYS_ADMIN. `features` and `observe`
+/// must each stop (exit 1) and say in one sentence on stderr that the seccomp filter refuses
+/// bpf(), never blaming RLIMIT_MEMLOCK or answering "no" for what the kernel allows.
+#[test]
+fn image_under_the_default_seccomp_profile_names_it() {
+    if !require_root() {
+        return;
+    }
+    let image = build_image();
+    let docs = rendered_manifests();
+    let tmp = std::env::temp_dir().join(unique("rtsimg"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let p = Pair::new().unwrap();
+    let (run_args, cmd) = podman_args(&docs, &p.a.name, &tmp);
+    let unconfined = run_args.iter().position(|a| a == "seccomp=unconfined");
+    let i = unconfined.expect("the DaemonSet declares seccompProfile Unconfined");
+    let mut run_args = run_args;
+    run_args.drain(i - 1..=i);
+    assert!(
+        !run_args.iter().any(|a| a.contains("seccomp")),
+        "{run_args:?}"
+    );
+    let runs: [(&str, Vec<String>); 3] = [
+        ("features", vec!["features".into()]),
+        ("features --json", vec!["features".into(), "--json".into()]),
+        ("observe (the DaemonSet's command)", {
+            let mut c = cmd[1..].to_vec();
+            c.extend(["--duration".into(), "2s".into()]);
+            c
+        }),
+    ];
+    for (what, args) in runs {
+        let name = unique("rtsimg");
+        let mut argv: Vec<String> = ["--runtime", RUNTIME, "run", "--name", &name]
+            .map(String::from)
+            .to_vec();
+        argv.extend(run_args.iter().cloned());
+        argv.push(image.clone());
+        argv.extend(args);
+        let _ctr = Container(name.clone());
+        let o = Command::new("podman").args(&argv).output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        );
+        eprintln!(
+            "podman {}: exit {:?}\n{out}{err}",
+            argv.join(" "),
+            o.status.code()
+        );
+        assert_eq!(o.status.code(), Some(1), "{what}: exit 1:\n{out}{err}");
+        assert!(
+            err.trim().lines().count() == 1
+                && err.contains("bpf() is refused by this process's seccomp filter")
+                && !err.contains("RLIMIT_MEMLOCK at"),
+            "{what}: one sentence on stderr naming seccomp:\n{err}"
+        );
+        if what == "features --json" {
+            let v: Json = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+            assert!(
+                v["bpf_refused"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("Seccomp: 2")),
+                "{v}"
+            );
+            let caps = v["capabilities"].as_array().unwrap();
+            let said_no: Vec<&Json> = caps
+                .iter()
+                .filter(|c| c["ok"] == false && c["probed"] != false && c["name"] != "privileges")
+                .collect();
+            assert!(said_no.is_empty(), "unknown, not refused: {said_no:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
 }
 
 /// The manifests render offline (kustomize) and declare what the image test runs.

@@ -337,7 +337,10 @@ fn deb_installs_verifies_and_purges_in_bookworm() {
         return;
     }
     let dist = dist();
-    let root = Root::new(&["bookworm", "systemd"]);
+    // usr-is-merged first: apt would otherwise satisfy init-system-helpers' "usrmerge |
+    // usr-is-merged" with usrmerge, and with it perl (46 MB installed, and its conversion script
+    // run): a Debian 12 installation has usr-is-merged.
+    let root = Root::new(&["bookworm", "usr-is-merged", "systemd"]);
     let before = root.files();
     root.put(&dist.join(format!("rttscope_{}-1_amd64.deb", version())));
     for line in readme_lines(".deb") {
