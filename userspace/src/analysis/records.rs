@@ -444,6 +444,8 @@ impl Serialize for EndFlow {
             proto: &'a Option<Name>,
             remote: &'a str,
             side: Side,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tunnel: &'a Option<crate::analysis::flow::Tunnel>,
             #[serde(flatten)]
             views: &'a Columns<EndView>,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -459,6 +461,7 @@ impl Serialize for EndFlow {
                 proto: &self.proto,
                 remote: &self.remote,
                 side: self.side,
+                tunnel: &self.tunnel,
                 views: &self.views,
                 workload: self.workload.as_deref(),
             },
