@@ -187,6 +187,18 @@ static __always_inline __u32 l3_off(const struct seg *s)
 	return cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0;
 }
 
+/* One 32-bit field of the context, one load: left to itself clang may merge
+ * loads of two fields on two paths into one through a computed context
+ * pointer (skb->len or skb->vlan_present), which the verifier refuses. */
+#define CTX_U32(skb, field)                                                                          \
+	({                                                                                           \
+		__u64 __v;                                                                           \
+		asm volatile("%0 = *(u32 *)(%1 + %2)"                                                \
+			     : "=r"(__v)                                                             \
+			     : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, field)));        \
+		__v;                                                                                 \
+	})
+
 /* IP protocols parse_encap() looks into or counts by kind. */
 static __always_inline int encap_proto(__u8 p)
 {
@@ -452,8 +464,9 @@ static __always_inline __u32 parse_l3(struct __sk_buff *skb, struct seg *s, void
 }
 
 
-/* The frame's VLAN tags from `*offp` (at most two in the frame: 802.1ad +
- * 802.1Q, or two 802.1Q): the key keeps the innermost id (the customer's);
+/* The frame's VLAN tags from `*offp` (at most two, the skb's metadata's
+ * included: 802.1ad + 802.1Q, or two 802.1Q): the key keeps the innermost
+ * id (the customer's);
  * *offp and *protop move past them. `outer`: the outer frame (counted as
  * tagged, unless the skb's metadata held a tag already, counted then). */
 static __always_inline __u32 parse_vlan(struct __sk_buff *skb, struct seg *s, void *data, void *end, __u32 *offp,
@@ -474,9 +487,12 @@ static __always_inline __u32 parse_vlan(struct __sk_buff *skb, struct seg *s, vo
 		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
 			break;
 	}
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
-		return RTTSCOPE_SAMPLER_SKIP_VLAN; /* a third tag */
-	if (outer && !skb->vlan_present)
+	/* a third tag: in the frame, or the frame's second after one in the skb's metadata (the
+	 * receive path moves a frame's outer tag there before tc: skb_vlan_untag()) */
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
+	    (outer && i > 0 && CTX_U32(skb, vlan_present)))
+		return RTTSCOPE_SAMPLER_SKIP_VLAN;
+	if (outer && !CTX_U32(skb, vlan_present))
 		count(RTTSCOPE_SAMPLER_VLAN);
 	*offp = off;
 	*protop = proto;

@@ -327,11 +327,20 @@ mod tests {
         b.extend([0u8; 12]);
         b.extend([10, 0, 0, 2]);
         b.extend([0u8; 12]);
+        b.extend([0u8; 4]); // tunnel: none
         let k: FlowKey = crate::bpf::decode(&b).unwrap();
         let f = Flow::from_key(&k).unwrap();
         assert_eq!(f.netns, 0x11223344);
         assert_eq!(f.local, "10.0.0.1:80".parse().unwrap());
         assert_eq!(f.remote, "10.0.0.2:5555".parse().unwrap());
+        assert!(f.tunnel.is_none());
+        // VNI 7 in VXLAN: 7 | present (1 << 24) | VXLAN (1 << 25), little-endian
+        let mut vx = b.clone();
+        vx[44..48].copy_from_slice(&[7, 0, 0, 3]);
+        let t = Flow::from_key(&crate::bpf::decode(&vx).unwrap())
+            .unwrap()
+            .tunnel;
+        assert_eq!((t.vni, t.encap), (Some(7), Some(Encap::Vxlan)));
         assert!(crate::bpf::decode::<FlowKey>(&b[..10]).is_err());
         let mut bad = b.clone();
         bad[4] = 99;
