@@ -186,8 +186,7 @@ impl View for SamplerSession {
         self.sides.end();
         // rows by the flow they join (a socket's flow seen on the underlay and on its tunnel
         // device is one row: the two deltas merged)
-        let mut rows: BTreeMap<Flow, (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel)> =
-            BTreeMap::new();
+        let mut rows: BTreeMap<Flow, RowDelta> = BTreeMap::new();
         for (flow, (delta, kind, side, row)) in deltas {
             let owner = self.owners.get(ctx, &row, kind);
             // daemon mode: the sampler's samples since the last read (under the joined flow)
@@ -438,6 +437,9 @@ impl SamplerTracker {
 
 /// A flow's samples since the previous read, its kind, side and the flow whose row it joins.
 type FlowDelta = (Hist, FlowKind, Side, Flow);
+/// A row's samples since the previous read (its sampler flows merged), the first one's kind,
+/// side, owner and tunnel identity.
+type RowDelta = (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel);
 
 impl SamplerSession {
     /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
