@@ -38,6 +38,7 @@ enum rttscope_consts {
 	RTTSCOPE_MAX_CIDRS = 64,     /* --addr filter entries */
 	RTTSCOPE_MAX_LISTENERS = 4096,
 	RTTSCOPE_MAX_IFACES = 64,    /* sampler: observed interfaces */
+	RTTSCOPE_MAX_TUNNEL_PORTS = 4, /* sampler: UDP ports taken for VXLAN, and for Geneve (cfg_*_ports) */
 	/* sampler: entries of `sampler_hooks`, the packets each hook saw: key
 	 * iface slot * 2 + direction (0 ingress, 1 egress) */
 	RTTSCOPE_SAMPLER_HOOKS = 2 * 64,
@@ -100,15 +101,43 @@ enum rttscope_tcp_counter {
 
 /* A flow as seen from one socket, in one network namespace.
  * IPv4 addresses sit in the first 4 bytes of laddr/raddr (rest zero);
- * IPv4-mapped IPv6 addresses are normalised to AF_INET. */
+ * IPv4-mapped IPv6 addresses are normalised to AF_INET.
+ *
+ * The tunnel identity (issue 41; the sampler sets it, a socket's key has
+ * none): the flow is keyed by its own (inner) addresses and ports, plus
+ *  - `vlan`, bits 0-11: the VLAN id of the frame the flow's IP packets
+ *    travel in, 0 untagged. With two tags (802.1ad + 802.1Q) the inner
+ *    (customer) tag is kept: the outer one names the provider's network,
+ *    the inner one the flow's own. For a flow inside VXLAN/Geneve, the
+ *    inner frame's tag (the underlay's tag is the path, not the flow).
+ *    Bits 12-15: the sampler's kind of flow (RTTSCOPE_KEY_KIND_SHIFT).
+ *  - `tunnel`: RTTSCOPE_TUN_VNI set when the flow was seen inside VXLAN or
+ *    Geneve, its 24-bit VNI in bits 0-23 (VNI 0 is valid: the presence
+ *    bit tells it from none); the encapsulation in bits 25-26 (enum
+ *    rttscope_tunnel); IP-in-IP has the encapsulation and no VNI.
+ * Outer addresses are not in the key (data of the flow, if at all). */
 struct rttscope_flow_key {
 	__u32 netns;   /* inode number of the network namespace */
 	__u16 family;  /* AF_INET or AF_INET6 */
 	__u16 lport;   /* host byte order */
 	__u16 rport;   /* host byte order */
-	__u16 reserved;
+	__u16 vlan;    /* VLAN id (bits 0-11); sampler: kind of flow in bits 12-15 */
 	__u8 laddr[16];
 	__u8 raddr[16];
+	__u32 tunnel;  /* enum rttscope_tunnel: VNI, its presence bit, the encapsulation */
+};
+
+/* The tunnel identity in struct rttscope_flow_key. */
+enum rttscope_tunnel {
+	RTTSCOPE_KEY_VLAN_MASK = 0xfff,    /* vlan: the VLAN id */
+	RTTSCOPE_KEY_KIND_SHIFT = 12,      /* vlan: the sampler's kind of flow (0 TCP; ICMP: enum rttscope_sampler_icmp_side) */
+	RTTSCOPE_TUN_VNI_MASK = 0xffffff,  /* tunnel: the VNI */
+	RTTSCOPE_TUN_VNI = 1 << 24,        /* tunnel: a VNI is present */
+	RTTSCOPE_TUN_ENCAP_SHIFT = 25,     /* tunnel: bits 25-26, the encapsulation: */
+	RTTSCOPE_TUN_VXLAN = 1 << 25,
+	RTTSCOPE_TUN_GENEVE = 2 << 25,
+	RTTSCOPE_TUN_IPIP = 3 << 25,       /* IPv4 or IPv6 in IPv4 or IPv6 (no VNI) */
+	RTTSCOPE_TUN_ENCAP_MASK = 3 << 25,
 };
 
 /* The RTT aggregate of one flow, the same in every view: exact moments and
@@ -196,7 +225,6 @@ struct rttscope_tcp_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
 	struct rttscope_flow_key key; /* the flow */
-	__u32 reserved;
 };
 
 /* Socket-local storage of the TCP view: where the socket's flow lives. */
@@ -248,10 +276,9 @@ struct rttscope_event {
 	__u32 reserved2;
 	__u64 ts_ns;    /* CLOCK_MONOTONIC */
 	struct rttscope_flow_key key;
-	__u32 reserved3;
 };
 
-_Static_assert(sizeof(struct rttscope_flow_key) == 44, "flow key layout");
+_Static_assert(sizeof(struct rttscope_flow_key) == 48, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40, "rtt aggregate layout");
 _Static_assert(sizeof(struct rttscope_fine_hist) == 32 + 4 * RTTSCOPE_HIST_BUCKETS, "fine histogram layout");
 _Static_assert(sizeof(struct rttscope_fine_overflow) == 16, "fine overflow record layout");
@@ -381,7 +408,7 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_FLOWS_CREATED,     /* flow-table entries that got their first sample (histogram) */
 	RTTSCOPE_SAMPLER_FLOW_MAP_FULL,     /* sample lost: its entry was busy or re-keyed (other CPU) */
 	RTTSCOPE_SAMPLER_SKIP_NON_IP,       /* not IPv4/IPv6 */
-	RTTSCOPE_SAMPLER_SKIP_VLAN,         /* VLAN tag (in the packet or in skb metadata) */
+	RTTSCOPE_SAMPLER_SKIP_VLAN,         /* more than two VLAN tags (skb metadata and frame together) */
 	RTTSCOPE_SAMPLER_SKIP_NON_TCP,      /* IP, not TCP */
 	RTTSCOPE_SAMPLER_SKIP_IP_OPTIONS,   /* IPv4 header with options */
 	RTTSCOPE_SAMPLER_SKIP_FRAGMENT,     /* IPv4 fragment */
@@ -413,6 +440,16 @@ enum rttscope_sampler_counter {
 	RTTSCOPE_SAMPLER_TCP_NOT_HOST,      /* ingress TCP ACK to another host's MAC (PACKET_OTHERHOST): the stack drops it, not timed */
 	RTTSCOPE_SAMPLER_TCP_BAD_CSUM,      /* ingress TCP ACK with a bad IPv4 header or TCP checksum: the stack drops it, not timed */
 	RTTSCOPE_SAMPLER_TCP_UNCHECKED,     /* ingress TCP ACK timed with its TCP checksum unchecked (not verified by the NIC, segment not linear or > 2047 bytes) */
+	/* Issue 41: VLANs and tunnels (the plain Ethernet/IP/TCP path takes none of these branches). */
+	RTTSCOPE_SAMPLER_VLAN,              /* sampled packets with one or two VLAN tags (frame or skb metadata), parsed */
+	RTTSCOPE_SAMPLER_TUNNEL_VXLAN,      /* sampled VXLAN packets (UDP to a cfg_vxlan_ports port): inner headers parsed */
+	RTTSCOPE_SAMPLER_TUNNEL_GENEVE,     /* sampled Geneve packets (UDP to a cfg_geneve_ports port): inner headers parsed */
+	RTTSCOPE_SAMPLER_TUNNEL_IPIP,       /* sampled IP-in-IP packets (IP protocol 4 or 41): inner headers parsed */
+	RTTSCOPE_SAMPLER_TUNNEL_PULLED,     /* tunnelled packets whose inner headers were past the linear part: pulled in */
+	RTTSCOPE_SAMPLER_SKIP_WIREGUARD,    /* WireGuard (UDP 51820): encrypted, not parsed */
+	RTTSCOPE_SAMPLER_SKIP_ESP,          /* IPsec ESP (IP protocol 50, or UDP 4500): encrypted, not parsed */
+	RTTSCOPE_SAMPLER_SKIP_GRE,          /* GRE (IP protocol 47): not parsed */
+	RTTSCOPE_SAMPLER_SKIP_TUNNEL_NESTED, /* a tunnel inside a tunnel: not parsed */
 	RTTSCOPE_SAMPLER_COUNTERS,          /* number of counters */
 };
 
@@ -422,10 +459,10 @@ enum rttscope_sampler_proto {
 	RTTSCOPE_PROTO_ICMP = 2, /* ICMP and ICMPv6 echo */
 };
 
-/* The sampler's flow key is struct rttscope_flow_key with its `reserved`
- * field telling the kind of flow: 0 for TCP; for ICMP echo, the IP
- * protocol (1 ICMP, 58 ICMPv6) in the low byte and the side in the high
- * byte. An ICMP flow is one (addresses, identifier): the pinger's key has
+/* The sampler's flow key is struct rttscope_flow_key with bits 12-15 of
+ * its `vlan` field telling the kind of flow: 0 for TCP; for ICMP echo, the
+ * side below (the protocol follows from the family: ICMP for AF_INET,
+ * ICMPv6 for AF_INET6). An ICMP flow is one (addresses, identifier): the pinger's key has
  * lport = identifier, rport = 0 (as Linux shows a ping socket); the pinged
  * host's key has lport = 0, rport = identifier. The pending value of a slot
  * is the echo sequence. */
@@ -492,9 +529,10 @@ struct rttscope_sampler_pending {
  * its own, under which every slot is filled and freed and every re-key is
  * done with plain stores (no reservations). */
 struct rttscope_sampler_entry {
-	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1) */
+	/* what every packet touches: key, gen, touched_ns (cache line 0), slots (line 1).
+	 * No hash tag: the 48-byte key (issue 41's tunnel identity) leaves no
+	 * room in line 0; a lookup compares the key's second word first. */
 	struct rttscope_flow_key key;  /* family 0: empty way */
-	__u32 hash;         /* tag: the low half of the key's hash */
 	__u64 gen;          /* 64-bit: BPF atomics without alu32 */
 	struct rttscope_sampler_pending pend; /* pend.touched_ns: the LRU stamp */
 	__u64 lock;

@@ -62,6 +62,11 @@
 #define ETH_P_8021Q 0x8100
 #define ETH_P_8021AD 0x88A8
 #define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define IPPROTO_IPIP 4
+#define IPPROTO_IPV6 41
+#define IPPROTO_GRE 47
+#define IPPROTO_ESP 50
 #define IPPROTO_ICMP 1
 #define IPPROTO_ICMPV6 58
 #define ETH_HLEN 14
@@ -76,6 +81,10 @@
 
 /* parse(): the packet is an ICMP/ICMPv6 echo, described in struct seg (no counter has this index) */
 #define PARSED_ICMP 0xffff
+/* parse_l3(): a tunnel (or an encapsulation counted by kind) to look into: parse_encap() */
+#define PARSED_ENCAP 0xfffe
+/* parse(): a VLAN tag in the frame: the whole packet goes to parse_slow() */
+#define PARSED_SLOW 0xfffd
 #define ECHO_REQUEST 1 /* seg.flags of a parsed echo request */
 #define ECHO_REPLY 2
 
@@ -97,6 +106,11 @@ const volatile __u32 cfg_tso = 0; /* 1 on x86-64: a plain store releases (unlock
 /* Flow table geometry and hash seed (the same in every copy: they share the table). */
 const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
 const volatile __u64 cfg_hash_seed = 0;
+/* UDP destination ports of VXLAN and of Geneve, RTTSCOPE_MAX_TUNNEL_PORTS
+ * of 16 bits each (0: unused): --vxlan-port (IANA's 4789, Linux's default
+ * 8472), --geneve-port (6081). */
+const volatile __u64 cfg_vxlan_ports = 4789 | (8472ULL << 16);
+const volatile __u64 cfg_geneve_ports = 6081;
 /* the fine-histogram pool: its maps and cfg_pool_entries (after the other settings) */
 #include "fine_pool.bpf.h"
 
@@ -110,6 +124,7 @@ enum rttscope_sampler_match _sm_match_type = 0;
 enum rttscope_sampler_link _sm_link_type = 0;
 enum rttscope_sampler_proto _sm_proto_type = 0;
 enum rttscope_sampler_icmp_side _sm_icmp_side_type = 0;
+enum rttscope_tunnel _sm_tunnel_type = 0;
 enum rttscope_consts _consts_type = 0;
 enum rttscope_event_type _event_type_type = 0;
 
@@ -151,7 +166,7 @@ struct {
 
 /* A parsed TCP segment, oriented as on the wire (l = source). For an ICMP
  * echo (parse() returns PARSED_ICMP): seq = echo sequence, ack = identifier,
- * flags = ECHO_REQUEST or ECHO_REPLY, key.reserved = IP protocol, ports 0. */
+ * flags = ECHO_REQUEST or ECHO_REPLY, ports 0. */
 struct seg {
 	struct rttscope_flow_key key __attribute__((aligned(8))); /* hashed and compared as u64 words */
 	__u32 seq;
@@ -161,7 +176,34 @@ struct seg {
 	__u32 tsecr;
 	__u8 flags;
 	__u8 has_ts;
+	__u16 l3off;	/* the (inner) IP header's offset, set past VLAN tags or a tunnel; 0: the link's own */
 };
+
+/* Where the IP header of a parsed packet starts. */
+static __always_inline __u32 l3_off(const struct seg *s)
+{
+	if (unlikely(s->l3off))
+		return s->l3off & 0x1ff; /* at most 14 + 8 + 40 + 16 + 252 + 14 + 8: bounded for the verifier */
+	return cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0;
+}
+
+/* One 32-bit field of the context, one load: left to itself clang may merge
+ * loads of two fields on two paths into one through a computed context
+ * pointer (skb->len or skb->vlan_present), which the verifier refuses. */
+#define CTX_U32(skb, field)                                                                          \
+	({                                                                                           \
+		__u64 __v;                                                                           \
+		asm volatile("%0 = *(u32 *)(%1 + %2)"                                                \
+			     : "=r"(__v)                                                             \
+			     : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, field)));        \
+		__v;                                                                                 \
+	})
+
+/* IP protocols parse_encap() looks into or counts by kind. */
+static __always_inline int encap_proto(__u8 p)
+{
+	return p == IPPROTO_UDP || p == IPPROTO_IPIP || p == IPPROTO_IPV6 || p == IPPROTO_ESP || p == IPPROTO_GRE;
+}
 
 static __always_inline void count(__u32 idx)
 {
@@ -293,35 +335,22 @@ static __always_inline __u32 parse_icmp(struct __sk_buff *skb, struct seg *s, vo
 		return RTTSCOPE_SAMPLER_ICMP_OTHER;
 	s->ack = bpf_ntohs(*(__u16 *)(ic + 4));
 	s->seq = bpf_ntohs(*(__u16 *)(ic + 6));
-	s->key.reserved = proto;
 	return PARSED_ICMP;
 }
 
-/* Parse Ethernet (or none) / IPv4 or IPv6 / TCP with explicit bounds.
- * Returns 0 for a plain TCP segment, else the RTTSCOPE_SAMPLER_SKIP_* counter
- * saying why (counted once by the caller: one copy of the code). */
-static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
+/* Parse IPv4 or IPv6 (`proto`, network order) at `off` / TCP (or ICMP, or
+ * a tunnel to look into) with explicit bounds: the outer packet (parse())
+ * and, in a second copy, the packet inside a tunnel (parse_encap()).
+ * Returns 0 for a TCP segment, PARSED_ICMP, PARSED_ENCAP (s->seq: the
+ * offset past the IP header, s->flags: the IP protocol; s->key holds the
+ * outer addresses), else the RTTSCOPE_SAMPLER_SKIP_* counter saying why
+ * (counted once by the caller: one copy of the code). */
+static __always_inline __u32 parse_l3(struct __sk_buff *skb, struct seg *s, void *data, void *end, __u32 off,
+					__u16 proto)
 {
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	__u32 off = 0, l4len, hl;
-	__u16 proto;
+	__u32 l4len, hl;
 	struct tcphdr *th;
 
-	if (skb->vlan_present)
-		return RTTSCOPE_SAMPLER_SKIP_VLAN;
-	if (cfg_link == RTTSCOPE_LINK_ETHER) {
-		struct ethhdr *eth = data;
-
-		if ((void *)(eth + 1) > end)
-			return short_hdr(skb, ETH_HLEN);
-		proto = eth->h_proto;
-		off = ETH_HLEN;
-	} else {
-		proto = (__u16)skb->protocol;
-	}
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
-		return RTTSCOPE_SAMPLER_SKIP_VLAN;
 	if (proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = data + off;
 		__u32 tot;
@@ -335,8 +364,16 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		if (ip->frag_off & bpf_htons(0x3fff))
 			return RTTSCOPE_SAMPLER_SKIP_FRAGMENT;
 		if (unlikely(ip->protocol != IPPROTO_TCP)) {
-			if (ip->protocol != IPPROTO_ICMP)
-				return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
+			if (ip->protocol != IPPROTO_ICMP) {
+				if (!encap_proto(ip->protocol))
+					return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
+				s->key.family = AF_INET;
+				__builtin_memcpy(s->key.laddr, &ip->saddr, 4);
+				__builtin_memcpy(s->key.raddr, &ip->daddr, 4);
+				s->seq = off + sizeof(*ip);
+				s->flags = ip->protocol;
+				return PARSED_ENCAP;
+			}
 			tot = bpf_ntohs(ip->tot_len);
 			if (tot < sizeof(*ip))
 				return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
@@ -377,8 +414,16 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 					  plen > skb->len - off - sizeof(*ip6), IPPROTO_ICMPV6);
 		}
 		if (nh != IPPROTO_TCP) {
-			/* hop-by-hop, routing, fragment, ESP, AH, dest opts, mobility, HIP, shim6 */
-			if (nh == 0 || nh == 43 || nh == 44 || nh == 50 || nh == 51 || nh == 60 ||
+			if (unlikely(encap_proto(nh))) {
+				s->key.family = AF_INET6;
+				__builtin_memcpy(s->key.laddr, &ip6->saddr, 16);
+				__builtin_memcpy(s->key.raddr, &ip6->daddr, 16);
+				s->seq = off + sizeof(*ip6);
+				s->flags = nh;
+				return PARSED_ENCAP;
+			}
+			/* hop-by-hop, routing, fragment, AH, dest opts, mobility, HIP, shim6 (ESP: encap_proto) */
+			if (nh == 0 || nh == 43 || nh == 44 || nh == 51 || nh == 60 ||
 			    nh == 135 || nh == 139 || nh == 140)
 				return RTTSCOPE_SAMPLER_SKIP_IPV6_EXT;
 			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
@@ -417,6 +462,281 @@ static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
 		parse_ts(skb, th, end, off + sizeof(*th), hl - sizeof(*th), s);
 	return 0;
 }
+
+
+/* The frame's VLAN tags from `*offp` (at most two, the skb's metadata's
+ * included: 802.1ad + 802.1Q, or two 802.1Q): the key keeps the innermost
+ * id (the customer's);
+ * *offp and *protop move past them. `outer`: the outer frame (counted as
+ * tagged, unless the skb's metadata held a tag already, counted then). */
+static __always_inline __u32 parse_vlan(struct __sk_buff *skb, struct seg *s, void *data, void *end, __u32 *offp,
+					__u16 *protop, int outer)
+{
+	__u32 off = *offp;
+	__u16 proto = *protop;
+	int i;
+
+	for (i = 0; i < 2; i++) {
+		__u8 *tag = data + off; /* TCI, then the encapsulated EtherType */
+
+		if ((void *)(tag + 4) > end)
+			return short_hdr(skb, off + 4);
+		s->key.vlan = bpf_ntohs(*(__u16 *)tag) & RTTSCOPE_KEY_VLAN_MASK;
+		proto = *(__u16 *)(tag + 2);
+		off += 4;
+		if (proto != bpf_htons(ETH_P_8021Q) && proto != bpf_htons(ETH_P_8021AD))
+			break;
+	}
+	/* a third tag: in the frame, or the frame's second after one in the skb's metadata (the
+	 * receive path moves a frame's outer tag there before tc: skb_vlan_untag()) */
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
+	    (outer && i > 0 && CTX_U32(skb, vlan_present)))
+		return RTTSCOPE_SAMPLER_SKIP_VLAN;
+	if (outer && !CTX_U32(skb, vlan_present))
+		count(RTTSCOPE_SAMPLER_VLAN);
+	*offp = off;
+	*protop = proto;
+	s->l3off = off;
+	return 0;
+}
+
+/* Parse the packet: Ethernet (or none), the VLAN tag of the skb's metadata,
+ * IPv4 or IPv6, TCP or ICMP. A plain Ethernet/IP/TCP packet takes none of
+ * the VLAN or tunnel branches (issue 44.2): a VLAN tag in the frame
+ * (PARSED_SLOW) or a tunnel (PARSED_ENCAP) goes to parse_slow(). Returns as
+ * parse_l3(). */
+static __always_inline __u32 parse(struct __sk_buff *skb, struct seg *s)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u32 off = 0;
+	__u16 proto;
+
+	if (unlikely(skb->vlan_present)) { /* the outermost tag, taken out by VLAN offload */
+		s->key.vlan = skb->vlan_tci & RTTSCOPE_KEY_VLAN_MASK;
+		count(RTTSCOPE_SAMPLER_VLAN);
+	}
+	if (cfg_link == RTTSCOPE_LINK_ETHER) {
+		struct ethhdr *eth = data;
+
+		if ((void *)(eth + 1) > end)
+			return short_hdr(skb, ETH_HLEN);
+		proto = eth->h_proto;
+		off = ETH_HLEN;
+		if (unlikely(proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)))
+			return PARSED_SLOW;
+	} else {
+		proto = (__u16)skb->protocol;
+	}
+	return parse_l3(skb, s, data, end, off, proto);
+}
+
+/* Whether a UDP destination port is one of the configured ones (16 bits
+ * each; 0: unused). */
+static __always_inline int port_in(__u64 ports, __u16 p)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < RTTSCOPE_MAX_TUNNEL_PORTS; i++) {
+		__u16 q = (__u16)(ports >> (16 * i));
+
+		if (q && q == p)
+			return 1;
+	}
+	return 0;
+}
+
+/* The inner headers of a tunnel: bytes needed in the linear part past the
+ * inner frame's start (Ethernet, two VLAN tags, IPv6, TCP with options). */
+#define INNER_HEADERS (14 + 8 + 40 + 60)
+#define GENEVE_TEB 0x6558 /* Geneve protocol type: Transparent Ethernet Bridging */
+
+/* The tunnel header at s->seq of an outer packet of IP protocol s->flags
+ * (parse_l3() gave PARSED_ENCAP): VXLAN and Geneve (UDP to a configured
+ * port, outer IPv4 or IPv6) and IP-in-IP are parsed, the inner frame or
+ * packet keyed with the VNI; WireGuard, ESP and GRE are counted by kind;
+ * any other UDP is not TCP. Inner headers past the linear part are pulled
+ * in (bpf_skb_pull_data, counted). Returns as parse_l3() (a tunnel in the
+ * tunnel: SKIP_TUNNEL_NESTED). */
+/* skb->data and skb->data_end, each one load from the context: left to
+ * itself clang may merge the loads before and after bpf_skb_pull_data()
+ * into one through a computed context pointer, which the verifier refuses. */
+static __always_inline void *ctx_data(struct __sk_buff *skb)
+{
+	void *p; /* a 32-bit load zero-extends: no shifts the verifier refuses on a pointer */
+
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(p) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data)));
+	return p;
+}
+
+static __always_inline void *ctx_data_end(struct __sk_buff *skb)
+{
+	void *p; /* a 32-bit load zero-extends: no shifts the verifier refuses on a pointer */
+
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(p) : "r"(skb), "i"(__builtin_offsetof(struct __sk_buff, data_end)));
+	return p;
+}
+
+static __always_inline __attribute__((unused)) __u32 parse_encap(struct __sk_buff *skb, struct seg *s)
+{
+	void *data = ctx_data(skb);
+	void *end = ctx_data_end(skb);
+	__u32 off = s->seq, inner, tun, kind, why, need;
+	__u16 proto = 0;
+	__u8 ipproto = s->flags;
+	int eth = 1;
+
+	if (off > 14 + 8 + 40) /* past the outer link layer, two tags and IPv6: keeps offsets bounded */
+		return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
+	if (ipproto == IPPROTO_UDP) {
+		__u8 *uh = data + off, *th;
+		__u16 sport, dport;
+
+		if ((void *)(uh + 8) > end)
+			return short_hdr(skb, off + 8);
+		sport = bpf_ntohs(*(__u16 *)uh);
+		dport = bpf_ntohs(*(__u16 *)(uh + 2));
+		if (dport == 51820 || sport == 51820)
+			return RTTSCOPE_SAMPLER_SKIP_WIREGUARD;
+		if (dport == 4500 || sport == 4500) /* ESP in UDP (NAT traversal) */
+			return RTTSCOPE_SAMPLER_SKIP_ESP;
+		th = uh + 8;
+		if (port_in(cfg_vxlan_ports, dport)) {
+			if ((void *)(th + 8) > end)
+				return short_hdr(skb, off + 16);
+			if (!(th[0] & 0x08)) /* the I flag: a VNI follows */
+				return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
+			tun = RTTSCOPE_TUN_VXLAN;
+			kind = RTTSCOPE_SAMPLER_TUNNEL_VXLAN;
+			inner = off + 16;
+		} else if (port_in(cfg_geneve_ports, dport)) {
+			__u16 ptype;
+
+			if ((void *)(th + 8) > end)
+				return short_hdr(skb, off + 16);
+			if (th[0] >> 6) /* version 0 only */
+				return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
+			ptype = *(__u16 *)(th + 2);
+			if (ptype == bpf_htons(ETH_P_IP) || ptype == bpf_htons(ETH_P_IPV6)) {
+				eth = 0;
+				proto = ptype;
+			} else if (ptype != bpf_htons(GENEVE_TEB)) {
+				return RTTSCOPE_SAMPLER_SKIP_NON_IP;
+			}
+			tun = RTTSCOPE_TUN_GENEVE;
+			kind = RTTSCOPE_SAMPLER_TUNNEL_GENEVE;
+			inner = off + 16 + (th[0] & 0x3f) * 4; /* the options' length, in 4-byte words */
+		} else {
+			return RTTSCOPE_SAMPLER_SKIP_NON_TCP;
+		}
+		tun |= RTTSCOPE_TUN_VNI | ((__u32)th[4] << 16) | ((__u32)th[5] << 8) | th[6];
+	} else if (ipproto == IPPROTO_IPIP || ipproto == IPPROTO_IPV6) {
+		eth = 0;
+		proto = ipproto == IPPROTO_IPIP ? bpf_htons(ETH_P_IP) : bpf_htons(ETH_P_IPV6);
+		tun = RTTSCOPE_TUN_IPIP;
+		kind = RTTSCOPE_SAMPLER_TUNNEL_IPIP;
+		inner = off;
+	} else if (ipproto == IPPROTO_ESP) {
+		return RTTSCOPE_SAMPLER_SKIP_ESP;
+	} else {
+		return RTTSCOPE_SAMPLER_SKIP_GRE;
+	}
+	count(kind);
+	need = inner + INNER_HEADERS;
+	if (data + need > end && skb->len > (__u32)(end - data)) {
+		if (need > skb->len)
+			need = skb->len;
+		if (bpf_skb_pull_data(skb, need))
+			return RTTSCOPE_SAMPLER_SKIP_NONLINEAR;
+		count(RTTSCOPE_SAMPLER_TUNNEL_PULLED);
+		data = ctx_data(skb);
+		end = ctx_data_end(skb);
+	}
+	/* the flow's own frame: its tag (if any) is the key's, the underlay's is not */
+	s->key.vlan = 0;
+	if (eth) {
+		struct ethhdr *ie = data + inner;
+
+		if ((void *)(ie + 1) > end)
+			return short_hdr(skb, inner + ETH_HLEN);
+		proto = ie->h_proto;
+		inner += ETH_HLEN;
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			why = parse_vlan(skb, s, data, end, &inner, &proto, 0);
+			if (why)
+				return why;
+		}
+	}
+	s->l3off = inner;
+	s->key.tunnel = tun;
+	__builtin_memset(s->key.laddr, 0, sizeof(s->key.laddr));
+	__builtin_memset(s->key.raddr, 0, sizeof(s->key.raddr));
+	s->seq = 0;
+	s->flags = 0;
+	why = parse_l3(skb, s, data, end, inner, proto);
+	return why == PARSED_ENCAP ? RTTSCOPE_SAMPLER_SKIP_TUNNEL_NESTED : why;
+}
+
+#ifndef RTTSCOPE_NO_ATOMICS
+/* The packets parse() leaves: VLAN tags in the frame and tunnels, parsed
+ * again from the start with their own copies of the parsers. Out of line
+ * and global: the verifier checks it once on its own (inlined, its paths
+ * multiplied the programs' past the verifier's limit), and the plain path
+ * carries none of its code. Returns as parse_l3(), never PARSED_ENCAP. */
+__noinline int parse_slow(struct __sk_buff *skb, struct seg *s)
+{
+	void *data, *end;
+	__u32 off = 0, why;
+	__u16 proto;
+
+	if (!skb || !s) /* a global function's pointer arguments may be NULL for the verifier */
+		return RTTSCOPE_SAMPLER_SKIP_MALFORMED;
+	data = ctx_data(skb);
+	end = ctx_data_end(skb);
+	if (cfg_link == RTTSCOPE_LINK_ETHER) {
+		struct ethhdr *eth = data;
+
+		if ((void *)(eth + 1) > end)
+			return short_hdr(skb, ETH_HLEN);
+		proto = eth->h_proto;
+		off = ETH_HLEN;
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+			why = parse_vlan(skb, s, data, end, &off, &proto, 1);
+			if (why)
+				return why;
+		}
+	} else {
+		proto = (__u16)skb->protocol;
+	}
+	why = parse_l3(skb, s, data, end, off, proto);
+	if (why != PARSED_ENCAP)
+		return why;
+	return parse_encap(skb, s);
+}
+
+/* Hand the packet to parse_slow() through a copy (`s` must not escape into
+ * a call: icmp_out_of_line()). */
+static __always_inline __u32 slow_out_of_line(struct __sk_buff *skb, struct seg *s)
+{
+	struct seg c;
+	__u32 why;
+
+	__builtin_memcpy(&c, s, sizeof(c));
+	why = parse_slow(skb, &c);
+	__builtin_memcpy(s, &c, sizeof(c));
+	return why;
+}
+#else
+/* Kernels before 5.12 (the build without atomics) take no pointer argument
+ * of a global function, and inlined the slow parsers take the programs past
+ * the verifier's limit: VLAN tags in the frame and tunnels are skipped and
+ * counted there, as before issue 41 (docs/sampler.md). */
+static __always_inline __u32 slow_out_of_line(struct __sk_buff *skb, struct seg *s)
+{
+	return s->seq ? RTTSCOPE_SAMPLER_SKIP_NON_TCP : RTTSCOPE_SAMPLER_SKIP_VLAN;
+}
+#endif
 
 static __always_inline void swap_key(struct rttscope_flow_key *k)
 {
@@ -457,19 +777,20 @@ static __always_inline int slot_valid(__u64 sl)
 }
 
 /* Seeded multiply-xor hash of the flow key, inline (no helper call). IPv4
- * keys are zero in laddr[4..16] and raddr[4..16]: three words suffice. */
+ * keys are zero in laddr[4..16] and raddr[4..16]: three words suffice, the
+ * tunnel identity (w[5]'s high half) folded into laddr[12..16]'s zeroes. */
 static __always_inline __u64 key_hash(const struct rttscope_flow_key *k)
 {
 	const __u64 *w = (const __u64 *)k;
 	__u64 h = cfg_hash_seed;
 
 	h = (h ^ w[0]) * HASH_MUL; /* netns, family, lport */
-	h = (h ^ w[1]) * HASH_MUL; /* rport, reserved, laddr[0..4] */
-	h = (h ^ w[3]) * HASH_MUL; /* laddr[12..16], raddr[0..4] */
+	h = (h ^ w[1]) * HASH_MUL; /* rport, vlan, laddr[0..4] */
+	h = (h ^ w[3] ^ (w[5] >> 32)) * HASH_MUL; /* laddr[12..16] ^ tunnel, raddr[0..4] */
 	if (k->family != AF_INET) {
 		h = (h ^ w[2]) * HASH_MUL;
 		h = (h ^ w[4]) * HASH_MUL;
-		h = (h ^ *(const __u32 *)&k->raddr[12]) * HASH_MUL;
+		h = (h ^ w[5]) * HASH_MUL; /* raddr[12..16], tunnel */
 	}
 	h ^= h >> 31;
 	h *= HASH_MUL2;
@@ -482,7 +803,7 @@ static __always_inline int key_eq(const struct rttscope_flow_key *a, const struc
 	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
 
 	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4]) |
-		(__u64)(*(const __u32 *)&a->raddr[12] ^ *(const __u32 *)&b->raddr[12])) == 0;
+		(x[5] ^ y[5])) == 0;
 }
 
 #ifndef RTTSCOPE_NO_ATOMICS
@@ -536,7 +857,8 @@ static __always_inline struct rttscope_sampler_entry *table_find(const struct rt
 		e = bpf_map_lookup_elem(&sampler_table, &idx);
 		if (!e)
 			return NULL;
-		if (e->hash != tag)
+		/* the key's second word first (rport, vlan, laddr[0..4]): as a hash tag would */
+		if (((const __u64 *)&e->key)[1] != ((const __u64 *)k)[1])
 			continue;
 		g = READ_ONCE_U64(e->gen);
 		if (g & 1)
@@ -586,7 +908,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	}
 	e = victim;
 	g = e->gen; /* stable: it changes only under the lock */
-	if (e->key.family && e->hash == tag && key_eq(&e->key, k)) {
+	if (e->key.family && key_eq(&e->key, k)) {
 		/* another CPU entered this very flow meanwhile */
 		unlock(e);
 		*genp = g;
@@ -613,7 +935,6 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 			count_n(RTTSCOPE_SAMPLER_EVICTED_SEGMENTS, n);
 	}
 	e->key = *k;
-	e->hash = tag;
 	e->pend.touched_ns = now;
 	e->pend.last_tsval = 0;
 	e->pend.flags = 0;
@@ -750,7 +1071,6 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 		ev->reserved2 = cfg_ifindex;
 		ev->ts_ns = now;
 		ev->key = *key;
-		ev->reserved3 = 0;
 		bpf_ringbuf_submit(ev, 0);
 		count(RTTSCOPE_SAMPLER_RAW_EVENTS);
 	}
@@ -1052,7 +1372,7 @@ __noinline int icmp_packet(struct seg *s, __u32 ingress)
 	s->key.netns = cfg_netns;
 	s->key.lport = pinger ? id : 0;
 	s->key.rport = pinger ? 0 : id;
-	s->key.reserved |= (pinger ? RTTSCOPE_ICMP_PINGER : RTTSCOPE_ICMP_PINGED) << 8;
+	s->key.vlan |= (pinger ? RTTSCOPE_ICMP_PINGER : RTTSCOPE_ICMP_PINGED) << RTTSCOPE_KEY_KIND_SHIFT;
 	h = key_hash(&s->key);
 	set = (__u32)(h >> 32) & cfg_set_mask;
 	tag = (__u32)h;
@@ -1188,11 +1508,11 @@ static __always_inline __u64 sum_helper(__u8 *p, void *end, __u32 len, __u32 see
  * unverified and not timed). 0 if the packet may be timed, else the
  * counter saying why not. parse_icmp() checked the lengths (>= 8, within
  * the packet). */
-static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 family)
+static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 family, __u32 l3off)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	void *l3 = data + (cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0);
+	void *l3 = data + l3off;
 	__u64 sum = 0;
 	__u32 len, i;
 	__u8 *ic;
@@ -1255,11 +1575,10 @@ static __always_inline __u32 icmp_ingress_check(struct __sk_buff *skb, __u16 fam
  * counted (tcp_checksum_unchecked): not timing it would blind the sampler
  * on such NICs. 0 if the ACK may be timed, else the counter saying why not.
  * parse() checked the headers are in the linear part and the lengths. */
-static __always_inline __u32 tcp_ingress_check(struct __sk_buff *skb, __u16 family)
+static __always_inline __u32 tcp_ingress_check(struct __sk_buff *skb, __u16 family, __u32 l3off)
 {
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
-	__u32 l3off = cfg_link == RTTSCOPE_LINK_ETHER ? ETH_HLEN : 0;
 	void *l3 = data + l3off;
 	__u64 sum = 0;
 	__u32 len, i;
@@ -1356,9 +1675,12 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 		count(RTTSCOPE_SAMPLER_SAMPLED_EGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why)) {
+		if (why == PARSED_ENCAP || why == PARSED_SLOW)
+			why = slow_out_of_line(skb, &s);
 		if (unlikely(why == PARSED_ICMP))
 			return icmp_out_of_line(&s, 0);
-		goto out;
+		if (why)
+			goto out;
 	}
 	count(RTTSCOPE_SAMPLER_TCP_EGRESS);
 	s.key.netns = cfg_netns;
@@ -1430,13 +1752,16 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 		count(RTTSCOPE_SAMPLER_SAMPLED_INGRESS);
 	why = parse(skb, &s);
 	if (unlikely(why)) {
+		if (why == PARSED_ENCAP || why == PARSED_SLOW)
+			why = slow_out_of_line(skb, &s);
 		if (unlikely(why == PARSED_ICMP)) {
-			why = icmp_ingress_check(skb, s.key.family);
+			why = icmp_ingress_check(skb, s.key.family, l3_off(&s));
 			if (why)
 				goto out;
 			return icmp_out_of_line(&s, 1);
 		}
-		goto out;
+		if (why)
+			goto out;
 	}
 	count(RTTSCOPE_SAMPLER_TCP_INGRESS);
 	/* the data sender's key: local = our end = the packet's destination */
@@ -1457,7 +1782,7 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	e = table_find(&s.key, (__u32)(h >> 32) & cfg_set_mask, (__u32)h, &g);
 	if (unlikely(s.flags & TH_RST)) {
 		/* the connection is gone: nothing pending will be acknowledged */
-		why = e ? tcp_ingress_check(skb, s.key.family) : 0;
+		why = e ? tcp_ingress_check(skb, s.key.family, l3_off(&s)) : 0;
 		if (why)
 			goto out;
 		forget(e);
@@ -1472,7 +1797,7 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 		why = RTTSCOPE_SAMPLER_ACK_NO_MATCH;
 		goto out;
 	}
-	why = tcp_ingress_check(skb, s.key.family);
+	why = tcp_ingress_check(skb, s.key.family, l3_off(&s));
 	if (unlikely(why))
 		goto out;
 	why = match_pending(e, g, &s.key, v, cfg_match);

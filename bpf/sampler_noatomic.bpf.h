@@ -128,7 +128,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e = victim;
 	bpf_spin_lock(l);
 	g = e->gen;
-	if (e->key.family && e->hash == tag && key_eq(&e->key, k)) {
+	if (e->key.family && key_eq(&e->key, k)) {
 		/* another CPU entered this very flow meanwhile */
 		bpf_spin_unlock(l);
 		*genp = g;
@@ -146,7 +146,6 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 		e->evicted_samples += e->flow.agg.samples - e->not_binned;
 	}
 	e->key = *k;
-	e->hash = tag;
 	e->pend.touched_ns = now;
 	e->pend.last_tsval = 0;
 	e->pend.flags = 0;
@@ -396,7 +395,6 @@ static __always_inline void na_sample_done(struct rttscope_sampler_entry *e, __u
 		ev->reserved2 = cfg_ifindex;
 		ev->ts_ns = now;
 		ev->key = *key;
-		ev->reserved3 = 0;
 		bpf_ringbuf_submit(ev, 0);
 		count(RTTSCOPE_SAMPLER_RAW_EVENTS);
 	}

@@ -371,7 +371,6 @@ static __always_inline void fill_flow(struct rttscope_tcp_flow *f, struct bpf_so
 	f->first_ns = bpf_ktime_get_ns();
 	f->last_ns = 0;
 	f->key = *key;
-	f->reserved = 0;
 	__asm__ __volatile__("" ::: "memory");
 	f->flags = RTTSCOPE_FLOW_IN_USE;
 }
@@ -437,7 +436,6 @@ static __always_inline void raw_event(const struct rttscope_flow_key *key, __u8 
 	e->reserved2 = 0;
 	e->ts_ns = now;
 	e->key = *key;
-	e->reserved3 = 0;
 	bpf_ringbuf_submit(e, 0);
 	count(RTTSCOPE_TCP_RAW_EVENTS);
 }

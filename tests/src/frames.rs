@@ -163,3 +163,84 @@ pub fn send_frames(ifname: &str, frames: &[Vec<u8>]) {
         libc::close(fd);
     }
 }
+
+/// `f` (an Ethernet frame) with 802.1Q/802.1ad tags inserted after its MAC addresses, outermost
+/// first: `(TPID, VLAN id)` each.
+pub fn vlan_tagged(f: &[u8], tags: &[(u16, u16)]) -> Vec<u8> {
+    let mut v = f[..12].to_vec();
+    for (tpid, id) in tags {
+        v.extend(tpid.to_be_bytes());
+        v.extend(id.to_be_bytes());
+    }
+    v.extend(&f[12..]);
+    v
+}
+
+/// The outer network of a tunnelled frame.
+#[derive(Clone, Copy)]
+pub enum Outer {
+    V4([u8; 4], [u8; 4]),
+    V6([u8; 16], [u8; 16]),
+}
+
+/// Ethernet + outer IPv4 or IPv6 (protocol `proto`) + `payload` (IPv4 header checksum set).
+pub fn outer_ip(outer: Outer, proto: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![0xff; 6];
+    f.extend([0x02, 0, 0, 0, 0, 2]);
+    match outer {
+        Outer::V4(src, dst) => {
+            f.extend([0x08, 0x00]);
+            let mut ip = vec![0x45, 0];
+            ip.extend(((20 + payload.len()) as u16).to_be_bytes());
+            ip.extend([0, 1, 0x40, 0, 64, proto, 0, 0]);
+            ip.extend(src);
+            ip.extend(dst);
+            let c = csum(&ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            f.extend(ip);
+        }
+        Outer::V6(src, dst) => {
+            f.extend([0x86, 0xdd, 0x60, 0, 0, 0]);
+            f.extend((payload.len() as u16).to_be_bytes());
+            f.extend([proto, 64]);
+            f.extend(src);
+            f.extend(dst);
+        }
+    }
+    f.extend(payload);
+    f
+}
+
+/// A UDP datagram (checksum 0: none, as Linux's VXLAN sends over IPv4 by default).
+pub fn udp(sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+    let mut u = sport.to_be_bytes().to_vec();
+    u.extend(dport.to_be_bytes());
+    u.extend(((8 + payload.len()) as u16).to_be_bytes());
+    u.extend([0, 0]);
+    u.extend(payload);
+    u
+}
+
+/// `inner` (an Ethernet frame) in VXLAN with `vni`, to UDP port `port`, over `outer`.
+pub fn vxlan(outer: Outer, port: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let mut h = vec![0x08, 0, 0, 0];
+    h.extend(&vni.to_be_bytes()[1..]);
+    h.push(0);
+    h.extend(inner);
+    outer_ip(outer, 17, &udp(49999, port, &h))
+}
+
+/// `inner` in Geneve (version 0) with `vni` and `opt_words` 4-byte words of options, protocol
+/// type `ptype` (0x6558: `inner` is an Ethernet frame; 0x0800/0x86dd: an IP packet), to UDP 6081.
+pub fn geneve(outer: Outer, vni: u32, opt_words: u8, ptype: u16, inner: &[u8]) -> Vec<u8> {
+    let mut h = vec![opt_words & 0x3f, 0];
+    h.extend(ptype.to_be_bytes());
+    h.extend(&vni.to_be_bytes()[1..]);
+    h.push(0);
+    for i in 0..opt_words {
+        // option class 0x0103, type i, length 0 words: one 4-byte option header each
+        h.extend([0x01, 0x03, i, 0]);
+    }
+    h.extend(inner);
+    outer_ip(outer, 17, &udp(49999, 6081, &h))
+}

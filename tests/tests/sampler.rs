@@ -808,8 +808,11 @@ fn garbage_is_counted_and_never_sampled() {
     let mut udp = good.clone();
     udp[23] = 17;
     bad.push(udp);
-    let mut vlan = good[..12].to_vec(); // 802.1Q tag around the good ACK
-    vlan.extend([0x81, 0x00, 0x00, 0x07]);
+    // three 802.1Q tags around the good ACK (one or two are parsed: fuzz_sampler.rs)
+    let mut vlan = good[..12].to_vec();
+    vlan.extend([
+        0x81, 0x00, 0x00, 0x07, 0x81, 0x00, 0x00, 0x08, 0x81, 0x00, 0x00, 0x09,
+    ]);
     vlan.extend(&good[12..]);
     bad.push(vlan);
     bad.push(good[..14].to_vec()); // Ethernet header only: IPv4 header missing

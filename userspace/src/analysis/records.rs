@@ -414,6 +414,10 @@ pub struct EndFlow {
     /// Sampler flows of ICMP echo: `icmp` or `icmpv6`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto: Option<Name>,
+    /// The sampler's tunnel identity of the flow (issue 41): the VLAN id, and the VXLAN/Geneve
+    /// VNI and encapsulation, when it was seen tagged or inside a tunnel (absent: plain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<crate::analysis::flow::Tunnel>,
     pub remote: String,
     #[schemars(with = "String")]
     pub side: Side,
@@ -440,6 +444,8 @@ impl Serialize for EndFlow {
             proto: &'a Option<Name>,
             remote: &'a str,
             side: Side,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tunnel: &'a Option<crate::analysis::flow::Tunnel>,
             #[serde(flatten)]
             views: &'a Columns<EndView>,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -455,6 +461,7 @@ impl Serialize for EndFlow {
                 proto: &self.proto,
                 remote: &self.remote,
                 side: self.side,
+                tunnel: &self.tunnel,
                 views: &self.views,
                 workload: self.workload.as_deref(),
             },
@@ -541,6 +548,10 @@ pub struct FlowRow {
     /// Sampler flows of ICMP echo: `icmp` or `icmpv6` (absent: a TCP flow).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proto: Option<Name>,
+    /// The sampler's tunnel identity of the flow (issue 41): the VLAN id, and the VXLAN/Geneve
+    /// VNI and encapsulation, when it was seen tagged or inside a tunnel (absent: plain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<crate::analysis::flow::Tunnel>,
     /// How the TCP view found the flow: established (after attach), existing (iterator), late.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub origin: Option<Name>,
@@ -567,6 +578,7 @@ impl FlowRow {
     /// A flow's row with no view's statistics yet.
     pub fn new(f: &crate::analysis::flow::Flow, netns_name: String, side: Side) -> FlowRow {
         FlowRow {
+            tunnel: (!f.tunnel.is_none()).then_some(f.tunnel),
             netns: f.netns,
             netns_name,
             local: f.local.to_string(),
@@ -587,6 +599,7 @@ impl EndFlow {
     /// A flow's `end` entry with no view's statistics yet.
     pub fn new(f: &crate::analysis::flow::Flow, netns_name: String, side: Side) -> EndFlow {
         EndFlow {
+            tunnel: (!f.tunnel.is_none()).then_some(f.tunnel),
             closed: None,
             local: f.local.to_string(),
             netns: f.netns,
@@ -877,6 +890,7 @@ mod tests {
             ..Default::default()
         });
         let flow = EndFlow {
+            tunnel: None,
             closed: Some(false),
             local: "a".into(),
             netns: 1,

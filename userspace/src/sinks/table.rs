@@ -290,6 +290,7 @@ mod tests {
         vs.srtt_us = Some(120);
         vs.retrans = Some(0);
         let row = FlowRow {
+            tunnel: None,
             netns: 1,
             netns_name: "ns-a".into(),
             local: "10.0.0.1:40000".into(),
@@ -342,6 +343,7 @@ mod tests {
         tcp.retrans = Some(1);
         let smp = ViewStats::from_hist(&h);
         let row = FlowRow {
+            tunnel: None,
             netns: 4026531840,
             netns_name: "ns-a".into(),
             local: "10.0.0.1:40000".into(),
@@ -407,6 +409,7 @@ mod tests {
         tcp.srtt_us = Some(2_500);
         tcp.retrans = Some(12);
         let row = |name: &str, local: &str, remote: &str, side| FlowRow {
+            tunnel: None,
             netns: 1,
             netns_name: name.into(),
             local: local.into(),

@@ -264,6 +264,7 @@ mod tests {
             r#type: 1,
             rtt_us: 321,
             key: Flow {
+                tunnel: Default::default(),
                 netns: 1,
                 local: "10.0.0.1:1000".parse().unwrap(),
                 remote: "10.0.0.2:80".parse().unwrap(),

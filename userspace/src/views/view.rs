@@ -9,6 +9,7 @@
 //! Nothing here names a view: the session holds a list of `Box<dyn View>`
 //! in registry order, and rows, sinks and records take any view by its kind.
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -231,6 +232,12 @@ pub trait View {
     /// The owner this view found for a flow in this read (`--label-workload`).
     fn owner_of(&self, _flow: &Flow) -> Option<Arc<Workload>> {
         None
+    }
+    /// The flows this view knows by their ends (local, remote), in any namespace: a tunnelled
+    /// sampler flow, seen in the underlay's namespace, joins its socket's row by them
+    /// (`views::sampler::join`). Asked at most once per read, only when such a flow has samples.
+    fn flows_by_ends(&self) -> Vec<((SocketAddr, SocketAddr), Flow)> {
+        Vec::new()
     }
     /// The view's settings and what it attached, for the `start` record
     /// (`settings.<view>`) and the result file.

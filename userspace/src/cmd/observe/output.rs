@@ -365,6 +365,7 @@ mod tests {
         let mut sink =
             super::super::cloud::CloudSink::new(args.cloud_layout.clone(), 1_795_240_800.0, 24, 48);
         let flow = Flow {
+            tunnel: Default::default(),
             netns: 7,
             local: "10.0.0.2:5001".parse().unwrap(),
             remote: "10.0.0.1:40000".parse().unwrap(),
@@ -425,6 +426,7 @@ mod tests {
             srtt_us: 140,
             ts_ns: 2_000_000_000,
             key: Flow {
+                tunnel: Default::default(),
                 netns: 7,
                 local: "10.0.0.1:1000".parse().unwrap(),
                 remote: "10.0.0.2:80".parse().unwrap(),

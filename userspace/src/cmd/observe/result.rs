@@ -284,6 +284,7 @@ mod tests {
 
     fn row(side: Side, tcp: bool) -> FlowRow {
         FlowRow {
+            tunnel: None,
             netns: 7,
             netns_name: "a".into(),
             local: "10.0.0.1:40000".into(),
@@ -310,6 +311,7 @@ mod tests {
         Raw {
             view,
             flow: Flow {
+                tunnel: Default::default(),
                 netns: 7,
                 local: "10.0.0.1:40000".parse().unwrap(),
                 remote: "10.0.0.2:5001".parse().unwrap(),

@@ -227,6 +227,7 @@ mod tests {
             h.record(v);
         }
         let f = Flow {
+            tunnel: Default::default(),
             netns: 1,
             local: "10.0.0.1:443".parse().unwrap(),
             remote: "192.0.2.9:5555".parse().unwrap(),

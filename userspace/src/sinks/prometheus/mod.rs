@@ -723,6 +723,7 @@ mod tests {
     use std::net::SocketAddr;
     fn flow(remote: &str, lport: u16) -> Flow {
         Flow {
+            tunnel: Default::default(),
             netns: 1,
             local: SocketAddr::new(
                 if remote.contains(':') && remote.starts_with('[') {

@@ -42,19 +42,19 @@ impl FlowKind {
         }
     }
 
-    /// The kind and, for ICMP, the side, from the key's `reserved` field
-    /// (bpf/rttscope.h, sampler section): 0 for TCP, else the IP protocol
-    /// in the low byte and `enum rttscope_sampler_icmp_side` in the high one.
+    /// The kind and, for ICMP, the side, from bits 12-15 of the key's `vlan`
+    /// field (bpf/rttscope.h, sampler section): 0 for TCP, else `enum
+    /// rttscope_sampler_icmp_side`; ICMP or ICMPv6 by the key's family.
     pub fn from_key(key: &FlowKey) -> (FlowKind, Side) {
-        let side = match (key.reserved >> 8) as u32 {
+        let shift = t::rttscope_tunnel::RTTSCOPE_KEY_KIND_SHIFT.0;
+        let side = match (key.vlan >> shift) as u32 {
             x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGER.0 => Side::Pinger,
             x if x == t::rttscope_sampler_icmp_side::RTTSCOPE_ICMP_PINGED.0 => Side::Pinged,
-            _ => Side::Unknown,
+            _ => return (FlowKind::Tcp, Side::Unknown),
         };
-        match key.reserved & 0xff {
-            1 => (FlowKind::Icmp, side),
-            58 => (FlowKind::Icmpv6, side),
-            _ => (FlowKind::Tcp, Side::Unknown),
+        match key.family {
+            crate::analysis::flow::AF_INET6 => (FlowKind::Icmpv6, side),
+            _ => (FlowKind::Icmp, side),
         }
     }
 }

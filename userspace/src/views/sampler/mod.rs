@@ -269,6 +269,15 @@ pub const COUNTERS: &[(&str, C)] = &[
     ("tcp_not_for_host", C::RTTSCOPE_SAMPLER_TCP_NOT_HOST),
     ("tcp_bad_checksum", C::RTTSCOPE_SAMPLER_TCP_BAD_CSUM),
     ("tcp_checksum_unchecked", C::RTTSCOPE_SAMPLER_TCP_UNCHECKED),
+    ("vlan", C::RTTSCOPE_SAMPLER_VLAN),
+    ("tunnel_vxlan", C::RTTSCOPE_SAMPLER_TUNNEL_VXLAN),
+    ("tunnel_geneve", C::RTTSCOPE_SAMPLER_TUNNEL_GENEVE),
+    ("tunnel_ipip", C::RTTSCOPE_SAMPLER_TUNNEL_IPIP),
+    ("tunnel_pulled", C::RTTSCOPE_SAMPLER_TUNNEL_PULLED),
+    ("skip_wireguard", C::RTTSCOPE_SAMPLER_SKIP_WIREGUARD),
+    ("skip_esp", C::RTTSCOPE_SAMPLER_SKIP_ESP),
+    ("skip_gre", C::RTTSCOPE_SAMPLER_SKIP_GRE),
+    ("skip_tunnel_nested", C::RTTSCOPE_SAMPLER_SKIP_TUNNEL_NESTED),
 ];
 const _: () = assert!(COUNTERS.len() == C::RTTSCOPE_SAMPLER_COUNTERS.0 as usize);
 
@@ -597,6 +606,7 @@ pub(crate) mod attach;
 pub mod chain;
 mod config;
 pub mod hooks;
+pub mod join;
 pub mod options;
 pub mod plan;
 pub mod sides;
@@ -678,6 +688,7 @@ mod tests {
     #[test]
     fn flow_entry_and_counters_decode_once_for_both_loaders() {
         let key = Flow {
+            tunnel: Default::default(),
             netns: 5,
             local: "10.0.0.1:80".parse().unwrap(),
             remote: "10.0.0.2:9".parse().unwrap(),
@@ -742,15 +753,18 @@ mod tests {
     #[test]
     fn icmp_flows_are_told_apart_by_the_key() {
         let mut key = Flow {
+            tunnel: Default::default(),
             netns: 5,
             local: "10.0.0.1:4242".parse().unwrap(),
             remote: "10.0.0.2:0".parse().unwrap(),
         }
         .to_key();
         assert_eq!(FlowKind::from_key(&key), (FlowKind::Tcp, Side::Unknown));
-        key.reserved = 1 | (1 << 8);
+        // bits 12-15 of `vlan`: the side; ICMP or ICMPv6 by the family
+        key.vlan = 1 << 12;
         assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmp, Side::Pinger));
-        key.reserved = 58 | (2 << 8);
+        key.family = crate::analysis::flow::AF_INET6;
+        key.vlan = (2 << 12) | 7; // VLAN 7 too
         assert_eq!(FlowKind::from_key(&key), (FlowKind::Icmpv6, Side::Pinged));
         // a flow entry of an ICMP key: its side comes from the key, not the handshake
         let f = SamplerFlow {
@@ -759,7 +773,9 @@ mod tests {
         };
         let s = flow_stats(&[], &key, &f, None, 0).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Icmpv6, Side::Pinged));
-        key.reserved = 0;
+        assert_eq!(s.flow.tunnel.vlan, Some(7));
+        key.vlan = 0;
+        key.family = crate::analysis::flow::AF_INET;
         let s = flow_stats(&[], &key, &f, None, 0).unwrap();
         assert_eq!((s.kind, s.side), (FlowKind::Tcp, Side::Client));
         // raw samples: the same rules
@@ -771,7 +787,7 @@ mod tests {
         e.key = key;
         let smp = SamplerSample::from_event(&e).unwrap();
         assert_eq!((smp.kind, smp.side), (FlowKind::Tcp, Side::Server));
-        e.key.reserved = 1 | (1 << 8);
+        e.key.vlan = 1 << 12;
         let smp = SamplerSample::from_event(&e).unwrap();
         assert_eq!((smp.kind, smp.side), (FlowKind::Icmp, Side::Pinger));
     }
@@ -804,6 +820,7 @@ mod tests {
             ..Default::default()
         };
         e.key = Flow {
+            tunnel: Default::default(),
             netns: 5,
             local: "10.0.0.1:80".parse().unwrap(),
             remote: "10.0.0.2:9".parse().unwrap(),

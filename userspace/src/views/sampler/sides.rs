@@ -202,6 +202,7 @@ mod tests {
         t.add(7, TCP);
         t.add(7, TCP6);
         let flow = |l: &str, r: &str, ns| Flow {
+            tunnel: Default::default(),
             netns: ns,
             local: l.parse().unwrap(),
             remote: r.parse().unwrap(),

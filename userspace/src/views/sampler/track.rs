@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
+use super::join::{flip, Join, Joiner};
 use super::sides::SideResolver;
 use super::{FlowKind, SamplerFlowStats, SamplerView};
-use crate::analysis::flow::{Flow, Side};
+use crate::analysis::flow::{Flow, Side, Tunnel};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, ViewStats};
 use crate::analysis::workload::Workload;
@@ -81,14 +82,21 @@ impl SamplerSession {
     }
 
     /// The side of one of its flows: what the views read before it found
-    /// for the same flow, else what its programs saw (the handshake; ICMP:
-    /// pinger or pinged), else the socket table of the interface's
-    /// namespace (issue 15).
-    fn side(sides: &mut SideResolver, ctx: &ReadCtx<'_, '_>, f: &SamplerFlowStats) -> Side {
+    /// for the same flow (a tunnelled flow: for the socket it joins, the
+    /// other side when that is the other end's), else what its programs saw
+    /// (the handshake; ICMP: pinger or pinged), else the socket table of the
+    /// interface's namespace (issue 15).
+    fn side(
+        sides: &mut SideResolver,
+        ctx: &ReadCtx<'_, '_>,
+        f: &SamplerFlowStats,
+        j: &Join,
+    ) -> Side {
         if f.kind != FlowKind::Tcp {
             return f.side;
         }
-        match ctx.side_of(&f.flow) {
+        let found = ctx.side_of(&j.row);
+        match if j.swapped { flip(found) } else { found } {
             Side::Unknown if f.side != Side::Unknown => f.side,
             Side::Unknown => sides.side(&f.flow),
             s => s,
@@ -96,10 +104,12 @@ impl SamplerSession {
     }
 
     /// Each flow's samples since the previous read (one entry per flow: a
-    /// flow in two ways, rare, has its deltas merged), with its kind and side.
-    fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, (Hist, FlowKind, Side)>> {
-        let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
+    /// flow in two ways, rare, has its deltas merged), with its kind, side
+    /// and the row it joins (`join`).
+    fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, FlowDelta>> {
+        let mut deltas: BTreeMap<Flow, FlowDelta> = BTreeMap::new();
         let (ways, owners, sides) = (&mut self.ways, &mut self.owners, &mut self.sides);
+        let mut joiner = Joiner::default();
         self.view.for_each_flow(&mut |f| {
             let (mut delta, first) = ways.way(&f);
             if delta.count() == 0 {
@@ -115,7 +125,9 @@ impl SamplerSession {
             match deltas.entry(f.flow) {
                 std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert((delta, f.kind, Self::side(sides, ctx, &f)));
+                    let j = joiner.join(ctx, &f.flow);
+                    let side = Self::side(sides, ctx, &f, &j);
+                    v.insert((delta, f.kind, side, j.row));
                 }
             }
         })?;
@@ -172,14 +184,23 @@ impl View for SamplerSession {
         self.owners.begin();
         let deltas = self.deltas(ctx)?;
         self.sides.end();
-        for (flow, (delta, kind, side)) in deltas {
-            let owner = self.owners.get(ctx, &flow, kind);
-            // daemon mode: the sampler's samples since the last read.
-            ctx.export(ViewKind::Sampler, &flow, side, owner.as_deref(), &delta);
+        // rows by the flow they join (a socket's flow seen on the underlay and on its tunnel
+        // device is one row: the two deltas merged)
+        let mut rows: BTreeMap<Flow, RowDelta> = BTreeMap::new();
+        for (flow, (delta, kind, side, row)) in deltas {
+            let owner = self.owners.get(ctx, &row, kind);
+            // daemon mode: the sampler's samples since the last read (under the joined flow)
+            ctx.export(ViewKind::Sampler, &row, side, owner.as_deref(), &delta);
             totals.entry(side).or_default().merge(&delta);
             if !ctx.keep_rows {
                 continue; // nothing prints rows
             }
+            let e = rows
+                .entry(row)
+                .or_insert_with(|| (Hist::default(), kind, side, owner, flow.tunnel));
+            e.0.merge(&delta);
+        }
+        for (flow, (delta, kind, side, owner, tunnel)) in rows {
             let row = ctx.row(&flow, side);
             if row.views.is_empty() {
                 // a row of its own (no view before it saw the flow)
@@ -187,6 +208,9 @@ impl View for SamplerSession {
             }
             row.views
                 .set(ViewKind::Sampler, ViewStats::from_hist(&delta));
+            if row.tunnel.is_none() && !tunnel.is_none() {
+                row.tunnel = Some(tunnel);
+            }
             if row.workload.is_none() {
                 row.workload = owner;
             }
@@ -202,26 +226,16 @@ impl View for SamplerSession {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
+        let mut joiner = Joiner::default();
+        let mut rows: BTreeMap<Flow, Vec<(SamplerFlowStats, Side)>> = BTreeMap::new();
         for f in super::merge_ways(self.view.read_flows()?) {
-            let side = Self::side(&mut self.sides, ctx, &f);
+            let j = joiner.join(ctx, &f.flow);
+            let side = Self::side(&mut self.sides, ctx, &f, &j);
             totals.entry(side).or_default().merge(&f.hist);
-            let owner = self.owners.get(ctx, &f.flow, f.kind);
-            let names = &mut *ctx.names;
-            let entry = flows.entry(f.flow).or_insert_with(|| {
-                let mut e = EndFlow::new(&f.flow, names.get(f.flow.netns), side);
-                let mut r = FlowRow::new(&f.flow, e.netns_name.clone(), side);
-                e.proto = icmp_proto(f.kind).map(Name::from);
-                r.proto = e.proto.clone();
-                (e.workload, r.workload) = (owner.clone(), owner);
-                (e, r)
-            });
-            let mut v = EndView::of(&f.hist);
-            v.iface = Some(f.iface.clone());
-            entry.0.views.set(ViewKind::Sampler, v);
-            entry
-                .1
-                .views
-                .set(ViewKind::Sampler, ViewStats::from_hist(&f.hist));
+            rows.entry(j.row).or_default().push((f, side));
+        }
+        for (flow, seen) in rows {
+            self.end_entry(ctx, flows, &flow, &seen);
         }
         Ok(ViewRead {
             totals,
@@ -231,6 +245,10 @@ impl View for SamplerSession {
 
     fn resolve_side(&mut self, flow: &Flow) -> Side {
         self.sides.side(flow)
+    }
+
+    fn flows_by_ends(&self) -> Vec<((std::net::SocketAddr, std::net::SocketAddr), Flow)> {
+        Vec::new() // the sampler joins others' rows; none joins its own
     }
 
     /// Once per interval (before the read; first right after attach): the hooks against
@@ -414,6 +432,55 @@ impl SamplerTracker {
             },
         );
         (delta, first)
+    }
+}
+
+/// A flow's samples since the previous read, its kind, side and the flow whose row it joins.
+type FlowDelta = (Hist, FlowKind, Side, Flow);
+/// A row's samples since the previous read (its sampler flows merged), the first one's kind,
+/// side, owner and tunnel identity.
+type RowDelta = (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel);
+
+impl SamplerSession {
+    /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
+    /// (one, or a socket's flow seen on two interfaces) merged, their interfaces listed.
+    fn end_entry(
+        &mut self,
+        ctx: &mut ReadCtx<'_, '_>,
+        flows: &mut RunFlows,
+        flow: &Flow,
+        seen: &[(SamplerFlowStats, Side)],
+    ) {
+        let (first, side) = (&seen[0].0, seen[0].1);
+        let mut hist = Hist::default();
+        let mut ifaces: Vec<&str> = Vec::new();
+        for (f, _) in seen {
+            hist.merge(&f.hist);
+            if !ifaces.contains(&f.iface.as_str()) {
+                ifaces.push(&f.iface);
+            }
+        }
+        let owner = self.owners.get(ctx, flow, first.kind);
+        let names = &mut *ctx.names;
+        let entry = flows.entry(*flow).or_insert_with(|| {
+            let mut e = EndFlow::new(flow, names.get(flow.netns), side);
+            let mut r = FlowRow::new(flow, e.netns_name.clone(), side);
+            e.proto = icmp_proto(first.kind).map(Name::from);
+            r.proto = e.proto.clone();
+            (e.workload, r.workload) = (owner.clone(), owner);
+            (e, r)
+        });
+        let tunnel = first.flow.tunnel;
+        if !tunnel.is_none() && entry.0.tunnel.is_none() {
+            (entry.0.tunnel, entry.1.tunnel) = (Some(tunnel), Some(tunnel));
+        }
+        let mut v = EndView::of(&hist);
+        v.iface = Some(ifaces.join(","));
+        entry.0.views.set(ViewKind::Sampler, v);
+        entry
+            .1
+            .views
+            .set(ViewKind::Sampler, ViewStats::from_hist(&hist));
     }
 }
 

@@ -251,6 +251,14 @@ impl View for TcpSession {
         self.owners.get(flow).cloned()
     }
 
+    fn flows_by_ends(&self) -> Vec<((std::net::SocketAddr, std::net::SocketAddr), Flow)> {
+        self.tracker
+            .sides
+            .keys()
+            .map(|f| ((f.local, f.remote), *f))
+            .collect()
+    }
+
     fn series(&self) -> Vec<SeriesOf> {
         let settings = serde_json::json!({"hook": "sock_ops RTT_CB"});
         vec![
@@ -688,6 +696,7 @@ mod tests {
     #[test]
     fn a_reused_four_tuple_keeps_both_connections_samples() {
         let flow = Flow {
+            tunnel: Default::default(),
             netns: 1,
             local: "10.0.0.1:40000".parse().unwrap(),
             remote: "10.0.0.2:80".parse().unwrap(),

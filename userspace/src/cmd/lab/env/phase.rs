@@ -331,6 +331,7 @@ mod tests {
                 },
                 event: crate::session::RawEvent::Rtt,
                 flow: crate::analysis::flow::Flow {
+                    tunnel: Default::default(),
                     netns: 1,
                     local: local.parse().unwrap(),
                     remote: remote.parse().unwrap(),
@@ -414,6 +415,7 @@ mod tests {
             rtt_us: 0,
             ts_ns: 6_000_000_000,
             flow: crate::analysis::flow::Flow {
+                tunnel: Default::default(),
                 netns: 1,
                 local: cli.parse().unwrap(),
                 remote: srv.parse().unwrap(),
