@@ -314,6 +314,7 @@ mod tests {
                 .collect(),
             counters: BTreeMap::new(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(&mut out, "view tcp", &iv, &["tcp"]).unwrap();
@@ -379,6 +380,7 @@ mod tests {
             .into_iter()
             .collect(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(
@@ -447,6 +449,7 @@ mod tests {
             .collect(),
             counters: BTreeMap::new(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(&mut out, "rttscope observe", &iv, &["tcp"]).unwrap();

@@ -250,6 +250,11 @@ async fn run_loop(
 ) -> Result<()> {
     let view_names: Vec<&'static str> = views.iter().map(|v| v.as_str()).collect();
     let mut report = Report::new(args, header, &view_names);
+    // the first interval spans from the moment every view's window started (Session::attach)
+    let since_window = crate::sys::clock::mono_ns().saturating_sub(session.window_start_ns());
+    report.last_tick = Instant::now()
+        .checked_sub(Duration::from_nanos(since_window))
+        .unwrap_or(report.last_tick);
     // Between reports, a check that frees closed flows early when the TCP
     // view's table fills up (Tracker::reclaim_due).
     let reclaim_every = (args.interval / 8).max(Duration::from_millis(50));

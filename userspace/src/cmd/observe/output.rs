@@ -232,6 +232,16 @@ pub(super) fn print_end(
             counters: records::counters(counters),
             flows: summary.flows,
             hooks: summary.hooks,
+            handshakes: summary
+                .handshakes
+                .iter()
+                .map(|(v, t)| {
+                    let sides = t
+                        .iter()
+                        .map(|(s, h)| (s.as_str().into(), records::EndView::of(h)));
+                    (v.as_str().into(), sides.collect())
+                })
+                .collect(),
             t: elapsed_s,
             ts: unix_now(),
             kind: records::EndTag,

@@ -1,0 +1,151 @@
+//! The same window from the first interval (issue 45 item 5): a paced request/response flow
+//! opened before `observe` starts, seen by the TCP view and the sampler, has the same sample
+//! count in every interval of both views, the first one included, and each count is the
+//! number of transactions the client completed in that interval.
+//!
+//! Before the fix the TCP view counted from its own attach, about half a second before the
+//! sampler's programs were verified and attached: at 100 transactions/s and 2 s intervals the
+//! first interval read TCP 249 vs sampler 196 (then 194/194, 195/195).
+//!
+//! Tolerances: the two views against each other ±1 (a transaction whose request ACK is timed by
+//! one view just before a read and by the other just after). Against the transactions: the
+//! client's counter is polled every 2 ms by the test and the interval is taken as
+//! [ts - interval_s, ts] of its record, whose ends are the observer's read moments to within
+//! the time the read and the clock calls take (a few ms on this loaded machine, less than a
+//! transaction's 10 ms pacing): ±3 per interval (one transaction at each end, one for a
+//! request in flight at a read). The bug moved the first interval by ~50.
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rttscope_e2e::*;
+
+const PORT: u16 = 7945;
+const THINK: Duration = Duration::from_millis(10);
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The transactions the client completed between two Unix times, from the polled series.
+fn done_between(series: &[(f64, u32)], from: f64, to: f64) -> i64 {
+    let at = |t: f64| {
+        series
+            .iter()
+            .take_while(|(ts, _)| *ts <= t)
+            .last()
+            .map_or(0, |s| s.1 as i64)
+    };
+    at(to) - at(from)
+}
+
+/// Per interval: the client side's samples of the flow from `lport`, per view.
+fn client_counts(
+    lines: &[serde_json::Value],
+    lport: u16,
+) -> Vec<(f64, f64, BTreeMap<String, u64>)> {
+    let local = format!("{A_ADDR}:{lport}");
+    lines
+        .iter()
+        .filter(|l| l["type"] == "interval")
+        .map(|l| {
+            let mut per_view = BTreeMap::new();
+            for f in l["flows"].as_array().into_iter().flatten() {
+                if f["local"] != local.as_str() {
+                    continue;
+                }
+                for view in ["tcp", "sampler"] {
+                    let n = f[view]["n"].as_u64().unwrap_or(0);
+                    *per_view.entry(view.to_string()).or_insert(0) += n;
+                }
+            }
+            (
+                l["ts"].as_f64().unwrap(),
+                l["interval_s"].as_f64().unwrap(),
+                per_view,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 1).unwrap();
+    let client = RrClient::start(&p.a, server, 1, THINK).unwrap();
+    // the client's transaction count, polled every 2 ms with its Unix time
+    let (stop, done) = (
+        Arc::new(AtomicBool::new(false)),
+        client.transactions.clone(),
+    );
+    let stop2 = stop.clone();
+    let poller = std::thread::spawn(move || {
+        let mut series = Vec::new();
+        while !stop2.load(Ordering::Relaxed) {
+            series.push((unix_now(), done.load(Ordering::Relaxed)));
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        series
+    });
+    std::thread::sleep(Duration::from_secs(1)); // the flow runs before observe starts
+    let iface = format!("{}:{}", p.a.name, p.a_if);
+    let lines = observe_json(
+        &[
+            "--netns",
+            &p.a.name,
+            "--view",
+            "tcp,sampler",
+            "--iface",
+            &iface,
+            "--port",
+            &PORT.to_string(),
+            "--interval",
+            "2s",
+            "--duration",
+            "6500ms",
+        ],
+        Duration::from_secs(90),
+    )
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let series = poller.join().unwrap();
+    let counts = client_counts(&lines, client.local.port());
+    let before = &last_interval_counters(&lines, "tcp")["samples_before_window"];
+    let mut failures = Vec::new();
+    for (i, (ts, len, per_view)) in counts.iter().enumerate() {
+        let (tcp, sam) = (
+            per_view.get("tcp").copied().unwrap_or(0),
+            per_view.get("sampler").copied().unwrap_or(0),
+        );
+        let truth = done_between(&series, ts - len, *ts);
+        let what =
+            format!("interval {i} ({len:.3} s): tcp {tcp}, sampler {sam}, transactions {truth}");
+        eprintln!("{what}");
+        if (tcp as i64 - sam as i64).abs() > 1 {
+            failures.push(format!("{what}: the views differ by more than 1"));
+        }
+        for (view, n) in [("tcp", tcp), ("sampler", sam)] {
+            if (n as i64 - truth).abs() > 3 {
+                failures.push(format!(
+                    "{what}: {view} differs from the transactions by more than 3"
+                ));
+            }
+        }
+    }
+    eprintln!("tcp samples_before_window: {before}");
+    assert!(counts.len() >= 3, "fewer than 3 intervals: {lines:#?}");
+    assert!(
+        before.as_u64().unwrap_or(0) > 0,
+        "the TCP view, attached first, took no sample before the window: {before}"
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
