@@ -624,17 +624,21 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 /* A connection being opened (connect(), SYN_SENT): its state and retransmit callbacks on, so a
  * handshake that fails is counted by kind (on_syn_sent_close) and its SYNs' retransmissions too.
  * Past the filters only; the callbacks stay on (the established callback adds the RTT's). */
-static __noinline void on_connect(struct bpf_sock_ops *skops)
+static __noinline int handshake_wanted(struct bpf_sock_ops *skops)
 {
 	struct rttscope_flow_key key = {};
 	struct bpf_sock *sk = skops->sk;
 
 	if (!sk || !skops_key(skops, &key))
-		return;
+		return 0;
 	key.netns = sock_netns(sk);
-	if (!wanted(&key))
-		return;
-	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | HOOK_CB_FLAGS);
+	return wanted(&key);
+}
+
+static __noinline void on_connect(struct bpf_sock_ops *skops)
+{
+	if (handshake_wanted(skops))
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | HOOK_CB_FLAGS);
 }
 
 #define ECONNRESET 104
@@ -644,14 +648,16 @@ static __noinline void on_connect(struct bpf_sock_ops *skops)
 #define EHOSTUNREACH 113
 
 /* A connection that left SYN_SENT for CLOSE: a failed handshake, by the socket's error (set by
- * tcp_reset or tcp_write_err before tcp_done; read through the socket's BTF type). */
+ * tcp_reset or tcp_write_err before tcp_done; read through the socket's BTF type). The callback
+ * flags are the socket's, whoever set them (another observer's program too): the filters are
+ * checked again. */
 static __noinline void on_syn_sent_close(struct bpf_sock_ops *skops)
 {
 	struct bpf_sock *sk = skops->sk;
 	struct tcp_sock *tp;
 	int err = -1;
 
-	if (!sk)
+	if (!sk || !handshake_wanted(skops))
 		return;
 	tp = bpf_skc_to_tcp_sock(sk);
 	if (tp)
@@ -690,7 +696,8 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
 		if (skops->state == TCP_SYN_SENT) {
-			count(RTTSCOPE_TCP_HS_SYN_RETRANS);
+			if (handshake_wanted(skops))
+				count(RTTSCOPE_TCP_HS_SYN_RETRANS);
 			break;
 		}
 		count(RTTSCOPE_TCP_RETRANS);

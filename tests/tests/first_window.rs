@@ -9,11 +9,11 @@
 //!
 //! Tolerances: the two views against each other ±1 (a transaction whose request ACK is timed by
 //! one view just before a read and by the other just after). Against the transactions: the
-//! client's counter is polled every 2 ms by the test and the interval is taken as
-//! [ts - interval_s, ts] of its record, whose ends are the observer's read moments to within
-//! the time the read and the clock calls take (a few ms on this loaded machine, less than a
-//! transaction's 10 ms pacing): ±3 per interval (one transaction at each end, one for a
-//! request in flight at a read). The bug moved the first interval by ~50.
+//! client's counter is polled every 2 ms by the test; an interval runs from the previous
+//! record's `ts` (the first: the start record's, when every view's window started) to its own,
+//! each stamped just before the views are read: the reads themselves take a few ms on this
+//! loaded machine, less than a transaction's 10 ms pacing, so ±3 per interval (one transaction
+//! at each end, one for a request in flight at a read). The bug moved the first interval by ~50.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,12 +44,15 @@ fn done_between(series: &[(f64, u32)], from: f64, to: f64) -> i64 {
     at(to) - at(from)
 }
 
-/// Per interval: the client side's samples of the flow from `lport`, per view.
+/// Per interval: its start and end (Unix time: the previous record's `ts`, the first one's the
+/// start record's, when every view's window started) and the client side's samples of the flow
+/// from `lport`, per view.
 fn client_counts(
     lines: &[serde_json::Value],
     lport: u16,
 ) -> Vec<(f64, f64, BTreeMap<String, u64>)> {
     let local = format!("{A_ADDR}:{lport}");
+    let mut from = lines[0]["ts"].as_f64().expect("the start record's ts");
     lines
         .iter()
         .filter(|l| l["type"] == "interval")
@@ -64,11 +67,8 @@ fn client_counts(
                     *per_view.entry(view.to_string()).or_insert(0) += n;
                 }
             }
-            (
-                l["ts"].as_f64().unwrap(),
-                l["interval_s"].as_f64().unwrap(),
-                per_view,
-            )
+            let to = l["ts"].as_f64().unwrap();
+            (std::mem::replace(&mut from, to), to, per_view)
         })
         .collect()
 }
@@ -121,12 +121,13 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
     let counts = client_counts(&lines, client.local.port());
     let before = &last_interval_counters(&lines, "tcp")["samples_before_window"];
     let mut failures = Vec::new();
-    for (i, (ts, len, per_view)) in counts.iter().enumerate() {
+    for (i, (from, to, per_view)) in counts.iter().enumerate() {
         let (tcp, sam) = (
             per_view.get("tcp").copied().unwrap_or(0),
             per_view.get("sampler").copied().unwrap_or(0),
         );
-        let truth = done_between(&series, ts - len, *ts);
+        let truth = done_between(&series, *from, *to);
+        let len = to - from;
         let what =
             format!("interval {i} ({len:.3} s): tcp {tcp}, sampler {sam}, transactions {truth}");
         eprintln!("{what}");
@@ -147,5 +148,17 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
         before.as_u64().unwrap_or(0) > 0,
         "the TCP view, attached first, took no sample before the window: {before}"
     );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let sampler: Vec<String> = last_interval_counters(&lines, "sampler")
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| v.as_u64().unwrap_or(0) > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{}\nthe sampler's counters: {}",
+        failures.join("\n"),
+        sampler.join(", ")
+    );
 }

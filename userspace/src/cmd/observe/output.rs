@@ -91,7 +91,7 @@ pub(super) fn start_record(
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
         // 2: `hooks` in the interval and end records (issue 41)
-        version: 2,
+        version: 3,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };

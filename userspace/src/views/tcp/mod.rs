@@ -626,6 +626,7 @@ pub fn state_name(s: u8) -> &'static str {
 
 pub(crate) mod attach;
 pub mod lines;
+mod listen;
 pub mod options;
 pub mod plan;
 pub mod track;

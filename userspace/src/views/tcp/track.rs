@@ -32,6 +32,8 @@ pub struct TcpSession {
     cgroup: Option<std::path::PathBuf>,
     /// `--all-netns` (the start line's hint).
     all_netns: bool,
+    /// Listen-queue drops of the observed namespaces (their netstat).
+    listen: super::listen::ListenDrops,
 }
 
 impl TcpSession {
@@ -55,6 +57,7 @@ impl TcpSession {
             netns: cfg.netns_filter.clone(),
             cgroup: cfg.cgroup.clone(),
             all_netns: cfg.all_netns,
+            listen: super::listen::ListenDrops::open(&cfg.iter_netns),
         }
     }
 
@@ -64,9 +67,12 @@ impl TcpSession {
     }
 
     /// The view's counters as every record carries them.
-    fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
+    fn counters(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
         let mut tc = self.view.counters()?;
         self.tracker.counters(&mut tc);
+        let (overflows, drops) = self.listen.since_attach();
+        tc.insert("handshake_listen_overflows", overflows);
+        tc.insert("handshake_listen_drops", drops);
         Ok(ctx.finish_counters(tc))
     }
 
