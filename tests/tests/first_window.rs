@@ -7,8 +7,17 @@
 //! sampler's programs were verified and attached: at 100 transactions/s and 2 s intervals the
 //! first interval read TCP 249 vs sampler 196 (then 194/194, 195/195).
 //!
-//! Tolerances: the two views against each other ±1 (a transaction whose request ACK is timed by
-//! one view just before a read and by the other just after). Against the transactions: the
+//! Tolerances: the two views against each other: their totals over the run equal ±1, and each
+//! interval ±3. The views are read one after the other (the TCP view, then the sampler), so a
+//! sample taken between the two reads falls in an interval of one and the next of the other: in
+//! 9 runs on this shared 2-core machine (3 beside the handshake tests) the first interval agreed
+//! within 1 every time and the others within 2 (e.g. 154/152 then 208/210: the same total), but
+//! once, beside the handshake tests, the sampler took 7 fewer samples than TCP over the run (3
+//! fewer in two intervals; its counters were not printed then): a loss of the sampler under load,
+//! not a window, which this test fails on (printing the sampler's counters). The bug made the
+//! first interval 50 apart. The totals' bound grows by the flow's retransmissions (TCP
+//! takes no sample of a retransmitted request, Karn; the sampler does): under load a stalled
+//! server makes the client send a tail loss probe now and then. Against the transactions: the
 //! client's counter is polled every 2 ms by the test; an interval runs from the previous
 //! record's `ts` (the first: the start record's, when every view's window started) to its own,
 //! each stamped just before the views are read: the reads themselves take a few ms on this
@@ -131,8 +140,8 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
         let what =
             format!("interval {i} ({len:.3} s): tcp {tcp}, sampler {sam}, transactions {truth}");
         eprintln!("{what}");
-        if (tcp as i64 - sam as i64).abs() > 1 {
-            failures.push(format!("{what}: the views differ by more than 1"));
+        if (tcp as i64 - sam as i64).abs() > 3 {
+            failures.push(format!("{what}: the views differ by more than 3"));
         }
         for (view, n) in [("tcp", tcp), ("sampler", sam)] {
             if (n as i64 - truth).abs() > 3 {
@@ -141,6 +150,25 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
                 ));
             }
         }
+    }
+    let total = |v: &str| -> i64 {
+        counts
+            .iter()
+            .map(|c| c.2.get(v).copied().unwrap_or(0) as i64)
+            .sum()
+    };
+    // A request TCP sent again (a tail loss probe when the host stalls the server) gives TCP no
+    // sample (Karn) and the sampler one: the flow's own retransmissions widen the bound.
+    let local = format!("{A_ADDR}:{}", client.local.port());
+    let retrans = end_flow(&lines, &p.a.name, &local)
+        .and_then(|f| f["tcp"]["retrans"].as_i64())
+        .unwrap_or(0);
+    if (total("tcp") - total("sampler")).abs() > 1 + retrans {
+        failures.push(format!(
+            "the run's totals differ by more than 1 + {retrans} retransmissions: tcp {}, sampler {}",
+            total("tcp"),
+            total("sampler")
+        ));
     }
     eprintln!("tcp samples_before_window: {before}");
     assert!(counts.len() >= 3, "fewer than 3 intervals: {lines:#?}");

@@ -125,7 +125,7 @@ pub struct RunResult {
     /// Always `"rttscope-result"`.
     #[schemars(extend("const" = "rttscope-result"))]
     pub format: String,
-    /// Format version: 2 (this build); readers also accept 1 (times then in seconds, `t_s`).
+    /// Format version: 3 (this build); readers also accept 2 and 1 (times then in seconds, `t_s`).
     #[schemars(range(min = 1))]
     pub version: u32,
     /// The program that wrote the file.

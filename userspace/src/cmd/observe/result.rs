@@ -372,6 +372,7 @@ mod tests {
             totals: [("tcp", tcp)].into_iter().collect(),
             counters: Default::default(),
             hooks: vec![],
+            handshakes: Default::default(),
         };
         let v = side_series(
             &summary,

@@ -108,3 +108,57 @@ impl Handshakes {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::{Exporter, LabelPolicy};
+    use crate::analysis::flow::Side;
+    use crate::analysis::hist::Hist;
+    use crate::views::ViewKind;
+
+    #[test]
+    fn handshakes_are_a_histogram_per_side_and_failures_a_counter_per_reason() {
+        let mut ex = Exporter::new(LabelPolicy::default()).unwrap();
+        let t = ex.encode();
+        // every reason from the first render, at 0
+        assert!(
+            t.contains(
+                "rttscope_tcp_handshake_failures_total{side=\"server\",reason=\"listen_drop\"} 0"
+            ),
+            "{t}"
+        );
+        let mut h = Hist::default();
+        h.record(20_300);
+        h.record(20_500);
+        ex.observe_handshakes(Side::Client, &h);
+        ex.observe_handshakes(Side::Client, &h);
+        let mut c = BTreeMap::new();
+        c.insert("handshake_failed_refused", 2u64);
+        ex.set_counters(ViewKind::Tcp, &c);
+        c.insert("handshake_failed_refused", 5);
+        ex.set_counters(ViewKind::Tcp, &c);
+        let t = ex.encode();
+        assert!(
+            t.contains("# TYPE rttscope_tcp_handshake_seconds histogram"),
+            "{t}"
+        );
+        assert!(
+            t.contains("rttscope_tcp_handshake_seconds_count{side=\"client\"} 4"),
+            "{t}"
+        );
+        // 20.3 ms and 20.5 ms: below the 20.48 ms bound (20 us x 2^10) one each time
+        assert!(
+            t.contains("rttscope_tcp_handshake_seconds_bucket{le=\"0.02048\",side=\"client\"} 2"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "rttscope_tcp_handshake_failures_total{side=\"client\",reason=\"refused\"} 5"
+            ),
+            "{t}"
+        );
+        assert_eq!(ex.render().handshake_natives.len(), 1);
+    }
+}
