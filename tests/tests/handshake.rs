@@ -9,7 +9,9 @@
 //!
 //! Tolerances: each side's median handshake RTT within 5 % (1 ms) of the configured 20 ms — the
 //! emulator adds 0.1-0.3 ms of its own, and one stalled handshake on this loaded machine moves a
-//! median little — and within 5 % of the probe's median; no handshake shorter than the
+//! median little — and not above the probe's median + 5 % (the probe's span, connect() to
+//! writable in userspace, holds the kernel's; on this loaded machine its wake-up added 1.6 to
+//! 7.7 ms to its median in one run while the kernel's stayed at 20.3 ms); no handshake shorter than the
 //! configured delay (less would mean a wrong measurement, not load). With timestamps off on
 //! the client (a second batch, to another port) the same: the kernel times the SYN and the
 //! SYN-ACK from when it sent them, not from a timestamp echo. Counts are exact: the test's
@@ -161,9 +163,8 @@ fn check_side(
                 v.len()
             ));
         }
-        if (p50 - RTT_US).abs() > 0.05 * RTT_US
-            || (p50 - probe_ms * 1e3).abs() > 0.05 * probe_ms * 1e3
-        {
+        // the probe times connect() to writable in userspace: its span holds the kernel's
+        if (p50 - RTT_US).abs() > 0.05 * RTT_US || p50 > 1.05 * probe_ms * 1e3 {
             bad.push(format!(
                 "{what} {side}: median {p50:.0} us, configured {RTT_US} us, probe {probe_ms:.3} ms"
             ));
