@@ -179,6 +179,57 @@ fn check_side(
     bad
 }
 
+/// The handshakes of every interval and of the end record against the handshakes made, the
+/// connection opened before attach (client port `bport`: both ends, neither with a handshake)
+/// and the failure counters (one refused, one timed out with its SYN sent again).
+fn check_counts(lines: &[Value], end: &Value, bport: u16) -> Vec<String> {
+    let mut bad = Vec::new();
+    let c = &end["counters"]["tcp"];
+    // every interval's handshakes add up to the handshakes made, as does the end record's
+    for side in ["client", "server"] {
+        let per_iv: u64 = lines
+            .iter()
+            .filter(|l| l["type"] == "interval")
+            .filter_map(|l| l["handshakes"]["tcp"][side]["n"].as_u64())
+            .sum();
+        let whole = end["handshakes"]["tcp"][side]["summary"]["n"].as_u64();
+        if per_iv != (N + N_NO_TS) as u64 || whole != Some(per_iv) {
+            bad.push(format!(
+                "{side}: intervals' handshakes {per_iv}, end record's {whole:?}, {} made",
+                N + N_NO_TS
+            ));
+        }
+    }
+    // the connection opened before: both ends found, neither with a handshake
+    let ends: Vec<(Vec<f64>, usize)> = ["client", "server"]
+        .iter()
+        .map(|s| handshakes(end, OPEN, s, (bport, true)))
+        .collect();
+    let before_ok = ends.iter().all(|(v, none)| v.is_empty() && *none == 1);
+    let want = [
+        ("handshake_failed_refused", 1),
+        ("handshake_failed_timed_out", 1),
+        ("handshake_failed_reset", 0),
+        ("handshake_failed_abandoned", 0),
+        ("handshake_not_measured", 0),
+    ];
+    for (k, n) in want {
+        if c[k].as_u64() != Some(n) {
+            bad.push(format!("{k} {} (want {n})", c[k]));
+        }
+    }
+    if c["handshake_syn_retransmits"].as_u64() < Some(1) {
+        bad.push(format!(
+            "handshake_syn_retransmits {} (the dropped SYN was sent again)",
+            c["handshake_syn_retransmits"]
+        ));
+    }
+    if c["handshakes_before_attach"].as_u64() != Some(2) || !before_ok {
+        bad.push(format!("handshakes_before_attach {} (the connection opened before: both ends), its flows {ends:?}", c["handshakes_before_attach"]));
+    }
+    bad
+}
+
 fn handshakes_and_failures(loader: &str) {
     let (tb, imp) = setup();
     // a connection open before observe starts: no handshake, said so
@@ -240,48 +291,7 @@ fn handshakes_and_failures(loader: &str) {
         probe_no_ts,
         "timestamps off",
     ));
-    // every interval's handshakes add up to the handshakes made, as does the end record's
-    for side in ["client", "server"] {
-        let per_iv: u64 = lines
-            .iter()
-            .filter(|l| l["type"] == "interval")
-            .filter_map(|l| l["handshakes"]["tcp"][side]["n"].as_u64())
-            .sum();
-        let whole = end["handshakes"]["tcp"][side]["summary"]["n"].as_u64();
-        if per_iv != (N + N_NO_TS) as u64 || whole != Some(per_iv) {
-            bad.push(format!(
-                "{side}: intervals' handshakes {per_iv}, end record's {whole:?}, {} made",
-                N + N_NO_TS
-            ));
-        }
-    }
-    // the connection opened before: both ends found, neither with a handshake
-    let ends: Vec<(Vec<f64>, usize)> = ["client", "server"]
-        .iter()
-        .map(|s| handshakes(end, OPEN, s, (bport, true)))
-        .collect();
-    let before_ok = ends.iter().all(|(v, none)| v.is_empty() && *none == 1);
-    let want = [
-        ("handshake_failed_refused", 1),
-        ("handshake_failed_timed_out", 1),
-        ("handshake_failed_reset", 0),
-        ("handshake_failed_abandoned", 0),
-        ("handshake_not_measured", 0),
-    ];
-    for (k, n) in want {
-        if c[k].as_u64() != Some(n) {
-            bad.push(format!("{k} {} (want {n})", c[k]));
-        }
-    }
-    if c["handshake_syn_retransmits"].as_u64() < Some(1) {
-        bad.push(format!(
-            "handshake_syn_retransmits {} (the dropped SYN was sent again)",
-            c["handshake_syn_retransmits"]
-        ));
-    }
-    if c["handshakes_before_attach"].as_u64() != Some(2) || !before_ok {
-        bad.push(format!("handshakes_before_attach {} (the connection opened before: both ends), its flows {ends:?}", c["handshakes_before_attach"]));
-    }
+    bad.extend(check_counts(&lines, end, bport));
     assert!(
         bad.is_empty(),
         "{loader}: {}\ncounters {c}\nprobe: {out}\n{out2}\n{refused}\n{silent}",
