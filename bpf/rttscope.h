@@ -96,6 +96,16 @@ enum rttscope_tcp_counter {
 	                                    * the socket at that address is no longer the recorded one */
 	RTTSCOPE_TCP_EXISTING_SAMPLES,     /* build without atomics: samples the per-ACK hook took for
 	                                    * connections in tcp_existing (the rest are RTT_CB's) */
+	/* Handshakes (issue 45): failed ones by kind, retransmitted SYNs and SYN-ACKs, and
+	 * connections established without a handshake RTT (retransmitted SYN, no timestamps). */
+	RTTSCOPE_TCP_HS_REFUSED,        /* client: SYN_SENT -> CLOSE with ECONNREFUSED (RST to the SYN) */
+	RTTSCOPE_TCP_HS_TIMED_OUT,      /* client: SYN_SENT -> CLOSE with ETIMEDOUT (SYN retries exhausted) */
+	RTTSCOPE_TCP_HS_UNREACHABLE,    /* client: SYN_SENT -> CLOSE with EHOSTUNREACH/ENETUNREACH (ICMP) */
+	RTTSCOPE_TCP_HS_RESET,          /* client: SYN_SENT -> CLOSE with another error */
+	RTTSCOPE_TCP_HS_ABANDONED,      /* client: SYN_SENT -> CLOSE without an error (closed by the application) */
+	RTTSCOPE_TCP_HS_SYN_RETRANS,    /* client: SYNs retransmitted (retransmit callbacks in SYN_SENT) */
+	RTTSCOPE_TCP_HS_SYNACK_RETRANS, /* server: SYN-ACKs retransmitted, of the handshakes that completed */
+	RTTSCOPE_TCP_HS_NOT_MEASURED,   /* established with no handshake RTT (srtt 0: Karn, no timestamps) */
 	RTTSCOPE_TCP_COUNTERS,          /* number of counters */
 };
 
@@ -225,6 +235,8 @@ struct rttscope_tcp_flow {
 	__u64 first_ns;     /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
 	__u64 last_ns;      /* time of the last sample (kept only with --raw: no clock read on the hot path) */
 	struct rttscope_flow_key key; /* the flow */
+	__u32 handshake_us; /* handshake RTT (client: SYN -> SYN-ACK; server: SYN-ACK -> ACK), us; 0: none */
+	__u32 reserved2;    /* the flow key's tunnel identity took the padding handshake_us had */
 };
 
 /* Socket-local storage of the TCP view: where the socket's flow lives. */
@@ -282,7 +294,7 @@ _Static_assert(sizeof(struct rttscope_flow_key) == 48, "flow key layout");
 _Static_assert(sizeof(struct rttscope_rtt_agg) == 40, "rtt aggregate layout");
 _Static_assert(sizeof(struct rttscope_fine_hist) == 32 + 4 * RTTSCOPE_HIST_BUCKETS, "fine histogram layout");
 _Static_assert(sizeof(struct rttscope_fine_overflow) == 16, "fine overflow record layout");
-_Static_assert(sizeof(struct rttscope_tcp_flow) == 104 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
+_Static_assert(sizeof(struct rttscope_tcp_flow) == 112 + sizeof(struct rttscope_rtt_agg), "tcp flow layout");
 _Static_assert(sizeof(struct rttscope_tcp_sk) == 8, "tcp socket storage layout");
 _Static_assert(sizeof(struct rttscope_tcp_existing) == 24, "tcp existing-connection entry layout");
 _Static_assert(sizeof(struct rttscope_event) == 72, "event layout");

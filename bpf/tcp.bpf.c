@@ -43,6 +43,7 @@
 #define SOL_TCP 6
 #define TCP_BPF_SOCK_OPS_CB_FLAGS 1008
 #define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
 #define TCP_CLOSE 7
 #define TCP_LISTEN 10
 
@@ -371,6 +372,7 @@ static __always_inline void fill_flow(struct rttscope_tcp_flow *f, struct bpf_so
 	f->first_ns = bpf_ktime_get_ns();
 	f->last_ns = 0;
 	f->key = *key;
+	f->handshake_us = 0;
 	__asm__ __volatile__("" ::: "memory");
 	f->flags = RTTSCOPE_FLOW_IN_USE;
 }
@@ -564,6 +566,28 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 	record_sample(f, slot, rtt, srtt);
 }
 
+/* The handshake of a connection just established: TCP's srtt then holds its one RTT sample
+ * (client: SYN -> SYN-ACK, taken by tcp_ack in SYN_SENT; server: SYN-ACK -> ACK, taken by
+ * tcp_synack_rtt_meas when the child socket is made; 0 when a retransmitted SYN or SYN-ACK
+ * left no sample, Karn, and there are no timestamps), kept in the flow; the server's
+ * retransmitted SYN-ACKs (the child's total_retrans is the request's num_retrans). */
+static __always_inline void on_handshake(struct bpf_sock_ops *skops, struct rttscope_tcp_flow *f, __u8 side)
+{
+	__u32 hs = skops->srtt_us >> 3;
+	__u32 idx = RTTSCOPE_TCP_HS_SYNACK_RETRANS;
+	__u64 *c;
+
+	if (!hs)
+		count(RTTSCOPE_TCP_HS_NOT_MEASURED);
+	if (f)
+		f->handshake_us = hs;
+	if (side == RTTSCOPE_SIDE_SERVER && skops->total_retrans) {
+		c = bpf_map_lookup_elem(&tcp_counters, &idx);
+		if (c)
+			*c += skops->total_retrans;
+	}
+}
+
 /* A connection was established after attach: turn our callbacks on and
  * give it a slot (not on the per-sample path: a subprogram of its own, so its
  * stack work stays out of the RTT callback). */
@@ -589,10 +613,64 @@ static __noinline void on_established(struct bpf_sock_ops *skops, __u8 side)
 	count(RTTSCOPE_TCP_ENABLED);
 	f = new_flow(sk, bpf_get_socket_cookie(skops), &key, side, RTTSCOPE_ORIGIN_ESTABLISHED,
 		     skops->srtt_us >> 3, TCP_ESTABLISHED, &slot);
+	on_handshake(skops, f, side);
 	if (f) {
 		idx = hint_index(skops, &tag);
 		set_hint(bpf_map_lookup_elem(&tcp_hints, &idx), f, slot, tag);
 	}
+}
+
+/* A connection being opened (connect(), SYN_SENT): its state and retransmit callbacks on, so a
+ * handshake that fails is counted by kind (on_syn_sent_close) and its SYNs' retransmissions too.
+ * Past the filters only; the callbacks stay on (the established callback adds the RTT's). */
+static __noinline int handshake_wanted(struct bpf_sock_ops *skops)
+{
+	struct rttscope_flow_key key = {};
+	struct bpf_sock *sk = skops->sk;
+
+	if (!sk || !skops_key(skops, &key))
+		return 0;
+	key.netns = sock_netns(sk);
+	return wanted(&key);
+}
+
+static __noinline void on_connect(struct bpf_sock_ops *skops)
+{
+	if (handshake_wanted(skops))
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | HOOK_CB_FLAGS);
+}
+
+#define ECONNRESET 104
+#define ENETUNREACH 101
+#define ETIMEDOUT 110
+#define ECONNREFUSED 111
+#define EHOSTUNREACH 113
+
+/* A connection that left SYN_SENT for CLOSE: a failed handshake, by the socket's error (set by
+ * tcp_reset or tcp_write_err before tcp_done; read through the socket's BTF type). The callback
+ * flags are the socket's, whoever set them (another observer's program too): the filters are
+ * checked again. */
+static __noinline void on_syn_sent_close(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct tcp_sock *tp;
+	int err = -1;
+
+	if (!sk || !handshake_wanted(skops))
+		return;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (tp)
+		err = BPF_CORE_READ(tp, inet_conn.icsk_inet.sk.sk_err);
+	if (err == ECONNREFUSED)
+		count(RTTSCOPE_TCP_HS_REFUSED);
+	else if (err == ETIMEDOUT)
+		count(RTTSCOPE_TCP_HS_TIMED_OUT);
+	else if (err == EHOSTUNREACH || err == ENETUNREACH)
+		count(RTTSCOPE_TCP_HS_UNREACHABLE);
+	else if (err == 0)
+		count(RTTSCOPE_TCP_HS_ABANDONED);
+	else
+		count(RTTSCOPE_TCP_HS_RESET);
 }
 
 SEC("sockops")
@@ -612,7 +690,15 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 		on_established(skops, RTTSCOPE_SIDE_SERVER);
 		break;
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		on_connect(skops);
+		break;
 	case BPF_SOCK_OPS_RETRANS_CB:
+		if (skops->state == TCP_SYN_SENT) {
+			if (handshake_wanted(skops))
+				count(RTTSCOPE_TCP_HS_SYN_RETRANS);
+			break;
+		}
 		count(RTTSCOPE_TCP_RETRANS);
 		sk = skops->sk;
 		if (!sk)
@@ -622,6 +708,10 @@ int rtt_tcp_sockops(struct bpf_sock_ops *skops)
 			f->retrans++;
 		break;
 	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[0] == TCP_SYN_SENT && skops->args[1] == TCP_CLOSE) {
+			on_syn_sent_close(skops);
+			break;
+		}
 		sk = skops->sk;
 		if (!sk)
 			break;

@@ -111,7 +111,7 @@ fn chain(doc_text: &[u8], what: &str, dir: &Dir) -> RunResult {
     let v: Value = serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("{what}: stdout is not one JSON document: {e}: {text}"));
     validate(&v, what);
-    assert_eq!(v["version"], 2, "{what}");
+    assert_eq!(v["version"], 3, "{what}");
     let r = RunResult::from_json(&text, what).unwrap();
     let samples: u64 = r.views.iter().map(|v| v.samples.len() as u64).sum();
     assert!(samples > 0, "{what}: no samples");

@@ -399,7 +399,7 @@ fn clsact_behind_priority_1_says_so_and_reports_blind_hooks() {
     // the result document
     let doc = run.result.as_ref().expect("the result document");
     assert_eq!(
-        doc["version"], 2,
+        doc["version"], 3,
         "a new field that older readers ignore keeps the version"
     );
     let hooks = doc["hooks"].as_array().expect("hooks in the result");

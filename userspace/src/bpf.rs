@@ -59,7 +59,7 @@ pub mod consts {
 
 // Size checks: the C side asserts the same numbers (_Static_assert).
 const _: () = assert!(std::mem::size_of::<FlowKey>() == 48);
-const _: () = assert!(std::mem::size_of::<TcpFlow>() == 104 + 40);
+const _: () = assert!(std::mem::size_of::<TcpFlow>() == 112 + 40);
 const _: () = assert!(std::mem::size_of::<FineHist>() == 32 + 4 * consts::HIST_BUCKETS);
 const _: () = assert!(std::mem::size_of::<Event>() == 72);
 

@@ -71,10 +71,11 @@ fn merged(t: &SideTotals) -> Hist {
     all
 }
 
-/// One interval's read: the report and each view's total histogram.
+/// One interval's read: the report, each view's total histogram and its handshakes by side.
 pub struct IntervalRead {
     pub interval: Interval,
     pub totals_hist: BTreeMap<&'static str, Hist>,
+    pub handshakes: BTreeMap<ViewKind, SideTotals>,
 }
 
 /// The attached views and what they share between reads.
@@ -89,6 +90,12 @@ pub struct Session {
     not_binned: Vec<u64>,
     /// The views' raw-sample streams (`SessionConfig::raw_samples`).
     raw: raw::RawStreams,
+    /// Each view's samples taken before the window started (session order), and when it
+    /// started (CLOCK_MONOTONIC ns): [`Session::start_window`].
+    before_window: Vec<u64>,
+    window_mono_ns: u64,
+    /// Each view's handshakes of the whole run, by side (a few histograms: bounded).
+    handshakes: BTreeMap<ViewKind, SideTotals>,
 }
 
 impl Session {
@@ -104,15 +111,44 @@ impl Session {
             cfg.raw_samples,
             views.iter_mut().map(|v| v.passive_mut()).collect(),
         )?;
-        Ok(Session {
+        let mut session = Session {
             watch: watch::Watch::new(&views),
             not_binned: vec![0; views.len()],
+            before_window: vec![0; views.len()],
+            window_mono_ns: 0,
+            handshakes: BTreeMap::new(),
             views,
             names: NsNames::new(),
             keep_rows: cfg.keep_rows,
             workloads: cfg.workloads.then(workload_index),
             raw,
-        })
+        };
+        session.start_window()?;
+        Ok(session)
+    }
+
+    /// Every view's first window starts now, when the last one is attached (issue 45): what
+    /// each view took before (a view attached earlier counts from its own attach, half a second
+    /// or more before the last one's programs are verified) is read once and left out of the
+    /// intervals, the whole run and the raw samples, and counted in its `samples_before_window`.
+    fn start_window(&mut self) -> Result<()> {
+        self.window_mono_ns = crate::sys::clock::mono_ns();
+        let mut rows = BTreeMap::new();
+        let mut before = Vec::new();
+        self.each_view(&mut rows, None, &mut |v, ctx| {
+            before.push(v.start_window(ctx)?);
+            Ok(())
+        })?;
+        self.before_window = before;
+        for v in self.views.iter_mut() {
+            v.take_handshakes(); // before the window too
+        }
+        Ok(())
+    }
+
+    /// CLOCK_MONOTONIC ns when every view's window started.
+    pub fn window_start_ns(&self) -> u64 {
+        self.window_mono_ns
     }
 
     /// The attached views, in registry order.
@@ -226,7 +262,23 @@ impl Session {
         })?;
         let (mut totals, mut counters, mut totals_hist) =
             (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        for (kind, r) in reads {
+        let mut handshakes = BTreeMap::new();
+        let mut hs_stats = BTreeMap::new();
+        for v in self.views.iter_mut() {
+            let hs = v.take_handshakes();
+            if hs.is_empty() {
+                continue;
+            }
+            let run = self.handshakes.entry(v.kind()).or_default();
+            for (side, h) in &hs {
+                run.entry(*side).or_default().merge(h);
+            }
+            hs_stats.insert(v.kind().as_str().into(), side_stats(&hs));
+            handshakes.insert(v.kind(), hs);
+        }
+        for (i, (kind, mut r)) in reads.into_iter().enumerate() {
+            r.counters
+                .insert("samples_before_window", self.before_window[i]);
             counters.insert(kind.as_str().into(), records::names(r.counters));
             totals.insert(kind.as_str().into(), side_stats(&r.totals));
             totals_hist.insert(kind.as_str(), merged(&r.totals));
@@ -241,8 +293,10 @@ impl Session {
                 totals,
                 counters,
                 hooks: self.hooks(),
+                handshakes: hs_stats,
             },
             totals_hist,
+            handshakes,
         })
     }
 
@@ -252,6 +306,11 @@ impl Session {
     pub fn drain_raw(&mut self, out: &mut Vec<RawSample>) -> Result<usize> {
         let from = out.len();
         let n = self.raw.drain_now(out)?;
+        // samples taken before the window started: counted in samples_before_window
+        let start = self.window_mono_ns;
+        let mut new = out.split_off(from);
+        new.retain(|s| s.event != RawEvent::Rtt || s.ts_ns >= start);
+        out.append(&mut new);
         raw::resolve_sides(&mut self.views, &mut out[from..]);
         Ok(n)
     }
@@ -282,21 +341,34 @@ impl Session {
         let mut flows = RunFlows::new();
         let (mut totals, mut counters) = (BTreeMap::new(), BTreeMap::new());
         let mut rows = BTreeMap::new();
+        let before = self.before_window.clone();
+        let mut i = 0;
         self.each_view(&mut rows, None, &mut |v, ctx| {
-            let r = v.summary(ctx, &mut flows)?;
+            let mut r = v.summary(ctx, &mut flows)?;
             if !r.totals.is_empty() {
                 totals.insert(v.kind().as_str(), r.totals);
             }
+            r.counters.insert("samples_before_window", before[i]);
+            i += 1;
             counters.insert(v.kind().as_str(), r.counters);
             Ok(())
         })?;
         let (end_flows, rows): (Vec<EndFlow>, Vec<FlowRow>) = flows.into_values().unzip();
+        // the last interval's handshakes not read yet
+        for v in self.views.iter_mut() {
+            let run = self.handshakes.entry(v.kind()).or_default();
+            for (side, h) in v.take_handshakes() {
+                run.entry(side).or_default().merge(&h);
+            }
+        }
+        self.handshakes.retain(|_, t| !t.is_empty());
         Ok(WholeRun {
             flows: end_flows,
             rows,
             totals,
             counters,
             hooks: self.hooks(),
+            handshakes: self.handshakes.clone(),
         })
     }
 }
@@ -313,6 +385,8 @@ pub struct WholeRun {
     pub counters: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
     /// Each view's hooks at the last check.
     pub hooks: Vec<records::HookStatus>,
+    /// Each view's handshakes of the whole run, by side.
+    pub handshakes: BTreeMap<ViewKind, SideTotals>,
 }
 
 impl WholeRun {
@@ -331,6 +405,11 @@ impl WholeRun {
                 .collect(),
             counters: records::counters(&self.counters),
             hooks: self.hooks.clone(),
+            handshakes: self
+                .handshakes
+                .iter()
+                .map(|(v, t)| (Name::from(v.as_str()), side_stats(t)))
+                .collect(),
         }
     }
 }

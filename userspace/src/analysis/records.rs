@@ -392,6 +392,10 @@ pub struct End {
     /// Each view's hooks at the last check (as in `interval`); absent when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookStatus>,
+    /// Per view, per side: the handshake RTTs of the whole run (as in `interval`), with their
+    /// histogram; absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub handshakes: BTreeMap<Name, BTreeMap<Name, EndView>>,
     pub t: f64,
     pub ts: f64,
     #[serde(rename = "type", skip_deserializing)]
@@ -478,6 +482,10 @@ pub struct EndView {
     /// Sampler: the interface.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iface: Option<String>,
+    /// TCP: the connection's handshake RTT (us; client SYN -> SYN-ACK, server SYN-ACK -> ACK);
+    /// absent for a connection open before attach or whose handshake left no sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake_us: Option<u32>,
     /// TCP: retransmissions over the flow's life.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retrans: Option<u32>,
@@ -493,6 +501,7 @@ impl EndView {
     pub fn of(h: &Hist) -> Self {
         EndView {
             histogram: sparse(h),
+            handshake_us: None,
             iface: None,
             retrans: None,
             srtt_us: None,
@@ -524,6 +533,10 @@ pub struct ViewStats {
     /// TCP view only: retransmissions over the flow's life.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retrans: Option<u32>,
+    /// TCP view only: the connection's handshake RTT (us); absent for a connection open before
+    /// attach or whose handshake left no sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handshake_us: Option<u32>,
 }
 
 impl ViewStats {
@@ -532,6 +545,7 @@ impl ViewStats {
             summary: h.summary(),
             srtt_us: None,
             retrans: None,
+            handshake_us: None,
         }
     }
 }
@@ -661,6 +675,10 @@ pub struct Interval {
     /// checked this interval; absent when no view has any.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookStatus>,
+    /// Per view, per side: the handshake RTTs of the connections it saw established in this
+    /// interval (the TCP view: client SYN -> SYN-ACK, server SYN-ACK -> ACK); absent when none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub handshakes: BTreeMap<Name, BTreeMap<Name, ViewStats>>,
 }
 
 fn interval_kind() -> Name {

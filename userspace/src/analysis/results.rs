@@ -25,7 +25,7 @@ pub use kind::ViewKind;
 /// The value of the `format` field.
 pub const FORMAT: &str = "rttscope-result";
 /// The format version this build writes; it reads this version and older ones.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Largest result file `load` accepts (bounded memory for a file that is charted later).
 pub const MAX_FILE_BYTES: u64 = crate::sys::files::MAX_READ_BYTES;
 /// Largest magnitude of a time (`t_us`, in seconds) or a sweep's `x` that `load` accepts: about
@@ -125,7 +125,7 @@ pub struct RunResult {
     /// Always `"rttscope-result"`.
     #[schemars(extend("const" = "rttscope-result"))]
     pub format: String,
-    /// Format version: 2 (this build); readers also accept 1 (times then in seconds, `t_s`).
+    /// Format version: 3 (this build); readers also accept 2 and 1 (times then in seconds, `t_s`).
     #[schemars(range(min = 1))]
     pub version: u32,
     /// The program that wrote the file.
@@ -1006,7 +1006,7 @@ mod tests {
         let r = sample_result();
         let text = r.to_json().unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(v["version"], 2);
+        assert_eq!(v["version"], 3);
         assert_eq!(
             v["views"][0]["samples"][1],
             serde_json::json!({"t_us": 500000.0, "rtt_us": 151.0})

@@ -315,6 +315,7 @@ mod tests {
                 .collect(),
             counters: BTreeMap::new(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(&mut out, "view tcp", &iv, &["tcp"]).unwrap();
@@ -381,6 +382,7 @@ mod tests {
             .into_iter()
             .collect(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(
@@ -450,6 +452,7 @@ mod tests {
             .collect(),
             counters: BTreeMap::new(),
             hooks: vec![],
+            handshakes: BTreeMap::new(),
         };
         let mut out = Vec::new();
         print_table(&mut out, "rttscope observe", &iv, &["tcp"]).unwrap();

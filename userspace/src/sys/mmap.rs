@@ -125,7 +125,7 @@ mod tests {
     }
 
     /// Every element once, in order, with its own bytes, whatever the
-    /// element size against the page and the window (TCP slots 144 bytes,
+    /// element size against the page and the window (TCP slots 152 bytes,
     /// sampler ways 256, pool entries 5,152), from any first element; and
     /// what `f` writes reaches the map.
     #[test]

@@ -208,6 +208,19 @@ pub trait View {
     /// One interval: each flow's samples since the previous read into its
     /// row and the sink; the view's totals by side and counters.
     fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead>;
+    /// Once, when the last view is attached: the start of every view's first window (issue 45).
+    /// Reads what the view holds so far and leaves it out of the intervals and of the whole run;
+    /// returns how many samples that was (`samples_before_window`). Default: one read, discarded
+    /// (its samples are then left out of the intervals only).
+    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
+        let r = self.read(ctx)?;
+        Ok(r.totals.values().map(|h| h.count()).sum())
+    }
+    /// The handshake RTTs of the connections it saw established since the last call, by side
+    /// (the TCP view's; default: none).
+    fn take_handshakes(&mut self) -> SideTotals {
+        SideTotals::new()
+    }
     /// The whole run: each flow the view holds (and held) into `flows`.
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead>;
     /// Notices for the user since the last call (one line each); asked once per interval,

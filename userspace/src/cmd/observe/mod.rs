@@ -204,8 +204,9 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     };
     let header = output::header(&args, &session);
     result::start(&args, &session, output::settings(&args));
-    // t = 0 of the raw samples, and the start record's `ts` (its Unix time).
-    let start_mono = crate::sys::clock::mono_ns();
+    // t = 0 of the records and raw samples, and the start record's `ts` (its Unix time): when
+    // every view's first window started (Session::attach).
+    let start_mono = session.window_start_ns();
     output::print_start(&args, &session, &views, &header, start_mono)?;
     let start = Instant::now();
     let mut raw = Raw::default();
@@ -250,6 +251,12 @@ async fn run_loop(
 ) -> Result<()> {
     let view_names: Vec<&'static str> = views.iter().map(|v| v.as_str()).collect();
     let mut report = Report::new(args, header, &view_names);
+    // the first interval spans from the moment every view's window started (t = 0)
+    let since_window = crate::sys::clock::mono_ns().saturating_sub(start_mono);
+    report.last_tick = Instant::now()
+        .checked_sub(Duration::from_nanos(since_window))
+        .unwrap_or(report.last_tick);
+    report.start = report.last_tick;
     // Between reports, a check that frees closed flows early when the TCP
     // view's table fills up (Tracker::reclaim_due).
     let reclaim_every = (args.interval / 8).max(Duration::from_millis(50));
@@ -360,6 +367,8 @@ impl<'a> Report<'a> {
         for n in session.check_vanished() {
             eprintln!("rttscope: notice: {n}");
         }
+        // the interval ends when its read starts
+        let (end, end_ts) = (Instant::now(), output::unix_now());
         let read = {
             let mut sinks = self.sinks(daemon.as_deref_mut());
             session.read_interval(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?
@@ -367,10 +376,11 @@ impl<'a> Report<'a> {
         let mut iv = read.interval;
         // daemon mode: counters, program statistics.
         if let Some(d) = daemon {
+            d.handshakes(&read.handshakes);
             d.hooks(&iv.hooks);
             d.counters(&iv.counters);
         }
-        let now_t = self.start.elapsed().as_secs_f64();
+        let now_t = end.duration_since(self.start).as_secs_f64();
         let mut cloud_lines = Vec::new();
         for (name, agg) in self.cloud.iter_mut() {
             if let Some(h) = read.totals_hist.get(name) {
@@ -381,9 +391,9 @@ impl<'a> Report<'a> {
             cloud_lines.push((*name, current));
         }
         iv.t = now_t;
-        iv.ts = output::unix_now();
-        iv.interval_s = self.last_tick.elapsed().as_secs_f64();
-        self.last_tick = Instant::now();
+        iv.ts = end_ts;
+        iv.interval_s = end.duration_since(self.last_tick).as_secs_f64();
+        self.last_tick = end;
         if let Some(c) = &self.cloud_export {
             output::cloud_requests(&c.export, iv.ts, &mut std::io::stdout().lock())?;
         } else if !self.args.quiet {

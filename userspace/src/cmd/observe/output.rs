@@ -91,7 +91,7 @@ pub(super) fn start_record(
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
         // 2: `hooks` in the interval and end records (issue 41)
-        version: 2,
+        version: 3,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
@@ -232,6 +232,16 @@ pub(super) fn print_end(
             counters: records::counters(counters),
             flows: summary.flows,
             hooks: summary.hooks,
+            handshakes: summary
+                .handshakes
+                .iter()
+                .map(|(v, t)| {
+                    let sides = t
+                        .iter()
+                        .map(|(s, h)| (s.as_str().into(), records::EndView::of(h)));
+                    (v.as_str().into(), sides.collect())
+                })
+                .collect(),
             t: elapsed_s,
             ts: unix_now(),
             kind: records::EndTag,

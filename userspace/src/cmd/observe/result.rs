@@ -149,6 +149,9 @@ fn flow_series(r: &FlowRow, kind: ViewKind, st: &ViewStats) -> ViewSeries {
         "netns": r.netns, "netns_name": r.netns_name, "origin": r.origin, "state": r.state,
         "closed": r.closed, "srtt_us": st.srtt_us, "retrans": st.retrans,
     });
+    if let Some(us) = st.handshake_us {
+        v.details["handshake_us"] = json!(us);
+    }
     if let Some(w) = &r.workload {
         v.details["workload"] = json!(w.as_ref());
     }
@@ -199,12 +202,35 @@ fn side_series(
         v.samples.push(r.sample);
     }
     let mut v: Vec<ViewSeries> = out.into_values().collect();
+    v.extend(handshake_series(&summary_.handshakes));
     if not_kept > 0 {
         for s in &mut v {
             s.dropped.insert("raw_samples_not_kept".into(), not_kept);
         }
     }
     v
+}
+
+/// Per view and side: the whole run's handshake RTTs (`tcp handshake client`, ...), summary only.
+fn handshake_series(
+    hs: &BTreeMap<crate::views::ViewKind, crate::views::view::SideTotals>,
+) -> Vec<ViewSeries> {
+    let mut out = Vec::new();
+    for (view, sides) in hs {
+        let kind = ViewKind::Passive(*view);
+        for (side, h) in sides.iter().filter(|(_, h)| h.count() > 0) {
+            let name = format!("{} handshake {}", view.as_str(), side_name(*side));
+            let mut v = ViewSeries::new(name.clone(), kind);
+            v.side = Some(side_name(*side).into());
+            v.summary = Some(summary(&name, kind, &h.summary()));
+            v.details = json!({
+                "series": "handshake",
+                "what": "each connection's handshake RTT: client SYN -> SYN-ACK, server SYN-ACK -> ACK",
+            });
+            out.push(v);
+        }
+    }
+    out
 }
 
 /// At the end: the document with every side and flow, written to `--json FILE`.
@@ -348,6 +374,7 @@ mod tests {
             totals: [("tcp", tcp)].into_iter().collect(),
             counters: Default::default(),
             hooks: vec![],
+            handshakes: Default::default(),
         };
         let v = side_series(
             &summary,

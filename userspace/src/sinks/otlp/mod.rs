@@ -100,6 +100,42 @@ pub struct Times {
     pub now_ns: u64,
 }
 
+/// One native histogram as an OTLP exponential data point with `attributes`.
+fn exp_point(attributes: Vec<KeyValue>, n: &Native, t: Times) -> ExponentialHistogramDataPoint {
+    let (offset, bucket_counts) = n.otel_dense();
+    ExponentialHistogramDataPoint {
+        attributes,
+        start_time_unix_nano: t.start_ns,
+        time_unix_nano: t.now_ns,
+        count: n.count,
+        sum: Some(n.sum_s),
+        scale: n.schema,
+        zero_count: n.zero_count,
+        positive: Some(Buckets {
+            offset,
+            bucket_counts,
+        }),
+        zero_threshold: 0.0,
+    }
+}
+
+/// The TCP view's handshake RTTs by side (`rttscope.tcp.handshake`).
+fn handshake_metric(natives: &[(String, Native)], t: Times) -> Metric {
+    let data_points = natives
+        .iter()
+        .map(|(side, n)| exp_point(attributes([("side", side.as_str())].into_iter()), n, t))
+        .collect();
+    Metric {
+        name: "rttscope.tcp.handshake".into(),
+        description: "Handshake RTT of each connection the TCP view saw established (client: SYN to SYN-ACK; server: SYN-ACK to the ACK)".into(),
+        unit: "s".into(),
+        data: Some(Data::ExponentialHistogram(ExponentialHistogram {
+            data_points,
+            aggregation_temporality: CUMULATIVE,
+        })),
+    }
+}
+
 fn rtt_metric(natives: &[(RttLabels, Native)], t: Times) -> Metric {
     let data_points = natives
         .iter()
@@ -182,6 +218,9 @@ pub fn request(r: &Rendered, resource: &Resource, t: Times) -> ExportMetricsServ
     let om = String::from_utf8_lossy(&r.openmetrics);
     let fams = prom::families(&om, "", &Default::default());
     let mut metrics = vec![rtt_metric(&r.natives, t)];
+    if !r.handshake_natives.is_empty() {
+        metrics.push(handshake_metric(&r.handshake_natives, t));
+    }
     metrics.extend(fams.iter().filter_map(|f| number_metric(f, t)));
     ExportMetricsServiceRequest {
         resource_metrics: vec![ResourceMetrics {

@@ -169,6 +169,13 @@ impl Daemon {
         name
     }
 
+    /// The handshakes the views saw this interval, by side (before [`Daemon::counters`]).
+    pub fn handshakes(&mut self, hs: &BTreeMap<ViewKind, crate::views::view::SideTotals>) {
+        for (side, h) in hs.values().flatten() {
+            self.exporter.observe_handshakes(*side, h);
+        }
+    }
+
     /// The views' hooks as checked this interval (before [`Daemon::counters`], which renders).
     pub fn hooks(&mut self, hooks: &[crate::analysis::records::HookStatus]) {
         self.exporter.set_hooks(hooks);

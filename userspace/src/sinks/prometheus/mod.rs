@@ -52,6 +52,7 @@ use crate::sys::bpf::ProgRun;
 use crate::views::ViewKind;
 
 pub mod daemon;
+mod handshake;
 pub mod http;
 mod labels;
 pub mod native;
@@ -160,6 +161,8 @@ pub struct Exporter {
     hook_blind: Family<HookLabels, Gauge>,
     hook_packets: Family<HookLabels, Counter>,
     hook_iface_packets: Family<HookLabels, Counter>,
+    /// The TCP view's handshakes.
+    handshakes: Option<handshake::Handshakes>,
     prog_time: Family<ProgLabels, Counter<f64, AtomicU64>>,
     prog_cnt: Family<ProgLabels, Counter>,
     stats_enabled: Gauge,
@@ -189,6 +192,8 @@ pub struct Rendered {
     pub protobuf: hyper::body::Bytes,
     /// The RTT series' native buckets by label set (OTLP reads them).
     pub natives: Vec<(RttLabels, native::Native)>,
+    /// The handshake histogram's native buckets by side (OTLP reads them).
+    pub handshake_natives: Vec<(String, native::Native)>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -217,6 +222,7 @@ impl Exporter {
             hook_blind: Family::default(),
             hook_packets: Family::default(),
             hook_iface_packets: Family::default(),
+            handshakes: None,
             prog_time: Family::default(),
             prog_cnt: Family::default(),
             stats_enabled: Gauge::default(),
@@ -234,6 +240,7 @@ impl Exporter {
         };
         // The registration order is the order of the families in /metrics.
         e.register_view_metrics();
+        e.handshakes = Some(handshake::Handshakes::register(&mut e.registry));
         e.register_kernel_and_series_metrics();
         e.register_process_metrics();
         register_build_info(&mut e.registry);
@@ -454,6 +461,13 @@ impl Exporter {
         n
     }
 
+    /// Handshake RTTs of one side since the last read (the TCP view's).
+    pub fn observe_handshakes(&mut self, side: Side, h: &Hist) {
+        if let Some(hs) = self.handshakes.as_mut() {
+            hs.observe(side, h);
+        }
+    }
+
     /// Remove label sets idle for longer than the policy allows (call once per interval).
     pub fn expire_idle(&mut self) -> usize {
         let now = Instant::now();
@@ -515,6 +529,9 @@ impl Exporter {
             };
             // Create the series even at 0 so that rate() works from the first scrape.
             self.events.get_or_create(&ev).inc_by(d);
+            if let Some(h) = &self.handshakes {
+                h.count(name, d);
+            }
             if name == "samples" {
                 self.samples
                     .get_or_create(&ViewLabel { view: v.clone() })
@@ -643,6 +660,10 @@ impl Exporter {
             protobuf: proto::encode(&fams).into(),
             openmetrics: om.into(),
             natives,
+            handshake_natives: self
+                .handshakes
+                .as_ref()
+                .map_or_else(Vec::new, |h| h.natives()),
         });
         *self.rendered.write().unwrap_or_else(|e| e.into_inner()) = r.clone();
         r

@@ -222,13 +222,28 @@ impl View for SamplerSession {
         })
     }
 
+    /// The window's start: one read whose samples are left out, each way's histogram kept to be
+    /// taken off its flow's whole run.
+    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
+        let r = self.read(ctx)?;
+        let w = &mut self.ways;
+        w.base = w
+            .prev
+            .iter()
+            .map(|(k, p)| (*k, (p.gen, p.snap.clone())))
+            .collect();
+        Ok(r.totals.values().map(|h| h.count()).sum())
+    }
+
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
         let mut joiner = Joiner::default();
         let mut rows: BTreeMap<Flow, Vec<(SamplerFlowStats, Side)>> = BTreeMap::new();
-        for f in super::merge_ways(self.view.read_flows()?) {
+        let mut ways = self.view.read_flows()?;
+        self.ways.since_window(&mut ways);
+        for f in super::merge_ways(ways) {
             let j = joiner.join(ctx, &f.flow);
             let side = Self::side(&mut self.sides, ctx, &f, &j);
             totals.entry(side).or_default().merge(&f.hist);
@@ -381,6 +396,8 @@ impl View for SamplerSession {
 #[derive(Default)]
 pub(super) struct SamplerTracker {
     prev: crate::views::fine::SlotMap<u32, WayPrev>,
+    /// Each way's flow stay (gen) and histogram when the window started (left out of the whole run).
+    base: crate::views::fine::SlotMap<u32, (u64, Snapshot)>,
     /// Samples of evicted flows that no read saw (cumulative).
     samples_evicted: u64,
 }
@@ -394,6 +411,17 @@ struct WayPrev {
 }
 
 impl SamplerTracker {
+    /// Each way's samples since the window started (a stay that was in the way then loses what
+    /// it had; its range is then the bucket bounds').
+    fn since_window(&self, ways: &mut [SamplerFlowStats]) {
+        for f in ways.iter_mut() {
+            if let Some((_, snap)) = self.base.get(&f.way).filter(|b| b.0 == f.gen) {
+                f.hist = snap.delta_hist(&f.hist);
+                f.samples = f.hist.count();
+            }
+        }
+    }
+
     /// One way of this read: its samples since the previous read (the
     /// whole histogram for a flow new in the way), and the way's evicted
     /// samples that were never read added to `samples_evicted`. Returns

@@ -373,6 +373,9 @@ pub struct TcpFlowState {
     pub win_epoch: u32,
     pub win_min_us: u32,
     pub win_max_us: u32,
+    /// Its handshake RTT, us (client: SYN -> SYN-ACK; server: SYN-ACK -> ACK); None for a
+    /// connection open before attach or one whose handshake left no sample (Karn).
+    pub handshake_us: Option<u32>,
 }
 
 /// Counter names, in the order of `enum rttscope_tcp_counter`.
@@ -400,6 +403,20 @@ pub const COUNTER_NAMES: &[(C, &str)] = &[
     (C::RTTSCOPE_TCP_EXISTING_TABLE_FULL, "existing_table_full"),
     (C::RTTSCOPE_TCP_EXISTING_TABLE_STALE, "existing_table_stale"),
     (C::RTTSCOPE_TCP_EXISTING_SAMPLES, "existing_hook_samples"),
+    (C::RTTSCOPE_TCP_HS_REFUSED, "handshake_failed_refused"),
+    (C::RTTSCOPE_TCP_HS_TIMED_OUT, "handshake_failed_timed_out"),
+    (
+        C::RTTSCOPE_TCP_HS_UNREACHABLE,
+        "handshake_failed_unreachable",
+    ),
+    (C::RTTSCOPE_TCP_HS_RESET, "handshake_failed_reset"),
+    (C::RTTSCOPE_TCP_HS_ABANDONED, "handshake_failed_abandoned"),
+    (C::RTTSCOPE_TCP_HS_SYN_RETRANS, "handshake_syn_retransmits"),
+    (
+        C::RTTSCOPE_TCP_HS_SYNACK_RETRANS,
+        "handshake_synack_retransmits",
+    ),
+    (C::RTTSCOPE_TCP_HS_NOT_MEASURED, "handshake_not_measured"),
 ];
 
 /// Size of the kernel's `tcp_hints` array for `max_flows` slots: a power of
@@ -499,6 +516,7 @@ pub fn decode_flow(
         },
         win_min_us: win.map_or(u32::MAX, |w| w.0),
         win_max_us: win.map_or(0, |w| w.1),
+        handshake_us: (val.handshake_us > 0).then_some(val.handshake_us),
     })
 }
 
@@ -608,6 +626,7 @@ pub fn state_name(s: u8) -> &'static str {
 
 pub(crate) mod attach;
 pub mod lines;
+mod listen;
 pub mod options;
 pub mod plan;
 pub mod track;

@@ -32,6 +32,8 @@ pub struct TcpSession {
     cgroup: Option<std::path::PathBuf>,
     /// `--all-netns` (the start line's hint).
     all_netns: bool,
+    /// Listen-queue drops of the observed namespaces (their netstat).
+    listen: super::listen::ListenDrops,
 }
 
 impl TcpSession {
@@ -55,6 +57,7 @@ impl TcpSession {
             netns: cfg.netns_filter.clone(),
             cgroup: cfg.cgroup.clone(),
             all_netns: cfg.all_netns,
+            listen: super::listen::ListenDrops::open(&cfg.iter_netns),
         }
     }
 
@@ -64,9 +67,12 @@ impl TcpSession {
     }
 
     /// The view's counters as every record carries them.
-    fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
+    fn counters(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
         let mut tc = self.view.counters()?;
         self.tracker.counters(&mut tc);
+        let (overflows, drops) = self.listen.since_attach();
+        tc.insert("handshake_listen_overflows", overflows);
+        tc.insert("handshake_listen_drops", drops);
         Ok(ctx.finish_counters(tc))
     }
 
@@ -120,11 +126,11 @@ impl TcpSession {
             if let Some(idx) = workloads.as_mut() {
                 own(idx, names, &mut f);
             }
-            let h = f.hist();
+            let h = self.tracker.whole(&f);
             totals.entry(f.side).or_default().merge(&h);
             let mut e = EndFlow::new(&f.flow, names.get(f.flow.netns), f.side);
             let mut r = FlowRow::new(&f.flow, e.netns_name.clone(), f.side);
-            tcp_whole_run(&mut e, &mut r, &h, (f.srtt_us, f.retrans));
+            tcp_whole_run(&mut e, &mut r, &h, (f.srtt_us, f.retrans, f.handshake_us));
             e.origin = Some(f.origin.into());
             r.origin = e.origin.clone();
             (e.closed, r.closed) = (Some(f.closed), f.closed);
@@ -139,7 +145,8 @@ impl TcpSession {
             totals.entry(fin.side).or_default().merge(&fin.hist);
             let mut e = EndFlow::new(flow, fin.netns_name.clone(), fin.side);
             let mut r = FlowRow::new(flow, fin.netns_name.clone(), fin.side);
-            tcp_whole_run(&mut e, &mut r, &fin.hist, (fin.srtt_us, fin.retrans));
+            let at_end = (fin.srtt_us, fin.retrans, fin.handshake_us);
+            tcp_whole_run(&mut e, &mut r, &fin.hist, at_end);
             e.origin = Some(fin.origin.into());
             r.origin = e.origin.clone();
             (e.closed, r.closed) = (Some(true), true);
@@ -233,6 +240,21 @@ impl View for TcpSession {
             totals,
             counters: self.counters(ctx)?,
         })
+    }
+
+    /// The window's start: one read whose samples are left out, closed flows not kept for the
+    /// whole run, each open stay's histogram kept to be taken off its whole run.
+    fn take_handshakes(&mut self) -> SideTotals {
+        std::mem::take(&mut self.tracker.handshakes)
+    }
+
+    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
+        let keep = std::mem::replace(&mut self.tracker.keep_finished, false);
+        let r = self.read(ctx);
+        self.tracker.keep_finished = keep;
+        let t = &mut self.tracker;
+        t.base = t.prev.iter().map(|(k, p)| (*k, p.snap.clone())).collect();
+        Ok(r?.totals.values().map(|h| h.count()).sum())
     }
 
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
@@ -341,6 +363,7 @@ pub const MAX_FINISHED: usize = 65_536;
 /// A flow that closed during the run, as the end summary reports it.
 struct Finished {
     hist: Hist,
+    handshake_us: Option<u32>,
     srtt_us: u32,
     retrans: u32,
     side: Side,
@@ -359,12 +382,13 @@ fn own(idx: &mut CgroupIndex, names: &mut NsNames, f: &mut TcpFlowState) {
 }
 
 /// The TCP view's whole run of a flow, into its end-record entry and its row.
-fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, (srtt_us, retrans): (u32, u32)) {
+fn tcp_whole_run(e: &mut EndFlow, r: &mut FlowRow, h: &Hist, at_end: (u32, u32, Option<u32>)) {
+    let (srtt_us, retrans, handshake_us) = at_end;
     let mut v = EndView::of(h);
-    (v.srtt_us, v.retrans) = (Some(srtt_us), Some(retrans));
+    (v.srtt_us, v.retrans, v.handshake_us) = (Some(srtt_us), Some(retrans), handshake_us);
     e.views.set(ViewKind::Tcp, v);
     let mut vs = ViewStats::from_hist(h);
-    (vs.srtt_us, vs.retrans) = (Some(srtt_us), Some(retrans));
+    (vs.srtt_us, vs.retrans, vs.handshake_us) = (Some(srtt_us), Some(retrans), handshake_us);
     r.views.set(ViewKind::Tcp, vs);
 }
 
@@ -398,6 +422,8 @@ pub(super) struct Tracker {
     /// can take again while the closed one is still in the table (under
     /// churn the new one's samples were subtracted from the old one's).
     prev: crate::views::fine::SlotMap<(u32, u32), Stay>,
+    /// The stays open when the window started, their histogram then (left out of the whole run).
+    base: crate::views::fine::SlotMap<(u32, u32), Snapshot>,
     /// Each flow's side, and the stay (slot, gen) that told it, by 4-tuple (the sampler's rows
     /// and raw samples ask). Written when a stay is new, changes side or has samples, so an idle
     /// flow costs no lookup here; entries whose stay is gone are dropped once they are as many
@@ -422,6 +448,10 @@ pub(super) struct Tracker {
     /// was filling up): their rows wait here for the report.
     early_rows: Vec<(Flow, FlowRow)>,
     early_totals: SideTotals,
+    /// Handshake RTTs of the stays new since the last report (each connection's once), by side.
+    handshakes: SideTotals,
+    /// Connections open before attach: no handshake seen.
+    hs_before_attach: u64,
 }
 
 impl Tracker {
@@ -436,8 +466,9 @@ impl Tracker {
         if !self.keep_finished {
             return;
         }
+        let hist = self.whole(f);
         if let Some(e) = self.finished.get_mut(&f.flow) {
-            e.hist.merge(&f.hist());
+            e.hist.merge(&hist);
             e.srtt_us = f.srtt_us;
             e.retrans = e.retrans.saturating_add(f.retrans);
             return;
@@ -449,7 +480,8 @@ impl Tracker {
         self.finished.insert(
             f.flow,
             Finished {
-                hist: f.hist(),
+                hist,
+                handshake_us: f.handshake_us,
                 srtt_us: f.srtt_us,
                 retrans: f.retrans,
                 side: f.side,
@@ -466,10 +498,27 @@ impl Tracker {
         tc.insert("flows_evicted", self.evicted);
         tc.insert("flows_closed_reported", self.closed_reported);
         tc.insert("flows_tracked", self.tracked);
+        tc.insert("handshakes_before_attach", self.hs_before_attach);
+    }
+
+    /// A new stay's handshake RTT into this read's handshakes (one per connection); a
+    /// connection open before attach has none (`handshakes_before_attach`).
+    fn handshake(&mut self, f: &TcpFlowState) {
+        match f.handshake_us {
+            Some(us) => self.handshakes.entry(f.side).or_default().record(us),
+            None if f.origin == "existing" => self.hs_before_attach += 1,
+            None => {}
+        }
+    }
+
+    /// A stay's samples since the window started.
+    fn whole(&self, f: &TcpFlowState) -> Hist {
+        f.since(self.base.get(&(f.slot, f.gen)))
     }
 
     fn forget(&mut self, slot: u32, gen: u32) {
         self.prev.remove(&(slot, gen));
+        self.base.remove(&(slot, gen));
         self.freed += 1;
     }
 
@@ -514,6 +563,9 @@ impl Tracker {
             self.finish(f, names);
         }
         let first = self.mark_seen(f)?;
+        if first {
+            self.handshake(f);
+        }
         self.sides.insert(f.flow, (f.side, (f.slot, f.gen)));
         let delta = self.added(f, epoch, first);
         self.remember(f, first, delta.count());
@@ -585,6 +637,7 @@ impl Tracker {
         let mut vs = ViewStats::from_hist(merged);
         vs.srtt_us = Some(f.srtt_us);
         vs.retrans = Some(f.retrans);
+        vs.handshake_us = f.handshake_us;
         let mut row = FlowRow::new(&f.flow, names.get(f.flow.netns), f.side);
         row.origin = Some(f.origin.into());
         row.state = Some(super::state_name(f.state).into());
@@ -724,6 +777,7 @@ mod tests {
             win_epoch: 0,
             win_min_us: u32::MAX,
             win_max_us: 0,
+            handshake_us: None,
         };
         let mut t = Tracker {
             keep_rows: true,
