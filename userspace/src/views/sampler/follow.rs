@@ -276,7 +276,19 @@ impl Follower {
                         return;
                     }
                 }
+                // the daemon switches to uid 65534 after its start: this thread keeps what
+                // attaching needs (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON) and, until the switch,
+                // what the switch needs; nothing more
+                let mut switched = !crate::sys::caps::is_root();
+                if !switched {
+                    if let Err(e) = crate::sys::caps::keep_needed_across_user_switch() {
+                        tracing::info!("follower capabilities: {e:#}");
+                    }
+                }
                 while !flag.load(Ordering::Relaxed) {
+                    if !switched {
+                        switched = crate::sys::caps::after_user_switch().unwrap_or(true);
+                    }
                     match w.events.next(POLL) {
                         Ok(evs) => on_events(&ctx, &ifaces, &w, evs),
                         Err(e) => {
@@ -297,6 +309,10 @@ impl Follower {
 
 /// Apply a batch of notifications.
 fn on_events(ctx: &Ctx, ifaces: &Mutex<Ifaces>, w: &Watch, evs: Vec<LinkEvent>) {
+    if evs.is_empty() {
+        return;
+    }
+    let _ = crate::sys::caps::raise_effective();
     let spec_ns = w.patterns.first().and_then(|p| p.netns.clone());
     let ns = w.ns.inode;
     for ev in evs {
