@@ -1,9 +1,12 @@
 //! The sampler view: loader and reader for `bpf/sampler.bpf.c`, a
 //! cloud-style (`vm_flow/rtt`) packet sampler at tc ingress/egress.
 //!
-//! Attachment. One copy of the object is loaded per interface, with that
-//! interface's network-namespace inode, ifindex and link type in its
-//! `.rodata`; every copy after the first reuses the first copy's maps
+//! Attachment. One copy of the object is loaded per network namespace and
+//! link type of the interfaces, with that namespace's inode and the link
+//! type in its `.rodata`, and attached to every interface of that namespace
+//! and type (the interface is `skb->ifindex`; `follow.rs` attaches and
+//! releases interfaces as `--iface` patterns match them); every copy after
+//! the first reuses the first copy's maps
 //! (`bpf_map__reuse_fd`), so the flow table, counters and the ring buffer
 //! are shared. This is how the namespace reaches the kernel side:
 //! ifindexes collide across namespaces (both ends of a veth pair between two
