@@ -356,6 +356,15 @@ fn class(p: &[u8], c: u8) -> Option<(bool, usize)> {
     (i < p.len()).then_some((hit != negate, i + 1))
 }
 
+impl fmt::Display for IfaceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.netns {
+            Some(ns) => write!(f, "{ns}:{}", self.name),
+            None => write!(f, "{}", self.name),
+        }
+    }
+}
+
 #[cfg(test)]
 mod glob_tests {
     use super::*;
@@ -375,14 +384,5 @@ mod glob_tests {
         let e = "veth[0".parse::<IfaceSpec>().unwrap_err();
         assert!(e.contains("unclosed"), "{e}");
         assert!("n*:eth0".parse::<IfaceSpec>().is_err());
-    }
-}
-
-impl fmt::Display for IfaceSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.netns {
-            Some(ns) => write!(f, "{ns}:{}", self.name),
-            None => write!(f, "{}", self.name),
-        }
     }
 }
