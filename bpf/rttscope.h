@@ -37,10 +37,11 @@ enum rttscope_consts {
 	RTTSCOPE_MAX_PORTS = 64,     /* --port filter entries */
 	RTTSCOPE_MAX_CIDRS = 64,     /* --addr filter entries */
 	RTTSCOPE_MAX_LISTENERS = 4096,
-	RTTSCOPE_MAX_IFACES = 64,    /* sampler: observed interfaces */
+	RTTSCOPE_MAX_IFACES = 64,    /* sampler: interfaces given by name (patterns: --max-ifaces) */
 	RTTSCOPE_MAX_TUNNEL_PORTS = 4, /* sampler: UDP ports taken for VXLAN, and for Geneve (cfg_*_ports) */
-	/* sampler: entries of `sampler_hooks`, the packets each hook saw: key
-	 * iface slot * 2 + direction (0 ingress, 1 egress) */
+	/* sampler: default entries of `sampler_hooks`, the packets each hook saw
+	 * (key netns << 32 | ifindex << 1 | direction, 0 ingress, 1 egress);
+	 * userspace sizes it to twice its interface bound */
 	RTTSCOPE_SAMPLER_HOOKS = 2 * 64,
 };
 

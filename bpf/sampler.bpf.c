@@ -30,12 +30,15 @@
  * The side of a TCP flow: a SYN recorded at egress marks the entry client,
  * a SYN-ACK server (issue 15).
  *
- * One copy of this object is loaded per attached interface, with its own
- * .rodata (cfg_netns, cfg_ifindex, cfg_link); every copy after the first
- * reuses the first copy's maps, so flows, pending segments, counters and
- * the ring buffer are shared. That is how an interface's network namespace
- * reaches the kernel side without kfuncs and without an ifindex lookup
- * (ifindexes collide across namespaces).
+ * One copy of this object is loaded per network namespace and link type
+ * of the attached interfaces, with its own .rodata (cfg_netns, cfg_link),
+ * and attached to every interface of that namespace and type (issue 41:
+ * one program shared by many interfaces, not one verification each); every
+ * copy after the first reuses the first copy's maps, so flows, pending
+ * segments, counters and the ring buffer are shared. That is how an
+ * interface's network namespace reaches the kernel side without kfuncs
+ * (ifindexes collide across namespaces); the interface itself is
+ * skb->ifindex, unique within the namespace.
  *
  * Flow table: one BPF array (`sampler_table`), set-associative
  * (RTTSCOPE_SAMPLER_WAYS ways per set, LRU within a set, every eviction
@@ -90,12 +93,9 @@
 
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-/* Per attachment (each interface gets its own copy of the programs). */
-const volatile __u32 cfg_netns = 0;   /* inode of the interface's network namespace */
-const volatile __u32 cfg_ifindex = 0; /* the interface (in its namespace) */
+/* Per copy: the namespace and link type of the interfaces it is attached to. */
+const volatile __u32 cfg_netns = 0; /* inode of the interfaces' network namespace */
 const volatile __u32 cfg_link = RTTSCOPE_LINK_ETHER;
-/* this copy's interface slot (0 .. RTTSCOPE_MAX_IFACES-1): its keys in sampler_hooks */
-const volatile __u32 cfg_slot = 0;
 /* The same for every attachment. */
 const volatile __u32 cfg_sample_threshold = 0; /* 0: every packet; else prandom < threshold */
 const volatile __u32 cfg_match = RTTSCOPE_MATCH_SEQ;
@@ -152,15 +152,18 @@ struct {
 } sampler_events SEC(".maps");
 
 /* Packets each hook saw, per interface and direction (issue 41: a hook that
- * sees nothing while its interface moves packets is reported). Key: the
- * interface's slot * 2 + direction; the slot is this copy's cfg_slot today,
- * and would come from a lookup of (netns, skb->ifindex) for a program shared
- * by several interfaces. It replaces the seen_* counters (one counter per
- * packet, as before; userspace sums the slots into seen_egress/seen_ingress). */
+ * sees nothing while its interface moves packets is reported). Key:
+ * netns inode << 32 | ifindex << 1 | direction (hook_key()); userspace
+ * enters an interface's two keys before attaching to it and deletes them
+ * when it is released, so the map holds only attached interfaces (its size:
+ * twice the observer's interface bound). A packet of an interface without
+ * its key (none: attached only after the keys exist) is not counted. It
+ * replaces the seen_* counters (one counter per packet, as before;
+ * userspace sums the interfaces into seen_egress/seen_ingress). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, RTTSCOPE_SAMPLER_HOOKS);
-	__type(key, __u32);
+	__type(key, __u64);
 	__type(value, __u64);
 } sampler_hooks SEC(".maps");
 
@@ -177,7 +180,18 @@ struct seg {
 	__u8 flags;
 	__u8 has_ts;
 	__u16 l3off;	/* the (inner) IP header's offset, set past VLAN tags or a tunnel; 0: the link's own */
+	/* the interface (skb->ifindex): after the key, which opens the struct,
+	 * so that code handed &s.key finds it (seg_ifindex()) */
+	__u32 ifindex;
 };
+_Static_assert(__builtin_offsetof(struct seg, key) == 0, "seg_ifindex() needs the key first");
+
+/* The interface of the packet whose parsed segment holds `k` (every key the
+ * programs look up or insert is a struct seg's). */
+static __always_inline __u32 seg_ifindex(const struct rttscope_flow_key *k)
+{
+	return ((const struct seg *)k)->ifindex;
+}
 
 /* Where the IP header of a parsed packet starts. */
 static __always_inline __u32 l3_off(const struct seg *s)
@@ -224,9 +238,9 @@ static __always_inline void count_n(__u32 idx, __u64 n)
 #define HOOK_INGRESS 0
 #define HOOK_EGRESS 1
 
-static __always_inline void count_hook(__u32 dir)
+static __always_inline void count_hook(struct __sk_buff *skb, __u32 dir)
 {
-	__u32 k = cfg_slot * 2 + dir;
+	__u64 k = ((__u64)cfg_netns << 32) | ((__u64)skb->ifindex << 1) | dir;
 	__u64 *c = bpf_map_lookup_elem(&sampler_hooks, &k);
 
 	if (c)
@@ -948,7 +962,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.reserved[2] = 0;
 	rttscope_agg_reset(&e->flow.agg);
 	e->way = victim_idx;
-	e->flow.ifindex = cfg_ifindex;
+	e->flow.ifindex = seg_ifindex(k);
 	__sync_lock_test_and_set(&e->gen_end, g + 2);
 	__sync_fetch_and_add(&e->gen, 1); /* even again: g + 2 */
 	unlock(e);
@@ -1053,7 +1067,7 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 			e->not_binned++;
 	}
 	f->last_ns = now;
-	f->ifindex = cfg_ifindex;
+	f->ifindex = seg_ifindex(key);
 	count(RTTSCOPE_SAMPLER_SAMPLES);
 	if (cfg_raw) {
 		struct rttscope_event *ev = bpf_ringbuf_reserve(&sampler_events, sizeof(*ev), 0);
@@ -1068,7 +1082,7 @@ static __always_inline void add_sample(struct rttscope_sampler_entry *e, __u64 g
 		ev->reserved = 0;
 		ev->rtt_us = rtt;
 		ev->srtt_us = 0;
-		ev->reserved2 = cfg_ifindex;
+		ev->reserved2 = seg_ifindex(key);
 		ev->ts_ns = now;
 		ev->key = *key;
 		bpf_ringbuf_submit(ev, 0);
@@ -1668,7 +1682,8 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 	__u32 v, set, tag, why;
 	__u64 now, h, g;
 
-	count_hook(HOOK_EGRESS);
+	count_hook(skb, HOOK_EGRESS);
+	s.ifindex = skb->ifindex;
 	if (!sampled())
 		return PASS;
 	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */
@@ -1745,7 +1760,8 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	__u32 v, why;
 	__u64 h, g;
 
-	count_hook(HOOK_INGRESS);
+	count_hook(skb, HOOK_INGRESS);
+	s.ifindex = skb->ifindex;
 	if (!sampled())
 		return PASS;
 	if (cfg_sample_threshold) /* else every packet: userspace reports sampled = seen */

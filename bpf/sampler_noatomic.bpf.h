@@ -159,7 +159,7 @@ static __always_inline struct rttscope_sampler_entry *table_insert(const struct 
 	e->flow.reserved[2] = 0;
 	rttscope_agg_reset(&e->flow.agg);
 	e->way = victim_idx;
-	e->flow.ifindex = cfg_ifindex;
+	e->flow.ifindex = seg_ifindex(k);
 	compiler_barrier();
 	*(volatile __u64 *)&e->gen_end = g + 2;
 	compiler_barrier();
@@ -343,7 +343,7 @@ struct na_sample {
 
 /* Under the way's lock: add a sample of `rtt` us to entry e (gen g). */
 static __always_inline void na_add_locked(struct rttscope_sampler_entry *e, __u64 g, struct na_pool *p,
-					  struct na_sample *s, __u32 rtt, __u64 now)
+					  struct na_sample *s, __u32 rtt, __u64 now, const struct rttscope_flow_key *key)
 {
 	struct rttscope_sampler_flow *f = &e->flow;
 	struct rttscope_fine_hist *h = na_pool_pick(p, &f->agg, e->way, (__u32)g);
@@ -354,7 +354,7 @@ static __always_inline void na_add_locked(struct rttscope_sampler_entry *e, __u6
 	s->side = f->side;
 	rttscope_agg_add(&f->agg, h, rtt);
 	f->last_ns = now;
-	f->ifindex = cfg_ifindex;
+	f->ifindex = seg_ifindex(key);
 }
 
 /* After the lock: the sample's counters, its overflow record (the atomics
@@ -392,7 +392,7 @@ static __always_inline void na_sample_done(struct rttscope_sampler_entry *e, __u
 		ev->reserved = 0;
 		ev->rtt_us = s->rtt;
 		ev->srtt_us = 0;
-		ev->reserved2 = cfg_ifindex;
+		ev->reserved2 = seg_ifindex(key);
 		ev->ts_ns = now;
 		ev->key = *key;
 		bpf_ringbuf_submit(ev, 0);
@@ -485,7 +485,7 @@ static __always_inline __u32 match_pending(struct rttscope_sampler_entry *e, __u
 		bpf_spin_unlock(l);
 		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
 	}
-	na_add_locked(e, g, &p, &s, oldest, now);
+	na_add_locked(e, g, &p, &s, oldest, now, key);
 	bpf_spin_unlock(l);
 	na_sample_done(e, g, l, &p, &s, key, now, kind);
 	return 0;
@@ -542,7 +542,7 @@ static __always_inline __u32 match_echo(struct rttscope_sampler_entry *e, __u64 
 		bpf_spin_unlock(l);
 		return RTTSCOPE_SAMPLER_FLOW_MAP_FULL;
 	}
-	na_add_locked(e, g, &p, &s, age, now);
+	na_add_locked(e, g, &p, &s, age, now, key);
 	bpf_spin_unlock(l);
 	na_sample_done(e, g, l, &p, &s, key, now, RTTSCOPE_MATCH_ECHO);
 	return 0;

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
 
@@ -109,6 +110,34 @@ pub fn update(fd: BorrowedFd<'_>, key: Option<&[u8]>, value: &[u8], flags: u64) 
         ..Default::default()
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut a)
+}
+
+/// Remove `key` from a hash map. `Ok(false)`: it was not there.
+pub fn delete(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<bool> {
+    let mut a = ElemAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        key: key.as_ptr() as u64,
+        ..Default::default()
+    };
+    match bpf(BPF_MAP_DELETE_ELEM, &mut a) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The sum over CPUs of the u64 at the start of a per-CPU map's value under `key`
+/// (`Ok(None)`: no such key).
+pub fn percpu_u64_sum(fd: BorrowedFd<'_>, key: &[u8]) -> io::Result<Option<u64>> {
+    let mut v = vec![0u8; 8 * possible_cpus()?];
+    if !lookup(fd, key, &mut v)? {
+        return Ok(None);
+    }
+    Ok(Some(
+        v.chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap_or([0; 8])))
+            .fold(0u64, u64::wrapping_add),
+    ))
 }
 
 /// Read the value under `key` into `value` (exactly the map's value size;

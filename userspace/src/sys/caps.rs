@@ -215,6 +215,59 @@ pub fn drop_to(keep: &[u32]) -> Result<CapState> {
     Ok(thread_state())
 }
 
+/// For a thread that must keep working after the process switches user ([`switch_user`]
+/// changes every thread's uid, through glibc, which aborts the process if a thread cannot):
+/// keep only `KEEP` and what the switch needs (CAP_SETUID, CAP_SETGID), permitted across the
+/// switch (PR_SET_KEEPCAPS, this thread). After the switch the thread calls
+/// [`after_user_switch`].
+pub fn keep_needed_across_user_switch() -> Result<CapState> {
+    const CAP_SETGID: u32 = 6;
+    const CAP_SETUID: u32 = 7;
+    prctl(libc::PR_SET_KEEPCAPS, 1).map_err(|e| anyhow::anyhow!("keeping capabilities: {e}"))?;
+    let mut keep = KEEP.to_vec();
+    keep.extend([CAP_SETGID, CAP_SETUID]);
+    drop_to(&keep)
+}
+
+/// In a thread prepared by [`keep_needed_across_user_switch`], once the process runs as
+/// another user: only `KEEP` left, and effective. `Ok(false)`: no switch yet.
+pub fn after_user_switch() -> Result<bool> {
+    // SAFETY: getuid has no arguments.
+    if unsafe { libc::getuid() } == 0 {
+        return Ok(false);
+    }
+    raise_effective()?;
+    drop_to_needed()?;
+    Ok(true)
+}
+
+/// Make the calling thread's permitted capabilities effective (a user switch clears the
+/// effective set of a thread that kept its permitted one).
+pub fn raise_effective() -> Result<()> {
+    let now = thread_state();
+    if now.effective == now.permitted {
+        return Ok(());
+    }
+    let mut data = [CapData::default(); 2];
+    data[0].permitted = now.permitted as u32;
+    data[0].effective = now.permitted as u32;
+    data[1].permitted = (now.permitted >> 32) as u32;
+    data[1].effective = (now.permitted >> 32) as u32;
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: header and two data structs as capset(2) v3 expects.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) };
+    if rc < 0 {
+        bail!(
+            "raising the permitted capabilities (capset): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
 /// Whether the process runs as (effective) uid 0.
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no arguments.

@@ -2,16 +2,20 @@
 //! one the calling thread was in when it was opened: it stays there, and asking needs no
 //! privilege, so it keeps working after the daemon drops its capabilities): the interface's own
 //! packet counters and XDP program (RTM_GETLINK: IFLA_STATS64, IFLA_XDP), and the tc filters
-//! of a clsact hook in the order they run (RTM_GETTFILTER dump), as `tc filter show` lists them.
+//! of a clsact hook in the order they run (RTM_GETTFILTER dump), as `tc filter show` lists them;
+//! the interfaces of the namespace ([`Rtnl::links`]) and, on a socket of its own subscribed to
+//! RTMGRP_LINK, their creation and deletion as it happens ([`LinkEvents`]: the sampler's
+//! `--iface` patterns follow interfaces that come and go).
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 const RTM_GETTFILTER: u16 = 46;
 const NLMSG_HDR: usize = 16;
 /// `struct ifinfomsg` and `struct tcmsg`.
 const IFINFOMSG: usize = 16;
 const TCMSG: usize = 20;
+const IFLA_IFNAME: u16 = 3;
 const IFLA_STATS64: u16 = 23;
 const IFLA_XDP: u16 = 43;
 const IFLA_XDP_ATTACHED: u16 = 2;
@@ -158,16 +162,9 @@ impl Rtnl {
     }
 
     /// The messages of one datagram into `out`; true when the answer is complete.
-    fn messages(&self, mut b: &[u8], dump: bool, out: &mut Vec<Vec<u8>>) -> Result<bool> {
-        while b.len() >= NLMSG_HDR {
-            let len = u32_of(b).unwrap_or(0) as usize;
-            if len < NLMSG_HDR || len > b.len() {
-                bail!("a malformed netlink message ({len} bytes)");
-            }
-            let kind = u16::from_ne_bytes([b[4], b[5]]);
-            let seq = u32_of(&b[8..]).unwrap_or(0);
-            let payload = &b[NLMSG_HDR..len];
-            b = &b[((len + 3) & !3).min(b.len())..];
+    fn messages(&self, b: &[u8], dump: bool, out: &mut Vec<Vec<u8>>) -> Result<bool> {
+        for m in split(b) {
+            let (kind, seq, payload) = m?;
             if seq != self.seq {
                 continue; // an answer to an earlier question that timed out
             }
@@ -187,6 +184,16 @@ impl Rtnl {
             }
         }
         Ok(false)
+    }
+
+    /// Every interface of the namespace: index, name and link type (a dump of RTM_GETLINK).
+    pub fn links(&mut self) -> Result<Vec<LinkName>> {
+        let mut body = [0u8; IFINFOMSG];
+        body[0] = libc::AF_UNSPEC as u8;
+        let answer = self
+            .ask(libc::RTM_GETLINK, true, &body)
+            .context("listing the interfaces over netlink")?;
+        Ok(answer.iter().filter_map(|m| parse_link_name(m)).collect())
     }
 
     /// The interface's counters and XDP program; None if there is no such interface.
@@ -226,6 +233,156 @@ impl Rtnl {
         let mut out: Vec<TcFilter> = answer.iter().filter_map(|m| parse_filter(m)).collect();
         out.sort_by_key(|f| (f.chain, f.priority));
         Ok(out)
+    }
+}
+
+/// The messages of one netlink datagram: (type, sequence, payload after the header).
+fn split(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8])>> {
+    std::iter::from_fn(move || {
+        if b.len() < NLMSG_HDR {
+            return None;
+        }
+        let len = u32_of(b).unwrap_or(0) as usize;
+        if len < NLMSG_HDR || len > b.len() {
+            b = &[];
+            return Some(Err(anyhow::anyhow!(
+                "a malformed netlink message ({len} bytes)"
+            )));
+        }
+        let kind = u16::from_ne_bytes([b[4], b[5]]);
+        let seq = u32_of(&b[8..]).unwrap_or(0);
+        let payload = &b[NLMSG_HDR..len];
+        b = &b[((len + 3) & !3).min(b.len())..];
+        Some(Ok((kind, seq, payload)))
+    })
+}
+
+/// An interface's index, name and link type (`ifi_type`: ARPHRD_*).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkName {
+    pub ifindex: u32,
+    pub name: String,
+    pub arphrd: u16,
+}
+
+/// `struct ifinfomsg` and IFLA_IFNAME of an RTM_NEWLINK/RTM_DELLINK message.
+fn parse_link_name(m: &[u8]) -> Option<LinkName> {
+    let hdr = m.get(..IFINFOMSG)?;
+    let arphrd = u16::from_ne_bytes([hdr[2], hdr[3]]);
+    let ifindex = u32_of(&hdr[4..])?;
+    let name = attrs(&m[IFINFOMSG..]).find(|(k, _)| *k == IFLA_IFNAME)?.1;
+    Some(LinkName {
+        ifindex,
+        name: cstr(name),
+        arphrd,
+    })
+}
+
+/// What happened to an interface (an RTM_NEWLINK or RTM_DELLINK notification).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// Created, or changed (state, name, ...): RTM_NEWLINK.
+    New(LinkName),
+    /// Deleted, or moved to another namespace: RTM_DELLINK.
+    Gone(LinkName),
+    /// Notifications were lost (the socket's buffer overflowed): list the interfaces again.
+    Lost,
+}
+
+/// A route netlink socket subscribed to the interfaces of its namespace (RTMGRP_LINK): every
+/// interface created, changed or deleted there, as the kernel announces it.
+pub struct LinkEvents {
+    fd: OwnedFd,
+}
+
+impl LinkEvents {
+    /// Subscribe in the calling thread's namespace; a receive buffer of 4 MiB where
+    /// SO_RCVBUFFORCE is allowed (a burst of thousands of interfaces), else the default (an
+    /// overflow is [`LinkEvent::Lost`], and the caller lists the interfaces again).
+    pub fn open() -> Result<LinkEvents> {
+        let r = Rtnl::open()?;
+        let fd = r.fd;
+        // SAFETY: sockaddr_nl is plain old data; zeroed is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as u16;
+        sa.nl_groups = libc::RTMGRP_LINK as u32;
+        // SAFETY: sa is a valid sockaddr_nl of the given size.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &sa as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("subscribing to interface notifications (RTMGRP_LINK)");
+        }
+        let size: libc::c_int = 4 << 20;
+        // SAFETY: size outlives the call, its size is given; failure leaves the default.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                &size as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        Ok(LinkEvents { fd })
+    }
+
+    /// The notifications that arrive within `wait` (at least one datagram's worth when any
+    /// arrives; empty after the wait without one).
+    pub fn next(&mut self, wait: std::time::Duration) -> Result<Vec<LinkEvent>> {
+        let mut out = Vec::new();
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, wait.as_millis().min(i32::MAX as u128) as i32) };
+        if n <= 0 {
+            return Ok(out);
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // SAFETY: buf is a valid, writable buffer of the given length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(out),
+                    Some(libc::ENOBUFS) => out.push(LinkEvent::Lost),
+                    Some(libc::EINTR) => {}
+                    _ => return Err(e).context("reading interface notifications"),
+                }
+                continue;
+            }
+            link_events(&buf[..n as usize], &mut out);
+        }
+    }
+}
+
+/// The interface notifications of one datagram.
+fn link_events(b: &[u8], out: &mut Vec<LinkEvent>) {
+    for (kind, _, payload) in split(b).map_while(Result::ok) {
+        let Some(l) = parse_link_name(payload) else {
+            continue;
+        };
+        match kind {
+            libc::RTM_NEWLINK => out.push(LinkEvent::New(l)),
+            libc::RTM_DELLINK => out.push(LinkEvent::Gone(l)),
+            _ => {}
+        }
     }
 }
 
@@ -359,6 +516,34 @@ mod tests {
     }
 
     #[test]
+    fn link_notifications_decode() {
+        let mut msg = Vec::new();
+        let mut body = vec![0u8; IFINFOMSG];
+        body[2..4].copy_from_slice(&1u16.to_ne_bytes());
+        body[4..8].copy_from_slice(&42i32.to_ne_bytes());
+        body.extend(attr(IFLA_IFNAME, b"rq7a12\0"));
+        for kind in [libc::RTM_NEWLINK, libc::RTM_DELLINK, libc::RTM_NEWADDR] {
+            let mut m = vec![0u8; NLMSG_HDR];
+            m[0..4].copy_from_slice(&((NLMSG_HDR + body.len()) as u32).to_ne_bytes());
+            m[4..6].copy_from_slice(&kind.to_ne_bytes());
+            m.extend_from_slice(&body);
+            msg.extend(m);
+        }
+        let mut out = Vec::new();
+        link_events(&msg, &mut out);
+        let l = LinkName {
+            ifindex: 42,
+            name: "rq7a12".into(),
+            arphrd: 1,
+        };
+        assert_eq!(out, [LinkEvent::New(l.clone()), LinkEvent::Gone(l)]);
+        // a cut message ends the walk, never panics
+        out.clear();
+        link_events(&msg[..NLMSG_HDR + 6], &mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn loopback_has_counters_and_no_filter() {
         let mut r = Rtnl::open().unwrap();
         let lo = r.link(1).unwrap().expect("lo is ifindex 1");
@@ -366,5 +551,9 @@ mod tests {
         assert!(r.link(0x7fff_fff0).unwrap().is_none());
         // lo has no clsact qdisc in a test run: an empty list, not an error
         let _ = r.filters(1, false).unwrap();
+        let links = r.links().unwrap();
+        assert!(links
+            .iter()
+            .any(|l| l.ifindex == 1 && l.name == "lo" && l.arphrd == 772));
     }
 }

@@ -326,8 +326,13 @@ fn drop_privileges() -> Result<()> {
     }
     let state = crate::sys::caps::drop_to_needed()?;
     eprintln!("rttscope: {}", crate::sys::caps::describe(&state));
-    let more =
-        crate::sys::caps::threads_holding_more(crate::sys::caps::mask(&crate::sys::caps::KEEP));
+    let allowed = crate::sys::caps::mask(&crate::sys::caps::KEEP);
+    let mut more = crate::sys::caps::threads_holding_more(allowed);
+    if !more.is_empty() {
+        // the sampler's interface followers drop theirs at their next wake (100 ms)
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        more = crate::sys::caps::threads_holding_more(allowed);
+    }
     if !more.is_empty() {
         eprintln!("rttscope: warning: threads {more:?} still hold other capabilities");
     }

@@ -1,22 +1,29 @@
 //! The sampler view's attach and read logic, written once against the loader
 //! layer (`views::loader`): one copy of `bpf/sampler.bpf.c`'s object per
-//! interface, with that interface's `.rodata`, the copies after the first
-//! sharing the first one's maps ([`SHARED_MAPS`]); each copy's programs
-//! attached at egress and ingress by `tc.rs` (tcx links, or clsact filters
-//! where tcx is unavailable or asked against).
+//! network namespace and link type of the interfaces, with that namespace's
+//! `.rodata`, the copies after the first sharing the first one's maps
+//! ([`SHARED_MAPS`]); each copy's two programs attached at egress and ingress
+//! of every interface of its namespace and type by `tc.rs` (tcx links, or
+//! clsact filters where tcx is unavailable or asked against): one
+//! verification per namespace, not per interface (issue 41.5). Interfaces
+//! come and go through `follow.rs`.
 use std::collections::BTreeMap;
 use std::mem::offset_of;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 
+use super::follow::{self, Ctx, Follower, Group, Ifaces};
 use super::tc::{tcx_attach, Attached, Attachments};
 use super::{
-    attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
-    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
+    derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode, IfaceSpec,
+    ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
     PROG_INGRESS, SHARED_MAPS, SHARED_MAPS_NOATOMIC,
 };
+use crate::bpf::sampler::types as t;
 use crate::bpf::SamplerRodata as rodata;
-use crate::sys::netns;
+use crate::sys::netns::{self, NetNs};
 use crate::views::fine::{self, pool_entries, FinePool};
 use crate::views::loader::{
     self, globals, include_object, Object, ObjectDef, Prog, ProgKind, Settings,
@@ -67,7 +74,10 @@ fn object(atomics: bool) -> (&'static ObjectDef, &'static [&'static str]) {
 /// The sampler view, loaded and attached.
 pub(crate) struct Sampler {
     cfg: SamplerConfig,
+    /// The attached interfaces at the last [`Sampler::sync`], and their programs' ids.
     info: Vec<AttachInfo>,
+    ids: Vec<[u32; 2]>,
+    version: u64,
     /// The raw-sample ring buffer was handed out (`raw_samples`).
     raw_taken: bool,
     /// The fine-histogram pool (`fine_pool`, shared by every copy) and
@@ -75,11 +85,22 @@ pub(crate) struct Sampler {
     fine: FinePool,
     /// Set only where the build without BPF atomics runs, and why.
     without_atomics: Option<String>,
-    /// tcx links and clsact filters: removed before the programs go.
-    #[allow(dead_code)] // held for its Drop: detaches
-    attached: Attachments,
-    /// One copy per interface; the first one's maps are everybody's.
+    /// The programs of each copy, the hooks map, the bound.
+    ctx: Arc<Ctx>,
+    /// Every attached interface (tcx links, clsact filters: removed before the programs go).
+    ifaces: Arc<Mutex<Ifaces>>,
+    /// A thread per namespace with `--iface` patterns.
+    followers: Vec<Follower>,
+    /// One copy per namespace and link type; the first one's maps are everybody's.
     objs: Vec<Box<dyn Object>>,
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        // no attach after this, then everything detached before the programs go
+        self.followers.clear();
+        follow::lock(&self.ifaces).clear();
+    }
 }
 
 /// Whether the programs go in as clsact filters from the start (else tcx
@@ -97,15 +118,13 @@ fn clsact_first(mode: AttachMode) -> bool {
 fn settings(
     cfg: &SamplerConfig,
     seed: u64,
-    (slot, r): (usize, &ResolvedIface),
+    (ns, link): &(NetNs, t::rttscope_sampler_link),
     atomics: bool,
 ) -> Settings {
     // (the generated layout has private padding fields: start from zeroes)
     let mut ro: rodata = crate::bpf::zeroed();
-    ro.cfg_netns = r.ns.inode;
-    ro.cfg_ifindex = r.meta.ifindex;
-    ro.cfg_link = r.link.0;
-    ro.cfg_slot = slot as u32;
+    ro.cfg_netns = ns.inode;
+    ro.cfg_link = link.0;
     ro.cfg_sample_threshold = cfg.threshold();
     ro.cfg_match = cfg.matching.raw();
     ro.cfg_raw = cfg.raw as u32;
@@ -122,9 +141,7 @@ fn settings(
             ro,
             [
                 cfg_netns,
-                cfg_ifindex,
                 cfg_link,
-                cfg_slot,
                 cfg_sample_threshold,
                 cfg_match,
                 cfg_raw,
@@ -139,6 +156,7 @@ fn settings(
         max_entries: vec![
             ("sampler_table", cfg.table_entries()),
             (fine::POOL, 2 * pool_entries(cfg.table_entries())),
+            ("sampler_hooks", 2 * cfg.max_ifaces),
         ]
         .into_iter()
         .chain(
@@ -152,45 +170,101 @@ fn settings(
                 .flatten(),
         )
         .collect(),
-        label: format!("loading the sampler programs for {}", r.spec),
+        label: format!(
+            "loading the sampler programs for namespace {} ({} link)",
+            ns.name,
+            if *link == t::rttscope_sampler_link::RTTSCOPE_LINK_NONE {
+                "raw-IP"
+            } else {
+                "Ethernet"
+            }
+        ),
         ..Settings::default()
     }
 }
 
+/// The namespaces and link types to load a copy for: those of the interfaces given by name
+/// and of the matches at start, and Ethernet in each namespace with patterns.
+fn groups_of(r: &super::Resolved) -> Vec<(NetNs, t::rttscope_sampler_link)> {
+    let mut out: Vec<(NetNs, t::rttscope_sampler_link)> = Vec::new();
+    let ether = t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER;
+    let starts = r.watches.iter().flat_map(|(_, s)| s.iter());
+    let each = r.fixed.iter().chain(starts).map(|i| (&i.ns, i.link));
+    let pattern_ns = r.watches.iter().map(|(w, _)| (&w.ns, ether));
+    for (ns, link) in each.chain(pattern_ns) {
+        if !out.iter().any(|(n, l)| n.inode == ns.inode && *l == link) {
+            out.push((ns.clone(), link));
+        }
+    }
+    out
+}
+
+/// A loaded copy's programs, for attaching them anywhere (descriptors of their own).
+fn group(obj: &dyn Object, (ns, link): &(NetNs, t::rttscope_sampler_link)) -> Result<Group> {
+    let dup = |p| -> Result<OwnedFd> { Ok(obj.prog_fd(p)?.try_clone_to_owned()?) };
+    let progs = [dup(PROG_INGRESS)?, dup(PROG_EGRESS)?];
+    let id = |fd: &OwnedFd| crate::sys::bpf::prog_id(fd.as_fd()).unwrap_or(0);
+    Ok(Group {
+        ns_inode: ns.inode,
+        link: *link,
+        ids: [id(&progs[0]), id(&progs[1])],
+        progs,
+    })
+}
+
 impl Sampler {
-    /// Load one copy of the programs per interface and attach them at
-    /// ingress and egress.
+    /// Load one copy of the programs per namespace and link type, attach them at ingress and
+    /// egress of every interface, and follow the patterns' namespaces.
     pub(crate) fn attach(
         kind: LoaderKind,
         ifaces: &[IfaceSpec],
         cfg: SamplerConfig,
     ) -> Result<Sampler> {
         let resolved = resolve_ifaces(ifaces, &cfg)?;
+        if resolved.fixed.len() > cfg.max_ifaces as usize {
+            bail!(
+                "{} interfaces are given by name, more than --max-ifaces {}",
+                resolved.fixed.len(),
+                cfg.max_ifaces
+            );
+        }
         if !cfg!(feature = "libbpf") && clsact_first(cfg.attach) {
             bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
         }
         let seed = hash_seed();
         let atomics = crate::views::probe::Features::get().atomics_choice();
         let (def, shared) = object(atomics.used);
-        let copies = resolved
+        let wanted = groups_of(&resolved);
+        let copies = wanted
             .iter()
-            .enumerate()
-            .map(|r| settings(&cfg, seed, r, atomics.used))
+            .map(|g| settings(&cfg, seed, g, atomics.used))
             .collect();
         let mut objs = loader::load(kind, def, copies, shared)?;
         let entries = pool_entries(cfg.table_entries());
         let fine = FinePool::new(objs[0].as_mut(), entries)?;
-        let mut attached = Attachments::default();
-        let mut info = Vec::new();
-        for (obj, r) in objs.iter().zip(&resolved) {
-            let (how, priority) = attach_copy(obj.as_ref(), r, cfg.attach, &mut attached)?;
-            let mut a = attach_info(&r.spec, &r.ns, r.meta.ifindex, how, r.link);
-            a.priority = priority;
-            info.push(a);
-        }
-        Ok(Sampler {
+        let groups = objs
+            .iter()
+            .zip(&wanted)
+            .map(|(o, g)| group(o.as_ref(), g))
+            .collect::<Result<Vec<_>>>()?;
+        let ctx = Arc::new(Ctx {
+            groups,
+            hooks: objs[0].map_fd("sampler_hooks")?.try_clone_to_owned()?,
+            mode: cfg.attach,
+            max: cfg.max_ifaces as usize,
+        });
+        let ifaces = Arc::new(Mutex::new(Ifaces::default()));
+        attach_at_start(&ctx, &ifaces, &resolved)?;
+        let followers = resolved
+            .watches
+            .into_iter()
+            .map(|(w, _)| Follower::spawn(ctx.clone(), ifaces.clone(), w))
+            .collect();
+        let mut s = Sampler {
             cfg,
-            info,
+            info: Vec::new(),
+            ids: Vec::new(),
+            version: u64::MAX,
             without_atomics: (!atomics.used).then(|| {
                 format!(
                     "{}: kernel programs built without them (each table way's lock a bpf_spin_lock, fine-histogram entries popped from stacks rttscope fills; the same samples)",
@@ -199,23 +273,56 @@ impl Sampler {
             }),
             raw_taken: false,
             fine,
-            attached,
+            ctx,
+            ifaces,
+            followers,
             objs,
-        })
+        };
+        s.sync();
+        Ok(s)
     }
 
     /// The first copy: its maps are the shared ones.
     fn first(&self) -> &dyn Object {
         self.objs[0].as_ref()
     }
+
+    /// Take the attached interfaces as they are now (the followers change them).
+    fn sync(&mut self) {
+        let st = follow::lock(&self.ifaces);
+        if st.version == self.version {
+            return;
+        }
+        self.version = st.version;
+        self.info = st.live.iter().map(|l| l.info.clone()).collect();
+        self.ids = st.live.iter().map(|l| l.ids).collect();
+    }
 }
 
-/// Attach one copy's programs at egress and ingress of its interface: tcx
-/// links where the kernel has them (auto: falling back to clsact if the
+/// The interfaces given by name (a failure fails the start, leaving nothing attached) and
+/// those the patterns match at start (a failure counted, as later).
+fn attach_at_start(ctx: &Ctx, ifaces: &Mutex<Ifaces>, r: &super::Resolved) -> Result<()> {
+    let mut st = follow::lock(ifaces);
+    for i in &r.fixed {
+        st.attach(ctx, i, None)?;
+    }
+    for (w, start) in &r.watches {
+        for i in start {
+            let pattern = w.patterns.iter().find(|p| p.matches(&i.spec.name));
+            if let Err(e) = st.attach(ctx, i, pattern) {
+                st.unattachable(i.ns.inode, i.meta.ifindex, &i.spec.name, &e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Attach a copy's programs (`progs`: ingress, egress) at ingress and egress of one
+/// interface: tcx links where the kernel has them (auto: falling back to clsact if the
 /// attach fails), else clsact filters in our claimed slot. Returns how, and the clsact
 /// priority taken.
-fn attach_copy(
-    obj: &dyn Object,
+pub(super) fn attach_iface(
+    progs: [BorrowedFd<'_>; 2],
     r: &ResolvedIface,
     mode: AttachMode,
     attached: &mut Attachments,
@@ -229,8 +336,7 @@ fn attach_copy(
     // unseen; the next response's ACK, covering both, timed the older one:
     // a first sample of one think time plus the RTT (30 ms on a 90 us path,
     // 40 of 40 mid-flow attaches).
-    for (egress, prog) in [(false, PROG_INGRESS), (true, PROG_EGRESS)] {
-        let fd = obj.prog_fd(prog)?;
+    for (egress, fd) in [(false, progs[0]), (true, progs[1])] {
         let ifindex = r.meta.ifindex;
         let tcx = if clsact_first(mode) {
             None
@@ -332,12 +438,9 @@ impl PassiveView for Sampler {
 
     fn prog_ids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
-        for o in &self.objs {
-            for p in [PROG_EGRESS, PROG_INGRESS] {
-                if let Ok(id) = o
-                    .prog_fd(p)
-                    .and_then(|fd| Ok(crate::sys::bpf::prog_id(fd)?))
-                {
+        for g in &self.ctx.groups {
+            for (p, id) in [(PROG_EGRESS, g.ids[1]), (PROG_INGRESS, g.ids[0])] {
+                if id != 0 {
                     out.push((p.to_string(), id));
                 }
             }
@@ -354,10 +457,19 @@ impl PassiveView for Sampler {
                 .with_context(|| format!("reading sampler counter {name}"))?;
             out.insert(*name, sum.unwrap_or(0));
         }
-        // the programs count each packet once, per interface and direction
-        let hooks = self.hook_packets()?;
-        out.insert("seen_ingress", hooks.iter().map(|h| h[0]).sum());
-        out.insert("seen_egress", hooks.iter().map(|h| h[1]).sum());
+        // the programs count each packet once, per interface and direction (those released
+        // included)
+        let st = follow::lock(&self.ifaces);
+        let hooks = st.hook_sums(&self.ctx);
+        let seen = |d: usize| st.released_hooks[d] + hooks.iter().map(|h| h[d]).sum::<u64>();
+        out.insert("seen_ingress", seen(0));
+        out.insert("seen_egress", seen(1));
+        out.insert("ifaces_attached", st.attached);
+        out.insert("ifaces_released", st.released);
+        out.insert("ifaces_refused", st.refused);
+        out.insert("ifaces_unattachable", st.unattachable);
+        out.insert("ifaces_live", st.live.len() as u64);
+        drop(st);
         derived_counters(&mut out, self.cfg.sample_every <= 1);
         Ok(out)
     }
@@ -390,33 +502,26 @@ impl SamplerView for Sampler {
     }
 
     fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
-        let m = self.first().map("sampler_hooks")?;
-        let mut out = Vec::with_capacity(self.info.len());
-        for slot in 0..self.info.len() as u32 {
-            let mut both = [0u64; 2];
-            for (dir, n) in both.iter_mut().enumerate() {
-                let key = slot * 2 + dir as u32;
-                *n = m
-                    .percpu_sum(&key.to_ne_bytes())
-                    .context("reading the sampler's hook counters")?
-                    .unwrap_or(0);
-            }
-            out.push(both);
-        }
-        Ok(out)
+        let fd = self.ctx.hooks.as_fd();
+        let one = |a: &AttachInfo, d: usize| -> Result<u64> {
+            let key = follow::hook_key(a.netns_inode, a.ifindex, d);
+            Ok(crate::sys::bpf::percpu_u64_sum(fd, &key)
+                .context("reading the sampler's hook counters")?
+                .unwrap_or(0))
+        };
+        self.info
+            .iter()
+            .map(|a| Ok([one(a, 0)?, one(a, 1)?]))
+            .collect()
     }
 
     fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
-        let id = |o: &dyn Object, p: &str| {
-            o.prog_fd(p)
-                .ok()
-                .and_then(|fd| crate::sys::bpf::prog_id(fd).ok())
-                .unwrap_or(0)
-        };
-        self.objs
-            .iter()
-            .map(|o| [id(o.as_ref(), PROG_INGRESS), id(o.as_ref(), PROG_EGRESS)])
-            .collect()
+        self.ids.clone()
+    }
+
+    fn follow(&mut self) -> Vec<String> {
+        self.sync();
+        std::mem::take(&mut follow::lock(&self.ifaces).notices)
     }
 
     fn drain_pool_if_busy(&mut self) -> Result<()> {
@@ -424,6 +529,7 @@ impl SamplerView for Sampler {
     }
 
     fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
+        self.sync();
         let first = self.objs[0].as_ref();
         self.fine.drain(first)?;
         let table = first.map_fd("sampler_table")?;

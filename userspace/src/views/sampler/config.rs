@@ -119,6 +119,20 @@ pub struct SamplerConfig {
     /// Protocols timed (`--proto`; default both): TCP, ICMP/ICMPv6 echo.
     #[serde(default = "default_protos")]
     pub protos: Vec<Proto>,
+    /// At most this many interfaces attached at once (`--max-ifaces`): those an `--iface`
+    /// pattern matches beyond it are refused and counted (`ifaces_refused`).
+    #[serde(default = "default_max_ifaces")]
+    pub max_ifaces: u32,
+}
+
+/// `--max-ifaces` by default: interfaces one observer attaches at once.
+pub const DEFAULT_MAX_IFACES: u32 = 256;
+/// The largest `--max-ifaces`: 3 file descriptors per interface (2 tcx links, the blind
+/// check's netlink socket) stay under a limit of 65,536.
+pub const MAX_IFACES: u32 = 16384;
+
+fn default_max_ifaces() -> u32 {
+    DEFAULT_MAX_IFACES
 }
 
 impl Default for SamplerConfig {
@@ -131,6 +145,7 @@ impl Default for SamplerConfig {
             pending_timeout: Duration::from_secs(10),
             attach: AttachMode::Auto,
             protos: default_protos(),
+            max_ifaces: DEFAULT_MAX_IFACES,
         }
     }
 }
@@ -167,6 +182,12 @@ impl SamplerConfig {
         }
         if self.protos.is_empty() {
             bail!("--proto needs at least one of tcp, icmp");
+        }
+        if self.max_ifaces == 0 || self.max_ifaces > MAX_IFACES {
+            bail!(
+                "--max-ifaces must be between 1 and {MAX_IFACES}, not {}",
+                self.max_ifaces
+            );
         }
         Ok(())
     }
@@ -205,7 +226,9 @@ impl SamplerConfig {
     }
 }
 
-/// `--iface NAME` (current namespace) or `--iface NETNS:NAME`.
+/// `--iface NAME` (current namespace) or `--iface NETNS:NAME`; NAME may be a glob pattern
+/// (`*`, `?`, `[...]`: `veth*`, `lxc*`), which attaches every matching interface of the
+/// namespace, those there at start and those created later ([`IfaceSpec::is_pattern`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IfaceSpec {
     pub netns: Option<String>,
@@ -227,11 +250,110 @@ impl FromStr for IfaceSpec {
         if ns.as_deref() == Some("") {
             return Err(format!("'{s}': empty namespace before ':'"));
         }
+        if let Some(e) = glob_error(name) {
+            return Err(format!("'{s}': {e}"));
+        }
+        if ns.as_deref().is_some_and(|n| n.contains(['*', '?', '['])) {
+            return Err(format!(
+                "'{s}': a pattern of namespaces is not supported: name the namespace (NETNS:PATTERN), or give a pattern of the observer's own namespace's interfaces"
+            ));
+        }
         Ok(IfaceSpec {
             netns: ns,
             name: name.to_string(),
         })
     }
+}
+
+impl IfaceSpec {
+    /// Whether the name is a pattern (`*`, `?` or `[`), followed as interfaces come and go.
+    pub fn is_pattern(&self) -> bool {
+        self.name.contains(['*', '?', '['])
+    }
+
+    /// Whether interface `name` is this one, or matches its pattern.
+    pub fn matches(&self, name: &str) -> bool {
+        glob(self.name.as_bytes(), name.as_bytes())
+    }
+}
+
+/// Why a pattern is malformed (an unclosed `[`), if it is.
+fn glob_error(p: &str) -> Option<&'static str> {
+    let mut rest = p;
+    while let Some(i) = rest.find('[') {
+        // a class: `[` then at least one character, then `]`
+        let after = &rest[i + 1..];
+        let body = after.strip_prefix('!').unwrap_or(after);
+        match body.get(1..).and_then(|b| b.find(']')) {
+            Some(j) => rest = &body[j + 2..],
+            None => return Some("an unclosed '[' in the interface pattern"),
+        }
+    }
+    None
+}
+
+/// Shell-style matching (fnmatch without flags, as `ip link show` users write them): `*` any
+/// run, `?` one character, `[abc]`/`[a-z]`/`[!a]` one of a class.
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        if pi < p.len() {
+            match p[pi] {
+                b'*' => {
+                    star = Some((pi, si));
+                    pi += 1;
+                    continue;
+                }
+                b'?' => {
+                    (pi, si) = (pi + 1, si + 1);
+                    continue;
+                }
+                b'[' => {
+                    if let Some((hit, len)) = class(&p[pi..], s[si]) {
+                        if hit {
+                            (pi, si) = (pi + len, si + 1);
+                            continue;
+                        }
+                    }
+                }
+                c if c == s[si] => {
+                    (pi, si) = (pi + 1, si + 1);
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        match star {
+            Some((sp, ss)) => {
+                star = Some((sp, ss + 1));
+                (pi, si) = (sp + 1, ss + 1);
+            }
+            None => return false,
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+/// A `[...]` class at the start of `p` against `c`: (matches, the class's length).
+fn class(p: &[u8], c: u8) -> Option<(bool, usize)> {
+    let mut i = 1;
+    let negate = p.get(1) == Some(&b'!');
+    if negate {
+        i += 1;
+    }
+    let start = i;
+    let mut hit = false;
+    while i < p.len() && (p[i] != b']' || i == start) {
+        if p.get(i + 1) == Some(&b'-') && p.get(i + 2).is_some_and(|&e| e != b']') {
+            hit |= (p[i]..=p[i + 2]).contains(&c);
+            i += 3;
+        } else {
+            hit |= p[i] == c;
+            i += 1;
+        }
+    }
+    (i < p.len()).then_some((hit != negate, i + 1))
 }
 
 impl fmt::Display for IfaceSpec {
@@ -240,5 +362,27 @@ impl fmt::Display for IfaceSpec {
             Some(ns) => write!(f, "{ns}:{}", self.name),
             None => write!(f, "{}", self.name),
         }
+    }
+}
+
+#[cfg(test)]
+mod glob_tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_as_the_shell_does() {
+        let m = |p: &str, n: &str| p.parse::<IfaceSpec>().unwrap().matches(n);
+        assert!(m("veth*", "veth0") && m("veth*", "veth") && !m("veth*", "xveth0"));
+        assert!(m("lxc*", "lxc12ab") && !m("lxc*", "cali1"));
+        assert!(m("*", "eth0") && m("e?h0", "eth0") && !m("e?h0", "eh0"));
+        assert!(m("rq[0-9]a*", "rq7a12") && !m("rq[0-9]a*", "rqxa1"));
+        assert!(m("rq[!0-9]*", "rqx") && !m("rq[!0-9]*", "rq1"));
+        assert!(m("a*b*c", "axxbyyc") && !m("a*b*c", "axxbyy"));
+        assert!(m("eth0", "eth0") && !m("eth0", "eth01"));
+        assert!("ns1:veth*".parse::<IfaceSpec>().unwrap().is_pattern());
+        assert!(!"ns1:veth0".parse::<IfaceSpec>().unwrap().is_pattern());
+        let e = "veth[0".parse::<IfaceSpec>().unwrap_err();
+        assert!(e.contains("unclosed"), "{e}");
+        assert!("n*:eth0".parse::<IfaceSpec>().is_err());
     }
 }

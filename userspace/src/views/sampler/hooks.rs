@@ -30,6 +30,8 @@ struct Watched {
     how: String,
     ns: Option<NetNs>,
     ifindex: u32,
+    /// (netns inode, ifindex): the interface in the view's `attach_info`.
+    key: (u32, u32),
     /// A socket in its namespace, opened at start (it stays there after privileges drop).
     rtnl: Option<Rtnl>,
     ours: [Ours; 2],
@@ -75,57 +77,50 @@ impl HookWatch {
     /// The attached interfaces, their counters now, and what runs ahead of each hook (said at
     /// once, in [`HookWatch::take_notices`]).
     pub fn new(view: &dyn SamplerView) -> HookWatch {
-        let hooks = view.hook_packets().unwrap_or_default();
-        let ids = view.hook_prog_ids();
         let mut w = HookWatch {
             ifaces: Vec::new(),
             notices: Vec::new(),
         };
-        for (i, a) in view.attach_info().iter().enumerate() {
-            let ns = netns::resolve(&a.netns)
-                .ok()
-                .filter(|n| n.inode == a.netns_inode);
-            let rtnl = match &ns {
-                Some(ns) => netns::run_in(ns, Rtnl::open).ok(),
-                None => None,
-            };
-            let ours = ours_of(a, ids.get(i).copied().unwrap_or_default());
-            let mut it = Watched {
-                label: if a.netns == "self" {
-                    a.iface.clone()
-                } else {
-                    format!("{}:{}", a.netns, a.iface)
-                },
-                netns: a.netns.clone(),
-                iface: a.iface.clone(),
-                how: a.how.clone(),
-                ns,
-                ifindex: a.ifindex,
-                rtnl,
-                ours,
-                kernel_start: [0; 2],
-                kernel_last: [0; 2],
-                hook_last: hooks.get(i).copied().unwrap_or_default(),
-                status: Default::default(),
-                chain_failed: false,
-            };
-            it.kernel_start = it.kernel_now().unwrap_or_default();
-            it.kernel_last = it.kernel_start;
-            for d in 0..2 {
-                it.status[d] = it.status_base(d);
-            }
-            it.recheck_chain(&mut w.notices);
-            w.ifaces.push(it);
-        }
+        w.sync(view);
         w
+    }
+
+    /// Follow the view's interfaces (`--iface` patterns): watch those attached since, forget
+    /// those released.
+    pub fn sync(&mut self, view: &dyn SamplerView) {
+        let infos = view.attach_info();
+        let key = |a: &AttachInfo| (a.netns_inode, a.ifindex);
+        let now: std::collections::BTreeSet<_> = infos.iter().map(key).collect();
+        self.ifaces.retain(|w| now.contains(&w.key));
+        if self.ifaces.len() == infos.len() {
+            return;
+        }
+        let known: std::collections::BTreeSet<_> = self.ifaces.iter().map(|w| w.key).collect();
+        let hooks = view.hook_packets().unwrap_or_default();
+        let ids = view.hook_prog_ids();
+        for (i, a) in infos.iter().enumerate() {
+            if known.contains(&key(a)) {
+                continue;
+            }
+            let ids = ids.get(i).copied().unwrap_or_default();
+            let hooks = hooks.get(i).copied().unwrap_or_default();
+            let it = Watched::start(a, ids, hooks, &mut self.notices);
+            self.ifaces.push(it);
+        }
     }
 
     /// One interval: compare every hook with its interface, re-read the chains; notices for
     /// what changed.
     pub fn check(&mut self, view: &dyn SamplerView) {
         let hooks = view.hook_packets().unwrap_or_default();
-        for (i, it) in self.ifaces.iter_mut().enumerate() {
-            let Some(h) = hooks.get(i).copied() else {
+        let by_key: std::collections::BTreeMap<_, _> = view
+            .attach_info()
+            .iter()
+            .zip(hooks)
+            .map(|(a, h)| ((a.netns_inode, a.ifindex), h))
+            .collect();
+        for it in self.ifaces.iter_mut() {
+            let Some(h) = by_key.get(&it.key).copied() else {
                 continue;
             };
             let Some(k) = it.kernel_now() else {
@@ -154,6 +149,44 @@ impl HookWatch {
 }
 
 impl Watched {
+    /// Start watching one attached interface: its counters now, what runs ahead of its hooks.
+    fn start(a: &AttachInfo, ids: [u32; 2], hooks: [u64; 2], notices: &mut Vec<String>) -> Watched {
+        let ns = netns::resolve(&a.netns)
+            .ok()
+            .filter(|n| n.inode == a.netns_inode);
+        let rtnl = match &ns {
+            Some(ns) => netns::run_in(ns, Rtnl::open).ok(),
+            None => None,
+        };
+        let mut it = Watched {
+            label: if a.netns == "self" {
+                a.iface.clone()
+            } else {
+                format!("{}:{}", a.netns, a.iface)
+            },
+            netns: a.netns.clone(),
+            iface: a.iface.clone(),
+            how: a.how.clone(),
+            ns,
+            ifindex: a.ifindex,
+            key: (a.netns_inode, a.ifindex),
+            rtnl,
+            ours: ours_of(a, ids),
+            kernel_start: [0; 2],
+            kernel_last: [0; 2],
+            hook_last: hooks,
+            status: Default::default(),
+            chain_failed: false,
+        };
+        it.kernel_start = it.kernel_now().unwrap_or_default();
+        it.kernel_last = it.kernel_start;
+        for d in 0..2 {
+            it.status[d] = it.status_base(d);
+        }
+        it.recheck_chain(notices);
+        it
+    }
+
     /// The interface's counts now: (received, sent).
     fn kernel_now(&mut self) -> Option<[u64; 2]> {
         let l = self.rtnl.as_mut()?.link(self.ifindex).ok()??;
@@ -250,6 +283,7 @@ mod tests {
             how: "tcx".into(),
             ns: None,
             ifindex: 2,
+            key: (1, 2),
             rtnl: None,
             ours: [Ours::Tcx(1), Ours::Tcx(2)],
             kernel_start: [100, 100],

@@ -1,9 +1,12 @@
 //! The sampler view: loader and reader for `bpf/sampler.bpf.c`, a
 //! cloud-style (`vm_flow/rtt`) packet sampler at tc ingress/egress.
 //!
-//! Attachment. One copy of the object is loaded per interface, with that
-//! interface's network-namespace inode, ifindex and link type in its
-//! `.rodata`; every copy after the first reuses the first copy's maps
+//! Attachment. One copy of the object is loaded per network namespace and
+//! link type of the interfaces, with that namespace's inode and the link
+//! type in its `.rodata`, and attached to every interface of that namespace
+//! and type (the interface is `skb->ifindex`; `follow.rs` attaches and
+//! releases interfaces as `--iface` patterns match them); every copy after
+//! the first reuses the first copy's maps
 //! (`bpf_map__reuse_fd`), so the flow table, counters and the ring buffer
 //! are shared. This is how the namespace reaches the kernel side:
 //! ifindexes collide across namespaces (both ends of a veth pair between two
@@ -116,6 +119,10 @@ pub struct AttachInfo {
     pub priority: Option<u16>,
     /// Link layer: "ether" or "none".
     pub link: String,
+    /// The `--iface` pattern that matched it (followed: released when it vanishes); None for
+    /// an interface given by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
 }
 
 /// One flow's sampler statistics.
@@ -318,23 +325,44 @@ pub(crate) struct ResolvedIface {
     pub link: t::rttscope_sampler_link,
 }
 
+/// The program's link type for an interface of ARPHRD type `arphrd`: one clear sentence for a
+/// type the programs cannot parse.
+pub(crate) fn link_of(spec: &IfaceSpec, arphrd: u16) -> Result<t::rttscope_sampler_link> {
+    Ok(match arphrd {
+        ARPHRD_ETHER | ARPHRD_LOOPBACK => t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER,
+        ARPHRD_NONE => t::rttscope_sampler_link::RTTSCOPE_LINK_NONE,
+        other => bail!(
+            "interface {spec} has link type {other}: only Ethernet, loopback and raw-IP interfaces are supported"
+        ),
+    })
+}
+
+/// The `--iface` list resolved: the interfaces given by name, and per namespace with patterns,
+/// what a follower watches and the interfaces matching there at start.
+struct Resolved {
+    pub fixed: Vec<ResolvedIface>,
+    pub watches: Vec<(follow::Watch, Vec<ResolvedIface>)>,
+}
+
 /// Check the settings and the interface list and resolve every interface
 /// (both loaders): one clear sentence on bad input.
-pub(crate) fn resolve_ifaces(
-    ifaces: &[IfaceSpec],
-    cfg: &SamplerConfig,
-) -> Result<Vec<ResolvedIface>> {
+fn resolve_ifaces(ifaces: &[IfaceSpec], cfg: &SamplerConfig) -> Result<Resolved> {
     cfg.validate()?;
     if ifaces.is_empty() {
         bail!("the sampler view needs at least one --iface");
     }
     let max = t::rttscope_consts::RTTSCOPE_MAX_IFACES.0 as usize;
-    if ifaces.len() > max {
-        bail!("at most {max} interfaces");
+    let fixed_n = ifaces.iter().filter(|i| !i.is_pattern()).count();
+    if fixed_n > max {
+        bail!("at most {max} interfaces by name (a pattern takes up to --max-ifaces)");
     }
     let mut seen = std::collections::BTreeSet::new();
-    let mut out = Vec::new();
-    for spec in ifaces {
+    let mut out = Resolved {
+        fixed: Vec::new(),
+        watches: Vec::new(),
+    };
+    let mut all_links = Vec::new();
+    for spec in ifaces.iter().filter(|i| !i.is_pattern()) {
         let ns = netns::resolve(spec.netns.as_deref().unwrap_or("self"))
             .with_context(|| format!("interface {spec}"))?;
         let name = spec.name.clone();
@@ -343,19 +371,52 @@ pub(crate) fn resolve_ifaces(
         if !seen.insert((ns.inode, meta.ifindex)) {
             bail!("interface {spec} is given twice");
         }
-        let link = match meta.arphrd {
-            ARPHRD_ETHER | ARPHRD_LOOPBACK => t::rttscope_sampler_link::RTTSCOPE_LINK_ETHER,
-            ARPHRD_NONE => t::rttscope_sampler_link::RTTSCOPE_LINK_NONE,
-            other => bail!(
-                "interface {spec} has link type {other}: only Ethernet, loopback and raw-IP interfaces are supported"
-            ),
-        };
-        out.push(ResolvedIface {
+        let link = link_of(spec, meta.arphrd)?;
+        out.fixed.push(ResolvedIface {
             spec: spec.clone(),
             ns,
             meta,
             link,
         });
+    }
+    for spec in ifaces.iter().filter(|i| i.is_pattern()) {
+        let ns = netns::resolve(spec.netns.as_deref().unwrap_or("self"))
+            .with_context(|| format!("interface pattern {spec}"))?;
+        if let Some((w, _)) = out.watches.iter_mut().find(|(w, _)| w.ns.inode == ns.inode) {
+            w.patterns.push(spec.clone());
+            continue;
+        }
+        // subscribed first, listed second: an interface created in between is announced
+        let (events, links) = netns::run_in(&ns, || {
+            let ev = crate::sys::rtnl::LinkEvents::open()?;
+            let links = crate::sys::rtnl::Rtnl::open()?.links()?;
+            Ok((ev, links))
+        })
+        .with_context(|| format!("listing the interfaces for {spec}"))?;
+        let patterns = vec![spec.clone()];
+        out.watches.push((
+            follow::Watch {
+                ns,
+                patterns,
+                events,
+            },
+            Vec::new(),
+        ));
+        all_links.push(links);
+    }
+    // the interfaces each namespace's patterns match now (one given by name is left to the
+    // name), resolved as a follower resolves them; a link type the programs cannot parse is
+    // left out
+    for ((w, start), links) in out.watches.iter_mut().zip(&all_links) {
+        let spec_ns = w.patterns[0].netns.clone();
+        for l in follow::matching(links, &w.patterns) {
+            if seen.contains(&(w.ns.inode, l.ifindex)) {
+                continue;
+            }
+            if let Ok(r) = follow::resolved(&w.ns, spec_ns.as_deref(), &l) {
+                start.push(r);
+            }
+        }
     }
     Ok(out)
 }
@@ -380,6 +441,7 @@ pub(crate) fn attach_info(
         } else {
             "ether".into()
         },
+        pattern: None,
     }
 }
 
@@ -584,6 +646,12 @@ pub trait SamplerView: PassiveView {
     fn hook_packets(&self) -> Result<Vec<[u64; 2]>>;
     /// Each interface's programs' ids, `[ingress, egress]`, in the same order.
     fn hook_prog_ids(&self) -> Vec<[u32; 2]>;
+    /// Take the interfaces attached and released since the last call (`--iface` patterns:
+    /// [`SamplerView::attach_info`] changes only here and in `for_each_flow`), and what to say
+    /// about them (one line each).
+    fn follow(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// Every flow's cumulative histogram, plus min/max since the previous
     /// call (the kernel's per-flow window restarts when the epoch moves on):
     /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
@@ -605,6 +673,7 @@ pub trait SamplerView: PassiveView {
 pub(crate) mod attach;
 pub mod chain;
 mod config;
+mod follow;
 pub mod hooks;
 pub mod join;
 pub mod options;
@@ -720,6 +789,7 @@ mod tests {
             how: "tcx".into(),
             priority: None,
             link: "ether".into(),
+            pattern: None,
         }];
         let s = flow_stats(&info, &key, &f, acc, 7).unwrap();
         assert_eq!(s.iface, "veth0");

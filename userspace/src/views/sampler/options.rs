@@ -14,9 +14,12 @@ use crate::views::scope::{OnTestbed, Scope};
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct SamplerArgs {
-    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable.
+    /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable. NAME may be a pattern (veth*, lxc*, cali*): every matching interface, those created later too (within a second), those deleted released.
     #[arg(long = "iface", value_name = "[NETNS:]NAME")]
     pub ifaces: Vec<IfaceSpec>,
+    /// Sampler view: attach at most N interfaces at once; those a pattern matches beyond it are refused and counted (ifaces_refused).
+    #[arg(long, default_value_t = super::config::DEFAULT_MAX_IFACES, value_name = "N")]
+    pub max_ifaces: u32,
     /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub sample_every: u32,
@@ -63,12 +66,14 @@ impl SamplerArgs {
             pending_timeout: self.pending_timeout,
             attach: self.attach,
             protos: self.protos.clone(),
+            max_ifaces: self.max_ifaces,
         }
     }
 
     /// The clap ids of the options its config-file keys set ([`Self::merge_file`]), in order
     /// (through the registry's [`crate::views::ViewArgs::FILE_IDS`]).
-    pub const FILE_IDS: &'static [&'static str] = &["ifaces", "sample_every", "protos"];
+    pub const FILE_IDS: &'static [&'static str] =
+        &["ifaces", "sample_every", "protos", "max_ifaces"];
 
     /// Of [`Self::FILE_IDS`], the options whose value differs from `defaults`'.
     pub fn differing(&self, defaults: &Self) -> Vec<&'static str> {
@@ -76,6 +81,7 @@ impl SamplerArgs {
             self.ifaces != defaults.ifaces,
             self.sample_every != defaults.sample_every,
             self.protos != defaults.protos,
+            self.max_ifaces != defaults.max_ifaces,
         ];
         let ids = Self::FILE_IDS.iter().zip(differs);
         ids.filter(|(_, d)| *d).map(|(id, _)| *id).collect()
@@ -94,6 +100,9 @@ impl SamplerArgs {
         if let (true, Some(p)) = (from_file("protos"), &keys.proto) {
             self.protos = p.clone();
         }
+        if let (true, Some(n)) = (from_file("max_ifaces"), keys.max_ifaces) {
+            self.max_ifaces = n;
+        }
     }
 }
 
@@ -102,12 +111,14 @@ impl SamplerArgs {
 /// whole file ([`crate::views::FileKeys`]), and observe refuses a key no part knows.
 #[derive(Debug, Default, Clone, PartialEq, serde::Deserialize)]
 pub struct SamplerFileKeys {
-    /// Sampler view: interfaces, "[NETNS:]NAME".
+    /// Sampler view: interfaces, "[NETNS:]NAME", NAME a name or a pattern ("veth*").
     pub ifaces: Option<Vec<String>>,
     /// Sampler view: take every N-th packet.
     pub sample_every: Option<u32>,
     /// Sampler view: protocols to time, ["tcp", "icmp"] (see observe --proto).
     pub proto: Option<Vec<Proto>>,
+    /// Sampler view: at most this many interfaces attached at once (see observe --max-ifaces).
+    pub max_ifaces: Option<u32>,
 }
 
 /// The view's own options of `rttscope compare` (flattened into compare's through the
@@ -151,6 +162,14 @@ pub fn check_file(keys: &SamplerFileKeys) -> Result<()> {
     }
     if keys.proto.as_ref().is_some_and(|p| p.is_empty()) {
         bail!("proto must name at least one protocol: \"tcp\", \"icmp\" or both");
+    }
+    if let Some(n) = keys.max_ifaces {
+        if n == 0 || n > super::config::MAX_IFACES {
+            bail!(
+                "max_ifaces must be between 1 and {}, not {n}",
+                super::config::MAX_IFACES
+            );
+        }
     }
     if keys.sample_every == Some(0) {
         bail!("sample_every must be at least 1 (1 = every packet)");

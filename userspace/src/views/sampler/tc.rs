@@ -62,6 +62,15 @@ pub(super) enum Attached {
 #[derive(Default)]
 pub(super) struct Attachments(pub(super) Vec<Attached>);
 
+impl Attachments {
+    /// The interface was deleted: its tcx links and clsact filters went with it, so nothing
+    /// is removed over netlink (that would only fail); the link descriptors and slot claims
+    /// are closed.
+    pub(super) fn device_gone(mut self) {
+        self.0.clear();
+    }
+}
+
 impl Drop for Attachments {
     fn drop(&mut self) {
         #[cfg(feature = "libbpf")]

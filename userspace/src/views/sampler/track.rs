@@ -158,7 +158,13 @@ impl View for SamplerSession {
     }
 
     fn watched(&self) -> Watched {
-        let ifaces = self.view.attach_info().iter().map(|a| WatchedIface {
+        // those a pattern matched are followed by the view itself (released and counted)
+        let named = self
+            .view
+            .attach_info()
+            .iter()
+            .filter(|a| a.pattern.is_none());
+        let ifaces = named.map(|a| WatchedIface {
             netns: a.netns.clone(),
             netns_inode: a.netns_inode,
             iface: a.iface.clone(),
@@ -269,7 +275,9 @@ impl View for SamplerSession {
     /// Once per interval (before the read; first right after attach): the hooks against
     /// their interfaces, and what newly runs ahead of them.
     fn notices(&mut self) -> Vec<String> {
-        let mut out = self.hooks.take_notices();
+        let mut out = self.view.follow();
+        out.extend(self.hooks.take_notices());
+        self.hooks.sync(self.view.as_ref());
         self.hooks.check(self.view.as_ref());
         out.extend(self.hooks.take_notices());
         out
