@@ -422,6 +422,12 @@ pub struct EndFlow {
     pub views: Columns<EndView>,
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub workload: Option<Arc<Workload>>,
+    /// A connection the sampler saw translated (NAT, issue 45): both tuples.
+    #[serde(default)]
+    pub nat: Option<Nat>,
+    /// The remote address's name from `--names` or a pod of this node (issue 45).
+    #[serde(default)]
+    pub remote_name: Option<String>,
 }
 
 impl Serialize for EndFlow {
@@ -432,6 +438,8 @@ impl Serialize for EndFlow {
             #[serde(skip_serializing_if = "Option::is_none")]
             closed: Option<bool>,
             local: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            nat: &'a Option<Nat>,
             netns: u32,
             netns_name: &'a str,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -439,6 +447,8 @@ impl Serialize for EndFlow {
             #[serde(skip_serializing_if = "Option::is_none")]
             proto: &'a Option<Name>,
             remote: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            remote_name: &'a Option<String>,
             side: Side,
             #[serde(flatten)]
             views: &'a Columns<EndView>,
@@ -449,11 +459,13 @@ impl Serialize for EndFlow {
             &Out {
                 closed: self.closed,
                 local: &self.local,
+                nat: &self.nat,
                 netns: self.netns,
                 netns_name: &self.netns_name,
                 origin: &self.origin,
                 proto: &self.proto,
                 remote: &self.remote,
+                remote_name: &self.remote_name,
                 side: self.side,
                 views: &self.views,
                 workload: self.workload.as_deref(),
@@ -558,9 +570,45 @@ pub struct FlowRow {
         skip_deserializing
     )]
     pub workload: Option<Arc<Workload>>,
+    /// A connection the sampler saw translated (NAT, issue 45): both tuples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<Nat>,
+    /// The remote address's name from `--names` or a pod of this node (issue 45).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_name: Option<String>,
     #[serde(skip)]
     #[schemars(skip)]
     pub flow: Option<crate::analysis::flow::Flow>,
+}
+
+/// A connection's two tuples when NAT translated it (issue 45): `original` is the socket's own
+/// (the row's `local` and `remote`: the address it connected to, e.g. a service), `translated`
+/// what the packets carried on the sampler's interface (e.g. the service's backend).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Nat {
+    pub original: Endpoints,
+    pub translated: Endpoints,
+}
+
+/// A local and a remote address with ports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Endpoints {
+    pub local: String,
+    pub remote: String,
+}
+
+impl Nat {
+    /// The tuples of a socket's flow and of the wire's.
+    pub fn of(socket: &crate::analysis::flow::Flow, wire: &crate::analysis::flow::Flow) -> Nat {
+        let e = |f: &crate::analysis::flow::Flow| Endpoints {
+            local: f.local.to_string(),
+            remote: f.remote.to_string(),
+        };
+        Nat {
+            original: e(socket),
+            translated: e(wire),
+        }
+    }
 }
 
 impl FlowRow {
@@ -578,6 +626,8 @@ impl FlowRow {
             closed: false,
             views: Columns::default(),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: Some(*f),
         }
     }
@@ -597,6 +647,8 @@ impl EndFlow {
             side,
             views: Columns::default(),
             workload: None,
+            nat: None,
+            remote_name: None,
         }
     }
 }

@@ -90,8 +90,9 @@ pub(super) fn start_record(
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
-        // 2: `hooks` in the interval and end records (issue 41)
-        version: 2,
+        // 2: `hooks` in the interval and end records (issue 41); 3: `nat` and `remote_name`
+        // in flow rows and end flows (issue 45)
+        version: 3,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };

@@ -13,7 +13,7 @@ use super::sides::SideResolver;
 use super::{FlowKind, SamplerFlowStats, SamplerView};
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{Hist, Snapshot};
-use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, ViewStats};
+use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, Nat, ViewStats};
 use crate::analysis::workload::Workload;
 use crate::sys::netns;
 
@@ -34,6 +34,7 @@ pub struct SamplerStart {
 pub fn start_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
     gen.subschema_for::<Option<SamplerStart>>()
 }
+use crate::sys::conntrack::NatJoin;
 use crate::sys::sockdiag::FlowOwners;
 use crate::views::view::{
     Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched, WatchedIface,
@@ -50,7 +51,15 @@ pub struct SamplerSession {
     sides: SideResolver,
     /// The owners of its flows (`--label-workload`).
     owners: SamplerOwners,
+    /// Its NATed flows joined to their sockets' (conntrack, issue 45).
+    nat: NatJoin,
+    /// TCP flows that joined no earlier view's flow, directly or through conntrack.
+    unjoined: u64,
 }
+
+/// A sampler flow's entry of one read: its samples, kind, side, and the wire's tuple when NAT
+/// translated it (the key is then the socket's).
+type Delta = (Hist, FlowKind, Side, Option<Flow>);
 
 impl SamplerSession {
     /// The attached view, read by the session; `workloads`: `--label-workload`.
@@ -61,6 +70,8 @@ impl SamplerSession {
             owners: SamplerOwners {
                 diag: workloads.then(|| FlowOwners::open(&namespaces)),
             },
+            nat: NatJoin::open(&namespaces),
+            unjoined: 0,
             ways: SamplerTracker::default(),
             hooks: super::hooks::HookWatch::new(view.as_ref()),
             view,
@@ -76,34 +87,63 @@ impl SamplerSession {
     fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
         let mut sc = self.view.counters()?;
         sc.insert("samples_evicted", self.ways.samples_evicted);
+        sc.insert("nat_lookups", self.nat.lookups);
+        sc.insert("nat_translated", self.nat.translated);
+        sc.insert("nat_lookup_errors", self.nat.errors + self.nat.skipped);
+        sc.insert("nat_unjoined", self.unjoined);
         self.owners.counters(&mut sc);
         Ok(ctx.finish_counters(sc))
     }
 
-    /// The side of one of its flows: what the views read before it found
-    /// for the same flow, else what its programs saw (the handshake; ICMP:
-    /// pinger or pinged), else the socket table of the interface's
-    /// namespace (issue 15).
-    fn side(sides: &mut SideResolver, ctx: &ReadCtx<'_, '_>, f: &SamplerFlowStats) -> Side {
+    /// The side of one of its flows (`key`: its socket's tuple when NAT translated it): what
+    /// the views read before it found for the same flow, else what its programs saw (the
+    /// handshake; ICMP: pinger or pinged), else the socket table of the interface's namespace
+    /// (issue 15).
+    fn side(
+        sides: &mut SideResolver,
+        ctx: &ReadCtx<'_, '_>,
+        f: &SamplerFlowStats,
+        key: &Flow,
+    ) -> Side {
         if f.kind != FlowKind::Tcp {
             return f.side;
         }
-        match ctx.side_of(&f.flow) {
+        match ctx.side_of(key) {
             Side::Unknown if f.side != Side::Unknown => f.side,
-            Side::Unknown => sides.side(&f.flow),
+            Side::Unknown => sides.side(key),
             s => s,
         }
     }
 
+    /// The flow a TCP flow of the sampler joins: itself when an earlier view knows it (no
+    /// lookup), else its socket's tuple when its namespace's conntrack translated it (issue
+    /// 45); with the wire's tuple then.
+    fn join(nat: &mut NatJoin, ctx: &ReadCtx<'_, '_>, f: &SamplerFlowStats) -> (Flow, Option<Flow>) {
+        if f.kind != FlowKind::Tcp || ctx.side_of(&f.flow) != Side::Unknown {
+            return (f.flow, None);
+        }
+        match nat.socket_of(&f.flow) {
+            Some(s) => (s, Some(f.flow)),
+            None => (f.flow, None),
+        }
+    }
+
+    /// Whether a TCP view read before this one (a flow it does not know is then unjoined).
+    fn tcp_earlier(ctx: &ReadCtx<'_, '_>) -> bool {
+        ctx.earlier.iter().any(|v| v.kind() == ViewKind::Tcp)
+    }
+
     /// Each flow's samples since the previous read (one entry per flow: a
     /// flow in two ways, rare, has its deltas merged), with its kind and side.
-    fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, (Hist, FlowKind, Side)>> {
-        let mut deltas: BTreeMap<Flow, (Hist, FlowKind, Side)> = BTreeMap::new();
+    fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, Delta>> {
+        let mut deltas: BTreeMap<Flow, Delta> = BTreeMap::new();
         let (ways, owners, sides) = (&mut self.ways, &mut self.owners, &mut self.sides);
+        let (nat, unjoined, tcp) = (&mut self.nat, &mut self.unjoined, Self::tcp_earlier(ctx));
         self.view.for_each_flow(&mut |f| {
             let (mut delta, first) = ways.way(&f);
             if delta.count() == 0 {
                 owners.keep(&f.flow);
+                nat.keep(&f.flow);
                 return;
             }
             delta.set_range(
@@ -112,10 +152,14 @@ impl SamplerSession {
                 f.interval_max_us
                     .or(if first { f.hist.max_us } else { None }),
             );
-            match deltas.entry(f.flow) {
+            let (key, wire) = Self::join(nat, ctx, &f);
+            if first && tcp && f.kind == FlowKind::Tcp && ctx.side_of(&key) == Side::Unknown {
+                *unjoined += 1;
+            }
+            match deltas.entry(key) {
                 std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert((delta, f.kind, Self::side(sides, ctx, &f)));
+                    v.insert((delta, f.kind, Self::side(sides, ctx, &f, &key), wire));
                 }
             }
         })?;
@@ -170,9 +214,11 @@ impl View for SamplerSession {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
+        self.nat.begin();
         let deltas = self.deltas(ctx)?;
         self.sides.end();
-        for (flow, (delta, kind, side)) in deltas {
+        self.nat.end();
+        for (flow, (delta, kind, side, wire)) in deltas {
             let owner = self.owners.get(ctx, &flow, kind);
             // daemon mode: the sampler's samples since the last read.
             ctx.export(ViewKind::Sampler, &flow, side, owner.as_deref(), &delta);
@@ -190,6 +236,9 @@ impl View for SamplerSession {
             if row.workload.is_none() {
                 row.workload = owner;
             }
+            if let Some(w) = wire {
+                row.nat = Some(Nat::of(&flow, &w));
+            }
         }
         self.owners.end();
         Ok(ViewRead {
@@ -202,19 +251,25 @@ impl View for SamplerSession {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
+        self.nat.begin();
         for f in super::merge_ways(self.view.read_flows()?) {
-            let side = Self::side(&mut self.sides, ctx, &f);
+            let (key, wire) = Self::join(&mut self.nat, ctx, &f);
+            let side = Self::side(&mut self.sides, ctx, &f, &key);
             totals.entry(side).or_default().merge(&f.hist);
-            let owner = self.owners.get(ctx, &f.flow, f.kind);
+            let owner = self.owners.get(ctx, &key, f.kind);
             let names = &mut *ctx.names;
-            let entry = flows.entry(f.flow).or_insert_with(|| {
-                let mut e = EndFlow::new(&f.flow, names.get(f.flow.netns), side);
-                let mut r = FlowRow::new(&f.flow, e.netns_name.clone(), side);
+            let entry = flows.entry(key).or_insert_with(|| {
+                let mut e = EndFlow::new(&key, names.get(key.netns), side);
+                let mut r = FlowRow::new(&key, e.netns_name.clone(), side);
                 e.proto = icmp_proto(f.kind).map(Name::from);
                 r.proto = e.proto.clone();
                 (e.workload, r.workload) = (owner.clone(), owner);
                 (e, r)
             });
+            if let Some(w) = wire {
+                let nat = Nat::of(&key, &w);
+                (entry.0.nat, entry.1.nat) = (Some(nat.clone()), Some(nat));
+            }
             let mut v = EndView::of(&f.hist);
             v.iface = Some(f.iface.clone());
             entry.0.views.set(ViewKind::Sampler, v);
