@@ -942,6 +942,8 @@ mod tests {
                 EndView::of(&Hist::default()),
             ),
             workload: Some(w.clone()),
+            nat: None,
+            remote_name: None,
         };
         let end = serde_json::to_string(&flow).unwrap();
         let sorted = serde_json::to_value(&*w).unwrap().to_string();

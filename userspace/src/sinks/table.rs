@@ -301,6 +301,8 @@ mod tests {
             closed: false,
             views: Columns::default().with(ViewKind::Tcp, vs.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {
@@ -355,6 +357,8 @@ mod tests {
                 .with(ViewKind::Tcp, tcp.clone())
                 .with(ViewKind::Sampler, smp.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {
@@ -418,6 +422,8 @@ mod tests {
             closed: false,
             views: Columns::default().with(ViewKind::Tcp, tcp.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {
