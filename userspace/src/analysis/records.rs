@@ -423,10 +423,10 @@ pub struct EndFlow {
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub workload: Option<Arc<Workload>>,
     /// A connection the sampler saw translated (NAT, issue 45): both tuples.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nat: Option<Nat>,
     /// The remote address's name from `--names` or a pod of this node (issue 45).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_name: Option<String>,
 }
 

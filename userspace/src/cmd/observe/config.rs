@@ -87,6 +87,8 @@ pub struct ConfigFile {
     pub quiet: Option<bool>,
     /// Turn on kernel BPF run-time statistics while running.
     pub bpf_stats: Option<bool>,
+    /// The names file of remote addresses (`--names`).
+    pub names: Option<PathBuf>,
     pub labels: Option<LabelsSection>,
 }
 
@@ -107,6 +109,8 @@ pub struct LabelsSection {
     pub ports: Option<Vec<u16>>,
     /// Workload labels (unit, container, pod): off by default.
     pub workload: Option<bool>,
+    /// The backend of a NATed connection as a label: off by default.
+    pub backend: Option<bool>,
     pub max_series: Option<usize>,
     /// A label set without samples for this long is removed, e.g. "10min".
     pub series_idle: Option<String>,
@@ -502,10 +506,12 @@ merged_options!(
         otlp_compression,
         quiet,
         bpf_stats,
+        names,
         v4_prefix,
         v6_prefix,
         label_ports,
         label_workload,
+        label_backend,
         max_series,
         series_idle,
     ]
@@ -641,6 +647,9 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(v)) = (from_file("bpf_stats"), f.bpf_stats) {
         args.bpf_stats = v;
     }
+    if let (true, Some(v)) = (from_file("names"), &f.names) {
+        args.names = Some(v.clone());
+    }
     merge_labels(cfg, args, &from_file);
 }
 
@@ -691,6 +700,9 @@ fn merge_labels(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(
         if let (true, Some(v)) = (from_file("label_workload"), l.workload) {
             args.label_workload = v;
         }
+        if let (true, Some(v)) = (from_file("label_backend"), l.backend) {
+            args.label_backend = v;
+        }
         if let (true, Some(v)) = (from_file("max_series"), l.max_series) {
             args.max_series = Some(v);
         }
@@ -708,6 +720,8 @@ pub fn label_policy(args: &ObserveArgs) -> Result<LabelPolicy> {
         v6_prefix: args.v6_prefix.unwrap_or(d.v6_prefix),
         ports: args.label_ports.clone(),
         workload: args.label_workload,
+        backend: args.label_backend,
+        names: args.names.is_some(),
         max_series: args.max_series.unwrap_or(d.max_series),
         series_idle: args.series_idle.unwrap_or(d.series_idle),
     };

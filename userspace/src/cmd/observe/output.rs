@@ -380,6 +380,7 @@ mod tests {
             netns_name: "ns-b",
             owner: None,
             delta: &h,
+            translated: None,
         };
         sink.flow_delta(ViewKind::Sampler, &d);
         // A second read of the same flow adds to the same series.
@@ -391,6 +392,7 @@ mod tests {
             netns_name: "ns-b",
             owner: None,
             delta: &h2,
+            translated: None,
         };
         sink.flow_delta(ViewKind::Sampler, &d);
         let mut out = Vec::new();

@@ -47,7 +47,9 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
+use crate::analysis::peers::PeerFile;
 use crate::analysis::workload::Workload;
+use crate::views::view::FlowDelta;
 use crate::sys::bpf::ProgRun;
 use crate::views::ViewKind;
 
@@ -173,6 +175,8 @@ pub struct Exporter {
     last_counters: HashMap<(ViewKind, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
+    /// `--names`: the file and its reload metrics.
+    names: Option<NamesState>,
     /// What `/metrics` serves: the last render, shared with the server.
     rendered: Arc<std::sync::RwLock<Arc<Rendered>>>,
 }
@@ -189,6 +193,15 @@ pub struct Rendered {
     pub protobuf: hyper::body::Bytes,
     /// The RTT series' native buckets by label set (OTLP reads them).
     pub natives: Vec<(RttLabels, native::Native)>,
+}
+
+/// The names file (`--names`) and its metrics.
+struct NamesState {
+    file: Arc<PeerFile>,
+    reloads: Family<Vec<(String, String)>, Counter>,
+    entries: Gauge,
+    /// The reload counts (success, failure, too_large) last exported.
+    last: [u64; 3],
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -230,6 +243,7 @@ impl Exporter {
             last_counters: HashMap::new(),
             last_prog: HashMap::new(),
             last_expiry: Instant::now(),
+            names: None,
             rendered: Arc::default(),
         };
         // The registration order is the order of the families in /metrics.
@@ -417,7 +431,72 @@ impl Exporter {
         if self.policy.workload {
             labels.workload = Some(owner.map(WorkloadLabels::of).unwrap_or_default());
         }
+        self.name_labels(&mut labels, flow, None);
         self.observe_labels(view, labels, cur, prev)
+    }
+
+    /// The names file (`--names`): the `remote_name` label's source, and its reloads counted in
+    /// `rttscope_names_reloads_total{result}`, its entries in `rttscope_names_entries`.
+    pub fn set_names(&mut self, names: Arc<PeerFile>) {
+        let reloads = Family::<Vec<(String, String)>, Counter>::default();
+        self.registry.register(
+            "rttscope_names_reloads",
+            "Reloads of the --names file after a change, by result (success; failure: malformed or unreadable, the previous names stay; too_large: over the size or entry cap)",
+            reloads.clone(),
+        );
+        let entries = Gauge::default();
+        self.registry.register(
+            "rttscope_names_entries",
+            "Entries of the --names file in force",
+            entries.clone(),
+        );
+        self.names = Some(NamesState {
+            file: names,
+            reloads,
+            entries,
+            last: [0; 3],
+        });
+        self.update_names();
+    }
+
+    /// The names file's reload counts and entries, as of now (once per interval).
+    pub fn update_names(&mut self) {
+        let Some(n) = self.names.as_mut() else {
+            return;
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &n.file.counts;
+        let now = [c.success.load(Relaxed), c.failure.load(Relaxed), c.too_large.load(Relaxed)];
+        for (i, r) in ["success", "failure", "too_large"].iter().enumerate() {
+            let label = vec![("result".to_string(), r.to_string())];
+            n.reloads.get_or_create(&label).inc_by(now[i].saturating_sub(n.last[i]));
+        }
+        n.last = now;
+        n.entries.set(n.file.current().len() as i64);
+    }
+
+    /// `remote_name` (`--names`) and `backend_prefix` (`--label-backend`, from the wire's tuple
+    /// of a NATed connection) when the policy asks for them; empty values are no labels.
+    fn name_labels(&self, labels: &mut RttLabels, flow: &Flow, translated: Option<&Flow>) {
+        if self.policy.names {
+            let names = self.names.as_ref().map(|n| n.file.current());
+            let name = names.as_ref().and_then(|n| n.name(flow.remote));
+            labels.remote_name = Some(name.unwrap_or_default().to_string());
+        }
+        if self.policy.backend {
+            let b = translated.map(|t| self.policy.remote_prefix(t.remote.ip()));
+            labels.backend_prefix = Some(b.unwrap_or_default());
+        }
+    }
+
+    /// One flow's samples of this read, as a view handed them over.
+    pub fn observe_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>, netns: &str) -> u64 {
+        let mut labels = self.policy.labels(view, d.flow, d.side, netns);
+        if self.policy.workload {
+            labels.workload = Some(d.owner.map(WorkloadLabels::of).unwrap_or_default());
+        }
+        self.name_labels(&mut labels, d.flow, d.translated);
+        self.observe_labels(view, labels, d.delta, None)
     }
 
     /// Record a histogram delta under `labels`, applying the series cap.

@@ -221,7 +221,8 @@ impl View for SamplerSession {
         for (flow, (delta, kind, side, wire)) in deltas {
             let owner = self.owners.get(ctx, &flow, kind);
             // daemon mode: the sampler's samples since the last read.
-            ctx.export(ViewKind::Sampler, &flow, side, owner.as_deref(), &delta);
+            let (o, w) = (owner.as_deref(), wire.as_ref());
+            ctx.export_translated(ViewKind::Sampler, &flow, side, o, &delta, w);
             totals.entry(side).or_default().merge(&delta);
             if !ctx.keep_rows {
                 continue; // nothing prints rows
