@@ -77,8 +77,21 @@ fn set_up(p: &Pair, nat: Nat, fam: &Fam) -> (SocketAddr, Option<SocketAddr>) {
             p.a.exec(&["ip", ip, "route", "add", &dst, "dev", &p.a_if])
                 .unwrap();
             p.a.exec(&[
-                ipt, "-t", "nat", "-A", "OUTPUT", "-d", &dst, "-p", "tcp", "--dport", "80", "-j",
-                "DNAT", "--to-destination", &to,
+                ipt,
+                "-t",
+                "nat",
+                "-A",
+                "OUTPUT",
+                "-d",
+                &dst,
+                "-p",
+                "tcp",
+                "--dport",
+                "80",
+                "-j",
+                "DNAT",
+                "--to-destination",
+                &to,
             ])
             .unwrap();
             (svc, None)
@@ -177,7 +190,12 @@ fn run(nat: Nat, fam: &Fam, loader: &str, extra: &[String]) -> (Pair, Run) {
         .env("RTTSCOPE_LOADER", loader)
         .arg(rttscope_bin())
         .args(["observe", "--format", "json", "--view", "tcp,sampler"])
-        .args(["--netns", &p.a.name, "--iface", &format!("{}:{}", p.a.name, p.a_if)])
+        .args([
+            "--netns",
+            &p.a.name,
+            "--iface",
+            &format!("{}:{}", p.a.name, p.a_if),
+        ])
         .args(["--interval", "500ms", "--duration", "6s"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(extra);
@@ -223,20 +241,31 @@ fn check_rows(p: &Pair, r: &Run, to: SocketAddr) {
         let nat = &f["nat"];
         assert_eq!(nat["original"]["local"], local.to_string(), "{ctx}: {f}");
         let wire = (&nat["translated"]["local"], &nat["translated"]["remote"]);
-        assert!(wire.0.is_string() && wire != (&f["local"], &f["remote"]), "{ctx}: {f}");
+        assert!(
+            wire.0.is_string() && wire != (&f["local"], &f["remote"]),
+            "{ctx}: {f}"
+        );
         let twins = flows
             .iter()
             .filter(|g| (&g["local"], &g["remote"]) == wire)
             .count();
-        assert_eq!(twins, 0, "{ctx}: a row of its own for the wire's tuple: {flows:#?}");
+        assert_eq!(
+            twins, 0,
+            "{ctx}: a row of its own for the wire's tuple: {flows:#?}"
+        );
         for view in ["tcp", "sampler"] {
             let n = f[view]["summary"]["n"].as_u64().unwrap_or(0);
+            eprintln!("{local}: {view} {n} samples, {tx} transactions");
             let (lo, hi) = (tx * 9 / 10, tx * 11 / 10 + 3);
-            assert!((lo..=hi).contains(&n), "{ctx}: {view} {n} samples, expected {lo}..={hi}: {f}");
+            assert!(
+                (lo..=hi).contains(&n),
+                "{ctx}: {view} {n} samples, expected {lo}..={hi}: {f}"
+            );
         }
         for iv in r.lines.iter().filter(|l| l["type"] == "interval") {
             for row in iv["flows"].as_array().unwrap() {
-                let mine = row["local"] == local.to_string() || (&row["local"], &row["remote"]) == wire;
+                let mine =
+                    row["local"] == local.to_string() || (&row["local"], &row["remote"]) == wire;
                 assert!(!mine || row["side"] == "client", "{ctx}: {row}");
             }
         }
@@ -250,16 +279,31 @@ fn check_rows(p: &Pair, r: &Run, to: SocketAddr) {
 /// connections under the remote prefix of the address they connected to.
 fn check_metrics(r: &Run, to: SocketAddr, prefix: &str) {
     let unknown = rtt_count(&r.metrics, &[("view", "sampler"), ("side", "unknown")]);
-    assert_eq!(unknown, 0, "sampler samples of side unknown in /metrics:\n{}", r.metrics);
+    assert_eq!(
+        unknown, 0,
+        "sampler samples of side unknown in /metrics:\n{}",
+        r.metrics
+    );
     let tx: u64 = r.clients.iter().map(|c| c.1).sum();
-    let want = [("view", "sampler"), ("side", "client"), ("remote_prefix", prefix)];
+    let want = [
+        ("view", "sampler"),
+        ("side", "client"),
+        ("remote_prefix", prefix),
+    ];
     let n = rtt_count(&r.metrics, &want);
     if to.port() == 80 {
         // only the test's clients connect to the service: their samples alone
         let (lo, hi) = (tx * 9 / 10, tx * 11 / 10 + 6);
-        assert!((lo..=hi).contains(&n), "{n} sampler samples under {prefix}, {tx} transactions (expected {lo}..={hi}):\n{}", r.metrics);
+        assert!(
+            (lo..=hi).contains(&n),
+            "{n} sampler samples under {prefix}, {tx} transactions (expected {lo}..={hi}):\n{}",
+            r.metrics
+        );
     } else {
-        assert!(n >= tx * 9 / 10, "{n} sampler samples under {prefix}, {tx} transactions");
+        assert!(
+            n >= tx * 9 / 10,
+            "{n} sampler samples under {prefix}, {tx} transactions"
+        );
     }
 }
 
@@ -273,7 +317,10 @@ fn nat_case(nat: Nat, v6: bool, loader: &str) {
         Nat::DnatOutput => fam.service(),
         Nat::Masquerade => fam.backend(),
     };
-    eprintln!("{nat:?} v6={v6} {loader}: clients {:?}; {}", r.clients, r.busy);
+    eprintln!(
+        "{nat:?} v6={v6} {loader}: clients {:?}; {}",
+        r.clients, r.busy
+    );
     check_rows(&p, &r, to);
     let prefix = match (nat, v6) {
         (Nat::DnatOutput, false) => "10.100.0.0/24",
@@ -284,9 +331,61 @@ fn nat_case(nat: Nat, v6: bool, loader: &str) {
     check_metrics(&r, to, prefix);
 }
 
+/// The DNAT'd service named from a names file (issue 45 item 2), the backend as a label: the
+/// end row and the sampler's series carry `payments`; the busy host's direct connections to the
+/// backend (no entry covers them) keep their prefix label alone.
 #[test]
-fn dnat_in_output_v4_is_one_row_libbpf() {
-    nat_case(Nat::DnatOutput, false, "libbpf");
+fn dnat_in_output_v4_is_one_row_libbpf_and_named() {
+    if !require_root() {
+        return;
+    }
+    let fam = Fam { v6: false };
+    let names = std::env::temp_dir().join(format!("{}.names", unique("rtsnames")));
+    std::fs::write(&names, "# the test's service\n10.100.0.0/16:80 payments\n").unwrap();
+    let extra = ["--names".to_string(), names.display().to_string()];
+    let extra = [&extra[..], &["--label-backend".to_string()]].concat();
+    let (p, r) = run(Nat::DnatOutput, &fam, "libbpf", &extra);
+    let _ = std::fs::remove_file(&names);
+    check_rows(&p, &r, fam.service());
+    check_metrics(&r, fam.service(), "10.100.0.0/24");
+    for (local, _) in &r.clients {
+        let f = end_flow(&r.lines, &p.a.name, &local.to_string()).unwrap();
+        assert_eq!(f["remote_name"], "payments", "{f}");
+    }
+    let tx: u64 = r.clients.iter().map(|c| c.1).sum();
+    let named = [("view", "sampler"), ("remote_name", "payments")];
+    let named = rtt_count(
+        &r.metrics,
+        &[&named[..], &[("backend_prefix", "10.77.0.0/24")]].concat(),
+    );
+    assert!(
+        named >= tx * 9 / 10,
+        "{named} named sampler samples for {tx} transactions:\n{}",
+        r.metrics
+    );
+    // the direct connections to the backend: samples, no name, no backend
+    let body = r
+        .metrics
+        .split_once("\r\n\r\n")
+        .map_or(&r.metrics[..], |(_, b)| b);
+    let direct: Vec<&str> = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("rttscope_rtt_seconds_count{")
+                && l.contains("remote_prefix=\"10.77.0.0/24\"")
+        })
+        .collect();
+    assert!(
+        !direct.is_empty(),
+        "no series of the direct connections:\n{body}"
+    );
+    for l in direct {
+        assert!(
+            !l.contains("remote_name=") && !l.contains("backend_prefix="),
+            "{l}"
+        );
+    }
+    assert!(body.contains("rttscope_names_entries 1"), "{body}");
 }
 
 #[test]

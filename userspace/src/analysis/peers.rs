@@ -166,7 +166,9 @@ fn simple(text: &str) -> Result<PeerNames, String> {
                 quote_input_max(place, 80)
             ))
         })?;
-        names.add(net, port, check_name(name).map_err(at)?).map_err(at)?;
+        names
+            .add(net, port, check_name(name).map_err(at)?)
+            .map_err(at)?;
     }
     Ok(names.finish())
 }
@@ -257,7 +259,12 @@ fn kube(text: &str) -> Result<PeerNames, String> {
             "Service" => {
                 let ips = o.spec.cluster_ip.iter().chain(&o.spec.cluster_ips);
                 let ips = ips.chain(&o.spec.external_ips);
-                add_ips(&mut names, ips, tcp_ports(&o.spec.ports), &full(&o.metadata.name))?;
+                add_ips(
+                    &mut names,
+                    ips,
+                    tcp_ports(&o.spec.ports),
+                    &full(&o.metadata.name),
+                )?;
             }
             "EndpointSlice" => {
                 let Some(svc) = o.metadata.labels.get("kubernetes.io/service-name") else {
@@ -373,7 +380,10 @@ fn read(path: &std::path::Path) -> Result<String, (String, bool)> {
         .map_err(|e| (format!("cannot read it: {e}"), false))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err((
-            format!("it is larger than {} MiB, the most read of a names file", MAX_FILE_BYTES >> 20),
+            format!(
+                "it is larger than {} MiB, the most read of a names file",
+                MAX_FILE_BYTES >> 20
+            ),
             true,
         ));
     }
@@ -433,7 +443,11 @@ impl PeerFile {
             Ok(t) => t,
             Err((e, big)) => {
                 seen.digest = 0;
-                let c = if big { &self.counts.too_large } else { &self.counts.failure };
+                let c = if big {
+                    &self.counts.too_large
+                } else {
+                    &self.counts.failure
+                };
                 c.fetch_add(1, Relaxed);
                 tracing::warn!("names file {shown} read again cannot be used, the previous names stay in force: {e}");
                 return Some(Reload::Failed(e));
@@ -454,7 +468,11 @@ impl PeerFile {
             }
             Err(e) => {
                 let big = e.contains("entries, the most");
-                let c = if big { &self.counts.too_large } else { &self.counts.failure };
+                let c = if big {
+                    &self.counts.too_large
+                } else {
+                    &self.counts.failure
+                };
                 c.fetch_add(1, Relaxed);
                 tracing::warn!("names file {shown} read again cannot be used, the previous names stay in force: {e}");
                 Some(Reload::Failed(e))
@@ -493,10 +511,18 @@ mod tests {
         assert_eq!(n.len(), 6);
         assert_eq!(n.name(sa("10.100.0.10:80")), Some("payments"));
         assert_eq!(n.name(sa("10.100.0.10:81")), Some("infra"));
-        assert_eq!(n.name(sa("10.100.7.1:80")), Some("edge"), "the longer prefix");
+        assert_eq!(
+            n.name(sa("10.100.7.1:80")),
+            Some("edge"),
+            "the longer prefix"
+        );
         assert_eq!(n.name(sa("10.100.7.9:80")), Some("one-pod"));
         assert_eq!(n.name(sa("[fd00::2]:443")), Some("web"));
-        assert_eq!(n.name(sa("[fd00::1]:443")), Some("db"), "a host over a prefix");
+        assert_eq!(
+            n.name(sa("[fd00::1]:443")),
+            Some("db"),
+            "a host over a prefix"
+        );
         assert_eq!(n.name(sa("[::ffff:10.100.0.1]:80")), Some("payments"));
         assert_eq!(n.name(sa("10.101.0.1:80")), None);
     }
@@ -516,7 +542,9 @@ mod tests {
             assert!(!e.contains('\n'), "{e}");
         }
         let long = format!("10.0.0.1 {}", "n".repeat(MAX_NAME + 1));
-        assert!(PeerNames::parse(&long).unwrap_err().contains("1 to 253 bytes"));
+        assert!(PeerNames::parse(&long)
+            .unwrap_err()
+            .contains("1 to 253 bytes"));
     }
 
     /// A List as `kubectl get services,pods,endpointslices -A -o json` prints it, written from
@@ -529,11 +557,18 @@ mod tests {
         // Service: its ClusterIP on its TCP port, both families
         assert_eq!(n.name(sa("10.96.12.34:80")), Some("shop/payments"));
         assert_eq!(n.name(sa("[fd00:10:96::1234]:80")), Some("shop/payments"));
-        assert_eq!(n.name(sa("10.96.12.34:53")), None, "a UDP port names nothing");
+        assert_eq!(
+            n.name(sa("10.96.12.34:53")),
+            None,
+            "a UDP port names nothing"
+        );
         // EndpointSlice: the backends on the target port, named after the service
         assert_eq!(n.name(sa("10.244.1.17:8080")), Some("shop/payments"));
         // Pod: its address on any other port
-        assert_eq!(n.name(sa("10.244.1.17:9090")), Some("shop/payments-7d4b9c-x2x9q"));
+        assert_eq!(
+            n.name(sa("10.244.1.17:9090")),
+            Some("shop/payments-7d4b9c-x2x9q")
+        );
         // a headless service ("None") and a hostNetwork pod name nothing
         assert_eq!(n.name(sa("192.168.1.10:10250")), None);
         assert_eq!(n.name(sa("10.244.2.5:5432")), Some("shop/db"));
@@ -569,25 +604,42 @@ mod tests {
         assert_eq!(f.current().name(svc), Some("payments-v2"));
         std::fs::write(&a, "10.100.0.0/16:80\n").unwrap();
         assert!(matches!(f.poll_now(), Some(Reload::Failed(e)) if e.starts_with("line 1: ")));
-        assert_eq!(f.current().name(svc), Some("payments-v2"), "the old names stay");
+        assert_eq!(
+            f.current().name(svc),
+            Some("payments-v2"),
+            "the old names stay"
+        );
         assert_eq!(f.poll_now(), None, "said once");
         // the ConfigMap way: the link now points at another file
         std::fs::write(&b, KUBECTL_LIST).unwrap();
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&b, &link).unwrap();
         assert!(matches!(f.poll_now(), Some(Reload::Loaded(n)) if n > 3));
-        assert_eq!(f.current().name(sa("10.96.12.34:80")), Some("shop/payments"));
+        assert_eq!(
+            f.current().name(sa("10.96.12.34:80")),
+            Some("shop/payments")
+        );
         // over the cap: refused, counted, the names stay
         let big = std::fs::File::create(&a).unwrap();
         big.set_len(MAX_FILE_BYTES + 1).unwrap();
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&a, &link).unwrap();
         assert!(matches!(f.poll_now(), Some(Reload::Failed(e)) if e.contains("64 MiB")));
-        assert_eq!(f.current().name(sa("10.96.12.34:80")), Some("shop/payments"));
+        assert_eq!(
+            f.current().name(sa("10.96.12.34:80")),
+            Some("shop/payments")
+        );
         let c = &f.counts;
-        let got = (c.success.load(Relaxed), c.failure.load(Relaxed), c.too_large.load(Relaxed));
+        let got = (
+            c.success.load(Relaxed),
+            c.failure.load(Relaxed),
+            c.too_large.load(Relaxed),
+        );
         assert_eq!(got, (2, 1, 1));
-        let absent = PeerFile::load(&dir.join("absent")).err().unwrap().to_string();
+        let absent = PeerFile::load(&dir.join("absent"))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(absent.starts_with("names file "), "{absent}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

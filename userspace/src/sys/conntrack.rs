@@ -168,7 +168,10 @@ fn answer(b: &[u8], seq: u32) -> Result<Option<Option<(Tuple, Tuple)>>> {
         };
     }
     if kind != CT_NEW || b.len() < NLMSG_HDR + 4 {
-        anyhow::bail!("unexpected ctnetlink answer (type {kind:#x}, {} bytes)", b.len());
+        anyhow::bail!(
+            "unexpected ctnetlink answer (type {kind:#x}, {} bytes)",
+            b.len()
+        );
     }
     let (mut orig, mut reply) = (None, None);
     for (k, v) in netlink::attrs(&b[NLMSG_HDR + 4..len.min(b.len())]) {
@@ -417,7 +420,10 @@ mod tests {
         let Ok(mut ct) = Conntrack::open() else {
             return;
         };
-        match ct.lookup("127.0.0.1:1".parse().unwrap(), "127.0.0.1:2".parse().unwrap()) {
+        match ct.lookup(
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+        ) {
             Ok(l) => assert_eq!(l, Lookup::Absent),
             Err(e) => eprintln!("ctnetlink unavailable here: {e:#}"),
         }

@@ -233,7 +233,10 @@ impl RttLabels {
         ];
         let workload = self.workload.iter().flat_map(|w| w.pairs());
         let name = self.remote_name.iter().map(|n| ("remote_name", n.as_str()));
-        let backend = self.backend_prefix.iter().map(|n| ("backend_prefix", n.as_str()));
+        let backend = self
+            .backend_prefix
+            .iter()
+            .map(|n| ("backend_prefix", n.as_str()));
         fixed
             .into_iter()
             .chain(name.chain(backend).filter(|(_, v)| !v.is_empty()))

@@ -49,8 +49,8 @@ use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::analysis::peers::PeerFile;
 use crate::analysis::workload::Workload;
-use crate::views::view::FlowDelta;
 use crate::sys::bpf::ProgRun;
+use crate::views::view::FlowDelta;
 use crate::views::ViewKind;
 
 pub mod daemon;
@@ -466,10 +466,16 @@ impl Exporter {
         };
         use std::sync::atomic::Ordering::Relaxed;
         let c = &n.file.counts;
-        let now = [c.success.load(Relaxed), c.failure.load(Relaxed), c.too_large.load(Relaxed)];
+        let now = [
+            c.success.load(Relaxed),
+            c.failure.load(Relaxed),
+            c.too_large.load(Relaxed),
+        ];
         for (i, r) in ["success", "failure", "too_large"].iter().enumerate() {
             let label = vec![("result".to_string(), r.to_string())];
-            n.reloads.get_or_create(&label).inc_by(now[i].saturating_sub(n.last[i]));
+            n.reloads
+                .get_or_create(&label)
+                .inc_by(now[i].saturating_sub(n.last[i]));
         }
         n.last = now;
         n.entries.set(n.file.current().len() as i64);

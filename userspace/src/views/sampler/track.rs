@@ -118,7 +118,11 @@ impl SamplerSession {
     /// The flow a TCP flow of the sampler joins: itself when an earlier view knows it (no
     /// lookup), else its socket's tuple when its namespace's conntrack translated it (issue
     /// 45); with the wire's tuple then.
-    fn join(nat: &mut NatJoin, ctx: &ReadCtx<'_, '_>, f: &SamplerFlowStats) -> (Flow, Option<Flow>) {
+    fn join(
+        nat: &mut NatJoin,
+        ctx: &ReadCtx<'_, '_>,
+        f: &SamplerFlowStats,
+    ) -> (Flow, Option<Flow>) {
         if f.kind != FlowKind::Tcp || ctx.side_of(&f.flow) != Side::Unknown {
             return (f.flow, None);
         }
