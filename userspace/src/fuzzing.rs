@@ -232,14 +232,24 @@ pub fn names_file(data: &[u8]) {
                 "[fd00::1]:443",
                 "[::ffff:10.0.0.1]:80",
             ];
-            let from_input = t.split(|c: char| c.is_whitespace() || c == '"').filter_map(|w| {
-                w.parse::<std::net::IpAddr>().ok().map(|ip| SocketAddr::new(ip, 80))
-            });
-            let probes = probes.iter().map(|p| p.parse().unwrap()).chain(from_input.take(32));
+            let from_input = t
+                .split(|c: char| c.is_whitespace() || c == '"')
+                .filter_map(|w| {
+                    w.parse::<std::net::IpAddr>()
+                        .ok()
+                        .map(|ip| SocketAddr::new(ip, 80))
+                });
+            let probes = probes
+                .iter()
+                .map(|p| p.parse().unwrap())
+                .chain(from_input.take(32));
             for a in probes {
                 if let Some(name) = n.name(a) {
                     assert!(!name.is_empty() && name.len() <= MAX_NAME, "{name:?}");
-                    assert!(!name.chars().any(|c| c.is_control() || c.is_whitespace()), "{name:?}");
+                    assert!(
+                        !name.chars().any(|c| c.is_control() || c.is_whitespace()),
+                        "{name:?}"
+                    );
                 }
             }
         }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::analysis::columns::Columns;
 use crate::analysis::flow::Side;
 use crate::analysis::hist::Hist;
+pub use crate::analysis::nat::{Endpoints, Nat};
 use crate::analysis::stats::Summary;
 use crate::analysis::view_kind::ViewKind;
 use crate::analysis::workload::Workload;
@@ -422,10 +423,9 @@ pub struct EndFlow {
     pub views: Columns<EndView>,
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub workload: Option<Arc<Workload>>,
-    /// A connection the sampler saw translated (NAT, issue 45): both tuples.
+    /// As in [`FlowRow`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nat: Option<Nat>,
-    /// The remote address's name from `--names` or a pod of this node (issue 45).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_name: Option<String>,
 }
@@ -573,42 +573,12 @@ pub struct FlowRow {
     /// A connection the sampler saw translated (NAT, issue 45): both tuples.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nat: Option<Nat>,
-    /// The remote address's name from `--names` or a pod of this node (issue 45).
+    /// The remote address's name from `--names` (issue 45).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_name: Option<String>,
     #[serde(skip)]
     #[schemars(skip)]
     pub flow: Option<crate::analysis::flow::Flow>,
-}
-
-/// A connection's two tuples when NAT translated it (issue 45): `original` is the socket's own
-/// (the row's `local` and `remote`: the address it connected to, e.g. a service), `translated`
-/// what the packets carried on the sampler's interface (e.g. the service's backend).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Nat {
-    pub original: Endpoints,
-    pub translated: Endpoints,
-}
-
-/// A local and a remote address with ports.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Endpoints {
-    pub local: String,
-    pub remote: String,
-}
-
-impl Nat {
-    /// The tuples of a socket's flow and of the wire's.
-    pub fn of(socket: &crate::analysis::flow::Flow, wire: &crate::analysis::flow::Flow) -> Nat {
-        let e = |f: &crate::analysis::flow::Flow| Endpoints {
-            local: f.local.to_string(),
-            remote: f.remote.to_string(),
-        };
-        Nat {
-            original: e(socket),
-            translated: e(wire),
-        }
-    }
 }
 
 impl FlowRow {

@@ -56,6 +56,7 @@ use crate::views::ViewKind;
 pub mod daemon;
 pub mod http;
 mod labels;
+mod names;
 pub mod native;
 pub mod proto;
 mod rtt_hist;
@@ -176,7 +177,7 @@ pub struct Exporter {
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
     /// `--names`: the file and its reload metrics.
-    names: Option<NamesState>,
+    names: Option<names::NamesState>,
     /// What `/metrics` serves: the last render, shared with the server.
     rendered: Arc<std::sync::RwLock<Arc<Rendered>>>,
 }
@@ -193,15 +194,6 @@ pub struct Rendered {
     pub protobuf: hyper::body::Bytes,
     /// The RTT series' native buckets by label set (OTLP reads them).
     pub natives: Vec<(RttLabels, native::Native)>,
-}
-
-/// The names file (`--names`) and its metrics.
-struct NamesState {
-    file: Arc<PeerFile>,
-    reloads: Family<Vec<(String, String)>, Counter>,
-    entries: Gauge,
-    /// The reload counts (success, failure, too_large) last exported.
-    last: [u64; 3],
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -435,64 +427,22 @@ impl Exporter {
         self.observe_labels(view, labels, cur, prev)
     }
 
-    /// The names file (`--names`): the `remote_name` label's source, and its reloads counted in
-    /// `rttscope_names_reloads_total{result}`, its entries in `rttscope_names_entries`.
-    pub fn set_names(&mut self, names: Arc<PeerFile>) {
-        let reloads = Family::<Vec<(String, String)>, Counter>::default();
-        self.registry.register(
-            "rttscope_names_reloads",
-            "Reloads of the --names file after a change, by result (success; failure: malformed or unreadable, the previous names stay; too_large: over the size or entry cap)",
-            reloads.clone(),
-        );
-        let entries = Gauge::default();
-        self.registry.register(
-            "rttscope_names_entries",
-            "Entries of the --names file in force",
-            entries.clone(),
-        );
-        self.names = Some(NamesState {
-            file: names,
-            reloads,
-            entries,
-            last: [0; 3],
-        });
-        self.update_names();
+    /// The names file (`--names`): the `remote_name` label's source, its reloads and entries
+    /// exported ([`names::NamesState`]).
+    pub fn set_names(&mut self, file: Arc<PeerFile>) {
+        self.names = Some(names::NamesState::register(file, &mut self.registry));
     }
 
     /// The names file's reload counts and entries, as of now (once per interval).
     pub fn update_names(&mut self) {
-        let Some(n) = self.names.as_mut() else {
-            return;
-        };
-        use std::sync::atomic::Ordering::Relaxed;
-        let c = &n.file.counts;
-        let now = [
-            c.success.load(Relaxed),
-            c.failure.load(Relaxed),
-            c.too_large.load(Relaxed),
-        ];
-        for (i, r) in ["success", "failure", "too_large"].iter().enumerate() {
-            let label = vec![("result".to_string(), r.to_string())];
-            n.reloads
-                .get_or_create(&label)
-                .inc_by(now[i].saturating_sub(n.last[i]));
+        if let Some(n) = self.names.as_mut() {
+            n.update();
         }
-        n.last = now;
-        n.entries.set(n.file.current().len() as i64);
     }
 
-    /// `remote_name` (`--names`) and `backend_prefix` (`--label-backend`, from the wire's tuple
-    /// of a NATed connection) when the policy asks for them; empty values are no labels.
+    /// `remote_name` and `backend_prefix` when the policy asks for them.
     fn name_labels(&self, labels: &mut RttLabels, flow: &Flow, translated: Option<&Flow>) {
-        if self.policy.names {
-            let names = self.names.as_ref().map(|n| n.file.current());
-            let name = names.as_ref().and_then(|n| n.name(flow.remote));
-            labels.remote_name = Some(name.unwrap_or_default().to_string());
-        }
-        if self.policy.backend {
-            let b = translated.map(|t| self.policy.remote_prefix(t.remote.ip()));
-            labels.backend_prefix = Some(b.unwrap_or_default());
-        }
+        names::name_labels(&self.policy, self.names.as_ref(), labels, flow, translated);
     }
 
     /// One flow's samples of this read, as a view handed them over.
