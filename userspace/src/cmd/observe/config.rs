@@ -1097,7 +1097,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\nnames = \"/n\"\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nbackend = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
@@ -1179,6 +1179,7 @@ series_idle = "5min"
                 "raw",
                 "quiet",
                 "bpf_stats",
+                "names",
                 "labels"
             ]
         );
@@ -1193,7 +1194,7 @@ series_idle = "5min"
              `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
              `proto`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `otlp_headers`, `otlp_ca_file`, \
              `otlp_client_cert`, `otlp_client_key`, `otlp_timeout`, `otlp_compression`, \
-             `max_flows`, `raw`, `quiet`, `bpf_stats`, `labels`"
+             `max_flows`, `raw`, `quiet`, `bpf_stats`, `names`, `labels`"
         );
     }
 
