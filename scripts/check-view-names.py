@@ -63,6 +63,10 @@ NOT_A_VIEW = {
         {"tcp"},
         "the flow's IP protocol (the `proto` label: tcp, icmp, icmpv6), not the TCP view",
     ),
+    (os.path.join("analysis", "peers.rs"), "tcp_ports"): (
+        {"TCP"},
+        "a Kubernetes port's protocol (`TCP`, `UDP`, `SCTP`), not the TCP view",
+    ),
 }
 STRING = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
 WORD = re.compile(r"[A-Za-z0-9]+")

@@ -28,6 +28,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("cloud_monitoring", cloud_monitoring),
     ("observe_config", observe_config),
     ("web_config", web_config),
+    ("names_file", names_file),
     ("bucket_layout", bucket_layout),
     ("flags", flags),
     ("cgroup_path", cgroup_path),
@@ -203,6 +204,52 @@ pub fn web_config(data: &[u8]) {
             if let Some(h) = f.http_server_config {
                 if let Err(m) = file::headers(&h.headers) {
                     assert_one_sentence("web config headers", &m);
+                }
+            }
+        }
+    }
+}
+
+/// The `--names` file (`analysis::peers`): the simple form and kubectl's JSON. Accepted: at most
+/// `MAX_ENTRIES` entries, every name found is 1 to `MAX_NAME` bytes without space or control
+/// character, and a lookup of any address never panics; refused: one sentence, at most 600
+/// characters.
+pub fn names_file(data: &[u8]) {
+    use crate::analysis::peers::{PeerNames, MAX_ENTRIES, MAX_NAME};
+    let t = text(data);
+    match PeerNames::parse(&t) {
+        Err(m) => {
+            assert_one_sentence("names file", &m);
+            assert!(m.chars().count() <= 600, "names file message too long: {m}");
+        }
+        Ok(n) => {
+            assert!(n.len() <= MAX_ENTRIES);
+            let probes = [
+                "10.100.0.10:80",
+                "0.0.0.0:0",
+                "255.255.255.255:65535",
+                "[::]:0",
+                "[fd00::1]:443",
+                "[::ffff:10.0.0.1]:80",
+            ];
+            let from_input = t
+                .split(|c: char| c.is_whitespace() || c == '"')
+                .filter_map(|w| {
+                    w.parse::<std::net::IpAddr>()
+                        .ok()
+                        .map(|ip| SocketAddr::new(ip, 80))
+                });
+            let probes = probes
+                .iter()
+                .map(|p| p.parse().unwrap())
+                .chain(from_input.take(32));
+            for a in probes {
+                if let Some(name) = n.name(a) {
+                    assert!(!name.is_empty() && name.len() <= MAX_NAME, "{name:?}");
+                    assert!(
+                        !name.chars().any(|c| c.is_control() || c.is_whitespace()),
+                        "{name:?}"
+                    );
                 }
             }
         }

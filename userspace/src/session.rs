@@ -5,11 +5,13 @@
 //! `cmd::observe` drives it and hands what it reads to the sinks (table,
 //! JSON Lines, Prometheus). Nothing here names a view.
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use anyhow::Result;
 
 use crate::analysis::flow::Flow;
 use crate::analysis::hist::Hist;
+use crate::analysis::peers::{PeerFile, PeerNames};
 use crate::analysis::records::{self, EndFlow, Name};
 use crate::sys::cgroup::CgroupIndex;
 use crate::views::view::{ReadCtx, RunFlows, View, ViewRead};
@@ -96,6 +98,8 @@ pub struct Session {
     window_mono_ns: u64,
     /// Each view's handshakes of the whole run, by side (a few histograms: bounded).
     handshakes: BTreeMap<ViewKind, SideTotals>,
+    /// `--names`: the remote addresses' names in rows and end flows (issue 45).
+    peers: Option<Arc<PeerFile>>,
 }
 
 impl Session {
@@ -122,6 +126,7 @@ impl Session {
             keep_rows: cfg.keep_rows,
             workloads: cfg.workloads.then(workload_index),
             raw,
+            peers: None,
         };
         session.start_window()?;
         Ok(session)
@@ -149,6 +154,19 @@ impl Session {
     /// CLOCK_MONOTONIC ns when every view's window started.
     pub fn window_start_ns(&self) -> u64 {
         self.window_mono_ns
+    }
+
+    /// Name the remote addresses of rows and end flows from this file (`--names`), re-read
+    /// when it changes (looked at once per interval).
+    pub fn set_peer_names(&mut self, peers: Arc<PeerFile>) {
+        self.peers = Some(peers);
+    }
+
+    /// The names in force (the file looked at again first), when `--names` was given.
+    fn peer_names(&self) -> Option<Arc<PeerNames>> {
+        let p = self.peers.as_ref()?;
+        p.poll();
+        Some(p.current())
     }
 
     /// The attached views, in registry order.
@@ -260,6 +278,11 @@ impl Session {
             reads.push((v.kind(), v.read(ctx)?));
             Ok(())
         })?;
+        if let Some(n) = self.peer_names() {
+            for (f, row) in rows.iter_mut() {
+                row.remote_name = n.name(f.remote).map(str::to_string);
+            }
+        }
         let (mut totals, mut counters, mut totals_hist) =
             (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         let mut handshakes = BTreeMap::new();
@@ -353,6 +376,12 @@ impl Session {
             counters.insert(v.kind().as_str(), r.counters);
             Ok(())
         })?;
+        if let Some(n) = self.peer_names() {
+            for (f, (e, row)) in flows.iter_mut() {
+                let name = n.name(f.remote).map(str::to_string);
+                (e.remote_name, row.remote_name) = (name.clone(), name);
+            }
+        }
         let (end_flows, rows): (Vec<EndFlow>, Vec<FlowRow>) = flows.into_values().unzip();
         // the last interval's handshakes not read yet
         for v in self.views.iter_mut() {

@@ -7,6 +7,8 @@ pub mod fields;
 pub mod flow;
 pub mod hist;
 pub mod input;
+pub mod nat;
+pub mod peers;
 pub mod records;
 pub mod results;
 pub mod stats;

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::analysis::columns::Columns;
 use crate::analysis::flow::Side;
 use crate::analysis::hist::Hist;
+pub use crate::analysis::nat::{Endpoints, Nat};
 use crate::analysis::stats::Summary;
 use crate::analysis::view_kind::ViewKind;
 use crate::analysis::workload::Workload;
@@ -430,6 +431,11 @@ pub struct EndFlow {
     pub views: Columns<EndView>,
     #[serde(skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub workload: Option<Arc<Workload>>,
+    /// As in [`FlowRow`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<Nat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_name: Option<String>,
 }
 
 impl Serialize for EndFlow {
@@ -440,6 +446,8 @@ impl Serialize for EndFlow {
             #[serde(skip_serializing_if = "Option::is_none")]
             closed: Option<bool>,
             local: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            nat: &'a Option<Nat>,
             netns: u32,
             netns_name: &'a str,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -447,6 +455,8 @@ impl Serialize for EndFlow {
             #[serde(skip_serializing_if = "Option::is_none")]
             proto: &'a Option<Name>,
             remote: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            remote_name: &'a Option<String>,
             side: Side,
             #[serde(skip_serializing_if = "Option::is_none")]
             tunnel: &'a Option<crate::analysis::flow::Tunnel>,
@@ -459,11 +469,13 @@ impl Serialize for EndFlow {
             &Out {
                 closed: self.closed,
                 local: &self.local,
+                nat: &self.nat,
                 netns: self.netns,
                 netns_name: &self.netns_name,
                 origin: &self.origin,
                 proto: &self.proto,
                 remote: &self.remote,
+                remote_name: &self.remote_name,
                 side: self.side,
                 tunnel: &self.tunnel,
                 views: &self.views,
@@ -583,6 +595,12 @@ pub struct FlowRow {
         skip_deserializing
     )]
     pub workload: Option<Arc<Workload>>,
+    /// A connection the sampler saw translated (NAT, issue 45): both tuples.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<Nat>,
+    /// The remote address's name from `--names` (issue 45).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_name: Option<String>,
     #[serde(skip)]
     #[schemars(skip)]
     pub flow: Option<crate::analysis::flow::Flow>,
@@ -604,6 +622,8 @@ impl FlowRow {
             closed: false,
             views: Columns::default(),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: Some(*f),
         }
     }
@@ -624,6 +644,8 @@ impl EndFlow {
             side,
             views: Columns::default(),
             workload: None,
+            nat: None,
+            remote_name: None,
         }
     }
 }
@@ -922,6 +944,8 @@ mod tests {
                 EndView::of(&Hist::default()),
             ),
             workload: Some(w.clone()),
+            nat: None,
+            remote_name: None,
         };
         let end = serde_json::to_string(&flow).unwrap();
         let sorted = serde_json::to_value(&*w).unwrap().to_string();

@@ -171,12 +171,12 @@ fn flow_cells(r: &FlowRow, kinds: &[Option<ViewKind>]) -> Vec<String> {
     } else {
         r.side.as_str().to_string()
     };
-    let mut cells = vec![
-        r.netns_name.clone(),
-        r.local.clone(),
-        r.remote.clone(),
-        side,
-    ];
+    // the remote's name (`--names`) after its address
+    let remote = match &r.remote_name {
+        Some(n) => format!("{} ({n})", r.remote),
+        None => r.remote.clone(),
+    };
+    let mut cells = vec![r.netns_name.clone(), r.local.clone(), remote, side];
     for k in kinds {
         let s = k.and_then(|k| r.views.get(k));
         cells.extend(cols(s, k.is_some_and(|k| k.socket_columns())));
@@ -302,6 +302,8 @@ mod tests {
             closed: false,
             views: Columns::default().with(ViewKind::Tcp, vs.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {
@@ -358,6 +360,8 @@ mod tests {
                 .with(ViewKind::Tcp, tcp.clone())
                 .with(ViewKind::Sampler, smp.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {
@@ -423,6 +427,8 @@ mod tests {
             closed: false,
             views: Columns::default().with(ViewKind::Tcp, tcp.clone()),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         };
         let iv = Interval {

@@ -13,12 +13,12 @@
 //! there; sock_diag needs no privilege for this.
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use crate::analysis::flow::Flow;
+use crate::sys::netlink::Netlink;
 use crate::sys::netns::{self, NetNs};
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
@@ -41,65 +41,22 @@ pub enum Owner {
 
 /// A sock_diag socket of one network namespace.
 pub struct SockDiag {
-    fd: OwnedFd,
-    seq: u32,
+    nl: Netlink,
 }
 
 impl SockDiag {
     /// Open one in the calling thread's namespace (`netns::run_in` for another).
     pub fn open() -> Result<SockDiag> {
-        // SAFETY: plain socket(2); the descriptor is owned from here on.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                NETLINK_SOCK_DIAG,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("opening a sock_diag socket");
-        }
-        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: tv outlives the call, its size is given.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        Ok(SockDiag { fd, seq: 0 })
+        Ok(SockDiag {
+            nl: Netlink::open(NETLINK_SOCK_DIAG, "sock_diag")?,
+        })
     }
 
     /// The owner of the TCP socket `local` <-> `remote` in this namespace.
     pub fn tcp_owner(&mut self, local: SocketAddr, remote: SocketAddr) -> Result<Owner> {
-        self.seq = self.seq.wrapping_add(1);
-        let req = request(self.seq, local, remote);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: req is a valid buffer of the given length.
-        let n = unsafe { libc::send(fd, req.as_ptr() as *const libc::c_void, req.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error()).context("asking sock_diag for a socket");
-        }
-        let mut buf = vec![0u8; 4096];
-        loop {
-            // SAFETY: buf is a valid, writable buffer of the given length.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error()).context("reading sock_diag's answer");
-            }
-            match answer(&buf[..n as usize], self.seq)? {
-                Some(o) => return Ok(o),
-                None => continue, // an answer to an earlier question that timed out
-            }
-        }
+        let seq = self.nl.next_seq();
+        let req = request(seq, local, remote);
+        self.nl.ask(&req, |b| answer(b, seq))
     }
 }
 

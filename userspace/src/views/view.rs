@@ -47,6 +47,8 @@ pub struct FlowDelta<'a> {
     pub netns_name: &'a str,
     pub owner: Option<&'a Workload>,
     pub delta: &'a Hist,
+    /// A NATed connection: its tuple as translated on the wire (the sampler's; issue 45).
+    pub translated: Option<&'a Flow>,
 }
 
 /// What a view reads into, besides its own state: shared by every view of
@@ -104,6 +106,19 @@ impl ReadCtx<'_, '_> {
         owner: Option<&Workload>,
         delta: &Hist,
     ) {
+        self.export_translated(view, flow, side, owner, delta, None)
+    }
+
+    /// [`ReadCtx::export`] of a NATed connection's samples: `translated`, its tuple on the wire.
+    pub fn export_translated(
+        &mut self,
+        view: ViewKind,
+        flow: &Flow,
+        side: Side,
+        owner: Option<&Workload>,
+        delta: &Hist,
+        translated: Option<&Flow>,
+    ) {
         if delta.count() == 0 {
             return;
         }
@@ -117,6 +132,7 @@ impl ReadCtx<'_, '_> {
                     netns_name: &netns_name,
                     owner,
                     delta,
+                    translated,
                 },
             );
         }

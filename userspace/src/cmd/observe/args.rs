@@ -111,6 +111,15 @@ pub struct ObserveArgs {
     /// container that holds them (docs/deploy.md#labels).
     #[arg(long)]
     pub label_workload: bool,
+    /// Name remote addresses from FILE: `CIDR[:PORT] NAME` lines, or the JSON of `kubectl get
+    /// services,pods,endpointslices -A -o json`; re-read when it changes (the table's
+    /// `remote_name`, the records', the `remote_name` label; docs/observe.md#remote-names).
+    #[arg(long, value_name = "FILE")]
+    pub names: Option<PathBuf>,
+    /// Metrics labels: the backend a NATed connection was translated to (`backend_prefix`,
+    /// cut as remote_prefix); off by default (a label set per backend).
+    #[arg(long)]
+    pub label_backend: bool,
     /// Metrics labels: at most this many RTT label sets; more go to an overflow series [default: 1000].
     #[arg(long, value_name = "N")]
     pub max_series: Option<usize>,

@@ -87,6 +87,8 @@ pub struct ConfigFile {
     pub quiet: Option<bool>,
     /// Turn on kernel BPF run-time statistics while running.
     pub bpf_stats: Option<bool>,
+    /// The names file of remote addresses (`--names`).
+    pub names: Option<PathBuf>,
     pub labels: Option<LabelsSection>,
 }
 
@@ -107,6 +109,8 @@ pub struct LabelsSection {
     pub ports: Option<Vec<u16>>,
     /// Workload labels (unit, container, pod): off by default.
     pub workload: Option<bool>,
+    /// The backend of a NATed connection as a label: off by default.
+    pub backend: Option<bool>,
     pub max_series: Option<usize>,
     /// A label set without samples for this long is removed, e.g. "10min".
     pub series_idle: Option<String>,
@@ -502,10 +506,12 @@ merged_options!(
         otlp_compression,
         quiet,
         bpf_stats,
+        names,
         v4_prefix,
         v6_prefix,
         label_ports,
         label_workload,
+        label_backend,
         max_series,
         series_idle,
     ]
@@ -641,6 +647,9 @@ pub fn merge(cfg: &ObserveConfig, args: &mut ObserveArgs, explicit: &Explicit) {
     if let (true, Some(v)) = (from_file("bpf_stats"), f.bpf_stats) {
         args.bpf_stats = v;
     }
+    if let (true, Some(v)) = (from_file("names"), &f.names) {
+        args.names = Some(v.clone());
+    }
     merge_labels(cfg, args, &from_file);
 }
 
@@ -691,6 +700,9 @@ fn merge_labels(cfg: &ObserveConfig, args: &mut ObserveArgs, from_file: &dyn Fn(
         if let (true, Some(v)) = (from_file("label_workload"), l.workload) {
             args.label_workload = v;
         }
+        if let (true, Some(v)) = (from_file("label_backend"), l.backend) {
+            args.label_backend = v;
+        }
         if let (true, Some(v)) = (from_file("max_series"), l.max_series) {
             args.max_series = Some(v);
         }
@@ -708,6 +720,8 @@ pub fn label_policy(args: &ObserveArgs) -> Result<LabelPolicy> {
         v6_prefix: args.v6_prefix.unwrap_or(d.v6_prefix),
         ports: args.label_ports.clone(),
         workload: args.label_workload,
+        backend: args.label_backend,
+        names: args.names.is_some(),
         max_series: args.max_series.unwrap_or(d.max_series),
         series_idle: args.series_idle.unwrap_or(d.series_idle),
     };
@@ -1083,7 +1097,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nmax_ifaces = 7\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nmax_ifaces = 7\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\nnames = \"/n\"\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nbackend = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
@@ -1166,6 +1180,7 @@ series_idle = "5min"
                 "raw",
                 "quiet",
                 "bpf_stats",
+                "names",
                 "labels"
             ]
         );
@@ -1180,7 +1195,7 @@ series_idle = "5min"
              `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
              `proto`, `max_ifaces`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `otlp_headers`, `otlp_ca_file`, \
              `otlp_client_cert`, `otlp_client_key`, `otlp_timeout`, `otlp_compression`, \
-             `max_flows`, `raw`, `quiet`, `bpf_stats`, `labels`"
+             `max_flows`, `raw`, `quiet`, `bpf_stats`, `names`, `labels`"
         );
     }
 

@@ -184,7 +184,16 @@ async fn observe(args: ObserveArgs) -> Result<()> {
     // daemon mode: bind /metrics and load its web config before attaching, so a bad
     // address or file fails early.
     let listener = listener(&args).await?;
+    let peers = args
+        .names
+        .as_deref()
+        .map(crate::analysis::peers::PeerFile::load)
+        .transpose()?
+        .map(std::sync::Arc::new);
     let mut session = Session::attach(cfg)?;
+    if let Some(p) = &peers {
+        session.set_peer_names(p.clone());
+    }
     // what already runs ahead of a view's hooks (a CNI's tc programs), said at once
     for n in session.view_notices() {
         eprintln!("rttscope: notice: {n}");
@@ -198,6 +207,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             config::label_policy(&args)?,
             args.bpf_stats,
             session.views(),
+            peers,
         )?)
     } else {
         None

@@ -90,7 +90,9 @@ pub(super) fn start_record(
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
-        // 2: `hooks` in the interval and end records (issue 41)
+        // 2: `hooks` in the interval and end records (issue 41); 3: `handshakes`, `handshake_us`,
+        // `samples_before_window` (issue 45 items 3, 5), `nat` and `remote_name` in flow rows and
+        // end flows (issue 45 items 1-2)
         version: 3,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
@@ -390,6 +392,7 @@ mod tests {
             netns_name: "ns-b",
             owner: None,
             delta: &h,
+            translated: None,
         };
         sink.flow_delta(ViewKind::Sampler, &d);
         // A second read of the same flow adds to the same series.
@@ -401,6 +404,7 @@ mod tests {
             netns_name: "ns-b",
             owner: None,
             delta: &h2,
+            translated: None,
         };
         sink.flow_delta(ViewKind::Sampler, &d);
         let mut out = Vec::new();

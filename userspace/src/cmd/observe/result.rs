@@ -329,6 +329,8 @@ mod tests {
                 ViewStats::from_hist(&Hist::default()),
             ),
             workload: None,
+            nat: None,
+            remote_name: None,
             flow: None,
         }
     }

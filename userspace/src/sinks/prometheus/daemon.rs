@@ -126,8 +126,12 @@ impl Daemon {
         policy: LabelPolicy,
         bpf_stats: bool,
         views: &[Box<dyn crate::views::view::View>],
+        names: Option<std::sync::Arc<crate::analysis::peers::PeerFile>>,
     ) -> Result<Daemon> {
         let mut exporter = Exporter::new(policy)?;
+        if let Some(n) = names {
+            exporter.set_names(n);
+        }
         let otlp = match otlp {
             Some(c) => Some(Otlp::start(&mut exporter, c)?),
             None => None,
@@ -194,6 +198,7 @@ impl Daemon {
         }
         self.exporter.set_prog_stats(&self.progs);
         self.exporter.set_process_stats();
+        self.exporter.update_names();
         self.exporter.expire_idle();
         let r = self.exporter.render();
         if let Some(o) = self.otlp.as_mut() {
@@ -207,8 +212,7 @@ impl FlowSink for Daemon {
     /// cumulative histogram at the previous read (None: a new flow).
     fn flow_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>) {
         let ns = self.ns_label(d.flow.netns, d.netns_name.to_string());
-        self.exporter
-            .observe_owned_flow(view, d.flow, d.side, &ns, d.owner, d.delta, None);
+        self.exporter.observe_delta(view, d, &ns);
     }
 }
 

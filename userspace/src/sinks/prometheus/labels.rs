@@ -25,6 +25,11 @@ pub struct LabelPolicy {
     /// Workload labels (unit, container, pod_namespace, pod, qos) from the
     /// socket's cgroup: off by default (a label set per workload).
     pub workload: bool,
+    /// `backend_prefix`: the address a NATed connection was translated to, cut as the
+    /// remote's (`--label-backend`): off by default (a label set per backend).
+    pub backend: bool,
+    /// `remote_name`: the remote address's name (`--names`).
+    pub names: bool,
     /// At most this many RTT label sets; more go to the overflow series.
     pub max_series: usize,
     /// A label set without samples for this long is removed.
@@ -38,6 +43,8 @@ impl Default for LabelPolicy {
             v6_prefix: 48,
             ports: Vec::new(),
             workload: false,
+            backend: false,
+            names: false,
             max_series: 1000,
             series_idle: Duration::from_secs(600),
         }
@@ -111,6 +118,8 @@ impl LabelPolicy {
             remote_prefix: self.remote_prefix(flow.remote.ip()),
             local_port: self.local_port(flow.local.port()),
             proto: proto_label(flow, side).to_string(),
+            remote_name: None,
+            backend_prefix: None,
             workload: None,
         }
     }
@@ -184,6 +193,10 @@ pub struct RttLabels {
     pub local_port: String,
     /// `tcp`, or `icmp`/`icmpv6` for the sampler's ICMP echo flows.
     pub proto: String,
+    /// `--names`: the remote address's name (empty: none, no label).
+    pub remote_name: Option<String>,
+    /// `--label-backend`: where NAT sent the connection, as a prefix (empty: no NAT, no label).
+    pub backend_prefix: Option<String>,
     /// `--label-workload`: who owns the socket (None: the option is off).
     pub workload: Option<WorkloadLabels>,
 }
@@ -219,8 +232,14 @@ impl RttLabels {
             ("proto", self.proto.as_str()),
         ];
         let workload = self.workload.iter().flat_map(|w| w.pairs());
+        let name = self.remote_name.iter().map(|n| ("remote_name", n.as_str()));
+        let backend = self
+            .backend_prefix
+            .iter()
+            .map(|n| ("backend_prefix", n.as_str()));
         fixed
             .into_iter()
+            .chain(name.chain(backend).filter(|(_, v)| !v.is_empty()))
             .chain(workload.filter(|(_, v)| !v.is_empty()))
     }
 
@@ -234,6 +253,8 @@ impl RttLabels {
             remote_prefix: o.clone(),
             local_port: o.clone(),
             proto: o,
+            remote_name: None,
+            backend_prefix: None,
             workload: None,
         }
     }

@@ -47,14 +47,17 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
+use crate::analysis::peers::PeerFile;
 use crate::analysis::workload::Workload;
 use crate::sys::bpf::ProgRun;
+use crate::views::view::FlowDelta;
 use crate::views::ViewKind;
 
 pub mod daemon;
 mod handshake;
 pub mod http;
 mod labels;
+mod names;
 pub mod native;
 pub mod proto;
 mod rtt_hist;
@@ -176,6 +179,8 @@ pub struct Exporter {
     last_counters: HashMap<(ViewKind, String), u64>,
     last_prog: HashMap<u32, ProgRun>,
     last_expiry: Instant,
+    /// `--names`: the file and its reload metrics.
+    names: Option<names::NamesState>,
     /// What `/metrics` serves: the last render, shared with the server.
     rendered: Arc<std::sync::RwLock<Arc<Rendered>>>,
 }
@@ -236,6 +241,7 @@ impl Exporter {
             last_counters: HashMap::new(),
             last_prog: HashMap::new(),
             last_expiry: Instant::now(),
+            names: None,
             rendered: Arc::default(),
         };
         // The registration order is the order of the families in /metrics.
@@ -424,7 +430,36 @@ impl Exporter {
         if self.policy.workload {
             labels.workload = Some(owner.map(WorkloadLabels::of).unwrap_or_default());
         }
+        self.name_labels(&mut labels, flow, None);
         self.observe_labels(view, labels, cur, prev)
+    }
+
+    /// The names file (`--names`): the `remote_name` label's source, its reloads and entries
+    /// exported ([`names::NamesState`]).
+    pub fn set_names(&mut self, file: Arc<PeerFile>) {
+        self.names = Some(names::NamesState::register(file, &mut self.registry));
+    }
+
+    /// The names file's reload counts and entries, as of now (once per interval).
+    pub fn update_names(&mut self) {
+        if let Some(n) = self.names.as_mut() {
+            n.update();
+        }
+    }
+
+    /// `remote_name` and `backend_prefix` when the policy asks for them.
+    fn name_labels(&self, labels: &mut RttLabels, flow: &Flow, translated: Option<&Flow>) {
+        names::name_labels(&self.policy, self.names.as_ref(), labels, flow, translated);
+    }
+
+    /// One flow's samples of this read, as a view handed them over.
+    pub fn observe_delta(&mut self, view: ViewKind, d: &FlowDelta<'_>, netns: &str) -> u64 {
+        let mut labels = self.policy.labels(view, d.flow, d.side, netns);
+        if self.policy.workload {
+            labels.workload = Some(d.owner.map(WorkloadLabels::of).unwrap_or_default());
+        }
+        self.name_labels(&mut labels, d.flow, d.translated);
+        self.observe_labels(view, labels, d.delta, None)
     }
 
     /// Record a histogram delta under `labels`, applying the series cap.

@@ -14,7 +14,7 @@ use super::sides::SideResolver;
 use super::{FlowKind, SamplerFlowStats, SamplerView};
 use crate::analysis::flow::{Flow, Side, Tunnel};
 use crate::analysis::hist::{Hist, Snapshot};
-use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, ViewStats};
+use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, Nat, ViewStats};
 use crate::analysis::workload::Workload;
 use crate::sys::netns;
 
@@ -35,6 +35,7 @@ pub struct SamplerStart {
 pub fn start_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
     gen.subschema_for::<Option<SamplerStart>>()
 }
+use crate::sys::conntrack::NatJoin;
 use crate::sys::sockdiag::FlowOwners;
 use crate::views::view::{
     Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched, WatchedIface,
@@ -51,8 +52,14 @@ pub struct SamplerSession {
     sides: SideResolver,
     /// The owners of its flows (`--label-workload`).
     owners: SamplerOwners,
+    /// Its NATed flows joined to their sockets' (conntrack, issue 45).
+    nat: NatJoin,
+    /// TCP flows that joined no earlier view's flow, directly or through conntrack.
+    unjoined: u64,
 }
 
+/// A sampler flow's entry of one read: its samples, kind, side, and the wire's tuple when NAT
+/// translated it (the key is then the socket's).
 impl SamplerSession {
     /// The attached view, read by the session; `workloads`: `--label-workload`.
     pub fn new(view: Box<dyn SamplerView>, workloads: bool) -> SamplerSession {
@@ -62,6 +69,8 @@ impl SamplerSession {
             owners: SamplerOwners {
                 diag: workloads.then(|| FlowOwners::open(&namespaces)),
             },
+            nat: NatJoin::open(&namespaces),
+            unjoined: 0,
             ways: SamplerTracker::default(),
             hooks: super::hooks::HookWatch::new(view.as_ref()),
             view,
@@ -77,14 +86,18 @@ impl SamplerSession {
     fn counters(&self, ctx: &ReadCtx<'_, '_>) -> Result<Counters> {
         let mut sc = self.view.counters()?;
         sc.insert("samples_evicted", self.ways.samples_evicted);
+        sc.insert("nat_lookups", self.nat.lookups);
+        sc.insert("nat_translated", self.nat.translated);
+        sc.insert("nat_lookup_errors", self.nat.errors + self.nat.skipped);
+        sc.insert("nat_unjoined", self.unjoined);
         self.owners.counters(&mut sc);
         Ok(ctx.finish_counters(sc))
     }
 
     /// The side of one of its flows: what the views read before it found
-    /// for the same flow (a tunnelled flow: for the socket it joins, the
-    /// other side when that is the other end's), else what its programs saw
-    /// (the handshake; ICMP: pinger or pinged), else the socket table of the
+    /// for the row it joins (a tunnelled flow: for the socket it joins, the
+    /// other side when that is the other end's; a NATed one: its socket's tuple), else what
+    /// its programs saw (the handshake; ICMP: pinger or pinged), else the socket table of the
     /// interface's namespace (issue 15).
     fn side(
         sides: &mut SideResolver,
@@ -98,22 +111,47 @@ impl SamplerSession {
         let found = ctx.side_of(&j.row);
         match if j.swapped { flip(found) } else { found } {
             Side::Unknown if f.side != Side::Unknown => f.side,
-            Side::Unknown => sides.side(&f.flow),
+            Side::Unknown => sides.side(if j.swapped { &f.flow } else { &j.row }),
             s => s,
         }
     }
 
+    /// The flow a TCP flow of the sampler joins: itself when an earlier view knows it (no
+    /// lookup), else its socket's tuple when its namespace's conntrack translated it (issue
+    /// 45); with the wire's tuple then.
+    fn join(
+        nat: &mut NatJoin,
+        ctx: &ReadCtx<'_, '_>,
+        f: &SamplerFlowStats,
+    ) -> (Flow, Option<Flow>) {
+        let tunnelled = !f.flow.tunnel.is_none(); // joined by its inner ends (join.rs), not NAT
+        if tunnelled || f.kind != FlowKind::Tcp || ctx.side_of(&f.flow) != Side::Unknown {
+            return (f.flow, None);
+        }
+        match nat.socket_of(&f.flow) {
+            Some(s) => (s, Some(f.flow)),
+            None => (f.flow, None),
+        }
+    }
+
+    /// Whether a TCP view read before this one (a flow it does not know is then unjoined).
+    fn tcp_earlier(ctx: &ReadCtx<'_, '_>) -> bool {
+        ctx.earlier.iter().any(|v| v.kind() == ViewKind::Tcp)
+    }
+
     /// Each flow's samples since the previous read (one entry per flow: a
-    /// flow in two ways, rare, has its deltas merged), with its kind, side
-    /// and the row it joins (`join`).
+    /// flow in two ways, rare, has its deltas merged), with its kind, side,
+    /// the row it joins (`join`) and, when NAT translated it, the wire's tuple.
     fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, FlowDelta>> {
         let mut deltas: BTreeMap<Flow, FlowDelta> = BTreeMap::new();
         let (ways, owners, sides) = (&mut self.ways, &mut self.owners, &mut self.sides);
+        let (nat, unjoined, tcp) = (&mut self.nat, &mut self.unjoined, Self::tcp_earlier(ctx));
         let mut joiner = Joiner::default();
         self.view.for_each_flow(&mut |f| {
             let (mut delta, first) = ways.way(&f);
             if delta.count() == 0 {
                 owners.keep(&f.flow);
+                nat.keep(&f.flow);
                 return;
             }
             delta.set_range(
@@ -122,12 +160,16 @@ impl SamplerSession {
                 f.interval_max_us
                     .or(if first { f.hist.max_us } else { None }),
             );
-            match deltas.entry(f.flow) {
+            let (key, wire) = Self::join(nat, ctx, &f);
+            if first && tcp && f.kind == FlowKind::Tcp && ctx.side_of(&key) == Side::Unknown {
+                *unjoined += 1;
+            }
+            match deltas.entry(key) {
                 std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    let j = joiner.join(ctx, &f.flow);
+                    let j = joiner.join(ctx, &key);
                     let side = Self::side(sides, ctx, &f, &j);
-                    v.insert((delta, f.kind, side, j.row));
+                    v.insert((delta, f.kind, side, j.row, wire));
                 }
             }
         })?;
@@ -188,25 +230,28 @@ impl View for SamplerSession {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
+        self.nat.begin();
         let deltas = self.deltas(ctx)?;
         self.sides.end();
+        self.nat.end();
         // rows by the flow they join (a socket's flow seen on the underlay and on its tunnel
         // device is one row: the two deltas merged)
         let mut rows: BTreeMap<Flow, RowDelta> = BTreeMap::new();
-        for (flow, (delta, kind, side, row)) in deltas {
+        for (flow, (delta, kind, side, row, wire)) in deltas {
             let owner = self.owners.get(ctx, &row, kind);
             // daemon mode: the sampler's samples since the last read (under the joined flow)
-            ctx.export(ViewKind::Sampler, &row, side, owner.as_deref(), &delta);
+            let (o, w) = (owner.as_deref(), wire.as_ref());
+            ctx.export_translated(ViewKind::Sampler, &row, side, o, &delta, w);
             totals.entry(side).or_default().merge(&delta);
             if !ctx.keep_rows {
                 continue; // nothing prints rows
             }
             let e = rows
                 .entry(row)
-                .or_insert_with(|| (Hist::default(), kind, side, owner, flow.tunnel));
+                .or_insert_with(|| (Hist::default(), kind, side, owner, flow.tunnel, wire));
             e.0.merge(&delta);
         }
-        for (flow, (delta, kind, side, owner, tunnel)) in rows {
+        for (flow, (delta, kind, side, owner, tunnel, wire)) in rows {
             let row = ctx.row(&flow, side);
             if row.views.is_empty() {
                 // a row of its own (no view before it saw the flow)
@@ -219,6 +264,9 @@ impl View for SamplerSession {
             }
             if row.workload.is_none() {
                 row.workload = owner;
+            }
+            if let Some(w) = wire {
+                row.nat = Some(Nat::of(&flow, &w));
             }
         }
         self.owners.end();
@@ -245,15 +293,17 @@ impl View for SamplerSession {
         let mut totals = SideTotals::new();
         self.sides.begin();
         self.owners.begin();
+        self.nat.begin();
         let mut joiner = Joiner::default();
-        let mut rows: BTreeMap<Flow, Vec<(SamplerFlowStats, Side)>> = BTreeMap::new();
+        let mut rows: BTreeMap<Flow, Vec<(SamplerFlowStats, Side, Option<Flow>)>> = BTreeMap::new();
         let mut ways = self.view.read_flows()?;
         self.ways.since_window(&mut ways);
         for f in super::merge_ways(ways) {
-            let j = joiner.join(ctx, &f.flow);
+            let (key, wire) = Self::join(&mut self.nat, ctx, &f);
+            let j = joiner.join(ctx, &key);
             let side = Self::side(&mut self.sides, ctx, &f, &j);
             totals.entry(side).or_default().merge(&f.hist);
-            rows.entry(j.row).or_default().push((f, side));
+            rows.entry(j.row).or_default().push((f, side, wire));
         }
         for (flow, seen) in rows {
             self.end_entry(ctx, flows, &flow, &seen);
@@ -472,10 +522,10 @@ impl SamplerTracker {
 }
 
 /// A flow's samples since the previous read, its kind, side and the flow whose row it joins.
-type FlowDelta = (Hist, FlowKind, Side, Flow);
+type FlowDelta = (Hist, FlowKind, Side, Flow, Option<Flow>);
 /// A row's samples since the previous read (its sampler flows merged), the first one's kind,
 /// side, owner and tunnel identity.
-type RowDelta = (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel);
+type RowDelta = (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel, Option<Flow>);
 
 impl SamplerSession {
     /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
@@ -485,12 +535,12 @@ impl SamplerSession {
         ctx: &mut ReadCtx<'_, '_>,
         flows: &mut RunFlows,
         flow: &Flow,
-        seen: &[(SamplerFlowStats, Side)],
+        seen: &[(SamplerFlowStats, Side, Option<Flow>)],
     ) {
-        let (first, side) = (&seen[0].0, seen[0].1);
+        let (first, side, wire) = (&seen[0].0, seen[0].1, seen[0].2);
         let mut hist = Hist::default();
         let mut ifaces: Vec<&str> = Vec::new();
-        for (f, _) in seen {
+        for (f, _, _) in seen {
             hist.merge(&f.hist);
             if !ifaces.contains(&f.iface.as_str()) {
                 ifaces.push(&f.iface);
@@ -509,6 +559,10 @@ impl SamplerSession {
         let tunnel = first.flow.tunnel;
         if !tunnel.is_none() && entry.0.tunnel.is_none() {
             (entry.0.tunnel, entry.1.tunnel) = (Some(tunnel), Some(tunnel));
+        }
+        if let Some(w) = wire {
+            let nat = Nat::of(flow, &w);
+            (entry.0.nat, entry.1.nat) = (Some(nat.clone()), Some(nat));
         }
         let mut v = EndView::of(&hist);
         v.iface = Some(ifaces.join(","));
