@@ -88,9 +88,14 @@ struct Kernel {
     egr: OwnedFd,
     ing: OwnedFd,
     counters: OwnedFd,
-    /// `sampler_hooks`: the packets each hook saw (key: interface slot x 2 + direction; one
-    /// interface here, slot 0), which `seen_ingress`/`seen_egress` are the sums of.
+    /// `sampler_hooks`: the packets each hook saw, per CPU (key: netns << 32 | ifindex << 1 |
+    /// direction), which `seen_ingress`/`seen_egress` are the sums of.
     hooks: OwnedFd,
+    /// The keys BPF_PROG_TEST_RUN's packets count under, [ingress, egress]: the observed
+    /// namespace's (the programs' `cfg_netns`) and the loopback device's index (1), which the
+    /// kernel gives a test run's skb; inserted by the test, as userspace inserts an attached
+    /// interface's keys.
+    hook_keys: [u64; 2],
     names: BTreeMap<u32, &'static str>,
     cpus: usize,
 }
@@ -110,16 +115,13 @@ impl Kernel {
                 .sum();
             out.insert(name, sum);
         }
-        for (key, name) in [(0u32, "seen_ingress"), (1, "seen_egress")] {
-            let found =
-                rttscope::sys::bpf::lookup(self.hooks.as_fd(), &key.to_ne_bytes(), &mut val)
-                    .expect("hook counter lookup");
-            assert!(found, "hook counter {name} missing");
-            let sum = val
-                .chunks(8)
-                .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
-                .sum();
-            out.insert(name, sum);
+        for (key, name) in self.hook_keys.iter().zip(["seen_ingress", "seen_egress"]) {
+            let sum = rttscope::sys::bpf::percpu_u64_sum(self.hooks.as_fd(), &key.to_ne_bytes())
+                .expect("hook counter lookup");
+            out.insert(
+                name,
+                sum.unwrap_or_else(|| panic!("hook counter {name} missing")),
+            );
         }
         out
     }
@@ -242,15 +244,37 @@ fn start_observer(ns: &NetNs) -> Observer {
         .unwrap()
         .map_type
         == 6;
+    let hook_keys = test_run_hook_keys(ns, &hooks, cpus);
     let kernel = Kernel {
         egr,
         ing,
         counters,
         hooks,
+        hook_keys,
         names,
         cpus: if per_cpu { cpus } else { 1 },
     };
     Observer { child, kernel }
+}
+
+/// The `sampler_hooks` keys of a test run's packets (the loopback device, index 1, in the
+/// observed namespace), inserted at 0 on every CPU.
+fn test_run_hook_keys(ns: &NetNs, hooks: &OwnedFd, cpus: usize) -> [u64; 2] {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(format!("/run/netns/{}", ns.name))
+        .expect("the namespace's file")
+        .ino();
+    let keys = [0u64, 1].map(|dir| (ino << 32) | (1 << 1) | dir);
+    for k in keys {
+        rttscope::sys::bpf::update(
+            hooks.as_fd(),
+            Some(&k.to_ne_bytes()),
+            &vec![0u8; 8 * cpus],
+            0,
+        )
+        .expect("a hook key for the test runs");
+    }
+    keys
 }
 
 impl Observer {

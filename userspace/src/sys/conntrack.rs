@@ -330,11 +330,7 @@ impl NatJoin {
         self.budget -= 1;
         self.lookups += 1;
         let socket = match ct.lookup(f.local, f.remote) {
-            Ok(Lookup::Nat(local, remote)) => Some(Flow {
-                netns: f.netns,
-                local,
-                remote,
-            }),
+            Ok(Lookup::Nat(local, remote)) => Some(Flow::new(f.netns, local, remote)),
             Ok(_) => None,
             Err(e) => {
                 self.errors += 1;

@@ -525,7 +525,14 @@ impl SamplerTracker {
 type FlowDelta = (Hist, FlowKind, Side, Flow, Option<Flow>);
 /// A row's samples since the previous read (its sampler flows merged), the first one's kind,
 /// side, owner and tunnel identity.
-type RowDelta = (Hist, FlowKind, Side, Option<Arc<Workload>>, Tunnel, Option<Flow>);
+type RowDelta = (
+    Hist,
+    FlowKind,
+    Side,
+    Option<Arc<Workload>>,
+    Tunnel,
+    Option<Flow>,
+);
 
 impl SamplerSession {
     /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
