@@ -6,6 +6,7 @@ pub mod dist;
 pub mod fields;
 pub mod flow;
 pub mod hist;
+pub mod hook_status;
 pub mod input;
 pub mod nat;
 pub mod peers;

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::analysis::columns::Columns;
 use crate::analysis::flow::Side;
 use crate::analysis::hist::Hist;
+pub use crate::analysis::hook_status::HookStatus;
 pub use crate::analysis::nat::{Endpoints, Nat};
 use crate::analysis::stats::Summary;
 use crate::analysis::view_kind::ViewKind;
@@ -648,34 +649,6 @@ impl EndFlow {
             remote_name: None,
         }
     }
-}
-
-/// One kernel hook of a view on one interface (issue 41): the packets its program saw against
-/// the packets the interface moved in that direction (the kernel's own counters), and what
-/// runs ahead of it. `blind`: in the last interval the interface moved more than the view's
-/// threshold (the sampler: 10 packets) while the hook saw none.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(default)]
-pub struct HookStatus {
-    pub view: Name,
-    /// The interface's namespace as given (`self`: the observer's own) and its name.
-    pub netns: String,
-    pub iface: String,
-    /// `ingress` or `egress`.
-    pub direction: Name,
-    /// How the hook is attached (`tcx`, `clsact`).
-    pub how: String,
-    /// Since attach: packets the hook's program saw, and packets the interface received
-    /// (ingress) or sent (egress).
-    pub hook_packets: u64,
-    pub iface_packets: u64,
-    /// The same over the last interval.
-    pub interval_hook_packets: u64,
-    pub interval_iface_packets: u64,
-    pub blind: bool,
-    /// What runs before the hook and may end the chain (XDP, tcx programs, clsact filters).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ahead: Vec<String>,
 }
 
 /// One interval (`type: interval`; the whole-run table uses the same shape as `summary`).
