@@ -271,9 +271,9 @@ fn a_result_document_is_written_beside_planted_links(
     );
     assert!(o.status.success(), "probe: {}", text(&o));
     sh.assert_victim_untouched("probe --json");
-    let meta = std::fs::symlink_metadata(&out_json).unwrap();
+    let meta = std::fs::symlink_metadata(out_json).unwrap();
     assert!(meta.file_type().is_file(), "out.json is not a regular file");
-    let r = RunResult::load(&out_json).unwrap_or_else(|e| panic!("out.json: {e}"));
+    let r = RunResult::load(out_json).unwrap_or_else(|e| panic!("out.json: {e}"));
     let n: usize = r.views.iter().map(|v| v.samples.len()).sum();
     assert_eq!(n, 1, "one ping, one sample: {:?}", r.views);
     assert_eq!(sh.links().len(), 3, "the planted links are still there");
