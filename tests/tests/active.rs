@@ -270,12 +270,10 @@ fn intervals_are_honoured() {
         assert_sane(&r, 20_000.0);
         let n = r.counts.sent;
         let tol = want / 10;
-        // On a loaded machine a burst that starts an interval late or more restarts the grid (a
-        // slot is skipped, not sent back to back): count the slots the run's span shows as
-        // skipped (the slots between its first and last burst, less the bursts sent), and the
-        // transactions plus those must be what -l and -w allow. Never more. (Summing each gap's
-        // rounded slots instead counted a late burst followed by an early one as a skip: 36
-        // "skipped" for 198 transactions at load 8.)
+        // Under load a burst an interval late restarts the grid (a slot skipped): the slots of
+        // the run's span less the bursts sent are the skipped ones (not each gap's rounded
+        // slots: a late burst then an early one is no skip), and transactions plus those must
+        // be what -l and -w allow. Never more.
         let iv = r.settings.interval_ns as f64;
         let burst_n = r.settings.burst as u64;
         let bstarts: Vec<u64> = r
