@@ -7,7 +7,7 @@
 # `compare`, the daemon with the shipped unit's capabilities, and kill -9; in the oldest
 # kernel's guest also the static binary in a Debian 11 root (features, one traffic run).
 # See docs/kernels.md. Usage: sudo scripts/test-kernels.sh [KERNEL_IMAGE...]
-# (RTTSCOPE_VM_TIMEOUT: seconds per guest, boot included; default 900)
+# (RTTSCOPE_VM_TIMEOUT: seconds per guest, boot included; default 900; RTTSCOPE_VM_JOBS: guests at a time, default 2)
 #
 # The host part boots each kernel with `vng --disable-kvm --exec "$0 --guest"`
 # (KVM does not boot these guests here; TCG does, ~10 s). The guest sees the
@@ -859,6 +859,11 @@ kernel_version() {
   local n; n=$(basename "$1")
   if [ "$n" = vmlinuz ]; then basename "$(dirname "$1")"; else echo "${n#vmlinuz-}"; fi
 }
+# The guests' logs, and the static binary's root below: removed at exit, with any guest still
+# running (an interrupted run).
+vm_dir=$(mktemp -d /tmp/rttscope-test-kernels.XXXXXX)
+static_root=""
+trap 'pids=$(jobs -p); [ -z "$pids" ] || kill $pids 2>/dev/null; wait; rm -rf "$vm_dir" ${static_root:+"$static_root"}' EXIT
 # The static binary (scripts/package.sh --binary) in a Debian 11 root (glibc 2.31), in the
 # oldest kernel's guest (5.10 in the default list; the guest's static_run): the root from
 # scripts/rootfs.sh (cached: the package tests made it; its lock waits for a build in progress),
@@ -866,10 +871,8 @@ kernel_version() {
 # sets RTTSCOPE_STATIC_BIN, and then a missing binary is a failure.
 STATIC_BIN="${RTTSCOPE_STATIC_BIN:-$ROOT/target/static/rttscope-static}"
 oldest=$(for k in "${kernels[@]}"; do kernel_version "$k"; done | sort -V | head -1)
-static_root=""
 if [ -x "$STATIC_BIN" ]; then
   static_root=$(mktemp -d "$ROOT/target/vm-static.XXXXXX")
-  trap 'rm -rf "$static_root"' EXIT
   tar -xf "$("$ROOT/scripts/rootfs.sh" bullseye)" -C "$static_root"
   install -m 0755 "$STATIC_BIN" "$static_root/usr/local/bin/rttscope"
   echo "test-kernels: the static binary in a Debian 11 root, in the $oldest guest"
@@ -880,16 +883,19 @@ else
   echo "test-kernels: no static binary at $STATIC_BIN (scripts/package.sh --binary builds it): not run in a guest"
 fi
 
-status=0
-t_all=$(date +%s)
-for k in "${kernels[@]}"; do
-  log=$(mktemp /tmp/rttscope-test-kernels.XXXXXX)
-  name=$(basename "$k")
-  [ "$name" = vmlinuz ] && name=vmlinuz-$(basename "$(dirname "$k")")
-  echo "== kernel $name (vng --disable-kvm: QEMU TCG)"
-  t0=$(date +%s)
-  sroot=""
+# Two guests at a time (RTTSCOPE_VM_JOBS): a guest's work is mostly the verifier of its own
+# kernel, one program at a time, so one guest keeps about one host CPU busy of its two vCPUs;
+# one after the other the three took 1013 s (283 + 568 + 161, 2026-12-07). The oldest kernel
+# starts first: its guest (the build without atomics, the static binary) is the longest.
+# Each guest's output goes to its own log, printed whole when it ends.
+jobs_max=${RTTSCOPE_VM_JOBS:-2}
+mapfile -t kernels < <(for k in "${kernels[@]}"; do echo "$(kernel_version "$k") $k"; done | sort -V | cut -d' ' -f2-)
+
+# One guest: boots kernel $1, its output in $vm_dir/$2.log, its verdict in $2.rc.
+guest() {
+  local k=$1 name=$2 sroot="" rc t0 t1 log="$vm_dir/$2.log"
   [ "$(kernel_version "$k")" = "$oldest" ] && sroot=$static_root
+  t0=$(date +%s)
   # KVM does not boot these guests on our machines (docs/kernels.md). -v: the guest's console
   # in the log too. virtme-ng's guest init runs the script on its virtio-serial ports, which udev
   # names; on a loaded host (the guest at ~20% of a CPU) udev did not settle within its 300 s,
@@ -903,15 +909,33 @@ for k in "${kernels[@]}"; do
   set -e
   sed -i 's/\r$//' "$log"
   t1=$(date +%s)
+  echo "$rc $((t1 - t0))" >"$vm_dir/$name.rc"
+}
+
+status=0
+t_all=$(date +%s)
+names=()
+for k in "${kernels[@]}"; do
+  name=$(basename "$k")
+  [ "$name" = vmlinuz ] && name=vmlinuz-$(basename "$(dirname "$k")")
+  names+=("$name")
+  while (($(jobs -rp | wc -l) >= jobs_max)); do wait -n || true; done
+  echo "test-kernels: booting $name (vng --disable-kvm: QEMU TCG)"
+  guest "$k" "$name" &
+done
+wait
+for name in "${names[@]}"; do
+  log="$vm_dir/$name.log"
+  read -r rc secs <"$vm_dir/$name.rc" || { rc=?; secs=?; }
+  echo "== kernel $name (vng --disable-kvm: QEMU TCG)"
   if grep -q "^test-kernels: guest .*: PASS$" "$log"; then
     grep -E "^(test-kernels|  )" "$log"
-    echo "test-kernels: $name: PASS in $((t1 - t0)) s wall time (boot included)"
+    echo "test-kernels: $name: PASS in $secs s wall time (boot included, $jobs_max guests at a time)"
   else
     cat "$log"
-    echo "test-kernels: $name: FAILED (vng exit $rc, $((t1 - t0)) s; guest output above)" >&2
+    echo "test-kernels: $name: FAILED (vng exit $rc, $secs s; guest output above)" >&2
     status=1
   fi
-  rm -f "$log"
 done
 echo "test-kernels: ${#kernels[@]} kernel(s) in $(($(date +%s) - t_all)) s"
 exit $status

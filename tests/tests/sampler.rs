@@ -96,6 +96,17 @@ impl Sampler {
         panic!("no sampler_table among the maps of program {id}: {prog}")
     }
 
+    /// Stop the sampler now (SIGTERM: observe prints its final report and exits) and take that
+    /// report. Two samplers compared over the same traffic stop this way after it: a fixed
+    /// `--duration` each would end the first one's run early by the second's start-up time
+    /// (2-3 s on a loaded machine: the seq sampler of `tsval_matching_agrees_with_seq` saw 2 of
+    /// the client's 1,500 transactions, the tsval one 1,258, 2026-12-07).
+    fn stop(self, timeout: Duration) -> Value {
+        let pid = nix::unistd::Pid::from_raw(self.child.pid() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM to observe");
+        self.finish(timeout)
+    }
+
     /// Wait for the final report (the sampler ends by itself: --duration).
     fn finish(self, timeout: Duration) -> Value {
         self.finish_raw(timeout).0
@@ -527,16 +538,17 @@ fn tsval_matching_agrees_with_seq() {
     let server: SocketAddr = format!("{B_ADDR}:5004").parse().unwrap();
     let _s = RrServer::start(&pair.b, server, 1).unwrap();
     let ifa = iface(&pair.a, &pair.a_if);
-    let seq = Sampler::start(&["--iface", &ifa, "--duration", "4s", "--match", "seq"]);
-    let ts = Sampler::start(&["--iface", &ifa, "--duration", "4s", "--match", "tsval"]);
+    // Both run until stopped after the client: they see the same transactions.
+    let seq = Sampler::start(&["--iface", &ifa, "--duration", "60s", "--match", "seq"]);
+    let ts = Sampler::start(&["--iface", &ifa, "--duration", "60s", "--match", "tsval"]);
     assert_eq!(ts.settings()["matching"], "tsval");
     // 2 ms between requests: every request has a fresh TSval (1 ms clock)
     let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(2)).unwrap();
     std::thread::sleep(Duration::from_millis(3000));
     let local = client.local;
     drop(client);
-    let rs = seq.finish(Duration::from_secs(20));
-    let rt = ts.finish(Duration::from_secs(20));
+    let rs = seq.stop(Duration::from_secs(20));
+    let rt = ts.stop(Duration::from_secs(20));
     let fs = flow(&rs, local, server).unwrap_or_else(|| panic!("seq: {rs}"));
     let ft = flow(&rt, local, server).unwrap_or_else(|| panic!("tsval: {rt}"));
     let (ps, pt) = (
@@ -601,16 +613,17 @@ fn forwarded_traffic_is_sampled_on_a_router() {
     let server: SocketAddr = "10.78.2.2:5006".parse().unwrap();
     let _srv = RrServer::start(&s, server, 1).unwrap();
     let ifr = iface(&r, &rs_if);
-    let seq = Sampler::start(&["--iface", &ifr, "--duration", "4s", "--match", "seq"]);
+    // Both run until stopped after the client: they see the same transactions.
+    let seq = Sampler::start(&["--iface", &ifr, "--duration", "60s", "--match", "seq"]);
     let r_inode = seq.attached()[0]["netns_inode"].as_u64().unwrap();
-    let ts = Sampler::start(&["--iface", &ifr, "--duration", "4s", "--match", "tsval"]);
+    let ts = Sampler::start(&["--iface", &ifr, "--duration", "60s", "--match", "tsval"]);
     let client = RrClient::start(&c, server, 1, Duration::from_millis(2)).unwrap();
     std::thread::sleep(Duration::from_millis(3000));
     let local = client.local;
     drop(client);
     let (rs, rt) = (
-        seq.finish(Duration::from_secs(20)),
-        ts.finish(Duration::from_secs(20)),
+        seq.stop(Duration::from_secs(20)),
+        ts.stop(Duration::from_secs(20)),
     );
     // the data sender is the client; the router's namespace is the key's
     let fs = flow(&rs, local, server).unwrap_or_else(|| panic!("seq: {rs}"));
