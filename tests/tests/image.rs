@@ -370,6 +370,33 @@ fn build_image_once() -> String {
 /// machines are (v1 controllers, hugetlb on the v2 hierarchy).
 const RUNTIME: &str = "runc";
 
+/// The node's side of the pair renamed as bridge CNIs name a pod's host-side veth (`veth…`), so
+/// that the ConfigMap's own interface patterns find it.
+fn as_pod_veth(p: &mut Pair) {
+    let name = format!("veth{}", &p.a_if[2..]);
+    for args in [
+        vec!["ip", "link", "set", p.a_if.as_str(), "down"],
+        vec!["ip", "link", "set", p.a_if.as_str(), "name", name.as_str()],
+        vec!["ip", "link", "set", name.as_str(), "up"],
+    ] {
+        p.a.exec(&args).unwrap();
+    }
+    p.a_if = name;
+}
+
+/// The clsact filters on `dev`'s two hooks (tcx links are not filters: the programs left
+/// loaded say those).
+fn tc_filters(ns: &NetNs, dev: &str) -> Vec<String> {
+    ["ingress", "egress"]
+        .iter()
+        .map(|d| {
+            let out = ns.exec(&["tc", "filter", "show", "dev", dev, d]).unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        })
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 #[test]
 fn image_runs_as_the_daemonset_declares() {
     if !require_root() {
@@ -379,7 +406,8 @@ fn image_runs_as_the_daemonset_declares() {
     let docs = rendered_manifests();
     let tmp = std::env::temp_dir().join(unique("rtsimg"));
     std::fs::create_dir_all(&tmp).unwrap();
-    let p = Pair::new().unwrap();
+    let mut p = Pair::new().unwrap();
+    as_pod_veth(&mut p);
     let (run_args, cmd) = podman_args(&docs, &p.a.name, &tmp);
     assert_eq!(
         cmd[0], image,
@@ -394,18 +422,9 @@ fn image_runs_as_the_daemonset_declares() {
         .to_vec();
     args.extend(run_args.iter().cloned());
     args.extend(cmd.iter().cloned());
-    // The test's own settings, as flags (they win over the ConfigMap's file).
-    args.extend(
-        [
-            "--interval",
-            "300ms",
-            "--view",
-            "tcp,sampler",
-            "--iface",
-            &p.a_if,
-        ]
-        .map(String::from),
-    );
+    // The test's own interval, as a flag (it wins over the ConfigMap's file); the views and the
+    // sampler's interfaces are the ConfigMap's (its patterns find the pod-side veth).
+    args.extend(["--interval", "300ms"].map(String::from));
     eprintln!("podman {}", args.join(" "));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let t0 = Instant::now();
@@ -450,19 +469,7 @@ fn image_runs_as_the_daemonset_declares() {
     let code = podman(&["inspect", "--format", "{{.State.ExitCode}}", &ctr.0]);
     let logs = logs_of(&ctr.0);
     let left = still_loaded(&held);
-    let tc: Vec<String> = ["ingress", "egress"]
-        .iter()
-        .map(|d| {
-            String::from_utf8_lossy(
-                &p.a.exec(&["tc", "filter", "show", "dev", &p.a_if, d])
-                    .unwrap()
-                    .stdout,
-            )
-            .trim()
-            .to_string()
-        })
-        .filter(|s| !s.is_empty())
-        .collect();
+    let tc = tc_filters(&p.a, &p.a_if);
     let mean_ms = if tcp_c > 0.0 {
         tcp_sum / tcp_c * 1e3
     } else {

@@ -397,6 +397,15 @@ fn server_side_sees_client_pause() {
 /// (~think time after the response) with p = 3/4 * 1/4 = 19%; later packets
 /// give multiples of the think time. So at least ~half the samples should be
 /// >= 0.9 x think time and some should sit at the think time itself.
+///
+/// Odds of a false failure (the packets are sampled at random, in the kernel, unseeded): 12
+/// clients for 5 s at one transaction per ~120 ms make ~490 transactions; take 400 to allow for
+/// a loaded machine. A transaction gives an `at_think` sample when its response is sampled (1/4),
+/// the client's delayed ACK is not (3/4) and the next request is (1/4): p = 3/64, so `at_think` is
+/// at least Binomial(400, 3/64), mean 18.75, and P(at_think < 2) = 9.4e-8. `total` (mean ~120)
+/// under 15 and `at_least` under 0.4 of it (expected 3/4: a bare ACK pairs with p = 1/16 per
+/// transaction, anything later with p ~3/16) are far rarer. (With 6 clients, ~245 transactions,
+/// P(at_think < 2) was 1 in ~10,000.)
 #[test]
 fn long_pause_sampled_measures_think_time() {
     if !require_root() {
@@ -417,7 +426,7 @@ fn long_pause_sampled_measures_think_time() {
         "6s",
     ]);
     assert_eq!(sampler.settings()["sample_every"], 4);
-    let clients: Vec<RrClient> = (0..6)
+    let clients: Vec<RrClient> = (0..12)
         .map(|_| RrClient::start(&pair.a, server, 2, think).unwrap())
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
