@@ -206,3 +206,56 @@ fn dropped_syns_time_out_and_their_retransmits_are_counted(tb: &Testbed) {
     assert!(k["syn_retransmits"].as_u64() >= Some(2), "{k}\n{out}");
     assert!(out.contains("2 timed out"), "{out}");
 }
+
+/// SYNs dropped, the client's kernel set to give up first (`tcp_syn_retries=1` in the client's
+/// namespace: SYN, one retransmission 1 s later, ETIMEDOUT 2 s after that) well before -W 8:
+/// each handshake is timed out, as when -W expires, not an error; ~3 s each, not 8.
+#[test]
+fn the_kernel_giving_up_on_a_handshake_is_a_timeout_too() {
+    if !require_root() {
+        return;
+    }
+    let testbed = Testbed::new().unwrap();
+    let tb = &testbed;
+    firewall(tb);
+    // Kernels >= 6.5 first resend SYNs every 1 s (`tcp_syn_linear_timeouts`, 4): off, so that
+    // the one retransmission is the exponential one, as on older kernels.
+    let mut settings = vec!["net.ipv4.tcp_syn_retries=1"];
+    if std::path::Path::new("/proc/sys/net/ipv4/tcp_syn_linear_timeouts").exists() {
+        settings.push("net.ipv4.tcp_syn_linear_timeouts=0");
+    }
+    for kv in settings {
+        let o = tb
+            .command(Role::Cli, "sysctl")
+            .args(["-w", kv])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "sysctl {kv}: {}", text(&o));
+    }
+    let t0 = std::time::Instant::now();
+    let target = format!("{SRV_ADDR}:{SILENT}");
+    let (o, doc) = probe(tb, &["tcp-connect", &target, "-c", "2", "-W", "8"]);
+    let took = t0.elapsed();
+    let out = text(&o);
+    eprintln!("kernel SYN timeout: 2 handshakes in {took:?}");
+    assert_eq!(out.matches("(timed out)").count(), 2, "{out}");
+    assert!(!out.contains("Connection timed out"), "{out}");
+    let k = counts(&doc);
+    assert_eq!(
+        (
+            k["lost"].as_u64(),
+            k["errors"].as_u64(),
+            k["refused"].as_u64()
+        ),
+        (Some(2), Some(0), Some(0)),
+        "{k}"
+    );
+    // One retransmission per handshake: the kernel's, before it gave up.
+    assert_eq!(k["syn_retransmits"].as_u64(), Some(2), "{k}\n{out}");
+    assert!(out.contains("2 timed out"), "{out}");
+    // The kernel's 2 x 3 s (+ the 1 s interval), where -W would have taken 2 x 8 s.
+    assert!(
+        (Duration::from_secs(6)..Duration::from_secs(12)).contains(&took),
+        "2 handshakes the kernel gave up on took {took:?}\n{out}"
+    );
+}

@@ -15,7 +15,8 @@
 //! The most specific entry wins: the longest prefix, then one with a port over one without;
 //! between equals, the first in the file. Names are 1 to [`MAX_NAME`] bytes of printable
 //! characters. A file is at most [`MAX_FILE_BYTES`] and [`MAX_ENTRIES`] entries; over either it
-//! is refused whole, as is a malformed one (the caller keeps the names it had).
+//! is refused whole, as is a malformed one and one that changed while it was read (the caller
+//! keeps the names it had).
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
@@ -370,24 +371,72 @@ fn stamp(path: &std::path::Path) -> Option<(u64, i128, u64)> {
     ))
 }
 
-/// The file's text (at most [`MAX_FILE_BYTES`]) and whether it was refused for its size.
-fn read(path: &std::path::Path) -> Result<String, (String, bool)> {
+/// Why a names file's content was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// Unreadable, not UTF-8, or malformed.
+    Failure,
+    /// Over [`MAX_FILE_BYTES`] or [`MAX_ENTRIES`].
+    TooLarge,
+    /// Written while it was read (an in-place rewrite caught half-way): read again later.
+    Changed,
+}
+
+/// A refusal: its one sentence and why.
+type Refusal = (String, Why);
+
+/// How many times [`PeerFile::load`] reads a file that changes while it is read.
+const LOAD_TRIES: u32 = 3;
+
+/// The file's text: at most [`MAX_FILE_BYTES`] read (a regular file larger than that is refused
+/// by its size, unread; another kind, a device or a pipe, after that many bytes), refused when
+/// its size or time changed while it was read (`mid` runs after the read: tests put a writer
+/// there).
+fn read(path: &std::path::Path, mid: impl FnOnce()) -> Result<String, Refusal> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| (format!("cannot read it: {e}"), false))?;
-    let mut bytes = Vec::new();
-    f.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| (format!("cannot read it: {e}"), false))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err((
-            format!(
-                "it is larger than {} MiB, the most read of a names file",
-                MAX_FILE_BYTES >> 20
-            ),
-            true,
-        ));
+    use std::os::unix::fs::MetadataExt;
+    let cannot = |e: std::io::Error| (format!("cannot read it: {e}"), Why::Failure);
+    let too_large = |size: String| {
+        let most = MAX_FILE_BYTES >> 20;
+        let e = format!("it is {size} than {most} MiB, the most read of a names file");
+        (e, Why::TooLarge)
+    };
+    let f = std::fs::File::open(path).map_err(cannot)?;
+    let before = f.metadata().map_err(cannot)?;
+    if before.is_file() && before.len() > MAX_FILE_BYTES {
+        return Err(too_large(format!("{} bytes, more", before.len())));
     }
-    String::from_utf8(bytes).map_err(|_| ("it is not UTF-8 text".to_string(), false))
+    let mut bytes = Vec::new();
+    (&f).take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_large("larger".into()));
+    }
+    mid();
+    let after = f.metadata().map_err(cannot)?;
+    let when = |m: &std::fs::Metadata| (m.len(), m.mtime(), m.mtime_nsec());
+    if before.is_file() && (when(&after) != when(&before) || bytes.len() as u64 != after.len()) {
+        let e = format!(
+            "it changed while it was read ({} bytes read, {} bytes now; write it to another file and rename that over it)",
+            bytes.len(),
+            after.len()
+        );
+        return Err((e, Why::Changed));
+    }
+    String::from_utf8(bytes).map_err(|_| ("it is not UTF-8 text".to_string(), Why::Failure))
+}
+
+/// Parse a names file's text, the refusal said why.
+fn parse(text: &str) -> Result<PeerNames, Refusal> {
+    PeerNames::parse(text).map_err(|e| {
+        let why = if e.contains("entries, the most") {
+            Why::TooLarge
+        } else {
+            Why::Failure
+        };
+        (e, why)
+    })
 }
 
 fn digest(text: &str) -> u64 {
@@ -398,13 +447,23 @@ fn digest(text: &str) -> u64 {
 }
 
 impl PeerFile {
-    /// Load the file at `path`: an error is one sentence naming it.
+    /// Load the file at `path`: an error is one sentence naming it. A file that changes
+    /// while it is read is read again, [`LOAD_TRIES`] times at most.
     pub fn load(path: &std::path::Path) -> anyhow::Result<PeerFile> {
         let shown = quote_input_max(&path.display().to_string(), 200);
-        let stamp = stamp(path);
-        let text = read(path).map_err(|(e, _)| anyhow::anyhow!("names file {shown}: {e}"))?;
-        let names =
-            PeerNames::parse(&text).map_err(|e| anyhow::anyhow!("names file {shown}: {e}"))?;
+        let mut tries = 1;
+        let (stamp, text) = loop {
+            let stamp = stamp(path);
+            match read(path, || {}) {
+                Ok(t) => break (stamp, t),
+                Err((_, Why::Changed)) if tries < LOAD_TRIES => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err((e, _)) => anyhow::bail!("names file {shown}: {e}"),
+            }
+        };
+        let names = parse(&text).map_err(|(e, _)| anyhow::anyhow!("names file {shown}: {e}"))?;
         Ok(PeerFile {
             path: path.to_path_buf(),
             current: std::sync::RwLock::new(std::sync::Arc::new(names)),
@@ -427,6 +486,11 @@ impl PeerFile {
 
     /// Look at the file again (at most every [`POLL_EVERY`]): None when nothing changed.
     pub fn poll(&self) -> Option<Reload> {
+        self.poll_with(|| {})
+    }
+
+    /// [`PeerFile::poll`], `mid` run after the file was read (tests: a writer there).
+    fn poll_with(&self, mid: impl FnOnce()) -> Option<Reload> {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if seen.polled.is_some_and(|t| t.elapsed() < POLL_EVERY) {
             return None;
@@ -437,20 +501,14 @@ impl PeerFile {
             return None;
         }
         seen.stamp = now;
-        let shown = quote_input_max(&self.path.display().to_string(), 200);
-        use std::sync::atomic::Ordering::Relaxed;
-        let text = match read(&self.path) {
+        let text = match read(&self.path, mid) {
             Ok(t) => t,
-            Err((e, big)) => {
+            Err(r) => {
                 seen.digest = 0;
-                let c = if big {
-                    &self.counts.too_large
-                } else {
-                    &self.counts.failure
-                };
-                c.fetch_add(1, Relaxed);
-                tracing::warn!("names file {shown} read again cannot be used, the previous names stay in force: {e}");
-                return Some(Reload::Failed(e));
+                if r.1 == Why::Changed {
+                    seen.stamp = None; // read again at the next poll, even if it stays so
+                }
+                return Some(self.refused(r));
             }
         };
         let d = digest(&text);
@@ -458,26 +516,33 @@ impl PeerFile {
             return None;
         }
         seen.digest = d;
-        match PeerNames::parse(&text) {
+        match parse(&text) {
             Ok(n) => {
                 let len = n.len();
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(n);
-                self.counts.success.fetch_add(1, Relaxed);
+                self.counts
+                    .success
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let shown = quote_input_max(&self.path.display().to_string(), 200);
                 tracing::info!("names file {shown} reloaded: {len} entries");
                 Some(Reload::Loaded(len))
             }
-            Err(e) => {
-                let big = e.contains("entries, the most");
-                let c = if big {
-                    &self.counts.too_large
-                } else {
-                    &self.counts.failure
-                };
-                c.fetch_add(1, Relaxed);
-                tracing::warn!("names file {shown} read again cannot be used, the previous names stay in force: {e}");
-                Some(Reload::Failed(e))
-            }
+            Err(r) => Some(self.refused(r)),
         }
+    }
+
+    /// A new content refused: counted, said once, the names in force stay.
+    fn refused(&self, (e, why): Refusal) -> Reload {
+        let c = match why {
+            Why::TooLarge => &self.counts.too_large,
+            Why::Failure | Why::Changed => &self.counts.failure,
+        };
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let shown = quote_input_max(&self.path.display().to_string(), 200);
+        tracing::warn!(
+            "names file {shown} read again cannot be used, the previous names stay in force: {e}"
+        );
+        Reload::Failed(e)
     }
 
     /// Forget when it was last polled (tests: the next poll looks at once).
@@ -488,159 +553,4 @@ impl PeerFile {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sa(s: &str) -> SocketAddr {
-        s.parse().unwrap()
-    }
-
-    #[test]
-    fn simple_form_most_specific_wins() {
-        let n = PeerNames::parse(
-            "# operators' names\n\
-             10.100.0.0/16:80 payments\n\
-             10.100.0.0/16 infra   # every port\n\
-             10.100.7.0/24 edge\n\
-             10.100.7.9:80 one-pod\n\
-             [fd00::/64]:443 web\n\
-             fd00::1 db\n\
-             \n",
-        )
-        .unwrap();
-        assert_eq!(n.len(), 6);
-        assert_eq!(n.name(sa("10.100.0.10:80")), Some("payments"));
-        assert_eq!(n.name(sa("10.100.0.10:81")), Some("infra"));
-        assert_eq!(
-            n.name(sa("10.100.7.1:80")),
-            Some("edge"),
-            "the longer prefix"
-        );
-        assert_eq!(n.name(sa("10.100.7.9:80")), Some("one-pod"));
-        assert_eq!(n.name(sa("[fd00::2]:443")), Some("web"));
-        assert_eq!(
-            n.name(sa("[fd00::1]:443")),
-            Some("db"),
-            "a host over a prefix"
-        );
-        assert_eq!(n.name(sa("[::ffff:10.100.0.1]:80")), Some("payments"));
-        assert_eq!(n.name(sa("10.101.0.1:80")), None);
-    }
-
-    #[test]
-    fn simple_form_refusals_are_one_sentence() {
-        for (text, want) in [
-            ("10.0.0.0/33 x", "line 1: "),
-            ("10.0.0.1", "is not `ADDRESS"),
-            ("\n10.0.0.1 a b", "line 2: "),
-            ("10.0.0.1:99999 x", "not an address"),
-            ("[fd00::1:80 x", "not an address"),
-            ("10.0.0.1 \u{7}bell", "control character"),
-        ] {
-            let e = PeerNames::parse(text).unwrap_err();
-            assert!(e.contains(want), "{text:?}: {e}");
-            assert!(!e.contains('\n'), "{e}");
-        }
-        let long = format!("10.0.0.1 {}", "n".repeat(MAX_NAME + 1));
-        assert!(PeerNames::parse(&long)
-            .unwrap_err()
-            .contains("1 to 253 bytes"));
-    }
-
-    /// A List as `kubectl get services,pods,endpointslices -A -o json` prints it, written from
-    /// the API's documented schema (core/v1 Service and Pod, discovery.k8s.io/v1 EndpointSlice).
-    pub const KUBECTL_LIST: &str = include_str!("../../../tests/fixtures/names/kubectl-list.json");
-
-    #[test]
-    fn kubectl_list_names_services_slices_and_pods() {
-        let n = PeerNames::parse(KUBECTL_LIST).unwrap();
-        // Service: its ClusterIP on its TCP port, both families
-        assert_eq!(n.name(sa("10.96.12.34:80")), Some("shop/payments"));
-        assert_eq!(n.name(sa("[fd00:10:96::1234]:80")), Some("shop/payments"));
-        assert_eq!(
-            n.name(sa("10.96.12.34:53")),
-            None,
-            "a UDP port names nothing"
-        );
-        // EndpointSlice: the backends on the target port, named after the service
-        assert_eq!(n.name(sa("10.244.1.17:8080")), Some("shop/payments"));
-        // Pod: its address on any other port
-        assert_eq!(
-            n.name(sa("10.244.1.17:9090")),
-            Some("shop/payments-7d4b9c-x2x9q")
-        );
-        // a headless service ("None") and a hostNetwork pod name nothing
-        assert_eq!(n.name(sa("192.168.1.10:10250")), None);
-        assert_eq!(n.name(sa("10.244.2.5:5432")), Some("shop/db"));
-    }
-
-    #[test]
-    fn kube_form_refusals_and_single_objects() {
-        let e = PeerNames::parse("{\"kind\": \"List\", \"items\": 3}").unwrap_err();
-        assert!(e.starts_with("not the JSON of `kubectl get"), "{e}");
-        let one = r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"n"},
-            "spec":{"clusterIP":"10.0.0.1","ports":[{"port":443}]}}"#;
-        let n = PeerNames::parse(one).unwrap();
-        assert_eq!(n.name(sa("10.0.0.1:443")), Some("n/a"));
-    }
-
-    /// The file changed on disk: re-read; malformed: the old names stay, said once; too large:
-    /// refused and counted; a symlink swapped to another file (a ConfigMap's update) is seen.
-    #[test]
-    fn reload_keeps_old_names_on_a_bad_file() {
-        use std::sync::atomic::Ordering::Relaxed;
-        let dir = std::env::temp_dir().join(format!("rttscope-names-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (a, b, link) = (dir.join("a"), dir.join("b"), dir.join("names"));
-        std::fs::write(&a, "10.100.0.0/16:80 payments\n").unwrap();
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&a, &link).unwrap();
-        let f = PeerFile::load(&link).unwrap();
-        let svc = sa("10.100.0.10:80");
-        assert_eq!(f.current().name(svc), Some("payments"));
-        assert_eq!(f.poll_now(), None, "unchanged");
-        std::fs::write(&a, "10.100.0.0/16:80 payments-v2\n10.0.0.0/8 corp\n").unwrap();
-        assert_eq!(f.poll_now(), Some(Reload::Loaded(2)));
-        assert_eq!(f.current().name(svc), Some("payments-v2"));
-        std::fs::write(&a, "10.100.0.0/16:80\n").unwrap();
-        assert!(matches!(f.poll_now(), Some(Reload::Failed(e)) if e.starts_with("line 1: ")));
-        assert_eq!(
-            f.current().name(svc),
-            Some("payments-v2"),
-            "the old names stay"
-        );
-        assert_eq!(f.poll_now(), None, "said once");
-        // the ConfigMap way: the link now points at another file
-        std::fs::write(&b, KUBECTL_LIST).unwrap();
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&b, &link).unwrap();
-        assert!(matches!(f.poll_now(), Some(Reload::Loaded(n)) if n > 3));
-        assert_eq!(
-            f.current().name(sa("10.96.12.34:80")),
-            Some("shop/payments")
-        );
-        // over the cap: refused, counted, the names stay
-        let big = std::fs::File::create(&a).unwrap();
-        big.set_len(MAX_FILE_BYTES + 1).unwrap();
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&a, &link).unwrap();
-        assert!(matches!(f.poll_now(), Some(Reload::Failed(e)) if e.contains("64 MiB")));
-        assert_eq!(
-            f.current().name(sa("10.96.12.34:80")),
-            Some("shop/payments")
-        );
-        let c = &f.counts;
-        let got = (
-            c.success.load(Relaxed),
-            c.failure.load(Relaxed),
-            c.too_large.load(Relaxed),
-        );
-        assert_eq!(got, (2, 1, 1));
-        let absent = PeerFile::load(&dir.join("absent"))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(absent.starts_with("names file "), "{absent}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

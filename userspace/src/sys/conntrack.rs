@@ -16,15 +16,14 @@
 //! the kernel's `nf_conntrack_netlink`; a namespace without either has no
 //! answer, counted, never guessed. NAT done outside conntrack (Cilium's
 //! socket-level load balancing keeps it in its own maps) has no entry here.
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use crate::analysis::flow::Flow;
+use crate::sys::flowcache::{Cached, FlowCache};
 use crate::sys::netlink::{self, Netlink, NLMSG_HDR};
-use crate::sys::netns::{self, NetNs};
+use crate::sys::netns::NetNs;
 
 const NETLINK_NETFILTER: libc::c_int = 12;
 /// `NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_GET`, and the answer's `IPCTNL_MSG_CT_NEW`.
@@ -225,35 +224,13 @@ fn parse_tuple(b: &[u8]) -> Option<Tuple> {
     })
 }
 
-/// A translated flow is asked again after this long (its tuple may be reused).
-pub const RECHECK_FOUND: Duration = Duration::from_secs(60);
-/// A flow without translation is asked again after this long at the earliest.
-pub const RECHECK_NONE: Duration = Duration::from_secs(10);
-/// Lookups per read at most (the rest wait for the next read).
-pub const MAX_LOOKUPS_PER_READ: u32 = 4_096;
-/// Flows remembered at most (each ~100 bytes): past it, a new flow is not asked.
-pub const MAX_KNOWN: usize = 65_536;
-
-/// What the tracker said of a flow, as the join keeps it.
-#[derive(Clone, Copy)]
-struct Known {
-    /// The socket's flow, when translated.
-    socket: Option<Flow>,
-    at: Instant,
-}
-
 /// The sampler's NATed flows mapped to their sockets' tuples: one lookup per
 /// flow no earlier view knows (a flow without NAT that the TCP view sees
-/// never gets here), cached while the flow is seen (translated: asked again
-/// after [`RECHECK_FOUND`]; not: after [`RECHECK_NONE`]), at most
-/// [`MAX_LOOKUPS_PER_READ`] per read and [`MAX_KNOWN`] flows.
+/// never gets here), cached while the flow is seen ([`FlowCache`]: translated, asked again
+/// after a minute; not, after 10 s), a bounded number per read and flows at most.
 pub struct NatJoin {
-    /// A ctnetlink socket per namespace inode (opened at the start, while
-    /// the process may still enter namespaces).
-    sockets: HashMap<u32, Conntrack>,
-    known: HashMap<Flow, Known>,
-    seen: HashSet<Flow>,
-    budget: u32,
+    /// The socket's flow of each wire flow, None when not translated.
+    cache: FlowCache<Conntrack, Option<Flow>>,
     /// ctnetlink lookups made (each one or two GETs).
     pub lookups: u64,
     /// Flows found translated (each once per stay in the cache).
@@ -269,20 +246,8 @@ impl NatJoin {
     /// entered, or has no ctnetlink, gets no socket (its flows are never
     /// translated).
     pub fn open(namespaces: &[NetNs]) -> NatJoin {
-        let mut sockets = HashMap::new();
-        for ns in namespaces {
-            match netns::run_in(ns, Conntrack::open) {
-                Ok(s) => {
-                    sockets.insert(ns.inode, s);
-                }
-                Err(e) => tracing::debug!("ctnetlink in {}: {e:#}", ns.name),
-            }
-        }
         NatJoin {
-            sockets,
-            known: HashMap::new(),
-            seen: HashSet::new(),
-            budget: MAX_LOOKUPS_PER_READ,
+            cache: FlowCache::open(namespaces, "ctnetlink", Conntrack::open),
             lookups: 0,
             translated: 0,
             errors: 0,
@@ -292,42 +257,31 @@ impl NatJoin {
 
     /// A new read.
     pub fn begin(&mut self) {
-        self.seen.clear();
-        self.budget = MAX_LOOKUPS_PER_READ;
+        self.cache.begin();
     }
 
     /// A flow still in the sampler's table without new samples: keep what is known of it.
     pub fn keep(&mut self, f: &Flow) {
-        if self.known.contains_key(f) {
-            self.seen.insert(*f);
-        }
+        self.cache.keep(f);
     }
 
     /// Forget the flows not seen since [`NatJoin::begin`].
     pub fn end(&mut self) {
-        let seen = &self.seen;
-        self.known.retain(|f, _| seen.contains(f));
+        self.cache.end();
     }
 
     /// The socket's flow of the wire's flow `f`, when the tracker of its
     /// namespace translated it; None when not (or unknown).
     pub fn socket_of(&mut self, f: &Flow) -> Option<Flow> {
-        self.seen.insert(*f);
-        if let Some(k) = self.known.get(f) {
-            let fresh = if k.socket.is_some() {
-                RECHECK_FOUND
-            } else {
-                RECHECK_NONE
-            };
-            if k.at.elapsed() < fresh || self.budget == 0 {
-                return k.socket;
+        let ct = match self.cache.get(f, Option::is_some) {
+            Cached::Known(socket) => return socket,
+            Cached::NoRoom => {
+                self.skipped += 1;
+                return None;
             }
-        } else if self.budget == 0 || self.known.len() >= MAX_KNOWN {
-            self.skipped += 1;
-            return None;
-        }
-        let ct = self.sockets.get_mut(&f.netns)?;
-        self.budget -= 1;
+            Cached::NoSocket => return None,
+            Cached::Ask(ct) => ct,
+        };
         self.lookups += 1;
         let socket = match ct.lookup(f.local, f.remote) {
             Ok(Lookup::Nat(local, remote)) => Some(Flow::new(f.netns, local, remote)),
@@ -338,14 +292,8 @@ impl NatJoin {
                 None
             }
         };
-        let was = self.known.insert(
-            *f,
-            Known {
-                socket,
-                at: Instant::now(),
-            },
-        );
-        if socket.is_some() && was.and_then(|k| k.socket) != socket {
+        let was = self.cache.insert(*f, socket);
+        if socket.is_some() && was.flatten() != socket {
             self.translated += 1;
         }
         socket

@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod clock;
 pub mod conntrack;
 pub mod files;
+pub mod flowcache;
 pub mod mmap;
 pub mod netlink;
 pub mod netns;

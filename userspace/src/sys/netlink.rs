@@ -1,8 +1,9 @@
 //! One netlink socket of the namespace it was opened in, asked one question
 //! at a time: the request goes out with a sequence number and the answer's
 //! datagrams are read until one carries it (an answer to an earlier question
-//! that timed out is skipped). sock_diag (`sys::sockdiag`) and ctnetlink
-//! (`sys::conntrack`) ask through it. Reads time out after one second.
+//! that timed out is skipped). sock_diag (`sys::sockdiag`), ctnetlink
+//! (`sys::conntrack`) and route netlink (`sys::rtnl`, whose interface
+//! notifications subscribe to a group) ask through it. Reads time out after one second.
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
@@ -15,6 +16,8 @@ pub struct Netlink {
     fd: OwnedFd,
     seq: u32,
     what: &'static str,
+    /// The largest datagram read (a dump's are as large as the reader's buffer, up to 32 KiB).
+    buf_len: usize,
 }
 
 impl Netlink {
@@ -35,21 +38,64 @@ impl Netlink {
         }
         // SAFETY: fd was just returned by socket(2) and nothing else owns it.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let nl = Netlink {
+            fd,
+            seq: 0,
+            what,
+            buf_len: 8192,
+        };
         let tv = libc::timeval {
             tv_sec: 1,
             tv_usec: 0,
         };
-        // SAFETY: tv outlives the call, its size is given.
-        unsafe {
+        nl.set_option(libc::SO_RCVTIMEO, &tv)
+            .with_context(|| format!("setting a {what} socket's read timeout"))?;
+        Ok(nl)
+    }
+
+    /// setsockopt(SOL_SOCKET, `opt`, `value`): `T` must be the option's C type.
+    pub fn set_option<T: Copy>(&self, opt: libc::c_int, value: &T) -> std::io::Result<()> {
+        // SAFETY: value outlives the call, its size is given.
+        let rc = unsafe {
             libc::setsockopt(
-                fd.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                opt,
+                value as *const T as *const libc::c_void,
+                std::mem::size_of::<T>() as libc::socklen_t,
             )
         };
-        Ok(Netlink { fd, seq: 0, what })
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Read answers of up to `bytes` per datagram (8 KiB unless said: one message's answers).
+    pub fn answers_up_to(mut self, bytes: usize) -> Netlink {
+        self.buf_len = bytes;
+        self
+    }
+
+    /// Join the multicast `groups` (a bit mask, e.g. `RTMGRP_LINK`): the kernel's notifications
+    /// of them arrive on this socket from now on.
+    pub fn subscribe(&self, groups: u32) -> std::io::Result<()> {
+        // SAFETY: sockaddr_nl is plain old data; zeroed is a valid value.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as u16;
+        sa.nl_groups = groups;
+        // SAFETY: sa is a valid sockaddr_nl of the given size.
+        let rc = unsafe {
+            libc::bind(
+                self.fd.as_raw_fd(),
+                &sa as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The next sequence number, for the request about to be sent.
@@ -73,7 +119,7 @@ impl Netlink {
             return Err(std::io::Error::last_os_error())
                 .with_context(|| format!("asking {}", self.what));
         }
-        let mut buf = vec![0u8; 8192];
+        let mut buf = vec![0u8; self.buf_len];
         loop {
             // SAFETY: buf is a valid, writable buffer of the given length.
             let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
@@ -86,6 +132,34 @@ impl Netlink {
             }
         }
     }
+}
+
+impl AsRawFd for Netlink {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// The messages of one datagram (a dump's carry several): (type, sequence, payload after the
+/// header); a malformed one ends them with an error.
+pub fn messages(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8])>> {
+    std::iter::from_fn(move || {
+        if b.len() < NLMSG_HDR {
+            return None;
+        }
+        let len = u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize;
+        if len < NLMSG_HDR || len > b.len() {
+            b = &[];
+            return Some(Err(anyhow::anyhow!(
+                "a malformed netlink message ({len} bytes)"
+            )));
+        }
+        let kind = u16::from_ne_bytes([b[4], b[5]]);
+        let seq = u32::from_ne_bytes(b[8..12].try_into().unwrap());
+        let payload = &b[NLMSG_HDR..len];
+        b = &b[((len + 3) & !3).min(b.len())..];
+        Some(Ok((kind, seq, payload)))
+    })
 }
 
 /// A message header: (length, type, flags, seq).

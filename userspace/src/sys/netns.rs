@@ -250,93 +250,18 @@ pub fn still_there(path: &Path, inode: u32) -> bool {
 /// thread was in when it was opened: it stays there), to ask whether an
 /// interface still exists. Asking needs no privilege, so it keeps working
 /// after the daemon drops its capabilities and uid.
-pub struct LinkProbe {
-    fd: std::os::fd::OwnedFd,
-    seq: u32,
-}
+pub struct LinkProbe(crate::sys::rtnl::Rtnl);
 
 impl LinkProbe {
     /// Open one in the calling thread's namespace ([`run_in`] for another).
     pub fn open() -> Result<LinkProbe> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain socket(2); the descriptor is owned from here on.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("opening a route netlink socket");
-        }
-        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: tv outlives the call, its size is given.
-        unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&fd),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        Ok(LinkProbe { fd, seq: 0 })
+        crate::sys::rtnl::Rtnl::open().map(LinkProbe)
     }
 
     /// Whether an interface with `ifindex` exists in the socket's namespace
     /// (RTM_GETLINK: the link, or ENODEV).
     pub fn exists(&mut self, ifindex: u32) -> Result<bool> {
-        use std::os::fd::AsRawFd;
-        self.seq = self.seq.wrapping_add(1);
-        // nlmsghdr (16 bytes) + ifinfomsg (16 bytes)
-        let mut req = [0u8; 32];
-        req[0..4].copy_from_slice(&32u32.to_ne_bytes());
-        req[4..6].copy_from_slice(&libc::RTM_GETLINK.to_ne_bytes());
-        req[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-        req[8..12].copy_from_slice(&self.seq.to_ne_bytes());
-        req[16] = libc::AF_UNSPEC as u8;
-        req[20..24].copy_from_slice(&(ifindex as i32).to_ne_bytes());
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: req is a valid buffer of the given length.
-        let n = unsafe { libc::send(fd, req.as_ptr() as *const libc::c_void, req.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error()).context("asking netlink for a link");
-        }
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: buf is a valid, writable buffer of the given length.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error())
-                    .context("reading netlink's answer about a link");
-            }
-            let n = n as usize;
-            if n < 16 {
-                bail!("short netlink answer ({n} bytes)");
-            }
-            let u16_at = |o: usize| u16::from_ne_bytes([buf[o], buf[o + 1]]);
-            let seq = u32::from_ne_bytes(buf[8..12].try_into().unwrap());
-            if seq != self.seq {
-                continue; // an answer to an earlier question that timed out
-            }
-            let kind = u16_at(4);
-            if kind == libc::NLMSG_ERROR as u16 && n >= 20 {
-                let err = -i32::from_ne_bytes(buf[16..20].try_into().unwrap());
-                return match err {
-                    0 => Ok(true),
-                    libc::ENODEV => Ok(false),
-                    e => Err(std::io::Error::from_raw_os_error(e))
-                        .context("asking netlink for a link"),
-                };
-            }
-            return Ok(kind == libc::RTM_NEWLINK);
-        }
+        Ok(self.0.link(ifindex)?.is_some())
     }
 }
 

@@ -6,12 +6,13 @@
 //! the interfaces of the namespace ([`Rtnl::links`]) and, on a socket of its own subscribed to
 //! RTMGRP_LINK, their creation and deletion as it happens ([`LinkEvents`]: the sampler's
 //! `--iface` patterns follow interfaces that come and go).
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
 
+use crate::sys::netlink::{self, attrs, Netlink, NLMSG_HDR};
+
 const RTM_GETTFILTER: u16 = 46;
-const NLMSG_HDR: usize = 16;
 /// `struct ifinfomsg` and `struct tcmsg`.
 const IFINFOMSG: usize = 16;
 const TCMSG: usize = 20;
@@ -59,25 +60,7 @@ pub struct TcFilter {
 
 /// A route netlink socket of one network namespace.
 pub struct Rtnl {
-    fd: OwnedFd,
-    seq: u32,
-}
-
-/// The attributes of a netlink message part: (type without flags, payload).
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let kind = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let payload = &b[4..len];
-        b = &b[((len + 3) & !3).min(b.len())..];
-        Some((kind, payload))
-    })
+    nl: Netlink,
 }
 
 fn u32_of(b: &[u8]) -> Option<u32> {
@@ -99,91 +82,24 @@ fn cstr(b: &[u8]) -> String {
 impl Rtnl {
     /// Open one in the calling thread's namespace (`netns::run_in` for another).
     pub fn open() -> Result<Rtnl> {
-        // SAFETY: plain socket(2); the descriptor is owned from here on.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("opening a route netlink socket");
-        }
-        // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: tv outlives the call, its size is given.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        Ok(Rtnl { fd, seq: 0 })
+        // A dump's datagrams are as large as the reader's buffer allows (32 KiB at most).
+        let nl = Netlink::open(libc::NETLINK_ROUTE, "route netlink")?.answers_up_to(64 * 1024);
+        Ok(Rtnl { nl })
     }
 
     /// Send one request (`body` after the header) and collect the payloads of the answer's
     /// messages (one, or a dump's until NLMSG_DONE). An error answer is an `io::Error`.
     fn ask(&mut self, kind: u16, dump: bool, body: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.seq = self.seq.wrapping_add(1);
+        let seq = self.nl.next_seq();
         let mut req = vec![0u8; NLMSG_HDR];
-        let len = (NLMSG_HDR + body.len()) as u32;
-        req[0..4].copy_from_slice(&len.to_ne_bytes());
-        req[4..6].copy_from_slice(&kind.to_ne_bytes());
-        let flags = libc::NLM_F_REQUEST as u16 | (if dump { libc::NLM_F_DUMP as u16 } else { 0 });
-        req[6..8].copy_from_slice(&flags.to_ne_bytes());
-        req[8..12].copy_from_slice(&self.seq.to_ne_bytes());
         req.extend_from_slice(body);
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: req is a valid buffer of the given length.
-        let n = unsafe { libc::send(fd, req.as_ptr().cast(), req.len(), 0) };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error()).context("sending a netlink request");
-        }
+        let flags = libc::NLM_F_REQUEST as u16 | (if dump { libc::NLM_F_DUMP as u16 } else { 0 });
+        netlink::set_header(&mut req, kind, flags, seq);
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            // SAFETY: buf is a valid, writable buffer of the given length.
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error()).context("reading netlink's answer");
-            }
-            if self.messages(&buf[..n as usize], dump, &mut out)? {
-                return Ok(out);
-            }
-        }
-    }
-
-    /// The messages of one datagram into `out`; true when the answer is complete.
-    fn messages(&self, b: &[u8], dump: bool, out: &mut Vec<Vec<u8>>) -> Result<bool> {
-        for m in split(b) {
-            let (kind, seq, payload) = m?;
-            if seq != self.seq {
-                continue; // an answer to an earlier question that timed out
-            }
-            match kind as i32 {
-                libc::NLMSG_DONE => return Ok(true),
-                libc::NLMSG_ERROR => {
-                    let err = -(u32_of(payload).unwrap_or(0) as i32);
-                    if err == 0 {
-                        return Ok(true);
-                    }
-                    return Err(std::io::Error::from_raw_os_error(err).into());
-                }
-                _ => out.push(payload.to_vec()),
-            }
-            if !dump {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        self.nl.ask(&req, |b| {
+            Ok(answer_part(b, seq, dump, &mut out)?.then_some(()))
+        })?;
+        Ok(out)
     }
 
     /// Every interface of the namespace: index, name and link type (a dump of RTM_GETLINK).
@@ -236,25 +152,30 @@ impl Rtnl {
     }
 }
 
-/// The messages of one netlink datagram: (type, sequence, payload after the header).
-fn split(mut b: &[u8]) -> impl Iterator<Item = Result<(u16, u32, &[u8])>> {
-    std::iter::from_fn(move || {
-        if b.len() < NLMSG_HDR {
-            return None;
+/// The messages of one datagram of the answer to question `seq` into `out`; true when the
+/// answer is complete.
+fn answer_part(b: &[u8], seq: u32, dump: bool, out: &mut Vec<Vec<u8>>) -> Result<bool> {
+    for m in netlink::messages(b) {
+        let (kind, s, payload) = m?;
+        if s != seq {
+            continue; // an answer to an earlier question that timed out
         }
-        let len = u32_of(b).unwrap_or(0) as usize;
-        if len < NLMSG_HDR || len > b.len() {
-            b = &[];
-            return Some(Err(anyhow::anyhow!(
-                "a malformed netlink message ({len} bytes)"
-            )));
+        match kind as i32 {
+            libc::NLMSG_DONE => return Ok(true),
+            libc::NLMSG_ERROR => {
+                let err = -(u32_of(payload).unwrap_or(0) as i32);
+                if err == 0 {
+                    return Ok(true);
+                }
+                return Err(std::io::Error::from_raw_os_error(err).into());
+            }
+            _ => out.push(payload.to_vec()),
         }
-        let kind = u16::from_ne_bytes([b[4], b[5]]);
-        let seq = u32_of(&b[8..]).unwrap_or(0);
-        let payload = &b[NLMSG_HDR..len];
-        b = &b[((len + 3) & !3).min(b.len())..];
-        Some(Ok((kind, seq, payload)))
-    })
+        if !dump {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// An interface's index, name and link type (`ifi_type`: ARPHRD_*).
@@ -292,7 +213,7 @@ pub enum LinkEvent {
 /// A route netlink socket subscribed to the interfaces of its namespace (RTMGRP_LINK): every
 /// interface created, changed or deleted there, as the kernel announces it.
 pub struct LinkEvents {
-    fd: OwnedFd,
+    nl: Netlink,
 }
 
 impl LinkEvents {
@@ -300,36 +221,13 @@ impl LinkEvents {
     /// SO_RCVBUFFORCE is allowed (a burst of thousands of interfaces), else the default (an
     /// overflow is [`LinkEvent::Lost`], and the caller lists the interfaces again).
     pub fn open() -> Result<LinkEvents> {
-        let r = Rtnl::open()?;
-        let fd = r.fd;
-        // SAFETY: sockaddr_nl is plain old data; zeroed is a valid value.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        sa.nl_groups = libc::RTMGRP_LINK as u32;
-        // SAFETY: sa is a valid sockaddr_nl of the given size.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error())
-                .context("subscribing to interface notifications (RTMGRP_LINK)");
-        }
+        let nl = Rtnl::open()?.nl;
+        nl.subscribe(libc::RTMGRP_LINK as u32)
+            .context("subscribing to interface notifications (RTMGRP_LINK)")?;
+        // Failure (no CAP_NET_ADMIN) leaves the default.
         let size: libc::c_int = 4 << 20;
-        // SAFETY: size outlives the call, its size is given; failure leaves the default.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                &size as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        Ok(LinkEvents { fd })
+        let _ = nl.set_option(libc::SO_RCVBUFFORCE, &size);
+        Ok(LinkEvents { nl })
     }
 
     /// The notifications that arrive within `wait` (at least one datagram's worth when any
@@ -337,7 +235,7 @@ impl LinkEvents {
     pub fn next(&mut self, wait: std::time::Duration) -> Result<Vec<LinkEvent>> {
         let mut out = Vec::new();
         let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
+            fd: self.nl.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -351,7 +249,7 @@ impl LinkEvents {
             // SAFETY: buf is a valid, writable buffer of the given length.
             let n = unsafe {
                 libc::recv(
-                    self.fd.as_raw_fd(),
+                    self.nl.as_raw_fd(),
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     libc::MSG_DONTWAIT,
@@ -374,7 +272,7 @@ impl LinkEvents {
 
 /// The interface notifications of one datagram.
 fn link_events(b: &[u8], out: &mut Vec<LinkEvent>) {
-    for (kind, _, payload) in split(b).map_while(Result::ok) {
+    for (kind, _, payload) in netlink::messages(b).map_while(Result::ok) {
         let Some(l) = parse_link_name(payload) else {
             continue;
         };
@@ -469,13 +367,38 @@ mod tests {
 
     fn attr(kind: u16, payload: &[u8]) -> Vec<u8> {
         let mut a = Vec::new();
-        a.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
-        a.extend_from_slice(&kind.to_ne_bytes());
-        a.extend_from_slice(payload);
-        while a.len() % 4 != 0 {
-            a.push(0);
-        }
+        netlink::put_attr(&mut a, kind, payload);
         a
+    }
+
+    /// A dump's datagrams: parts collected until NLMSG_DONE; another question's skipped; an
+    /// error answer is the io::Error of its errno; a single answer ends at its first message.
+    #[test]
+    fn answers_are_collected_until_done_or_error() {
+        let msg = |kind: u16, seq: u32, payload: &[u8]| {
+            let mut m = vec![0u8; NLMSG_HDR];
+            m.extend_from_slice(payload);
+            netlink::set_header(&mut m, kind, 0, seq);
+            m
+        };
+        let mut out = Vec::new();
+        let mut d = msg(libc::RTM_NEWLINK, 3, &[1, 2, 3, 4]);
+        d.extend(msg(libc::RTM_NEWLINK, 2, &[9, 9, 9, 9]));
+        assert!(!answer_part(&d, 3, true, &mut out).unwrap());
+        let done = msg(libc::NLMSG_DONE as u16, 3, &[0; 4]);
+        assert!(answer_part(&done, 3, true, &mut out).unwrap());
+        assert_eq!(out, [vec![1u8, 2, 3, 4]]);
+        let err = msg(libc::NLMSG_ERROR as u16, 4, &(-libc::ENODEV).to_ne_bytes());
+        let e = answer_part(&err, 4, false, &mut out).unwrap_err();
+        assert_eq!(
+            e.downcast_ref::<std::io::Error>().unwrap().raw_os_error(),
+            Some(libc::ENODEV)
+        );
+        out.clear();
+        assert!(answer_part(&d, 2, false, &mut out).unwrap());
+        assert_eq!(out, [vec![9u8, 9, 9, 9]]);
+        // the second message cut 2 bytes short: an error, not a panic
+        assert!(answer_part(&d[..38], 3, true, &mut out).is_err());
     }
 
     #[test]

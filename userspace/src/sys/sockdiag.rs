@@ -11,15 +11,14 @@
 //! listener on `0.0.0.0:PORT` would otherwise claim forwarded flows). The
 //! socket is opened in the namespace the calling thread is in and stays
 //! there; sock_diag needs no privilege for this.
-use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use crate::analysis::flow::Flow;
-use crate::sys::netlink::Netlink;
-use crate::sys::netns::{self, NetNs};
+use crate::sys::flowcache::{Cached, FlowCache};
+use crate::sys::netlink::{self, Netlink};
+use crate::sys::netns::NetNs;
 
 const NETLINK_SOCK_DIAG: libc::c_int = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
@@ -63,10 +62,7 @@ impl SockDiag {
 /// The request: exact lookup of one TCP socket, any state.
 fn request(seq: u32, local: SocketAddr, remote: SocketAddr) -> [u8; REQ_LEN] {
     let mut r = [0u8; REQ_LEN];
-    r[0..4].copy_from_slice(&(REQ_LEN as u32).to_ne_bytes());
-    r[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-    r[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    r[8..12].copy_from_slice(&seq.to_ne_bytes());
+    netlink::set_header(&mut r, SOCK_DIAG_BY_FAMILY, libc::NLM_F_REQUEST as u16, seq);
     r[16] = match local.ip() {
         IpAddr::V4(_) => libc::AF_INET as u8,
         IpAddr::V6(_) => libc::AF_INET6 as u8,
@@ -93,16 +89,11 @@ fn put_addr(dst: &mut [u8], a: IpAddr) {
 /// One datagram of the answer: Some(owner) for the question `seq`, None
 /// for another question's answer.
 fn answer(buf: &[u8], seq: u32) -> Result<Option<Owner>> {
-    if buf.len() < 16 {
-        bail!("short sock_diag answer ({} bytes)", buf.len());
-    }
-    let u16_at = |o: usize| u16::from_ne_bytes([buf[o], buf[o + 1]]);
-    if u32::from_ne_bytes(buf[8..12].try_into().unwrap()) != seq {
+    let (len, kind, _, s) = netlink::header(buf)?;
+    if s != seq {
         return Ok(None);
     }
-    let kind = u16_at(4);
-    if kind == libc::NLMSG_ERROR as u16 && buf.len() >= 20 {
-        let err = -i32::from_ne_bytes(buf[16..20].try_into().unwrap());
+    if let Some(err) = netlink::error_of(buf) {
         return match err {
             libc::ENOENT => Ok(Some(Owner::None)),
             e => Err(std::io::Error::from_raw_os_error(e)).context("sock_diag lookup"),
@@ -117,43 +108,22 @@ fn answer(buf: &[u8], seq: u32) -> Result<Option<Owner>> {
     if buf[17] == TCP_LISTEN {
         return Ok(Some(Owner::None));
     }
-    let end = (u32::from_ne_bytes(buf[0..4].try_into().unwrap()) as usize).min(buf.len());
-    let mut at = ATTRS_AT;
-    while at + 4 <= end {
-        let (len, ty) = (u16_at(at) as usize, u16_at(at + 2));
-        if len < 4 || at + len > end {
-            break;
-        }
-        if ty == INET_DIAG_CGROUP_ID && len >= 12 {
-            let id = u64::from_ne_bytes(buf[at + 4..at + 12].try_into().unwrap());
+    let end = len.clamp(ATTRS_AT, buf.len());
+    for (ty, v) in netlink::attrs(&buf[ATTRS_AT..end]) {
+        if let (INET_DIAG_CGROUP_ID, Some(id)) = (ty, v.get(..8)) {
+            let id = u64::from_ne_bytes(id.try_into().unwrap());
             return Ok(Some(Owner::Cgroup(id)));
         }
-        at += (len + 3) & !3;
     }
     Ok(Some(Owner::None))
 }
 
-/// A found owner is asked again after this long (the 4-tuple may be reused by another socket).
-pub const RECHECK_FOUND: Duration = Duration::from_secs(60);
-/// A flow with no owner is asked again after this long at the earliest.
-pub const RECHECK_NONE: Duration = Duration::from_secs(10);
-/// Lookups per read at most (the rest wait for the next read).
-pub const MAX_LOOKUPS_PER_READ: u32 = 4_096;
-/// Flows remembered at most (beyond the sampler's own table: never reached).
-pub const MAX_KNOWN: usize = 65_536;
-
-/// The owners' cgroups of the sampler's TCP flows: one sock_diag lookup per
-/// flow in its interface's namespace, cached while the flow is seen (found:
-/// asked again after [`RECHECK_FOUND`]; none: after [`RECHECK_NONE`]), at
-/// most [`MAX_LOOKUPS_PER_READ`] per read. Called once per read per flow,
-/// never per packet.
+/// The owners' cgroups of the sampler's TCP flows: one sock_diag lookup per flow in its
+/// interface's namespace, cached while the flow is seen ([`FlowCache`]). Called once per read
+/// per flow, never per packet.
 pub struct FlowOwners {
-    /// A sock_diag socket per namespace inode (opened at the start, while
-    /// the process may still enter namespaces).
-    sockets: HashMap<u32, SockDiag>,
-    known: HashMap<Flow, (u32, Instant)>,
-    seen: HashSet<Flow>,
-    budget: u32,
+    /// The cgroup inode found for each flow, 0 for none.
+    cache: FlowCache<SockDiag, u32>,
     /// sock_diag lookups made.
     pub lookups: u64,
     /// Flows looked up whose owner was not found (no open socket, a
@@ -165,20 +135,8 @@ impl FlowOwners {
     /// For the namespaces of the sampler's interfaces; a namespace that
     /// cannot be entered has no socket (its flows have no owner).
     pub fn open(namespaces: &[NetNs]) -> FlowOwners {
-        let mut sockets = HashMap::new();
-        for ns in namespaces {
-            match netns::run_in(ns, SockDiag::open) {
-                Ok(s) => {
-                    sockets.insert(ns.inode, s);
-                }
-                Err(e) => tracing::debug!("sock_diag in {}: {e:#}", ns.name),
-            }
-        }
         FlowOwners {
-            sockets,
-            known: HashMap::new(),
-            seen: HashSet::new(),
-            budget: MAX_LOOKUPS_PER_READ,
+            cache: FlowCache::open(namespaces, "sock_diag", SockDiag::open),
             lookups: 0,
             unknown: 0,
         }
@@ -186,39 +144,30 @@ impl FlowOwners {
 
     /// A new read.
     pub fn begin(&mut self) {
-        self.seen.clear();
-        self.budget = MAX_LOOKUPS_PER_READ;
+        self.cache.begin();
     }
 
     /// A flow still in the sampler's table (no new samples): keep its
     /// owner for the end summary, when its socket may be gone.
     pub fn keep(&mut self, f: &Flow) {
-        if self.known.contains_key(f) {
-            self.seen.insert(*f);
-        }
+        self.cache.keep(f);
     }
 
     /// Forget the flows not seen since [`FlowOwners::begin`].
     pub fn end(&mut self) {
-        let seen = &self.seen;
-        self.known.retain(|f, _| seen.contains(f));
+        self.cache.end();
     }
 
     /// The cgroup inode (the id's low 32 bits) of the flow's local socket, 0 when none.
     pub fn cgroup(&mut self, f: &Flow) -> u32 {
-        self.seen.insert(*f);
-        if let Some(&(cg, at)) = self.known.get(f) {
-            let fresh = if cg != 0 { RECHECK_FOUND } else { RECHECK_NONE };
-            if at.elapsed() < fresh || self.budget == 0 {
-                return cg;
+        let cg = match self.cache.get(f, |cg| *cg != 0) {
+            Cached::Known(cg) => return cg,
+            Cached::NoRoom => {
+                self.unknown += 1;
+                return 0;
             }
-        } else if self.budget == 0 || self.known.len() >= MAX_KNOWN {
-            self.unknown += 1;
-            return 0;
-        }
-        self.budget -= 1;
-        let cg = match self.sockets.get_mut(&f.netns) {
-            Some(s) => {
+            Cached::NoSocket => 0,
+            Cached::Ask(s) => {
                 self.lookups += 1;
                 match s.tcp_owner(f.local, f.remote) {
                     Ok(Owner::Cgroup(id)) => id as u32,
@@ -229,12 +178,11 @@ impl FlowOwners {
                     }
                 }
             }
-            None => 0,
         };
         if cg == 0 {
             self.unknown += 1;
         }
-        self.known.insert(*f, (cg, Instant::now()));
+        self.cache.insert(*f, cg);
         cg
     }
 }

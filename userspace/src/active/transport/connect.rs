@@ -55,32 +55,55 @@ impl Connect {
         }
     }
 
-    /// The socket is writable: the handshake completed, or failed.
+    /// The socket is writable: the handshake completed, or failed, or the kernel gave up on it.
     fn finished(&mut self, t1: u64) -> Event {
         let Some(p) = &self.pending else {
             return Event::TimedOut;
         };
         let seq = p.seq;
-        match p.sock.get_ref().take_error() {
-            Ok(None) => {
-                self.close();
-                Event::Reply(
-                    Reply {
-                        seq,
-                        rx_real_ns: None,
-                        ttl: None,
-                    },
-                    t1,
-                )
-            }
-            Ok(Some(e)) | Err(e) => {
-                if e.raw_os_error() == Some(libc::ECONNREFUSED) {
-                    self.refused += 1;
-                }
-                self.close();
+        let end = classify(p.sock.get_ref().take_error());
+        self.close();
+        match end {
+            Handshake::Connected => Event::Reply(
+                Reply {
+                    seq,
+                    rx_real_ns: None,
+                    ttl: None,
+                },
+                t1,
+            ),
+            Handshake::TimedOut => Event::TimedOut,
+            Handshake::Refused(e) => {
+                self.refused += 1;
                 Event::Failed(e)
             }
+            Handshake::Failed(e) => Event::Failed(e),
         }
+    }
+}
+
+/// How a handshake ended, from the socket's pending error (`SO_ERROR`, `take_error`).
+#[derive(Debug)]
+enum Handshake {
+    Connected,
+    /// ETIMEDOUT: the kernel sent its last SYN (`net.ipv4.tcp_syn_retries`) and got no answer
+    /// before rttscope's own `-W` did. No answer is a timeout (ping's, netperf's, irtt's word),
+    /// whichever clock ran out first: counted lost, not an error.
+    TimedOut,
+    /// ECONNREFUSED: a reset answered (nothing listens): an error, and counted as refused.
+    Refused(std::io::Error),
+    /// Any other error (no route, host unreachable from an ICMP error, ...): an error, with its reason.
+    Failed(std::io::Error),
+}
+
+fn classify(so_error: std::io::Result<Option<std::io::Error>>) -> Handshake {
+    match so_error {
+        Ok(None) => Handshake::Connected,
+        Ok(Some(e)) | Err(e) => match e.raw_os_error() {
+            Some(libc::ETIMEDOUT) => Handshake::TimedOut,
+            Some(libc::ECONNREFUSED) => Handshake::Refused(e),
+            _ => Handshake::Failed(e),
+        },
     }
 }
 
@@ -155,5 +178,81 @@ enum Woke {
 impl Drop for Connect {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Error;
+
+    #[test]
+    fn the_kernels_syn_timeout_is_a_timeout_other_errors_stay_errors() {
+        let os = |n| Ok(Some(Error::from_raw_os_error(n)));
+        assert!(matches!(classify(Ok(None)), Handshake::Connected));
+        assert!(matches!(classify(os(libc::ETIMEDOUT)), Handshake::TimedOut));
+        // getsockopt(SO_ERROR) itself failing with ETIMEDOUT says the same.
+        let failed = classify(Err(Error::from_raw_os_error(libc::ETIMEDOUT)));
+        assert!(matches!(failed, Handshake::TimedOut));
+        match classify(os(libc::ECONNREFUSED)) {
+            Handshake::Refused(e) => assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED)),
+            other => panic!("ECONNREFUSED: {other:?}"),
+        }
+        for n in [
+            libc::EHOSTUNREACH,
+            libc::ENETUNREACH,
+            libc::ECONNRESET,
+            libc::EACCES,
+        ] {
+            match classify(os(n)) {
+                Handshake::Failed(e) => assert_eq!(e.raw_os_error(), Some(n), "{e}"),
+                other => panic!("errno {n}: {other:?}"),
+            }
+        }
+        // An error without an errno (no kernel reason) stays an error.
+        assert!(matches!(
+            classify(Ok(Some(Error::other("?")))),
+            Handshake::Failed(_)
+        ));
+    }
+
+    /// The real kernel: SYNs to a full accept queue go unanswered; with TCP_USER_TIMEOUT 300 ms
+    /// the kernel gives up (ETIMEDOUT) at its first retransmission timer, 1 s, well before this
+    /// run's own 10 s deadline: a timeout, not an error nor a refusal.
+    #[test]
+    fn a_handshake_the_kernel_gives_up_on_is_timed_out() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        full.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        full.listen(0).unwrap();
+        let addr = full.local_addr().unwrap().as_socket().unwrap();
+        // Backlog 0 holds one: this fills it, and the kernel drops the next SYNs.
+        let _filler = std::net::TcpStream::connect(addr).unwrap();
+        let (_keep, cancel) = crate::active::cancel::cancel_pair();
+        let mut c = Connect::new(addr, Duration::from_secs(10), cancel);
+        let t0 = std::time::Instant::now();
+        let ev = rt.block_on(async {
+            let (s, _) = start(addr).unwrap();
+            s.set_tcp_user_timeout(Some(Duration::from_millis(300)))
+                .unwrap();
+            c.pending = Some(Pending {
+                // SAFETY: the socket stays open for as long as the AsyncFd holds it.
+                sock: unsafe { AsyncFd::register(s) }.unwrap(),
+                seq: 1,
+                deadline: tokio::time::Instant::now() + c.timeout,
+            });
+            c.recv().await.unwrap()
+        });
+        let waited = t0.elapsed();
+        assert!(matches!(ev, Event::TimedOut), "{waited:?}");
+        assert!(
+            waited < Duration::from_secs(5),
+            "the kernel gave up after {waited:?}"
+        );
+        assert_eq!(c.refused, 0);
     }
 }
