@@ -1,5 +1,5 @@
 //! An observing session: the views asked for, attached, in registry order
-//! (`views::ViewConfig`), each behind one interface (`views::view::View`);
+//! (`views::VIEWS`), each behind one interface (`views::view::View`);
 //! one read per interval (each flow's samples since the previous read,
 //! totals, counters); what disappears watched. It prints nothing:
 //! `cmd::observe` drives it and hands what it reads to the sinks (table,
@@ -12,14 +12,16 @@ use crate::analysis::flow::Flow;
 use crate::analysis::hist::Hist;
 use crate::analysis::records::{self, EndFlow, Name};
 use crate::sys::cgroup::CgroupIndex;
-use crate::views::view::{ReadCtx, RunFlows, View, ViewRead};
-use crate::views::{LoaderKind, ViewConfig, ViewKind};
+use crate::views::view::{Attached, ReadCtx, RunFlows, View, ViewRead};
+use crate::views::{AttachOpts, LoaderKind, PassiveView, ViewConfig, ViewKind};
 
 pub use crate::analysis::records::{FlowRow, Interval, ViewStats};
 pub(crate) use crate::views::names::NsNames;
 pub use crate::views::view::{FlowDelta, FlowSink, SideTotals};
 
 mod raw;
+#[cfg(test)]
+mod tests;
 mod watch;
 pub use crate::views::{RawEvent, RawSample};
 
@@ -27,7 +29,7 @@ pub use crate::views::{RawEvent, RawSample};
 pub struct SessionConfig {
     pub loader: LoaderKind,
     /// The views asked for, with their settings (attached in this order).
-    pub views: Vec<ViewConfig>,
+    pub views: Vec<Box<dyn ViewConfig>>,
     /// Build per-flow rows (nothing prints them with --quiet).
     pub keep_rows: bool,
     /// `--label-workload`: name each flow's owner from its socket's cgroup.
@@ -80,6 +82,8 @@ pub struct IntervalRead {
 /// The attached views and what they share between reads.
 pub struct Session {
     views: Vec<Box<dyn View>>,
+    /// What each view attached, as it said once after attach (in the same order).
+    attached: Vec<Attached>,
     names: NsNames,
     keep_rows: bool,
     watch: watch::Watch,
@@ -95,17 +99,36 @@ impl Session {
     /// Load and attach the views asked for, in registry order.
     pub fn attach(cfg: SessionConfig) -> Result<Session> {
         let mut cfg = cfg.with_raw_views();
-        cfg.views.sort_by_key(|v| v.kind());
+        cfg.views.sort_by_key(|v| v.def().kind);
+        let how = AttachOpts {
+            loader: cfg.loader,
+            keep_rows: cfg.keep_rows,
+            keep_summary: cfg.keep_summary,
+            workloads: cfg.workloads,
+        };
         let mut views = Vec::new();
         for v in &cfg.views {
-            views.push(v.attach(cfg.loader, cfg.keep_rows, cfg.keep_summary, cfg.workloads)?);
+            views.push(v.attach(&how)?);
         }
+        Session::of_views(views, &cfg)
+    }
+
+    /// A session over views already attached, in registry order (`cfg.views` is not read).
+    pub(crate) fn of_views(mut views: Vec<Box<dyn View>>, cfg: &SessionConfig) -> Result<Session> {
         let raw = raw::RawStreams::open(
             cfg.raw_samples,
-            views.iter_mut().map(|v| v.passive_mut()).collect(),
+            views
+                .iter_mut()
+                .map(|v| v.as_mut() as &mut dyn PassiveView)
+                .collect(),
         )?;
+        let mut attached = views
+            .iter()
+            .map(|v| v.attached())
+            .collect::<Result<Vec<_>>>()?;
         Ok(Session {
-            watch: watch::Watch::new(&views),
+            watch: watch::Watch::new(&mut attached),
+            attached,
             not_binned: vec![0; views.len()],
             views,
             names: NsNames::new(),
@@ -118,6 +141,11 @@ impl Session {
     /// The attached views, in registry order.
     pub fn views(&self) -> &[Box<dyn View>] {
         &self.views
+    }
+
+    /// What each attached view attached, in registry order.
+    pub fn attached(&self) -> &[Attached] {
+        &self.attached
     }
 
     /// An attached view by kind.
@@ -150,11 +178,6 @@ impl Session {
         self.views.iter_mut().flat_map(|v| v.notices()).collect()
     }
 
-    /// Every view's hooks as last checked.
-    fn hooks(&self) -> Vec<records::HookStatus> {
-        self.views.iter().flat_map(|v| v.hooks()).collect()
-    }
-
     /// Samples a view left out of its histograms since the last call (more
     /// flows with samples in one read than its fine-histogram pool and
     /// overflow ring hold: `samples_not_binned`), one notice per view.
@@ -162,7 +185,6 @@ impl Session {
         let mut out = Vec::new();
         for (i, v) in self.views.iter().enumerate() {
             let now = v
-                .passive()
                 .counters()
                 .ok()
                 .and_then(|c| c.get("samples_not_binned").copied())
@@ -226,7 +248,9 @@ impl Session {
         })?;
         let (mut totals, mut counters, mut totals_hist) =
             (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        for (kind, r) in reads {
+        let mut hooks = Vec::new();
+        for (kind, mut r) in reads {
+            hooks.append(&mut r.hooks);
             counters.insert(kind.as_str().into(), records::names(r.counters));
             totals.insert(kind.as_str().into(), side_stats(&r.totals));
             totals_hist.insert(kind.as_str(), merged(&r.totals));
@@ -240,7 +264,7 @@ impl Session {
                 flows: rows.into_values().collect(),
                 totals,
                 counters,
-                hooks: self.hooks(),
+                hooks,
             },
             totals_hist,
         })
@@ -282,8 +306,10 @@ impl Session {
         let mut flows = RunFlows::new();
         let (mut totals, mut counters) = (BTreeMap::new(), BTreeMap::new());
         let mut rows = BTreeMap::new();
+        let mut hooks = Vec::new();
         self.each_view(&mut rows, None, &mut |v, ctx| {
-            let r = v.summary(ctx, &mut flows)?;
+            let mut r = v.summary(ctx, &mut flows)?;
+            hooks.append(&mut r.hooks);
             if !r.totals.is_empty() {
                 totals.insert(v.kind().as_str(), r.totals);
             }
@@ -296,7 +322,7 @@ impl Session {
             rows,
             totals,
             counters,
-            hooks: self.hooks(),
+            hooks,
         })
     }
 }

@@ -88,7 +88,7 @@ pub(super) fn resolve_sides(views: &mut [Box<dyn View>], samples: &mut [RawSampl
             continue;
         };
         let (earlier, rest) = views.split_at_mut(i);
-        s.side = match earlier.iter().find_map(|v| v.side_of(&s.flow)) {
+        s.side = match earlier.iter().find_map(|v| v.knows(&s.flow).side) {
             Some(known) => known,
             None => rest[0].resolve_side(&s.flow),
         };

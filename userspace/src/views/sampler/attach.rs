@@ -12,8 +12,8 @@ use anyhow::{bail, Context, Result};
 use super::tc::{tcx_attach, Attached, Attachments};
 use super::{
     attach_info, derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode,
-    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
-    PROG_INGRESS, SHARED_MAPS, SHARED_MAPS_NOATOMIC,
+    IfaceSpec, ResolvedIface, SamplerConfig, SamplerFlowStats, COUNTERS, PROG_EGRESS, PROG_INGRESS,
+    SHARED_MAPS, SHARED_MAPS_NOATOMIC,
 };
 use crate::bpf::SamplerRodata as rodata;
 use crate::sys::netns;
@@ -88,7 +88,7 @@ fn clsact_first(mode: AttachMode) -> bool {
     match mode {
         AttachMode::Clsact => true,
         AttachMode::Tcx => false,
-        AttachMode::Auto => !crate::views::probe::Features::get().tcx.ok,
+        AttachMode::Auto => !crate::views::features::Features::get().tcx.ok,
     }
 }
 
@@ -170,7 +170,7 @@ impl Sampler {
             bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
         }
         let seed = hash_seed();
-        let atomics = crate::views::probe::Features::get().atomics_choice();
+        let atomics = crate::views::features::Features::get().atomics_choice();
         let (def, shared) = object(atomics.used);
         let copies = resolved
             .iter()
@@ -322,7 +322,7 @@ fn clsact(
 }
 
 impl PassiveView for Sampler {
-    fn view(&self) -> ViewKind {
+    fn kind(&self) -> ViewKind {
         ViewKind::Sampler
     }
 
@@ -376,20 +376,27 @@ impl PassiveView for Sampler {
     }
 }
 
-impl SamplerView for Sampler {
-    fn config(&self) -> &SamplerConfig {
+/// Read by the session through [`super::track::SamplerView`].
+impl Sampler {
+    /// The settings it was loaded with.
+    pub(crate) fn config(&self) -> &SamplerConfig {
         &self.cfg
     }
 
-    fn attach_info(&self) -> &[AttachInfo] {
+    /// How each interface is attached.
+    pub(crate) fn attach_info(&self) -> &[AttachInfo] {
         &self.info
     }
 
-    fn without_atomics(&self) -> Option<&str> {
+    /// Set only where the kernel programs built without BPF atomics that
+    /// return a value run (kernels < 5.12), and why.
+    pub(crate) fn without_atomics(&self) -> Option<&str> {
         self.without_atomics.as_deref()
     }
 
-    fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
+    /// Packets each interface's hooks saw since attach, `[ingress, egress]`, in the order of
+    /// [`SamplerView::attach_info`] (`sampler_hooks`, summed over CPUs).
+    pub(crate) fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
         let m = self.first().map("sampler_hooks")?;
         let mut out = Vec::with_capacity(self.info.len());
         for slot in 0..self.info.len() as u32 {
@@ -406,7 +413,8 @@ impl SamplerView for Sampler {
         Ok(out)
     }
 
-    fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
+    /// Each interface's programs' ids, `[ingress, egress]`, in the same order.
+    pub(crate) fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
         let id = |o: &dyn Object, p: &str| {
             o.prog_fd(p)
                 .ok()
@@ -419,17 +427,32 @@ impl SamplerView for Sampler {
             .collect()
     }
 
-    fn drain_pool_if_busy(&mut self) -> Result<()> {
+    /// Between reads: fold the fine-histogram pool in if its current half
+    /// is half taken (`views::fine`).
+    pub(crate) fn drain_pool_if_busy(&mut self) -> Result<()> {
         self.fine.drain_if_busy(self.objs[0].as_ref()).map(drop)
     }
 
-    fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
+    /// Every flow's cumulative histogram, plus min/max since the previous
+    /// call (the kernel's per-flow window restarts when the epoch moves on):
+    /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
+    /// in the table's order, handed to `f` one at a time (no list of every
+    /// flow is built: 50,000 flows made a 16 MB list at each read).
+    pub(crate) fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
         let first = self.objs[0].as_ref();
         self.fine.drain(first)?;
         let table = first.map_fd("sampler_table")?;
         table_flows(table, &self.cfg, &self.info, &mut self.fine, f)?;
         self.fine.next_interval();
         Ok(())
+    }
+
+    /// `for_each_flow` as a list, sorted by flow (then most samples first).
+    pub(crate) fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let mut out = Vec::new();
+        self.for_each_flow(&mut |s| out.push(s))?;
+        out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
+        Ok(out)
     }
 }
 

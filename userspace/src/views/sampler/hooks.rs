@@ -9,8 +9,9 @@
 //! CNI restarted, attached first) is said once when it appears.
 use anyhow::Result;
 
+use super::attach::Sampler;
 use super::chain::{self, Chain, Ours};
-use super::{AttachInfo, SamplerView};
+use super::AttachInfo;
 use crate::analysis::records::HookStatus;
 use crate::sys::netns::{self, NetNs};
 use crate::sys::rtnl::Rtnl;
@@ -74,7 +75,7 @@ fn chains(ns: Option<&NetNs>, ifindex: u32) -> Result<[Chain; 2]> {
 impl HookWatch {
     /// The attached interfaces, their counters now, and what runs ahead of each hook (said at
     /// once, in [`HookWatch::take_notices`]).
-    pub fn new(view: &dyn SamplerView) -> HookWatch {
+    pub(crate) fn new(view: &Sampler) -> HookWatch {
         let hooks = view.hook_packets().unwrap_or_default();
         let ids = view.hook_prog_ids();
         let mut w = HookWatch {
@@ -122,7 +123,7 @@ impl HookWatch {
 
     /// One interval: compare every hook with its interface, re-read the chains; notices for
     /// what changed.
-    pub fn check(&mut self, view: &dyn SamplerView) {
+    pub(crate) fn check(&mut self, view: &Sampler) {
         let hooks = view.hook_packets().unwrap_or_default();
         for (i, it) in self.ifaces.iter_mut().enumerate() {
             let Some(h) = hooks.get(i).copied() else {
