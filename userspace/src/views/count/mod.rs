@@ -107,6 +107,10 @@ impl ViewConfig for CountConfig {
     fn attach(&self, how: &AttachOpts) -> Result<Box<dyn View>> {
         Ok(Box::new(Count::attach(how.built_loader()?, self)?))
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// The count view, loaded and attached. Dropping it detaches its links and
