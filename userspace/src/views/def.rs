@@ -10,6 +10,12 @@ use crate::views::scope::{OnTestbed, Scope};
 use crate::views::view::View;
 use crate::views::{LoaderKind, ViewKind};
 
+/// Every view's own clap options, each found by its view ([`own`]).
+pub type Opts<'a> = [&'a dyn Any];
+
+/// A view asked for, to be attached.
+pub type Asked = Box<dyn ViewConfig>;
+
 /// One view: its name and roles ([`ViewKind`], whose entry the records' vocabulary keeps), how
 /// it is configured by each command, and what it will do on a kernel.
 pub struct ViewDef {
@@ -17,11 +23,11 @@ pub struct ViewDef {
     pub kind: ViewKind,
     /// Its config in `observe` from observe's shared options and the views' own options
     /// (`own`: every view's clap options, [`own`] finds its own).
-    pub observe: fn(own: &[&dyn Any], scope: &Scope<'_>) -> Result<Box<dyn ViewConfig>>,
+    pub observe: fn(own: &Opts<'_>, scope: &Scope<'_>) -> Result<Asked>,
     /// Whether `observe` runs it when `--view` does not say (its own options ask for it).
     pub by_default: fn(own: &[&dyn Any]) -> bool,
     /// Its config in `compare` around the responder's `port` (None: not attached there).
-    pub compare: fn(own: &[&dyn Any], port: u16) -> Result<Option<Box<dyn ViewConfig>>>,
+    pub compare: fn(own: &Opts<'_>, port: u16) -> Result<Option<Asked>>,
     /// What it will do on a kernel with these features (`rttscope features`).
     pub plan: fn(&Features) -> ViewPlan,
     /// Its options of observe on the lab's testbed ([`OnTestbed`]): the client's and the
