@@ -148,6 +148,7 @@ impl Count {
             totals: SideTotals::new(),
             counters: ctx.finish_counters(self.counters()?),
             hooks: Vec::new(),
+            handshakes: SideTotals::new(),
         })
     }
 }
