@@ -18,6 +18,12 @@ and the module -> module "uses" graph is checked:
 
 Also printed, not failed: the uses of a view's folder from outside `views`
 (each is a place a new view may have to touch; issue 24).
+
+cargo-modules sees `use` declarations only. When it runs cargo modules itself, the
+script also reads the library's sources for inline paths (`crate::views::sampler::f(..)`
+in code, tests and comments left out): an inline path from one view's folder into
+another's fails as a `use` would (issue 42); the other inline arrows up the layers are
+printed, not failed.
 Exit 0 when all hold; else print every cycle and arrow and exit 1.
 
 Input: `check-modules.py -` reads the graph from stdin, `check-modules.py
@@ -75,6 +81,9 @@ def run_cargo_modules():
     return r.stdout.splitlines()
 
 
+FROM_CARGO = []
+
+
 def graph_lines():
     """The DOT graph: from `-` (stdin), FILE, a redirected stdin, or cargo modules."""
     args = sys.argv[1:]
@@ -99,7 +108,51 @@ def graph_lines():
     elif stat.S_ISFIFO(mode):
         print("check-modules: stdin is a pipe, not read (pass - to read it); running cargo modules",
               file=sys.stderr)
+    FROM_CARGO.append(True)
     return run_cargo_modules()
+
+
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "userspace", "src")
+TEST_MOD = re.compile(r"#\[cfg\((?:all\()?test\b[^\n]*\]\s*\n\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
+INLINE = re.compile(r"\bcrate((?:::[a-z_][a-z0-9_]*)+)")
+
+
+def module_of_file(rel):
+    """`views/tcp/mod.rs` -> `rttscope::views::tcp`."""
+    parts = rel[:-3].split(os.sep)
+    if parts[-1] in ("mod", "lib"):
+        parts = parts[:-1]
+    return "::".join(["rttscope"] + parts)
+
+
+def code_only(text):
+    """A file's code before its inline test module, without string literals and comments."""
+    m = TEST_MOD.search(text)
+    if m:
+        text = text[:m.start()]
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def inline_uses():
+    """(module, module, why) of every inline `crate::...` path in the library's code."""
+    out = []
+    for d, _, files in os.walk(SRC):
+        for f in sorted(files):
+            if not f.endswith(".rs"):
+                continue
+            path = os.path.join(d, f)
+            src = module_of_file(os.path.relpath(path, SRC))
+            if src not in modules:
+                continue
+            with open(path) as fh:
+                text = code_only(fh.read())
+            for m in INLINE.finditer(text):
+                dst = module_of("rttscope" + m.group(1))
+                if dst is not None and dst != src:
+                    line = text.count("\n", 0, m.start()) + 1
+                    out.append((src, dst, f"{os.path.relpath(path, SRC)}:{line} names crate{m.group(1)}"))
+    return out
 
 
 # Lowest first. bpf: the C/Rust contract (generated types, constants);
@@ -118,7 +171,7 @@ LAYERS = [
     ["cmd"],
     ["cli", "fuzzing"],
 ]
-VIEW_FRAMEWORK = {"view", "passive", "loader", "fine", "names", "probe", "scope"}
+VIEW_FRAMEWORK = {"view", "passive", "loader", "fine", "names", "features", "scope", "def"}
 
 node_re = re.compile(r'^\s*"([^"]+)" \[label="([^|"]*)\|')
 edge_re = re.compile(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"')
@@ -209,6 +262,16 @@ def view_folder(module):
     return None
 
 
+inline_up = []
+for a, b, w in (inline_uses() if FROM_CARGO else []):
+    fa, fb = view_folder(a), view_folder(b)
+    ta, tb = top_of(a), top_of(b)
+    if fb is not None and ta == "views" and a != "rttscope::views" and fa != fb:
+        graph[a].add(b)  # a view naming another view: checked below as a use
+        why.setdefault((a, b), w)
+    elif ta in LAYER and tb in LAYER and ta != tb and LAYER[tb] >= LAYER[ta]:
+        inline_up.append(f"  {a} -> {b}   ({w})")
+
 arrows, unlayered, outside_uses = [], set(), {}
 for a in sorted(graph):
     for b in sorted(graph[a]):
@@ -245,6 +308,9 @@ for comp in sccs:
         for b in sorted(graph[a]):
             if b in comp:
                 print(f"  {a} -> {b}   ({why[(a, b)]})")
+if inline_up:
+    print(f"check-modules: {len(inline_up)} inline paths up the layers (not failed):")
+    print("\n".join(inline_up))
 print(f"check-modules: {len(outside_uses)} module uses of a view's folder from outside views (not failed):")
 for k in sorted(outside_uses):
     print(f"  {k}")

@@ -1,5 +1,5 @@
 //! An observing session: the views asked for, attached, in registry order
-//! (`views::ViewConfig`), each behind one interface (`views::view::View`);
+//! (`views::VIEWS`), each behind one interface (`views::view::View`);
 //! one read per interval (each flow's samples since the previous read,
 //! totals, counters); what disappears watched. It prints nothing:
 //! `cmd::observe` drives it and hands what it reads to the sinks (table,
@@ -14,14 +14,16 @@ use crate::analysis::hist::Hist;
 use crate::analysis::peers::{PeerFile, PeerNames};
 use crate::analysis::records::{self, EndFlow, Name};
 use crate::sys::cgroup::CgroupIndex;
-use crate::views::view::{ReadCtx, RunFlows, View, ViewRead};
-use crate::views::{LoaderKind, ViewConfig, ViewKind};
+use crate::views::view::{Attached, ReadCtx, RunFlows, View, ViewRead};
+use crate::views::{AttachOpts, LoaderKind, PassiveView, ViewConfig, ViewKind};
 
 pub use crate::analysis::records::{FlowRow, Interval, ViewStats};
 pub(crate) use crate::views::names::NsNames;
 pub use crate::views::view::{FlowDelta, FlowSink, SideTotals};
 
 mod raw;
+#[cfg(test)]
+mod tests;
 mod watch;
 pub use crate::views::{RawEvent, RawSample};
 
@@ -29,7 +31,7 @@ pub use crate::views::{RawEvent, RawSample};
 pub struct SessionConfig {
     pub loader: LoaderKind,
     /// The views asked for, with their settings (attached in this order).
-    pub views: Vec<ViewConfig>,
+    pub views: Vec<Box<dyn ViewConfig>>,
     /// Build per-flow rows (nothing prints them with --quiet).
     pub keep_rows: bool,
     /// `--label-workload`: name each flow's owner from its socket's cgroup.
@@ -83,6 +85,8 @@ pub struct IntervalRead {
 /// The attached views and what they share between reads.
 pub struct Session {
     views: Vec<Box<dyn View>>,
+    /// What each view attached, as it said once after attach (in the same order).
+    attached: Vec<Attached>,
     names: NsNames,
     keep_rows: bool,
     watch: watch::Watch,
@@ -106,17 +110,36 @@ impl Session {
     /// Load and attach the views asked for, in registry order.
     pub fn attach(cfg: SessionConfig) -> Result<Session> {
         let mut cfg = cfg.with_raw_views();
-        cfg.views.sort_by_key(|v| v.kind());
+        cfg.views.sort_by_key(|v| v.def().kind);
+        let how = AttachOpts {
+            loader: cfg.loader,
+            keep_rows: cfg.keep_rows,
+            keep_summary: cfg.keep_summary,
+            workloads: cfg.workloads,
+        };
         let mut views = Vec::new();
         for v in &cfg.views {
-            views.push(v.attach(cfg.loader, cfg.keep_rows, cfg.keep_summary, cfg.workloads)?);
+            views.push(v.attach(&how)?);
         }
+        Session::of_views(views, &cfg)
+    }
+
+    /// A session over views already attached, in registry order (`cfg.views` is not read).
+    pub(crate) fn of_views(mut views: Vec<Box<dyn View>>, cfg: &SessionConfig) -> Result<Session> {
         let raw = raw::RawStreams::open(
             cfg.raw_samples,
-            views.iter_mut().map(|v| v.passive_mut()).collect(),
+            views
+                .iter_mut()
+                .map(|v| v.as_mut() as &mut dyn PassiveView)
+                .collect(),
         )?;
+        let mut attached = views
+            .iter()
+            .map(|v| v.attached())
+            .collect::<Result<Vec<_>>>()?;
         let mut session = Session {
-            watch: watch::Watch::new(&views),
+            watch: watch::Watch::new(&mut attached),
+            attached,
             not_binned: vec![0; views.len()],
             before_window: vec![0; views.len()],
             window_mono_ns: 0,
@@ -140,14 +163,12 @@ impl Session {
         self.window_mono_ns = crate::sys::clock::mono_ns();
         let mut rows = BTreeMap::new();
         let mut before = Vec::new();
-        self.each_view(&mut rows, None, &mut |v, ctx| {
-            before.push(v.start_window(ctx)?);
+        self.each_view(&mut rows, None, true, &mut |v, ctx| {
+            // its handshakes before the window are left out too
+            before.push(v.read(ctx)?.samples());
             Ok(())
         })?;
         self.before_window = before;
-        for v in self.views.iter_mut() {
-            v.take_handshakes(); // before the window too
-        }
         Ok(())
     }
 
@@ -172,6 +193,11 @@ impl Session {
     /// The attached views, in registry order.
     pub fn views(&self) -> &[Box<dyn View>] {
         &self.views
+    }
+
+    /// What each attached view attached, in registry order.
+    pub fn attached(&self) -> &[Attached] {
+        &self.attached
     }
 
     /// An attached view by kind.
@@ -204,11 +230,6 @@ impl Session {
         self.views.iter_mut().flat_map(|v| v.notices()).collect()
     }
 
-    /// Every view's hooks as last checked.
-    fn hooks(&self) -> Vec<records::HookStatus> {
-        self.views.iter().flat_map(|v| v.hooks()).collect()
-    }
-
     /// Samples a view left out of its histograms since the last call (more
     /// flows with samples in one read than its fine-histogram pool and
     /// overflow ring hold: `samples_not_binned`), one notice per view.
@@ -216,7 +237,6 @@ impl Session {
         let mut out = Vec::new();
         for (i, v) in self.views.iter().enumerate() {
             let now = v
-                .passive()
                 .counters()
                 .ok()
                 .and_then(|c| c.get("samples_not_binned").copied())
@@ -234,11 +254,12 @@ impl Session {
     }
 
     /// Run `f` on each view in order with its read context (the views
-    /// before it to ask, the rows so far, the sink).
+    /// before it to ask, the rows so far, the sink; `window_start`: the window's start).
     fn each_view<'s>(
         &mut self,
         rows: &mut BTreeMap<Flow, FlowRow>,
         mut sink: Option<&mut (dyn FlowSink + 's)>,
+        window_start: bool,
         f: &mut dyn FnMut(&mut dyn View, &mut ReadCtx<'_, '_>) -> Result<()>,
     ) -> Result<()> {
         for i in 0..self.views.len() {
@@ -253,6 +274,7 @@ impl Session {
                 earlier,
                 watched: self.watch.counters(i),
                 raw_bad: self.raw.bad_records(kind),
+                window_start,
             };
             f(rest[0].as_mut(), &mut ctx)?;
         }
@@ -264,7 +286,7 @@ impl Session {
     /// for the report; fine-histogram pools folded in when half taken).
     pub fn between_reads<'s>(&mut self, sink: Option<&mut (dyn FlowSink + 's)>) -> Result<()> {
         let mut rows = BTreeMap::new();
-        self.each_view(&mut rows, sink, &mut |v, ctx| v.between_reads(ctx))
+        self.each_view(&mut rows, sink, false, &mut |v, ctx| v.between_reads(ctx))
     }
 
     /// One interval: read each view in order (each starts its next epoch).
@@ -274,7 +296,7 @@ impl Session {
     ) -> Result<IntervalRead> {
         let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
         let mut reads: Vec<(ViewKind, ViewRead)> = Vec::new();
-        self.each_view(&mut rows, sink, &mut |v, ctx| {
+        self.each_view(&mut rows, sink, false, &mut |v, ctx| {
             reads.push((v.kind(), v.read(ctx)?));
             Ok(())
         })?;
@@ -285,21 +307,18 @@ impl Session {
         }
         let (mut totals, mut counters, mut totals_hist) =
             (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        let mut handshakes = BTreeMap::new();
-        let mut hs_stats = BTreeMap::new();
-        for v in self.views.iter_mut() {
-            let hs = v.take_handshakes();
-            if hs.is_empty() {
-                continue;
-            }
-            let run = self.handshakes.entry(v.kind()).or_default();
-            for (side, h) in &hs {
-                run.entry(*side).or_default().merge(h);
-            }
-            hs_stats.insert(v.kind().as_str().into(), side_stats(&hs));
-            handshakes.insert(v.kind(), hs);
-        }
+        let (mut handshakes, mut hs_stats, mut hooks) =
+            (BTreeMap::new(), BTreeMap::new(), Vec::new());
         for (i, (kind, mut r)) in reads.into_iter().enumerate() {
+            hooks.append(&mut r.hooks);
+            if !r.handshakes.is_empty() {
+                let run = self.handshakes.entry(kind).or_default();
+                for (side, h) in &r.handshakes {
+                    run.entry(*side).or_default().merge(h);
+                }
+                hs_stats.insert(kind.as_str().into(), side_stats(&r.handshakes));
+                handshakes.insert(kind, r.handshakes);
+            }
             r.counters
                 .insert("samples_before_window", self.before_window[i]);
             counters.insert(kind.as_str().into(), records::names(r.counters));
@@ -315,7 +334,7 @@ impl Session {
                 flows: rows.into_values().collect(),
                 totals,
                 counters,
-                hooks: self.hooks(),
+                hooks,
                 handshakes: hs_stats,
             },
             totals_hist,
@@ -365,9 +384,12 @@ impl Session {
         let (mut totals, mut counters) = (BTreeMap::new(), BTreeMap::new());
         let mut rows = BTreeMap::new();
         let before = self.before_window.clone();
-        let mut i = 0;
-        self.each_view(&mut rows, None, &mut |v, ctx| {
+        let (mut i, mut hooks, mut last) = (0, Vec::new(), Vec::new());
+        self.each_view(&mut rows, None, false, &mut |v, ctx| {
             let mut r = v.summary(ctx, &mut flows)?;
+            hooks.append(&mut r.hooks);
+            // the last interval's handshakes not read yet
+            last.push((v.kind(), std::mem::take(&mut r.handshakes)));
             if !r.totals.is_empty() {
                 totals.insert(v.kind().as_str(), r.totals);
             }
@@ -383,10 +405,9 @@ impl Session {
             }
         }
         let (end_flows, rows): (Vec<EndFlow>, Vec<FlowRow>) = flows.into_values().unzip();
-        // the last interval's handshakes not read yet
-        for v in self.views.iter_mut() {
-            let run = self.handshakes.entry(v.kind()).or_default();
-            for (side, h) in v.take_handshakes() {
+        for (kind, hs) in last {
+            let run = self.handshakes.entry(kind).or_default();
+            for (side, h) in hs {
                 run.entry(side).or_default().merge(&h);
             }
         }
@@ -396,7 +417,7 @@ impl Session {
             rows,
             totals,
             counters,
-            hooks: self.hooks(),
+            hooks,
             handshakes: self.handshakes.clone(),
         })
     }

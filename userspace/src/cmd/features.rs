@@ -1,12 +1,12 @@
 //! `rttscope features`: what this kernel allows (the feature probes of
-//! `crate::views::probe`, run now) and what each view will do here, as
+//! `crate::views::features`, run now) and what each view will do here, as
 //! `bpftool feature probe` reports a kernel. Exits non-zero when `observe`
 //! could not load its views on this host.
 use std::io::Write;
 
 use anyhow::Result;
 
-use crate::views::probe::Features;
+use crate::views::features::Features;
 
 /// Print what this kernel allows and which path each view takes here.
 #[derive(Debug, clap::Args)]

@@ -9,7 +9,7 @@
 use anyhow::Result;
 
 use crate::analysis::flow::Side;
-use crate::views::view::View;
+use crate::views::view::{Ask, View};
 use crate::views::{PassiveView, RawSample, RawSamples, ViewKind};
 
 /// The raw-sample streams of the attached views, in attach order (none
@@ -88,7 +88,10 @@ pub(super) fn resolve_sides(views: &mut [Box<dyn View>], samples: &mut [RawSampl
             continue;
         };
         let (earlier, rest) = views.split_at_mut(i);
-        s.side = match earlier.iter().find_map(|v| v.side_of(&s.flow)) {
+        s.side = match earlier
+            .iter()
+            .find_map(|v| v.knows(Ask::Flow(&s.flow)).side)
+        {
             Some(known) => known,
             None => rest[0].resolve_side(&s.flow),
         };

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::sys::netns;
-use crate::views::view::{Counters, View, Watched};
+use crate::views::view::{Attached, Counters, Watched};
 
 #[derive(Default)]
 pub(super) struct Watch {
@@ -52,10 +52,10 @@ struct WatchedCgroup {
 
 impl Watch {
     /// What each view declared.
-    pub(super) fn new(views: &[Box<dyn View>]) -> Watch {
+    pub(super) fn new(views: &mut [Attached]) -> Watch {
         let mut w = Watch::default();
-        for (i, v) in views.iter().enumerate() {
-            let watched = v.watched();
+        for (i, v) in views.iter_mut().enumerate() {
+            let watched = std::mem::take(&mut v.watched);
             let mut counts = Counters::new();
             w.add(i, watched, &mut counts);
             w.counts.push(counts);

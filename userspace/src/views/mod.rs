@@ -1,5 +1,5 @@
 //! The passive views, one folder each (C side: `bpf/<view>.bpf.c`), behind
-//! one interface ([`passive`]), each loadable by two loaders:
+//! one interface ([`view::View`]), each loadable by two loaders:
 //!
 //! - libbpf (feature `libbpf`, the default): libbpf-rs over C libbpf, the
 //!   reference CO-RE loader;
@@ -8,25 +8,28 @@
 //! Both load the same compiled objects (`$OUT_DIR/<name>.bpf.o` from `bpf/`)
 //! through one loader layer ([`loader`]: one `Object` trait, a libbpf and an
 //! aya implementation), against which each view's attach and read logic is
-//! written once (`<view>/attach.rs`); both decode with the same generated
-//! types (`crate::bpf`). See docs/loaders.md for when to choose which. This
-//! module is the registry: a view is registered by its `pub mod` line, its
-//! `attach_*` function, and its options (a field of [`ViewArgs`], built into
-//! its config by [`ViewArgs::configs`]; its keys of observe's config file, a field of
-//! [`FileKeys`]; compare's: [`CompareViewArgs`]).
+//! written once (`<view>/attach.rs`). See docs/loaders.md for when to choose which. This
+//! module is the registry: a view is registered by its `pub mod` line and its descriptor's
+//! line in [`VIEWS`] (a [`ViewDef`], exported by its folder); a view with options of its own
+//! adds their clap `flatten` ([`ViewArgs`], [`CompareViewArgs`]; its keys of observe's config
+//! file, a field of [`FileKeys`]).
 use anyhow::Result;
 
+pub use def::{AttachOpts, ViewConfig, ViewDef};
 pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
 pub use scope::{OnTestbed, Scope};
 
 #[cfg(feature = "example-view")]
 pub mod count;
+pub mod def;
+#[cfg(test)]
+pub mod fake;
+pub mod features;
 pub mod fine;
 
 pub(crate) mod loader;
 pub mod names;
 pub mod passive;
-pub mod probe;
 pub mod sampler;
 pub mod scope;
 pub mod tcp;
@@ -35,65 +38,21 @@ pub mod view;
 #[cfg(not(any(feature = "libbpf", feature = "aya")))]
 compile_error!("build at least one BPF loader: feature `libbpf` (default) or `aya`");
 
-/// A view asked for, with its settings: the registry (one variant per view,
-/// in the order the session attaches and reads them).
-pub enum ViewConfig {
-    Tcp(tcp::TcpViewConfig),
-    Sampler(Vec<sampler::IfaceSpec>, sampler::SamplerConfig),
-    /// The example view (feature `example-view`).
+/// Every view, in the order the session attaches and reads them (and records list their
+/// columns: [`ViewKind::ALL`], the same views in the same order): the registry.
+pub const VIEWS: &[&ViewDef] = &[
+    &tcp::DEF,
+    &sampler::DEF,
     #[cfg(feature = "example-view")]
-    Count(count::CountConfig),
-}
+    &count::DEF,
+];
 
-impl ViewConfig {
-    /// Which view this is.
-    pub fn kind(&self) -> ViewKind {
-        match self {
-            ViewConfig::Tcp(_) => ViewKind::Tcp,
-            ViewConfig::Sampler(..) => ViewKind::Sampler,
-            #[cfg(feature = "example-view")]
-            ViewConfig::Count(_) => ViewKind::Count,
-        }
-    }
-
-    /// Load it with its raw-sample ring buffer on.
-    pub fn set_raw(&mut self) {
-        match self {
-            ViewConfig::Tcp(c) => c.raw = true,
-            ViewConfig::Sampler(_, c) => c.raw = true,
-            // none to turn on: its raw_samples() says so
-            #[cfg(feature = "example-view")]
-            ViewConfig::Count(_) => {}
-        }
-    }
-
-    /// Load and attach it with the chosen loader, to be read by the session
-    /// (`keep_rows`: build rows; `keep_summary`: keep closed flows for the
-    /// end summary; `workloads`: `--label-workload`).
-    pub fn attach(
-        &self,
-        loader: LoaderKind,
-        keep_rows: bool,
-        keep_summary: bool,
-        workloads: bool,
-    ) -> Result<Box<dyn view::View>> {
-        Ok(match self {
-            ViewConfig::Tcp(c) => Box::new(tcp::track::TcpSession::new(
-                attach_tcp(loader, c)?,
-                c,
-                keep_rows,
-                keep_summary,
-            )),
-            ViewConfig::Sampler(ifaces, c) => {
-                crate::sys::preflight::require_bpf_caps()?;
-                c.validate()?;
-                let v = attach_sampler(loader, ifaces, c.clone())?;
-                Box::new(sampler::track::SamplerSession::new(v, workloads))
-            }
-            #[cfg(feature = "example-view")]
-            ViewConfig::Count(c) => attach_count(loader, c)?,
-        })
-    }
+/// A view's entry in the registry.
+pub fn def(kind: ViewKind) -> &'static ViewDef {
+    VIEWS
+        .iter()
+        .find(|d| d.kind == kind)
+        .expect("every ViewKind is in VIEWS")
 }
 
 /// Each view's own options of `rttscope observe` (declared in its folder,
@@ -117,8 +76,13 @@ impl ViewArgs {
         self.tcp.record(settings);
     }
 
+    /// Every view's own options (each view's [`ViewDef`] finds its own: [`def::own`]).
+    fn own(&self) -> [&dyn std::any::Any; 2] {
+        [&self.tcp, &self.sampler]
+    }
+
     /// The views asked for: `--view` (repeats next to each other dropped), or
-    /// by default the TCP view, plus each view whose own options ask for it.
+    /// by default each view that runs by default or whose own options ask for it.
     pub fn kinds(&self) -> Vec<ViewKind> {
         match &self.view {
             Some(v) => {
@@ -126,8 +90,11 @@ impl ViewArgs {
                 v.dedup();
                 v
             }
-            None if !self.sampler.given() => vec![ViewKind::Tcp],
-            None => vec![ViewKind::Tcp, ViewKind::Sampler],
+            None => VIEWS
+                .iter()
+                .filter(|d| (d.by_default)(&self.own()))
+                .map(|d| d.kind)
+                .collect(),
         }
     }
 
@@ -138,22 +105,16 @@ impl ViewArgs {
 
     /// The configs of the views asked for, in registry order, from their own
     /// options and observe's shared ones.
-    pub fn configs(&self, kinds: &[ViewKind], scope: &Scope<'_>) -> Result<Vec<ViewConfig>> {
-        let mut configs = Vec::new();
-        for kind in ViewKind::ALL.iter().filter(|k| kinds.contains(k)) {
-            configs.push(match kind {
-                ViewKind::Tcp => ViewConfig::Tcp(self.tcp.config(scope)?),
-                ViewKind::Sampler => {
-                    ViewConfig::Sampler(self.sampler.ifaces.clone(), self.sampler.config(scope))
-                }
-                // the example view (tests: docs/views.md) takes observe's --cgroup
-                #[cfg(feature = "example-view")]
-                ViewKind::Count => ViewConfig::Count(count::CountConfig {
-                    cgroup: scope.cgroup.map(|c| c.to_path_buf()),
-                }),
-            });
-        }
-        Ok(configs)
+    pub fn configs(
+        &self,
+        kinds: &[ViewKind],
+        scope: &Scope<'_>,
+    ) -> Result<Vec<Box<dyn ViewConfig>>> {
+        VIEWS
+            .iter()
+            .filter(|d| kinds.contains(&d.kind))
+            .map(|d| (d.observe)(&self.own(), scope))
+            .collect()
     }
 
     /// The clap ids of the options observe's config file sets here ([`Self::merge_file`]):
@@ -239,41 +200,28 @@ pub struct CompareViewArgs {
 impl CompareViewArgs {
     /// The views compare attaches, in registry order, each configured by its folder around the
     /// responder's `port` (a view whose options ask for none is left out).
-    pub fn configs(&self, port: u16) -> Result<Vec<ViewConfig>> {
-        let mut configs = Vec::new();
-        for kind in ViewKind::ALL {
-            configs.extend(match kind {
-                ViewKind::Tcp => Some(ViewConfig::Tcp(tcp::options::compare_config(port)?)),
-                ViewKind::Sampler => (self.sampler.config())
-                    .map(|c| ViewConfig::Sampler(self.sampler.ifaces.clone(), c)),
-                // the example view: not in compare
-                #[cfg(feature = "example-view")]
-                ViewKind::Count => None,
-            });
-        }
-        Ok(configs)
+    pub fn configs(&self, port: u16) -> Result<Vec<Box<dyn ViewConfig>>> {
+        let own: [&dyn std::any::Any; 1] = [&self.sampler];
+        VIEWS
+            .iter()
+            .filter_map(|d| (d.compare)(&own, port).transpose())
+            .collect()
     }
 }
 
 /// What each view will do on a kernel with these features (`rttscope features`), in registry
 /// order.
-pub fn plans(f: &probe::Features) -> Vec<probe::ViewPlan> {
-    ViewKind::ALL
-        .iter()
-        .map(|kind| match kind {
-            ViewKind::Tcp => tcp::plan::plan(f),
-            ViewKind::Sampler => sampler::plan::plan(f),
-            // the example view: no kernel path to choose (cgroup_skb since 4.10)
-            #[cfg(feature = "example-view")]
-            ViewKind::Count => probe::ViewPlan::default(),
-        })
-        .collect()
+pub fn plans(f: &features::Features) -> Vec<features::ViewPlan> {
+    VIEWS.iter().map(|d| (d.plan)(f)).collect()
 }
 
 /// `rttscope features --iface IF`: what runs on each of the interface's tc hooks, in order, and
 /// whether a view hooked there (the packet sampler) would see the packets: the report's lines
 /// and its JSON.
-pub fn iface_hooks(iface: &str, f: &probe::Features) -> Result<(Vec<String>, serde_json::Value)> {
+pub fn iface_hooks(
+    iface: &str,
+    f: &features::Features,
+) -> Result<(Vec<String>, serde_json::Value)> {
     let spec: sampler::IfaceSpec = iface.parse().map_err(anyhow::Error::msg)?;
     let hooks = sampler::chain::report(&spec, f.tcx.ok)?;
     let lines = sampler::chain::report_lines(iface, &hooks);
@@ -283,40 +231,20 @@ pub fn iface_hooks(iface: &str, f: &probe::Features) -> Result<(Vec<String>, ser
 /// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say
 /// nothing).
 pub fn not_requested(kind: ViewKind) -> Option<&'static str> {
-    match kind {
-        ViewKind::Tcp => Some("unavailable: tcp view: not requested (--view)"),
-        ViewKind::Sampler => {
-            Some("unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)")
-        }
-        #[cfg(feature = "example-view")]
-        ViewKind::Count => None,
-    }
+    def(kind).not_requested
 }
 
 /// A view's options of observe on a testbed ([`OnTestbed`]): `netns` the client's and the
 /// server's namespace, `iface` the interface of each, `sample_every` the sampling rate of a
-/// view that samples packets. Each view's folder says its own (`options.rs`).
+/// view that samples packets. Each view's folder says its own.
 pub fn on_testbed(kind: ViewKind, netns: [&str; 2], iface: &str, sample_every: u32) -> OnTestbed {
-    match kind {
-        ViewKind::Tcp => tcp::options::on_testbed(),
-        ViewKind::Sampler => sampler::options::on_testbed(netns, iface, sample_every),
-        #[cfg(feature = "example-view")]
-        ViewKind::Count => OnTestbed::default(),
-    }
+    (def(kind).on_testbed)(netns, iface, sample_every)
 }
 
 /// A view on the testbed of [`on_testbed`] in words: its hooks there (the lab's result.json) and
 /// what its columns hold (the legend of the lab's SUMMARY.md).
 pub fn testbed_words(kind: ViewKind, iface: &str, sample_every: u32) -> (String, String) {
-    match kind {
-        ViewKind::Tcp => tcp::options::testbed_words(),
-        ViewKind::Sampler => sampler::options::testbed_words(iface, sample_every),
-        #[cfg(feature = "example-view")]
-        ViewKind::Count => (
-            "cgroup_skb ingress+egress".into(),
-            "packets and bytes in and out of a cgroup".into(),
-        ),
-    }
+    (def(kind).testbed_words)(iface, sample_every)
 }
 
 /// The type of a view's value in observe's start record (docs/observe-record.schema.json), for a
@@ -325,12 +253,7 @@ pub fn start_schema(
     kind: ViewKind,
     gen: &mut schemars::SchemaGenerator,
 ) -> Option<schemars::Schema> {
-    match kind {
-        ViewKind::Tcp => None,
-        ViewKind::Sampler => Some(sampler::track::start_schema(gen)),
-        #[cfg(feature = "example-view")]
-        ViewKind::Count => None,
-    }
+    def(kind).start_schema.map(|s| s(gen))
 }
 
 /// The views observe's config file may name (`views = [...]`).
@@ -365,43 +288,6 @@ pub fn check_file_keys(
     sampler::options::parse_file_ifaces(&keys.sampler)
 }
 
-/// Load and attach the TCP view with the chosen loader. Fails with one
-/// clear sentence (also when that loader is not built into this binary).
-pub fn attach_tcp(kind: LoaderKind, cfg: &tcp::TcpViewConfig) -> Result<Box<dyn tcp::TcpView>> {
-    if !kind.built_in() {
-        return Err(passive::not_built(kind));
-    }
-    Ok(Box::new(tcp::attach::Tcp::attach(kind, cfg)?))
-}
-
-/// Load one copy of the sampler's programs per interface with the chosen
-/// loader and attach them at ingress and egress (the build without BPF
-/// atomics where the kernel refuses them). Fails with one clear sentence
-/// (also when that loader is not built into this binary).
-pub fn attach_sampler(
-    kind: LoaderKind,
-    ifaces: &[sampler::IfaceSpec],
-    cfg: sampler::SamplerConfig,
-) -> Result<Box<dyn sampler::SamplerView>> {
-    if !kind.built_in() {
-        return Err(passive::not_built(kind));
-    }
-    Ok(Box::new(sampler::attach::Sampler::attach(
-        kind, ifaces, cfg,
-    )?))
-}
-
-/// Load and attach the example view (feature `example-view`) with the chosen
-/// loader. Fails with one clear sentence (also when that loader is not built
-/// into this binary).
-#[cfg(feature = "example-view")]
-pub fn attach_count(kind: LoaderKind, cfg: &count::CountConfig) -> Result<Box<dyn view::View>> {
-    if !kind.built_in() {
-        return Err(passive::not_built(kind));
-    }
-    Ok(Box::new(count::Count::attach(kind, cfg)?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,12 +319,10 @@ mod tests {
             "tsval",
         ]);
         assert_eq!(
-            got.iter().map(|c| c.kind()).collect::<Vec<_>>(),
+            got.iter().map(|c| c.def().kind).collect::<Vec<_>>(),
             [ViewKind::Tcp, ViewKind::Sampler]
         );
-        let ViewConfig::Tcp(t) = &got[0] else {
-            panic!("not the TCP view first")
-        };
+        let t: &tcp::TcpViewConfig = got[0].as_any().downcast_ref().unwrap();
         assert_eq!(
             (t.ports.as_slice(), t.raw, t.max_flows, t.all_netns),
             (&[7879][..], true, 4096, false)
@@ -448,10 +332,10 @@ mod tests {
             [own]
         );
         assert!(t.cgroup.is_none() && t.netns_filter.is_empty() && t.cidrs.is_empty());
-        let ViewConfig::Sampler(ifaces, c) = &got[1] else {
-            panic!("not the sampler second")
-        };
-        let names: Vec<_> = ifaces
+        let s: &sampler::SamplerSetup = got[1].as_any().downcast_ref().unwrap();
+        let c = &s.config;
+        let names: Vec<_> = s
+            .ifaces
             .iter()
             .map(|i| (i.netns.as_deref(), i.name.as_str()))
             .collect();
@@ -467,35 +351,43 @@ mod tests {
         );
         let got = configs(&["--sample-every", "4"]);
         assert_eq!(
-            got.iter().map(|c| c.kind()).collect::<Vec<_>>(),
+            got.iter().map(|c| c.def().kind).collect::<Vec<_>>(),
             [ViewKind::Tcp]
         );
     }
 
+    /// The registry lists every view once, in the order records list their columns.
     #[test]
-    fn missing_loader_is_one_sentence() {
-        for k in [LoaderKind::Libbpf, LoaderKind::Aya] {
-            if k.built_in() {
-                continue;
-            }
-            let e = attach_tcp(k, &tcp::TcpViewConfig::default()).err().unwrap();
-            let s = e.to_string();
-            assert!(s.contains("built without the"), "{s}");
-            assert!(!s.contains('\n'), "{s}");
-        }
+    fn registry_is_every_view_in_order() {
+        let kinds: Vec<ViewKind> = VIEWS.iter().map(|d| d.kind).collect();
+        assert_eq!(kinds, ViewKind::ALL);
     }
 
+    /// Each view's attach, with a loader this binary was built without, fails with one sentence.
     #[test]
-    fn missing_sampler_loader_is_one_sentence() {
-        for k in [LoaderKind::Libbpf, LoaderKind::Aya] {
-            if k.built_in() {
+    fn missing_loader_is_one_sentence() {
+        let configs: Vec<Box<dyn ViewConfig>> = vec![
+            Box::new(tcp::TcpViewConfig::default()),
+            Box::new(sampler::SamplerSetup {
+                ifaces: vec![],
+                config: sampler::SamplerConfig::default(),
+            }),
+        ];
+        for loader in [LoaderKind::Libbpf, LoaderKind::Aya] {
+            if loader.built_in() {
                 continue;
             }
-            let e = attach_sampler(k, &[], sampler::SamplerConfig::default())
-                .err()
-                .unwrap();
-            let s = e.to_string();
-            assert!(s.contains("built without the"), "{s}");
+            let how = AttachOpts {
+                loader,
+                keep_rows: false,
+                keep_summary: false,
+                workloads: false,
+            };
+            for c in &configs {
+                let s = c.attach(&how).err().unwrap().to_string();
+                assert!(s.contains("built without the"), "{s}");
+                assert!(!s.contains('\n'), "{s}");
+            }
         }
     }
 }

@@ -72,12 +72,11 @@ pub fn not_built(kind: LoaderKind) -> anyhow::Error {
     )
 }
 
-/// What every loaded and attached passive view provides. The per-view
-/// traits ([`crate::views::tcp::TcpView`], [`crate::views::sampler::SamplerView`])
-/// add how their flows are read.
+/// What every loaded and attached passive view provides (each view's own type adds how its
+/// flows are read).
 pub trait PassiveView {
     /// Which view this is.
-    fn view(&self) -> ViewKind;
+    fn kind(&self) -> ViewKind;
     /// Which loader loaded it.
     fn loader(&self) -> LoaderKind;
     /// Kernel IDs of the loaded programs (bpftool prog show id N), by name.

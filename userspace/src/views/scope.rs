@@ -29,3 +29,16 @@ pub struct OnTestbed {
     /// (1 in `sample_every` per direction).
     pub rate: Vec<String>,
 }
+
+/// The most flows `--max-flows` may ask of a view's table.
+pub const MAX_FLOWS: u32 = 1 << 24;
+
+/// The bound on `--max-flows` every view applies: at least 1, at most [`MAX_FLOWS`] (the
+/// sampler's table takes 5.25 KiB per flow; the TCP view's maps grow with it too, and a size the
+/// kernel cannot allocate failed as ENOMEM at load time).
+pub fn check_max_flows(n: u32) -> anyhow::Result<()> {
+    if n == 0 || n > MAX_FLOWS {
+        anyhow::bail!("--max-flows must be between 1 and {MAX_FLOWS}, not {n} (the flow tables take up to 5.3 KiB per flow)");
+    }
+    Ok(())
+}

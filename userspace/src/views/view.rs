@@ -4,7 +4,8 @@
 //! stopped by being dropped (its links and programs go with it). A view
 //! knows its own flows; what one view learns that a later one can use (the
 //! side TCP found for a 4-tuple, the owner of its socket) it answers through
-//! [`View::side_of`] and [`View::owner_of`], asked through [`ReadCtx`].
+//! [`View::knows`], asked through [`ReadCtx`]. What it attached it says once ([`Attached`]),
+//! and the sinks render that.
 //!
 //! Nothing here names a view: the session holds a list of `Box<dyn View>`
 //! in registry order, and rows, sinks and records take any view by its kind.
@@ -16,7 +17,7 @@ use anyhow::Result;
 
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
-use crate::analysis::records::{EndFlow, FlowRow, Name};
+use crate::analysis::records::{EndFlow, FlowRow};
 use crate::analysis::workload::Workload;
 use crate::sys::cgroup::CgroupIndex;
 use crate::views::{PassiveView, ViewKind};
@@ -72,6 +73,12 @@ pub struct ReadCtx<'a, 's> {
     /// Records of this view's raw-sample stream it could not decode (only
     /// when raw samples were asked for).
     pub raw_bad: Option<u64>,
+    /// This read is the start of every view's first window (issue 45), once, when the last view
+    /// is attached: the session leaves what it returns out of the intervals (counted in
+    /// `samples_before_window`), and a view that keeps a whole run of its own leaves it out of
+    /// that too (a view that does nothing about it: its samples are left out of the intervals
+    /// only).
+    pub window_start: bool,
 }
 
 impl ReadCtx<'_, '_> {
@@ -79,13 +86,20 @@ impl ReadCtx<'_, '_> {
     pub fn side_of(&self, flow: &Flow) -> Side {
         self.earlier
             .iter()
-            .find_map(|v| v.side_of(flow))
+            .find_map(|v| v.knows(Ask::Flow(flow)).side)
             .unwrap_or(Side::Unknown)
     }
 
     /// The owner the views read before this one found for a flow (this read).
     pub fn owner_of(&self, flow: &Flow) -> Option<Arc<Workload>> {
-        self.earlier.iter().find_map(|v| v.owner_of(flow))
+        self.earlier
+            .iter()
+            .find_map(|v| v.knows(Ask::Flow(flow)).owner)
+    }
+
+    /// The flows the views read before this one know, by their ends ([`Ask::Ends`]).
+    pub fn flows_by_ends(&self) -> impl Iterator<Item = ((SocketAddr, SocketAddr), Flow)> + '_ {
+        self.earlier.iter().flat_map(|v| v.knows(Ask::Ends).by_ends)
     }
 
     /// A flow's row for this read, made with its 4-tuple, namespace name and side when this view
@@ -149,10 +163,23 @@ impl ReadCtx<'_, '_> {
     }
 }
 
-/// A view's part of one read: its totals by side and its counters.
+/// A view's part of one read: its totals by side, its counters, its hooks on interfaces as
+/// last checked (packets seen against the interface's own, what runs ahead, blind or not), and
+/// the handshake RTTs of the connections it saw established since the previous read, by side
+/// (the TCP view's; the summary's: those no read took yet).
+#[derive(Default)]
 pub struct ViewRead {
     pub totals: SideTotals,
     pub counters: Counters,
+    pub hooks: Vec<crate::analysis::records::HookStatus>,
+    pub handshakes: SideTotals,
+}
+
+impl ViewRead {
+    /// Its samples on every side.
+    pub fn samples(&self) -> u64 {
+        self.totals.values().map(|h| h.count()).sum()
+    }
 }
 
 /// The whole run's flows, as the `end` record's entries and the closing table's rows.
@@ -198,45 +225,98 @@ pub struct SeriesOf {
     pub settings: serde_json::Value,
 }
 
-/// A view of a session by its type, for the code of its own folder (`views::tcp::track::of`).
-pub fn find<T: 'static>(views: &[Box<dyn View>]) -> Option<&T> {
-    views.iter().find_map(|v| v.as_any().downcast_ref::<T>())
+/// What a view attached, as it says it once after attach: what the sinks render (the table's
+/// header, notes and closing line, daemon mode's log, observe's start record and result, compare's
+/// rows, title and footer) and what the session watches. Nothing in it is asked again.
+pub struct Attached {
+    /// Which view.
+    pub kind: ViewKind,
+    /// How it is hooked in and its settings, in a few words (the table's header, after
+    /// `| view <name>: `).
+    pub hooks: String,
+    /// Its settings and what it attached, as its own typed structs serialize them (observe's
+    /// result `settings.hooks.<view>`, compare's `settings`).
+    pub settings: serde_json::Value,
+    /// Its value in observe's start record, under its name, for a view whose registry entry says
+    /// what that key holds ([`crate::analysis::view_kind::ViewInfo::start_about`]; None: null).
+    pub start: Option<serde_json::Value>,
+    /// Notes for the table, under the header line (what it will and will not see).
+    pub notes: Vec<String>,
+    /// Daemon mode's log lines at the start: what it attached, or why a part is unavailable.
+    pub log: Vec<String>,
+    /// The kernel hook its samples come from, when it chose one at attach (compare's footer).
+    pub hook: Option<String>,
+    /// A few words on how it samples (compare's title).
+    pub brief: Option<String>,
+    /// The series a report shows of its raw samples (compare's rows), in order: one per side it
+    /// reports; the first is shown even when it holds no sample, the others only when they do.
+    pub series: Vec<SeriesOf>,
+    /// What the session watches for it.
+    pub watched: Watched,
+    /// Its part of the table's closing line (after `| <name>: `), from its counters.
+    pub closing: fn(&Counters) -> String,
 }
 
-/// What the session reads from every view, whichever it is.
-pub trait View {
-    /// Which view this is.
-    fn kind(&self) -> ViewKind;
-    /// The loaded programs, counters and raw-sample stream.
-    fn passive(&self) -> &dyn PassiveView;
-    fn passive_mut(&mut self) -> &mut dyn PassiveView;
-    /// The view itself, for the code of its own folder ([`crate::views::tcp::of`]).
-    fn as_any(&self) -> &dyn std::any::Any;
-    /// What the session should watch for this view (default: nothing).
-    fn watched(&self) -> Watched {
-        Watched::default()
+impl Attached {
+    /// A view's hooks, settings and closing line; nothing else to say or watch.
+    pub fn new(
+        kind: ViewKind,
+        hooks: String,
+        settings: serde_json::Value,
+        closing: fn(&Counters) -> String,
+    ) -> Attached {
+        Attached {
+            kind,
+            hooks,
+            settings,
+            start: None,
+            notes: Vec::new(),
+            log: Vec::new(),
+            hook: None,
+            brief: None,
+            series: Vec::new(),
+            watched: Watched::default(),
+            closing,
+        }
     }
+}
+
+/// What a view read after another asks it ([`View::knows`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Ask<'a> {
+    /// One flow: its side and its owner in this read ([`Known::side`], [`Known::owner`]).
+    Flow(&'a Flow),
+    /// Every flow it knows by its ends (local, remote), in any namespace ([`Known::by_ends`]): a
+    /// tunnelled sampler flow, seen in the underlay's namespace, joins its socket's row by them
+    /// (`views::sampler::join`). Asked at most once per read, only when such a flow has samples.
+    Ends,
+}
+
+/// What a view found, for the views read after it.
+#[derive(Default)]
+pub struct Known {
+    /// [`Ask::Flow`]: the side of the connection the flow is on.
+    pub side: Option<Side>,
+    /// [`Ask::Flow`]: its owner in this read (`--label-workload`).
+    pub owner: Option<Arc<Workload>>,
+    /// [`Ask::Ends`]: its flows by their ends (local, remote).
+    pub by_ends: Vec<((SocketAddr, SocketAddr), Flow)>,
+}
+
+/// What the session reads from every view, whichever it is: its programs, counters and raw
+/// samples ([`PassiveView`]), and these.
+pub trait View: PassiveView {
+    /// What it attached, said once, right after attach.
+    fn attached(&self) -> Result<Attached>;
     /// Between reports (several times per interval): keep up with a busy
     /// kernel side (drain pools, free closed flows' slots early).
     fn between_reads(&mut self, _ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
         Ok(())
     }
     /// One interval: each flow's samples since the previous read into its
-    /// row and the sink; the view's totals by side and counters.
+    /// row and the sink; the view's totals by side, counters, hooks and handshakes. Once before
+    /// the first interval the read is the window's start ([`ReadCtx::window_start`]).
     fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead>;
-    /// Once, when the last view is attached: the start of every view's first window (issue 45).
-    /// Reads what the view holds so far and leaves it out of the intervals and of the whole run;
-    /// returns how many samples that was (`samples_before_window`). Default: one read, discarded
-    /// (its samples are then left out of the intervals only).
-    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
-        let r = self.read(ctx)?;
-        Ok(r.totals.values().map(|h| h.count()).sum())
-    }
-    /// The handshake RTTs of the connections it saw established since the last call, by side
-    /// (the TCP view's; default: none).
-    fn take_handshakes(&mut self) -> SideTotals {
-        SideTotals::new()
-    }
     /// The whole run: each flow the view holds (and held) into `flows`.
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead>;
     /// Notices for the user since the last call (one line each); asked once per interval,
@@ -244,77 +324,19 @@ pub trait View {
     fn notices(&mut self) -> Vec<String> {
         Vec::new()
     }
-    /// Its hooks on interfaces as last checked (packets seen against the interface's own, what
-    /// runs ahead, blind or not; default: none).
-    fn hooks(&self) -> Vec<crate::analysis::records::HookStatus> {
-        Vec::new()
-    }
-    /// The side this view found for a flow, if any (asked by later views).
-    fn side_of(&self, _flow: &Flow) -> Option<Side> {
-        None
+    /// What this view found of a flow (its side, its owner in this read), or of every flow by its
+    /// ends ([`Ask`]; asked by later views).
+    fn knows(&self, _ask: Ask<'_>) -> Known {
+        Known::default()
     }
     /// A last resort for the side of one of this view's flows that no view
     /// found (the sampler: the socket table of the interface's namespace).
     fn resolve_side(&mut self, _flow: &Flow) -> Side {
         Side::Unknown
     }
-    /// The owner this view found for a flow in this read (`--label-workload`).
-    fn owner_of(&self, _flow: &Flow) -> Option<Arc<Workload>> {
-        None
-    }
-    /// The flows this view knows by their ends (local, remote), in any namespace: a tunnelled
-    /// sampler flow, seen in the underlay's namespace, joins its socket's row by them
-    /// (`views::sampler::join`). Asked at most once per read, only when such a flow has samples.
-    fn flows_by_ends(&self) -> Vec<((SocketAddr, SocketAddr), Flow)> {
-        Vec::new()
-    }
-    /// The view's settings and what it attached, for the `start` record
-    /// (`settings.<view>`) and the result file.
-    fn settings(&self) -> serde_json::Value;
-    /// Its part of the table's header line (after `| view <name>: `): how
-    /// it is hooked in and its settings.
-    fn header(&self) -> String;
-    /// The table's lines under the header line before the first interval
-    /// (what the view will and will not see; default: none).
-    fn start_lines(&self) -> Vec<String> {
-        Vec::new()
-    }
-    /// Its value in observe's start record, under its name, for a view whose registry entry says
-    /// what that key holds ([`crate::analysis::view_kind::ViewInfo::start_about`]; default: none,
-    /// and the key is written null).
-    fn start_value(&self) -> Result<Option<serde_json::Value>> {
-        Ok(None)
-    }
-    /// Daemon mode's log lines at the start: what the view attached, or why a
-    /// part of it is unavailable (default: none).
-    fn attach_lines(&self) -> Vec<String> {
-        Vec::new()
-    }
-    /// Its part of the table's closing line (after `| <name>: `): its main
-    /// counters of the whole run, from `counters` (its own).
-    fn closing(&self, counters: &Counters) -> String;
-    /// The series a report shows of this view's raw samples (compare's rows), in order: one
-    /// per side it reports; the first is shown even when it holds no sample, the others only
-    /// when they do (default: none).
-    fn series(&self) -> Vec<SeriesOf> {
-        Vec::new()
-    }
-    /// A few words on how the view samples, for a report's title (compare's; default: none).
-    fn brief(&self) -> Option<String> {
-        None
-    }
     /// The retransmissions the view counted on the flows `keep` accepts, when it sees the
     /// socket's own count (default: 0, it does not).
     fn retransmissions(&self, _keep: &dyn Fn(&Flow) -> bool) -> Result<u64> {
         Ok(0)
-    }
-    /// The kernel hook its samples come from, when the view chose one at attach (compare's
-    /// footer; default: none).
-    fn hook(&self) -> Option<String> {
-        None
-    }
-    /// The view's statistics column name in rows and records (its kind's name).
-    fn name(&self) -> Name {
-        Name::from(self.kind().as_str())
     }
 }

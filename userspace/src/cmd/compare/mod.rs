@@ -144,9 +144,9 @@ async fn compare(args: CompareArgs) -> Result<()> {
         others: sides.others,
         retrans: sides.retrans,
         hook: session
-            .views()
+            .attached()
             .iter()
-            .find_map(|v| v.hook())
+            .find_map(|a| a.hook.clone())
             .unwrap_or_default(),
         loader: args.loader,
     };
@@ -242,10 +242,10 @@ fn settings_json(
         settings[view_key] = serde_json::Value::Null;
         settings[counters_key] = serde_json::Value::Null;
     }
-    for v in session.views() {
-        if let Some((view_key, counters_key)) = keys(v.kind()) {
-            settings[view_key] = v.settings();
-            settings[counters_key] = serde_json::to_value(v.passive().counters()?)?;
+    for (v, a) in session.views().iter().zip(session.attached()) {
+        if let Some((view_key, counters_key)) = keys(a.kind) {
+            settings[view_key] = a.settings.clone();
+            settings[counters_key] = serde_json::to_value(v.counters()?)?;
         }
     }
     Ok(settings)
@@ -255,9 +255,9 @@ fn settings_json(
 fn title(args: &CompareArgs, session: &Session) -> String {
     // how each view samples, when it says (the sampler: ", sampler 1/4 seq")
     let briefs: String = session
-        .views()
+        .attached()
         .iter()
-        .filter_map(|v| v.brief())
+        .filter_map(|a| a.brief.as_ref())
         .map(|b| format!(", {b}"))
         .collect();
     format!(

@@ -74,15 +74,15 @@ impl Report {
         sides: &Sides,
     ) -> Option<CloudEvidence> {
         let mut evidence = None;
-        for v in session.views() {
-            let kind = ViewKind::Passive(v.kind());
-            for (i, s) in v.series().into_iter().enumerate() {
-                let samples = sides.of(v.kind(), s.side);
+        for v in session.attached() {
+            let kind = ViewKind::Passive(v.kind);
+            for (i, s) in v.series.iter().cloned().enumerate() {
+                let samples = sides.of(v.kind, s.side);
                 if i > 0 && samples.is_empty() {
                     continue;
                 }
                 self.add_series(
-                    &format!("{} {}", v.kind().as_str(), s.label),
+                    &format!("{} {}", v.kind.as_str(), s.label),
                     kind,
                     Some(s.side.as_str()),
                     s.what,
@@ -90,12 +90,12 @@ impl Report {
                     s.settings,
                 );
             }
-            if v.kind().cloud_metric() {
+            if v.kind.cloud_metric() {
                 let all: Series = [Side::Client, Side::Server]
                     .iter()
-                    .flat_map(|&side| sides.of(v.kind(), side).iter().copied())
+                    .flat_map(|&side| sides.of(v.kind, side).iter().copied())
                     .collect();
-                let (row, e) = cloud_row(v.kind().as_str(), layout, &all);
+                let (row, e) = cloud_row(v.kind.as_str(), layout, &all);
                 self.rows.push(row);
                 evidence = evidence.or(e);
             }

@@ -206,7 +206,7 @@ async fn observe(args: ObserveArgs) -> Result<()> {
             otlp,
             config::label_policy(&args)?,
             args.bpf_stats,
-            session.views(),
+            &session,
             peers,
         )?)
     } else {
@@ -371,7 +371,13 @@ impl<'a> Report<'a> {
         ))
     }
 
-    fn interval(&mut self, session: &mut Session, mut daemon: Option<&mut Daemon>) -> Result<()> {
+    /// One interval: read the session, feed the daemon and the cloud buckets, print; returns
+    /// the interval's record.
+    fn interval(
+        &mut self,
+        session: &mut Session,
+        mut daemon: Option<&mut Daemon>,
+    ) -> Result<crate::session::Interval> {
         // an observed namespace or interface that disappeared: said once
         // (stderr, every mode), counted, and the rest goes on.
         for n in session.check_vanished() {
@@ -409,7 +415,7 @@ impl<'a> Report<'a> {
         } else if !self.args.quiet {
             output::print_interval(self.args, &self.header, self.view_names, &iv, &cloud_lines)?;
         }
-        Ok(())
+        Ok(iv)
     }
 }
 
@@ -457,6 +463,46 @@ mod tests {
         assert_eq!(a.duration, Some(Duration::from_secs(3)));
         assert_eq!(a.format, Format::Json);
         assert!(a.raw);
+    }
+
+    /// The report loop's interval against fake views (no root): each interval reads the
+    /// session once, in registry order, and feeds each view's samples to its cloud buckets.
+    #[test]
+    fn an_interval_reads_the_session_into_the_report() {
+        use crate::analysis::flow::Side;
+        use crate::views::fake::FakeView;
+        let Ok(crate::cli::Cli {
+            command: crate::cli::Command::Observe(args),
+            ..
+        }) = Cli::try_parse_from(["rttscope", "observe", "--cloud-buckets", "--quiet"])
+        else {
+            panic!("observe's options refused")
+        };
+        let (a, b) = (FakeView::flow(1000), FakeView::flow(2000));
+        let steps = vec![
+            vec![(a, Side::Client, vec![1000, 3000])],
+            vec![(a, Side::Client, vec![2000]), (b, Side::Server, vec![500])],
+        ];
+        let mut tcp = FakeView::new(ViewKind::Tcp, steps);
+        tcp.before = vec![(a, Side::Client, vec![9000; 3])]; // before the window: left out
+        let views: Vec<Box<dyn crate::views::view::View>> = vec![
+            Box::new(tcp),
+            Box::new(FakeView::new(ViewKind::Sampler, vec![])),
+        ];
+        let mut session = Session::of_views(views, &session_config(&args, &[]).unwrap()).unwrap();
+        let names = ["tcp", "sampler"];
+        let mut report = Report::new(&args, "header", &names);
+        let first = report.interval(&mut session, None).unwrap();
+        assert_eq!(first.flows.len(), 0, "--quiet keeps no rows");
+        assert_eq!(first.totals["tcp"]["client"].summary.n, 2);
+        // the window's start, then this interval
+        assert_eq!(first.counters["sampler"]["reads"], 2);
+        assert_eq!(first.counters["tcp"]["samples_before_window"], 3);
+        let second = report.interval(&mut session, None).unwrap();
+        assert_eq!(second.totals["tcp"]["server"].summary.n, 1);
+        assert!(second.interval_s >= 0.0 && second.t >= first.t);
+        let count = |v: &str| report.cloud[v].point(0.0, false).count;
+        assert_eq!((count("tcp"), count("sampler")), (4, 0));
     }
 
     #[test]

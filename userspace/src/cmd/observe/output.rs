@@ -97,10 +97,10 @@ pub(super) fn start_record(
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
-    for v in session.views() {
-        if let Some(value) = v.start_value()? {
-            debug_assert!(v.kind().info().start_about.is_some(), "{:?}", v.kind());
-            start.view_values.insert(v.kind(), value);
+    for a in session.attached() {
+        if let Some(value) = &a.start {
+            debug_assert!(a.kind.info().start_about.is_some(), "{:?}", a.kind);
+            start.view_values.insert(a.kind, value.clone());
         }
     }
     Ok(start)
@@ -112,8 +112,8 @@ pub(super) fn header(args: &ObserveArgs, session: &Session) -> String {
         "rttscope observe | interval {}",
         fmt_duration_short(args.interval)
     );
-    for v in session.views() {
-        header += &format!(" | view {}: {}", v.kind().as_str(), v.header());
+    for a in session.attached() {
+        header += &format!(" | view {}: {}", a.kind.as_str(), a.hooks);
     }
     header
 }
@@ -146,7 +146,7 @@ pub(super) fn print_start(
         }
         Format::Table => {
             writeln!(out, "{header}")?;
-            for line in session.views().iter().flat_map(|v| v.start_lines()) {
+            for line in session.attached().iter().flat_map(|a| &a.notes) {
                 writeln!(out, "{line}")?;
             }
             writeln!(out, "waiting for samples...\n")?;
@@ -274,9 +274,9 @@ fn closing_line(
     counters: &BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
 ) -> String {
     let mut line = format!("done after {elapsed_s:.1}s");
-    for v in session.views() {
-        if let Some(c) = counters.get(v.kind().as_str()) {
-            line += &format!(" | {}: {}", v.kind().as_str(), v.closing(c));
+    for a in session.attached() {
+        if let Some(c) = counters.get(a.kind.as_str()) {
+            line += &format!(" | {}: {}", a.kind.as_str(), (a.closing)(c));
         }
     }
     line

@@ -55,7 +55,8 @@ pub(super) fn start(args: &ObserveArgs, session: &Session, settings: serde_json:
     doc.settings["hooks"] = crate::views::ViewKind::ALL
         .iter()
         .map(|k| {
-            let v = session.view(*k).map(|v| v.settings());
+            let a = session.attached().iter().find(|a| a.kind == *k);
+            let v = a.map(|a| a.settings.clone());
             (k.as_str().to_string(), v.unwrap_or_default())
         })
         .collect::<serde_json::Map<_, _>>()

@@ -125,7 +125,7 @@ impl Daemon {
         otlp: Option<OtlpConfig>,
         policy: LabelPolicy,
         bpf_stats: bool,
-        views: &[Box<dyn crate::views::view::View>],
+        session: &crate::session::Session,
         names: Option<std::sync::Arc<crate::analysis::peers::PeerFile>>,
     ) -> Result<Daemon> {
         let mut exporter = Exporter::new(policy)?;
@@ -136,8 +136,8 @@ impl Daemon {
             Some(c) => Some(Otlp::start(&mut exporter, c)?),
             None => None,
         };
-        let (progs, notes) = prog_stats(views, bpf_stats);
-        let lines = attach_lines(views, &notes);
+        let (progs, notes) = prog_stats(session.views(), bpf_stats);
+        let lines = attach_lines(session.attached(), &notes);
         if let Some(w) = listener.as_ref().and_then(|l| l.web.as_ref()) {
             w.stats.register(exporter.registry_mut());
         }
@@ -262,7 +262,7 @@ fn prog_stats(
     views: &[Box<dyn crate::views::view::View>],
     bpf_stats: bool,
 ) -> (ProgStats, Vec<(&'static str, String)>) {
-    let ids: Vec<(String, u32)> = views.iter().flat_map(|v| v.passive().prog_ids()).collect();
+    let ids: Vec<(String, u32)> = views.iter().flat_map(|v| v.prog_ids()).collect();
     let id_refs: Vec<(&str, u32)> = ids.iter().map(|(n, i)| (n.as_str(), *i)).collect();
     let mut progs = ProgStats::from_ids(&id_refs);
     let mut notes: Vec<(&str, String)> = Vec::new();
@@ -292,20 +292,17 @@ fn prog_stats(
 /// The lines that say what each view attached, in registry order (a view not asked for: how to
 /// ask for it), with the notes after the first view's lines and the last lines an attached view
 /// wrote.
-fn attach_lines(
-    views: &[Box<dyn crate::views::view::View>],
-    notes: &[(&str, String)],
-) -> Vec<String> {
+fn attach_lines(views: &[crate::views::view::Attached], notes: &[(&str, String)]) -> Vec<String> {
     let mut lines = Vec::new();
     let mut at = 0;
     for (i, kind) in ViewKind::ALL.iter().enumerate() {
-        let attached = match views.iter().find(|v| v.kind() == *kind) {
-            Some(v) => v.attach_lines(),
+        let attached = match views.iter().find(|v| v.kind == *kind) {
+            Some(v) => v.log.clone(),
             None => Vec::new(),
         };
         let said = !attached.is_empty();
         lines.extend(attached);
-        if !views.iter().any(|v| v.kind() == *kind) {
+        if !views.iter().any(|v| v.kind == *kind) {
             lines.extend(crate::views::not_requested(*kind).map(String::from));
         }
         if i == 0 || said {

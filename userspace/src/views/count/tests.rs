@@ -213,7 +213,7 @@ fn hold_attached() {
     let cfg = CountConfig {
         cgroup: Some(cg.into()),
     };
-    let _view = crate::views::attach_count(loader, &cfg).expect("attaching");
+    let _view = cfg.attach(&attach_opts(loader)).expect("attaching");
     println!("{MARK}");
     std::thread::sleep(Duration::from_secs(60));
     panic!("not killed within 60 s");
@@ -281,14 +281,14 @@ fn expected() -> Counters {
 }
 
 /// Through the session, as observe reads any view (the registry's
-/// `ViewConfig::Count`): the interval record's JSON, the summary's counters
+/// `CountConfig`): the interval record's JSON, the summary's counters
 /// and the Prometheus exporter's text carry the view's counters by its name.
 fn through_the_session(loader: LoaderKind) {
     use crate::session::{Session, SessionConfig};
     let cg = Cgroup::new();
     let mut s = Session::attach(SessionConfig {
         loader,
-        views: vec![crate::views::ViewConfig::Count(CountConfig {
+        views: vec![Box::new(CountConfig {
             cgroup: Some(cg.0.clone()),
         })],
         keep_rows: true,
@@ -316,7 +316,7 @@ fn through_the_session(loader: LoaderKind) {
     watched.insert("samples_before_window", 0); // every view's, from the session (issue 45)
     assert_eq!(end.counters["count"], watched, "{loader}: summary");
     assert_eq!(
-        s.views()[0].closing(&end.counters["count"]),
+        (s.attached()[0].closing)(&end.counters["count"]),
         "100 packets (12800 bytes) in, 100 packets (12800 bytes) out",
         "{loader}: the table's closing line"
     );
@@ -349,11 +349,12 @@ fn counts_exactly_the_packets_of_its_cgroup() {
         let cfg = CountConfig {
             cgroup: Some(cg.0.clone()),
         };
-        let mut view = crate::views::attach_count(loader, &cfg)
+        let mut view = cfg
+            .attach(&attach_opts(loader))
             .unwrap_or_else(|e| panic!("{loader}: attaching: {e:#}"));
         assert_eq!(view.kind(), ViewKind::Count);
-        assert_eq!(view.passive().loader(), loader);
-        let ids = view.passive().prog_ids();
+        assert_eq!(view.loader(), loader);
+        let ids = view.prog_ids();
         assert!(ids.iter().all(|(_, id)| *id > 0), "{loader}: {ids:?}");
         assert_eq!(count_progs().len(), 2, "{loader}: {:?}", count_progs());
         let before = read(view.as_mut());
@@ -370,15 +371,26 @@ fn counts_exactly_the_packets_of_its_cgroup() {
             "{loader}: an empty cgroup counted {before:?}"
         );
         assert_eq!(after, want, "{loader}: counted (left) vs sent (right)");
-        let e = view
-            .passive_mut()
-            .raw_samples()
-            .err()
-            .expect("no raw samples");
+        let e = view.raw_samples().err().expect("no raw samples");
         assert_eq!(e.to_string(), "the count view has no raw samples");
-        assert_eq!(view.settings()["cgroup"], cg.0.display().to_string());
+        let attached = view.attached().unwrap();
+        assert_eq!(attached.settings["cgroup"], cg.0.display().to_string());
+        assert_eq!(
+            attached.hooks,
+            format!("cgroup_skb @ cgroup {}", cg.0.display())
+        );
         drop(view);
         assert_unloaded(loader);
         through_the_session(loader);
+    }
+}
+
+/// How these tests attach the view (nothing kept: it has no flows).
+fn attach_opts(loader: LoaderKind) -> crate::views::AttachOpts {
+    crate::views::AttachOpts {
+        loader,
+        keep_rows: false,
+        keep_summary: false,
+        workloads: false,
     }
 }

@@ -18,8 +18,8 @@ use super::follow::{self, Ctx, Follower, Group, Ifaces};
 use super::tc::{tcx_attach, Attached, Attachments};
 use super::{
     derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode, IfaceSpec,
-    ResolvedIface, SamplerConfig, SamplerFlowStats, SamplerView, COUNTERS, PROG_EGRESS,
-    PROG_INGRESS, SHARED_MAPS, SHARED_MAPS_NOATOMIC,
+    ResolvedIface, SamplerConfig, SamplerFlowStats, COUNTERS, PROG_EGRESS, PROG_INGRESS,
+    SHARED_MAPS, SHARED_MAPS_NOATOMIC,
 };
 use crate::bpf::sampler::types as t;
 use crate::bpf::SamplerRodata as rodata;
@@ -109,7 +109,7 @@ fn clsact_first(mode: AttachMode) -> bool {
     match mode {
         AttachMode::Clsact => true,
         AttachMode::Tcx => false,
-        AttachMode::Auto => !crate::views::probe::Features::get().tcx.ok,
+        AttachMode::Auto => !crate::views::features::Features::get().tcx.ok,
     }
 }
 
@@ -232,7 +232,7 @@ impl Sampler {
             bail!("clsact filters under aya need a build with the libbpf feature too (its netlink code attaches them); this kernel has no tcx links (`rttscope features`)");
         }
         let seed = hash_seed();
-        let atomics = crate::views::probe::Features::get().atomics_choice();
+        let atomics = crate::views::features::Features::get().atomics_choice();
         let (def, shared) = object(atomics.used);
         let wanted = groups_of(&resolved);
         let copies = wanted
@@ -428,7 +428,7 @@ fn clsact(
 }
 
 impl PassiveView for Sampler {
-    fn view(&self) -> ViewKind {
+    fn kind(&self) -> ViewKind {
         ViewKind::Sampler
     }
 
@@ -488,20 +488,27 @@ impl PassiveView for Sampler {
     }
 }
 
-impl SamplerView for Sampler {
-    fn config(&self) -> &SamplerConfig {
+/// Read by the session through [`super::track::SamplerView`].
+impl Sampler {
+    /// The settings it was loaded with.
+    pub(crate) fn config(&self) -> &SamplerConfig {
         &self.cfg
     }
 
-    fn attach_info(&self) -> &[AttachInfo] {
+    /// How each interface is attached.
+    pub(crate) fn attach_info(&self) -> &[AttachInfo] {
         &self.info
     }
 
-    fn without_atomics(&self) -> Option<&str> {
+    /// Set only where the kernel programs built without BPF atomics that
+    /// return a value run (kernels < 5.12), and why.
+    pub(crate) fn without_atomics(&self) -> Option<&str> {
         self.without_atomics.as_deref()
     }
 
-    fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
+    /// Packets each interface's hooks saw since attach, `[ingress, egress]`, in the order of
+    /// [`Sampler::attach_info`] (`sampler_hooks`, summed over CPUs).
+    pub(crate) fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
         let fd = self.ctx.hooks.as_fd();
         let one = |a: &AttachInfo, d: usize| -> Result<u64> {
             let key = follow::hook_key(a.netns_inode, a.ifindex, d);
@@ -515,20 +522,31 @@ impl SamplerView for Sampler {
             .collect()
     }
 
-    fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
+    /// Each interface's programs' ids, `[ingress, egress]`, in the same order.
+    pub(crate) fn hook_prog_ids(&self) -> Vec<[u32; 2]> {
         self.ids.clone()
     }
 
-    fn follow(&mut self) -> Vec<String> {
+    /// Take the interfaces attached and released since the last call (`--iface` patterns:
+    /// [`Sampler::attach_info`] changes only here and in `for_each_flow`), and what to say
+    /// about them (one line each).
+    pub(crate) fn follow(&mut self) -> Vec<String> {
         self.sync();
         std::mem::take(&mut follow::lock(&self.ifaces).notices)
     }
 
-    fn drain_pool_if_busy(&mut self) -> Result<()> {
+    /// Between reads: fold the fine-histogram pool in if its current half
+    /// is half taken (`views::fine`).
+    pub(crate) fn drain_pool_if_busy(&mut self) -> Result<()> {
         self.fine.drain_if_busy(self.objs[0].as_ref()).map(drop)
     }
 
-    fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
+    /// Every flow's cumulative histogram, plus min/max since the previous
+    /// call (the kernel's per-flow window restarts when the epoch moves on):
+    /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
+    /// in the table's order, handed to `f` one at a time (no list of every
+    /// flow is built: 50,000 flows made a 16 MB list at each read).
+    pub(crate) fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()> {
         self.sync();
         let first = self.objs[0].as_ref();
         self.fine.drain(first)?;
@@ -536,6 +554,14 @@ impl SamplerView for Sampler {
         table_flows(table, &self.cfg, &self.info, &mut self.fine, f)?;
         self.fine.next_interval();
         Ok(())
+    }
+
+    /// `for_each_flow` as a list, sorted by flow (then most samples first).
+    pub(crate) fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
+        let mut out = Vec::new();
+        self.for_each_flow(&mut |s| out.push(s))?;
+        out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
+        Ok(out)
     }
 }
 

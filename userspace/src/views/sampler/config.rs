@@ -161,22 +161,12 @@ mod duration_ms {
     }
 }
 
-/// The bound on `--max-flows` both views apply: at least 1,
-/// at most `MAX_TABLE` (the sampler's table takes 5.25 KiB per flow; the TCP view's maps grow with it
-/// too, and a size the kernel cannot allocate failed as ENOMEM at load time).
-pub fn check_max_flows(n: u32) -> Result<()> {
-    if n == 0 || n > MAX_TABLE {
-        bail!("--max-flows must be between 1 and {MAX_TABLE}, not {n} (the flow tables take up to 5.3 KiB per flow)");
-    }
-    Ok(())
-}
-
 impl SamplerConfig {
     pub fn validate(&self) -> Result<()> {
         if self.sample_every == 0 {
             bail!("--sample-every must be at least 1");
         }
-        check_max_flows(self.max_flows)?;
+        crate::views::scope::check_max_flows(self.max_flows)?;
         if self.pending_timeout.is_zero() || self.pending_timeout > Duration::from_secs(3600) {
             bail!("the pending timeout must be between 1 ns and 1 h (a pending slot keeps 32 bits of microseconds)");
         }

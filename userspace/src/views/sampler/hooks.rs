@@ -9,8 +9,9 @@
 //! CNI restarted, attached first) is said once when it appears.
 use anyhow::Result;
 
+use super::attach::Sampler;
 use super::chain::{self, Chain, Ours};
-use super::{AttachInfo, SamplerView};
+use super::AttachInfo;
 use crate::analysis::records::HookStatus;
 use crate::sys::netns::{self, NetNs};
 use crate::sys::rtnl::Rtnl;
@@ -76,7 +77,7 @@ fn chains(ns: Option<&NetNs>, ifindex: u32) -> Result<[Chain; 2]> {
 impl HookWatch {
     /// The attached interfaces, their counters now, and what runs ahead of each hook (said at
     /// once, in [`HookWatch::take_notices`]).
-    pub fn new(view: &dyn SamplerView) -> HookWatch {
+    pub(crate) fn new(view: &Sampler) -> HookWatch {
         let mut w = HookWatch {
             ifaces: Vec::new(),
             notices: Vec::new(),
@@ -87,7 +88,7 @@ impl HookWatch {
 
     /// Follow the view's interfaces (`--iface` patterns): watch those attached since, forget
     /// those released.
-    pub fn sync(&mut self, view: &dyn SamplerView) {
+    pub(crate) fn sync(&mut self, view: &Sampler) {
         let infos = view.attach_info();
         let key = |a: &AttachInfo| (a.netns_inode, a.ifindex);
         let now: std::collections::BTreeSet<_> = infos.iter().map(key).collect();
@@ -111,7 +112,7 @@ impl HookWatch {
 
     /// One interval: compare every hook with its interface, re-read the chains; notices for
     /// what changed.
-    pub fn check(&mut self, view: &dyn SamplerView) {
+    pub(crate) fn check(&mut self, view: &Sampler) {
         let hooks = view.hook_packets().unwrap_or_default();
         let by_key: std::collections::BTreeMap<_, _> = view
             .attach_info()

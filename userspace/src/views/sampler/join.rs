@@ -41,11 +41,9 @@ impl Joiner {
         }
         let ends = self.ends.get_or_insert_with(|| {
             let mut m: HashMap<(SocketAddr, SocketAddr), Flow> = HashMap::new();
-            for v in ctx.earlier {
-                for (k, f) in v.flows_by_ends() {
-                    let e = m.entry(k).or_insert(f);
-                    *e = (*e).min(f);
-                }
+            for (k, f) in ctx.flows_by_ends() {
+                let e = m.entry(k).or_insert(f);
+                *e = (*e).min(f);
             }
             m
         });

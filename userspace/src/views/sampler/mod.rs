@@ -25,7 +25,7 @@
 //! ours left by a crashed run are removed before attaching, and ours are
 //! removed on drop.
 //!
-//! [`SamplerView`] is implemented once, in `attach.rs`, against the loader
+//! The attached view (`attach::Sampler`) is written once, in `attach.rs`, against the loader
 //! layer (either loader, chosen by `LoaderKind`; tcx or clsact attached by
 //! `tc.rs`; clsact needs the libbpf feature's netlink code). It decodes with
 //! the shared functions below ([`flow_stats`],
@@ -62,12 +62,11 @@ const WAYS: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_WAYS.0;
 const MIN_TABLE: u32 = t::rttscope_sampler_consts::RTTSCOPE_SAMPLER_MIN_TABLE.0;
 /// Largest flow table (entries): 84 GiB of kernel memory at 5.25 KiB each (the kernel refuses
 /// what it cannot allocate: ENOMEM at load, reported as such).
-pub const MAX_TABLE: u32 = 1 << 24;
+pub const MAX_TABLE: u32 = crate::views::scope::MAX_FLOWS;
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::Hist;
 use crate::sys::netns::{self, NetNs};
 use crate::views::fine::{FineAcc, FinePool};
-use crate::views::PassiveView;
 
 /// Base of our clsact filters' handles and priorities ("rs"): an observer in
 /// clsact mode uses `base + k` for the slot k it claims (views/sampler/tc.rs).
@@ -631,45 +630,6 @@ pub(crate) fn hash_seed() -> u64 {
     u64::from_ne_bytes(b)
 }
 
-/// A loaded and attached sampler view (one copy of the programs per
-/// interface, at ingress and egress), whichever loader did it.
-pub trait SamplerView: PassiveView {
-    /// The settings it was loaded with.
-    fn config(&self) -> &SamplerConfig;
-    /// How each interface is attached.
-    fn attach_info(&self) -> &[AttachInfo];
-    /// Set only where the kernel programs built without BPF atomics that
-    /// return a value run (kernels < 5.12), and why.
-    fn without_atomics(&self) -> Option<&str>;
-    /// Packets each interface's hooks saw since attach, `[ingress, egress]`, in the order of
-    /// [`SamplerView::attach_info`] (`sampler_hooks`, summed over CPUs).
-    fn hook_packets(&self) -> Result<Vec<[u64; 2]>>;
-    /// Each interface's programs' ids, `[ingress, egress]`, in the same order.
-    fn hook_prog_ids(&self) -> Vec<[u32; 2]>;
-    /// Take the interfaces attached and released since the last call (`--iface` patterns:
-    /// [`SamplerView::attach_info`] changes only here and in `for_each_flow`), and what to say
-    /// about them (one line each).
-    fn follow(&mut self) -> Vec<String> {
-        Vec::new()
-    }
-    /// Every flow's cumulative histogram, plus min/max since the previous
-    /// call (the kernel's per-flow window restarts when the epoch moves on):
-    /// one entry per table way (`table_flows`; `merge_ways` for one per flow),
-    /// in the table's order, handed to `f` one at a time (no list of every
-    /// flow is built: 50,000 flows made a 16 MB list at each read).
-    fn for_each_flow(&mut self, f: &mut dyn FnMut(SamplerFlowStats)) -> Result<()>;
-    /// `for_each_flow` as a list, sorted by flow (then most samples first).
-    fn read_flows(&mut self) -> Result<Vec<SamplerFlowStats>> {
-        let mut out = Vec::new();
-        self.for_each_flow(&mut |s| out.push(s))?;
-        out.sort_by(|a, b| a.flow.cmp(&b.flow).then(b.samples.cmp(&a.samples)));
-        Ok(out)
-    }
-    /// Between reads: fold the fine-histogram pool in if its current half
-    /// is half taken (`views::fine`).
-    fn drain_pool_if_busy(&mut self) -> Result<()>;
-}
-
 pub(crate) mod attach;
 pub mod chain;
 mod config;
@@ -682,9 +642,9 @@ pub mod sides;
 mod tc;
 pub mod track;
 
-pub use config::{
-    check_max_flows, AttachMode, FlowKind, IfaceSpec, Matching, Proto, SamplerConfig,
-};
+pub use options::{SamplerSetup, DEF};
+
+pub use config::{AttachMode, FlowKind, IfaceSpec, Matching, Proto, SamplerConfig};
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,7 @@
 //! interfaces and how it samples, checked against the views asked for, and
 //! how they become its config; and its options of `rttscope compare`
 //! ([`CompareSamplerArgs`], through [`crate::views::CompareViewArgs`]).
+use std::any::Any;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -10,7 +11,75 @@ use clap::Args;
 
 use super::{AttachMode, IfaceSpec, Matching, Proto, SamplerConfig};
 use crate::analysis::units::duration_arg;
+use crate::views::def::{own, AttachOpts, ViewConfig, ViewDef};
 use crate::views::scope::{OnTestbed, Scope};
+use crate::views::view::View;
+use crate::views::ViewKind;
+
+/// The sampler view in the registry (`views::VIEWS`).
+pub const DEF: ViewDef = ViewDef {
+    kind: ViewKind::Sampler,
+    observe: |opts, scope| {
+        let args = own::<SamplerArgs>(opts).expect("the registry holds the sampler's options");
+        Ok(Box::new(SamplerSetup {
+            ifaces: args.ifaces.clone(),
+            config: args.config(scope),
+        }))
+    },
+    by_default: |opts| own::<SamplerArgs>(opts).is_some_and(|a| a.given()),
+    compare: |opts, _| {
+        let Some(args) = own::<CompareSamplerArgs>(opts) else {
+            return Ok(None);
+        };
+        Ok(args.config().map(|config| {
+            Box::new(SamplerSetup {
+                ifaces: args.ifaces.clone(),
+                config,
+            }) as Box<dyn ViewConfig>
+        }))
+    },
+    plan: super::plan::plan,
+    on_testbed,
+    testbed_words,
+    start_schema: Some(super::track::start_schema),
+    not_requested: Some(
+        "unavailable: sampler view: not requested (--view tcp,sampler --iface NAME)",
+    ),
+};
+
+/// The sampler asked for: its interfaces and its settings.
+#[derive(Debug, Clone)]
+pub struct SamplerSetup {
+    pub ifaces: Vec<IfaceSpec>,
+    pub config: SamplerConfig,
+}
+
+impl ViewConfig for SamplerSetup {
+    fn def(&self) -> &'static ViewDef {
+        &DEF
+    }
+
+    fn set_raw(&mut self) {
+        self.config.raw = true;
+    }
+
+    /// One copy of the programs per interface, attached at ingress and egress (the build
+    /// without BPF atomics where the kernel refuses them).
+    fn attach(&self, how: &AttachOpts) -> Result<Box<dyn View>> {
+        let loader = how.built_loader()?;
+        crate::sys::preflight::require_bpf_caps()?;
+        self.config.validate()?;
+        let v = super::attach::Sampler::attach(loader, &self.ifaces, self.config.clone())?;
+        Ok(Box::new(super::track::SamplerView::new(
+            Box::new(v),
+            how.workloads,
+        )))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct SamplerArgs {

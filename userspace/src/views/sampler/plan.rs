@@ -2,7 +2,7 @@
 //! attaches, which object build it loads, and what it misses here.
 use serde_json::json;
 
-use crate::views::probe::{Features, ViewPlan};
+use crate::views::features::{Features, ViewPlan};
 
 pub fn plan(f: &Features) -> ViewPlan {
     let atomics = f.atomics_choice();

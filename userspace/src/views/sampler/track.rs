@@ -1,4 +1,4 @@
-//! The sampler as the session reads it ([`SamplerSession`], a
+//! The sampler as the session reads it ([`SamplerView`], a
 //! [`crate::views::view::View`]): per table way, what of its histogram was
 //! read ([`SamplerTracker`]), each flow's samples since the previous read
 //! into its row, with the side the views read before it found (the TCP
@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
+use super::attach::Sampler;
 use super::join::{flip, Join, Joiner};
 use super::sides::SideResolver;
-use super::{FlowKind, SamplerFlowStats, SamplerView};
+use super::{FlowKind, SamplerFlowStats};
 use crate::analysis::flow::{Flow, Side, Tunnel};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, Nat, ViewStats};
@@ -38,13 +39,14 @@ pub fn start_schema(gen: &mut schemars::SchemaGenerator) -> schemars::Schema {
 use crate::sys::conntrack::NatJoin;
 use crate::sys::sockdiag::FlowOwners;
 use crate::views::view::{
-    Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched, WatchedIface,
+    Attached, Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched,
+    WatchedIface,
 };
-use crate::views::{PassiveView, ViewKind};
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 /// The attached sampler and what the session keeps of it between reads.
-pub struct SamplerSession {
-    view: Box<dyn SamplerView>,
+pub struct SamplerView {
+    view: Box<Sampler>,
     /// Each hook against its interface's own counters, and what runs ahead of it.
     hooks: super::hooks::HookWatch,
     ways: SamplerTracker,
@@ -58,13 +60,11 @@ pub struct SamplerSession {
     unjoined: u64,
 }
 
-/// A sampler flow's entry of one read: its samples, kind, side, and the wire's tuple when NAT
-/// translated it (the key is then the socket's).
-impl SamplerSession {
+impl SamplerView {
     /// The attached view, read by the session; `workloads`: `--label-workload`.
-    pub fn new(view: Box<dyn SamplerView>, workloads: bool) -> SamplerSession {
+    pub(crate) fn new(view: Box<Sampler>, workloads: bool) -> SamplerView {
         let namespaces = sampler_namespaces(view.as_ref());
-        SamplerSession {
+        SamplerView {
             sides: SideResolver::new(namespaces.clone()),
             owners: SamplerOwners {
                 diag: workloads.then(|| FlowOwners::open(&namespaces)),
@@ -75,11 +75,6 @@ impl SamplerSession {
             hooks: super::hooks::HookWatch::new(view.as_ref()),
             view,
         }
-    }
-
-    /// The loaded view (its settings, interfaces and counters).
-    pub fn sampler(&self) -> &dyn SamplerView {
-        self.view.as_ref()
     }
 
     /// The view's counters as every record carries them.
@@ -177,46 +172,55 @@ impl SamplerSession {
     }
 }
 
-/// The sampler among a session's views, if attached.
-pub fn of(views: &[Box<dyn View>]) -> Option<&dyn SamplerView> {
-    crate::views::view::find::<SamplerSession>(views).map(|t| t.sampler())
-}
-
-impl View for SamplerSession {
+/// Its programs, counters and raw samples: the attached view's.
+impl PassiveView for SamplerView {
     fn kind(&self) -> ViewKind {
         ViewKind::Sampler
     }
 
-    fn passive(&self) -> &dyn PassiveView {
-        self.view.as_ref()
+    fn loader(&self) -> LoaderKind {
+        self.view.loader()
     }
 
-    fn passive_mut(&mut self) -> &mut dyn PassiveView {
-        self.view.as_mut()
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        self.view.prog_ids()
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn counters(&self) -> Result<Counters> {
+        self.view.counters()
     }
 
-    fn watched(&self) -> Watched {
-        // those a pattern matched are followed by the view itself (released and counted)
-        let named = self
-            .view
-            .attach_info()
-            .iter()
-            .filter(|a| a.pattern.is_none());
-        let ifaces = named.map(|a| WatchedIface {
-            netns: a.netns.clone(),
-            netns_inode: a.netns_inode,
-            iface: a.iface.clone(),
-            ifindex: a.ifindex,
-        });
-        Watched {
-            ifaces: Some(ifaces.collect()),
-            iface_loss: "the sampler stops seeing it",
-            ..Watched::default()
-        }
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        self.view.raw_samples()
+    }
+}
+
+/// The sampler's settings and what it attached (observe's result, compare's settings).
+#[derive(serde::Serialize)]
+struct Settings<'a> {
+    settings: &'a super::SamplerConfig,
+    attached: &'a [super::AttachInfo],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    without_atomics: Option<&'a str>,
+}
+
+impl View for SamplerView {
+    /// Its interfaces and settings; the interfaces the session watches.
+    fn attached(&self) -> Result<Attached> {
+        let settings = serde_json::to_value(Settings {
+            settings: self.view.config(),
+            attached: self.view.attach_info(),
+            without_atomics: self.view.without_atomics(),
+        })?;
+        Ok(Attached {
+            start: self.start_value()?,
+            notes: self.start_lines(),
+            log: self.attach_lines(),
+            brief: self.brief(),
+            series: self.series(),
+            watched: self.watched(),
+            ..Attached::new(ViewKind::Sampler, self.header(), settings, closing)
+        })
     }
 
     /// Fold the fine-histogram pool in when busy.
@@ -270,23 +274,21 @@ impl View for SamplerSession {
             }
         }
         self.owners.end();
+        if ctx.window_start {
+            // each way's histogram now, to be taken off its flow's whole run
+            let w = &mut self.ways;
+            w.base = w
+                .prev
+                .iter()
+                .map(|(k, p)| (*k, (p.gen, p.snap.clone())))
+                .collect();
+        }
         Ok(ViewRead {
             totals,
             counters: self.counters(ctx)?,
+            hooks: self.hooks.statuses(),
+            handshakes: SideTotals::new(),
         })
-    }
-
-    /// The window's start: one read whose samples are left out, each way's histogram kept to be
-    /// taken off its flow's whole run.
-    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
-        let r = self.read(ctx)?;
-        let w = &mut self.ways;
-        w.base = w
-            .prev
-            .iter()
-            .map(|(k, p)| (*k, (p.gen, p.snap.clone())))
-            .collect();
-        Ok(r.totals.values().map(|h| h.count()).sum())
     }
 
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
@@ -311,15 +313,13 @@ impl View for SamplerSession {
         Ok(ViewRead {
             totals,
             counters: self.counters(ctx)?,
+            hooks: self.hooks.statuses(),
+            handshakes: SideTotals::new(),
         })
     }
 
     fn resolve_side(&mut self, flow: &Flow) -> Side {
         self.sides.side(flow)
-    }
-
-    fn flows_by_ends(&self) -> Vec<((std::net::SocketAddr, std::net::SocketAddr), Flow)> {
-        Vec::new() // the sampler joins others' rows; none joins its own
     }
 
     /// Once per interval (before the read; first right after attach): the hooks against
@@ -332,9 +332,28 @@ impl View for SamplerSession {
         out.extend(self.hooks.take_notices());
         out
     }
+}
 
-    fn hooks(&self) -> Vec<crate::analysis::records::HookStatus> {
-        self.hooks.statuses()
+/// What it says of what it attached ([`View::attached`]).
+impl SamplerView {
+    fn watched(&self) -> Watched {
+        // those a pattern matched are followed by the view itself (released and counted)
+        let named = self
+            .view
+            .attach_info()
+            .iter()
+            .filter(|a| a.pattern.is_none());
+        let ifaces = named.map(|a| WatchedIface {
+            netns: a.netns.clone(),
+            netns_inode: a.netns_inode,
+            iface: a.iface.clone(),
+            ifindex: a.ifindex,
+        });
+        Watched {
+            ifaces: Some(ifaces.collect()),
+            iface_loss: "the sampler stops seeing it",
+            ..Watched::default()
+        }
     }
 
     fn series(&self) -> Vec<SeriesOf> {
@@ -371,17 +390,6 @@ impl View for SamplerSession {
             c.sample_every,
             c.matching.as_str()
         ))
-    }
-
-    fn settings(&self) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "settings": self.view.config(),
-            "attached": self.view.attach_info(),
-        });
-        if let Some(w) = self.view.without_atomics() {
-            v["without_atomics"] = serde_json::json!(w);
-        }
-        v
     }
 
     fn start_lines(&self) -> Vec<String> {
@@ -430,22 +438,23 @@ impl View for SamplerSession {
             ifs.join(" ")
         )
     }
+}
 
-    fn closing(&self, c: &Counters) -> String {
-        let get = |k: &str| c.get(k).copied().unwrap_or(0);
-        let skipped: u64 = c
-            .iter()
-            .filter(|(k, _)| k.starts_with("skip_"))
-            .map(|(_, v)| v)
-            .sum();
-        format!(
-            "{}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
-            crate::analysis::units::count(get("samples"), "sample"),
-            crate::analysis::units::count(skipped, "packet"),
-            get("expired"),
-            get("flow_map_full") + get("pending_map_full")
-        )
-    }
+/// Its part of the table's closing line.
+fn closing(c: &Counters) -> String {
+    let get = |k: &str| c.get(k).copied().unwrap_or(0);
+    let skipped: u64 = c
+        .iter()
+        .filter(|(k, _)| k.starts_with("skip_"))
+        .map(|(_, v)| v)
+        .sum();
+    format!(
+        "{}, {} skipped (see JSON counters), {} pending expired, {} flow-map-full",
+        crate::analysis::units::count(get("samples"), "sample"),
+        crate::analysis::units::count(skipped, "packet"),
+        get("expired"),
+        get("flow_map_full") + get("pending_map_full")
+    )
 }
 
 /// The sampler's table between reads, per way (table entry): which flow
@@ -534,7 +543,7 @@ type RowDelta = (
     Option<Flow>,
 );
 
-impl SamplerSession {
+impl SamplerView {
     /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
     /// (one, or a socket's flow seen on two interfaces) merged, their interfaces listed.
     fn end_entry(
@@ -587,7 +596,7 @@ fn icmp_proto(kind: FlowKind) -> Option<&'static str> {
 }
 
 /// The namespaces of the sampler's interfaces (for the socket table).
-fn sampler_namespaces(s: &dyn SamplerView) -> Vec<netns::NetNs> {
+fn sampler_namespaces(s: &Sampler) -> Vec<netns::NetNs> {
     let mut out: Vec<netns::NetNs> = Vec::new();
     for a in s.attach_info() {
         match netns::resolve(&a.netns) {

@@ -14,8 +14,8 @@ use std::os::fd::AsFd;
 use anyhow::{Context, Result};
 
 use super::{
-    all_counters, cidr_key, free_slot, hint_entries, read_slots, TcpFlowState, TcpHookInfo,
-    TcpView, TcpViewConfig,
+    cidr_key, free_slot, hint_entries, read_slots, TcpFlowState, TcpHookInfo, TcpViewConfig,
+    COUNTER_NAMES,
 };
 use crate::analysis::flow::{Flow, Side};
 use crate::bpf::tcp::types::{bss, rodata, rttscope_cidr_key, rttscope_tcp_counter as C};
@@ -78,7 +78,7 @@ pub(crate) static OBJECT_NOATOMIC: ObjectDef = ObjectDef {
 /// call); on 6.1 the helper refuses the option at run time, so both behave the same. The build
 /// without atomics never calls it.
 fn iter_prog(atomics: bool) -> &'static str {
-    let p = &crate::views::probe::Features::get().iter_setsockopt;
+    let p = &crate::views::features::Features::get().iter_setsockopt;
     if atomics && (p.ok || !p.probed) {
         ITER
     } else {
@@ -193,7 +193,7 @@ impl Tcp {
         let (cg, cgroup) = crate::sys::preflight::open_cgroup(cfg.cgroup.as_deref())?;
         let max_flows = cfg.max_flows.max(16);
         let with_hook = cfg.ack_hook.wanted();
-        let atomics = crate::views::probe::Features::get().atomics_choice();
+        let atomics = crate::views::features::Features::get().atomics_choice();
         let mut obj = load_object(kind, cfg, max_flows, with_hook, atomics.used)?;
         // the build without atomics' hook is attached after the iterator (below)
         let hook_status = if atomics.used {
@@ -402,7 +402,7 @@ fn fill_filters(obj: &dyn Object, cfg: &TcpViewConfig) -> Result<()> {
 }
 
 impl PassiveView for Tcp {
-    fn view(&self) -> ViewKind {
+    fn kind(&self) -> ViewKind {
         ViewKind::Tcp
     }
 
@@ -438,13 +438,15 @@ impl PassiveView for Tcp {
     }
 }
 
-impl TcpView for Tcp {
-    fn info(&self) -> &TcpHookInfo {
+/// Read by the session through [`super::track::TcpView`].
+impl Tcp {
+    /// How the view is hooked in (for report headers and JSON).
+    pub fn info(&self) -> &TcpHookInfo {
         &self.info
     }
 
-    /// Sum of one per-CPU counter.
-    fn counter(&self, c: C) -> u64 {
+    /// Sum over CPUs of one per-CPU counter (0 if it cannot be read).
+    pub fn counter(&self, c: C) -> u64 {
         self.obj
             .map("tcp_counters")
             .and_then(|m| m.percpu_sum(&c.0.to_ne_bytes()))
@@ -453,23 +455,27 @@ impl TcpView for Tcp {
             .unwrap_or(0)
     }
 
-    fn epoch(&self) -> u32 {
+    /// The current report epoch (flows' win_* values belong to it when equal).
+    pub fn epoch(&self) -> u32 {
         self.epoch
     }
 
-    fn next_epoch(&mut self) {
+    /// Start a new report interval: flows' win_min/win_max restart.
+    pub fn next_epoch(&mut self) {
         self.epoch = self.epoch.wrapping_add(1);
         self.fine_pool().next_interval();
     }
 
-    fn drain_pool_if_busy(&self) -> Result<()> {
+    /// Between reads: fold the fine-histogram pool in if its current half
+    /// is half taken (`views::fine`).
+    pub fn drain_pool_if_busy(&self) -> Result<()> {
         self.fine_pool().drain_if_busy(self.obj.as_ref()).map(drop)
     }
 
     /// Fold the pool's finished generation into the flows' histograms, then
     /// read every flow entry (batched: a few syscalls for thousands of
     /// flows), handing each to `f` without keeping them all in memory.
-    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
+    pub fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()> {
         let mut fine = self.fine_pool();
         fine.drain(self.obj.as_ref())?;
         let hwm = self
@@ -490,11 +496,15 @@ impl TcpView for Tcp {
         Ok(())
     }
 
-    fn samples_orphaned(&self) -> u64 {
+    /// Samples of flows given back (`forget`) that arrived between their
+    /// last read and the give-back: counted as `samples_evicted`.
+    pub fn samples_orphaned(&self) -> u64 {
         self.fine_pool().orphaned()
     }
 
-    fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
+    /// Give a flow's slot back (after it was reported closed, or to evict
+    /// it): `slot` and `gen` as read in its `TcpFlowState`.
+    pub fn forget(&mut self, slot: u32, gen: u32) -> Result<()> {
         self.fine_pool().forget(slot, gen);
         free_slot(
             self.obj.map_fd("tcp_flows")?,
@@ -503,6 +513,29 @@ impl TcpView for Tcp {
             gen,
         )
     }
+}
+
+/// Every counter by name, in the order of `enum rttscope_tcp_counter`,
+/// plus `rtt_callbacks` (samples + callbacks skipped: the kernel counts
+/// only the exceptions, to keep the per-sample path short; with the
+/// per-ACK hook attached the samples are the hook's, and the callbacks
+/// are only those someone else turned on, all skipped). Both loaders'
+/// [`PassiveView::counters`].
+fn all_counters(v: &Tcp) -> BTreeMap<&'static str, u64> {
+    let mut m: BTreeMap<&'static str, u64> = COUNTER_NAMES
+        .iter()
+        .map(|(c, n)| (*n, v.counter(*c)))
+        .collect();
+    let from_cb = if v.info().ack_hook_attached() {
+        0
+    } else {
+        // the build without atomics: the hook's samples of connections open before attach
+        m["samples"].saturating_sub(m["existing_hook_samples"])
+    };
+    m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
+    m.insert("existing_not_timed", v.info().existing_not_timed);
+    m.insert("samples_evicted", v.samples_orphaned());
+    m
 }
 
 /// One record of the TCP view's ring buffer (`tcp_events`): an RTT sample

@@ -8,7 +8,7 @@
 //! Loaded, attached and read once for both loaders in `attach.rs` (through
 //! `views::loader`); here: the configuration, the decoded flow state and the
 //! decoding itself (`decode_flow`).
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
 
@@ -23,61 +23,6 @@ use crate::bpf::tcp::types::{
 use crate::bpf::{self, TcpFlow};
 use crate::sys::netns::NetNs;
 use crate::views::fine::FinePool;
-use crate::views::PassiveView;
-
-/// A loaded and attached TCP view (sock_ops on a cgroup, iterator run in
-/// the configured namespaces), whichever loader did it.
-pub trait TcpView: PassiveView {
-    /// How the view is hooked in (for report headers and JSON).
-    fn info(&self) -> &TcpHookInfo;
-    /// Every flow entry, handed to `f` one at a time (no copy of the whole map).
-    fn for_each_flow(&self, f: &mut dyn FnMut(TcpFlowState)) -> Result<()>;
-    /// Sum over CPUs of one per-CPU counter (0 if it cannot be read).
-    fn counter(&self, c: C) -> u64;
-    /// The current report epoch (flows' win_* values belong to it when equal).
-    fn epoch(&self) -> u32;
-    /// Start a new report interval: flows' win_min/win_max restart.
-    fn next_epoch(&mut self);
-    /// Between reads: fold the fine-histogram pool in if its current half
-    /// is half taken (`views::fine`).
-    fn drain_pool_if_busy(&self) -> Result<()>;
-    /// Give a flow's slot back (after it was reported closed, or to evict
-    /// it): `slot` and `gen` as read in its `TcpFlowState`.
-    fn forget(&mut self, slot: u32, gen: u32) -> Result<()>;
-    /// Samples of flows given back (`forget`) that arrived between their
-    /// last read and the give-back: counted as `samples_evicted`.
-    fn samples_orphaned(&self) -> u64;
-
-    /// Every flow entry, collected.
-    fn read_flows(&self) -> Result<Vec<TcpFlowState>> {
-        let mut out = Vec::new();
-        self.for_each_flow(&mut |f| out.push(f))?;
-        Ok(out)
-    }
-}
-
-/// Every counter by name, in the order of `enum rttscope_tcp_counter`,
-/// plus `rtt_callbacks` (samples + callbacks skipped: the kernel counts
-/// only the exceptions, to keep the per-sample path short; with the
-/// per-ACK hook attached the samples are the hook's, and the callbacks
-/// are only those someone else turned on, all skipped). Both loaders'
-/// [`PassiveView::counters`].
-pub(crate) fn all_counters(v: &dyn TcpView) -> BTreeMap<&'static str, u64> {
-    let mut m: BTreeMap<&'static str, u64> = COUNTER_NAMES
-        .iter()
-        .map(|(c, n)| (*n, v.counter(*c)))
-        .collect();
-    let from_cb = if v.info().ack_hook_attached() {
-        0
-    } else {
-        // the build without atomics: the hook's samples of connections open before attach
-        m["samples"].saturating_sub(m["existing_hook_samples"])
-    };
-    m.insert("rtt_callbacks", from_cb + m["rtt_callbacks_skipped"]);
-    m.insert("existing_not_timed", v.info().existing_not_timed);
-    m.insert("samples_evicted", v.samples_orphaned());
-    m
-}
 
 /// What to observe.
 #[derive(Debug, Clone, Default)]
@@ -130,7 +75,7 @@ impl AckHook {
     pub fn wanted(self) -> bool {
         match self {
             AckHook::Auto => {
-                let f = crate::views::probe::Features::get();
+                let f = crate::views::features::Features::get();
                 f.ack_hook_usable() && (!f.rtt_cb_args.ok || !f.iter_setsockopt.ok)
             }
             AckHook::Off => false,
@@ -190,7 +135,7 @@ pub struct TcpHookInfo {
 impl TcpViewConfig {
     /// Limits the kernel maps impose, checked before anything is loaded (both loaders).
     pub fn validate(&self) -> anyhow::Result<()> {
-        crate::views::sampler::check_max_flows(self.max_flows)?;
+        crate::views::scope::check_max_flows(self.max_flows)?;
         if self.netns_filter.len() > bpf::consts::MAX_NETNS as usize
             || self.ports.len() > bpf::consts::MAX_PORTS as usize
             || self.cidrs.len() > bpf::consts::MAX_CIDRS as usize
@@ -230,7 +175,7 @@ impl TcpHookInfo {
     }
 
     /// Record which object build was loaded (`without_atomics`).
-    pub(crate) fn with_atomics(mut self, c: &crate::views::probe::AtomicsChoice) -> Self {
+    pub(crate) fn with_atomics(mut self, c: &crate::views::features::AtomicsChoice) -> Self {
         self.without_atomics = (!c.used).then(|| {
             format!(
                 "{}: kernel programs built without them (fresh flow slots and fine-histogram entries popped from stacks rttscope fills; the same samples)",
@@ -265,7 +210,7 @@ impl TcpHookInfo {
     pub(crate) fn set_existing(&mut self, enabled: u64, setsockopt_failed: u64) {
         self.existing_enabled = enabled;
         // Not probed here (no loopback connection): what the iterator did decides.
-        let probe = &crate::views::probe::Features::get().iter_setsockopt;
+        let probe = &crate::views::features::Features::get().iter_setsockopt;
         let iter_ok = probe.ok || !probe.probed;
         self.existing_path = if iter_ok && setsockopt_failed == 0 {
             "iterator: iter/tcp turns their RTT callback on (bpf_setsockopt)".into()
@@ -592,7 +537,7 @@ pub(crate) fn cidr_key(c: &ipnet::IpNet) -> rttscope_cidr_key {
 }
 
 pub(crate) fn rtt_source() -> String {
-    let probe = &crate::views::probe::Features::get().rtt_cb_args;
+    let probe = &crate::views::features::Features::get().rtt_cb_args;
     if probe.ok {
         "RTT_CB args: per-ACK-window RTT sample (args[0]) and new srtt (args[1]/8)".into()
     } else if !probe.probed {
@@ -631,6 +576,8 @@ pub mod options;
 pub mod plan;
 pub mod track;
 
+pub use options::DEF;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,7 +590,7 @@ mod tests {
             max_flows,
             ..Default::default()
         };
-        for bad in [0, crate::views::sampler::MAX_TABLE + 1, u32::MAX] {
+        for bad in [0, crate::views::scope::MAX_FLOWS + 1, u32::MAX] {
             let e = cfg(bad).validate().map(|_| "accepted".to_string());
             let e = e.unwrap_or_else(|e| e.to_string());
             assert_eq!(
@@ -658,7 +605,7 @@ mod tests {
             };
             assert_eq!(s.validate().unwrap_err().to_string(), e);
         }
-        for good in [1, 16, 16384, crate::views::sampler::MAX_TABLE] {
+        for good in [1, 16, 16384, crate::views::scope::MAX_FLOWS] {
             cfg(good).validate().unwrap();
         }
     }
@@ -698,7 +645,7 @@ mod tests {
         assert!(!AckHook::Off.wanted());
         assert!(AckHook::Try.wanted() && AckHook::Require.wanted());
         // auto: where the probes say it attaches and a path needs it
-        let f = crate::views::probe::Features::get();
+        let f = crate::views::features::Features::get();
         assert_eq!(
             AckHook::Auto.wanted(),
             f.ack_hook.ok

@@ -2,12 +2,57 @@
 //! through the registry's [`crate::views::ViewArgs`]), and how they and
 //! observe's shared ones ([`crate::views::Scope`]) become its config; and its
 //! config in `rttscope compare` ([`compare_config`]).
+use std::any::Any;
+
 use anyhow::Result;
 use clap::Args;
 
 use super::{AckHook, TcpViewConfig};
 use crate::sys::netns::{self, NetNs};
+use crate::views::def::{own, AttachOpts, ViewConfig, ViewDef};
 use crate::views::scope::{OnTestbed, Scope};
+use crate::views::view::View;
+use crate::views::ViewKind;
+
+/// The TCP view in the registry (`views::VIEWS`).
+pub const DEF: ViewDef = ViewDef {
+    kind: ViewKind::Tcp,
+    observe: |opts, scope| {
+        let args = own::<TcpArgs>(opts).expect("the registry holds the TCP view's options");
+        Ok(Box::new(args.config(scope)?))
+    },
+    by_default: |_| true,
+    compare: |_, port| Ok(Some(Box::new(compare_config(port)?))),
+    plan: super::plan::plan,
+    on_testbed: |_, _, _| on_testbed(),
+    testbed_words: |_, _| testbed_words(),
+    start_schema: None,
+    not_requested: Some("unavailable: tcp view: not requested (--view)"),
+};
+
+impl ViewConfig for TcpViewConfig {
+    fn def(&self) -> &'static ViewDef {
+        &DEF
+    }
+
+    fn set_raw(&mut self) {
+        self.raw = true;
+    }
+
+    fn attach(&self, how: &AttachOpts) -> Result<Box<dyn View>> {
+        let tcp = super::attach::Tcp::attach(how.built_loader()?, self)?;
+        Ok(Box::new(super::track::TcpView::new(
+            Box::new(tcp),
+            self,
+            how.keep_rows,
+            how.keep_summary,
+        )))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct TcpArgs {

@@ -3,7 +3,7 @@
 //! loads, and what it misses here.
 use serde_json::json;
 
-use crate::views::probe::{ExistingPath, Features, TcpRttPath, ViewPlan};
+use crate::views::features::{ExistingPath, Features, TcpRttPath, ViewPlan};
 
 pub fn plan(f: &Features) -> ViewPlan {
     let atomics = f.atomics_choice();

@@ -1,4 +1,4 @@
-//! The TCP view as the session reads it ([`TcpSession`], a
+//! The TCP view as the session reads it ([`TcpView`], a
 //! [`crate::views::view::View`]): each flow stay's histogram between reads
 //! ([`Tracker`]), closed flows reported once and their slots given back,
 //! the least recently active evicted when the table fills up, closed flows
@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-use super::{TcpFlowState, TcpView, TcpViewConfig};
+use super::attach::Tcp;
+use super::{TcpFlowState, TcpViewConfig};
 use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, ViewStats};
@@ -17,13 +18,14 @@ use crate::analysis::workload::Workload;
 use crate::bpf::tcp::types::rttscope_tcp_counter as C;
 use crate::sys::cgroup::CgroupIndex;
 use crate::views::view::{
-    Counters, NsNames, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched,
+    Ask, Attached, Counters, Known, NsNames, ReadCtx, RunFlows, SeriesOf, SideTotals, View,
+    ViewRead, Watched,
 };
-use crate::views::{PassiveView, ViewKind};
+use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
 
 /// The attached TCP view and what the session keeps of it between reads.
-pub struct TcpSession {
-    view: Box<dyn TcpView>,
+pub struct TcpView {
+    view: Box<Tcp>,
     tracker: Tracker,
     /// This read's flows with an owner (`--label-workload`), for later views.
     owners: HashMap<Flow, Arc<Workload>>,
@@ -36,17 +38,17 @@ pub struct TcpSession {
     listen: super::listen::ListenDrops,
 }
 
-impl TcpSession {
+impl TcpView {
     /// The attached view, read by the session. `keep_rows`: build rows (not
     /// with --quiet); `keep_summary`: keep closed flows for the end summary
     /// (not in daemon mode: its memory must not grow with churn).
-    pub fn new(
-        view: Box<dyn TcpView>,
+    pub(crate) fn new(
+        view: Box<Tcp>,
         cfg: &TcpViewConfig,
         keep_rows: bool,
         keep_summary: bool,
-    ) -> TcpSession {
-        TcpSession {
+    ) -> TcpView {
+        TcpView {
             view,
             tracker: Tracker {
                 keep_finished: keep_summary,
@@ -61,9 +63,53 @@ impl TcpSession {
         }
     }
 
-    /// The loaded view (its hook, settings and counters).
-    pub fn tcp(&self) -> &dyn TcpView {
-        self.view.as_ref()
+    /// One read of every flow (`View::read`): rows, totals, counters, handshakes; closed flows'
+    /// slots given back, the least recently active evicted when few slots are left.
+    fn read_flows(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead> {
+        let (tracker, owners) = (&mut self.tracker, &mut self.owners);
+        owners.clear();
+        let view = &mut self.view;
+        let epoch = view.epoch();
+        let mut totals = SideTotals::new();
+        let (mut closed, mut live) = (Vec::new(), Vec::new());
+        let collect_live = tracker.near_full(view.info().max_flows);
+        tracker.closed_scanned = view.counter(C::RTTSCOPE_TCP_CLOSED);
+        tracker.begin();
+        // Closed flows freed early (the table was filling up) are reported
+        // with this interval too; a row of this read for the same 4-tuple (a
+        // new connection on it) replaces theirs and holds their samples too.
+        for (flow, r) in tracker.early_rows.drain(..) {
+            ctx.rows.insert(flow, r);
+        }
+        view.for_each_flow(&mut |mut f| {
+            if let Some(idx) = ctx.workloads.as_mut() {
+                own(idx, ctx.names, &mut f);
+                if let Some(w) = &f.workload {
+                    owners.insert(f.flow, w.clone());
+                }
+            }
+            export(ctx, tracker, &f); // daemon mode
+            if f.closed {
+                closed.push((f.slot, f.gen));
+            } else if collect_live {
+                live.push((f.slot, f.gen));
+            }
+            if let Some(r) = tracker.flow_row(&f, epoch, ctx.names, &mut totals) {
+                ctx.rows.insert(f.flow, r);
+            }
+        })?;
+        tracker.end();
+        view.next_epoch();
+        for (side, h) in std::mem::take(&mut tracker.early_totals) {
+            totals.entry(side).or_default().merge(&h);
+        }
+        self.give_back(closed, live)?;
+        Ok(ViewRead {
+            totals,
+            counters: self.counters(ctx)?,
+            hooks: Vec::new(),
+            handshakes: std::mem::take(&mut self.tracker.handshakes),
+        })
     }
 
     /// The view's counters as every record carries them.
@@ -158,35 +204,49 @@ impl TcpSession {
     }
 }
 
-/// The TCP view among a session's views, if attached.
-pub fn of(views: &[Box<dyn View>]) -> Option<&dyn TcpView> {
-    crate::views::view::find::<TcpSession>(views).map(|t| t.tcp())
-}
-
-impl View for TcpSession {
+/// Its programs, counters and raw samples: the attached view's.
+impl PassiveView for TcpView {
     fn kind(&self) -> ViewKind {
         ViewKind::Tcp
     }
 
-    fn passive(&self) -> &dyn PassiveView {
-        self.view.as_ref()
+    fn loader(&self) -> LoaderKind {
+        self.view.loader()
     }
 
-    fn passive_mut(&mut self) -> &mut dyn PassiveView {
-        self.view.as_mut()
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        self.view.prog_ids()
     }
 
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
+    fn counters(&self) -> Result<Counters> {
+        self.view.counters()
     }
 
-    fn watched(&self) -> Watched {
-        Watched {
-            netns: Some(self.netns.clone()),
-            cgroup: self.cgroup.clone(),
-            cgroup_loss: "the TCP view attached to it sees no new connections",
-            ..Watched::default()
-        }
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        self.view.raw_samples()
+    }
+}
+
+impl View for TcpView {
+    /// Its hook, settings and notes; the namespaces and cgroup the session watches.
+    fn attached(&self) -> Result<Attached> {
+        let info = self.view.info();
+        let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
+        let settings = serde_json::to_value(info)?;
+        Ok(Attached {
+            start: Some(settings.clone()),
+            notes: super::lines::start_lines(&netns, self.all_netns, info),
+            log: super::lines::attach_lines(info),
+            hook: Some(info.hook.clone()),
+            series: series(),
+            watched: Watched {
+                netns: Some(self.netns.clone()),
+                cgroup: self.cgroup.clone(),
+                cgroup_loss: "the TCP view attached to it sees no new connections",
+                ..Watched::default()
+            },
+            ..Attached::new(ViewKind::Tcp, self.header(), settings, closing)
+        })
     }
 
     /// Free closed flows' slots early; fold the fine-histogram pool in when busy.
@@ -195,66 +255,20 @@ impl View for TcpSession {
         self.view.drain_pool_if_busy()
     }
 
-    /// Rows, totals, counters; closed flows' slots given back, the least
-    /// recently active evicted when few slots are left.
+    /// Rows, totals, counters, the handshakes since the last read; closed flows' slots given
+    /// back, the least recently active evicted when few slots are left. The window's start: one
+    /// read whose samples are left out, closed flows not kept for the whole run, each open stay's
+    /// histogram kept to be taken off its whole run.
     fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead> {
-        let (tracker, owners) = (&mut self.tracker, &mut self.owners);
-        owners.clear();
-        let view = &mut self.view;
-        let epoch = view.epoch();
-        let mut totals = SideTotals::new();
-        let (mut closed, mut live) = (Vec::new(), Vec::new());
-        let collect_live = tracker.near_full(view.info().max_flows);
-        tracker.closed_scanned = view.counter(C::RTTSCOPE_TCP_CLOSED);
-        tracker.begin();
-        // Closed flows freed early (the table was filling up) are reported
-        // with this interval too; a row of this read for the same 4-tuple (a
-        // new connection on it) replaces theirs and holds their samples too.
-        for (flow, r) in tracker.early_rows.drain(..) {
-            ctx.rows.insert(flow, r);
+        if !ctx.window_start {
+            return self.read_flows(ctx);
         }
-        view.for_each_flow(&mut |mut f| {
-            if let Some(idx) = ctx.workloads.as_mut() {
-                own(idx, ctx.names, &mut f);
-                if let Some(w) = &f.workload {
-                    owners.insert(f.flow, w.clone());
-                }
-            }
-            export(ctx, tracker, &f); // daemon mode
-            if f.closed {
-                closed.push((f.slot, f.gen));
-            } else if collect_live {
-                live.push((f.slot, f.gen));
-            }
-            if let Some(r) = tracker.flow_row(&f, epoch, ctx.names, &mut totals) {
-                ctx.rows.insert(f.flow, r);
-            }
-        })?;
-        tracker.end();
-        view.next_epoch();
-        for (side, h) in std::mem::take(&mut tracker.early_totals) {
-            totals.entry(side).or_default().merge(&h);
-        }
-        self.give_back(closed, live)?;
-        Ok(ViewRead {
-            totals,
-            counters: self.counters(ctx)?,
-        })
-    }
-
-    /// The window's start: one read whose samples are left out, closed flows not kept for the
-    /// whole run, each open stay's histogram kept to be taken off its whole run.
-    fn take_handshakes(&mut self) -> SideTotals {
-        std::mem::take(&mut self.tracker.handshakes)
-    }
-
-    fn start_window(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<u64> {
         let keep = std::mem::replace(&mut self.tracker.keep_finished, false);
-        let r = self.read(ctx);
+        let r = self.read_flows(ctx);
         self.tracker.keep_finished = keep;
         let t = &mut self.tracker;
         t.base = t.prev.iter().map(|(k, p)| (*k, p.snap.clone())).collect();
-        Ok(r?.totals.values().map(|h| h.count()).sum())
+        r
     }
 
     fn summary(&mut self, ctx: &mut ReadCtx<'_, '_>, flows: &mut RunFlows) -> Result<ViewRead> {
@@ -262,41 +276,31 @@ impl View for TcpSession {
         self.whole_run(ctx, flows, &mut totals)?;
         let mut counters = self.counters(ctx)?;
         counters.insert("summary_flows_dropped", self.tracker.finished_dropped);
-        Ok(ViewRead { totals, counters })
+        Ok(ViewRead {
+            totals,
+            counters,
+            hooks: Vec::new(),
+            handshakes: std::mem::take(&mut self.tracker.handshakes),
+        })
     }
 
-    fn side_of(&self, flow: &Flow) -> Option<Side> {
-        Some(self.tracker.side_of(flow)).filter(|s| *s != Side::Unknown)
-    }
-
-    fn owner_of(&self, flow: &Flow) -> Option<Arc<Workload>> {
-        self.owners.get(flow).cloned()
-    }
-
-    fn flows_by_ends(&self) -> Vec<((std::net::SocketAddr, std::net::SocketAddr), Flow)> {
-        self.tracker
-            .sides
-            .keys()
-            .map(|f| ((f.local, f.remote), *f))
-            .collect()
-    }
-
-    fn series(&self) -> Vec<SeriesOf> {
-        let settings = serde_json::json!({"hook": "sock_ops RTT_CB"});
-        vec![
-            SeriesOf {
-                side: Side::Client,
-                label: "client",
-                what: "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
-                settings: settings.clone(),
+    fn knows(&self, ask: Ask<'_>) -> Known {
+        match ask {
+            Ask::Flow(flow) => Known {
+                side: Some(self.tracker.side_of(flow)).filter(|s| *s != Side::Unknown),
+                owner: self.owners.get(flow).cloned(),
+                ..Known::default()
             },
-            SeriesOf {
-                side: Side::Server,
-                label: "server",
-                what: "TCP's RTT samples, responding side (visible on this host)".into(),
-                settings,
+            Ask::Ends => Known {
+                by_ends: self
+                    .tracker
+                    .sides
+                    .keys()
+                    .map(|f| ((f.local, f.remote), *f))
+                    .collect(),
+                ..Known::default()
             },
-        ]
+        }
     }
 
     fn retransmissions(&self, keep: &dyn Fn(&Flow) -> bool) -> Result<u64> {
@@ -308,28 +312,29 @@ impl View for TcpSession {
         })?;
         Ok(retrans)
     }
+}
 
-    fn hook(&self) -> Option<String> {
-        Some(self.view.info().hook.clone())
-    }
+/// Its series in a report: client and server.
+fn series() -> Vec<SeriesOf> {
+    let settings = serde_json::json!({"hook": "sock_ops RTT_CB"});
+    vec![
+        SeriesOf {
+            side: Side::Client,
+            label: "client",
+            what: "TCP's RTT samples (sock_ops RTT_CB), connecting side".into(),
+            settings: settings.clone(),
+        },
+        SeriesOf {
+            side: Side::Server,
+            label: "server",
+            what: "TCP's RTT samples, responding side (visible on this host)".into(),
+            settings,
+        },
+    ]
+}
 
-    fn settings(&self) -> serde_json::Value {
-        serde_json::to_value(self.view.info()).unwrap_or_default()
-    }
-
-    fn start_lines(&self) -> Vec<String> {
-        let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
-        super::lines::start_lines(&netns, self.all_netns, self.view.info())
-    }
-
-    fn attach_lines(&self) -> Vec<String> {
-        super::lines::attach_lines(self.view.info())
-    }
-
-    fn start_value(&self) -> Result<Option<serde_json::Value>> {
-        Ok(Some(serde_json::to_value(self.view.info())?))
-    }
-
+impl TcpView {
+    /// Its part of the table's header.
     fn header(&self) -> String {
         let netns: Vec<&str> = self.netns.iter().map(|n| n.name.as_str()).collect();
         format!(
@@ -343,17 +348,18 @@ impl View for TcpSession {
             }
         )
     }
+}
 
-    fn closing(&self, c: &Counters) -> String {
-        let get = |k: &str| c.get(k).copied().unwrap_or(0);
-        format!(
-            "{}, {} created, {} flow-map-full, {} raw dropped",
-            crate::analysis::units::count(get("samples"), "sample"),
-            crate::analysis::units::count(get("flows_created"), "flow"),
-            get("flow_map_full"),
-            get("raw_events_dropped")
-        )
-    }
+/// Its part of the table's closing line.
+fn closing(c: &Counters) -> String {
+    let get = |k: &str| c.get(k).copied().unwrap_or(0);
+    format!(
+        "{}, {} created, {} flow-map-full, {} raw dropped",
+        crate::analysis::units::count(get("samples"), "sample"),
+        crate::analysis::units::count(get("flows_created"), "flow"),
+        get("flow_map_full"),
+        get("raw_events_dropped")
+    )
 }
 
 /// The most closed flows the end summary keeps (a connection churn of hours
@@ -683,11 +689,7 @@ fn export(ctx: &mut ReadCtx<'_, '_>, tracker: &Tracker, f: &TcpFlowState) {
 /// Read the TCP view's table between reports and free the slots of closed
 /// flows now, keeping their rows (and exporting their samples in daemon
 /// mode) for the interval's report.
-fn reclaim_closed(
-    view: &mut dyn TcpView,
-    tracker: &mut Tracker,
-    ctx: &mut ReadCtx<'_, '_>,
-) -> Result<()> {
+fn reclaim_closed(view: &mut Tcp, tracker: &mut Tracker, ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
     let epoch = view.epoch();
     let tracked = tracker.tracked;
     let mut closed = Vec::new();
