@@ -2,10 +2,12 @@
 //! node's namespace, keys it by its inner tuple and VNI, times it as the sampler on the tunnel
 //! device does, and its row joins the TCP view's row of the socket in the pod's namespace.
 //!
-//! Our host kernel has no vxlan (nor geneve, 8021q, ipip) module, only tap devices: the VXLAN
-//! endpoints here are userspace forwarders ([`VxlanEnd`]) that carry each tap's Ethernet frames
-//! in RFC 7348 VXLAN (UDP 4789, VNI 42) between two namespaces over a veth underlay, as a kernel
-//! VXLAN device would put them on the wire. Topology:
+//! The first test's VXLAN endpoints are userspace forwarders ([`VxlanEnd`]) that carry each
+//! tap's Ethernet frames in RFC 7348 VXLAN (UDP 4789, VNI 42) between two namespaces over a veth
+//! underlay, as a kernel VXLAN device would put them on the wire (written when our host kernel
+//! seemed to have no vxlan module; it has one, not geneve, 8021q nor ipip, 2026-12-07). The
+//! second, `--vxlan-port`, uses the kernel's vxlan device on a port no default names. Topology
+//! of the first:
 //!
 //! ```text
 //!   pod (client, tap t1 10.42.0.1) ~ node1 (u1 192.168.77.1) === veth === node2 (u2 192.168.77.2,
@@ -309,4 +311,98 @@ fn vxlan_flow_on_the_underlay_joins_the_pods_socket() {
     ] {
         assert_eq!(counters[c].as_u64(), Some(0), "{c}: {counters}");
     }
+}
+
+/// Two namespaces joined by a veth underlay and a kernel VXLAN device on UDP port `port`
+/// (our host kernel has the vxlan module, 2026-12-07), VNI `vni`; inner 10.43.0.1 and .2.
+fn kernel_vxlan(port: u16, vni: u32) -> (NetNs, NetNs, String) {
+    let (a, b) = (NetNs::new("rtsvk").unwrap(), NetNs::new("rtsvk").unwrap());
+    let (ua, ub) = (rttscope_e2e::unique("vka"), rttscope_e2e::unique("vkb"));
+    rttscope_e2e::sh(&[
+        "ip", "link", "add", &ua, "netns", &a.name, "type", "veth", "peer", "name", &ub, "netns",
+        &b.name,
+    ])
+    .unwrap();
+    let (port, vni) = (port.to_string(), vni.to_string());
+    for (ns, dev, me, peer, inner) in [
+        (&a, &ua, "192.168.78.1", "192.168.78.2", "10.43.0.1/24"),
+        (&b, &ub, "192.168.78.2", "192.168.78.1", "10.43.0.2/24"),
+    ] {
+        let vx = [
+            "ip", "link", "add", "vx0", "type", "vxlan", "id", &vni, "dstport", &port, "remote",
+            peer, "local", me, "dev", dev,
+        ];
+        let me_cidr = format!("{me}/24");
+        exec(
+            ns,
+            &[
+                &["ip", "addr", "add", &me_cidr, "dev", dev],
+                &["ip", "link", "set", dev, "up"],
+                &vx,
+                &["ip", "addr", "add", inner, "dev", "vx0"],
+                &["ip", "link", "set", "vx0", "up"],
+            ],
+        );
+    }
+    (a, b, ua)
+}
+
+/// `--vxlan-port`: a kernel VXLAN on UDP 4790, which no default port names. The sampler on the
+/// underlay with `--vxlan-port 4790` times the inner flow (keyed with its VNI), one sample per
+/// transaction as on a default port; beside it, a sampler with the default ports sees UDP it
+/// does not time (no flow, its packets counted as not TCP).
+#[test]
+fn vxlan_on_a_port_given_by_flag() {
+    if !require_root() {
+        return;
+    }
+    let (a, b, ua) = kernel_vxlan(4790, 43);
+    let server: SocketAddr = "10.43.0.2:5043".parse().unwrap();
+    let _srv = RrServer::start(&b, server, 1).unwrap();
+    let under = format!("{}:{ua}", a.name);
+    let run = |extra: &[&str]| {
+        let mut v: Vec<String> = ["--view", "sampler", "--iface", &under, "--interval", "1s"]
+            .iter()
+            .chain(["--duration", "20s"].iter())
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        observe_json_attached(v, Duration::from_secs(60))
+    };
+    let (given, default) = (run(&["--vxlan-port", "4790"]), run(&[]));
+    let cli = RrClient::start(&a, server, 1, Duration::from_millis(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // paused, then counted: no transaction completes after the count
+    cli.pause();
+    std::thread::sleep(Duration::from_millis(200));
+    let (local, tr) = (cli.local, cli.transactions.load(Ordering::Relaxed) as u64);
+    drop(cli);
+    let (given, default) = (
+        given.join().unwrap().unwrap(),
+        default.join().unwrap().unwrap(),
+    );
+    let start = &given[0]["sampler"]["settings"];
+    assert_eq!(start["vxlan_ports"], serde_json::json!([4790]), "{start}");
+    let mine = |lines: &[Value]| {
+        end_flows(lines)
+            .into_iter()
+            .find(|f| f["local"] == local.to_string() && f["remote"] == server.to_string())
+    };
+    let row = mine(&given).unwrap_or_else(|| panic!("no row: {:#?}", end_flows(&given)));
+    let n = n_of(&row, "sampler");
+    eprintln!("--vxlan-port 4790: {tr} transactions, {n} samples; {row}");
+    assert_eq!(row["tunnel"]["vni"], 43, "{row}");
+    assert_eq!(row["tunnel"]["encap"], "vxlan", "{row}");
+    assert!(
+        tr > 100 && n + 1 >= tr && n <= tr + 2,
+        "{n} samples vs {tr} transactions"
+    );
+    let other = mine(&default);
+    assert!(other.is_none(), "timed without its port: {other:?}");
+    let c = &default.iter().rev().find(|l| l["type"] == "end").unwrap()["counters"]["sampler"];
+    let udp = c["skip_non_tcp"].as_u64().unwrap_or(0);
+    assert!(
+        udp as f64 >= tr as f64,
+        "{udp} packets counted as not TCP: {c}"
+    );
 }

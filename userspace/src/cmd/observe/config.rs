@@ -893,6 +893,12 @@ series_idle = "5min"
             ("views = [\"udp\"]", "views: 'udp' is not a view"),
             ("views = []", "at least one view"),
             ("sample_every = 0", "sample_every must be at least 1"),
+            ("vxlan_ports = [0]", "vxlan_ports: 0 is not a port"),
+            ("geneve_ports = [1, 2, 3, 4, 5]", "geneve_ports takes at most 4 ports"),
+            (
+                "vxlan_ports = [6081]\ngeneve_ports = [6081]",
+                "UDP port 6081 is given as both a VXLAN (vxlan_ports) and a Geneve port (geneve_ports)",
+            ),
             ("proto = []", "proto must name at least one protocol"),
             ("proto = [\"udp\"]", "line 1"),
             ("max_flows = 1", "max_flows must be between 16"),
@@ -1097,7 +1103,7 @@ series_idle = "5min"
         }
         // Every key of the file, set at once, is merged under its id.
         let cfg = parse(
-            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nmax_ifaces = 7\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\nnames = \"/n\"\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nbackend = true\nmax_series = 3\nseries_idle = \"1min\"\n",
+            "netns = [\"n\"]\nall_netns = true\ncgroup = \"/cg\"\nports = [1]\naddrs = [\"10.0.0.0/8\"]\ninterval = \"5s\"\nduration = \"1min\"\nviews = [\"sampler\"]\nifaces = [\"e0\"]\nsample_every = 3\nproto = [\"tcp\"]\nmax_ifaces = 7\nvxlan_ports = [4790]\ngeneve_ports = [6082]\nlisten = \"127.0.0.1:1\"\nweb_config_file = \"/w.yml\"\notlp = \"https://127.0.0.1:4318\"\notlp_interval = \"30s\"\notlp_headers = { a = \"b\" }\notlp_ca_file = \"/ca\"\notlp_client_cert = \"/c\"\notlp_client_key = \"/k\"\notlp_timeout = \"2s\"\notlp_compression = \"gzip\"\nmax_flows = 99\nraw = true\nquiet = true\nbpf_stats = true\nnames = \"/n\"\n[labels]\nv4_prefix = 8\nv6_prefix = 9\nports = [2]\nworkload = true\nbackend = true\nmax_series = 3\nseries_idle = \"1min\"\n",
         )
         .unwrap();
         let (mut a, _) = observe(&[]);
@@ -1166,6 +1172,8 @@ series_idle = "5min"
                 "sample_every",
                 "proto",
                 "max_ifaces",
+                "vxlan_ports",
+                "geneve_ports",
                 "listen",
                 "web_config_file",
                 "otlp",
@@ -1193,7 +1201,7 @@ series_idle = "5min"
             err("interval = \"1s\"\nfoo = 1\n"),
             "line 2: unknown field `foo`, expected one of `netns`, `all_netns`, `cgroup`, \
              `ports`, `addrs`, `interval`, `duration`, `views`, `ifaces`, `sample_every`, \
-             `proto`, `max_ifaces`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `otlp_headers`, `otlp_ca_file`, \
+             `proto`, `max_ifaces`, `vxlan_ports`, `geneve_ports`, `listen`, `web_config_file`, `otlp`, `otlp_interval`, `otlp_headers`, `otlp_ca_file`, \
              `otlp_client_cert`, `otlp_client_key`, `otlp_timeout`, `otlp_compression`, \
              `max_flows`, `raw`, `quiet`, `bpf_stats`, `names`, `labels`"
         );

@@ -132,6 +132,8 @@ fn settings(
     ro.cfg_set_mask = cfg.set_mask();
     ro.cfg_hash_seed = seed;
     ro.cfg_protos = cfg.proto_mask();
+    ro.cfg_vxlan_ports = super::config::pack_ports(&cfg.vxlan_ports);
+    ro.cfg_geneve_ports = super::config::pack_ports(&cfg.geneve_ports);
     ro.cfg_pool_entries = pool_entries(cfg.table_entries());
     // x86-64 is TSO: the programs release a lock with a plain store (unlock())
     ro.cfg_tso = cfg!(target_arch = "x86_64") as u32;
@@ -149,6 +151,8 @@ fn settings(
                 cfg_set_mask,
                 cfg_hash_seed,
                 cfg_protos,
+                cfg_vxlan_ports,
+                cfg_geneve_ports,
                 cfg_pool_entries,
                 cfg_tso
             ]

@@ -123,6 +123,38 @@ pub struct SamplerConfig {
     /// pattern matches beyond it are refused and counted (`ifaces_refused`).
     #[serde(default = "default_max_ifaces")]
     pub max_ifaces: u32,
+    /// UDP destination ports whose packets are parsed as VXLAN (`--vxlan-port`), at most
+    /// [`MAX_TUNNEL_PORTS`].
+    #[serde(default = "default_vxlan_ports")]
+    pub vxlan_ports: Vec<u16>,
+    /// UDP destination ports whose packets are parsed as Geneve (`--geneve-port`).
+    #[serde(default = "default_geneve_ports")]
+    pub geneve_ports: Vec<u16>,
+}
+
+/// Ports of each tunnel kind the programs take (`RTTSCOPE_MAX_TUNNEL_PORTS`: 16 bits each in
+/// one `u64` of `.rodata`).
+pub const MAX_TUNNEL_PORTS: usize = 4;
+/// VXLAN's ports by default: IANA's 4789 (Calico) and Linux's default 8472 (Flannel, Cilium).
+pub const DEFAULT_VXLAN_PORTS: [u16; 2] = [4789, 8472];
+/// Geneve's port by default (IANA's; Cilium's tunnel mode).
+pub const DEFAULT_GENEVE_PORTS: [u16; 1] = [6081];
+
+fn default_vxlan_ports() -> Vec<u16> {
+    DEFAULT_VXLAN_PORTS.to_vec()
+}
+
+fn default_geneve_ports() -> Vec<u16> {
+    DEFAULT_GENEVE_PORTS.to_vec()
+}
+
+/// A kind's ports as the programs' `cfg_*_ports`: 16 bits each, from the lowest (0: unused).
+pub(crate) fn pack_ports(ports: &[u16]) -> u64 {
+    ports
+        .iter()
+        .take(MAX_TUNNEL_PORTS)
+        .enumerate()
+        .fold(0, |a, (i, &p)| a | (p as u64) << (16 * i))
 }
 
 /// `--max-ifaces` by default: interfaces one observer attaches at once.
@@ -146,8 +178,34 @@ impl Default for SamplerConfig {
             attach: AttachMode::Auto,
             protos: default_protos(),
             max_ifaces: DEFAULT_MAX_IFACES,
+            vxlan_ports: default_vxlan_ports(),
+            geneve_ports: default_geneve_ports(),
         }
     }
+}
+
+/// The tunnel ports: at most [`MAX_TUNNEL_PORTS`] of each kind, none 0, none taken by both;
+/// `names`: how the user gave them (the flags, or the config file's keys).
+pub fn check_tunnel_ports(vxlan: &[u16], geneve: &[u16], names: [&str; 2]) -> Result<()> {
+    for (flag, ports) in [(names[0], vxlan), (names[1], geneve)] {
+        if ports.len() > MAX_TUNNEL_PORTS {
+            bail!(
+                "{flag} takes at most {MAX_TUNNEL_PORTS} ports, not {} ({ports:?})",
+                ports.len()
+            );
+        }
+        if ports.contains(&0) {
+            bail!("{flag}: 0 is not a port");
+        }
+    }
+    if let Some(p) = vxlan.iter().find(|p| geneve.contains(p)) {
+        bail!(
+            "UDP port {p} is given as both a VXLAN ({}) and a Geneve port ({})",
+            names[0],
+            names[1]
+        );
+    }
+    Ok(())
 }
 
 mod duration_ms {
@@ -179,7 +237,11 @@ impl SamplerConfig {
                 self.max_ifaces
             );
         }
-        Ok(())
+        check_tunnel_ports(
+            &self.vxlan_ports,
+            &self.geneve_ports,
+            ["--vxlan-port", "--geneve-port"],
+        )
     }
 
     /// `cfg_protos` of the programs: a bit per protocol timed.
@@ -374,5 +436,30 @@ mod glob_tests {
         let e = "veth[0".parse::<IfaceSpec>().unwrap_err();
         assert!(e.contains("unclosed"), "{e}");
         assert!("n*:eth0".parse::<IfaceSpec>().is_err());
+    }
+
+    #[test]
+    fn tunnel_ports_pack_as_the_programs_read_them() {
+        assert_eq!(pack_ports(&DEFAULT_VXLAN_PORTS), 4789 | (8472 << 16));
+        assert_eq!(pack_ports(&DEFAULT_GENEVE_PORTS), 6081);
+        assert_eq!(
+            pack_ports(&[1, 2, 3, 65535]),
+            1 | 2 << 16 | 3 << 32 | 65535 << 48
+        );
+        let flags = ["--vxlan-port", "--geneve-port"];
+        let c = |v: &[u16], g: &[u16]| check_tunnel_ports(v, g, flags).map_err(|e| e.to_string());
+        assert!(c(&DEFAULT_VXLAN_PORTS, &DEFAULT_GENEVE_PORTS).is_ok());
+        assert!(c(&[], &[]).is_ok(), "no ports: that kind is not parsed");
+        assert_eq!(
+            c(&[1, 2, 3, 4, 5], &[]).unwrap_err(),
+            "--vxlan-port takes at most 4 ports, not 5 ([1, 2, 3, 4, 5])"
+        );
+        assert_eq!(c(&[], &[0]).unwrap_err(), "--geneve-port: 0 is not a port");
+        assert!(c(&[4789], &[4789]).unwrap_err().contains("both a VXLAN"));
+        let cfg = SamplerConfig {
+            vxlan_ports: vec![4790],
+            ..Default::default()
+        };
+        assert!(cfg.validate().is_ok());
     }
 }

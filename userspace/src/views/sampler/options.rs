@@ -104,6 +104,12 @@ pub struct SamplerArgs {
     /// Sampler view: drop a recorded segment not acknowledged within this time (counted as expired); a duration with a unit.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration_arg)]
     pub pending_timeout: Duration,
+    /// Sampler view: UDP destination ports parsed as VXLAN (the inner flow timed, keyed with its VNI), comma separated, at most 4: IANA's 4789 (Calico) and Linux's 8472 (Flannel, Cilium).
+    #[arg(long = "vxlan-port", value_delimiter = ',', default_values_t = super::config::DEFAULT_VXLAN_PORTS, value_name = "PORT")]
+    pub vxlan_ports: Vec<u16>,
+    /// Sampler view: UDP destination ports parsed as Geneve, comma separated, at most 4 (IANA's 6081: Cilium's tunnel mode).
+    #[arg(long = "geneve-port", value_delimiter = ',', default_values_t = super::config::DEFAULT_GENEVE_PORTS, value_name = "PORT")]
+    pub geneve_ports: Vec<u16>,
 }
 
 impl SamplerArgs {
@@ -136,13 +142,21 @@ impl SamplerArgs {
             attach: self.attach,
             protos: self.protos.clone(),
             max_ifaces: self.max_ifaces,
+            vxlan_ports: self.vxlan_ports.clone(),
+            geneve_ports: self.geneve_ports.clone(),
         }
     }
 
     /// The clap ids of the options its config-file keys set ([`Self::merge_file`]), in order
     /// (through the registry's [`crate::views::ViewArgs::FILE_IDS`]).
-    pub const FILE_IDS: &'static [&'static str] =
-        &["ifaces", "sample_every", "protos", "max_ifaces"];
+    pub const FILE_IDS: &'static [&'static str] = &[
+        "ifaces",
+        "sample_every",
+        "protos",
+        "max_ifaces",
+        "vxlan_ports",
+        "geneve_ports",
+    ];
 
     /// Of [`Self::FILE_IDS`], the options whose value differs from `defaults`'.
     pub fn differing(&self, defaults: &Self) -> Vec<&'static str> {
@@ -151,6 +165,8 @@ impl SamplerArgs {
             self.sample_every != defaults.sample_every,
             self.protos != defaults.protos,
             self.max_ifaces != defaults.max_ifaces,
+            self.vxlan_ports != defaults.vxlan_ports,
+            self.geneve_ports != defaults.geneve_ports,
         ];
         let ids = Self::FILE_IDS.iter().zip(differs);
         ids.filter(|(_, d)| *d).map(|(id, _)| *id).collect()
@@ -172,6 +188,12 @@ impl SamplerArgs {
         if let (true, Some(n)) = (from_file("max_ifaces"), keys.max_ifaces) {
             self.max_ifaces = n;
         }
+        if let (true, Some(p)) = (from_file("vxlan_ports"), &keys.vxlan_ports) {
+            self.vxlan_ports = p.clone();
+        }
+        if let (true, Some(p)) = (from_file("geneve_ports"), &keys.geneve_ports) {
+            self.geneve_ports = p.clone();
+        }
     }
 }
 
@@ -188,6 +210,10 @@ pub struct SamplerFileKeys {
     pub proto: Option<Vec<Proto>>,
     /// Sampler view: at most this many interfaces attached at once (see observe --max-ifaces).
     pub max_ifaces: Option<u32>,
+    /// Sampler view: UDP ports parsed as VXLAN (see observe --vxlan-port).
+    pub vxlan_ports: Option<Vec<u16>>,
+    /// Sampler view: UDP ports parsed as Geneve (see observe --geneve-port).
+    pub geneve_ports: Option<Vec<u16>>,
 }
 
 /// The view's own options of `rttscope compare` (flattened into compare's through the
@@ -220,6 +246,11 @@ impl CompareSamplerArgs {
 
 /// The config file's keys of the view: one sentence naming the key per problem.
 pub fn check_file(keys: &SamplerFileKeys) -> Result<()> {
+    super::config::check_tunnel_ports(
+        keys.vxlan_ports.as_deref().unwrap_or_default(),
+        keys.geneve_ports.as_deref().unwrap_or_default(),
+        ["vxlan_ports", "geneve_ports"],
+    )?;
     for i in keys.ifaces.iter().flatten() {
         let name = i.rsplit(':').next().unwrap_or("");
         if name.is_empty() || name.len() > 15 || name.contains('/') || name.contains(' ') {
