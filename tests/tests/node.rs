@@ -593,11 +593,86 @@ fn assert_lxc_timed(
                 && r["remote"] == f.local.to_string()
         })
         .unwrap_or_else(|| panic!("{lxc}: no row of {}: {seen:?}", f.what));
-    assert_timed(
-        &format!("{} on {lxc}", f.what),
-        n_of(r, "sampler"),
-        f.transactions,
-        extra,
-        r,
+    let n = n_of(r, "sampler");
+    eprintln!(
+        "node: {} on {lxc} (node's namespace, side {}): sampler {n}",
+        f.what, r["side"]
     );
+    assert_timed(&format!("{} on {lxc}", f.what), n, f.transactions, extra, r);
+}
+
+#[test]
+fn a_clsact_observer_behind_a_cni_at_priority_1_says_so() {
+    if !require_root() {
+        return;
+    }
+    let mut bed = Node2::new();
+    let (a, b) = (bed.add_pod(0, 1), bed.add_pod(0, 2));
+    let (c, d) = (bed.add_pod(1, 1), bed.add_pod(1, 2));
+    let _srv = [c, d].map(|s| RrServer::start(&bed.pods[s].ns, bed.server(s), 100).unwrap());
+    clsact_standin(&bed.nodes[0], &bed.pods[a].lxc);
+    let tcx = tcx_standin(&bed.nodes[0], &bed.pods[b].lxc);
+    let _load = busy(&bed, a, c);
+    let (mut fa, mut fb) = (run_flow(&bed, "a->c", a, c), run_flow(&bed, "b->d", b, d));
+    let mut args = bed.ifaces();
+    args.extend(["--attach".to_string(), "clsact".to_string()]);
+    let obs = Observer::start(&args);
+    let (ours, t_seen, start_ts) = (
+        obs.prog_ids(),
+        unix_now(),
+        obs.start["ts"].as_f64().unwrap(),
+    );
+    for r in [&mut fa, &mut fb] {
+        r.2 = r.1.transactions.load(Ordering::Relaxed);
+    }
+    let att = obs.start["sampler"]["attached"].as_array().unwrap();
+    assert!(
+        att.len() == 6 && att.iter().all(|x| x["how"] == "clsact"),
+        "{}",
+        obs.start
+    );
+    std::thread::sleep(Duration::from_millis(3500));
+    let flows = [finish(fa), finish(fb)];
+    let t_stop = unix_now();
+    let (lines, stderr) = obs.stop();
+    let extra = edges_allowance(&flows[0], &lines, (t_seen, start_ts, t_stop));
+    let rows = end_rows(&lines);
+    let seen = Seen(&rows, &stderr);
+    let hooks = &lines.iter().find(|l| l["type"] == "end").unwrap()["hooks"];
+    // behind the stand-in at priority 1 (a's lxc) and behind the tcx stand-in (b's lxc: tcx runs
+    // before every clsact filter): each hook blind, said on stderr, no sample made up there
+    for (p, ahead) in [(a, "priority 1"), (b, "tcx program cni_standin")] {
+        let lxc = &bed.pods[p].lxc;
+        for d in ["ingress", "egress"] {
+            let h = hooks.as_array().unwrap().iter().find(|h| {
+                h["iface"].as_str().unwrap_or("").ends_with(lxc.as_str()) && h["direction"] == d
+            });
+            let h = h.unwrap_or_else(|| panic!("no {d} hook for {lxc}: {hooks}"));
+            assert!(
+                h["blind"] == true && h["hook_packets"] == 0,
+                "{lxc} {d}: {h}"
+            );
+            assert!(h["iface_packets"].as_u64().unwrap() > 100, "{lxc} {d}: {h}");
+            let said = stderr
+                .lines()
+                .any(|l| l.contains(&format!("blind on ")) && l.contains(&format!("{lxc} {d}")));
+            assert!(said, "{lxc} {d}: no blind notice: {seen:?}");
+        }
+        assert!(stderr.contains(ahead), "{lxc}: {ahead} named: {seen:?}");
+        let on_lxc = rows
+            .iter()
+            .filter(|r| r["sampler"]["iface"] == lxc.as_str());
+        assert_eq!(
+            on_lxc.map(|r| n_of(r, "sampler")).sum::<u64>(),
+            0,
+            "{lxc}: {seen:?}"
+        );
+    }
+    // not silently missing: both flows are still one row per socket, timed on the underlays
+    for f in &flows {
+        assert_pod_rows(f, &rows, extra, &seen);
+    }
+    eprintln!("node (clsact): stderr {stderr}");
+    drop(tcx);
+    assert_nothing_left(&bed, &ours);
 }
