@@ -466,6 +466,14 @@ fn pods_across_a_vxlan_are_one_row_each_and_come_and_go() {
     assert!(!stderr.contains("blind"), "{seen:?}");
     let late = late.unwrap_or_else(|| panic!("the late pod's lxc not attached within 3 s"));
     assert!(late <= Duration::from_secs(1), "attached after {late:?}");
+    assert_iface_counters(&lines);
+    assert_nothing_left(&bed, &ours);
+}
+
+/// The pattern's interfaces, counted: 2 lxc + the underlay on each node at start and the late
+/// pod's lxc attached, that one released when its pod was deleted; the tunnel parsed, nothing
+/// skipped.
+fn assert_iface_counters(lines: &[Value]) {
     let c = &lines.iter().find(|l| l["type"] == "end").unwrap()["counters"]["sampler"];
     // 2 lxc + nic on each node at start, the late pod's lxc; it is released when deleted
     assert_eq!(
@@ -483,7 +491,6 @@ fn pods_across_a_vxlan_are_one_row_each_and_come_and_go() {
     ] {
         assert_eq!(c[k].as_u64(), Some(0), "{k}: {c}");
     }
-    assert_nothing_left(&bed, &ours);
 }
 
 /// The test's view of the end record and stderr, printed on failure.
