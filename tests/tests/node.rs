@@ -374,10 +374,27 @@ fn finish(r: Running) -> Flow {
 
 /// Nothing of ours left: no program loaded, no clsact filter but the stand-in's, no tcx link.
 fn assert_nothing_left(bed: &Node2, ours: &[u32]) {
-    for id in ours {
+    // the kernel frees a program after its last filter's RCU grace period, asynchronously: once
+    // the observer has exited, within 5 s (sampler.rs allows the same after a kill)
+    let t0 = Instant::now();
+    loop {
+        let alive: Vec<&u32> = ours
+            .iter()
+            .filter(|id| rttscope::sys::bpf::prog_name_by_id(**id).is_ok())
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
         assert!(
-            rttscope::sys::bpf::prog_name_by_id(*id).is_err(),
-            "program {id} still loaded"
+            t0.elapsed() < Duration::from_secs(5),
+            "programs {alive:?} still loaded 5 s after the observer's exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if t0.elapsed() > Duration::from_millis(50) {
+        eprintln!(
+            "node: our programs unloaded {:?} after the exit",
+            t0.elapsed()
         );
     }
     for (k, n) in bed.nodes.iter().enumerate() {
