@@ -149,23 +149,20 @@ impl Node2 {
     }
 }
 
-/// tests/fixtures/cni_standin.bpf.c compiled (once per test binary), as sampler_chain.rs does.
+/// tests/fixtures/cni_standin.bpf.c compiled (as sampler_chain.rs does) to a file of this
+/// call's own, which the caller removes once tc has loaded it.
 fn standin_object() -> PathBuf {
-    static OBJ: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    OBJ.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/cni_standin.bpf.c");
-        let out = std::env::temp_dir().join(format!("cni-standin-node-{}.o", std::process::id()));
-        let st = Command::new("clang-19")
-            .args(["-O2", "-g", "-target", "bpf", "-c"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("clang-19 (scripts/setup.sh installs it)");
-        assert!(st.success(), "compiling {}", src.display());
-        out
-    })
-    .clone()
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/cni_standin.bpf.c");
+    let out = std::env::temp_dir().join(format!("{}.o", rttscope_e2e::unique("cni-standin-")));
+    let st = Command::new("clang-19")
+        .args(["-O2", "-g", "-target", "bpf", "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("clang-19 (scripts/setup.sh installs it)");
+    assert!(st.success(), "compiling {}", src.display());
+    out
 }
 
 /// The stand-in as a clsact filter at priority 1 on both hooks of `ifname` (in `ns`).
@@ -194,6 +191,7 @@ fn clsact_standin(ns: &NetNs, ifname: &str) {
         ])
         .unwrap();
     }
+    let _ = std::fs::remove_file(&obj);
 }
 
 /// A program that returns 0 (TCX_PASS: ends the chain) as tcx links first on both hooks of
