@@ -677,7 +677,7 @@ fn a_clsact_observer_behind_a_cni_at_priority_1_says_so() {
             assert!(h["iface_packets"].as_u64().unwrap() > 100, "{lxc} {d}: {h}");
             let said = stderr
                 .lines()
-                .any(|l| l.contains(&format!("blind on ")) && l.contains(&format!("{lxc} {d}")));
+                .any(|l| l.contains("blind on ") && l.contains(&format!("{lxc} {d}")));
             assert!(said, "{lxc} {d}: no blind notice: {seen:?}");
         }
         assert!(stderr.contains(ahead), "{lxc}: {ahead} named: {seen:?}");
