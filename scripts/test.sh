@@ -152,7 +152,7 @@ VM_PID=$!
 BG_PIDS+=("$VM_PID")
 
 phase "the passive views' end-to-end tests again, loaded by aya"
-RTTSCOPE_LOADER=aya cargo test "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy -- --test-threads=2 "$@"
+RTTSCOPE_LOADER=aya cargo test "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy --test node -- --test-threads=2 "$@"
 
 phase "the container image and the packages (their static build from the background; tests/tests/image.rs, package.rs)"
 cargo test "${FEATURES[@]}" --test image --test package --no-fail-fast -- --test-threads=2 "$@"
