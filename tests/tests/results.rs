@@ -408,13 +408,15 @@ fn observe_document_and_json_lines_chain() {
     let fs = flow.summary.as_ref().unwrap();
     let (p50, min) = (fs.p50_us.unwrap(), fs.min_us.unwrap());
     // TCP's smallest RTT sample of the run against the kernel's own minimum for the socket
-    // (ss's minrtt, whole connection, 1 us resolution): never below it, and above it by at most
-    // 12.5% (the histogram's bucket width) + 50 us, since the kernel's minimum also counts the
-    // handshake and samples from before observe attached, and the other tests load the machine
-    // (seen: 4..16 us against 3..5 us). A unit slip (ms for us) is 1000x off.
+    // (ss's minrtt, whole connection, 1 us resolution): never below it. Above it by how much the
+    // machine allows: the kernel's minimum also counts the handshake and samples from before
+    // observe attached, and the other tests load the machine: seen 4..16 us against 3..5 us on
+    // a quiet one, but 80 us against 21 us in the suite (2026-12-07: every sample of the 3 s
+    // window at 80 us or more). The upper bound is for a unit slip (ms for us: 1000x off):
+    // 4 times the minimum + 200 us.
     let minrtt_us = minrtt_ms * 1e3;
     assert!(
-        min >= minrtt_us - 1.0 && min <= 1.125 * minrtt_us + 50.0,
+        min >= minrtt_us - 1.0 && min <= 4.0 * minrtt_us + 200.0,
         "client flow min {min:.1} us vs ss minrtt {minrtt_us:.1} us"
     );
     assert!(r.counters["tcp"]["samples"] > 0, "{:?}", r.counters);
