@@ -142,6 +142,7 @@ fn read(view: &mut dyn View) -> Counters {
         earlier: &[],
         watched: Counters::new(),
         raw_bad: None,
+        window_start: false,
     };
     let r = view.read(&mut ctx).expect("reading the count view");
     assert!(
