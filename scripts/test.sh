@@ -140,17 +140,6 @@ done
 grep -E "^test result" "$BG/example.log" || true
 grep -E "^(setup|rootfs): .* in [0-9]+ s" "$BG/setup-late.log" || true
 
-# The VM phase in the background from here (it needs the debug build, the example build, the
-# static binary and the kernels, all there now), at nice 10 beside the phases below, which run
-# host tests: its three guests took 1013 s one after the other, ~17 of the suite's 40 minutes
-# (session 21); their result is waited for and printed after the example view.
-# (with the example build: the example view's cgroup_skb programs in each guest too)
-# (and in the 5.10 guest the static binary of the packages in a Debian 11 root: features, one traffic run)
-RTTSCOPE_EXAMPLE_BIN="$ROOT/target/example/debug/rttscope" RTTSCOPE_STATIC_BIN="$ROOT/target/static/rttscope-static" \
-  setsid bash -c '"$@" >"$0.log" 2>&1; echo $? >"$0.rc"' "$BG/vm" nice -n 10 "$ROOT/scripts/test-kernels.sh" &
-VM_PID=$!
-BG_PIDS+=("$VM_PID")
-
 phase "the passive views' end-to-end tests again, loaded by aya"
 RTTSCOPE_LOADER=aya cargo test "${FEATURES[@]}" --no-fail-fast --test tcp_view --test observe_views --test compare --test deploy --test node -- --test-threads=2 "$@"
 
@@ -161,10 +150,14 @@ phase "the example view through observe: JSON, table, /metrics, result file (a b
 RTTSCOPE_EXAMPLE_VIEW=1 RTTSCOPE_BIN="$ROOT/target/example/debug/rttscope" \
   cargo test "${FEATURES[@]}" --test example_view -- "$@"
 
-phase "other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG, two at a time, from the background; expectations from rttscope features; docs/kernels.md)"
-wait "$VM_PID" 2>/dev/null || true
-cat "$BG/vm.log"
-if [ "$(cat "$BG/vm.rc" 2>/dev/null)" != 0 ]; then echo "the VM phase failed (above)" >&2; exit 1; fi
+phase "other kernels in a VM (Debian 11's 5.10, 12's 6.1, 13's 6.12 under virtme-ng, TCG, two guests at a time; expectations from rttscope features; docs/kernels.md)"
+# Last, alone: a guest starved by host work beside it fails its own checks (2026-12-07: the VM
+# phase at nice 10 beside two cargo builds started observe in 252 s instead of 41 and missed
+# flows), so the guests only share the machine with each other (scripts/test-kernels.sh).
+# (with the example build: the example view's cgroup_skb programs in each guest too)
+# (and in the 5.10 guest the static binary of the packages in a Debian 11 root: features, one traffic run)
+RTTSCOPE_EXAMPLE_BIN="$ROOT/target/example/debug/rttscope" RTTSCOPE_STATIC_BIN="$ROOT/target/static/rttscope-static" \
+  "$ROOT/scripts/test-kernels.sh"
 
 phase "leftovers"
 left=$(ip netns list | grep -E '^(rts|rtlab)' || true)
