@@ -873,7 +873,7 @@ kernel_version() {
 # running (an interrupted run).
 vm_dir=$(mktemp -d /tmp/rttscope-test-kernels.XXXXXX)
 static_root=""
-trap 'pids=$(jobs -p); [ -z "$pids" ] || kill $pids 2>/dev/null; wait; rm -rf "$vm_dir" ${static_root:+"$static_root"}' EXIT
+trap 'rc=$?; pids=$(jobs -p); [ -z "$pids" ] || kill $pids 2>/dev/null || true; wait || true; rm -rf "$vm_dir" ${static_root:+"$static_root"}; exit $rc' EXIT
 # The static binary (scripts/package.sh --binary) in a Debian 11 root (glibc 2.31), in the
 # oldest kernel's guest (5.10 in the default list; the guest's static_run): the root from
 # scripts/rootfs.sh (cached: the package tests made it; its lock waits for a build in progress),
