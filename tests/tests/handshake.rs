@@ -3,15 +3,16 @@
 //! emulator, this kernel has no netem).
 //!
 //! Traffic: `rttscope probe tcp-connect` from the client namespace (a handshake, then a FIN;
-//! it times each handshake itself, connect() to writable) to `rttscope serve` in the server
+//! it times each handshake by the client kernel's `tcpi_rtt`, read with getsockopt) to `rttscope serve` in the server
 //! namespace; `observe` watches both namespaces. Truths: the configured delay, the probe's own
 //! timing of the same handshakes, the number of handshakes the probe made.
 //!
 //! Tolerances: each side's median handshake RTT within 5 % (1 ms) of the configured 20 ms — the
 //! emulator adds 0.1-0.3 ms of its own, and one stalled handshake on this loaded machine moves a
-//! median little — and not above the probe's median + 5 % (the probe's span, connect() to
-//! writable in userspace, holds the kernel's; on this loaded machine its wake-up added 1.6 to
-//! 7.7 ms to its median in one run while the kernel's stayed at 20.3 ms); no handshake shorter than the
+//! median little — and not above the probe's median + 5 % (the client side is the same kernel
+//! sample read two ways, sock_ops and getsockopt; when the probe timed connect() to writable in
+//! userspace, its wake-up on this loaded machine added 1.6 to 7.7 ms to its median in one run
+//! while the kernel's stayed at 20.3 ms); no handshake shorter than the
 //! configured delay (less would mean a wrong measurement, not load). With timestamps off on
 //! the client (a second batch, to another port) the same: the kernel times the SYN and the
 //! SYN-ACK from when it sent them, not from a timestamp echo. Counts are exact: the test's
@@ -163,7 +164,7 @@ fn check_side(
                 v.len()
             ));
         }
-        // the probe times connect() to writable in userspace: its span holds the kernel's
+        // the probe reads the client kernel's sample (tcpi_rtt); the server's is no longer
         if (p50 - RTT_US).abs() > 0.05 * RTT_US || p50 > 1.05 * probe_ms * 1e3 {
             bad.push(format!(
                 "{what} {side}: median {p50:.0} us, configured {RTT_US} us, probe {probe_ms:.3} ms"

@@ -348,7 +348,7 @@ fn human_connect(r: &ProbeResult) -> String {
     let st = &r.settings;
     let _ = writeln!(
         o,
-        "settings: interval {}, timeout {}, {} SYN retransmissions, clock {} (connect() to writable)",
+        "settings: interval {}, timeout {}, {} SYN retransmissions, clock {}",
         interval_text(r),
         fmt_duration_short(std::time::Duration::from_nanos(st.timeout_ns)),
         c.syn_retransmits,

@@ -34,7 +34,8 @@ pub struct Settings {
     /// "sleep (timerfd)" (in the reactor) or "sleep (clock_nanosleep)" (TCP_RR's blocking thread).
     pub pacing: String,
     /// How the RTT is timed. TCP_RR and UDP_RR: "CLOCK_MONOTONIC" (userspace,
-    /// around the send and receive calls). ICMP: "kernel rx timestamp
+    /// around the send and receive calls). tcp-connect: the kernel's handshake
+    /// RTT (`tcpi_rtt`), userspace for a handshake whose SYN was sent again. ICMP: "kernel rx timestamp
     /// (SO_TIMESTAMPNS), realtime send stamp" when replies carried the kernel's
     /// receive time (as in ping), "userspace monotonic" when none did
     /// (see `counts.rx_timestamp_fallbacks`).
@@ -69,7 +70,9 @@ pub struct Counts {
     pub samples_dropped: u64,
     /// ICMP: replies timed in userspace (CLOCK_MONOTONIC) because no kernel
     /// receive timestamp came with them, or it was inconsistent (a realtime
-    /// clock step between send and receive).
+    /// clock step between send and receive). `tcp-connect`: handshakes timed in
+    /// userspace (connect() to writable) because the kernel had no sample of the
+    /// first SYN (it was sent again).
     #[serde(default)]
     pub rx_timestamp_fallbacks: u64,
     /// UDP: requests sent again because the server answered with a new cookie

@@ -122,7 +122,12 @@ fn settings(cfg: &ProbeConfig, addr: SocketAddr, (req_size, resp_size): (u32, u3
             (false, false, false) => "sleep (timerfd)",
         }
         .into(),
-        clock: "CLOCK_MONOTONIC".into(),
+        clock: if cfg.kind == Kind::TcpConnect {
+            super::transport::connect::CLOCK
+        } else {
+            "CLOCK_MONOTONIC"
+        }
+        .into(),
         icmp_socket: None,
         io: if cfg.kind == Kind::TcpRr {
             cfg.io
@@ -241,6 +246,7 @@ async fn run_connect(
     t.close();
     rec.counts.refused = t.refused;
     rec.counts.syn_retransmits = t.syn_retransmits;
+    rec.counts.rx_timestamp_fallbacks = t.timed_in_userspace;
     Ok((rec, end))
 }
 

@@ -1,7 +1,12 @@
 //! `probe tcp-connect`: each request is a TCP handshake (tcping, `hping3 -S`, netperf's TCP_CC).
-//! A non-blocking `connect()` is timed from just before the call to the moment the socket is
-//! writable, which the kernel signals when the SYN-ACK came and its ACK left (or the handshake
-//! failed). The socket is then closed at once: a FIN, never a byte of data. No responder is
+//! A non-blocking `connect()` is started and waited on until the socket is writable, which the
+//! kernel signals when the SYN-ACK came and its ACK left (or the handshake failed). The RTT is the
+//! kernel's own SYN to SYN-ACK time (`tcpi_rtt`: the handshake's one sample, taken in softirq when
+//! the SYN-ACK is processed), as ping takes the kernel's receive stamp: waking the probe late on a
+//! busy host (1-4 ms seen at CI's load on 2 cores) does not count. A handshake whose SYN was sent
+//! again gives the kernel no sample from the first SYN (Karn): it is timed in userspace, from
+//! just before `connect()` to writable, so that the retransmission timer's second counts, as in
+//! tcping. The socket is then closed at once: a FIN, never a byte of data. No responder is
 //! needed, any open port answers: the path where ICMP is filtered can still be measured.
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,10 +19,16 @@ use crate::active::cancel::{cancelled, Cancel};
 use crate::active::engine::{Event, Reply, Sent, Stamp, Transport};
 use crate::sys::clock::mono_ns;
 
+/// `settings.clock` of a tcp-connect result.
+pub(crate) const CLOCK: &str =
+    "tcpi_rtt (kernel: SYN to SYN-ACK); CLOCK_MONOTONIC connect() to writable if a SYN was resent";
+
 /// A handshake in flight.
 struct Pending {
     sock: AsyncFd<Socket>,
     seq: u64,
+    /// Just before `connect()` (CLOCK_MONOTONIC).
+    t0: u64,
     deadline: tokio::time::Instant,
 }
 
@@ -32,6 +43,9 @@ pub(crate) struct Connect {
     pub syn_retransmits: u64,
     /// Handshakes answered by a reset (ECONNREFUSED: nothing listens on the port).
     pub refused: u64,
+    /// Completed handshakes timed in userspace (connect() to writable) because the kernel had
+    /// no sample of the first SYN (it was sent again, or `tcpi_rtt` read 0).
+    pub timed_in_userspace: u64,
 }
 
 impl Connect {
@@ -43,6 +57,7 @@ impl Connect {
             pending: None,
             syn_retransmits: 0,
             refused: 0,
+            timed_in_userspace: 0,
         }
     }
 
@@ -60,18 +75,26 @@ impl Connect {
         let Some(p) = &self.pending else {
             return Event::TimedOut;
         };
-        let seq = p.seq;
+        let (seq, t0) = (p.seq, p.t0);
         let end = classify(p.sock.get_ref().take_error());
+        let kernel = crate::sys::tcpinfo::tcp_info(p.sock.get_ref()).ok();
         self.close();
         match end {
-            Handshake::Connected => Event::Reply(
-                Reply {
+            Handshake::Connected => {
+                let t1 = match kernel.and_then(|i| handshake_rtt_ns(&i)) {
+                    Some(rtt) => t0 + rtt,
+                    None => {
+                        self.timed_in_userspace += 1;
+                        t1
+                    }
+                };
+                let reply = Reply {
                     seq,
                     rx_real_ns: None,
                     ttl: None,
-                },
-                t1,
-            ),
+                };
+                Event::Reply(reply, t1)
+            }
             Handshake::TimedOut => Event::TimedOut,
             Handshake::Refused(e) => {
                 self.refused += 1;
@@ -80,6 +103,14 @@ impl Connect {
             Handshake::Failed(e) => Event::Failed(e),
         }
     }
+}
+
+/// The kernel's SYN to SYN-ACK time of a connected socket: its srtt holds that one sample
+/// (`tcp_rcv_synsent_state_process` runs `tcp_ack` on the SYN-ACK; the first sample sets srtt to
+/// it). None when a SYN was sent again: the sample, if any, is of the last SYN (from the
+/// timestamp echo), not of the handshake the application waited for.
+fn handshake_rtt_ns(info: &libc::tcp_info) -> Option<u64> {
+    (info.tcpi_total_retrans == 0 && info.tcpi_rtt > 0).then(|| u64::from(info.tcpi_rtt) * 1000)
 }
 
 /// How a handshake ended, from the socket's pending error (`SO_ERROR`, `take_error`).
@@ -134,6 +165,7 @@ impl Transport for Connect {
         self.pending = Some(Pending {
             sock,
             seq,
+            t0,
             deadline: tokio::time::Instant::now() + self.timeout,
         });
         Ok(Sent::At(Stamp {
@@ -216,6 +248,48 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn the_kernels_sample_is_taken_only_from_an_unrepeated_syn() {
+        // SAFETY: tcp_info is integers only: zeros are a valid value.
+        let mut i: libc::tcp_info = unsafe { std::mem::zeroed() };
+        assert_eq!(handshake_rtt_ns(&i), None, "no sample (srtt 0)");
+        i.tcpi_rtt = 20_344;
+        assert_eq!(handshake_rtt_ns(&i), Some(20_344_000));
+        i.tcpi_total_retrans = 1;
+        assert_eq!(handshake_rtt_ns(&i), None, "the SYN was sent again");
+    }
+
+    /// The real kernel over loopback: a completed handshake is timed by the kernel (not counted
+    /// as timed in userspace), and its RTT is within the span userspace saw around it.
+    #[test]
+    fn a_loopback_handshake_is_timed_by_the_kernel() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (_keep, cancel) = crate::active::cancel::cancel_pair();
+        let mut c = Connect::new(addr, Duration::from_secs(10), cancel);
+        let (sent, ev, after) = rt.block_on(async {
+            let sent = match c.send(1).await.unwrap() {
+                Sent::At(s) => s.mono_ns,
+                other => panic!("{other:?}"),
+            };
+            let ev = c.recv().await.unwrap();
+            (sent, ev, mono_ns())
+        });
+        let Event::Reply(r, t1) = ev else {
+            panic!("{ev:?}")
+        };
+        assert_eq!(r.seq, 1);
+        assert_eq!(c.timed_in_userspace, 0);
+        assert!(
+            t1 > sent && t1 <= after,
+            "sent {sent} reply {t1} after {after}"
+        );
+    }
+
     /// The real kernel: SYNs to a full accept queue go unanswered; with TCP_USER_TIMEOUT 300 ms
     /// the kernel gives up (ETIMEDOUT) at its first retransmission timer, 1 s, well before this
     /// run's own 10 s deadline: a timeout, not an error nor a refusal.
@@ -236,13 +310,14 @@ mod tests {
         let mut c = Connect::new(addr, Duration::from_secs(10), cancel);
         let t0 = std::time::Instant::now();
         let ev = rt.block_on(async {
-            let (s, _) = start(addr).unwrap();
+            let (s, t0) = start(addr).unwrap();
             s.set_tcp_user_timeout(Some(Duration::from_millis(300)))
                 .unwrap();
             c.pending = Some(Pending {
                 // SAFETY: the socket stays open for as long as the AsyncFd holds it.
                 sock: unsafe { AsyncFd::register(s) }.unwrap(),
                 seq: 1,
+                t0,
                 deadline: tokio::time::Instant::now() + c.timeout,
             });
             c.recv().await.unwrap()
