@@ -38,6 +38,50 @@ pub fn explain(
     notes.extend(cloud.and_then(bucket_artifact));
     notes.extend(loss_recovery(get("TCP_RR"), socket(Side::Client), retrans));
     notes.extend(kernel_echo(get("ICMP"), get("TCP_RR")));
+    notes.extend(handshake_baseline(
+        get("TCP_CONNECT"),
+        socket(Side::Client),
+        get("TCP_RR"),
+    ));
+    notes
+}
+
+/// Well above: more than 20 % and 50 us over (below that, the clocks' and wake-ups' noise).
+fn above(x: f64, base: f64) -> bool {
+    x > 1.2 * base && x - base > 50.0
+}
+
+/// The handshake as the path's baseline (`--tcp-connect`: the kernel's SYN to SYN-ACK, answered
+/// by the peer's kernel at once, no data before it, no delayed ACK): what TCP's per-ACK RTT and
+/// the application add above it, each only when it is well above.
+fn handshake_baseline(
+    hs: Option<Summary>,
+    tcp: Option<Summary>,
+    app: Option<Summary>,
+) -> Vec<String> {
+    let Some(h) = hs else {
+        return Vec::new();
+    };
+    let mut notes = Vec::new();
+    if let Some(t) = tcp.filter(|t| above(t.p50, h.p50)) {
+        notes.push(format!(
+            "TCP's client-side RTT p50 {} ms is {} ms above the handshake's p50 {} ms (TCP_CONNECT: SYN to SYN-ACK, the path alone): the data's ACKs came that much later than the path allows (queued behind other data, or held by the peer's delayed ACK).",
+            fmt_ms(t.p50), fmt_ms(t.p50 - h.p50), fmt_ms(h.p50)
+        ));
+    }
+    let floor = tcp.map_or(h.p50, |t| t.p50.max(h.p50));
+    if let Some(a) = app.filter(|a| above(a.p50, floor)) {
+        notes.push(format!(
+            "TCP_RR p50 {} ms is {} ms above the handshake's p50 {} ms{}: the applications' time (the responder's read, work and write, both ends' wake-ups), which no packet's RTT holds.",
+            fmt_ms(a.p50),
+            fmt_ms(a.p50 - floor),
+            fmt_ms(h.p50),
+            match tcp {
+                Some(t) if t.p50 > h.p50 => format!(" and TCP's client-side RTT p50 {} ms", fmt_ms(t.p50)),
+                _ => String::new(),
+            }
+        ));
+    }
     notes
 }
 
@@ -45,7 +89,8 @@ pub fn explain(
 /// 40 ms timer) or at the timer, far above the client side's.
 fn delayed_ack(client: Option<Summary>, server: Option<Summary>, iv_us: f64) -> Option<String> {
     let (c, s) = (client?, server?);
-    if s.p50 <= 3.0 * c.p50 {
+    // well above the client side (on a 20 ms path at 30 ms think time: 30 vs 20 ms)
+    if !above(s.p50, c.p50) {
         return None;
     }
     if iv_us > 0.0 && iv_us < 40_000.0 && (s.p50 - iv_us).abs() <= 0.3 * iv_us + 2_000.0 {
@@ -131,6 +176,41 @@ mod tests {
             summary: s,
             bucketed: None,
         }
+    }
+
+    /// The handshake (TCP_CONNECT) as the baseline: a note for what is well above it, none for
+    /// what is within 20 % or 50 us of it.
+    #[test]
+    fn handshake_baseline_notes_what_is_above_the_path() {
+        let notes = |rows: &[Row]| explain(rows, Duration::from_millis(10), 0, None);
+        // all on the path: 20 ms handshake, per-ACK RTT and TCP_RR within noise: nothing
+        let path = [
+            row("TCP_CONNECT", 20_300.0, 20_600.0, 21_000.0),
+            row("tcp client", 20_350.0, 20_700.0, 21_000.0),
+            row("TCP_RR", 20_500.0, 21_000.0, 22_000.0),
+        ];
+        assert!(notes(&path).is_empty(), "{:?}", notes(&path));
+        // a per-ACK RTT 10 ms above (queues, delayed ACK) and TCP_RR 10 ms above that
+        let slow = [
+            row("TCP_CONNECT", 20_000.0, 20_600.0, 21_000.0),
+            row("tcp client", 30_000.0, 31_000.0, 32_000.0),
+            row("TCP_RR", 40_000.0, 41_000.0, 42_000.0),
+        ];
+        let n = notes(&slow);
+        assert_eq!(n.len(), 2, "{n:?}");
+        assert!(n[0].starts_with("TCP's client-side RTT p50 30.000 ms is 10.000 ms above the handshake's p50 20.000 ms"), "{}", n[0]);
+        assert!(n[1].starts_with("TCP_RR p50 40.000 ms is 10.000 ms above the handshake's p50 20.000 ms and TCP's client-side RTT p50 30.000 ms"), "{}", n[1]);
+        // sub-millisecond: 40 us above is noise, 200 us above is not
+        let lan = |rr: f64| {
+            notes(&[
+                row("TCP_CONNECT", 60.0, 80.0, 90.0),
+                row("TCP_RR", rr, rr, rr),
+            ])
+        };
+        assert!(lan(100.0).is_empty());
+        assert_eq!(lan(260.0).len(), 1, "{:?}", lan(260.0));
+        // no handshakes run: no baseline notes
+        assert!(notes(&slow[1..]).iter().all(|s| !s.contains("handshake")));
     }
 
     #[test]

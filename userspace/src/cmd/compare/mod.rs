@@ -66,6 +66,11 @@ pub struct CompareArgs {
     /// Run an irtt probe against `irtt server` on HOST (port 2112) at the same interval (10ms if -w 0).
     #[arg(long)]
     pub irtt: bool,
+    /// Run timed TCP handshakes (`probe tcp-connect`) to the responder's port at the same
+    /// interval (10ms if -w 0): the path's RTT from the kernel's SYN to SYN-ACK, with no delayed
+    /// ACK, data queue or application in it; where ICMP is dropped, still answered.
+    #[arg(long)]
+    pub tcp_connect: bool,
     // Each view's own options (`--iface`, `--sample-every`, `--match`), declared in its folder.
     #[command(flatten)]
     pub views: CompareViewArgs,
@@ -170,6 +175,9 @@ impl ProbePlan {
         if args.icmp {
             kinds.push(Kind::Icmp);
         }
+        if args.tcp_connect {
+            kinds.push(Kind::TcpConnect);
+        }
         let rr = kinds
             .iter()
             .map(|k| {
@@ -177,7 +185,15 @@ impl ProbePlan {
                 c.port = args.port;
                 c.interval = args.interval;
                 c.burst = args.burst;
-                if *k != Kind::Icmp {
+                if *k == Kind::TcpConnect {
+                    // one at a time, and never back to back: each handshake holds a local port
+                    // in TIME_WAIT for 60 s (10 ms: 6,000 ports)
+                    c.burst = 1;
+                    if c.interval.is_zero() {
+                        c.interval = Duration::from_millis(10);
+                    }
+                }
+                if !matches!(*k, Kind::Icmp | Kind::TcpConnect) {
                     c.req_size = args.sizes.0;
                     c.resp_size = args.sizes.1;
                 }

@@ -127,8 +127,12 @@ impl Report {
             } else {
                 ViewKind::Probe
             };
+            let timed = match r.settings.kind {
+                Kind::TcpConnect => "handshakes, the kernel's SYN to SYN-ACK (tcpi_rtt)",
+                _ => "send()->recv() of the response",
+            };
             let what = format!(
-                "{} send()->recv() of the response; {} lost{}",
+                "{} {timed}; {} lost{}",
                 r.settings.kind.label(),
                 r.counts.lost,
                 if r.counts.errors > 0 {
