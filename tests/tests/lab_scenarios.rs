@@ -334,7 +334,10 @@ fn observer_programs_unloaded(result: &Value) {
 /// - server side: the transactions or one fewer, a justified 1: the server times a response by
 ///   its ACK, which rides on the next request; the last response's ACK comes with the close,
 ///   after the window (it is inside when the client ACKs at once: above the delayed-ACK timer,
-///   or after the timer fired).
+///   or after the timer fired);
+/// - never more: the transaction in flight when `-l` ends is stopped and not counted, and the
+///   window ends when its request left (once, at a load of 12, every view held n + 1 when the
+///   window ended at the stop instead).
 ///
 /// Measured (probe-interval, load on): 474 / 473 / 474 / 473 (tcp client, server, sampler
 /// client, server) for 474 transactions at 10 ms, 80 of each for 80 at 100 ms, 15 for 15 at

@@ -67,28 +67,32 @@ async fn transactions<T: Transport>(
         if plan.yield_often && seq.is_multiple_of(256) {
             tokio::task::yield_now().await;
         }
-        if !transaction(t, rec, seq).await? {
-            return Ok(Some(mono_ns()));
+        if let Some(end) = transaction(t, rec, seq).await? {
+            return Ok(Some(end));
         }
     }
     Ok(None)
 }
 
 /// One transaction: send request `seq`, receive until it is answered, lost or
-/// failed. False: the run was stopped meanwhile.
-async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> Result<bool> {
+/// failed. Some(end): the run was stopped meanwhile; the run's window ends when this uncounted
+/// request left (or now, if it never did), so that the passive views' samples of it (its
+/// request and response crossed the wire while the probe stopped) are not taken as the last
+/// counted transaction's.
+async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> Result<Option<u64>> {
+    const NEXT: Result<Option<u64>> = Ok(None);
     rec.pending(seq);
     let mut sent = match t.send(seq).await? {
         Sent::At(s) => s,
-        Sent::Failed(e) => return rec.failed(seq, "send", &e, true).map(|_| true),
-        Sent::Stopped => return Ok(false),
+        Sent::Failed(e) => return rec.failed(seq, "send", &e, true).and(NEXT),
+        Sent::Stopped => return Ok(Some(mono_ns())),
     };
     let mut resent = false;
     loop {
         match t.recv().await? {
             Event::Reply(r, t1) => {
                 if rec.reply(seq, sent, r, t1) == Verdict::Answered {
-                    return Ok(true);
+                    return NEXT;
                 }
             }
             Event::Foreign => rec.counts.foreign += 1,
@@ -99,28 +103,28 @@ async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> R
                 rec.counts.cookie_refreshes += 1;
                 match t.send(seq).await? {
                     Sent::At(s) => sent = s,
-                    Sent::Failed(e) => return rec.failed(seq, "send", &e, false).map(|_| true),
-                    Sent::Stopped => return Ok(false),
+                    Sent::Failed(e) => return rec.failed(seq, "send", &e, false).and(NEXT),
+                    Sent::Stopped => return Ok(Some(sent.mono_ns)),
                 }
             }
             Event::TimedOut => {
                 rec.timed_out(seq);
-                return Ok(true);
+                return NEXT;
             }
             Event::Failed(e) => {
                 rec.failed(seq, "receive", &e, true)?;
                 t.pause().await;
-                return Ok(true);
+                return NEXT;
             }
             Event::IcmpError(e) => {
                 // The request waiting now, if the error quotes it (an older one's is counted).
                 let ours = e.seq16 == seq as u16;
                 rec.icmp_error(ours.then_some(seq), &e);
                 if ours {
-                    return Ok(true);
+                    return NEXT;
                 }
             }
-            Event::Stopped => return Ok(false),
+            Event::Stopped => return Ok(Some(sent.mono_ns)),
         }
     }
 }
