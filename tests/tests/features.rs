@@ -238,3 +238,50 @@ fn observe_took_them(
         );
     }
 }
+
+/// `features --iface NETNS:PATTERN`: every interface of the namespace that matches now, each with
+/// its hooks (ingress and egress) and the pattern it matched; a pattern that matches nothing says
+/// so in one line and is no error (observe would attach what appears later).
+#[test]
+fn an_interface_pattern_reports_each_match() {
+    if !require_root() {
+        return;
+    }
+    let p = Pair::new().unwrap();
+    let run = |pattern: &str, json: bool| {
+        let mut c = Command::new(rttscope_bin());
+        c.args(["features", "--iface", pattern]);
+        if json {
+            c.arg("--json");
+        }
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "{pattern}: {text}");
+        text
+    };
+    let all = format!("{}:*", p.a.name);
+    let doc: Value = serde_json::from_str(&run(&all, true)).unwrap();
+    let mut seen: Vec<(String, usize)> = doc["ifaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .inspect(|d| assert_eq!(d["pattern"], all.as_str(), "{d}"))
+        .map(|d| {
+            let name = d["iface"].as_str().unwrap().to_string();
+            (name, d["hooks"].as_array().map_or(0, |h| h.len()))
+        })
+        .collect();
+    seen.sort();
+    let mut want = vec![
+        (format!("{}:{}", p.a.name, p.a_if), 2),
+        (format!("{}:lo", p.a.name), 2),
+    ];
+    want.sort();
+    assert_eq!(seen, want, "{doc}");
+    let none = format!("{}:zz*", p.a.name);
+    let text = run(&none, false);
+    assert!(
+        text.contains(&format!("{none}: no interface matches now")),
+        "{text}"
+    );
+}

@@ -16,7 +16,8 @@ pub struct FeaturesArgs {
     pub json: bool,
     /// Also list what already runs on this interface's tc hooks (XDP, tcx programs and clsact
     /// filters, in the order they run) and whether the packet sampler would see the packets
-    /// there ([NETNS:]DEV; repeatable).
+    /// there ([NETNS:]DEV; repeatable). DEV may be a pattern (`'lxc*'`): each interface that
+    /// matches it now.
     #[arg(long, value_name = "[NETNS:]DEV")]
     pub iface: Vec<String>,
 }
@@ -77,9 +78,9 @@ pub fn run(args: FeaturesArgs) -> Result<()> {
     let mut iface_lines = Vec::new();
     let mut iface_docs = Vec::new();
     for i in &args.iface {
-        let (lines, doc) = crate::views::iface_hooks(i, f)?;
+        let (lines, docs) = crate::views::iface_hooks(i, f)?;
         iface_lines.extend(lines);
-        iface_docs.push(doc);
+        iface_docs.extend(docs);
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();

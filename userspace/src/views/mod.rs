@@ -221,11 +221,32 @@ pub fn plans(f: &features::Features) -> Vec<features::ViewPlan> {
 pub fn iface_hooks(
     iface: &str,
     f: &features::Features,
-) -> Result<(Vec<String>, serde_json::Value)> {
+) -> Result<(Vec<String>, Vec<serde_json::Value>)> {
     let spec: sampler::IfaceSpec = iface.parse().map_err(anyhow::Error::msg)?;
-    let hooks = sampler::chain::report(&spec, f.tcx.ok)?;
-    let lines = sampler::chain::report_lines(iface, &hooks);
-    Ok((lines, serde_json::json!({ "iface": iface, "hooks": hooks })))
+    if !spec.is_pattern() {
+        let hooks = sampler::chain::report(&spec, f.tcx.ok)?;
+        let lines = sampler::chain::report_lines(iface, &hooks);
+        return Ok((
+            lines,
+            vec![serde_json::json!({ "iface": iface, "hooks": hooks })],
+        ));
+    }
+    // a pattern: each interface it matches now (observe follows those that come later too)
+    let matched = sampler::chain::matching(&spec)?;
+    if matched.is_empty() {
+        let line = format!(
+            "{iface}: no interface matches now (observe --iface '{iface}' attaches those that appear)"
+        );
+        return Ok((vec![line], Vec::new()));
+    }
+    let (mut lines, mut docs) = (Vec::new(), Vec::new());
+    for one in matched {
+        let name = one.to_string();
+        let hooks = sampler::chain::report(&one, f.tcx.ok)?;
+        lines.extend(sampler::chain::report_lines(&name, &hooks));
+        docs.push(serde_json::json!({ "iface": name, "pattern": iface, "hooks": hooks }));
+    }
+    Ok((lines, docs))
 }
 
 /// Daemon mode's log line for a view not asked for, saying how to ask for it (None: say

@@ -274,6 +274,22 @@ pub fn report(iface: &super::IfaceSpec, tcx: bool) -> Result<Vec<HookReport>> {
         .collect())
 }
 
+/// The interfaces of a pattern's namespace (`lxc*`, `NETNS:veth*`) that match it now, in the
+/// kernel's order: what `observe --iface PATTERN` would attach at start.
+pub fn matching(pattern: &super::IfaceSpec) -> Result<Vec<super::IfaceSpec>> {
+    let ns = netns::resolve(pattern.netns.as_deref().unwrap_or("self"))?;
+    let links = netns::run_in(&ns, || Rtnl::open()?.links())
+        .with_context(|| format!("interfaces matching {pattern}"))?;
+    Ok(links
+        .into_iter()
+        .filter(|l| pattern.matches(&l.name))
+        .map(|l| super::IfaceSpec {
+            netns: pattern.netns.clone(),
+            name: l.name,
+        })
+        .collect())
+}
+
 /// The report's lines for one interface.
 pub fn report_lines(iface: &str, hooks: &[HookReport]) -> Vec<String> {
     let mut out = Vec::new();
