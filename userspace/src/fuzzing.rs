@@ -102,7 +102,7 @@ pub fn result_document(data: &[u8]) {
         }
     }
     // the same text through the readers `bucket` and `chart` pick from
-    if let Ok(sets) = input::load_sample_sets(&t, "r.json", None) {
+    if let Ok(sets) = input::load_sample_sets(&t, "r.json") {
         for s in sets.iter().flat_map(|s| &s.samples) {
             assert_rtt_ok("sample set", s.rtt_us);
         }
@@ -127,7 +127,7 @@ pub fn observe_jsonl(data: &[u8]) {
         }
         Err(e) => assert_one_sentence("observe output", &format!("{e:#}")),
     }
-    if let Err(e) = input::result_from_text(&t, "o.jsonl", None) {
+    if let Err(e) = input::result_from_text(&t, "o.jsonl") {
         assert_one_sentence("observe output as a result", &format!("{e:#}"));
     }
 }

@@ -327,7 +327,6 @@ impl Session {
         }
         Ok(IntervalRead {
             interval: Interval {
-                kind: "interval".into(),
                 t: 0.0,
                 ts: 0.0,
                 interval_s: 0.0,
@@ -443,7 +442,6 @@ impl WholeRun {
     /// The rows as an interval report (totals per side) for the table.
     pub fn as_interval(&self, t: f64) -> Interval {
         Interval {
-            kind: "summary".into(),
             t,
             ts: 0.0,
             interval_s: t,

@@ -304,12 +304,6 @@ pub fn probe_from_document(doc: &RunResult) -> Option<ProbeResult> {
     serde_json::from_value(serde_json::Value::Object(o)).ok()
 }
 
-/// `text` read as what `probe --json` wrote before the result document (rttscope 0.1's
-/// `ProbeResult`), if it is one.
-pub fn parse_probe_json(text: &str) -> Option<ProbeResult> {
-    serde_json::from_str(text).ok()
-}
-
 /// The text summary: ping's lines for ICMP, their like for handshakes, netperf-like lines
 /// otherwise.
 pub fn human(r: &ProbeResult) -> String {
@@ -681,15 +675,31 @@ mod tests {
             assert_eq!(s.extra["netperf_p99_us"], 40.0);
             let p = probe_from_document(&back).expect("a probe document");
             assert_eq!(p, r, "{kind:?}");
-            let sets = crate::cmd::bucket::load_sample_sets(&text, "probe.json").unwrap();
+            let sets = crate::analysis::input::load_sample_sets(&text, "probe.json").unwrap();
             assert_eq!(sets.len(), 1);
             assert_eq!(sets[0].samples.len(), r.samples.len());
             assert_eq!(sets[0].samples[2].t_s(), 2.500000003);
         }
-        assert!(parse_probe_json("{\"format\":\"x\"}").is_none());
-        // rttscope 0.1's probe --json still reads
+    }
+
+    /// What rttscope 0.1's `probe --json` wrote (the probe's own struct, before the result
+    /// document) is refused in one sentence that says so, by `bucket` and by `chart`.
+    #[test]
+    fn probe_json_of_0_1_is_refused_in_one_sentence() {
         let old = serde_json::to_string(&result(Kind::UdpRr)).unwrap();
-        let sets = crate::cmd::bucket::load_sample_sets(&old, "old.json").unwrap();
-        assert_eq!(sets[0].samples[3].rtt_us, 40.0);
+        let e = crate::analysis::input::load_sample_sets(&old, "old.json").unwrap_err();
+        let want = "old.json was written by rttscope 0.1's probe --json, which this version no longer reads; re-run the probe with this version";
+        assert_eq!(e.to_string(), want);
+        let path = std::env::temp_dir().join(format!("rttscope-0.1-{}.json", std::process::id()));
+        std::fs::write(&path, &old).unwrap();
+        let e = crate::analysis::input::load_result(&path)
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.ends_with("re-run the probe with this version"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        // a document of another format is not taken for one
+        let e = crate::analysis::input::load_sample_sets(r#"{"format":"x"}"#, "x.json");
+        assert!(!e.unwrap_err().to_string().contains("0.1"));
     }
 }

@@ -8,10 +8,6 @@ use anyhow::Context;
 use crate::analysis::records::Record;
 use crate::analysis::results::{ResultError, RunResult, Sample, ViewKind};
 
-/// Reads an older format into a result document (rttscope 0.1's `probe --json`: its types live
-/// with the probes, above this layer, so the command passes the reader in).
-pub type LegacyReader = fn(&str) -> Option<RunResult>;
-
 /// A named set of RTT samples.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleSet {
@@ -192,14 +188,10 @@ pub fn parse_observe_output(text: &str, name: &str) -> anyhow::Result<Vec<Sample
     Ok(sets)
 }
 
-/// Any measuring command's output as a result document: a result (version 1 or 2, what `probe`,
-/// `observe`, `compare` and `lab` write with `--json`), rttscope 0.1's `probe --json`, or
-/// `observe --format json --raw` JSON Lines (one view per view and side).
-pub fn result_from_text(
-    text: &str,
-    name: &str,
-    legacy: Option<LegacyReader>,
-) -> anyhow::Result<RunResult> {
+/// Any measuring command's output as a result document: a result (what `probe`, `observe`,
+/// `compare` and `lab` write with `--json`) or `observe --format json --raw` JSON Lines (one view
+/// per view and side). rttscope 0.1's `probe --json` is refused in one sentence ([`from_0_1`]).
+pub fn result_from_text(text: &str, name: &str) -> anyhow::Result<RunResult> {
     if is_observe_output(text) {
         let sets = parse_observe_output(text, name)?;
         let mut r = RunResult::new("observe", serde_json::json!({"source": name}));
@@ -219,24 +211,40 @@ pub fn result_from_text(
     }
     match RunResult::from_json(text, name) {
         Ok(r) => Ok(r),
-        Err(e) => match legacy.and_then(|read| read(text)) {
-            Some(r) => Ok(r),
-            None => Err(e.into()),
-        },
+        Err(_) if from_0_1(text) => Err(written_by_0_1(name)),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Whether `text` is what rttscope 0.1's `probe --json` wrote (before the result document: no
+/// `format`, the probe's own `summary_source` and `netperf` keys), no longer read.
+fn from_0_1(text: &str) -> bool {
+    use serde::de::IgnoredAny;
+    #[derive(serde::Deserialize)]
+    struct Keys {
+        format: Option<IgnoredAny>,
+        summary_source: Option<IgnoredAny>,
+        netperf: Option<IgnoredAny>,
+    }
+    serde_json::from_str::<Keys>(text)
+        .is_ok_and(|k| k.format.is_none() && k.summary_source.is_some() && k.netperf.is_some())
+}
+
+/// The sentence that refuses a file of rttscope 0.1 (CHANGELOG.md).
+fn written_by_0_1(name: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} was written by rttscope 0.1's probe --json, which this version no longer reads; re-run the probe with this version",
+        escape_for_terminal(name)
+    )
 }
 
 /// Read the sample sets of a file: a result document (one set per view), `observe --format json
 /// --raw` output (one set per view and side) or a plain list.
-pub fn load_sample_sets(
-    text: &str,
-    name: &str,
-    legacy: Option<LegacyReader>,
-) -> anyhow::Result<Vec<SampleSet>> {
+pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
     if is_observe_output(text) {
         parse_observe_output(text, name)
     } else if text.trim_start().starts_with('{') {
-        let r = result_from_text(text, name, legacy)?;
+        let r = result_from_text(text, name)?;
         let start = r.start_unix_s;
         Ok(r.views
             .into_iter()
@@ -297,18 +305,18 @@ pub fn stream_result_sets(path: &Path) -> Option<Vec<SampleSet>> {
     )
 }
 
-/// A result file (streamed), or any other measuring command's output read as one (an older
-/// format through `legacy`, `observe --format json --raw` JSON Lines).
-pub fn load_result(path: &Path, legacy: Option<LegacyReader>) -> anyhow::Result<RunResult> {
+/// A result file (streamed), or any other measuring command's output read as one (`observe
+/// --format json --raw` JSON Lines; rttscope 0.1's `probe --json` refused in one sentence).
+pub fn load_result(path: &Path) -> anyhow::Result<RunResult> {
     match RunResult::load(path) {
         Ok(r) => Ok(r),
         Err(e @ ResultError::NotAResult { .. }) => {
             let name = path.display().to_string();
             match crate::sys::files::read_to_string(path) {
                 Ok(t) if !t.trim_start().starts_with('{') => Err(e.into()),
-                Ok(t) if is_observe_output(&t) => result_from_text(&t, &name, legacy),
-                Ok(t) => result_from_text(&t, &name, legacy).map_err(|_| e.into()),
-                Err(_) => Err(e.into()),
+                Ok(t) if is_observe_output(&t) => result_from_text(&t, &name),
+                Ok(t) if from_0_1(&t) => Err(written_by_0_1(&name)),
+                _ => Err(e.into()),
             }
         }
         Err(e) => Err(e.into()),
@@ -343,7 +351,7 @@ mod tests {
         assert!(!is_observe_output(&text));
         let p = scratch("one-line.json", &text);
         let streamed = stream_result_sets(&p).expect("a result document streams");
-        assert_eq!(streamed, load_sample_sets(&text, "x", None).unwrap());
+        assert_eq!(streamed, load_sample_sets(&text, "x").unwrap());
         assert_eq!(streamed[0].samples.len(), 2);
         std::fs::remove_file(&p).unwrap();
         let start = r#"{"type":"start","ts":1795240800.0,"version":1,"views":["tcp"]}"#;
@@ -431,7 +439,7 @@ mod tests {
 ");
             let e = parse_observe_output(&text, "o.jsonl").unwrap_err().to_string();
             assert_eq!(e, want);
-            let e = load_sample_sets(&text, "o.jsonl", None).unwrap_err().to_string();
+            let e = load_sample_sets(&text, "o.jsonl").unwrap_err().to_string();
             assert_eq!(e, want);
         }
         let bad_start = start.replace("1795240800.0", "1e300");

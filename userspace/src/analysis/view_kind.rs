@@ -57,7 +57,7 @@ pub struct ViewInfo {
     pub compare_keys: Option<(&'static str, &'static str)>,
     /// What its series are, as the result schema's kind describes them (docs/result.schema.json).
     pub series_about: &'static str,
-    /// What its key in observe's start record holds (the key is its name; null when it is not
+    /// What its key in observe's start record holds (the key is its name; absent when it is not
     /// attached; docs/observe-record.schema.json), the value its `start_record` gives; None: it
     /// has no key there.
     pub start_about: Option<&'static str>,
@@ -75,7 +75,7 @@ const TCP: ViewInfo = ViewInfo {
     sample_side: true,
     compare_keys: Some(("tcp_view", "tcp_counters")),
     series_about: "RTT as TCP computes it (sock_ops RTT callback, or `ss -ti`).",
-    start_about: Some("The TCP view's hook (null without it)."),
+    start_about: Some("The TCP view's hook (absent without it)."),
 };
 
 const SAMPLER: ViewInfo = ViewInfo {
@@ -90,7 +90,7 @@ const SAMPLER: ViewInfo = ViewInfo {
     sample_side: false,
     compare_keys: Some(("sampler", "sampler_counters")),
     series_about: "The cloud-style packet sampler (tc programs).",
-    start_about: Some("The sampler view's settings, interfaces and programs (null without it)."),
+    start_about: Some("The sampler view's settings, interfaces and programs (absent without it)."),
 };
 
 #[cfg(feature = "example-view")]

@@ -37,7 +37,7 @@ pub struct ChartArgs {
 }
 
 pub fn run(args: ChartArgs) -> anyhow::Result<()> {
-    let result = load_result(&args.result, Some(super::bucket::legacy_probe))?;
+    let result = load_result(&args.result)?;
     let opts = ChartOptions {
         kind: args.kind,
         views: args.views,

@@ -307,7 +307,6 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval".into(),
             t: 1.0,
             ts: 0.0,
             interval_s: 1.0,
@@ -365,7 +364,6 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval".into(),
             t: 2.0,
             ts: 1_700_000_000.5,
             interval_s: 1.0,
@@ -432,7 +430,6 @@ mod tests {
             flow: None,
         };
         let iv = Interval {
-            kind: "interval".into(),
             t: 3.0,
             ts: 0.0,
             interval_s: 1.0,

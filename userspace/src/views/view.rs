@@ -238,7 +238,7 @@ pub struct Attached {
     /// result `settings.hooks.<view>`, compare's `settings`).
     pub settings: serde_json::Value,
     /// Its value in observe's start record, under its name, for a view whose registry entry says
-    /// what that key holds ([`crate::analysis::view_kind::ViewInfo::start_about`]; None: null).
+    /// what that key holds ([`crate::analysis::view_kind::ViewInfo::start_about`]; None: no key).
     pub start: Option<serde_json::Value>,
     /// Notes for the table, under the header line (what it will and will not see).
     pub notes: Vec<String>,

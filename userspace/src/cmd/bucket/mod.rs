@@ -17,7 +17,7 @@ use crate::analysis::cloud_monitoring;
 use crate::analysis::dist::{
     self, layout_arg, percentile_arg, BucketOptions, Distribution, ValueUnit,
 };
-use crate::analysis::input::{self, SampleSet};
+use crate::analysis::input::{self, load_sample_sets, SampleSet};
 pub use crate::analysis::input::{
     is_observe_output, parse_observe_output, parse_rtt_us, parse_sample_list, quote_input,
 };
@@ -89,22 +89,6 @@ pub enum BucketFormat {
     Csv,
     /// TimeSeries JSON for projects.timeSeries.create (docs/cloud.md).
     CloudMonitoring,
-}
-
-/// rttscope 0.1's `probe --json` as a result document (the reader in analysis/ takes it as a
-/// hook: the probe's types live in active/).
-pub fn legacy_probe(text: &str) -> Option<RunResult> {
-    crate::active::output::parse_probe_json(text).map(|p| crate::active::output::probe_document(&p))
-}
-
-/// Any measuring command's output as a result document (see [`input::result_from_text`]).
-pub fn result_from_text(text: &str, name: &str) -> anyhow::Result<RunResult> {
-    input::result_from_text(text, name, Some(legacy_probe))
-}
-
-/// The sample sets of a file (see [`input::load_sample_sets`]).
-pub fn load_sample_sets(text: &str, name: &str) -> anyhow::Result<Vec<SampleSet>> {
-    input::load_sample_sets(text, name, Some(legacy_probe))
 }
 
 fn read_input(path: &std::path::Path) -> anyhow::Result<(String, String)> {

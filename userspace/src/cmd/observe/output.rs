@@ -92,15 +92,16 @@ pub(super) fn start_record(
         ts: Some(unix_at(start_mono)),
         // 2: `hooks` in the interval and end records (issue 41); 3: `handshakes`, `handshake_us`,
         // `samples_before_window` (issue 45 items 3, 5), `nat` and `remote_name` in flow rows and
-        // end flows (issue 45 items 1-2)
-        version: 3,
+        // end flows (issue 45 items 1-2); 4: `type` first in every record, keys in their
+        // structs' order, an unattached view's key left out of this record (issue 42 item 4)
+        version: 4,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
     for a in session.attached() {
         if let Some(value) = &a.start {
             debug_assert!(a.kind.info().start_about.is_some(), "{:?}", a.kind);
-            start.view_values.insert(a.kind, value.clone());
+            start.view_values.set(a.kind, value.clone());
         }
     }
     Ok(start)
@@ -174,7 +175,6 @@ pub(super) fn print_interval(
             for (name, p) in cloud_lines {
                 let c = records::Cloud {
                     point: p.clone(),
-                    kind: records::CloudTag,
                     view: (*name).into(),
                 };
                 writeln!(out, "{}", serde_json::to_string(&c)?)?;
@@ -246,7 +246,6 @@ pub(super) fn print_end(
                 .collect(),
             t: elapsed_s,
             ts: unix_now(),
-            kind: records::EndTag,
         };
         writeln!(out, "{}", serde_json::to_string(&end)?)?;
     } else {
@@ -323,7 +322,6 @@ pub(super) fn raw_line(s: &RawSample, start_mono: u64, fmt: Format) -> String {
             srtt_us: s.srtt_us,
             t,
             t_us: Some(t * 1e6),
-            kind: records::SampleTag,
             view: kind.into(),
         })
         .expect("a sample serialises"),
