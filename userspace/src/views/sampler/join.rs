@@ -18,11 +18,14 @@
 //! veth and the node's underlay; a tunnel device and its underlay): each timed every packet
 //! exchange, so merging them would count each exchange twice. A row's samples are those of one
 //! of its sampler flows, chosen by [`pick`]: those timing the socket's own data (same ends)
-//! before those timing its peer's (swapped), then the highest median so far (the interface
-//! nearest the socket: a farther interface on the same path times a part of the same round
-//! trip, so its RTTs are the smaller), then the most samples, then the lowest flow. The others'
+//! before those timing its peer's (swapped), then the highest median so far, then the highest
+//! mean (exact, where a median is a histogram bucket's: two medians of the same exchanges often
+//! share a bucket), then the most samples, then the lowest flow. The highest RTTs are those of
+//! the interface nearest the socket: a farther interface on the same path times a part of the
+//! same round trip, so each of its samples is the smaller. The others'
 //! samples are counted (`samples_other_iface`) and listed per interface in the end record
 //! (`iface_samples`).
+use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
@@ -129,6 +132,8 @@ pub struct Rank {
     pub swapped: bool,
     /// Its median so far (us; NaN: no sample yet).
     pub median_us: f64,
+    /// Its mean so far (us; exact, where the median is a bucket's; NaN: no sample yet).
+    pub mean_us: f64,
     /// Its samples so far.
     pub samples: u64,
 }
@@ -139,6 +144,7 @@ impl Rank {
         Rank {
             swapped,
             median_us: h.percentile(50.0),
+            mean_us: h.sum_us as f64 / h.count() as f64,
             samples: h.count(),
         }
     }
@@ -152,20 +158,10 @@ pub fn pick<'a>(cands: impl IntoIterator<Item = (&'a Flow, Rank)>) -> usize {
         let better = match &best {
             None => true,
             Some((_, bf, b)) => {
-                let med = |x: f64| if x.is_nan() { -1.0 } else { x };
-                (
-                    !r.swapped,
-                    med(r.median_us),
-                    r.samples,
-                    std::cmp::Reverse(f),
-                )
-                    .partial_cmp(&(
-                        !b.swapped,
-                        med(b.median_us),
-                        b.samples,
-                        std::cmp::Reverse(*bf),
-                    ))
-                    == Some(std::cmp::Ordering::Greater)
+                let us = |x: f64| if x.is_nan() { -1.0 } else { x };
+                let key = |r: &Rank| (!r.swapped, us(r.median_us), us(r.mean_us), r.samples);
+                let (mine, theirs) = ((key(&r), Reverse(f)), (key(b), Reverse(*bf)));
+                mine.partial_cmp(&theirs) == Some(std::cmp::Ordering::Greater)
             }
         };
         if better {
@@ -281,11 +277,18 @@ mod tests {
             1,
             "own data first"
         );
-        let same = hist(&[300, 310, 320, 330]);
+        let (lo, hi) = (hist(&[10_000, 10_001]), hist(&[10_000, 10_040]));
+        assert_eq!(lo.percentile(50.0), hi.percentile(50.0), "one bucket");
         assert_eq!(
-            pick([(&a, r(&near, false)), (&b, r(&same, false))]),
+            pick([(&a, r(&hi, false)), (&b, r(&lo, false))]),
+            0,
+            "then the mean"
+        );
+        let (three, four) = (hist(&[310; 3]), hist(&[310; 4]));
+        assert_eq!(
+            pick([(&a, r(&three, false)), (&b, r(&four, false))]),
             1,
-            "most samples"
+            "then the most samples"
         );
         assert_eq!(
             pick([(&b, r(&near, false)), (&a, r(&near, false))]),

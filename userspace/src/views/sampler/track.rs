@@ -601,10 +601,7 @@ impl SamplerView {
         k: usize,
     ) {
         let (chosen, side, wire) = (&seen[k].0, seen[k].1, seen[k].2);
-        let mut per_iface: BTreeMap<String, u64> = BTreeMap::new();
-        for (f, _, _, _) in seen {
-            *per_iface.entry(f.iface.clone()).or_default() += f.hist.count();
-        }
+        let per_iface = iface_samples(ctx.names, seen);
         let owner = self.owners.get(ctx, flow, chosen.kind);
         let names = &mut *ctx.names;
         let entry = flows.entry(*flow).or_insert_with(|| {
@@ -632,6 +629,24 @@ impl SamplerView {
             .views
             .set(ViewKind::Sampler, ViewStats::from_hist(&chosen.hist));
     }
+}
+
+/// The samples of each interface that timed a row's sampler flows, by the interface's name
+/// (`NETNS:NAME` for a name that is an interface of several namespaces among them).
+fn iface_samples(names: &mut crate::views::view::NsNames, seen: &[Seen]) -> BTreeMap<String, u64> {
+    let shared = |f: &SamplerFlowStats| {
+        let other_ns = |s: &Seen| s.0.iface == f.iface && s.0.flow.netns != f.flow.netns;
+        seen.iter().any(other_ns)
+    };
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for (f, _, _, _) in seen {
+        let name = match shared(f) {
+            true => format!("{}:{}", names.get(f.flow.netns), f.iface),
+            false => f.iface.clone(),
+        };
+        *out.entry(name).or_default() += f.hist.count();
+    }
+    out
 }
 
 /// `proto` of a sampler flow's row: `icmp`/`icmpv6`, None for TCP.
