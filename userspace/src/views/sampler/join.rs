@@ -252,6 +252,49 @@ mod tests {
         );
     }
 
+    /// Through the views' interface: a fake TCP view read before knows the sockets (by flow and
+    /// by ends); the plain flow it knows itself stays put, ICMP is not looked up, a plain TCP flow
+    /// of the node joins the pod's socket, and with a twin socket in a third namespace, none.
+    #[test]
+    fn joiner_asks_the_views_read_before() {
+        use crate::views::fake::FakeView;
+        use crate::views::view::{Counters, NsNames, View};
+        use crate::views::ViewKind;
+        let pod = flow(7, "10.45.1.11:40000", "10.45.2.11:80");
+        let mut tcp = FakeView::new(ViewKind::Tcp, Vec::new());
+        tcp.knows.insert(pod, Side::Client);
+        let join = |earlier: &[Box<dyn View>], f: &Flow, is_tcp: bool| {
+            let (mut names, mut workloads, mut rows) = (NsNames::new(), None, Default::default());
+            let ctx = ReadCtx {
+                names: &mut names,
+                workloads: &mut workloads,
+                keep_rows: true,
+                rows: &mut rows,
+                sink: None,
+                earlier,
+                watched: Counters::new(),
+                raw_bad: None,
+                window_start: false,
+            };
+            Joiner::default().join(&ctx, f, is_tcp)
+        };
+        let earlier: Vec<Box<dyn View>> = vec![Box::new(tcp)];
+        assert_eq!(join(&earlier, &pod, true), Join::alone(pod, How::Own));
+        let seen = flow(1, "10.45.1.11:40000", "10.45.2.11:80");
+        assert_eq!(join(&earlier, &seen, false), Join::alone(seen, How::Alone));
+        let j = join(&earlier, &seen, true);
+        assert_eq!((j.row, j.swapped, j.how), (pod, false, How::Across));
+        let mut tcp = FakeView::new(ViewKind::Tcp, Vec::new());
+        tcp.knows.insert(pod, Side::Client);
+        tcp.knows
+            .insert(flow(9, "10.45.1.11:40000", "10.45.2.11:80"), Side::Client);
+        let earlier: Vec<Box<dyn View>> = vec![Box::new(tcp)];
+        assert_eq!(
+            join(&earlier, &seen, true),
+            Join::alone(seen, How::Ambiguous)
+        );
+    }
+
     fn hist(samples: &[u32]) -> Hist {
         let mut h = Hist::default();
         for s in samples {
