@@ -115,7 +115,8 @@ impl SamplerView {
     }
 
     /// The row a flow of the sampler joins ([`Joiner`]: its own, or a socket's with its ends in
-    /// another namespace), else, for a TCP flow no socket has the ends of, its socket's tuple
+    /// another namespace), else, for a plain TCP flow no socket has the ends of (or only the
+    /// swapped ends: behind NAT, the peer's socket has the translated tuple's), its socket's tuple
     /// when its namespace's conntrack translated it (issue 45); with the wire's tuple then.
     fn join(
         nat: &mut NatJoin,
@@ -126,7 +127,8 @@ impl SamplerView {
         let tcp = f.kind == FlowKind::Tcp;
         let j = joiner.join(ctx, &f.flow, tcp);
         // a tunnelled flow is joined by its inner ends, not NAT
-        if j.how != How::Alone || !tcp || !f.flow.tunnel.is_none() {
+        let unsure = j.how == How::Alone || (j.how == How::Across && j.swapped);
+        if !unsure || !tcp || !f.flow.tunnel.is_none() {
             return (j, None);
         }
         match nat.socket_of(&f.flow) {
