@@ -607,18 +607,20 @@ fn assert_lxc_timed(
         );
         assert!(h["blind"] == false && hp >= ip && ip > 100, "{lxc}: {h}");
     }
+    // the server's responses crossing the client pod's lxc join the server socket's row
+    // (views/sampler/join.rs), which lists each interface's samples
     let r = rows
         .iter()
         .find(|r| {
-            r["sampler"]["iface"] == lxc
+            r["sampler"]["iface_samples"][lxc].is_u64()
                 && r["local"] == f.server.to_string()
                 && r["remote"] == f.local.to_string()
         })
         .unwrap_or_else(|| panic!("{lxc}: no row of {}: {seen:?}", f.what));
-    let n = n_of(r, "sampler");
+    let n = r["sampler"]["iface_samples"][lxc].as_u64().unwrap();
     eprintln!(
-        "node: {} on {lxc} (node's namespace, side {}): sampler {n}",
-        f.what, r["side"]
+        "node: {} on {lxc} (row in {}, side {}): sampler {n}",
+        f.what, r["netns_name"], r["side"]
     );
     assert_timed(&format!("{} on {lxc}", f.what), n, f.transactions, extra, r);
 }

@@ -318,9 +318,13 @@ pub struct EndFlow {
 pub struct EndView {
     /// Non-empty buckets as [lower_us, upper_us (-1: open), count].
     pub histogram: Vec<(f64, f64, u64)>,
-    /// Sampler: the interface.
+    /// Sampler: the interface whose samples these are (of several: views/sampler/join.rs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iface: Option<String>,
+    /// Sampler: the flow's samples on each interface, when seen on more than one (each timed
+    /// the same packet exchanges; the histogram is `iface`'s alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iface_samples: Option<BTreeMap<String, u64>>,
     /// TCP: the connection's handshake RTT (us; client SYN -> SYN-ACK, server SYN-ACK -> ACK);
     /// absent for a connection open before attach or whose handshake left no sample.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -342,6 +346,7 @@ impl EndView {
             histogram: sparse(h),
             handshake_us: None,
             iface: None,
+            iface_samples: None,
             retrans: None,
             srtt_us: None,
             summary: h.summary(),

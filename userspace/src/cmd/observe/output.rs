@@ -93,7 +93,9 @@ pub(super) fn start_record(
         // 2: `hooks` in the interval and end records (issue 41); 3: `handshakes`, `handshake_us`,
         // `samples_before_window` (issue 45 items 3, 5), `nat` and `remote_name` in flow rows and
         // end flows (issue 45 items 1-2); 4: `type` first in every record, keys in their
-        // structs' order, an unattached view's key left out of this record (issue 42 item 4)
+        // structs' order, an unattached view's key left out of this record (issue 42 item 4);
+        // a sampler row's samples come from one interface, `iface_samples` in end flows
+        // (views/sampler/join.rs, issue 41)
         version: 4,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::attach::Sampler;
-use super::join::{flip, Join, Joiner};
+use super::join::{flip, pick, How, Join, Joiner, Rank};
 use super::sides::SideResolver;
 use super::{FlowKind, SamplerFlowStats};
-use crate::analysis::flow::{Flow, Side, Tunnel};
+use crate::analysis::flow::{Flow, Side};
 use crate::analysis::hist::{Hist, Snapshot};
 use crate::analysis::records::{EndFlow, EndView, FlowRow, Name, Nat, ViewStats};
 use crate::analysis::workload::Workload;
@@ -56,8 +56,8 @@ pub struct SamplerView {
     owners: SamplerOwners,
     /// Its NATed flows joined to their sockets' (conntrack, issue 45).
     nat: NatJoin,
-    /// TCP flows that joined no earlier view's flow, directly or through conntrack.
-    unjoined: u64,
+    /// Joined across namespaces, not joined (ambiguous, none), samples of other interfaces.
+    joins: JoinCounts,
 }
 
 impl SamplerView {
@@ -70,7 +70,7 @@ impl SamplerView {
                 diag: workloads.then(|| FlowOwners::open(&namespaces)),
             },
             nat: NatJoin::open(&namespaces),
-            unjoined: 0,
+            joins: JoinCounts::default(),
             ways: SamplerTracker::default(),
             hooks: super::hooks::HookWatch::new(view.as_ref()),
             view,
@@ -84,7 +84,10 @@ impl SamplerView {
         sc.insert("nat_lookups", self.nat.lookups);
         sc.insert("nat_translated", self.nat.translated);
         sc.insert("nat_lookup_errors", self.nat.errors + self.nat.skipped);
-        sc.insert("nat_unjoined", self.unjoined);
+        sc.insert("nat_unjoined", self.joins.unjoined);
+        sc.insert("join_across_netns", self.joins.across);
+        sc.insert("join_ambiguous", self.joins.ambiguous);
+        sc.insert("samples_other_iface", self.joins.samples_other_iface);
         self.owners.counters(&mut sc);
         Ok(ctx.finish_counters(sc))
     }
@@ -111,21 +114,26 @@ impl SamplerView {
         }
     }
 
-    /// The flow a TCP flow of the sampler joins: itself when an earlier view knows it (no
-    /// lookup), else its socket's tuple when its namespace's conntrack translated it (issue
-    /// 45); with the wire's tuple then.
+    /// The row a flow of the sampler joins ([`Joiner`]: its own, or a socket's with its ends in
+    /// another namespace), else, for a plain TCP flow no socket has the ends of (or only the
+    /// swapped ends: behind NAT, the peer's socket has the translated tuple's), its socket's tuple
+    /// when its namespace's conntrack translated it (issue 45); with the wire's tuple then.
     fn join(
         nat: &mut NatJoin,
+        joiner: &mut Joiner,
         ctx: &ReadCtx<'_, '_>,
         f: &SamplerFlowStats,
-    ) -> (Flow, Option<Flow>) {
-        let tunnelled = !f.flow.tunnel.is_none(); // joined by its inner ends (join.rs), not NAT
-        if tunnelled || f.kind != FlowKind::Tcp || ctx.side_of(&f.flow) != Side::Unknown {
-            return (f.flow, None);
+    ) -> (Join, Option<Flow>) {
+        let tcp = f.kind == FlowKind::Tcp;
+        let j = joiner.join(ctx, &f.flow, tcp);
+        // a tunnelled flow is joined by its inner ends, not NAT
+        let unsure = j.how == How::Alone || (j.how == How::Across && j.swapped);
+        if !unsure || !tcp || !f.flow.tunnel.is_none() {
+            return (j, None);
         }
         match nat.socket_of(&f.flow) {
-            Some(s) => (s, Some(f.flow)),
-            None => (f.flow, None),
+            Some(s) => (Join::alone(s, How::Own), Some(f.flow)),
+            None => (j, None),
         }
     }
 
@@ -140,7 +148,7 @@ impl SamplerView {
     fn deltas(&mut self, ctx: &ReadCtx<'_, '_>) -> Result<BTreeMap<Flow, FlowDelta>> {
         let mut deltas: BTreeMap<Flow, FlowDelta> = BTreeMap::new();
         let (ways, owners, sides) = (&mut self.ways, &mut self.owners, &mut self.sides);
-        let (nat, unjoined, tcp) = (&mut self.nat, &mut self.unjoined, Self::tcp_earlier(ctx));
+        let (nat, joins, tcp) = (&mut self.nat, &mut self.joins, Self::tcp_earlier(ctx));
         let mut joiner = Joiner::default();
         self.view.for_each_flow(&mut |f| {
             let (mut delta, first) = ways.way(&f);
@@ -155,16 +163,28 @@ impl SamplerView {
                 f.interval_max_us
                     .or(if first { f.hist.max_us } else { None }),
             );
-            let (key, wire) = Self::join(nat, ctx, &f);
-            if first && tcp && f.kind == FlowKind::Tcp && ctx.side_of(&key) == Side::Unknown {
-                *unjoined += 1;
-            }
-            match deltas.entry(key) {
-                std::collections::btree_map::Entry::Occupied(mut d) => d.get_mut().0.merge(&delta),
+            match deltas.entry(f.flow) {
+                std::collections::btree_map::Entry::Occupied(mut d) => {
+                    let d = d.get_mut();
+                    d.delta.merge(&delta);
+                    if f.hist.count() > d.rank.samples {
+                        d.rank = Rank::of(&f.hist, d.join.swapped);
+                    }
+                }
                 std::collections::btree_map::Entry::Vacant(v) => {
-                    let j = joiner.join(ctx, &key);
+                    let (j, wire) = Self::join(nat, &mut joiner, ctx, &f);
+                    if first && f.kind == FlowKind::Tcp {
+                        joins.count(&j, tcp && ctx.side_of(&j.row) == Side::Unknown);
+                    }
                     let side = Self::side(sides, ctx, &f, &j);
-                    v.insert((delta, f.kind, side, j.row, wire));
+                    v.insert(FlowDelta {
+                        rank: Rank::of(&f.hist, j.swapped),
+                        delta,
+                        kind: f.kind,
+                        side,
+                        join: j,
+                        wire,
+                    });
                 }
             }
         })?;
@@ -238,39 +258,42 @@ impl View for SamplerView {
         let deltas = self.deltas(ctx)?;
         self.sides.end();
         self.nat.end();
-        // rows by the flow they join (a socket's flow seen on the underlay and on its tunnel
-        // device is one row: the two deltas merged)
-        let mut rows: BTreeMap<Flow, RowDelta> = BTreeMap::new();
-        for (flow, (delta, kind, side, row, wire)) in deltas {
+        // the sampler flows by the row they join: a socket's flow seen on two interfaces gives
+        // the row the samples of one (join.rs, `pick`), the others' counted
+        let mut by_row: BTreeMap<Flow, Vec<(Flow, FlowDelta)>> = BTreeMap::new();
+        for (flow, d) in deltas {
+            by_row.entry(d.join.row).or_default().push((flow, d));
+        }
+        for (row, cands) in by_row {
+            let k = pick(cands.iter().map(|(f, d)| (f, d.rank)));
+            let other: u64 = cands.iter().map(|(_, d)| d.delta.count()).sum();
+            let d = &cands[k].1;
+            self.joins.samples_other_iface += other - d.delta.count();
+            let (side, kind) = (d.side, d.kind);
             let owner = self.owners.get(ctx, &row, kind);
             // daemon mode: the sampler's samples since the last read (under the joined flow)
-            let (o, w) = (owner.as_deref(), wire.as_ref());
-            ctx.export_translated(ViewKind::Sampler, &row, side, o, &delta, w);
-            totals.entry(side).or_default().merge(&delta);
+            let (o, w) = (owner.as_deref(), d.wire.as_ref());
+            ctx.export_translated(ViewKind::Sampler, &row, side, o, &d.delta, w);
+            totals.entry(side).or_default().merge(&d.delta);
             if !ctx.keep_rows {
                 continue; // nothing prints rows
             }
-            let e = rows
-                .entry(row)
-                .or_insert_with(|| (Hist::default(), kind, side, owner, flow.tunnel, wire));
-            e.0.merge(&delta);
-        }
-        for (flow, (delta, kind, side, owner, tunnel, wire)) in rows {
-            let row = ctx.row(&flow, side);
-            if row.views.is_empty() {
+            let r = ctx.row(&row, side);
+            if r.views.is_empty() {
                 // a row of its own (no view before it saw the flow)
-                row.proto = icmp_proto(kind).map(Name::from);
+                r.proto = icmp_proto(kind).map(Name::from);
             }
-            row.views
-                .set(ViewKind::Sampler, ViewStats::from_hist(&delta));
-            if row.tunnel.is_none() && !tunnel.is_none() {
-                row.tunnel = Some(tunnel);
+            r.views
+                .set(ViewKind::Sampler, ViewStats::from_hist(&d.delta));
+            let tunnel = cands.iter().map(|(f, _)| f.tunnel).find(|t| !t.is_none());
+            if let (None, Some(t)) = (r.tunnel, tunnel) {
+                r.tunnel = Some(t);
             }
-            if row.workload.is_none() {
-                row.workload = owner;
+            if r.workload.is_none() {
+                r.workload = owner;
             }
-            if let Some(w) = wire {
-                row.nat = Some(Nat::of(&flow, &w));
+            if let Some(w) = d.wire {
+                r.nat = Some(Nat::of(&row, &w));
             }
         }
         self.owners.end();
@@ -297,18 +320,19 @@ impl View for SamplerView {
         self.owners.begin();
         self.nat.begin();
         let mut joiner = Joiner::default();
-        let mut rows: BTreeMap<Flow, Vec<(SamplerFlowStats, Side, Option<Flow>)>> = BTreeMap::new();
+        let mut rows: BTreeMap<Flow, Vec<Seen>> = BTreeMap::new();
         let mut ways = self.view.read_flows()?;
         self.ways.since_window(&mut ways);
         for f in super::merge_ways(ways) {
-            let (key, wire) = Self::join(&mut self.nat, ctx, &f);
-            let j = joiner.join(ctx, &key);
+            let (j, wire) = Self::join(&mut self.nat, &mut joiner, ctx, &f);
             let side = Self::side(&mut self.sides, ctx, &f, &j);
-            totals.entry(side).or_default().merge(&f.hist);
-            rows.entry(j.row).or_default().push((f, side, wire));
+            let rank = Rank::of(&f.hist, j.swapped);
+            rows.entry(j.row).or_default().push((f, side, wire, rank));
         }
         for (flow, seen) in rows {
-            self.end_entry(ctx, flows, &flow, &seen);
+            let k = pick(seen.iter().map(|s| (&s.0.flow, s.3)));
+            totals.entry(seen[k].1).or_default().merge(&seen[k].0.hist);
+            self.end_entry(ctx, flows, &flow, &seen, k);
         }
         Ok(ViewRead {
             totals,
@@ -530,64 +554,101 @@ impl SamplerTracker {
     }
 }
 
-/// A flow's samples since the previous read, its kind, side and the flow whose row it joins.
-type FlowDelta = (Hist, FlowKind, Side, Flow, Option<Flow>);
-/// A row's samples since the previous read (its sampler flows merged), the first one's kind,
-/// side, owner and tunnel identity.
-type RowDelta = (
-    Hist,
-    FlowKind,
-    Side,
-    Option<Arc<Workload>>,
-    Tunnel,
-    Option<Flow>,
-);
+/// A sampler flow's samples since the previous read, its kind, side, the row it joins, the wire's
+/// tuple when NAT translated it, and its rank among the flows of that row (`pick`).
+struct FlowDelta {
+    delta: Hist,
+    kind: FlowKind,
+    side: Side,
+    join: Join,
+    wire: Option<Flow>,
+    rank: Rank,
+}
+
+/// A sampler flow of the whole run, with its side, the wire's tuple (NAT) and its rank.
+type Seen = (SamplerFlowStats, Side, Option<Flow>, Rank);
+
+/// The join's counters (cumulative): see `counters`.
+#[derive(Default)]
+struct JoinCounts {
+    /// TCP flows joined to a socket of another namespace by their ends.
+    across: u64,
+    /// TCP flows whose ends sockets in several other namespaces have: not joined.
+    ambiguous: u64,
+    /// With a TCP view read before: TCP flows that joined none of its rows.
+    unjoined: u64,
+    /// Samples of a row's sampler flows other than the one its samples come from.
+    samples_other_iface: u64,
+}
+
+impl JoinCounts {
+    /// One TCP flow's join, when first seen; `unjoined`: it joined no earlier view's row.
+    fn count(&mut self, j: &Join, unjoined: bool) {
+        self.across += (j.how == How::Across) as u64;
+        self.ambiguous += (j.how == How::Ambiguous) as u64;
+        self.unjoined += unjoined as u64;
+    }
+}
 
 impl SamplerView {
-    /// The end record's entry (and closing row) of `flow`: the sampler flows that join it
-    /// (one, or a socket's flow seen on two interfaces) merged, their interfaces listed.
+    /// The end record's entry (and closing row) of `flow`: the samples of `seen[k]`, the sampler
+    /// flow [`pick`] chose of those that join it (one, or a socket's flow seen on several
+    /// interfaces: each interface's samples listed, `iface_samples`).
     fn end_entry(
         &mut self,
         ctx: &mut ReadCtx<'_, '_>,
         flows: &mut RunFlows,
         flow: &Flow,
-        seen: &[(SamplerFlowStats, Side, Option<Flow>)],
+        seen: &[Seen],
+        k: usize,
     ) {
-        let (first, side, wire) = (&seen[0].0, seen[0].1, seen[0].2);
-        let mut hist = Hist::default();
-        let mut ifaces: Vec<&str> = Vec::new();
-        for (f, _, _) in seen {
-            hist.merge(&f.hist);
-            if !ifaces.contains(&f.iface.as_str()) {
-                ifaces.push(&f.iface);
-            }
-        }
-        let owner = self.owners.get(ctx, flow, first.kind);
+        let (chosen, side, wire) = (&seen[k].0, seen[k].1, seen[k].2);
+        let per_iface = iface_samples(ctx.names, seen);
+        let owner = self.owners.get(ctx, flow, chosen.kind);
         let names = &mut *ctx.names;
         let entry = flows.entry(*flow).or_insert_with(|| {
             let mut e = EndFlow::new(flow, names.get(flow.netns), side);
             let mut r = FlowRow::new(flow, e.netns_name.clone(), side);
-            e.proto = icmp_proto(first.kind).map(Name::from);
+            e.proto = icmp_proto(chosen.kind).map(Name::from);
             r.proto = e.proto.clone();
             (e.workload, r.workload) = (owner.clone(), owner);
             (e, r)
         });
-        let tunnel = first.flow.tunnel;
-        if !tunnel.is_none() && entry.0.tunnel.is_none() {
-            (entry.0.tunnel, entry.1.tunnel) = (Some(tunnel), Some(tunnel));
+        let tunnel = seen.iter().map(|s| s.0.flow.tunnel).find(|t| !t.is_none());
+        if let (None, Some(t)) = (entry.0.tunnel, tunnel) {
+            (entry.0.tunnel, entry.1.tunnel) = (Some(t), Some(t));
         }
         if let Some(w) = wire {
             let nat = Nat::of(flow, &w);
             (entry.0.nat, entry.1.nat) = (Some(nat.clone()), Some(nat));
         }
-        let mut v = EndView::of(&hist);
-        v.iface = Some(ifaces.join(","));
+        let mut v = EndView::of(&chosen.hist);
+        v.iface = Some(chosen.iface.clone());
+        v.iface_samples = (per_iface.len() > 1).then_some(per_iface);
         entry.0.views.set(ViewKind::Sampler, v);
         entry
             .1
             .views
-            .set(ViewKind::Sampler, ViewStats::from_hist(&hist));
+            .set(ViewKind::Sampler, ViewStats::from_hist(&chosen.hist));
     }
+}
+
+/// The samples of each interface that timed a row's sampler flows, by the interface's name
+/// (`NETNS:NAME` for a name that is an interface of several namespaces among them).
+fn iface_samples(names: &mut crate::views::view::NsNames, seen: &[Seen]) -> BTreeMap<String, u64> {
+    let shared = |f: &SamplerFlowStats| {
+        let other_ns = |s: &Seen| s.0.iface == f.iface && s.0.flow.netns != f.flow.netns;
+        seen.iter().any(other_ns)
+    };
+    let mut out: BTreeMap<String, u64> = BTreeMap::new();
+    for (f, _, _, _) in seen {
+        let name = match shared(f) {
+            true => format!("{}:{}", names.get(f.flow.netns), f.iface),
+            false => f.iface.clone(),
+        };
+        *out.entry(name).or_default() += f.hist.count();
+    }
+    out
 }
 
 /// `proto` of a sampler flow's row: `icmp`/`icmpv6`, None for TCP.
