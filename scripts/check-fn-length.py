@@ -176,10 +176,8 @@ def functions(path):
 TEST_FN = re.compile(r"#\[\s*(test|tokio::test[^\]]*)\s*\]")
 TEST_PATHS = ["userspace/src", "tests"]
 # Test functions over --max that do not fail the check yet ("path::name" from the repository's
-# root). Temporary: whoever splits one removes its line (session 23 split the others).
-LONG_TESTS_ALLOWED = {
-    "tests/tests/workload.rs::flows_carry_pod_container_and_unit_labels": "256 lines, not split yet",
-}
+# root), each with why. Temporary: whoever splits one removes its line (empty since session 23).
+LONG_TESTS_ALLOWED = {}
 
 
 def test_functions(path):
