@@ -92,9 +92,10 @@ impl Observer {
             match self.lines.recv_timeout(Duration::from_millis(200)) {
                 Ok(l) => {
                     let v: Value = serde_json::from_str(&l).expect("observe line is JSON");
-                    match v["type"] == "end" {
-                        true => end = Some(v),
-                        false => before.push(v),
+                    if v["type"] == "end" {
+                        end = Some(v);
+                    } else {
+                        before.push(v);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => continue,
