@@ -67,7 +67,7 @@ CARGO_PROFILE_DEV_DEBUG=0 background example bash -c 'cargo build -q -p rttscope
 
 phase "format"
 cargo fmt --all -- --check
-# No function over 100 lines outside tests, and no file over 800 lines outside tests without a
+# No function over 100 lines outside tests, no test function over 100 lines, and no file over 800 lines outside tests without a
 # `//! Long file:` reason in its opening comment (issue 24).
 python3 "$ROOT/scripts/check-fn-length.py"
 # The long-file rule fails on what it should: a generated file of 801 lines without its reason.
@@ -75,6 +75,13 @@ long_dir=$(mktemp -d)
 { echo "//! A file without its reason."; for i in $(seq 800); do echo "pub const C$i: u32 = $i;"; done; } > "$long_dir/long.rs"
 if python3 "$ROOT/scripts/check-fn-length.py" "$long_dir" >/dev/null; then
     echo "check-fn-length.py passed a file of 801 lines without a \`//! Long file:\` reason" >&2
+    rm -rf "$long_dir"
+    exit 1
+fi
+# ... and the long-test rule on a #[test] function of 102 lines (issue 42 item 5).
+{ echo "#[test]"; echo "fn long() {"; for i in $(seq 100); do echo "    let _x$i = $i;"; done; echo "}"; } > "$long_dir/long.rs"
+if python3 "$ROOT/scripts/check-fn-length.py" "$long_dir" >/dev/null; then
+    echo "check-fn-length.py passed a test function of 102 lines" >&2
     rm -rf "$long_dir"
     exit 1
 fi

@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 pub mod busy;
+pub mod fixtures;
 pub mod frames;
 pub mod lab;
+pub mod observer;
 pub mod prometheus;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -14,16 +14,16 @@
 //!   observer's memory and CPU within the figures in docs/metrics.md.
 //!
 //! Needs root. ~10 s and ~40 s.
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use rttscope::sys::bpfprog;
+use rttscope_e2e::observer::{unix_now, Observer};
 use rttscope_e2e::{
-    require_root, rss_kb, rttscope_bin, unique, ChildGuard, NetNs, Pair, RrClient, RrServer, B_ADDR,
+    require_root, rss_kb, rttscope_bin, unique, NetNs, Pair, RrClient, RrServer, B_ADDR,
 };
 use serde_json::Value;
 
@@ -120,68 +120,12 @@ fn tcx_progs(ifname: &str, egress: bool) -> Vec<u32> {
     rttscope::sys::bpf::prog_query(ifindex, at).unwrap_or_default()
 }
 
-/// An observer whose JSON lines arrive on a channel; stopped with SIGTERM.
-struct Observer {
-    child: ChildGuard,
-    lines: Receiver<String>,
-    start: Value,
-    /// When the start record reached the test (Unix seconds, as the records' `ts`).
-    start_seen: f64,
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
-
-impl Observer {
-    fn start(args: &[String]) -> Observer {
-        let mut cmd = Command::new(rttscope_bin());
-        cmd.args(["observe", "--format", "json", "--interval", "1s"])
-            .args(args);
-        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
-        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let Ok(first) = rx.recv_timeout(Duration::from_secs(60)) else {
-            panic!(
-                "observer did not start: {:?}",
-                child.wait_output(Duration::from_secs(1))
-            );
-        };
-        Observer {
-            child,
-            lines: rx,
-            start: serde_json::from_str(&first).unwrap(),
-            start_seen: unix_now(),
-        }
-    }
-
-    /// Our programs' ids (the start record's).
-    fn prog_ids(&self) -> Vec<u32> {
-        let ids = self.start["sampler"]["prog_ids"].as_array().unwrap();
-        ids.iter().map(|p| p[1].as_u64().unwrap() as u32).collect()
-    }
-
-    /// SIGTERM, then every line up to the end record, and stderr.
-    fn stop(self) -> (Vec<Value>, String) {
-        let pid = nix::unistd::Pid::from_raw(self.child.pid() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let out = self.child.wait_output(Duration::from_secs(30)).unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "observer failed: {stderr}");
-        let lines = self.lines.try_iter();
-        let lines = lines.map(|l| serde_json::from_str(&l).unwrap()).collect();
-        (lines, stderr)
-    }
+/// `rttscope observe --format json --interval 1s ARGS`, its start line read.
+fn observe(args: &[String]) -> Observer {
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args(["observe", "--format", "json", "--interval", "1s"])
+        .args(args);
+    Observer::spawn(&mut cmd, "observer")
 }
 
 fn end_counters(lines: &[Value]) -> &Value {
@@ -216,13 +160,13 @@ fn a_pattern_follows_interfaces_as_they_come_and_go() {
     let veths = Veths::new();
     let pods = NetNs::new("rqp").unwrap();
     veths.add(0..2, &pods);
-    let obs = Observer::start(&[
+    let obs = observe(&[
         "--view".into(),
         "sampler".into(),
         "--iface".into(),
         veths.pattern(),
     ]);
-    let ours = obs.prog_ids();
+    let ours = obs.sampler_prog_ids();
     let attached = obs.start["sampler"]["attached"].as_array().unwrap().len();
     assert_eq!(attached, 2, "the two matching at start: {}", obs.start);
     let mut waits = Vec::new();
@@ -319,8 +263,8 @@ fn churn_of_500_veths_and_50_namespaces() {
         .map(|s| s.to_string())
         .chain(["--iface".into(), fixed, "--iface".into(), veths.pattern()])
         .collect();
-    let obs = Observer::start(&args);
-    let (pid, ours) = (obs.child.pid(), obs.prog_ids());
+    let obs = observe(&args);
+    let (pid, ours) = (obs.child.pid(), obs.sampler_prog_ids());
     let tx0 = client.transactions.load(Ordering::Relaxed);
     let t0 = Instant::now();
     let created = churn(&veths, 50, 10, 10);

@@ -28,6 +28,19 @@ fn compare_fills_every_view_and_charts() {
     let dir = std::env::temp_dir().join(unique("rtscmp"));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("result.json");
+    let text = compare_beside_it(&p, &json);
+    eprintln!("{text}\n{}", busy.describe());
+    assert_every_row_holds_its_probes_own(&text, &busy);
+    assert_the_result_loads_in_the_probes_window(&json);
+    assert_chart_draws(&json, &dir.join("chart.png"));
+    outputs_chain(&p, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `compare` from a to b for 3 s (TCP_RR, UDP_RR, ICMP; every view; `--explain`), its result
+/// saved to `json`: its table (it must exit 0).
+fn compare_beside_it(p: &Pair, json: &std::path::Path) -> String {
+    let bin = rttscope_bin();
     let mut cmd = p.a.command(bin.to_str().unwrap());
     cmd.args([
         "compare",
@@ -45,7 +58,7 @@ fn compare_fills_every_view_and_charts() {
         "--explain",
         "--json",
     ])
-    .arg(&json);
+    .arg(json);
     let out = ChildGuard::spawn(&mut cmd)
         .unwrap()
         .wait_output(Duration::from_secs(60))
@@ -56,19 +69,27 @@ fn compare_fills_every_view_and_charts() {
         "compare failed: {text} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    eprintln!("{text}\n{}", busy.describe());
-    let n_of = |view: &str| -> u64 {
-        let line = text
-            .lines()
-            .find(|l| l.starts_with(&format!("{view} ")))
-            .unwrap_or_else(|| panic!("no row {view}: {text}\n{}", busy.describe()));
-        line[view.len()..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    text
+}
+
+/// A row's sample count in compare's table.
+fn n_of(text: &str, view: &str, busy: &busy::BusyHost) -> u64 {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{view} ")))
+        .unwrap_or_else(|| panic!("no row {view}: {text}\n{}", busy.describe()));
+    line[view.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Every view has a row with samples, each passive row exactly its probe's transactions
+/// (however much else runs on the host), what was left out said, the delayed-ACK note.
+fn assert_every_row_holds_its_probes_own(text: &str, busy: &busy::BusyHost) {
+    let n_of = |view: &str| n_of(text, view, busy);
     // Every view has a row with samples.
     for view in ["sampler cloud", "TCP_RR", "UDP_RR", "ICMP"] {
         let n = n_of(view);
@@ -105,8 +126,13 @@ fn compare_fills_every_view_and_charts() {
         text.contains("note: server-side TCP RTT p50"),
         "expected the delayed-ACK note: {text}"
     );
+}
+
+/// The saved result loads, with its settings, and no passive sample lies outside the TCP
+/// probe's window.
+fn assert_the_result_loads_in_the_probes_window(json: &std::path::Path) {
     // The saved result loads and renders.
-    let r = rttscope::analysis::results::RunResult::load(&json).unwrap();
+    let r = rttscope::analysis::results::RunResult::load(json).unwrap();
     assert!(
         r.views.len() >= 6,
         "{:?}",
@@ -131,24 +157,31 @@ fn compare_fills_every_view_and_charts() {
             v.name
         );
     }
-    let png = dir.join("chart.png");
+}
+
+/// `rttscope chart` draws the saved result as a PNG.
+fn assert_chart_draws(json: &std::path::Path, png: &std::path::Path) {
+    let bin = rttscope_bin();
     let st = Command::new(&bin)
         .args(["chart"])
-        .arg(&json)
+        .arg(json)
         .arg("-o")
-        .arg(&png)
+        .arg(png)
         .status()
         .unwrap();
     assert!(st.success());
-    let bytes = std::fs::read(&png).unwrap();
+    let bytes = std::fs::read(png).unwrap();
     assert!(
         bytes.len() > 10_000 && bytes.starts_with(b"\x89PNG"),
         "chart is a PNG of {} bytes",
         bytes.len()
     );
+}
 
-    // Outputs chain: `--json -` puts the result alone on stdout (the table
-    // on stderr), and `chart` draws what `probe --json -` writes.
+/// Outputs chain: `--json -` puts the result alone on stdout (the table on stderr), and `chart`
+/// draws what `probe --json -` writes.
+fn outputs_chain(p: &Pair, dir: &std::path::Path) {
+    let bin = rttscope_bin();
     let mut cmd = p.a.command(bin.to_str().unwrap());
     cmd.args(["compare", B_ADDR, "-l", "1", "-w", "20", "--json", "-"]);
     let out = ChildGuard::spawn(&mut cmd)
@@ -189,5 +222,4 @@ fn compare_fills_every_view_and_charts() {
         "chart of probe --json: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -408,40 +408,9 @@ fn image_runs_as_the_daemonset_declares() {
     std::fs::create_dir_all(&tmp).unwrap();
     let mut p = Pair::new().unwrap();
     as_pod_veth(&mut p);
-    let (run_args, cmd) = podman_args(&docs, &p.a.name, &tmp);
-    assert_eq!(
-        cmd[0], image,
-        "examples/deploy/ runs the image the recipe produces"
-    );
-
     let server: SocketAddr = format!("{B_ADDR}:{PORT}").parse().unwrap();
     let _srv = RrServer::start(&p.b, server, 2).unwrap();
-    let name = unique("rtsimg");
-    let mut args: Vec<String> = ["--runtime", RUNTIME, "run", "-d", "--name", &name]
-        .map(String::from)
-        .to_vec();
-    args.extend(run_args.iter().cloned());
-    args.extend(cmd.iter().cloned());
-    // The test's own interval, as a flag (it wins over the ConfigMap's file); the views and the
-    // sampler's interfaces are the ConfigMap's (its patterns find the pod-side veth).
-    args.extend(["--interval", "300ms"].map(String::from));
-    eprintln!("podman {}", args.join(" "));
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let t0 = Instant::now();
-    // Removed on drop also when `podman run` fails (it may leave the container created).
-    let ctr = Container(name.clone());
-    podman(&argv);
-    while scrape_in(&p.a, &tmp).is_err() {
-        let running = podman(&["inspect", "--format", "{{.State.Running}}", &ctr.0]);
-        if t0.elapsed() > Duration::from_secs(30) || running != "true" {
-            panic!(
-                "the container did not serve /metrics within 30 s (running: {running}):\n{}",
-                logs_of(&ctr.0)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let ready = t0.elapsed();
+    let (ctr, ready) = run_as_the_daemonset_declares(&docs, &image, &p, &tmp);
     let pid: u32 = podman(&["inspect", "--format", "{{.State.Pid}}", &ctr.0])
         .parse()
         .unwrap();
@@ -506,6 +475,50 @@ fn image_runs_as_the_daemonset_declares() {
         left.is_empty() && tc.is_empty(),
         "left loaded after stop: {left:?}, tc filters: {tc:?}"
     );
+}
+
+/// The image run as examples/deploy/ declares it (podman, the DaemonSet's arguments, the
+/// ConfigMap's file) with the pod-side namespace of `p` as its node's, and the test's interval
+/// (300 ms): the container (removed on drop) once it serves /metrics, and how long that took.
+fn run_as_the_daemonset_declares(
+    docs: &[Json],
+    image: &str,
+    p: &Pair,
+    tmp: &Path,
+) -> (Container, Duration) {
+    let (run_args, cmd) = podman_args(docs, &p.a.name, tmp);
+    assert_eq!(
+        cmd[0], image,
+        "examples/deploy/ runs the image the recipe produces"
+    );
+
+    let name = unique("rtsimg");
+    let mut args: Vec<String> = ["--runtime", RUNTIME, "run", "-d", "--name", &name]
+        .map(String::from)
+        .to_vec();
+    args.extend(run_args.iter().cloned());
+    args.extend(cmd.iter().cloned());
+    // The test's own interval, as a flag (it wins over the ConfigMap's file); the views and the
+    // sampler's interfaces are the ConfigMap's (its patterns find the pod-side veth).
+    args.extend(["--interval", "300ms"].map(String::from));
+    eprintln!("podman {}", args.join(" "));
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let t0 = Instant::now();
+    // Removed on drop also when `podman run` fails (it may leave the container created).
+    let ctr = Container(name.clone());
+    podman(&argv);
+    while scrape_in(&p.a, tmp).is_err() {
+        let running = podman(&["inspect", "--format", "{{.State.Running}}", &ctr.0]);
+        if t0.elapsed() > Duration::from_secs(30) || running != "true" {
+            panic!(
+                "the container did not serve /metrics within 30 s (running: {running}):\n{}",
+                logs_of(&ctr.0)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ready = t0.elapsed();
+    (ctr, ready)
 }
 
 /// The image under the runtime's default seccomp profile (the DaemonSet's pod without its

@@ -20,29 +20,22 @@
 //!   silently missing (its row is there with the TCP view), and no sample is made up.
 //!
 //! Needs root, clang-19, tc and the vxlan module. ~15 s.
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use rttscope::sys::bpfprog::{self, asm, ProgSpec};
 use rttscope_e2e::busy::{BusyHost, Responder};
-use rttscope_e2e::{require_root, rttscope_bin, sh, ChildGuard, NetNs, Pair, RrClient, RrServer};
+use rttscope_e2e::fixtures::{cni_standin_object, ip, KernelVxlan, VxlanSpec};
+use rttscope_e2e::observer::{unix_now, Observer};
+use rttscope_e2e::{require_root, rttscope_bin, NetNs, Pair, RrClient, RrServer};
 use serde_json::Value;
 
 const PORT: u16 = 7161;
 const THINK: Duration = Duration::from_millis(10);
 const VNI: u64 = 42;
-
-fn ip(ns: &NetNs, args: &str) {
-    let mut v = vec!["ip", "-n", &ns.name];
-    v.extend(args.split_whitespace());
-    sh(&v).unwrap_or_else(|e| panic!("{}: ip {args}: {e}", ns.name));
-}
 
 fn sysctl(ns: &NetNs, kv: &str) {
     ns.exec(&["sysctl", "-qw", kv]).unwrap();
@@ -63,30 +56,16 @@ struct Node2 {
 
 impl Node2 {
     fn new() -> Node2 {
-        let nodes = [NetNs::new("rtkn").unwrap(), NetNs::new("rtkn").unwrap()];
-        let (a, b) = (&nodes[0].name, &nodes[1].name);
-        sh(&[
-            "ip", "link", "add", "nic1", "netns", a, "type", "veth", "peer", "name", "nic2",
-            "netns", b,
-        ])
-        .unwrap();
-        for (k, n) in nodes.iter().enumerate() {
-            let (me, peer) = (k + 1, 2 - k);
-            ip(n, &format!("addr add 192.168.79.{me}/24 dev nic{me}"));
-            ip(n, &format!("link set nic{me} up"));
-            ip(
-                n,
-                &format!(
-                    "link add vx0 address 02:42:00:00:00:0{me} type vxlan id {VNI} dstport 4789 \
-                     remote 192.168.79.{peer} local 192.168.79.{me} dev nic{me}"
-                ),
-            );
-            ip(n, &format!("addr add 10.45.255.{me}/24 dev vx0"));
-            ip(n, "link set vx0 up");
-            ip(
-                n,
-                &format!("neigh add 10.45.255.{peer} lladdr 02:42:00:00:00:0{peer} dev vx0 nud permanent"),
-            );
+        let vx = KernelVxlan::new(VxlanSpec {
+            ns_prefix: "rtkn",
+            under: ["nic1".into(), "nic2".into()],
+            underlay: "192.168.79",
+            inner: "10.45.255",
+            port: 4789,
+            vni: VNI as u32,
+        });
+        for (k, n) in vx.ns.iter().enumerate() {
+            let peer = 2 - k;
             ip(
                 n,
                 &format!("route add 10.45.{peer}.0/24 via 10.45.255.{peer} dev vx0"),
@@ -95,7 +74,7 @@ impl Node2 {
         }
         Node2 {
             pods: Vec::new(),
-            nodes,
+            nodes: vx.ns,
         }
     }
 
@@ -149,25 +128,9 @@ impl Node2 {
     }
 }
 
-/// tests/fixtures/cni_standin.bpf.c compiled (as sampler_chain.rs does) to a file of this
-/// call's own, which the caller removes once tc has loaded it.
-fn standin_object() -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/cni_standin.bpf.c");
-    let out = std::env::temp_dir().join(format!("{}.o", rttscope_e2e::unique("cni-standin-")));
-    let st = Command::new("clang-19")
-        .args(["-O2", "-g", "-target", "bpf", "-c"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&out)
-        .status()
-        .expect("clang-19 (scripts/setup.sh installs it)");
-    assert!(st.success(), "compiling {}", src.display());
-    out
-}
-
 /// The stand-in as a clsact filter at priority 1 on both hooks of `ifname` (in `ns`).
 fn clsact_standin(ns: &NetNs, ifname: &str) {
-    let obj = standin_object();
+    let obj = cni_standin_object();
     ns.exec(&["tc", "qdisc", "add", "dev", ifname, "clsact"])
         .unwrap();
     for hook in ["ingress", "egress"] {
@@ -185,13 +148,12 @@ fn clsact_standin(ns: &NetNs, ifname: &str) {
             "bpf",
             "da",
             "obj",
-            obj.to_str().unwrap(),
+            obj.to_str(),
             "sec",
             "tc",
         ])
         .unwrap();
     }
-    let _ = std::fs::remove_file(&obj);
 }
 
 /// A program that returns 0 (TCX_PASS: ends the chain) as tcx links first on both hooks of
@@ -240,66 +202,14 @@ fn clsact_filters(ns: &NetNs, ifname: &str) -> String {
     out
 }
 
-fn unix_now() -> f64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    t.unwrap().as_secs_f64()
-}
-
-/// One observer whose JSON lines arrive on a channel; stopped with SIGTERM.
-struct Observer {
-    child: ChildGuard,
-    lines: Receiver<String>,
-    start: Value,
-}
-
-impl Observer {
-    fn start(args: &[String]) -> Observer {
-        let mut cmd = Command::new(rttscope_bin());
-        cmd.args(["observe", "--format", "json", "--interval", "1s"])
-            .args(["--view", "tcp,sampler", "--all-netns"])
-            .args(args);
-        let mut child = ChildGuard::spawn(&mut cmd).unwrap();
-        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let Ok(first) = rx.recv_timeout(Duration::from_secs(60)) else {
-            panic!(
-                "observer did not start: {:?}",
-                child.wait_output(Duration::from_secs(1))
-            );
-        };
-        let start = serde_json::from_str(&first).unwrap();
-        Observer {
-            child,
-            lines: rx,
-            start,
-        }
-    }
-
-    fn prog_ids(&self) -> Vec<u32> {
-        let ids = self.start["sampler"]["prog_ids"].as_array().unwrap();
-        ids.iter().map(|p| p[1].as_u64().unwrap() as u32).collect()
-    }
-
-    /// SIGTERM; every line up to the end record, and stderr.
-    fn stop(self) -> (Vec<Value>, String) {
-        let pid = nix::unistd::Pid::from_raw(self.child.pid() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let out = self.child.wait_output(Duration::from_secs(30)).unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "observer failed: {stderr}");
-        let lines = self
-            .lines
-            .try_iter()
-            .map(|l| serde_json::from_str(&l).unwrap());
-        (lines.collect(), stderr)
-    }
+/// `rttscope observe --format json --interval 1s --view tcp,sampler --all-netns ARGS`, its
+/// start line read.
+fn observe(args: &[String]) -> Observer {
+    let mut cmd = Command::new(rttscope_bin());
+    cmd.args(["observe", "--format", "json", "--interval", "1s"])
+        .args(["--view", "tcp,sampler", "--all-netns"])
+        .args(args);
+    Observer::spawn(&mut cmd, "observer")
 }
 
 /// A measured flow: client pod -> server pod, the transactions counted while observed.
@@ -425,22 +335,59 @@ fn busy(bed: &Node2, c: usize, s: usize) -> (Pair, RrServer, BusyHost, RrClient)
     (pair, srv, b, other)
 }
 
+/// The testbed both tests start from, its parts owned by the test (which drops them when it
+/// means to).
+struct FourPods {
+    bed: Node2,
+    /// Pods a and b on node 0, c and d on node 1.
+    pods: [usize; 4],
+    /// The servers in c and d.
+    servers: [RrServer; 2],
+    /// The tcx stand-in's links on b's lxc.
+    tcx: Vec<OwnedFd>,
+    /// The busy-host load a->c.
+    load: (Pair, RrServer, BusyHost, RrClient),
+    /// The flows a->c and b->d, running.
+    flows: [Running; 2],
+}
+
+/// Two nodes of two pods each; the CNI stand-in as a clsact filter at priority 1 on a's lxc and
+/// as tcx links first on b's; the busy-host load; flows a->c and b->d running.
+fn four_pods_behind_standins() -> FourPods {
+    let mut bed = Node2::new();
+    let (a, b) = (bed.add_pod(0, 1), bed.add_pod(0, 2));
+    let (c, d) = (bed.add_pod(1, 1), bed.add_pod(1, 2));
+    let servers = [c, d].map(|s| RrServer::start(&bed.pods[s].ns, bed.server(s), 100).unwrap());
+    clsact_standin(&bed.nodes[0], &bed.pods[a].lxc);
+    let tcx = tcx_standin(&bed.nodes[0], &bed.pods[b].lxc);
+    let load = busy(&bed, a, c);
+    let flows = [run_flow(&bed, "a->c", a, c), run_flow(&bed, "b->d", b, d)];
+    FourPods {
+        bed,
+        pods: [a, b, c, d],
+        servers,
+        tcx,
+        load,
+        flows,
+    }
+}
+
 #[test]
 fn pods_across_a_vxlan_are_one_row_each_and_come_and_go() {
     if !require_root() {
         return;
     }
-    let mut bed = Node2::new();
-    let (a, b) = (bed.add_pod(0, 1), bed.add_pod(0, 2));
-    let (c, d) = (bed.add_pod(1, 1), bed.add_pod(1, 2));
-    let _srv = [c, d].map(|s| RrServer::start(&bed.pods[s].ns, bed.server(s), 100).unwrap());
-    clsact_standin(&bed.nodes[0], &bed.pods[a].lxc);
-    let _tcx = tcx_standin(&bed.nodes[0], &bed.pods[b].lxc);
-    let load = busy(&bed, a, c);
-    let (fa, fb) = (run_flow(&bed, "a->c", a, c), run_flow(&bed, "b->d", b, d));
-    let obs = Observer::start(&bed.ifaces());
+    let FourPods {
+        mut bed,
+        pods: [a, b, _, d],
+        servers: _srv,
+        tcx: _tcx,
+        load,
+        flows: [fa, fb],
+    } = four_pods_behind_standins();
+    let obs = observe(&bed.ifaces());
     let (ours, t_seen, start_ts) = (
-        obs.prog_ids(),
+        obs.sampler_prog_ids(),
         unix_now(),
         obs.start["ts"].as_f64().unwrap(),
     );
@@ -630,19 +577,19 @@ fn a_clsact_observer_behind_a_cni_at_priority_1_says_so() {
     if !require_root() {
         return;
     }
-    let mut bed = Node2::new();
-    let (a, b) = (bed.add_pod(0, 1), bed.add_pod(0, 2));
-    let (c, d) = (bed.add_pod(1, 1), bed.add_pod(1, 2));
-    let _srv = [c, d].map(|s| RrServer::start(&bed.pods[s].ns, bed.server(s), 100).unwrap());
-    clsact_standin(&bed.nodes[0], &bed.pods[a].lxc);
-    let tcx = tcx_standin(&bed.nodes[0], &bed.pods[b].lxc);
-    let _load = busy(&bed, a, c);
-    let (mut fa, mut fb) = (run_flow(&bed, "a->c", a, c), run_flow(&bed, "b->d", b, d));
+    let FourPods {
+        bed,
+        pods: [a, b, _, _],
+        servers: _srv,
+        tcx,
+        load: _load,
+        flows: [mut fa, mut fb],
+    } = four_pods_behind_standins();
     let mut args = bed.ifaces();
     args.extend(["--attach".to_string(), "clsact".to_string()]);
-    let obs = Observer::start(&args);
+    let obs = observe(&args);
     let (ours, t_seen, start_ts) = (
-        obs.prog_ids(),
+        obs.sampler_prog_ids(),
         unix_now(),
         obs.start["ts"].as_f64().unwrap(),
     );

@@ -91,7 +91,21 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         return;
     }
     let p = Pair::new().unwrap();
-    // a second interface in namespace a: another veth pair to b, up, with an address
+    let if2 = second_interface_in_a(&p);
+    let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
+    let _srv = RrServer::start(&p.b, server, 2).unwrap();
+    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let i1 = format!("{}:{}", p.a.name, p.a_if);
+    let i2 = format!("{}:{}", p.a.name, if2);
+    let (stdout, stderr) = observe_while_deleting(&p, (&i1, &i2), &if2);
+    assert_one_notice_names_the_gone_interface(&stderr, &i2, &p.a_if);
+    let lines = parse_lines(&stdout).unwrap();
+    assert_intervals_go_on_and_count_it(&lines, &cli.local.to_string(), (&i1, &i2));
+}
+
+/// A second interface in namespace a: another veth pair to b, up, with an address.
+fn second_interface_in_a(p: &Pair) -> String {
     let if2 = unique("vc");
     let if2_peer = unique("vd");
     sh(&[
@@ -102,12 +116,12 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
     p.a.exec(&["ip", "addr", "add", "10.78.0.1/24", "dev", &if2])
         .unwrap();
     p.a.exec(&["ip", "link", "set", &if2, "up"]).unwrap();
-    let server: SocketAddr = format!("{B_ADDR}:5003").parse().unwrap();
-    let _srv = RrServer::start(&p.b, server, 2).unwrap();
-    let cli = RrClient::start(&p.a, server, 2, Duration::from_millis(1)).unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let i1 = format!("{}:{}", p.a.name, p.a_if);
-    let i2 = format!("{}:{}", p.a.name, if2);
+    if2
+}
+
+/// `observe --view tcp,sampler` on both interfaces for 4 s; `if2` deleted once it reported an
+/// interval: its stdout and stderr (it must exit 0).
+fn observe_while_deleting(p: &Pair, (i1, i2): (&str, &str), if2: &str) -> (Vec<u8>, String) {
     let mut cmd = std::process::Command::new(rttscope_bin());
     cmd.args([
         "observe",
@@ -116,9 +130,9 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         "--netns",
         &p.a.name,
         "--iface",
-        &i1,
+        i1,
         "--iface",
-        &i2,
+        i2,
         "--format",
         "json",
         "--interval",
@@ -143,12 +157,17 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    p.a.exec(&["ip", "link", "del", &if2]).unwrap();
+    p.a.exec(&["ip", "link", "del", if2]).unwrap();
     let out = child.wait_output(Duration::from_secs(30)).unwrap();
     let stdout = std::fs::read(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "observe failed: {stderr}");
+    (stdout, stderr)
+}
+
+/// One notice, saying the deleted interface is gone; the other one not mentioned.
+fn assert_one_notice_names_the_gone_interface(stderr: &str, i2: &str, a_if: &str) {
     let notices: Vec<&str> = stderr
         .lines()
         .filter(|l| l.starts_with("rttscope: notice:"))
@@ -158,8 +177,16 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         notices[0].contains(&format!("interface {i2} is gone")),
         "{stderr}"
     );
-    assert!(!stderr.contains(&p.a_if), "if1 is not mentioned: {stderr}");
-    let lines = parse_lines(&stdout).unwrap();
+    assert!(!stderr.contains(a_if), "if1 is not mentioned: {stderr}");
+}
+
+/// Intervals keep coming, count the vanished interface (and no vanished namespace), and the
+/// client flow's sampler samples (on if1) keep coming after the deletion; the end counts it.
+fn assert_intervals_go_on_and_count_it(
+    lines: &[serde_json::Value],
+    local: &str,
+    (i1, i2): (&str, &str),
+) {
     let ivs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
     assert!(
         ivs.len() >= 8,
@@ -174,14 +201,12 @@ fn a_deleted_interface_is_said_once_and_the_rest_goes_on() {
         "{}",
         ivs[0]
     );
-    // the client flow's sampler samples (on if1) keep coming after the deletion
-    let local = cli.local.to_string();
     let sampled = |iv: &serde_json::Value| -> u64 {
         iv["flows"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|f| f["local"] == local.as_str())
+            .filter(|f| f["local"] == local)
             .filter_map(|f| f["sampler"]["n"].as_u64())
             .sum()
     };
@@ -508,6 +533,54 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
     let p = Pair::new().unwrap();
     let server: SocketAddr = format!("{B_ADDR}:5004").parse().unwrap();
     let _srv = DelayedServer::start(&p.b, server, Duration::from_millis(3));
+    let lines = observe_raw_over_delayed_rr(&p, server);
+    let end = lines
+        .iter()
+        .find(|l| l["type"] == "end")
+        .expect("end record");
+    for (view, dropped) in [
+        ("tcp", "raw_events_dropped"),
+        ("sampler", "raw_events_dropped"),
+    ] {
+        assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
+    }
+    let raw = raw_by_flow(&lines);
+    let (mut bad, mut checked) = (Vec::new(), Vec::new());
+    let worst = check_intervals_against_raw(&lines, &raw, &mut bad, &mut checked);
+    let worst = worst.max(check_end_against_raw(end, &raw, &mut bad, &mut checked));
+    println!(
+        "worst relative error {:.3}% over {} rows: {checked:?}",
+        100.0 * worst,
+        checked.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} percentiles off by more than 1%:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    assert_the_scenario_happened(&checked);
+}
+
+/// Raw samples by (view, netns, local, remote), as [`raw_by_flow`] gives them.
+type RawByFlow = std::collections::HashMap<(String, u64, String, String), Vec<u32>>;
+
+/// A checked row: what, its sample count, its p50 (us).
+type Checked = (String, u64, f64);
+
+/// A flow's key among the raw samples.
+fn raw_key(view: &str, f: &serde_json::Value) -> (String, u64, String, String) {
+    (
+        view.to_string(),
+        f["netns"].as_u64().unwrap(),
+        f["local"].as_str().unwrap().to_string(),
+        f["remote"].as_str().unwrap().to_string(),
+    )
+}
+
+/// `observe --raw --view tcp,sampler` on both ends for 5 s, 3.3 s of RR traffic to `server`
+/// (paused before the observer ends: the end record sees every raw sample): its JSON lines.
+fn observe_raw_over_delayed_rr(p: &Pair, server: SocketAddr) -> Vec<serde_json::Value> {
     let (ia, ib) = (
         format!("{}:{}", p.a.name, p.a_if),
         format!("{}:{}", p.b.name, p.b_if),
@@ -553,35 +626,25 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let lines = parse_lines(&stdout).unwrap();
-    let end = lines
-        .iter()
-        .find(|l| l["type"] == "end")
-        .expect("end record");
-    for (view, dropped) in [
-        ("tcp", "raw_events_dropped"),
-        ("sampler", "raw_events_dropped"),
-    ] {
-        assert_eq!(end["counters"][view][dropped], 0, "raw samples lost: {end}");
-    }
-    let raw = raw_by_flow(&lines);
+    parse_lines(&stdout).unwrap()
+}
+
+/// Each interval's rows against the raw samples of its stretch: the worst relative error.
+fn check_intervals_against_raw(
+    lines: &[serde_json::Value],
+    raw: &RawByFlow,
+    bad: &mut Vec<String>,
+    checked: &mut Vec<Checked>,
+) -> f64 {
     let mut next: std::collections::HashMap<_, usize> = std::collections::HashMap::new();
-    let (mut bad, mut checked, mut worst) = (Vec::new(), Vec::new(), 0.0f64);
-    let key = |view: &str, f: &serde_json::Value| {
-        (
-            view.to_string(),
-            f["netns"].as_u64().unwrap(),
-            f["local"].as_str().unwrap().to_string(),
-            f["remote"].as_str().unwrap().to_string(),
-        )
-    };
+    let mut worst = 0.0f64;
     for (i, iv) in lines.iter().filter(|l| l["type"] == "interval").enumerate() {
         for f in iv["flows"].as_array().unwrap() {
             for view in ["tcp", "sampler"] {
                 let Some(n) = f[view]["n"].as_u64().filter(|&n| n > 0) else {
                     continue;
                 };
-                let k = key(view, f);
+                let k = raw_key(view, f);
                 let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
                 let from = *next.get(&k).unwrap_or(&0);
                 let to = from + n as usize;
@@ -592,17 +655,28 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
                 );
                 next.insert(k.clone(), to);
                 let what = format!("interval {i} {view} {} {}", f["side"], f["local"]);
-                worst = worst.max(check_stats(&what, &f[view], &all[from..to], &mut bad));
+                worst = worst.max(check_stats(&what, &f[view], &all[from..to], bad));
                 checked.push((what, n, f[view]["p50_us"].as_f64().unwrap()));
             }
         }
     }
+    worst
+}
+
+/// The end record's summaries against all raw samples: the worst relative error.
+fn check_end_against_raw(
+    end: &serde_json::Value,
+    raw: &RawByFlow,
+    bad: &mut Vec<String>,
+    checked: &mut Vec<Checked>,
+) -> f64 {
+    let mut worst = 0.0f64;
     for f in end["flows"].as_array().unwrap() {
         for view in ["tcp", "sampler"] {
             let Some(s) = f[view]["summary"].as_object() else {
                 continue;
             };
-            let k = key(view, f);
+            let k = raw_key(view, f);
             let all = raw.get(&k).map_or(&[][..], |v| &v[..]);
             assert_eq!(
                 s["n"].as_u64().unwrap() as usize,
@@ -610,7 +684,7 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
                 "end {k:?}: n vs raw samples"
             );
             let what = format!("end {view} {} {}", f["side"], f["local"]);
-            worst = worst.max(check_stats(&what, &f[view]["summary"], all, &mut bad));
+            worst = worst.max(check_stats(&what, &f[view]["summary"], all, bad));
             checked.push((
                 what,
                 s["n"].as_u64().unwrap(),
@@ -618,18 +692,11 @@ fn percentiles_are_within_one_percent_of_the_raw_samples() {
             ));
         }
     }
-    println!(
-        "worst relative error {:.3}% over {} rows: {checked:?}",
-        100.0 * worst,
-        checked.len()
-    );
-    assert!(
-        bad.is_empty(),
-        "{} percentiles off by more than 1%:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
-    // The scenario happened: both views, both sides, a few ms, enough samples.
+    worst
+}
+
+/// The scenario happened: both views, both sides, a few ms, enough samples.
+fn assert_the_scenario_happened(checked: &[Checked]) {
     for view in ["tcp", "sampler"] {
         for side in ["client", "server"] {
             let rows: Vec<_> = checked

@@ -5,26 +5,30 @@
 //!
 //! The sampler runs as `rttscope observe --view sampler --format json` in a
 //! child process, so crash and cleanup behaviour is the real one.
-use std::io::{BufRead, BufReader};
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rttscope_e2e::frames::{csum, frame, send_frames, Tcp};
+use rttscope_e2e::observer::Observer;
 use rttscope_e2e::{
-    busy, require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, ChildGuard, NetNs, Pair, RrClient,
-    RrServer, A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
+    busy, require_root, rttscope_bin, ss_minrtt_ms, ss_rtt_ms, NetNs, Pair, RrClient, RrServer,
+    A_ADDR, A_ADDR6, B_ADDR, B_ADDR6,
 };
 use serde_json::{json, Value};
 
-/// A running `rttscope observe --view sampler --format json`.
-struct Sampler {
-    child: ChildGuard,
-    lines: Receiver<String>,
-    /// The `start` line.
-    start: Value,
+/// A running `rttscope observe --view sampler --format json` (the shared [`Observer`]: its
+/// `start` line, `child`, `lines`).
+struct Sampler(Observer);
+
+impl std::ops::Deref for Sampler {
+    type Target = Observer;
+    fn deref(&self) -> &Observer {
+        &self.0
+    }
 }
 
 impl Sampler {
@@ -32,31 +36,9 @@ impl Sampler {
         let mut cmd = std::process::Command::new(rttscope_bin());
         cmd.args(["observe", "--view", "sampler", "--format", "json"])
             .args(args);
-        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
-        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let first = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) => l,
-            Err(_) => {
-                let out = child.wait_output(Duration::from_secs(1));
-                panic!("sampler did not start: {out:?}");
-            }
-        };
-        let start: Value = serde_json::from_str(&first).expect("start line is JSON");
-        assert_eq!(start["type"], "start", "{first}");
-        assert_eq!(start["views"], json!(["sampler"]), "{first}");
-        Sampler {
-            child,
-            lines: rx,
-            start,
-        }
+        let obs = Observer::spawn(&mut cmd, "sampler");
+        assert_eq!(obs.start["views"], json!(["sampler"]), "{}", obs.start);
+        Sampler(obs)
     }
 
     /// The sampler's settings as the start line records them.
@@ -102,8 +84,7 @@ impl Sampler {
     /// (2-3 s on a loaded machine: the seq sampler of `tsval_matching_agrees_with_seq` saw 2 of
     /// the client's 1,500 transactions, the tsval one 1,258, 2026-12-07).
     fn stop(self, timeout: Duration) -> Value {
-        let pid = nix::unistd::Pid::from_raw(self.child.pid() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM to observe");
+        self.0.sigterm();
         self.finish(timeout)
     }
 
@@ -121,33 +102,12 @@ impl Sampler {
     /// histogram's count `n`; `hist` its non-empty buckets `[lower_us,
     /// upper_us (null: open), count]`).
     fn finish_raw(self, timeout: Duration) -> (Value, Vec<Value>) {
-        let deadline = Instant::now() + timeout;
-        let mut last = None;
-        let mut raw = Vec::new();
-        while Instant::now() < deadline {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(l) => {
-                    let v: Value = serde_json::from_str(&l).expect("report line is JSON");
-                    if v["type"] == "sample" && v["view"] == "sampler" {
-                        raw.push(v);
-                        continue;
-                    }
-                    if v["type"] == "end" {
-                        last = Some(v);
-                        break;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(_) => break,
-            }
-        }
-        let out = self.child.wait_output(Duration::from_secs(10)).unwrap();
-        assert!(
-            out.status.success(),
-            "sampler failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (sampler_report(&last.expect("no end line")), raw)
+        let (end, before) = self.0.finish(timeout);
+        let raw = before
+            .into_iter()
+            .filter(|v| v["type"] == "sample" && v["view"] == "sampler")
+            .collect();
+        (sampler_report(&end.expect("no end line")), raw)
     }
 }
 
@@ -761,22 +721,7 @@ fn garbage_is_counted_and_never_sampled() {
         return;
     }
     let pair = Pair::new().unwrap();
-    // a must not answer the crafted ACKs with a RST (which clears pending state)
-    pair.a
-        .exec(&["nft", "add", "table", "inet", "rtsgarbage"])
-        .unwrap();
-    pair.a
-        .exec(&[
-            "nft",
-            "add chain inet rtsgarbage in { type filter hook input priority 0 ; }",
-        ])
-        .unwrap();
-    pair.a
-        .exec(&[
-            "nft",
-            "add rule inet rtsgarbage in ip saddr 10.77.0.99 drop",
-        ])
-        .unwrap();
+    drop_what_peer_sends(&pair.a);
     let sampler = Sampler::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
@@ -812,55 +757,7 @@ fn garbage_is_counted_and_never_sampled() {
         payload: 0,
     };
     let good = frame(ack, 0, false, 5);
-    let mut bad: Vec<Vec<u8>> = vec![
-        frame(ack, 1, false, 5),  // IP options
-        frame(ack, 0, true, 5),   // fragment
-        frame(ack, 0, false, 3),  // TCP data offset < 5
-        frame(ack, 0, false, 15), // data offset past the packet
-    ];
-    let mut trunc = good.clone();
-    trunc.truncate(14 + 20 + 10); // TCP header cut short
-    bad.push(trunc);
-    let mut longer = good.clone();
-    longer[16..18].copy_from_slice(&200u16.to_be_bytes()); // IP length beyond the frame
-    bad.push(longer);
-    let mut v5 = good.clone();
-    v5[14] = 0x55; // IP version 5
-    bad.push(v5);
-    let mut udp = good.clone();
-    udp[23] = 17;
-    bad.push(udp);
-    // three 802.1Q tags around the good ACK (one or two are parsed: fuzz_sampler.rs)
-    let mut vlan = good[..12].to_vec();
-    vlan.extend([
-        0x81, 0x00, 0x00, 0x07, 0x81, 0x00, 0x00, 0x08, 0x81, 0x00, 0x00, 0x09,
-    ]);
-    vlan.extend(&good[12..]);
-    bad.push(vlan);
-    bad.push(good[..14].to_vec()); // Ethernet header only: IPv4 header missing
-    let mut arp = good.clone();
-    arp[12..14].copy_from_slice(&[0x08, 0x06]);
-    bad.push(arp);
-    // IPv6 with a fragment header
-    let mut v6 = vec![0xff; 6];
-    v6.extend([0x02, 0, 0, 0, 0, 1, 0x86, 0xdd]);
-    v6.extend([0x60, 0, 0, 0, 0, 28, 44, 64]);
-    v6.extend(B_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
-    v6.extend(A_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
-    v6.extend([6, 0, 0, 1, 0, 0, 0, 1]);
-    v6.extend(&good[34..54]);
-    bad.push(v6);
-    // ACKs that cover the segment but that the stack drops (issue 26.5): checked over a real
-    // veth, where a frame from a packet socket arrives with CHECKSUM_NONE and is summed here
-    let mut ipsum = good.clone();
-    ipsum[22] = 63; // TTL changed, IPv4 header checksum not
-    bad.push(ipsum);
-    let mut tcpsum = good.clone();
-    tcpsum[48] = 0x7f; // window changed, TCP checksum not
-    bad.push(tcpsum);
-    let mut other = good.clone();
-    other[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x42]); // another host's MAC
-    bad.push(other);
+    let bad = garbage_around(ack);
 
     // well formed, but one byte short of the data segment's end: covers nothing
     let partial = frame(Tcp { ack: 1009, ..ack }, 0, false, 5);
@@ -875,7 +772,88 @@ fn garbage_is_counted_and_never_sampled() {
     pair.b.run(move || send_frames(&b_if, &[good]));
     let report = sampler.finish(Duration::from_secs(20));
     eprintln!("garbage: counters {}", report["counters"]);
-    let c = |n| counter(&report, n);
+    assert_every_kind_of_garbage_counted(&report);
+    assert_one_sample_from_the_good_ack(&report);
+}
+
+/// a must not answer the crafted ACKs from [`PEER`] with a RST (which clears pending state).
+fn drop_what_peer_sends(a: &NetNs) {
+    a.exec(&["nft", "add", "table", "inet", "rtsgarbage"])
+        .unwrap();
+    a.exec(&[
+        "nft",
+        "add chain inet rtsgarbage in { type filter hook input priority 0 ; }",
+    ])
+    .unwrap();
+    a.exec(&[
+        "nft",
+        "add rule inet rtsgarbage in ip saddr 10.77.0.99 drop",
+    ])
+    .unwrap();
+}
+
+/// Frames that would acknowledge the data segment if mis-parsed (`ack`'s frame changed in each): IP
+/// options, a fragment, bad data offsets, cut short, IP length past the frame, IP version 5,
+/// UDP, three VLAN tags, no IP header, ARP, IPv6 with a fragment header; and ACKs the stack
+/// drops (bad checksums, another host's MAC).
+fn garbage_around(ack: Tcp) -> Vec<Vec<u8>> {
+    let good = frame(ack, 0, false, 5);
+    let mut bad: Vec<Vec<u8>> = vec![
+        frame(ack, 1, false, 5),  // IP options
+        frame(ack, 0, true, 5),   // fragment
+        frame(ack, 0, false, 3),  // TCP data offset < 5
+        frame(ack, 0, false, 15), // data offset past the packet
+    ];
+    let mut trunc = good.to_vec();
+    trunc.truncate(14 + 20 + 10); // TCP header cut short
+    bad.push(trunc);
+    let mut longer = good.to_vec();
+    longer[16..18].copy_from_slice(&200u16.to_be_bytes()); // IP length beyond the frame
+    bad.push(longer);
+    let mut v5 = good.to_vec();
+    v5[14] = 0x55; // IP version 5
+    bad.push(v5);
+    let mut udp = good.to_vec();
+    udp[23] = 17;
+    bad.push(udp);
+    // three 802.1Q tags around the good ACK (one or two are parsed: fuzz_sampler.rs)
+    let mut vlan = good[..12].to_vec();
+    vlan.extend([
+        0x81, 0x00, 0x00, 0x07, 0x81, 0x00, 0x00, 0x08, 0x81, 0x00, 0x00, 0x09,
+    ]);
+    vlan.extend(&good[12..]);
+    bad.push(vlan);
+    bad.push(good[..14].to_vec()); // Ethernet header only: IPv4 header missing
+    let mut arp = good.to_vec();
+    arp[12..14].copy_from_slice(&[0x08, 0x06]);
+    bad.push(arp);
+    // IPv6 with a fragment header
+    let mut v6 = vec![0xff; 6];
+    v6.extend([0x02, 0, 0, 0, 0, 1, 0x86, 0xdd]);
+    v6.extend([0x60, 0, 0, 0, 0, 28, 44, 64]);
+    v6.extend(B_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6.extend(A_ADDR6.parse::<std::net::Ipv6Addr>().unwrap().octets());
+    v6.extend([6, 0, 0, 1, 0, 0, 0, 1]);
+    v6.extend(&good[34..54]);
+    bad.push(v6);
+    // ACKs that cover the segment but that the stack drops (issue 26.5): checked over a real
+    // veth, where a frame from a packet socket arrives with CHECKSUM_NONE and is summed here
+    let mut ipsum = good.to_vec();
+    ipsum[22] = 63; // TTL changed, IPv4 header checksum not
+    bad.push(ipsum);
+    let mut tcpsum = good.to_vec();
+    tcpsum[48] = 0x7f; // window changed, TCP checksum not
+    bad.push(tcpsum);
+    let mut other = good.to_vec();
+    other[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x42]); // another host's MAC
+    bad.push(other);
+    bad
+}
+
+/// The data segment recorded; each kind of garbage counted where it belongs, the partial ACK
+/// matched nothing.
+fn assert_every_kind_of_garbage_counted(report: &Value) {
+    let c = |n| counter(report, n);
     assert_eq!(c("recorded"), 1, "the crafted data segment is recorded");
     for name in [
         "skip_ip_options",
@@ -893,7 +871,12 @@ fn garbage_is_counted_and_never_sampled() {
     assert_eq!(c("tcp_bad_checksum"), 2, "{}", report["counters"]);
     assert_eq!(c("tcp_not_for_host"), 1, "{}", report["counters"]);
     assert_eq!(c("tcp_checksum_unchecked"), 0, "{}", report["counters"]);
-    // no bogus sample from the garbage; the one good ACK gives exactly one
+}
+
+/// No bogus sample from the garbage; the one good ACK gives exactly one, spanning the time the
+/// test waited.
+fn assert_one_sample_from_the_good_ack(report: &Value) {
+    let c = |n| counter(report, n);
     assert_eq!(c("samples"), 1, "{}", report["counters"]);
     let flows = report["flows"].as_array().unwrap();
     assert_eq!(flows.len(), 1, "{report}");
@@ -908,10 +891,7 @@ fn garbage_is_counted_and_never_sampled() {
 /// `rttscope observe --view sampler --format json` until it ends by itself
 /// (`--duration`): its start line is read before this returns (programs
 /// attached); `finish` returns the `end` line.
-struct Observed {
-    child: ChildGuard,
-    lines: Receiver<String>,
-}
+struct Observed(Observer);
 
 impl Observed {
     fn start(iface: &str, duration: &str) -> Observed {
@@ -919,51 +899,11 @@ impl Observed {
         cmd.args(["observe", "--view", "sampler", "--iface", iface])
             .args(["--format", "json", "--duration", duration])
             .args(["--interval", duration]);
-        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
-        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) => {
-                let v: Value = serde_json::from_str(&l).expect("start line is JSON");
-                assert_eq!(v["type"], "start", "{l}");
-            }
-            Err(_) => {
-                let out = child.wait_output(Duration::from_secs(1));
-                panic!("observe did not start: {out:?}");
-            }
-        }
-        Observed { child, lines: rx }
+        Observed(Observer::spawn(&mut cmd, "observe"))
     }
 
     fn finish(self, timeout: Duration) -> Value {
-        let deadline = Instant::now() + timeout;
-        let mut end = None;
-        while Instant::now() < deadline {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(l) => {
-                    let v: Value = serde_json::from_str(&l).expect("observe line is JSON");
-                    if v["type"] == "end" {
-                        end = Some(v);
-                        break;
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(_) => break,
-            }
-        }
-        let out = self.child.wait_output(Duration::from_secs(10)).unwrap();
-        assert!(
-            out.status.success(),
-            "observe failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (end, _) = self.0.finish(timeout);
         end.expect("no end line from observe")
     }
 }
@@ -1226,21 +1166,6 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
         return;
     }
     let pair = Pair::new().unwrap();
-    let ifa = iface(&pair.a, &pair.a_if);
-    let filters = |dir: &str| -> String {
-        let o = pair
-            .a
-            .exec(&["tc", "filter", "show", "dev", &pair.a_if, dir])
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        o
-    };
-    let qdiscs = || -> String {
-        pair.a
-            .exec(&["tc", "qdisc", "show", "dev", &pair.a_if])
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
-    };
     let server: SocketAddr = format!("{B_ADDR}:5005").parse().unwrap();
     let _srv = RrServer::start(&pair.b, server, 1).unwrap();
     // both loaders attach clsact filters (aya through the same netlink code), and each cleans up
@@ -1250,93 +1175,130 @@ fn clsact_cleanup_and_tcx_detach_on_death() {
         let _ = pair
             .a
             .exec(&["tc", "qdisc", "del", "dev", &pair.a_if, "clsact"]);
-        // a clean run leaves nothing: no filter, and not the clsact qdisc it created
-        let s = Sampler::start(&[
-            "--loader",
-            loader,
-            "--iface",
-            &ifa,
-            "--attach",
-            "clsact",
-            "--duration",
-            "1s",
-        ]);
-        assert!(qdiscs().contains("clsact"), "{}", qdiscs());
-        s.finish(Duration::from_secs(20));
-        assert!(
-            !qdiscs().contains("clsact"),
-            "qdisc left behind: {}",
-            qdiscs()
-        );
-        assert!(!filters("egress").contains("rttscope"));
-
-        let s = Sampler::start(&[
-            "--loader",
-            loader,
-            "--iface",
-            &ifa,
-            "--attach",
-            "clsact",
-            "--duration",
-            "60s",
-        ]);
-        assert_eq!(s.attached()[0]["how"], "clsact", "{}", s.start);
-        assert!(
-            filters("egress").contains("rtt_sampler_egr"),
-            "{}",
-            filters("egress")
-        );
-        assert!(filters("ingress").contains("rtt_sampler_ing"));
-        let pid = s.child.pid();
-        // SAFETY: kill our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        drop(s);
-        assert!(
-            filters("egress").contains("rtt_sampler_egr"),
-            "legacy filters outlive the process"
-        );
-        // the next run cleans up at start, works, and removes its own filters on exit; with the
-        // peer too (another namespace, often the same ifindex: one claim per interface)
-        let ifb = iface(&pair.b, &pair.b_if);
-        let s = Sampler::start(&[
-            "--loader",
-            next,
-            "--iface",
-            &ifa,
-            "--iface",
-            &ifb,
-            "--attach",
-            "clsact",
-            "--duration",
-            "2s",
-        ]);
-        let egress_now = filters("egress");
-        assert_eq!(
-            egress_now
-                .lines()
-                .filter(|l| l.contains("rtt_sampler_egr"))
-                .count(),
-            1,
-            "stale filter not replaced: {egress_now}"
-        );
-        let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(1)).unwrap();
-        std::thread::sleep(Duration::from_millis(1000));
-        drop(client);
-        let report = s.finish(Duration::from_secs(20));
-        assert!(counter(&report, "samples") > 50, "{}", report["counters"]);
-        assert!(
-            !filters("egress").contains("rttscope"),
-            "{}",
-            filters("egress")
-        );
-        assert!(
-            !filters("ingress").contains("rttscope"),
-            "{}",
-            filters("ingress")
-        );
+        a_clean_clsact_run_leaves_nothing(&pair, loader);
+        a_killed_clsact_run_leaves_its_filters(&pair, loader);
+        the_next_run_replaces_them_and_removes_its_own(&pair, next, server);
     }
+    tcx_programs_go_with_a_killed_process(&pair);
+}
 
-    // tcx: kill -9, then the programs must disappear with the links
+/// a's `tc filter show` on one hook (empty if it fails).
+fn tc_filters(pair: &Pair, dir: &str) -> String {
+    pair.a
+        .exec(&["tc", "filter", "show", "dev", &pair.a_if, dir])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// a's `tc qdisc show` (empty if it fails).
+fn tc_qdiscs(pair: &Pair) -> String {
+    pair.a
+        .exec(&["tc", "qdisc", "show", "dev", &pair.a_if])
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// A clean run leaves nothing: no filter, and not the clsact qdisc it created.
+fn a_clean_clsact_run_leaves_nothing(pair: &Pair, loader: &str) {
+    let ifa = iface(&pair.a, &pair.a_if);
+    let qdiscs = || tc_qdiscs(pair);
+    let s = Sampler::start(&[
+        "--loader",
+        loader,
+        "--iface",
+        &ifa,
+        "--attach",
+        "clsact",
+        "--duration",
+        "1s",
+    ]);
+    assert!(qdiscs().contains("clsact"), "{}", qdiscs());
+    s.finish(Duration::from_secs(20));
+    assert!(
+        !qdiscs().contains("clsact"),
+        "qdisc left behind: {}",
+        qdiscs()
+    );
+    assert!(!tc_filters(pair, "egress").contains("rttscope"));
+}
+
+/// A run killed with SIGKILL cannot remove its legacy (clsact) filters: they outlive it.
+fn a_killed_clsact_run_leaves_its_filters(pair: &Pair, loader: &str) {
+    let ifa = iface(&pair.a, &pair.a_if);
+    let filters = |dir: &str| tc_filters(pair, dir);
+    let s = Sampler::start(&[
+        "--loader",
+        loader,
+        "--iface",
+        &ifa,
+        "--attach",
+        "clsact",
+        "--duration",
+        "60s",
+    ]);
+    assert_eq!(s.attached()[0]["how"], "clsact", "{}", s.start);
+    assert!(
+        filters("egress").contains("rtt_sampler_egr"),
+        "{}",
+        filters("egress")
+    );
+    assert!(filters("ingress").contains("rtt_sampler_ing"));
+    let pid = s.child.pid();
+    // SAFETY: kill our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    drop(s);
+    assert!(
+        filters("egress").contains("rtt_sampler_egr"),
+        "legacy filters outlive the process"
+    );
+}
+
+/// The next run cleans up at start, works, and removes its own filters on exit; with the peer
+/// too (another namespace, often the same ifindex: one claim per interface).
+fn the_next_run_replaces_them_and_removes_its_own(pair: &Pair, next: &str, server: SocketAddr) {
+    let (ifa, ifb) = (iface(&pair.a, &pair.a_if), iface(&pair.b, &pair.b_if));
+    let filters = |dir: &str| tc_filters(pair, dir);
+    let s = Sampler::start(&[
+        "--loader",
+        next,
+        "--iface",
+        &ifa,
+        "--iface",
+        &ifb,
+        "--attach",
+        "clsact",
+        "--duration",
+        "2s",
+    ]);
+    let egress_now = filters("egress");
+    assert_eq!(
+        egress_now
+            .lines()
+            .filter(|l| l.contains("rtt_sampler_egr"))
+            .count(),
+        1,
+        "stale filter not replaced: {egress_now}"
+    );
+    let client = RrClient::start(&pair.a, server, 1, Duration::from_millis(1)).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    drop(client);
+    let report = s.finish(Duration::from_secs(20));
+    assert!(counter(&report, "samples") > 50, "{}", report["counters"]);
+    assert!(
+        !filters("egress").contains("rttscope"),
+        "{}",
+        filters("egress")
+    );
+    assert!(
+        !filters("ingress").contains("rttscope"),
+        "{}",
+        filters("ingress")
+    );
+}
+
+/// tcx: kill -9, then the programs must disappear with the links (within 5 s).
+fn tcx_programs_go_with_a_killed_process(pair: &Pair) {
+    let ifa = iface(&pair.a, &pair.a_if);
     let s = Sampler::start(&["--iface", &ifa, "--duration", "60s"]);
     assert_eq!(s.attached()[0]["how"], "tcx", "{}", s.start);
     let ids: Vec<u64> = s.progs().into_iter().map(|(_, id)| id).collect();

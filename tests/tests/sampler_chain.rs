@@ -17,46 +17,25 @@
 //!
 //! Needs root, clang-19 (scripts/setup.sh installs it) and tc with BPF object support
 //! (iproute2). ~6 s per test, in parallel.
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::channel;
 use std::time::Duration;
 
 use rttscope::sys::bpfprog::{self, asm, ProgSpec};
-use rttscope_e2e::{
-    require_root, rttscope_bin, sh, ChildGuard, NetNs, Pair, RrClient, RrServer, B_ADDR,
-};
+use rttscope_e2e::fixtures::cni_standin_object;
+use rttscope_e2e::observer::Observer;
+use rttscope_e2e::{require_root, rttscope_bin, sh, NetNs, Pair, RrClient, RrServer, B_ADDR};
 use serde_json::Value;
 
 const PORT: u16 = 7141;
 const THINK: Duration = Duration::from_millis(10);
 
-/// tests/fixtures/cni_standin.bpf.c compiled (once per test binary).
-fn standin_object() -> PathBuf {
-    static OBJ: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    OBJ.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/cni_standin.bpf.c");
-        let out = std::env::temp_dir().join(format!("rttscope-cni-{}.o", std::process::id()));
-        let st = std::process::Command::new("clang-19")
-            .args(["-O2", "-g", "-target", "bpf", "-c"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&out)
-            .status()
-            .expect("clang-19 (scripts/setup.sh installs it)");
-        assert!(st.success(), "compiling {}", src.display());
-        out
-    })
-    .clone()
-}
-
 /// The stand-in as a clsact filter at `prio` on both hooks of `ifname` (in `ns`).
 fn clsact_standin(ns: &NetNs, ifname: &str, prio: u16) {
-    let obj = standin_object();
-    let obj = obj.to_str().unwrap();
+    let obj = cni_standin_object();
+    let obj = obj.to_str();
     ns.exec(&["tc", "qdisc", "add", "dev", ifname, "clsact"])
         .unwrap();
     for hook in ["ingress", "egress"] {
@@ -197,23 +176,7 @@ fn observe_paced(
     if let Some(p) = metrics_port {
         cmd.args(["--listen", &format!("127.0.0.1:{p}")]);
     }
-    let mut child = ChildGuard::spawn(&mut cmd).unwrap();
-    let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let first = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(l) => l,
-        Err(_) => panic!(
-            "observer did not start: {:?}",
-            child.wait_output(Duration::from_secs(1))
-        ),
-    };
+    let obs = Observer::spawn(&mut cmd, "observer");
     let tx0 = client.transactions.load(Ordering::Relaxed) as u64;
     during();
     let metrics = metrics_port.map(|p| {
@@ -221,9 +184,9 @@ fn observe_paced(
         pair.b.run(move || http_get(p)).expect("scrape /metrics")
     });
     // the transactions until the end record (the run's end), not until the process exits
-    let mut lines: Vec<Value> = vec![serde_json::from_str(&first).unwrap()];
+    let mut lines: Vec<Value> = vec![obs.start];
     let mut transactions = None;
-    while let Ok(l) = rx.recv_timeout(Duration::from_secs(secs + 30)) {
+    while let Ok(l) = obs.lines.recv_timeout(Duration::from_secs(secs + 30)) {
         let v: Value = serde_json::from_str(&l).unwrap();
         let end = v["type"] == "end";
         lines.push(v);
@@ -232,7 +195,7 @@ fn observe_paced(
             break;
         }
     }
-    let out = child.wait_output(Duration::from_secs(30)).unwrap();
+    let out = obs.child.wait_output(Duration::from_secs(30)).unwrap();
     drop(client);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "observer failed: {stderr}");

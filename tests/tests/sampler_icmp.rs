@@ -7,8 +7,8 @@
 //! adds, frames the test crafts, and which end opened a connection.
 use std::io::{BufRead, BufReader};
 use std::process::Output;
-use std::sync::mpsc::{channel, Receiver};
-use std::time::{Duration, Instant};
+use std::sync::mpsc::channel;
+use std::time::Duration;
 
 use rttscope::lab::emulator::{Impairment, LinkConfig};
 use rttscope::lab::testbed::{Role, Testbed, HOST_IF, SRV_ADDR};
@@ -16,6 +16,7 @@ use rttscope_e2e::frames::{
     icmp6_frame, icmp_frame, send_frames, Icmp, ECHO6_REPLY, ECHO6_REQUEST, ECHO_REPLY,
     ECHO_REQUEST,
 };
+use rttscope_e2e::observer::Observer;
 use rttscope_e2e::{
     busy, require_root, rttscope_bin, ChildGuard, NetNs, Pair, RrClient, RrServer, A_ADDR, A_ADDR6,
     B_ADDR, B_ADDR6,
@@ -24,64 +25,21 @@ use serde_json::Value;
 
 /// `rttscope observe --view sampler --format json ARGS` until it ends by
 /// itself (`--duration`); started once its `start` line is out.
-struct Observer {
-    child: ChildGuard,
-    lines: Receiver<String>,
-}
+struct Sampling(Observer);
 
-impl Observer {
-    fn start(args: &[&str]) -> Observer {
+impl Sampling {
+    fn start(args: &[&str]) -> Sampling {
         let mut cmd = std::process::Command::new(rttscope_bin());
         cmd.args(["observe", "--view", "sampler", "--format", "json"])
             .args(args);
-        let mut child = ChildGuard::spawn(&mut cmd).expect("spawn rttscope observe");
-        let stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) => {
-                let v: Value = serde_json::from_str(&l).expect("start line is JSON");
-                assert_eq!(v["type"], "start", "{l}");
-            }
-            Err(_) => {
-                let out = child.wait_output(Duration::from_secs(1));
-                panic!("observe did not start: {out:?}");
-            }
-        }
-        Observer { child, lines: rx }
+        Sampling(Observer::spawn(&mut cmd, "observe"))
     }
 
     /// The `end` line, and the raw samples (`--raw`) printed before it.
     fn finish(self, timeout: Duration) -> (Value, Vec<Value>) {
-        let deadline = Instant::now() + timeout;
-        let (mut end, mut raw) = (None, Vec::new());
-        while Instant::now() < deadline && end.is_none() {
-            match self.lines.recv_timeout(Duration::from_millis(200)) {
-                Ok(l) => {
-                    let v: Value = serde_json::from_str(&l).expect("observe line is JSON");
-                    match v["type"].as_str() {
-                        Some("end") => end = Some(v),
-                        Some("sample") => raw.push(v),
-                        _ => {}
-                    }
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                Err(_) => break,
-            }
-        }
-        let out = self.child.wait_output(Duration::from_secs(10)).unwrap();
-        assert!(
-            out.status.success(),
-            "observe failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (end.expect("no end line from observe"), raw)
+        let (end, before) = self.0.finish(timeout);
+        let raw = before.into_iter().filter(|v| v["type"] == "sample");
+        (end.expect("no end line from observe"), raw.collect())
     }
 }
 
@@ -284,7 +242,7 @@ fn ping_on_a_bare_veth_is_timed_at_both_ends() {
         busy::BusyHost::start(&pair, server, busy::Responder::Plain { resp: 1 }).unwrap();
     busy.also_ping(&pair.a, B_ADDR6.parse().unwrap()).unwrap();
     eprintln!("{}", busy.describe());
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
         "--iface",
@@ -378,7 +336,7 @@ fn ping_through_a_delayed_path_within_5_percent() {
     let dst = SRV_ADDR.to_string();
     let load = TestbedLoad::start(&tb, &dst, None);
     eprintln!("{}", load.describe);
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &format!("{}:{HOST_IF}", tb.ns(Role::Cli)),
         "--raw",
@@ -464,7 +422,7 @@ fn malformed_icmp_is_counted_and_skipped() {
         return;
     }
     let pair = Pair::new().unwrap();
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
         "--duration",
@@ -558,7 +516,7 @@ fn replies_the_kernel_would_drop_are_not_timed() {
         return;
     }
     let pair = Pair::new().unwrap();
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
         "--duration",
@@ -644,7 +602,7 @@ fn sampler_alone_labels_client_and_server() {
     let _srv = RrServer::start(&pair.b, server, 1).unwrap();
     let before = RrClient::start(&pair.a, server, 1, Duration::from_millis(20)).unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
         "--iface",
@@ -778,7 +736,7 @@ fn bad_icmpv6_and_long_message_checksums_are_not_timed() {
         return;
     }
     let pair = Pair::new().unwrap();
-    let obs = Observer::start(&[
+    let obs = Sampling::start(&[
         "--iface",
         &iface(&pair.a, &pair.a_if),
         "--duration",

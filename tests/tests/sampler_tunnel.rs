@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use rttscope_e2e::fixtures::{KernelVxlan, VxlanSpec};
 use rttscope_e2e::{observe_json_attached, require_root, NetNs, RrClient, RrServer};
 use serde_json::Value;
 
@@ -313,37 +314,18 @@ fn vxlan_flow_on_the_underlay_joins_the_pods_socket() {
     }
 }
 
-/// Two namespaces joined by a veth underlay and a kernel VXLAN device on UDP port `port`
-/// (our host kernel has the vxlan module, 2026-12-07), VNI `vni`; inner 10.43.0.1 and .2.
+/// Two namespaces joined by a veth underlay and a kernel VXLAN device on UDP port `port`, VNI
+/// `vni`; inner 10.43.0.1 and .2: the namespaces and the underlay's end in the first.
 fn kernel_vxlan(port: u16, vni: u32) -> (NetNs, NetNs, String) {
-    let (a, b) = (NetNs::new("rtsvk").unwrap(), NetNs::new("rtsvk").unwrap());
-    let (ua, ub) = (rttscope_e2e::unique("vka"), rttscope_e2e::unique("vkb"));
-    rttscope_e2e::sh(&[
-        "ip", "link", "add", &ua, "netns", &a.name, "type", "veth", "peer", "name", &ub, "netns",
-        &b.name,
-    ])
-    .unwrap();
-    let (port, vni) = (port.to_string(), vni.to_string());
-    for (ns, dev, me, peer, inner) in [
-        (&a, &ua, "192.168.78.1", "192.168.78.2", "10.43.0.1/24"),
-        (&b, &ub, "192.168.78.2", "192.168.78.1", "10.43.0.2/24"),
-    ] {
-        let vx = [
-            "ip", "link", "add", "vx0", "type", "vxlan", "id", &vni, "dstport", &port, "remote",
-            peer, "local", me, "dev", dev,
-        ];
-        let me_cidr = format!("{me}/24");
-        exec(
-            ns,
-            &[
-                &["ip", "addr", "add", &me_cidr, "dev", dev],
-                &["ip", "link", "set", dev, "up"],
-                &vx,
-                &["ip", "addr", "add", inner, "dev", "vx0"],
-                &["ip", "link", "set", "vx0", "up"],
-            ],
-        );
-    }
+    let vx = KernelVxlan::new(VxlanSpec {
+        ns_prefix: "rtsvk",
+        under: [rttscope_e2e::unique("vka"), rttscope_e2e::unique("vkb")],
+        underlay: "192.168.78",
+        inner: "10.43.0",
+        port,
+        vni,
+    });
+    let ([a, b], [ua, _]) = (vx.ns, vx.under);
     (a, b, ua)
 }
 

@@ -208,9 +208,53 @@ fn flows_carry_pod_container_and_unit_labels() {
         &["serve", "--listen", &format!("{A_ADDR}:7103")],
     );
 
-    // Two observers of the same traffic: both views (the sampler's owners
-    // then come from the TCP view where it has the flow), and the sampler
-    // alone (owners from each flow's local socket through sock_diag only).
+    let seen = observe_probes_from_the_clients_scope(&p, (&c, &c_if), &logs, &cli_cg);
+    let _ = std::fs::remove_dir_all(&logs);
+    let pod_ns = "pod:shop/checkout-0".to_string();
+    let crio_ns = format!("container:{}", &CTR_CRIO[..12]);
+    let owners = assert_server_series_carry_their_owners(&seen, &p.a.name, (&pod_ns, &crio_ns));
+    assert_client_series_carry_the_clients_scope(&seen, &p.a.name);
+    assert_sampler_series_carry_the_same_labels(&seen, &owners, &p.a.name);
+    assert_rows_and_documents_name_the_owners(&seen, uid, &pod_ns);
+    // The sampler alone looked its flows' sockets up (counted).
+    let last = seen
+        .lines_s
+        .iter()
+        .rev()
+        .find(|l| l["type"] == "interval")
+        .unwrap();
+    assert!(
+        last["counters"]["sampler"]["owner_lookups"].as_u64() > Some(0),
+        "{}",
+        last["counters"]
+    );
+}
+
+/// A series' labels.
+type Labels = std::collections::BTreeMap<String, String>;
+
+/// What the two observers of the test's traffic gave (both views, and the sampler alone):
+/// their /metrics, JSON lines, result documents and stderr.
+struct Seen {
+    body: String,
+    body_s: String,
+    lines: Vec<Value>,
+    lines_s: Vec<Value>,
+    doc: Value,
+    doc_s: Value,
+    err: String,
+    err_s: String,
+}
+
+/// Two observers of the same traffic: both views (the sampler's owners then come from the TCP
+/// view where it has the flow), and the sampler alone (owners from each flow's local socket
+/// through sock_diag only); four `probe tcp-rr` from the clients' cgroup, to each server.
+fn observe_probes_from_the_clients_scope(
+    p: &Pair,
+    (c, c_if): (&NetNs, &str),
+    logs: &Path,
+    cli_cg: &Path,
+) -> Seen {
     let result = std::env::temp_dir().join(format!("{}.json", unique("rtswl")));
     let result_s = std::env::temp_dir().join(format!("{}.json", unique("rtswl")));
     let ifaces = [
@@ -218,8 +262,8 @@ fn flows_carry_pod_container_and_unit_labels() {
         format!("{}:{c_if}", c.name),
         format!("{}:lo", p.a.name),
     ];
-    let obs = observer(&p.a, &logs, METRICS_PORT, "tcp,sampler", &ifaces, &result);
-    let obs_s = observer(&p.a, &logs, METRICS_PORT_S, "sampler", &ifaces, &result_s);
+    let obs = observer(&p.a, logs, METRICS_PORT, "tcp,sampler", &ifaces, &result);
+    let obs_s = observer(&p.a, logs, METRICS_PORT_S, "sampler", &ifaces, &result_s);
     let t0 = Instant::now();
     while scrape_in(&p.a, METRICS_PORT).is_err() || scrape_in(&p.a, METRICS_PORT_S).is_err() {
         assert!(
@@ -230,7 +274,7 @@ fn flows_carry_pod_container_and_unit_labels() {
     }
     let rr = |host: &str, port: &str| -> ChildGuard {
         spawn_in(
-            &cli_cg,
+            cli_cg,
             (host != "127.0.0.1").then_some(&p.a),
             &[
                 "probe", "tcp-rr", host, "-p", port, "-l", "2", "-w", "5ms", "-q",
@@ -265,19 +309,39 @@ fn flows_carry_pod_container_and_unit_labels() {
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap_or_default())
         .unwrap_or(Value::Null);
     let _ = std::fs::remove_file(&result);
-    let _ = std::fs::remove_dir_all(&logs);
-    let err = String::from_utf8_lossy(&out.stderr);
 
-    let pod_ns = "pod:shop/checkout-0".to_string();
-    let crio_ns = format!("container:{}", &CTR_CRIO[..12]);
-    let all = series(&body, "tcp");
-    let sampled = series(&body, "sampler");
+    Seen {
+        err: String::from_utf8_lossy(&out.stderr).into_owned(),
+        err_s: String::from_utf8_lossy(&out_s.stderr).into_owned(),
+        body,
+        body_s,
+        lines,
+        lines_s,
+        doc,
+        doc_s,
+    }
+}
+
+/// The servers' series of the TCP view found in /metrics (pod, CRI-O container, service).
+struct Owners {
+    pod: Labels,
+    crio: Labels,
+    svc: Labels,
+}
+
+/// /metrics: each server's series with its owner's labels, its namespace named by its owner.
+fn assert_server_series_carry_their_owners(
+    seen: &Seen,
+    a_name: &str,
+    (pod_ns, crio_ns): (&String, &String),
+) -> Owners {
+    let err = &seen.err;
+    let all = series(&seen.body, "tcp");
     let find = |port: &str, side: &str| {
         all.iter()
             .find(|m| m["local_port"] == port && m["side"] == side)
             .cloned()
     };
-    // /metrics: each server's series with its owner's labels, its namespace named by its owner.
     let pod =
         find("7101", "server").unwrap_or_else(|| panic!("no pod server series: {all:#?}\n{err}"));
     assert_eq!(
@@ -293,14 +357,14 @@ fn flows_carry_pod_container_and_unit_labels() {
             Some(&"checkout-0".into()),
             Some(&"burstable".into()),
             Some(&CTR_POD[..12].to_string()),
-            Some(&pod_ns)
+            Some(pod_ns)
         ),
         "{pod:?}"
     );
     let crio = find("7102", "server").unwrap_or_else(|| panic!("no CRI-O server series: {all:#?}"));
     assert_eq!(
         (crio.get("container"), crio.get("netns"), crio.get("pod")),
-        (Some(&CTR_CRIO[..12].to_string()), Some(&crio_ns), None),
+        (Some(&CTR_CRIO[..12].to_string()), Some(crio_ns), None),
         "{crio:?}"
     );
     // The same service's second server on the host's loopback: its namespace is `host`.
@@ -313,15 +377,24 @@ fn flows_carry_pod_container_and_unit_labels() {
     let svc = find("7103", "server").unwrap_or_else(|| panic!("no service series: {all:#?}"));
     assert_eq!(
         (svc.get("unit"), svc.get("container"), svc.get("netns")),
-        (Some(&"rts-web.service".into()), None, Some(&p.a.name)),
+        (
+            Some(&"rts-web.service".into()),
+            None,
+            Some(&a_name.to_string())
+        ),
         "{svc:?}"
     );
-    // The clients' side (in namespace a): their own scope, never the server's owner
-    // (the test's own scrapes of /metrics, to 127.0.0.1, are not theirs).
+    Owners { pod, crio, svc }
+}
+
+/// The clients' side (in namespace a): their own scope, never the server's owner (the test's
+/// own scrapes of /metrics, to 127.0.0.1, are not theirs).
+fn assert_client_series_carry_the_clients_scope(seen: &Seen, a_name: &str) {
+    let all = series(&seen.body, "tcp");
     let cli: Vec<_> = all
         .iter()
         .filter(|m| {
-            m["side"] == "client" && m["netns"] == p.a.name && m["remote_prefix"] != "127.0.0.0/24"
+            m["side"] == "client" && m["netns"] == a_name && m["remote_prefix"] != "127.0.0.0/24"
         })
         .collect();
     assert!(
@@ -331,13 +404,17 @@ fn flows_carry_pod_container_and_unit_labels() {
             ),
         "{cli:#?}"
     );
+}
 
-    // The sampler's flows of the same servers and clients carry the same
-    // labels as the TCP view's: with both views, and with the sampler alone.
-    let err_s = String::from_utf8_lossy(&out_s.stderr);
-    let sampled_alone = series(&body_s, "sampler");
+/// The sampler's flows of the same servers and clients carry the same labels as the TCP
+/// view's: with both views, and with the sampler alone.
+fn assert_sampler_series_carry_the_same_labels(seen: &Seen, owners: &Owners, a_name: &str) {
+    let (err, err_s) = (&seen.err, &seen.err_s);
+    let (pod, crio, svc) = (&owners.pod, &owners.crio, &owners.svc);
+    let sampled = series(&seen.body, "sampler");
+    let sampled_alone = series(&seen.body_s, "sampler");
     for (sampled, how) in [(&sampled, "with the TCP view"), (&sampled_alone, "alone")] {
-        for (port, want) in [("7101", &pod), ("7102", &crio), ("7103", &svc)] {
+        for (port, want) in [("7101", pod), ("7102", crio), ("7103", svc)] {
             let got = sampled
                 .iter()
                 .find(|m| m["local_port"] == port && m["side"] == "server")
@@ -356,7 +433,7 @@ fn flows_carry_pod_container_and_unit_labels() {
             .iter()
             .filter(|m| {
                 m["side"] == "client"
-                    && m["netns"] == p.a.name
+                    && m["netns"] == a_name
                     && m["local_port"] == "other"
                     && m["remote_prefix"] != "127.0.0.0/24"
             })
@@ -370,12 +447,14 @@ fn flows_carry_pod_container_and_unit_labels() {
             "sampler client series ({how}): {scli:#?}"
         );
     }
+}
 
-    // observe --format json: the interval rows; the result document: every
-    // flow's details. Both observers (the second has only sampler rows).
+/// observe --format json: the interval rows; the result document: every flow's details. Both
+/// observers (the second has only sampler rows).
+fn assert_rows_and_documents_name_the_owners(seen: &Seen, uid: &str, pod_ns: &str) {
     for (lines, doc, how) in [
-        (&lines, &doc, "both views"),
-        (&lines_s, &doc_s, "sampler alone"),
+        (&seen.lines, &seen.doc, "both views"),
+        (&seen.lines_s, &seen.doc_s, "sampler alone"),
     ] {
         let row = |port: &str| server_row(lines, port, how == "sampler alone");
         let r = row("7101").unwrap_or_else(|| panic!("no pod row in --format json ({how})"));
@@ -392,7 +471,7 @@ fn flows_carry_pod_container_and_unit_labels() {
             ),
             "{how}: {r}"
         );
-        assert_eq!(r["netns_name"], pod_ns.as_str(), "{how}");
+        assert_eq!(r["netns_name"], pod_ns, "{how}");
         assert_eq!(
             row("7102").unwrap()["workload"]["runtime"],
             "cri-o",
@@ -404,30 +483,13 @@ fn flows_carry_pod_container_and_unit_labels() {
             "{how}"
         );
         let text = doc.to_string();
-        for want in [
-            uid,
-            "checkout-0",
-            CTR_CRIO,
-            "rts-web.service",
-            pod_ns.as_str(),
-        ] {
+        for want in [uid, "checkout-0", CTR_CRIO, "rts-web.service", pod_ns] {
             assert!(
                 text.contains(want),
                 "the result document ({how}) names {want}"
             );
         }
     }
-    // The sampler alone looked its flows' sockets up (counted).
-    let last = lines_s
-        .iter()
-        .rev()
-        .find(|l| l["type"] == "interval")
-        .unwrap();
-    assert!(
-        last["counters"]["sampler"]["owner_lookups"].as_u64() > Some(0),
-        "{}",
-        last["counters"]
-    );
 }
 
 /// The first interval row of the server end of local port `port` (with

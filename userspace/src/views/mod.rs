@@ -16,7 +16,9 @@
 use anyhow::Result;
 
 pub use def::{AttachOpts, ViewConfig, ViewDef};
-pub use passive::{LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind};
+pub use passive::{
+    HoldsAttached, LoaderKind, PassiveView, RawEvent, RawSample, RawSamples, RingSource, ViewKind,
+};
 pub use scope::{OnTestbed, Scope};
 
 #[cfg(feature = "example-view")]

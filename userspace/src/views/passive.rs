@@ -94,6 +94,42 @@ pub trait PassiveView {
     }
 }
 
+/// A view the session reads that holds the object it attached: its kind, loader, programs,
+/// counters and raw samples are that object's ([`PassiveView`] written once for all of them).
+pub trait HoldsAttached {
+    /// The attached object (the loaded and attached programs and maps).
+    fn attached_object(&self) -> &dyn PassiveView;
+    /// The object, for its raw-sample stream.
+    fn attached_object_mut(&mut self) -> &mut dyn PassiveView;
+}
+
+/// Its programs, counters and raw samples: the attached object's.
+impl<T: HoldsAttached> PassiveView for T {
+    fn kind(&self) -> ViewKind {
+        self.attached_object().kind()
+    }
+
+    fn loader(&self) -> LoaderKind {
+        self.attached_object().loader()
+    }
+
+    fn prog_ids(&self) -> Vec<(String, u32)> {
+        self.attached_object().prog_ids()
+    }
+
+    fn counters(&self) -> Result<BTreeMap<&'static str, u64>> {
+        self.attached_object().counters()
+    }
+
+    fn raw_samples(&mut self) -> Result<RawSamples> {
+        self.attached_object_mut().raw_samples()
+    }
+
+    fn has_raw_samples(&self) -> bool {
+        self.attached_object().has_raw_samples()
+    }
+}
+
 /// A ring buffer as one loader exposes it: a pollable fd and a way to
 /// hand over every record now available.
 pub trait RingSource {

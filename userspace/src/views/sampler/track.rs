@@ -42,7 +42,7 @@ use crate::views::view::{
     Attached, Counters, ReadCtx, RunFlows, SeriesOf, SideTotals, View, ViewRead, Watched,
     WatchedIface,
 };
-use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
+use crate::views::{HoldsAttached, PassiveView, ViewKind};
 
 /// The attached sampler and what the session keeps of it between reads.
 pub struct SamplerView {
@@ -193,25 +193,13 @@ impl SamplerView {
 }
 
 /// Its programs, counters and raw samples: the attached view's.
-impl PassiveView for SamplerView {
-    fn kind(&self) -> ViewKind {
-        ViewKind::Sampler
+impl HoldsAttached for SamplerView {
+    fn attached_object(&self) -> &dyn PassiveView {
+        self.view.as_ref()
     }
 
-    fn loader(&self) -> LoaderKind {
-        self.view.loader()
-    }
-
-    fn prog_ids(&self) -> Vec<(String, u32)> {
-        self.view.prog_ids()
-    }
-
-    fn counters(&self) -> Result<Counters> {
-        self.view.counters()
-    }
-
-    fn raw_samples(&mut self) -> Result<RawSamples> {
-        self.view.raw_samples()
+    fn attached_object_mut(&mut self) -> &mut dyn PassiveView {
+        self.view.as_mut()
     }
 }
 

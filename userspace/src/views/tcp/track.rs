@@ -21,7 +21,7 @@ use crate::views::view::{
     Ask, Attached, Counters, Known, NsNames, ReadCtx, RunFlows, SeriesOf, SideTotals, View,
     ViewRead, Watched,
 };
-use crate::views::{LoaderKind, PassiveView, RawSamples, ViewKind};
+use crate::views::{HoldsAttached, PassiveView, ViewKind};
 
 /// The attached TCP view and what the session keeps of it between reads.
 pub struct TcpView {
@@ -205,25 +205,13 @@ impl TcpView {
 }
 
 /// Its programs, counters and raw samples: the attached view's.
-impl PassiveView for TcpView {
-    fn kind(&self) -> ViewKind {
-        ViewKind::Tcp
+impl HoldsAttached for TcpView {
+    fn attached_object(&self) -> &dyn PassiveView {
+        self.view.as_ref()
     }
 
-    fn loader(&self) -> LoaderKind {
-        self.view.loader()
-    }
-
-    fn prog_ids(&self) -> Vec<(String, u32)> {
-        self.view.prog_ids()
-    }
-
-    fn counters(&self) -> Result<Counters> {
-        self.view.counters()
-    }
-
-    fn raw_samples(&mut self) -> Result<RawSamples> {
-        self.view.raw_samples()
+    fn attached_object_mut(&mut self) -> &mut dyn PassiveView {
+        self.view.as_mut()
     }
 }
 
