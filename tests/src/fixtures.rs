@@ -1,5 +1,5 @@
 //! Setups several test files share: the CNI stand-in program (tests/fixtures/cni_standin.bpf.c)
-//! compiled, and two namespaces joined by a kernel VXLAN.
+//! compiled, two namespaces joined by a kernel VXLAN, and a pod behind a host-side `lxc` veth.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -124,4 +124,34 @@ impl KernelVxlan {
             under: spec.under,
         }
     }
+}
+
+/// A pod as Cilium wires it: a namespace (`prefix`, unique) whose `eth0` (MAC `mac`, address
+/// `addr`/32, MTU `mtu`) is the peer of `lxc` in `node`; the node routes `addr` to `lxc`, the pod
+/// routes everything through 169.254.1.1 on `lxc`'s MAC (ee:ee:ee:ee:ee:ee), neighbours
+/// permanent: no ARP. The veth goes with the pod's namespace.
+pub fn lxc_pod(node: &NetNs, prefix: &str, lxc: &str, addr: &str, mac: &str, mtu: u32) -> NetNs {
+    let ns = NetNs::new(prefix).unwrap();
+    ip(
+        node,
+        &format!(
+            "link add {lxc} address ee:ee:ee:ee:ee:ee type veth peer name eth0 address {mac} netns {}",
+            ns.name
+        ),
+    );
+    ip(node, &format!("link set {lxc} up"));
+    ip(
+        node,
+        &format!("neigh add {addr} lladdr {mac} dev {lxc} nud permanent"),
+    );
+    ip(node, &format!("route add {addr}/32 dev {lxc}"));
+    ip(&ns, &format!("addr add {addr}/32 dev eth0"));
+    ip(&ns, &format!("link set eth0 mtu {mtu} up"));
+    ip(
+        &ns,
+        "neigh add 169.254.1.1 lladdr ee:ee:ee:ee:ee:ee dev eth0 nud permanent",
+    );
+    ip(&ns, "route add 169.254.1.1 dev eth0 scope link");
+    ip(&ns, "route add default via 169.254.1.1 dev eth0");
+    ns
 }

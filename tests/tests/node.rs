@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rttscope::sys::bpfprog::{self, asm, ProgSpec};
 use rttscope_e2e::busy::{BusyHost, Responder};
-use rttscope_e2e::fixtures::{cni_standin_object, ip, KernelVxlan, VxlanSpec};
+use rttscope_e2e::fixtures::{cni_standin_object, ip, lxc_pod, KernelVxlan, VxlanSpec};
 use rttscope_e2e::observer::{unix_now, Observer};
 use rttscope_e2e::{require_root, rttscope_bin, NetNs, Pair, RrClient, RrServer};
 use serde_json::Value;
@@ -81,30 +81,9 @@ impl Node2 {
     /// A pod on node `k` (0 or 1), number `i` (its address 10.45.<k+1>.<10+i>); returns its index.
     fn add_pod(&mut self, k: usize, i: u8) -> usize {
         let node = &self.nodes[k];
-        let ns = NetNs::new("rtkp").unwrap();
         let (lxc, addr) = (format!("lxc{k}p{i}"), format!("10.45.{}.{}", k + 1, 10 + i));
         let mac = format!("02:00:00:00:0{k}:{i:02x}");
-        ip(
-            node,
-            &format!(
-                "link add {lxc} address ee:ee:ee:ee:ee:ee type veth peer name eth0 address {mac} netns {}",
-                ns.name
-            ),
-        );
-        ip(node, &format!("link set {lxc} up"));
-        ip(
-            node,
-            &format!("neigh add {addr} lladdr {mac} dev {lxc} nud permanent"),
-        );
-        ip(node, &format!("route add {addr}/32 dev {lxc}"));
-        ip(&ns, &format!("addr add {addr}/32 dev eth0"));
-        ip(&ns, "link set eth0 mtu 1400 up");
-        ip(
-            &ns,
-            "neigh add 169.254.1.1 lladdr ee:ee:ee:ee:ee:ee dev eth0 nud permanent",
-        );
-        ip(&ns, "route add 169.254.1.1 dev eth0 scope link");
-        ip(&ns, "route add default via 169.254.1.1 dev eth0");
+        let ns = lxc_pod(node, "rtkp", &lxc, &addr, &mac, 1400);
         self.pods.push(Pod { ns, lxc, ip: addr });
         self.pods.len() - 1
     }

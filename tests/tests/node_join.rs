@@ -22,17 +22,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rttscope_e2e::fixtures::{ip, lxc_pod};
 use rttscope_e2e::{observe_json_attached, require_root, sh, NetNs, RrClient, RrServer};
 use serde_json::Value;
 
 const PORT: u16 = 7162;
 const THINK: Duration = Duration::from_millis(10);
-
-fn ip(ns: &NetNs, args: &str) {
-    let mut v = vec!["ip", "-n", &ns.name];
-    v.extend(args.split_whitespace());
-    sh(&v).unwrap_or_else(|e| panic!("{}: ip {args}: {e}", ns.name));
-}
 
 /// A pod: its namespace (deleted on drop, with its veth and the node's `lxc` end).
 struct Pod {
@@ -83,30 +78,9 @@ impl Bed {
     /// Pod `i` on node `k` (address 10.46.<k+1>.<10+i>): its index.
     fn add_pod(&mut self, k: usize, i: u8) -> usize {
         let node = &self.nodes[k];
-        let ns = NetNs::new("rtnjp").unwrap();
         let (lxc, addr) = (format!("lxc{k}p{i}"), format!("10.46.{}.{}", k + 1, 10 + i));
         let mac = format!("02:00:00:00:0{k}:{i:02x}");
-        ip(
-            node,
-            &format!(
-                "link add {lxc} address ee:ee:ee:ee:ee:ee type veth peer name eth0 address {mac} netns {}",
-                ns.name
-            ),
-        );
-        ip(node, &format!("link set {lxc} up"));
-        ip(
-            node,
-            &format!("neigh add {addr} lladdr {mac} dev {lxc} nud permanent"),
-        );
-        ip(node, &format!("route add {addr}/32 dev {lxc}"));
-        ip(&ns, &format!("addr add {addr}/32 dev eth0"));
-        ip(&ns, "link set eth0 up");
-        ip(
-            &ns,
-            "neigh add 169.254.1.1 lladdr ee:ee:ee:ee:ee:ee dev eth0 nud permanent",
-        );
-        ip(&ns, "route add 169.254.1.1 dev eth0 scope link");
-        ip(&ns, "route add default via 169.254.1.1 dev eth0");
+        let ns = lxc_pod(node, "rtnjp", &lxc, &addr, &mac, 1500);
         self.pods.push(Pod { ns, lxc, ip: addr });
         self.pods.len() - 1
     }

@@ -61,18 +61,26 @@ fn counts(doc: &Value) -> &Value {
     &doc["views"][0]["details"]["counts"]
 }
 
-/// The server's firewall: ICMP echo and SYNs to `SILENT` dropped (in its own namespace, gone with it).
-fn firewall(tb: &Testbed) {
-    for rule in [
-        "add table inet rtconn",
-        "add chain inet rtconn in { type filter hook input priority 0 ; }",
-        "add rule inet rtconn in meta l4proto { icmp, ipv6-icmp } drop",
-        &format!("add rule inet rtconn in tcp dport {SILENT} drop"),
-    ] {
+/// `nft RULE` in the server's namespace for each rule (gone with the namespace).
+fn nft(tb: &Testbed, rules: &[&str]) {
+    for rule in rules {
         let args: Vec<&str> = rule.split(' ').collect();
         let o = tb.command(Role::Srv, "nft").args(&args).output().unwrap();
         assert!(o.status.success(), "nft {rule}: {}", text(&o));
     }
+}
+
+/// The server's firewall: ICMP echo and SYNs to `SILENT` dropped (in its own namespace, gone with it).
+fn firewall(tb: &Testbed) {
+    nft(
+        tb,
+        &[
+            "add table inet rtconn",
+            "add chain inet rtconn in { type filter hook input priority 0 ; }",
+            "add rule inet rtconn in meta l4proto { icmp, ipv6-icmp } drop",
+            &format!("add rule inet rtconn in tcp dport {SILENT} drop"),
+        ],
+    );
 }
 
 #[test]
@@ -143,26 +151,20 @@ fn tcp_connect_agrees_with_icmp(tb: &Testbed) -> f64 {
 /// kernel sends it again after its 1 s timer, and that handshake is timed from the first SYN,
 /// in userspace (the kernel has no sample of it: Karn), as tcping's: 1 s + the path.
 fn a_syn_sent_again_is_timed_from_the_first(tb: &Testbed, icmp_p50: f64) {
-    for rule in [
-        "add table inet rtonce",
-        "add chain inet rtonce in { type filter hook input priority 0 ; }",
-        &format!(
-            "add rule inet rtonce in tcp dport {OPEN} tcp flags syn quota until 100 bytes drop"
-        ),
-    ] {
-        let args: Vec<&str> = rule.split(' ').collect();
-        let o = tb.command(Role::Srv, "nft").args(&args).output().unwrap();
-        assert!(o.status.success(), "nft {rule}: {}", text(&o));
-    }
+    nft(
+        tb,
+        &[
+            "add table inet rtonce",
+            "add chain inet rtonce in { type filter hook input priority 0 ; }",
+            &format!(
+                "add rule inet rtonce in tcp dport {OPEN} tcp flags syn quota until 100 bytes drop"
+            ),
+        ],
+    );
     let target = format!("{SRV_ADDR}:{OPEN}");
     let (o, doc) = probe(tb, &["tcp-connect", &target, "-c", "2", "-i", "0.05"]);
     let out = text(&o);
-    let o = tb
-        .command(Role::Srv, "nft")
-        .args(["delete", "table", "inet", "rtonce"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "nft delete: {}", text(&o));
+    nft(tb, &["delete table inet rtonce"]);
     let k = counts(&doc);
     assert_eq!(
         (

@@ -61,13 +61,13 @@ impl Connect {
         }
     }
 
-    /// Close the handshake in flight (if any), counting its SYN retransmissions.
-    pub fn close(&mut self) {
-        if let Some(p) = self.pending.take() {
-            if let Ok(info) = crate::sys::tcpinfo::tcp_info(p.sock.get_ref()) {
-                self.syn_retransmits += u64::from(info.tcpi_total_retrans);
-            }
-        }
+    /// Close the handshake in flight (if any), counting its SYN retransmissions; the kernel's
+    /// `tcp_info` of it (read once: the retransmissions and the handshake's RTT).
+    pub fn close(&mut self) -> Option<libc::tcp_info> {
+        let p = self.pending.take()?;
+        let info = crate::sys::tcpinfo::tcp_info(p.sock.get_ref()).ok()?;
+        self.syn_retransmits += u64::from(info.tcpi_total_retrans);
+        Some(info)
     }
 
     /// The socket is writable: the handshake completed, or failed, or the kernel gave up on it.
@@ -77,8 +77,7 @@ impl Connect {
         };
         let (seq, t0) = (p.seq, p.t0);
         let end = classify(p.sock.get_ref().take_error());
-        let kernel = crate::sys::tcpinfo::tcp_info(p.sock.get_ref()).ok();
-        self.close();
+        let kernel = self.close();
         match end {
             Handshake::Connected => {
                 let t1 = match kernel.and_then(|i| handshake_rtt_ns(&i)) {
