@@ -106,6 +106,7 @@ const volatile __u32 cfg_tso = 0; /* 1 on x86-64: a plain store releases (unlock
 /* Flow table geometry and hash seed (the same in every copy: they share the table). */
 const volatile __u32 cfg_set_mask = 16384 / RTTSCOPE_SAMPLER_WAYS - 1; /* sets - 1; sets: a power of two */
 const volatile __u64 cfg_hash_seed = 0;
+const volatile __u32 cfg_hook_mask = RTTSCOPE_SAMPLER_HOOKS - 1; /* entries of sampler_hooks - 1 (a power of two) */
 /* UDP destination ports of VXLAN and of Geneve, RTTSCOPE_MAX_TUNNEL_PORTS
  * of 16 bits each (0: unused): --vxlan-port (IANA's 4789, Linux's default
  * 8472), --geneve-port (6081). */
@@ -152,19 +153,17 @@ struct {
 } sampler_events SEC(".maps");
 
 /* Packets each hook saw, per interface and direction (issue 41: a hook that
- * sees nothing while its interface moves packets is reported). Key:
- * netns inode << 32 | ifindex << 1 | direction (hook_key()); userspace
- * enters an interface's two keys before attaching to it and deletes them
- * when it is released, so the map holds only attached interfaces (its size:
- * twice the observer's interface bound). A packet of an interface without
- * its key (none: attached only after the keys exist) is not counted. It
- * replaces the seen_* counters (one counter per packet, as before;
- * userspace sums the interfaces into seen_egress/seen_ingress). */
+ * sees nothing while its interface moves packets is reported), per CPU
+ * (struct rttscope_hook_tag). Userspace enters an interface's two keys
+ * before attaching to it and marks them released when it lets the interface
+ * go, so only attached interfaces count. A packet of an interface without
+ * its key (none: attached only after the keys exist) is not counted.
+ * Userspace sums the interfaces into seen_egress/seen_ingress. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, RTTSCOPE_SAMPLER_HOOKS);
-	__type(key, __u64);
-	__type(value, __u64);
+	__type(key, __u32);
+	__type(value, struct rttscope_hook_tag);
 } sampler_hooks SEC(".maps");
 
 /* A parsed TCP segment, oriented as on the wire (l = source). For an ICMP
@@ -238,13 +237,31 @@ static __always_inline void count_n(__u32 idx, __u64 n)
 #define HOOK_INGRESS 0
 #define HOOK_EGRESS 1
 
+/* Where a hook key's search in `sampler_hooks` starts (userspace:
+ * views/sampler/hook_tags.rs, the same arithmetic). */
+static __always_inline __u32 hook_home(__u64 k)
+{
+	return (__u32)((k * 0x9E3779B97F4A7C15ULL) >> 32) & cfg_hook_mask;
+}
+
+/* One more packet for this interface's hook in this direction. */
 static __always_inline void count_hook(struct __sk_buff *skb, __u32 dir)
 {
 	__u64 k = ((__u64)cfg_netns << 32) | ((__u64)skb->ifindex << 1) | dir;
-	__u64 *c = bpf_map_lookup_elem(&sampler_hooks, &k);
+	struct rttscope_hook_tag *t;
+	__u32 i, j, home = hook_home(k);
 
-	if (c)
-		*c += 1;
+	#pragma clang loop unroll(disable) /* compact code: the first entry nearly always holds it */
+	for (i = 0; i < RTTSCOPE_HOOK_PROBES; i++) {
+		j = (home + i) & cfg_hook_mask;
+		t = bpf_map_lookup_elem(&sampler_hooks, &j);
+		if (!t || t->key == 0)
+			return; /* not entered */
+		if (t->key == k) {
+			t->packets++;
+			return;
+		}
+	}
 }
 
 static __always_inline int sampled(void)
@@ -1673,6 +1690,49 @@ static __always_inline __u64 send_time(struct __sk_buff *skb)
 	return bpf_ktime_get_ns();
 }
 
+#ifdef RTTSCOPE_BENCH_UNAVOIDABLE
+/* Benchmark builds only (RTTSCOPE_BPF_CFLAGS=-DRTTSCOPE_BENCH_UNAVOIDABLE,
+ * scripts/bench-sampler.sh's BENCH_BEFORE_CFLAGS; never shipped): the
+ * programs do only what no passive sampler can skip on a TCP segment or an
+ * echo, and nothing else: parse the packet, one flow-table lookup (an entry
+ * entered on egress when missing, so that lookups find their flow), one
+ * clock read (egress: TCP's departure stamp where there is one, as
+ * send_time() without its counter) stored in the entry. No counters, no
+ * checksum checks, no pending segments, no matching, no histogram. Measured
+ * in the same chain as the real programs, it is the floor of what is
+ * possible (issue 44, docs/perf-sampler.md). */
+static __always_inline int unavoidable(struct __sk_buff *skb, __u32 ingress)
+{
+	struct rttscope_sampler_entry *e;
+	struct seg s = {};
+	__u64 h, g, now;
+	__u32 set, why;
+
+	s.ifindex = skb->ifindex;
+	why = parse(skb, &s);
+	if (why && why != PARSED_ICMP)
+		return PASS;
+	if (ingress)
+		swap_key(&s.key);
+	s.key.netns = cfg_netns;
+	h = key_hash(&s.key);
+	set = (__u32)(h >> 32) & cfg_set_mask;
+	e = table_find(&s.key, set, (__u32)h, &g);
+	if (ingress) {
+		now = bpf_ktime_get_ns();
+	} else if (bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp && skb->tstamp_type == 1) {
+		now = skb->tstamp;
+	} else {
+		now = bpf_ktime_get_ns();
+	}
+	if (!e && !ingress)
+		e = table_insert(&s.key, set, (__u32)h, now, &g);
+	if (e)
+		e->pend.touched_ns = now;
+	return PASS;
+}
+#endif
+
 SEC("classifier")
 int rtt_sampler_egr(struct __sk_buff *skb)
 {
@@ -1682,6 +1742,9 @@ int rtt_sampler_egr(struct __sk_buff *skb)
 	__u32 v, set, tag, why;
 	__u64 now, h, g;
 
+#ifdef RTTSCOPE_BENCH_UNAVOIDABLE
+	return unavoidable(skb, 0);
+#endif
 	count_hook(skb, HOOK_EGRESS);
 	s.ifindex = skb->ifindex;
 	if (!sampled())
@@ -1760,6 +1823,9 @@ int rtt_sampler_ing(struct __sk_buff *skb)
 	__u32 v, why;
 	__u64 h, g;
 
+#ifdef RTTSCOPE_BENCH_UNAVOIDABLE
+	return unavoidable(skb, 1);
+#endif
 	count_hook(skb, HOOK_INGRESS);
 	s.ifindex = skb->ifindex;
 	if (!sampled())

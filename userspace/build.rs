@@ -10,6 +10,9 @@
 //! binary links no libbpf (scripts/check-aya-build.sh proves it).
 //!
 //! - clang: `BPF_CLANG` (default `clang-19`, then `clang`).
+//! - `RTTSCOPE_BPF_CFLAGS`: more clang arguments for every object, split on
+//!   whitespace (benchmark variants: scripts/bench-sampler.sh's
+//!   `BENCH_BEFORE_CFLAGS`, docs/perf-sampler.md). Unset in every shipped build.
 //! - `RTTSCOPE_GIT_COMMIT` (for `--version`): `git rev-parse --short HEAD`,
 //!   or "unknown" outside a git checkout (a source tarball).
 //! - `RTTSCOPE_FEATURES`, `RTTSCOPE_LOADERS` and `RTTSCOPE_LINKAGE` (for `--version`, results
@@ -215,10 +218,12 @@ fn main() -> Result<()> {
 
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
     println!("cargo:rerun-if-env-changed=RTTSCOPE_VMLINUX_H");
+    println!("cargo:rerun-if-env-changed=RTTSCOPE_BPF_CFLAGS");
+    let extra = env::var("RTTSCOPE_BPF_CFLAGS").unwrap_or_default();
     for header in ["rttscope.h", "fine_pool.bpf.h", "sampler_noatomic.bpf.h"] {
         println!("cargo:rerun-if-changed={}", bpf_dir.join(header).display());
     }
-    let args: Vec<&std::ffi::OsStr> = vec![
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "-I".as_ref(),
         vmlinux_dir.as_os_str(),
         "-I".as_ref(),
@@ -229,6 +234,7 @@ fn main() -> Result<()> {
         "-Wall".as_ref(),
         "-Werror".as_ref(),
     ];
+    args.extend(extra.split_whitespace().map(std::ffi::OsStr::new));
     // A C file added or removed changes the directory: the list is read again.
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
     for name in &objects(&bpf_dir)? {

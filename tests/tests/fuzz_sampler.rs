@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use rttscope::views::sampler::hook_tags;
 use rttscope_e2e::frames::{
     csum, frame, geneve, icmp_frame, outer_ip, udp, vlan_tagged, vxlan, Icmp, Outer, Tcp,
     ECHO_REPLY, ECHO_REQUEST,
@@ -88,14 +89,14 @@ struct Kernel {
     egr: OwnedFd,
     ing: OwnedFd,
     counters: OwnedFd,
-    /// `sampler_hooks`: the packets each hook saw, per CPU (key: netns << 32 | ifindex << 1 |
-    /// direction), which `seen_ingress`/`seen_egress` are the sums of.
+    /// `sampler_hooks`: each hook's key and packets, per CPU, which
+    /// `seen_ingress`/`seen_egress` are the sums of.
     hooks: OwnedFd,
-    /// The keys BPF_PROG_TEST_RUN's packets count under, [ingress, egress]: the observed
-    /// namespace's (the programs' `cfg_netns`) and the loopback device's index (1), which the
-    /// kernel gives a test run's skb; inserted by the test, as userspace inserts an attached
-    /// interface's keys.
-    hook_keys: [u64; 2],
+    /// The hooks BPF_PROG_TEST_RUN's packets count under, [ingress, egress] (entry, key): the
+    /// observed namespace's (the programs' `cfg_netns`) and the loopback device's index (1),
+    /// which the kernel gives a test run's skb; entered by the test as userspace enters an
+    /// attached interface's hooks.
+    test_hooks: [(u32, u64); 2],
     names: BTreeMap<u32, &'static str>,
     cpus: usize,
 }
@@ -115,13 +116,14 @@ impl Kernel {
                 .sum();
             out.insert(name, sum);
         }
-        for (key, name) in self.hook_keys.iter().zip(["seen_ingress", "seen_egress"]) {
-            let sum = rttscope::sys::bpf::percpu_u64_sum(self.hooks.as_fd(), &key.to_ne_bytes())
-                .expect("hook counter lookup");
-            out.insert(
-                name,
-                sum.unwrap_or_else(|| panic!("hook counter {name} missing")),
-            );
+        for ((entry, key), name) in self.test_hooks.iter().zip(["seen_ingress", "seen_egress"]) {
+            let cpus = rttscope::sys::bpf::possible_cpus().unwrap();
+            let mut v = vec![0u8; hook_tags::ENTRY_BYTES * cpus];
+            let found =
+                rttscope::sys::bpf::lookup(self.hooks.as_fd(), &entry.to_ne_bytes(), &mut v)
+                    .expect("hook counter lookup");
+            assert!(found, "hook counter {name} missing");
+            out.insert(name, hook_tags::packets(&v, *key));
         }
         out
     }
@@ -244,37 +246,50 @@ fn start_observer(ns: &NetNs) -> Observer {
         .unwrap()
         .map_type
         == 6;
-    let hook_keys = test_run_hook_keys(ns, &hooks, cpus);
+    let test_hooks = test_run_hooks(ns, &hooks, cpus);
     let kernel = Kernel {
         egr,
         ing,
         counters,
         hooks,
-        hook_keys,
+        test_hooks,
         names,
         cpus: if per_cpu { cpus } else { 1 },
     };
     Observer { child, kernel }
 }
 
-/// The `sampler_hooks` keys of a test run's packets (the loopback device, index 1, in the
-/// observed namespace), inserted at 0 on every CPU.
-fn test_run_hook_keys(ns: &NetNs, hooks: &OwnedFd, cpus: usize) -> [u64; 2] {
+/// Enter the hooks of a test run's packets (the loopback device, index 1, in the observed
+/// namespace) as userspace enters an attached interface's (views/sampler/hook_tags.rs): the
+/// first unused or released entry from the key's home, written on every CPU with a count of 0.
+fn test_run_hooks(ns: &NetNs, hooks: &OwnedFd, cpus: usize) -> [(u32, u64); 2] {
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(format!("/run/netns/{}", ns.name))
         .expect("the namespace's file")
         .ino();
-    let keys = [0u64, 1].map(|dir| (ino << 32) | (1 << 1) | dir);
-    for k in keys {
-        rttscope::sys::bpf::update(
-            hooks.as_fd(),
-            Some(&k.to_ne_bytes()),
-            &vec![0u8; 8 * cpus],
-            0,
-        )
-        .expect("a hook key for the test runs");
-    }
-    keys
+    let mask = rttscope::sys::bpf::map_info(hooks.as_fd())
+        .unwrap()
+        .max_entries
+        - 1;
+    [0usize, 1].map(|dir| {
+        let key = hook_tags::key(ino as u32, 1, dir);
+        let home = hook_tags::home(key, mask);
+        let entry = (0..hook_tags::PROBES as u32)
+            .map(|i| (home + i) & mask)
+            .find(|e| {
+                let mut v = vec![0u8; hook_tags::ENTRY_BYTES * cpus];
+                rttscope::sys::bpf::lookup(hooks.as_fd(), &e.to_ne_bytes(), &mut v).unwrap();
+                matches!(
+                    u64::from_ne_bytes(v[..8].try_into().unwrap()),
+                    0 | hook_tags::RELEASED
+                )
+            })
+            .expect("a free entry for the test runs' hook");
+        let v = hook_tags::entry_bytes(key, cpus);
+        rttscope::sys::bpf::update(hooks.as_fd(), Some(&entry.to_ne_bytes()), &v, 0)
+            .expect("a hook entry for the test runs");
+        (entry, key)
+    })
 }
 
 impl Observer {

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 
 use super::follow::{self, Ctx, Follower, Group, Ifaces};
+use super::hook_tags;
 use super::tc::{tcx_attach, Attached, Attachments};
 use super::{
     derived_counters, hash_seed, resolve_ifaces, table_flows, AttachInfo, AttachMode, IfaceSpec,
@@ -131,6 +132,7 @@ fn settings(
     ro.cfg_timeout_ns = cfg.pending_timeout.as_nanos().min(u64::MAX as u128) as u64;
     ro.cfg_set_mask = cfg.set_mask();
     ro.cfg_hash_seed = seed;
+    ro.cfg_hook_mask = hook_tags::entries_for(2 * cfg.max_ifaces) - 1;
     ro.cfg_protos = cfg.proto_mask();
     ro.cfg_vxlan_ports = super::config::pack_ports(&cfg.vxlan_ports);
     ro.cfg_geneve_ports = super::config::pack_ports(&cfg.geneve_ports);
@@ -150,6 +152,7 @@ fn settings(
                 cfg_timeout_ns,
                 cfg_set_mask,
                 cfg_hash_seed,
+                cfg_hook_mask,
                 cfg_protos,
                 cfg_vxlan_ports,
                 cfg_geneve_ports,
@@ -160,7 +163,7 @@ fn settings(
         max_entries: vec![
             ("sampler_table", cfg.table_entries()),
             (fine::POOL, 2 * pool_entries(cfg.table_entries())),
-            ("sampler_hooks", 2 * cfg.max_ifaces),
+            ("sampler_hooks", hook_tags::entries_for(2 * cfg.max_ifaces)),
         ]
         .into_iter()
         .chain(
@@ -257,7 +260,7 @@ impl Sampler {
             mode: cfg.attach,
             max: cfg.max_ifaces as usize,
         });
-        let ifaces = Arc::new(Mutex::new(Ifaces::default()));
+        let ifaces = Arc::new(Mutex::new(Ifaces::new(cfg.max_ifaces)));
         attach_at_start(&ctx, &ifaces, &resolved)?;
         let followers = resolved
             .watches
@@ -511,19 +514,22 @@ impl Sampler {
     }
 
     /// Packets each interface's hooks saw since attach, `[ingress, egress]`, in the order of
-    /// [`Sampler::attach_info`] (`sampler_hooks`, summed over CPUs).
+    /// [`Sampler::attach_info`] (`sampler_hooks`, summed over CPUs; 0 for one released since).
     pub(crate) fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
-        let fd = self.ctx.hooks.as_fd();
-        let one = |a: &AttachInfo, d: usize| -> Result<u64> {
-            let key = follow::hook_key(a.netns_inode, a.ifindex, d);
-            Ok(crate::sys::bpf::percpu_u64_sum(fd, &key)
-                .context("reading the sampler's hook counters")?
-                .unwrap_or(0))
-        };
-        self.info
+        let st = follow::lock(&self.ifaces);
+        let sums = st.hook_sums(&self.ctx);
+        Ok(self
+            .info
             .iter()
-            .map(|a| Ok([one(a, 0)?, one(a, 1)?]))
-            .collect()
+            .map(|a| {
+                st.live
+                    .iter()
+                    .position(|l| {
+                        l.info.netns_inode == a.netns_inode && l.info.ifindex == a.ifindex
+                    })
+                    .map_or([0, 0], |i| sums[i])
+            })
+            .collect())
     }
 
     /// Each interface's programs' ids, `[ingress, egress]`, in the same order.

@@ -11,13 +11,15 @@
 //! because it was deleted before its turn came, or a link type without a loaded program);
 //! `ifaces_released` counts the attached ones that vanished; `ifaces_live` those attached now.
 use std::collections::BTreeSet;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
+use super::hook_tags::{self, HookTags};
 use super::tc::Attachments;
 use super::{attach_info, link_of, AttachInfo, AttachMode, IfaceMeta, IfaceSpec, ResolvedIface};
 use crate::bpf::sampler::types as t;
@@ -36,7 +38,7 @@ pub(super) struct Group {
 /// What attaching needs, shared by the reading thread and the followers.
 pub(super) struct Ctx {
     pub groups: Vec<Group>,
-    /// `sampler_hooks` (a duplicate descriptor).
+    /// `sampler_hooks` (each hook's key and packets, per CPU): a duplicate descriptor.
     pub hooks: OwnedFd,
     pub mode: AttachMode,
     pub max: usize,
@@ -46,12 +48,13 @@ pub(super) struct Ctx {
 pub(super) struct Live {
     pub info: AttachInfo,
     pub ids: [u32; 2],
+    /// Its hooks' entries in `sampler_hooks`, `[ingress, egress]`.
+    hooks: [u32; 2],
     /// Held for its Drop: detaches (tcx links close, clsact filters removed).
     attached: Attachments,
 }
 
 /// The attached interfaces and the counts of those that came and went.
-#[derive(Default)]
 pub(super) struct Ifaces {
     /// In the order attached.
     pub live: Vec<Live>,
@@ -69,14 +72,69 @@ pub(super) struct Ifaces {
     pub notices: Vec<String>,
     /// Moves on at every change of `live`.
     pub version: u64,
+    /// Which entry of `sampler_hooks` each hook has.
+    tags: HookTags,
 }
 
-/// A hook's key in `sampler_hooks` (bpf/sampler.bpf.c, count_hook()).
-pub(super) fn hook_key(netns: u32, ifindex: u32, dir: usize) -> [u8; 8] {
-    (((netns as u64) << 32) | ((ifindex as u64) << 1) | dir as u64).to_ne_bytes()
+/// A hook's packets since it was entered, summed over CPUs.
+fn hook_sum(ctx: &Ctx, netns: u32, ifindex: u32, dir: usize, entry: u32) -> io::Result<u64> {
+    let mut v = vec![0u8; hook_tags::ENTRY_BYTES * crate::sys::bpf::possible_cpus()?];
+    crate::sys::bpf::lookup(ctx.hooks.as_fd(), &entry.to_ne_bytes(), &mut v)?;
+    Ok(hook_tags::packets(&v, hook_tags::key(netns, ifindex, dir)))
+}
+
+/// Write an entry of `sampler_hooks` on every CPU: `key` with a count of 0.
+fn write_entry(ctx: &Ctx, entry: u32, key: u64) -> Result<()> {
+    let v = hook_tags::entry_bytes(key, crate::sys::bpf::possible_cpus()?);
+    crate::sys::bpf::update(ctx.hooks.as_fd(), Some(&entry.to_ne_bytes()), &v, 0)
+        .context("entering its hook counters")
 }
 
 impl Ifaces {
+    /// For at most `max` interfaces (2 hook counters each).
+    pub(super) fn new(max: u32) -> Ifaces {
+        Ifaces {
+            live: Vec::new(),
+            attached: 0,
+            released: 0,
+            refused: 0,
+            unattachable: 0,
+            released_hooks: [0; 2],
+            passed: BTreeSet::new(),
+            said_refused: false,
+            said_unattachable: false,
+            notices: Vec::new(),
+            version: 0,
+            tags: HookTags::new(2 * max),
+        }
+    }
+
+    /// Enter an interface's two hooks (the programs count their packets from then on).
+    /// Nothing is left entered on an error.
+    fn place_hooks(&mut self, ctx: &Ctx, ns: u32, ifindex: u32) -> Result<[u32; 2]> {
+        let mut placed = Vec::with_capacity(2);
+        for d in 0..2 {
+            let key = hook_tags::key(ns, ifindex, d);
+            let r = self.tags.place(key).and_then(|e| {
+                placed.push(e);
+                write_entry(ctx, e, key)
+            });
+            if let Err(e) = r {
+                self.unplace_hooks(ctx, &placed);
+                return Err(e);
+            }
+        }
+        Ok([placed[0], placed[1]])
+    }
+
+    /// Let hooks go: their entries marked released in the map, then in the table.
+    fn unplace_hooks(&mut self, ctx: &Ctx, entries: &[u32]) {
+        for &e in entries {
+            let _ = write_entry(ctx, e, hook_tags::RELEASED);
+            self.tags.release(e);
+        }
+    }
+
     fn position(&self, netns: u32, ifindex: u32) -> Option<usize> {
         self.live
             .iter()
@@ -114,19 +172,14 @@ impl Ifaces {
                 r.meta.arphrd
             );
         };
-        let zero = vec![0u8; 8 * crate::sys::bpf::possible_cpus()?];
-        for d in 0..2 {
-            crate::sys::bpf::update(ctx.hooks.as_fd(), Some(&hook_key(ns, ifindex, d)), &zero, 0)?;
-        }
+        let hooks = self.place_hooks(ctx, ns, ifindex)?;
         let mut attached = Attachments::default();
         let progs = [g.progs[0].as_fd(), g.progs[1].as_fd()];
         let (how, priority) = match super::attach::attach_iface(progs, r, ctx.mode, &mut attached) {
             Ok(h) => h,
             Err(e) => {
                 drop(attached);
-                for d in 0..2 {
-                    let _ = crate::sys::bpf::delete(ctx.hooks.as_fd(), &hook_key(ns, ifindex, d));
-                }
+                self.unplace_hooks(ctx, &hooks);
                 return Err(e);
             }
         };
@@ -136,6 +189,7 @@ impl Ifaces {
         self.live.push(Live {
             info,
             ids: g.ids,
+            hooks,
             attached,
         });
         self.attached += 1;
@@ -164,16 +218,17 @@ impl Ifaces {
             return;
         };
         let l = self.live.remove(i);
-        for d in 0..2 {
-            let key = hook_key(netns, ifindex, d);
-            if let Ok(Some(n)) = crate::sys::bpf::percpu_u64_sum(ctx.hooks.as_fd(), &key) {
-                self.released_hooks[d] += n;
-            }
-            let _ = crate::sys::bpf::delete(ctx.hooks.as_fd(), &key);
-        }
         if gone {
             l.attached.device_gone();
+        } else {
+            drop(l.attached); // detached before its counts are taken: none come later
         }
+        for (d, &e) in l.hooks.iter().enumerate() {
+            if let Ok(n) = hook_sum(ctx, netns, ifindex, d, e) {
+                self.released_hooks[d] += n;
+            }
+        }
+        self.unplace_hooks(ctx, &l.hooks);
         self.released += 1;
         self.version += 1;
     }
@@ -183,12 +238,8 @@ impl Ifaces {
         self.live
             .iter()
             .map(|l| {
-                let one = |d| {
-                    let key = hook_key(l.info.netns_inode, l.info.ifindex, d);
-                    crate::sys::bpf::percpu_u64_sum(ctx.hooks.as_fd(), &key)
-                        .ok()
-                        .flatten()
-                        .unwrap_or(0)
+                let one = |d: usize| {
+                    hook_sum(ctx, l.info.netns_inode, l.info.ifindex, d, l.hooks[d]).unwrap_or(0)
                 };
                 [one(0), one(1)]
             })

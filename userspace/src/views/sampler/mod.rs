@@ -634,6 +634,7 @@ pub(crate) mod attach;
 pub mod chain;
 mod config;
 mod follow;
+pub mod hook_tags;
 pub mod hooks;
 pub mod join;
 pub mod options;
