@@ -77,6 +77,21 @@ fn check(args: &ObserveArgs, views: &[ViewKind]) -> Result<()> {
 /// environment (checked before anything is attached; the TLS files are read
 /// when the pusher starts).
 fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::daemon::OtlpConfig>> {
+    let Some(cfg) = otlp_settings(args)? else {
+        return Ok(None);
+    };
+    if cfg.settings.endpoint.tls {
+        // the files now, before anything is attached (read again by the pusher)
+        crate::sinks::otlp::client::client_config(&cfg.settings.tls)?;
+    }
+    Ok(Some(cfg))
+}
+
+/// The OTLP settings as the flags, the TOML file and the OpenTelemetry environment give them
+/// (no file read): None without `--otlp`.
+pub(super) fn otlp_settings(
+    args: &ObserveArgs,
+) -> Result<Option<crate::sinks::prometheus::daemon::OtlpConfig>> {
     let Some(url) = &args.otlp else {
         return Ok(None);
     };
@@ -95,10 +110,6 @@ fn otlp_config(args: &ObserveArgs) -> Result<Option<crate::sinks::prometheus::da
     };
     let settings =
         crate::sinks::otlp::Settings::resolve(&given, &crate::sinks::otlp::settings::process_env)?;
-    if settings.endpoint.tls {
-        // the files now, before anything is attached (read again by the pusher)
-        crate::sinks::otlp::client::client_config(&settings.tls)?;
-    }
     Ok(Some(crate::sinks::prometheus::daemon::OtlpConfig {
         settings,
         interval,

@@ -69,8 +69,46 @@ pub(super) fn settings(args: &ObserveArgs) -> serde_json::Value {
     .expect("settings serialise");
     if let Some(map) = settings.as_object_mut() {
         args.view_opts.record(map);
+        // checked before anything was attached (otlp_config): an error here cannot happen
+        let otlp = super::otlp_settings(args).ok().flatten();
+        map.insert("exports".into(), exports(args, otlp.as_ref()));
     }
     settings
+}
+
+/// Where the metrics go, without a secret: `/metrics` (address, web config file) and OTLP as
+/// resolved from flags, TOML and the OTEL_EXPORTER_OTLP_* environment (the URL without any
+/// credentials, header names without their values, file paths, timeout, compression).
+fn exports(
+    args: &ObserveArgs,
+    otlp: Option<&crate::sinks::prometheus::daemon::OtlpConfig>,
+) -> serde_json::Value {
+    let metrics = args.listen.map(|a| {
+        serde_json::json!({
+            "listen": a.to_string(),
+            "web_config_file": args.web_config_file.as_ref().map(|p| p.display().to_string()),
+        })
+    });
+    let otlp = otlp.map(|o| {
+        let s = &o.settings;
+        let e = &s.endpoint;
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        serde_json::json!({
+            "endpoint": format!("{}://{}{}", if e.tls { "https" } else { "http" }, e.host_header, e.path),
+            "protocol": "http/protobuf",
+            "interval_s": o.interval.as_secs_f64(),
+            "timeout_s": s.timeout.as_secs_f64(),
+            "compression": match s.compression {
+                crate::sinks::otlp::settings::Compression::None => "none",
+                crate::sinks::otlp::settings::Compression::Gzip => "gzip",
+            },
+            "header_names": s.headers.iter().map(|h| h.name.clone()).collect::<Vec<_>>(),
+            "ca_file": path(&s.tls.ca_file),
+            "client_cert": path(&s.tls.client_cert),
+            "client_key": path(&s.tls.client_key),
+        })
+    });
+    serde_json::json!({ "metrics": metrics, "otlp": otlp })
 }
 
 /// Unix time (seconds) of `mono_ns` (CLOCK_MONOTONIC): the start record's `ts` is the Unix time
@@ -95,8 +133,9 @@ pub(super) fn start_record(
         // end flows (issue 45 items 1-2); 4: `type` first in every record, keys in their
         // structs' order, an unattached view's key left out of this record (issue 42 item 4);
         // a sampler row's samples come from one interface, `iface_samples` in end flows
-        // (views/sampler/join.rs, issue 41)
-        version: 4,
+        // (views/sampler/join.rs, issue 41); 5: `settings.exports`, where the metrics go
+        // (issue 46)
+        version: 5,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
@@ -354,6 +393,60 @@ pub(super) fn flush_raw(lines: &mut Vec<String>, stdout: &std::io::Stdout) -> Re
 mod tests {
     use super::*;
     use crate::analysis::flow::Flow;
+
+    /// The start record's `settings.exports` says where the metrics go, and never a secret:
+    /// the header's value, given by a flag, appears nowhere in it.
+    #[test]
+    fn exports_name_the_destinations_without_secrets() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "rttscope",
+            "observe",
+            "--listen",
+            "127.0.0.1:9464",
+            "--web-config-file",
+            "/etc/rttscope/web.yml",
+            "--otlp",
+            "https://127.0.0.1:4318/v1/metrics",
+            "--otlp-header",
+            "authorization=Bearer s3cr3t-t0ken",
+            "--otlp-compression",
+            "gzip",
+            "--otlp-interval",
+            "30s",
+        ])
+        .unwrap();
+        let crate::cli::Command::Observe(args) = cli.command else {
+            panic!()
+        };
+        let s = settings(&args);
+        let e = &s["exports"];
+        assert_eq!(e["metrics"]["listen"], "127.0.0.1:9464", "{e}");
+        assert_eq!(
+            e["metrics"]["web_config_file"], "/etc/rttscope/web.yml",
+            "{e}"
+        );
+        assert_eq!(
+            e["otlp"]["endpoint"], "https://127.0.0.1:4318/v1/metrics",
+            "{e}"
+        );
+        assert_eq!(e["otlp"]["protocol"], "http/protobuf", "{e}");
+        assert_eq!(e["otlp"]["interval_s"], 30.0, "{e}");
+        assert_eq!(e["otlp"]["compression"], "gzip", "{e}");
+        assert_eq!(
+            e["otlp"]["header_names"],
+            serde_json::json!(["authorization"]),
+            "{e}"
+        );
+        assert!(!s.to_string().contains("s3cr3t"), "{s}");
+        // neither sink: both null
+        let cli = crate::cli::Cli::try_parse_from(["rttscope", "observe"]).unwrap();
+        let crate::cli::Command::Observe(args) = cli.command else {
+            panic!()
+        };
+        let e = &settings(&args)["exports"];
+        assert!(e["metrics"].is_null() && e["otlp"].is_null(), "{e}");
+    }
 
     /// `--format cloud-monitoring`: the histogram deltas the session hands its sinks become
     /// CUMULATIVE TimeSeries that our own reader parses back, every sample counted.
