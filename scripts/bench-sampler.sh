@@ -31,7 +31,8 @@
 #   BENCH_QUIET_WAIT=300 scripts/bench-sampler.sh # wait up to 300 s for load average < 0.5
 #   RELEASE=1 scripts/bench-sampler.sh            # release builds
 #   BENCH_PIN=1 scripts/bench-sampler.sh          # everything on CPU 0 (the busy regime)
-#   BENCH_FEATURES=rttscope/aya scripts/bench-sampler.sh   # cargo features of this tree's build
+#   BENCH_FEATURES= scripts/bench-sampler.sh      # cargo features of this tree's build (default
+#                                                 # rttscope/aya, as scripts/test.sh builds)
 #
 # ePPing: without BENCH_EPPING_BIN, target/epping/src/pping/pping if built,
 # else built by scripts/build-epping.sh from BENCH_EPPING_SRC; without
@@ -52,8 +53,10 @@ require_root
 release=() dir=debug
 if [[ "${RELEASE:-0}" == 1 ]]; then release=(--release) dir=release; fi
 profile=("${release[@]}")
-# BENCH_FEATURES: cargo features of this tree's build (e.g. rttscope/aya, as
-# a workspace build with them: nothing rebuilt for the benchmark)
+# BENCH_FEATURES: cargo features of this tree's build; default rttscope/aya, the
+# features scripts/test.sh builds with, so that the benchmark leaves target/debug/rttscope as
+# the suite expects it (a binary without aya has no --loader); empty: the default features
+BENCH_FEATURES=${BENCH_FEATURES-rttscope/aya}
 if [[ -n "${BENCH_FEATURES:-}" ]]; then profile+=(--features "$BENCH_FEATURES"); fi
 
 # The previous rttscope, built from a revision in a target directory of its
