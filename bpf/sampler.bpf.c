@@ -1681,10 +1681,15 @@ static __always_inline int icmp_out_of_line(const struct seg *s, __u32 ingress)
  * (on retpoline/SRSO kernels one clock read cost ~50 ns per packet, about
  * a quarter of this program). Anything else (forwarded packets, whose tstamp
  * is another host's or none; old kernels) is timed by the clock, counted. */
+static __always_inline int departure_stamped(struct __sk_buff *skb)
+{
+	return bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp &&
+	       skb->tstamp_type == 1 /* BPF_SKB_CLOCK_MONOTONIC (BPF_SKB_TSTAMP_DELIVERY_MONO before 6.11) */;
+}
+
 static __always_inline __u64 send_time(struct __sk_buff *skb)
 {
-	if (bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp &&
-	    skb->tstamp_type == 1 /* BPF_SKB_CLOCK_MONOTONIC (BPF_SKB_TSTAMP_DELIVERY_MONO before 6.11) */)
+	if (departure_stamped(skb))
 		return skb->tstamp;
 	count(RTTSCOPE_SAMPLER_SEND_TIME_CLOCK);
 	return bpf_ktime_get_ns();
@@ -1718,13 +1723,7 @@ static __always_inline int unavoidable(struct __sk_buff *skb, __u32 ingress)
 	h = key_hash(&s.key);
 	set = (__u32)(h >> 32) & cfg_set_mask;
 	e = table_find(&s.key, set, (__u32)h, &g);
-	if (ingress) {
-		now = bpf_ktime_get_ns();
-	} else if (bpf_core_field_exists(skb->tstamp_type) && skb->sk && skb->tstamp && skb->tstamp_type == 1) {
-		now = skb->tstamp;
-	} else {
-		now = bpf_ktime_get_ns();
-	}
+	now = !ingress && departure_stamped(skb) ? skb->tstamp : bpf_ktime_get_ns();
 	if (!e && !ingress)
 		e = table_insert(&s.key, set, (__u32)h, now, &g);
 	if (e)

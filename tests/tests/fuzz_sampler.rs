@@ -273,18 +273,12 @@ fn test_run_hooks(ns: &NetNs, hooks: &OwnedFd, cpus: usize) -> [(u32, u64); 2] {
         - 1;
     [0usize, 1].map(|dir| {
         let key = hook_tags::key(ino as u32, 1, dir);
-        let home = hook_tags::home(key, mask);
-        let entry = (0..hook_tags::PROBES as u32)
-            .map(|i| (home + i) & mask)
-            .find(|e| {
-                let mut v = vec![0u8; hook_tags::ENTRY_BYTES * cpus];
-                rttscope::sys::bpf::lookup(hooks.as_fd(), &e.to_ne_bytes(), &mut v).unwrap();
-                matches!(
-                    u64::from_ne_bytes(v[..8].try_into().unwrap()),
-                    0 | hook_tags::RELEASED
-                )
-            })
-            .expect("a free entry for the test runs' hook");
+        let entry = hook_tags::free_entry(key, mask, |e| {
+            let mut v = vec![0u8; hook_tags::ENTRY_BYTES * cpus];
+            rttscope::sys::bpf::lookup(hooks.as_fd(), &e.to_ne_bytes(), &mut v).unwrap();
+            u64::from_ne_bytes(v[..8].try_into().unwrap())
+        })
+        .expect("a free entry for the test runs' hook");
         let v = hook_tags::entry_bytes(key, cpus);
         rttscope::sys::bpf::update(hooks.as_fd(), Some(&entry.to_ne_bytes()), &v, 0)
             .expect("a hook entry for the test runs");

@@ -517,17 +517,20 @@ impl Sampler {
     /// [`Sampler::attach_info`] (`sampler_hooks`, summed over CPUs; 0 for one released since).
     pub(crate) fn hook_packets(&self) -> Result<Vec<[u64; 2]>> {
         let st = follow::lock(&self.ifaces);
-        let sums = st.hook_sums(&self.ctx);
+        let by_iface: std::collections::HashMap<(u32, u32), [u64; 2]> = st
+            .live
+            .iter()
+            .map(|l| (l.info.netns_inode, l.info.ifindex))
+            .zip(st.hook_sums(&self.ctx))
+            .collect();
         Ok(self
             .info
             .iter()
             .map(|a| {
-                st.live
-                    .iter()
-                    .position(|l| {
-                        l.info.netns_inode == a.netns_inode && l.info.ifindex == a.ifindex
-                    })
-                    .map_or([0, 0], |i| sums[i])
+                by_iface
+                    .get(&(a.netns_inode, a.ifindex))
+                    .copied()
+                    .unwrap_or([0, 0])
             })
             .collect())
     }

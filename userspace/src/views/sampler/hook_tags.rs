@@ -54,6 +54,15 @@ pub fn packets(value: &[u8], key: u64) -> u64 {
         .sum()
 }
 
+/// Where `key` goes: the first entry from its home, within [`PROBES`], that is unused or
+/// released (`key_at`: the key an entry holds now), or None.
+pub fn free_entry(key: u64, mask: u32, mut key_at: impl FnMut(u32) -> u64) -> Option<u32> {
+    let h = home(key, mask);
+    (0..PROBES as u32)
+        .map(|i| (h + i) & mask)
+        .find(|&e| matches!(key_at(e), 0 | RELEASED))
+}
+
 /// The array as userspace keeps it (the map is written to match, entry by entry).
 pub struct HookTags {
     keys: Vec<u64>,
@@ -76,12 +85,7 @@ impl HookTags {
     /// can reach the hook.
     pub fn place(&mut self, key: u64) -> Result<u32> {
         debug_assert!(key != 0 && key != RELEASED);
-        let mask = self.mask();
-        let h = home(key, mask);
-        let Some(entry) = (0..PROBES as u32)
-            .map(|i| (h + i) & mask)
-            .find(|&e| matches!(self.keys[e as usize], 0 | RELEASED))
-        else {
+        let Some(entry) = free_entry(key, self.mask(), |e| self.keys[e as usize]) else {
             bail!(
                 "the hook counters have no free entry within {PROBES} of this interface's place; release some interfaces or raise --max-ifaces"
             );

@@ -86,7 +86,7 @@ pub struct SamplerArgs {
     /// Sampler view: interface to sample at ingress and egress, NAME (current namespace) or NETNS:NAME; repeatable. NAME may be a pattern (veth*, lxc*, cali*): every matching interface, those created later too (within a second), those deleted released.
     #[arg(long = "iface", value_name = "[NETNS:]NAME")]
     pub ifaces: Vec<IfaceSpec>,
-    /// Sampler view: attach at most N interfaces at once; those a pattern matches beyond it are refused and counted (ifaces_refused).
+    /// Sampler view: attach at most N interfaces at once; those a pattern matches beyond it are refused and counted (ifaces_refused). Each costs 128 bytes of kernel memory per CPU for its hook counters.
     #[arg(long, default_value_t = super::config::DEFAULT_MAX_IFACES, value_name = "N")]
     pub max_ifaces: u32,
     /// Sampler view: sample each packet, in each direction, with probability 1/N (the cloud sampler samples).
