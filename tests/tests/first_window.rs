@@ -7,22 +7,25 @@
 //! sampler's programs were verified and attached: at 100 transactions/s and 2 s intervals the
 //! first interval read TCP 249 vs sampler 196 (then 194/194, 195/195).
 //!
-//! Tolerances: the two views against each other: their totals over the run equal ±1, and each
-//! interval ±3. The views are read one after the other (the TCP view, then the sampler), so a
-//! sample taken between the two reads falls in an interval of one and the next of the other: in
-//! 9 runs on this shared 2-core machine (3 beside the handshake tests) the first interval agreed
-//! within 1 every time and the others within 2 (e.g. 154/152 then 208/210: the same total), but
-//! once, beside the handshake tests, the sampler took 7 fewer samples than TCP over the run (3
-//! fewer in two intervals; its counters were not printed then): a loss of the sampler under load,
-//! not a window, which this test fails on (printing the sampler's counters). The bug made the
-//! first interval 50 apart. The totals' bound grows by the flow's retransmissions (TCP
-//! takes no sample of a retransmitted request, Karn; the sampler does): under load a stalled
-//! server makes the client send a tail loss probe now and then. Against the transactions: the
-//! client's counter is polled every 2 ms by the test; an interval runs from the previous
-//! record's `ts` (the first: the start record's, when every view's window started) to its own,
-//! each stamped just before the views are read: the reads themselves take a few ms on this
-//! loaded machine, less than a transaction's 10 ms pacing, so ±3 per interval (one transaction
-//! at each end, one for a request in flight at a read). The bug moved the first interval by ~50.
+//! Tolerances, from what the records say of their reads. The views are read one after the
+//! other (the TCP view, then the sampler), at the window's start and at every interval's end;
+//! each start and interval record says how long its reads took (`read_s`, from its `ts`), so
+//! each view's edge lies in `ts` .. `ts + read_s`. A sample of a transaction the client
+//! completed in that span (or the one in flight) can be in an interval of one view and the next
+//! of the other: an edge's slack is 1 + the transactions the client completed in its span (the
+//! client's counter is polled every 2 ms). The sampler times an ACK at tc ingress, before TCP
+//! processes it, and is read after TCP, so at each edge it can only be ahead: over the run, the
+//! totals differ by at most the larger of the first and the last edge's slack. Each interval,
+//! the views against each other and each against the transactions (from the previous record's
+//! `ts` to its own): the two edges' slacks, at least 3 (one transaction at each end, one for a
+//! request in flight at a read). The bound of the totals grows by the flow's retransmissions
+//! (TCP takes no sample of a retransmitted request, Karn; the sampler does): under load a
+//! stalled server makes the client send a tail loss probe now and then. A loss of the sampler
+//! under load (seen once beside the handshake tests: 7 fewer over the run) fails the test,
+//! printing the sampler's counters. Seen: on a quiet machine every edge's span held no
+//! completion (the first interval within 1); in CI on a 2-core machine at a load of 6, TCP 195 /
+//! sampler 194 in the first interval and 47 / 46 in the last, which the fixed ±1 of the totals
+//! this test had failed on. The bug moved the first interval by ~50.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,6 +85,23 @@ fn client_counts(
         .collect()
 }
 
+/// Each edge's slack (the window's start, then every interval's end): 1 + the transactions the
+/// client completed while the views were read (`ts` .. `ts + read_s` of the start and interval
+/// records).
+fn edge_slacks(lines: &[serde_json::Value], series: &[(f64, u32)]) -> Vec<i64> {
+    lines
+        .iter()
+        .filter(|l| l["type"] == "start" || l["type"] == "interval")
+        .map(|l| {
+            let ts = l["ts"].as_f64().unwrap();
+            let read = l["read_s"]
+                .as_f64()
+                .expect("read_s in every start and interval record");
+            1 + done_between(series, ts, ts + read)
+        })
+        .collect()
+}
+
 /// The client's transaction count, polled every 2 ms with its Unix time until the flag is set.
 fn poll(
     done: Arc<std::sync::atomic::AtomicU32>,
@@ -99,17 +119,17 @@ fn poll(
     (stop, poller)
 }
 
-/// The two views' totals over the run, when they differ by more than 1 + `retrans`.
-fn totals_differ(counts: &[(f64, f64, BTreeMap<String, u64>)], retrans: i64) -> Option<String> {
+/// The two views' totals over the run, when they differ by more than `bound`.
+fn totals_differ(counts: &[(f64, f64, BTreeMap<String, u64>)], bound: i64) -> Option<String> {
     let total = |v: &str| -> i64 {
         counts
             .iter()
             .map(|c| c.2.get(v).copied().unwrap_or(0) as i64)
             .sum()
     };
-    ((total("tcp") - total("sampler")).abs() > 1 + retrans).then(|| {
+    ((total("tcp") - total("sampler")).abs() > bound).then(|| {
         format!(
-            "the run's totals differ by more than 1 + {retrans} retransmissions: tcp {}, sampler {}",
+            "the run's totals differ by more than {bound}: tcp {}, sampler {}",
             total("tcp"),
             total("sampler")
         )
@@ -150,6 +170,9 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
     let series = poller.join().unwrap();
     let counts = client_counts(&lines, client.local.port());
     let before = &last_interval_counters(&lines, "tcp")["samples_before_window"];
+    let slack = edge_slacks(&lines, &series);
+    assert_eq!(slack.len(), counts.len() + 1, "{lines:#?}");
+    eprintln!("edge slacks (1 + transactions completed while the views were read): {slack:?}");
     let mut failures = Vec::new();
     for (i, (from, to, per_view)) in counts.iter().enumerate() {
         let (tcp, sam) = (
@@ -158,16 +181,18 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
         );
         let truth = done_between(&series, *from, *to);
         let len = to - from;
-        let what =
-            format!("interval {i} ({len:.3} s): tcp {tcp}, sampler {sam}, transactions {truth}");
+        let bound = (slack[i] + slack[i + 1]).max(3);
+        let what = format!(
+            "interval {i} ({len:.3} s): tcp {tcp}, sampler {sam}, transactions {truth} (bound {bound})"
+        );
         eprintln!("{what}");
-        if (tcp as i64 - sam as i64).abs() > 3 {
-            failures.push(format!("{what}: the views differ by more than 3"));
+        if (tcp as i64 - sam as i64).abs() > bound {
+            failures.push(format!("{what}: the views differ by more than {bound}"));
         }
         for (view, n) in [("tcp", tcp), ("sampler", sam)] {
-            if (n as i64 - truth).abs() > 3 {
+            if (n as i64 - truth).abs() > bound {
                 failures.push(format!(
-                    "{what}: {view} differs from the transactions by more than 3"
+                    "{what}: {view} differs from the transactions by more than {bound}"
                 ));
             }
         }
@@ -178,7 +203,8 @@ fn a_flow_running_before_observe_has_the_same_first_window_in_both_views() {
     let retrans = end_flow(&lines, &p.a.name, &local)
         .and_then(|f| f["tcp"]["retrans"].as_i64())
         .unwrap_or(0);
-    failures.extend(totals_differ(&counts, retrans));
+    let edges = slack[0].max(slack[slack.len() - 1]);
+    failures.extend(totals_differ(&counts, edges + retrans));
     eprintln!("tcp samples_before_window: {before}");
     assert!(counts.len() >= 3, "fewer than 3 intervals: {lines:#?}");
     assert!(

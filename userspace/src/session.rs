@@ -100,6 +100,8 @@ pub struct Session {
     /// started (CLOCK_MONOTONIC ns): [`Session::start_window`].
     before_window: Vec<u64>,
     window_mono_ns: u64,
+    /// How long the window start's reads took (ns).
+    window_read_ns: u64,
     /// Each view's handshakes of the whole run, by side (a few histograms: bounded).
     handshakes: BTreeMap<ViewKind, SideTotals>,
     /// `--names`: the remote addresses' names in rows and end flows (issue 45).
@@ -143,6 +145,7 @@ impl Session {
             not_binned: vec![0; views.len()],
             before_window: vec![0; views.len()],
             window_mono_ns: 0,
+            window_read_ns: 0,
             handshakes: BTreeMap::new(),
             views,
             names: NsNames::new(),
@@ -169,12 +172,19 @@ impl Session {
             Ok(())
         })?;
         self.before_window = before;
+        self.window_read_ns = crate::sys::clock::mono_ns().saturating_sub(self.window_mono_ns);
         Ok(())
     }
 
     /// CLOCK_MONOTONIC ns when every view's window started.
     pub fn window_start_ns(&self) -> u64 {
         self.window_mono_ns
+    }
+
+    /// How long the reads of the window's start took (each view's window starts in this span
+    /// after [`Session::window_start_ns`]), in seconds.
+    pub fn window_read_s(&self) -> f64 {
+        self.window_read_ns as f64 / 1e9
     }
 
     /// Name the remote addresses of rows and end flows from this file (`--names`), re-read
@@ -330,6 +340,7 @@ impl Session {
                 t: 0.0,
                 ts: 0.0,
                 interval_s: 0.0,
+                read_s: None,
                 flows: rows.into_values().collect(),
                 totals,
                 counters,
@@ -445,6 +456,7 @@ impl WholeRun {
             t,
             ts: 0.0,
             interval_s: t,
+            read_s: None,
             flows: self.rows.clone(),
             totals: self
                 .totals

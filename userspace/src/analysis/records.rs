@@ -176,6 +176,11 @@ pub struct Start {
     pub settings: serde_json::Value,
     /// Unix time (seconds) of t = 0 (always written).
     pub ts: Option<f64>,
+    /// Seconds from `ts` until every view was read for the window's start: the views are read
+    /// one after the other, so each view's window starts somewhere in `ts` .. `ts + read_s`
+    /// (version 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_s: Option<f64>,
     #[serde(default)]
     pub version: u32,
     pub views: Vec<String>,
@@ -492,6 +497,11 @@ pub struct Interval {
     /// Unix time (seconds) at the end of the interval.
     pub ts: f64,
     pub interval_s: f64,
+    /// Seconds from `ts` until every view was read: the views are read one after the other, so
+    /// each view's interval ends somewhere in `ts` .. `ts + read_s`, and a sample taken in that
+    /// span can be in this interval of one view and the next interval of another (version 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_s: Option<f64>,
     pub flows: Vec<FlowRow>,
     /// Per view, per side (`client`, `server`, `unknown`): never both ends together.
     pub totals: BTreeMap<Name, BTreeMap<Name, ViewStats>>,

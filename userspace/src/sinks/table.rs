@@ -310,6 +310,7 @@ mod tests {
             t: 1.0,
             ts: 0.0,
             interval_s: 1.0,
+            read_s: None,
             flows: vec![row],
             totals: [("tcp".into(), [("client".into(), vs)].into_iter().collect())]
                 .into_iter()
@@ -367,6 +368,7 @@ mod tests {
             t: 2.0,
             ts: 1_700_000_000.5,
             interval_s: 1.0,
+            read_s: None,
             flows: vec![row],
             totals: [
                 ("tcp".into(), [("client".into(), tcp)].into_iter().collect()),
@@ -433,6 +435,7 @@ mod tests {
             t: 3.0,
             ts: 0.0,
             interval_s: 1.0,
+            read_s: None,
             flows: vec![
                 row(
                     "rttscope-e2e-client-namespace-42",

@@ -29,8 +29,11 @@ pub(crate) struct Plan {
     pub grace: Duration,
 }
 
-/// Run transactions until `plan.stop` or the pacer's signal; returns the end
-/// of the last transaction (CLOCK_MONOTONIC). `rec.start` is the run's start.
+/// Run transactions until `plan.stop` or the pacer's signal; returns the run's window end
+/// (CLOCK_MONOTONIC): when its last counted transaction ended (its reply read, or its timeout or
+/// failure), or when a stopped one's request left. Nothing of the run's own crosses the wire
+/// between that end and the last counted reply, so passive views' samples inside the window
+/// are the counted transactions' (the lab counts them). `rec.start` is the run's start.
 pub(crate) async fn run<T: Transport>(
     t: &mut T,
     pacer: &mut Pacer,
@@ -39,9 +42,8 @@ pub(crate) async fn run<T: Transport>(
 ) -> Result<u64> {
     rec.start = mono_ns();
     let end = match transactions(t, pacer, rec, plan).await? {
-        Some(stopped) => stopped,
-        None => {
-            let end = mono_ns();
+        Ended::Stopped(end) => end,
+        Ended::Done(end) => {
             let until = tokio::time::Instant::now() + plan.grace;
             while let Some(r) = t.straggler(until).await {
                 rec.straggler(r.seq);
@@ -53,46 +55,62 @@ pub(crate) async fn run<T: Transport>(
     Ok(end)
 }
 
-/// The paced transactions. Some(end): stopped mid-transaction, which does not count.
+/// How a transaction, or the run, ended (CLOCK_MONOTONIC).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ended {
+    /// Counted (answered, lost or failed): its reply's time, or when it was given up.
+    Done(u64),
+    /// Stopped meanwhile: it does not count, and the run's window ends here.
+    Stopped(u64),
+}
+
+/// The paced transactions; how the last one ended (a run with none: `Done(rec.start)`).
 async fn transactions<T: Transport>(
     t: &mut T,
     pacer: &mut Pacer,
     rec: &mut Recorder,
     plan: &Plan,
-) -> Result<Option<u64>> {
+) -> Result<Ended> {
     let stop = StopAt::new(plan.stop, rec.start);
-    let mut seq = 0u64;
+    let (mut seq, mut last) = (0u64, rec.start);
     while !stop.done(rec.counts.sent, pacer.next_start()) && pacer.wait().await? {
         seq += 1;
         if plan.yield_often && seq.is_multiple_of(256) {
             tokio::task::yield_now().await;
         }
-        if let Some(end) = transaction(t, rec, seq).await? {
-            return Ok(Some(end));
+        match transaction(t, rec, seq, last).await? {
+            Ended::Done(end) => last = end,
+            stopped => return Ok(stopped),
         }
     }
-    Ok(None)
+    Ok(Ended::Done(last))
 }
 
-/// One transaction: send request `seq`, receive until it is answered, lost or
-/// failed. Some(end): the run was stopped meanwhile; the run's window ends when this uncounted
-/// request left (or now, if it never did), so that the passive views' samples of it (its
-/// request and response crossed the wire while the probe stopped) are not taken as the last
-/// counted transaction's.
-async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> Result<Option<u64>> {
-    const NEXT: Result<Option<u64>> = Ok(None);
+/// One transaction: send request `seq`, receive until it is answered, lost or failed. Stopped
+/// meanwhile, it does not count and the run's window ends when its request left, so that the
+/// passive views' samples of it (its request and response crossed the wire while the probe
+/// stopped) are not taken as the last counted transaction's; stopped before its request left,
+/// the window ends with the previous one (`last`): the stop's own packets (the watchdog's FIN)
+/// may already be on the wire.
+async fn transaction<T: Transport>(
+    t: &mut T,
+    rec: &mut Recorder,
+    seq: u64,
+    last: u64,
+) -> Result<Ended> {
+    let given_up = || Ok(Ended::Done(mono_ns()));
     rec.pending(seq);
     let mut sent = match t.send(seq).await? {
         Sent::At(s) => s,
-        Sent::Failed(e) => return rec.failed(seq, "send", &e, true).and(NEXT),
-        Sent::Stopped => return Ok(Some(mono_ns())),
+        Sent::Failed(e) => return rec.failed(seq, "send", &e, true).and_then(|_| given_up()),
+        Sent::Stopped => return Ok(Ended::Stopped(last)),
     };
     let mut resent = false;
     loop {
         match t.recv().await? {
             Event::Reply(r, t1) => {
                 if rec.reply(seq, sent, r, t1) == Verdict::Answered {
-                    return NEXT;
+                    return Ok(Ended::Done(t1));
                 }
             }
             Event::Foreign => rec.counts.foreign += 1,
@@ -103,28 +121,31 @@ async fn transaction<T: Transport>(t: &mut T, rec: &mut Recorder, seq: u64) -> R
                 rec.counts.cookie_refreshes += 1;
                 match t.send(seq).await? {
                     Sent::At(s) => sent = s,
-                    Sent::Failed(e) => return rec.failed(seq, "send", &e, false).and(NEXT),
-                    Sent::Stopped => return Ok(Some(sent.mono_ns)),
+                    Sent::Failed(e) => {
+                        return rec.failed(seq, "send", &e, false).and_then(|_| given_up())
+                    }
+                    Sent::Stopped => return Ok(Ended::Stopped(sent.mono_ns)),
                 }
             }
             Event::TimedOut => {
                 rec.timed_out(seq);
-                return NEXT;
+                return given_up();
             }
             Event::Failed(e) => {
                 rec.failed(seq, "receive", &e, true)?;
+                let end = mono_ns();
                 t.pause().await;
-                return NEXT;
+                return Ok(Ended::Done(end));
             }
             Event::IcmpError(e) => {
                 // The request waiting now, if the error quotes it (an older one's is counted).
                 let ours = e.seq16 == seq as u16;
                 rec.icmp_error(ours.then_some(seq), &e);
                 if ours {
-                    return NEXT;
+                    return given_up();
                 }
             }
-            Event::Stopped => return Ok(Some(sent.mono_ns)),
+            Event::Stopped => return Ok(Ended::Stopped(sent.mono_ns)),
         }
     }
 }

@@ -25,6 +25,8 @@ enum Fate {
     Resend(u32),
     /// The run is cancelled while it waits.
     Stopped,
+    /// The run is cancelled before the request leaves (the send finds the socket shut down).
+    StoppedBeforeSend,
 }
 
 /// A network whose every request meets the fate `script` gives it. Replies sit
@@ -72,6 +74,9 @@ impl Transport for Scripted {
         let fate = (self.script)(seq);
         if fate == Fate::SendFails {
             return Ok(Sent::Failed(std::io::Error::other("no route")));
+        }
+        if fate == Fate::StoppedBeforeSend {
+            return Ok(Sent::Stopped);
         }
         if self.seq != seq {
             self.asked = 0;
@@ -283,6 +288,33 @@ fn a_stopped_transaction_does_not_count_and_ends_the_run() {
     // transaction's
     assert_eq!(Some(&end), t.sent_at.get(&4), "{:?}", t.sent_at);
     assert!(end > t.sent_at[&3]);
+}
+
+/// The window ends with the last counted reply (its `t1`), not when the loop noticed the end:
+/// a stop's packets (the watchdog's FIN) after that reply are outside it.
+#[test]
+fn the_window_ends_with_the_last_counted_reply() {
+    let mut t = Scripted::new(|_| Fate::Answer);
+    let (r, rec, _) = run_n(&mut t, 5);
+    assert_eq!(rec.counts.received, 5);
+    assert_eq!(r.unwrap(), t.sent_at[&5] + RTT, "{:?}", t.sent_at);
+}
+
+/// Stopped before its request left (the send found the socket shut down, so the stop's FIN is
+/// already on the wire): the window ends with the previous transaction's reply.
+#[test]
+fn a_stop_before_the_send_ends_the_window_with_the_previous_reply() {
+    let mut t = Scripted::new(|s| {
+        if s == 3 {
+            Fate::StoppedBeforeSend
+        } else {
+            Fate::Answer
+        }
+    });
+    let (r, rec, _) = run_n(&mut t, 10);
+    let k = &rec.counts;
+    assert_eq!((k.received, k.lost), (2, 0), "{k:?}");
+    assert_eq!(r.unwrap(), t.sent_at[&2] + RTT, "{:?}", t.sent_at);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! timeout or a cancel shuts the socket down, which ends the pending read.
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -187,6 +187,9 @@ impl Transport for Reactor<'_> {
         };
         let t1 = mono_ns();
         match r {
+            // read after the watchdog shut the socket down (its FIN on the wire): not counted,
+            // as in the blocking thread
+            Ok(()) if self.fired.load(SeqCst) == CANCELLED => Ok(Event::Stopped),
             Ok(()) => Ok(Event::Reply(
                 Reply {
                     seq: self.seq,
@@ -298,7 +301,7 @@ async fn watchdog(
         tokio::select! {
             _ = tick.tick() => match in_flight_verdict(inflight.load(Relaxed), run_end, timeout_ns) {
                 InFlight::Ended => {
-                    fired.store(CANCELLED, Relaxed);
+                    fired.store(CANCELLED, SeqCst);
                     break;
                 }
                 InFlight::TimedOut => {
@@ -308,7 +311,7 @@ async fn watchdog(
                 InFlight::Waiting => {}
             },
             _ = cancelled(&mut cancel) => {
-                fired.store(CANCELLED, Relaxed);
+                fired.store(CANCELLED, SeqCst);
                 break;
             }
         }

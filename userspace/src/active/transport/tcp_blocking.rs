@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -113,8 +113,15 @@ impl Transport for Blocking {
                 Err(e) => return self.ended("receiving a response", Some(e)),
             }
         }
+        // Stamped before the stop is looked at: the watchdog sets it before it shuts the socket
+        // down, so a reply read after that shutdown (its FIN already on the wire: the response
+        // was queued, the thread slow to read it) does not count, and one that counts ended
+        // before the FIN left.
         let t1 = mono_ns();
         self.flags.inflight.store(0, Relaxed);
+        if self.flags.stop.load(SeqCst) {
+            return Ok(Event::Stopped);
+        }
         Ok(Event::Reply(
             Reply {
                 seq: self.seq,
@@ -197,12 +204,12 @@ async fn watch(
         tokio::select! {
             r = &mut handle => break r,
             _ = cancelled(cancel), if !fired => {
-                flags.stop.store(true, Relaxed);
+                flags.stop.store(true, SeqCst);
                 fired = true;
             }
             _ = tick.tick(), if !fired => {
                 match in_flight_verdict(flags.inflight.load(Relaxed), run_end, timeout_ns) {
-                    InFlight::Ended => flags.stop.store(true, Relaxed),
+                    InFlight::Ended => flags.stop.store(true, SeqCst),
                     InFlight::TimedOut => flags.timed_out.store(true, Relaxed),
                     InFlight::Waiting => {}
                 }
@@ -217,4 +224,50 @@ async fn watch(
         }
     };
     r.context("the probe thread panicked")?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blocking transport on a loopback connection whose response is already queued, and
+    /// the peer's end.
+    fn queued_reply(stop: bool) -> (Blocking, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = TcpStream::connect(addr).unwrap();
+        let (mut peer, _) = l.accept().unwrap();
+        peer.write_all(b"ok").unwrap();
+        let flags = Arc::new(Flags {
+            stop: Arc::new(AtomicBool::new(stop)),
+            timed_out: AtomicBool::new(false),
+            inflight: AtomicU64::new(1),
+        });
+        let t = Blocking {
+            sock: Arc::new(c),
+            req: vec![b'q'],
+            resp: vec![0; 2],
+            flags,
+            addr,
+            timeout: Duration::from_secs(5),
+            busy_poll: false,
+            seq: 7,
+            t0: mono_ns(),
+        };
+        (t, peer)
+    }
+
+    /// A response the thread reads after the watchdog stopped the run (and shut the socket
+    /// down, its FIN on the wire) does not count, though it was queued in time: the passive
+    /// views see that FIN before the reply's stamp, inside a window ending there.
+    #[test]
+    fn a_reply_read_after_the_stop_does_not_count() {
+        let (mut t, _peer) = queued_reply(true);
+        let e = engine::block_on(t.recv()).unwrap();
+        assert!(matches!(e, Event::Stopped), "{e:?}");
+        let (mut t, _peer) = queued_reply(false);
+        let e = engine::block_on(t.recv()).unwrap();
+        assert!(matches!(e, Event::Reply(r, _) if r.seq == 7), "{e:?}");
+        assert_eq!(t.flags.inflight.load(Relaxed), 0);
+    }
 }

@@ -401,6 +401,7 @@ impl<'a> Report<'a> {
             session.read_interval(sinks.as_mut().map(|s| s as &mut dyn FlowSink))?
         };
         let mut iv = read.interval;
+        iv.read_s = Some(end.elapsed().as_secs_f64());
         // daemon mode: counters, program statistics.
         if let Some(d) = daemon {
             d.handshakes(&read.handshakes);

@@ -128,14 +128,16 @@ pub(super) fn start_record(
         clock: "CLOCK_MONOTONIC (raw sample ts_ns); t = seconds since start".into(),
         settings: settings(args),
         ts: Some(unix_at(start_mono)),
+        read_s: Some(session.window_read_s()),
         // 2: `hooks` in the interval and end records (issue 41); 3: `handshakes`, `handshake_us`,
         // `samples_before_window` (issue 45 items 3, 5), `nat` and `remote_name` in flow rows and
         // end flows (issue 45 items 1-2); 4: `type` first in every record, keys in their
         // structs' order, an unattached view's key left out of this record (issue 42 item 4);
         // a sampler row's samples come from one interface, `iface_samples` in end flows
         // (views/sampler/join.rs, issue 41); 5: `settings.exports`, where the metrics go
-        // (issue 46)
-        version: 5,
+        // (issue 46); 6: `read_s` in the start and interval records, how long the views' reads
+        // took from `ts` (each view's window edge lies in that span)
+        version: 6,
         views: views.iter().map(|v| v.as_str().to_string()).collect(),
         ..Default::default()
     };
