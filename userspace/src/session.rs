@@ -164,6 +164,7 @@ impl Session {
     /// intervals, the whole run and the raw samples, and counted in its `samples_before_window`.
     fn start_window(&mut self) -> Result<()> {
         self.window_mono_ns = crate::sys::clock::mono_ns();
+        self.switch_generations()?;
         let mut rows = BTreeMap::new();
         let mut before = Vec::new();
         self.each_view(&mut rows, None, true, &mut |v, ctx| {
@@ -299,11 +300,27 @@ impl Session {
         self.each_view(&mut rows, sink, false, &mut |v, ctx| v.between_reads(ctx))
     }
 
-    /// One interval: read each view in order (each starts its next epoch).
+    /// Every view's edge at once: each starts its next generation, then one wait for the
+    /// programs still on the old ones ([`View::switch_generation`]); the reads that follow take
+    /// the generation switched from, one view after the other.
+    fn switch_generations(&mut self) -> Result<()> {
+        let mut switched = false;
+        for v in &mut self.views {
+            switched |= v.switch_generation()?;
+        }
+        if switched {
+            crate::views::fine::wait_for_programs();
+        }
+        Ok(())
+    }
+
+    /// One interval: read each view in order (each starts its next epoch), all from the same
+    /// edge ([`Session::switch_generations`]).
     pub fn read_interval<'s>(
         &mut self,
         sink: Option<&mut (dyn FlowSink + 's)>,
     ) -> Result<IntervalRead> {
+        self.switch_generations()?;
         let mut rows: BTreeMap<Flow, FlowRow> = BTreeMap::new();
         let mut reads: Vec<(ViewKind, ViewRead)> = Vec::new();
         self.each_view(&mut rows, sink, false, &mut |v, ctx| {

@@ -37,7 +37,7 @@ const GRACE: Duration = Duration::from_millis(5);
 /// kernel, where a fixed wait would not be a bound). ~8 ms here. Where the
 /// kernel refuses it (nohz_full CPUs: EINVAL), GRACE: the programs run in
 /// microseconds, and softirq context is not preempted.
-fn wait_for_programs() {
+pub(crate) fn wait_for_programs() {
     const MEMBARRIER_CMD_GLOBAL: libc::c_long = 1;
     // SAFETY: membarrier(2) takes no pointers.
     let r = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
@@ -188,6 +188,9 @@ pub struct FinePool {
     /// between the switch and the read): added at the next read.
     early: Vec<FineOverflow>,
     gen: u64,
+    /// The next generation was started by [`FinePool::switch`] and the programs waited for by
+    /// its caller: the next drain reads the one before without starting another.
+    switched: bool,
     interval: u32,
     acc: SlotMap<(u32, u32), FineAcc>,
     /// The current whole-table read (`begin_scan`).
@@ -230,6 +233,7 @@ impl FinePool {
             overflow: obj.ring(OVERFLOW)?,
             early: Vec::new(),
             gen: 0,
+            switched: false,
             interval: 0,
             acc: SlotMap::default(),
             scan: 0,
@@ -241,11 +245,12 @@ impl FinePool {
     /// Start the next generation and fold the finished one into the flows'
     /// histograms (entries copied out, then zeroed for their next use).
     pub(crate) fn drain(&mut self, obj: &dyn Object) -> Result<()> {
+        if !std::mem::take(&mut self.switched) {
+            self.start_next(obj)?;
+            wait_for_programs();
+        }
         let ctl = obj.map(CTL)?;
-        let old = self.gen;
-        self.gen += 1;
-        ctl.update(&consts::POOL_CTL_GEN.to_ne_bytes(), &self.gen.to_ne_bytes())?;
-        wait_for_programs();
+        let old = self.gen - 1;
         let half = (old & 1) as u32;
         let next_key = (consts::POOL_CTL_NEXT + half).to_ne_bytes();
         let taken = taken(obj, old)?;
@@ -271,6 +276,26 @@ impl FinePool {
             self.acc.len()
         );
         r
+    }
+
+    /// Start the next generation: the programs' samples from now on go to the other half.
+    fn start_next(&mut self, obj: &dyn Object) -> Result<()> {
+        self.gen += 1;
+        obj.map(CTL)?
+            .update(&consts::POOL_CTL_GEN.to_ne_bytes(), &self.gen.to_ne_bytes())
+    }
+
+    /// Start the next generation at an interval's edge without waiting for the programs still
+    /// running on the old one: the caller waits ([`wait_for_programs`]) once for every view's
+    /// pool it switched, so that the views' edges are the same instant (a sample's generation
+    /// is its interval: the views' counts come from their pools) and one wait serves them all;
+    /// the next [`FinePool::drain`] then reads the generation switched from. Once per drain.
+    pub(crate) fn switch(&mut self, obj: &dyn Object) -> Result<()> {
+        if !self.switched {
+            self.start_next(obj)?;
+            self.switched = true;
+        }
+        Ok(())
     }
 
     /// One pool entry of the finished generation into its flow's histogram.

@@ -313,6 +313,15 @@ pub trait View: PassiveView {
     fn between_reads(&mut self, _ctx: &mut ReadCtx<'_, '_>) -> Result<()> {
         Ok(())
     }
+    /// At an interval's edge (the window's start, every interval's end), before any view is
+    /// read: start the next generation of what its programs accumulate, without waiting for
+    /// the programs still on the old one. True: it switched, and the session waits once for
+    /// every view ([`crate::views::fine::wait_for_programs`]) before the reads, which take the
+    /// generation switched from: every view's edge is then the same instant, not one after
+    /// each view's wait (`read_s` in the records).
+    fn switch_generation(&mut self) -> Result<bool> {
+        Ok(false)
+    }
     /// One interval: each flow's samples since the previous read into its
     /// row and the sink; the view's totals by side, counters, hooks and handshakes. Once before
     /// the first interval the read is the window's start ([`ReadCtx::window_start`]).

@@ -548,6 +548,12 @@ impl Sampler {
         std::mem::take(&mut follow::lock(&self.ifaces).notices)
     }
 
+    /// Start the fine-histogram pool's next generation at an interval's edge
+    /// ([`FinePool::switch`]); the caller waits for the programs.
+    pub(crate) fn switch_pool(&mut self) -> Result<()> {
+        self.fine.switch(self.objs[0].as_ref())
+    }
+
     /// Between reads: fold the fine-histogram pool in if its current half
     /// is half taken (`views::fine`).
     pub(crate) fn drain_pool_if_busy(&mut self) -> Result<()> {

@@ -236,6 +236,11 @@ impl View for SamplerView {
         self.view.drain_pool_if_busy()
     }
 
+    fn switch_generation(&mut self) -> Result<bool> {
+        self.view.switch_pool()?;
+        Ok(true)
+    }
+
     /// Each flow's samples since the previous read, into its row (with the
     /// side the TCP view found) and the sink.
     fn read(&mut self, ctx: &mut ReadCtx<'_, '_>) -> Result<ViewRead> {

@@ -466,6 +466,12 @@ impl Tcp {
         self.fine_pool().next_interval();
     }
 
+    /// Start the fine-histogram pool's next generation at an interval's edge
+    /// ([`FinePool::switch`]); the caller waits for the programs.
+    pub fn switch_pool(&self) -> Result<()> {
+        self.fine_pool().switch(self.obj.as_ref())
+    }
+
     /// Between reads: fold the fine-histogram pool in if its current half
     /// is half taken (`views::fine`).
     pub fn drain_pool_if_busy(&self) -> Result<()> {

@@ -243,6 +243,11 @@ impl View for TcpView {
         self.view.drain_pool_if_busy()
     }
 
+    fn switch_generation(&mut self) -> Result<bool> {
+        self.view.switch_pool()?;
+        Ok(true)
+    }
+
     /// Rows, totals, counters, the handshakes since the last read; closed flows' slots given
     /// back, the least recently active evicted when few slots are left. The window's start: one
     /// read whose samples are left out, closed flows not kept for the whole run, each open stay's
