@@ -598,7 +598,8 @@ fn rtt_step_every_view_follows_the_added_50ms() {
         .collect();
     let half = steps[0];
     // t_s of the series counts from the phase's start (one phase).
-    for v in ["rr", "ping", "tcp client", "sampler client"] {
+    let mut medians = Vec::new();
+    for v in ["rr", "ping", "tcp-connect", "tcp client", "sampler client"] {
         let s = r.series(v);
         let med = |high: bool| {
             let mut x: Vec<f64> = s
@@ -627,6 +628,17 @@ fn rtt_step_every_view_follows_the_added_50ms() {
         assert!(
             (40.0..=60.0).contains(&(hi - lo)),
             "{v}: high {hi} - low {lo} should be ~50 ms\n{t}"
+        );
+        medians.push((v, lo, hi));
+    }
+    // The handshake (the kernel's SYN to SYN-ACK) measures the path as ping does, where ICMP
+    // would be denied (issue 45 item 4): within 5% of ping's median in both halves.
+    let of = |v: &str| medians.iter().find(|m| m.0 == v).copied().unwrap();
+    let (ping, conn) = (of("ping"), of("tcp-connect"));
+    for (what, p, c) in [("low", ping.1, conn.1), ("high", ping.2, conn.2)] {
+        assert!(
+            (c - p).abs() <= 0.05 * p,
+            "tcp-connect {what} median {c} vs ping {p}: more than 5% apart\n{t}"
         );
     }
     assert!(r.out.join("timeseries.png").is_file());
@@ -692,7 +704,7 @@ fn bufferbloat_every_view_rises_with_the_deep_queue() {
     }
     let r = run("bufferbloat");
     let t = r.table();
-    for v in ["rr", "ping", "tcp client", "sampler client"] {
+    for v in ["rr", "ping", "tcp-connect", "tcp client", "sampler client"] {
         let idle = r.ms("idle", v, "p50");
         let deep = r.ms("deep 1MiB", v, "p50");
         assert!(idle < 25.0, "{v} idle p50 {idle} (10 ms path)\n{t}");

@@ -12,6 +12,9 @@ pub struct ServeStats {
     /// TCP connections closed at once: `max_conns_per_peer` reached for their source address.
     pub over_peer_limit: AtomicU64,
     pub bad_hello: AtomicU64,
+    /// TCP connections the peer closed before sending a byte: handshake probes (`probe
+    /// tcp-connect`, tcping), not bad hellos.
+    pub handshake_only: AtomicU64,
     /// No hello within the idle timeout, or idle between transactions.
     pub idle_closed: AtomicU64,
     /// A request not complete within the idle timeout of its first byte (slowloris).

@@ -298,7 +298,21 @@ pub(super) fn conn_thread(c: &Conn, cfg: &ServeConfig, stats: &ServeStats) {
 pub(super) fn read_hello(c: &Conn, cfg: &ServeConfig, stats: &ServeStats) -> Option<Hello> {
     let peer = c.peer;
     let mut hello = [0u8; HELLO_LEN];
-    if let Err(e) = (&c.sock).read_exact(&mut hello) {
+    // closed before a byte: a handshake probe (`probe tcp-connect`, tcping), counted apart
+    let first = loop {
+        match (&c.sock).read(&mut hello[..1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => break r,
+        }
+    };
+    if matches!(first, Ok(0)) {
+        if !c.was_cut() {
+            inc(&stats.handshake_only);
+            debug!("{peer}: closed before its hello (a handshake probe)");
+        }
+        return None;
+    }
+    if let Err(e) = first.and_then(|_| (&c.sock).read_exact(&mut hello[1..])) {
         if !c.was_cut() {
             let n = inc(&stats.bad_hello);
             if log_nth(n) {

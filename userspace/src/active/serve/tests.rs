@@ -646,3 +646,37 @@ fn tcp_connections_are_bounded_and_end_with_the_server() {
         "a stop is not a timeout: {stats:?}"
     );
 }
+
+/// A connection closed before a byte is a handshake probe (`probe tcp-connect`, tcping): counted
+/// as `handshake_only`, not a bad hello; a hello cut short still is one; a whole one is served.
+#[test]
+fn a_handshake_probe_is_not_a_bad_hello() {
+    rt().block_on(async {
+        let (addrs, stats, _stop) = start(v4_cfg()).await;
+        let addr = addrs[0];
+        tokio::task::spawn_blocking(move || {
+            drop(std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap());
+            let mut cut =
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+            cut.write_all(&hello(1, 1)[..5]).unwrap();
+            drop(cut);
+            drop(connected(addr, 1, 1));
+        })
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (get(&stats.handshake_only), get(&stats.bad_hello)) != (1, 1)
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            (
+                get(&stats.handshake_only),
+                get(&stats.bad_hello),
+                get(&stats.connections)
+            ),
+            (1, 1, 3)
+        );
+    });
+}

@@ -178,6 +178,7 @@ fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
     for (name, v) in [
         ("RR".to_string(), &d.rr[..]),
         ("ping".to_string(), &d.ping[..]),
+        ("tcp-connect".to_string(), &d.connect[..]),
         (
             // TCP's short name, as the table's columns say it
             format!("{} client", sock.map_or("", |k| k.short_name())),
@@ -188,6 +189,9 @@ fn rtt_step_observations(plan: &Plan, data: &[PhaseData]) -> Vec<String> {
             samples_of(d, packet_view(), Side::Client),
         ),
     ] {
+        if v.is_empty() {
+            continue;
+        }
         let (a, b) = (med_in(v, d.start_unix, &lo), med_in(v, d.start_unix, &hi));
         s.push(format!(
             "{name}: p50 {} in the low halves, {} in the high halves (+{}).",

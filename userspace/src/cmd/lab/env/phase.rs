@@ -48,11 +48,15 @@ pub(super) struct PhaseData {
     pub(super) end_unix: f64,
     pub(super) rr: Vec<(f64, f64)>,
     pub(super) ping: Vec<(f64, f64)>,
+    /// `probe tcp-connect`'s handshakes (the phases that run ping run it beside).
+    pub(super) connect: Vec<(f64, f64)>,
     /// The passive views' samples of the phase's own connections, by view and side
     /// ([`PhaseData::passive`]).
     pub(super) passive: BTreeMap<(PassiveKind, Side), Series>,
     pub(super) rr_failed: u64,
     pub(super) ping_lost: u64,
+    /// Handshakes refused or timed out.
+    pub(super) connect_failed: u64,
     pub(super) bulk: Option<Value>,
     /// The phase's own connections with samples in their windows.
     pub(super) flows: usize,
@@ -116,6 +120,7 @@ impl PhaseData {
         match v.source {
             Source::Rr => &self.rr,
             Source::Ping => &self.ping,
+            Source::Connect => &self.connect,
             Source::Passive(k) => self.passive(k, v.side),
         }
     }
@@ -153,11 +158,13 @@ pub(super) fn summary_json(s: &[(f64, f64)]) -> Value {
 /// Samples as (unix time, RTT us).
 pub(super) type Series = Vec<(f64, f64)>;
 
-/// Where a lab view's samples come from: the request/response probe, ping, or a passive view.
+/// Where a lab view's samples come from: the request/response probe, ping, `probe tcp-connect`,
+/// or a passive view.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Source {
     Rr,
     Ping,
+    Connect,
     Passive(PassiveKind),
 }
 
@@ -184,7 +191,7 @@ impl LabView {
 /// The sides of a connection a passive view's samples are split by, in column order.
 const SIDES: [(Side, &str); 2] = [(Side::Client, "CLI"), (Side::Server, "SRV")];
 
-/// The lab's views in table order: `rr`, `ping`, then each passive view the lab runs (registry
+/// The lab's views in table order: `rr`, `ping`, `tcp-connect`, then each passive view the lab runs (registry
 /// order), client side then server side, named by the registry (`tcp client`, `TCP_CLI`).
 pub(super) fn lab_views() -> Vec<LabView> {
     let active = |name: &str, kind, source| LabView {
@@ -197,6 +204,10 @@ pub(super) fn lab_views() -> Vec<LabView> {
     let mut v = vec![
         active("rr", ViewKind::Probe, Source::Rr),
         active("ping", ViewKind::Ping, Source::Ping),
+        LabView {
+            short: "TCP_CONNECT".into(),
+            ..active("tcp-connect", ViewKind::Probe, Source::Connect)
+        },
     ];
     for k in lab_kinds() {
         for (side, short) in SIDES {

@@ -78,14 +78,15 @@ struct ProbeLine {
 
 /// The configuration of `rttscope probe tcp-rr|icmp ARGS` (`args[0]` is `probe`).
 fn probe_config(args: &[String]) -> Result<crate::active::ProbeConfig> {
-    use crate::cmd::probe::{ping_config, rr_config, ProbeKind};
+    use crate::cmd::probe::{connect_config, ping_config, rr_config, ProbeKind};
     use clap::Parser;
     let line = ProbeLine::try_parse_from(args.iter().skip(1))
         .map_err(|e| anyhow!("the lab's probe arguments {args:?}: {e}"))?;
     match line.kind {
         ProbeKind::TcpRr { common, tcp } => rr_config(crate::active::Kind::TcpRr, &common, &tcp),
         ProbeKind::Icmp { ping } => ping_config(&ping),
-        _ => bail!("the lab runs tcp-rr and icmp probes only: {args:?}"),
+        ProbeKind::TcpConnect { opts } => connect_config(&opts),
+        _ => bail!("the lab runs tcp-rr, icmp and tcp-connect probes only: {args:?}"),
     }
 }
 
@@ -135,6 +136,25 @@ fn ping_args(srv: &str, interval: Duration, len: f64) -> Vec<String> {
         format!("{len:.3}"),
         "-i".into(),
         format!("{}us", interval.as_micros()),
+        "-W".into(),
+        "5s".into(),
+        "--json".into(),
+        "-".into(),
+    ]
+}
+
+/// `rttscope probe tcp-connect` arguments: one handshake with the lab's responder every
+/// `interval` (at least 10 ms: each handshake holds a client port in TIME_WAIT for 60 s, as
+/// compare's) for `len` s, beside ping: the path's RTT where ICMP would be denied.
+fn connect_args(srv: &str, interval: Duration, len: f64) -> Vec<String> {
+    vec![
+        "probe".into(),
+        "tcp-connect".into(),
+        format!("{srv}:{PORT}"),
+        "-w".into(),
+        format!("{len:.3}"),
+        "-i".into(),
+        format!("{}us", interval.max(Duration::from_millis(10)).as_micros()),
         "-W".into(),
         "5s".into(),
         "--json".into(),
@@ -257,6 +277,8 @@ pub(super) fn start_workload(
             let a = rr_args(&srv, 1, 1, *interval, secs);
             kids.push(spawn_probe(tb, "rr", a)?);
             kids.push(spawn_probe(tb, "ping", ping_args(&srv, *interval, secs))?);
+            let a = connect_args(&srv, *interval, secs);
+            kids.push(spawn_probe(tb, "connect", a)?);
         }
         Workload::BulkWithProbes { probe_interval, .. } => {
             *bulk = Some(spawn_bulk(tb, bulk_args(&srv, secs))?);
@@ -268,6 +290,8 @@ pub(super) fn start_workload(
             kids.push(spawn_probe(tb, "rr", a)?);
             let a = ping_args(&srv, *probe_interval, len);
             kids.push(spawn_probe(tb, "ping", a)?);
+            let a = connect_args(&srv, *probe_interval, len);
+            kids.push(spawn_probe(tb, "connect", a)?);
         }
     }
     Ok(())
@@ -320,6 +344,9 @@ pub(super) fn probe_result(
     if what == "ping" {
         current.ping.extend(samples);
         current.ping_lost += lost;
+    } else if what == "connect" {
+        current.connect.extend(samples);
+        current.connect_failed += lost;
     } else {
         current.rr.extend(samples);
         current.rr_failed += lost;

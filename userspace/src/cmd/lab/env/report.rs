@@ -212,7 +212,7 @@ fn sweep_of(plan: &Plan, points: &[Vec<ViewSummary>], data: &[PhaseData]) -> Swe
             .enumerate()
             .map(|(i, v)| SweepPoint {
                 x: x_of(plan, i),
-                settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "left_out": data[i].left_out, "observer_dropped": data[i].observer_dropped, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "bulk": data[i].bulk}),
+                settings: json!({"label": plan.phases[i].label, "workload": plan.phases[i].workload, "up": plan.phases[i].up, "down": plan.phases[i].down, "duration_ms": ms(plan.phases[i].duration), "flows": data[i].flows, "left_out": data[i].left_out, "observer_dropped": data[i].observer_dropped, "rr_failed": data[i].rr_failed, "ping_lost": data[i].ping_lost, "connect_failed": data[i].connect_failed, "bulk": data[i].bulk}),
                 views: v.iter().filter(|s| s.count > 0).cloned().collect(),
             })
             .collect(),
@@ -363,6 +363,7 @@ mod report_golden {
             end_unix: start + len,
             rr: series(b, 1),
             ping: if i.is_multiple_of(2) { series(b * 0.9, 2) } else { Vec::new() },
+            connect: if i.is_multiple_of(2) { series(b * 0.95, 7) } else { Vec::new() },
             passive: {
                 use crate::analysis::flow::Side;
                 use crate::views::ViewKind as V;
@@ -377,6 +378,7 @@ mod report_golden {
             },
             rr_failed: i as u64,
             ping_lost: 2 * i as u64,
+            connect_failed: i as u64,
             bulk: (plan.scenario == Scenario::Bufferbloat && i > 0).then(
                 || json!({"tool": "iperf3 -R", "port": BULK_PORT, "received_bps": 9.5e6 - i as f64, "sender_congestion": "cubic"}),
             ),
